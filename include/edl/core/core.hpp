@@ -1,0 +1,8 @@
+// edl/core/core.hpp: umbrella of the core layer (vocabulary types every other layer uses).
+#pragma once
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/core/fixed_string.hpp>
+#include <edl/core/policy.hpp>
+#include <edl/core/rng.hpp>

@@ -1,0 +1,6 @@
+// edl/edl.hpp: the whole library. Include this, or single_include/edl/edl.hpp.
+// Layers, each including only the ones above it (docs/architecture.md):
+//   core -> mesh -> tensor -> kernels -> (nn, io, models, optim, generate, train)
+#pragma once
+#include <edl/version.hpp>
+#include <edl/core/core.hpp>

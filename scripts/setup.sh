@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine:
+#   scripts/setup.sh deps   install the Debian packages edl needs (only those missing)
+#   scripts/setup.sh build  deps + configure + build (tests, tool, examples)
+#   scripts/setup.sh test   build + run every test with ctest
+#   scripts/setup.sh main   build + run the main job (examples/main_job.sh)
+# BUILD_DIR (default: build) and JOBS (default: nproc) may be set in the environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+PACKAGES=(g++ cmake ninja-build lld ccache pkg-config
+          libxtensor-dev xtl-dev libxsimd-dev libtbb-dev nlohmann-json3-dev
+          libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes)
+
+install_deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+build() {
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld "${launcher[@]}"
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+case "${1:-build}" in
+  deps) install_deps ;;
+  build) install_deps; build ;;
+  test) install_deps; build; ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 ;;
+  main) install_deps; build; BUILD_DIR="$BUILD_DIR" bash examples/main_job.sh ;;
+  *) echo "usage: scripts/setup.sh deps|build|test|main" >&2; exit 2 ;;
+esac
