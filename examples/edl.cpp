@@ -1,39 +1,55 @@
-// The `edl` command-line tool. Each subcommand prints JSON so other programs can parse it.
-#include <edl/edl.hpp>
-
+// The `edl` command-line tool. Every subcommand prints JSON (one object, or one per line for
+// benchmarks) so that other programs can parse it; errors go to stderr with exit code 1.
 #include <cstdio>
-#include <iostream>
+#include <functional>
+#include <map>
 #include <string>
 
-#include <nlohmann/json.hpp>
-#include <xsimd/xsimd.hpp>
+#include "cli/args.hpp"
+#include "cli/info.hpp"
 
 namespace {
 
-int cmd_info() {
-  nlohmann::json j;
-  j["version"] = EDL_VERSION_STRING;
-  j["xsimd_arch"] = xsimd::default_arch::name();
-  j["tbb_threads"] = edl::exec::num_threads();
-#if defined(__clang__)
-  j["compiler"] = std::string("clang ") + __clang_version__;
-#elif defined(__GNUC__)
-  j["compiler"] = std::string("gcc ") + __VERSION__;
-#endif
-  std::cout << j.dump() << "\n";
-  return 0;
+using Command = std::function<int(edl::cli::Args&)>;
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"info", edl::cli::cmd_info},
+  };
+  return table;
+}
+
+void usage() {
+  std::fprintf(stderr, "usage: edl <command> [flags]\ncommands:");
+  for (const auto& [name, fn] : commands()) std::fprintf(stderr, " %s", name.c_str());
+  std::fprintf(stderr, "\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string cmd = argc > 1 ? argv[1] : "";
-  try {
-    if (cmd == "info") return cmd_info();
-    std::fprintf(stderr, "usage: edl info\n");
+  if (argc < 2) {
+    usage();
     return 2;
+  }
+  // Two-word commands ("bench gemm") are looked up first.
+  std::string name = argv[1];
+  int first = 2;
+  if (argc > 2 && commands().count(name + " " + argv[2])) {
+    name = name + " " + argv[2];
+    first = 3;
+  }
+  auto it = commands().find(name);
+  if (it == commands().end()) {
+    std::fprintf(stderr, "edl: unknown command \"%s\"\n", name.c_str());
+    usage();
+    return 2;
+  }
+  try {
+    edl::cli::Args args(argc, argv, first, name);
+    return it->second(args);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "edl %s: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "edl %s: %s\n", name.c_str(), e.what());
     return 1;
   }
 }

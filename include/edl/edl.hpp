@@ -3,4 +3,5 @@
 //   core -> mesh -> tensor -> kernels -> (nn, io, models, optim, generate, train)
 #pragma once
 #include <edl/version.hpp>
-#include <edl/core/core.hpp>
+#include <edl/core/all.hpp>
+#include <edl/mesh/all.hpp>

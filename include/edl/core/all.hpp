@@ -1,4 +1,4 @@
-// edl/core/core.hpp: umbrella of the core layer (vocabulary types every other layer uses).
+// edl/core/all.hpp: umbrella of the core layer (vocabulary types every other layer uses).
 #pragma once
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>

@@ -1,0 +1,78 @@
+// examples/cli/args.hpp: the `edl` tool's argument parsing.
+// Flags are "--name value" or "--name" alone (a switch). Unknown flags are an error naming
+// them, so a typo never silently falls back to a default.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <edl/core/error.hpp>
+
+namespace edl::cli {
+
+class Args {
+ public:
+  /// argv[first..argc) are parsed; `command` names the subcommand in error messages.
+  Args(int argc, char** argv, int first, std::string command) : command_(std::move(command)) {
+    for (int i = first; i < argc; ++i) {
+      std::string a = argv[i];
+      EDL_CHECK(a.rfind("--", 0) == 0, errc::invalid_argument, "edl " + command_,
+                "expected a flag starting with --, found \"", a, "\"");
+      if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        values_[a] = argv[++i];
+      } else {
+        values_[a] = "";
+        switches_.insert(a);
+      }
+    }
+  }
+
+  bool has(const std::string& flag) { used_.insert(flag); return values_.count(flag) > 0; }
+
+  std::string str(const std::string& flag, const std::string& fallback) {
+    used_.insert(flag);
+    auto it = values_.find(flag);
+    return it == values_.end() ? fallback : it->second;
+  }
+  std::string required(const std::string& flag) {
+    used_.insert(flag);
+    auto it = values_.find(flag);
+    EDL_CHECK(it != values_.end() && !it->second.empty(), errc::invalid_argument, "edl " + command_,
+              "missing required flag ", flag, " <value>");
+    return it->second;
+  }
+  std::int64_t integer(const std::string& flag, std::int64_t fallback) {
+    const std::string s = str(flag, "");
+    if (s.empty()) return fallback;
+    std::size_t pos = 0;
+    long long v = 0;
+    try { v = std::stoll(s, &pos); } catch (...) { pos = 0; }
+    EDL_CHECK(pos == s.size(), errc::invalid_argument, "edl " + command_, flag, " expects an integer, found \"", s, "\"");
+    return v;
+  }
+  double number(const std::string& flag, double fallback) {
+    const std::string s = str(flag, "");
+    if (s.empty()) return fallback;
+    std::size_t pos = 0;
+    double v = 0;
+    try { v = std::stod(s, &pos); } catch (...) { pos = 0; }
+    EDL_CHECK(pos == s.size(), errc::invalid_argument, "edl " + command_, flag, " expects a number, found \"", s, "\"");
+    return v;
+  }
+
+  /// Call after reading every flag: any flag not asked for is an error.
+  void finish() const {
+    for (const auto& [k, v] : values_)
+      EDL_CHECK(used_.count(k), errc::invalid_argument, "edl " + command_, "unknown flag ", k);
+  }
+
+ private:
+  std::string command_;
+  std::map<std::string, std::string> values_;
+  std::set<std::string> switches_, used_;
+};
+
+}  // namespace edl::cli

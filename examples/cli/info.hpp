@@ -1,0 +1,31 @@
+// examples/cli/info.hpp: `edl info` prints version, SIMD architecture, threads and compiler.
+#pragma once
+
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <xsimd/xsimd.hpp>
+
+#include <edl/edl.hpp>
+#include "args.hpp"
+
+namespace edl::cli {
+
+inline int cmd_info(Args& args) {
+  args.finish();
+  nlohmann::json j;
+  j["version"] = EDL_VERSION_STRING;
+  j["xsimd_arch"] = xsimd::default_arch::name();
+  j["simd_width_f32"] = xsimd::batch<float>::size;
+  j["tbb_threads"] = edl::exec::num_threads();
+#if defined(__clang__)
+  j["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  j["compiler"] = std::string("gcc ") + __VERSION__;
+#endif
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli
