@@ -5,3 +5,4 @@
 #include <edl/version.hpp>
 #include <edl/core/all.hpp>
 #include <edl/mesh/all.hpp>
+#include <edl/tensor/all.hpp>

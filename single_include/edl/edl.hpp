@@ -966,3 +966,658 @@ inline DefaultMesh create_mesh(std::array<std::int64_t, 4> dims, std::int64_t de
 // end of edl/mesh/mesh.hpp
 // #include <edl/mesh/mesh_shape.hpp> (inlined above)
 // end of edl/mesh/all.hpp
+// #include <edl/tensor/all.hpp>
+// edl/tensor/all.hpp: PartitionSpec, sharded tensors, partition rules.
+// #include <edl/tensor/partition_spec.hpp>
+// edl/tensor/partition_spec.hpp
+// PartitionSpec, as in JAX: one entry per tensor dimension, each `none` (replicated), one mesh
+// axis ("tp") or a tuple of axes (axes("dp", "fsdp"), split over their product, major first).
+//
+//   using WSpec = P<axes("dp", "fsdp"), none, "tp">;   // PartitionSpec(("dp","fsdp"), None, "tp")
+//
+// The compile-time form P<...> lives in types (ShardedTensor<float, WSpec>), so a rank that does
+// not match the tensor or an axis the mesh lacks is a compile error; SpecValue is the same spec
+// as a run-time value, for specs that come from data (partition rules, checkpoints).
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/fixed_string.hpp> (inlined above)
+// #include <edl/mesh/mesh_shape.hpp> (inlined above)
+
+namespace edl {
+
+/// One dimension's entry: the mesh axes it is split over, major first (none: replicated).
+struct SpecEntry {
+  static constexpr std::size_t max_axes = 4;
+  std::array<Name, max_axes> names{};
+  std::size_t count = 0;
+
+  constexpr SpecEntry() = default;
+  template <std::size_t N>
+  constexpr SpecEntry(const char (&s)[N]) : names{Name(s)}, count(N > 1 ? 1 : 0) {}  // NOLINT: "tp" is an entry
+  constexpr SpecEntry(Name n) : names{n}, count(n.empty() ? 0 : 1) {}                  // NOLINT
+
+  constexpr bool replicated() const noexcept { return count == 0; }
+  constexpr bool uses(const Name& a) const noexcept {
+    for (std::size_t i = 0; i < count; ++i)
+      if (names[i] == a) return true;
+    return false;
+  }
+  friend constexpr bool operator==(const SpecEntry& a, const SpecEntry& b) {
+    if (a.count != b.count) return false;
+    for (std::size_t i = 0; i < a.count; ++i)
+      if (!(a.names[i] == b.names[i])) return false;
+    return true;
+  }
+};
+
+/// A replicated dimension (JAX's None).
+inline constexpr SpecEntry none{};
+
+/// A dimension split over several axes, major first: axes("dp", "fsdp").
+template <class... Names>
+constexpr SpecEntry axes(const Names&... ns) {
+  static_assert(sizeof...(Names) <= SpecEntry::max_axes, "edl::axes: at most 4 mesh axes per dimension");
+  SpecEntry e;
+  ((e.names[e.count++] = Name(ns)), ...);
+  return e;
+}
+
+namespace detail {
+template <std::size_t R>
+constexpr bool spec_axis_reused(const std::array<SpecEntry, R>& es) {
+  for (std::size_t i = 0; i < R; ++i)
+    for (std::size_t a = 0; a < es[i].count; ++a)
+      for (std::size_t j = i; j < R; ++j)
+        for (std::size_t b = (j == i ? a + 1 : 0); b < es[j].count; ++b)
+          if (es[i].names[a] == es[j].names[b]) return true;
+  return false;
+}
+}  // namespace detail
+
+/// The run-time form of a spec: per dimension, the axis names.
+struct SpecValue {
+  std::vector<std::vector<std::string>> dims;
+
+  SpecValue() = default;
+  explicit SpecValue(std::vector<std::vector<std::string>> d) : dims(std::move(d)) {}
+  std::size_t rank() const noexcept { return dims.size(); }
+  friend bool operator==(const SpecValue&, const SpecValue&) = default;
+
+  /// "P(('dp', 'fsdp'), None, 'tp')", as JAX prints it.
+  std::string str() const {
+    std::string s = "P(";
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      if (i) s += ", ";
+      const auto& d = dims[i];
+      if (d.empty()) s += "None";
+      else if (d.size() == 1) s += "'" + d[0] + "'";
+      else {
+        s += "(";
+        for (std::size_t k = 0; k < d.size(); ++k) s += (k ? ", '" : "'") + d[k] + "'";
+        s += ")";
+      }
+    }
+    return s + ")";
+  }
+
+  /// Number of blocks dimension `dim` is split into on `mesh`.
+  std::int64_t splits(std::size_t dim, const MeshShape& mesh) const {
+    std::int64_t n = 1;
+    for (const auto& a : dims[dim]) n *= mesh.axis_size(a);
+    return n;
+  }
+
+  /// Checks the spec against a mesh and, if given, a global shape: axes exist, no axis is used
+  /// twice, the rank matches and every dimension divides by the product of its axis sizes.
+  /// `where` names the tensor in the error ("model.layers.0.mlp.up_proj.weight").
+  void validate(const MeshShape& mesh, std::span<const std::int64_t> shape, std::string_view where) const {
+    const std::string w(where);
+    std::vector<std::string> seen;
+    for (const auto& d : dims)
+      for (const auto& a : d) {
+        EDL_CHECK(mesh.has_axis(a), errc::unknown_axis, w, "spec ", str(), " names axis \"", a,
+                  "\" but the mesh has axes ", mesh.axes_str());
+        for (const auto& s : seen)
+          EDL_CHECK(s != a, errc::axis_reused, w, "spec ", str(), " uses mesh axis \"", a, "\" twice");
+        seen.push_back(a);
+      }
+    EDL_CHECK(shape.size() == dims.size(), errc::shape_mismatch, w, "spec ", str(), " has ", dims.size(),
+              " entries but the tensor has rank ", shape.size(), " (shape ", detail::shape_str(shape), ")");
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      const std::int64_t n = splits(i, mesh);
+      EDL_CHECK(shape[i] % n == 0, errc::not_divisible, w, "dimension ", i, " of shape ", detail::shape_str(shape),
+                " is ", shape[i], ", not divisible by ", n, " (spec ", str(), " on mesh ", mesh.axes_str(), ")");
+    }
+  }
+};
+
+/// PartitionSpec as a type: P<"tp", none>, P<axes("dp", "fsdp"), none, "tp">.
+template <SpecEntry... Entries>
+struct P {
+  static constexpr std::size_t rank = sizeof...(Entries);
+  static constexpr std::array<SpecEntry, rank> entries{Entries...};
+  static_assert(!detail::spec_axis_reused<rank>(std::array<SpecEntry, rank>{Entries...}),
+                "edl::P: a mesh axis is used by more than one dimension of this PartitionSpec");
+
+  /// Does every axis this spec names exist in a mesh with axes `MeshAxes`?
+  template <Name... MeshAxes>
+  static constexpr bool fits_axes() {
+    for (const auto& e : entries)
+      for (std::size_t i = 0; i < e.count; ++i)
+        if (!((e.names[i] == MeshAxes) || ...)) return false;
+    return true;
+  }
+
+  static SpecValue value() {
+    SpecValue v;
+    for (const auto& e : entries) {
+      std::vector<std::string> d;
+      for (std::size_t i = 0; i < e.count; ++i) d.emplace_back(e.names[i].view());
+      v.dims.push_back(std::move(d));
+    }
+    return v;
+  }
+};
+
+template <class T>
+struct is_partition_spec : std::false_type {};
+template <SpecEntry... E>
+struct is_partition_spec<P<E...>> : std::true_type {};
+template <class T>
+concept PartitionSpecType = is_partition_spec<T>::value;
+
+/// A spec that replicates every one of `R` dimensions.
+template <std::size_t R>
+struct replicated_spec;
+template <>
+struct replicated_spec<1> { using type = P<none>; };
+template <>
+struct replicated_spec<2> { using type = P<none, none>; };
+template <>
+struct replicated_spec<3> { using type = P<none, none, none>; };
+template <>
+struct replicated_spec<4> { using type = P<none, none, none, none>; };
+
+}  // namespace edl
+// end of edl/tensor/partition_spec.hpp
+// #include <edl/tensor/partition_rules.hpp>
+// edl/tensor/partition_rules.hpp
+// EasyDeL's partition_rules: an ordered list of (regex over a parameter path, PartitionSpec);
+// the first rule whose regex matches the path (std::regex_search, as re.search) wins.
+//
+//   PartitionRules rules{{"self_attn/(q|k|v)_proj", P<"tp", "fsdp">::value()}, {".*", SpecValue{}}};
+//   SpecValue s = rules.spec_for("model.layers.3.self_attn.q_proj.weight", {2048, 2048}, mesh.shape());
+//
+// Paths are HF names ("model.layers.3.self_attn.q_proj.weight"); a rule may write its
+// separators as '.' or '/' (EasyDeL's style), both match. A spec shorter than the tensor's
+// rank replicates the remaining dimensions (JAX's rule); a longer one, an unknown axis or a
+// dimension that does not divide is an error naming the path and the rule.
+
+#include <regex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/mesh_shape.hpp> (inlined above)
+// #include <edl/tensor/partition_spec.hpp> (inlined above)
+
+namespace edl {
+
+class PartitionRules {
+ public:
+  struct Rule {
+    std::string pattern;
+    SpecValue spec;
+  };
+
+  PartitionRules() = default;
+  PartitionRules(std::initializer_list<Rule> rules) {
+    for (const auto& r : rules) add(r.pattern, r.spec);
+  }
+
+  /// Appends a rule (lowest priority so far). A malformed regex is an error naming it.
+  PartitionRules& add(std::string pattern, SpecValue spec) {
+    std::string re;
+    for (char c : pattern) re += (c == '/') ? std::string("[./]") : std::string(1, c);
+    try {
+      compiled_.emplace_back(re, std::regex::ECMAScript | std::regex::optimize);
+    } catch (const std::regex_error& e) {
+      detail::raise(errc::invalid_argument, "PartitionRules", detail::concat("rule \"", pattern, "\" is not a valid regex: ", e.what()));
+    }
+    rules_.push_back({std::move(pattern), std::move(spec)});
+    return *this;
+  }
+
+  std::size_t size() const noexcept { return rules_.size(); }
+  const std::vector<Rule>& rules() const noexcept { return rules_; }
+
+  /// Index of the first rule matching `path`, or -1.
+  std::ptrdiff_t match(std::string_view path) const {
+    const std::string p(path);
+    for (std::size_t i = 0; i < compiled_.size(); ++i)
+      if (std::regex_search(p, compiled_[i])) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  }
+
+  /// The spec for a parameter: first matching rule, padded with None to the tensor's rank and
+  /// validated against `mesh` and `shape`. Errors name the path and the rule.
+  SpecValue spec_for(std::string_view path, std::span<const std::int64_t> shape, const MeshShape& mesh) const {
+    const auto i = match(path);
+    EDL_CHECK(i >= 0, errc::no_matching_rule, std::string(path), "no partition rule matches this parameter (",
+              rules_.size(), " rules); add a catch-all rule \".*\" to replicate the rest");
+    const Rule& r = rules_[static_cast<std::size_t>(i)];
+    EDL_CHECK(r.spec.rank() <= shape.size(), errc::shape_mismatch, std::string(path), "rule \"", r.pattern, "\" gives spec ",
+              r.spec.str(), " with ", r.spec.rank(), " entries, but the tensor has rank ", shape.size(), " (shape ",
+              detail::shape_str(shape), ")");
+    SpecValue s = r.spec;
+    s.dims.resize(shape.size());
+    try {
+      s.validate(mesh, shape, path);
+    } catch (const Error& e) {
+      detail::raise(e.code(), std::string(path), detail::concat("rule \"", r.pattern, "\" does not fit: ", e.what()));
+    }
+    return s;
+  }
+  SpecValue spec_for(std::string_view path, std::initializer_list<std::int64_t> shape, const MeshShape& mesh) const {
+    return spec_for(path, std::span<const std::int64_t>(shape.begin(), shape.size()), mesh);
+  }
+
+ private:
+  std::vector<Rule> rules_;
+  std::vector<std::regex> compiled_;
+};
+
+/// EasyDeL's default Llama rules (fully sharded data parallel), for HF tensor layouts: linear
+/// weights are [out, in], so a column-parallel projection (q/k/v, gate, up) splits dimension 0
+/// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
+/// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Norms
+/// and anything else 1-D are replicated.
+inline PartitionRules llama_partition_rules() {
+  const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
+  const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
+  return PartitionRules{
+      {"embed_tokens/weight", col},
+      {"self_attn/(q_proj|k_proj|v_proj)/weight", col},
+      {"self_attn/(q_proj|k_proj|v_proj)/bias", SpecValue{{{"tp"}}}},
+      {"self_attn/o_proj/weight", row},
+      {"mlp/(gate_proj|up_proj)/weight", col},
+      {"mlp/down_proj/weight", row},
+      {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
+      {"model/norm/weight", SpecValue{{{}}}},
+      {"lm_head/weight", col},
+      {"score/weight", SpecValue{{{}, {"fsdp", "sp"}}}},
+      {".*", SpecValue{}},
+  };
+}
+
+}  // namespace edl
+// end of edl/tensor/partition_rules.hpp
+// #include <edl/tensor/shard_layout.hpp>
+// edl/tensor/shard_layout.hpp
+// Where each device's block of a sharded tensor sits in the global tensor.
+//
+// JAX's rule: dimension i with axes (a1, a2) is cut into size(a1) * size(a2) equal blocks; a
+// device takes block  coord(a1) * size(a2) + coord(a2)  (major axis first). Axes a spec does
+// not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
+// P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
+// rows 4-7.
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/mesh/mesh_shape.hpp> (inlined above)
+// #include <edl/tensor/partition_spec.hpp> (inlined above)
+
+namespace edl {
+
+class ShardLayout {
+ public:
+  ShardLayout() = default;
+  /// Validates `spec` against the mesh and `global_shape`; `where` names the tensor in errors.
+  ShardLayout(MeshShape mesh, SpecValue spec, std::vector<std::int64_t> global_shape, std::string_view where = "tensor")
+      : mesh_(std::move(mesh)), spec_(std::move(spec)), global_(std::move(global_shape)) {
+    spec_.validate(mesh_, global_, where);
+    local_.resize(global_.size());
+    for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
+  }
+
+  const MeshShape& mesh() const noexcept { return mesh_; }
+  const SpecValue& spec() const noexcept { return spec_; }
+  std::size_t rank() const noexcept { return global_.size(); }
+  const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
+  /// Every device's block has this shape (dimensions divide evenly, checked above).
+  const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
+  std::int64_t local_elements() const noexcept {
+    std::int64_t n = 1;
+    for (auto v : local_) n *= v;
+    return n;
+  }
+
+  /// Block index of device `d` along dimension `dim` (0 when the dimension is replicated).
+  std::int64_t block_index(std::int64_t d, std::size_t dim) const {
+    const auto c = mesh_.coords(d);
+    std::int64_t b = 0;
+    for (const auto& a : spec_.dims[dim]) {
+      const std::size_t ax = mesh_.axis_index(a);
+      b = b * mesh_.sizes()[ax] + c[ax];
+    }
+    return b;
+  }
+  /// Offset of device `d`'s block in the global tensor.
+  std::vector<std::int64_t> offset(std::int64_t d) const {
+    std::vector<std::int64_t> o(rank());
+    for (std::size_t i = 0; i < rank(); ++i) o[i] = block_index(d, i) * local_[i];
+    return o;
+  }
+  /// The lowest device id holding each distinct block: gather reads these and nothing else.
+  std::vector<std::int64_t> block_owners() const {
+    std::vector<std::int64_t> owners;
+    std::vector<std::vector<std::int64_t>> seen;
+    for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+      auto o = offset(d);
+      bool dup = false;
+      for (const auto& s : seen) dup = dup || s == o;
+      if (!dup) {
+        seen.push_back(std::move(o));
+        owners.push_back(d);
+      }
+    }
+    return owners;
+  }
+
+  friend bool operator==(const ShardLayout& a, const ShardLayout& b) {
+    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_;
+  }
+
+ private:
+  MeshShape mesh_;
+  SpecValue spec_;
+  std::vector<std::int64_t> global_, local_;
+};
+
+namespace detail {
+
+/// Copies the block at `offset` of extent `block` between a row-major global buffer of shape
+/// `global` and a contiguous block buffer; innermost rows move with memcpy.
+template <class T>
+void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
+                std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
+  const std::size_t r = global.size();
+  if (r == 0) {
+    if (global_to_block) *block_data = *global_data;
+    else *global_data = *block_data;
+    return;
+  }
+  std::vector<std::int64_t> gstride(r, 1);
+  for (std::size_t i = r - 1; i-- > 0;) gstride[i] = gstride[i + 1] * global[i + 1];
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < r; ++i) rows *= block[i];
+  const std::int64_t row = block[r - 1];
+  std::vector<std::int64_t> idx(r, 0);
+  for (std::int64_t k = 0; k < rows; ++k) {
+    std::int64_t g = 0;
+    for (std::size_t i = 0; i < r; ++i) g += (offset[i] + idx[i]) * gstride[i];
+    T* gp = global_data + g;
+    T* bp = block_data + k * row;
+    if (global_to_block) std::memcpy(bp, gp, static_cast<std::size_t>(row) * sizeof(T));
+    else std::memcpy(gp, bp, static_cast<std::size_t>(row) * sizeof(T));
+    for (std::size_t i = r - 1; i-- > 0;) {  // odometer over all but the last dimension
+      if (++idx[i] < block[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace edl
+// end of edl/tensor/shard_layout.hpp
+// #include <edl/tensor/sharded_tensor.hpp>
+// edl/tensor/sharded_tensor.hpp
+// A tensor split over a device mesh: one xtensor block per device, laid out by ShardLayout.
+//
+//   auto mesh = create_mesh({1, 2, 2, 1});                       // fsdp=2, tp=2
+//   ShardedTensor<float, P<"fsdp", "tp">> w = shard<P<"fsdp", "tp">>(full, mesh);
+//   w.local(3)                                                    // device 3's (4, 3) block
+//   xt::xtensor<float, 2> back = gather(w);                       // == full
+//
+// Each device owns a copy of its block (replicas are real copies, as on real devices), and
+// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live.
+// ShardedTensor<T, Spec> carries its spec in its type; ShardedArray<T> is the run-time form
+// (rank and spec from data, e.g. partition rules over a checkpoint).
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/tensor/partition_spec.hpp> (inlined above)
+// #include <edl/tensor/shard_layout.hpp> (inlined above)
+
+namespace edl {
+
+/// Storage and accounting shared by the typed and run-time sharded tensors.
+template <class T, class Local>
+class BasicShardedTensor {
+ public:
+  using value_type = T;
+  using local_type = Local;
+
+  BasicShardedTensor() = default;
+  /// Takes one block per device (each of layout.local_shape()) and starts accounting them.
+  BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
+      : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
+    EDL_CHECK(static_cast<std::int64_t>(locals_.size()) == layout_.mesh().size(), errc::shape_mismatch,
+              "ShardedTensor", "expected one block per device (", layout_.mesh().size(), "), found ", locals_.size());
+    for (std::size_t d = 0; d < locals_.size(); ++d) {
+      std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
+      EDL_CHECK(s == layout_.local_shape(), errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
+                detail::shape_str(s), ", expected ", detail::shape_str(layout_.local_shape()), " for spec ",
+                layout_.spec().str());
+    }
+    account(+1);
+  }
+  BasicShardedTensor(const BasicShardedTensor& o) : ctx_(o.ctx_), layout_(o.layout_), locals_(o.locals_) { account(+1); }
+  BasicShardedTensor(BasicShardedTensor&& o) noexcept
+      : ctx_(std::move(o.ctx_)), layout_(std::move(o.layout_)), locals_(std::move(o.locals_)) {
+    o.locals_.clear();
+  }
+  BasicShardedTensor& operator=(BasicShardedTensor o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~BasicShardedTensor() { account(-1); }
+  void swap(BasicShardedTensor& o) noexcept {
+    std::swap(ctx_, o.ctx_);
+    std::swap(layout_, o.layout_);
+    std::swap(locals_, o.locals_);
+  }
+
+  const ShardLayout& layout() const noexcept { return layout_; }
+  const SpecValue& spec() const noexcept { return layout_.spec(); }
+  const MeshShape& mesh_shape() const noexcept { return layout_.mesh(); }
+  const std::shared_ptr<MeshContext>& context() const noexcept { return ctx_; }
+  std::size_t rank() const noexcept { return layout_.rank(); }
+  const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
+  const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
+  std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
+  /// Bytes each device holds for this tensor.
+  std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
+
+  Local& local(std::int64_t device) { return locals_.at(static_cast<std::size_t>(checked(device))); }
+  const Local& local(std::int64_t device) const { return locals_.at(static_cast<std::size_t>(checked(device))); }
+  std::span<T> local_span(std::int64_t device) {
+    auto& l = local(device);
+    return {l.data(), l.size()};
+  }
+  std::span<const T> local_span(std::int64_t device) const {
+    const auto& l = local(device);
+    return {l.data(), l.size()};
+  }
+
+ private:
+  std::int64_t checked(std::int64_t d) const {
+    EDL_CHECK(d >= 0 && d < num_devices(), errc::invalid_argument, "ShardedTensor::local",
+              "device ", d, " is outside the mesh of ", num_devices(), " devices");
+    return d;
+  }
+  void account(int sign) noexcept {
+    if (!ctx_) return;
+    for (std::size_t d = 0; d < locals_.size(); ++d) {
+      const auto bytes = static_cast<std::int64_t>(locals_[d].size() * sizeof(T));
+      if (sign > 0) ctx_->memory.allocate(static_cast<std::int64_t>(d), bytes);
+      else ctx_->memory.release(static_cast<std::int64_t>(d), bytes);
+    }
+  }
+
+  std::shared_ptr<MeshContext> ctx_;
+  ShardLayout layout_;
+  std::vector<Local> locals_;
+};
+
+/// A sharded tensor whose PartitionSpec (and so rank) is part of its type.
+template <class T, PartitionSpecType Spec>
+class ShardedTensor : public BasicShardedTensor<T, xt::xtensor<T, Spec::rank>> {
+  using Base = BasicShardedTensor<T, xt::xtensor<T, Spec::rank>>;
+
+ public:
+  using spec_type = Spec;
+  static constexpr std::size_t static_rank = Spec::rank;
+  using Base::Base;
+  ShardedTensor() = default;
+  explicit ShardedTensor(Base&& b) : Base(std::move(b)) {}
+};
+
+/// A sharded tensor whose rank and spec are known at run time.
+template <class T>
+using ShardedArray = BasicShardedTensor<T, xt::xarray<T>>;
+
+namespace detail {
+
+template <class S>
+struct is_std_array : std::false_type {};
+template <class V, std::size_t N>
+struct is_std_array<std::array<V, N>> : std::true_type {};
+
+template <class Local>
+Local make_local(const std::vector<std::int64_t>& shape) {
+  if constexpr (is_std_array<typename Local::shape_type>::value) {
+    typename Local::shape_type s;
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
+    return Local(s);
+  } else {
+    std::vector<std::size_t> s(shape.begin(), shape.end());
+    return Local::from_shape(s);
+  }
+}
+
+template <class Local, class T>
+std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
+  std::vector<Local> locals;
+  locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
+  const auto& gs = layout.global_shape();
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    Local l = make_local<Local>(layout.local_shape());
+    if (l.size() > 0)
+      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
+    locals.push_back(std::move(l));
+  }
+  return locals;
+}
+
+template <class T, class Local, class Global>
+void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
+  const auto& layout = t.layout();
+  if (out.size() == 0) return;
+  for (std::int64_t d : layout.block_owners())
+    copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+                  const_cast<T*>(t.local(d).data()), false);
+}
+
+template <class E>
+std::vector<std::int64_t> shape_of(const E& e) {
+  return std::vector<std::int64_t>(e.shape().begin(), e.shape().end());
+}
+
+}  // namespace detail
+
+/// Splits `global` over `mesh` by the type's spec. The spec's rank must equal the tensor's and
+/// its axes must be the mesh's (both checked at compile time); each dimension must divide by
+/// its axes' sizes (checked at run time).
+template <PartitionSpecType Spec, class T, std::size_t N, Name... Axes>
+ShardedTensor<T, Spec> shard(const xt::xtensor<T, N>& global, const Mesh<Axes...>& mesh,
+                             std::string_view where = "tensor") {
+  static_assert(Spec::rank == N, "edl::shard: the PartitionSpec's rank differs from the tensor's rank");
+  static_assert(Spec::template fits_axes<Axes...>(), "edl::shard: the PartitionSpec names an axis that is not an axis of the mesh");
+  ShardLayout layout(mesh.shape(), Spec::value(), detail::shape_of(global), where);
+  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data());
+  return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// Run-time form: the spec is a value (from partition rules); errors name `where`.
+template <class T, Name... Axes>
+ShardedArray<T> shard(const xt::xarray<T>& global, const SpecValue& spec, const Mesh<Axes...>& mesh,
+                      std::string_view where = "tensor") {
+  ShardLayout layout(mesh.shape(), spec, detail::shape_of(global), where);
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  return ShardedArray<T>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// A sharded tensor of zeros with the given global shape.
+template <PartitionSpecType Spec, class T, Name... Axes>
+ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>& global_shape,
+                                     const Mesh<Axes...>& mesh, std::string_view where = "tensor") {
+  static_assert(Spec::template fits_axes<Axes...>(), "edl::zeros_sharded: the PartitionSpec names an axis that is not an axis of the mesh");
+  ShardLayout layout(mesh.shape(), Spec::value(), std::vector<std::int64_t>(global_shape.begin(), global_shape.end()), where);
+  std::vector<xt::xtensor<T, Spec::rank>> locals;
+  for (std::int64_t d = 0; d < mesh.size(); ++d) {
+    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape());
+    l.fill(T{});
+    locals.push_back(std::move(l));
+  }
+  return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// Reassembles the global tensor (reads one replica of each block).
+template <class T, class Spec>
+xt::xtensor<T, Spec::rank> gather(const ShardedTensor<T, Spec>& t) {
+  auto out = detail::make_local<xt::xtensor<T, Spec::rank>>(t.global_shape());
+  detail::join_blocks(t, out);
+  return out;
+}
+template <class T>
+xt::xarray<T> gather(const ShardedArray<T>& t) {
+  auto out = detail::make_local<xt::xarray<T>>(t.global_shape());
+  detail::join_blocks(t, out);
+  return out;
+}
+
+/// The same tensor laid out by another spec (gather then shard: a reference for resharding,
+/// and what loading a checkpoint saved on another mesh does).
+template <PartitionSpecType To, class T, class From, Name... Axes>
+ShardedTensor<T, To> reshard(const ShardedTensor<T, From>& t, const Mesh<Axes...>& mesh) {
+  return shard<To>(gather(t), mesh);
+}
+
+}  // namespace edl
+// end of edl/tensor/sharded_tensor.hpp
+// end of edl/tensor/all.hpp

@@ -1,0 +1,121 @@
+// edl/tensor/shard_layout.hpp
+// Where each device's block of a sharded tensor sits in the global tensor.
+//
+// JAX's rule: dimension i with axes (a1, a2) is cut into size(a1) * size(a2) equal blocks; a
+// device takes block  coord(a1) * size(a2) + coord(a2)  (major axis first). Axes a spec does
+// not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
+// P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
+// rows 4-7.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <edl/mesh/mesh_shape.hpp>
+#include <edl/tensor/partition_spec.hpp>
+
+namespace edl {
+
+class ShardLayout {
+ public:
+  ShardLayout() = default;
+  /// Validates `spec` against the mesh and `global_shape`; `where` names the tensor in errors.
+  ShardLayout(MeshShape mesh, SpecValue spec, std::vector<std::int64_t> global_shape, std::string_view where = "tensor")
+      : mesh_(std::move(mesh)), spec_(std::move(spec)), global_(std::move(global_shape)) {
+    spec_.validate(mesh_, global_, where);
+    local_.resize(global_.size());
+    for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
+  }
+
+  const MeshShape& mesh() const noexcept { return mesh_; }
+  const SpecValue& spec() const noexcept { return spec_; }
+  std::size_t rank() const noexcept { return global_.size(); }
+  const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
+  /// Every device's block has this shape (dimensions divide evenly, checked above).
+  const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
+  std::int64_t local_elements() const noexcept {
+    std::int64_t n = 1;
+    for (auto v : local_) n *= v;
+    return n;
+  }
+
+  /// Block index of device `d` along dimension `dim` (0 when the dimension is replicated).
+  std::int64_t block_index(std::int64_t d, std::size_t dim) const {
+    const auto c = mesh_.coords(d);
+    std::int64_t b = 0;
+    for (const auto& a : spec_.dims[dim]) {
+      const std::size_t ax = mesh_.axis_index(a);
+      b = b * mesh_.sizes()[ax] + c[ax];
+    }
+    return b;
+  }
+  /// Offset of device `d`'s block in the global tensor.
+  std::vector<std::int64_t> offset(std::int64_t d) const {
+    std::vector<std::int64_t> o(rank());
+    for (std::size_t i = 0; i < rank(); ++i) o[i] = block_index(d, i) * local_[i];
+    return o;
+  }
+  /// The lowest device id holding each distinct block: gather reads these and nothing else.
+  std::vector<std::int64_t> block_owners() const {
+    std::vector<std::int64_t> owners;
+    std::vector<std::vector<std::int64_t>> seen;
+    for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+      auto o = offset(d);
+      bool dup = false;
+      for (const auto& s : seen) dup = dup || s == o;
+      if (!dup) {
+        seen.push_back(std::move(o));
+        owners.push_back(d);
+      }
+    }
+    return owners;
+  }
+
+  friend bool operator==(const ShardLayout& a, const ShardLayout& b) {
+    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_;
+  }
+
+ private:
+  MeshShape mesh_;
+  SpecValue spec_;
+  std::vector<std::int64_t> global_, local_;
+};
+
+namespace detail {
+
+/// Copies the block at `offset` of extent `block` between a row-major global buffer of shape
+/// `global` and a contiguous block buffer; innermost rows move with memcpy.
+template <class T>
+void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
+                std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
+  const std::size_t r = global.size();
+  if (r == 0) {
+    if (global_to_block) *block_data = *global_data;
+    else *global_data = *block_data;
+    return;
+  }
+  std::vector<std::int64_t> gstride(r, 1);
+  for (std::size_t i = r - 1; i-- > 0;) gstride[i] = gstride[i + 1] * global[i + 1];
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < r; ++i) rows *= block[i];
+  const std::int64_t row = block[r - 1];
+  std::vector<std::int64_t> idx(r, 0);
+  for (std::int64_t k = 0; k < rows; ++k) {
+    std::int64_t g = 0;
+    for (std::size_t i = 0; i < r; ++i) g += (offset[i] + idx[i]) * gstride[i];
+    T* gp = global_data + g;
+    T* bp = block_data + k * row;
+    if (global_to_block) std::memcpy(bp, gp, static_cast<std::size_t>(row) * sizeof(T));
+    else std::memcpy(gp, bp, static_cast<std::size_t>(row) * sizeof(T));
+    for (std::size_t i = r - 1; i-- > 0;) {  // odometer over all but the last dimension
+      if (++idx[i] < block[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace edl

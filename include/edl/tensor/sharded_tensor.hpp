@@ -1,0 +1,236 @@
+// edl/tensor/sharded_tensor.hpp
+// A tensor split over a device mesh: one xtensor block per device, laid out by ShardLayout.
+//
+//   auto mesh = create_mesh({1, 2, 2, 1});                       // fsdp=2, tp=2
+//   ShardedTensor<float, P<"fsdp", "tp">> w = shard<P<"fsdp", "tp">>(full, mesh);
+//   w.local(3)                                                    // device 3's (4, 3) block
+//   xt::xtensor<float, 2> back = gather(w);                       // == full
+//
+// Each device owns a copy of its block (replicas are real copies, as on real devices), and
+// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live.
+// ShardedTensor<T, Spec> carries its spec in its type; ShardedArray<T> is the run-time form
+// (rank and spec from data, e.g. partition rules over a checkpoint).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include <edl/core/dtype.hpp>
+#include <edl/mesh/mesh.hpp>
+#include <edl/tensor/partition_spec.hpp>
+#include <edl/tensor/shard_layout.hpp>
+
+namespace edl {
+
+/// Storage and accounting shared by the typed and run-time sharded tensors.
+template <class T, class Local>
+class BasicShardedTensor {
+ public:
+  using value_type = T;
+  using local_type = Local;
+
+  BasicShardedTensor() = default;
+  /// Takes one block per device (each of layout.local_shape()) and starts accounting them.
+  BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
+      : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
+    EDL_CHECK(static_cast<std::int64_t>(locals_.size()) == layout_.mesh().size(), errc::shape_mismatch,
+              "ShardedTensor", "expected one block per device (", layout_.mesh().size(), "), found ", locals_.size());
+    for (std::size_t d = 0; d < locals_.size(); ++d) {
+      std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
+      EDL_CHECK(s == layout_.local_shape(), errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
+                detail::shape_str(s), ", expected ", detail::shape_str(layout_.local_shape()), " for spec ",
+                layout_.spec().str());
+    }
+    account(+1);
+  }
+  BasicShardedTensor(const BasicShardedTensor& o) : ctx_(o.ctx_), layout_(o.layout_), locals_(o.locals_) { account(+1); }
+  BasicShardedTensor(BasicShardedTensor&& o) noexcept
+      : ctx_(std::move(o.ctx_)), layout_(std::move(o.layout_)), locals_(std::move(o.locals_)) {
+    o.locals_.clear();
+  }
+  BasicShardedTensor& operator=(BasicShardedTensor o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~BasicShardedTensor() { account(-1); }
+  void swap(BasicShardedTensor& o) noexcept {
+    std::swap(ctx_, o.ctx_);
+    std::swap(layout_, o.layout_);
+    std::swap(locals_, o.locals_);
+  }
+
+  const ShardLayout& layout() const noexcept { return layout_; }
+  const SpecValue& spec() const noexcept { return layout_.spec(); }
+  const MeshShape& mesh_shape() const noexcept { return layout_.mesh(); }
+  const std::shared_ptr<MeshContext>& context() const noexcept { return ctx_; }
+  std::size_t rank() const noexcept { return layout_.rank(); }
+  const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
+  const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
+  std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
+  /// Bytes each device holds for this tensor.
+  std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
+
+  Local& local(std::int64_t device) { return locals_.at(static_cast<std::size_t>(checked(device))); }
+  const Local& local(std::int64_t device) const { return locals_.at(static_cast<std::size_t>(checked(device))); }
+  std::span<T> local_span(std::int64_t device) {
+    auto& l = local(device);
+    return {l.data(), l.size()};
+  }
+  std::span<const T> local_span(std::int64_t device) const {
+    const auto& l = local(device);
+    return {l.data(), l.size()};
+  }
+
+ private:
+  std::int64_t checked(std::int64_t d) const {
+    EDL_CHECK(d >= 0 && d < num_devices(), errc::invalid_argument, "ShardedTensor::local",
+              "device ", d, " is outside the mesh of ", num_devices(), " devices");
+    return d;
+  }
+  void account(int sign) noexcept {
+    if (!ctx_) return;
+    for (std::size_t d = 0; d < locals_.size(); ++d) {
+      const auto bytes = static_cast<std::int64_t>(locals_[d].size() * sizeof(T));
+      if (sign > 0) ctx_->memory.allocate(static_cast<std::int64_t>(d), bytes);
+      else ctx_->memory.release(static_cast<std::int64_t>(d), bytes);
+    }
+  }
+
+  std::shared_ptr<MeshContext> ctx_;
+  ShardLayout layout_;
+  std::vector<Local> locals_;
+};
+
+/// A sharded tensor whose PartitionSpec (and so rank) is part of its type.
+template <class T, PartitionSpecType Spec>
+class ShardedTensor : public BasicShardedTensor<T, xt::xtensor<T, Spec::rank>> {
+  using Base = BasicShardedTensor<T, xt::xtensor<T, Spec::rank>>;
+
+ public:
+  using spec_type = Spec;
+  static constexpr std::size_t static_rank = Spec::rank;
+  using Base::Base;
+  ShardedTensor() = default;
+  explicit ShardedTensor(Base&& b) : Base(std::move(b)) {}
+};
+
+/// A sharded tensor whose rank and spec are known at run time.
+template <class T>
+using ShardedArray = BasicShardedTensor<T, xt::xarray<T>>;
+
+namespace detail {
+
+template <class S>
+struct is_std_array : std::false_type {};
+template <class V, std::size_t N>
+struct is_std_array<std::array<V, N>> : std::true_type {};
+
+template <class Local>
+Local make_local(const std::vector<std::int64_t>& shape) {
+  if constexpr (is_std_array<typename Local::shape_type>::value) {
+    typename Local::shape_type s;
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
+    return Local(s);
+  } else {
+    std::vector<std::size_t> s(shape.begin(), shape.end());
+    return Local::from_shape(s);
+  }
+}
+
+template <class Local, class T>
+std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
+  std::vector<Local> locals;
+  locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
+  const auto& gs = layout.global_shape();
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    Local l = make_local<Local>(layout.local_shape());
+    if (l.size() > 0)
+      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
+    locals.push_back(std::move(l));
+  }
+  return locals;
+}
+
+template <class T, class Local, class Global>
+void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
+  const auto& layout = t.layout();
+  if (out.size() == 0) return;
+  for (std::int64_t d : layout.block_owners())
+    copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+                  const_cast<T*>(t.local(d).data()), false);
+}
+
+template <class E>
+std::vector<std::int64_t> shape_of(const E& e) {
+  return std::vector<std::int64_t>(e.shape().begin(), e.shape().end());
+}
+
+}  // namespace detail
+
+/// Splits `global` over `mesh` by the type's spec. The spec's rank must equal the tensor's and
+/// its axes must be the mesh's (both checked at compile time); each dimension must divide by
+/// its axes' sizes (checked at run time).
+template <PartitionSpecType Spec, class T, std::size_t N, Name... Axes>
+ShardedTensor<T, Spec> shard(const xt::xtensor<T, N>& global, const Mesh<Axes...>& mesh,
+                             std::string_view where = "tensor") {
+  static_assert(Spec::rank == N, "edl::shard: the PartitionSpec's rank differs from the tensor's rank");
+  static_assert(Spec::template fits_axes<Axes...>(), "edl::shard: the PartitionSpec names an axis that is not an axis of the mesh");
+  ShardLayout layout(mesh.shape(), Spec::value(), detail::shape_of(global), where);
+  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data());
+  return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// Run-time form: the spec is a value (from partition rules); errors name `where`.
+template <class T, Name... Axes>
+ShardedArray<T> shard(const xt::xarray<T>& global, const SpecValue& spec, const Mesh<Axes...>& mesh,
+                      std::string_view where = "tensor") {
+  ShardLayout layout(mesh.shape(), spec, detail::shape_of(global), where);
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  return ShardedArray<T>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// A sharded tensor of zeros with the given global shape.
+template <PartitionSpecType Spec, class T, Name... Axes>
+ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>& global_shape,
+                                     const Mesh<Axes...>& mesh, std::string_view where = "tensor") {
+  static_assert(Spec::template fits_axes<Axes...>(), "edl::zeros_sharded: the PartitionSpec names an axis that is not an axis of the mesh");
+  ShardLayout layout(mesh.shape(), Spec::value(), std::vector<std::int64_t>(global_shape.begin(), global_shape.end()), where);
+  std::vector<xt::xtensor<T, Spec::rank>> locals;
+  for (std::int64_t d = 0; d < mesh.size(); ++d) {
+    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape());
+    l.fill(T{});
+    locals.push_back(std::move(l));
+  }
+  return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// Reassembles the global tensor (reads one replica of each block).
+template <class T, class Spec>
+xt::xtensor<T, Spec::rank> gather(const ShardedTensor<T, Spec>& t) {
+  auto out = detail::make_local<xt::xtensor<T, Spec::rank>>(t.global_shape());
+  detail::join_blocks(t, out);
+  return out;
+}
+template <class T>
+xt::xarray<T> gather(const ShardedArray<T>& t) {
+  auto out = detail::make_local<xt::xarray<T>>(t.global_shape());
+  detail::join_blocks(t, out);
+  return out;
+}
+
+/// The same tensor laid out by another spec (gather then shard: a reference for resharding,
+/// and what loading a checkpoint saved on another mesh does).
+template <PartitionSpecType To, class T, class From, Name... Axes>
+ShardedTensor<T, To> reshard(const ShardedTensor<T, From>& t, const Mesh<Axes...>& mesh) {
+  return shard<To>(gather(t), mesh);
+}
+
+}  // namespace edl

@@ -1,0 +1,83 @@
+// Tests for edl/tensor/partition_rules.hpp: first match wins, separators '.' and '/' both
+// match, short specs replicate the rest, and errors name the parameter path and the rule.
+#include <gtest/gtest.h>
+
+#include <edl/mesh/all.hpp>
+#include <edl/tensor/all.hpp>
+
+namespace edl {
+namespace {
+
+TEST(PartitionRules, FirstMatchWins) {
+  PartitionRules rules{{"q_proj", SpecValue{{{"tp"}, {}}}}, {"proj", SpecValue{{{}, {"tp"}}}}, {".*", SpecValue{}}};
+  MeshShape mesh({"dp", "tp"}, {1, 2});
+  EXPECT_EQ(rules.spec_for("model.layers.0.self_attn.q_proj.weight", {4, 4}, mesh), (SpecValue{{{"tp"}, {}}}));
+  EXPECT_EQ(rules.spec_for("model.layers.0.self_attn.o_proj.weight", {4, 4}, mesh), (SpecValue{{{}, {"tp"}}}));
+  EXPECT_EQ(rules.spec_for("model.norm.weight", {4}, mesh), (SpecValue{{{}}}));
+}
+
+TEST(PartitionRules, NoMatchNamesThePath) {
+  PartitionRules rules{{"q_proj", SpecValue{{{"tp"}}}}};
+  MeshShape mesh({"tp"}, {2});
+  try {
+    (void)rules.spec_for("model.embed_tokens.weight", {8, 4}, mesh);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::no_matching_rule);
+    EXPECT_EQ(e.where(), "model.embed_tokens.weight");
+  }
+}
+
+TEST(PartitionRules, RuleThatDoesNotFitNamesPathAndRule) {
+  PartitionRules rules{{"weight", SpecValue{{{"tp"}, {}, {}}}}, {"bias", SpecValue{{{"tp"}}}}};
+  MeshShape mesh({"tp"}, {4});
+  try {
+    (void)rules.spec_for("lm_head.weight", {8, 4}, mesh);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::shape_mismatch);
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("\"weight\""), std::string::npos);
+  }
+  try {
+    (void)rules.spec_for("model.layers.1.self_attn.q_proj.bias", {6}, mesh);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::not_divisible);
+    EXPECT_EQ(e.where(), "model.layers.1.self_attn.q_proj.bias");
+  }
+  EXPECT_THROW(PartitionRules({{"(unclosed", SpecValue{}}}), Error);
+}
+
+TEST(PartitionRules, DefaultLlamaRulesShardEveryTinyParameter) {
+  auto mesh = create_mesh({1, 2, 2, 1});
+  const auto rules = llama_partition_rules();
+  const std::int64_t H = 64, F = 128, V = 256;
+  struct Case {
+    std::string path;
+    std::vector<std::int64_t> shape;
+    SpecValue expected;
+  };
+  const SpecValue col{{{"tp"}, {"fsdp", "sp"}}}, row{{{"fsdp", "sp"}, {"tp"}}}, rep{{{}}};
+  const std::vector<Case> cases = {
+      {"model.embed_tokens.weight", {V, H}, col},
+      {"model.layers.0.self_attn.q_proj.weight", {H, H}, col},
+      {"model.layers.0.self_attn.k_proj.weight", {H / 2, H}, col},
+      {"model.layers.0.self_attn.o_proj.weight", {H, H}, row},
+      {"model.layers.11.mlp.gate_proj.weight", {F, H}, col},
+      {"model.layers.11.mlp.up_proj.weight", {F, H}, col},
+      {"model.layers.11.mlp.down_proj.weight", {H, F}, row},
+      {"model.layers.3.input_layernorm.weight", {H}, rep},
+      {"model.layers.3.post_attention_layernorm.weight", {H}, rep},
+      {"model.norm.weight", {H}, rep},
+      {"lm_head.weight", {V, H}, col},
+  };
+  for (const auto& c : cases) EXPECT_EQ(rules.spec_for(c.path, c.shape, mesh.shape()), c.expected) << c.path;
+  // The rules shard real tensors: fsdp x tp holds a quarter of each matrix per device.
+  xt::xarray<float> w = xt::zeros<float>({static_cast<std::size_t>(F), static_cast<std::size_t>(H)});
+  auto s = shard(w, rules.spec_for("model.layers.0.mlp.up_proj.weight", {F, H}, mesh.shape()), mesh);
+  EXPECT_EQ(s.local_bytes() * 4, static_cast<std::int64_t>(w.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace edl
