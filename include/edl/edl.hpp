@@ -6,3 +6,4 @@
 #include <edl/core/all.hpp>
 #include <edl/mesh/all.hpp>
 #include <edl/tensor/all.hpp>
+#include <edl/kernels/all.hpp>

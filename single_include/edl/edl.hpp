@@ -1621,3 +1621,1015 @@ ShardedTensor<T, To> reshard(const ShardedTensor<T, From>& t, const Mesh<Axes...
 }  // namespace edl
 // end of edl/tensor/sharded_tensor.hpp
 // end of edl/tensor/all.hpp
+// #include <edl/kernels/all.hpp>
+// edl/kernels/all.hpp: the hot loops (raw spans in, xsimd inside, TBB across rows or tiles).
+// #include <edl/kernels/activations.hpp>
+// edl/kernels/activations.hpp
+// Activations of the Llama MLP (SiLU, fused SwiGLU) and GELU (tanh approximation), forward
+// and backward, lane-wise over flat arrays of n elements.
+//
+//   silu(x)            = x * sigmoid(x),            sigmoid(x) = 1 / (1 + exp(-x))
+//   silu'(x)           = s * (1 + x * (1 - s)),     s = sigmoid(x)
+//   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
+//   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
+//
+// Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
+// kernels are f32. Every output may alias any input of the same type (in place). Each
+// element is computed by the same lane-wise instructions wherever it sits, so results do
+// not depend on the thread count.
+
+#include <cstddef>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp>
+// edl/kernels/detail/simd.hpp
+// Shared building blocks of the elementwise and reduction kernels (softmax.hpp, rms_norm.hpp,
+// activations.hpp, elementwise.hpp):
+//  - `fbatch`, the widest xsimd float batch of the build (8 lanes with AVX2);
+//  - a vectorized exp (Cephes-style, about 1 ulp, exact 0 below -86.64, +Inf above
+//    ln(FLT_MAX), NaN kept), so softmax does not depend on xsimd's generic exp;
+//  - horizontal sum and max in a fixed lane order;
+//  - loads of f32 / bf16 / f16 rows widened to f32 and stores rounded back (RNE), plus
+//    partial loads and stores for the tail of a row: a tail is padded to a full batch and
+//    goes through the same lane-wise code as the body, so an element's result never depends
+//    on its position in the row;
+//  - argument checks shared by every kernel;
+//  - the fixed chunking rule of deterministic reductions.
+//
+// Determinism: every kernel computes each output element (or each row) with one fixed
+// sequence of operations that depends only on the sizes, never on the thread count or on
+// how edl::exec::parallel_for splits the range. Reductions over more than one row or over
+// long flat arrays are split into chunks of a FIXED size (kReduceChunk elements,
+// kRowChunk rows), reduced chunk by chunk, and the chunk partials are combined in index
+// order.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace edl::kernels::detail {
+
+using fbatch = xsimd::batch<float>;
+using ibatch = xsimd::batch<std::int32_t>;
+inline constexpr std::ptrdiff_t kLanes = static_cast<std::ptrdiff_t>(fbatch::size);
+
+/// Elements per chunk of a flat deterministic reduction (dot, sum_squares). Fixed: changing
+/// it changes results in the last bits, never the thread count.
+inline constexpr std::ptrdiff_t kReduceChunk = 8192;
+/// Rows per chunk of a reduction over rows (rms_norm_backward's dweight).
+inline constexpr std::ptrdiff_t kRowChunk = 32;
+/// Work (elements) below which a kernel runs on the calling thread.
+inline constexpr std::ptrdiff_t kParallelWork = 1 << 15;
+
+/// Rows per parallel_for grain so that one task touches about kParallelWork elements.
+inline std::ptrdiff_t row_grain(std::ptrdiff_t cols) noexcept {
+  return std::max<std::ptrdiff_t>(1, kParallelWork / std::max<std::ptrdiff_t>(cols, 1));
+}
+
+// ------------------------------------------------------------------------------ checks
+
+inline std::string kname(const char* kernel) { return std::string("kernels.") + kernel; }
+
+/// A size argument must be >= 0.
+inline void check_size(std::ptrdiff_t v, const char* kernel, const char* name) {
+  EDL_CHECK(v >= 0, errc::invalid_argument, kname(kernel), name, " = ", v, ", expected >= 0");
+}
+
+/// A pointer argument may be null only when it addresses no element.
+inline void check_ptr(const void* p, std::ptrdiff_t n, const char* kernel, const char* name) {
+  EDL_CHECK(p != nullptr || n == 0, errc::invalid_argument, kname(kernel), name, " is null, expected ", n,
+            " elements");
+}
+
+/// rows * cols, checking both are >= 0 and the product fits.
+inline std::ptrdiff_t checked_area(std::ptrdiff_t rows, std::ptrdiff_t cols, const char* kernel) {
+  check_size(rows, kernel, "rows");
+  check_size(cols, kernel, "cols");
+  EDL_CHECK(cols == 0 || rows <= std::numeric_limits<std::ptrdiff_t>::max() / cols, errc::invalid_argument,
+            kname(kernel), "rows * cols = ", rows, " * ", cols, " overflows");
+  return rows * cols;
+}
+
+// ------------------------------------------------------------------------------ loads / stores
+
+/// Loads kLanes elements widened to f32.
+inline fbatch load(const float* p) noexcept { return fbatch::load_unaligned(p); }
+
+inline fbatch load(const bf16* p) noexcept {
+#if defined(__AVX2__)
+  if constexpr (kLanes == 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return fbatch(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+#endif
+  alignas(64) float buf[kLanes];
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) buf[i] = p[i].to_float();
+  return fbatch::load_aligned(buf);
+}
+
+inline fbatch load(const f16* p) noexcept {
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (kLanes == 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256 f = _mm256_cvtph_ps(h);
+#if defined(__AVX2__)
+    // F16C quiets signalling NaNs; edl's f16::to_float keeps the payload bit for bit.
+    const __m256i h32 = _mm256_cvtepu16_epi32(h);
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(h32, _mm256_set1_epi32(0x7fff)),
+                                              _mm256_set1_epi32(0x7c00));
+    const __m256i nan_bits = _mm256_or_si256(
+        _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(h32, _mm256_set1_epi32(0x8000)), 16),
+                        _mm256_set1_epi32(0x7f800000)),
+        _mm256_slli_epi32(_mm256_and_si256(h32, _mm256_set1_epi32(0x3ff)), 13));
+    return fbatch(_mm256_blendv_ps(f, _mm256_castsi256_ps(nan_bits), _mm256_castsi256_ps(is_nan)));
+#else
+    return fbatch(f);
+#endif
+  }
+#endif
+  alignas(64) float buf[kLanes];
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) buf[i] = p[i].to_float();
+  return fbatch::load_aligned(buf);
+}
+
+/// Stores kLanes elements, rounding to nearest even for bf16/f16 (bit-identical to
+/// edl::from_f32, NaN and Inf included).
+inline void store(float* p, const fbatch& v) noexcept { v.store_unaligned(p); }
+
+inline void store(bf16* p, const fbatch& v) noexcept {
+#if defined(__AVX2__)
+  if constexpr (kLanes == 8) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i is_nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+    return;
+  }
+#endif
+  alignas(64) float buf[kLanes];
+  v.store_aligned(buf);
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) p[i] = bf16(buf[i]);
+}
+
+inline void store(f16* p, const fbatch& v) noexcept {
+  // F16C's conversion ignores DAZ/FTZ for f16 subnormals but its NaN payload rule and
+  // subnormal handling are checked against f16::from_float in the tests; the scalar path
+  // is the definition.
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (kLanes == 8) {
+    const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+    return;
+  }
+#endif
+  alignas(64) float buf[kLanes];
+  v.store_aligned(buf);
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) p[i] = f16(buf[i]);
+}
+
+/// Loads the first n < kLanes elements; the other lanes hold `fill`.
+template <class T>
+inline fbatch load_partial(const T* p, std::ptrdiff_t n, float fill) noexcept {
+  alignas(64) float buf[kLanes];
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) buf[i] = i < n ? to_f32(p[i]) : fill;
+  return fbatch::load_aligned(buf);
+}
+
+/// Stores the first n < kLanes lanes (rounded like store()).
+template <class T>
+inline void store_partial(T* p, const fbatch& v, std::ptrdiff_t n) noexcept {
+  alignas(64) float buf[kLanes];
+  v.store_aligned(buf);
+  for (std::ptrdiff_t i = 0; i < n; ++i) p[i] = from_f32<T>(buf[i]);
+}
+
+// ------------------------------------------------------------------------------ reductions
+
+/// Sum of the lanes, in lane order (0 + 1 + 2 + ...): the same on every call.
+inline float hsum(const fbatch& v) noexcept {
+  alignas(64) float buf[kLanes];
+  v.store_aligned(buf);
+  // Pairwise in a fixed tree for accuracy; the tree depends only on kLanes.
+  for (std::ptrdiff_t w = kLanes / 2; w >= 1; w /= 2)
+    for (std::ptrdiff_t i = 0; i < w; ++i) buf[i] += buf[i + w];
+  return buf[0];
+}
+
+/// Largest lane, compared in lane order.
+inline float hmax(const fbatch& v) noexcept {
+  alignas(64) float buf[kLanes];
+  v.store_aligned(buf);
+  float m = buf[0];
+  for (std::ptrdiff_t i = 1; i < kLanes; ++i) m = buf[i] > m ? buf[i] : m;
+  return m;
+}
+
+// ------------------------------------------------------------------------------ math
+
+/// exp(x) lane-wise. Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, degree-7
+/// polynomial (Cephes expf), scaling by 2^n built from the exponent bits. Max error about
+/// 1 ulp on [-86.6, 88.7]; returns exactly 0 for x < -86.64 (~ln 2^-125: masked -Inf logits
+/// give 0, never a denormal), +Inf for x > ln(FLT_MAX), NaN for NaN.
+inline fbatch exp(const fbatch& x) noexcept {
+  const fbatch log2e(1.44269504088896341f);
+  const fbatch ln2_hi(0.693359375f);
+  const fbatch ln2_lo(-2.12194440e-4f);
+  const fbatch hi(88.72283905206835f);
+  const fbatch lo(-86.64f);
+
+  const fbatch n = xsimd::nearbyint(x * log2e);
+  fbatch r = xsimd::fnma(n, ln2_hi, x);  // x - n*ln2_hi
+  r = xsimd::fnma(n, ln2_lo, r);         // - n*ln2_lo
+  fbatch p(1.9875691500e-4f);
+  p = xsimd::fma(p, r, fbatch(1.3981999507e-3f));
+  p = xsimd::fma(p, r, fbatch(8.3334519073e-3f));
+  p = xsimd::fma(p, r, fbatch(4.1665795894e-2f));
+  p = xsimd::fma(p, r, fbatch(1.6666665459e-1f));
+  p = xsimd::fma(p, r, fbatch(5.0000001201e-1f));
+  p = xsimd::fma(p * r, r, r) + fbatch(1.0f);
+  // y = (2p) * 2^(n-1): for lo <= x <= hi, n is in [-125, 128] so n - 1 + 127 is a valid
+  // normal exponent field (n = 128 happens just below ln(FLT_MAX)). Lanes outside that range
+  // hold garbage here and are replaced by the selects; NaN lanes stay NaN through r.
+  const ibatch e = (xsimd::batch_cast<std::int32_t>(n) + ibatch(126)) << 23;
+  fbatch y = (p + p) * xsimd::bitwise_cast<fbatch>(e);
+  y = xsimd::select(x > hi, fbatch(std::numeric_limits<float>::infinity()), y);
+  y = xsimd::select(x < lo, fbatch(0.0f), y);
+  return y;
+}
+
+/// exp of one float through the vector path (for scalar spots that must agree with it).
+inline float exp1(float x) noexcept {
+  alignas(64) float buf[kLanes];
+  detail::exp(fbatch(x)).store_aligned(buf);
+  return buf[0];
+}
+
+/// 1 / (1 + exp(-x)) lane-wise: 0 for x -> -Inf, 1 for x -> +Inf; accurate to a few ulp
+/// relative everywhere (no cancellation).
+inline fbatch sigmoid(const fbatch& x) noexcept { return fbatch(1.0f) / (fbatch(1.0f) + detail::exp(-x)); }
+
+/// s = sigmoid(x) and 1 - s, both with small relative error (1 - s = exp(-x) * s, with x
+/// clamped at -80 so exp(-x) stays finite; s and 1 - s are exact 0/1 beyond that).
+inline void sigmoid_pair(const fbatch& x, fbatch& s, fbatch& one_minus_s) noexcept {
+  const fbatch e = detail::exp(-xsimd::max(x, fbatch(-80.0f)));
+  s = fbatch(1.0f) / (fbatch(1.0f) + e);
+  one_minus_s = e * s;
+}
+
+// ------------------------------------------------------------------------------ loops
+
+inline void row_fill(float* y, std::ptrdiff_t n, float v) noexcept {
+  for (std::ptrdiff_t j = 0; j < n; ++j) y[j] = v;
+}
+
+/// Runs f(i) over [0, n) on chunks of fixed size kReduceChunk (deterministic layout), in
+/// parallel when n is large. f must only touch element range [i*chunk, ...).
+template <class F>
+inline void for_chunks(std::ptrdiff_t n, F&& f) {
+  if (n <= 0) return;
+  const std::ptrdiff_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  const std::ptrdiff_t grain = std::max<std::ptrdiff_t>(1, kParallelWork / kReduceChunk);
+  exec::parallel_for(0, chunks, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t c = lo; c < hi; ++c) {
+      const std::ptrdiff_t b = c * kReduceChunk;
+      f(c, b, std::min(n, b + kReduceChunk));
+    }
+  });
+}
+
+/// Lane-wise map over a flat range [lo, hi): out[i] = op(in...[i]) for any number of input
+/// arrays (f32/bf16/f16) and one output array. The tail is padded with `fill`.
+template <class Out, class Op, class... In>
+inline void map_range(std::ptrdiff_t lo, std::ptrdiff_t hi, Op&& op, Out* out, const In*... in) noexcept {
+  std::ptrdiff_t i = lo;
+  for (; i + kLanes <= hi; i += kLanes) store(out + i, op(load(in + i)...));
+  if (i < hi) store_partial(out + i, op(load_partial(in + i, hi - i, 0.0f)...), hi - i);
+}
+
+/// Parallel lane-wise map over [0, n).
+template <class Out, class Op, class... In>
+inline void map(std::ptrdiff_t n, Op&& op, Out* out, const In*... in) {
+  if (n <= 0) return;
+  exec::parallel_for(0, n, kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    map_range(lo, hi, op, out, in...);
+  });
+}
+
+}  // namespace edl::kernels::detail
+// end of edl/kernels/detail/simd.hpp
+
+namespace edl::kernels {
+
+namespace detail {
+/// silu'(x) = s * (1 + x * (1 - s)), with 1 - s computed without cancellation.
+inline fbatch silu_grad(const fbatch& x) noexcept {
+  fbatch s, oms;
+  sigmoid_pair(x, s, oms);
+  return s * xsimd::fma(x, oms, fbatch(1.0f));
+}
+inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluA = 0.044715f;
+}  // namespace detail
+
+/// y = silu(x), n elements.
+template <FloatStorage T>
+inline void silu(const T* x, T* y, std::ptrdiff_t n) {
+  detail::check_size(n, "silu", "n");
+  detail::check_ptr(x, n, "silu", "x");
+  detail::check_ptr(y, n, "silu", "y");
+  detail::map(n, [](const detail::fbatch& v) { return v * detail::sigmoid(v); }, y, x);
+}
+
+/// dx = dy * silu'(x).
+inline void silu_backward(const float* x, const float* dy, float* dx, std::ptrdiff_t n) {
+  const char* k = "silu_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::map(
+      n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::silu_grad(v); },
+      dx, x, dy);
+}
+
+/// out = silu(gate) * up (SwiGLU).
+template <FloatStorage T>
+inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
+  const char* k = "silu_mul";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(out, n, k, "out");
+  detail::map(
+      n, [](const detail::fbatch& g, const detail::fbatch& u) { return g * detail::sigmoid(g) * u; }, out, gate, up);
+}
+
+/// Backward of out = silu(gate) * up:
+///   d_up   = d_out * silu(gate)
+///   d_gate = d_out * up * silu'(gate)
+/// d_gate may alias gate or d_out, d_up may alias up or d_out.
+inline void silu_mul_backward(const float* gate, const float* up, const float* d_out, float* d_gate, float* d_up,
+                              std::ptrdiff_t n) {
+  using detail::fbatch;
+  const char* k = "silu_mul_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(d_out, n, k, "d_out");
+  detail::check_ptr(d_gate, n, k, "d_gate");
+  detail::check_ptr(d_up, n, k, "d_up");
+  auto step = [](const fbatch& g, const fbatch& u, const fbatch& d, fbatch& dg, fbatch& du) {
+    fbatch s, oms;
+    detail::sigmoid_pair(g, s, oms);
+    du = d * (g * s);
+    dg = d * u * (s * xsimd::fma(g, oms, fbatch(1.0f)));
+  };
+  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    std::ptrdiff_t i = lo;
+    fbatch dg, du;
+    for (; i + detail::kLanes <= hi; i += detail::kLanes) {
+      step(detail::load(gate + i), detail::load(up + i), detail::load(d_out + i), dg, du);
+      detail::store(d_gate + i, dg);
+      detail::store(d_up + i, du);
+    }
+    if (i < hi) {
+      const std::ptrdiff_t m = hi - i;
+      step(detail::load_partial(gate + i, m, 0.0f), detail::load_partial(up + i, m, 0.0f),
+           detail::load_partial(d_out + i, m, 0.0f), dg, du);
+      detail::store_partial(d_gate + i, dg, m);
+      detail::store_partial(d_up + i, du, m);
+    }
+  });
+}
+
+/// y = gelu(x), tanh approximation (PyTorch approximate="tanh", "gelu_pytorch_tanh").
+template <FloatStorage T>
+inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
+  detail::check_size(n, "gelu_tanh", "n");
+  detail::check_ptr(x, n, "gelu_tanh", "x");
+  detail::check_ptr(y, n, "gelu_tanh", "y");
+  detail::map(
+      n,
+      [](const detail::fbatch& v) {
+        using detail::fbatch;
+        // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v * v, v);
+        return v * detail::sigmoid(u2);
+      },
+      y, x);
+}
+
+/// dx = dy * gelu_tanh'(x).
+inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::ptrdiff_t n) {
+  const char* k = "gelu_tanh_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::map(
+      n,
+      [](const detail::fbatch& v, const detail::fbatch& g) {
+        using detail::fbatch;
+        const fbatch v2 = v * v;
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v2, v);
+        // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
+        // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
+        fbatch s, oms;
+        detail::sigmoid_pair(u2, s, oms);
+        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
+        const fbatch d = xsimd::fma(v * s * oms, du2, s);
+        return g * d;
+      },
+      dx, x, dy);
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/activations.hpp
+// #include <edl/kernels/elementwise.hpp>
+// edl/kernels/elementwise.hpp
+// Flat elementwise kernels and deterministic reductions over n contiguous elements.
+//
+// Lane-wise kernels (add, add_inplace, axpy, scale, mul, fill, convert) take f32, bf16 or
+// f16 storage where marked, compute in f32 and round once (RNE, bit-identical to
+// edl::from_f32). Outputs may alias inputs of the same type.
+//
+// Reductions (dot, sum_squares) accumulate in f32 over fixed chunks of
+// detail::kReduceChunk elements (4 vector accumulators per chunk), then add the chunk
+// partials in chunk order (in double, then rounded to f32). The chunking never depends on
+// the thread count, so results are bit-identical with 1 or N threads.
+//
+// The fused cross-entropy lives in softmax.hpp (cross_entropy_rows).
+
+#include <cstddef>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
+
+namespace edl::kernels {
+
+namespace detail {
+
+inline void check_flat(std::ptrdiff_t n, const char* k) { check_size(n, k, "n"); }
+
+/// Deterministic chunked reduction: chunk_fn(lo, hi) -> float partial of [lo, hi).
+template <class ChunkFn>
+inline float chunked_reduce(std::ptrdiff_t n, ChunkFn&& chunk_fn) {
+  if (n <= 0) return 0.0f;
+  if (n <= kReduceChunk) return static_cast<float>(static_cast<double>(chunk_fn(std::ptrdiff_t{0}, n)));
+  const std::ptrdiff_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+  std::vector<float> partial(static_cast<std::size_t>(chunks));
+  for_chunks(n, [&](std::ptrdiff_t c, std::ptrdiff_t lo, std::ptrdiff_t hi) { partial[c] = chunk_fn(lo, hi); });
+  double total = 0.0;
+  for (float p : partial) total += p;
+  return static_cast<float>(total);
+}
+
+/// f32 sum of f(load(a + j)...) over [lo, hi), 4 accumulators, fixed layout.
+template <class F, class... In>
+inline float chunk_sum(std::ptrdiff_t lo, std::ptrdiff_t hi, F&& f, const In*... in) noexcept {
+  fbatch s0(0.0f), s1(0.0f), s2(0.0f), s3(0.0f);
+  std::ptrdiff_t j = lo;
+  for (; j + 4 * kLanes <= hi; j += 4 * kLanes) {
+    s0 = f(s0, load(in + j)...);
+    s1 = f(s1, load(in + j + kLanes)...);
+    s2 = f(s2, load(in + j + 2 * kLanes)...);
+    s3 = f(s3, load(in + j + 3 * kLanes)...);
+  }
+  for (; j + kLanes <= hi; j += kLanes) s0 = f(s0, load(in + j)...);
+  if (j < hi) s1 = f(s1, load_partial(in + j, hi - j, 0.0f)...);
+  return hsum((s0 + s1) + (s2 + s3));
+}
+
+}  // namespace detail
+
+/// out = a + b.
+template <FloatStorage T>
+inline void add(const T* a, const T* b, T* out, std::ptrdiff_t n) {
+  detail::check_flat(n, "add");
+  detail::check_ptr(a, n, "add", "a");
+  detail::check_ptr(b, n, "add", "b");
+  detail::check_ptr(out, n, "add", "out");
+  detail::map(n, [](const detail::fbatch& x, const detail::fbatch& y) { return x + y; }, out, a, b);
+}
+
+/// y += x.
+template <FloatStorage T>
+inline void add_inplace(T* y, const T* x, std::ptrdiff_t n) {
+  detail::check_flat(n, "add_inplace");
+  detail::check_ptr(y, n, "add_inplace", "y");
+  detail::check_ptr(x, n, "add_inplace", "x");
+  detail::map(n, [](const detail::fbatch& u, const detail::fbatch& v) { return u + v; }, y, static_cast<const T*>(y), x);
+}
+
+/// y += a * x (one fused multiply-add per element).
+inline void axpy(float a, const float* x, float* y, std::ptrdiff_t n) {
+  detail::check_flat(n, "axpy");
+  detail::check_ptr(x, n, "axpy", "x");
+  detail::check_ptr(y, n, "axpy", "y");
+  const detail::fbatch ab(a);
+  detail::map(
+      n, [&](const detail::fbatch& u, const detail::fbatch& v) { return xsimd::fma(ab, v, u); }, y,
+      static_cast<const float*>(y), x);
+}
+
+/// y *= a, in place.
+template <FloatStorage T>
+inline void scale(T* y, float a, std::ptrdiff_t n) {
+  detail::check_flat(n, "scale");
+  detail::check_ptr(y, n, "scale", "y");
+  const detail::fbatch ab(a);
+  detail::map(n, [&](const detail::fbatch& u) { return u * ab; }, y, static_cast<const T*>(y));
+}
+
+/// out = a * x.
+template <FloatStorage T>
+inline void scale(const T* x, float a, T* out, std::ptrdiff_t n) {
+  detail::check_flat(n, "scale");
+  detail::check_ptr(x, n, "scale", "x");
+  detail::check_ptr(out, n, "scale", "out");
+  const detail::fbatch ab(a);
+  detail::map(n, [&](const detail::fbatch& u) { return u * ab; }, out, x);
+}
+
+/// out = a * b (elementwise).
+template <FloatStorage T>
+inline void mul(const T* a, const T* b, T* out, std::ptrdiff_t n) {
+  detail::check_flat(n, "mul");
+  detail::check_ptr(a, n, "mul", "a");
+  detail::check_ptr(b, n, "mul", "b");
+  detail::check_ptr(out, n, "mul", "out");
+  detail::map(n, [](const detail::fbatch& x, const detail::fbatch& y) { return x * y; }, out, a, b);
+}
+
+/// y[i] = v (rounded once to T).
+template <FloatStorage T>
+inline void fill(T* y, float v, std::ptrdiff_t n) {
+  detail::check_flat(n, "fill");
+  detail::check_ptr(y, n, "fill", "y");
+  const T t = from_f32<T>(v);
+  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t i = lo; i < hi; ++i) y[i] = t;
+  });
+}
+
+/// sum_i a[i] * b[i]; f32 accumulation, deterministic (see the file comment).
+inline float dot(const float* a, const float* b, std::ptrdiff_t n) {
+  detail::check_flat(n, "dot");
+  detail::check_ptr(a, n, "dot", "a");
+  detail::check_ptr(b, n, "dot", "b");
+  return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    return detail::chunk_sum(
+        lo, hi,
+        [](const detail::fbatch& s, const detail::fbatch& x, const detail::fbatch& y) { return xsimd::fma(x, y, s); },
+        a, b);
+  });
+}
+
+/// sum_i x[i]^2 (for gradient norms); f32 accumulation, deterministic.
+template <FloatStorage T>
+inline float sum_squares(const T* x, std::ptrdiff_t n) {
+  detail::check_flat(n, "sum_squares");
+  detail::check_ptr(x, n, "sum_squares", "x");
+  return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    return detail::chunk_sum(
+        lo, hi, [](const detail::fbatch& s, const detail::fbatch& v) { return xsimd::fma(v, v, s); }, x);
+  });
+}
+
+/// dst[i] = from_f32<D>(to_f32(src[i])) for any of f32 / bf16 / f16: round to nearest even,
+/// NaN stays NaN, Inf stays Inf, bit-identical to edl's scalar conversions.
+template <FloatStorage S, FloatStorage D>
+inline void convert(const S* src, D* dst, std::ptrdiff_t n) {
+  detail::check_flat(n, "convert");
+  detail::check_ptr(src, n, "convert", "src");
+  detail::check_ptr(dst, n, "convert", "dst");
+  detail::map(n, [](const detail::fbatch& v) { return v; }, dst, src);
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/elementwise.hpp
+// #include <edl/kernels/rms_norm.hpp>
+// edl/kernels/rms_norm.hpp
+// RMSNorm as Hugging Face's LlamaRMSNorm, forward and backward, rows x cols row-major:
+//   inv_rms[r] = 1 / sqrt(mean_j(x[r, j]^2) + eps)
+//   y[r, j]    = weight[j] * (x[r, j] * inv_rms[r])
+// Arithmetic is f32 whatever the storage type (x, y, weight may be f32, bf16 or f16 in the
+// forward; the result is rounded once, RNE). HF rounds x * inv_rms to the storage dtype
+// before multiplying by weight; edl keeps it in f32, which differs by at most one rounding.
+//
+// Backward (f32), with g = weight * dy:
+//   dx[r, j]    = inv_rms[r] * g_j - x[r, j] * inv_rms[r]^3 / cols * sum_k(g_k * x[r, k])
+//   dweight[j] += sum_r dy[r, j] * x[r, j] * inv_rms[r]
+// dweight is reduced over fixed chunks of detail::kRowChunk rows (independent of the
+// thread count) whose partial sums are combined in chunk order, so it is bit-identical for
+// any number of threads.
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
+
+namespace edl::kernels {
+
+namespace detail {
+
+/// sum_j x_j^2 in f32 (fixed layout of 2 accumulators).
+template <class T>
+inline float row_sum_squares(const T* x, std::ptrdiff_t n) noexcept {
+  fbatch s0(0.0f), s1(0.0f);
+  std::ptrdiff_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    const fbatch a = load(x + j), b = load(x + j + kLanes);
+    s0 = xsimd::fma(a, a, s0);
+    s1 = xsimd::fma(b, b, s1);
+  }
+  for (; j + kLanes <= n; j += kLanes) {
+    const fbatch a = load(x + j);
+    s0 = xsimd::fma(a, a, s0);
+  }
+  if (j < n) {
+    const fbatch a = load_partial(x + j, n - j, 0.0f);
+    s1 = xsimd::fma(a, a, s1);
+  }
+  return hsum(s0 + s1);
+}
+
+}  // namespace detail
+
+/// RMSNorm forward. x, y: rows x cols; weight: cols; inv_rms: rows (saved for backward, may
+/// be null for inference). eps > 0 typical (Llama: 1e-5 or 1e-6). y may equal x.
+template <FloatStorage T, FloatStorage W>
+inline void rms_norm_forward(const T* x, const W* weight, T* y, float* inv_rms, std::ptrdiff_t rows,
+                             std::ptrdiff_t cols, float eps) {
+  const char* k = "rms_norm_forward";
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(weight, rows > 0 ? cols : 0, k, "weight");
+  detail::check_ptr(y, n, k, "y");
+  EDL_CHECK(eps >= 0.0f, errc::invalid_argument, detail::kname(k), "eps = ", eps, ", expected >= 0");
+  exec::parallel_for(0, rows, detail::row_grain(cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * cols;
+      const float ms = detail::row_sum_squares(xr, cols) / static_cast<float>(cols);
+      const float ir = 1.0f / std::sqrt(ms + eps);
+      if (inv_rms) inv_rms[r] = ir;
+      const detail::fbatch irb(ir);
+      detail::map_range(
+          0, cols, [&](const detail::fbatch& xv, const detail::fbatch& wv) { return wv * (xv * irb); }, y + r * cols,
+          xr, weight);
+    }
+  });
+}
+
+/// RMSNorm backward. inv_rms comes from the forward. Writes dx (rows x cols; may equal dy)
+/// and accumulates dweight += (cols; may be null to skip the weight gradient).
+inline void rms_norm_backward(const float* x, const float* weight, const float* inv_rms, const float* dy, float* dx,
+                              float* dweight, std::ptrdiff_t rows, std::ptrdiff_t cols) {
+  using detail::fbatch;
+  const char* k = "rms_norm_backward";
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(weight, rows > 0 ? cols : 0, k, "weight");
+  detail::check_ptr(inv_rms, rows, k, "inv_rms");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  if (n == 0) return;
+
+  const std::ptrdiff_t chunks = (rows + detail::kRowChunk - 1) / detail::kRowChunk;
+  std::vector<float> partial(dweight ? static_cast<std::size_t>(chunks * cols) : 0);
+  const float inv_cols = 1.0f / static_cast<float>(cols);
+
+  const std::ptrdiff_t grain =
+      std::max<std::ptrdiff_t>(1, detail::kParallelWork / std::max<std::ptrdiff_t>(detail::kRowChunk * cols, 1));
+  exec::parallel_for(0, chunks, grain, [&](std::ptrdiff_t clo, std::ptrdiff_t chi) {
+    for (std::ptrdiff_t c = clo; c < chi; ++c) {
+      float* p = dweight ? partial.data() + c * cols : nullptr;
+      if (p) detail::row_fill(p, cols, 0.0f);
+      const std::ptrdiff_t r_end = std::min(rows, (c + 1) * detail::kRowChunk);
+      for (std::ptrdiff_t r = c * detail::kRowChunk; r < r_end; ++r) {
+        const float* xr = x + r * cols;
+        const float* dyr = dy + r * cols;
+        const float ir = inv_rms[r];
+        const fbatch irb(ir);
+        // c_r = sum_k weight_k * dy_k * x_k, one fixed accumulator layout.
+        fbatch s0(0.0f), s1(0.0f);
+        std::ptrdiff_t j = 0;
+        for (; j + 2 * detail::kLanes <= cols; j += 2 * detail::kLanes) {
+          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+          s1 = xsimd::fma(detail::load(weight + j + detail::kLanes) * detail::load(dyr + j + detail::kLanes),
+                          detail::load(xr + j + detail::kLanes), s1);
+        }
+        for (; j + detail::kLanes <= cols; j += detail::kLanes)
+          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+        if (j < cols)
+          s1 = xsimd::fma(detail::load_partial(weight + j, cols - j, 0.0f) * detail::load_partial(dyr + j, cols - j, 0.0f),
+                          detail::load_partial(xr + j, cols - j, 0.0f), s1);
+        const float dot = detail::hsum(s0 + s1);
+        const fbatch coef(ir * ir * ir * inv_cols * dot);
+        if (p) {  // p += dy * x * inv_rms (before dx overwrites dy when they alias)
+          detail::map_range(
+              0, cols,
+              [&](const fbatch& pv, const fbatch& g, const fbatch& xv) { return xsimd::fma(g * xv, irb, pv); }, p,
+              static_cast<const float*>(p), dyr, xr);
+        }
+        detail::map_range(
+            0, cols,
+            [&](const fbatch& wv, const fbatch& g, const fbatch& xv) { return xsimd::fms(irb, wv * g, xv * coef); },
+            dx + r * cols, weight, dyr, xr);
+      }
+    }
+  });
+
+  if (!dweight) return;
+  // Combine chunk partials in chunk order, column blocks in parallel.
+  const std::ptrdiff_t col_grain = std::max<std::ptrdiff_t>(
+      detail::kLanes, detail::kParallelWork / std::max<std::ptrdiff_t>(chunks, 1) / detail::kLanes * detail::kLanes);
+  exec::parallel_for(0, cols, col_grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    auto sum_chunks = [&](std::ptrdiff_t j, auto load_fn) {
+      fbatch acc = load_fn(partial.data() + j);
+      for (std::ptrdiff_t c = 1; c < chunks; ++c) acc += load_fn(partial.data() + c * cols + j);
+      return acc;
+    };
+    std::ptrdiff_t j = lo;
+    for (; j + detail::kLanes <= hi; j += detail::kLanes) {
+      const fbatch acc = sum_chunks(j, [](const float* q) { return detail::load(q); });
+      detail::store(dweight + j, detail::load(dweight + j) + acc);
+    }
+    if (j < hi) {
+      const std::ptrdiff_t m = hi - j;
+      const fbatch acc = sum_chunks(j, [m](const float* q) { return detail::load_partial(q, m, 0.0f); });
+      detail::store_partial(dweight + j, detail::load_partial(dweight + j, m, 0.0f) + acc, m);
+    }
+  });
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/rms_norm.hpp
+// #include <edl/kernels/softmax.hpp>
+// edl/kernels/softmax.hpp
+// Row-wise softmax, log-softmax, their backward passes and a fused cross-entropy, on
+// contiguous row-major f32 arrays (rows x cols).
+//
+// Numerics: every row subtracts its maximum before exp (stable for any finite input);
+// sums are f32 with a fixed vector-accumulator layout. -Inf entries (masked positions)
+// get probability exactly 0. A row whose entries are all -Inf (fully masked) gives
+//   softmax      -> all 0 (not NaN),
+//   log_softmax  -> all -Inf,
+//   cross_entropy-> loss +Inf, gradient 0.
+// +Inf or NaN inputs give NaN in their row.
+//
+// Aliasing: y may equal x (in place); dx may equal dy; dlogits may equal logits.
+// Parallel over rows; each row is computed by one thread with one fixed sequence of
+// operations, so results are bit-identical for any thread count.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
+
+namespace edl::kernels {
+
+namespace detail {
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+/// max over x[0, n); -Inf for an empty row.
+inline float row_max(const float* x, std::ptrdiff_t n) noexcept {
+  fbatch m0(kNegInf), m1(kNegInf);
+  std::ptrdiff_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    m0 = xsimd::max(m0, load(x + j));
+    m1 = xsimd::max(m1, load(x + j + kLanes));
+  }
+  for (; j + kLanes <= n; j += kLanes) m0 = xsimd::max(m0, load(x + j));
+  if (j < n) m1 = xsimd::max(m1, load_partial(x + j, n - j, kNegInf));
+  return hmax(xsimd::max(m0, m1));
+}
+
+/// sum_j exp(x_j - m); stores the exps in y when y is not null (y may equal x).
+inline float row_exp_sum(const float* x, float* y, std::ptrdiff_t n, float m) noexcept {
+  const fbatch mb(m);
+  fbatch s0(0.0f), s1(0.0f);
+  std::ptrdiff_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    const fbatch e0 = detail::exp(load(x + j) - mb);
+    const fbatch e1 = detail::exp(load(x + j + kLanes) - mb);
+    if (y) {
+      store(y + j, e0);
+      store(y + j + kLanes, e1);
+    }
+    s0 += e0;
+    s1 += e1;
+  }
+  for (; j + kLanes <= n; j += kLanes) {
+    const fbatch e = detail::exp(load(x + j) - mb);
+    if (y) store(y + j, e);
+    s0 += e;
+  }
+  if (j < n) {
+    const fbatch e = detail::exp(load_partial(x + j, n - j, kNegInf) - mb);  // padding lanes: exp(-Inf) = 0
+    if (y) store_partial(y + j, e, n - j);
+    s1 += e;
+  }
+  return hsum(s0 + s1);
+}
+
+/// sum_j a_j * b_j (f32, fixed layout of 2 accumulators).
+inline float row_dot(const float* a, const float* b, std::ptrdiff_t n) noexcept {
+  fbatch s0(0.0f), s1(0.0f);
+  std::ptrdiff_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    s0 = xsimd::fma(load(a + j), load(b + j), s0);
+    s1 = xsimd::fma(load(a + j + kLanes), load(b + j + kLanes), s1);
+  }
+  for (; j + kLanes <= n; j += kLanes) s0 = xsimd::fma(load(a + j), load(b + j), s0);
+  if (j < n) s1 = xsimd::fma(load_partial(a + j, n - j, 0.0f), load_partial(b + j, n - j, 0.0f), s1);
+  return hsum(s0 + s1);
+}
+
+/// sum_j a_j.
+inline float row_sum(const float* a, std::ptrdiff_t n) noexcept {
+  fbatch s0(0.0f), s1(0.0f);
+  std::ptrdiff_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    s0 += load(a + j);
+    s1 += load(a + j + kLanes);
+  }
+  for (; j + kLanes <= n; j += kLanes) s0 += load(a + j);
+  if (j < n) s1 += load_partial(a + j, n - j, 0.0f);
+  return hsum(s0 + s1);
+}
+
+inline void softmax_row(const float* x, float* y, std::ptrdiff_t n) noexcept {
+  const float m = row_max(x, n);
+  if (m == kNegInf) return row_fill(y, n, 0.0f);  // fully masked row
+  const float inv = 1.0f / row_exp_sum(x, y, n, m);
+  map_range(0, n, [&](const fbatch& e) { return e * fbatch(inv); }, y, static_cast<const float*>(y));
+}
+
+inline void log_softmax_row(const float* x, float* y, std::ptrdiff_t n) noexcept {
+  const float m = row_max(x, n);
+  if (m == kNegInf) return row_fill(y, n, kNegInf);
+  const float ls = std::log(row_exp_sum(x, nullptr, n, m));
+  map_range(0, n, [&](const fbatch& v) { return (v - fbatch(m)) - fbatch(ls); }, y, x);
+}
+
+/// Runs row(r) for every row in parallel (row grain from the row length).
+template <class F>
+inline void for_rows(std::ptrdiff_t rows, std::ptrdiff_t cols, F&& row) {
+  exec::parallel_for(0, rows, row_grain(cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t r = lo; r < hi; ++r) row(r);
+  });
+}
+
+}  // namespace detail
+
+/// y[r, :] = softmax(x[r, :]). A fully -Inf row gives zeros. y may equal x.
+inline void softmax_rows(const float* x, float* y, std::ptrdiff_t rows, std::ptrdiff_t cols) {
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, "softmax_rows");
+  detail::check_ptr(x, n, "softmax_rows", "x");
+  detail::check_ptr(y, n, "softmax_rows", "y");
+  detail::for_rows(rows, cols, [&](std::ptrdiff_t r) { detail::softmax_row(x + r * cols, y + r * cols, cols); });
+}
+
+/// y[r, :] = log_softmax(x[r, :]) = x - max - log(sum exp(x - max)). A fully -Inf row
+/// gives -Inf everywhere. y may equal x.
+inline void log_softmax_rows(const float* x, float* y, std::ptrdiff_t rows, std::ptrdiff_t cols) {
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, "log_softmax_rows");
+  detail::check_ptr(x, n, "log_softmax_rows", "x");
+  detail::check_ptr(y, n, "log_softmax_rows", "y");
+  detail::for_rows(rows, cols, [&](std::ptrdiff_t r) { detail::log_softmax_row(x + r * cols, y + r * cols, cols); });
+}
+
+/// Backward of softmax from its output y: dx = y * (dy - sum_j(dy_j * y_j)) per row.
+/// dx may equal dy.
+inline void softmax_backward_rows(const float* y, const float* dy, float* dx, std::ptrdiff_t rows,
+                                  std::ptrdiff_t cols) {
+  const char* k = "softmax_backward_rows";
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
+  detail::check_ptr(y, n, k, "y");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::for_rows(rows, cols, [&](std::ptrdiff_t r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    const detail::fbatch d(detail::row_dot(dyr, yr, cols));
+    detail::map_range(0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return yv * (g - d); },
+                      dx + r * cols, yr, dyr);
+  });
+}
+
+/// Backward of log_softmax from its output y: dx = dy - exp(y) * sum_j(dy_j) per row
+/// (exp(-Inf) = 0, so masked entries pass dy through). dx may equal dy.
+inline void log_softmax_backward_rows(const float* y, const float* dy, float* dx, std::ptrdiff_t rows,
+                                      std::ptrdiff_t cols) {
+  const char* k = "log_softmax_backward_rows";
+  const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
+  detail::check_ptr(y, n, k, "y");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::for_rows(rows, cols, [&](std::ptrdiff_t r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    const detail::fbatch s(detail::row_sum(dyr, cols));
+    detail::map_range(
+        0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return xsimd::fnma(detail::exp(yv), s, g); },
+        dx + r * cols, yr, dyr);
+  });
+}
+
+/// Fused cross-entropy over rows of logits (rows x vocab), one pass per row:
+///   loss_per_row[r] = logsumexp(logits[r, :]) - logits[r, labels[r]]
+///   dlogits[r, :]   = grad_scale * (softmax(logits[r, :]) - onehot(labels[r]))   (if dlogits)
+/// Rows whose label equals ignore_index get loss 0 and a zero gradient. Returns the number
+/// of rows not ignored (for a mean over a sequence chunked through this call, pass
+/// grad_scale = 1 / total_valid and sum loss_per_row / total_valid).
+/// Label is std::int32_t or std::int64_t; a label outside [0, vocab) that is not
+/// ignore_index throws edl::Error (invalid_argument). dlogits may equal logits (the
+/// gradient overwrites the logits, saving a rows x vocab buffer). A row of all -Inf
+/// logits gives loss +Inf and a zero gradient.
+template <class Label>
+  requires(std::is_same_v<Label, std::int32_t> || std::is_same_v<Label, std::int64_t>)
+inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t rows, std::ptrdiff_t vocab,
+                                         const Label* labels, float* loss_per_row, float* dlogits = nullptr,
+                                         float grad_scale = 1.0f, Label ignore_index = -100) {
+  const char* k = "cross_entropy_rows";
+  detail::check_size(rows, k, "rows");
+  detail::check_size(vocab, k, "vocab");
+  const std::ptrdiff_t n = detail::checked_area(rows, vocab, k);
+  detail::check_ptr(logits, n, k, "logits");
+  detail::check_ptr(labels, rows, k, "labels");
+  detail::check_ptr(loss_per_row, rows, k, "loss_per_row");
+  std::ptrdiff_t valid = 0;
+  for (std::ptrdiff_t r = 0; r < rows; ++r) {
+    const Label l = labels[r];
+    if (l == ignore_index) continue;
+    EDL_CHECK(l >= 0 && l < vocab, errc::invalid_argument, detail::kname(k),
+              "labels[", r, "] = ", static_cast<long long>(l), ", expected in [0, ", vocab, ") or ignore_index ",
+              static_cast<long long>(ignore_index));
+    ++valid;
+  }
+  detail::for_rows(rows, vocab, [&](std::ptrdiff_t r) {
+    const float* x = logits + r * vocab;
+    float* d = dlogits ? dlogits + r * vocab : nullptr;
+    const Label l = labels[r];
+    if (l == ignore_index) {
+      loss_per_row[r] = 0.0f;
+      if (d) detail::row_fill(d, vocab, 0.0f);
+      return;
+    }
+    const float xl = x[l];  // read before d (possibly == x) is overwritten
+    const float m = detail::row_max(x, vocab);
+    if (m == detail::kNegInf) {
+      loss_per_row[r] = std::numeric_limits<float>::infinity();
+      if (d) detail::row_fill(d, vocab, 0.0f);
+      return;
+    }
+    const float s = detail::row_exp_sum(x, d, vocab, m);  // d holds exp(x - m)
+    loss_per_row[r] = (m - xl) + std::log(s);
+    if (d) {
+      const float c = grad_scale / s;
+      detail::map_range(0, vocab, [&](const detail::fbatch& e) { return e * detail::fbatch(c); }, d,
+                        static_cast<const float*>(d));
+      d[l] -= grad_scale;
+    }
+  });
+  return valid;
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/softmax.hpp
+// end of edl/kernels/all.hpp

@@ -1,0 +1,147 @@
+// edl/kernels/activations.hpp
+// Activations of the Llama MLP (SiLU, fused SwiGLU) and GELU (tanh approximation), forward
+// and backward, lane-wise over flat arrays of n elements.
+//
+//   silu(x)            = x * sigmoid(x),            sigmoid(x) = 1 / (1 + exp(-x))
+//   silu'(x)           = s * (1 + x * (1 - s)),     s = sigmoid(x)
+//   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
+//   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
+//
+// Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
+// kernels are f32. Every output may alias any input of the same type (in place). Each
+// element is computed by the same lane-wise instructions wherever it sits, so results do
+// not depend on the thread count.
+#pragma once
+
+#include <cstddef>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/kernels/detail/simd.hpp>
+
+namespace edl::kernels {
+
+namespace detail {
+/// silu'(x) = s * (1 + x * (1 - s)), with 1 - s computed without cancellation.
+inline fbatch silu_grad(const fbatch& x) noexcept {
+  fbatch s, oms;
+  sigmoid_pair(x, s, oms);
+  return s * xsimd::fma(x, oms, fbatch(1.0f));
+}
+inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluA = 0.044715f;
+}  // namespace detail
+
+/// y = silu(x), n elements.
+template <FloatStorage T>
+inline void silu(const T* x, T* y, std::ptrdiff_t n) {
+  detail::check_size(n, "silu", "n");
+  detail::check_ptr(x, n, "silu", "x");
+  detail::check_ptr(y, n, "silu", "y");
+  detail::map(n, [](const detail::fbatch& v) { return v * detail::sigmoid(v); }, y, x);
+}
+
+/// dx = dy * silu'(x).
+inline void silu_backward(const float* x, const float* dy, float* dx, std::ptrdiff_t n) {
+  const char* k = "silu_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::map(
+      n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::silu_grad(v); },
+      dx, x, dy);
+}
+
+/// out = silu(gate) * up (SwiGLU).
+template <FloatStorage T>
+inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
+  const char* k = "silu_mul";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(out, n, k, "out");
+  detail::map(
+      n, [](const detail::fbatch& g, const detail::fbatch& u) { return g * detail::sigmoid(g) * u; }, out, gate, up);
+}
+
+/// Backward of out = silu(gate) * up:
+///   d_up   = d_out * silu(gate)
+///   d_gate = d_out * up * silu'(gate)
+/// d_gate may alias gate or d_out, d_up may alias up or d_out.
+inline void silu_mul_backward(const float* gate, const float* up, const float* d_out, float* d_gate, float* d_up,
+                              std::ptrdiff_t n) {
+  using detail::fbatch;
+  const char* k = "silu_mul_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(d_out, n, k, "d_out");
+  detail::check_ptr(d_gate, n, k, "d_gate");
+  detail::check_ptr(d_up, n, k, "d_up");
+  auto step = [](const fbatch& g, const fbatch& u, const fbatch& d, fbatch& dg, fbatch& du) {
+    fbatch s, oms;
+    detail::sigmoid_pair(g, s, oms);
+    du = d * (g * s);
+    dg = d * u * (s * xsimd::fma(g, oms, fbatch(1.0f)));
+  };
+  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    std::ptrdiff_t i = lo;
+    fbatch dg, du;
+    for (; i + detail::kLanes <= hi; i += detail::kLanes) {
+      step(detail::load(gate + i), detail::load(up + i), detail::load(d_out + i), dg, du);
+      detail::store(d_gate + i, dg);
+      detail::store(d_up + i, du);
+    }
+    if (i < hi) {
+      const std::ptrdiff_t m = hi - i;
+      step(detail::load_partial(gate + i, m, 0.0f), detail::load_partial(up + i, m, 0.0f),
+           detail::load_partial(d_out + i, m, 0.0f), dg, du);
+      detail::store_partial(d_gate + i, dg, m);
+      detail::store_partial(d_up + i, du, m);
+    }
+  });
+}
+
+/// y = gelu(x), tanh approximation (PyTorch approximate="tanh", "gelu_pytorch_tanh").
+template <FloatStorage T>
+inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
+  detail::check_size(n, "gelu_tanh", "n");
+  detail::check_ptr(x, n, "gelu_tanh", "x");
+  detail::check_ptr(y, n, "gelu_tanh", "y");
+  detail::map(
+      n,
+      [](const detail::fbatch& v) {
+        using detail::fbatch;
+        // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v * v, v);
+        return v * detail::sigmoid(u2);
+      },
+      y, x);
+}
+
+/// dx = dy * gelu_tanh'(x).
+inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::ptrdiff_t n) {
+  const char* k = "gelu_tanh_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(x, n, k, "x");
+  detail::check_ptr(dy, n, k, "dy");
+  detail::check_ptr(dx, n, k, "dx");
+  detail::map(
+      n,
+      [](const detail::fbatch& v, const detail::fbatch& g) {
+        using detail::fbatch;
+        const fbatch v2 = v * v;
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v2, v);
+        // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
+        // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
+        fbatch s, oms;
+        detail::sigmoid_pair(u2, s, oms);
+        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
+        const fbatch d = xsimd::fma(v * s * oms, du2, s);
+        return g * d;
+      },
+      dx, x, dy);
+}
+
+}  // namespace edl::kernels
