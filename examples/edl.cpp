@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/bench_gemm.hpp"
 #include "cli/info.hpp"
 
 namespace {
@@ -15,6 +16,7 @@ using Command = std::function<int(edl::cli::Args&)>;
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"info", edl::cli::cmd_info},
+      {"bench gemm", edl::cli::cmd_bench_gemm},
   };
   return table;
 }

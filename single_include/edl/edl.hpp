@@ -2232,6 +2232,620 @@ inline void convert(const S* src, D* dst, std::ptrdiff_t n) {
 
 }  // namespace edl::kernels
 // end of edl/kernels/elementwise.hpp
+// #include <edl/kernels/gemm.hpp>
+// edl/kernels/gemm.hpp
+// General matrix multiply, row-major:  C = alpha * op(A) * op(B) + beta * C
+// with op(X) = X or X^T, A and B in f32 or bf16 (widened to f32 while packing), f32
+// accumulation and f32 output. Design notes and measurements: docs/gemm.md.
+//
+//   gemm(Trans::no, Trans::yes, M, N, K, 1.f, x, K, w, K, 0.f, y, N);   // y = x W^T
+//   matmul(A, B, C, M, N, K);          // C = A B        A [M,K], B [K,N]
+//   matmul_nt(A, B, C, M, N, K);       // C = A B^T      B stored [N,K] (Linear layer)
+//   matmul_tn(A, B, C, M, N, K);       // C = A^T B      A stored [K,M] (weight gradients)
+//
+// The result is bit-for-bit the same whatever the number of threads: each element of C is
+// computed by one thread, over K in a fixed order (K blocks depend only on K), with the
+// same instructions whatever tile it lies in.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/gemm_microkernel.hpp>
+// edl/kernels/detail/gemm_microkernel.hpp
+// The GEMM register-blocked micro-kernel: C[MR x NR] (+)= alpha * Ap[MR x kc] * Bp[kc x NR].
+//
+// Ap is an MR-row micro-panel packed k-major (Ap[k*MR + r]), Bp an NR-column micro-panel
+// packed k-major (Bp[k*NR + c]), both zero-padded to full MR / NR by the packing routines.
+// The kernel therefore always computes a full tile with the same instruction sequence; a
+// partial edge tile goes through a small stack buffer with the same vector epilogue, so
+// every element of C is produced by exactly the same arithmetic wherever its tile lies.
+// That, plus a K-blocking that depends only on K, is what makes gemm bit-reproducible
+// across thread counts.
+
+#include <algorithm>
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+namespace edl::detail::gemm {
+
+using fbatch = xsimd::batch<float>;
+
+/// Lanes of one f32 SIMD register (8 on AVX2, 4 on SSE/NEON, 16 on AVX-512).
+inline constexpr int simd_width = static_cast<int>(fbatch::size);
+/// Micro-tile rows: MR broadcasts of A per k step.
+inline constexpr int MR = 6;
+/// Micro-tile columns: two registers of B per k step, so MR * 2 = 12 accumulators (of 16
+/// architectural registers on AVX2: 12 accumulators + 2 B + 1 broadcast).
+inline constexpr int NB = 2;
+inline constexpr int NR = NB * simd_width;
+
+/// How the epilogue combines the accumulator with C.
+enum class Store : int {
+  overwrite,  // C = alpha*acc            (beta == 0: C is never read)
+  accumulate, // C = alpha*acc + C        (beta == 1, and every K block after the first)
+  scale,      // C = alpha*acc + beta*C
+};
+
+/// Applies the epilogue to one row of NB registers at c (unaligned).
+template <Store S>
+inline void store_row(float* c, const fbatch* acc, fbatch alpha, fbatch beta) noexcept {
+  for (int j = 0; j < NB; ++j) {
+    float* p = c + j * simd_width;
+    if constexpr (S == Store::overwrite) {
+      (alpha * acc[j]).store_unaligned(p);
+    } else if constexpr (S == Store::accumulate) {
+      xsimd::fma(alpha, acc[j], fbatch::load_unaligned(p)).store_unaligned(p);
+    } else {
+      xsimd::fma(alpha, acc[j], beta * fbatch::load_unaligned(p)).store_unaligned(p);
+    }
+  }
+}
+
+template <Store S>
+inline void store_tile(float* c, std::int64_t ldc, int mr, int nr, const fbatch (&acc)[MR][NB], float alpha,
+                       float beta) noexcept {
+  const fbatch va(alpha), vb(beta);
+  if (mr == MR && nr == NR) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) store_row<S>(c + i * ldc, acc[i], va, vb);
+    return;
+  }
+  // Partial tile: same vector epilogue on a buffer holding the valid part of C.
+  alignas(64) float buf[MR * NR];
+  if constexpr (S != Store::overwrite) {
+    for (int i = 0; i < mr; ++i)
+      for (int j = 0; j < nr; ++j) buf[i * NR + j] = c[i * ldc + j];
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (i < mr) {
+      if constexpr (S != Store::overwrite)
+        for (int j = nr; j < NR; ++j) buf[i * NR + j] = 0.f;
+      store_row<S>(buf + i * NR, acc[i], va, vb);
+    }
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) c[i * ldc + j] = buf[i * NR + j];
+}
+
+/// acc = Ap * Bp over kc steps, then the epilogue S into C (mr x nr valid).
+template <Store S>
+inline void microkernel(std::int64_t kc, const float* __restrict a, const float* __restrict b, float* c,
+                        std::int64_t ldc, int mr, int nr, float alpha, float beta) noexcept {
+  fbatch acc[MR][NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[i][j] = fbatch(0.f);
+
+  // Warm the C tile while the k loop runs; it is touched only in the epilogue.
+  for (int i = 0; i < mr; ++i) __builtin_prefetch(c + i * ldc, 1, 3);
+
+#pragma GCC unroll 4
+  for (std::int64_t k = 0; k < kc; ++k) {
+#ifndef EDL_GEMM_NO_PREFETCH_A
+    __builtin_prefetch(a + 8 * MR * 4, 0, 3);
+#endif
+    fbatch bv[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) bv[j] = fbatch::load_aligned(b + j * simd_width);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const fbatch av(a[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
+    }
+    a += MR;
+    b += NR;
+  }
+  store_tile<S>(c, ldc, mr, nr, acc, alpha, beta);
+}
+
+}  // namespace edl::detail::gemm
+// end of edl/kernels/detail/gemm_microkernel.hpp
+// #include <edl/kernels/detail/gemm_pack.hpp>
+// edl/kernels/detail/gemm_pack.hpp
+// Packing of GEMM operands into the micro-kernel's layouts, widening bf16 to f32 on the way.
+//
+//   A block (mc x kc of op(A)) -> ceil(mc/MR) micro-panels, each kc x MR (Ap[k*MR + r]).
+//   B block (kc x nc of op(B)) -> ceil(nc/NR) micro-panels, each kc x NR (Bp[k*NR + c]).
+// Rows / columns past the matrix edge are packed as zeros, so the micro-kernel never
+// branches on edges.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/kernels/detail/gemm_microkernel.hpp> (inlined above)
+
+namespace edl::detail::gemm {
+
+/// Grow-only 64-byte aligned float buffer (thread-local packing storage).
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { release(); }
+
+  float* get(std::size_t n) {
+    if (n > cap_) {
+      release();
+      // Round up to 4 KiB so slowly growing requests do not reallocate every time.
+      const std::size_t bytes = ((n * sizeof(float) + 4095) / 4096) * 4096;
+      p_ = static_cast<float*>(::operator new(bytes, std::align_val_t(64)));
+      cap_ = bytes / sizeof(float);
+    }
+    return p_;
+  }
+
+ private:
+  void release() noexcept {
+    if (p_) ::operator delete(p_, std::align_val_t(64));
+    p_ = nullptr;
+    cap_ = 0;
+  }
+  float* p_ = nullptr;
+  std::size_t cap_ = 0;
+};
+
+/// Widens n contiguous elements to f32 (auto-vectorised for bf16: a 16-bit shift).
+template <class T>
+inline void widen(const T* __restrict src, float* __restrict dst, std::int64_t n) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    const std::uint16_t* s = reinterpret_cast<const std::uint16_t*>(src);
+    std::uint32_t* d = reinterpret_cast<std::uint32_t*>(dst);
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::uint32_t>(s[i]) << 16;
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_f32(src[i]);
+  }
+}
+
+/// Packs rows [i0, i0+mc) x cols [k0, k0+kc) of op(A) (A row-major, leading dim lda).
+/// trans == false: op(A)(i,k) = A[i*lda + k]; trans == true: op(A)(i,k) = A[k*lda + i].
+template <class T>
+void pack_a(bool trans, const T* A, std::int64_t lda, std::int64_t i0, std::int64_t mc, std::int64_t k0,
+            std::int64_t kc, float* __restrict dst) {
+  for (std::int64_t p = 0; p < mc; p += MR) {
+    const int mr = static_cast<int>(std::min<std::int64_t>(MR, mc - p));
+    float* d = dst + p * kc;
+    if (!trans) {
+      const T* rows[MR];
+      for (int r = 0; r < MR; ++r) rows[r] = A + (i0 + p + std::min(r, mr - 1)) * lda + k0;
+      if (mr == MR) {
+        for (std::int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r) d[k * MR + r] = to_f32(rows[r][k]);
+      } else {
+        for (std::int64_t k = 0; k < kc; ++k)
+          for (int r = 0; r < MR; ++r) d[k * MR + r] = r < mr ? to_f32(rows[r][k]) : 0.f;
+      }
+    } else {
+      const T* src = A + k0 * lda + i0 + p;
+      if (mr == MR) {
+        for (std::int64_t k = 0; k < kc; ++k)
+#pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r) d[k * MR + r] = to_f32(src[k * lda + r]);
+      } else {
+        for (std::int64_t k = 0; k < kc; ++k)
+          for (int r = 0; r < MR; ++r) d[k * MR + r] = r < mr ? to_f32(src[k * lda + r]) : 0.f;
+      }
+    }
+  }
+}
+
+/// Packs micro-panels [q0, q1) (NR columns each) of the block rows [k0, k0+kc) x cols
+/// [j0, j0+nc) of op(B) (B row-major, leading dim ldb).
+/// trans == false: op(B)(k,j) = B[k*ldb + j]; trans == true: op(B)(k,j) = B[j*ldb + k].
+template <class T>
+void pack_b(bool trans, const T* B, std::int64_t ldb, std::int64_t k0, std::int64_t kc, std::int64_t j0,
+            std::int64_t nc, std::int64_t q0, std::int64_t q1, float* __restrict dst) {
+  for (std::int64_t q = q0; q < q1; ++q) {
+    const std::int64_t jj = q * NR;
+    const int nr = static_cast<int>(std::min<std::int64_t>(NR, nc - jj));
+    float* d = dst + jj * kc;
+    if (!trans) {
+      const T* src = B + k0 * ldb + j0 + jj;
+      if (nr == NR) {
+        for (std::int64_t k = 0; k < kc; ++k) widen(src + k * ldb, d + k * NR, NR);
+      } else {
+        for (std::int64_t k = 0; k < kc; ++k) {
+          widen(src + k * ldb, d + k * NR, nr);
+          for (int c = nr; c < NR; ++c) d[k * NR + c] = 0.f;
+        }
+      }
+    } else {
+      // Transposing gather: column c of the panel is row (j0+jj+c) of B, contiguous in k.
+      const T* src = B + (j0 + jj) * ldb + k0;
+      constexpr std::int64_t KB = 64;  // k sub-block keeps the NR source rows' lines hot
+      for (std::int64_t kb = 0; kb < kc; kb += KB) {
+        const std::int64_t ke = std::min(kc, kb + KB);
+        for (int c = 0; c < NR; ++c) {
+          if (c < nr) {
+            const T* s = src + c * ldb;
+            for (std::int64_t k = kb; k < ke; ++k) d[k * NR + c] = to_f32(s[k]);
+          } else {
+            for (std::int64_t k = kb; k < ke; ++k) d[k * NR + c] = 0.f;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace edl::detail::gemm
+// end of edl/kernels/detail/gemm_pack.hpp
+
+namespace edl {
+
+/// Whether gemm uses an operand as stored or transposed.
+enum class Trans { no, yes };
+
+namespace detail::gemm {
+
+/// Cache blocking (upper bounds; the driver splits each dimension into equal blocks).
+/// kc changes the order of floating-point sums, so it must not depend on the thread count.
+struct Blocking {
+  std::int64_t kc = 384;   // depth of packed panels: Bp micro-panel kc*NR*4 bytes (24 KiB) stays in L1
+  std::int64_t mc = 144;   // rows of the packed A block (mc*kc*4 bytes in L2)
+  std::int64_t nc = 4080;  // columns of the packed B block (all of K: K*nc*4 bytes in L3) ...
+  std::int64_t b_bytes = 12 << 20;  // ... capped so the packed B block stays within this budget
+  std::int64_t chunk_panels = 16;   // NR-column panels per tile (a tile's C stays in L2/L3)
+};
+/// Process-wide blocking parameters (for tuning experiments; not thread-safe to change
+/// while a gemm runs).
+inline Blocking& blocking() {
+  static Blocking b;
+  return b;
+}
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+inline std::int64_t round_up(std::int64_t a, std::int64_t b) { return ceil_div(a, b) * b; }
+
+template <class TA, class TB>
+inline void check_args(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, const TA* A,
+                       std::int64_t lda, const TB* B, std::int64_t ldb, const float* C, std::int64_t ldc) {
+  const char* w = "gemm";
+  EDL_CHECK(M >= 0, errc::invalid_argument, w, "M must be >= 0, found M = ", M);
+  EDL_CHECK(N >= 0, errc::invalid_argument, w, "N must be >= 0, found N = ", N);
+  EDL_CHECK(K >= 0, errc::invalid_argument, w, "K must be >= 0, found K = ", K);
+  const bool at = ta == Trans::yes, bt = tb == Trans::yes;
+  const std::int64_t min_lda = std::max<std::int64_t>(1, at ? M : K);
+  const std::int64_t min_ldb = std::max<std::int64_t>(1, bt ? K : N);
+  const std::int64_t min_ldc = std::max<std::int64_t>(1, N);
+  EDL_CHECK(lda >= min_lda, errc::shape_mismatch, w, "lda must be >= ", min_lda, " (A stored ",
+            at ? "[K, M]" : "[M, K]", " with M = ", M, ", K = ", K, "), found lda = ", lda);
+  EDL_CHECK(ldb >= min_ldb, errc::shape_mismatch, w, "ldb must be >= ", min_ldb, " (B stored ",
+            bt ? "[N, K]" : "[K, N]", " with K = ", K, ", N = ", N, "), found ldb = ", ldb);
+  EDL_CHECK(ldc >= min_ldc, errc::shape_mismatch, w, "ldc must be >= ", min_ldc, " (C is [M, N] with N = ", N,
+            "), found ldc = ", ldc);
+  EDL_CHECK(A != nullptr || M == 0 || K == 0, errc::invalid_argument, w, "A must not be null for M = ", M,
+            ", K = ", K);
+  EDL_CHECK(B != nullptr || N == 0 || K == 0, errc::invalid_argument, w, "B must not be null for K = ", K,
+            ", N = ", N);
+  EDL_CHECK(C != nullptr || M == 0 || N == 0, errc::invalid_argument, w, "C must not be null for M = ", M,
+            ", N = ", N);
+}
+
+/// C = beta * C (beta == 0 writes zeros without reading C).
+inline void scale_c(std::int64_t M, std::int64_t N, float beta, float* C, std::int64_t ldc) {
+  for (std::int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (beta == 0.f) std::fill(c, c + N, 0.f);
+    else if (beta != 1.f)
+      for (std::int64_t j = 0; j < N; ++j) c[j] *= beta;
+  }
+}
+
+inline float finish(float s, float alpha, float beta, const float* out) {
+  return beta == 0.f ? alpha * s : std::fma(alpha, s, beta * *out);
+}
+
+/// Loads one f32 batch from n >= simd_width elements of T at p (widening bf16).
+template <class T>
+inline fbatch load_f32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fbatch::load_unaligned(p);
+  } else {
+    alignas(64) float tmp[simd_width];
+    widen(p, tmp, simd_width);
+    return fbatch::load_aligned(tmp);
+  }
+}
+
+/// Matrix-vector, "axpy" form: out[j*os] = alpha * sum_k x[k] * Mat[k*ldm + j] (+ beta*out),
+/// j in [0, n). Columns are processed in chunks of GW; each chunk sums over k in order.
+template <class T>
+void gemv_axpy(std::int64_t n, std::int64_t K, const float* x, const T* Mat, std::int64_t ldm, float* out,
+               std::int64_t os, float alpha, float beta) {
+  constexpr int NV = 8;
+  constexpr std::int64_t GW = NV * simd_width;
+  const std::int64_t chunks = ceil_div(n, GW);
+  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(1, K * GW));
+  exec::parallel_for(0, chunks, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t ch = lo; ch < hi; ++ch) {
+      const std::int64_t j0 = ch * GW;
+      const std::int64_t w = std::min(GW, n - j0);
+      alignas(64) float res[GW];
+      if (w == GW) {
+        fbatch acc[NV];
+        for (int v = 0; v < NV; ++v) acc[v] = fbatch(0.f);
+        for (std::int64_t k = 0; k < K; ++k) {
+          const fbatch xv(x[k]);
+          const T* row = Mat + k * ldm + j0;
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) acc[v] = xsimd::fma(xv, load_f32(row + v * simd_width), acc[v]);
+        }
+        for (int v = 0; v < NV; ++v) acc[v].store_aligned(res + v * simd_width);
+      } else {
+        for (std::int64_t j = 0; j < w; ++j) res[j] = 0.f;
+        for (std::int64_t k = 0; k < K; ++k) {
+          const T* row = Mat + k * ldm + j0;
+          for (std::int64_t j = 0; j < w; ++j) res[j] = std::fma(x[k], to_f32(row[j]), res[j]);
+        }
+      }
+      for (std::int64_t j = 0; j < w; ++j) {
+        float* o = out + (j0 + j) * os;
+        *o = finish(res[j], alpha, beta, o);
+      }
+    }
+  });
+}
+
+/// Dot of x (f32) with K elements of T, in a fixed order.
+template <class T>
+inline float dot_f32(const float* x, const T* y, std::int64_t K) {
+  constexpr std::int64_t W = simd_width;
+  fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+  std::int64_t k = 0;
+  for (; k + 4 * W <= K; k += 4 * W) {
+    a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+    a1 = xsimd::fma(fbatch::load_unaligned(x + k + W), load_f32(y + k + W), a1);
+    a2 = xsimd::fma(fbatch::load_unaligned(x + k + 2 * W), load_f32(y + k + 2 * W), a2);
+    a3 = xsimd::fma(fbatch::load_unaligned(x + k + 3 * W), load_f32(y + k + 3 * W), a3);
+  }
+  for (; k + W <= K; k += W) a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+  float s = xsimd::hadd((a0 + a1) + (a2 + a3));
+  for (; k < K; ++k) s = std::fma(x[k], to_f32(y[k]), s);
+  return s;
+}
+
+/// Matrix-vector, "dot" form: out[j*os] = alpha * dot(x, Mat[j*ldm, :K]) (+ beta*out).
+template <class T>
+void gemv_dot(std::int64_t n, std::int64_t K, const float* x, const T* Mat, std::int64_t ldm, float* out,
+              std::int64_t os, float alpha, float beta) {
+  const std::int64_t grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(1, K));
+  exec::parallel_for(0, n, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t j = lo; j < hi; ++j) {
+      float* o = out + j * os;
+      *o = finish(dot_f32(x, Mat + j * ldm, K), alpha, beta, o);
+    }
+  });
+}
+
+/// Widens a strided vector to contiguous f32.
+template <class T>
+std::vector<float> gather_f32(const T* p, std::int64_t n, std::int64_t stride) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = to_f32(p[i * stride]);
+  return v;
+}
+
+/// The packing buffer for B belongs to the calling thread. A gemm nested inside another on
+/// the same thread (possible when TBB lets a waiting thread run another task) gets its own.
+struct OwnerBuffer {
+  AlignedBuffer buf;
+  bool busy = false;
+};
+
+template <Store S>
+inline void macro_kernel(std::int64_t mc, std::int64_t kc, std::int64_t q0, std::int64_t q1, std::int64_t nc,
+                         const float* Ap, const float* Bp, float* C, std::int64_t ldc, float alpha, float beta) {
+  for (std::int64_t q = q0; q < q1; ++q) {
+    const std::int64_t j = q * NR;
+    const int nr = static_cast<int>(std::min<std::int64_t>(NR, nc - j));
+    const float* bp = Bp + j * kc;
+    for (std::int64_t p = 0; p < mc; p += MR) {
+      const int mr = static_cast<int>(std::min<std::int64_t>(MR, mc - p));
+      microkernel<S>(kc, Ap + p * kc, bp, C + p * ldc + j, ldc, mr, nr, alpha, beta);
+    }
+  }
+}
+
+template <class TA, class TB>
+void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
+                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  const Blocking P = blocking();
+  // K blocks depend on K only (they fix the summation order); M and N blocks may follow
+  // the thread count freely since every element's sum is the same in any tile.
+  const std::int64_t n_kb = ceil_div(K, std::max<std::int64_t>(1, P.kc));
+  const std::int64_t KC = ceil_div(K, n_kb);
+  const std::int64_t MC = round_up(ceil_div(M, ceil_div(M, std::max<std::int64_t>(MR, P.mc))), MR);
+  // The packed B block holds all of K for NC columns, so it is capped by a byte budget.
+  const std::int64_t nc_budget = std::max<std::int64_t>(16 * NR, P.b_bytes / (4 * n_kb * KC));
+  const std::int64_t nc_max = std::max<std::int64_t>(NR, std::min(P.nc, nc_budget));
+  const std::int64_t NC = round_up(ceil_div(N, ceil_div(N, nc_max)), NR);
+  const std::int64_t n_ic = ceil_div(M, MC);
+  const int threads = std::max(1, exec::num_threads());
+
+  static thread_local OwnerBuffer owner;
+  AlignedBuffer own_buf;
+  const bool reuse = !owner.busy;
+  AlignedBuffer& bbuf = reuse ? owner.buf : own_buf;
+  if (reuse) owner.busy = true;
+  struct Release {
+    bool on;
+    ~Release() {
+      if (on) owner.busy = false;
+    }
+  } release{reuse};
+  const std::int64_t b_block = KC * NC;  // floats per packed K block of B
+  float* Bp = bbuf.get(static_cast<std::size_t>(n_kb * b_block));
+  const Store first = beta == 1.f ? Store::accumulate : beta == 0.f ? Store::overwrite : Store::scale;
+  std::unique_ptr<std::atomic<std::int64_t>[]> next_js(new std::atomic<std::int64_t>[static_cast<std::size_t>(n_ic)]);
+
+  for (std::int64_t jc = 0; jc < N; jc += NC) {
+    const std::int64_t nc = std::min(NC, N - jc);
+    const std::int64_t panels = ceil_div(nc, NR);
+    // Tiles are (M block, column chunk) pairs, each computed by one thread over all K
+    // blocks. Chunks of at most chunk_panels panels keep a tile's C (mc x 256 floats)
+    // cache-resident across its K blocks; with several threads, chunks shrink until there
+    // are >= 16 tiles per thread so that the dynamic schedule below can balance them.
+    std::int64_t chunk = std::min<std::int64_t>(panels, P.chunk_panels);
+    while (threads > 1 && chunk > 2 && n_ic * ceil_div(panels, chunk) < 16 * threads) chunk = ceil_div(chunk, 2);
+    const std::int64_t n_js = ceil_div(panels, chunk);
+
+    // Pack all K blocks of B for these columns (in parallel over (K block, panel)).
+    exec::parallel_for(0, n_kb * panels, 8, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t t = lo; t < hi;) {
+        const std::int64_t kb = t / panels, q0 = t % panels;
+        const std::int64_t q1 = std::min(panels, q0 + (hi - t));
+        const std::int64_t pc = kb * KC;
+        pack_b(tb, B, ldb, pc, std::min(KC, K - pc), jc, nc, q0, q1, Bp + kb * b_block);
+        t += q1 - q0;
+      }
+    });
+
+    // Dynamic two-level schedule: each thread claims whole M blocks (packing its A block
+    // once), and threads that run out of M blocks help finish the column chunks of blocks
+    // still in progress. A thread slowed by other work therefore delays the end by at most
+    // one tile, and A is packed about once per M block.
+    std::atomic<std::int64_t> next_ic{0};
+    for (std::int64_t i = 0; i < n_ic; ++i) next_js[static_cast<std::size_t>(i)].store(0, std::memory_order_relaxed);
+    exec::parallel_for(0, threads, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      static thread_local AlignedBuffer abuf;
+      const std::int64_t a_block = MC * KC;
+      float* Ap = abuf.get(static_cast<std::size_t>(n_kb * a_block));
+      std::int64_t packed = -1;
+      auto run_block = [&](std::int64_t ic) {
+        const std::int64_t i0 = ic * MC, mc = std::min(MC, M - i0);
+        float* Cb = C + i0 * ldc + jc;
+        for (std::int64_t js; (js = next_js[static_cast<std::size_t>(ic)].fetch_add(1)) < n_js;) {
+          if (ic != packed) {  // A block with all its K blocks
+            for (std::int64_t kb = 0; kb < n_kb; ++kb) {
+              const std::int64_t pc = kb * KC;
+              pack_a(ta, A, lda, i0, mc, pc, std::min(KC, K - pc), Ap + kb * a_block);
+            }
+            packed = ic;
+          }
+          const std::int64_t q0 = js * chunk, q1 = std::min(panels, q0 + chunk);
+          for (std::int64_t kb = 0; kb < n_kb; ++kb) {
+            const std::int64_t kc = std::min(KC, K - kb * KC);
+            const float* a = Ap + kb * a_block;
+            const float* b = Bp + kb * b_block;
+            switch (kb > 0 ? Store::accumulate : first) {
+              case Store::overwrite: macro_kernel<Store::overwrite>(mc, kc, q0, q1, nc, a, b, Cb, ldc, alpha, beta); break;
+              case Store::accumulate: macro_kernel<Store::accumulate>(mc, kc, q0, q1, nc, a, b, Cb, ldc, alpha, beta); break;
+              case Store::scale: macro_kernel<Store::scale>(mc, kc, q0, q1, nc, a, b, Cb, ldc, alpha, beta); break;
+            }
+          }
+        }
+      };
+      for (std::ptrdiff_t part = lo; part < hi; ++part) {
+        for (std::int64_t ic; (ic = next_ic.fetch_add(1)) < n_ic;) run_block(ic);
+        for (std::int64_t ic = 0; ic < n_ic; ++ic) run_block(ic);  // help unfinished blocks
+      }
+    });
+  }
+}
+
+}  // namespace detail::gemm
+
+/// C = alpha * op(A) * op(B) + beta * C, all row-major. op(A) is M x K, op(B) is K x N, C is
+/// M x N. A stored [M,K] (lda >= K) or, with ta == Trans::yes, [K,M] (lda >= M); B stored
+/// [K,N] (ldb >= N) or, with tb == Trans::yes, [N,K] (ldb >= K); ldc >= N.
+/// beta == 0 never reads C. Throws edl::Error (invalid_argument / shape_mismatch) naming
+/// the bad argument.
+template <class TA, class TB>
+void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
+          std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm: A must be float or edl::bf16");
+  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm: B must be float or edl::bf16");
+  namespace g = detail::gemm;
+  g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.f) {
+    g::scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  const bool at = ta == Trans::yes, bt = tb == Trans::yes;
+  if (M == 1) {
+    // Row vector times matrix: no packing, B is streamed once.
+    const std::vector<float> x = g::gather_f32(A, K, at ? lda : 1);
+    if (bt) g::gemv_dot(N, K, x.data(), B, ldb, C, 1, alpha, beta);
+    else g::gemv_axpy(N, K, x.data(), B, ldb, C, 1, alpha, beta);
+    return;
+  }
+  if (N == 1) {
+    const std::vector<float> x = g::gather_f32(B, K, bt ? 1 : ldb);
+    if (at) g::gemv_axpy(M, K, x.data(), A, lda, C, ldc, alpha, beta);
+    else g::gemv_dot(M, K, x.data(), A, lda, C, ldc, alpha, beta);
+    return;
+  }
+  g::gemm_blocked(at, bt, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/// C = A * B (accumulate: C += A * B). A [M,K], B [K,N], C [M,N], contiguous.
+template <class TA, class TB>
+void matmul(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
+            bool accumulate = false) {
+  gemm(Trans::no, Trans::no, M, N, K, 1.f, A, std::max<std::int64_t>(1, K), B, std::max<std::int64_t>(1, N),
+       accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
+}
+
+/// C = A * B^T (accumulate: C += ...). A [M,K], B stored [N,K], C [M,N]: y = x W^T.
+template <class TA, class TB>
+void matmul_nt(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
+               bool accumulate = false) {
+  gemm(Trans::no, Trans::yes, M, N, K, 1.f, A, std::max<std::int64_t>(1, K), B, std::max<std::int64_t>(1, K),
+       accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
+}
+
+/// C = A^T * B (accumulate: C += ...). A stored [K,M], B [K,N], C [M,N]: dW = dy^T x.
+template <class TA, class TB>
+void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
+               bool accumulate = false) {
+  gemm(Trans::yes, Trans::no, M, N, K, 1.f, A, std::max<std::int64_t>(1, M), B, std::max<std::int64_t>(1, N),
+       accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
+}
+
+}  // namespace edl
+// end of edl/kernels/gemm.hpp
 // #include <edl/kernels/rms_norm.hpp>
 // edl/kernels/rms_norm.hpp
 // RMSNorm as Hugging Face's LlamaRMSNorm, forward and backward, rows x cols row-major:

@@ -2,5 +2,6 @@
 #pragma once
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/elementwise.hpp>
+#include <edl/kernels/gemm.hpp>
 #include <edl/kernels/rms_norm.hpp>
 #include <edl/kernels/softmax.hpp>

@@ -1,0 +1,133 @@
+// Kernel benchmarks (Google Benchmark). Every GEMM benchmark reports a "GFLOP/s" counter
+// (2*M*N*K per iteration). With OpenBLAS available, cblas_sgemm runs on the same shapes;
+// registration interleaves edl and OpenBLAS per shape and thread count so both see the same
+// machine load. Filter with e.g. --benchmark_filter='gemm_f32/.*/threads:2'.
+//
+//   OPENBLAS_CORETYPE=Haswell ./edl_bench_kernels --benchmark_filter=gemm
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <edl/core/exec.hpp>
+#include <edl/kernels/gemm.hpp>
+
+#ifdef EDL_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace {
+
+using i64 = std::int64_t;
+
+struct Shape {
+  i64 m, n, k;
+};
+// Transformer-sized shapes: tokens x hidden projections, MLP up/down, LM head, a square one.
+const Shape kShapes[] = {{2048, 768, 768},  {2048, 2048, 768},   {2048, 768, 2048},
+                         {2048, 32000, 768}, {1024, 1024, 1024}};
+const int kThreads[] = {1, 2};
+
+template <class T>
+std::vector<T> random_vec(i64 n, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = edl::from_f32<T>(d(gen));
+  return v;
+}
+
+void set_flops(benchmark::State& state, i64 m, i64 n, i64 k) {
+  state.counters["GFLOP/s"] = benchmark::Counter(2e-9 * static_cast<double>(m) * n * k,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// edl gemm, C = A * op(B) with B stored [K,N] (nt = false) or [N,K] (nt = true).
+template <class T>
+void bm_edl(benchmark::State& state, Shape s, int threads, bool nt) {
+  const auto A = random_vec<T>(s.m * s.k, 1), B = random_vec<T>(s.k * s.n, 2);
+  std::vector<float> C(static_cast<std::size_t>(s.m * s.n));
+  edl::exec::set_num_threads(threads);
+  const edl::Trans tb = nt ? edl::Trans::yes : edl::Trans::no;
+  for (auto _ : state) {
+    edl::gemm(edl::Trans::no, tb, s.m, s.n, s.k, 1.f, A.data(), s.k, B.data(), nt ? s.k : s.n, 0.f, C.data(),
+              s.n);
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  edl::exec::set_num_threads(0);
+  set_flops(state, s.m, s.n, s.k);
+}
+
+#ifdef EDL_HAVE_OPENBLAS
+void bm_openblas(benchmark::State& state, Shape s, int threads, bool nt) {
+  const auto A = random_vec<float>(s.m * s.k, 1), B = random_vec<float>(s.k * s.n, 2);
+  std::vector<float> C(static_cast<std::size_t>(s.m * s.n));
+  openblas_set_num_threads(threads);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, nt ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+                static_cast<int>(s.n), static_cast<int>(s.k), 1.f, A.data(), static_cast<int>(s.k), B.data(),
+                static_cast<int>(nt ? s.k : s.n), 0.f, C.data(), static_cast<int>(s.n));
+    benchmark::DoNotOptimize(C.data());
+    benchmark::ClobberMemory();
+  }
+  set_flops(state, s.m, s.n, s.k);
+}
+#endif
+
+std::string shape_name(const Shape& s) {
+  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
+}
+
+void register_all() {
+  for (const Shape& s : kShapes) {
+    for (int t : kThreads) {
+      const std::string suffix = "/" + shape_name(s) + "/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(("gemm_f32/edl" + suffix).c_str(), bm_edl<float>, s, t, false)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+#ifdef EDL_HAVE_OPENBLAS
+      benchmark::RegisterBenchmark(("gemm_f32/openblas" + suffix).c_str(), bm_openblas, s, t, false)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+#endif
+    }
+  }
+  // The Linear-layer layout (y = x W^T, W stored [N,K]) and bf16 weights and activations.
+  for (const Shape& s : {Shape{2048, 768, 768}, Shape{2048, 2048, 768}}) {
+    for (int t : kThreads) {
+      const std::string suffix = "/" + shape_name(s) + "/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(("gemm_nt_f32/edl" + suffix).c_str(), bm_edl<float>, s, t, true)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+#ifdef EDL_HAVE_OPENBLAS
+      benchmark::RegisterBenchmark(("gemm_nt_f32/openblas" + suffix).c_str(), bm_openblas, s, t, true)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+#endif
+      benchmark::RegisterBenchmark(("gemm_nt_bf16/edl" + suffix).c_str(), bm_edl<edl::bf16>, s, t, true)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+  }
+  // Decode-time matrix-vector products (M = 1).
+  for (const Shape& s : {Shape{1, 4096, 4096}, Shape{1, 32000, 768}}) {
+    for (int t : kThreads) {
+      const std::string suffix = "/" + shape_name(s) + "/threads:" + std::to_string(t);
+      benchmark::RegisterBenchmark(("gemv_nt_f32/edl" + suffix).c_str(), bm_edl<float>, s, t, true)
+          ->Unit(benchmark::kMicrosecond)->UseRealTime();
+#ifdef EDL_HAVE_OPENBLAS
+      benchmark::RegisterBenchmark(("gemv_nt_f32/openblas" + suffix).c_str(), bm_openblas, s, t, true)
+          ->Unit(benchmark::kMicrosecond)->UseRealTime();
+#endif
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
