@@ -8,6 +8,7 @@
 #include "cli/args.hpp"
 #include "cli/bench_gemm.hpp"
 #include "cli/info.hpp"
+#include "cli/inspect.hpp"
 
 namespace {
 
@@ -17,6 +18,7 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"info", edl::cli::cmd_info},
       {"bench gemm", edl::cli::cmd_bench_gemm},
+      {"inspect", edl::cli::cmd_inspect},
   };
   return table;
 }

@@ -1,6 +1,8 @@
 // examples/cli/args.hpp: the `edl` tool's argument parsing.
 // Flags are "--name value" or "--name" alone (a switch). Unknown flags are an error naming
-// them, so a typo never silently falls back to a default.
+// them, so a typo never silently falls back to a default. A word that is not a flag's value
+// is a positional argument; only commands that ask for positional() accept them (elsewhere
+// finish() rejects them, as before). Note "--flag word" always gives word to the flag.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +21,10 @@ class Args {
   Args(int argc, char** argv, int first, std::string command) : command_(std::move(command)) {
     for (int i = first; i < argc; ++i) {
       std::string a = argv[i];
-      EDL_CHECK(a.rfind("--", 0) == 0, errc::invalid_argument, "edl " + command_,
-                "expected a flag starting with --, found \"", a, "\"");
+      if (a.rfind("--", 0) != 0) {
+        positional_.push_back(a);
+        continue;
+      }
       if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
         values_[a] = argv[++i];
       } else {
@@ -63,8 +67,17 @@ class Args {
     return v;
   }
 
-  /// Call after reading every flag: any flag not asked for is an error.
+  /// Arguments that are neither flags nor flag values, in order. Calling this accepts them.
+  const std::vector<std::string>& positional() {
+    positional_used_ = true;
+    return positional_;
+  }
+
+  /// Call after reading every flag: any flag not asked for is an error, and so is a positional
+  /// argument when the command never asked for positional().
   void finish() const {
+    EDL_CHECK(positional_used_ || positional_.empty(), errc::invalid_argument, "edl " + command_,
+              "expected a flag starting with --, found \"", positional_.empty() ? "" : positional_.front(), "\"");
     for (const auto& [k, v] : values_)
       EDL_CHECK(used_.count(k), errc::invalid_argument, "edl " + command_, "unknown flag ", k);
   }
@@ -73,6 +86,8 @@ class Args {
   std::string command_;
   std::map<std::string, std::string> values_;
   std::set<std::string> switches_, used_;
+  std::vector<std::string> positional_;
+  bool positional_used_ = false;
 };
 
 }  // namespace edl::cli

@@ -7,3 +7,5 @@
 #include <edl/mesh/all.hpp>
 #include <edl/tensor/all.hpp>
 #include <edl/kernels/all.hpp>
+#include <edl/io/all.hpp>
+#include <edl/models/all.hpp>

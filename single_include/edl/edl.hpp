@@ -3247,3 +3247,1480 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 }  // namespace edl::kernels
 // end of edl/kernels/softmax.hpp
 // end of edl/kernels/all.hpp
+// #include <edl/io/all.hpp>
+// edl/io/all.hpp: umbrella of the io layer (memory maps, safetensors, JSON configs, .npy).
+// #include <edl/io/json_config.hpp>
+// edl/io/json_config.hpp
+// A small wrapper over a JSON object (config.json and friends) with typed getters whose errors
+// name the file, the field, the expected type and the value found:
+//
+//   auto c = edl::io::JsonConfig::from_file("config.json");
+//   int64_t h = c.get<int64_t>("hidden_size");             // required
+//   double eps = c.get<double>("rms_norm_eps", 1e-6);      // default when missing or null
+//   std::optional<int64_t> w = c.optional<int64_t>("sliding_window");
+//
+// Unknown fields are kept as they are, in their order, so writing back preserves them.
+// Errors: errc::io (file cannot be read/written), errc::format (not valid JSON: the message gives
+// line, column and byte), errc::config (missing field or wrong type; where = "<source> field <key>").
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp>
+// edl/io/detail/atomic_file.hpp
+// Write a file so that readers see either the old contents or the complete new ones:
+// write "<path>.tmp-<pid>", fsync it, rename it over <path>, fsync the folder. If anything
+// throws before commit(), the destructor removes the temp file and <path> is untouched.
+
+#include <cerrno>
+#include <cstddef>
+#include <string>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
+// edl/io/mmap.hpp
+// A read-only memory map of a whole file (POSIX mmap), owned RAII-style.
+//
+//   edl::io::MappedFile f("model.safetensors");
+//   std::span<const std::byte> bytes = f.bytes();
+//
+// Errors are edl::Error(errc::io) naming the file and the errno text. An empty file maps to
+// an empty span (mmap of length 0 is not allowed, so nothing is mapped).
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::io {
+
+namespace detail {
+/// "No such file or directory (errno 2)" for the current errno (or a given one).
+inline std::string errno_text(int err = errno) {
+  return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
+}
+}  // namespace detail
+
+class MappedFile {
+ public:
+  MappedFile() = default;
+
+  explicit MappedFile(std::string path) : path_(std::move(path)) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    EDL_CHECK(fd >= 0, errc::io, path_, "cannot open for reading: ", detail::errno_text());
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::edl::detail::raise(errc::io, path_, "cannot stat: " + detail::errno_text(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      ::edl::detail::raise(errc::io, path_, "not a regular file");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        size_ = 0;
+        ::edl::detail::raise(errc::io, path_, "cannot memory-map " + std::to_string(st.st_size) +
+                                                  " bytes: " + detail::errno_text(err));
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);  // the mapping stays valid after close
+  }
+
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  MappedFile(MappedFile&& o) noexcept
+      : path_(std::move(o.path_)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  MappedFile& operator=(MappedFile&& o) noexcept {
+    if (this != &o) {
+      unmap();
+      path_ = std::move(o.path_);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~MappedFile() { unmap(); }
+
+  const std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  void unmap() noexcept {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace edl::io
+// end of edl/io/mmap.hpp
+
+namespace edl::io::detail {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path)
+      : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(static_cast<long>(::getpid()))) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    EDL_CHECK(fd_ >= 0, errc::io, path_, "cannot create temporary file ", tmp_, ": ", errno_text());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  const std::string& temp_path() const noexcept { return tmp_; }
+
+  void write(const void* data, std::size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ::ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      EDL_CHECK(w > 0, errc::io, path_, "write to ", tmp_, " failed after ", written_, " bytes: ", errno_text());
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      written_ += static_cast<std::size_t>(w);
+    }
+  }
+  std::size_t bytes_written() const noexcept { return written_; }
+
+  /// fsync, close and rename over the destination; the old file is replaced in one step.
+  void commit() {
+    EDL_CHECK(::fsync(fd_) == 0, errc::io, path_, "fsync of ", tmp_, " failed: ", errno_text());
+    const int fd = fd_;
+    fd_ = -1;
+    EDL_CHECK(::close(fd) == 0, errc::io, path_, "close of ", tmp_, " failed: ", errno_text());
+    EDL_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, errc::io, path_, "rename from ", tmp_,
+              " failed: ", errno_text());
+    committed_ = true;
+    // Make the rename itself durable (best effort: some file systems refuse fsync on folders).
+    const auto slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      (void)::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::size_t written_ = 0;
+};
+
+/// Writes a whole string atomically.
+inline void write_file_atomic(const std::string& path, const std::string& contents) {
+  AtomicFile f(path);
+  f.write(contents.data(), contents.size());
+  f.commit();
+}
+
+}  // namespace edl::io::detail
+// end of edl/io/detail/atomic_file.hpp
+// // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
+
+namespace edl::io {
+
+using ojson = nlohmann::ordered_json;
+
+class JsonConfig {
+ public:
+  JsonConfig() : j_(ojson::object()) {}
+  /// `source` names the document in errors (a file path, or e.g. "LlamaConfig").
+  explicit JsonConfig(ojson j, std::string source = "config") : j_(std::move(j)), source_(std::move(source)) {
+    EDL_CHECK(j_.is_object(), errc::config, source_, "expected a JSON object, found ", j_.type_name());
+  }
+
+  static JsonConfig parse(const std::string& text, const std::string& source = "config") {
+    ojson j;
+    try {
+      j = ojson::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      const std::size_t byte = e.byte > 0 ? e.byte - 1 : 0;
+      std::size_t line = 1, col = 1;
+      for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
+        if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+      }
+      ::edl::detail::raise(errc::format, source,
+                           ::edl::detail::concat("not valid JSON at line ", line, ", column ", col, " (byte ", byte,
+                                                 "): ", e.what()));
+    }
+    EDL_CHECK(j.is_object(), errc::format, source, "expected a JSON object, found ", j.type_name());
+    return JsonConfig(std::move(j), source);
+  }
+
+  static JsonConfig from_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    EDL_CHECK(!in.bad(), errc::io, path, "read failed: ", detail::errno_text());
+    return parse(ss.str(), path);
+  }
+
+  const ojson& json() const noexcept { return j_; }
+  ojson& json() noexcept { return j_; }
+  const std::string& source() const noexcept { return source_; }
+  void set_source(std::string s) { source_ = std::move(s); }
+
+  bool has(const std::string& key) const { return j_.contains(key); }
+  /// Present and not null.
+  bool has_value(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  std::string where(const std::string& key) const { return source_ + " field " + key; }
+
+  /// Required field of type T (bool, integers, floating point, std::string, std::vector<...>, ojson).
+  template <class T>
+  T get(const std::string& key) const {
+    EDL_CHECK(has(key), errc::config, where(key), "missing required field (expected ", type_name<T>(), ")");
+    return convert<T>(j_[key], where(key));
+  }
+  /// Field of type T, or `fallback` when it is missing or null.
+  template <class T>
+  T get(const std::string& key, const T& fallback) const {
+    if (!has_value(key)) return fallback;
+    return convert<T>(j_[key], where(key));
+  }
+  /// Field of type T, or nullopt when missing or null.
+  template <class T>
+  std::optional<T> optional(const std::string& key) const {
+    if (!has_value(key)) return std::nullopt;
+    return convert<T>(j_[key], where(key));
+  }
+
+  template <class T>
+  void set(const std::string& key, const T& value) { j_[key] = value; }
+  void erase(const std::string& key) { j_.erase(key); }
+
+  std::string dump(int indent = 2) const { return j_.dump(indent); }
+  /// Writes the document (pretty, newline-terminated) atomically.
+  void save(const std::string& path) const { detail::write_file_atomic(path, dump(2) + "\n"); }
+
+  /// Converts one JSON value to T; errors name `where`, the expected type and the value found.
+  template <class T>
+  static T convert(const ojson& v, const std::string& where) {
+    auto fail = [&]() {
+      std::string found = v.dump();
+      if (found.size() > 60) found = found.substr(0, 57) + "...";
+      ::edl::detail::raise(errc::config, where,
+                           ::edl::detail::concat("expected ", type_name<T>(), ", found ", found, " (", v.type_name(), ")"));
+    };
+    if constexpr (std::is_same_v<T, ojson>) {
+      return v;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) fail();
+      return v.get<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (v.is_number_integer()) {
+        if (v.is_number_unsigned()) {
+          const auto u = v.get<std::uint64_t>();
+          if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) fail();
+          return static_cast<T>(u);
+        }
+        const auto s = v.get<std::int64_t>();
+        if (s < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+            (s > 0 && static_cast<std::uint64_t>(s) > static_cast<std::uint64_t>(std::numeric_limits<T>::max())))
+          fail();
+        return static_cast<T>(s);
+      }
+      if (v.is_number_float()) {  // 2048.0 is accepted as 2048, 0.5 is not an integer
+        const double d = v.get<double>();
+        if (std::floor(d) != d || d < static_cast<double>(std::numeric_limits<T>::min()) ||
+            d > static_cast<double>(std::numeric_limits<T>::max()))
+          fail();
+        return static_cast<T>(d);
+      }
+      fail();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) fail();
+      return v.get<T>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) fail();
+      return v.get<std::string>();
+    } else if constexpr (is_vector<T>::value) {
+      if (!v.is_array()) fail();
+      T out;
+      std::size_t i = 0;
+      for (const auto& e : v) out.push_back(convert<typename T::value_type>(e, where + "[" + std::to_string(i++) + "]"));
+      return out;
+    } else {
+      static_assert(sizeof(T) == 0, "JsonConfig: unsupported field type");
+    }
+    return T{};
+  }
+
+  template <class T>
+  static std::string type_name() {
+    if constexpr (std::is_same_v<T, ojson>) return "a JSON value";
+    else if constexpr (std::is_same_v<T, bool>) return "a boolean";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (is_vector<T>::value) return "an array of " + type_name<typename T::value_type>().substr(2) + "s";
+    else return "a value";
+  }
+
+ private:
+  template <class T> struct is_vector : std::false_type {};
+  template <class U, class A> struct is_vector<std::vector<U, A>> : std::true_type {};
+
+  ojson j_;
+  std::string source_ = "config";
+};
+
+}  // namespace edl::io
+// end of edl/io/json_config.hpp
+// #include <edl/io/mmap.hpp> (inlined above)
+// #include <edl/io/npy.hpp>
+// edl/io/npy.hpp
+// NumPy .npy files, thinly over xtensor's xt::load_npy / xt::dump_npy, with edl::Error:
+// errc::io when the file cannot be opened, errc::dtype_mismatch when its element type is not T
+// (no implicit conversion: an int64 tokens.npy is read as std::int64_t), errc::format otherwise.
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xnpy.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+
+namespace edl::io {
+
+/// Reads a C-order .npy file of element type T.
+template <class T>
+xt::xarray<T> load_npy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
+  try {
+    xt::xarray<T> a = xt::load_npy<T, xt::layout_type::row_major>(in);
+    return a;
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    if (what.find("formats not matching") != std::string::npos)
+      ::edl::detail::raise(errc::dtype_mismatch, path, "element type differs from the one requested: " + what);
+    ::edl::detail::raise(errc::format, path, "not a valid C-order .npy file: " + what);
+  }
+}
+
+/// Writes `a` as a .npy file.
+template <class E>
+void save_npy(const std::string& path, const E& a) {
+  try {
+    xt::dump_npy(path, a);
+  } catch (const std::runtime_error& e) {
+    ::edl::detail::raise(errc::io, path, std::string("cannot write: ") + e.what());
+  }
+}
+
+}  // namespace edl::io
+// end of edl/io/npy.hpp
+// #include <edl/io/safetensors.hpp>
+// edl/io/safetensors.hpp
+// Reading and writing safetensors files (the HuggingFace checkpoint format), single or sharded.
+//
+// File layout: an 8-byte little-endian u64 N, N bytes of JSON header, then the data region.
+// The header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
+// relative to the data region) plus an optional "__metadata__" string -> string map.
+//
+// SafeTensorsFile::open validates the header the way the Rust `safetensors` crate does, and
+// reports every violation as edl::Error(errc::format) naming the file and the tensor:
+//   - the file holds at least 8 bytes; N <= 100'000'000; 8 + N <= file size;
+//   - the header is a JSON object (starting with '{');
+//   - every entry is an object with a known dtype (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL),
+//     a shape of non-negative integers and data_offsets [begin, end] with begin <= end;
+//   - product(shape) * dtype size == end - begin (no overflow);
+//   - sorted by offset, the tensors cover the data region exactly: each begins where the
+//     previous one ends (no overlap, no gap) and the last ends at the end of the file;
+//   - "__metadata__", if present, is an object of strings.
+// names() lists tensors in data-offset order (for files written by HF or edl, the header order).
+//
+// Tensors are memory-mapped; read_into converts F32/BF16/F16/F64 to float, double, bf16 or
+// f16 with round-to-nearest-even (one rounding, also from F64), and copies any dtype to itself.
+//
+// save_safetensors writes atomically ("<path>.tmp-<pid>", fsync, rename): a failed save leaves
+// the old file intact and no temp file behind. The header is padded with spaces so the data
+// region starts at a multiple of 8 bytes, as HF does.
+//
+// ShardedCheckpoint::open(dir) reads model.safetensors or model.safetensors.index.json
+// (HF sharded layout: {"metadata": {"total_size": ...}, "weight_map": {name: file}}) and
+// offers the same read API across files. save_sharded writes that layout.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <xtensor/xarray.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+
+namespace edl::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "edl::io reads safetensors (little-endian) by reinterpreting bytes: a big-endian host is unsupported");
+
+/// Where one tensor lives in a safetensors file.
+struct TensorInfo {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;  // byte offsets relative to the data region
+  std::uint64_t end = 0;
+
+  std::uint64_t nbytes() const noexcept { return end - begin; }
+  std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+/// The largest header the Rust implementation accepts.
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+namespace detail {
+
+inline std::string tensor_where(const std::string& path, const std::string& name) {
+  return path + " tensor " + name;
+}
+
+/// byte offset -> "line L, column C" in `text`.
+inline std::string text_position(std::string_view text, std::size_t byte) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(col) + " (byte " + std::to_string(byte) + ")";
+}
+
+template <class T>
+T load_unaligned(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+/// double -> float rounded to odd (truncate, then set the last bit if inexact). Rounding that
+/// float once more to bf16/f16 (RNE) gives the correctly rounded double -> bf16/f16 result.
+inline float f64_to_f32_round_odd(double d) noexcept {
+  float f = static_cast<float>(d);
+  if (std::isnan(d) || static_cast<double>(f) == d) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  u |= 1u;
+  return std::bit_cast<float>(u);
+}
+
+template <class T>
+T from_f64(double d) noexcept {
+  if constexpr (std::is_same_v<T, double>) return d;
+  else if constexpr (std::is_same_v<T, float>) return static_cast<float>(d);
+  else return T(f64_to_f32_round_odd(d));
+}
+
+template <class T>
+T from_float(float f) noexcept {
+  if constexpr (std::is_same_v<T, double>) return static_cast<double>(f);
+  else return from_f32<T>(f);
+}
+
+template <class T>
+inline constexpr bool is_float_target = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                        std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+inline bool is_float_dtype(DType d) noexcept {
+  return d == DType::f32 || d == DType::f64 || d == DType::bf16 || d == DType::f16;
+}
+
+/// Converts `n` elements of dtype `src` at `p` into `out`.
+template <class T>
+void convert_elements(DType src, const std::byte* p, std::size_t n, T* out, const std::string& where) {
+  if (src == dtype_v<T>) {
+    if (n > 0) std::memcpy(out, p, n * sizeof(T));
+    return;
+  }
+  if constexpr (is_float_target<T>) {
+    switch (src) {
+      case DType::f32:
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(load_unaligned<float>(p + 4 * i));
+        return;
+      case DType::bf16:
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(bf16::to_float(load_unaligned<std::uint16_t>(p + 2 * i)));
+        return;
+      case DType::f16:
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(f16::to_float(load_unaligned<std::uint16_t>(p + 2 * i)));
+        return;
+      case DType::f64:
+        for (std::size_t i = 0; i < n; ++i) out[i] = from_f64<T>(load_unaligned<double>(p + 8 * i));
+        return;
+      default: break;
+    }
+  }
+  ::edl::detail::raise(errc::dtype_mismatch, where,
+                       ::edl::detail::concat("stored as ", dtype_name(src), ", cannot convert to ",
+                                             dtype_name(dtype_v<T>),
+                                             " (conversions: F32/BF16/F16/F64 -> float, double, bf16, f16; "
+                                             "any dtype -> itself)"));
+}
+
+/// The validated contents of a header.
+struct ParsedHeader {
+  std::vector<std::string> names;  // data-offset order
+  std::unordered_map<std::string, TensorInfo> infos;
+  std::map<std::string, std::string> metadata;
+  std::uint64_t header_bytes = 0;  // N
+};
+
+inline std::string json_snippet(const nlohmann::ordered_json& j) {
+  std::string s = j.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+/// Validates `file` (the whole file's bytes) against the safetensors rules; `path` names it.
+inline ParsedHeader parse_header(std::span<const std::byte> file, const std::string& path) {
+  using ::edl::detail::concat;
+  const std::uint64_t size = file.size();
+  EDL_CHECK(size >= 8, errc::format, path, "a safetensors file starts with an 8-byte header length, but the file has only ",
+            size, " bytes");
+  const std::uint64_t n = load_unaligned<std::uint64_t>(file.data());
+  EDL_CHECK(n <= kMaxHeaderBytes, errc::format, path, "header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
+            " bytes (corrupt length field?)");
+  EDL_CHECK(8 + n <= size, errc::format, path, "header length ", n, " reaches byte ", 8 + n,
+            ", beyond the end of the file (", size, " bytes)");
+  const std::string_view text(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n));
+  EDL_CHECK(!text.empty() && text.front() == '{', errc::format, path,
+            "the header must be a JSON object starting with '{', found ",
+            text.empty() ? std::string("an empty header") : concat("'", text.front(), "'"));
+
+  nlohmann::ordered_json h;
+  try {
+    h = nlohmann::ordered_json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    const std::size_t pos = e.byte > 0 ? e.byte - 1 : 0;
+    ::edl::detail::raise(errc::format, path,
+                         concat("header is not valid JSON at ", text_position(text, pos), ": ", e.what()));
+  }
+  EDL_CHECK(h.is_object(), errc::format, path, "the header must be a JSON object, found ", h.type_name());
+
+  ParsedHeader out;
+  out.header_bytes = n;
+  const std::uint64_t data_size = size - 8 - n;
+  struct Entry { std::string name; std::uint64_t begin, end; std::size_t order; };
+  std::vector<Entry> entries;
+
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      EDL_CHECK(v.is_object() || v.is_null(), errc::format, path,
+                "__metadata__ must be an object of strings, found ", v.type_name());
+      if (v.is_object())
+        for (auto m = v.begin(); m != v.end(); ++m) {
+          EDL_CHECK(m.value().is_string(), errc::format, path, "__metadata__ entry \"", m.key(),
+                    "\" must be a string, found ", json_snippet(m.value()));
+          out.metadata[m.key()] = m.value().get<std::string>();
+        }
+      continue;
+    }
+    const std::string where = tensor_where(path, name);
+    EDL_CHECK(v.is_object(), errc::format, where, "expected an object {dtype, shape, data_offsets}, found ",
+              json_snippet(v));
+    for (const char* key : {"dtype", "shape", "data_offsets"})
+      EDL_CHECK(v.contains(key), errc::format, where, "missing \"", key, "\" (entry is ", json_snippet(v), ")");
+    const auto& jd = v["dtype"];
+    EDL_CHECK(jd.is_string(), errc::format, where, "dtype must be a string, found ", json_snippet(jd));
+    TensorInfo info;
+    info.dtype = dtype_from_name(jd.get<std::string>(), where);
+
+    const auto& js = v["shape"];
+    EDL_CHECK(js.is_array(), errc::format, where, "shape must be an array of non-negative integers, found ",
+              json_snippet(js));
+    std::uint64_t numel = 1;
+    bool overflow = false;
+    for (const auto& d : js) {
+      EDL_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<std::int64_t>() >= 0), errc::format, where,
+                "shape must be an array of non-negative integers, found ", json_snippet(js));
+      const std::uint64_t e = d.get<std::uint64_t>();
+      EDL_CHECK(e <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), errc::format, where,
+                "shape extent ", e, " is too large");
+      info.shape.push_back(static_cast<std::int64_t>(e));
+      if (e != 0 && numel > std::numeric_limits<std::uint64_t>::max() / e) overflow = true;
+      else numel *= e;
+    }
+    const auto& jo = v["data_offsets"];
+    EDL_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(),
+              errc::format, where, "data_offsets must be [begin, end] with non-negative integers, found ",
+              json_snippet(jo));
+    info.begin = jo[0].get<std::uint64_t>();
+    info.end = jo[1].get<std::uint64_t>();
+    EDL_CHECK(info.begin <= info.end, errc::format, where, "data_offsets [", info.begin, ", ", info.end,
+              "]: begin must not exceed end");
+    EDL_CHECK(info.end <= data_size, errc::format, where, "data_offsets [", info.begin, ", ", info.end,
+              "] end beyond the data region of ", data_size, " bytes");
+    const std::uint64_t esize = dtype_size(info.dtype);
+    EDL_CHECK(!overflow && numel <= std::numeric_limits<std::uint64_t>::max() / esize, errc::format, where,
+              "shape ", ::edl::detail::shape_str(info.shape), " overflows a 64-bit byte count");
+    EDL_CHECK(numel * esize == info.end - info.begin, errc::format, where, "shape ",
+              ::edl::detail::shape_str(info.shape), " x ", dtype_name(info.dtype), " (", esize, " bytes) needs ",
+              numel * esize, " bytes, but data_offsets [", info.begin, ", ", info.end, "] span ",
+              info.end - info.begin);
+    entries.push_back({name, info.begin, info.end, entries.size()});
+    out.infos.emplace(name, std::move(info));
+  }
+
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    const std::string where = tensor_where(path, e.name);
+    EDL_CHECK(e.begin >= pos, errc::format, where, "data_offsets [", e.begin, ", ", e.end, "] overlap tensor ",
+              prev ? prev->name : std::string("?"), " which ends at ", pos);
+    EDL_CHECK(e.begin == pos, errc::format, where, "data_offsets [", e.begin, ", ", e.end, "] leave a gap of ",
+              e.begin - pos, " bytes after ", prev ? "tensor " + prev->name : std::string("the header"),
+              " (which ends at ", pos, "): tensors must cover the data region contiguously");
+    pos = e.end;
+    prev = &e;
+    out.names.push_back(e.name);
+  }
+  EDL_CHECK(pos == data_size, errc::format, path, "the tensors cover ", pos, " bytes of the data region but it holds ",
+            data_size, " bytes (", data_size - pos, " trailing bytes", prev ? " after tensor " + prev->name : std::string(),
+            ")");
+  return out;
+}
+
+}  // namespace detail
+
+/// A memory-mapped, validated safetensors file. Move-only; spans stay valid while it lives.
+class SafeTensorsFile {
+ public:
+  static SafeTensorsFile open(const std::string& path) {
+    SafeTensorsFile f;
+    f.map_ = MappedFile(path);
+    f.header_ = detail::parse_header(f.map_.bytes(), path);
+    return f;
+  }
+
+  const std::string& path() const noexcept { return map_.path(); }
+  /// Tensor names in data-offset order.
+  const std::vector<std::string>& names() const noexcept { return header_.names; }
+  std::size_t size() const noexcept { return header_.names.size(); }
+  bool contains(const std::string& name) const { return header_.infos.count(name) > 0; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return header_.metadata; }
+  std::uint64_t header_bytes() const noexcept { return header_.header_bytes; }
+  std::uint64_t data_bytes() const noexcept { return map_.size() - 8 - header_.header_bytes; }
+  std::uint64_t file_bytes() const noexcept { return map_.size(); }
+
+  const TensorInfo& info(const std::string& name) const {
+    auto it = header_.infos.find(name);
+    EDL_CHECK(it != header_.infos.end(), errc::format, detail::tensor_where(path(), name),
+              "no such tensor in the file (it holds ", header_.names.size(), " tensors)");
+    return it->second;
+  }
+  /// The tensor's raw little-endian bytes.
+  std::span<const std::byte> bytes(const std::string& name) const {
+    const TensorInfo& i = info(name);
+    return {map_.data() + 8 + header_.header_bytes + i.begin, static_cast<std::size_t>(i.nbytes())};
+  }
+
+  /// Copies the tensor into `out` (exactly numel elements), converting as documented above.
+  template <StorageType T>
+  void read_into(const std::string& name, std::span<T> out) const {
+    const TensorInfo& i = info(name);
+    const std::string where = detail::tensor_where(path(), name);
+    EDL_CHECK(out.size() == static_cast<std::size_t>(i.numel()), errc::shape_mismatch, where, "holds ", i.numel(),
+              " elements ", ::edl::detail::shape_str(i.shape), ", but the destination has ", out.size());
+    detail::convert_elements<T>(i.dtype, bytes(name).data(), out.size(), out.data(), where);
+  }
+  template <StorageType T>
+  std::vector<T> read_vector(const std::string& name) const {
+    static_assert(!std::is_same_v<T, bool>, "std::vector<bool> is packed: use read_into with a bool buffer");
+    std::vector<T> v(static_cast<std::size_t>(info(name).numel()));
+    read_into<T>(name, std::span<T>(v));
+    return v;
+  }
+  /// The tensor as an f32 array of its shape.
+  xt::xarray<float> read_f32(const std::string& name) const {
+    const TensorInfo& i = info(name);
+    std::vector<std::size_t> shape(i.shape.begin(), i.shape.end());
+    xt::xarray<float> a(shape);
+    read_into<float>(name, std::span<float>(a.data(), a.size()));
+    return a;
+  }
+
+ private:
+  SafeTensorsFile() = default;
+  MappedFile map_;
+  detail::ParsedHeader header_;
+};
+
+// ------------------------------------------------------------------------------------ writer
+
+/// One tensor to write: dtype, shape and its raw little-endian bytes (not owned).
+struct TensorRef {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::span<const std::byte> data;
+
+  TensorRef(DType d, std::vector<std::int64_t> s, std::span<const std::byte> bytes)
+      : dtype(d), shape(std::move(s)), data(bytes) {}
+  template <StorageType T>
+  TensorRef(std::span<const T> values, std::vector<std::int64_t> s)
+      : dtype(dtype_v<T>), shape(std::move(s)), data(std::as_bytes(values)) {}
+  template <StorageType T>
+  TensorRef(const std::vector<T>& values, std::vector<std::int64_t> s)
+      : TensorRef(std::span<const T>(values.data(), values.size()), std::move(s)) {}
+  /// A TensorRef does not own its bytes: a temporary vector would dangle.
+  template <StorageType T>
+  TensorRef(std::vector<T>&& values, std::vector<std::int64_t> s) = delete;
+  template <StorageType T>
+  TensorRef(const xt::xarray<T>& a)  // NOLINT: implicit on purpose
+      : dtype(dtype_v<T>),
+        shape(a.shape().begin(), a.shape().end()),
+        data(std::as_bytes(std::span<const T>(a.data(), a.size()))) {}
+  template <StorageType T>
+  TensorRef(xt::xarray<T>&& a) = delete;  // would dangle
+
+  std::uint64_t expected_bytes() const {
+    std::uint64_t n = dtype_size(dtype);
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    return n;
+  }
+};
+
+/// Tensors to save, in file order.
+using TensorList = std::vector<std::pair<std::string, TensorRef>>;
+
+struct SaveOptions {
+  /// Called after each tensor's bytes are written to the temp file (tests use it to fail midway).
+  std::function<void(const std::string& name)> after_tensor;
+};
+
+namespace detail {
+
+inline void check_tensor_list(const TensorList& tensors, const std::string& path) {
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    const std::string where = tensor_where(path, name);
+    EDL_CHECK(!name.empty() && name != "__metadata__", errc::invalid_argument, where, "invalid tensor name");
+    EDL_CHECK(seen.insert(name).second, errc::invalid_argument, where, "listed twice");
+    for (auto d : t.shape)
+      EDL_CHECK(d >= 0, errc::invalid_argument, where, "negative extent in shape ", ::edl::detail::shape_str(t.shape));
+    EDL_CHECK(t.data.size() == t.expected_bytes(), errc::shape_mismatch, where, "shape ",
+              ::edl::detail::shape_str(t.shape), " x ", dtype_name(t.dtype), " needs ", t.expected_bytes(),
+              " bytes, but ", t.data.size(), " were given");
+  }
+}
+
+/// The padded header (without the 8-byte length) for `tensors` in the given order.
+inline std::string build_header(const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = std::move(m);
+  }
+  std::uint64_t off = 0;
+  for (const auto& [name, t] : tensors) {
+    const std::uint64_t n = t.data.size();
+    h[name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  std::string s = h.dump();
+  s.append((8 - s.size() % 8) % 8, ' ');  // data region starts 8-byte aligned
+  return s;
+}
+
+}  // namespace detail
+
+/// Writes `tensors` (in order) and `metadata` to `path` atomically. Returns the file size.
+inline std::uint64_t save_safetensors(const std::string& path, const TensorList& tensors,
+                                      const std::map<std::string, std::string>& metadata = {},
+                                      const SaveOptions& options = {}) {
+  detail::check_tensor_list(tensors, path);
+  const std::string header = detail::build_header(tensors, metadata);
+  detail::AtomicFile f(path);
+  const std::uint64_t n = header.size();
+  f.write(&n, 8);
+  f.write(header.data(), header.size());
+  for (const auto& [name, t] : tensors) {
+    // Re-checked here so that a tensor whose buffer changed after the header was built cannot
+    // produce a file whose header lies about its data.
+    EDL_CHECK(t.data.size() == t.expected_bytes(), errc::shape_mismatch, detail::tensor_where(path, name),
+              "byte count changed while saving");
+    f.write(t.data.data(), t.data.size());
+    if (options.after_tensor) options.after_tensor(name);
+  }
+  const std::uint64_t total = f.bytes_written();
+  f.commit();
+  return total;
+}
+
+// ------------------------------------------------------------------------------------ sharded
+
+inline constexpr const char* kSingleFileName = "model.safetensors";
+inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+
+/// One checkpoint spread over one or more safetensors files (HF layout), read as one.
+class ShardedCheckpoint {
+ public:
+  /// `path` is a folder (model.safetensors.index.json preferred, else model.safetensors), a
+  /// .safetensors file, or an index .json file.
+  static ShardedCheckpoint open(const std::string& path) {
+    namespace fs = std::filesystem;
+    ShardedCheckpoint c;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      const fs::path index = fs::path(path) / kIndexFileName, single = fs::path(path) / kSingleFileName;
+      if (fs::exists(index, ec)) c.open_index(index.string());
+      else if (fs::exists(single, ec)) c.open_single(single.string());
+      else
+        ::edl::detail::raise(errc::io, path,
+                             ::edl::detail::concat("folder holds neither ", kIndexFileName, " nor ", kSingleFileName));
+    } else if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+      c.open_index(path);
+    } else {
+      c.open_single(path);
+    }
+    return c;
+  }
+
+  /// Tensor names: shard by shard (in file-name order), each in data-offset order.
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  /// Paths of the shard files, in file-name order.
+  std::vector<std::string> files() const {
+    std::vector<std::string> v;
+    for (const auto& s : shards_) v.push_back(s.path());
+    return v;
+  }
+  /// The index file, or "" for a single-file checkpoint.
+  const std::string& index_path() const noexcept { return index_path_; }
+  /// The index's "metadata" object (empty for a single file).
+  const nlohmann::ordered_json& index_metadata() const noexcept { return index_metadata_; }
+
+  const SafeTensorsFile& shard_of(const std::string& name) const {
+    auto it = where_.find(name);
+    EDL_CHECK(it != where_.end(), errc::format, source_ + " tensor " + name, "no such tensor in the checkpoint (",
+              names_.size(), " tensors in ", shards_.size(), " file(s))");
+    return shards_[it->second];
+  }
+  const std::string& file_of(const std::string& name) const { return shard_of(name).path(); }
+  const TensorInfo& info(const std::string& name) const { return shard_of(name).info(name); }
+  std::span<const std::byte> bytes(const std::string& name) const { return shard_of(name).bytes(name); }
+  template <StorageType T>
+  void read_into(const std::string& name, std::span<T> out) const { shard_of(name).read_into<T>(name, out); }
+  template <StorageType T>
+  std::vector<T> read_vector(const std::string& name) const { return shard_of(name).read_vector<T>(name); }
+  xt::xarray<float> read_f32(const std::string& name) const { return shard_of(name).read_f32(name); }
+
+  /// Sum of the tensors' byte sizes.
+  std::uint64_t total_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& name : names_) n += info(name).nbytes();
+    return n;
+  }
+
+ private:
+  ShardedCheckpoint() = default;
+
+  void open_single(const std::string& file) {
+    source_ = file;
+    shards_.push_back(SafeTensorsFile::open(file));
+    for (const auto& n : shards_[0].names()) {
+      where_[n] = 0;
+      names_.push_back(n);
+    }
+  }
+
+  void open_index(const std::string& index) {
+    namespace fs = std::filesystem;
+    source_ = index_path_ = index;
+    std::ifstream in(index, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, index, "cannot open for reading: ", detail::errno_text());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      ::edl::detail::raise(errc::format, index,
+                           ::edl::detail::concat("not valid JSON at ",
+                                                 detail::text_position(text, e.byte > 0 ? e.byte - 1 : 0), ": ",
+                                                 e.what()));
+    }
+    EDL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), errc::format, index,
+              "expected an object with a \"weight_map\" object {tensor name: file name}");
+    if (j.contains("metadata")) index_metadata_ = j["metadata"];
+    const fs::path dir = fs::path(index).parent_path();
+    std::map<std::string, std::vector<std::string>> by_file;  // file name -> tensors (sorted files)
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      EDL_CHECK(it.value().is_string(), errc::format, index + " tensor " + it.key(),
+                "weight_map value must be a file name, found ", detail::json_snippet(it.value()));
+      const std::string file = it.value().get<std::string>();
+      EDL_CHECK(!file.empty() && file.find('/') == std::string::npos && file.find('\\') == std::string::npos &&
+                    file != "." && file != "..",
+                errc::format, index + " tensor " + it.key(),
+                "weight_map file must be a plain file name in the index's folder, found \"", file, "\"");
+      by_file[file].push_back(it.key());
+    }
+    for (const auto& [file, tensors] : by_file) {
+      const std::size_t k = shards_.size();
+      shards_.push_back(SafeTensorsFile::open((dir / file).string()));
+      const SafeTensorsFile& s = shards_.back();
+      std::set<std::string> listed(tensors.begin(), tensors.end());
+      for (const auto& t : tensors)
+        EDL_CHECK(s.contains(t), errc::format, index + " tensor " + t, "the index maps it to ", s.path(),
+                  ", but that file does not hold it");
+      for (const auto& n : s.names())
+        if (listed.count(n)) {
+          where_[n] = k;
+          names_.push_back(n);
+        }
+    }
+  }
+
+  std::string source_, index_path_;
+  nlohmann::ordered_json index_metadata_ = nlohmann::ordered_json::object();
+  std::vector<SafeTensorsFile> shards_;
+  std::unordered_map<std::string, std::size_t> where_;
+  std::vector<std::string> names_;
+};
+
+/// "model-00002-of-00005.safetensors"
+inline std::string shard_file_name(std::size_t index1, std::size_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", index1, count);
+  return buf;
+}
+
+/// Writes `tensors` into folder `dir` in the HF layout: one model.safetensors when everything
+/// fits in `max_shard_bytes`, else model-0000i-of-0000N.safetensors files (tensors in the given
+/// order, a new shard whenever the next tensor would overflow the current one; a tensor larger
+/// than the limit gets a shard of its own) plus model.safetensors.index.json with
+/// metadata.total_size and a name-sorted weight_map. Every file is written atomically, the index
+/// last; shard files and an index left from an earlier save with another layout are removed.
+/// Returns the paths written (shards first, index last).
+inline std::vector<std::string> save_sharded(const std::string& dir, const TensorList& tensors,
+                                             std::uint64_t max_shard_bytes,
+                                             const std::map<std::string, std::string>& metadata = {}) {
+  namespace fs = std::filesystem;
+  EDL_CHECK(max_shard_bytes > 0, errc::invalid_argument, "io.save_sharded", "max_shard_bytes must be positive");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EDL_CHECK(fs::is_directory(dir), errc::io, dir, "cannot create folder: ", ec.message());
+  detail::check_tensor_list(tensors, dir);
+
+  std::vector<TensorList> shards;
+  std::uint64_t current = 0, total = 0;
+  for (const auto& nt : tensors) {
+    const std::uint64_t n = nt.second.data.size();
+    if (shards.empty() || (current > 0 && current + n > max_shard_bytes)) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(nt);
+    current += n;
+    total += n;
+  }
+  if (shards.empty()) shards.emplace_back();
+
+  std::vector<std::string> written;
+  std::set<std::string> keep;
+  const fs::path d(dir);
+  if (shards.size() == 1) {
+    written.push_back((d / kSingleFileName).string());
+    save_safetensors(written.back(), shards[0], metadata);
+    keep.insert(kSingleFileName);
+  } else {
+    std::map<std::string, std::string> weight_map;
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string name = shard_file_name(i + 1, shards.size());
+      written.push_back((d / name).string());
+      save_safetensors(written.back(), shards[i], metadata);
+      keep.insert(name);
+      for (const auto& nt : shards[i]) weight_map[nt.first] = name;
+    }
+    nlohmann::ordered_json idx;
+    idx["metadata"] = {{"total_size", total}};
+    idx["weight_map"] = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
+    written.push_back((d / kIndexFileName).string());
+    detail::write_file_atomic(written.back(), idx.dump(2) + "\n");
+    keep.insert(kIndexFileName);
+  }
+  // Remove leftovers of an earlier layout so that open(dir) sees only this save.
+  for (const auto& e : fs::directory_iterator(d, ec)) {
+    const std::string f = e.path().filename().string();
+    const bool ours = f == kSingleFileName || f == kIndexFileName ||
+                      (f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos &&
+                       f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0);
+    if (ours && !keep.count(f)) fs::remove(e.path(), ec);
+  }
+  return written;
+}
+
+}  // namespace edl::io
+// end of edl/io/safetensors.hpp
+// end of edl/io/all.hpp
+// #include <edl/models/all.hpp>
+// edl/models/all.hpp: model families (each folder stands alone; models never include each other).
+// #include <edl/models/llama/config.hpp>
+// edl/models/llama/config.hpp
+// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2), with
+// HF field names and HF defaults, validation naming the field at fault, the benchmark presets of
+// shared/ANCHORS.md, and the parameter names and shapes in HF order.
+//
+//   auto c = edl::models::LlamaConfig::from_file("ckpt/config.json");   // validated
+//   for (auto& [name, shape] : c.parameter_shapes()) ...                // model.embed_tokens.weight, ...
+//   c.save("out/config.json");                                          // unknown fields kept
+//
+// Reading: a missing field takes the HF LlamaConfig default; num_key_value_heads defaults to
+// num_attention_heads and head_dim to hidden_size / num_attention_heads. Fields edl does not know
+// ("architectures", "transformers_version", ...) are kept in `extra` and written back, and written
+// fields keep the order of the file they came from. Errors: errc::config for a missing or
+// mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
+// valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
+// than linear/llama3/default, model types other than llama/mistral/qwen2).
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
+
+namespace edl::models {
+
+using ojson = nlohmann::ordered_json;
+
+/// rope_scaling: {"rope_type" (or legacy "type"): "linear", "factor"} or
+/// {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+///  "original_max_position_embeddings"}; "default" means no scaling.
+struct RopeScaling {
+  std::string rope_type = "linear";  // "linear" | "llama3" | "default"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3 only
+  double high_freq_factor = 4.0;  // llama3 only
+  std::int64_t original_max_position_embeddings = 8192;  // llama3 only
+  /// The object as read (other keys, and whether "type" and/or "rope_type" named the type).
+  ojson raw = ojson::object();
+
+  ojson to_json() const {
+    ojson j = raw.is_object() ? raw : ojson::object();
+    const bool has_type = j.contains("type"), has_rope_type = j.contains("rope_type");
+    if (has_rope_type || !has_type) j["rope_type"] = rope_type;
+    if (has_type) j["type"] = rope_type;
+    if (rope_type != "default") j["factor"] = factor;
+    if (rope_type == "llama3") {
+      j["low_freq_factor"] = low_freq_factor;
+      j["high_freq_factor"] = high_freq_factor;
+      j["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+    return j;
+  }
+};
+
+/// Which output head parameter_shapes() lists after the decoder.
+enum class LlamaHead { causal_lm, sequence_classification, none };
+
+struct LlamaConfig {
+  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::int64_t vocab_size = 32000;
+  std::int64_t hidden_size = 4096;
+  std::int64_t intermediate_size = 11008;
+  std::int64_t num_hidden_layers = 32;
+  std::int64_t num_attention_heads = 32;
+  std::int64_t num_key_value_heads = 32;
+  std::optional<std::int64_t> head_dim;  // nullopt: hidden_size / num_attention_heads
+  std::int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  bool attention_bias = false;  // bias on q, k, v and o projections (qwen2: q, k, v always)
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;
+  std::optional<std::int64_t> sliding_window;  // Mistral; nullopt = full attention
+  std::string hidden_act = "silu";
+  std::optional<std::int64_t> bos_token_id = 1;
+  std::vector<std::int64_t> eos_token_id = {2};  // HF allows an int or a list
+  bool eos_token_id_is_list = false;             // written back as it was read
+  std::optional<std::int64_t> pad_token_id;
+  std::string torch_dtype = "float32";
+  double initializer_range = 0.02;
+  std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
+  std::optional<std::string> problem_type;  // "single_label_classification", ...
+  /// Fields edl does not interpret, kept verbatim.
+  ojson extra = ojson::object();
+  /// Names the config in errors: the file it came from, or "LlamaConfig".
+  std::string source = "LlamaConfig";
+
+  // ------------------------------------------------------------------ derived values
+  std::int64_t head_size() const {
+    return head_dim ? *head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0);
+  }
+  std::int64_t q_size() const { return num_attention_heads * head_size(); }
+  std::int64_t kv_size() const { return num_key_value_heads * head_size(); }
+  /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
+  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
+  bool o_bias() const { return attention_bias; }
+  /// Sliding attention window in effect (qwen2 uses it only with use_sliding_window: true).
+  std::optional<std::int64_t> attention_window() const {
+    if (model_type == "qwen2" && !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
+                                   extra["use_sliding_window"].get<bool>()))
+      return std::nullopt;
+    return sliding_window;
+  }
+
+  // ------------------------------------------------------------------ validation
+  std::string where(const std::string& field) const { return source + " field " + field; }
+
+  /// Throws naming the first field at fault.
+  void validate() const {
+    auto positive = [&](const char* name, std::int64_t v) {
+      EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
+    };
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", errc::unsupported,
+              where("model_type"), "expected llama, mistral or qwen2, found \"", model_type, "\"");
+    positive("vocab_size", vocab_size);
+    positive("hidden_size", hidden_size);
+    positive("intermediate_size", intermediate_size);
+    positive("num_hidden_layers", num_hidden_layers);
+    positive("num_attention_heads", num_attention_heads);
+    positive("num_key_value_heads", num_key_value_heads);
+    positive("max_position_embeddings", max_position_embeddings);
+    if (head_dim) {
+      positive("head_dim", *head_dim);
+    } else {
+      EDL_CHECK(hidden_size % num_attention_heads == 0, errc::config, where("num_attention_heads"),
+                "hidden_size (", hidden_size, ") must be divisible by num_attention_heads (", num_attention_heads,
+                ") unless head_dim is given");
+    }
+    EDL_CHECK(head_size() % 2 == 0, errc::config, where("head_dim"), "rotary embeddings need an even head_dim, found ",
+              head_size());
+    EDL_CHECK(num_attention_heads % num_key_value_heads == 0, errc::config, where("num_key_value_heads"),
+              "num_attention_heads (", num_attention_heads, ") must be divisible by num_key_value_heads (",
+              num_key_value_heads, ")");
+    EDL_CHECK(rms_norm_eps > 0, errc::config, where("rms_norm_eps"), "must be positive, found ", rms_norm_eps);
+    EDL_CHECK(rope_theta > 0, errc::config, where("rope_theta"), "must be positive, found ", rope_theta);
+    EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
+              hidden_act, "\"");
+    if (sliding_window) positive("sliding_window", *sliding_window);
+    EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
+    if (rope_scaling) {
+      const auto& r = *rope_scaling;
+      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
+                where("rope_scaling.rope_type"), "expected linear, llama3 or default, found \"", r.rope_type, "\"");
+      if (r.rope_type != "default")
+        EDL_CHECK(r.factor > 0, errc::config, where("rope_scaling.factor"), "must be positive, found ", r.factor);
+      if (r.rope_type == "llama3") {
+        EDL_CHECK(r.low_freq_factor > 0, errc::config, where("rope_scaling.low_freq_factor"),
+                  "must be positive, found ", r.low_freq_factor);
+        EDL_CHECK(r.high_freq_factor > r.low_freq_factor, errc::config, where("rope_scaling.high_freq_factor"),
+                  "must exceed low_freq_factor (", r.low_freq_factor, "), found ", r.high_freq_factor);
+        EDL_CHECK(r.original_max_position_embeddings > 0, errc::config,
+                  where("rope_scaling.original_max_position_embeddings"), "must be positive, found ",
+                  r.original_max_position_embeddings);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ JSON
+  static const std::vector<std::string>& known_fields() {
+    static const std::vector<std::string> k = {
+        "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+        "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
+        "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
+        "num_labels", "problem_type"};
+    return k;
+  }
+
+  /// Reads a config.json object (missing fields take HF defaults) and validates it.
+  static LlamaConfig from_json(const ojson& j, const std::string& source = "LlamaConfig") {
+    const io::JsonConfig c(j, source);
+    LlamaConfig cfg;
+    cfg.source = source;
+    cfg.model_type = c.get<std::string>("model_type", "llama");
+    cfg.vocab_size = c.get<std::int64_t>("vocab_size", cfg.vocab_size);
+    cfg.hidden_size = c.get<std::int64_t>("hidden_size", cfg.hidden_size);
+    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", cfg.intermediate_size);
+    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", cfg.num_hidden_layers);
+    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", cfg.num_attention_heads);
+    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", cfg.num_attention_heads);
+    cfg.head_dim = c.optional<std::int64_t>("head_dim");
+    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", cfg.max_position_embeddings);
+    cfg.rms_norm_eps = c.get<double>("rms_norm_eps", cfg.rms_norm_eps);
+    cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
+    cfg.attention_bias = c.get<bool>("attention_bias", false);
+    cfg.mlp_bias = c.get<bool>("mlp_bias", false);
+    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", false);
+    if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
+    else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
+    cfg.hidden_act = c.get<std::string>("hidden_act", "silu");
+    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
+    if (c.has("eos_token_id")) {
+      const ojson& e = j["eos_token_id"];
+      cfg.eos_token_id_is_list = e.is_array();
+      if (e.is_null()) cfg.eos_token_id.clear();
+      else if (e.is_array()) cfg.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
+      else cfg.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
+    }
+    cfg.pad_token_id = c.optional<std::int64_t>("pad_token_id");
+    cfg.torch_dtype = c.get<std::string>("torch_dtype", c.get<std::string>("dtype", "float32"));
+    cfg.initializer_range = c.get<double>("initializer_range", cfg.initializer_range);
+    if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
+    else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
+    cfg.problem_type = c.optional<std::string>("problem_type");
+
+    if (c.has_value("rope_scaling")) {
+      const ojson& r = j["rope_scaling"];
+      EDL_CHECK(r.is_object(), errc::config, cfg.where("rope_scaling"), "expected null or an object, found ",
+                r.dump());
+      const auto field = [&](const char* key) -> const ojson& {
+        EDL_CHECK(r.contains(key), errc::config, cfg.where(std::string("rope_scaling.") + key), "missing");
+        return r[key];
+      };
+      const auto num = [&](const char* key) {
+        return io::JsonConfig::convert<double>(field(key), cfg.where(std::string("rope_scaling.") + key));
+      };
+      RopeScaling rs;
+      rs.raw = r;
+      const char* type_key = r.contains("rope_type") && !r["rope_type"].is_null() ? "rope_type" : "type";
+      EDL_CHECK(r.contains(type_key) && !r[type_key].is_null(), errc::config, cfg.where("rope_scaling.rope_type"),
+                "missing (expected \"rope_type\" or \"type\": linear | llama3)");
+      rs.rope_type = io::JsonConfig::convert<std::string>(r[type_key], cfg.where(std::string("rope_scaling.") + type_key));
+      if (rs.rope_type == "linear" || rs.rope_type == "llama3") rs.factor = num("factor");
+      if (rs.rope_type == "llama3") {
+        rs.low_freq_factor = num("low_freq_factor");
+        rs.high_freq_factor = num("high_freq_factor");
+        rs.original_max_position_embeddings = io::JsonConfig::convert<std::int64_t>(
+            field("original_max_position_embeddings"), cfg.where("rope_scaling.original_max_position_embeddings"));
+      }
+      cfg.rope_scaling = std::move(rs);
+    }
+
+    const auto& known = known_fields();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      cfg.key_order_.push_back(it.key());
+      if (std::find(known.begin(), known.end(), it.key()) == known.end()) cfg.extra[it.key()] = it.value();
+    }
+    cfg.validate();
+    return cfg;
+  }
+
+  static LlamaConfig from_file(const std::string& path) {
+    const io::JsonConfig c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+
+  /// The HF config.json object: every known field, then `extra`; fields keep the order of the
+  /// document this config was read from.
+  ojson to_json() const {
+    ojson k = ojson::object();
+    const auto was_present = [&](const std::string& f) {
+      return std::find(key_order_.begin(), key_order_.end(), f) != key_order_.end();
+    };
+    k["model_type"] = model_type;
+    k["vocab_size"] = vocab_size;
+    k["hidden_size"] = hidden_size;
+    k["intermediate_size"] = intermediate_size;
+    k["num_hidden_layers"] = num_hidden_layers;
+    k["num_attention_heads"] = num_attention_heads;
+    k["num_key_value_heads"] = num_key_value_heads;
+    k["head_dim"] = head_size();
+    k["max_position_embeddings"] = max_position_embeddings;
+    k["rms_norm_eps"] = rms_norm_eps;
+    k["rope_theta"] = rope_theta;
+    k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
+    k["attention_bias"] = attention_bias;
+    k["mlp_bias"] = mlp_bias;
+    k["tie_word_embeddings"] = tie_word_embeddings;
+    if (sliding_window || model_type != "llama" || was_present("sliding_window"))
+      k["sliding_window"] = sliding_window ? ojson(*sliding_window) : ojson(nullptr);
+    k["hidden_act"] = hidden_act;
+    k["bos_token_id"] = bos_token_id ? ojson(*bos_token_id) : ojson(nullptr);
+    if (eos_token_id.empty() && !eos_token_id_is_list) k["eos_token_id"] = nullptr;
+    else if (eos_token_id_is_list || eos_token_id.size() != 1) k["eos_token_id"] = eos_token_id;
+    else k["eos_token_id"] = eos_token_id[0];
+    if (pad_token_id || was_present("pad_token_id"))
+      k["pad_token_id"] = pad_token_id ? ojson(*pad_token_id) : ojson(nullptr);
+    k["torch_dtype"] = torch_dtype;
+    k["initializer_range"] = initializer_range;
+    if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
+    if (problem_type || was_present("problem_type"))
+      k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
+
+    ojson ex = extra.is_object() ? extra : ojson::object();
+    // An id2label of another size would override num_labels when HF reads the file back.
+    if (ex.contains("id2label") && ex["id2label"].is_object() &&
+        static_cast<std::int64_t>(ex["id2label"].size()) != num_labels) {
+      ex.erase("id2label");
+      ex.erase("label2id");
+      k["num_labels"] = num_labels;
+    }
+    ojson out = ojson::object();
+    for (const auto& key : key_order_) {
+      if (k.contains(key)) out[key] = k[key];
+      else if (ex.contains(key)) out[key] = ex[key];
+    }
+    for (auto it = k.begin(); it != k.end(); ++it)
+      if (!out.contains(it.key())) out[it.key()] = it.value();
+    for (auto it = ex.begin(); it != ex.end(); ++it)
+      if (!out.contains(it.key())) out[it.key()] = it.value();
+    return out;
+  }
+
+  /// Writes config.json (pretty) atomically.
+  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+
+  // ------------------------------------------------------------------ presets
+  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }
+
+  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4).
+  static LlamaConfig preset(const std::string& name) {
+    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos; };
+    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256},
+                                {"small", 768, 2048, 12, 12, 12, 32000, 1024},
+                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048}};
+    for (const P& p : presets) {
+      if (name != p.name) continue;
+      LlamaConfig c;
+      c.source = "LlamaConfig preset " + name;
+      c.hidden_size = p.h;
+      c.intermediate_size = p.i;
+      c.num_hidden_layers = p.l;
+      c.num_attention_heads = p.nh;
+      c.num_key_value_heads = p.nkv;
+      c.vocab_size = p.v;
+      c.max_position_embeddings = p.pos;
+      c.rms_norm_eps = 1e-5;
+      c.rope_theta = 10000.0;
+      c.tie_word_embeddings = false;
+      c.extra["architectures"] = {"LlamaForCausalLM"};
+      c.validate();
+      return c;
+    }
+    std::string valid;
+    for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+    ::edl::detail::raise(errc::invalid_argument, "LlamaConfig::preset",
+                         "unknown preset \"" + name + "\", expected one of " + valid);
+  }
+
+  // ------------------------------------------------------------------ parameters
+  /// Parameter names and shapes in HF names and HF order (named_parameters() of
+  /// LlamaForCausalLM, or ...ForSequenceClassification with head = sequence_classification).
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameter_shapes(
+      LlamaHead head = LlamaHead::causal_lm) const {
+    const std::int64_t H = hidden_size, I = intermediate_size, V = vocab_size, Q = q_size(), KV = kv_size();
+    std::vector<std::pair<std::string, std::vector<std::int64_t>>> p;
+    p.push_back({"model.embed_tokens.weight", {V, H}});
+    for (std::int64_t l = 0; l < num_hidden_layers; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      p.push_back({pre + "input_layernorm.weight", {H}});
+      const std::pair<const char*, std::int64_t> qkv[] = {{"q_proj", Q}, {"k_proj", KV}, {"v_proj", KV}};
+      for (const auto& [n, out] : qkv) {
+        p.push_back({pre + "self_attn." + n + ".weight", {out, H}});
+        if (qkv_bias()) p.push_back({pre + "self_attn." + n + ".bias", {out}});
+      }
+      p.push_back({pre + "self_attn.o_proj.weight", {H, Q}});
+      if (o_bias()) p.push_back({pre + "self_attn.o_proj.bias", {H}});
+      p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
+          {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};
+      for (const auto& [n, out, in] : mlp) {
+        p.push_back({pre + "mlp." + n + ".weight", {out, in}});
+        if (mlp_bias) p.push_back({pre + "mlp." + n + ".bias", {out}});
+      }
+    }
+    p.push_back({"model.norm.weight", {H}});
+    if (head == LlamaHead::causal_lm && !tie_word_embeddings) p.push_back({"lm_head.weight", {V, H}});
+    if (head == LlamaHead::sequence_classification) p.push_back({"score.weight", {num_labels, H}});
+    return p;
+  }
+
+  std::int64_t parameter_count(LlamaHead head = LlamaHead::causal_lm) const {
+    std::int64_t n = 0;
+    for (const auto& [name, shape] : parameter_shapes(head)) {
+      std::int64_t k = 1;
+      for (auto d : shape) k *= d;
+      n += k;
+    }
+    return n;
+  }
+
+ private:
+  std::vector<std::string> key_order_;  // field order of the document read
+};
+
+}  // namespace edl::models
+// end of edl/models/llama/config.hpp
+// end of edl/models/all.hpp

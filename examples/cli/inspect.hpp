@@ -1,0 +1,114 @@
+// examples/cli/inspect.hpp: `edl inspect` lists the tensors of a safetensors checkpoint.
+//
+//   edl inspect --path model.safetensors        (or: edl inspect model.safetensors)
+//   edl inspect --path ckpt_dir                 model.safetensors or model.safetensors.index.json
+//
+// Prints one JSON object: {"path", "files": [...], "index" (sharded only), "metadata",
+// "tensors": [{"name", "dtype", "shape", "bytes", "file"}], "num_tensors", "total_params",
+// "total_bytes", and, when the folder has a config.json, "config" (the file as is) and
+// "config_check" (for Llama-family configs: the parameters the config implies vs the
+// checkpoint: missing, unexpected and mismatched tensors). A file that breaks the safetensors
+// rules is an error on stderr naming the file and tensor (exit 1).
+#pragma once
+
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/io/json_config.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/config.hpp>
+#include "args.hpp"
+
+namespace edl::cli {
+
+inline int cmd_inspect(Args& args) {
+  namespace fs = std::filesystem;
+  const auto& pos = args.positional();
+  const bool flag = args.has("--path");
+  EDL_CHECK(pos.size() <= 1, errc::invalid_argument, "edl inspect", "expected one checkpoint path, found ", pos.size());
+  EDL_CHECK(!(flag && !pos.empty()), errc::invalid_argument, "edl inspect",
+            "give the checkpoint either as --path or as an argument, not both");
+  const std::string path = flag ? args.required("--path") : (pos.empty() ? std::string() : pos[0]);
+  args.finish();
+  EDL_CHECK(!path.empty(), errc::invalid_argument, "edl inspect",
+            "missing checkpoint: edl inspect --path FILE.safetensors|DIR (or edl inspect FILE)");
+  std::error_code ec;
+  EDL_CHECK(fs::exists(path, ec), errc::io, path, "no such file or folder");
+
+  const auto ckpt = io::ShardedCheckpoint::open(path);
+  nlohmann::ordered_json out;
+  out["path"] = path;
+  out["files"] = ckpt.files();
+  if (!ckpt.index_path().empty()) {
+    out["index"] = ckpt.index_path();
+    out["index_metadata"] = ckpt.index_metadata();
+  }
+  // The safetensors __metadata__ of the first file (shards of one save share it).
+  {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    if (!ckpt.names().empty())
+      for (const auto& [k, v] : ckpt.shard_of(ckpt.names().front()).metadata()) m[k] = v;
+    out["metadata"] = m;
+  }
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
+  std::int64_t params = 0;
+  const bool sharded = ckpt.files().size() > 1;
+  for (const auto& name : ckpt.names()) {
+    const auto& info = ckpt.info(name);
+    nlohmann::ordered_json t;
+    t["name"] = name;
+    t["dtype"] = std::string(dtype_name(info.dtype));
+    t["shape"] = info.shape;
+    t["bytes"] = info.nbytes();
+    if (sharded) t["file"] = fs::path(ckpt.file_of(name)).filename().string();
+    tensors.push_back(std::move(t));
+    params += info.numel();
+  }
+  out["num_tensors"] = ckpt.names().size();
+  out["total_params"] = params;
+  out["total_bytes"] = ckpt.total_bytes();
+  out["tensors"] = std::move(tensors);
+
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  const fs::path config_path = dir / "config.json";
+  if (fs::exists(config_path, ec)) {
+    const auto cfg_json = io::JsonConfig::from_file(config_path.string());
+    out["config"] = cfg_json.json();
+    const std::string mt = cfg_json.get<std::string>("model_type", "");
+    if (mt == "llama" || mt == "mistral" || mt == "qwen2") {
+      nlohmann::ordered_json check;
+      try {
+        const auto cfg = models::LlamaConfig::from_json(cfg_json.json(), config_path.string());
+        nlohmann::ordered_json missing = nlohmann::ordered_json::array(), mismatched = nlohmann::ordered_json::array(),
+                               unexpected = nlohmann::ordered_json::array();
+        std::set<std::string> expected;
+        for (const auto& [name, shape] : cfg.parameter_shapes()) {
+          expected.insert(name);
+          if (!ckpt.contains(name)) missing.push_back(name);
+          else if (ckpt.info(name).shape != shape)
+            mismatched.push_back({{"name", name}, {"expected", shape}, {"found", ckpt.info(name).shape}});
+        }
+        for (const auto& name : ckpt.names())
+          if (!expected.count(name)) unexpected.push_back(name);
+        check["ok"] = missing.empty() && mismatched.empty() && unexpected.empty();
+        check["parameter_count"] = cfg.parameter_count();
+        check["missing"] = missing;
+        check["unexpected"] = unexpected;
+        check["shape_mismatch"] = mismatched;
+      } catch (const Error& e) {
+        check["ok"] = false;
+        check["error"] = e.what();
+      }
+      out["config_check"] = check;
+    }
+  }
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,3 @@
+// edl/models/all.hpp: model families (each folder stands alone; models never include each other).
+#pragma once
+#include <edl/models/llama/config.hpp>

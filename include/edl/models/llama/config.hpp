@@ -1,0 +1,395 @@
+// edl/models/llama/config.hpp
+// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2), with
+// HF field names and HF defaults, validation naming the field at fault, the benchmark presets of
+// shared/ANCHORS.md, and the parameter names and shapes in HF order.
+//
+//   auto c = edl::models::LlamaConfig::from_file("ckpt/config.json");   // validated
+//   for (auto& [name, shape] : c.parameter_shapes()) ...                // model.embed_tokens.weight, ...
+//   c.save("out/config.json");                                          // unknown fields kept
+//
+// Reading: a missing field takes the HF LlamaConfig default; num_key_value_heads defaults to
+// num_attention_heads and head_dim to hidden_size / num_attention_heads. Fields edl does not know
+// ("architectures", "transformers_version", ...) are kept in `extra` and written back, and written
+// fields keep the order of the file they came from. Errors: errc::config for a missing or
+// mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
+// valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
+// than linear/llama3/default, model types other than llama/mistral/qwen2).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/json_config.hpp>
+
+namespace edl::models {
+
+using ojson = nlohmann::ordered_json;
+
+/// rope_scaling: {"rope_type" (or legacy "type"): "linear", "factor"} or
+/// {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+///  "original_max_position_embeddings"}; "default" means no scaling.
+struct RopeScaling {
+  std::string rope_type = "linear";  // "linear" | "llama3" | "default"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3 only
+  double high_freq_factor = 4.0;  // llama3 only
+  std::int64_t original_max_position_embeddings = 8192;  // llama3 only
+  /// The object as read (other keys, and whether "type" and/or "rope_type" named the type).
+  ojson raw = ojson::object();
+
+  ojson to_json() const {
+    ojson j = raw.is_object() ? raw : ojson::object();
+    const bool has_type = j.contains("type"), has_rope_type = j.contains("rope_type");
+    if (has_rope_type || !has_type) j["rope_type"] = rope_type;
+    if (has_type) j["type"] = rope_type;
+    if (rope_type != "default") j["factor"] = factor;
+    if (rope_type == "llama3") {
+      j["low_freq_factor"] = low_freq_factor;
+      j["high_freq_factor"] = high_freq_factor;
+      j["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+    return j;
+  }
+};
+
+/// Which output head parameter_shapes() lists after the decoder.
+enum class LlamaHead { causal_lm, sequence_classification, none };
+
+struct LlamaConfig {
+  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::int64_t vocab_size = 32000;
+  std::int64_t hidden_size = 4096;
+  std::int64_t intermediate_size = 11008;
+  std::int64_t num_hidden_layers = 32;
+  std::int64_t num_attention_heads = 32;
+  std::int64_t num_key_value_heads = 32;
+  std::optional<std::int64_t> head_dim;  // nullopt: hidden_size / num_attention_heads
+  std::int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::optional<RopeScaling> rope_scaling;
+  bool attention_bias = false;  // bias on q, k, v and o projections (qwen2: q, k, v always)
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;
+  std::optional<std::int64_t> sliding_window;  // Mistral; nullopt = full attention
+  std::string hidden_act = "silu";
+  std::optional<std::int64_t> bos_token_id = 1;
+  std::vector<std::int64_t> eos_token_id = {2};  // HF allows an int or a list
+  bool eos_token_id_is_list = false;             // written back as it was read
+  std::optional<std::int64_t> pad_token_id;
+  std::string torch_dtype = "float32";
+  double initializer_range = 0.02;
+  std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
+  std::optional<std::string> problem_type;  // "single_label_classification", ...
+  /// Fields edl does not interpret, kept verbatim.
+  ojson extra = ojson::object();
+  /// Names the config in errors: the file it came from, or "LlamaConfig".
+  std::string source = "LlamaConfig";
+
+  // ------------------------------------------------------------------ derived values
+  std::int64_t head_size() const {
+    return head_dim ? *head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0);
+  }
+  std::int64_t q_size() const { return num_attention_heads * head_size(); }
+  std::int64_t kv_size() const { return num_key_value_heads * head_size(); }
+  /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
+  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
+  bool o_bias() const { return attention_bias; }
+  /// Sliding attention window in effect (qwen2 uses it only with use_sliding_window: true).
+  std::optional<std::int64_t> attention_window() const {
+    if (model_type == "qwen2" && !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
+                                   extra["use_sliding_window"].get<bool>()))
+      return std::nullopt;
+    return sliding_window;
+  }
+
+  // ------------------------------------------------------------------ validation
+  std::string where(const std::string& field) const { return source + " field " + field; }
+
+  /// Throws naming the first field at fault.
+  void validate() const {
+    auto positive = [&](const char* name, std::int64_t v) {
+      EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
+    };
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", errc::unsupported,
+              where("model_type"), "expected llama, mistral or qwen2, found \"", model_type, "\"");
+    positive("vocab_size", vocab_size);
+    positive("hidden_size", hidden_size);
+    positive("intermediate_size", intermediate_size);
+    positive("num_hidden_layers", num_hidden_layers);
+    positive("num_attention_heads", num_attention_heads);
+    positive("num_key_value_heads", num_key_value_heads);
+    positive("max_position_embeddings", max_position_embeddings);
+    if (head_dim) {
+      positive("head_dim", *head_dim);
+    } else {
+      EDL_CHECK(hidden_size % num_attention_heads == 0, errc::config, where("num_attention_heads"),
+                "hidden_size (", hidden_size, ") must be divisible by num_attention_heads (", num_attention_heads,
+                ") unless head_dim is given");
+    }
+    EDL_CHECK(head_size() % 2 == 0, errc::config, where("head_dim"), "rotary embeddings need an even head_dim, found ",
+              head_size());
+    EDL_CHECK(num_attention_heads % num_key_value_heads == 0, errc::config, where("num_key_value_heads"),
+              "num_attention_heads (", num_attention_heads, ") must be divisible by num_key_value_heads (",
+              num_key_value_heads, ")");
+    EDL_CHECK(rms_norm_eps > 0, errc::config, where("rms_norm_eps"), "must be positive, found ", rms_norm_eps);
+    EDL_CHECK(rope_theta > 0, errc::config, where("rope_theta"), "must be positive, found ", rope_theta);
+    EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
+              hidden_act, "\"");
+    if (sliding_window) positive("sliding_window", *sliding_window);
+    EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
+    if (rope_scaling) {
+      const auto& r = *rope_scaling;
+      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
+                where("rope_scaling.rope_type"), "expected linear, llama3 or default, found \"", r.rope_type, "\"");
+      if (r.rope_type != "default")
+        EDL_CHECK(r.factor > 0, errc::config, where("rope_scaling.factor"), "must be positive, found ", r.factor);
+      if (r.rope_type == "llama3") {
+        EDL_CHECK(r.low_freq_factor > 0, errc::config, where("rope_scaling.low_freq_factor"),
+                  "must be positive, found ", r.low_freq_factor);
+        EDL_CHECK(r.high_freq_factor > r.low_freq_factor, errc::config, where("rope_scaling.high_freq_factor"),
+                  "must exceed low_freq_factor (", r.low_freq_factor, "), found ", r.high_freq_factor);
+        EDL_CHECK(r.original_max_position_embeddings > 0, errc::config,
+                  where("rope_scaling.original_max_position_embeddings"), "must be positive, found ",
+                  r.original_max_position_embeddings);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ JSON
+  static const std::vector<std::string>& known_fields() {
+    static const std::vector<std::string> k = {
+        "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+        "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
+        "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
+        "num_labels", "problem_type"};
+    return k;
+  }
+
+  /// Reads a config.json object (missing fields take HF defaults) and validates it.
+  static LlamaConfig from_json(const ojson& j, const std::string& source = "LlamaConfig") {
+    const io::JsonConfig c(j, source);
+    LlamaConfig cfg;
+    cfg.source = source;
+    cfg.model_type = c.get<std::string>("model_type", "llama");
+    cfg.vocab_size = c.get<std::int64_t>("vocab_size", cfg.vocab_size);
+    cfg.hidden_size = c.get<std::int64_t>("hidden_size", cfg.hidden_size);
+    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", cfg.intermediate_size);
+    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", cfg.num_hidden_layers);
+    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", cfg.num_attention_heads);
+    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", cfg.num_attention_heads);
+    cfg.head_dim = c.optional<std::int64_t>("head_dim");
+    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", cfg.max_position_embeddings);
+    cfg.rms_norm_eps = c.get<double>("rms_norm_eps", cfg.rms_norm_eps);
+    cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
+    cfg.attention_bias = c.get<bool>("attention_bias", false);
+    cfg.mlp_bias = c.get<bool>("mlp_bias", false);
+    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", false);
+    if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
+    else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
+    cfg.hidden_act = c.get<std::string>("hidden_act", "silu");
+    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
+    if (c.has("eos_token_id")) {
+      const ojson& e = j["eos_token_id"];
+      cfg.eos_token_id_is_list = e.is_array();
+      if (e.is_null()) cfg.eos_token_id.clear();
+      else if (e.is_array()) cfg.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
+      else cfg.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
+    }
+    cfg.pad_token_id = c.optional<std::int64_t>("pad_token_id");
+    cfg.torch_dtype = c.get<std::string>("torch_dtype", c.get<std::string>("dtype", "float32"));
+    cfg.initializer_range = c.get<double>("initializer_range", cfg.initializer_range);
+    if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
+    else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
+    cfg.problem_type = c.optional<std::string>("problem_type");
+
+    if (c.has_value("rope_scaling")) {
+      const ojson& r = j["rope_scaling"];
+      EDL_CHECK(r.is_object(), errc::config, cfg.where("rope_scaling"), "expected null or an object, found ",
+                r.dump());
+      const auto field = [&](const char* key) -> const ojson& {
+        EDL_CHECK(r.contains(key), errc::config, cfg.where(std::string("rope_scaling.") + key), "missing");
+        return r[key];
+      };
+      const auto num = [&](const char* key) {
+        return io::JsonConfig::convert<double>(field(key), cfg.where(std::string("rope_scaling.") + key));
+      };
+      RopeScaling rs;
+      rs.raw = r;
+      const char* type_key = r.contains("rope_type") && !r["rope_type"].is_null() ? "rope_type" : "type";
+      EDL_CHECK(r.contains(type_key) && !r[type_key].is_null(), errc::config, cfg.where("rope_scaling.rope_type"),
+                "missing (expected \"rope_type\" or \"type\": linear | llama3)");
+      rs.rope_type = io::JsonConfig::convert<std::string>(r[type_key], cfg.where(std::string("rope_scaling.") + type_key));
+      if (rs.rope_type == "linear" || rs.rope_type == "llama3") rs.factor = num("factor");
+      if (rs.rope_type == "llama3") {
+        rs.low_freq_factor = num("low_freq_factor");
+        rs.high_freq_factor = num("high_freq_factor");
+        rs.original_max_position_embeddings = io::JsonConfig::convert<std::int64_t>(
+            field("original_max_position_embeddings"), cfg.where("rope_scaling.original_max_position_embeddings"));
+      }
+      cfg.rope_scaling = std::move(rs);
+    }
+
+    const auto& known = known_fields();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      cfg.key_order_.push_back(it.key());
+      if (std::find(known.begin(), known.end(), it.key()) == known.end()) cfg.extra[it.key()] = it.value();
+    }
+    cfg.validate();
+    return cfg;
+  }
+
+  static LlamaConfig from_file(const std::string& path) {
+    const io::JsonConfig c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+
+  /// The HF config.json object: every known field, then `extra`; fields keep the order of the
+  /// document this config was read from.
+  ojson to_json() const {
+    ojson k = ojson::object();
+    const auto was_present = [&](const std::string& f) {
+      return std::find(key_order_.begin(), key_order_.end(), f) != key_order_.end();
+    };
+    k["model_type"] = model_type;
+    k["vocab_size"] = vocab_size;
+    k["hidden_size"] = hidden_size;
+    k["intermediate_size"] = intermediate_size;
+    k["num_hidden_layers"] = num_hidden_layers;
+    k["num_attention_heads"] = num_attention_heads;
+    k["num_key_value_heads"] = num_key_value_heads;
+    k["head_dim"] = head_size();
+    k["max_position_embeddings"] = max_position_embeddings;
+    k["rms_norm_eps"] = rms_norm_eps;
+    k["rope_theta"] = rope_theta;
+    k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
+    k["attention_bias"] = attention_bias;
+    k["mlp_bias"] = mlp_bias;
+    k["tie_word_embeddings"] = tie_word_embeddings;
+    if (sliding_window || model_type != "llama" || was_present("sliding_window"))
+      k["sliding_window"] = sliding_window ? ojson(*sliding_window) : ojson(nullptr);
+    k["hidden_act"] = hidden_act;
+    k["bos_token_id"] = bos_token_id ? ojson(*bos_token_id) : ojson(nullptr);
+    if (eos_token_id.empty() && !eos_token_id_is_list) k["eos_token_id"] = nullptr;
+    else if (eos_token_id_is_list || eos_token_id.size() != 1) k["eos_token_id"] = eos_token_id;
+    else k["eos_token_id"] = eos_token_id[0];
+    if (pad_token_id || was_present("pad_token_id"))
+      k["pad_token_id"] = pad_token_id ? ojson(*pad_token_id) : ojson(nullptr);
+    k["torch_dtype"] = torch_dtype;
+    k["initializer_range"] = initializer_range;
+    if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
+    if (problem_type || was_present("problem_type"))
+      k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
+
+    ojson ex = extra.is_object() ? extra : ojson::object();
+    // An id2label of another size would override num_labels when HF reads the file back.
+    if (ex.contains("id2label") && ex["id2label"].is_object() &&
+        static_cast<std::int64_t>(ex["id2label"].size()) != num_labels) {
+      ex.erase("id2label");
+      ex.erase("label2id");
+      k["num_labels"] = num_labels;
+    }
+    ojson out = ojson::object();
+    for (const auto& key : key_order_) {
+      if (k.contains(key)) out[key] = k[key];
+      else if (ex.contains(key)) out[key] = ex[key];
+    }
+    for (auto it = k.begin(); it != k.end(); ++it)
+      if (!out.contains(it.key())) out[it.key()] = it.value();
+    for (auto it = ex.begin(); it != ex.end(); ++it)
+      if (!out.contains(it.key())) out[it.key()] = it.value();
+    return out;
+  }
+
+  /// Writes config.json (pretty) atomically.
+  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+
+  // ------------------------------------------------------------------ presets
+  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }
+
+  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4).
+  static LlamaConfig preset(const std::string& name) {
+    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos; };
+    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256},
+                                {"small", 768, 2048, 12, 12, 12, 32000, 1024},
+                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048}};
+    for (const P& p : presets) {
+      if (name != p.name) continue;
+      LlamaConfig c;
+      c.source = "LlamaConfig preset " + name;
+      c.hidden_size = p.h;
+      c.intermediate_size = p.i;
+      c.num_hidden_layers = p.l;
+      c.num_attention_heads = p.nh;
+      c.num_key_value_heads = p.nkv;
+      c.vocab_size = p.v;
+      c.max_position_embeddings = p.pos;
+      c.rms_norm_eps = 1e-5;
+      c.rope_theta = 10000.0;
+      c.tie_word_embeddings = false;
+      c.extra["architectures"] = {"LlamaForCausalLM"};
+      c.validate();
+      return c;
+    }
+    std::string valid;
+    for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+    ::edl::detail::raise(errc::invalid_argument, "LlamaConfig::preset",
+                         "unknown preset \"" + name + "\", expected one of " + valid);
+  }
+
+  // ------------------------------------------------------------------ parameters
+  /// Parameter names and shapes in HF names and HF order (named_parameters() of
+  /// LlamaForCausalLM, or ...ForSequenceClassification with head = sequence_classification).
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> parameter_shapes(
+      LlamaHead head = LlamaHead::causal_lm) const {
+    const std::int64_t H = hidden_size, I = intermediate_size, V = vocab_size, Q = q_size(), KV = kv_size();
+    std::vector<std::pair<std::string, std::vector<std::int64_t>>> p;
+    p.push_back({"model.embed_tokens.weight", {V, H}});
+    for (std::int64_t l = 0; l < num_hidden_layers; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      p.push_back({pre + "input_layernorm.weight", {H}});
+      const std::pair<const char*, std::int64_t> qkv[] = {{"q_proj", Q}, {"k_proj", KV}, {"v_proj", KV}};
+      for (const auto& [n, out] : qkv) {
+        p.push_back({pre + "self_attn." + n + ".weight", {out, H}});
+        if (qkv_bias()) p.push_back({pre + "self_attn." + n + ".bias", {out}});
+      }
+      p.push_back({pre + "self_attn.o_proj.weight", {H, Q}});
+      if (o_bias()) p.push_back({pre + "self_attn.o_proj.bias", {H}});
+      p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
+          {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};
+      for (const auto& [n, out, in] : mlp) {
+        p.push_back({pre + "mlp." + n + ".weight", {out, in}});
+        if (mlp_bias) p.push_back({pre + "mlp." + n + ".bias", {out}});
+      }
+    }
+    p.push_back({"model.norm.weight", {H}});
+    if (head == LlamaHead::causal_lm && !tie_word_embeddings) p.push_back({"lm_head.weight", {V, H}});
+    if (head == LlamaHead::sequence_classification) p.push_back({"score.weight", {num_labels, H}});
+    return p;
+  }
+
+  std::int64_t parameter_count(LlamaHead head = LlamaHead::causal_lm) const {
+    std::int64_t n = 0;
+    for (const auto& [name, shape] : parameter_shapes(head)) {
+      std::int64_t k = 1;
+      for (auto d : shape) k *= d;
+      n += k;
+    }
+    return n;
+  }
+
+ private:
+  std::vector<std::string> key_order_;  // field order of the document read
+};
+
+}  // namespace edl::models
