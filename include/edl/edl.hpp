@@ -7,5 +7,6 @@
 #include <edl/mesh/all.hpp>
 #include <edl/tensor/all.hpp>
 #include <edl/kernels/all.hpp>
+#include <edl/nn/all.hpp>
 #include <edl/io/all.hpp>
 #include <edl/models/all.hpp>

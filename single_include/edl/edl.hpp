@@ -2844,6 +2844,15 @@ void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
        accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
 }
 
+/// The GEMM family is also reachable as edl::kernels::*, beside the other kernels.
+namespace kernels {
+using edl::gemm;
+using edl::matmul;
+using edl::matmul_nt;
+using edl::matmul_tn;
+using edl::Trans;
+}  // namespace kernels
+
 }  // namespace edl
 // end of edl/kernels/gemm.hpp
 // #include <edl/kernels/rms_norm.hpp>
@@ -3247,6 +3256,1260 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 }  // namespace edl::kernels
 // end of edl/kernels/softmax.hpp
 // end of edl/kernels/all.hpp
+// #include <edl/nn/all.hpp>
+// edl/nn/all.hpp: modules (Linear, Embedding, RMSNorm, rotary, attention, MLP, decoder layer)
+// and the chunked causal-LM loss. Protocol: docs/modules.md.
+// #include <edl/nn/attention.hpp>
+// edl/nn/attention.hpp
+// Multi-head causal self-attention as HF LlamaAttention (eager), with grouped-query attention.
+//
+//   q = x Wq^T [T, nh*D], k = x Wk^T [T, nkv*D], v = x Wv^T [T, nkv*D]   (+ bias if configured)
+//   q, k <- rope(q, k) at each token's position
+//   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
+//     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0
+//     s_j = (q_i . k_j) / sqrt(D);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
+//   y = ctx Wo^T [T, hidden]
+// A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
+// (HF gives a finite but meaningless value there; such rows are padding and carry no loss).
+//
+// Saved (documented choice): q and k after rope, v, ctx and the per-row log-sum-exp of the
+// scores, [batch, nh, seq] -- not the [batch, nh, seq, seq] probabilities: backward recomputes
+// p_j = exp(s_j - lse_i) (one extra q.k per pair), so activation memory stays linear in seq.
+//
+// Backward, per (b, kv head g) on one thread (deterministic; dk, dv of a kv head are summed
+// over its query heads in order):
+//   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j,  ds_j = p_j (dp_j - Di)
+//   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
+//   then dq, dk go through the inverse rotation and the projections' backward.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // #include <edl/nn/linear.hpp> (inlined above)
+// edl/nn/linear.hpp
+// Linear layer, HF/PyTorch layout: weight [out, in], y = x W^T + b.
+//
+//   ColumnLinear<Pol> q(in, out);          // weight spec P<"tp", none>, bias P<"tp">
+//   RowLinear<Pol> o(in, out);             // weight spec P<none, "tp">, bias P<none>
+//   Linear<Pol, WSpec>::Saved s;  lin.forward(x, rows, y, s);  lin.backward(dy, s, dx);
+//
+// forward:  y[T, out] = x[T, in] W^T (+ b)                      (kernels::matmul_nt)
+// backward: dW += dy^T x (matmul_tn, accumulate), db += sum_t dy, dx = dy W (or dx += dy W)
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// edl/nn/module.hpp
+// The module protocol shared by every layer in nn/ (docs/modules.md), and generic helpers
+// that work on any module through its parameter visitor.
+//
+// A module is a class template on a precision policy `Pol` with
+//   template <class F> void visit_params(std::string_view prefix, F&& f);  // f(path, Param&), HF names
+//   std::int64_t param_count() const;
+//   double flops_forward(...) const;          // multiply-add = 2 flops, matmul-like work only
+//   struct Saved;                             // what backward needs, filled by forward
+//   void forward(const float* x, ..., float* y, Saved&);
+//   void backward(const float* dy, Saved&, float* dx);  // ACCUMULATES parameter gradients
+//   void init(Key key, float std = 0.02f);    // counter-based, see init_params
+// Activations between modules are f32, row-major [tokens, features] with tokens = batch*seq.
+//
+// Lifetime rule for Saved: a module's Saved owns the activations the module computes, and
+// keeps a non-owning pointer to its input `x`; the caller (the parent module's Saved, or the
+// user for a top-level call) keeps `x` alive until backward has run.
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+// edl/nn/param.hpp
+// A trainable parameter: its value in the policy's storage dtype, its f32 gradient and the
+// PartitionSpec type that says how it shards by default (HF layout, Megatron-style tensor
+// parallelism: column-parallel Linear P<"tp", none>, row-parallel P<none, "tp">, norms
+// P<none>, embeddings P<"tp", none>).
+//
+//   Param<float, P<"tp", none>> w({out, in}, Init::normal);
+//   w.value(3, 5) = 1.f;  w.grad_data()[0] += 0.5f;   // gradients are always f32
+//
+// The gradient is allocated (zeroed) on first use, so a model used only for inference does
+// not pay for it. Backward passes ACCUMULATE into grad (gradient accumulation); zero_grad()
+// clears it.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <xtensor/xtensor.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// // #include <edl/tensor/partition_spec.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+/// How init() fills a parameter: normal(0, initializer_range), ones (norm weights) or zeros (biases).
+enum class Init { normal, ones, zeros };
+
+template <FloatStorage T, PartitionSpecType Spec>
+struct Param {
+  using value_type = T;
+  using spec = Spec;
+  static constexpr std::size_t rank = Spec::rank;
+  using shape_type = std::array<std::size_t, rank>;
+
+  xt::xtensor<T, rank> value;
+  xt::xtensor<float, rank> grad;  // empty until the first backward (or grad_data())
+  Init init = Init::normal;
+
+  Param() = default;
+  explicit Param(const shape_type& shape, Init how = Init::normal)
+      : value(xt::xtensor<T, rank>::from_shape(shape)), init(how) {}
+
+  std::int64_t numel() const noexcept { return static_cast<std::int64_t>(value.size()); }
+  std::vector<std::int64_t> shape() const {
+    return std::vector<std::int64_t>(value.shape().begin(), value.shape().end());
+  }
+  T* data() noexcept { return value.data(); }
+  const T* data() const noexcept { return value.data(); }
+
+  bool has_grad() const noexcept { return grad.size() == value.size() && value.size() > 0; }
+  /// The gradient buffer, allocated and zeroed on first use.
+  float* grad_data() {
+    if (grad.shape() != value.shape()) {
+      grad = xt::xtensor<float, rank>::from_shape(value.shape());
+      std::fill(grad.begin(), grad.end(), 0.0f);
+    }
+    return grad.data();
+  }
+  void zero_grad() {
+    if (grad.shape() == value.shape()) std::fill(grad.begin(), grad.end(), 0.0f);
+  }
+};
+
+/// The value of a parameter as f32 (a copy only when T is not float): kernels that need f32
+/// weights (RMSNorm backward) call this.
+template <FloatStorage T, class Spec>
+const float* as_f32(const Param<T, Spec>& p, std::vector<float>& scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p.data();
+  } else {
+    scratch.resize(p.value.size());
+    for (std::size_t i = 0; i < scratch.size(); ++i) scratch[i] = to_f32(p.value.data()[i]);
+    return scratch.data();
+  }
+}
+
+}  // namespace edl::nn
+// end of edl/nn/param.hpp
+
+namespace edl::nn {
+
+/// Every nn module checks its policy with this (quantized weights change the layout).
+template <class Pol>
+inline constexpr bool policy_supported = PolicyLike<Pol> && !Pol::quant_t::quantized;
+
+#define EDL_NN_CHECK_POLICY(Pol)                                                                      \
+  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
+  static_assert(!Pol::quant_t::quantized,                                                             \
+                "edl::nn: quantized weights (int8, NF4) are not implemented yet; use quant::none - "  \
+                "int8/NF4 come next");                                                                \
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
+                "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
+
+/// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
+///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
+///  attention_mask: [batch * seq] of 0/1 (HF padding mask: 0 = padding key) or null (all 1)
+struct TokenLayout {
+  std::int64_t batch = 1;
+  std::int64_t seq = 0;
+  const std::int64_t* position_ids = nullptr;
+  const std::int64_t* attention_mask = nullptr;
+
+  std::int64_t tokens() const noexcept { return batch * seq; }
+  std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }
+  bool attends(std::int64_t t) const noexcept { return !attention_mask || attention_mask[t] != 0; }
+};
+
+inline std::string join_path(std::string_view prefix, std::string_view name) {
+  if (prefix.empty()) return std::string(name);
+  std::string s(prefix);
+  s += '.';
+  s += name;
+  return s;
+}
+
+/// Fills every parameter of `m` from `key`: parameter number k (visit order) draws from
+/// fold_in(key, k), element i from counter i of that stream, so element values do not depend
+/// on threads or sharding. Init::normal -> Normal(0, std), ones -> 1, zeros -> 0.
+template <class M>
+void init_params(M& m, Key key, float std = 0.02f) {
+  std::uint32_t index = 0;
+  std::vector<float> buf;
+  m.visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const Key k = fold_in(key, index++);
+    const std::size_t n = p.value.size();
+    T* dst = p.data();
+    constexpr std::size_t chunk = 1 << 16;
+    for (std::size_t lo = 0; lo < n; lo += chunk) {
+      const std::size_t hi = std::min(n, lo + chunk);
+      buf.resize(hi - lo);
+      if (p.init == Init::normal) fill_normal(k, lo, std::span<float>(buf), 0.0f, std);
+      else std::fill(buf.begin(), buf.end(), p.init == Init::ones ? 1.0f : 0.0f);
+      for (std::size_t i = lo; i < hi; ++i) dst[i] = from_f32<T>(buf[i - lo]);
+    }
+  });
+}
+
+/// Sets every gradient of `m` to zero (allocated gradients only).
+template <class M>
+void zero_grad(M& m) {
+  m.visit_params("", [](std::string_view, auto& p) { p.zero_grad(); });
+}
+
+/// Parameter names and shapes in visit order (HF names for the Llama modules).
+template <class M>
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> named_shapes(M& m) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  m.visit_params("", [&](std::string_view path, auto& p) { out.emplace_back(std::string(path), p.shape()); });
+  return out;
+}
+
+/// Loads every parameter of `m` by name from `file`, an object with
+/// `bool contains(name)`, `info(name).shape` and `read_into<T>(name, std::span<T>)`
+/// (edl::io::SafeTensorsFile / ShardedCheckpoint). Throws errc::io naming the first missing
+/// tensor and errc::shape_mismatch naming one of the wrong shape.
+template <class M, class File>
+void load_params(M& m, const File& file, std::string_view where = "load_params") {
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::string name(path);
+    EDL_CHECK(file.contains(name), errc::io, std::string(where), "tensor \"", name, "\" is missing");
+    const auto& shape = file.info(name).shape;
+    const auto want = p.shape();
+    EDL_CHECK(std::equal(shape.begin(), shape.end(), want.begin(), want.end()), errc::shape_mismatch,
+              std::string(where), "tensor \"", name, "\" has shape ", ::edl::detail::shape_str(shape), ", expected ",
+              ::edl::detail::shape_str(want));
+    file.template read_into<T>(name, std::span<T>(p.data(), p.value.size()));
+  });
+}
+
+}  // namespace edl::nn
+// end of edl/nn/module.hpp
+// // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+// #include <edl/tensor/partition_spec.hpp> (inlined above)
+
+namespace edl::kernels {}
+namespace edl::nn {
+
+/// GEMM entry points, found whether gemm.hpp declares them in edl:: or edl::kernels::.
+namespace gemm_ops {
+using namespace ::edl::kernels;
+using namespace ::edl;
+template <class TA, class TB>
+void mm(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul(A, B, C, M, N, K, acc);
+}
+template <class TA, class TB>
+void mm_nt(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul_nt(A, B, C, M, N, K, acc);
+}
+template <class TA, class TB>
+void mm_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul_tn(A, B, C, M, N, K, acc);
+}
+}  // namespace gemm_ops
+
+using ColumnParallel = P<"tp", none>;  // output features split over tp
+using RowParallel = P<none, "tp">;     // input features split over tp
+
+namespace detail {
+template <class WSpec> struct bias_spec { using type = P<none>; };
+template <> struct bias_spec<ColumnParallel> { using type = P<"tp">; };
+}  // namespace detail
+
+template <class Pol, PartitionSpecType WSpec = ColumnParallel>
+class Linear {
+  EDL_NN_CHECK_POLICY(Pol);
+  static_assert(WSpec::rank == 2, "edl::nn::Linear: the weight spec must have rank 2 ([out, in])");
+
+ public:
+  using T = typename Pol::param_t;
+  using WeightParam = Param<T, WSpec>;
+  using BiasParam = Param<T, typename detail::bias_spec<WSpec>::type>;
+
+  struct Saved {
+    const float* x = nullptr;  // input [rows, in], owned by the caller
+    std::int64_t rows = 0;
+  };
+
+  Linear() = default;
+  Linear(std::int64_t in, std::int64_t out, bool bias = false) : in_(in), out_(out), has_bias_(bias) {
+    EDL_CHECK(in > 0 && out > 0, errc::invalid_argument, "nn.Linear", "in and out must be positive, found in = ", in,
+              ", out = ", out);
+    weight = WeightParam({static_cast<std::size_t>(out), static_cast<std::size_t>(in)}, Init::normal);
+    if (bias) this->bias = BiasParam({static_cast<std::size_t>(out)}, Init::zeros);
+  }
+
+  WeightParam weight;
+  BiasParam bias;  // empty unless has_bias()
+
+  std::int64_t in_features() const noexcept { return in_; }
+  std::int64_t out_features() const noexcept { return out_; }
+  bool has_bias() const noexcept { return has_bias_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "weight"), weight);
+    if (has_bias_) f(join_path(prefix, "bias"), bias);
+  }
+  std::int64_t param_count() const noexcept { return in_ * out_ + (has_bias_ ? out_ : 0); }
+  double flops_forward(std::int64_t rows) const noexcept {
+    return 2.0 * static_cast<double>(rows) * static_cast<double>(in_) * static_cast<double>(out_);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  /// y[rows, out] = x[rows, in] W^T + b. Saves a pointer to x.
+  void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
+    apply(x, rows, y);
+    s.x = x;
+    s.rows = rows;
+  }
+  /// Inference: y = x W^T + b, nothing saved.
+  void apply(const float* x, std::int64_t rows, float* y) const {
+    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
+    if (has_bias_) add_bias(y, rows);
+  }
+
+  /// Accumulates dW (and db); writes dx = dy W, or adds it when accumulate_dx (dx may be null
+  /// to skip the input gradient).
+  void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
+    EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
+              "Saved holds no input: call forward first");
+    nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (has_bias_) {
+      float* db = bias.grad_data();
+      const std::int64_t rows = s.rows, out = out_;
+      // Columns in parallel, rows summed in order: the same sums for any thread count.
+      exec::parallel_for(0, out, 256, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t t = 0; t < rows; ++t)
+          for (std::ptrdiff_t j = lo; j < hi; ++j) db[j] += dy[t * out + j];
+      });
+    }
+    if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+  }
+
+ private:
+  void add_bias(float* y, std::int64_t rows) const {
+    const T* b = bias.data();
+    const std::int64_t out = out_;
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 16384 / out), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t)
+        for (std::int64_t j = 0; j < out; ++j) y[t * out + j] += to_f32(b[j]);
+    });
+  }
+
+  std::int64_t in_ = 0, out_ = 0;
+  bool has_bias_ = false;
+};
+
+template <class Pol>
+using ColumnLinear = Linear<Pol, ColumnParallel>;
+template <class Pol>
+using RowLinear = Linear<Pol, RowParallel>;
+
+}  // namespace edl::nn
+// end of edl/nn/linear.hpp
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/rotary.hpp> (inlined above)
+// edl/nn/rotary.hpp
+// Rotary position embeddings, HF convention (rotate_half, not interleaved pairs):
+//   for a head vector x of dim d, half = d / 2, i < half, angle a_i = position * inv_freq_i:
+//     y_i        = x_i cos a_i - x_{i+half} sin a_i
+//     y_{i+half} = x_{i+half} cos a_i + x_i sin a_i
+//   inv_freq_i = 1 / theta^(2i / d)
+// Scaling (HF rope_scaling): "linear" divides inv_freq by factor (= positions / factor);
+// "llama3" applies HF _compute_llama3_parameters (wavelengths above original_max / low_freq_factor
+// divided by factor, below original_max / high_freq_factor kept, smooth interpolation in between).
+// Backward is the inverse rotation (angle -a). Angles and cos/sin are computed in double and
+// rounded once to f32. No parameters.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+/// HF rope parameters (rope_theta and rope_scaling of config.json).
+struct RopeConfig {
+  double theta = 10000.0;
+  std::string type = "default";  // "default" | "linear" | "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192;
+};
+
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding() = default;
+  RotaryEmbedding(std::int64_t head_dim, RopeConfig cfg = {}) : head_dim_(head_dim), cfg_(std::move(cfg)) {
+    EDL_CHECK(head_dim > 0 && head_dim % 2 == 0, errc::invalid_argument, "nn.RotaryEmbedding",
+              "head_dim must be positive and even, found ", head_dim);
+    EDL_CHECK(cfg_.type == "default" || cfg_.type == "linear" || cfg_.type == "llama3", errc::unsupported,
+              "nn.RotaryEmbedding", "rope type \"", cfg_.type, "\" is not supported (default, linear, llama3)");
+    inv_freq_ = compute_inv_freq(head_dim, cfg_);
+  }
+
+  /// inv_freq for head_dim and cfg, HF's formulas in double.
+  static std::vector<double> compute_inv_freq(std::int64_t head_dim, const RopeConfig& c) {
+    const std::int64_t half = head_dim / 2;
+    std::vector<double> f(static_cast<std::size_t>(half));
+    for (std::int64_t i = 0; i < half; ++i)
+      f[static_cast<std::size_t>(i)] = 1.0 / std::pow(c.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    if (c.type == "linear") {
+      for (double& v : f) v /= c.factor;
+    } else if (c.type == "llama3") {
+      const double old_ctx = c.original_max_position_embeddings;
+      const double low_wavelen = old_ctx / c.low_freq_factor, high_wavelen = old_ctx / c.high_freq_factor;
+      const double pi = 3.14159265358979323846;
+      for (double& v : f) {
+        const double wavelen = 2 * pi / v;
+        if (wavelen > low_wavelen) {
+          v = v / c.factor;  // low frequency: scaled
+        } else if (wavelen >= high_wavelen) {  // medium: interpolate
+          const double smooth = (old_ctx / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
+          v = (1 - smooth) * v / c.factor + smooth * v;
+        }  // high frequency: unchanged
+      }
+    }
+    return f;
+  }
+
+  std::int64_t head_dim() const noexcept { return head_dim_; }
+  const std::vector<double>& inv_freq() const noexcept { return inv_freq_; }
+  const RopeConfig& config() const noexcept { return cfg_; }
+
+  /// cos and sin tables [tokens, head_dim / 2] for the tokens' positions.
+  void tables(const TokenLayout& layout, std::vector<float>& cos, std::vector<float>& sin) const {
+    const std::int64_t T = layout.tokens(), half = head_dim_ / 2;
+    cos.resize(static_cast<std::size_t>(T * half));
+    sin.resize(static_cast<std::size_t>(T * half));
+    for (std::int64_t t = 0; t < T; ++t) {
+      const double pos = static_cast<double>(layout.position(t));
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = pos * inv_freq_[static_cast<std::size_t>(i)];
+        cos[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(a));
+        sin[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(a));
+      }
+    }
+  }
+
+  /// Rotates x [tokens, heads * head_dim] in place (inverse = the backward when `inverse`).
+  void rotate(float* x, std::int64_t tokens, std::int64_t heads, const float* cos, const float* sin,
+              bool inverse = false) const {
+    const std::int64_t D = head_dim_, half = D / 2, width = heads * D;
+    const float sgn = inverse ? -1.0f : 1.0f;
+    exec::parallel_for(0, tokens, std::max<std::int64_t>(1, 8192 / width), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t) {
+        const float* c = cos + t * half;
+        const float* s = sin + t * half;
+        for (std::int64_t h = 0; h < heads; ++h) {
+          float* v = x + t * width + h * D;
+          for (std::int64_t i = 0; i < half; ++i) {
+            const float a = v[i], b = v[i + half], si = sgn * s[i];
+            v[i] = a * c[i] - b * si;
+            v[i + half] = b * c[i] + a * si;
+          }
+        }
+      }
+    });
+  }
+
+  /// Forward on q or k in place.
+  void apply(float* x, std::int64_t tokens, std::int64_t heads, const float* cos, const float* sin) const {
+    rotate(x, tokens, heads, cos, sin, false);
+  }
+  /// Backward in place: dx = R^T dy (the rotation by -angle).
+  void backward(float* d, std::int64_t tokens, std::int64_t heads, const float* cos, const float* sin) const {
+    rotate(d, tokens, heads, cos, sin, true);
+  }
+
+ private:
+  std::int64_t head_dim_ = 0;
+  RopeConfig cfg_;
+  std::vector<double> inv_freq_;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/rotary.hpp
+
+namespace edl::nn {
+
+struct AttentionConfig {
+  std::int64_t hidden = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_dim = 0;  // 0: hidden / num_heads
+  bool qkv_bias = false;
+  bool o_bias = false;
+  std::optional<std::int64_t> sliding_window;
+  RopeConfig rope;
+};
+
+namespace detail {
+inline float dot_n(const float* a, const float* b, std::int64_t n) noexcept {
+  float s = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+inline void axpy_n(float a, const float* x, float* y, std::int64_t n) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+}  // namespace detail
+
+template <class Pol>
+class Attention {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    typename ColumnLinear<Pol>::Saved q_s, k_s, v_s;
+    typename RowLinear<Pol>::Saved o_s;
+    std::int64_t batch = 0, seq = 0;
+    std::vector<std::int64_t> mask;  // [batch * seq] copy of the attention mask (empty: none)
+    std::vector<float> cos, sin;     // [T, D/2]
+    std::vector<float> q, k, v;      // after rope: [T, nh*D], [T, nkv*D], [T, nkv*D]
+    std::vector<float> ctx;          // [T, nh*D], input of o_proj
+    std::vector<float> lse;          // [batch, nh, seq]
+  };
+
+  Attention() = default;
+  explicit Attention(const AttentionConfig& c)
+      : hidden_(c.hidden),
+        nh_(c.num_heads),
+        nkv_(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads),
+        D_(c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden / c.num_heads : 0)),
+        window_(c.sliding_window.value_or(0)) {
+    const char* w = "nn.Attention";
+    EDL_CHECK(hidden_ > 0 && nh_ > 0 && D_ > 0, errc::invalid_argument, w,
+              "hidden, num_heads and head_dim must be positive, found ", hidden_, ", ", nh_, ", ", D_);
+    EDL_CHECK(nh_ % nkv_ == 0, errc::invalid_argument, w, "num_heads (", nh_, ") must be divisible by num_kv_heads (",
+              nkv_, ")");
+    EDL_CHECK(!c.sliding_window || *c.sliding_window > 0, errc::invalid_argument, w,
+              "sliding_window must be positive, found ", c.sliding_window.value_or(0));
+    q_proj = ColumnLinear<Pol>(hidden_, nh_ * D_, c.qkv_bias);
+    k_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
+    v_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
+    o_proj = RowLinear<Pol>(nh_ * D_, hidden_, c.o_bias);
+    rope = RotaryEmbedding(D_, c.rope);
+  }
+
+  ColumnLinear<Pol> q_proj, k_proj, v_proj;
+  RowLinear<Pol> o_proj;
+  RotaryEmbedding rope;
+
+  std::int64_t num_heads() const noexcept { return nh_; }
+  std::int64_t num_kv_heads() const noexcept { return nkv_; }
+  std::int64_t head_dim() const noexcept { return D_; }
+  std::int64_t sliding_window() const noexcept { return window_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    q_proj.visit_params(join_path(prefix, "q_proj"), f);
+    k_proj.visit_params(join_path(prefix, "k_proj"), f);
+    v_proj.visit_params(join_path(prefix, "v_proj"), f);
+    o_proj.visit_params(join_path(prefix, "o_proj"), f);
+  }
+  std::int64_t param_count() const noexcept {
+    return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count();
+  }
+  /// Projections plus q.k and p.v over the causal (and windowed) pairs, without padding.
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    const std::int64_t T = batch * seq;
+    double pairs = 0;
+    for (std::int64_t i = 0; i < seq; ++i) pairs += static_cast<double>(window_ > 0 ? std::min(i + 1, window_) : i + 1);
+    return q_proj.flops_forward(T) + k_proj.flops_forward(T) + v_proj.flops_forward(T) + o_proj.flops_forward(T) +
+           4.0 * static_cast<double>(batch) * static_cast<double>(nh_) * pairs * static_cast<double>(D_);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  /// y [T, hidden] from x [T, hidden].
+  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
+    const std::int64_t T = layout.tokens();
+    s.batch = layout.batch;
+    s.seq = layout.seq;
+    if (layout.attention_mask) s.mask.assign(layout.attention_mask, layout.attention_mask + T);
+    else s.mask.clear();
+    s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
+    s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
+    s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
+    q_proj.forward(x, T, s.q.data(), s.q_s);
+    k_proj.forward(x, T, s.k.data(), s.k_s);
+    v_proj.forward(x, T, s.v.data(), s.v_s);
+    rope.tables(layout, s.cos, s.sin);
+    rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
+    rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
+    s.ctx.resize(static_cast<std::size_t>(T * nh_ * D_));
+    s.lse.resize(static_cast<std::size_t>(layout.batch * nh_ * layout.seq));
+    core_forward(s);
+    o_proj.forward(s.ctx.data(), T, y, s.o_s);
+  }
+
+  /// Inference: y = attention(x), nothing kept.
+  void apply(const float* x, const TokenLayout& layout, float* y) const {
+    Saved s;
+    forward(x, layout, y, s);
+  }
+
+  /// Accumulates the projections' gradients; writes dx [T, hidden].
+  void backward(const float* dy, Saved& s, float* dx) {
+    const std::int64_t T = s.batch * s.seq;
+    std::vector<float> dctx(static_cast<std::size_t>(T * nh_ * D_));
+    o_proj.backward(dy, s.o_s, dctx.data());
+    std::vector<float> dq(dctx.size()), dk(s.k.size(), 0.0f), dv(s.v.size(), 0.0f);
+    core_backward(s, dctx.data(), dq.data(), dk.data(), dv.data());
+    rope.backward(dq.data(), T, nh_, s.cos.data(), s.sin.data());
+    rope.backward(dk.data(), T, nkv_, s.cos.data(), s.sin.data());
+    q_proj.backward(dq.data(), s.q_s, dx, false);
+    k_proj.backward(dk.data(), s.k_s, dx, true);
+    v_proj.backward(dv.data(), s.v_s, dx, true);
+  }
+
+ private:
+  bool allowed(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j) const noexcept {
+    if (j > i) return false;
+    if (window_ > 0 && i - j >= window_) return false;
+    return s.mask.empty() || s.mask[static_cast<std::size_t>(b * s.seq + j)] != 0;
+  }
+  /// First key position that may be allowed for query i.
+  std::int64_t first_key(std::int64_t i) const noexcept { return window_ > 0 ? std::max<std::int64_t>(0, i - window_ + 1) : 0; }
+
+  void core_forward(Saved& s) const {
+    const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> p(static_cast<std::size_t>(S));
+      for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
+        const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
+        for (std::int64_t i = 0; i < S; ++i) {
+          const float* qi = s.q.data() + (b * S + i) * qw + h * D;
+          float* out = s.ctx.data() + (b * S + i) * qw + h * D;
+          float m = -std::numeric_limits<float>::infinity();
+          const std::int64_t j0 = first_key(i);
+          for (std::int64_t j = j0; j <= i; ++j) {
+            if (!allowed(s, b, i, j)) continue;
+            const float sj = scale * detail::dot_n(qi, s.k.data() + (b * S + j) * kw + g * D, D);
+            p[static_cast<std::size_t>(j)] = sj;
+            m = std::max(m, sj);
+          }
+          for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+          float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
+          if (m == -std::numeric_limits<float>::infinity()) {  // nothing to attend to
+            lse = m;
+            continue;
+          }
+          float sum = 0.0f;
+          for (std::int64_t j = j0; j <= i; ++j) {
+            if (!allowed(s, b, i, j)) continue;
+            const float e = std::exp(p[static_cast<std::size_t>(j)] - m);
+            p[static_cast<std::size_t>(j)] = e;
+            sum += e;
+          }
+          const float inv = 1.0f / sum;
+          for (std::int64_t j = j0; j <= i; ++j) {
+            if (!allowed(s, b, i, j)) continue;
+            detail::axpy_n(p[static_cast<std::size_t>(j)] * inv, s.v.data() + (b * S + j) * kw + g * D, out, D);
+          }
+          lse = m + std::log(sum);
+        }
+      }
+    });
+  }
+
+  void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
+    const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+      for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
+        const std::int64_t b = bg / nkv_, g = bg % nkv_;
+        for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+          for (std::int64_t i = 0; i < S; ++i) {
+            const std::size_t qoff = static_cast<std::size_t>((b * S + i) * qw + h * D);
+            const float* qi = s.q.data() + qoff;
+            const float* gi = dctx + qoff;
+            float* dqi = dq + qoff;
+            for (std::int64_t d = 0; d < D; ++d) dqi[d] = 0.0f;
+            const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
+            if (lse == -std::numeric_limits<float>::infinity()) continue;
+            const std::int64_t j0 = first_key(i);
+            float Di = 0.0f;
+            for (std::int64_t j = j0; j <= i; ++j) {
+              if (!allowed(s, b, i, j)) continue;
+              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
+              const float pj = std::exp(scale * detail::dot_n(qi, s.k.data() + koff, D) - lse);
+              const float dpj = detail::dot_n(gi, s.v.data() + koff, D);
+              p[static_cast<std::size_t>(j)] = pj;
+              dp[static_cast<std::size_t>(j)] = dpj;
+              Di += pj * dpj;
+            }
+            for (std::int64_t j = j0; j <= i; ++j) {
+              if (!allowed(s, b, i, j)) continue;
+              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
+              const float pj = p[static_cast<std::size_t>(j)];
+              const float ds = pj * (dp[static_cast<std::size_t>(j)] - Di) * scale;
+              detail::axpy_n(ds, s.k.data() + koff, dqi, D);
+              detail::axpy_n(ds, qi, dk + koff, D);
+              detail::axpy_n(pj, gi, dv + koff, D);
+            }
+          }
+        }
+      }
+    });
+  }
+
+  std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/attention.hpp
+// #include <edl/nn/decoder_layer.hpp>
+// edl/nn/decoder_layer.hpp
+// One pre-norm Llama decoder layer (HF LlamaDecoderLayer):
+//   h = x + attn(input_layernorm(x))
+//   y = h + mlp(post_attention_layernorm(h))
+// Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/nn/attention.hpp> (inlined above)
+// // #include <edl/nn/mlp.hpp> (inlined above)
+// edl/nn/mlp.hpp
+// SwiGLU feed-forward as HF LlamaMLP: y = down( silu(gate x) * up x ).
+//   gate, up: [intermediate, hidden] column-parallel; down: [hidden, intermediate] row-parallel.
+// Saved: gate x, up x and a = silu(gate x) * up x ([T, intermediate] each).
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/activations.hpp> (inlined above)
+// // #include <edl/nn/linear.hpp> (inlined above) (inlined above)
+// // // #include <edl/nn/module.hpp> (inlined above) (inlined above) (inlined above)
+
+namespace edl::nn {
+
+template <class Pol>
+class MLP {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    typename ColumnLinear<Pol>::Saved gate_s, up_s;
+    typename RowLinear<Pol>::Saved down_s;
+    std::vector<float> g, u, a;  // [T, intermediate]
+  };
+
+  MLP() = default;
+  MLP(std::int64_t hidden, std::int64_t intermediate, bool bias = false)
+      : gate_proj(hidden, intermediate, bias), up_proj(hidden, intermediate, bias), down_proj(intermediate, hidden, bias),
+        hidden_(hidden), inter_(intermediate) {}
+
+  ColumnLinear<Pol> gate_proj, up_proj;
+  RowLinear<Pol> down_proj;
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    gate_proj.visit_params(join_path(prefix, "gate_proj"), f);
+    up_proj.visit_params(join_path(prefix, "up_proj"), f);
+    down_proj.visit_params(join_path(prefix, "down_proj"), f);
+  }
+  std::int64_t param_count() const noexcept {
+    return gate_proj.param_count() + up_proj.param_count() + down_proj.param_count();
+  }
+  double flops_forward(std::int64_t tokens) const noexcept {
+    return gate_proj.flops_forward(tokens) + up_proj.flops_forward(tokens) + down_proj.flops_forward(tokens);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
+    const std::size_t n = static_cast<std::size_t>(tokens * inter_);
+    s.g.resize(n);
+    s.u.resize(n);
+    s.a.resize(n);
+    gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
+    up_proj.forward(x, tokens, s.u.data(), s.up_s);
+    kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+    down_proj.forward(s.a.data(), tokens, y, s.down_s);
+  }
+  void apply(const float* x, std::int64_t tokens, float* y) const {
+    Saved s;
+    forward(x, tokens, y, s);
+  }
+
+  /// Accumulates the three weight gradients; writes dx [T, hidden].
+  void backward(const float* dy, Saved& s, float* dx) {
+    const std::size_t n = s.a.size();
+    std::vector<float> da(n), dg(n);
+    down_proj.backward(dy, s.down_s, da.data());
+    kernels::silu_mul_backward(s.g.data(), s.u.data(), da.data(), dg.data(), da.data(), static_cast<std::ptrdiff_t>(n));
+    gate_proj.backward(dg.data(), s.gate_s, dx, false);
+    up_proj.backward(da.data(), s.up_s, dx, true);
+  }
+
+ private:
+  std::int64_t hidden_ = 0, inter_ = 0;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/mlp.hpp
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/rms_norm.hpp> (inlined above)
+// edl/nn/rms_norm.hpp
+// RMSNorm as HF LlamaRMSNorm: y = weight * x / sqrt(mean(x^2) + eps); weight [hidden], P<none>.
+// Saved: a pointer to x and 1/rms per row; backward via kernels::rms_norm_backward.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/rms_norm.hpp> (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+template <class Pol>
+class RMSNorm {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  using T = typename Pol::param_t;
+  using WeightParam = Param<T, P<none>>;
+
+  struct Saved {
+    const float* x = nullptr;  // owned by the caller
+    std::vector<float> inv_rms;
+  };
+
+  RMSNorm() = default;
+  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6) : hidden_(hidden), eps_(eps) {
+    EDL_CHECK(hidden > 0, errc::invalid_argument, "nn.RMSNorm", "hidden must be positive, found ", hidden);
+    EDL_CHECK(eps >= 0, errc::invalid_argument, "nn.RMSNorm", "eps must be >= 0, found ", eps);
+    weight = WeightParam({static_cast<std::size_t>(hidden)}, Init::ones);
+    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(1.0f));
+  }
+
+  WeightParam weight;
+  std::int64_t hidden_size() const noexcept { return hidden_; }
+  double eps() const noexcept { return eps_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "weight"), weight);
+  }
+  std::int64_t param_count() const noexcept { return hidden_; }
+  double flops_forward(std::int64_t) const noexcept { return 0.0; }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void apply(const float* x, std::int64_t rows, float* y) const {
+    kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
+                              static_cast<float>(eps_));
+  }
+  void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
+    s.x = x;
+    s.inv_rms.resize(static_cast<std::size_t>(rows));
+    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_));
+  }
+  /// Writes dx (may equal dy), accumulates dweight.
+  void backward(const float* dy, const Saved& s, float* dx) {
+    std::vector<float> scratch;
+    const float* w = as_f32(weight, scratch);
+    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.grad_data(),
+                               static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
+  }
+
+ private:
+  std::int64_t hidden_ = 0;
+  double eps_ = 1e-6;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/rms_norm.hpp
+
+namespace edl::nn {
+
+struct DecoderLayerConfig {
+  AttentionConfig attention;
+  std::int64_t intermediate = 0;
+  bool mlp_bias = false;
+  double rms_norm_eps = 1e-6;
+};
+
+template <class Pol>
+class DecoderLayer {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    typename RMSNorm<Pol>::Saved norm1_s, norm2_s;
+    typename Attention<Pol>::Saved attn_s;
+    typename MLP<Pol>::Saved mlp_s;
+    std::vector<float> n1, h, n2;  // [T, hidden]
+  };
+
+  DecoderLayer() = default;
+  explicit DecoderLayer(const DecoderLayerConfig& c)
+      : input_layernorm(c.attention.hidden, c.rms_norm_eps),
+        self_attn(c.attention),
+        post_attention_layernorm(c.attention.hidden, c.rms_norm_eps),
+        mlp(c.attention.hidden, c.intermediate, c.mlp_bias),
+        hidden_(c.attention.hidden) {}
+
+  RMSNorm<Pol> input_layernorm;
+  Attention<Pol> self_attn;
+  RMSNorm<Pol> post_attention_layernorm;
+  MLP<Pol> mlp;
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
+    self_attn.visit_params(join_path(prefix, "self_attn"), f);
+    post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+    mlp.visit_params(join_path(prefix, "mlp"), f);
+  }
+  std::int64_t param_count() const noexcept {
+    return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
+           mlp.param_count();
+  }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    return self_attn.flops_forward(batch, seq) + mlp.flops_forward(batch * seq);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
+    const std::int64_t T = layout.tokens();
+    const std::size_t n = static_cast<std::size_t>(T * hidden_);
+    s.n1.resize(n);
+    s.h.resize(n);
+    s.n2.resize(n);
+    input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
+    self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+    kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
+    post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
+    mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+  }
+  void apply(const float* x, const TokenLayout& layout, float* y) const {
+    Saved s;
+    forward(x, layout, y, s);
+  }
+
+  /// Accumulates every parameter gradient; writes dx [T, hidden] (dx must not alias dy).
+  void backward(const float* dy, Saved& s, float* dx) {
+    const std::size_t n = s.h.size();
+    std::vector<float> a(n), dh(dy, dy + n);
+    mlp.backward(dy, s.mlp_s, a.data());                       // d n2
+    post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
+    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
+    input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
+    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+ private:
+  std::int64_t hidden_ = 0;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/decoder_layer.hpp
+// #include <edl/nn/embedding.hpp>
+// edl/nn/embedding.hpp
+// Token embedding, HF layout weight [vocab, hidden], spec P<"tp", none> (vocab-parallel).
+//
+// forward:  y[t, :] = W[ids[t], :]                     (gather; ids checked against vocab)
+// backward: dW[ids[t], :] += dy[t, :] for t in order   (scatter-add; hidden columns are split
+//           across threads, tokens always summed in order: deterministic for any thread count)
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+template <class Pol>
+class Embedding {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  using T = typename Pol::param_t;
+  using WeightParam = Param<T, P<"tp", none>>;
+
+  struct Saved {
+    std::vector<std::int64_t> ids;
+  };
+
+  Embedding() = default;
+  Embedding(std::int64_t vocab, std::int64_t hidden) : vocab_(vocab), hidden_(hidden) {
+    EDL_CHECK(vocab > 0 && hidden > 0, errc::invalid_argument, "nn.Embedding",
+              "vocab and hidden must be positive, found ", vocab, ", ", hidden);
+    weight = WeightParam({static_cast<std::size_t>(vocab), static_cast<std::size_t>(hidden)}, Init::normal);
+  }
+
+  WeightParam weight;
+  std::int64_t vocab_size() const noexcept { return vocab_; }
+  std::int64_t hidden_size() const noexcept { return hidden_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "weight"), weight);
+  }
+  std::int64_t param_count() const noexcept { return vocab_ * hidden_; }
+  double flops_forward(std::int64_t) const noexcept { return 0.0; }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  /// Inference gather. Throws errc::invalid_argument for an id outside [0, vocab).
+  void apply(const std::int64_t* ids, std::int64_t tokens, float* y) const {
+    for (std::int64_t t = 0; t < tokens; ++t)
+      EDL_CHECK(ids[t] >= 0 && ids[t] < vocab_, errc::invalid_argument, "nn.Embedding", "token id ids[", t,
+                "] = ", ids[t], ", expected in [0, ", vocab_, ")");
+    const std::int64_t H = hidden_;
+    const T* w = weight.data();
+    exec::parallel_for(0, tokens, std::max<std::int64_t>(1, 16384 / H), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t) {
+        const T* src = w + ids[t] * H;
+        float* dst = y + t * H;
+        for (std::int64_t j = 0; j < H; ++j) dst[j] = to_f32(src[j]);
+      }
+    });
+  }
+  void forward(const std::int64_t* ids, std::int64_t tokens, float* y, Saved& s) const {
+    apply(ids, tokens, y);
+    s.ids.assign(ids, ids + tokens);
+  }
+
+  /// dW[ids[t]] += dy[t] (accumulates).
+  void backward(const float* dy, const Saved& s) {
+    float* g = weight.grad_data();
+    const std::int64_t H = hidden_, tokens = static_cast<std::int64_t>(s.ids.size());
+    exec::parallel_for(0, H, 64, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        float* dst = g + s.ids[static_cast<std::size_t>(t)] * H;
+        const float* src = dy + t * H;
+        for (std::ptrdiff_t j = lo; j < hi; ++j) dst[j] += src[j];
+      }
+    });
+  }
+
+ private:
+  std::int64_t vocab_ = 0, hidden_ = 0;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/embedding.hpp
+// #include <edl/nn/linear.hpp> (inlined above)
+// #include <edl/nn/loss.hpp>
+// edl/nn/loss.hpp
+// Causal-LM cross-entropy fused with the lm_head projection, computed in chunks of rows so the
+// [tokens, vocab] f32 logits are never all live (only [chunk_rows, vocab]).
+//
+// Targets follow HF's one-position shift: the prediction at (b, s) is scored against
+// labels[b, s + 1]; the last position of each sequence and every label == ignore_index (-100)
+// are ignored. Per valid row r with logits x (row of hidden W^T), label l, lse = logsumexp(x):
+//   nll_r  = lse - x_l
+//   ce_r   = (1 - eps) nll_r + eps (lse - mean_j x_j)          (label_smoothing eps, as PyTorch)
+//   z_r    = z_coef * lse^2                                    (PaLM z-loss)
+//   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
+//   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
+// then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
+// Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
+// wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
+// accuracy 0, perplexity 1, zero gradients.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/softmax.hpp> (inlined above)
+// #include <edl/nn/linear.hpp> (inlined above)
+
+namespace edl::nn {
+
+struct LossOptions {
+  std::int64_t chunk_rows = 1024;   // rows of logits live at once
+  float z_loss = 0.0f;              // coefficient of lse^2 (0: off)
+  float label_smoothing = 0.0f;     // in [0, 1)
+  std::int64_t ignore_index = -100;
+  double normalizer = 0.0;          // > 0: divide by this instead of the number of valid targets
+                                    // (gradient accumulation over micro-batches)
+  bool shift = true;                // HF causal shift; false: labels are per-row targets already
+};
+
+struct LossMetrics {
+  double loss = 0.0;
+  double z_loss = 0.0;
+  double accuracy = 0.0;
+  std::int64_t tokens = 0;
+  double perplexity = 1.0;
+};
+
+/// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],
+/// ignore_index at s = seq - 1.
+inline std::vector<std::int64_t> shift_labels(const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
+                                              std::int64_t ignore_index = -100) {
+  std::vector<std::int64_t> t(static_cast<std::size_t>(batch * seq), ignore_index);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s + 1 < seq; ++s) t[static_cast<std::size_t>(b * seq + s)] = labels[b * seq + s + 1];
+  return t;
+}
+
+/// The fused lm_head + cross-entropy. hidden [batch*seq, H] (after the final norm), weight
+/// [V, H] in any storage type gemm accepts (float, bf16). dhidden [batch*seq, H] is written
+/// (null: skip), lm_grad [V, H] accumulated (null: skip).
+template <class W>
+LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t seq, std::int64_t H, const W* weight,
+                           std::int64_t V, const std::int64_t* labels, const LossOptions& opt = {},
+                           float* dhidden = nullptr, float* lm_grad = nullptr) {
+  const char* where = "nn.causal_lm_loss";
+  EDL_CHECK(batch >= 0 && seq >= 0 && H > 0 && V > 0, errc::invalid_argument, where,
+            "batch, seq >= 0 and H, V > 0 expected, found ", batch, ", ", seq, ", ", H, ", ", V);
+  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, where, "chunk_rows must be positive, found ", opt.chunk_rows);
+  EDL_CHECK(opt.label_smoothing >= 0.0f && opt.label_smoothing < 1.0f, errc::invalid_argument, where,
+            "label_smoothing must be in [0, 1), found ", opt.label_smoothing);
+  const std::int64_t T = batch * seq;
+  const std::vector<std::int64_t> targets =
+      opt.shift ? shift_labels(labels, batch, seq, opt.ignore_index) : std::vector<std::int64_t>(labels, labels + T);
+  std::int64_t valid = 0;
+  for (std::int64_t r = 0; r < T; ++r) {
+    const std::int64_t l = targets[static_cast<std::size_t>(r)];
+    if (l == opt.ignore_index) continue;
+    EDL_CHECK(l >= 0 && l < V, errc::invalid_argument, where, "label ", l, " for row ", r, " is outside [0, ", V,
+              ") and is not ignore_index ", opt.ignore_index);
+    ++valid;
+  }
+  LossMetrics m;
+  m.tokens = valid;
+  const bool want_grad = dhidden || lm_grad;
+  if (dhidden) std::fill(dhidden, dhidden + T * H, 0.0f);
+  if (valid == 0) return m;
+
+  const double N = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(valid);
+  const float gscale = static_cast<float>(1.0 / N);
+  const float eps = opt.label_smoothing, zc = opt.z_loss;
+  const std::int64_t C = std::min<std::int64_t>(opt.chunk_rows, T);
+  std::vector<float> logits(static_cast<std::size_t>(C * V));
+  std::vector<double> ce(static_cast<std::size_t>(C)), zl(ce.size()), nll(ce.size());
+  std::vector<char> correct(ce.size());
+  double ce_sum = 0, z_sum = 0, nll_sum = 0;
+  std::int64_t hits = 0;
+
+  for (std::int64_t r0 = 0; r0 < T; r0 += C) {
+    const std::int64_t c = std::min(C, T - r0);
+    const std::int64_t* tg = targets.data() + r0;
+    if (std::all_of(tg, tg + c, [&](std::int64_t l) { return l == opt.ignore_index; })) continue;
+    nn::gemm_ops::mm_nt(hidden + r0 * H, weight, logits.data(), c, V, H);
+    exec::parallel_for(0, c, std::max<std::int64_t>(1, 16384 / V), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      namespace kd = kernels::detail;
+      for (std::ptrdiff_t r = lo; r < hi; ++r) {
+        float* x = logits.data() + r * V;
+        const std::int64_t l = tg[r];
+        const std::size_t ri = static_cast<std::size_t>(r);
+        if (l == opt.ignore_index) {
+          ce[ri] = zl[ri] = nll[ri] = 0.0;
+          correct[ri] = 0;
+          if (want_grad) std::fill(x, x + V, 0.0f);
+          continue;
+        }
+        const float mx = kd::row_max(x, V);
+        std::int64_t arg = 0;
+        while (x[arg] != mx) ++arg;
+        correct[ri] = arg == l;
+        const float xl = x[l];
+        const float mean_x = eps > 0 ? kd::row_sum(x, V) / static_cast<float>(V) : 0.0f;
+        const float s = kd::row_exp_sum(x, want_grad ? x : nullptr, V, mx);
+        const float lse = mx + std::log(s);
+        nll[ri] = static_cast<double>(lse - xl);
+        ce[ri] = (1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x);
+        zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
+        if (want_grad) {
+          const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
+          kd::map_range(0, V, [&](const kd::fbatch& e) { return e * kd::fbatch(a) - kd::fbatch(b); }, x,
+                        static_cast<const float*>(x));
+          x[l] -= gscale * (1.0f - eps);
+        }
+      }
+    });
+    for (std::int64_t r = 0; r < c; ++r) {
+      const std::size_t ri = static_cast<std::size_t>(r);
+      ce_sum += ce[ri];
+      z_sum += zl[ri];
+      nll_sum += nll[ri];
+      hits += correct[ri];
+    }
+    if (dhidden) nn::gemm_ops::mm(logits.data(), weight, dhidden + r0 * H, c, H, V);
+    if (lm_grad) nn::gemm_ops::mm_tn(logits.data(), hidden + r0 * H, lm_grad, V, H, c, /*accumulate=*/true);
+  }
+  m.z_loss = z_sum / N;
+  m.loss = ce_sum / N + m.z_loss;
+  m.accuracy = static_cast<double>(hits) / static_cast<double>(valid);
+  m.perplexity = std::exp(nll_sum / static_cast<double>(valid));
+  return m;
+}
+
+}  // namespace edl::nn
+// end of edl/nn/loss.hpp
+// #include <edl/nn/mlp.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/nn/param.hpp> (inlined above)
+// #include <edl/nn/rms_norm.hpp> (inlined above)
+// #include <edl/nn/rotary.hpp> (inlined above)
+// end of edl/nn/all.hpp
 // #include <edl/io/all.hpp>
 // edl/io/all.hpp: umbrella of the io layer (memory maps, safetensors, JSON configs, .npy).
 // #include <edl/io/json_config.hpp>
@@ -4723,4 +5986,231 @@ struct LlamaConfig {
 
 }  // namespace edl::models
 // end of edl/models/llama/config.hpp
+// #include <edl/models/llama/llama.hpp>
+// edl/models/llama/llama.hpp
+// Llama on one device, with a hand-derived backward (docs/modules.md):
+//   LlamaModel:        embed_tokens -> num_hidden_layers x DecoderLayer -> norm   (HF LlamaModel)
+//   LlamaForCausalLM:  LlamaModel -> lm_head, tie_word_embeddings honoured        (HF names)
+//
+//   models::LlamaForCausalLM<> m(cfg);
+//   m.init(Key::from_seed(0));                       // or nn::load_params(m, safetensors_file)
+//   nn::TokenLayout lay{batch, seq};
+//   auto metrics = m.forward_backward(ids, lay);     // labels = ids (HF shift inside); grads +=
+//   m.logits(ids, lay, out);                          // [batch*seq, vocab]
+//
+// With tied embeddings there is no lm_head parameter: the head reads
+// model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/nn/decoder_layer.hpp> (inlined above)
+// #include <edl/nn/embedding.hpp> (inlined above)
+// #include <edl/nn/linear.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/nn/rms_norm.hpp> (inlined above)
+
+namespace edl::models {
+
+/// nn::RopeConfig from the HF fields.
+inline nn::RopeConfig rope_config(const LlamaConfig& c) {
+  nn::RopeConfig r;
+  r.theta = c.rope_theta;
+  if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
+    r.type = c.rope_scaling->rope_type;
+    r.factor = c.rope_scaling->factor;
+    r.low_freq_factor = c.rope_scaling->low_freq_factor;
+    r.high_freq_factor = c.rope_scaling->high_freq_factor;
+    r.original_max_position_embeddings = static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+  }
+  return r;
+}
+
+inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
+  nn::DecoderLayerConfig d;
+  d.attention.hidden = c.hidden_size;
+  d.attention.num_heads = c.num_attention_heads;
+  d.attention.num_kv_heads = c.num_key_value_heads;
+  d.attention.head_dim = c.head_size();
+  d.attention.qkv_bias = c.qkv_bias();
+  d.attention.o_bias = c.o_bias();
+  d.attention.sliding_window = c.attention_window();
+  d.attention.rope = rope_config(c);
+  d.intermediate = c.intermediate_size;
+  d.mlp_bias = c.mlp_bias;
+  d.rms_norm_eps = c.rms_norm_eps;
+  return d;
+}
+
+template <class Pol = DefaultPolicy>
+class LlamaModel {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    typename nn::Embedding<Pol>::Saved embed_s;
+    std::vector<std::vector<float>> hs;  // hs[l]: input of layer l; hs[L]: input of the final norm
+    std::vector<typename nn::DecoderLayer<Pol>::Saved> layer_s;
+    typename nn::RMSNorm<Pol>::Saved norm_s;
+    std::int64_t tokens = 0;
+  };
+
+  LlamaModel() = default;
+  explicit LlamaModel(const LlamaConfig& c)
+      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
+    c.validate();
+    const nn::DecoderLayerConfig d = decoder_layer_config(c);
+    layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(d);
+  }
+
+  nn::Embedding<Pol> embed_tokens;
+  std::vector<nn::DecoderLayer<Pol>> layers;
+  nn::RMSNorm<Pol> norm;
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    embed_tokens.visit_params(nn::join_path(prefix, "embed_tokens"), f);
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      layers[l].visit_params(nn::join_path(prefix, "layers." + std::to_string(l)), f);
+    norm.visit_params(nn::join_path(prefix, "norm"), f);
+  }
+  std::int64_t param_count() const noexcept {
+    std::int64_t n = embed_tokens.param_count() + norm.param_count();
+    for (const auto& l : layers) n += l.param_count();
+    return n;
+  }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    double f = 0;
+    for (const auto& l : layers) f += l.flops_forward(batch, seq);
+    return f;
+  }
+  void init(Key key, float std = -1.0f) {
+    nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
+  }
+
+  /// hidden [T, hidden_size] after the final norm.
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
+    const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
+    const std::size_t L = layers.size();
+    s.tokens = T;
+    s.hs.resize(L + 1);
+    s.layer_s.resize(L);
+    for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
+    embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
+  }
+
+  /// Accumulates every gradient from dhidden [T, hidden_size].
+  void backward(const float* dhidden, Saved& s) {
+    const std::size_t n = static_cast<std::size_t>(s.tokens * cfg_.hidden_size);
+    std::vector<float> a(n), b(n);
+    norm.backward(dhidden, s.norm_s, a.data());
+    for (std::size_t l = layers.size(); l-- > 0;) {
+      layers[l].backward(a.data(), s.layer_s[l], b.data());
+      std::swap(a, b);
+    }
+    embed_tokens.backward(a.data(), s.embed_s);
+  }
+
+ private:
+  LlamaConfig cfg_;
+};
+
+template <class Pol = DefaultPolicy>
+class LlamaForCausalLM {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  using T = typename Pol::param_t;
+  struct Saved {
+    typename LlamaModel<Pol>::Saved model_s;
+    std::vector<float> hidden;  // [T, hidden_size]
+    std::int64_t batch = 0, seq = 0;
+  };
+
+  LlamaForCausalLM() = default;
+  explicit LlamaForCausalLM(const LlamaConfig& c) : model(c), tied_(c.tie_word_embeddings) {
+    if (!tied_) lm_head = nn::ColumnLinear<Pol>(c.hidden_size, c.vocab_size, false);
+  }
+
+  LlamaModel<Pol> model;
+  nn::ColumnLinear<Pol> lm_head;  // unused (empty) when tied
+
+  const LlamaConfig& config() const noexcept { return model.config(); }
+  bool tied() const noexcept { return tied_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    model.visit_params(nn::join_path(prefix, "model"), f);
+    if (!tied_) lm_head.visit_params(nn::join_path(prefix, "lm_head"), f);
+  }
+  std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
+                                                 static_cast<double>(config().hidden_size) *
+                                                 static_cast<double>(config().vocab_size);
+  }
+  void init(Key key, float std = -1.0f) {
+    nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(config().initializer_range));
+  }
+
+  /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
+  const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
+  float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+
+  /// Forward to the final hidden states (kept in s.hidden).
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
+    s.batch = layout.batch;
+    s.seq = layout.seq;
+    s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
+    model.forward(ids, layout, s.hidden.data(), s.model_s);
+  }
+
+  /// Full logits [T, vocab] (inference and tests).
+  void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
+    Saved s;
+    forward(ids, layout, s);
+    nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
+                       config().hidden_size);
+  }
+
+  /// Loss only (no gradients). labels [batch, seq] (null: ids), HF shift applied.
+  nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
+                       const nn::LossOptions& opt = {}) const {
+    Saved s;
+    forward(ids, layout, s);
+    return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
+                              config().vocab_size, labels ? labels : ids, opt);
+  }
+
+  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
+                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    Saved s;
+    forward(ids, layout, s);
+    std::vector<float> dhidden(s.hidden.size());
+    const nn::LossMetrics m =
+        nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
+                           config().vocab_size, labels ? labels : ids, opt, dhidden.data(), head_grad());
+    model.backward(dhidden.data(), s.model_s);
+    return m;
+  }
+
+ private:
+  bool tied_ = false;
+};
+
+}  // namespace edl::models
+// end of edl/models/llama/llama.hpp
 // end of edl/models/all.hpp

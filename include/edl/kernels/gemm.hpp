@@ -362,4 +362,13 @@ void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
        accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
 }
 
+/// The GEMM family is also reachable as edl::kernels::*, beside the other kernels.
+namespace kernels {
+using edl::gemm;
+using edl::matmul;
+using edl::matmul_nt;
+using edl::matmul_tn;
+using edl::Trans;
+}  // namespace kernels
+
 }  // namespace edl

@@ -1,3 +1,4 @@
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
 #pragma once
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>

@@ -1,0 +1,226 @@
+// edl/models/llama/llama.hpp
+// Llama on one device, with a hand-derived backward (docs/modules.md):
+//   LlamaModel:        embed_tokens -> num_hidden_layers x DecoderLayer -> norm   (HF LlamaModel)
+//   LlamaForCausalLM:  LlamaModel -> lm_head, tie_word_embeddings honoured        (HF names)
+//
+//   models::LlamaForCausalLM<> m(cfg);
+//   m.init(Key::from_seed(0));                       // or nn::load_params(m, safetensors_file)
+//   nn::TokenLayout lay{batch, seq};
+//   auto metrics = m.forward_backward(ids, lay);     // labels = ids (HF shift inside); grads +=
+//   m.logits(ids, lay, out);                          // [batch*seq, vocab]
+//
+// With tied embeddings there is no lm_head parameter: the head reads
+// model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/nn/decoder_layer.hpp>
+#include <edl/nn/embedding.hpp>
+#include <edl/nn/linear.hpp>
+#include <edl/nn/loss.hpp>
+#include <edl/nn/module.hpp>
+#include <edl/nn/rms_norm.hpp>
+
+namespace edl::models {
+
+/// nn::RopeConfig from the HF fields.
+inline nn::RopeConfig rope_config(const LlamaConfig& c) {
+  nn::RopeConfig r;
+  r.theta = c.rope_theta;
+  if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
+    r.type = c.rope_scaling->rope_type;
+    r.factor = c.rope_scaling->factor;
+    r.low_freq_factor = c.rope_scaling->low_freq_factor;
+    r.high_freq_factor = c.rope_scaling->high_freq_factor;
+    r.original_max_position_embeddings = static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+  }
+  return r;
+}
+
+inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
+  nn::DecoderLayerConfig d;
+  d.attention.hidden = c.hidden_size;
+  d.attention.num_heads = c.num_attention_heads;
+  d.attention.num_kv_heads = c.num_key_value_heads;
+  d.attention.head_dim = c.head_size();
+  d.attention.qkv_bias = c.qkv_bias();
+  d.attention.o_bias = c.o_bias();
+  d.attention.sliding_window = c.attention_window();
+  d.attention.rope = rope_config(c);
+  d.intermediate = c.intermediate_size;
+  d.mlp_bias = c.mlp_bias;
+  d.rms_norm_eps = c.rms_norm_eps;
+  return d;
+}
+
+template <class Pol = DefaultPolicy>
+class LlamaModel {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    typename nn::Embedding<Pol>::Saved embed_s;
+    std::vector<std::vector<float>> hs;  // hs[l]: input of layer l; hs[L]: input of the final norm
+    std::vector<typename nn::DecoderLayer<Pol>::Saved> layer_s;
+    typename nn::RMSNorm<Pol>::Saved norm_s;
+    std::int64_t tokens = 0;
+  };
+
+  LlamaModel() = default;
+  explicit LlamaModel(const LlamaConfig& c)
+      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
+    c.validate();
+    const nn::DecoderLayerConfig d = decoder_layer_config(c);
+    layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(d);
+  }
+
+  nn::Embedding<Pol> embed_tokens;
+  std::vector<nn::DecoderLayer<Pol>> layers;
+  nn::RMSNorm<Pol> norm;
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    embed_tokens.visit_params(nn::join_path(prefix, "embed_tokens"), f);
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      layers[l].visit_params(nn::join_path(prefix, "layers." + std::to_string(l)), f);
+    norm.visit_params(nn::join_path(prefix, "norm"), f);
+  }
+  std::int64_t param_count() const noexcept {
+    std::int64_t n = embed_tokens.param_count() + norm.param_count();
+    for (const auto& l : layers) n += l.param_count();
+    return n;
+  }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    double f = 0;
+    for (const auto& l : layers) f += l.flops_forward(batch, seq);
+    return f;
+  }
+  void init(Key key, float std = -1.0f) {
+    nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
+  }
+
+  /// hidden [T, hidden_size] after the final norm.
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
+    const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
+    const std::size_t L = layers.size();
+    s.tokens = T;
+    s.hs.resize(L + 1);
+    s.layer_s.resize(L);
+    for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
+    embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
+  }
+
+  /// Accumulates every gradient from dhidden [T, hidden_size].
+  void backward(const float* dhidden, Saved& s) {
+    const std::size_t n = static_cast<std::size_t>(s.tokens * cfg_.hidden_size);
+    std::vector<float> a(n), b(n);
+    norm.backward(dhidden, s.norm_s, a.data());
+    for (std::size_t l = layers.size(); l-- > 0;) {
+      layers[l].backward(a.data(), s.layer_s[l], b.data());
+      std::swap(a, b);
+    }
+    embed_tokens.backward(a.data(), s.embed_s);
+  }
+
+ private:
+  LlamaConfig cfg_;
+};
+
+template <class Pol = DefaultPolicy>
+class LlamaForCausalLM {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  using T = typename Pol::param_t;
+  struct Saved {
+    typename LlamaModel<Pol>::Saved model_s;
+    std::vector<float> hidden;  // [T, hidden_size]
+    std::int64_t batch = 0, seq = 0;
+  };
+
+  LlamaForCausalLM() = default;
+  explicit LlamaForCausalLM(const LlamaConfig& c) : model(c), tied_(c.tie_word_embeddings) {
+    if (!tied_) lm_head = nn::ColumnLinear<Pol>(c.hidden_size, c.vocab_size, false);
+  }
+
+  LlamaModel<Pol> model;
+  nn::ColumnLinear<Pol> lm_head;  // unused (empty) when tied
+
+  const LlamaConfig& config() const noexcept { return model.config(); }
+  bool tied() const noexcept { return tied_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    model.visit_params(nn::join_path(prefix, "model"), f);
+    if (!tied_) lm_head.visit_params(nn::join_path(prefix, "lm_head"), f);
+  }
+  std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
+                                                 static_cast<double>(config().hidden_size) *
+                                                 static_cast<double>(config().vocab_size);
+  }
+  void init(Key key, float std = -1.0f) {
+    nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(config().initializer_range));
+  }
+
+  /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
+  const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
+  float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+
+  /// Forward to the final hidden states (kept in s.hidden).
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
+    s.batch = layout.batch;
+    s.seq = layout.seq;
+    s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
+    model.forward(ids, layout, s.hidden.data(), s.model_s);
+  }
+
+  /// Full logits [T, vocab] (inference and tests).
+  void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
+    Saved s;
+    forward(ids, layout, s);
+    nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
+                       config().hidden_size);
+  }
+
+  /// Loss only (no gradients). labels [batch, seq] (null: ids), HF shift applied.
+  nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
+                       const nn::LossOptions& opt = {}) const {
+    Saved s;
+    forward(ids, layout, s);
+    return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
+                              config().vocab_size, labels ? labels : ids, opt);
+  }
+
+  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
+                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    Saved s;
+    forward(ids, layout, s);
+    std::vector<float> dhidden(s.hidden.size());
+    const nn::LossMetrics m =
+        nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
+                           config().vocab_size, labels ? labels : ids, opt, dhidden.data(), head_grad());
+    model.backward(dhidden.data(), s.model_s);
+    return m;
+  }
+
+ private:
+  bool tied_ = false;
+};
+
+}  // namespace edl::models

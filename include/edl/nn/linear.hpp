@@ -1,0 +1,143 @@
+// edl/nn/linear.hpp
+// Linear layer, HF/PyTorch layout: weight [out, in], y = x W^T + b.
+//
+//   ColumnLinear<Pol> q(in, out);          // weight spec P<"tp", none>, bias P<"tp">
+//   RowLinear<Pol> o(in, out);             // weight spec P<none, "tp">, bias P<none>
+//   Linear<Pol, WSpec>::Saved s;  lin.forward(x, rows, y, s);  lin.backward(dy, s, dx);
+//
+// forward:  y[T, out] = x[T, in] W^T (+ b)                      (kernels::matmul_nt)
+// backward: dW += dy^T x (matmul_tn, accumulate), db += sum_t dy, dx = dy W (or dx += dy W)
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/nn/module.hpp>
+#include <edl/nn/param.hpp>
+#include <edl/tensor/partition_spec.hpp>
+
+namespace edl::kernels {}
+namespace edl::nn {
+
+/// GEMM entry points, found whether gemm.hpp declares them in edl:: or edl::kernels::.
+namespace gemm_ops {
+using namespace ::edl::kernels;
+using namespace ::edl;
+template <class TA, class TB>
+void mm(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul(A, B, C, M, N, K, acc);
+}
+template <class TA, class TB>
+void mm_nt(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul_nt(A, B, C, M, N, K, acc);
+}
+template <class TA, class TB>
+void mm_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K, bool acc = false) {
+  matmul_tn(A, B, C, M, N, K, acc);
+}
+}  // namespace gemm_ops
+
+using ColumnParallel = P<"tp", none>;  // output features split over tp
+using RowParallel = P<none, "tp">;     // input features split over tp
+
+namespace detail {
+template <class WSpec> struct bias_spec { using type = P<none>; };
+template <> struct bias_spec<ColumnParallel> { using type = P<"tp">; };
+}  // namespace detail
+
+template <class Pol, PartitionSpecType WSpec = ColumnParallel>
+class Linear {
+  EDL_NN_CHECK_POLICY(Pol);
+  static_assert(WSpec::rank == 2, "edl::nn::Linear: the weight spec must have rank 2 ([out, in])");
+
+ public:
+  using T = typename Pol::param_t;
+  using WeightParam = Param<T, WSpec>;
+  using BiasParam = Param<T, typename detail::bias_spec<WSpec>::type>;
+
+  struct Saved {
+    const float* x = nullptr;  // input [rows, in], owned by the caller
+    std::int64_t rows = 0;
+  };
+
+  Linear() = default;
+  Linear(std::int64_t in, std::int64_t out, bool bias = false) : in_(in), out_(out), has_bias_(bias) {
+    EDL_CHECK(in > 0 && out > 0, errc::invalid_argument, "nn.Linear", "in and out must be positive, found in = ", in,
+              ", out = ", out);
+    weight = WeightParam({static_cast<std::size_t>(out), static_cast<std::size_t>(in)}, Init::normal);
+    if (bias) this->bias = BiasParam({static_cast<std::size_t>(out)}, Init::zeros);
+  }
+
+  WeightParam weight;
+  BiasParam bias;  // empty unless has_bias()
+
+  std::int64_t in_features() const noexcept { return in_; }
+  std::int64_t out_features() const noexcept { return out_; }
+  bool has_bias() const noexcept { return has_bias_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "weight"), weight);
+    if (has_bias_) f(join_path(prefix, "bias"), bias);
+  }
+  std::int64_t param_count() const noexcept { return in_ * out_ + (has_bias_ ? out_ : 0); }
+  double flops_forward(std::int64_t rows) const noexcept {
+    return 2.0 * static_cast<double>(rows) * static_cast<double>(in_) * static_cast<double>(out_);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  /// y[rows, out] = x[rows, in] W^T + b. Saves a pointer to x.
+  void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
+    apply(x, rows, y);
+    s.x = x;
+    s.rows = rows;
+  }
+  /// Inference: y = x W^T + b, nothing saved.
+  void apply(const float* x, std::int64_t rows, float* y) const {
+    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
+    if (has_bias_) add_bias(y, rows);
+  }
+
+  /// Accumulates dW (and db); writes dx = dy W, or adds it when accumulate_dx (dx may be null
+  /// to skip the input gradient).
+  void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
+    EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
+              "Saved holds no input: call forward first");
+    nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (has_bias_) {
+      float* db = bias.grad_data();
+      const std::int64_t rows = s.rows, out = out_;
+      // Columns in parallel, rows summed in order: the same sums for any thread count.
+      exec::parallel_for(0, out, 256, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t t = 0; t < rows; ++t)
+          for (std::ptrdiff_t j = lo; j < hi; ++j) db[j] += dy[t * out + j];
+      });
+    }
+    if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+  }
+
+ private:
+  void add_bias(float* y, std::int64_t rows) const {
+    const T* b = bias.data();
+    const std::int64_t out = out_;
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 16384 / out), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t)
+        for (std::int64_t j = 0; j < out; ++j) y[t * out + j] += to_f32(b[j]);
+    });
+  }
+
+  std::int64_t in_ = 0, out_ = 0;
+  bool has_bias_ = false;
+};
+
+template <class Pol>
+using ColumnLinear = Linear<Pol, ColumnParallel>;
+template <class Pol>
+using RowLinear = Linear<Pol, RowParallel>;
+
+}  // namespace edl::nn

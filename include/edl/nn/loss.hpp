@@ -1,0 +1,153 @@
+// edl/nn/loss.hpp
+// Causal-LM cross-entropy fused with the lm_head projection, computed in chunks of rows so the
+// [tokens, vocab] f32 logits are never all live (only [chunk_rows, vocab]).
+//
+// Targets follow HF's one-position shift: the prediction at (b, s) is scored against
+// labels[b, s + 1]; the last position of each sequence and every label == ignore_index (-100)
+// are ignored. Per valid row r with logits x (row of hidden W^T), label l, lse = logsumexp(x):
+//   nll_r  = lse - x_l
+//   ce_r   = (1 - eps) nll_r + eps (lse - mean_j x_j)          (label_smoothing eps, as PyTorch)
+//   z_r    = z_coef * lse^2                                    (PaLM z-loss)
+//   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
+//   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
+// then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
+// Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
+// wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
+// accuracy 0, perplexity 1, zero gradients.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/softmax.hpp>
+#include <edl/nn/linear.hpp>
+
+namespace edl::nn {
+
+struct LossOptions {
+  std::int64_t chunk_rows = 1024;   // rows of logits live at once
+  float z_loss = 0.0f;              // coefficient of lse^2 (0: off)
+  float label_smoothing = 0.0f;     // in [0, 1)
+  std::int64_t ignore_index = -100;
+  double normalizer = 0.0;          // > 0: divide by this instead of the number of valid targets
+                                    // (gradient accumulation over micro-batches)
+  bool shift = true;                // HF causal shift; false: labels are per-row targets already
+};
+
+struct LossMetrics {
+  double loss = 0.0;
+  double z_loss = 0.0;
+  double accuracy = 0.0;
+  std::int64_t tokens = 0;
+  double perplexity = 1.0;
+};
+
+/// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],
+/// ignore_index at s = seq - 1.
+inline std::vector<std::int64_t> shift_labels(const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
+                                              std::int64_t ignore_index = -100) {
+  std::vector<std::int64_t> t(static_cast<std::size_t>(batch * seq), ignore_index);
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t s = 0; s + 1 < seq; ++s) t[static_cast<std::size_t>(b * seq + s)] = labels[b * seq + s + 1];
+  return t;
+}
+
+/// The fused lm_head + cross-entropy. hidden [batch*seq, H] (after the final norm), weight
+/// [V, H] in any storage type gemm accepts (float, bf16). dhidden [batch*seq, H] is written
+/// (null: skip), lm_grad [V, H] accumulated (null: skip).
+template <class W>
+LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t seq, std::int64_t H, const W* weight,
+                           std::int64_t V, const std::int64_t* labels, const LossOptions& opt = {},
+                           float* dhidden = nullptr, float* lm_grad = nullptr) {
+  const char* where = "nn.causal_lm_loss";
+  EDL_CHECK(batch >= 0 && seq >= 0 && H > 0 && V > 0, errc::invalid_argument, where,
+            "batch, seq >= 0 and H, V > 0 expected, found ", batch, ", ", seq, ", ", H, ", ", V);
+  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, where, "chunk_rows must be positive, found ", opt.chunk_rows);
+  EDL_CHECK(opt.label_smoothing >= 0.0f && opt.label_smoothing < 1.0f, errc::invalid_argument, where,
+            "label_smoothing must be in [0, 1), found ", opt.label_smoothing);
+  const std::int64_t T = batch * seq;
+  const std::vector<std::int64_t> targets =
+      opt.shift ? shift_labels(labels, batch, seq, opt.ignore_index) : std::vector<std::int64_t>(labels, labels + T);
+  std::int64_t valid = 0;
+  for (std::int64_t r = 0; r < T; ++r) {
+    const std::int64_t l = targets[static_cast<std::size_t>(r)];
+    if (l == opt.ignore_index) continue;
+    EDL_CHECK(l >= 0 && l < V, errc::invalid_argument, where, "label ", l, " for row ", r, " is outside [0, ", V,
+              ") and is not ignore_index ", opt.ignore_index);
+    ++valid;
+  }
+  LossMetrics m;
+  m.tokens = valid;
+  const bool want_grad = dhidden || lm_grad;
+  if (dhidden) std::fill(dhidden, dhidden + T * H, 0.0f);
+  if (valid == 0) return m;
+
+  const double N = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(valid);
+  const float gscale = static_cast<float>(1.0 / N);
+  const float eps = opt.label_smoothing, zc = opt.z_loss;
+  const std::int64_t C = std::min<std::int64_t>(opt.chunk_rows, T);
+  std::vector<float> logits(static_cast<std::size_t>(C * V));
+  std::vector<double> ce(static_cast<std::size_t>(C)), zl(ce.size()), nll(ce.size());
+  std::vector<char> correct(ce.size());
+  double ce_sum = 0, z_sum = 0, nll_sum = 0;
+  std::int64_t hits = 0;
+
+  for (std::int64_t r0 = 0; r0 < T; r0 += C) {
+    const std::int64_t c = std::min(C, T - r0);
+    const std::int64_t* tg = targets.data() + r0;
+    if (std::all_of(tg, tg + c, [&](std::int64_t l) { return l == opt.ignore_index; })) continue;
+    nn::gemm_ops::mm_nt(hidden + r0 * H, weight, logits.data(), c, V, H);
+    exec::parallel_for(0, c, std::max<std::int64_t>(1, 16384 / V), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      namespace kd = kernels::detail;
+      for (std::ptrdiff_t r = lo; r < hi; ++r) {
+        float* x = logits.data() + r * V;
+        const std::int64_t l = tg[r];
+        const std::size_t ri = static_cast<std::size_t>(r);
+        if (l == opt.ignore_index) {
+          ce[ri] = zl[ri] = nll[ri] = 0.0;
+          correct[ri] = 0;
+          if (want_grad) std::fill(x, x + V, 0.0f);
+          continue;
+        }
+        const float mx = kd::row_max(x, V);
+        std::int64_t arg = 0;
+        while (x[arg] != mx) ++arg;
+        correct[ri] = arg == l;
+        const float xl = x[l];
+        const float mean_x = eps > 0 ? kd::row_sum(x, V) / static_cast<float>(V) : 0.0f;
+        const float s = kd::row_exp_sum(x, want_grad ? x : nullptr, V, mx);
+        const float lse = mx + std::log(s);
+        nll[ri] = static_cast<double>(lse - xl);
+        ce[ri] = (1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x);
+        zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
+        if (want_grad) {
+          const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
+          kd::map_range(0, V, [&](const kd::fbatch& e) { return e * kd::fbatch(a) - kd::fbatch(b); }, x,
+                        static_cast<const float*>(x));
+          x[l] -= gscale * (1.0f - eps);
+        }
+      }
+    });
+    for (std::int64_t r = 0; r < c; ++r) {
+      const std::size_t ri = static_cast<std::size_t>(r);
+      ce_sum += ce[ri];
+      z_sum += zl[ri];
+      nll_sum += nll[ri];
+      hits += correct[ri];
+    }
+    if (dhidden) nn::gemm_ops::mm(logits.data(), weight, dhidden + r0 * H, c, H, V);
+    if (lm_grad) nn::gemm_ops::mm_tn(logits.data(), hidden + r0 * H, lm_grad, V, H, c, /*accumulate=*/true);
+  }
+  m.z_loss = z_sum / N;
+  m.loss = ce_sum / N + m.z_loss;
+  m.accuracy = static_cast<double>(hits) / static_cast<double>(valid);
+  m.perplexity = std::exp(nll_sum / static_cast<double>(valid));
+  return m;
+}
+
+}  // namespace edl::nn

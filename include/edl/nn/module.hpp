@@ -1,0 +1,126 @@
+// edl/nn/module.hpp
+// The module protocol shared by every layer in nn/ (docs/modules.md), and generic helpers
+// that work on any module through its parameter visitor.
+//
+// A module is a class template on a precision policy `Pol` with
+//   template <class F> void visit_params(std::string_view prefix, F&& f);  // f(path, Param&), HF names
+//   std::int64_t param_count() const;
+//   double flops_forward(...) const;          // multiply-add = 2 flops, matmul-like work only
+//   struct Saved;                             // what backward needs, filled by forward
+//   void forward(const float* x, ..., float* y, Saved&);
+//   void backward(const float* dy, Saved&, float* dx);  // ACCUMULATES parameter gradients
+//   void init(Key key, float std = 0.02f);    // counter-based, see init_params
+// Activations between modules are f32, row-major [tokens, features] with tokens = batch*seq.
+//
+// Lifetime rule for Saved: a module's Saved owns the activations the module computes, and
+// keeps a non-owning pointer to its input `x`; the caller (the parent module's Saved, or the
+// user for a top-level call) keeps `x` alive until backward has run.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/nn/param.hpp>
+
+namespace edl::nn {
+
+/// Every nn module checks its policy with this (quantized weights change the layout).
+template <class Pol>
+inline constexpr bool policy_supported = PolicyLike<Pol> && !Pol::quant_t::quantized;
+
+#define EDL_NN_CHECK_POLICY(Pol)                                                                      \
+  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
+  static_assert(!Pol::quant_t::quantized,                                                             \
+                "edl::nn: quantized weights (int8, NF4) are not implemented yet; use quant::none - "  \
+                "int8/NF4 come next");                                                                \
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
+                "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
+
+/// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
+///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
+///  attention_mask: [batch * seq] of 0/1 (HF padding mask: 0 = padding key) or null (all 1)
+struct TokenLayout {
+  std::int64_t batch = 1;
+  std::int64_t seq = 0;
+  const std::int64_t* position_ids = nullptr;
+  const std::int64_t* attention_mask = nullptr;
+
+  std::int64_t tokens() const noexcept { return batch * seq; }
+  std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }
+  bool attends(std::int64_t t) const noexcept { return !attention_mask || attention_mask[t] != 0; }
+};
+
+inline std::string join_path(std::string_view prefix, std::string_view name) {
+  if (prefix.empty()) return std::string(name);
+  std::string s(prefix);
+  s += '.';
+  s += name;
+  return s;
+}
+
+/// Fills every parameter of `m` from `key`: parameter number k (visit order) draws from
+/// fold_in(key, k), element i from counter i of that stream, so element values do not depend
+/// on threads or sharding. Init::normal -> Normal(0, std), ones -> 1, zeros -> 0.
+template <class M>
+void init_params(M& m, Key key, float std = 0.02f) {
+  std::uint32_t index = 0;
+  std::vector<float> buf;
+  m.visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const Key k = fold_in(key, index++);
+    const std::size_t n = p.value.size();
+    T* dst = p.data();
+    constexpr std::size_t chunk = 1 << 16;
+    for (std::size_t lo = 0; lo < n; lo += chunk) {
+      const std::size_t hi = std::min(n, lo + chunk);
+      buf.resize(hi - lo);
+      if (p.init == Init::normal) fill_normal(k, lo, std::span<float>(buf), 0.0f, std);
+      else std::fill(buf.begin(), buf.end(), p.init == Init::ones ? 1.0f : 0.0f);
+      for (std::size_t i = lo; i < hi; ++i) dst[i] = from_f32<T>(buf[i - lo]);
+    }
+  });
+}
+
+/// Sets every gradient of `m` to zero (allocated gradients only).
+template <class M>
+void zero_grad(M& m) {
+  m.visit_params("", [](std::string_view, auto& p) { p.zero_grad(); });
+}
+
+/// Parameter names and shapes in visit order (HF names for the Llama modules).
+template <class M>
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> named_shapes(M& m) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  m.visit_params("", [&](std::string_view path, auto& p) { out.emplace_back(std::string(path), p.shape()); });
+  return out;
+}
+
+/// Loads every parameter of `m` by name from `file`, an object with
+/// `bool contains(name)`, `info(name).shape` and `read_into<T>(name, std::span<T>)`
+/// (edl::io::SafeTensorsFile / ShardedCheckpoint). Throws errc::io naming the first missing
+/// tensor and errc::shape_mismatch naming one of the wrong shape.
+template <class M, class File>
+void load_params(M& m, const File& file, std::string_view where = "load_params") {
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::string name(path);
+    EDL_CHECK(file.contains(name), errc::io, std::string(where), "tensor \"", name, "\" is missing");
+    const auto& shape = file.info(name).shape;
+    const auto want = p.shape();
+    EDL_CHECK(std::equal(shape.begin(), shape.end(), want.begin(), want.end()), errc::shape_mismatch,
+              std::string(where), "tensor \"", name, "\" has shape ", ::edl::detail::shape_str(shape), ", expected ",
+              ::edl::detail::shape_str(want));
+    file.template read_into<T>(name, std::span<T>(p.data(), p.value.size()));
+  });
+}
+
+}  // namespace edl::nn

@@ -1,0 +1,148 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <edl/nn/attention.hpp>
+
+#include "nn_test_util.hpp"
+
+using namespace edl;
+using namespace edl_nn_test;
+
+namespace {
+
+using Attn = nn::Attention<DefaultPolicy>;
+
+/// HF eager attention in double: projections, rope, repeat_kv, masks, softmax, o_proj.
+std::vector<double> naive_attention(Attn& a, const std::vector<float>& x, const nn::TokenLayout& lay,
+                                    std::int64_t hidden, std::int64_t window, double theta) {
+  const std::int64_t B = lay.batch, S = lay.seq, T = B * S, nh = a.num_heads(), nkv = a.num_kv_heads(),
+                     D = a.head_dim(), rep = nh / nkv;
+  auto proj = [&](auto& lin, std::int64_t out) {
+    std::vector<double> y(T * out);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t o = 0; o < out; ++o) {
+        double s = lin.has_bias() ? lin.bias.value(o) : 0.0;
+        for (std::int64_t i = 0; i < hidden; ++i) s += double(x[t * hidden + i]) * lin.weight.value(o, i);
+        y[t * out + o] = s;
+      }
+    return y;
+  };
+  auto q = proj(a.q_proj, nh * D), k = proj(a.k_proj, nkv * D), v = proj(a.v_proj, nkv * D);
+  auto rope = [&](std::vector<double>& z, std::int64_t heads) {
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t i = 0; i < D / 2; ++i) {
+          const double ang = double(lay.position(t)) * std::pow(theta, -2.0 * i / D);
+          double& p = z[(t * heads + h) * D + i];
+          double& r = z[(t * heads + h) * D + i + D / 2];
+          const double p0 = p, r0 = r;
+          p = p0 * std::cos(ang) - r0 * std::sin(ang);
+          r = r0 * std::cos(ang) + p0 * std::sin(ang);
+        }
+  };
+  rope(q, nh);
+  rope(k, nkv);
+  std::vector<double> ctx(T * nh * D, 0.0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h)
+      for (std::int64_t i = 0; i < S; ++i) {
+        std::vector<double> sc(S, -INFINITY);
+        double m = -INFINITY;
+        for (std::int64_t j = 0; j < S; ++j) {
+          const bool ok = j <= i && (window == 0 || i - j < window) && lay.attends(b * S + j);
+          if (!ok) continue;
+          double s = 0;
+          for (std::int64_t d = 0; d < D; ++d)
+            s += q[((b * S + i) * nh + h) * D + d] * k[((b * S + j) * nkv + h / rep) * D + d];
+          sc[j] = s / std::sqrt(double(D));
+          m = std::max(m, sc[j]);
+        }
+        if (m == -INFINITY) continue;
+        double z = 0;
+        for (std::int64_t j = 0; j < S; ++j) z += sc[j] == -INFINITY ? 0 : std::exp(sc[j] - m);
+        for (std::int64_t j = 0; j < S; ++j) {
+          if (sc[j] == -INFINITY) continue;
+          const double p = std::exp(sc[j] - m) / z;
+          for (std::int64_t d = 0; d < D; ++d)
+            ctx[((b * S + i) * nh + h) * D + d] += p * v[((b * S + j) * nkv + h / rep) * D + d];
+        }
+      }
+  std::vector<double> y(T * hidden);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t o = 0; o < hidden; ++o) {
+      double s = a.o_proj.has_bias() ? a.o_proj.bias.value(o) : 0.0;
+      for (std::int64_t i = 0; i < nh * D; ++i) s += ctx[t * nh * D + i] * a.o_proj.weight.value(o, i);
+      y[t * hidden + o] = s;
+    }
+  return y;
+}
+
+struct Case {
+  const char* name;
+  std::int64_t nh, nkv, window;
+  bool mask, bias;
+};
+
+}  // namespace
+
+class NnAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
+  const Case cs = GetParam();
+  const std::int64_t hidden = 16, D = 4, B = 2, S = 6, T = B * S;
+  nn::AttentionConfig cfg{.hidden = hidden, .num_heads = cs.nh, .num_kv_heads = cs.nkv, .head_dim = D,
+                          .qkv_bias = cs.bias, .o_bias = cs.bias, .sliding_window = {}, .rope = {}};
+  if (cs.window) cfg.sliding_window = cs.window;
+  cfg.rope.theta = 10000.0;
+  Attn a(cfg);
+  a.init(Key::from_seed(11), 0.4f);
+  if (cs.bias) {
+    fill_randn(a.q_proj.bias.data(), a.q_proj.out_features(), 21, 0.3f);
+    fill_randn(a.k_proj.bias.data(), a.k_proj.out_features(), 22, 0.3f);
+  }
+  std::vector<std::int64_t> mask = {1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1};  // row 1 left-padded
+  std::vector<std::int64_t> pos = {0, 1, 2, 3, 4, 5, 0, 0, 0, 1, 2, 3};
+  nn::TokenLayout lay{B, S};
+  if (cs.mask) {
+    lay.attention_mask = mask.data();
+    lay.position_ids = pos.data();
+  }
+  auto x = randn(T * hidden, 1);
+  std::vector<float> y(T * hidden);
+  Attn::Saved s;
+  a.forward(x.data(), lay, y.data(), s);
+  const auto ref = naive_attention(a, x, lay, hidden, cs.window, 10000.0);
+  for (std::int64_t i = 0; i < T * hidden; ++i) EXPECT_NEAR(y[i], ref[i], 2e-5) << cs.name << " " << i;
+
+  auto c = randn(T * hidden, 2);
+  std::vector<float> dx(T * hidden);
+  a.backward(c.data(), s, dx.data());
+  auto loss = [&] {
+    std::vector<float> yy(T * hidden);
+    a.apply(x.data(), lay, yy.data());
+    return functional(yy.data(), c);
+  };
+  expect_fd(std::string(cs.name) + " dx", x.data(), x.size(), dx.data(), loss, 40);
+  a.visit_params("", [&](std::string_view path, auto& p) {
+    expect_fd(std::string(cs.name) + " d" + std::string(path), p.data(), p.value.size(), p.grad.data(), loss, 16);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, NnAttention,
+                         ::testing::Values(Case{"mha", 4, 4, 0, false, false}, Case{"gqa", 4, 2, 0, false, true},
+                                           Case{"mqa_mask", 4, 1, 0, true, false},
+                                           Case{"gqa_window_mask", 4, 2, 3, true, false}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(NnAttentionMisc, FlopsAndNames) {
+  Attn a({.hidden = 16, .num_heads = 4, .num_kv_heads = 2, .head_dim = 4, .qkv_bias = false, .o_bias = false, .sliding_window = {}, .rope = {}});
+  EXPECT_EQ(a.param_count(), 16 * 16 + 2 * 8 * 16 + 16 * 16);
+  // projections 2*T*16*(16+8+8+16), scores and p.v: 4 * B * nh * (1+2+3) * D
+  EXPECT_DOUBLE_EQ(a.flops_forward(1, 3), 2.0 * 3 * 16 * 48 + 4.0 * 4 * 6 * 4);
+  std::vector<std::string> names;
+  a.visit_params("self_attn", [&](std::string_view p, auto&) { names.emplace_back(p); });
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                             "self_attn.v_proj.weight", "self_attn.o_proj.weight"}));
+  EXPECT_THROW(Attn({.hidden = 16, .num_heads = 4, .num_kv_heads = 3, .head_dim = 4, .qkv_bias = false, .o_bias = false, .sliding_window = {}, .rope = {}}), Error);
+}

@@ -1,0 +1,44 @@
+#include <gtest/gtest.h>
+
+#include <edl/nn/linear.hpp>
+#include <edl/nn/module.hpp>
+#include <edl/nn/param.hpp>
+#include <edl/nn/rms_norm.hpp>
+
+using namespace edl;
+
+TEST(NnParam, GradIsLazyF32AndZeroGradClears) {
+  nn::Param<bf16, P<"tp", none>> p({3, 4});
+  static_assert(std::is_same_v<decltype(p.grad)::value_type, float>);
+  EXPECT_FALSE(p.has_grad());
+  p.grad_data()[5] = 2.0f;
+  EXPECT_TRUE(p.has_grad());
+  EXPECT_EQ(p.grad(1, 1), 2.0f);
+  p.zero_grad();
+  EXPECT_EQ(p.grad(1, 1), 0.0f);
+  EXPECT_EQ(p.numel(), 12);
+}
+
+TEST(NnParam, InitIsCounterBasedAndPerParameter) {
+  nn::ColumnLinear<DefaultPolicy> a(6, 5, true), b(6, 5, true);
+  a.init(Key::from_seed(7), 0.02f);
+  b.init(Key::from_seed(7), 0.02f);
+  EXPECT_TRUE(a.weight.value == b.weight.value);
+  // Element i of parameter k is element i of fold_in(key, k)'s normal stream.
+  const Key k0 = fold_in(Key::from_seed(7), 0);
+  EXPECT_FLOAT_EQ(a.weight.data()[13], 0.02f * normal_at(k0, 13));
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(a.bias.value(j), 0.0f);
+  nn::RMSNorm<DefaultPolicy> n(4);
+  n.init(Key::from_seed(1));
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(n.weight.value(j), 1.0f);
+  b.init(Key::from_seed(8), 0.02f);
+  EXPECT_FALSE(a.weight.value == b.weight.value);
+}
+
+TEST(NnParam, NamedShapes) {
+  nn::ColumnLinear<DefaultPolicy> a(6, 5, true);
+  auto s = nn::named_shapes(a);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].first, "weight");
+  EXPECT_EQ(s[0].second, (std::vector<std::int64_t>{5, 6}));
+}
