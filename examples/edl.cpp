@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/bench_collectives.hpp"
 #include "cli/bench_gemm.hpp"
 #include "cli/info.hpp"
 #include "cli/inspect.hpp"
@@ -17,6 +18,7 @@ using Command = std::function<int(edl::cli::Args&)>;
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"info", edl::cli::cmd_info},
+      {"bench collectives", edl::cli::cmd_bench_collectives},
       {"bench gemm", edl::cli::cmd_bench_gemm},
       {"inspect", edl::cli::cmd_inspect},
   };

@@ -1,5 +1,9 @@
 // edl/mesh/all.hpp: umbrella of the mesh layer (topology, devices, collectives, backends).
 #pragma once
 #include <edl/mesh/memory.hpp>
-#include <edl/mesh/mesh.hpp>
 #include <edl/mesh/mesh_shape.hpp>
+#include <edl/mesh/backend.hpp>
+#include <edl/mesh/device.hpp>
+#include <edl/mesh/mesh.hpp>
+#include <edl/mesh/backends/simulated.hpp>
+#include <edl/mesh/collectives.hpp>

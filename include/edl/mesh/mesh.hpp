@@ -6,18 +6,19 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include <memory>
-
 #include <edl/core/fixed_string.hpp>
+#include <edl/mesh/backend.hpp>
+#include <edl/mesh/device.hpp>
 #include <edl/mesh/memory.hpp>
 #include <edl/mesh/mesh_shape.hpp>
 
 namespace edl {
-
-class CollectiveBackend;  // mesh/backend.hpp
 
 /// What every copy of a Mesh shares: the topology, the per-device memory accounting and
 /// the backend that runs devices and moves bytes between them. Tensors keep a pointer to
@@ -28,6 +29,11 @@ struct MeshContext {
   std::shared_ptr<CollectiveBackend> backend;  // set by the mesh backend layer
   explicit MeshContext(MeshShape s) : shape(std::move(s)), memory(shape.size()) {}
 };
+
+/// The default backend of a Mesh: every device a thread of this process (defined in
+/// mesh/backends/simulated.hpp, which this header includes at its end). The backend keeps
+/// only a weak reference to the context, so the two do not keep each other alive.
+inline std::shared_ptr<CollectiveBackend> make_simulated_backend(std::shared_ptr<MeshContext> ctx);
 
 template <Name... Axes>
 class Mesh {
@@ -51,7 +57,9 @@ class Mesh {
   /// sizes: one per axis; one may be -1 and is inferred from `devices`.
   explicit Mesh(std::array<std::int64_t, rank> sizes, std::int64_t devices = -1)
       : ctx_(std::make_shared<MeshContext>(
-            MeshShape(names_vector(), std::vector<std::int64_t>(sizes.begin(), sizes.end()), devices))) {}
+            MeshShape(names_vector(), std::vector<std::int64_t>(sizes.begin(), sizes.end()), devices))) {
+    ctx_->backend = make_simulated_backend(ctx_);
+  }
 
   const MeshShape& shape() const noexcept { return ctx_->shape; }
   std::int64_t size() const noexcept { return ctx_->shape.size(); }
@@ -60,6 +68,18 @@ class Mesh {
   std::int64_t axis_size(std::string_view name) const { return ctx_->shape.axis_size(name); }
   MemoryTracker& memory() const noexcept { return ctx_->memory; }
   const std::shared_ptr<MeshContext>& context() const noexcept { return ctx_; }
+  CollectiveBackend& backend() const noexcept { return *ctx_->backend; }
+  /// Replaces the backend (e.g. with an MPI one); every copy of this mesh shares the change.
+  void set_backend(std::shared_ptr<CollectiveBackend> b) const { ctx_->backend = std::move(b); }
+
+  /// shard_map: runs body(Device&) once on every device, concurrently, and waits for all.
+  /// Collectives (mesh/collectives.hpp) called inside the body synchronise the devices of
+  /// their group. If a body throws, run() throws an edl::Error naming the first failing device.
+  template <class F>
+    requires std::is_invocable_v<F&, Device&>
+  void run(F&& body) const {
+    ctx_->backend->run(std::function<void(Device&)>([&body](Device& d) { body(d); }));
+  }
 
  private:
   static std::vector<std::string> names_vector() {
@@ -79,3 +99,6 @@ inline DefaultMesh create_mesh(std::array<std::int64_t, 4> dims, std::int64_t de
 }
 
 }  // namespace edl
+
+// The default backend's definition needs MeshContext and Device, so it comes last.
+#include <edl/mesh/backends/simulated.hpp>

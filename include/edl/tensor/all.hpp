@@ -4,3 +4,4 @@
 #include <edl/tensor/partition_rules.hpp>
 #include <edl/tensor/shard_layout.hpp>
 #include <edl/tensor/sharded_tensor.hpp>
+#include <edl/tensor/shard_map.hpp>
