@@ -10,3 +10,4 @@
 #include <edl/nn/all.hpp>
 #include <edl/io/all.hpp>
 #include <edl/models/all.hpp>
+#include <edl/optim/all.hpp>

@@ -7328,3 +7328,361 @@ class LlamaForCausalLM {
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
 // end of edl/models/all.hpp
+// #include <edl/optim/all.hpp>
+// edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.
+// #include <edl/optim/clip.hpp>
+// edl/optim/clip.hpp
+// Global gradient norm and clipping (optax.clip_by_global_norm / torch clip_grad_norm_).
+// The norm sums each parameter's squares in f64, parameters in visit order, so it is the same
+// on every thread count and mesh shape.
+
+#include <cmath>
+#include <string_view>
+
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+
+namespace edl::optim {
+
+/// sqrt(sum over parameters of sum(grad^2)); parameters without a gradient count as zero.
+template <class Model>
+double global_grad_norm(Model& model) {
+  double sq = 0.0;
+  model.visit_params("", [&](std::string_view, auto& p) {
+    if (p.has_grad()) {
+      const float* g = p.grad.data();
+      double s = 0.0;
+      for (std::int64_t i = 0; i < p.numel(); ++i) s += static_cast<double>(g[i]) * g[i];
+      sq += s;
+    }
+  });
+  return std::sqrt(sq);
+}
+
+/// Scales every gradient by min(1, max_norm / norm) (no-op when max_norm <= 0); returns the
+/// norm before clipping.
+template <class Model>
+double clip_by_global_norm(Model& model, double max_norm) {
+  const double norm = global_grad_norm(model);
+  if (max_norm > 0 && norm > max_norm) {
+    const float s = static_cast<float>(max_norm / (norm + 1e-6));
+    model.visit_params("", [&](std::string_view, auto& p) {
+      if (p.has_grad()) kernels::scale(p.grad.data(), s, p.numel());
+    });
+  }
+  return norm;
+}
+
+template <class Model>
+void zero_grad(Model& model) {
+  model.visit_params("", [](std::string_view, auto& p) { p.zero_grad(); });
+}
+
+}  // namespace edl::optim
+// end of edl/optim/clip.hpp
+// #include <edl/optim/optimizer.hpp>
+// edl/optim/optimizer.hpp
+// Optimizers with PyTorch / optax semantics over any model with visit_params:
+//   adamw     torch.optim.AdamW (decoupled weight decay: p -= lr*wd*p, then the Adam step)
+//   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
+//             (weight decay added to the gradient, as torch does)
+//   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
+//   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
+//             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
+//             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
+//
+// State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
+// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
+// parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
+// master copy in slot "master" and rounds to storage after each update (mixed precision).
+// Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
+// Options::decay_all applies it everywhere (torch's default).
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+
+namespace edl::optim {
+
+enum class OptimizerKind { adamw, sgd, lion, adafactor };
+
+inline OptimizerKind optimizer_from_name(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::adamw;
+  if (name == "sgd") return OptimizerKind::sgd;
+  if (name == "lion") return OptimizerKind::lion;
+  if (name == "adafactor") return OptimizerKind::adafactor;
+  detail::raise(errc::config, "optimizer",
+                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
+}
+inline const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::lion: return "lion";
+    case OptimizerKind::adafactor: return "adafactor";
+  }
+  return "?";
+}
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
+  double weight_decay = 0.0;
+  double momentum = 0.0;                    // sgd
+  bool nesterov = false;                    // sgd
+  bool decay_all = false;                   // weight decay on every parameter (torch default)
+  double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
+};
+
+class Optimizer {
+ public:
+  using Slots = std::map<std::string, std::vector<float>>;  // slot name -> values
+
+  Optimizer() = default;
+  explicit Optimizer(OptimizerOptions o) : opt_(o) {
+    EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
+              "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
+  }
+
+  const OptimizerOptions& options() const noexcept { return opt_; }
+  /// Number of updates applied so far (Adam's t after the last step).
+  std::int64_t step_count() const noexcept { return step_; }
+  void set_step_count(std::int64_t s) noexcept { step_ = s; }
+
+  /// One update of every parameter that has a gradient, at learning rate `lr`.
+  template <class Model>
+  void step(Model& model, double lr) {
+    ++step_;
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (!p.has_grad()) return;
+      update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
+    });
+  }
+
+  /// Every slot of every parameter: f(path, slot name, values).
+  template <class F>
+  void visit_state(F&& f) {
+    for (auto& [path, slots] : state_)
+      for (auto& [slot, v] : slots) f(path, slot, v);
+  }
+  template <class F>
+  void visit_state(F&& f) const {
+    for (const auto& [path, slots] : state_)
+      for (const auto& [slot, v] : slots) f(path, slot, v);
+  }
+  /// Sets a slot (loading a checkpoint); sizes are checked on the next step.
+  void set_slot(const std::string& path, const std::string& slot, std::vector<float> v) {
+    state_[path][slot] = std::move(v);
+  }
+  std::int64_t state_bytes() const {
+    std::int64_t b = 0;
+    visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) {
+      b += static_cast<std::int64_t>(v.size() * sizeof(float));
+    });
+    return b;
+  }
+
+ private:
+  std::vector<float>& slot(Slots& s, const std::string& path, const char* name, std::size_t n, float init = 0.f) {
+    auto& v = s[name];
+    if (v.empty()) v.assign(n, init);
+    EDL_CHECK(v.size() == n, errc::shape_mismatch, path + "." + name, "optimizer state holds ", v.size(),
+              " values, the parameter has ", n);
+    return v;
+  }
+
+  template <class T>
+  void update(const std::string& path, T* value, const float* grad, std::int64_t n64, const std::vector<std::int64_t>& shape,
+              double lr) {
+    const std::size_t n = static_cast<std::size_t>(n64);
+    Slots& s = state_[path];
+    // f32 parameters update in place; other storage goes through an f32 master copy.
+    float* w = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      w = value;
+    } else {
+      auto& master = s["master"];
+      if (master.empty()) {
+        master.resize(n);
+        for (std::size_t i = 0; i < n; ++i) master[i] = to_f32(value[i]);
+      }
+      w = master.data();
+    }
+    const bool decay = opt_.decay_all || shape.size() >= 2;
+    const float wd = decay ? static_cast<float>(opt_.weight_decay) : 0.f;
+    const float flr = static_cast<float>(lr);
+    const float b1 = static_cast<float>(opt_.b1), b2 = static_cast<float>(opt_.b2), eps = static_cast<float>(opt_.eps);
+    constexpr std::ptrdiff_t grain = 1 << 14;
+    switch (opt_.kind) {
+      case OptimizerKind::adamw: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        float* v = slot(s, path, "exp_avg_sq", n).data();
+        // torch: step_size = lr / bc1; denom = sqrt(v) / sqrt(bc2) + eps; p -= step_size * m / denom
+        const double bc1 = 1.0 - std::pow(opt_.b1, static_cast<double>(step_));
+        const double bc2 = 1.0 - std::pow(opt_.b2, static_cast<double>(step_));
+        const float step_size = static_cast<float>(lr / bc1);
+        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+        const float decay_mul = 1.f - flr * wd;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            w[i] *= decay_mul;
+            m[i] = m[i] * b1 + (1.f - b1) * g;  // torch lerp_(grad, 1 - beta1)
+            v[i] = v[i] * b2 + (1.f - b2) * g * g;
+            const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+            w[i] -= step_size * (m[i] / denom);
+          }
+        });
+        break;
+      }
+      case OptimizerKind::sgd: {
+        const float mu = static_cast<float>(opt_.momentum);
+        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
+        const bool first = step_ == 1;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            float g = grad[i] + wd * w[i];
+            if (buf) {
+              buf[i] = first ? g : mu * buf[i] + g;  // torch: the first step copies the gradient
+              g = opt_.nesterov ? g + mu * buf[i] : buf[i];
+            }
+            w[i] -= flr * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::lion: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            const float c = b1 * m[i] + (1.f - b1) * g;
+            const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
+            w[i] -= flr * (sgn + wd * w[i]);
+            m[i] = b2 * m[i] + (1.f - b2) * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::adafactor: adafactor(s, path, w, grad, n, shape, flr, wd); break;
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      for (std::size_t i = 0; i < n; ++i) value[i] = from_f32<T>(w[i]);
+  }
+
+  void adafactor(Slots& s, const std::string& path, float* w, const float* grad, std::size_t n,
+                 const std::vector<std::int64_t>& shape, float lr, float wd) {
+    const double beta2 = 1.0 - std::pow(static_cast<double>(step_), -opt_.adafactor_decay);
+    const float eps1 = static_cast<float>(opt_.adafactor_eps1);
+    std::vector<float> u(n);
+    if (shape.size() >= 2) {  // factored over the last two dimensions
+      const std::size_t cols = static_cast<std::size_t>(shape.back());
+      const std::size_t rows = n / cols;
+      auto& vr = slot(s, path, "exp_avg_sq_row", rows);
+      auto& vc = slot(s, path, "exp_avg_sq_col", cols);
+      std::vector<double> rmean(rows, 0.0), cmean(cols, 0.0);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double g2 = static_cast<double>(grad[r * cols + c]) * grad[r * cols + c] + eps1;
+          rmean[r] += g2 / static_cast<double>(cols);
+          cmean[c] += g2 / static_cast<double>(rows);
+        }
+      double rsum = 0.0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        vr[r] = static_cast<float>(beta2 * vr[r] + (1.0 - beta2) * rmean[r]);
+        rsum += vr[r];
+      }
+      for (std::size_t c = 0; c < cols; ++c) vc[c] = static_cast<float>(beta2 * vc[c] + (1.0 - beta2) * cmean[c]);
+      const double rmean_all = rsum / static_cast<double>(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double v = static_cast<double>(vr[r]) * vc[c] / rmean_all;
+          u[r * cols + c] = static_cast<float>(grad[r * cols + c] / std::sqrt(v));
+        }
+    } else {
+      auto& v = slot(s, path, "exp_avg_sq", n);
+      for (std::size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<float>(beta2 * v[i] + (1.0 - beta2) * (static_cast<double>(grad[i]) * grad[i] + eps1));
+        u[i] = grad[i] / std::sqrt(v[i]);
+      }
+    }
+    double sq = 0.0;
+    for (float x : u) sq += static_cast<double>(x) * x;
+    const double rms = std::sqrt(sq / static_cast<double>(std::max<std::size_t>(n, 1)));
+    const float clip = static_cast<float>(1.0 / std::max(1.0, rms / opt_.adafactor_clip));
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (u[i] * clip + wd * w[i]);
+  }
+
+  OptimizerOptions opt_;
+  std::int64_t step_ = 0;
+  std::map<std::string, Slots> state_;
+};
+
+}  // namespace edl::optim
+// end of edl/optim/optimizer.hpp
+// #include <edl/optim/schedule.hpp>
+// edl/optim/schedule.hpp
+// Learning-rate schedules (optax / EasyDeL names): constant; linear warm-up then linear or
+// cosine decay from `lr` to `lr_end` over the remaining steps; warm-up + stable + decay (WSD).
+// lr_at(step) is a pure function of the step, so a resumed run sees the same rates.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::optim {
+
+enum class ScheduleKind { constant, linear, cosine, warmup_stable_decay };
+
+inline ScheduleKind schedule_from_name(std::string_view name) {
+  if (name == "none" || name == "constant") return ScheduleKind::constant;
+  if (name == "linear") return ScheduleKind::linear;
+  if (name == "cosine") return ScheduleKind::cosine;
+  if (name == "warmup_stable_decay" || name == "wsd") return ScheduleKind::warmup_stable_decay;
+  detail::raise(errc::config, "scheduler",
+                detail::concat("expected one of none, linear, cosine, warmup_stable_decay; found \"", name, "\""));
+}
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::constant;
+  double lr = 1e-3;          // peak rate (after warm-up)
+  double lr_end = 0.0;       // rate at total_steps (linear, cosine, WSD)
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 1;
+  double decay_fraction = 0.1;  // WSD: the last fraction of the steps decays (linearly)
+
+  /// Rate for optimizer step `step` (0-based: the first update uses lr_at(0)).
+  double lr_at(std::int64_t step) const {
+    if (warmup_steps > 0 && step < warmup_steps)  // optax linear warm-up from 0, reaching lr at warmup_steps
+      return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+    if (kind == ScheduleKind::constant) return lr;
+    const std::int64_t decay_total = std::max<std::int64_t>(1, total_steps - warmup_steps);
+    const double t = std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_total), 0.0, 1.0);
+    switch (kind) {
+      case ScheduleKind::linear: return lr + (lr_end - lr) * t;
+      case ScheduleKind::cosine: return lr_end + (lr - lr_end) * 0.5 * (1.0 + std::cos(M_PI * t));
+      case ScheduleKind::warmup_stable_decay: {
+        const double start = 1.0 - decay_fraction;
+        if (t <= start) return lr;
+        return lr + (lr_end - lr) * (t - start) / std::max(decay_fraction, 1e-12);
+      }
+      default: return lr;
+    }
+  }
+};
+
+}  // namespace edl::optim
+// end of edl/optim/schedule.hpp
+// end of edl/optim/all.hpp
