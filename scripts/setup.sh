@@ -12,7 +12,8 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 PACKAGES=(g++ cmake ninja-build lld ccache pkg-config
           libxtensor-dev xtl-dev libxsimd-dev libtbb-dev nlohmann-json3-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes)
+          libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes
+          libopenmpi-dev openmpi-bin)
 
 install_deps() {
   local missing=()
