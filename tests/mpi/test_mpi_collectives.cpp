@@ -60,6 +60,11 @@ void all_collectives(Device& dev, std::vector<std::byte>& b) {
       all_reduce(dev, std::span<T>(v), op, axes);
       append(b, v);
     }
+    {  // large enough for the two-phase (reduce-scatter + all-gather) path
+      auto v = input<T>(dev.id(), 40001, salt + 8);
+      all_reduce(dev, std::span<T>(v), ReduceOp::sum, axes);
+      append(b, v);
+    }
     auto in = input<T>(dev.id(), 37, salt + 5);
     std::vector<T> gathered(37 * static_cast<std::size_t>(n));
     all_gather(dev, std::span<const T>(in), std::span<T>(gathered), axes);

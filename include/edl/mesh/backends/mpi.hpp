@@ -172,29 +172,52 @@ class MpiBackend final : public CollectiveBackend {
     const std::size_t n = group.size(), es = dtype_size(dtype), p = position(self, group);
     std::vector<std::size_t> lo(n + 1);
     for (std::size_t q = 0; q <= n; ++q) lo[q] = count * q / n;
-    // Phase 1: member q receives elements [lo[q], lo[q+1]) of every member.
+    const auto* src = static_cast<const std::byte*>(in);
+    auto* dst = static_cast<std::byte*>(out);
+    if (count * es * n <= kSmallBytes) {
+      // Small: one exchange of whole buffers, then every member folds all of them in group
+      // order (latency dominates here; same fold, so the same bits).
+      auto parts = uninitialized(count * es * n);
+      std::vector<const std::byte*> ins(n);
+      Exchange x(*this, self, "all_reduce");
+      for (std::size_t q = 0; q < n; ++q) {
+        if (q == p) {
+          ins[q] = src;
+          continue;
+        }
+        ins[q] = parts.get() + q * count * es;
+        x.send(group[q], src, count * es);
+        x.recv(group[q], parts.get() + q * count * es, count * es);
+      }
+      x.wait();
+      fold(ins.data(), n, count, dst, dtype, op);
+      return;
+    }
+    // Phase 1: member q receives elements [lo[q], lo[q+1]) of every member and folds them in
+    // group order; this member's own part is read in place.
     const std::size_t mine = lo[p + 1] - lo[p];
-    std::vector<std::byte> parts(mine * es * n), reduced(mine * es);
+    auto parts = uninitialized(mine * es * n);
+    std::vector<const std::byte*> ins(n);
     Exchange x(*this, self, "all_reduce");
     for (std::size_t q = 0; q < n; ++q) {
       if (q == p) {
-        std::memcpy(parts.data() + q * mine * es, static_cast<const std::byte*>(in) + lo[p] * es, mine * es);
+        ins[q] = src + lo[p] * es;
         continue;
       }
-      x.send(group[q], static_cast<const std::byte*>(in) + lo[q] * es, (lo[q + 1] - lo[q]) * es);
-      x.recv(group[q], parts.data() + q * mine * es, mine * es);
+      ins[q] = parts.get() + q * mine * es;
+      x.send(group[q], src + lo[q] * es, (lo[q + 1] - lo[q]) * es);
+      x.recv(group[q], parts.get() + q * mine * es, mine * es);
     }
-    x.wait();
-    fold(parts.data(), n, mine, reduced.data(), dtype, op);
+    x.wait();  // every send of `in` is done: `out` (which may be `in`) can be written now
+    fold(ins.data(), n, mine, dst + lo[p] * es, dtype, op);
     // Phase 2: everyone gathers every member's reduced part.
     Exchange y(*this, self, "all_reduce");
     for (std::size_t q = 0; q < n; ++q) {
       if (q == p) continue;
-      y.send(group[q], reduced.data(), mine * es);
-      y.recv(group[q], static_cast<std::byte*>(out) + lo[q] * es, (lo[q + 1] - lo[q]) * es);
+      y.send(group[q], dst + lo[p] * es, mine * es);
+      y.recv(group[q], dst + lo[q] * es, (lo[q + 1] - lo[q]) * es);
     }
     y.wait();
-    std::memcpy(static_cast<std::byte*>(out) + lo[p] * es, reduced.data(), mine * es);
   }
 
   void all_gather(Device& self, const void* in, void* out, std::size_t count, DType dtype,
@@ -213,35 +236,38 @@ class MpiBackend final : public CollectiveBackend {
   void reduce_scatter(Device& self, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                       std::span<const std::int64_t> group) override {
     const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
-    std::vector<std::byte> parts(bytes * n);
+    const auto* src = static_cast<const std::byte*>(in);
+    auto parts = uninitialized(bytes * n);
+    std::vector<const std::byte*> ins(n);
     Exchange x(*this, self, "reduce_scatter");
     for (std::size_t q = 0; q < n; ++q) {
       if (q == p) {
-        std::memcpy(parts.data() + q * bytes, static_cast<const std::byte*>(in) + p * bytes, bytes);
+        ins[q] = src + p * bytes;
         continue;
       }
-      x.send(group[q], static_cast<const std::byte*>(in) + q * bytes, bytes);
-      x.recv(group[q], parts.data() + q * bytes, bytes);
+      ins[q] = parts.get() + q * bytes;
+      x.send(group[q], src + q * bytes, bytes);
+      x.recv(group[q], parts.get() + q * bytes, bytes);
     }
     x.wait();
-    fold(parts.data(), n, count, static_cast<std::byte*>(out), dtype, op);
+    fold(ins.data(), n, count, static_cast<std::byte*>(out), dtype, op);
   }
 
   void all_to_all(Device& self, const void* in, void* out, std::size_t count, DType dtype,
                   std::span<const std::int64_t> group) override {
     const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
-    std::vector<std::byte> result(bytes * n);
+    auto result = uninitialized(bytes * n);
     Exchange x(*this, self, "all_to_all");
     for (std::size_t q = 0; q < n; ++q) {
       if (q == p) {
-        std::memcpy(result.data() + q * bytes, static_cast<const std::byte*>(in) + p * bytes, bytes);
+        std::memcpy(result.get() + q * bytes, static_cast<const std::byte*>(in) + p * bytes, bytes);
         continue;
       }
       x.send(group[q], static_cast<const std::byte*>(in) + q * bytes, bytes);
-      x.recv(group[q], result.data() + q * bytes, bytes);
+      x.recv(group[q], result.get() + q * bytes, bytes);
     }
     x.wait();
-    std::memcpy(out, result.data(), result.size());
+    std::memcpy(out, result.get(), bytes * n);
   }
 
   void ppermute(Device& self, const void* in, void* out, std::size_t count, DType dtype,
@@ -310,8 +336,10 @@ class MpiBackend final : public CollectiveBackend {
     void send(std::int64_t to, const void* data, std::size_t bytes) { post(to, const_cast<void*>(data), bytes, true); }
     void recv(std::int64_t from, void* data, std::size_t bytes) { post(from, data, bytes, false); }
     void wait() {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(b_.timeout_);
-      int spins = 0;
+      const auto start = std::chrono::steady_clock::now();
+      const auto deadline = start + std::chrono::duration<double>(b_.timeout_);
+      const auto spin_until = start + std::chrono::milliseconds(5);
+      unsigned spins = 0;
       for (;;) {
         int done = 0;
         MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
@@ -327,8 +355,12 @@ class MpiBackend final : public CollectiveBackend {
                         edl::detail::concat(op_, ": no answer from device(s) ", peers, " within ", b_.timeout_,
                                        " s (EDL_MPI_TIMEOUT): a rank died, hangs, or called other collectives"));
         }
-        if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        else std::this_thread::yield();
+        // Busy-poll for the first few milliseconds, as MPI libraries do (small collectives
+        // finish in microseconds, and yielding to other processes costs a time slice), then
+        // sleep briefly between polls so a long wait, or more ranks than cores, does not
+        // burn a core.
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until)
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
 
@@ -363,16 +395,22 @@ class MpiBackend final : public CollectiveBackend {
     edl::detail::raise(errc::collective, self.describe(), "this device is not a member of the group it calls");
   }
 
-  // out[i] = op over q = 0..n-1 (in group order) of parts[q][i], as the simulated backend folds.
-  static void fold(const std::byte* parts, std::size_t n, std::size_t count, std::byte* out, DType dtype, ReduceOp op) {
+  // out[i] = op over q = 0..n-1 (in group order) of ins[q][i], as the simulated backend folds
+  // (every block is read before it is written, so out may be one of the inputs).
+  static void fold(const std::byte* const* ins, std::size_t n, std::size_t count, std::byte* out, DType dtype,
+                   ReduceOp op) {
     if (count == 0) return;
-    const std::size_t es = dtype_size(dtype);
-    std::vector<const std::byte*> ins(n);
-    for (std::size_t q = 0; q < n; ++q) ins[q] = parts + q * count * es;
     std::byte* outs[1] = {out};
-    edl::detail::sim::dispatch_reduce(dtype, "mpi all_reduce", [&]<class T, class Acc>() {
-      edl::detail::sim::reduce_range<T, Acc>(ins.data(), n, 0, count, outs, 1, 0, op);
+    edl::detail::sim::dispatch_reduce(dtype, "mpi reduction", [&]<class T, class Acc>() {
+      edl::detail::sim::reduce_range<T, Acc>(ins, n, 0, count, outs, 1, 0, op);
     });
+  }
+
+  static constexpr std::size_t kSmallBytes = 64 * 1024;  // all_reduce: one exchange below this
+
+  // Receive buffers are written before they are read: no zero fill (it costs as much as the copy).
+  static std::unique_ptr<std::byte[]> uninitialized(std::size_t bytes) {
+    return std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
   }
 
   std::weak_ptr<MeshContext> ctx_;
