@@ -2318,8 +2318,9 @@ class PartitionRules {
 /// EasyDeL's default Llama rules (fully sharded data parallel), for HF tensor layouts: linear
 /// weights are [out, in], so a column-parallel projection (q/k/v, gate, up) splits dimension 0
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
-/// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Norms
-/// and anything else 1-D are replicated.
+/// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
+/// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
+/// and anything else 1-D) replicated.
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -2329,6 +2330,7 @@ inline PartitionRules llama_partition_rules() {
       {"self_attn/(q_proj|k_proj|v_proj)/bias", SpecValue{{{"tp"}}}},
       {"self_attn/o_proj/weight", row},
       {"mlp/(gate_proj|up_proj)/weight", col},
+      {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},
@@ -7327,6 +7329,753 @@ class LlamaForCausalLM {
 
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
+// #include <edl/models/llama/sharded.hpp>
+// edl/models/llama/sharded.hpp
+// Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
+// and gradients of one device (docs/parallelism.md).
+//
+//   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
+//   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
+//   auto logits = sm.logits(tokens.data(), B, S);              // [B, S, V], gathered
+//   nn::LossMetrics m = sm.loss_and_grads(tokens.data(), labels.data(), B, S);   // grads +=
+//   xt::xarray<float> g = sm.gather_grad("model.layers.0.mlp.up_proj.weight");
+//   LlamaForCausalLM<> back = models::gather_model(sm);        // bit-exact round trip
+//
+// Storage. Every parameter is a ShardedArray<T> laid out by the partition rules (so the mesh's
+// MemoryTracker counts each device's blocks: fsdp=N holds ~1/N of the matrices per device);
+// gradients (f32) are ShardedArray<float> with the same layout, allocated by the first
+// loss_and_grads and ACCUMULATED by each call (zero_grad() clears them), as
+// LlamaForCausalLM::forward_backward does.
+//
+// Execution, per device inside mesh.run (one simulated device per thread):
+//  - a local LlamaForCausalLM whose config has num_attention_heads / tp, num_key_value_heads / tp
+//    and intermediate_size / tp (head_dim explicit), built once per device; its parameter
+//    values are empty except while a layer runs;
+//  - ZeRO-3: before a layer runs (forward, and again in backward) each of its parameters is
+//    all_gathered over the axes that shard it except tp ("fsdp", "sp", "dp" if a rule uses it),
+//    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
+//    that shards them (tp included) at the start of the step and kept until its end (the
+//    vocabulary-parallel head is not implemented: the head is replicated compute);
+//  - data: the batch is split over (dp, fsdp) (B divisible by dp * fsdp), the sequence over sp
+//    (S divisible by sp);
+//  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
+//    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
+//    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
+//    rank 0 only;
+//  - sequence parallel: norms and MLP run on the local tokens; before attention the normed
+//    hidden states are all_gathered over "sp", attention runs on the whole sequence and keeps
+//    the local slice; in backward the gradient of the gathered input is reduce_scattered over
+//    "sp" (each rank back-propagates only its own outputs);
+//  - loss: the HF shift is applied globally before splitting, each device sums its tokens and
+//    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
+//  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
+//    reduce_scattered over the data axes that shard it and psummed over the data axes that do
+//    not, so each device's block equals the block of the one-device gradient.
+// Collectives reduce in group order, so results are deterministic for a given mesh.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/tensor/partition_rules.hpp> (inlined above)
+// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
+
+namespace edl::models {
+
+namespace sharded_detail {
+
+/// Axes that split the data: the batch over (dp, fsdp), the sequence over sp.
+inline const std::vector<std::string>& data_axes() {
+  static const std::vector<std::string> a{"dp", "fsdp", "sp"};
+  return a;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& s) {
+  for (const auto& x : v)
+    if (x == s) return true;
+  return false;
+}
+
+/// `spec` with only the axes in `keep` left.
+inline SpecValue restrict_spec(const SpecValue& spec, const std::vector<std::string>& keep) {
+  SpecValue r;
+  for (const auto& d : spec.dims) {
+    std::vector<std::string> k;
+    for (const auto& a : d)
+      if (contains(keep, a)) k.push_back(a);
+    r.dims.push_back(std::move(k));
+  }
+  return r;
+}
+
+inline std::vector<std::int64_t> minus(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+  return a;
+}
+
+template <class X>
+void free_tensor(X& x) {
+  typename X::shape_type z{};
+  x = X::from_shape(z);
+}
+
+template <class X>
+X make_tensor(const std::vector<std::int64_t>& shape) {
+  typename X::shape_type s{};
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
+  return X::from_shape(s);
+}
+
+}  // namespace sharded_detail
+
+/// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
+inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
+  const char* w = "ShardedLlama";
+  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads (", c.num_attention_heads,
+            ") is not divisible by tp = ", tp);
+  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads (", c.num_key_value_heads,
+            ") is not divisible by tp = ", tp, " (each tp rank needs whole kv heads)");
+  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size (", c.intermediate_size,
+            ") is not divisible by tp = ", tp);
+  LlamaConfig l = c;
+  l.head_dim = c.head_size();
+  l.num_attention_heads = c.num_attention_heads / tp;
+  l.num_key_value_heads = c.num_key_value_heads / tp;
+  l.intermediate_size = c.intermediate_size / tp;
+  return l;
+}
+
+template <class Pol = DefaultPolicy>
+class ShardedLlama {
+ public:
+  using T = typename Pol::param_t;
+  using Local = LlamaForCausalLM<Pol>;
+
+  /// Shards `model`'s parameters over `mesh` by `rules`.
+  ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
+    setup();
+    auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const std::string name(path);
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout.spec(), mesh_, name));
+    });
+  }
+  /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
+  ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+  const DefaultMesh& mesh() const noexcept { return mesh_; }
+  bool tied() const noexcept { return tied_; }
+  /// Parameter names, HF order.
+  const std::vector<std::string>& names() const noexcept { return names_; }
+
+  const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
+  ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
+  xt::xarray<T> gather_param(const std::string& name) const { return gather(param(name)); }
+
+  bool has_grads() const noexcept { return !grads_.empty(); }
+  const ShardedArray<float>& grad(const std::string& name) const {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    return grads_.at(checked(name));
+  }
+  /// The full gradient of one parameter (gathered from the devices' blocks).
+  xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
+  /// Every gradient, gathered, by HF name.
+  std::map<std::string, xt::xarray<float>> gather_grads() const {
+    std::map<std::string, xt::xarray<float>> g;
+    for (const auto& n : names_) g.emplace(n, gather_grad(n));
+    return g;
+  }
+  void zero_grad() {
+    for (auto& [n, g] : grads_)
+      for (std::int64_t d = 0; d < mesh_.size(); ++d) g.local(d).fill(0.0f);
+  }
+
+  /// Bytes of parameter blocks device `d` holds.
+  std::int64_t param_bytes(std::int64_t d) const {
+    std::int64_t b = 0;
+    for (const auto& [n, p] : params_) b += static_cast<std::int64_t>(p.local(d).size() * sizeof(T));
+    return b;
+  }
+
+  /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
+  /// attention_mask and position_ids are [B, S] as in nn::TokenLayout (HF padding mask).
+  xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
+                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
+        {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
+    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids);
+    return out;
+  }
+  xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
+    return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
+  }
+
+  /// Loss only. labels [B, S] (null: tokens), HF shift applied.
+  nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
+                       const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
+                       const std::int64_t* position_ids = nullptr) {
+    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids);
+  }
+
+  /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
+  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
+                                 std::int64_t seq, const nn::LossOptions& opt = {},
+                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+    ensure_grads();
+    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids);
+  }
+  nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
+                                 const nn::LossOptions& opt = {}) {
+    EDL_CHECK(tokens.shape() == labels.shape(), errc::shape_mismatch, "ShardedLlama::loss_and_grads",
+              "tokens and labels must have the same shape");
+    return loss_and_grads(tokens.data(), labels.data(), static_cast<std::int64_t>(tokens.shape(0)),
+                          static_cast<std::int64_t>(tokens.shape(1)), opt);
+  }
+
+  /// The one-device model with the gathered parameters (bit-exact).
+  LlamaForCausalLM<Pol> gather_model() const {
+    LlamaForCausalLM<Pol> m(cfg_);
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(std::string(path)));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
+ private:
+  enum class Mode { logits, loss, train };
+
+  struct Plan {
+    ShardLayout layout;   // the stored blocks
+    ShardLayout compute;  // the tensor the local model uses (tp block or full)
+    std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
+    bool row_bias = false;  // added by tp rank 0 only
+  };
+
+  struct LayerSaved {
+    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
+    typename nn::Attention<Pol>::Saved attn_s;
+    typename nn::MLP<Pol>::Saved mlp_s;
+    std::vector<float> n1, g, h, n2;
+  };
+
+  // Per-device view of one step.
+  struct Ctx {
+    Device* dev = nullptr;
+    std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
+    nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
+    std::int64_t tokens() const noexcept { return Bl * Sl; }
+  };
+
+  static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
+    LlamaForCausalLM<Pol> m(cfg);
+    m.init(key);
+    return m;
+  }
+
+  const std::string& checked(const std::string& name) const {
+    EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
+    return name;
+  }
+
+  std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
+
+  void setup() {
+    cfg_.validate();
+    const std::int64_t tp = axis("tp");
+    local_cfg_ = tp_local_config(cfg_, tp);
+    const auto global = cfg_.parameter_shapes();
+    const auto local = local_cfg_.parameter_shapes();
+    EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
+    const MeshShape& ms = mesh_.shape();
+    std::vector<std::string> kept_tp{"tp"};
+    for (std::size_t i = 0; i < global.size(); ++i) {
+      const auto& [name, gshape] = global[i];
+      const auto& lshape = local[i].second;
+      if (tied_ && name == "lm_head.weight") continue;
+      Plan p;
+      const SpecValue spec = rules_.spec_for(name, gshape, ms);
+      p.layout = ShardLayout(ms, spec, gshape, name);
+      const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
+      p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
+                              gshape, name);
+      EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+                " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
+                "shape ",
+                detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", detail::shape_str(lshape),
+                " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
+      for (const auto& d : spec.dims)
+        for (const auto& a : d) {
+          if (ms.axis_size(a) == 1) continue;
+          if (keep_tp && a == "tp") continue;
+          p.gather_axes.push_back(a);
+        }
+      // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
+      std::vector<std::string> g;
+      for (const auto& a : ms.names())
+        if (sharded_detail::contains(p.gather_axes, a)) g.push_back(a);
+      p.gather_axes = g;
+      for (const auto& a : sharded_detail::data_axes()) {
+        if (ms.axis_size(a) == 1) continue;
+        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+        else p.sum_axes.push_back(a);
+      }
+      p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+      names_.push_back(name);
+      plans_.emplace(name, std::move(p));
+    }
+    for (const auto& a : sharded_detail::data_axes())
+      if (ms.axis_size(a) > 1) data_axes_.push_back(a);
+    locals_.resize(static_cast<std::size_t>(mesh_.size()));
+  }
+
+  void ensure_grads() {
+    if (!grads_.empty()) return;
+    for (const auto& n : names_) {
+      const ShardLayout& l = plans_.at(n).layout;
+      std::vector<xt::xarray<float>> blocks;
+      for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+        std::vector<std::size_t> s(l.local_shape().begin(), l.local_shape().end());
+        xt::xarray<float> b = xt::xarray<float>::from_shape(s);
+        b.fill(0.0f);
+        blocks.push_back(std::move(b));
+      }
+      grads_.emplace(n, ShardedArray<float>(mesh_.context(), l, std::move(blocks)));
+    }
+  }
+
+  Local& local_model(std::int64_t d) {
+    auto& slot = locals_[static_cast<std::size_t>(d)];
+    if (!slot) {
+      slot = std::make_unique<Local>(local_cfg_);
+      slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
+    }
+    return *slot;
+  }
+
+  // ------------------------------------------------------------------ parameters (ZeRO-3)
+  /// Fills p (the local model's parameter) from the device's blocks.
+  template <class Prm>
+  void gather_param_into(Device& dev, const std::string& name, Prm& p) {
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    const auto& blk = params_.at(name).local(d);
+    const auto& cshape = pl.compute.local_shape();
+    p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
+    dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    const std::size_t n = blk.size();
+    if (pl.gather_axes.empty()) {
+      std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
+      std::vector<T> buf(n * group.devices.size());
+      all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+      const auto origin = pl.compute.offset(d);
+      for (std::size_t k = 0; k < group.devices.size(); ++k)
+        detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                              pl.layout.local_shape(), buf.data() + k * n, false);
+    }
+    if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
+  }
+
+  template <class Prm>
+  void release_param(Device& dev, Prm& p) {
+    dev.memory().release(dev.id(), static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    sharded_detail::free_tensor(p.value);
+  }
+
+  /// Allocates (zeroed) the local gradient before a backward.
+  template <class Prm>
+  void open_grad(Device& dev, Prm& p) {
+    p.grad_data();
+    dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+  }
+
+  /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
+  template <class Prm>
+  void reduce_grad(Device& dev, const std::string& name, Prm& p) {
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    const auto& cshape = pl.compute.local_shape();
+    const auto& bshape = pl.layout.local_shape();
+    const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
+    const auto origin = pl.compute.offset(d);
+    std::vector<float> out(m);
+    if (pl.scatter_axes.empty()) {
+      detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
+                                out.data(), true);
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
+      std::vector<float> packed(m * group.devices.size());
+      for (std::size_t k = 0; k < group.devices.size(); ++k)
+        detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                  bshape, packed.data() + k * m, true);
+      reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+    }
+    if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
+    float* g = grads_.at(name).local(d).data();
+    for (std::size_t i = 0; i < m; ++i) g[i] += out[i];
+    dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+    sharded_detail::free_tensor(p.grad);
+  }
+
+  template <class M>
+  void gather_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { gather_param_into(dev, std::string(path), p); });
+  }
+  template <class M>
+  void release_module(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { release_param(dev, p); });
+  }
+  template <class M>
+  void open_module_grads(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { open_grad(dev, p); });
+  }
+  template <class M>
+  void reduce_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
+  }
+
+  // ------------------------------------------------------------------ sequence parallel helpers
+  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
+  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
+    all_gather(*c.dev, local, buf, "sp");
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return full;
+  }
+  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
+  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
+                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return l;
+  }
+  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return f;
+  }
+  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
+  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    reduce_scatter(*c.dev, packed, out, "sp");
+    return out;
+  }
+
+  // ------------------------------------------------------------------ one decoder layer
+  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
+    const std::int64_t Tl = c.tokens();
+    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
+    s.n1.resize(n);
+    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
+    const float* g = s.n1.data();
+    if (c.sp > 1) {
+      s.g = gather_seq(c, s.n1);
+      g = s.g.data();
+    }
+    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
+    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    s.h.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    s.n2.resize(n);
+    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
+    L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
+    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
+    const std::size_t n = s.h.size();
+    std::vector<float> a(n), dh(dy, dy + n);
+    L.mlp.backward(dy, s.mlp_s, a.data());
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
+    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    std::vector<float> padded;
+    const float* dyfull = dh.data();
+    if (c.sp > 1) {
+      padded = pad_seq(c, dh);
+      dyfull = padded.data();
+    }
+    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.backward(dyfull, s.attn_s, dg.data());
+    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
+    if (c.tp > 1) psum(*c.dev, dn1, "tp");
+    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
+    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  // ------------------------------------------------------------------ the step
+  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
+                           const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
+                           const std::int64_t* pos) {
+    const char* w = "ShardedLlama";
+    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
+    EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
+    EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
+              fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
+    EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
+              " (the sequence is split over sp)");
+    for (std::int64_t i = 0; i < B * S; ++i)
+      EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
+                tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
+    // Global HF shift: targets[b, s] = labels[b, s + 1].
+    std::vector<std::int64_t> targets;
+    if (mode != Mode::logits) {
+      targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
+                          : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
+    }
+    nn::LossMetrics result;
+    mesh_.run([&](Device& dev) {
+      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
+      if (dev.id() == 0) result = m;
+    });
+    return result;
+  }
+
+  nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
+                              std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
+                              const std::int64_t* mask, const std::int64_t* pos) {
+    Local& lm = local_model(dev.id());
+    auto& model = lm.model;
+    Ctx c;
+    c.dev = &dev;
+    c.tp = dev.axis_size("tp");
+    c.sp = dev.axis_size("sp");
+    c.sp_rank = dev.axis_index("sp");
+    const std::int64_t fsdp = dev.axis_size("fsdp");
+    c.Bl = B / (dev.axis_size("dp") * fsdp);
+    c.S = S;
+    c.Sl = S / c.sp;
+    c.H = cfg_.hidden_size;
+    const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
+    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
+    // Attention runs on the local batch rows over the whole sequence: their mask and positions.
+    std::vector<std::int64_t> mask_l(mask ? c.Bl * S : 0), pos_l(pos ? c.Bl * S : 0);
+    if (mask) std::copy(mask + b0 * S, mask + (b0 + c.Bl) * S, mask_l.begin());
+    if (pos) std::copy(pos + b0 * S, pos + (b0 + c.Bl) * S, pos_l.begin());
+    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr};
+    const std::size_t n = static_cast<std::size_t>(Tl * H);
+
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
+    if (mode != Mode::logits) {
+      tg.resize(ids.size());
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        for (std::int64_t s = 0; s < c.Sl; ++s)
+          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
+    }
+
+    // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
+    gather_module(dev, model.embed_tokens, "model.embed_tokens");
+    gather_module(dev, model.norm, "model.norm");
+    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
+
+    const std::size_t L = model.layers.size();
+    std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
+    std::vector<LayerSaved> saved(L);
+    typename nn::Embedding<Pol>::Saved embed_s;
+    model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l);
+      gather_module(dev, model.layers[l], pre);
+      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      release_module(dev, model.layers[l]);
+    }
+    std::vector<float> hidden(n);
+    typename nn::RMSNorm<Pol>::Saved norm_s;
+    model.norm.forward(xs[L].data(), Tl, hidden.data(), norm_s);
+
+    nn::LossMetrics metrics;
+    if (mode == Mode::logits) {
+      std::vector<float> lg(static_cast<std::size_t>(Tl * V));
+      nn::gemm_ops::mm_nt(hidden.data(), lm.head_weight(), lg.data(), Tl, V, H);
+      if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
+        for (std::int64_t b = 0; b < c.Bl; ++b)
+          std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
+                      static_cast<std::size_t>(c.Sl * V) * sizeof(float));
+    } else {
+      const auto& D = data_axes_present();
+      std::int64_t valid = 0;
+      for (auto t : tg) valid += t != opt.ignore_index;
+      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
+      nn::LossOptions o = opt;
+      o.shift = false;
+      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+      const bool train = mode == Mode::train;
+      std::vector<float> dhidden(train ? n : 0);
+      if (train) {
+        open_module_grads(dev, model.embed_tokens);
+        open_module_grads(dev, model.norm);
+        if (!tied_) open_module_grads(dev, lm.lm_head);
+      }
+      const nn::LossMetrics lm_m =
+          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
+                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
+      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
+      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
+                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
+      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
+      metrics.loss = vals[0];
+      metrics.z_loss = vals[1];
+      metrics.tokens = N;
+      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
+      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
+      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+
+      if (train) {
+        std::vector<float> a(n), b(n);
+        model.norm.backward(dhidden.data(), norm_s, a.data());
+        for (std::size_t l = L; l-- > 0;) {
+          const std::string pre = "model.layers." + std::to_string(l);
+          gather_module(dev, model.layers[l], pre);
+          open_module_grads(dev, model.layers[l]);
+          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
+          saved[l] = LayerSaved{};
+          reduce_module(dev, model.layers[l], pre);
+          release_module(dev, model.layers[l]);
+          std::swap(a, b);
+        }
+        model.embed_tokens.backward(a.data(), embed_s);
+        reduce_module(dev, model.embed_tokens, "model.embed_tokens");
+        reduce_module(dev, model.norm, "model.norm");
+        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
+      }
+    }
+    release_module(dev, model.embed_tokens);
+    release_module(dev, model.norm);
+    if (!tied_) release_module(dev, lm.lm_head);
+    return metrics;
+  }
+
+  const std::vector<std::string>& data_axes_present() const { return data_axes_; }
+
+  LlamaConfig cfg_, local_cfg_;
+  DefaultMesh mesh_;
+  PartitionRules rules_;
+  bool tied_ = false;
+  std::vector<std::string> names_;
+  std::map<std::string, Plan> plans_;
+  std::map<std::string, ShardedArray<T>> params_;
+  std::map<std::string, ShardedArray<float>> grads_;
+  std::vector<std::unique_ptr<Local>> locals_;
+  std::vector<std::string> data_axes_;
+};
+
+/// Shards a one-device model over `mesh` (EasyDeL's default Llama rules unless given).
+template <class Pol>
+ShardedLlama<Pol> shard_model(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                              PartitionRules rules = llama_partition_rules()) {
+  return ShardedLlama<Pol>(model, mesh, std::move(rules));
+}
+
+/// The one-device model with the sharded model's parameters (bit-exact).
+template <class Pol>
+LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
+  return sharded.gather_model();
+}
+
+struct ShardedLossAndGrads {
+  nn::LossMetrics metrics;
+  std::map<std::string, xt::xarray<float>> grads;  // by HF name, full (gathered)
+};
+
+/// Logits [B, S, V] of tokens [B * S] computed on `mesh` (a 1-device mesh runs the model directly).
+template <class Pol>
+xt::xtensor<float, 3> sharded_logits(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                                     std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t seq,
+                                     const PartitionRules& rules = llama_partition_rules()) {
+  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_logits",
+            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
+  if (mesh.size() == 1) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(batch),
+                                                                   static_cast<std::size_t>(seq),
+                                                                   static_cast<std::size_t>(model.config().vocab_size)});
+    model.logits(tokens.data(), nn::TokenLayout{batch, seq}, out.data());
+    return out;
+  }
+  ShardedLlama<Pol> sm(model, mesh, rules);
+  return sm.logits(tokens.data(), batch, seq);
+}
+
+/// Loss and full gradients (by HF name) computed on `mesh`. The 1-device path runs
+/// model.forward_backward (after zero_grad(model); the model's gradients are left set).
+template <class Pol>
+ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                                           std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
+                                           std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
+                                           const PartitionRules& rules = llama_partition_rules()) {
+  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
+            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
+  EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
+            "labels holds ", labels.size(), " ids, expected ", tokens.size());
+  const std::int64_t* lab = labels.empty() ? nullptr : labels.data();
+  ShardedLossAndGrads r;
+  if (mesh.size() == 1) {
+    nn::zero_grad(model);
+    r.metrics = model.forward_backward(tokens.data(), nn::TokenLayout{batch, seq}, lab, opt);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end()));
+      if (p.has_grad()) std::memcpy(g.data(), p.grad.data(), g.size() * sizeof(float));
+      else g.fill(0.0f);
+      r.grads.emplace(std::string(path), std::move(g));
+    });
+    return r;
+  }
+  ShardedLlama<Pol> sm(model, mesh, rules);
+  r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
+  r.grads = sm.gather_grads();
+  return r;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/sharded.hpp
 // end of edl/models/all.hpp
 // #include <edl/optim/all.hpp>
 // edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.

@@ -71,6 +71,11 @@ TEST(PartitionRules, DefaultLlamaRulesShardEveryTinyParameter) {
       {"model.layers.3.post_attention_layernorm.weight", {H}, rep},
       {"model.norm.weight", {H}, rep},
       {"lm_head.weight", {V, H}, col},
+      {"model.layers.0.self_attn.q_proj.bias", {H}, SpecValue{{{"tp"}}}},
+      {"model.layers.0.self_attn.o_proj.bias", {H}, rep},
+      {"model.layers.11.mlp.gate_proj.bias", {F}, SpecValue{{{"tp"}}}},
+      {"model.layers.11.mlp.up_proj.bias", {F}, SpecValue{{{"tp"}}}},
+      {"model.layers.11.mlp.down_proj.bias", {H}, rep},
   };
   for (const auto& c : cases) EXPECT_EQ(rules.spec_for(c.path, c.shape, mesh.shape()), c.expected) << c.path;
   // The rules shard real tensors: fsdp x tp holds a quarter of each matrix per device.

@@ -2,3 +2,4 @@
 #pragma once
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sharded.hpp>

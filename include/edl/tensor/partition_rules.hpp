@@ -90,8 +90,9 @@ class PartitionRules {
 /// EasyDeL's default Llama rules (fully sharded data parallel), for HF tensor layouts: linear
 /// weights are [out, in], so a column-parallel projection (q/k/v, gate, up) splits dimension 0
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
-/// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Norms
-/// and anything else 1-D are replicated.
+/// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
+/// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
+/// and anything else 1-D) replicated.
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -101,6 +102,7 @@ inline PartitionRules llama_partition_rules() {
       {"self_attn/(q_proj|k_proj|v_proj)/bias", SpecValue{{{"tp"}}}},
       {"self_attn/o_proj/weight", row},
       {"mlp/(gate_proj|up_proj)/weight", col},
+      {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},

@@ -1,0 +1,379 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <edl/io/safetensors.hpp>
+#include <edl/mesh/mesh.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sharded.hpp>
+
+using namespace edl;
+using models::LlamaConfig;
+using models::LlamaForCausalLM;
+
+namespace {
+
+using Dims = std::array<std::int64_t, 4>;
+
+LlamaConfig small_gqa_config(bool tied = false, bool bias = false) {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = bias;
+  c.mlp_bias = bias;
+  c.validate();
+  return c;
+}
+
+std::filesystem::path tiny_hf_dir() {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  return std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+}
+
+std::vector<std::int64_t> random_tokens(std::int64_t n, std::int64_t vocab, unsigned seed) {
+  std::mt19937 g(seed);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(n));
+  for (auto& v : t) v = static_cast<std::int64_t>(g() % static_cast<unsigned>(vocab));
+  return t;
+}
+
+std::string dims_str(const Dims& d) {
+  return "mesh(dp=" + std::to_string(d[0]) + ",fsdp=" + std::to_string(d[1]) + ",tp=" + std::to_string(d[2]) +
+         ",sp=" + std::to_string(d[3]) + ")";
+}
+
+double g_worst = 0;  // worst max|a - b| / max|a| seen, printed by the mesh tests
+
+/// max |a - b| <= tol * max |a| (a: the one-device reference).
+template <class A, class B>
+void expect_close(const A* ref, const B* got, std::size_t n, const std::string& what, double tol = 1e-5) {
+  double mx = 0, err = 0;
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    mx = std::max(mx, std::abs(static_cast<double>(ref[i])));
+    const double e = std::abs(static_cast<double>(ref[i]) - static_cast<double>(got[i]));
+    if (e > err) err = e, worst = i;
+  }
+  g_worst = std::max(g_worst, err / std::max(mx, 1e-12));
+  EXPECT_LE(err, tol * std::max(mx, 1e-12)) << what << ": max error " << err << " at " << worst << " (ref "
+                                            << (n ? ref[worst] : 0) << ", got " << (n ? got[worst] : 0) << "), max |ref| "
+                                            << mx;
+}
+
+struct Reference {
+  std::vector<float> logits;  // [B*S*V]
+  nn::LossMetrics metrics;
+  std::map<std::string, std::vector<float>> grads;
+};
+
+Reference reference(LlamaForCausalLM<>& m, const std::vector<std::int64_t>& ids, const std::vector<std::int64_t>& labels,
+                    std::int64_t B, std::int64_t S, const nn::LossOptions& opt = {}) {
+  Reference r;
+  nn::TokenLayout lay{B, S};
+  r.logits.resize(static_cast<std::size_t>(B * S * m.config().vocab_size));
+  m.logits(ids.data(), lay, r.logits.data());
+  nn::zero_grad(m);
+  r.metrics = m.forward_backward(ids.data(), lay, labels.data(), opt);
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    r.grads[std::string(path)] = std::vector<float>(p.grad.begin(), p.grad.end());
+  });
+  return r;
+}
+
+void check_mesh(LlamaForCausalLM<>& m, const Reference& ref, const std::vector<std::int64_t>& ids,
+                const std::vector<std::int64_t>& labels, std::int64_t B, std::int64_t S, const Dims& dims,
+                const nn::LossOptions& opt = {}) {
+  const std::string where = dims_str(dims);
+  SCOPED_TRACE(where);
+  auto mesh = create_mesh(dims);
+  auto sm = models::shard_model(m, mesh);
+  const auto logits = sm.logits(ids.data(), B, S);
+  ASSERT_EQ(logits.size(), ref.logits.size());
+  expect_close(ref.logits.data(), logits.data(), logits.size(), where + " logits");
+
+  const auto metrics = sm.loss_and_grads(ids.data(), labels.data(), B, S, opt);
+  EXPECT_EQ(metrics.tokens, ref.metrics.tokens);
+  EXPECT_NEAR(metrics.loss, ref.metrics.loss, 1e-5 * std::abs(ref.metrics.loss)) << where;
+  EXPECT_NEAR(metrics.z_loss, ref.metrics.z_loss, 1e-5 * std::abs(ref.metrics.z_loss) + 1e-12) << where;
+  EXPECT_NEAR(metrics.accuracy, ref.metrics.accuracy, 1e-12) << where;
+  EXPECT_NEAR(metrics.perplexity, ref.metrics.perplexity, 1e-5 * ref.metrics.perplexity) << where;
+  ASSERT_EQ(sm.names().size(), ref.grads.size());
+  for (const auto& [name, g] : ref.grads) {
+    const auto got = sm.gather_grad(name);
+    ASSERT_EQ(got.size(), g.size()) << name;
+    expect_close(g.data(), got.data(), g.size(), where + " grad " + name);
+  }
+  // The loss alone agrees with loss_and_grads.
+  EXPECT_NEAR(sm.loss(ids.data(), labels.data(), B, S, opt).loss, metrics.loss, 1e-12) << where;
+}
+
+const std::vector<Dims> kMeshes = {{1, 1, 1, 1}, {2, 1, 1, 1}, {1, 2, 1, 1}, {1, 1, 2, 1}, {1, 1, 1, 2},
+                                   {2, 2, 2, 1}, {1, 2, 2, 2}, {2, 1, 2, 2}, {2, 2, 1, 2}, {1, 4, 1, 1},
+                                   {1, 1, 1, 4}, {4, 1, 1, 1}};
+
+}  // namespace
+
+TEST(ShardedLlama, TinyHfFixtureMatchesOneDevice) {
+  const auto dir = tiny_hf_dir();
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  LlamaForCausalLM<> m(cfg);
+  nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, cfg.vocab_size, 3);
+  auto labels = ids;
+  labels[5] = -100;
+  labels[17] = -100;
+  const Reference ref = reference(m, ids, labels, B, S);
+  for (const auto& d : kMeshes) check_mesh(m, ref, ids, labels, B, S, d);
+  std::printf("  worst relative error so far: %.3g\n", g_worst);
+}
+
+TEST(ShardedLlama, SmallGqaMatchesOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(7), 0.2f);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 11);
+  auto labels = ids;
+  labels[0] = labels[9] = labels[30] = -100;
+  const Reference ref = reference(m, ids, labels, B, S);
+  for (const auto& d : kMeshes) check_mesh(m, ref, ids, labels, B, S, d);
+  std::printf("  worst relative error so far: %.3g\n", g_worst);
+}
+
+TEST(ShardedLlama, TiedEmbeddingsAndBiasesMatchOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config(/*tied=*/true, /*bias=*/true));
+  m.init(Key::from_seed(8), 0.2f);
+  // Non-zero biases, so that a bias added once per tp rank would show.
+  m.visit_params("", [](std::string_view path, auto& p) {
+    if (std::string(path).ends_with("bias"))
+      for (std::size_t i = 0; i < p.value.size(); ++i) p.value.data()[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+  });
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 12);
+  const Reference ref = reference(m, ids, ids, B, S);
+  for (const auto& d : std::vector<Dims>{{2, 1, 2, 1}, {1, 2, 2, 2}}) check_mesh(m, ref, ids, ids, B, S, d);
+}
+
+TEST(ShardedLlama, SlidingWindowAndLossOptionsMatchOneDevice) {
+  auto cfg = small_gqa_config();
+  cfg.model_type = "mistral";
+  cfg.sliding_window = 3;  // windows cross the sp boundaries
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(15), 0.2f);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 16);
+  auto labels = ids;
+  labels[8] = labels[12] = -100;
+  nn::LossOptions opt;
+  opt.z_loss = 1e-3f;
+  opt.label_smoothing = 0.1f;
+  opt.chunk_rows = 3;
+  const Reference ref = reference(m, ids, labels, B, S, opt);
+  for (const auto& d : std::vector<Dims>{{2, 1, 1, 2}, {1, 1, 2, 4}}) check_mesh(m, ref, ids, labels, B, S, d, opt);
+}
+
+TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(17), 0.2f);
+  const std::int64_t B = 4, S = 8, V = 64;
+  const auto ids = random_tokens(B * S, V, 18);
+  // Left padding: row b has b + 1 pad tokens (mask 0, label -100, positions from 0 after them).
+  std::vector<std::int64_t> mask(B * S, 1), pos(B * S), labels = ids;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s) {
+      const bool pad = s <= b;
+      mask[b * S + s] = pad ? 0 : 1;
+      pos[b * S + s] = pad ? 0 : s - b - 1;
+      if (pad) labels[b * S + s] = -100;
+    }
+  nn::TokenLayout lay{B, S, pos.data(), mask.data()};
+  std::vector<float> ref_logits(static_cast<std::size_t>(B * S * V));
+  m.logits(ids.data(), lay, ref_logits.data());
+  nn::zero_grad(m);
+  const auto ref_m = m.forward_backward(ids.data(), lay, labels.data());
+  for (const auto& d : std::vector<Dims>{{2, 1, 2, 1}, {1, 2, 1, 2}, {1, 1, 2, 4}}) {
+    SCOPED_TRACE(dims_str(d));
+    auto sm = models::shard_model(m, create_mesh(d));
+    const auto lg = sm.logits(ids.data(), B, S, mask.data(), pos.data());
+    expect_close(ref_logits.data(), lg.data(), lg.size(), "masked logits");
+    const auto got = sm.loss_and_grads(ids.data(), labels.data(), B, S, {}, mask.data(), pos.data());
+    EXPECT_EQ(got.tokens, ref_m.tokens);
+    EXPECT_NEAR(got.loss, ref_m.loss, 1e-5 * ref_m.loss);
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const auto g = sm.gather_grad(std::string(path));
+      expect_close(p.grad.data(), g.data(), g.size(), "masked grad " + std::string(path));
+    });
+  }
+}
+
+TEST(ShardedLlama, RepeatedRunsAreBitIdentical) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(19), 0.2f);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 20);
+  std::map<std::string, xt::xarray<float>> first;
+  double first_loss = 0;
+  for (int run = 0; run < 2; ++run) {
+    auto sm = models::shard_model(m, create_mesh({2, 1, 2, 2}));
+    const double loss = sm.loss_and_grads(ids.data(), nullptr, B, S).loss;
+    auto grads = sm.gather_grads();
+    if (run == 0) {
+      first = std::move(grads);
+      first_loss = loss;
+      continue;
+    }
+    EXPECT_EQ(loss, first_loss);
+    for (const auto& [name, g] : grads) EXPECT_TRUE(g == first.at(name)) << name;
+  }
+}
+
+TEST(ShardedLlama, GradientsAccumulateAndZero) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(9), 0.2f);
+  const std::int64_t B = 2, S = 4;
+  const auto ids = random_tokens(B * S, 64, 13);
+  auto sm = models::shard_model(m, create_mesh({1, 2, 1, 1}));
+  sm.loss_and_grads(ids.data(), nullptr, B, S);
+  const auto once = sm.gather_grad("model.layers.1.mlp.down_proj.weight");
+  sm.loss_and_grads(ids.data(), nullptr, B, S);
+  const auto twice = sm.gather_grad("model.layers.1.mlp.down_proj.weight");
+  for (std::size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(twice.data()[i], 2 * once.data()[i]);
+  sm.zero_grad();
+  const auto zero = sm.gather_grad("model.layers.1.mlp.down_proj.weight");
+  EXPECT_TRUE(std::all_of(zero.begin(), zero.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST(ShardedLlama, ShardThenGatherIsBitExact) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(4));
+  auto sm = models::shard_model(m, create_mesh({1, 2, 2, 2}));
+  auto back = models::gather_model(sm);
+  std::map<std::string, std::vector<float>> orig;
+  m.visit_params("", [&](std::string_view path, auto& p) { orig[std::string(path)].assign(p.value.begin(), p.value.end()); });
+  std::size_t count = 0;
+  back.visit_params("", [&](std::string_view path, auto& p) {
+    const auto& o = orig.at(std::string(path));
+    ASSERT_EQ(o.size(), p.value.size());
+    EXPECT_TRUE(std::equal(o.begin(), o.end(), p.value.begin())) << path;
+    ++count;
+  });
+  EXPECT_EQ(count, orig.size());
+}
+
+TEST(ShardedLlama, FsdpHoldsAQuarterOfTheParametersPerDevice) {
+  const auto cfg = small_gqa_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5));
+  auto mesh = create_mesh({1, 4, 1, 1});
+  std::vector<std::int64_t> before(4);
+  for (std::int64_t d = 0; d < 4; ++d) before[static_cast<std::size_t>(d)] = mesh.memory().live(d);
+  const std::int64_t total = m.param_count() * static_cast<std::int64_t>(sizeof(float));
+  std::int64_t norms = 0;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    if (p.value.dimension() == 1) norms += p.numel() * static_cast<std::int64_t>(sizeof(float));
+  });
+  {
+    auto sm = models::shard_model(m, mesh);
+    for (std::int64_t d = 0; d < 4; ++d) {
+      const std::int64_t held = mesh.memory().live(d) - before[static_cast<std::size_t>(d)];
+      EXPECT_EQ(held, sm.param_bytes(d));
+      EXPECT_EQ(held, (total - norms) / 4 + norms) << "device " << d;  // matrices split 4 ways, norms replicated
+      EXPECT_LT(static_cast<double>(held), 0.27 * static_cast<double>(total));
+    }
+    // A training step adds the gradient blocks (same layout); transient gathers are released.
+    const std::int64_t B = 4, S = 4;
+    const auto ids = random_tokens(B * S, cfg.vocab_size, 1);
+    sm.loss_and_grads(ids.data(), nullptr, B, S);
+    for (std::int64_t d = 0; d < 4; ++d)
+      EXPECT_EQ(mesh.memory().live(d) - before[static_cast<std::size_t>(d)], 2 * sm.param_bytes(d));
+  }
+  for (std::int64_t d = 0; d < 4; ++d) EXPECT_EQ(mesh.memory().live(d), before[static_cast<std::size_t>(d)]);
+}
+
+TEST(ShardedLlama, ClearErrors) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(6));
+  auto sm = models::shard_model(m, create_mesh({2, 1, 1, 1}));
+  const auto ids = random_tokens(3 * 4, 64, 2);
+  try {
+    sm.loss_and_grads(ids.data(), nullptr, 3, 4);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::not_divisible);
+    EXPECT_NE(std::string(e.what()).find("batch 3 is not divisible by dp * fsdp"), std::string::npos) << e.what();
+  }
+  auto sp = models::shard_model(m, create_mesh({1, 1, 1, 2}));
+  EXPECT_THROW(sp.logits(ids.data(), 4, 3), Error);  // seq 3 over sp = 2
+  // tp larger than the kv heads: named in the error.
+  try {
+    models::shard_model(m, create_mesh({1, 1, 4, 1}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShardedLlama, FreeFunctionsMatchOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(10), 0.2f);
+  const std::int64_t B = 2, S = 4;
+  const auto ids = random_tokens(B * S, 64, 14);
+  const auto one = models::sharded_loss_and_grads(m, create_mesh({1, 1, 1, 1}), ids, {}, B, S);
+  const auto two = models::sharded_loss_and_grads(m, create_mesh({1, 1, 2, 1}), ids, {}, B, S);
+  EXPECT_NEAR(one.metrics.loss, two.metrics.loss, 1e-5 * one.metrics.loss);
+  ASSERT_EQ(one.grads.size(), two.grads.size());
+  for (const auto& [name, g] : one.grads) expect_close(g.data(), two.grads.at(name).data(), g.size(), name);
+  const auto l1 = models::sharded_logits(m, create_mesh({1, 1, 1, 1}), ids, B, S);
+  const auto l2 = models::sharded_logits(m, create_mesh({2, 1, 1, 1}), ids, B, S);
+  expect_close(l1.data(), l2.data(), l1.size(), "logits");
+}
+
+// The forward traffic of docs/parallelism.md's tables, as the simulated backend counts it
+// (ring costs: all_gather (n-1)/n of the output, psum 2(n-1)/n of the buffer).
+TEST(ShardedLlama, ForwardTrafficMatchesTheDocumentedTable) {
+  const auto cfg = small_gqa_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(21));
+  const std::int64_t B = 2, S = 4, H = cfg.hidden_size, V = cfg.vocab_size, F = cfg.intermediate_size;
+  const std::int64_t D = cfg.head_size(), nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const std::int64_t L = cfg.num_hidden_layers, f4 = 4;
+  const auto ids = random_tokens(B * S, V, 22);
+  auto traffic = [&](const Dims& d) {
+    auto mesh = create_mesh(d);
+    auto sm = models::shard_model(m, mesh);
+    auto& be = dynamic_cast<SimulatedBackend&>(mesh.backend());
+    be.reset_traffic();
+    (void)sm.logits(ids.data(), B, S);
+    return be.traffic();
+  };
+  {  // tp = 2: embedding and lm_head gathered over tp, two psums of [Tl, H] per layer.
+    const auto t = traffic({1, 1, 2, 1});
+    const std::int64_t Tl = B * S, W = 2 * V * H * f4 / 2 + L * 2 * (Tl * H * f4);
+    ASSERT_EQ(t.count("tp"), 1u);
+    for (auto v : t.at("tp")) EXPECT_EQ(v, W);
+    EXPECT_EQ(t.size(), 1u);
+  }
+  {  // fsdp = 2: every matrix gathered once per layer; embedding and lm_head once.
+    const auto t = traffic({1, 2, 1, 1});
+    const std::int64_t W = (2 * nh * D * H + 2 * nkv * D * H + 3 * H * F) * f4;
+    ASSERT_EQ(t.count("fsdp"), 1u);
+    for (auto v : t.at("fsdp")) EXPECT_EQ(v, L * W / 2 + 2 * V * H * f4 / 2);
+    EXPECT_EQ(t.size(), 1u);
+  }
+}
