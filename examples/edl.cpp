@@ -7,9 +7,14 @@
 
 #include "cli/args.hpp"
 #include "cli/bench_collectives.hpp"
+#include "cli/bench_train.hpp"
 #include "cli/bench_gemm.hpp"
+#include "cli/generate.hpp"
 #include "cli/info.hpp"
 #include "cli/inspect.hpp"
+#include "cli/logits.hpp"
+#include "cli/loss.hpp"
+#include "cli/train.hpp"
 
 namespace {
 
@@ -19,8 +24,14 @@ const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"info", edl::cli::cmd_info},
       {"bench collectives", edl::cli::cmd_bench_collectives},
+      {"bench decode", edl::cli::cmd_bench_decode},
       {"bench gemm", edl::cli::cmd_bench_gemm},
+      {"generate", edl::cli::cmd_generate},
+      {"bench train", edl::cli::cmd_bench_train},
       {"inspect", edl::cli::cmd_inspect},
+      {"logits", edl::cli::cmd_logits},
+      {"loss", edl::cli::cmd_loss},
+      {"train", edl::cli::cmd_train},
   };
   return table;
 }

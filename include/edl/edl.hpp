@@ -11,3 +11,5 @@
 #include <edl/io/all.hpp>
 #include <edl/models/all.hpp>
 #include <edl/optim/all.hpp>
+#include <edl/generate/all.hpp>
+#include <edl/train/all.hpp>

@@ -5584,7 +5584,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         }
         const float mx = kd::row_max(x, V);
         std::int64_t arg = 0;
-        while (x[arg] != mx) ++arg;
+        while (arg + 1 < V && x[arg] != mx) ++arg;  // bounded: a NaN row never equals its max
         correct[ri] = arg == l;
         const float xl = x[l];
         const float mean_x = eps > 0 ? kd::row_sum(x, V) / static_cast<float>(V) : 0.0f;
@@ -7329,6 +7329,643 @@ class LlamaForCausalLM {
 
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
+// #include <edl/models/llama/pretrained.hpp>
+// edl/models/llama/pretrained.hpp
+// HuggingFace checkpoints for Llama models, and the module-protocol conveniences that work on
+// any model with visit_params (docs/llama.md).
+//
+//   auto m = models::from_pretrained("ckpt/");                  // config.json + model.safetensors
+//   auto mb = models::from_pretrained<BF16ParamsPolicy>("ckpt/"); // or the sharded index
+//   models::save_pretrained("out/", m);                          // HF layout, loads in transformers
+//   models::save_pretrained("out/", m, {.max_shard_bytes = 2'000'000'000, .dtype = DType::bf16});
+//   auto b = models::to_dtype<BF16ParamsPolicy>(m);              // f32 -> bf16, round to nearest even
+//   for (auto& p : models::lazy_init<>(cfg)) ...                 // names, shapes, bytes; no allocation
+//
+// Loading (load_weights, reusable for any head): every parameter is read by its HF name and
+// converted from the checkpoint's F32 / BF16 / F16 (or F64) to the parameter dtype with one
+// round-to-nearest-even. A parameter the checkpoint lacks, a tensor of another shape and a
+// checkpoint tensor the model does not have are edl::Error naming the tensor and the file
+// (errc::format, errc::shape_mismatch, errc::format). Ignored: HF's non-parameter buffers
+// ("*.rotary_emb.inv_freq", "*.masked_bias", "*.attn.bias") and, for a model with tied
+// embeddings, an "lm_head.weight" the checkpoint may still carry (HF ignores it too).
+//
+// Saving: config.json (unknown fields kept, torch_dtype set to the saved dtype) and
+// model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json when
+// the tensors pass max_shard_bytes (HF's default is "5GB" = 5e9 bytes), every file written
+// atomically, metadata {"format": "pt"}, tensors in HF order: the layout
+// transformers' from_pretrained reads unchanged.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+
+namespace edl::models {
+
+// ============================================================================ module protocol
+
+/// Number of parameter elements of any model with visit_params (tied weights counted once).
+template <class M>
+std::int64_t parameter_count(const M& m) {
+  std::int64_t n = 0;
+  // visit_params is non-const only because it hands out mutable references; counting does not write.
+  const_cast<M&>(m).visit_params("", [&](std::string_view, auto& p) { n += p.numel(); });
+  return n;
+}
+
+/// Bytes of the parameter values (not gradients).
+template <class M>
+std::uint64_t parameter_bytes(const M& m) {
+  std::uint64_t n = 0;
+  const_cast<M&>(m).visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    n += static_cast<std::uint64_t>(p.numel()) * sizeof(T);
+  });
+  return n;
+}
+
+/// One parameter as lazy_init describes it: no memory behind it.
+struct ParamSpec {
+  std::string name;                 // HF name
+  std::vector<std::int64_t> shape;  // HF shape
+  DType dtype = DType::f32;         // the policy's parameter dtype
+  std::uint64_t bytes = 0;          // numel x dtype size
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+/// The parameters a model of `cfg` with policy `Pol` would have (HF names and order, shapes,
+/// dtype, bytes) computed from the config alone: nothing is allocated, so this sizes a 70B
+/// model as cheaply as a tiny one. Equal to the model's visit_params order.
+template <class Pol = DefaultPolicy>
+std::vector<ParamSpec> lazy_init(const LlamaConfig& cfg, LlamaHead head = LlamaHead::causal_lm) {
+  static_assert(PolicyLike<Pol>, "edl::models::lazy_init: the template argument must be an edl::Policy");
+  using T = typename Pol::param_t;
+  std::vector<ParamSpec> out;
+  for (auto& [name, shape] : cfg.parameter_shapes(head)) {
+    ParamSpec p{name, shape, dtype_v<T>, 0};
+    p.bytes = static_cast<std::uint64_t>(p.numel()) * sizeof(T);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// Sum of ParamSpec::bytes.
+inline std::uint64_t total_bytes(const std::vector<ParamSpec>& specs) {
+  std::uint64_t n = 0;
+  for (const auto& p : specs) n += p.bytes;
+  return n;
+}
+
+/// Counter-based initialization of any model (docs/modules.md): parameter k in visit order
+/// draws from fold_in(key, k). std < 0 takes the model config's initializer_range when the
+/// model has a config(), else 0.02.
+template <class M>
+void init(M& m, Key key, float std = -1.0f) {
+  if (std < 0) {
+    if constexpr (requires { m.config().initializer_range; }) std = static_cast<float>(m.config().initializer_range);
+    else std = 0.02f;
+  }
+  nn::init_params(m, key, std);
+}
+
+/// The same model with another precision policy (e.g. f32 -> bf16 parameters): every value is
+/// converted with one round-to-nearest-even; allocated gradients (always f32) are copied.
+/// Works for every model class template Model<Pol> constructible from its config().
+template <class NewPol, template <class> class Model, class Pol>
+Model<NewPol> to_dtype(const Model<Pol>& src) {
+  using S = typename Pol::param_t;
+  using D = typename NewPol::param_t;
+  Model<NewPol> dst(src.config());
+  struct Entry {
+    std::string name;
+    const S* value;
+    const float* grad;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<Entry> entries;
+  const_cast<Model<Pol>&>(src).visit_params("", [&](std::string_view path, auto& p) {
+    entries.push_back({std::string(path), p.data(), p.has_grad() ? p.grad.data() : nullptr, p.shape()});
+  });
+  std::size_t k = 0;
+  dst.visit_params("", [&](std::string_view path, auto& p) {
+    EDL_CHECK(k < entries.size() && entries[k].name == path && entries[k].shape == p.shape(), errc::shape_mismatch,
+              "models::to_dtype", "parameter ", path, " does not match the source model's");
+    const Entry& e = entries[k++];
+    const std::size_t n = p.value.size();
+    D* out = p.data();
+    if constexpr (std::is_same_v<S, D>) {
+      if (n) std::memcpy(out, e.value, n * sizeof(D));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(e.value[i]));
+    }
+    if (e.grad) std::memcpy(p.grad_data(), e.grad, n * sizeof(float));
+  });
+  EDL_CHECK(k == entries.size(), errc::shape_mismatch, "models::to_dtype", "the models have different parameter counts");
+  return dst;
+}
+
+// ============================================================================ loading
+
+/// What load_weights did.
+struct LoadReport {
+  std::vector<std::string> loaded;      // model parameters read, in visit order
+  std::vector<std::string> missing;     // only with LoadOptions::allow_missing
+  std::vector<std::string> unexpected;  // only with LoadOptions::allow_unexpected
+  std::vector<std::string> ignored;     // buffers and a tied lm_head.weight
+};
+
+struct LoadOptions {
+  /// Leave parameters the checkpoint lacks as they are (e.g. a new classification head on a
+  /// causal-LM checkpoint) instead of failing; they are listed in LoadReport::missing.
+  bool allow_missing = false;
+  /// Skip checkpoint tensors the model does not have instead of failing (LoadReport::unexpected).
+  bool allow_unexpected = false;
+};
+
+namespace detail {
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// HF non-parameter buffers that older checkpoints carry.
+inline bool is_hf_buffer(std::string_view name) {
+  return ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".masked_bias") || ends_with(name, ".attn.bias");
+}
+
+/// The checkpoint's name for errors: the index, or the single file.
+template <class Ckpt>
+std::string checkpoint_source(const Ckpt& c) {
+  if constexpr (requires { c.index_path(); c.files(); }) {
+    if (!c.index_path().empty()) return c.index_path();
+    const auto f = c.files();
+    return f.empty() ? std::string("checkpoint") : f.front();
+  } else if constexpr (requires { c.path(); }) {
+    return c.path();
+  } else {
+    return "checkpoint";
+  }
+}
+
+template <class Ckpt>
+std::string file_of(const Ckpt& c, const std::string& name) {
+  if constexpr (requires { c.file_of(name); }) return c.file_of(name);
+  else return checkpoint_source(c);
+}
+
+}  // namespace detail
+
+/// Loads every parameter of `model` (any class with visit_params: LlamaForCausalLM,
+/// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
+/// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
+template <class M, class Ckpt>
+LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
+  const std::string source = detail::checkpoint_source(ckpt);
+  LoadReport rep;
+  std::set<std::string> wanted;
+  bool tied = false;
+  if constexpr (requires { model.tied(); }) tied = model.tied();
+  model.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::string name(path);
+    wanted.insert(name);
+    if (!ckpt.contains(name)) {
+      EDL_CHECK(opt.allow_missing, errc::format, source + " tensor " + name,
+                "the model needs this parameter, but the checkpoint does not hold it");
+      rep.missing.push_back(name);
+      return;
+    }
+    const auto& have = ckpt.info(name).shape;
+    const auto want = p.shape();
+    EDL_CHECK(std::equal(have.begin(), have.end(), want.begin(), want.end()), errc::shape_mismatch,
+              detail::file_of(ckpt, name) + " tensor " + name, "has shape ", ::edl::detail::shape_str(have),
+              " (", dtype_name(ckpt.info(name).dtype), "), but the model's parameter has shape ",
+              ::edl::detail::shape_str(want));
+    const DType dt = ckpt.info(name).dtype;
+    EDL_CHECK(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16 || dt == DType::f64, errc::dtype_mismatch,
+              detail::file_of(ckpt, name) + " tensor " + name, "has dtype ", dtype_name(dt),
+              ", expected a floating-point tensor (F32, BF16, F16 or F64)");
+    ckpt.template read_into<T>(name, std::span<T>(p.data(), p.value.size()));
+    rep.loaded.push_back(name);
+  });
+  for (const auto& name : ckpt.names()) {
+    if (wanted.count(name)) continue;
+    if (detail::is_hf_buffer(name) || (tied && name == "lm_head.weight")) {
+      rep.ignored.push_back(name);
+      continue;
+    }
+    EDL_CHECK(opt.allow_unexpected, errc::format, detail::file_of(ckpt, name) + " tensor " + name,
+              "unexpected tensor: the model (", wanted.size(), " parameters) has no parameter of this name");
+    rep.unexpected.push_back(name);
+  }
+  return rep;
+}
+
+/// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
+/// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype.
+template <class Pol = DefaultPolicy>
+LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  LlamaForCausalLM<Pol> m(cfg);
+  const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  load_weights(m, ckpt, opt);
+  return m;
+}
+
+// ============================================================================ saving
+
+/// HF's torch_dtype name of a storage dtype.
+inline std::string torch_dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    case DType::f64: return "float64";
+    default: break;
+  }
+  ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                       ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(d)));
+}
+
+struct SavePretrainedOptions {
+  /// A new shard starts when the next tensor would pass this (HF max_shard_size "5GB").
+  std::uint64_t max_shard_bytes = 5'000'000'000ull;
+  /// Dtype of the saved tensors (nullopt: the parameter dtype). Conversions round to nearest even.
+  std::optional<DType> dtype;
+};
+
+/// The tensors of `model` as an io::TensorList in HF order and `dtype`; `storage` owns the
+/// converted bytes (tensors already in `dtype` are referenced in place).
+template <class M>
+io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std::byte>>& storage) {
+  io::TensorList list;
+  std::size_t count = 0;
+  model.visit_params("", [&](std::string_view, auto&) { ++count; });
+  storage.reserve(storage.size() + count);  // keep earlier buffers' addresses stable
+  model.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::size_t n = p.value.size();
+    if (dtype == dtype_v<T>) {
+      list.emplace_back(std::string(path),
+                        io::TensorRef(dtype, p.shape(), std::as_bytes(std::span<const T>(p.data(), n))));
+      return;
+    }
+    auto& buf = storage.emplace_back(n * dtype_size(dtype));
+    auto convert = [&](auto tag) {
+      using D = decltype(tag);
+      D* out = reinterpret_cast<D*>(buf.data());
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(p.data()[i]));
+    };
+    switch (dtype) {
+      case DType::f32: convert(float{}); break;
+      case DType::bf16: convert(bf16{}); break;
+      case DType::f16: convert(f16{}); break;
+      default:
+        ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                             ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
+    }
+    list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
+  });
+  return list;
+}
+
+/// Writes `model` to folder `dir` in the HF layout (see the header comment). Returns the
+/// weight files written (shards, then the index when sharded).
+template <class M>
+std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const M& model,
+                                         const SavePretrainedOptions& opt = {}) {
+  namespace fs = std::filesystem;
+  M& m = const_cast<M&>(model);  // visit_params hands out mutable references; nothing is written
+  DType dtype = DType::f32;
+  m.visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    dtype = dtype_v<T>;
+  });
+  if (opt.dtype) dtype = *opt.dtype;
+  LlamaConfig cfg = model.config();
+  cfg.torch_dtype = torch_dtype_name(dtype);
+  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  std::vector<std::vector<std::byte>> storage;
+  const io::TensorList tensors = named_tensors(m, dtype, storage);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EDL_CHECK(fs::is_directory(dir), errc::io, dir.string(), "cannot create folder: ", ec.message());
+  auto written = io::save_sharded(dir.string(), tensors, opt.max_shard_bytes, {{"format", "pt"}});
+  cfg.save((dir / "config.json").string());
+  return written;
+}
+
+/// save_pretrained with only a shard limit (and optionally a dtype).
+template <class M>
+std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const M& model,
+                                         std::uint64_t max_shard_bytes, std::optional<DType> dtype = std::nullopt) {
+  SavePretrainedOptions o;
+  o.max_shard_bytes = max_shard_bytes;
+  o.dtype = dtype;
+  return save_pretrained(dir, model, o);
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/pretrained.hpp
+// #include <edl/models/llama/sequence_classification.hpp>
+// edl/models/llama/sequence_classification.hpp
+// LlamaForSequenceClassification (HF names): LlamaModel -> score Linear [num_labels, hidden]
+// (no bias), read at one pooled token per sequence.
+//
+//   models::LlamaForSequenceClassification<> m(cfg);       // cfg.num_labels, cfg.pad_token_id
+//   models::load_weights(m, io::ShardedCheckpoint::open(dir), {.allow_missing = true});
+//   m.logits(ids, {B, S}, out);                             // [B, num_labels]
+//   auto r = m.forward_backward(ids, {B, S}, class_ids);    // int64 labels: single-label CE
+//   auto r = m.forward_backward(ids, {B, S}, targets);      // float labels: MSE or BCE
+//
+// Pooling (HF, transformers >= 4.48): with pad_token_id set, sequence b is read at the last
+// position s with ids[b, s] != pad_token_id (0 if every token is padding); without it, at the
+// last position (seq - 1). Older HF releases used "first pad index - 1, modulo seq", which agrees
+// for right padding and differs for left padding; edl follows the newer rule. (HF refuses
+// batch > 1 without a pad token; edl reads the last token.)
+//
+// Loss by problem_type (config.problem_type, or inferred as HF does: num_labels == 1 ->
+// regression; int64 labels -> single_label_classification; float labels with num_labels > 1 ->
+// multi_label_classification):
+//   regression                  MSE, mean over B * num_labels elements (labels float [B, num_labels])
+//   single_label_classification cross-entropy, mean over labels != -100 (labels int64 [B])
+//   multi_label_classification  BCE with logits, mean over B * num_labels (labels float [B, num_labels])
+// forward_backward ACCUMULATES every gradient: d score.weight = dpooled^T h_pooled, and the
+// decoder runs LlamaModel::backward with a dhidden that is zero except at the pooled rows.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/linear.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+
+namespace edl::models {
+
+enum class ProblemType { regression, single_label_classification, multi_label_classification };
+
+inline const char* problem_type_name(ProblemType p) {
+  switch (p) {
+    case ProblemType::regression: return "regression";
+    case ProblemType::single_label_classification: return "single_label_classification";
+    case ProblemType::multi_label_classification: return "multi_label_classification";
+  }
+  return "?";
+}
+
+inline ProblemType parse_problem_type(const std::string& s, const std::string& where) {
+  if (s == "regression") return ProblemType::regression;
+  if (s == "single_label_classification") return ProblemType::single_label_classification;
+  if (s == "multi_label_classification") return ProblemType::multi_label_classification;
+  ::edl::detail::raise(errc::config, where,
+                       "expected regression, single_label_classification or multi_label_classification, found \"" +
+                           s + "\"");
+}
+
+struct ClassificationMetrics {
+  double loss = 0.0;
+  double accuracy = 0.0;      // single-label: argmax == label; multi-label: (logit > 0) == label per element
+  std::int64_t examples = 0;  // sequences (single-label: with a label != -100)
+  ProblemType problem_type = ProblemType::single_label_classification;
+};
+
+/// Pooled positions (HF rule, see the header comment) of ids [batch, seq].
+inline std::vector<std::int64_t> pooled_positions(const std::int64_t* ids, std::int64_t batch, std::int64_t seq,
+                                                  std::optional<std::int64_t> pad_token_id) {
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(batch), seq - 1);
+  if (!pad_token_id) return pos;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::int64_t last = 0;
+    for (std::int64_t s = 0; s < seq; ++s)
+      if (ids[b * seq + s] != *pad_token_id) last = s;
+    pos[static_cast<std::size_t>(b)] = last;
+  }
+  return pos;
+}
+
+template <class Pol = DefaultPolicy>
+class LlamaForSequenceClassification {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  static constexpr const char* hf_architecture = "LlamaForSequenceClassification";
+  using T = typename Pol::param_t;
+  using ScoreLinear = nn::Linear<Pol, P<none, none>>;  // [num_labels, hidden], replicated
+
+  struct Saved {
+    typename LlamaModel<Pol>::Saved model_s;
+    std::vector<float> hidden;         // [T, H]
+    std::vector<float> pooled_hidden;  // [B, H]
+    std::vector<float> logits;         // [B, num_labels]
+    std::vector<std::int64_t> pos;     // [B] pooled positions
+    std::int64_t batch = 0, seq = 0;
+  };
+
+  LlamaForSequenceClassification() = default;
+  explicit LlamaForSequenceClassification(const LlamaConfig& c) : model(c) {
+    EDL_CHECK(c.num_labels > 0, errc::config, c.where("num_labels"),
+              "sequence classification needs num_labels > 0, found ", c.num_labels);
+    if (c.problem_type) parse_problem_type(*c.problem_type, c.where("problem_type"));
+    score = ScoreLinear(c.hidden_size, c.num_labels, false);
+  }
+
+  LlamaModel<Pol> model;
+  ScoreLinear score;
+
+  const LlamaConfig& config() const noexcept { return model.config(); }
+  std::int64_t num_labels() const noexcept { return config().num_labels; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    model.visit_params(nn::join_path(prefix, "model"), f);
+    score.visit_params(nn::join_path(prefix, "score"), f);
+  }
+  std::int64_t param_count() const noexcept { return model.param_count() + score.param_count(); }
+  double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
+    return model.flops_forward(batch, seq) + score.flops_forward(batch);
+  }
+  void init(Key key, float std = -1.0f) {
+    nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(config().initializer_range));
+  }
+
+  /// The problem type for labels of integer (true) or float (false) type, as HF infers it.
+  ProblemType problem_type(bool integer_labels) const {
+    if (config().problem_type) return parse_problem_type(*config().problem_type, config().where("problem_type"));
+    if (num_labels() == 1) return ProblemType::regression;
+    return integer_labels ? ProblemType::single_label_classification : ProblemType::multi_label_classification;
+  }
+
+  /// Forward to the pooled logits (kept in s.logits, [batch, num_labels]).
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
+    const std::int64_t H = config().hidden_size, B = layout.batch, S = layout.seq, L = num_labels();
+    s.batch = B;
+    s.seq = S;
+    s.hidden.resize(static_cast<std::size_t>(layout.tokens() * H));
+    model.forward(ids, layout, s.hidden.data(), s.model_s);
+    s.pos = pooled_positions(ids, B, S, config().pad_token_id);
+    s.pooled_hidden.resize(static_cast<std::size_t>(B * H));
+    for (std::int64_t b = 0; b < B; ++b)
+      std::copy_n(s.hidden.data() + (b * S + s.pos[static_cast<std::size_t>(b)]) * H, H,
+                  s.pooled_hidden.data() + b * H);
+    s.logits.resize(static_cast<std::size_t>(B * L));
+    score.apply(s.pooled_hidden.data(), B, s.logits.data());
+  }
+
+  /// Pooled logits [batch, num_labels].
+  void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
+    Saved s;
+    forward(ids, layout, s);
+    std::copy(s.logits.begin(), s.logits.end(), out);
+  }
+
+  /// Loss only. Integer labels [batch] (single-label; -100 ignored) ...
+  ClassificationMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels) const {
+    Saved s;
+    forward(ids, layout, s);
+    return head_loss(s, problem_type(true), labels, nullptr, nullptr);
+  }
+  /// ... or float labels [batch, num_labels] (regression / multi-label).
+  ClassificationMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const float* labels) const {
+    Saved s;
+    forward(ids, layout, s);
+    return head_loss(s, problem_type(false), nullptr, labels, nullptr);
+  }
+
+  /// Forward, loss and backward; ACCUMULATES every gradient.
+  ClassificationMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
+                                         const std::int64_t* labels) {
+    return fb(ids, layout, problem_type(true), labels, nullptr);
+  }
+  ClassificationMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout, const float* labels) {
+    return fb(ids, layout, problem_type(false), nullptr, labels);
+  }
+
+  /// Backward from d loss / d pooled logits [batch, num_labels] (after forward into s).
+  void backward(const float* dlogits, Saved& s) {
+    const std::int64_t H = config().hidden_size, B = s.batch, S = s.seq;
+    typename ScoreLinear::Saved ss;
+    ss.x = s.pooled_hidden.data();
+    ss.rows = B;
+    std::vector<float> dpooled(static_cast<std::size_t>(B * H));
+    score.backward(dlogits, ss, dpooled.data());
+    std::vector<float> dhidden(s.hidden.size(), 0.0f);
+    for (std::int64_t b = 0; b < B; ++b) {
+      float* row = dhidden.data() + (b * S + s.pos[static_cast<std::size_t>(b)]) * H;
+      for (std::int64_t j = 0; j < H; ++j) row[j] += dpooled[static_cast<std::size_t>(b * H + j)];
+    }
+    model.backward(dhidden.data(), s.model_s);
+  }
+
+ private:
+  ClassificationMetrics fb(const std::int64_t* ids, const nn::TokenLayout& layout, ProblemType pt,
+                           const std::int64_t* ilabels, const float* flabels) {
+    Saved s;
+    forward(ids, layout, s);
+    std::vector<float> dlogits(s.logits.size(), 0.0f);
+    const ClassificationMetrics m = head_loss(s, pt, ilabels, flabels, dlogits.data());
+    backward(dlogits.data(), s);
+    return m;
+  }
+
+  /// The loss of s.logits; writes d loss / d logits when dlogits is not null.
+  ClassificationMetrics head_loss(const Saved& s, ProblemType pt, const std::int64_t* ilabels, const float* flabels,
+                                  float* dlogits) const {
+    const char* where = "LlamaForSequenceClassification.loss";
+    const std::int64_t B = s.batch, L = num_labels();
+    ClassificationMetrics m;
+    m.problem_type = pt;
+    const float* x = s.logits.data();
+    if (pt == ProblemType::single_label_classification) {
+      EDL_CHECK(ilabels, errc::invalid_argument, where,
+                "single_label_classification needs integer class labels [batch]");
+      std::int64_t valid = 0, hits = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t l = ilabels[b];
+        if (l == -100) continue;
+        EDL_CHECK(l >= 0 && l < L, errc::invalid_argument, where, "label ", l, " of sequence ", b,
+                  " is outside [0, ", L, ") and is not -100");
+        ++valid;
+      }
+      m.examples = valid;
+      if (valid == 0) return m;
+      double sum = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t l = ilabels[b];
+        if (l == -100) continue;
+        const float* r = x + b * L;
+        const float mx = *std::max_element(r, r + L);
+        double se = 0;
+        for (std::int64_t j = 0; j < L; ++j) se += std::exp(static_cast<double>(r[j] - mx));
+        const double lse = mx + std::log(se);
+        sum += lse - r[l];
+        hits += (std::max_element(r, r + L) - r) == l;
+        if (dlogits)
+          for (std::int64_t j = 0; j < L; ++j)
+            dlogits[b * L + j] =
+                static_cast<float>((std::exp(static_cast<double>(r[j]) - lse) - (j == l ? 1.0 : 0.0)) / valid);
+      }
+      m.loss = sum / static_cast<double>(valid);
+      m.accuracy = static_cast<double>(hits) / static_cast<double>(valid);
+      return m;
+    }
+    EDL_CHECK(flabels, errc::invalid_argument, where, problem_type_name(pt),
+              " needs float labels [batch, num_labels]");
+    const double N = static_cast<double>(B * L);
+    m.examples = B;
+    if (B == 0) return m;
+    double sum = 0;
+    std::int64_t hits = 0;
+    for (std::int64_t i = 0; i < B * L; ++i) {
+      const double xi = x[i], yi = flabels[i];
+      if (pt == ProblemType::regression) {
+        sum += (xi - yi) * (xi - yi);
+        if (dlogits) dlogits[i] = static_cast<float>(2.0 * (xi - yi) / N);
+      } else {
+        // BCEWithLogits, stable: max(x, 0) - x y + log(1 + exp(-|x|))
+        sum += std::max(xi, 0.0) - xi * yi + std::log1p(std::exp(-std::fabs(xi)));
+        if (dlogits) dlogits[i] = static_cast<float>((1.0 / (1.0 + std::exp(-xi)) - yi) / N);
+        hits += (xi > 0) == (yi > 0.5);
+      }
+    }
+    m.loss = sum / N;
+    if (pt == ProblemType::multi_label_classification) m.accuracy = static_cast<double>(hits) / N;
+    return m;
+  }
+};
+
+}  // namespace edl::models
+// end of edl/models/llama/sequence_classification.hpp
 // #include <edl/models/llama/sharded.hpp>
 // edl/models/llama/sharded.hpp
 // Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
@@ -7627,7 +8264,7 @@ class ShardedLlama {
       EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
                 " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
                 "shape ",
-                detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", detail::shape_str(lshape),
+                ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", ::edl::detail::shape_str(lshape),
                 " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
       for (const auto& d : spec.dims)
         for (const auto& a : d) {
@@ -7697,7 +8334,7 @@ class ShardedLlama {
       all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
       const auto origin = pl.compute.offset(d);
       for (std::size_t k = 0; k < group.devices.size(); ++k)
-        detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
                               pl.layout.local_shape(), buf.data() + k * n, false);
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
@@ -7727,13 +8364,13 @@ class ShardedLlama {
     const auto origin = pl.compute.offset(d);
     std::vector<float> out(m);
     if (pl.scatter_axes.empty()) {
-      detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
                                 out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
       std::vector<float> packed(m * group.devices.size());
       for (std::size_t k = 0; k < group.devices.size(); ++k)
-        detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
                                   bshape, packed.data() + k * m, true);
       reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
     }
@@ -8435,3 +9072,3587 @@ struct Schedule {
 }  // namespace edl::optim
 // end of edl/optim/schedule.hpp
 // end of edl/optim/all.hpp
+// #include <edl/generate/all.hpp>
+// edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate().
+
+// #include <edl/generate/beam_search.hpp>
+// edl/generate/beam_search.hpp
+// Beam search over a Decoder, following HF transformers' BeamSearchScorer (docs/generation.md):
+//
+//   - each prompt starts num_beams beams; beam 0 has score 0, the others -1e9 (so the first
+//     step expands one beam);
+//   - per step, per beam: scores = log_softmax(logits), then the processors (repetition /
+//     presence penalty) on the log-probabilities, plus the beam's running score;
+//   - the top max(2, 1 + #stop tokens) * num_beams (beam, token) candidates, best first (ties:
+//     lower beam * vocab + token first); a stop token among the first num_beams candidates
+//     closes a hypothesis (tokens + the stop token, score = sum_logprobs / generated_len ^
+//     length_penalty, generated_len counting the stop token); the first num_beams other
+//     candidates continue;
+//   - a prompt is done when it holds num_beams hypotheses and: early_stopping = true: at once;
+//     heuristic (false): the best running score / generated_len ^ length_penalty cannot beat
+//     the worst hypothesis; "never": the same bound with the longest possible length when
+//     length_penalty > 0;
+//   - at max_new_tokens (or max_model_length) the running beams are added as hypotheses;
+//     the result is the best hypothesis.
+// One documented difference: HF <= 4.4x divides a closing hypothesis by the length *before* its
+// stop token; edl counts the stop token (no division by zero at the first step).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // #include <edl/generate/decoder.hpp> (inlined above)
+// edl/generate/decoder.hpp
+// Incremental forward of a models::LlamaForCausalLM over a KV cache (docs/generation.md).
+//
+//   generate::StandardKVCache cache({L, batch, max_len, kv_heads, head_dim});   // or kv_cache_shape(cfg, ...)
+//   generate::Decoder dec(model, cache);
+//   dec.prefill(ids, seq, mask, logits);          // ids [batch, seq], mask: left padding (or null)
+//   dec.decode(next_ids, logits);                 // one token per sequence: logits [batch, vocab]
+//
+// Compute is f32 whatever the parameter dtype (bf16 weights are widened as they are read).
+// Per layer, for the rows (tokens) of a call:
+//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); rope(q, k) at each token's position;
+//   k, v -> cache slot = position; ctx = softmax(q k^T / sqrt(D)) v over the sequence's slots
+//   0 .. position (causal within a chunk, GQA: query head h reads kv head h / (nh / nkv),
+//   sliding window if configured); x += ctx Wo^T (+ b); x += down(silu(gate n2) * up n2).
+// Then the final norm and lm_head on the last token of each sequence (or every token).
+//
+// Left padding: a row b of `mask` must be 0...0 1...1; padding tokens are skipped (never
+// computed, never cached), so a padded prompt gives the logits of the same prompt alone.
+// Projections of 1-4 rows (decode) use a matrix-vector path (parallel over outputs); more
+// rows use kernels::matmul_nt. Attention runs one (token, head) per task with
+// exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// // #include <edl/generate/kv_cache.hpp> (inlined above)
+// edl/generate/kv_cache.hpp
+// Key/value caches for incremental decoding (docs/generation.md).
+//
+//   StandardKVCache  per layer [batch, max_length, kv_heads, head_dim] f32.
+//   Int8KVCache      same layout, int8 values with one f32 absmax scale per (token, kv head);
+//                    dequantized on read (q.k = scale * sum q_i k8_i).
+//   PagedKVCache     a pool of pages of `page_size` tokens (all layers, k and v) sized from a
+//                    byte budget x utilization fraction; each sequence owns a page table;
+//                    pages are taken on demand and returned by free(b).
+//
+// Slots. Sequence b stores its real tokens at slots 0, 1, ..., length(b) - 1, and slot s holds
+// the token at position s (positions start at 0 at the first real token; left padding of a
+// batched prompt is never stored, so a padded prompt's cache equals the prompt's alone).
+//
+// Every cache satisfies the KVCache concept, on which the decoder is templated:
+//   reserve(b, n)                  make room for n tokens (throws edl::Error when it cannot)
+//   store(layer, b, slot, k, v)    k, v: [kv_heads * head_dim] f32 rows (after rope for k)
+//   set_length(b, n), length(b)    tokens of sequence b in the cache
+//   view(layer, b, g)              a HeadView: dot_k(slot, q) = q . k[slot], axpy_v(slot, p, acc):
+//                                  acc += p * v[slot], for kv head g
+//   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
+//   reset(b)                       forget sequence b (length 0; pages returned)
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // #include <edl/kernels/detail/simd.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+/// Shape of a cache: what the model needs.
+struct KVCacheShape {
+  std::int64_t num_layers = 0;
+  std::int64_t batch = 1;
+  std::int64_t max_length = 0;  // tokens per sequence (positions 0 .. max_length - 1)
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+
+  void validate(const char* where) const {
+    EDL_CHECK(num_layers > 0 && batch > 0 && max_length > 0 && kv_heads > 0 && head_dim > 0, errc::invalid_argument,
+              where, "num_layers, batch, max_length, kv_heads and head_dim must be positive, found ", num_layers, ", ",
+              batch, ", ", max_length, ", ", kv_heads, ", ", head_dim);
+  }
+  std::int64_t row() const noexcept { return kv_heads * head_dim; }
+};
+
+namespace detail {
+
+using kernels::detail::fbatch;
+inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
+
+/// q . k over n f32 elements, fixed order (two accumulators).
+inline float dot_f32(const float* q, const float* k, std::int64_t n) noexcept {
+  fbatch a0(0.f), a1(0.f);
+  std::int64_t i = 0;
+  for (; i + 2 * kW <= n; i += 2 * kW) {
+    a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+    a1 = xsimd::fma(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
+  }
+  for (; i + kW <= n; i += kW) a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+  float s = xsimd::hadd(a0 + a1);
+  for (; i < n; ++i) s = std::fma(q[i], k[i], s);
+  return s;
+}
+
+/// acc += p * v over n elements.
+inline void axpy_f32(float p, const float* v, float* acc, std::int64_t n) noexcept {
+  const fbatch pb(p);
+  std::int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    xsimd::fma(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
+  for (; i < n; ++i) acc[i] = std::fma(p, v[i], acc[i]);
+}
+
+/// q . (int8 row) (scale applied by the caller).
+inline float dot_i8(const float* q, const std::int8_t* k, std::int64_t n) noexcept {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += q[i] * static_cast<float>(k[i]);
+    s1 += q[i + 1] * static_cast<float>(k[i + 1]);
+    s2 += q[i + 2] * static_cast<float>(k[i + 2]);
+    s3 += q[i + 3] * static_cast<float>(k[i + 3]);
+  }
+  for (; i < n; ++i) s0 += q[i] * static_cast<float>(k[i]);
+  return (s0 + s1) + (s2 + s3);
+}
+inline void axpy_i8(float p, const std::int8_t* v, float* acc, std::int64_t n) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) acc[i] += p * static_cast<float>(v[i]);
+}
+
+/// Per-row absmax int8 quantization: x ~= scale * q, q in [-127, 127].
+inline float quantize_row(const float* x, std::int8_t* q, std::int64_t n) noexcept {
+  float amax = 0.f;
+  for (std::int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax > 0.f ? amax / 127.0f : 1.0f;
+  const float inv = 1.0f / scale;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(x[i] * inv);
+    q[i] = static_cast<std::int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+inline void check_seq(std::int64_t b, std::int64_t batch, const char* where) {
+  EDL_CHECK(b >= 0 && b < batch, errc::invalid_argument, where, "sequence index ", b, " outside [0, ", batch, ")");
+}
+
+}  // namespace detail
+
+/// What the decoder needs from a cache.
+template <class C>
+concept KVCache = requires(C& c, const C& cc, std::int64_t i, const float* row, float* acc, const std::int64_t* src) {
+  { cc.shape() } -> std::convertible_to<KVCacheShape>;
+  { cc.length(i) } -> std::convertible_to<std::int64_t>;
+  c.reserve(i, i);
+  c.set_length(i, i);
+  c.store(i, i, i, row, row);
+  { cc.view(i, i, i).dot_k(i, row) } -> std::convertible_to<float>;
+  cc.view(i, i, i).axpy_v(i, 1.0f, acc);
+  c.reorder(src);
+  c.reset(i);
+  { cc.bytes() } -> std::convertible_to<std::int64_t>;
+};
+
+// ================================================================================ standard
+
+class StandardKVCache {
+ public:
+  StandardKVCache() = default;
+  explicit StandardKVCache(const KVCacheShape& s) : s_(s) {
+    s_.validate("generate.StandardKVCache");
+    const std::size_t n = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.row());
+    k_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const float* k;
+    const float* v;
+    std::int64_t stride, D;
+    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, k + slot * stride, D); }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
+      detail::axpy_f32(p, v + slot * stride, acc, D);
+    }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    detail::check_seq(b, s_.batch, "generate.StandardKVCache");
+    EDL_CHECK(n <= s_.max_length, errc::invalid_argument, "generate.StandardKVCache",
+              "sequence ", b, " needs ", n, " tokens, more than max_length = ", s_.max_length);
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const std::size_t o = offset(layer, b, slot);
+    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
+    return {k_.data() + o, v_.data() + o, s_.row(), s_.head_dim};
+  }
+  void reorder(const std::int64_t* src) {
+    std::vector<float> tk, tv;
+    const std::vector<std::int64_t> old_len = len_;
+    for (std::int64_t l = 0; l < s_.num_layers; ++l) {
+      tk.assign(k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
+                k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
+      tv.assign(v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
+                v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
+      for (std::int64_t b = 0; b < s_.batch; ++b) {
+        const std::int64_t from = src[b];
+        detail::check_seq(from, s_.batch, "generate.StandardKVCache.reorder");
+        if (from == b) continue;
+        const std::size_t n = static_cast<std::size_t>(old_len[static_cast<std::size_t>(from)] * s_.row());
+        const std::size_t so = static_cast<std::size_t>(from * s_.max_length * s_.row());
+        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + so, n * sizeof(float));
+        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + so, n * sizeof(float));
+      }
+    }
+    for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
+  }
+  void reset(std::int64_t b) { len_[static_cast<std::size_t>(b)] = 0; }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+
+ private:
+  std::size_t per_layer() const noexcept { return static_cast<std::size_t>(s_.batch * s_.max_length * s_.row()); }
+  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
+  }
+  KVCacheShape s_;
+  std::vector<float> k_, v_;
+  std::vector<std::int64_t> len_;
+};
+
+// ================================================================================ int8
+
+/// int8 values, one f32 scale (absmax / 127) per (layer, sequence, token, kv head). The
+/// reconstruction error of an element is at most scale / 2 = absmax / 254 (0.4% of the row's
+/// largest magnitude); on the tiny test model the logits move by about 1e-3 (docs/generation.md).
+class Int8KVCache {
+ public:
+  Int8KVCache() = default;
+  explicit Int8KVCache(const KVCacheShape& s) : s_(s) {
+    s_.validate("generate.Int8KVCache");
+    const std::size_t n = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.row());
+    const std::size_t ns = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.kv_heads);
+    k_.assign(n, 0);
+    v_.assign(n, 0);
+    ks_.assign(ns, 0.f);
+    vs_.assign(ns, 0.f);
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const std::int8_t* k;
+    const std::int8_t* v;
+    const float* ks;
+    const float* vs;
+    std::int64_t stride, sstride, D;
+    float dot_k(std::int64_t slot, const float* q) const noexcept {
+      return ks[slot * sstride] * detail::dot_i8(q, k + slot * stride, D);
+    }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
+      detail::axpy_i8(p * vs[slot * sstride], v + slot * stride, acc, D);
+    }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    detail::check_seq(b, s_.batch, "generate.Int8KVCache");
+    EDL_CHECK(n <= s_.max_length, errc::invalid_argument, "generate.Int8KVCache", "sequence ", b, " needs ", n,
+              " tokens, more than max_length = ", s_.max_length);
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const std::size_t o = offset(layer, b, slot), so = soffset(layer, b, slot);
+    for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+      ks_[so + static_cast<std::size_t>(g)] = detail::quantize_row(k + g * s_.head_dim, k_.data() + o + g * s_.head_dim, s_.head_dim);
+      vs_[so + static_cast<std::size_t>(g)] = detail::quantize_row(v + g * s_.head_dim, v_.data() + o + g * s_.head_dim, s_.head_dim);
+    }
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
+    const std::size_t so = soffset(layer, b, 0) + static_cast<std::size_t>(g);
+    return {k_.data() + o, v_.data() + o, ks_.data() + so, vs_.data() + so, s_.row(), s_.kv_heads, s_.head_dim};
+  }
+  void reorder(const std::int64_t* src) {
+    const std::vector<std::int8_t> tk = k_, tv = v_;
+    const std::vector<float> tks = ks_, tvs = vs_;
+    const std::vector<std::int64_t> old_len = len_;
+    for (std::int64_t l = 0; l < s_.num_layers; ++l)
+      for (std::int64_t b = 0; b < s_.batch; ++b) {
+        const std::int64_t from = src[b];
+        detail::check_seq(from, s_.batch, "generate.Int8KVCache.reorder");
+        if (from == b) continue;
+        const std::int64_t n = old_len[static_cast<std::size_t>(from)];
+        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
+        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
+        std::memcpy(ks_.data() + soffset(l, b, 0), tks.data() + soffset(l, from, 0),
+                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
+        std::memcpy(vs_.data() + soffset(l, b, 0), tvs.data() + soffset(l, from, 0),
+                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
+      }
+    for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
+  }
+  void reset(std::int64_t b) { len_[static_cast<std::size_t>(b)] = 0; }
+  std::int64_t bytes() const noexcept {
+    return static_cast<std::int64_t>(k_.size() + v_.size() + (ks_.size() + vs_.size()) * sizeof(float));
+  }
+
+ private:
+  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
+  }
+  std::size_t soffset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.kv_heads);
+  }
+  KVCacheShape s_;
+  std::vector<std::int8_t> k_, v_;
+  std::vector<float> ks_, vs_;
+  std::vector<std::int64_t> len_;
+};
+
+// ================================================================================ paged
+
+struct PagedKVCacheOptions {
+  std::int64_t page_size = 16;           // tokens per page
+  std::int64_t budget_bytes = 256 << 20;  // memory the pool may use ...
+  double utilization = 0.9;               // ... times this fraction
+  std::int64_t max_model_length = 0;      // longest sequence (0: shape.max_length)
+};
+
+/// A pool of pages; a page holds page_size tokens of k and v for every layer, f32.
+/// Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as it grows
+/// (reserve) and returns them on reset(b). Running out of pages or exceeding max_model_length
+/// throws edl::Error (errc::invalid_argument) naming the sequence and the numbers involved.
+class PagedKVCache {
+ public:
+  PagedKVCache() = default;
+  PagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
+    const char* w = "generate.PagedKVCache";
+    if (o_.max_model_length <= 0) o_.max_model_length = s.max_length;
+    s_.max_length = o_.max_model_length;
+    s_.validate(w);
+    EDL_CHECK(o.page_size > 0, errc::invalid_argument, w, "page_size must be positive, found ", o.page_size);
+    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, w,
+              "utilization must be in (0, 1], found ", o.utilization);
+    page_floats_ = s_.num_layers * o.page_size * s_.row();  // k or v
+    const double usable = static_cast<double>(o.budget_bytes) * o.utilization;
+    num_pages_ = static_cast<std::int64_t>(usable / static_cast<double>(page_bytes()));
+    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, w, "a byte budget of ", o.budget_bytes, " x utilization ",
+              o.utilization, " holds no page of ", page_bytes(), " bytes");
+    k_.assign(static_cast<std::size_t>(num_pages_ * page_floats_), 0.f);
+    v_.assign(k_.size(), 0.f);
+    free_.reserve(static_cast<std::size_t>(num_pages_));
+    for (std::int64_t p = num_pages_; p-- > 0;) free_.push_back(static_cast<std::int32_t>(p));
+    tables_.assign(static_cast<std::size_t>(s.batch), {});
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const float* k;  // pool base + layer/head offset
+    const float* v;
+    const std::int32_t* table;
+    std::int64_t page_size, page_floats, stride, D;
+    const float* at(const float* base, std::int64_t slot) const noexcept {
+      const std::int64_t p = table[slot / page_size];
+      return base + p * page_floats + (slot % page_size) * stride;
+    }
+    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, at(k, slot), D); }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept { detail::axpy_f32(p, at(v, slot), acc, D); }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t page_size() const noexcept { return o_.page_size; }
+  std::int64_t num_pages() const noexcept { return num_pages_; }
+  std::int64_t free_pages() const noexcept { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t page_bytes() const noexcept { return 2 * page_floats_ * static_cast<std::int64_t>(sizeof(float)); }
+  std::int64_t max_model_length() const noexcept { return o_.max_model_length; }
+  const std::vector<std::int32_t>& page_table(std::int64_t b) const { return tables_[static_cast<std::size_t>(b)]; }
+
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    const char* w = "generate.PagedKVCache";
+    detail::check_seq(b, s_.batch, w);
+    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, w, "sequence ", b, " needs ", n,
+              " tokens, more than max_model_length = ", o_.max_model_length);
+    auto& t = tables_[static_cast<std::size_t>(b)];
+    const std::int64_t need = (n + o_.page_size - 1) / o_.page_size;
+    const std::int64_t more = need - static_cast<std::int64_t>(t.size());
+    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, w, "out of pages: sequence ", b,
+              " needs ", more, " more page(s) of ", o_.page_size, " tokens for ", n, " tokens, but only ", free_.size(),
+              " of ", num_pages_, " pages are free (pool = budget ", o_.budget_bytes, " bytes x utilization ",
+              o_.utilization, ", ", page_bytes(), " bytes per page); raise the budget or shorten the requests");
+    while (static_cast<std::int64_t>(t.size()) < need) {
+      t.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const auto& t = tables_[static_cast<std::size_t>(b)];
+    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)];
+    const std::size_t o = static_cast<std::size_t>(p * page_floats_ + (layer * o_.page_size + slot % o_.page_size) * s_.row());
+    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::int64_t off = layer * o_.page_size * s_.row() + g * s_.head_dim;
+    return {k_.data() + off, v_.data() + off, tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_floats_,
+            s_.row(), s_.head_dim};
+  }
+  /// Sequence b becomes a copy of src[b]: pages are copied (no sharing yet).
+  void reorder(const std::int64_t* src) {
+    const std::int64_t B = s_.batch;
+    std::vector<std::int64_t> old_len = len_;
+    // Snapshot the source pages' contents first.
+    std::vector<std::vector<float>> ck(static_cast<std::size_t>(B)), cv(static_cast<std::size_t>(B));
+    std::vector<bool> needed(static_cast<std::size_t>(B), false);
+    for (std::int64_t b = 0; b < B; ++b) {
+      detail::check_seq(src[b], B, "generate.PagedKVCache.reorder");
+      if (src[b] != b) needed[static_cast<std::size_t>(src[b])] = true;
+    }
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (!needed[static_cast<std::size_t>(b)]) continue;
+      for (auto p : tables_[static_cast<std::size_t>(b)]) {
+        ck[static_cast<std::size_t>(b)].insert(ck[static_cast<std::size_t>(b)].end(), k_.begin() + p * page_floats_,
+                                               k_.begin() + (p + 1) * page_floats_);
+        cv[static_cast<std::size_t>(b)].insert(cv[static_cast<std::size_t>(b)].end(), v_.begin() + p * page_floats_,
+                                               v_.begin() + (p + 1) * page_floats_);
+      }
+    }
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t from = src[b];
+      if (from == b) continue;
+      reset(b);
+      reserve(b, old_len[static_cast<std::size_t>(from)]);
+      const auto& t = tables_[static_cast<std::size_t>(b)];
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        std::memcpy(k_.data() + t[i] * page_floats_, ck[static_cast<std::size_t>(from)].data() + i * page_floats_,
+                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+        std::memcpy(v_.data() + t[i] * page_floats_, cv[static_cast<std::size_t>(from)].data() + i * page_floats_,
+                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+      }
+      len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(from)];
+    }
+  }
+  /// Returns sequence b's pages to the pool.
+  void reset(std::int64_t b) {
+    auto& t = tables_[static_cast<std::size_t>(b)];
+    for (auto it = t.rbegin(); it != t.rend(); ++it) free_.push_back(*it);
+    t.clear();
+    len_[static_cast<std::size_t>(b)] = 0;
+  }
+  void free(std::int64_t b) { reset(b); }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+
+ private:
+  KVCacheShape s_;
+  PagedKVCacheOptions o_;
+  std::int64_t page_floats_ = 0, num_pages_ = 0;
+  std::vector<float> k_, v_;
+  std::vector<std::int32_t> free_;
+  std::vector<std::vector<std::int32_t>> tables_;
+  std::vector<std::int64_t> len_;
+};
+
+static_assert(KVCache<StandardKVCache>);
+static_assert(KVCache<Int8KVCache>);
+static_assert(KVCache<PagedKVCache>);
+
+}  // namespace edl::generate
+// end of edl/generate/kv_cache.hpp
+// #include <edl/kernels/activations.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/rms_norm.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/rotary.hpp> (inlined above)
+
+namespace edl::generate {
+
+/// The cache shape a model needs for `batch` sequences of up to `max_length` tokens.
+inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t batch, std::int64_t max_length) {
+  return {c.num_hidden_layers, batch, max_length, c.num_key_value_heads, c.head_size()};
+}
+
+namespace detail {
+
+/// y[m, j] = x[m, :] . W[j, :] (+ bias[j]) for M rows; small M goes row-of-W-major so each
+/// weight row is read from memory once per call.
+template <class T>
+void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float* y, std::int64_t N, std::int64_t K) {
+  if (M <= 4) {
+    using kernels::detail::fbatch;
+    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+    const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+    exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::int64_t j = lo;
+      if (M == 1) {  // four weight rows at a time: four independent memory streams
+        for (; j + 4 <= hi; j += 4) {
+          const T* w0 = W + j * K;
+          fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+          std::int64_t k = 0;
+          for (; k + Wd <= K; k += Wd) {
+            const fbatch xv = fbatch::load_unaligned(x + k);
+            a0 = xsimd::fma(xv, kernels::detail::load(w0 + k), a0);
+            a1 = xsimd::fma(xv, kernels::detail::load(w0 + K + k), a1);
+            a2 = xsimd::fma(xv, kernels::detail::load(w0 + 2 * K + k), a2);
+            a3 = xsimd::fma(xv, kernels::detail::load(w0 + 3 * K + k), a3);
+          }
+          float s[4] = {xsimd::hadd(a0), xsimd::hadd(a1), xsimd::hadd(a2), xsimd::hadd(a3)};
+          for (int r = 0; r < 4; ++r) {
+            for (std::int64_t kk = k; kk < K; ++kk) s[r] = std::fma(x[kk], to_f32(w0[r * K + kk]), s[r]);
+            y[j + r] = bias ? s[r] + to_f32(bias[j + r]) : s[r];
+          }
+        }
+      }
+      for (; j < hi; ++j) {
+        const T* w = W + j * K;
+        fbatch acc[4][2];
+        for (int m = 0; m < 4; ++m) acc[m][0] = acc[m][1] = fbatch(0.f);
+        std::int64_t k = 0;
+        for (; k + 2 * Wd <= K; k += 2 * Wd) {
+          const fbatch w0 = kernels::detail::load(w + k), w1 = kernels::detail::load(w + k + Wd);
+          for (std::int64_t m = 0; m < M; ++m) {
+            acc[m][0] = xsimd::fma(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
+            acc[m][1] = xsimd::fma(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
+          }
+        }
+        for (std::int64_t m = 0; m < M; ++m) {
+          float s = xsimd::hadd(acc[m][0] + acc[m][1]);
+          for (std::int64_t kk = k; kk < K; ++kk) s = std::fma(x[m * K + kk], to_f32(w[kk]), s);
+          y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
+        }
+      }
+    });
+    return;
+  }
+  kernels::matmul_nt(x, W, y, M, N, K);
+  if (bias) {
+    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m)
+        for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
+    });
+  }
+}
+
+}  // namespace detail
+
+template <class Pol, KVCache Cache>
+class Decoder {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using T = typename Pol::param_t;
+
+  Decoder(const Model& m, Cache& cache) : m_(m), cache_(cache), cfg_(m.config()) {
+    const char* w = "generate.Decoder";
+    const KVCacheShape& s = cache.shape();
+    EDL_CHECK(s.num_layers == cfg_.num_hidden_layers && s.kv_heads == cfg_.num_key_value_heads &&
+                  s.head_dim == cfg_.head_size(),
+              errc::shape_mismatch, w, "cache shape (layers ", s.num_layers, ", kv_heads ", s.kv_heads, ", head_dim ",
+              s.head_dim, ") does not match the model (", cfg_.num_hidden_layers, ", ", cfg_.num_key_value_heads, ", ",
+              cfg_.head_size(), ")");
+    EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == cfg_.num_hidden_layers, errc::shape_mismatch, w,
+              "model has ", m.model.layers.size(), " layers, config says ", cfg_.num_hidden_layers);
+    H_ = cfg_.hidden_size;
+    I_ = cfg_.intermediate_size;
+    V_ = cfg_.vocab_size;
+    nh_ = cfg_.num_attention_heads;
+    nkv_ = cfg_.num_key_value_heads;
+    D_ = cfg_.head_size();
+    window_ = cfg_.attention_window().value_or(0);
+    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
+    nn::RopeConfig rc;
+    rc.theta = cfg_.rope_theta;
+    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
+      rc.type = cfg_.rope_scaling->rope_type;
+      rc.factor = cfg_.rope_scaling->factor;
+      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
+      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
+      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
+    }
+    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
+    const std::int64_t half = D_ / 2, P = s.max_length;
+    cos_.resize(static_cast<std::size_t>(P * half));
+    sin_.resize(cos_.size());
+    for (std::int64_t p = 0; p < P; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
+        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    ensure_rows(s.batch);
+  }
+
+  const Cache& cache() const noexcept { return cache_; }
+  Cache& cache() noexcept { return cache_; }
+  std::int64_t batch() const noexcept { return cache_.shape().batch; }
+
+  /// Prefills a chunk: ids [batch, seq] (mask [batch, seq] of 0/1, left padding, or null).
+  /// Tokens are appended after what each sequence already holds (chunked prefill).
+  /// logits_last [batch, vocab]: the logits of each sequence's last real token of the chunk
+  /// (rows of sequences with no token in the chunk are left as they are; may be null);
+  /// logits_all [batch * seq, vocab] (optional): every token, padding rows set to 0.
+  void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
+               float* logits_all = nullptr) {
+    const char* w = "generate.Decoder.prefill";
+    const std::int64_t B = batch();
+    EDL_CHECK(seq >= 0, errc::invalid_argument, w, "seq must be >= 0, found ", seq);
+    rows_.clear();
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::int64_t pad = 0;
+      if (mask) {
+        while (pad < seq && mask[b * seq + pad] == 0) ++pad;
+        for (std::int64_t s = pad; s < seq; ++s)
+          EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, w, "attention_mask row ", b,
+                    " is not left padding (a 0 at ", s, " after a 1)");
+      }
+      const std::int64_t len = cache_.length(b);
+      for (std::int64_t s = pad; s < seq; ++s) rows_.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+    }
+    run(logits_last, logits_all, logits_all ? seq : 0);
+  }
+
+  /// One token per sequence: ids [batch]; logits [batch, vocab]. active [batch] (optional):
+  /// sequences with active[b] == 0 are skipped (no token appended, logits row untouched).
+  void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
+    rows_.clear();
+    for (std::int64_t b = 0; b < batch(); ++b)
+      if (!active || active[b]) rows_.push_back({b, cache_.length(b), ids[b], b});
+    run(logits, nullptr, 0);
+  }
+
+  /// Largest scratch (bytes) the decoder holds.
+  std::int64_t scratch_bytes() const noexcept {
+    return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
+                                      g_.size() + u_.size() + scores_.size() + hl_.size()) *
+                                     sizeof(float));
+  }
+
+ private:
+  struct Row {
+    std::int64_t b, pos, id, out;  // sequence, position (= cache slot), token, row in logits_all
+  };
+
+  void ensure_rows(std::int64_t n) {
+    const auto grow = [](std::vector<float>& v, std::int64_t size) {
+      if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
+    };
+    grow(x_, n * H_);
+    grow(n_, n * H_);
+    grow(q_, n * nh_ * D_);
+    grow(k_, n * nkv_ * D_);
+    grow(v_, n * nkv_ * D_);
+    grow(ctx_, n * nh_ * D_);
+    grow(g_, n * I_);
+    grow(u_, n * I_);
+    grow(hl_, n * H_);
+    grow(o_, n * H_);
+    // Attention scores: a block of rows x heads x max_length at a time.
+    const std::int64_t per_row = nh_ * cache_.shape().max_length;
+    attn_block_ = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
+    grow(scores_, attn_block_ * per_row);
+  }
+
+  void run(float* logits_last, float* logits_all, std::int64_t seq) {
+    const char* w = "generate.Decoder";
+    const std::int64_t n = static_cast<std::int64_t>(rows_.size());
+    const std::int64_t B = batch();
+    // Validate everything before touching the cache.
+    for (const Row& r : rows_)
+      EDL_CHECK(r.id >= 0 && r.id < V_, errc::invalid_argument, w, "token id ", r.id, " (sequence ", r.b,
+                ", position ", r.pos, ") is outside the vocabulary [0, ", V_, ")");
+    std::vector<std::int64_t>& need = need_;
+    need.assign(static_cast<std::size_t>(B), -1);
+    for (const Row& r : rows_) need[static_cast<std::size_t>(r.b)] = std::max(need[static_cast<std::size_t>(r.b)], r.pos + 1);
+    for (std::int64_t b = 0; b < B; ++b)
+      if (need[static_cast<std::size_t>(b)] >= 0) cache_.reserve(b, need[static_cast<std::size_t>(b)]);
+    if (logits_all) std::fill(logits_all, logits_all + B * seq * V_, 0.0f);
+    if (n == 0) return;
+    ensure_rows(n);
+
+    // Embedding.
+    const T* emb = m_.model.embed_tokens.weight.data();
+    for (std::int64_t r = 0; r < n; ++r) {
+      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      float* xr = x_.data() + r * H_;
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+    }
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    for (std::size_t l = 0; l < m_.model.layers.size(); ++l) {
+      const auto& L = m_.model.layers[l];
+      const auto& A = L.self_attn;
+      kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
+      detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
+      detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
+      detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
+      rope(q_.data(), n, nh_);
+      rope(k_.data(), n, nkv_);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const Row& row = rows_[static_cast<std::size_t>(r)];
+        cache_.store(static_cast<std::int64_t>(l), row.b, row.pos, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
+      }
+      attention(static_cast<std::int64_t>(l), n);
+      detail::linear_nt(ctx_.data(), n, A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_, nh_ * D_);
+      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
+      kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
+                                static_cast<float*>(nullptr), n, H_, eps);
+      detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
+      detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
+      kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
+      detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
+      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
+    }
+    for (std::int64_t b = 0; b < B; ++b)
+      if (need[static_cast<std::size_t>(b)] >= 0) cache_.set_length(b, need[static_cast<std::size_t>(b)]);
+
+    const T* head = m_.head_weight();
+    const T* norm_w = m_.model.norm.weight.data();
+    if (logits_all) {
+      kernels::rms_norm_forward(x_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), n, H_, eps);
+      std::vector<float> all(static_cast<std::size_t>(n * V_));
+      detail::linear_nt(n_.data(), n, head, static_cast<const T*>(nullptr), all.data(), V_, H_);
+      for (std::int64_t r = 0; r < n; ++r)
+        std::memcpy(logits_all + rows_[static_cast<std::size_t>(r)].out * V_, all.data() + r * V_,
+                    static_cast<std::size_t>(V_) * sizeof(float));
+    }
+    if (logits_last) {
+      // The last row of each sequence, in sequence order.
+      last_.clear();
+      for (std::int64_t r = 0; r < n; ++r)
+        if (r + 1 == n || rows_[static_cast<std::size_t>(r + 1)].b != rows_[static_cast<std::size_t>(r)].b) last_.push_back(r);
+      const std::int64_t nl = static_cast<std::int64_t>(last_.size());
+      for (std::int64_t i = 0; i < nl; ++i)
+        std::memcpy(hl_.data() + i * H_, x_.data() + last_[static_cast<std::size_t>(i)] * H_,
+                    static_cast<std::size_t>(H_) * sizeof(float));
+      kernels::rms_norm_forward(hl_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), nl, H_, eps);
+      if (nl == B) {  // every sequence present: write straight into logits_last
+        detail::linear_nt(n_.data(), nl, head, static_cast<const T*>(nullptr), logits_last, V_, H_);
+      } else {
+        for (std::int64_t i = 0; i < nl; ++i)
+          detail::linear_nt(n_.data() + i * H_, 1, head, static_cast<const T*>(nullptr),
+                            logits_last + rows_[static_cast<std::size_t>(last_[static_cast<std::size_t>(i)])].b * V_, V_, H_);
+      }
+    }
+  }
+
+  template <class Lin>
+  static const T* bias_of(const Lin& lin) {
+    return lin.has_bias() ? lin.bias.data() : nullptr;
+  }
+
+  void rope(float* x, std::int64_t n, std::int64_t heads) const {
+    const std::int64_t half = D_ / 2, width = heads * D_;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
+      const float* c = cos_.data() + pos * half;
+      const float* s = sin_.data() + pos * half;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        float* v = x + r * width + h * D_;
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i] + a * s[i];
+        }
+      }
+    }
+  }
+
+  void attention(std::int64_t layer, std::int64_t n) {
+    using kernels::detail::fbatch;
+    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+    const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
+    for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
+      const std::int64_t r1 = std::min(n, r0 + attn_block_);
+      exec::parallel_for(0, (r1 - r0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t t = lo; t < hi; ++t) {
+          const std::int64_t r = r0 + t / nh_, h = t % nh_;
+          const Row& row = rows_[static_cast<std::size_t>(r)];
+          const auto view = cache_.view(layer, row.b, h / rep);
+          const float* q = q_.data() + r * nh_ * D_ + h * D_;
+          float* out = ctx_.data() + r * nh_ * D_ + h * D_;
+          float* sc = scores_.data() + t * P;
+          const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
+          const std::int64_t cnt = row.pos + 1 - j0;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (std::int64_t j = 0; j < cnt; ++j) {
+            const float s = scale * view.dot_k(j0 + j, q);
+            sc[j] = s;
+            mx = std::max(mx, s);
+          }
+          const fbatch mb(mx);
+          fbatch sum(0.f);
+          std::int64_t j = 0;
+          for (; j + Wd <= cnt; j += Wd) {
+            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+            e.store_unaligned(sc + j);
+            sum += e;
+          }
+          if (j < cnt) {
+            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+            kernels::detail::store_partial(sc + j, e, cnt - j);
+            sum += e;
+          }
+          const float inv = 1.0f / kernels::detail::hsum(sum);
+          std::fill(out, out + D_, 0.0f);
+          for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
+        }
+      });
+    }
+  }
+
+  const Model& m_;
+  Cache& cache_;
+  models::LlamaConfig cfg_;
+  std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  std::vector<float> cos_, sin_;
+  std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
+  std::vector<Row> rows_;
+  std::vector<std::int64_t> last_, need_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/decoder.hpp
+// // #include <edl/generate/generation_config.hpp> (inlined above)
+// edl/generate/generation_config.hpp
+// GenerationConfig: the fields of HF generation_config.json that edl's generate() honours, with
+// HF's defaults (transformers.GenerationConfig), plus presence_penalty, seed and stop tokens.
+//
+//   auto g = edl::generate::GenerationConfig::from_file("ckpt/generation_config.json");
+//   g.max_new_tokens = 32;
+//
+// Unknown fields are ignored (HF writes many: transformers_version, ...). A mistyped or out of
+// range value is errc::config naming the field.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+
+namespace edl::generate {
+
+/// HF early_stopping: true, false (the heuristic) or "never".
+enum class EarlyStopping { heuristic, yes, never };
+
+struct GenerationConfig {
+  bool do_sample = false;
+  float temperature = 1.0f;
+  std::int64_t top_k = 50;      // 0: off (HF default 50, used only when sampling)
+  float top_p = 1.0f;           // 1: off
+  float min_p = 0.0f;           // 0: off
+  float repetition_penalty = 1.0f;  // 1: off (HF CTRL penalty over prompt + generated tokens)
+  float presence_penalty = 0.0f;    // 0: off (OpenAI / vLLM: minus this for every generated token seen)
+  std::int64_t max_new_tokens = 20;
+  std::vector<std::int64_t> eos_token_id;  // stop tokens from the model (int or list in JSON)
+  std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
+  std::optional<std::int64_t> pad_token_id;
+  std::int64_t num_beams = 1;
+  float length_penalty = 1.0f;
+  EarlyStopping early_stopping = EarlyStopping::heuristic;
+  std::uint64_t seed = 0;
+
+  /// Greedy unless do_sample (HF: do_sample false means argmax after the processors).
+  bool greedy() const noexcept { return !do_sample; }
+
+  bool is_stop(std::int64_t tok) const noexcept {
+    for (auto e : eos_token_id)
+      if (e == tok) return true;
+    for (auto e : stop_token_ids)
+      if (e == tok) return true;
+    return false;
+  }
+
+  void validate(const std::string& source = "GenerationConfig") const {
+    const auto where = [&](const char* f) { return source + " field " + f; };
+    EDL_CHECK(temperature > 0, errc::config, where("temperature"), "must be positive, found ", temperature);
+    EDL_CHECK(top_k >= 0, errc::config, where("top_k"), "must be >= 0, found ", top_k);
+    EDL_CHECK(top_p > 0 && top_p <= 1, errc::config, where("top_p"), "must be in (0, 1], found ", top_p);
+    EDL_CHECK(min_p >= 0 && min_p <= 1, errc::config, where("min_p"), "must be in [0, 1], found ", min_p);
+    EDL_CHECK(repetition_penalty > 0, errc::config, where("repetition_penalty"), "must be positive, found ",
+              repetition_penalty);
+    EDL_CHECK(max_new_tokens >= 0, errc::config, where("max_new_tokens"), "must be >= 0, found ", max_new_tokens);
+    EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
+    EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
+              "beam sampling (num_beams > 1 with do_sample) is not supported");
+  }
+
+  /// Reads an HF generation_config.json object; missing fields keep the defaults above.
+  static GenerationConfig from_json(const nlohmann::ordered_json& j, const std::string& source = "GenerationConfig") {
+    const io::JsonConfig c(j, source);
+    GenerationConfig g;
+    g.do_sample = c.get<bool>("do_sample", g.do_sample);
+    g.temperature = static_cast<float>(c.get<double>("temperature", g.temperature));
+    g.top_k = c.get<std::int64_t>("top_k", g.top_k);
+    g.top_p = static_cast<float>(c.get<double>("top_p", g.top_p));
+    g.min_p = static_cast<float>(c.get<double>("min_p", g.min_p));
+    g.repetition_penalty = static_cast<float>(c.get<double>("repetition_penalty", g.repetition_penalty));
+    g.presence_penalty = static_cast<float>(c.get<double>("presence_penalty", g.presence_penalty));
+    g.max_new_tokens = c.get<std::int64_t>("max_new_tokens", g.max_new_tokens);
+    if (c.has_value("eos_token_id")) {
+      if (j["eos_token_id"].is_array()) g.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
+      else g.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
+    }
+    g.pad_token_id = c.optional<std::int64_t>("pad_token_id");
+    g.num_beams = c.get<std::int64_t>("num_beams", g.num_beams);
+    g.length_penalty = static_cast<float>(c.get<double>("length_penalty", g.length_penalty));
+    if (c.has_value("early_stopping")) {
+      const auto& e = j["early_stopping"];
+      if (e.is_boolean()) g.early_stopping = e.get<bool>() ? EarlyStopping::yes : EarlyStopping::heuristic;
+      else {
+        EDL_CHECK(e.is_string() && e.get<std::string>() == "never", errc::config, c.where("early_stopping"),
+                  "expected true, false or \"never\", found ", e.dump());
+        g.early_stopping = EarlyStopping::never;
+      }
+    }
+    g.seed = static_cast<std::uint64_t>(c.get<std::int64_t>("seed", 0));
+    g.validate(source);
+    return g;
+  }
+
+  static GenerationConfig from_file(const std::string& path) {
+    const io::JsonConfig c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+
+  /// Defaults from a model config: its eos and pad tokens.
+  static GenerationConfig from_model_config(const models::LlamaConfig& m) {
+    GenerationConfig g;
+    g.eos_token_id = m.eos_token_id;
+    g.pad_token_id = m.pad_token_id;
+    return g;
+  }
+};
+
+}  // namespace edl::generate
+// end of edl/generate/generation_config.hpp
+// // #include <edl/generate/sampling.hpp> (inlined above)
+// edl/generate/sampling.hpp
+// Next-token selection from one row of logits, with HF semantics (docs/generation.md):
+//
+//   processors (greedy and sampling):
+//     repetition_penalty p != 1: for every distinct token of prompt + generated:
+//                                logit < 0 ? logit * p : logit / p          (HF, CTRL)
+//     presence_penalty a != 0:   logit -= a for every distinct generated token (OpenAI / vLLM)
+//   greedy: argmax (the first index on ties)
+//   sampling warpers, HF order: temperature (logit / T), top_k (keep logits >= the k-th largest),
+//     top_p (keep a token when the probability of the tokens ranked before it is < top_p,
+//     so the smallest head of mass >= top_p, at least one token), min_p (drop tokens with
+//     p < min_p * p_max); then softmax over the kept tokens and an inverse-CDF draw in token
+//     order with u = uniform_at(fold_in(fold_in(Key::from_seed(seed), b), t), 0): the draw of
+//     sequence b at step t depends only on (seed, b, t), so it is reproducible whatever the
+//     batch composition, thread count or cache kind.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // #include <edl/generate/generation_config.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+/// Index of the largest value (first on ties; NaN never wins).
+inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
+  std::int64_t best = 0;
+  float bv = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i)
+    if (x[i] > bv) {
+      bv = x[i];
+      best = i;
+    }
+  return best;
+}
+
+/// The uniform draw of sequence b at step t.
+inline float sample_uniform(Key key, std::uint32_t b, std::uint32_t t) noexcept {
+  return uniform_at(fold_in(fold_in(key, b), t), 0);
+}
+
+/// Applies the repetition and presence penalties in place. `context` = prompt + generated
+/// (repetition), `generated` = generated tokens only (presence). Token ids outside [0, V) are
+/// ignored here (the decoder rejects them).
+class Penalties {
+ public:
+  void apply(float* logits, std::int64_t V, std::span<const std::int64_t> context,
+             std::span<const std::int64_t> generated, const GenerationConfig& c) {
+    if (static_cast<std::int64_t>(seen_.size()) < V) seen_.assign(static_cast<std::size_t>(V), 0);
+    if (c.repetition_penalty != 1.0f) {
+      const float p = c.repetition_penalty;
+      for (auto t : context) {
+        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
+        seen_[static_cast<std::size_t>(t)] = 1;
+        float& x = logits[t];
+        x = x < 0 ? x * p : x / p;
+      }
+      for (auto t : context)
+        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+    }
+    if (c.presence_penalty != 0.0f) {
+      for (auto t : generated) {
+        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
+        seen_[static_cast<std::size_t>(t)] = 1;
+        logits[t] -= c.presence_penalty;
+      }
+      for (auto t : generated)
+        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+    }
+  }
+
+ private:
+  std::vector<std::uint8_t> seen_;
+};
+
+/// The sampling distribution after temperature, top-k, top-p and min-p: probs[V] sums to 1,
+/// zero for filtered tokens. Scratch is kept between calls (no allocation once sized).
+class Sampler {
+ public:
+  /// probs (size V) from logits (after penalties).
+  void distribution(const float* logits, std::int64_t V, const GenerationConfig& c, std::vector<float>& probs) {
+    probs.resize(static_cast<std::size_t>(V));
+    z_.resize(static_cast<std::size_t>(V));
+    const float inv_t = 1.0f / c.temperature;
+    for (std::int64_t i = 0; i < V; ++i) z_[static_cast<std::size_t>(i)] = logits[i] * inv_t;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    // top_k: keep values >= the k-th largest (ties kept, as HF).
+    if (c.top_k > 0 && c.top_k < V) {
+      tmp_.assign(z_.begin(), z_.end());
+      std::nth_element(tmp_.begin(), tmp_.begin() + (c.top_k - 1), tmp_.end(), std::greater<float>());
+      const float kth = tmp_[static_cast<std::size_t>(c.top_k - 1)];
+      for (auto& z : z_)
+        if (z < kth) z = ninf;
+    }
+    softmax(V, probs);
+    // top_p: sort by probability, descending (ties by index); keep while the mass before < top_p.
+    if (c.top_p < 1.0f) {
+      order_.resize(static_cast<std::size_t>(V));
+      std::iota(order_.begin(), order_.end(), 0);
+      std::stable_sort(order_.begin(), order_.end(), [&](std::int32_t a, std::int32_t b) {
+        return probs[static_cast<std::size_t>(a)] > probs[static_cast<std::size_t>(b)];
+      });
+      double before = 0;
+      for (std::size_t r = 0; r < order_.size(); ++r) {
+        const std::size_t i = static_cast<std::size_t>(order_[r]);
+        if (r > 0 && before >= static_cast<double>(c.top_p)) z_[i] = ninf;
+        before += probs[i];
+      }
+      softmax(V, probs);
+    }
+    // min_p: drop p < min_p * p_max.
+    if (c.min_p > 0.0f) {
+      const float pmax = *std::max_element(probs.begin(), probs.end());
+      const float thr = c.min_p * pmax;
+      for (std::int64_t i = 0; i < V; ++i)
+        if (probs[static_cast<std::size_t>(i)] < thr) z_[static_cast<std::size_t>(i)] = ninf;
+      softmax(V, probs);
+    }
+  }
+
+  /// Inverse CDF in token order: the first token whose cumulative probability exceeds u.
+  static std::int64_t draw(const std::vector<float>& probs, float u) noexcept {
+    double cum = 0;
+    std::int64_t last = -1;
+    for (std::size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] <= 0) continue;
+      cum += probs[i];
+      last = static_cast<std::int64_t>(i);
+      if (static_cast<double>(u) < cum) return last;
+    }
+    return last < 0 ? 0 : last;  // rounding: the last kept token
+  }
+
+  /// Next token from logits (modified in place by the penalties) for sequence b at step t.
+  std::int64_t next(float* logits, std::int64_t V, const GenerationConfig& c, std::span<const std::int64_t> context,
+                    std::span<const std::int64_t> generated, std::uint32_t b, std::uint32_t t) {
+    pen_.apply(logits, V, context, generated, c);
+    if (!c.do_sample) return argmax(logits, V);
+    distribution(logits, V, c, probs_);
+    return draw(probs_, sample_uniform(Key::from_seed(c.seed), b, t));
+  }
+
+ private:
+  void softmax(std::int64_t V, std::vector<float>& probs) const {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float z : z_) mx = std::max(mx, z);
+    double sum = 0;
+    for (std::int64_t i = 0; i < V; ++i) {
+      const float z = z_[static_cast<std::size_t>(i)];
+      const double e = z == -std::numeric_limits<float>::infinity() ? 0.0 : std::exp(static_cast<double>(z - mx));
+      probs[static_cast<std::size_t>(i)] = static_cast<float>(e);
+      sum += e;
+    }
+    for (auto& p : probs) p = static_cast<float>(p / sum);
+  }
+
+  Penalties pen_;
+  std::vector<float> z_, tmp_, probs_;
+  std::vector<std::int32_t> order_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/sampling.hpp
+
+namespace edl::generate {
+
+namespace detail {
+
+struct Hypotheses {
+  std::int64_t num_beams = 1;
+  float length_penalty = 1.0f;
+  EarlyStopping early = EarlyStopping::heuristic;
+  std::vector<std::pair<float, std::vector<std::int64_t>>> beams;  // (score, new tokens)
+
+  float worst() const {
+    float w = std::numeric_limits<float>::infinity();
+    for (const auto& b : beams) w = std::min(w, b.first);
+    return w;
+  }
+  void add(std::vector<std::int64_t> tokens, float sum_logprobs, std::int64_t generated_len) {
+    const float score = sum_logprobs / std::pow(static_cast<float>(std::max<std::int64_t>(1, generated_len)), length_penalty);
+    if (static_cast<std::int64_t>(beams.size()) < num_beams || score > worst()) {
+      beams.emplace_back(score, std::move(tokens));
+      if (static_cast<std::int64_t>(beams.size()) > num_beams) {
+        auto it = std::min_element(beams.begin(), beams.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        beams.erase(it);
+      }
+    }
+  }
+  bool is_done(float best_sum_logprobs, std::int64_t cur_len, std::int64_t max_len) const {
+    if (static_cast<std::int64_t>(beams.size()) < num_beams) return false;
+    if (early == EarlyStopping::yes) return true;
+    std::int64_t len = cur_len;
+    if (early == EarlyStopping::never && length_penalty > 0) len = max_len;
+    const float best = best_sum_logprobs / std::pow(static_cast<float>(std::max<std::int64_t>(1, len)), length_penalty);
+    return worst() >= best;
+  }
+};
+
+inline void log_softmax_row(float* x, std::int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double s = 0;
+  for (std::int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(s));
+  for (std::int64_t i = 0; i < n; ++i) x[i] -= lse;
+}
+
+}  // namespace detail
+
+/// Beam search for prompts [P][len] on a decoder whose cache holds P * num_beams sequences
+/// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the best
+/// hypothesis of each prompt. limit[p]: the most new tokens prompt p may get.
+template <class Pol, KVCache Cache>
+std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
+                                                   const std::vector<std::vector<std::int64_t>>& prompts,
+                                                   const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
+                                                   const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
+                                                   const std::vector<std::int64_t>& mask_padded, std::int64_t V) {
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), nb = cfg.num_beams, R = P * nb;
+  EDL_CHECK(dec.batch() == R, errc::invalid_argument, "generate.beam_search", "the cache holds ", dec.batch(),
+            " sequences, expected prompts x num_beams = ", R);
+  std::vector<float> logits(static_cast<std::size_t>(R * V));
+  std::vector<float> score(static_cast<std::size_t>(R), 0.0f);
+  std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(R));
+  std::vector<detail::Hypotheses> hyps(static_cast<std::size_t>(P));
+  std::vector<std::uint8_t> done(static_cast<std::size_t>(P), 0), active(static_cast<std::size_t>(R), 1);
+  for (auto& h : hyps) {
+    h.num_beams = nb;
+    h.length_penalty = cfg.length_penalty;
+    h.early = cfg.early_stopping;
+  }
+  for (std::int64_t p = 0; p < P; ++p)
+    for (std::int64_t k = 1; k < nb; ++k) score[static_cast<std::size_t>(p * nb + k)] = -1e9f;
+
+  dec.prefill(ids_padded.data(), seq, mask_padded.data(), logits.data());
+  std::int64_t n_stop = 0;
+  for (std::int64_t t = 0; t < V; ++t) n_stop += cfg.is_stop(t) ? 1 : 0;
+  const std::int64_t keep = std::max<std::int64_t>(2, 1 + n_stop) * nb;
+  Penalties pen;
+  std::vector<std::int64_t> src(static_cast<std::size_t>(R)), next_tok(static_cast<std::size_t>(R), 0), ctx;
+  std::vector<float> next_score(static_cast<std::size_t>(R));
+  std::vector<std::int64_t> cand(static_cast<std::size_t>(nb * V));
+
+  const auto finalize = [&](std::int64_t p, std::int64_t g) {
+    for (std::int64_t k = 0; k < nb; ++k) {
+      const std::size_t r = static_cast<std::size_t>(p * nb + k);
+      hyps[static_cast<std::size_t>(p)].add(seqs[r], score[r], g);
+    }
+    done[static_cast<std::size_t>(p)] = 1;
+  };
+  for (std::int64_t p = 0; p < P; ++p)
+    if (limit[static_cast<std::size_t>(p)] <= 0) finalize(p, 0);
+
+  for (std::int64_t g = 0;; ++g) {
+    bool any = false;
+    for (std::int64_t r = 0; r < R; ++r) src[static_cast<std::size_t>(r)] = r;
+    for (std::int64_t p = 0; p < P; ++p) {
+      if (done[static_cast<std::size_t>(p)]) continue;
+      float* base = logits.data() + p * nb * V;
+      for (std::int64_t k = 0; k < nb; ++k) {
+        const std::size_t r = static_cast<std::size_t>(p * nb + k);
+        float* row = base + k * V;
+        detail::log_softmax_row(row, V);
+        ctx.assign(prompts[static_cast<std::size_t>(p)].begin(), prompts[static_cast<std::size_t>(p)].end());
+        ctx.insert(ctx.end(), seqs[r].begin(), seqs[r].end());
+        pen.apply(row, V, ctx, seqs[r], cfg);
+        for (std::int64_t t = 0; t < V; ++t) row[t] += score[r];
+      }
+      const std::int64_t n = nb * V, kk = std::min(keep, n);
+      for (std::int64_t i = 0; i < n; ++i) cand[static_cast<std::size_t>(i)] = i;
+      const auto better = [&](std::int64_t a, std::int64_t b) { return base[a] > base[b] || (base[a] == base[b] && a < b); };
+      std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, better);
+      std::int64_t k_next = 0;
+      for (std::int64_t rank = 0; rank < kk && k_next < nb; ++rank) {
+        const std::int64_t c = cand[static_cast<std::size_t>(rank)], beam = c / V, tok = c % V;
+        const std::size_t r = static_cast<std::size_t>(p * nb + beam);
+        if (cfg.is_stop(tok)) {
+          if (rank >= nb) continue;
+          std::vector<std::int64_t> h = seqs[r];
+          h.push_back(tok);
+          hyps[static_cast<std::size_t>(p)].add(std::move(h), base[c], g + 1);
+        } else {
+          const std::size_t dst = static_cast<std::size_t>(p * nb + k_next++);
+          src[dst] = static_cast<std::int64_t>(r);
+          next_tok[dst] = tok;
+          next_score[dst] = base[c];
+        }
+      }
+      const float best = base[cand[0]];
+      const std::int64_t max_len = limit[static_cast<std::size_t>(p)];
+      if (hyps[static_cast<std::size_t>(p)].is_done(best, g + 1, max_len)) {
+        done[static_cast<std::size_t>(p)] = 1;
+        for (std::int64_t k = 0; k < nb; ++k) src[static_cast<std::size_t>(p * nb + k)] = p * nb + k;
+        continue;
+      }
+      any = true;
+    }
+    if (!any) break;
+    // Reorder beams (cache and token histories), then append the chosen tokens.
+    dec.cache().reorder(src.data());
+    {
+      std::vector<std::vector<std::int64_t>> ns(static_cast<std::size_t>(R));
+      for (std::int64_t r = 0; r < R; ++r) ns[static_cast<std::size_t>(r)] = seqs[static_cast<std::size_t>(src[static_cast<std::size_t>(r)])];
+      seqs.swap(ns);
+    }
+    for (std::int64_t p = 0; p < P; ++p) {
+      const bool live = !done[static_cast<std::size_t>(p)];
+      for (std::int64_t k = 0; k < nb; ++k) {
+        const std::size_t r = static_cast<std::size_t>(p * nb + k);
+        active[r] = live ? 1 : 0;
+        if (!live) continue;
+        seqs[r].push_back(next_tok[r]);
+        score[r] = next_score[r];
+      }
+      if (live && g + 1 >= limit[static_cast<std::size_t>(p)]) {
+        finalize(p, g + 1);
+        for (std::int64_t k = 0; k < nb; ++k) active[static_cast<std::size_t>(p * nb + k)] = 0;
+      }
+    }
+    bool feed = false;
+    for (auto a : active) feed = feed || a;
+    if (!feed) break;
+    dec.decode(next_tok.data(), logits.data(), active.data());
+  }
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(P));
+  for (std::int64_t p = 0; p < P; ++p) {
+    const auto& hb = hyps[static_cast<std::size_t>(p)].beams;
+    if (hb.empty()) continue;
+    auto it = std::max_element(hb.begin(), hb.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    out[static_cast<std::size_t>(p)] = it->second;
+  }
+  return out;
+}
+
+}  // namespace edl::generate
+// end of edl/generate/beam_search.hpp
+// #include <edl/generate/decoder.hpp> (inlined above)
+// #include <edl/generate/generate.hpp>
+// edl/generate/generate.hpp
+// generate(): prompts in, new tokens out (docs/generation.md).
+//
+//   generate::GenerationConfig g;  g.max_new_tokens = 16;          // greedy
+//   generate::GenerateOptions o;   o.cache = generate::CacheKind::paged;
+//   o.on_token = [](std::int64_t seq, std::int64_t tok) { ... };   // streaming
+//   auto r = generate::generate(model, {{1, 2, 3}, {4, 5}}, g, o);
+//   r.tokens[0]                                                    // new tokens of prompt 0
+//
+// Prompts of different lengths run as one left-padded batch. A sequence stops at a stop token
+// (eos_token_id or stop_token_ids; the stop token is included in its output, as HF), after
+// max_new_tokens, or when prompt + output reaches max_model_length (finish_reason "stop" /
+// "length"). num_beams > 1 runs beam search (beam_search.hpp); on_token is then called once
+// per output token after the search ends.
+// Errors (edl::Error, before any compute): an empty prompt, a token id outside the vocabulary,
+// a prompt longer than max_model_length; with the paged cache, running out of pages.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/generate/beam_search.hpp> (inlined above)
+// #include <edl/generate/decoder.hpp> (inlined above)
+// // #include <edl/generate/generation_config.hpp> (inlined above) (inlined above)
+// // #include <edl/generate/kv_cache.hpp> (inlined above) (inlined above)
+// // #include <edl/generate/sampling.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+enum class CacheKind { standard, int8, paged };
+
+inline CacheKind parse_cache_kind(const std::string& s) {
+  if (s == "standard") return CacheKind::standard;
+  if (s == "int8") return CacheKind::int8;
+  if (s == "paged") return CacheKind::paged;
+  ::edl::detail::raise(errc::invalid_argument, "generate.cache", "expected standard, int8 or paged, found \"" + s + "\"");
+}
+
+struct GenerateOptions {
+  CacheKind cache = CacheKind::standard;
+  PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
+  std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
+  std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
+};
+
+struct GenerateStats {
+  double prefill_seconds = 0, decode_seconds = 0;
+  std::int64_t prefill_tokens = 0;  // real prompt tokens
+  std::int64_t decode_tokens = 0;   // tokens fed through decode steps
+  std::int64_t decode_steps = 0;
+  std::int64_t cache_bytes = 0, scratch_bytes = 0;
+};
+
+struct GenerateResult {
+  std::vector<std::vector<std::int64_t>> tokens;  // new tokens per prompt
+  std::vector<std::string> finish_reason;         // "stop" | "length"
+  GenerateStats stats;
+};
+
+namespace detail {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class Pol, class Cache>
+GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
+                            const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+                            const GenerateOptions& o, std::int64_t mml) {
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = model.config().vocab_size;
+  const std::int64_t nb = g.num_beams, R = P * nb;
+  std::int64_t S = 0;
+  for (const auto& p : prompts) S = std::max<std::int64_t>(S, static_cast<std::int64_t>(p.size()));
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(R * S), 0), mask(static_cast<std::size_t>(R * S), 0);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto& p = prompts[static_cast<std::size_t>(r / nb)];
+    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      ids[static_cast<std::size_t>(r * S + pad) + i] = p[i];
+      mask[static_cast<std::size_t>(r * S + pad) + i] = 1;
+    }
+  }
+  std::vector<std::int64_t> limit(static_cast<std::size_t>(P));
+  for (std::int64_t p = 0; p < P; ++p)
+    limit[static_cast<std::size_t>(p)] =
+        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+
+  GenerateResult res;
+  res.tokens.assign(static_cast<std::size_t>(P), {});
+  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  Decoder<Pol, Cache> dec(model, cache);
+  for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
+
+  if (nb > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V);
+    res.stats.decode_seconds = seconds_since(t0);
+    for (std::int64_t p = 0; p < P; ++p) {
+      const auto& t = res.tokens[static_cast<std::size_t>(p)];
+      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(p)] = "stop";
+      if (o.on_token)
+        for (auto tok : t) o.on_token(p, tok);
+    }
+  } else {
+    std::vector<float> logits(static_cast<std::size_t>(P * V));
+    std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
+    std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0);
+    std::vector<std::vector<std::int64_t>> ctx(prompts.begin(), prompts.end());
+    for (auto& c : ctx) c.reserve(c.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, g.max_new_tokens)));
+    Sampler sampler;
+    bool any = false;
+    for (std::int64_t p = 0; p < P; ++p) {
+      active[static_cast<std::size_t>(p)] = limit[static_cast<std::size_t>(p)] > 0;
+      any = any || active[static_cast<std::size_t>(p)];
+    }
+    if (any) {
+      const auto t0 = std::chrono::steady_clock::now();
+      dec.prefill(ids.data(), S, mask.data(), logits.data());
+      res.stats.prefill_seconds = seconds_since(t0);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    for (std::int64_t step = 0; any; ++step) {
+      any = false;
+      for (std::int64_t p = 0; p < P; ++p) {
+        const std::size_t pi = static_cast<std::size_t>(p);
+        if (!active[pi]) continue;
+        auto& c = ctx[pi];
+        auto& out = res.tokens[pi];
+        const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
+                                              static_cast<std::uint32_t>(step));
+        out.push_back(tok);
+        c.push_back(tok);
+        next[pi] = tok;
+        if (o.on_token) o.on_token(p, tok);
+        if (g.is_stop(tok)) {
+          res.finish_reason[pi] = "stop";
+          active[pi] = 0;
+        } else if (static_cast<std::int64_t>(out.size()) >= limit[pi]) {
+          active[pi] = 0;
+        }
+        any = any || active[pi];
+      }
+      if (!any) break;
+      dec.decode(next.data(), logits.data(), active.data());
+      ++res.stats.decode_steps;
+      for (auto a : active) res.stats.decode_tokens += a;
+    }
+    res.stats.decode_seconds = seconds_since(t1);
+  }
+  res.stats.cache_bytes = cache.bytes();
+  res.stats.scratch_bytes = dec.scratch_bytes();
+  return res;
+}
+
+}  // namespace detail
+
+/// New tokens for each prompt (see the header comment).
+template <class Pol>
+GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
+                        const GenerationConfig& g, const GenerateOptions& o = {}) {
+  const char* w = "generate";
+  g.validate();
+  const auto& cfg = model.config();
+  const std::int64_t V = cfg.vocab_size;
+  const std::int64_t mml = o.max_model_length > 0 ? o.max_model_length : cfg.max_position_embeddings;
+  EDL_CHECK(!prompts.empty(), errc::invalid_argument, w, "no prompt given");
+  std::int64_t need = 0;
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto& pr = prompts[p];
+    EDL_CHECK(!pr.empty(), errc::invalid_argument, w, "prompt ", p, " is empty");
+    for (std::size_t i = 0; i < pr.size(); ++i)
+      EDL_CHECK(pr[i] >= 0 && pr[i] < V, errc::invalid_argument, w, "prompt ", p, " token ", i, ": id ", pr[i],
+                " is outside the vocabulary [0, ", V, ")");
+    EDL_CHECK(static_cast<std::int64_t>(pr.size()) <= mml, errc::invalid_argument, w, "prompt ", p, " has ", pr.size(),
+              " tokens, more than max_model_length = ", mml);
+    need = std::max<std::int64_t>(need, std::min<std::int64_t>(mml, static_cast<std::int64_t>(pr.size()) + g.max_new_tokens));
+  }
+  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
+  const KVCacheShape shape = kv_cache_shape(cfg, R, std::max<std::int64_t>(1, need));
+  switch (o.cache) {
+    case CacheKind::standard: {
+      StandardKVCache c(shape);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+    case CacheKind::int8: {
+      Int8KVCache c(shape);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+    case CacheKind::paged: {
+      PagedKVCacheOptions po = o.paged;
+      po.max_model_length = mml;
+      PagedKVCache c(shape, po);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+  }
+  return {};
+}
+
+}  // namespace edl::generate
+// end of edl/generate/generate.hpp
+// #include <edl/generate/generation_config.hpp> (inlined above)
+// #include <edl/generate/kv_cache.hpp> (inlined above)
+// #include <edl/generate/sampling.hpp> (inlined above)
+// end of edl/generate/all.hpp
+// #include <edl/train/all.hpp>
+// edl/train/all.hpp: the trainer, its arguments, data, tokenizers, checkpoints and metrics.
+
+// #include <edl/train/checkpoint.hpp>
+// edl/train/checkpoint.hpp
+// Training checkpoints: everything needed to continue a run with bit-identical losses.
+//
+//   <save_directory>/checkpoint-<step>/
+//     config.json            HF config of the model
+//     model.safetensors      parameters by HF name (loadable by HF / from_pretrained)
+//     optimizer.safetensors  optimizer slots as "<param path>.<slot>" (F32, 1-D), metadata step_count
+//     tokenizer.json         when the run has a tokenizer
+//     state.json             step, epoch, position in the data order, data RNG key, optimizer
+//                            step count, eval loss, training arguments (written last)
+//
+// save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
+// folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
+// point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
+// CheckpointManager lists complete checkpoints (those with state.json), removes leftover
+// temporary folders, and keeps the newest `save_total_limit` plus the best by eval loss
+// (a pruned folder is first renamed away, then removed).
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/pretrained.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// // #include <edl/train/tokenizer.hpp> (inlined above)
+// edl/train/tokenizer.hpp
+// Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
+//
+//   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
+//                  bytes -> merges applied by rank. train() learns merges on a corpus;
+//                  from_file() loads an HF tokenizer.json (model.type "BPE", byte-level
+//                  pre-tokenizer); save() writes one that HF `tokenizers` loads.
+//   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
+//                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
+//
+//   auto tok = train::ByteLevelBPE::train(docs, 1024);   // merges of the most frequent pairs
+//   auto ids = tok.encode("héllo");                      // decode(encode(s)) == s for any bytes
+//   tok.save("out/tokenizer.json");
+//
+// Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
+// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  with one approximation: without Unicode tables, every byte
+// >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
+// Special tokens are not recognized inside text passed to encode() (they are ids the data
+// pipeline inserts).
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+
+namespace edl::train {
+
+using ojson = nlohmann::ordered_json;
+
+namespace detail {
+
+/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
+inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    std::array<bool, 256> direct{};
+    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+    std::uint32_t n = 0;
+    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
+    return t;
+  }();
+  return table;
+}
+
+inline void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+/// Code points of a UTF-8 string; nullopt when it is not valid UTF-8.
+inline std::optional<std::vector<std::uint32_t>> utf8_codepoints(std::string_view s) {
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return std::nullopt;
+    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (int k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return std::nullopt;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    out.push_back(cp);
+    i += static_cast<std::size_t>(len);
+  }
+  return out;
+}
+
+/// The byte-level form of raw bytes (each byte -> its GPT-2 code point, UTF-8 encoded).
+inline std::string bytes_to_unicode(std::string_view bytes) {
+  std::string s;
+  for (unsigned char b : bytes) append_utf8(s, byte_to_codepoint()[b]);
+  return s;
+}
+
+/// Inverse of bytes_to_unicode; nullopt when a code point is not one of the 256.
+inline std::optional<std::string> unicode_to_bytes(std::string_view u) {
+  static const std::unordered_map<std::uint32_t, unsigned char> inv = [] {
+    std::unordered_map<std::uint32_t, unsigned char> m;
+    for (int b = 0; b < 256; ++b) m[byte_to_codepoint()[b]] = static_cast<unsigned char>(b);
+    return m;
+  }();
+  auto cps = utf8_codepoints(u);
+  if (!cps) return std::nullopt;
+  std::string out;
+  for (auto cp : *cps) {
+    auto it = inv.find(cp);
+    if (it == inv.end()) return std::nullopt;
+    out += static_cast<char>(it->second);
+  }
+  return out;
+}
+
+enum class CharClass { letter, number, space, other };
+inline CharClass char_class(unsigned char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return CharClass::letter;
+  if (c >= '0' && c <= '9') return CharClass::number;
+  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::space;
+  return CharClass::other;
+}
+
+/// GPT-2 pre-tokenization (see the header comment): calls f(piece) for each piece, in order.
+template <class F>
+void pretokenize(std::string_view s, F&& f) {
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  auto cls = [&](std::size_t k) { return char_class(static_cast<unsigned char>(s[k])); };
+  while (i < n) {
+    if (s[i] == '\'') {  // contractions (case-sensitive, as GPT-2)
+      std::size_t len = 0;
+      for (std::string_view c : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
+        if (s.substr(i, c.size()) == c) { len = c.size(); break; }
+      if (len) { f(s.substr(i, len)); i += len; continue; }
+    }
+    std::size_t j = i;
+    if (s[i] == ' ' && i + 1 < n && cls(i + 1) != CharClass::space) j = i + 1;
+    const CharClass c = cls(j);
+    if (c != CharClass::space) {
+      std::size_t k = j + 1;
+      while (k < n && cls(k) == c) ++k;
+      f(s.substr(i, k - i));
+      i = k;
+      continue;
+    }
+    std::size_t k = i;
+    while (k < n && cls(k) == CharClass::space) ++k;
+    if (k < n && k - i >= 2) k -= 1;  // \s+(?!\S): leave the last space to the next word
+    f(s.substr(i, k - i));
+    i = k;
+  }
+}
+
+}  // namespace detail
+
+class ByteLevelBPE {
+ public:
+  static constexpr const char* kBos = "<s>";
+  static constexpr const char* kEos = "</s>";
+  static constexpr const char* kPad = "<pad>";
+
+  /// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
+  static ByteLevelBPE byte_level() {
+    ByteLevelBPE t;
+    for (int b = 0; b < 256; ++b) {
+      t.tokens_.push_back(std::string(1, static_cast<char>(b)));
+      t.special_.push_back(false);
+      t.byte_id_[b] = b;
+    }
+    for (const char* s : {kBos, kEos, kPad}) t.add_special(s);
+    t.find_specials();
+    return t;
+  }
+
+  /// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges):
+  /// each round merges the adjacent pair with the highest count over all pre-tokens; ties go
+  /// to the smallest (left id, right id). Stops early when no pair is left.
+  static ByteLevelBPE train(const std::vector<std::string>& docs, std::int64_t vocab_size) {
+    ByteLevelBPE t = byte_level();
+    EDL_CHECK(vocab_size >= t.vocab_size(), errc::invalid_argument, "ByteLevelBPE::train",
+              "vocab_size must be at least ", t.vocab_size(), " (bytes and specials), found ", vocab_size);
+    std::map<std::string, std::int64_t> counts;
+    for (const auto& d : docs) detail::pretokenize(d, [&](std::string_view p) { ++counts[std::string(p)]; });
+    std::vector<std::vector<std::int32_t>> words;
+    std::vector<std::int64_t> freq;
+    for (const auto& [w, c] : counts) {
+      std::vector<std::int32_t> ids;
+      for (unsigned char b : w) ids.push_back(b);
+      if (ids.size() >= 2) { words.push_back(std::move(ids)); freq.push_back(c); }
+    }
+    std::unordered_map<std::uint64_t, std::int64_t> pairs;
+    auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
+    while (t.vocab_size() < vocab_size) {
+      pairs.clear();
+      for (std::size_t w = 0; w < words.size(); ++w)
+        for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
+      std::uint64_t best = 0;
+      std::int64_t best_count = 0;
+      for (const auto& [k, c] : pairs)
+        if (c > best_count || (c == best_count && k < best)) { best = k; best_count = c; }
+      if (best_count == 0) break;
+      const std::int32_t a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
+      const std::int32_t id = static_cast<std::int32_t>(t.tokens_.size());
+      t.add_merge(a, b, t.tokens_[a] + t.tokens_[b]);
+      for (auto& w : words) {
+        std::size_t o = 0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) { w[o++] = id; ++i; }
+          else w[o++] = w[i];
+        }
+        w.resize(o);
+      }
+    }
+    return t;
+  }
+
+  /// Reads an HF tokenizer.json with a byte-level BPE model.
+  static ByteLevelBPE from_json(const ojson& j, const std::string& source = "tokenizer.json") {
+    auto fail = [&](const std::string& field, const std::string& msg) {
+      ::edl::detail::raise(errc::format, source + " field " + field, msg);
+    };
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("model", "missing or not an object");
+    const ojson& m = j["model"];
+    if (!m.contains("type") || m["type"] != "BPE")
+      fail("model.type", "expected \"BPE\", found " + (m.contains("type") ? m["type"].dump() : std::string("nothing")));
+    if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
+    // The pre-tokenizer must be byte-level (alone or inside a Sequence).
+    bool byte_level = false;
+    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
+      const ojson& p = j["pre_tokenizer"];
+      if (p.value("type", "") == "ByteLevel") byte_level = true;
+      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
+        for (const auto& q : p["pretokenizers"])
+          if (q.value("type", "") == "ByteLevel") byte_level = true;
+    }
+    if (!byte_level) fail("pre_tokenizer", "expected a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
+
+    ByteLevelBPE t;
+    std::map<std::int64_t, std::pair<std::string, bool>> by_id;  // id -> (bytes or content, special)
+    std::unordered_map<std::string, std::int64_t> vocab;         // byte-level string -> id
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const auto& a : j["added_tokens"]) {
+        if (!a.is_object() || !a.contains("id") || !a.contains("content")) fail("added_tokens", "entry without id/content");
+        by_id[a["id"].get<std::int64_t>()] = {a["content"].get<std::string>(), true};
+      }
+    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
+        fail("model.vocab", "id of \"" + it.key() + "\" must be a non-negative integer");
+      const std::int64_t id = it.value().get<std::int64_t>();
+      vocab[it.key()] = id;
+      if (by_id.count(id)) continue;  // an added (special) token also listed in the vocab
+      auto bytes = detail::unicode_to_bytes(it.key());
+      if (!bytes) fail("model.vocab", "token \"" + it.key() + "\" is not in the byte-level alphabet");
+      by_id[id] = {*bytes, false};
+    }
+    if (by_id.empty()) fail("model.vocab", "is empty");
+    const std::int64_t n = by_id.rbegin()->first + 1;
+    t.tokens_.assign(static_cast<std::size_t>(n), std::string());
+    t.special_.assign(static_cast<std::size_t>(n), false);
+    t.present_.assign(static_cast<std::size_t>(n), false);
+    for (const auto& [id, e] : by_id) {
+      t.tokens_[static_cast<std::size_t>(id)] = e.first;
+      t.special_[static_cast<std::size_t>(id)] = e.second;
+      t.present_[static_cast<std::size_t>(id)] = true;
+    }
+    for (int b = 0; b < 256; ++b) {  // a byte missing from the vocab is an error only when encoded
+      auto it = vocab.find(detail::bytes_to_unicode(std::string(1, static_cast<char>(b))));
+      t.byte_id_[b] = it == vocab.end() ? -1 : it->second;
+    }
+    if (m.contains("merges") && m["merges"].is_array()) {
+      std::size_t rank = 0;
+      for (const auto& e : m["merges"]) {
+        std::string l, r;
+        if (e.is_string()) {
+          const std::string s = e.get<std::string>();
+          const auto sp = s.find(' ');
+          if (sp == std::string::npos) fail("model.merges", "entry \"" + s + "\" is not \"left right\"");
+          l = s.substr(0, sp);
+          r = s.substr(sp + 1);
+        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+          l = e[0].get<std::string>();
+          r = e[1].get<std::string>();
+        } else {
+          fail("model.merges", "entry " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
+        }
+        auto il = vocab.find(l), ir = vocab.find(r), im = vocab.find(l + r);
+        if (il == vocab.end() || ir == vocab.end() || im == vocab.end())
+          fail("model.merges", "merge " + std::to_string(rank) + " (\"" + l + "\", \"" + r +
+                                   "\") uses a token missing from the vocab");
+        t.merges_[key(il->second, ir->second)] = {static_cast<std::int64_t>(rank), im->second};
+        t.merge_list_.emplace_back(il->second, ir->second);
+        ++rank;
+      }
+    }
+    t.find_specials();
+    return t;
+  }
+
+  static ByteLevelBPE from_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ojson j;
+    try {
+      j = ojson::parse(ss.str());
+    } catch (const std::exception& e) {
+      ::edl::detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
+    }
+    return from_json(j, path);
+  }
+
+  /// HF tokenizer.json (model BPE, byte-level pre-tokenizer and decoder).
+  ojson to_json() const {
+    ojson added = ojson::array();
+    ojson vocab = ojson::object();
+    for (std::size_t id = 0; id < tokens_.size(); ++id) {
+      if (!present_[id]) continue;
+      if (special_[id]) {
+        added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
+                         {"rstrip", false}, {"normalized", false}, {"special", true}});
+        vocab[tokens_[id]] = id;
+      } else {
+        vocab[detail::bytes_to_unicode(tokens_[id])] = id;
+      }
+    }
+    ojson merges = ojson::array();
+    for (const auto& [a, b] : merge_list_)
+      merges.push_back(detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(a)]) + " " +
+                       detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(b)]));
+    ojson j = ojson::object();
+    j["version"] = "1.0";
+    j["truncation"] = nullptr;
+    j["padding"] = nullptr;
+    j["added_tokens"] = added;
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+    j["post_processor"] = nullptr;
+    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
+                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
+                  {"byte_fallback", false}, {"ignore_merges", false},
+                  {"vocab", vocab},         {"merges", merges}};
+    return j;
+  }
+  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+
+  /// Token ids of `text` (no bos/eos added).
+  std::vector<std::int64_t> encode(std::string_view text) const {
+    std::vector<std::int64_t> out;
+    out.reserve(text.size());
+    auto byte = [&](unsigned char b) {
+      EDL_CHECK(byte_id_[b] >= 0, errc::invalid_argument, "ByteLevelBPE::encode", "byte ", static_cast<int>(b),
+                " has no token in this vocabulary");
+      return byte_id_[b];
+    };
+    if (merges_.empty()) {
+      for (unsigned char b : text) out.push_back(byte(b));
+      return out;
+    }
+    std::vector<std::int64_t> sym;
+    detail::pretokenize(text, [&](std::string_view piece) {
+      sym.clear();
+      for (unsigned char b : piece) sym.push_back(byte(b));
+      while (sym.size() >= 2) {  // merge the lowest-rank pair, leftmost first
+        std::int64_t best_rank = std::numeric_limits<std::int64_t>::max(), best_id = -1;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
+          auto it = merges_.find(key(sym[i], sym[i + 1]));
+          if (it != merges_.end() && it->second.first < best_rank) {
+            best_rank = it->second.first;
+            best_id = it->second.second;
+            at = i;
+          }
+        }
+        if (best_id < 0) break;
+        const std::int64_t a = sym[at], b = sym[at + 1];
+        std::size_t o = 0;
+        for (std::size_t i = 0; i < sym.size(); ++i) {
+          if (i >= at && i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { sym[o++] = best_id; ++i; }
+          else sym[o++] = sym[i];
+        }
+        sym.resize(o);
+      }
+      out.insert(out.end(), sym.begin(), sym.end());
+    });
+    return out;
+  }
+
+  /// Text of `ids`; special tokens are dropped unless keep_special.
+  std::string decode(std::span<const std::int64_t> ids, bool keep_special = false) const {
+    std::string s;
+    for (auto id : ids) {
+      EDL_CHECK(id >= 0 && id < vocab_size() && present_[static_cast<std::size_t>(id)], errc::invalid_argument,
+                "ByteLevelBPE::decode", "id ", id, " is not in the vocabulary (size ", vocab_size(), ")");
+      if (special_[static_cast<std::size_t>(id)] && !keep_special) continue;
+      s += tokens_[static_cast<std::size_t>(id)];
+    }
+    return s;
+  }
+  std::string decode(const std::vector<std::int64_t>& ids, bool keep_special = false) const {
+    return decode(std::span<const std::int64_t>(ids), keep_special);
+  }
+
+  /// Largest id + 1.
+  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::size_t num_merges() const noexcept { return merge_list_.size(); }
+  std::optional<std::int64_t> bos_id() const { return bos_; }
+  std::optional<std::int64_t> eos_id() const { return eos_; }
+  std::optional<std::int64_t> pad_id() const { return pad_; }
+  /// Id of a special token by its content.
+  std::optional<std::int64_t> special_id(std::string_view content) const {
+    for (std::size_t i = 0; i < tokens_.size(); ++i)
+      if (special_[i] && tokens_[i] == content) return static_cast<std::int64_t>(i);
+    return std::nullopt;
+  }
+  /// Raw bytes of a (non-special) token.
+  const std::string& token_bytes(std::int64_t id) const { return tokens_.at(static_cast<std::size_t>(id)); }
+
+ private:
+  static std::uint64_t key(std::int64_t a, std::int64_t b) {
+    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b);
+  }
+  void add_special(const std::string& s) {
+    tokens_.push_back(s);
+    special_.push_back(true);
+    present_.resize(tokens_.size(), true);
+  }
+  void add_merge(std::int64_t a, std::int64_t b, std::string bytes) {
+    const std::int64_t id = vocab_size();
+    tokens_.push_back(std::move(bytes));
+    special_.push_back(false);
+    present_.resize(tokens_.size(), true);
+    merges_[key(a, b)] = {static_cast<std::int64_t>(merge_list_.size()), id};
+    merge_list_.emplace_back(a, b);
+  }
+  void find_specials() {
+    present_.resize(tokens_.size(), true);
+    auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::int64_t> {
+      for (const char* n : names)
+        if (auto id = special_id(n)) return id;
+      return std::nullopt;
+    };
+    bos_ = first({"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
+    eos_ = first({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
+    pad_ = first({"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+  }
+
+  std::vector<std::string> tokens_;  // raw bytes (specials: their content)
+  std::vector<bool> special_, present_;
+  std::array<std::int64_t, 256> byte_id_ = [] {
+    std::array<std::int64_t, 256> a{};
+    a.fill(-1);
+    return a;
+  }();
+  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, id)
+  std::vector<std::pair<std::int64_t, std::int64_t>> merge_list_;
+  std::optional<std::int64_t> bos_, eos_, pad_;
+};
+
+/// The byte-level tokenizer: ids 0-255 are bytes, 256 <s>, 257 </s>, 258 <pad>.
+struct ByteTokenizer : ByteLevelBPE {
+  ByteTokenizer() : ByteLevelBPE(ByteLevelBPE::byte_level()) {}
+};
+
+using Tokenizer = ByteLevelBPE;
+
+}  // namespace edl::train
+// end of edl/train/tokenizer.hpp
+// #include <edl/version.hpp> (inlined above)
+
+namespace edl::train {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+/// Where a run stands; saved as state.json.
+struct TrainState {
+  std::int64_t step = 0;            // optimizer steps done
+  std::int64_t epoch = 0;           // epoch of the next batch
+  std::int64_t batch_in_epoch = 0;  // index of the next batch in that epoch's order
+  Key data_key{};                   // the key the per-epoch orders come from
+  std::int64_t optimizer_step_count = 0;
+  std::int64_t tokens_seen = 0;     // target tokens trained on
+  double elapsed_s = 0.0;           // training time so far (all sessions)
+  std::optional<double> eval_loss;  // of an evaluation at this step
+  std::optional<double> last_loss;  // training loss of the last step
+  ojson training_arguments = nullptr;
+
+  ojson to_json() const {
+    ojson j = ojson::object();
+    j["step"] = step;
+    j["epoch"] = epoch;
+    j["batch_in_epoch"] = batch_in_epoch;
+    j["data_key"] = {data_key.k0, data_key.k1};
+    j["optimizer_step_count"] = optimizer_step_count;
+    j["tokens_seen"] = tokens_seen;
+    j["elapsed_s"] = elapsed_s;
+    j["eval_loss"] = eval_loss ? ojson(*eval_loss) : ojson(nullptr);
+    j["last_loss"] = last_loss ? ojson(*last_loss) : ojson(nullptr);
+    j["edl_version"] = EDL_VERSION_STRING;
+    j["training_arguments"] = training_arguments;
+    return j;
+  }
+  static TrainState from_json(const ojson& j, const std::string& source) {
+    io::JsonConfig c(j, source);
+    TrainState s;
+    s.step = c.get<std::int64_t>("step");
+    s.epoch = c.get<std::int64_t>("epoch");
+    s.batch_in_epoch = c.get<std::int64_t>("batch_in_epoch");
+    const auto k = c.get<std::vector<std::uint32_t>>("data_key");
+    EDL_CHECK(k.size() == 2, errc::format, c.where("data_key"), "expected two 32-bit words, found ", k.size());
+    s.data_key = {k[0], k[1]};
+    s.optimizer_step_count = c.get<std::int64_t>("optimizer_step_count");
+    s.tokens_seen = c.get<std::int64_t>("tokens_seen", 0);
+    s.elapsed_s = c.get<double>("elapsed_s", 0.0);
+    s.eval_loss = c.optional<double>("eval_loss");
+    s.last_loss = c.optional<double>("last_loss");
+    s.training_arguments = c.get<ojson>("training_arguments", ojson(nullptr));
+    return s;
+  }
+  static TrainState from_file(const std::string& path) {
+    auto c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+};
+
+namespace detail {
+
+inline void fsync_path(const std::string& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+inline std::optional<std::int64_t> checkpoint_step(const std::string& name) {
+  static const std::string prefix = "checkpoint-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return std::nullopt;
+  std::int64_t v = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace detail
+
+/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
+template <class Model>
+void save_model_hf(const std::string& dir, Model& model) {
+  models::save_pretrained(fs::path(dir), model);
+}
+
+/// Reads every parameter of `model` from dir/model.safetensors (or a sharded index) by HF
+/// name (models::load_weights: missing, mis-shaped and unexpected tensors are errors).
+template <class Model>
+void load_model_weights(const std::string& dir, Model& model) {
+  const auto ck = io::ShardedCheckpoint::open(dir);
+  models::load_weights(model, ck);
+}
+
+/// Hooks for tests: called after each file of a checkpoint is written (throw to simulate a crash).
+struct CheckpointHooks {
+  std::function<void(const std::string& file)> after_file;
+};
+
+/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
+/// `dir` (a re-save of the same step) is replaced.
+template <class Model>
+void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
+                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+  const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
+  const fs::path parent = final_path.parent_path();
+  fs::create_directories(parent);
+  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  struct Cleanup {
+    fs::path p;
+    bool done = false;
+    ~Cleanup() {
+      if (!done) {
+        std::error_code e;
+        fs::remove_all(p, e);
+      }
+    }
+  } cleanup{tmp};
+  auto after = [&](const char* f) {
+    if (hooks.after_file) hooks.after_file(f);
+  };
+
+  save_model_hf(tmp.string(), model);
+  after("model.safetensors");
+
+  io::TensorList slots;
+  std::vector<std::string> names;
+  opt.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
+    slots.emplace_back(path + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
+                                                        {static_cast<std::int64_t>(v.size())}));
+  });
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), slots,
+                       {{"format", "edl"},
+                        {"optimizer", optim::optimizer_name(opt.options().kind)},
+                        {"step_count", std::to_string(opt.step_count())}});
+  after("optimizer.safetensors");
+
+  if (tokenizer) {
+    tokenizer->save((tmp / "tokenizer.json").string());
+    after("tokenizer.json");
+  }
+  TrainState s = state;
+  s.optimizer_step_count = opt.step_count();
+  io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+  after("state.json");
+  detail::fsync_path(tmp.string(), true);
+
+  if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+    const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    fs::rename(final_path, old);
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp, final_path);
+  cleanup.done = true;
+  detail::fsync_path(parent.string(), true);
+}
+
+/// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
+template <class Model>
+TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& opt) {
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  load_model_weights(dir, model);
+  const std::string op = (fs::path(dir) / "optimizer.safetensors").string();
+  auto f = io::SafeTensorsFile::open(op);
+  for (const auto& name : f.names()) {
+    const auto dot = name.rfind('.');
+    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
+              "\" is not named <path>.<slot>");
+    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+  }
+  opt.set_step_count(s.optimizer_step_count);
+  return s;
+}
+
+/// The checkpoint-<step> folders of one run.
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::string root, std::optional<std::int64_t> keep_last = std::nullopt)
+      : root_(std::move(root)), keep_last_(keep_last) {}
+
+  const std::string& root() const noexcept { return root_; }
+  std::string path_for(std::int64_t step) const {
+    return (fs::path(root_) / ("checkpoint-" + std::to_string(step))).string();
+  }
+
+  /// Complete checkpoints (with state.json), oldest first.
+  std::vector<std::pair<std::int64_t, std::string>> list() const {
+    std::vector<std::pair<std::int64_t, std::string>> out;
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return out;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (!e.is_directory()) continue;
+      auto step = detail::checkpoint_step(e.path().filename().string());
+      if (step && fs::exists(e.path() / "state.json")) out.emplace_back(*step, e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::optional<std::string> latest() const {
+    auto l = list();
+    if (l.empty()) return std::nullopt;
+    return l.back().second;
+  }
+
+  /// Removes folders a crashed save left behind (".checkpoint-*.tmp-*", ".checkpoint-*.old-*").
+  void remove_temporaries() const {
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return;
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(".checkpoint-", 0) == 0 && (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos))
+        stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p, ec);
+  }
+
+  /// Saves checkpoint-<step> and prunes. Returns its path.
+  template <class Model>
+  std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
+                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+    const std::string p = path_for(state.step);
+    save_state(p, model, opt, state, tokenizer, hooks);
+    prune();
+    return p;
+  }
+
+  /// The checkpoint with the lowest eval_loss in its state.json, if any has one.
+  std::optional<std::string> best() const {
+    std::optional<std::string> b;
+    double bl = std::numeric_limits<double>::infinity();
+    for (const auto& [step, path] : list()) {
+      try {
+        auto s = TrainState::from_file((fs::path(path) / "state.json").string());
+        if (s.eval_loss && *s.eval_loss < bl) { bl = *s.eval_loss; b = path; }
+      } catch (const Error&) {
+      }
+    }
+    return b;
+  }
+
+  /// Keeps the newest keep_last checkpoints and the best; removes the others.
+  void prune() const {
+    if (!keep_last_) return;
+    auto l = list();
+    const auto best_path = best();
+    const std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(*keep_last_, 1));
+    for (std::size_t i = 0; i + keep < l.size(); ++i) {
+      if (best_path && l[i].second == *best_path) continue;
+      const fs::path p = l[i].second;
+      const fs::path gone = p.parent_path() / ("." + p.filename().string() + ".old-" + std::to_string(::getpid()));
+      std::error_code ec;
+      fs::rename(p, gone, ec);  // no longer listed as complete before its files go
+      fs::remove_all(ec ? p : gone, ec);
+    }
+  }
+
+ private:
+  std::string root_;
+  std::optional<std::int64_t> keep_last_;
+};
+
+}  // namespace edl::train
+// end of edl/train/checkpoint.hpp
+// #include <edl/train/dataset.hpp>
+// edl/train/dataset.hpp
+// Training data as sequences of token ids, a deterministic per-epoch order, and collation.
+//
+// Sources, by file name:
+//   *.npy, 2-D [rows, length]  pre-tokenized rows, one sequence each (no separators added);
+//                              rows longer than max_sequence_length are truncated at collate
+//   *.npy, 1-D                 one token stream, cut into max_sequence_length pieces
+//   *.bin                      one token stream of little-endian int32 (no header; what
+//                              `np.array(ids, dtype="<i4").tofile(path)` writes), cut likewise
+//   *.jsonl                    one JSON object per line; its "text" field is a document
+//   anything else              plain text; lines holding only "%" separate documents
+//                              (Debian's fortunes format); no such line: the file is one document
+// .npy element types: int32, int64, uint16, uint32. Documents are tokenized, each followed by
+// eos, concatenated in file order (packing) and cut into max_sequence_length pieces; the last
+// piece may be shorter. Consecutive stream sources share one packed stream.
+//
+// Order: epoch e visits the sequences in the permutation drawn from fold_in(key, e)
+// (Fisher-Yates with counter-based draws), or in file order without shuffling: a pure
+// function of (key, epoch), so a resumed run sees the same batches.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+// #include <edl/io/npy.hpp> (inlined above)
+// // #include <edl/train/tokenizer.hpp> (inlined above) (inlined above)
+
+namespace edl::train {
+
+/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]).
+class TokenDataset {
+ public:
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
+  std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::span<const std::int32_t> operator[](std::int64_t i) const {
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    return {tokens_.data() + a, b - a};
+  }
+  void add(std::span<const std::int32_t> seq) {
+    tokens_.insert(tokens_.end(), seq.begin(), seq.end());
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  template <class T>
+  void add(const std::vector<T>& seq) {
+    for (auto v : seq) tokens_.push_back(static_cast<std::int32_t>(v));
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them.
+  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len) {
+    for (std::size_t lo = 0; lo < stream.size(); lo += static_cast<std::size_t>(len)) {
+      const std::size_t hi = std::min(stream.size(), lo + static_cast<std::size_t>(len));
+      add(std::span<const std::int32_t>(stream.data() + lo, hi - lo));
+    }
+  }
+
+ private:
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::int64_t> offsets_{0};
+};
+
+/// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
+inline std::vector<std::string> read_text_documents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::vector<std::string> docs;
+  std::string line, doc;
+  bool separated = false;
+  auto flush = [&] {
+    if (!doc.empty()) docs.push_back(doc);
+    doc.clear();
+  };
+  while (std::getline(in, line)) {
+    std::string_view l = line;
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (l == "%") {
+      separated = true;
+      flush();
+    } else {
+      doc += line;
+      doc += '\n';
+    }
+  }
+  flush();
+  (void)separated;  // without "%" lines the file is one document
+  return docs;
+}
+
+/// The "text" fields of a JSON-lines file (blank lines skipped).
+inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::vector<std::string> docs;
+  std::string line;
+  std::int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
+    }
+    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format,
+              path + " line " + std::to_string(n), "expected an object with a string field \"text\"");
+    docs.push_back(j["text"].get<std::string>());
+  }
+  return docs;
+}
+
+namespace detail {
+
+inline bool ends_with(const std::string& s, std::string_view suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+/// Reads an integer .npy as int32 values and its shape.
+inline std::vector<std::int32_t> load_token_npy(const std::string& path, std::vector<std::size_t>& shape) {
+  auto take = [&](const auto& a) {
+    shape.assign(a.shape().begin(), a.shape().end());
+    std::vector<std::int32_t> v(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const auto x = a.data()[i];
+      EDL_CHECK(static_cast<std::int64_t>(x) >= 0 && static_cast<std::int64_t>(x) <= INT32_MAX, errc::format, path,
+                "token ", static_cast<std::int64_t>(x), " at flat index ", i, " is not a valid id");
+      v[i] = static_cast<std::int32_t>(x);
+    }
+    return v;
+  };
+  try { return take(io::load_npy<std::int32_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::int64_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::uint16_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::uint32_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  ::edl::detail::raise(errc::dtype_mismatch, path, "token .npy files must hold int32, int64, uint16 or uint32");
+}
+
+inline std::vector<std::int32_t> load_token_bin(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string b = ss.str();
+  EDL_CHECK(b.size() % 4 == 0, errc::format, path, "a .bin token file holds little-endian int32 values: its size (",
+            b.size(), " bytes) must be a multiple of 4");
+  std::vector<std::int32_t> v(b.size() / 4);
+  if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    EDL_CHECK(v[i] >= 0, errc::format, path, "token ", v[i], " at index ", i, " is negative");
+  return v;
+}
+
+}  // namespace detail
+
+struct DataOptions {
+  std::int64_t max_sequence_length = 2048;
+  std::int64_t eos_id = -1;  // appended after each text document; < 0: nothing
+  std::int64_t vocab_size = 0;  // > 0: every token must be below it
+};
+
+/// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
+/// (2-D .npy rows keep their length).
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const ByteLevelBPE* tokenizer,
+                                 const DataOptions& opt) {
+  EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
+  TokenDataset ds;
+  std::vector<std::int32_t> stream;
+  auto flush = [&] {
+    ds.add_stream(stream, opt.max_sequence_length);
+    stream.clear();
+  };
+  auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
+    EDL_CHECK(tokenizer != nullptr, errc::invalid_argument, path, "text data needs a tokenizer");
+    for (const auto& d : docs) {
+      for (auto id : tokenizer->encode(d)) stream.push_back(static_cast<std::int32_t>(id));
+      if (opt.eos_id >= 0) stream.push_back(static_cast<std::int32_t>(opt.eos_id));
+    }
+  };
+  for (const auto& f : files) {
+    EDL_CHECK(std::filesystem::is_regular_file(f), errc::io, f, "no such file");
+    if (detail::ends_with(f, ".npy")) {
+      std::vector<std::size_t> shape;
+      auto v = detail::load_token_npy(f, shape);
+      if (shape.size() == 1) {
+        stream.insert(stream.end(), v.begin(), v.end());
+      } else {
+        EDL_CHECK(shape.size() == 2, errc::format, f, "expected a 1-D stream or 2-D [rows, length] array, found rank ",
+                  shape.size());
+        flush();
+        for (std::size_t r = 0; r < shape[0]; ++r)
+          ds.add(std::span<const std::int32_t>(v.data() + r * shape[1], shape[1]));
+      }
+    } else if (detail::ends_with(f, ".bin")) {
+      auto v = detail::load_token_bin(f);
+      stream.insert(stream.end(), v.begin(), v.end());
+    } else if (detail::ends_with(f, ".jsonl")) {
+      add_docs(read_jsonl_documents(f), f);
+    } else {
+      add_docs(read_text_documents(f), f);
+    }
+  }
+  flush();
+  if (opt.vocab_size > 0)
+    for (std::int64_t i = 0; i < ds.size(); ++i)
+      for (auto t : ds[i])
+        EDL_CHECK(t < opt.vocab_size, errc::invalid_argument, "load_dataset", "token ", t, " in sequence ", i,
+                  " is outside the model's vocabulary (vocab_size ", opt.vocab_size, ")");
+  return ds;
+}
+
+/// The order of epoch `epoch`: a permutation of [0, n) drawn from fold_in(key, epoch)
+/// (Fisher-Yates, draw i = random_bits_at(k, i)), or 0..n-1 when !shuffle.
+inline std::vector<std::int64_t> epoch_order(std::int64_t n, Key key, std::int64_t epoch, bool shuffle) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  if (!shuffle) return p;
+  const Key k = fold_in(key, static_cast<std::uint32_t>(epoch));
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const std::uint64_t bits = (static_cast<std::uint64_t>(random_bits_at(k, 2 * static_cast<std::uint64_t>(i))) << 32) |
+                               random_bits_at(k, 2 * static_cast<std::uint64_t>(i) + 1);
+    const std::int64_t j = static_cast<std::int64_t>(bits % static_cast<std::uint64_t>(i + 1));
+    std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
+  }
+  return p;
+}
+
+enum class Truncation { keep_start, keep_end };
+inline Truncation truncation_from_name(const std::string& s) {
+  if (s == "keep_start") return Truncation::keep_start;
+  if (s == "keep_end") return Truncation::keep_end;
+  ::edl::detail::raise(errc::config, "truncation_mode", "expected keep_start or keep_end, found \"" + s + "\"");
+}
+
+/// A padded batch [batch, seq], row-major.
+struct Batch {
+  std::int64_t batch = 0, seq = 0;
+  std::vector<std::int64_t> input_ids, attention_mask, labels;
+  /// Targets the loss scores (HF shift: label[s + 1] for s < seq - 1, not ignore_index).
+  std::int64_t target_tokens(std::int64_t ignore_index = -100) const {
+    std::int64_t n = 0;
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t s = 1; s < seq; ++s) n += labels[static_cast<std::size_t>(b * seq + s)] != ignore_index;
+    return n;
+  }
+};
+
+/// Pads (right) to the longest sequence, truncating sequences longer than max_length by
+/// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
+/// attention_mask 0 and label -100.
+inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
+                     std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+  Batch b;
+  b.batch = static_cast<std::int64_t>(seqs.size());
+  for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
+  const std::size_t n = static_cast<std::size_t>(b.batch * b.seq);
+  b.input_ids.assign(n, pad_id);
+  b.attention_mask.assign(n, 0);
+  b.labels.assign(n, -100);
+  for (std::int64_t r = 0; r < b.batch; ++r) {
+    auto s = seqs[static_cast<std::size_t>(r)];
+    if (static_cast<std::int64_t>(s.size()) > max_length)
+      s = mode == Truncation::keep_start ? s.first(static_cast<std::size_t>(max_length))
+                                         : s.last(static_cast<std::size_t>(max_length));
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
+      b.input_ids[at] = s[i];
+      b.attention_mask[at] = 1;
+      b.labels[at] = s[i];
+    }
+  }
+  return b;
+}
+
+}  // namespace edl::train
+// end of edl/train/dataset.hpp
+// #include <edl/train/metrics.hpp>
+// edl/train/metrics.hpp
+// What the trainer reports while it runs:
+//   - MetricsWriter: one JSON object per line appended to <save_directory>/metrics.jsonl
+//     (flushed per line, so `tail -f` and a crash both see complete lines);
+//   - ProgressLine: "step 120/400 | loss 2.314 | lr 2.9e-03 | 31.2k tok/s | MFU 21.3% | ETA 1m32s"
+//     on stderr, rewritten in place (\r) on a terminal, one plain line per update otherwise;
+//   - measure_peak_gflops(): the machine's f32 GEMM rate (the MFU denominator).
+//
+// MFU = (3 x model.flops_forward(batch, seq) per step, i.e. forward + backward ~ 6 x params per
+// token plus attention) x steps/s / peak. The peak is measured with edl's own GEMM on
+// 512 x 512 x 512 f32 (best of 5, every thread) unless TrainingArguments::peak_gflops gives it,
+// so the MFU reads "fraction of what this machine's best kernel reaches", not of a datasheet.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+
+namespace edl::train {
+
+/// Best-of-5 f32 GEMM rate (GFLOP/s) on n x n x n with every kernel thread.
+inline double measure_peak_gflops(std::int64_t n = 512, int repeats = 5) {
+  std::vector<float> a(static_cast<std::size_t>(n * n)), b(a.size()), c(a.size());
+  fill_uniform(Key::from_seed(1), 0, a, -1.f, 1.f);
+  fill_uniform(Key::from_seed(2), 0, b, -1.f, 1.f);
+  kernels::matmul(a.data(), b.data(), c.data(), n, n, n);  // warm-up
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::matmul(a.data(), b.data(), c.data(), n, n, n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(n) * n * n / s / 1e9);
+  }
+  return best;
+}
+
+/// Appends JSON lines to a file.
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path) : path_(path) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    out_.open(path, std::ios::app | std::ios::binary);
+    EDL_CHECK(out_.good(), errc::io, path, "cannot open for appending: ", io::detail::errno_text());
+  }
+  void write(const nlohmann::ordered_json& j) {
+    if (!out_.is_open()) return;
+    out_ << j.dump() << '\n';
+    out_.flush();
+    EDL_CHECK(out_.good(), errc::io, path_, "write failed: ", io::detail::errno_text());
+  }
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+inline std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+/// The progress line on stderr.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled = true) : enabled_(enabled), tty_(::isatty(2) == 1) {}
+  void update(std::int64_t step, std::int64_t total, double loss, double lr, double tok_s, double mfu, double eta_s) {
+    if (!enabled_) return;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.1fk tok/s | MFU %.1f%% | ETA %s",
+                  static_cast<long long>(step), static_cast<long long>(total), loss, lr, tok_s / 1000.0, 100.0 * mfu,
+                  format_duration(eta_s).c_str());
+    if (tty_) std::fprintf(stderr, "\r%s\033[K", buf);
+    else std::fprintf(stderr, "%s\n", buf);
+    std::fflush(stderr);
+    dirty_ = tty_;
+  }
+  /// A line of its own (evaluation, checkpoint); ends an in-place line first.
+  void message(const std::string& s) {
+    if (!enabled_) return;
+    finish();
+    std::fprintf(stderr, "%s\n", s.c_str());
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (dirty_) std::fprintf(stderr, "\n");
+    dirty_ = false;
+  }
+
+ private:
+  bool enabled_, tty_, dirty_ = false;
+};
+
+}  // namespace edl::train
+// end of edl/train/metrics.hpp
+// #include <edl/train/tokenizer.hpp> (inlined above)
+// #include <edl/train/trainer.hpp>
+// edl/train/trainer.hpp
+// The causal-LM trainer (EasyDeL's Trainer, on one device for now):
+//
+//   auto args = train::TrainingArguments::from_file("train.json");
+//   train::Trainer t(args);              // model, tokenizer and data from the arguments
+//   train::TrainerCallback cb;
+//   cb.on_step_end = [](train::Trainer&, const train::StepMetrics& m) {
+//     return m.loss > 1.0;               // false stops training (after this step)
+//   };
+//   t.callbacks.push_back(cb);
+//   train::TrainResult r = t.train();    // resumes from the newest checkpoint if asked to
+//
+// One optimizer step: total_batch_size sequences (the next ones of the epoch's order) split
+// into gradient_accumulation_steps micro-batches; every micro-batch's loss is divided by the
+// number of target tokens of the whole step (LossOptions::normalizer), so the accumulated
+// gradient is that of the mean loss over the step's tokens, whatever the split; then
+// global-norm clipping (clip_grad > 0), the schedule's rate and the optimizer update.
+// Every log_steps: a line in <save_directory>/metrics.jsonl and the progress line; every
+// evaluation_steps: the mean loss and perplexity over eval_data; every save_steps and at the end:
+// a checkpoint (checkpoint.hpp). A non-finite loss or gradient norm stops with errc::invalid_argument
+// before the parameters change (the last checkpoint stays the last good one); training_time_limit
+// stops cleanly after the current step, with a checkpoint. The final hidden states are checked
+// for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/optim/clip.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/optim/schedule.hpp> (inlined above)
+// #include <edl/train/checkpoint.hpp> (inlined above)
+// #include <edl/train/dataset.hpp> (inlined above)
+// #include <edl/train/metrics.hpp> (inlined above)
+// #include <edl/train/tokenizer.hpp> (inlined above)
+// // #include <edl/train/training_arguments.hpp> (inlined above)
+// edl/train/training_arguments.hpp
+// TrainingArguments: the trainer's configuration, read from JSON with EasyDeL's field names
+// (docs/training.md lists every field, its default and its meaning).
+//
+//   auto a = edl::train::TrainingArguments::from_file("train.json");
+//   a.apply_override("max_training_steps=10");          // `edl train --set key=value`
+//   a.validate();
+//
+// Errors: errc::config with where = "<source> field <name>": an unknown field (every unknown
+// field is named), a wrong type ("expected an integer, found "32" (string)"), an out-of-range
+// value; errc::unsupported for valid EasyDeL settings this build does not implement
+// (a mesh larger than one device, bf16 parameters, gradient checkpointing).
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
+
+namespace edl::train {
+
+using ojson = nlohmann::ordered_json;
+
+/// "90", "90s", "30m", "2h", "1h30m", "1d" -> seconds. Throws errc::config naming `where`.
+inline double parse_duration(const std::string& s, const std::string& where) {
+  auto fail = [&]() -> double {
+    ::edl::detail::raise(errc::config, where,
+                         "expected seconds or a duration like \"90s\", \"30m\", \"2h\", \"1h30m\"; found \"" + s + "\"");
+  };
+  if (s.empty()) return fail();
+  double total = 0;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = i;
+    while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '.')) ++j;
+    if (j == i) return fail();
+    double v = 0;
+    try { v = std::stod(s.substr(i, j - i)); } catch (...) { return fail(); }
+    double unit = 1;
+    if (j < s.size()) {
+      switch (s[j]) {
+        case 's': unit = 1; break;
+        case 'm': unit = 60; break;
+        case 'h': unit = 3600; break;
+        case 'd': unit = 86400; break;
+        default: return fail();
+      }
+      ++j;
+    } else if (i != 0) {
+      return fail();  // "1h30" is ambiguous
+    }
+    total += v * unit;
+    i = j;
+  }
+  return total;
+}
+
+struct TrainingArguments {
+  // ------------------------------------------------------------------ EasyDeL names
+  std::string model_name = "edl-model";
+  double learning_rate = 5e-5;
+  double learning_rate_end = 0.0;        // rate reached at the last step (linear, cosine, WSD)
+  std::string optimizer = "adamw";       // adamw | sgd | lion | adafactor
+  std::string scheduler = "none";        // none | linear | cosine | warmup_stable_decay
+  std::int64_t warmup_steps = 0;
+  double weight_decay = 0.01;
+  double clip_grad = 0.0;                // global-norm clipping; 0 (or null): off
+  std::int64_t total_batch_size = 32;    // sequences per optimizer step
+  std::int64_t gradient_accumulation_steps = 1;
+  std::int64_t max_sequence_length = 4096;
+  std::int64_t num_train_epochs = 10;
+  std::optional<std::int64_t> max_training_steps;  // overrides num_train_epochs when set
+  std::optional<double> training_time_limit;        // seconds (JSON: number or "30m" / "2h")
+  std::optional<std::int64_t> evaluation_steps;     // evaluate every N steps (and at the end)
+  std::optional<std::int64_t> max_evaluation_steps; // eval micro-batches per evaluation (null: all)
+  std::optional<std::int64_t> save_steps;           // checkpoint every N steps (and at the end)
+  std::optional<std::int64_t> save_total_limit;     // keep the newest N checkpoints (+ the best)
+  std::int64_t log_steps = 10;
+  std::string save_directory = "EasyDeL-Checkpoints";
+  std::string truncation_mode = "keep_end";         // keep_start | keep_end
+  bool shuffle_train_dataset = true;
+  bool resume_if_possible = true;
+  // ------------------------------------------------------------------ ours
+  double b1 = 0.9, b2 = 0.999, epsilon = 1e-8;
+  double momentum = 0.0;                             // sgd
+  std::uint64_t seed = 42;
+  std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
+  std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
+  std::string gradient_checkpointing = "";          // "" / "none" only (no rematerialization yet)
+  std::string dtype = "float32";
+  std::string param_dtype = "float32";
+  double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
+  bool progress = true;                              // the progress line on stderr
+  /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
+  /// or an object of LlamaConfig fields.
+  ojson model = "tiny";
+  std::vector<std::string> train_data;
+  std::vector<std::string> eval_data;
+  /// "byte", a tokenizer.json path, or {"train_bpe": vocab_size}.
+  ojson tokenizer = "byte";
+
+  std::string source = "TrainingArguments";
+
+  static const std::vector<std::string>& field_names() {
+    static const std::vector<std::string> n = {
+        "model_name", "learning_rate", "learning_rate_end", "optimizer", "scheduler", "warmup_steps",
+        "weight_decay", "clip_grad", "total_batch_size", "gradient_accumulation_steps", "max_sequence_length",
+        "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
+        "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
+        "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
+        "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
+        "peak_gflops", "progress", "model", "train_data", "eval_data", "tokenizer"};
+    return n;
+  }
+
+  std::string where(const std::string& field) const { return source + " field " + field; }
+
+  /// Reads every known field (missing: default); unknown fields are an error naming all of them.
+  static TrainingArguments from_json(const ojson& j, const std::string& source = "TrainingArguments") {
+    EDL_CHECK(j.is_object(), errc::config, source, "expected a JSON object, found ", j.type_name());
+    TrainingArguments a;
+    a.source = source;
+    const std::set<std::string> known(field_names().begin(), field_names().end());
+    std::string unknown;
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (!known.count(it.key())) unknown += (unknown.empty() ? "\"" : ", \"") + it.key() + "\"";
+    EDL_CHECK(unknown.empty(), errc::config, source, "unknown field(s) ", unknown,
+              "; see docs/training.md for the TrainingArguments fields");
+    for (auto it = j.begin(); it != j.end(); ++it) a.set_field(it.key(), it.value());
+    return a;
+  }
+
+  static TrainingArguments from_file(const std::string& path) {
+    auto c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+
+  /// Sets one field from JSON (type-checked; errors name the field).
+  void set_field(const std::string& key, const ojson& v) {
+    const std::string w = where(key);
+    auto str = [&](std::string& dst) { dst = io::JsonConfig::convert<std::string>(v, w); };
+    auto i64 = [&](std::int64_t& dst) { dst = io::JsonConfig::convert<std::int64_t>(v, w); };
+    auto f64 = [&](double& dst) { dst = io::JsonConfig::convert<double>(v, w); };
+    auto boo = [&](bool& dst) { dst = io::JsonConfig::convert<bool>(v, w); };
+    auto oi64 = [&](std::optional<std::int64_t>& dst) {
+      if (v.is_null()) dst.reset(); else dst = io::JsonConfig::convert<std::int64_t>(v, w);
+    };
+    auto files = [&](std::vector<std::string>& dst) {
+      if (v.is_null()) dst.clear();
+      else if (v.is_string()) dst = {v.get<std::string>()};
+      else dst = io::JsonConfig::convert<std::vector<std::string>>(v, w);
+    };
+    if (key == "model_name") str(model_name);
+    else if (key == "learning_rate") f64(learning_rate);
+    else if (key == "learning_rate_end") { if (v.is_null()) learning_rate_end = 0; else f64(learning_rate_end); }
+    else if (key == "optimizer") str(optimizer);
+    else if (key == "scheduler") str(scheduler);
+    else if (key == "warmup_steps") i64(warmup_steps);
+    else if (key == "weight_decay") f64(weight_decay);
+    else if (key == "clip_grad") { if (v.is_null()) clip_grad = 0; else f64(clip_grad); }
+    else if (key == "total_batch_size") i64(total_batch_size);
+    else if (key == "gradient_accumulation_steps") i64(gradient_accumulation_steps);
+    else if (key == "max_sequence_length") i64(max_sequence_length);
+    else if (key == "num_train_epochs") i64(num_train_epochs);
+    else if (key == "max_training_steps") oi64(max_training_steps);
+    else if (key == "training_time_limit") {
+      if (v.is_null()) training_time_limit.reset();
+      else if (v.is_string()) training_time_limit = parse_duration(v.get<std::string>(), w);
+      else if (v.is_number()) training_time_limit = v.get<double>();
+      else ::edl::detail::raise(errc::config, w, "expected seconds (a number) or a string like \"30m\", found " +
+                                                     v.dump() + " (" + v.type_name() + ")");
+    }
+    else if (key == "evaluation_steps") oi64(evaluation_steps);
+    else if (key == "max_evaluation_steps") oi64(max_evaluation_steps);
+    else if (key == "save_steps") oi64(save_steps);
+    else if (key == "save_total_limit") oi64(save_total_limit);
+    else if (key == "log_steps") i64(log_steps);
+    else if (key == "save_directory") str(save_directory);
+    else if (key == "truncation_mode") str(truncation_mode);
+    else if (key == "shuffle_train_dataset") boo(shuffle_train_dataset);
+    else if (key == "resume_if_possible") boo(resume_if_possible);
+    else if (key == "b1") f64(b1);
+    else if (key == "b2") f64(b2);
+    else if (key == "epsilon") f64(epsilon);
+    else if (key == "momentum") f64(momentum);
+    else if (key == "seed") seed = io::JsonConfig::convert<std::uint64_t>(v, w);
+    else if (key == "sharding_axis_dims") sharding_axis_dims = io::JsonConfig::convert<std::vector<std::int64_t>>(v, w);
+    else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
+    else if (key == "gradient_checkpointing") {
+      if (v.is_null()) gradient_checkpointing = "";
+      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "everything_saveable" : "";
+      else str(gradient_checkpointing);
+    }
+    else if (key == "dtype") str(dtype);
+    else if (key == "param_dtype") str(param_dtype);
+    else if (key == "peak_gflops") { if (v.is_null()) peak_gflops = 0; else f64(peak_gflops); }
+    else if (key == "progress") boo(progress);
+    else if (key == "model") {
+      EDL_CHECK(v.is_string() || v.is_object(), errc::config, w,
+                "expected a folder, a preset name or an object of LlamaConfig fields, found ", v.dump(), " (",
+                v.type_name(), ")");
+      model = v;
+    }
+    else if (key == "train_data") files(train_data);
+    else if (key == "eval_data") files(eval_data);
+    else if (key == "tokenizer") {
+      const bool ok = v.is_string() || (v.is_object() && v.size() == 1 && v.contains("train_bpe") &&
+                                         v["train_bpe"].is_number_integer());
+      EDL_CHECK(ok, errc::config, w, "expected \"byte\", a tokenizer.json path or {\"train_bpe\": vocab_size}, found ",
+                v.dump(), " (", v.type_name(), ")");
+      tokenizer = v;
+    }
+    else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
+  }
+
+  /// "key=value": value parsed as JSON, or taken as a string when it is not valid JSON
+  /// (so --set save_directory=out works without quotes).
+  void apply_override(const std::string& kv) {
+    const auto eq = kv.find('=');
+    EDL_CHECK(eq != std::string::npos && eq > 0, errc::config, "--set", "expected key=value, found \"", kv, "\"");
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    const std::set<std::string> known(field_names().begin(), field_names().end());
+    EDL_CHECK(known.count(key), errc::config, "--set", "unknown field \"", key, "\"");
+    ojson v;
+    try { v = ojson::parse(val); } catch (...) { v = val; }
+    set_field(key, v);
+  }
+
+  /// Ranges and combinations; errors name the field.
+  void validate() const {
+    auto positive = [&](const char* f, double v) { EDL_CHECK(v > 0, errc::config, where(f), "must be positive, found ", v); };
+    auto nonneg = [&](const char* f, double v) { EDL_CHECK(v >= 0, errc::config, where(f), "must be >= 0, found ", v); };
+    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor",
+              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor; found \"", optimizer, "\"");
+    EDL_CHECK(scheduler == "none" || scheduler == "linear" || scheduler == "cosine" ||
+                  scheduler == "warmup_stable_decay",
+              errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
+              scheduler, "\"");
+    EDL_CHECK(truncation_mode == "keep_start" || truncation_mode == "keep_end", errc::config, where("truncation_mode"),
+              "expected keep_start or keep_end, found \"", truncation_mode, "\"");
+    nonneg("learning_rate", learning_rate);
+    nonneg("learning_rate_end", learning_rate_end);
+    nonneg("warmup_steps", static_cast<double>(warmup_steps));
+    nonneg("weight_decay", weight_decay);
+    nonneg("clip_grad", clip_grad);
+    positive("total_batch_size", static_cast<double>(total_batch_size));
+    positive("gradient_accumulation_steps", static_cast<double>(gradient_accumulation_steps));
+    EDL_CHECK(total_batch_size % gradient_accumulation_steps == 0, errc::config, where("gradient_accumulation_steps"),
+              "total_batch_size (", total_batch_size, ") must be divisible by gradient_accumulation_steps (",
+              gradient_accumulation_steps, ")");
+    EDL_CHECK(max_sequence_length >= 2, errc::config, where("max_sequence_length"), "must be >= 2, found ",
+              max_sequence_length);
+    positive("num_train_epochs", static_cast<double>(num_train_epochs));
+    if (max_training_steps) positive("max_training_steps", static_cast<double>(*max_training_steps));
+    if (training_time_limit) positive("training_time_limit", *training_time_limit);
+    if (evaluation_steps) positive("evaluation_steps", static_cast<double>(*evaluation_steps));
+    if (max_evaluation_steps) positive("max_evaluation_steps", static_cast<double>(*max_evaluation_steps));
+    if (save_steps) positive("save_steps", static_cast<double>(*save_steps));
+    if (save_total_limit) positive("save_total_limit", static_cast<double>(*save_total_limit));
+    positive("log_steps", static_cast<double>(log_steps));
+    EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
+    nonneg("peak_gflops", peak_gflops);
+    EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
+              "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
+    for (auto d : sharding_axis_dims)
+      EDL_CHECK(d == 1 || d == -1, errc::unsupported, where("sharding_axis_dims"),
+                "the trainer runs on one device for now: every axis must be 1 (or -1), found ",
+                ojson(sharding_axis_dims).dump());
+    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
+                  gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
+              errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
+              gradient_checkpointing, "\"");
+    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none", errc::unsupported,
+              where("gradient_checkpointing"), "rematerialization is not implemented yet; found \"",
+              gradient_checkpointing, "\"");
+    EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
+              "activations are float32 for now, found \"", dtype, "\"");
+    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
+              where("param_dtype"), "the trainer keeps float32 parameters for now, found \"", param_dtype, "\"");
+    EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+  }
+
+  /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
+  std::int64_t micro_batch_size() const { return total_batch_size / gradient_accumulation_steps; }
+
+  ojson to_json() const {
+    ojson j = ojson::object();
+    auto opt = [](const auto& o) -> ojson { return o ? ojson(*o) : ojson(nullptr); };
+    j["model_name"] = model_name;
+    j["learning_rate"] = learning_rate;
+    j["learning_rate_end"] = learning_rate_end;
+    j["optimizer"] = optimizer;
+    j["scheduler"] = scheduler;
+    j["warmup_steps"] = warmup_steps;
+    j["weight_decay"] = weight_decay;
+    j["clip_grad"] = clip_grad;
+    j["total_batch_size"] = total_batch_size;
+    j["gradient_accumulation_steps"] = gradient_accumulation_steps;
+    j["max_sequence_length"] = max_sequence_length;
+    j["num_train_epochs"] = num_train_epochs;
+    j["max_training_steps"] = opt(max_training_steps);
+    j["training_time_limit"] = opt(training_time_limit);
+    j["evaluation_steps"] = opt(evaluation_steps);
+    j["max_evaluation_steps"] = opt(max_evaluation_steps);
+    j["save_steps"] = opt(save_steps);
+    j["save_total_limit"] = opt(save_total_limit);
+    j["log_steps"] = log_steps;
+    j["save_directory"] = save_directory;
+    j["truncation_mode"] = truncation_mode;
+    j["shuffle_train_dataset"] = shuffle_train_dataset;
+    j["resume_if_possible"] = resume_if_possible;
+    j["b1"] = b1;
+    j["b2"] = b2;
+    j["epsilon"] = epsilon;
+    j["momentum"] = momentum;
+    j["seed"] = seed;
+    j["sharding_axis_dims"] = sharding_axis_dims;
+    j["sharding_axis_names"] = sharding_axis_names;
+    j["gradient_checkpointing"] = gradient_checkpointing;
+    j["dtype"] = dtype;
+    j["param_dtype"] = param_dtype;
+    j["peak_gflops"] = peak_gflops;
+    j["progress"] = progress;
+    j["model"] = model;
+    j["train_data"] = train_data;
+    j["eval_data"] = eval_data;
+    j["tokenizer"] = tokenizer;
+    return j;
+  }
+};
+
+}  // namespace edl::train
+// end of edl/train/training_arguments.hpp
+
+namespace edl::train {
+
+struct StepMetrics {
+  std::int64_t step = 0;          // optimizer steps done, including this one
+  std::int64_t epoch = 0;         // epoch this step's batch came from
+  double loss = 0.0;              // mean loss over the step's target tokens
+  double learning_rate = 0.0;
+  double grad_norm = 0.0;         // before clipping
+  std::int64_t tokens = 0;        // target tokens of the step
+  double step_seconds = 0.0;
+};
+
+struct EvalMetrics {
+  std::int64_t step = 0;
+  double loss = 0.0;        // mean over target tokens
+  double perplexity = 1.0;  // exp(loss)
+  double accuracy = 0.0;
+  std::int64_t tokens = 0;
+};
+
+struct TrainResult {
+  std::int64_t steps = 0;              // optimizer steps done (total, across resumes)
+  double first_loss = 0.0;             // first step of this session
+  double final_loss = 0.0;             // last step
+  std::optional<double> eval_loss;     // last evaluation
+  double tokens_per_s = 0.0;           // this session
+  double seconds = 0.0;                // this session
+  std::string checkpoint;              // last checkpoint written (or resumed from)
+  std::string stop_reason;             // "max_steps" | "time_limit" | "callback" | "nothing_to_do"
+  bool resumed = false;
+};
+
+class Trainer;
+
+/// User callbacks: any member may be empty. on_step_end returning false stops training.
+struct TrainerCallback {
+  std::function<void(Trainer&, std::int64_t step)> on_step_start;
+  std::function<bool(Trainer&, const StepMetrics&)> on_step_end;
+  std::function<void(Trainer&, const EvalMetrics&)> on_evaluate;
+  std::function<void(Trainer&, const std::string& checkpoint)> on_save;
+};
+
+class Trainer {
+ public:
+  using Model = models::LlamaForCausalLM<>;
+
+  /// Builds model, tokenizer and datasets from `args` (see docs/training.md).
+  explicit Trainer(TrainingArguments args) : args_(std::move(args)) {
+    args_.validate();
+    build_tokenizer();
+    build_model();
+    DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
+    train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
+    if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
+    finish_setup();
+  }
+
+  /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
+  Trainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
+          std::optional<TokenDataset> eval_data = std::nullopt)
+      : args_(std::move(args)),
+        tok_(std::move(tokenizer)),
+        model_(std::make_unique<Model>(std::move(model))),
+        train_(std::move(train_data)),
+        eval_(std::move(eval_data)) {
+    if (args_.train_data.empty()) args_.train_data = {"<in memory>"};
+    args_.validate();
+    finish_setup();
+  }
+
+  virtual ~Trainer() = default;
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  std::vector<TrainerCallback> callbacks;
+  CheckpointHooks checkpoint_hooks;  // tests: fail a save midway
+
+  /// Hooks for subclasses; the default calls the callbacks.
+  virtual void on_step_start(std::int64_t step) {
+    for (auto& c : callbacks)
+      if (c.on_step_start) c.on_step_start(*this, step);
+  }
+  virtual void on_step_end(const StepMetrics& m) {
+    for (auto& c : callbacks)
+      if (c.on_step_end && !c.on_step_end(*this, m)) request_stop("callback");
+  }
+
+  void request_stop(std::string reason = "callback") {
+    if (stop_reason_.empty()) stop_reason_ = std::move(reason);
+  }
+
+  Model& model() noexcept { return *model_; }
+  optim::Optimizer& optimizer() noexcept { return opt_; }
+  const TrainState& state() const noexcept { return state_; }
+  const TrainingArguments& args() const noexcept { return args_; }
+  const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
+  const TokenDataset& train_dataset() const noexcept { return train_; }
+  const std::optional<TokenDataset>& eval_dataset() const noexcept { return eval_; }
+  std::int64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
+  std::int64_t total_steps() const noexcept { return total_steps_; }
+  const optim::Schedule& schedule() const noexcept { return sched_; }
+  CheckpointManager& checkpoints() noexcept { return ckpt_; }
+  double peak_gflops() const noexcept { return peak_gflops_; }
+
+  /// Mean loss / perplexity over eval_data (max_evaluation_steps micro-batches at most).
+  EvalMetrics evaluate() {
+    EvalMetrics e;
+    e.step = state_.step;
+    if (!eval_ || eval_->size() == 0) return e;
+    const std::int64_t mb = args_.micro_batch_size();
+    double ce = 0, hits = 0;
+    std::int64_t batches = 0;
+    for (std::int64_t lo = 0; lo < eval_->size(); lo += mb) {
+      if (args_.max_evaluation_steps && batches >= *args_.max_evaluation_steps) break;
+      std::vector<std::span<const std::int32_t>> seqs;
+      for (std::int64_t i = lo; i < std::min(eval_->size(), lo + mb); ++i) seqs.push_back((*eval_)[i]);
+      const Batch b = collate(seqs, args_.max_sequence_length, pad_id_, trunc_);
+      const nn::LossMetrics m = guarded_loss(b, {}, /*backward=*/false);
+      ce += m.loss * static_cast<double>(m.tokens);
+      hits += m.accuracy * static_cast<double>(m.tokens);
+      e.tokens += m.tokens;
+      ++batches;
+    }
+    EDL_CHECK(std::isfinite(ce), errc::invalid_argument, "evaluation at step " + std::to_string(state_.step),
+              "the eval loss is ", ce, " (the model's outputs are not finite)");
+    if (e.tokens > 0) {
+      e.loss = ce / static_cast<double>(e.tokens);
+      e.accuracy = hits / static_cast<double>(e.tokens);
+      e.perplexity = std::exp(e.loss);
+    }
+    last_eval_ = e;
+    ojson j = ojson::object();
+    j["step"] = e.step;
+    j["eval_loss"] = e.loss;
+    j["eval_perplexity"] = e.perplexity;
+    j["eval_accuracy"] = e.accuracy;
+    j["eval_tokens"] = e.tokens;
+    metrics_->write(j);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "eval at step %lld: loss %.4f, perplexity %.2f, accuracy %.3f",
+                  static_cast<long long>(e.step), e.loss, e.perplexity, e.accuracy);
+    progress_.message(buf);
+    for (auto& c : callbacks)
+      if (c.on_evaluate) c.on_evaluate(*this, e);
+    return e;
+  }
+
+  /// Writes checkpoint-<step> now; returns its path.
+  std::string save_checkpoint() {
+    TrainState s = state_;
+    s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
+    s.training_arguments = args_.to_json();
+    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks);
+    last_checkpoint_ = p;
+    last_saved_step_ = state_.step;
+    progress_.message("saved " + p);
+    for (auto& c : callbacks)
+      if (c.on_save) c.on_save(*this, p);
+    return p;
+  }
+
+  /// Restores model, optimizer and position from a checkpoint folder.
+  void resume_from(const std::string& dir) {
+    state_ = load_state(dir, *model_, opt_);
+    last_checkpoint_ = dir;
+    last_saved_step_ = state_.step;
+    resumed_ = true;
+  }
+
+  /// Runs until total_steps(), the time limit or a stop request.
+  TrainResult train() {
+    TrainResult r;
+    ckpt_.remove_temporaries();
+    if (args_.resume_if_possible && !resumed_)
+      if (auto latest = ckpt_.latest()) {
+        resume_from(*latest);
+        progress_.message("resumed from " + *latest + " at step " + std::to_string(state_.step));
+      }
+    r.resumed = resumed_;
+    stop_reason_.clear();
+    if (peak_gflops_ <= 0) peak_gflops_ = measure_peak_gflops();
+    const auto t_start = std::chrono::steady_clock::now();
+    const double elapsed_before = state_.elapsed_s;
+    const std::int64_t first_step = state_.step;
+    auto session_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+
+    std::vector<std::int64_t> order;
+    std::int64_t order_epoch = -1;
+    const std::int64_t B = args_.total_batch_size, A = args_.gradient_accumulation_steps, mb = args_.micro_batch_size();
+    // Log window.
+    double win_loss = 0, win_s = 0, win_flops = 0;
+    std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
+    std::vector<std::span<const std::int32_t>> seqs;
+
+    while (state_.step < total_steps_ && stop_reason_.empty()) {
+      on_step_start(state_.step);
+      if (!stop_reason_.empty()) break;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (order_epoch != state_.epoch) {
+        order = epoch_order(train_.size(), state_.data_key, state_.epoch, args_.shuffle_train_dataset);
+        order_epoch = state_.epoch;
+      }
+      // The step's micro-batches, then the step's number of target tokens.
+      std::vector<Batch> micro;
+      micro.reserve(static_cast<std::size_t>(A));
+      std::int64_t targets = 0, input_tokens = 0;
+      for (std::int64_t a = 0; a < A; ++a) {
+        seqs.clear();
+        for (std::int64_t i = 0; i < mb; ++i)
+          seqs.push_back(train_[order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)]]);
+        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_));
+        targets += micro.back().target_tokens();
+        for (auto m : micro.back().attention_mask) input_tokens += m;
+      }
+      optim::zero_grad(*model_);
+      nn::LossOptions lo;
+      lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
+      double loss = 0, flops = 0;
+      for (const Batch& b : micro) {
+        loss += guarded_loss(b, lo, /*backward=*/true).loss;
+        flops += 3.0 * model_->flops_forward(b.batch, b.seq);
+        if (!std::isfinite(loss)) break;
+      }
+      const std::string where = "train step " + std::to_string(state_.step + 1);
+      const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
+                                                        : "the last good checkpoint is " + last_checkpoint_;
+      EDL_CHECK(std::isfinite(loss), errc::invalid_argument, where, "the loss is ", loss,
+                "; training stopped before updating the parameters (", keep, ")");
+      const double gnorm = optim::clip_by_global_norm(*model_, args_.clip_grad);
+      EDL_CHECK(std::isfinite(gnorm), errc::invalid_argument, where, "the gradient norm is ", gnorm, " (loss ", loss,
+                "); training stopped before updating the parameters (", keep, ")");
+      const double lr = sched_.lr_at(state_.step);
+      opt_.step(*model_, lr);
+
+      StepMetrics sm;
+      sm.epoch = state_.epoch;
+      ++state_.step;
+      if (++state_.batch_in_epoch >= steps_per_epoch_) {
+        state_.batch_in_epoch = 0;
+        ++state_.epoch;
+      }
+      state_.tokens_seen += targets;
+      state_.optimizer_step_count = opt_.step_count();
+      state_.last_loss = loss;
+      state_.elapsed_s = elapsed_before + session_s();
+      sm.step = state_.step;
+      sm.loss = loss;
+      sm.learning_rate = lr;
+      sm.grad_norm = gnorm;
+      sm.tokens = targets;
+      sm.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (state_.step == first_step + 1) r.first_loss = loss;
+      r.final_loss = loss;
+      session_tokens += input_tokens;
+      win_loss += loss;
+      win_s += sm.step_seconds;
+      win_flops += flops;
+      win_tokens += input_tokens;
+      ++win_steps;
+
+      on_step_end(sm);
+      const bool last = state_.step >= total_steps_;
+      if (state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty()) {
+        const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
+        const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
+        const double per_step = session_s() / static_cast<double>(state_.step - first_step);
+        ojson j = ojson::object();
+        j["step"] = state_.step;
+        j["epoch"] = sm.epoch;
+        j["loss"] = win_loss / static_cast<double>(win_steps);
+        j["learning_rate"] = lr;
+        j["grad_norm"] = gnorm;
+        j["tokens_per_s"] = tok_s;
+        j["mfu"] = mfu;
+        j["elapsed_s"] = state_.elapsed_s;
+        j["tokens_seen"] = state_.tokens_seen;
+        metrics_->write(j);
+        progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
+                         per_step * static_cast<double>(total_steps_ - state_.step));
+        win_loss = win_s = win_flops = 0;
+        win_steps = win_tokens = 0;
+      }
+      if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
+      if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
+      if (args_.training_time_limit && state_.elapsed_s >= *args_.training_time_limit) request_stop("time_limit");
+    }
+    if (state_.step == first_step && stop_reason_.empty()) {
+      r.stop_reason = "nothing_to_do";
+    } else {
+      r.stop_reason = stop_reason_.empty() ? "max_steps" : stop_reason_;
+      if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
+      if (last_saved_step_ != state_.step) save_checkpoint();
+    }
+    progress_.finish();
+    r.steps = state_.step;
+    r.seconds = session_s();
+    r.tokens_per_s = r.seconds > 0 ? static_cast<double>(session_tokens) / r.seconds : 0.0;
+    if (last_eval_) r.eval_loss = last_eval_->loss;
+    r.checkpoint = last_checkpoint_;
+    if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
+    return r;
+  }
+
+ private:
+  /// The model's forward_backward (or loss), with a finiteness check of the final hidden
+  /// states before the loss: non-finite activations give loss NaN instead of reaching the
+  /// loss kernel (whose argmax expects finite logits).
+  nn::LossMetrics guarded_loss(const Batch& b, const nn::LossOptions& lo, bool backward) {
+    const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+    Model::Saved s;
+    model_->forward(b.input_ids.data(), lay, s);
+    for (float v : s.hidden)
+      if (!std::isfinite(v)) {
+        nn::LossMetrics bad;
+        bad.loss = std::numeric_limits<double>::quiet_NaN();
+        return bad;
+      }
+    const auto& c = model_->config();
+    std::vector<float> dhidden(backward ? s.hidden.size() : 0);
+    const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size,
+                                                 model_->head_weight(), c.vocab_size, b.labels.data(), lo,
+                                                 backward ? dhidden.data() : nullptr,
+                                                 backward ? model_->head_grad() : nullptr);
+    if (backward) model_->model.backward(dhidden.data(), s.model_s);
+    return m;
+  }
+
+  std::int64_t eos_or(std::int64_t fallback) const {
+    if (tok_ && tok_->eos_id()) return *tok_->eos_id();
+    return fallback;
+  }
+
+  void build_tokenizer() {
+    const ojson& t = args_.tokenizer;
+    const std::string w = args_.where("tokenizer");
+    if (t.is_null() || (t.is_string() && t.get<std::string>() == "none")) return;
+    if (t.is_string() && t.get<std::string>() == "byte") {
+      tok_ = ByteLevelBPE::byte_level();
+    } else if (t.is_string()) {
+      tok_ = ByteLevelBPE::from_file(t.get<std::string>());
+    } else {  // {"train_bpe": vocab_size}: trained on the text of train_data, saved next to the checkpoints
+      const std::string saved = (fs::path(args_.save_directory) / "tokenizer.json").string();
+      if (args_.resume_if_possible && fs::exists(saved)) {
+        tok_ = ByteLevelBPE::from_file(saved);
+        return;
+      }
+      std::vector<std::string> docs;
+      for (const auto& f : args_.train_data) {
+        if (detail::ends_with(f, ".npy") || detail::ends_with(f, ".bin")) continue;
+        auto d = detail::ends_with(f, ".jsonl") ? read_jsonl_documents(f) : read_text_documents(f);
+        docs.insert(docs.end(), d.begin(), d.end());
+      }
+      EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
+      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());
+      fs::create_directories(args_.save_directory);
+      tok_->save(saved);
+    }
+  }
+
+  void build_model() {
+    const ojson& m = args_.model;
+    const std::string w = args_.where("model");
+    models::LlamaConfig cfg;
+    std::optional<std::string> weights_dir;
+    bool from_folder = false;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      if (fs::is_directory(s)) {
+        cfg = models::LlamaConfig::from_file((fs::path(s) / "config.json").string());
+        from_folder = true;
+        if (fs::exists(fs::path(s) / io::kSingleFileName) || fs::exists(fs::path(s) / io::kIndexFileName))
+          weights_dir = s;
+      } else {
+        const auto names = models::LlamaConfig::preset_names();
+        std::string valid;
+        for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+        EDL_CHECK(std::find(names.begin(), names.end(), s) != names.end(), errc::config, w, "\"", s,
+                  "\" is neither a folder with config.json nor a preset (", valid, ")");
+        cfg = models::LlamaConfig::preset(s);
+      }
+    } else {
+      cfg = models::LlamaConfig::from_json(m, w);
+    }
+    if (tok_ && !from_folder) {  // special ids of the tokenizer, unless the object names them
+      if (!m.is_object() || !m.contains("bos_token_id")) cfg.bos_token_id = tok_->bos_id();
+      if ((!m.is_object() || !m.contains("eos_token_id")) && tok_->eos_id()) cfg.eos_token_id = {*tok_->eos_id()};
+      if (!m.is_object() || !m.contains("pad_token_id")) cfg.pad_token_id = tok_->pad_id();
+    }
+    cfg.validate();
+    if (tok_)
+      EDL_CHECK(cfg.vocab_size >= tok_->vocab_size(), errc::config, w + " vocab_size", "the tokenizer has ",
+                tok_->vocab_size(), " tokens but the model's vocab_size is ", cfg.vocab_size);
+    model_ = std::make_unique<Model>(cfg);
+    if (weights_dir) load_model_weights(*weights_dir, *model_);
+    else model_->init(fold_in(Key::from_seed(args_.seed), 0));
+  }
+
+  void finish_setup() {
+    EDL_CHECK(train_.size() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
+              "the training data has ", train_.size(), " sequences of at most ", args_.max_sequence_length,
+              " tokens, fewer than one batch of ", args_.total_batch_size);
+    steps_per_epoch_ = train_.size() / args_.total_batch_size;  // the last partial batch is dropped
+    total_steps_ = args_.max_training_steps ? *args_.max_training_steps : args_.num_train_epochs * steps_per_epoch_;
+    trunc_ = truncation_from_name(args_.truncation_mode);
+    pad_id_ = tok_ && tok_->pad_id() ? *tok_->pad_id() : (tok_ && tok_->eos_id() ? *tok_->eos_id() : 0);
+    optim::OptimizerOptions oo;
+    oo.kind = optim::optimizer_from_name(args_.optimizer);
+    oo.b1 = args_.b1;
+    oo.b2 = args_.b2;
+    oo.eps = args_.epsilon;
+    oo.weight_decay = args_.weight_decay;
+    oo.momentum = args_.momentum;
+    opt_ = optim::Optimizer(oo);
+    sched_.kind = optim::schedule_from_name(args_.scheduler);
+    sched_.lr = args_.learning_rate;
+    sched_.lr_end = args_.learning_rate_end;
+    sched_.warmup_steps = args_.warmup_steps;
+    sched_.total_steps = total_steps_;
+    state_.data_key = fold_in(Key::from_seed(args_.seed), 1);
+    ckpt_ = CheckpointManager(args_.save_directory, args_.save_total_limit);
+    fs::create_directories(args_.save_directory);
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string());
+    progress_ = ProgressLine(args_.progress);
+    peak_gflops_ = args_.peak_gflops;
+  }
+
+  TrainingArguments args_;
+  std::optional<ByteLevelBPE> tok_;
+  std::unique_ptr<Model> model_;
+  TokenDataset train_;
+  std::optional<TokenDataset> eval_;
+  optim::Optimizer opt_;
+  optim::Schedule sched_;
+  TrainState state_;
+  CheckpointManager ckpt_{"."};
+  std::unique_ptr<MetricsWriter> metrics_;
+  ProgressLine progress_{false};
+  Truncation trunc_ = Truncation::keep_end;
+  std::int64_t pad_id_ = 0;
+  std::int64_t steps_per_epoch_ = 1, total_steps_ = 0;
+  double peak_gflops_ = 0;
+  std::optional<EvalMetrics> last_eval_;
+  std::string last_checkpoint_, stop_reason_;
+  std::int64_t last_saved_step_ = -1;
+  bool resumed_ = false;
+};
+
+}  // namespace edl::train
+// end of edl/train/trainer.hpp
+// #include <edl/train/training_arguments.hpp> (inlined above)
+// end of edl/train/all.hpp

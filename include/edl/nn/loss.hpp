@@ -116,7 +116,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         }
         const float mx = kd::row_max(x, V);
         std::int64_t arg = 0;
-        while (x[arg] != mx) ++arg;
+        while (arg + 1 < V && x[arg] != mx) ++arg;  // bounded: a NaN row never equals its max
         correct[ri] = arg == l;
         const float xl = x[l];
         const float mean_x = eps > 0 ? kd::row_sum(x, V) / static_cast<float>(V) : 0.0f;

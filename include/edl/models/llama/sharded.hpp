@@ -296,7 +296,7 @@ class ShardedLlama {
       EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
                 " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
                 "shape ",
-                detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", detail::shape_str(lshape),
+                ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", ::edl::detail::shape_str(lshape),
                 " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
       for (const auto& d : spec.dims)
         for (const auto& a : d) {
@@ -366,7 +366,7 @@ class ShardedLlama {
       all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
       const auto origin = pl.compute.offset(d);
       for (std::size_t k = 0; k < group.devices.size(); ++k)
-        detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
                               pl.layout.local_shape(), buf.data() + k * n, false);
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
@@ -396,13 +396,13 @@ class ShardedLlama {
     const auto origin = pl.compute.offset(d);
     std::vector<float> out(m);
     if (pl.scatter_axes.empty()) {
-      detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
                                 out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
       std::vector<float> packed(m * group.devices.size());
       for (std::size_t k = 0; k < group.devices.size(); ++k)
-        detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
                                   bshape, packed.data() + k * m, true);
       reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
     }

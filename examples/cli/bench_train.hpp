@@ -1,0 +1,119 @@
+// examples/cli/bench_train.hpp: `edl bench train` times Llama training steps (forward + loss +
+// backward; no optimizer yet).
+//
+//   edl bench train --config tiny|small|gqa1b|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
+//
+// --config names a preset (random weights from Key seed 0, initializer_range) or a HF folder
+// (weights loaded). Tokens are uniform random ids (seed 0); labels = tokens (HF shift). One
+// warm-up step, then N timed steps (default 3). Prints one JSON line:
+//   {"config", "batch", "seq", "threads", "mesh": {"dp","fsdp","tp","sp"}, "tokens_per_s",
+//    "ms_per_step", "peak_bytes", "params", "flops_per_token", "gflops"}
+// ms_per_step is the median step; tokens_per_s = batch * seq / median step. peak_bytes is the
+// process's peak resident set (VmHWM of /proc/self/status; 0 where unavailable), so it includes
+// everything the process ever held, not only the model. flops_per_token = 3 x forward FLOPs
+// (matmul-like work, multiply-add = 2, attention pairs counted causally) / tokens; gflops =
+// flops_per_token x tokens_per_s / 1e9.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
+#include "args.hpp"
+#include "mesh_flag.hpp"
+
+namespace edl::cli {
+
+/// Peak resident set size in bytes (VmHWM), 0 if /proc/self/status is unavailable.
+inline std::int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) {
+      try {
+        return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
+      } catch (...) {
+        return 0;
+      }
+    }
+  return 0;
+}
+
+/// edl bench train --config tiny|small|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
+inline int cmd_bench_train(Args& args) {
+  const std::string where = "edl bench train";
+  const std::string config = args.required("--config");
+  const std::int64_t batch = args.integer("--batch", 8), seq = args.integer("--seq", 256);
+  const std::int64_t threads = args.integer("--threads", exec::num_threads());
+  const std::int64_t steps = args.integer("--steps", 3);
+  const MeshDims mesh = mesh_flag(args);
+  args.finish();
+  EDL_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
+  EDL_CHECK(seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", seq);
+  EDL_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
+  EDL_CHECK(steps > 0, errc::invalid_argument, "--steps", "must be > 0, found ", steps);
+  create_mesh(mesh);  // invalid mesh sizes fail before the model is built
+
+  exec::set_num_threads(static_cast<int>(threads));
+  models::LlamaForCausalLM<> model;
+  std::error_code ec;
+  if (std::filesystem::is_directory(config, ec)) {
+    model = models::from_pretrained<>(config);
+  } else {
+    model = models::LlamaForCausalLM<>(models::LlamaConfig::preset(config));
+    models::init(model, Key::from_seed(0));
+  }
+  const std::int64_t V = model.config().vocab_size, T = batch * seq;
+  std::mt19937_64 gen(0);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(T));
+  for (auto& v : ids) v = static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(V));
+  const nn::TokenLayout layout{batch, seq};
+
+  auto step = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  step();  // warm-up: gradient buffers, page faults, thread pool
+  std::vector<double> times;
+  for (std::int64_t s = 0; s < steps; ++s) times.push_back(step());
+  exec::set_num_threads(0);
+  std::sort(times.begin(), times.end());
+  const std::size_t n = times.size();
+  const double sec = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+
+  const double flops_per_token = 3.0 * model.flops_forward(batch, seq) / static_cast<double>(T);
+  const double tps = static_cast<double>(T) / sec;
+  const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
+  nlohmann::ordered_json j;
+  j["config"] = config;
+  j["batch"] = batch;
+  j["seq"] = seq;
+  j["threads"] = threads;
+  j["mesh"] = mesh_json(mesh);
+  j["tokens_per_s"] = round2(tps);
+  j["ms_per_step"] = round2(sec * 1e3);
+  j["peak_bytes"] = peak_rss_bytes();
+  j["params"] = models::parameter_count(model);
+  j["flops_per_token"] = std::round(flops_per_token);
+  j["gflops"] = round2(flops_per_token * tps / 1e9);
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,283 @@
+// examples/cli/generate.hpp: `edl generate` and `edl bench decode` (docs/generation.md).
+//
+//   edl generate --model DIR (--prompt TEXT | --prompt-tokens 1,2,3) [--max-new-tokens N]
+//                [--greedy | --temperature T --top-k K --top-p P --min-p M --seed S]
+//                [--repetition-penalty R] [--presence-penalty A] [--num-beams B]
+//                [--cache standard|int8|paged] [--page-size N] [--cache-bytes N]
+//                [--cache-utilization F] [--threads T] [--mesh dp=1,fsdp=1,tp=1,sp=1]
+//     prints {"tokens": [new tokens], "text": "...", "finish_reason": "..."}; "text" only when DIR
+//     has a byte-level BPE tokenizer.json. Defaults: DIR/generation_config.json if present, else
+//     greedy (HF); a sampling flag turns sampling on.
+//
+//   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T]
+//                    [--cache standard|int8|paged] [--seed S]
+//     a preset name builds that config with random weights; prints one JSON object with
+//     prefill_tokens_per_s, decode_tokens_per_s, peak_bytes (VmHWM), the bytes a decode step
+//     reads and the bandwidth that implies.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/generate/all.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/module.hpp>
+#if __has_include(<edl/models/llama/pretrained.hpp>)
+#include <edl/models/llama/pretrained.hpp>
+#define EDL_CLI_HAS_PRETRAINED 1
+#endif
+#if __has_include(<edl/train/tokenizer.hpp>)
+#include <edl/train/tokenizer.hpp>
+#define EDL_CLI_HAS_TOKENIZER 1
+#endif
+#include "args.hpp"
+
+namespace edl::cli {
+
+namespace gen_detail {
+
+inline std::vector<std::int64_t> parse_token_list(const std::string& s, const std::string& flag) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? s.size() + 1 : comma + 1;
+    std::size_t pos = 0;
+    long long v = 0;
+    try { v = std::stoll(item, &pos); } catch (...) { pos = 0; }
+    EDL_CHECK(!item.empty() && pos == item.size(), errc::invalid_argument, flag,
+              "expected comma-separated integer token ids such as 1,2,3, found \"", item, "\" in \"", s, "\"");
+    out.push_back(v);
+  }
+  return out;
+}
+
+/// --mesh: only the single-device mesh (all sizes 1) for now.
+inline void check_mesh(Args& args, const std::string& command) {
+  const std::string m = args.str("--mesh", "");
+  if (m.empty()) return;
+  std::size_t start = 0;
+  while (start <= m.size()) {
+    const std::size_t comma = m.find(',', start);
+    const std::string item = m.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? m.size() + 1 : comma + 1;
+    const std::size_t eq = item.find('=');
+    EDL_CHECK(eq != std::string::npos, errc::invalid_argument, "--mesh", "item \"", item,
+              "\" is not name=size (axes: dp, fsdp, tp, sp)");
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    EDL_CHECK(name == "dp" || name == "fsdp" || name == "tp" || name == "sp", errc::invalid_argument, "--mesh",
+              "unknown mesh axis \"", name, "\", expected one of dp, fsdp, tp, sp");
+    EDL_CHECK(value == "1", errc::unsupported, "edl " + command,
+              "--mesh ", m, ": generation runs on one device for now (every axis size must be 1)");
+  }
+}
+
+inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
+#ifdef EDL_CLI_HAS_PRETRAINED
+  return models::from_pretrained<>(dir);
+#else
+  const auto cfg = models::LlamaConfig::from_file((std::filesystem::path(dir) / "config.json").string());
+  models::LlamaForCausalLM<> m(cfg);
+  nn::load_params(m, io::SafeTensorsFile::open((std::filesystem::path(dir) / "model.safetensors").string()));
+  return m;
+#endif
+}
+
+inline std::int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+inline void cache_flags(Args& args, generate::GenerateOptions& o) {
+  o.cache = generate::parse_cache_kind(args.str("--cache", "standard"));
+  o.paged.page_size = args.integer("--page-size", o.paged.page_size);
+  o.paged.budget_bytes = args.integer("--cache-bytes", o.paged.budget_bytes);
+  o.paged.utilization = args.number("--cache-utilization", o.paged.utilization);
+}
+
+}  // namespace gen_detail
+
+inline int cmd_generate(Args& args) {
+  const std::string dir = args.required("--model");
+  const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens");
+  EDL_CHECK(has_text != has_ids, errc::invalid_argument, "edl generate", "give exactly one of --prompt TEXT and --prompt-tokens 1,2,3");
+  gen_detail::check_mesh(args, "generate");
+  const std::int64_t threads = args.integer("--threads", 0);
+  generate::GenerateOptions o;
+  gen_detail::cache_flags(args, o);
+  const std::string prompt_text = args.str("--prompt", "");
+  const std::string prompt_ids = args.str("--prompt-tokens", "");
+
+  const std::filesystem::path d(dir);
+  EDL_CHECK(std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory");
+  const auto cfg = models::LlamaConfig::from_file((d / "config.json").string());
+  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
+  if (std::filesystem::exists(d / "generation_config.json")) {
+    g = generate::GenerationConfig::from_file((d / "generation_config.json").string());
+    if (g.eos_token_id.empty()) g.eos_token_id = cfg.eos_token_id;
+  }
+  g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
+  const bool greedy = args.has("--greedy");
+  bool sampling = false;
+  for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--seed"}) sampling = args.has(f) || sampling;
+  EDL_CHECK(!(greedy && sampling), errc::invalid_argument, "edl generate",
+            "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
+  if (greedy) g.do_sample = false;
+  if (sampling) {
+    g.do_sample = true;
+    g.temperature = static_cast<float>(args.number("--temperature", g.temperature));
+    g.top_k = args.integer("--top-k", g.top_k);
+    g.top_p = static_cast<float>(args.number("--top-p", g.top_p));
+    g.min_p = static_cast<float>(args.number("--min-p", g.min_p));
+    g.seed = static_cast<std::uint64_t>(args.integer("--seed", static_cast<std::int64_t>(g.seed)));
+  }
+  g.repetition_penalty = static_cast<float>(args.number("--repetition-penalty", g.repetition_penalty));
+  g.presence_penalty = static_cast<float>(args.number("--presence-penalty", g.presence_penalty));
+  g.num_beams = args.integer("--num-beams", g.num_beams);
+  if (g.num_beams > 1 && !sampling) g.do_sample = false;
+  args.finish();
+  g.validate("edl generate");
+  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+
+  // Tokenizer (byte-level BPE tokenizer.json) when present.
+  const bool has_tok_file = std::filesystem::exists(d / "tokenizer.json");
+#ifdef EDL_CLI_HAS_TOKENIZER
+  std::optional<train::ByteLevelBPE> tok;
+  if (has_tok_file) tok = train::ByteLevelBPE::from_file((d / "tokenizer.json").string());
+  const bool have_tokenizer = tok.has_value();
+#else
+  const bool have_tokenizer = false;
+  (void)has_tok_file;
+#endif
+  std::vector<std::int64_t> prompt;
+  if (has_text) {
+    EDL_CHECK(have_tokenizer, errc::invalid_argument, "edl generate",
+              "--prompt TEXT needs a tokenizer, and ", dir, " has no (byte-level BPE) tokenizer.json; use --prompt-tokens 1,2,3");
+#ifdef EDL_CLI_HAS_TOKENIZER
+    prompt = tok->encode(prompt_text);
+#endif
+  } else {
+    prompt = gen_detail::parse_token_list(prompt_ids, "--prompt-tokens");
+  }
+
+  const auto model = gen_detail::load_model(dir);
+  const auto r = generate::generate(model, {prompt}, g, o);
+  nlohmann::ordered_json j;
+  j["tokens"] = r.tokens[0];
+#ifdef EDL_CLI_HAS_TOKENIZER
+  if (have_tokenizer) j["text"] = tok->decode(r.tokens[0]);
+#endif
+  j["finish_reason"] = r.finish_reason[0];
+  // Tokens may split a UTF-8 character: invalid bytes print as U+FFFD.
+  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
+inline int cmd_bench_decode(Args& args) {
+  const std::string name = args.required("--model");
+  const std::int64_t P = args.integer("--prompt-len", 128), G = args.integer("--gen-len", 128);
+  const std::int64_t threads = args.integer("--threads", 0);
+  const std::uint64_t seed = static_cast<std::uint64_t>(args.integer("--seed", 0));
+  generate::GenerateOptions o;
+  gen_detail::cache_flags(args, o);
+  gen_detail::check_mesh(args, "bench decode");
+  args.finish();
+  EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
+            P, " and ", G);
+  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+
+  bool preset = false;
+  for (const auto& n : models::LlamaConfig::preset_names()) preset = preset || n == name;
+  models::LlamaForCausalLM<> model = [&] {
+    if (!preset) return gen_detail::load_model(name);
+    models::LlamaForCausalLM<> m(models::LlamaConfig::preset(name));
+    m.init(Key::from_seed(seed));
+    return m;
+  }();
+  const auto& cfg = model.config();
+  const std::int64_t V = cfg.vocab_size, L = P + G;
+  EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, "edl bench decode", "--prompt-len + --gen-len = ", L,
+            " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
+  std::vector<std::int64_t> prompt(static_cast<std::size_t>(P));
+  for (std::int64_t i = 0; i < P; ++i)
+    prompt[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(random_bits_at(fold_in(Key::from_seed(seed), 1), i) % V);
+
+  const auto shape = generate::kv_cache_shape(cfg, 1, L);
+  nlohmann::ordered_json j;
+  const auto run = [&](auto& cache) {
+    generate::Decoder dec(model, cache);
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    // Warm-up: a short prefill and a few steps, then forget them.
+    dec.prefill(prompt.data(), std::min<std::int64_t>(P, 16), nullptr, logits.data());
+    for (int i = 0; i < 3; ++i) {
+      const std::int64_t t = generate::argmax(logits.data(), V);
+      dec.decode(&t, logits.data());
+    }
+    cache.reset(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    dec.prefill(prompt.data(), P, nullptr, logits.data());
+    const double tp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t1 = std::chrono::steady_clock::now();
+    for (std::int64_t i = 0; i < G; ++i) {
+      const std::int64_t t = generate::argmax(logits.data(), V);
+      dec.decode(&t, logits.data());
+    }
+    const double td = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
+    // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
+    const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
+    const double wbytes = (static_cast<double>(model.param_count()) - emb) * sizeof(float);
+    const double kv_per_tok = o.cache == generate::CacheKind::int8
+                                  ? 2.0 * static_cast<double>(cfg.num_hidden_layers * (cfg.kv_size() + 4 * cfg.num_key_value_heads))
+                                  : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);
+    const double mean_ctx = static_cast<double>(P) + static_cast<double>(G) / 2;
+    const double step_bytes = wbytes + kv_per_tok * mean_ctx;
+    j["model"] = name;
+    j["cache"] = args.str("--cache", "standard");
+    j["threads"] = exec::num_threads();
+    j["prompt_len"] = P;
+    j["gen_len"] = G;
+    j["prefill_seconds"] = tp;
+    j["decode_seconds"] = td;
+    j["prefill_tokens_per_s"] = static_cast<double>(P) / tp;
+    j["decode_tokens_per_s"] = static_cast<double>(G) / td;
+    j["ms_per_token"] = 1e3 * td / static_cast<double>(G);
+    j["params"] = model.param_count();
+    j["decode_bytes_per_token"] = step_bytes;
+    j["decode_gb_per_s"] = step_bytes * static_cast<double>(G) / td / 1e9;
+    j["cache_bytes"] = cache.bytes();
+    j["scratch_bytes"] = dec.scratch_bytes();
+  };
+  switch (o.cache) {
+    case generate::CacheKind::standard: { generate::StandardKVCache c(shape); run(c); break; }
+    case generate::CacheKind::int8: { generate::Int8KVCache c(shape); run(c); break; }
+    case generate::CacheKind::paged: {
+      auto po = o.paged;
+      po.max_model_length = L;
+      generate::PagedKVCache c(shape, po);
+      run(c);
+      break;
+    }
+  }
+  j["peak_bytes"] = gen_detail::peak_rss_bytes();
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli

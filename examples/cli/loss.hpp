@@ -1,0 +1,82 @@
+// examples/cli/loss.hpp: `edl loss` computes HF LlamaForCausalLM's loss, and optionally every
+// parameter's gradient.
+//
+//   edl loss --model DIR --tokens T.npy [--labels Y.npy] [--grads G.safetensors] [--mesh ...]
+//
+// Prints one JSON line {"loss": <mean CE>, "tokens": <number of targets>}. As HF: labels
+// default to the tokens, the prediction at s is scored against labels[s + 1], -100 is ignored.
+// Y.npy has the shape of T.npy (int32 or int64). With --grads, writes d loss / d parameter for
+// every parameter under its HF name (F32 safetensors, metadata {"format": "pt"}, atomic).
+#pragma once
+
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/pretrained.hpp>
+#include "args.hpp"
+#include "logits.hpp"
+#include "mesh_flag.hpp"
+
+namespace edl::cli {
+
+/// The loss `edl loss` prints; with `grads`, every Param::grad holds d loss / d param afterwards
+/// (zeroed first). labels: null = the tokens.
+template <class Model>
+nn::LossMetrics compute_loss(Model& model, const TokenBatch& t, const TokenBatch* labels, bool grads,
+                             const MeshDims& mesh = {1, 1, 1, 1}) {
+  const std::int64_t V = model.config().vocab_size;
+  check_ids(t, V, "--tokens");
+  if (labels) {
+    EDL_CHECK(labels->batch == t.batch && labels->seq == t.seq, errc::shape_mismatch, "--labels",
+              "labels have shape (", labels->batch, ", ", labels->seq, "), the tokens (", t.batch, ", ", t.seq, ")");
+    check_ids(*labels, V, "--labels", -100);
+  }
+  const std::int64_t* l = labels ? labels->ids.data() : nullptr;
+  return run_on_mesh(mesh, model, grads ? MeshOp::loss_and_grads : MeshOp::loss, t.ids.data(), t.layout(), l);
+}
+
+/// Writes every parameter's gradient (F32, HF names, HF order) to `path`, atomically.
+template <class Model>
+void save_grads(const std::string& path, Model& model) {
+  io::TensorList list;
+  // Parameters that never received a gradient are written as zeros (moving the outer vector
+  // keeps each inner buffer in place, so the spans stay valid).
+  std::vector<std::vector<float>> zeros;
+  model.visit_params("", [&](std::string_view name, auto& p) {
+    const float* g = p.has_grad() ? p.grad.data() : zeros.emplace_back(p.value.size(), 0.0f).data();
+    list.emplace_back(std::string(name),
+                      io::TensorRef(DType::f32, p.shape(),
+                                    std::as_bytes(std::span<const float>(g, p.value.size()))));
+  });
+  io::save_safetensors(path, list, {{"format", "pt"}});
+}
+
+/// edl loss --model DIR --tokens T.npy [--labels Y.npy] [--grads G.safetensors] [--mesh ...]
+inline int cmd_loss(Args& args) {
+  const std::string dir = args.required("--model"), tokens = args.required("--tokens");
+  const std::string labels_path = args.has("--labels") ? args.required("--labels") : "";
+  const std::string grads_path = args.has("--grads") ? args.required("--grads") : "";
+  const MeshDims mesh = mesh_flag(args);
+  args.finish();
+  const TokenBatch t = load_token_ids(tokens);
+  std::optional<TokenBatch> labels;
+  if (!labels_path.empty()) labels = load_token_ids(labels_path, "--labels");
+  auto model = models::from_pretrained<>(dir);
+  const bool grads = !grads_path.empty();
+  const nn::LossMetrics m = compute_loss(model, t, labels ? &*labels : nullptr, grads, mesh);
+  if (grads) save_grads(grads_path, model);
+  nlohmann::ordered_json j;
+  j["loss"] = m.loss;
+  j["tokens"] = m.tokens;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,147 @@
+// examples/cli/mesh_flag.hpp: the `--mesh dp=1,fsdp=2,tp=2,sp=1` flag of the model commands
+// (edl logits, edl loss, edl bench train), and run_on_mesh: the ONE place where these commands
+// execute a model, on one device or (once sharded execution lands) on a mesh.
+//
+// Syntax: comma-separated name=size items, any subset of dp, fsdp, tp, sp in any order; axes
+// not named have size 1. An unknown axis name, an axis named twice, an empty item, a size that
+// is not a positive integer is an edl::Error (invalid_argument) whose where() is the flag.
+// The result is the std::array<int64_t, 4> {dp, fsdp, tp, sp} that edl::create_mesh takes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/mesh/mesh.hpp>
+#include <edl/nn/loss.hpp>
+#include <edl/nn/module.hpp>
+#include <edl/models/llama/sharded.hpp>
+#include "args.hpp"
+
+namespace edl::cli {
+
+using MeshDims = std::array<std::int64_t, 4>;  // dp, fsdp, tp, sp
+
+inline const std::array<const char*, 4>& mesh_axis_names() {
+  static const std::array<const char*, 4> n = {"dp", "fsdp", "tp", "sp"};
+  return n;
+}
+
+/// Parses "dp=1,fsdp=2,tp=2,sp=1" (any subset, any order; unnamed axes are 1).
+inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "--mesh") {
+  MeshDims dims = {1, 1, 1, 1};
+  std::array<bool, 4> seen = {false, false, false, false};
+  EDL_CHECK(!text.empty(), errc::invalid_argument, flag,
+            "expected name=size items such as dp=1,fsdp=2,tp=2,sp=1, found an empty value");
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? text.size() + 1 : comma + 1;
+    EDL_CHECK(!item.empty(), errc::invalid_argument, flag, "empty item in \"", text,
+              "\": expected name=size items separated by commas");
+    const std::size_t eq = item.find('=');
+    EDL_CHECK(eq != std::string::npos, errc::invalid_argument, flag, "item \"", item,
+              "\" is not name=size (axes: dp, fsdp, tp, sp)");
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    int axis = -1;
+    for (int a = 0; a < 4; ++a)
+      if (name == mesh_axis_names()[static_cast<std::size_t>(a)]) axis = a;
+    EDL_CHECK(axis >= 0, errc::invalid_argument, flag, "unknown mesh axis \"", name,
+              "\", expected one of dp, fsdp, tp, sp");
+    EDL_CHECK(!seen[static_cast<std::size_t>(axis)], errc::invalid_argument, flag, "axis ", name,
+              " is given twice in \"", text, "\"");
+    seen[static_cast<std::size_t>(axis)] = true;
+    std::size_t pos = 0;
+    long long v = 0;
+    bool ok = !value.empty() && value.find_first_not_of("+-0123456789") == std::string::npos;
+    if (ok) {
+      try {
+        v = std::stoll(value, &pos);
+      } catch (...) {
+        ok = false;
+      }
+    }
+    EDL_CHECK(ok && pos == value.size(), errc::invalid_argument, flag, "size of axis ", name,
+              " must be a positive integer, found \"", value, "\"");
+    EDL_CHECK(v > 0, errc::invalid_argument, flag, "size of axis ", name, " must be a positive integer, found ", v);
+    dims[static_cast<std::size_t>(axis)] = v;
+  }
+  return dims;
+}
+
+/// "dp=1,fsdp=2,tp=2,sp=1"
+inline std::string mesh_str(const MeshDims& d) {
+  std::string s;
+  for (std::size_t a = 0; a < 4; ++a) s += (a ? "," : "") + std::string(mesh_axis_names()[a]) + "=" + std::to_string(d[a]);
+  return s;
+}
+
+/// {"dp": 1, "fsdp": 2, "tp": 2, "sp": 1}
+inline nlohmann::ordered_json mesh_json(const MeshDims& d) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (std::size_t a = 0; a < 4; ++a) j[mesh_axis_names()[a]] = d[a];
+  return j;
+}
+
+/// Reads --mesh (default: one device).
+inline MeshDims mesh_flag(Args& args) {
+  const std::string s = args.str("--mesh", "");
+  if (!args.has("--mesh")) return {1, 1, 1, 1};
+  return parse_mesh(s, "--mesh");
+}
+
+/// What run_on_mesh computes.
+enum class MeshOp {
+  logits,          // logits_out [tokens, vocab]
+  loss,            // the loss only
+  loss_and_grads,  // the loss, and every gradient zeroed then accumulated into the model's Param::grad
+};
+
+/// THE call site of model execution for edl logits / loss / bench train. One device: the
+/// model directly; a larger mesh: models::sharded_* (models/llama/sharded.hpp), which equal
+/// one device to f32 rounding. The mesh is built from `dims` first, so invalid sizes fail
+/// before any work. (position_ids / attention_mask of `layout` are one-device only for now.)
+template <class Model>
+nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const std::int64_t* ids,
+                            const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
+                            float* logits_out = nullptr) {
+  const DefaultMesh mesh = create_mesh(dims);
+  if (mesh.size() == 1) {
+    switch (op) {
+      case MeshOp::logits:
+        model.logits(ids, layout, logits_out);
+        return {};
+      case MeshOp::loss:
+        return model.loss(ids, layout, labels);
+      case MeshOp::loss_and_grads:
+        nn::zero_grad(model);
+        return model.forward_backward(ids, layout, labels);
+    }
+  }
+  EDL_CHECK(layout.attention_mask == nullptr && layout.position_ids == nullptr, errc::unsupported, "--mesh",
+            "attention masks and position ids run on one device only for now");
+  const std::span<const std::int64_t> tokens(ids, static_cast<std::size_t>(layout.tokens()));
+  if (op == MeshOp::logits) {
+    const auto l = models::sharded_logits(model, mesh, tokens, layout.batch, layout.seq);
+    std::copy(l.begin(), l.end(), logits_out);
+    return {};
+  }
+  const std::span<const std::int64_t> lab =
+      labels ? std::span<const std::int64_t>(labels, tokens.size()) : std::span<const std::int64_t>();
+  auto r = models::sharded_loss_and_grads(model, mesh, tokens, lab, layout.batch, layout.seq);
+  if (op == MeshOp::loss_and_grads) {
+    nn::zero_grad(model);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      const auto& g = r.grads.at(std::string(path));
+      std::copy(g.begin(), g.end(), p.grad_data());
+    });
+  }
+  return r.metrics;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,9 @@
+// edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate().
+#pragma once
+
+#include <edl/generate/beam_search.hpp>
+#include <edl/generate/decoder.hpp>
+#include <edl/generate/generate.hpp>
+#include <edl/generate/generation_config.hpp>
+#include <edl/generate/kv_cache.hpp>
+#include <edl/generate/sampling.hpp>

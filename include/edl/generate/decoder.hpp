@@ -1,0 +1,390 @@
+// edl/generate/decoder.hpp
+// Incremental forward of a models::LlamaForCausalLM over a KV cache (docs/generation.md).
+//
+//   generate::StandardKVCache cache({L, batch, max_len, kv_heads, head_dim});   // or kv_cache_shape(cfg, ...)
+//   generate::Decoder dec(model, cache);
+//   dec.prefill(ids, seq, mask, logits);          // ids [batch, seq], mask: left padding (or null)
+//   dec.decode(next_ids, logits);                 // one token per sequence: logits [batch, vocab]
+//
+// Compute is f32 whatever the parameter dtype (bf16 weights are widened as they are read).
+// Per layer, for the rows (tokens) of a call:
+//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); rope(q, k) at each token's position;
+//   k, v -> cache slot = position; ctx = softmax(q k^T / sqrt(D)) v over the sequence's slots
+//   0 .. position (causal within a chunk, GQA: query head h reads kv head h / (nh / nkv),
+//   sliding window if configured); x += ctx Wo^T (+ b); x += down(silu(gate n2) * up n2).
+// Then the final norm and lm_head on the last token of each sequence (or every token).
+//
+// Left padding: a row b of `mask` must be 0...0 1...1; padding tokens are skipped (never
+// computed, never cached), so a padded prompt gives the logits of the same prompt alone.
+// Projections of 1-4 rows (decode) use a matrix-vector path (parallel over outputs); more
+// rows use kernels::matmul_nt. Attention runs one (token, head) per task with
+// exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/generate/kv_cache.hpp>
+#include <edl/kernels/activations.hpp>
+#include <edl/kernels/detail/simd.hpp>
+#include <edl/kernels/elementwise.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/rms_norm.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/rotary.hpp>
+
+namespace edl::generate {
+
+/// The cache shape a model needs for `batch` sequences of up to `max_length` tokens.
+inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t batch, std::int64_t max_length) {
+  return {c.num_hidden_layers, batch, max_length, c.num_key_value_heads, c.head_size()};
+}
+
+namespace detail {
+
+/// y[m, j] = x[m, :] . W[j, :] (+ bias[j]) for M rows; small M goes row-of-W-major so each
+/// weight row is read from memory once per call.
+template <class T>
+void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float* y, std::int64_t N, std::int64_t K) {
+  if (M <= 4) {
+    using kernels::detail::fbatch;
+    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+    const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+    exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::int64_t j = lo;
+      if (M == 1) {  // four weight rows at a time: four independent memory streams
+        for (; j + 4 <= hi; j += 4) {
+          const T* w0 = W + j * K;
+          fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+          std::int64_t k = 0;
+          for (; k + Wd <= K; k += Wd) {
+            const fbatch xv = fbatch::load_unaligned(x + k);
+            a0 = xsimd::fma(xv, kernels::detail::load(w0 + k), a0);
+            a1 = xsimd::fma(xv, kernels::detail::load(w0 + K + k), a1);
+            a2 = xsimd::fma(xv, kernels::detail::load(w0 + 2 * K + k), a2);
+            a3 = xsimd::fma(xv, kernels::detail::load(w0 + 3 * K + k), a3);
+          }
+          float s[4] = {xsimd::hadd(a0), xsimd::hadd(a1), xsimd::hadd(a2), xsimd::hadd(a3)};
+          for (int r = 0; r < 4; ++r) {
+            for (std::int64_t kk = k; kk < K; ++kk) s[r] = std::fma(x[kk], to_f32(w0[r * K + kk]), s[r]);
+            y[j + r] = bias ? s[r] + to_f32(bias[j + r]) : s[r];
+          }
+        }
+      }
+      for (; j < hi; ++j) {
+        const T* w = W + j * K;
+        fbatch acc[4][2];
+        for (int m = 0; m < 4; ++m) acc[m][0] = acc[m][1] = fbatch(0.f);
+        std::int64_t k = 0;
+        for (; k + 2 * Wd <= K; k += 2 * Wd) {
+          const fbatch w0 = kernels::detail::load(w + k), w1 = kernels::detail::load(w + k + Wd);
+          for (std::int64_t m = 0; m < M; ++m) {
+            acc[m][0] = xsimd::fma(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
+            acc[m][1] = xsimd::fma(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
+          }
+        }
+        for (std::int64_t m = 0; m < M; ++m) {
+          float s = xsimd::hadd(acc[m][0] + acc[m][1]);
+          for (std::int64_t kk = k; kk < K; ++kk) s = std::fma(x[m * K + kk], to_f32(w[kk]), s);
+          y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
+        }
+      }
+    });
+    return;
+  }
+  kernels::matmul_nt(x, W, y, M, N, K);
+  if (bias) {
+    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m)
+        for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
+    });
+  }
+}
+
+}  // namespace detail
+
+template <class Pol, KVCache Cache>
+class Decoder {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using T = typename Pol::param_t;
+
+  Decoder(const Model& m, Cache& cache) : m_(m), cache_(cache), cfg_(m.config()) {
+    const char* w = "generate.Decoder";
+    const KVCacheShape& s = cache.shape();
+    EDL_CHECK(s.num_layers == cfg_.num_hidden_layers && s.kv_heads == cfg_.num_key_value_heads &&
+                  s.head_dim == cfg_.head_size(),
+              errc::shape_mismatch, w, "cache shape (layers ", s.num_layers, ", kv_heads ", s.kv_heads, ", head_dim ",
+              s.head_dim, ") does not match the model (", cfg_.num_hidden_layers, ", ", cfg_.num_key_value_heads, ", ",
+              cfg_.head_size(), ")");
+    EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == cfg_.num_hidden_layers, errc::shape_mismatch, w,
+              "model has ", m.model.layers.size(), " layers, config says ", cfg_.num_hidden_layers);
+    H_ = cfg_.hidden_size;
+    I_ = cfg_.intermediate_size;
+    V_ = cfg_.vocab_size;
+    nh_ = cfg_.num_attention_heads;
+    nkv_ = cfg_.num_key_value_heads;
+    D_ = cfg_.head_size();
+    window_ = cfg_.attention_window().value_or(0);
+    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
+    nn::RopeConfig rc;
+    rc.theta = cfg_.rope_theta;
+    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
+      rc.type = cfg_.rope_scaling->rope_type;
+      rc.factor = cfg_.rope_scaling->factor;
+      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
+      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
+      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
+    }
+    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
+    const std::int64_t half = D_ / 2, P = s.max_length;
+    cos_.resize(static_cast<std::size_t>(P * half));
+    sin_.resize(cos_.size());
+    for (std::int64_t p = 0; p < P; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
+        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+    ensure_rows(s.batch);
+  }
+
+  const Cache& cache() const noexcept { return cache_; }
+  Cache& cache() noexcept { return cache_; }
+  std::int64_t batch() const noexcept { return cache_.shape().batch; }
+
+  /// Prefills a chunk: ids [batch, seq] (mask [batch, seq] of 0/1, left padding, or null).
+  /// Tokens are appended after what each sequence already holds (chunked prefill).
+  /// logits_last [batch, vocab]: the logits of each sequence's last real token of the chunk
+  /// (rows of sequences with no token in the chunk are left as they are; may be null);
+  /// logits_all [batch * seq, vocab] (optional): every token, padding rows set to 0.
+  void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
+               float* logits_all = nullptr) {
+    const char* w = "generate.Decoder.prefill";
+    const std::int64_t B = batch();
+    EDL_CHECK(seq >= 0, errc::invalid_argument, w, "seq must be >= 0, found ", seq);
+    rows_.clear();
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::int64_t pad = 0;
+      if (mask) {
+        while (pad < seq && mask[b * seq + pad] == 0) ++pad;
+        for (std::int64_t s = pad; s < seq; ++s)
+          EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, w, "attention_mask row ", b,
+                    " is not left padding (a 0 at ", s, " after a 1)");
+      }
+      const std::int64_t len = cache_.length(b);
+      for (std::int64_t s = pad; s < seq; ++s) rows_.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+    }
+    run(logits_last, logits_all, logits_all ? seq : 0);
+  }
+
+  /// One token per sequence: ids [batch]; logits [batch, vocab]. active [batch] (optional):
+  /// sequences with active[b] == 0 are skipped (no token appended, logits row untouched).
+  void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
+    rows_.clear();
+    for (std::int64_t b = 0; b < batch(); ++b)
+      if (!active || active[b]) rows_.push_back({b, cache_.length(b), ids[b], b});
+    run(logits, nullptr, 0);
+  }
+
+  /// Largest scratch (bytes) the decoder holds.
+  std::int64_t scratch_bytes() const noexcept {
+    return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
+                                      g_.size() + u_.size() + scores_.size() + hl_.size()) *
+                                     sizeof(float));
+  }
+
+ private:
+  struct Row {
+    std::int64_t b, pos, id, out;  // sequence, position (= cache slot), token, row in logits_all
+  };
+
+  void ensure_rows(std::int64_t n) {
+    const auto grow = [](std::vector<float>& v, std::int64_t size) {
+      if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
+    };
+    grow(x_, n * H_);
+    grow(n_, n * H_);
+    grow(q_, n * nh_ * D_);
+    grow(k_, n * nkv_ * D_);
+    grow(v_, n * nkv_ * D_);
+    grow(ctx_, n * nh_ * D_);
+    grow(g_, n * I_);
+    grow(u_, n * I_);
+    grow(hl_, n * H_);
+    grow(o_, n * H_);
+    // Attention scores: a block of rows x heads x max_length at a time.
+    const std::int64_t per_row = nh_ * cache_.shape().max_length;
+    attn_block_ = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
+    grow(scores_, attn_block_ * per_row);
+  }
+
+  void run(float* logits_last, float* logits_all, std::int64_t seq) {
+    const char* w = "generate.Decoder";
+    const std::int64_t n = static_cast<std::int64_t>(rows_.size());
+    const std::int64_t B = batch();
+    // Validate everything before touching the cache.
+    for (const Row& r : rows_)
+      EDL_CHECK(r.id >= 0 && r.id < V_, errc::invalid_argument, w, "token id ", r.id, " (sequence ", r.b,
+                ", position ", r.pos, ") is outside the vocabulary [0, ", V_, ")");
+    std::vector<std::int64_t>& need = need_;
+    need.assign(static_cast<std::size_t>(B), -1);
+    for (const Row& r : rows_) need[static_cast<std::size_t>(r.b)] = std::max(need[static_cast<std::size_t>(r.b)], r.pos + 1);
+    for (std::int64_t b = 0; b < B; ++b)
+      if (need[static_cast<std::size_t>(b)] >= 0) cache_.reserve(b, need[static_cast<std::size_t>(b)]);
+    if (logits_all) std::fill(logits_all, logits_all + B * seq * V_, 0.0f);
+    if (n == 0) return;
+    ensure_rows(n);
+
+    // Embedding.
+    const T* emb = m_.model.embed_tokens.weight.data();
+    for (std::int64_t r = 0; r < n; ++r) {
+      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      float* xr = x_.data() + r * H_;
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+    }
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    for (std::size_t l = 0; l < m_.model.layers.size(); ++l) {
+      const auto& L = m_.model.layers[l];
+      const auto& A = L.self_attn;
+      kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
+      detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
+      detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
+      detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
+      rope(q_.data(), n, nh_);
+      rope(k_.data(), n, nkv_);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const Row& row = rows_[static_cast<std::size_t>(r)];
+        cache_.store(static_cast<std::int64_t>(l), row.b, row.pos, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
+      }
+      attention(static_cast<std::int64_t>(l), n);
+      detail::linear_nt(ctx_.data(), n, A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_, nh_ * D_);
+      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
+      kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
+                                static_cast<float*>(nullptr), n, H_, eps);
+      detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
+      detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
+      kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
+      detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
+      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
+    }
+    for (std::int64_t b = 0; b < B; ++b)
+      if (need[static_cast<std::size_t>(b)] >= 0) cache_.set_length(b, need[static_cast<std::size_t>(b)]);
+
+    const T* head = m_.head_weight();
+    const T* norm_w = m_.model.norm.weight.data();
+    if (logits_all) {
+      kernels::rms_norm_forward(x_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), n, H_, eps);
+      std::vector<float> all(static_cast<std::size_t>(n * V_));
+      detail::linear_nt(n_.data(), n, head, static_cast<const T*>(nullptr), all.data(), V_, H_);
+      for (std::int64_t r = 0; r < n; ++r)
+        std::memcpy(logits_all + rows_[static_cast<std::size_t>(r)].out * V_, all.data() + r * V_,
+                    static_cast<std::size_t>(V_) * sizeof(float));
+    }
+    if (logits_last) {
+      // The last row of each sequence, in sequence order.
+      last_.clear();
+      for (std::int64_t r = 0; r < n; ++r)
+        if (r + 1 == n || rows_[static_cast<std::size_t>(r + 1)].b != rows_[static_cast<std::size_t>(r)].b) last_.push_back(r);
+      const std::int64_t nl = static_cast<std::int64_t>(last_.size());
+      for (std::int64_t i = 0; i < nl; ++i)
+        std::memcpy(hl_.data() + i * H_, x_.data() + last_[static_cast<std::size_t>(i)] * H_,
+                    static_cast<std::size_t>(H_) * sizeof(float));
+      kernels::rms_norm_forward(hl_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), nl, H_, eps);
+      if (nl == B) {  // every sequence present: write straight into logits_last
+        detail::linear_nt(n_.data(), nl, head, static_cast<const T*>(nullptr), logits_last, V_, H_);
+      } else {
+        for (std::int64_t i = 0; i < nl; ++i)
+          detail::linear_nt(n_.data() + i * H_, 1, head, static_cast<const T*>(nullptr),
+                            logits_last + rows_[static_cast<std::size_t>(last_[static_cast<std::size_t>(i)])].b * V_, V_, H_);
+      }
+    }
+  }
+
+  template <class Lin>
+  static const T* bias_of(const Lin& lin) {
+    return lin.has_bias() ? lin.bias.data() : nullptr;
+  }
+
+  void rope(float* x, std::int64_t n, std::int64_t heads) const {
+    const std::int64_t half = D_ / 2, width = heads * D_;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
+      const float* c = cos_.data() + pos * half;
+      const float* s = sin_.data() + pos * half;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        float* v = x + r * width + h * D_;
+        for (std::int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i] + a * s[i];
+        }
+      }
+    }
+  }
+
+  void attention(std::int64_t layer, std::int64_t n) {
+    using kernels::detail::fbatch;
+    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+    const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
+    for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
+      const std::int64_t r1 = std::min(n, r0 + attn_block_);
+      exec::parallel_for(0, (r1 - r0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t t = lo; t < hi; ++t) {
+          const std::int64_t r = r0 + t / nh_, h = t % nh_;
+          const Row& row = rows_[static_cast<std::size_t>(r)];
+          const auto view = cache_.view(layer, row.b, h / rep);
+          const float* q = q_.data() + r * nh_ * D_ + h * D_;
+          float* out = ctx_.data() + r * nh_ * D_ + h * D_;
+          float* sc = scores_.data() + t * P;
+          const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
+          const std::int64_t cnt = row.pos + 1 - j0;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (std::int64_t j = 0; j < cnt; ++j) {
+            const float s = scale * view.dot_k(j0 + j, q);
+            sc[j] = s;
+            mx = std::max(mx, s);
+          }
+          const fbatch mb(mx);
+          fbatch sum(0.f);
+          std::int64_t j = 0;
+          for (; j + Wd <= cnt; j += Wd) {
+            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+            e.store_unaligned(sc + j);
+            sum += e;
+          }
+          if (j < cnt) {
+            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+            kernels::detail::store_partial(sc + j, e, cnt - j);
+            sum += e;
+          }
+          const float inv = 1.0f / kernels::detail::hsum(sum);
+          std::fill(out, out + D_, 0.0f);
+          for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
+        }
+      });
+    }
+  }
+
+  const Model& m_;
+  Cache& cache_;
+  models::LlamaConfig cfg_;
+  std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  std::vector<float> cos_, sin_;
+  std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
+  std::vector<Row> rows_;
+  std::vector<std::int64_t> last_, need_;
+};
+
+}  // namespace edl::generate

@@ -1,0 +1,203 @@
+// edl/generate/generate.hpp
+// generate(): prompts in, new tokens out (docs/generation.md).
+//
+//   generate::GenerationConfig g;  g.max_new_tokens = 16;          // greedy
+//   generate::GenerateOptions o;   o.cache = generate::CacheKind::paged;
+//   o.on_token = [](std::int64_t seq, std::int64_t tok) { ... };   // streaming
+//   auto r = generate::generate(model, {{1, 2, 3}, {4, 5}}, g, o);
+//   r.tokens[0]                                                    // new tokens of prompt 0
+//
+// Prompts of different lengths run as one left-padded batch. A sequence stops at a stop token
+// (eos_token_id or stop_token_ids; the stop token is included in its output, as HF), after
+// max_new_tokens, or when prompt + output reaches max_model_length (finish_reason "stop" /
+// "length"). num_beams > 1 runs beam search (beam_search.hpp); on_token is then called once
+// per output token after the search ends.
+// Errors (edl::Error, before any compute): an empty prompt, a token id outside the vocabulary,
+// a prompt longer than max_model_length; with the paged cache, running out of pages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/generate/beam_search.hpp>
+#include <edl/generate/decoder.hpp>
+#include <edl/generate/generation_config.hpp>
+#include <edl/generate/kv_cache.hpp>
+#include <edl/generate/sampling.hpp>
+
+namespace edl::generate {
+
+enum class CacheKind { standard, int8, paged };
+
+inline CacheKind parse_cache_kind(const std::string& s) {
+  if (s == "standard") return CacheKind::standard;
+  if (s == "int8") return CacheKind::int8;
+  if (s == "paged") return CacheKind::paged;
+  ::edl::detail::raise(errc::invalid_argument, "generate.cache", "expected standard, int8 or paged, found \"" + s + "\"");
+}
+
+struct GenerateOptions {
+  CacheKind cache = CacheKind::standard;
+  PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
+  std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
+  std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
+};
+
+struct GenerateStats {
+  double prefill_seconds = 0, decode_seconds = 0;
+  std::int64_t prefill_tokens = 0;  // real prompt tokens
+  std::int64_t decode_tokens = 0;   // tokens fed through decode steps
+  std::int64_t decode_steps = 0;
+  std::int64_t cache_bytes = 0, scratch_bytes = 0;
+};
+
+struct GenerateResult {
+  std::vector<std::vector<std::int64_t>> tokens;  // new tokens per prompt
+  std::vector<std::string> finish_reason;         // "stop" | "length"
+  GenerateStats stats;
+};
+
+namespace detail {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <class Pol, class Cache>
+GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
+                            const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+                            const GenerateOptions& o, std::int64_t mml) {
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = model.config().vocab_size;
+  const std::int64_t nb = g.num_beams, R = P * nb;
+  std::int64_t S = 0;
+  for (const auto& p : prompts) S = std::max<std::int64_t>(S, static_cast<std::int64_t>(p.size()));
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(R * S), 0), mask(static_cast<std::size_t>(R * S), 0);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto& p = prompts[static_cast<std::size_t>(r / nb)];
+    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      ids[static_cast<std::size_t>(r * S + pad) + i] = p[i];
+      mask[static_cast<std::size_t>(r * S + pad) + i] = 1;
+    }
+  }
+  std::vector<std::int64_t> limit(static_cast<std::size_t>(P));
+  for (std::int64_t p = 0; p < P; ++p)
+    limit[static_cast<std::size_t>(p)] =
+        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+
+  GenerateResult res;
+  res.tokens.assign(static_cast<std::size_t>(P), {});
+  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  Decoder<Pol, Cache> dec(model, cache);
+  for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
+
+  if (nb > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V);
+    res.stats.decode_seconds = seconds_since(t0);
+    for (std::int64_t p = 0; p < P; ++p) {
+      const auto& t = res.tokens[static_cast<std::size_t>(p)];
+      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(p)] = "stop";
+      if (o.on_token)
+        for (auto tok : t) o.on_token(p, tok);
+    }
+  } else {
+    std::vector<float> logits(static_cast<std::size_t>(P * V));
+    std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
+    std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0);
+    std::vector<std::vector<std::int64_t>> ctx(prompts.begin(), prompts.end());
+    for (auto& c : ctx) c.reserve(c.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, g.max_new_tokens)));
+    Sampler sampler;
+    bool any = false;
+    for (std::int64_t p = 0; p < P; ++p) {
+      active[static_cast<std::size_t>(p)] = limit[static_cast<std::size_t>(p)] > 0;
+      any = any || active[static_cast<std::size_t>(p)];
+    }
+    if (any) {
+      const auto t0 = std::chrono::steady_clock::now();
+      dec.prefill(ids.data(), S, mask.data(), logits.data());
+      res.stats.prefill_seconds = seconds_since(t0);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    for (std::int64_t step = 0; any; ++step) {
+      any = false;
+      for (std::int64_t p = 0; p < P; ++p) {
+        const std::size_t pi = static_cast<std::size_t>(p);
+        if (!active[pi]) continue;
+        auto& c = ctx[pi];
+        auto& out = res.tokens[pi];
+        const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
+                                              static_cast<std::uint32_t>(step));
+        out.push_back(tok);
+        c.push_back(tok);
+        next[pi] = tok;
+        if (o.on_token) o.on_token(p, tok);
+        if (g.is_stop(tok)) {
+          res.finish_reason[pi] = "stop";
+          active[pi] = 0;
+        } else if (static_cast<std::int64_t>(out.size()) >= limit[pi]) {
+          active[pi] = 0;
+        }
+        any = any || active[pi];
+      }
+      if (!any) break;
+      dec.decode(next.data(), logits.data(), active.data());
+      ++res.stats.decode_steps;
+      for (auto a : active) res.stats.decode_tokens += a;
+    }
+    res.stats.decode_seconds = seconds_since(t1);
+  }
+  res.stats.cache_bytes = cache.bytes();
+  res.stats.scratch_bytes = dec.scratch_bytes();
+  return res;
+}
+
+}  // namespace detail
+
+/// New tokens for each prompt (see the header comment).
+template <class Pol>
+GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
+                        const GenerationConfig& g, const GenerateOptions& o = {}) {
+  const char* w = "generate";
+  g.validate();
+  const auto& cfg = model.config();
+  const std::int64_t V = cfg.vocab_size;
+  const std::int64_t mml = o.max_model_length > 0 ? o.max_model_length : cfg.max_position_embeddings;
+  EDL_CHECK(!prompts.empty(), errc::invalid_argument, w, "no prompt given");
+  std::int64_t need = 0;
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto& pr = prompts[p];
+    EDL_CHECK(!pr.empty(), errc::invalid_argument, w, "prompt ", p, " is empty");
+    for (std::size_t i = 0; i < pr.size(); ++i)
+      EDL_CHECK(pr[i] >= 0 && pr[i] < V, errc::invalid_argument, w, "prompt ", p, " token ", i, ": id ", pr[i],
+                " is outside the vocabulary [0, ", V, ")");
+    EDL_CHECK(static_cast<std::int64_t>(pr.size()) <= mml, errc::invalid_argument, w, "prompt ", p, " has ", pr.size(),
+              " tokens, more than max_model_length = ", mml);
+    need = std::max<std::int64_t>(need, std::min<std::int64_t>(mml, static_cast<std::int64_t>(pr.size()) + g.max_new_tokens));
+  }
+  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
+  const KVCacheShape shape = kv_cache_shape(cfg, R, std::max<std::int64_t>(1, need));
+  switch (o.cache) {
+    case CacheKind::standard: {
+      StandardKVCache c(shape);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+    case CacheKind::int8: {
+      Int8KVCache c(shape);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+    case CacheKind::paged: {
+      PagedKVCacheOptions po = o.paged;
+      po.max_model_length = mml;
+      PagedKVCache c(shape, po);
+      return detail::run_generate(model, c, prompts, g, o, mml);
+    }
+  }
+  return {};
+}
+
+}  // namespace edl::generate

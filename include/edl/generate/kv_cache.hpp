@@ -1,0 +1,446 @@
+// edl/generate/kv_cache.hpp
+// Key/value caches for incremental decoding (docs/generation.md).
+//
+//   StandardKVCache  per layer [batch, max_length, kv_heads, head_dim] f32.
+//   Int8KVCache      same layout, int8 values with one f32 absmax scale per (token, kv head);
+//                    dequantized on read (q.k = scale * sum q_i k8_i).
+//   PagedKVCache     a pool of pages of `page_size` tokens (all layers, k and v) sized from a
+//                    byte budget x utilization fraction; each sequence owns a page table;
+//                    pages are taken on demand and returned by free(b).
+//
+// Slots. Sequence b stores its real tokens at slots 0, 1, ..., length(b) - 1, and slot s holds
+// the token at position s (positions start at 0 at the first real token; left padding of a
+// batched prompt is never stored, so a padded prompt's cache equals the prompt's alone).
+//
+// Every cache satisfies the KVCache concept, on which the decoder is templated:
+//   reserve(b, n)                  make room for n tokens (throws edl::Error when it cannot)
+//   store(layer, b, slot, k, v)    k, v: [kv_heads * head_dim] f32 rows (after rope for k)
+//   set_length(b, n), length(b)    tokens of sequence b in the cache
+//   view(layer, b, g)              a HeadView: dot_k(slot, q) = q . k[slot], axpy_v(slot, p, acc):
+//                                  acc += p * v[slot], for kv head g
+//   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
+//   reset(b)                       forget sequence b (length 0; pages returned)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/kernels/detail/simd.hpp>
+
+namespace edl::generate {
+
+/// Shape of a cache: what the model needs.
+struct KVCacheShape {
+  std::int64_t num_layers = 0;
+  std::int64_t batch = 1;
+  std::int64_t max_length = 0;  // tokens per sequence (positions 0 .. max_length - 1)
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+
+  void validate(const char* where) const {
+    EDL_CHECK(num_layers > 0 && batch > 0 && max_length > 0 && kv_heads > 0 && head_dim > 0, errc::invalid_argument,
+              where, "num_layers, batch, max_length, kv_heads and head_dim must be positive, found ", num_layers, ", ",
+              batch, ", ", max_length, ", ", kv_heads, ", ", head_dim);
+  }
+  std::int64_t row() const noexcept { return kv_heads * head_dim; }
+};
+
+namespace detail {
+
+using kernels::detail::fbatch;
+inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
+
+/// q . k over n f32 elements, fixed order (two accumulators).
+inline float dot_f32(const float* q, const float* k, std::int64_t n) noexcept {
+  fbatch a0(0.f), a1(0.f);
+  std::int64_t i = 0;
+  for (; i + 2 * kW <= n; i += 2 * kW) {
+    a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+    a1 = xsimd::fma(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
+  }
+  for (; i + kW <= n; i += kW) a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+  float s = xsimd::hadd(a0 + a1);
+  for (; i < n; ++i) s = std::fma(q[i], k[i], s);
+  return s;
+}
+
+/// acc += p * v over n elements.
+inline void axpy_f32(float p, const float* v, float* acc, std::int64_t n) noexcept {
+  const fbatch pb(p);
+  std::int64_t i = 0;
+  for (; i + kW <= n; i += kW)
+    xsimd::fma(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
+  for (; i < n; ++i) acc[i] = std::fma(p, v[i], acc[i]);
+}
+
+/// q . (int8 row) (scale applied by the caller).
+inline float dot_i8(const float* q, const std::int8_t* k, std::int64_t n) noexcept {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += q[i] * static_cast<float>(k[i]);
+    s1 += q[i + 1] * static_cast<float>(k[i + 1]);
+    s2 += q[i + 2] * static_cast<float>(k[i + 2]);
+    s3 += q[i + 3] * static_cast<float>(k[i + 3]);
+  }
+  for (; i < n; ++i) s0 += q[i] * static_cast<float>(k[i]);
+  return (s0 + s1) + (s2 + s3);
+}
+inline void axpy_i8(float p, const std::int8_t* v, float* acc, std::int64_t n) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) acc[i] += p * static_cast<float>(v[i]);
+}
+
+/// Per-row absmax int8 quantization: x ~= scale * q, q in [-127, 127].
+inline float quantize_row(const float* x, std::int8_t* q, std::int64_t n) noexcept {
+  float amax = 0.f;
+  for (std::int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float scale = amax > 0.f ? amax / 127.0f : 1.0f;
+  const float inv = 1.0f / scale;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float r = std::nearbyint(x[i] * inv);
+    q[i] = static_cast<std::int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+  return scale;
+}
+
+inline void check_seq(std::int64_t b, std::int64_t batch, const char* where) {
+  EDL_CHECK(b >= 0 && b < batch, errc::invalid_argument, where, "sequence index ", b, " outside [0, ", batch, ")");
+}
+
+}  // namespace detail
+
+/// What the decoder needs from a cache.
+template <class C>
+concept KVCache = requires(C& c, const C& cc, std::int64_t i, const float* row, float* acc, const std::int64_t* src) {
+  { cc.shape() } -> std::convertible_to<KVCacheShape>;
+  { cc.length(i) } -> std::convertible_to<std::int64_t>;
+  c.reserve(i, i);
+  c.set_length(i, i);
+  c.store(i, i, i, row, row);
+  { cc.view(i, i, i).dot_k(i, row) } -> std::convertible_to<float>;
+  cc.view(i, i, i).axpy_v(i, 1.0f, acc);
+  c.reorder(src);
+  c.reset(i);
+  { cc.bytes() } -> std::convertible_to<std::int64_t>;
+};
+
+// ================================================================================ standard
+
+class StandardKVCache {
+ public:
+  StandardKVCache() = default;
+  explicit StandardKVCache(const KVCacheShape& s) : s_(s) {
+    s_.validate("generate.StandardKVCache");
+    const std::size_t n = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.row());
+    k_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const float* k;
+    const float* v;
+    std::int64_t stride, D;
+    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, k + slot * stride, D); }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
+      detail::axpy_f32(p, v + slot * stride, acc, D);
+    }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    detail::check_seq(b, s_.batch, "generate.StandardKVCache");
+    EDL_CHECK(n <= s_.max_length, errc::invalid_argument, "generate.StandardKVCache",
+              "sequence ", b, " needs ", n, " tokens, more than max_length = ", s_.max_length);
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const std::size_t o = offset(layer, b, slot);
+    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
+    return {k_.data() + o, v_.data() + o, s_.row(), s_.head_dim};
+  }
+  void reorder(const std::int64_t* src) {
+    std::vector<float> tk, tv;
+    const std::vector<std::int64_t> old_len = len_;
+    for (std::int64_t l = 0; l < s_.num_layers; ++l) {
+      tk.assign(k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
+                k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
+      tv.assign(v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
+                v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
+      for (std::int64_t b = 0; b < s_.batch; ++b) {
+        const std::int64_t from = src[b];
+        detail::check_seq(from, s_.batch, "generate.StandardKVCache.reorder");
+        if (from == b) continue;
+        const std::size_t n = static_cast<std::size_t>(old_len[static_cast<std::size_t>(from)] * s_.row());
+        const std::size_t so = static_cast<std::size_t>(from * s_.max_length * s_.row());
+        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + so, n * sizeof(float));
+        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + so, n * sizeof(float));
+      }
+    }
+    for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
+  }
+  void reset(std::int64_t b) { len_[static_cast<std::size_t>(b)] = 0; }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+
+ private:
+  std::size_t per_layer() const noexcept { return static_cast<std::size_t>(s_.batch * s_.max_length * s_.row()); }
+  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
+  }
+  KVCacheShape s_;
+  std::vector<float> k_, v_;
+  std::vector<std::int64_t> len_;
+};
+
+// ================================================================================ int8
+
+/// int8 values, one f32 scale (absmax / 127) per (layer, sequence, token, kv head). The
+/// reconstruction error of an element is at most scale / 2 = absmax / 254 (0.4% of the row's
+/// largest magnitude); on the tiny test model the logits move by about 1e-3 (docs/generation.md).
+class Int8KVCache {
+ public:
+  Int8KVCache() = default;
+  explicit Int8KVCache(const KVCacheShape& s) : s_(s) {
+    s_.validate("generate.Int8KVCache");
+    const std::size_t n = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.row());
+    const std::size_t ns = static_cast<std::size_t>(s.num_layers * s.batch * s.max_length * s.kv_heads);
+    k_.assign(n, 0);
+    v_.assign(n, 0);
+    ks_.assign(ns, 0.f);
+    vs_.assign(ns, 0.f);
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const std::int8_t* k;
+    const std::int8_t* v;
+    const float* ks;
+    const float* vs;
+    std::int64_t stride, sstride, D;
+    float dot_k(std::int64_t slot, const float* q) const noexcept {
+      return ks[slot * sstride] * detail::dot_i8(q, k + slot * stride, D);
+    }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
+      detail::axpy_i8(p * vs[slot * sstride], v + slot * stride, acc, D);
+    }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    detail::check_seq(b, s_.batch, "generate.Int8KVCache");
+    EDL_CHECK(n <= s_.max_length, errc::invalid_argument, "generate.Int8KVCache", "sequence ", b, " needs ", n,
+              " tokens, more than max_length = ", s_.max_length);
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const std::size_t o = offset(layer, b, slot), so = soffset(layer, b, slot);
+    for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+      ks_[so + static_cast<std::size_t>(g)] = detail::quantize_row(k + g * s_.head_dim, k_.data() + o + g * s_.head_dim, s_.head_dim);
+      vs_[so + static_cast<std::size_t>(g)] = detail::quantize_row(v + g * s_.head_dim, v_.data() + o + g * s_.head_dim, s_.head_dim);
+    }
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
+    const std::size_t so = soffset(layer, b, 0) + static_cast<std::size_t>(g);
+    return {k_.data() + o, v_.data() + o, ks_.data() + so, vs_.data() + so, s_.row(), s_.kv_heads, s_.head_dim};
+  }
+  void reorder(const std::int64_t* src) {
+    const std::vector<std::int8_t> tk = k_, tv = v_;
+    const std::vector<float> tks = ks_, tvs = vs_;
+    const std::vector<std::int64_t> old_len = len_;
+    for (std::int64_t l = 0; l < s_.num_layers; ++l)
+      for (std::int64_t b = 0; b < s_.batch; ++b) {
+        const std::int64_t from = src[b];
+        detail::check_seq(from, s_.batch, "generate.Int8KVCache.reorder");
+        if (from == b) continue;
+        const std::int64_t n = old_len[static_cast<std::size_t>(from)];
+        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
+        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
+        std::memcpy(ks_.data() + soffset(l, b, 0), tks.data() + soffset(l, from, 0),
+                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
+        std::memcpy(vs_.data() + soffset(l, b, 0), tvs.data() + soffset(l, from, 0),
+                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
+      }
+    for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
+  }
+  void reset(std::int64_t b) { len_[static_cast<std::size_t>(b)] = 0; }
+  std::int64_t bytes() const noexcept {
+    return static_cast<std::int64_t>(k_.size() + v_.size() + (ks_.size() + vs_.size()) * sizeof(float));
+  }
+
+ private:
+  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
+  }
+  std::size_t soffset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.kv_heads);
+  }
+  KVCacheShape s_;
+  std::vector<std::int8_t> k_, v_;
+  std::vector<float> ks_, vs_;
+  std::vector<std::int64_t> len_;
+};
+
+// ================================================================================ paged
+
+struct PagedKVCacheOptions {
+  std::int64_t page_size = 16;           // tokens per page
+  std::int64_t budget_bytes = 256 << 20;  // memory the pool may use ...
+  double utilization = 0.9;               // ... times this fraction
+  std::int64_t max_model_length = 0;      // longest sequence (0: shape.max_length)
+};
+
+/// A pool of pages; a page holds page_size tokens of k and v for every layer, f32.
+/// Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as it grows
+/// (reserve) and returns them on reset(b). Running out of pages or exceeding max_model_length
+/// throws edl::Error (errc::invalid_argument) naming the sequence and the numbers involved.
+class PagedKVCache {
+ public:
+  PagedKVCache() = default;
+  PagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
+    const char* w = "generate.PagedKVCache";
+    if (o_.max_model_length <= 0) o_.max_model_length = s.max_length;
+    s_.max_length = o_.max_model_length;
+    s_.validate(w);
+    EDL_CHECK(o.page_size > 0, errc::invalid_argument, w, "page_size must be positive, found ", o.page_size);
+    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, w,
+              "utilization must be in (0, 1], found ", o.utilization);
+    page_floats_ = s_.num_layers * o.page_size * s_.row();  // k or v
+    const double usable = static_cast<double>(o.budget_bytes) * o.utilization;
+    num_pages_ = static_cast<std::int64_t>(usable / static_cast<double>(page_bytes()));
+    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, w, "a byte budget of ", o.budget_bytes, " x utilization ",
+              o.utilization, " holds no page of ", page_bytes(), " bytes");
+    k_.assign(static_cast<std::size_t>(num_pages_ * page_floats_), 0.f);
+    v_.assign(k_.size(), 0.f);
+    free_.reserve(static_cast<std::size_t>(num_pages_));
+    for (std::int64_t p = num_pages_; p-- > 0;) free_.push_back(static_cast<std::int32_t>(p));
+    tables_.assign(static_cast<std::size_t>(s.batch), {});
+    len_.assign(static_cast<std::size_t>(s.batch), 0);
+  }
+
+  struct HeadView {
+    const float* k;  // pool base + layer/head offset
+    const float* v;
+    const std::int32_t* table;
+    std::int64_t page_size, page_floats, stride, D;
+    const float* at(const float* base, std::int64_t slot) const noexcept {
+      const std::int64_t p = table[slot / page_size];
+      return base + p * page_floats + (slot % page_size) * stride;
+    }
+    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, at(k, slot), D); }
+    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept { detail::axpy_f32(p, at(v, slot), acc, D); }
+  };
+
+  const KVCacheShape& shape() const noexcept { return s_; }
+  std::int64_t page_size() const noexcept { return o_.page_size; }
+  std::int64_t num_pages() const noexcept { return num_pages_; }
+  std::int64_t free_pages() const noexcept { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t page_bytes() const noexcept { return 2 * page_floats_ * static_cast<std::int64_t>(sizeof(float)); }
+  std::int64_t max_model_length() const noexcept { return o_.max_model_length; }
+  const std::vector<std::int32_t>& page_table(std::int64_t b) const { return tables_[static_cast<std::size_t>(b)]; }
+
+  std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
+  void reserve(std::int64_t b, std::int64_t n) {
+    const char* w = "generate.PagedKVCache";
+    detail::check_seq(b, s_.batch, w);
+    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, w, "sequence ", b, " needs ", n,
+              " tokens, more than max_model_length = ", o_.max_model_length);
+    auto& t = tables_[static_cast<std::size_t>(b)];
+    const std::int64_t need = (n + o_.page_size - 1) / o_.page_size;
+    const std::int64_t more = need - static_cast<std::int64_t>(t.size());
+    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, w, "out of pages: sequence ", b,
+              " needs ", more, " more page(s) of ", o_.page_size, " tokens for ", n, " tokens, but only ", free_.size(),
+              " of ", num_pages_, " pages are free (pool = budget ", o_.budget_bytes, " bytes x utilization ",
+              o_.utilization, ", ", page_bytes(), " bytes per page); raise the budget or shorten the requests");
+    while (static_cast<std::int64_t>(t.size()) < need) {
+      t.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
+  void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
+    const auto& t = tables_[static_cast<std::size_t>(b)];
+    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)];
+    const std::size_t o = static_cast<std::size_t>(p * page_floats_ + (layer * o_.page_size + slot % o_.page_size) * s_.row());
+    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+  }
+  HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
+    const std::int64_t off = layer * o_.page_size * s_.row() + g * s_.head_dim;
+    return {k_.data() + off, v_.data() + off, tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_floats_,
+            s_.row(), s_.head_dim};
+  }
+  /// Sequence b becomes a copy of src[b]: pages are copied (no sharing yet).
+  void reorder(const std::int64_t* src) {
+    const std::int64_t B = s_.batch;
+    std::vector<std::int64_t> old_len = len_;
+    // Snapshot the source pages' contents first.
+    std::vector<std::vector<float>> ck(static_cast<std::size_t>(B)), cv(static_cast<std::size_t>(B));
+    std::vector<bool> needed(static_cast<std::size_t>(B), false);
+    for (std::int64_t b = 0; b < B; ++b) {
+      detail::check_seq(src[b], B, "generate.PagedKVCache.reorder");
+      if (src[b] != b) needed[static_cast<std::size_t>(src[b])] = true;
+    }
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (!needed[static_cast<std::size_t>(b)]) continue;
+      for (auto p : tables_[static_cast<std::size_t>(b)]) {
+        ck[static_cast<std::size_t>(b)].insert(ck[static_cast<std::size_t>(b)].end(), k_.begin() + p * page_floats_,
+                                               k_.begin() + (p + 1) * page_floats_);
+        cv[static_cast<std::size_t>(b)].insert(cv[static_cast<std::size_t>(b)].end(), v_.begin() + p * page_floats_,
+                                               v_.begin() + (p + 1) * page_floats_);
+      }
+    }
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t from = src[b];
+      if (from == b) continue;
+      reset(b);
+      reserve(b, old_len[static_cast<std::size_t>(from)]);
+      const auto& t = tables_[static_cast<std::size_t>(b)];
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        std::memcpy(k_.data() + t[i] * page_floats_, ck[static_cast<std::size_t>(from)].data() + i * page_floats_,
+                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+        std::memcpy(v_.data() + t[i] * page_floats_, cv[static_cast<std::size_t>(from)].data() + i * page_floats_,
+                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+      }
+      len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(from)];
+    }
+  }
+  /// Returns sequence b's pages to the pool.
+  void reset(std::int64_t b) {
+    auto& t = tables_[static_cast<std::size_t>(b)];
+    for (auto it = t.rbegin(); it != t.rend(); ++it) free_.push_back(*it);
+    t.clear();
+    len_[static_cast<std::size_t>(b)] = 0;
+  }
+  void free(std::int64_t b) { reset(b); }
+  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+
+ private:
+  KVCacheShape s_;
+  PagedKVCacheOptions o_;
+  std::int64_t page_floats_ = 0, num_pages_ = 0;
+  std::vector<float> k_, v_;
+  std::vector<std::int32_t> free_;
+  std::vector<std::vector<std::int32_t>> tables_;
+  std::vector<std::int64_t> len_;
+};
+
+static_assert(KVCache<StandardKVCache>);
+static_assert(KVCache<Int8KVCache>);
+static_assert(KVCache<PagedKVCache>);
+
+}  // namespace edl::generate

@@ -1,0 +1,169 @@
+// edl/generate/sampling.hpp
+// Next-token selection from one row of logits, with HF semantics (docs/generation.md):
+//
+//   processors (greedy and sampling):
+//     repetition_penalty p != 1: for every distinct token of prompt + generated:
+//                                logit < 0 ? logit * p : logit / p          (HF, CTRL)
+//     presence_penalty a != 0:   logit -= a for every distinct generated token (OpenAI / vLLM)
+//   greedy: argmax (the first index on ties)
+//   sampling warpers, HF order: temperature (logit / T), top_k (keep logits >= the k-th largest),
+//     top_p (keep a token when the probability of the tokens ranked before it is < top_p,
+//     so the smallest head of mass >= top_p, at least one token), min_p (drop tokens with
+//     p < min_p * p_max); then softmax over the kept tokens and an inverse-CDF draw in token
+//     order with u = uniform_at(fold_in(fold_in(Key::from_seed(seed), b), t), 0): the draw of
+//     sequence b at step t depends only on (seed, b, t), so it is reproducible whatever the
+//     batch composition, thread count or cache kind.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/generate/generation_config.hpp>
+
+namespace edl::generate {
+
+/// Index of the largest value (first on ties; NaN never wins).
+inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
+  std::int64_t best = 0;
+  float bv = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = 0; i < n; ++i)
+    if (x[i] > bv) {
+      bv = x[i];
+      best = i;
+    }
+  return best;
+}
+
+/// The uniform draw of sequence b at step t.
+inline float sample_uniform(Key key, std::uint32_t b, std::uint32_t t) noexcept {
+  return uniform_at(fold_in(fold_in(key, b), t), 0);
+}
+
+/// Applies the repetition and presence penalties in place. `context` = prompt + generated
+/// (repetition), `generated` = generated tokens only (presence). Token ids outside [0, V) are
+/// ignored here (the decoder rejects them).
+class Penalties {
+ public:
+  void apply(float* logits, std::int64_t V, std::span<const std::int64_t> context,
+             std::span<const std::int64_t> generated, const GenerationConfig& c) {
+    if (static_cast<std::int64_t>(seen_.size()) < V) seen_.assign(static_cast<std::size_t>(V), 0);
+    if (c.repetition_penalty != 1.0f) {
+      const float p = c.repetition_penalty;
+      for (auto t : context) {
+        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
+        seen_[static_cast<std::size_t>(t)] = 1;
+        float& x = logits[t];
+        x = x < 0 ? x * p : x / p;
+      }
+      for (auto t : context)
+        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+    }
+    if (c.presence_penalty != 0.0f) {
+      for (auto t : generated) {
+        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
+        seen_[static_cast<std::size_t>(t)] = 1;
+        logits[t] -= c.presence_penalty;
+      }
+      for (auto t : generated)
+        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+    }
+  }
+
+ private:
+  std::vector<std::uint8_t> seen_;
+};
+
+/// The sampling distribution after temperature, top-k, top-p and min-p: probs[V] sums to 1,
+/// zero for filtered tokens. Scratch is kept between calls (no allocation once sized).
+class Sampler {
+ public:
+  /// probs (size V) from logits (after penalties).
+  void distribution(const float* logits, std::int64_t V, const GenerationConfig& c, std::vector<float>& probs) {
+    probs.resize(static_cast<std::size_t>(V));
+    z_.resize(static_cast<std::size_t>(V));
+    const float inv_t = 1.0f / c.temperature;
+    for (std::int64_t i = 0; i < V; ++i) z_[static_cast<std::size_t>(i)] = logits[i] * inv_t;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    // top_k: keep values >= the k-th largest (ties kept, as HF).
+    if (c.top_k > 0 && c.top_k < V) {
+      tmp_.assign(z_.begin(), z_.end());
+      std::nth_element(tmp_.begin(), tmp_.begin() + (c.top_k - 1), tmp_.end(), std::greater<float>());
+      const float kth = tmp_[static_cast<std::size_t>(c.top_k - 1)];
+      for (auto& z : z_)
+        if (z < kth) z = ninf;
+    }
+    softmax(V, probs);
+    // top_p: sort by probability, descending (ties by index); keep while the mass before < top_p.
+    if (c.top_p < 1.0f) {
+      order_.resize(static_cast<std::size_t>(V));
+      std::iota(order_.begin(), order_.end(), 0);
+      std::stable_sort(order_.begin(), order_.end(), [&](std::int32_t a, std::int32_t b) {
+        return probs[static_cast<std::size_t>(a)] > probs[static_cast<std::size_t>(b)];
+      });
+      double before = 0;
+      for (std::size_t r = 0; r < order_.size(); ++r) {
+        const std::size_t i = static_cast<std::size_t>(order_[r]);
+        if (r > 0 && before >= static_cast<double>(c.top_p)) z_[i] = ninf;
+        before += probs[i];
+      }
+      softmax(V, probs);
+    }
+    // min_p: drop p < min_p * p_max.
+    if (c.min_p > 0.0f) {
+      const float pmax = *std::max_element(probs.begin(), probs.end());
+      const float thr = c.min_p * pmax;
+      for (std::int64_t i = 0; i < V; ++i)
+        if (probs[static_cast<std::size_t>(i)] < thr) z_[static_cast<std::size_t>(i)] = ninf;
+      softmax(V, probs);
+    }
+  }
+
+  /// Inverse CDF in token order: the first token whose cumulative probability exceeds u.
+  static std::int64_t draw(const std::vector<float>& probs, float u) noexcept {
+    double cum = 0;
+    std::int64_t last = -1;
+    for (std::size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] <= 0) continue;
+      cum += probs[i];
+      last = static_cast<std::int64_t>(i);
+      if (static_cast<double>(u) < cum) return last;
+    }
+    return last < 0 ? 0 : last;  // rounding: the last kept token
+  }
+
+  /// Next token from logits (modified in place by the penalties) for sequence b at step t.
+  std::int64_t next(float* logits, std::int64_t V, const GenerationConfig& c, std::span<const std::int64_t> context,
+                    std::span<const std::int64_t> generated, std::uint32_t b, std::uint32_t t) {
+    pen_.apply(logits, V, context, generated, c);
+    if (!c.do_sample) return argmax(logits, V);
+    distribution(logits, V, c, probs_);
+    return draw(probs_, sample_uniform(Key::from_seed(c.seed), b, t));
+  }
+
+ private:
+  void softmax(std::int64_t V, std::vector<float>& probs) const {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float z : z_) mx = std::max(mx, z);
+    double sum = 0;
+    for (std::int64_t i = 0; i < V; ++i) {
+      const float z = z_[static_cast<std::size_t>(i)];
+      const double e = z == -std::numeric_limits<float>::infinity() ? 0.0 : std::exp(static_cast<double>(z - mx));
+      probs[static_cast<std::size_t>(i)] = static_cast<float>(e);
+      sum += e;
+    }
+    for (auto& p : probs) p = static_cast<float>(p / sum);
+  }
+
+  Penalties pen_;
+  std::vector<float> z_, tmp_, probs_;
+  std::vector<std::int32_t> order_;
+};
+
+}  // namespace edl::generate

@@ -1,0 +1,359 @@
+// edl/models/llama/pretrained.hpp
+// HuggingFace checkpoints for Llama models, and the module-protocol conveniences that work on
+// any model with visit_params (docs/llama.md).
+//
+//   auto m = models::from_pretrained("ckpt/");                  // config.json + model.safetensors
+//   auto mb = models::from_pretrained<BF16ParamsPolicy>("ckpt/"); // or the sharded index
+//   models::save_pretrained("out/", m);                          // HF layout, loads in transformers
+//   models::save_pretrained("out/", m, {.max_shard_bytes = 2'000'000'000, .dtype = DType::bf16});
+//   auto b = models::to_dtype<BF16ParamsPolicy>(m);              // f32 -> bf16, round to nearest even
+//   for (auto& p : models::lazy_init<>(cfg)) ...                 // names, shapes, bytes; no allocation
+//
+// Loading (load_weights, reusable for any head): every parameter is read by its HF name and
+// converted from the checkpoint's F32 / BF16 / F16 (or F64) to the parameter dtype with one
+// round-to-nearest-even. A parameter the checkpoint lacks, a tensor of another shape and a
+// checkpoint tensor the model does not have are edl::Error naming the tensor and the file
+// (errc::format, errc::shape_mismatch, errc::format). Ignored: HF's non-parameter buffers
+// ("*.rotary_emb.inv_freq", "*.masked_bias", "*.attn.bias") and, for a model with tied
+// embeddings, an "lm_head.weight" the checkpoint may still carry (HF ignores it too).
+//
+// Saving: config.json (unknown fields kept, torch_dtype set to the saved dtype) and
+// model.safetensors, or model-0000i-of-0000N.safetensors + model.safetensors.index.json when
+// the tensors pass max_shard_bytes (HF's default is "5GB" = 5e9 bytes), every file written
+// atomically, metadata {"format": "pt"}, tensors in HF order: the layout
+// transformers' from_pretrained reads unchanged.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/module.hpp>
+
+namespace edl::models {
+
+// ============================================================================ module protocol
+
+/// Number of parameter elements of any model with visit_params (tied weights counted once).
+template <class M>
+std::int64_t parameter_count(const M& m) {
+  std::int64_t n = 0;
+  // visit_params is non-const only because it hands out mutable references; counting does not write.
+  const_cast<M&>(m).visit_params("", [&](std::string_view, auto& p) { n += p.numel(); });
+  return n;
+}
+
+/// Bytes of the parameter values (not gradients).
+template <class M>
+std::uint64_t parameter_bytes(const M& m) {
+  std::uint64_t n = 0;
+  const_cast<M&>(m).visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    n += static_cast<std::uint64_t>(p.numel()) * sizeof(T);
+  });
+  return n;
+}
+
+/// One parameter as lazy_init describes it: no memory behind it.
+struct ParamSpec {
+  std::string name;                 // HF name
+  std::vector<std::int64_t> shape;  // HF shape
+  DType dtype = DType::f32;         // the policy's parameter dtype
+  std::uint64_t bytes = 0;          // numel x dtype size
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+/// The parameters a model of `cfg` with policy `Pol` would have (HF names and order, shapes,
+/// dtype, bytes) computed from the config alone: nothing is allocated, so this sizes a 70B
+/// model as cheaply as a tiny one. Equal to the model's visit_params order.
+template <class Pol = DefaultPolicy>
+std::vector<ParamSpec> lazy_init(const LlamaConfig& cfg, LlamaHead head = LlamaHead::causal_lm) {
+  static_assert(PolicyLike<Pol>, "edl::models::lazy_init: the template argument must be an edl::Policy");
+  using T = typename Pol::param_t;
+  std::vector<ParamSpec> out;
+  for (auto& [name, shape] : cfg.parameter_shapes(head)) {
+    ParamSpec p{name, shape, dtype_v<T>, 0};
+    p.bytes = static_cast<std::uint64_t>(p.numel()) * sizeof(T);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// Sum of ParamSpec::bytes.
+inline std::uint64_t total_bytes(const std::vector<ParamSpec>& specs) {
+  std::uint64_t n = 0;
+  for (const auto& p : specs) n += p.bytes;
+  return n;
+}
+
+/// Counter-based initialization of any model (docs/modules.md): parameter k in visit order
+/// draws from fold_in(key, k). std < 0 takes the model config's initializer_range when the
+/// model has a config(), else 0.02.
+template <class M>
+void init(M& m, Key key, float std = -1.0f) {
+  if (std < 0) {
+    if constexpr (requires { m.config().initializer_range; }) std = static_cast<float>(m.config().initializer_range);
+    else std = 0.02f;
+  }
+  nn::init_params(m, key, std);
+}
+
+/// The same model with another precision policy (e.g. f32 -> bf16 parameters): every value is
+/// converted with one round-to-nearest-even; allocated gradients (always f32) are copied.
+/// Works for every model class template Model<Pol> constructible from its config().
+template <class NewPol, template <class> class Model, class Pol>
+Model<NewPol> to_dtype(const Model<Pol>& src) {
+  using S = typename Pol::param_t;
+  using D = typename NewPol::param_t;
+  Model<NewPol> dst(src.config());
+  struct Entry {
+    std::string name;
+    const S* value;
+    const float* grad;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<Entry> entries;
+  const_cast<Model<Pol>&>(src).visit_params("", [&](std::string_view path, auto& p) {
+    entries.push_back({std::string(path), p.data(), p.has_grad() ? p.grad.data() : nullptr, p.shape()});
+  });
+  std::size_t k = 0;
+  dst.visit_params("", [&](std::string_view path, auto& p) {
+    EDL_CHECK(k < entries.size() && entries[k].name == path && entries[k].shape == p.shape(), errc::shape_mismatch,
+              "models::to_dtype", "parameter ", path, " does not match the source model's");
+    const Entry& e = entries[k++];
+    const std::size_t n = p.value.size();
+    D* out = p.data();
+    if constexpr (std::is_same_v<S, D>) {
+      if (n) std::memcpy(out, e.value, n * sizeof(D));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(e.value[i]));
+    }
+    if (e.grad) std::memcpy(p.grad_data(), e.grad, n * sizeof(float));
+  });
+  EDL_CHECK(k == entries.size(), errc::shape_mismatch, "models::to_dtype", "the models have different parameter counts");
+  return dst;
+}
+
+// ============================================================================ loading
+
+/// What load_weights did.
+struct LoadReport {
+  std::vector<std::string> loaded;      // model parameters read, in visit order
+  std::vector<std::string> missing;     // only with LoadOptions::allow_missing
+  std::vector<std::string> unexpected;  // only with LoadOptions::allow_unexpected
+  std::vector<std::string> ignored;     // buffers and a tied lm_head.weight
+};
+
+struct LoadOptions {
+  /// Leave parameters the checkpoint lacks as they are (e.g. a new classification head on a
+  /// causal-LM checkpoint) instead of failing; they are listed in LoadReport::missing.
+  bool allow_missing = false;
+  /// Skip checkpoint tensors the model does not have instead of failing (LoadReport::unexpected).
+  bool allow_unexpected = false;
+};
+
+namespace detail {
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// HF non-parameter buffers that older checkpoints carry.
+inline bool is_hf_buffer(std::string_view name) {
+  return ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".masked_bias") || ends_with(name, ".attn.bias");
+}
+
+/// The checkpoint's name for errors: the index, or the single file.
+template <class Ckpt>
+std::string checkpoint_source(const Ckpt& c) {
+  if constexpr (requires { c.index_path(); c.files(); }) {
+    if (!c.index_path().empty()) return c.index_path();
+    const auto f = c.files();
+    return f.empty() ? std::string("checkpoint") : f.front();
+  } else if constexpr (requires { c.path(); }) {
+    return c.path();
+  } else {
+    return "checkpoint";
+  }
+}
+
+template <class Ckpt>
+std::string file_of(const Ckpt& c, const std::string& name) {
+  if constexpr (requires { c.file_of(name); }) return c.file_of(name);
+  else return checkpoint_source(c);
+}
+
+}  // namespace detail
+
+/// Loads every parameter of `model` (any class with visit_params: LlamaForCausalLM,
+/// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
+/// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
+template <class M, class Ckpt>
+LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
+  const std::string source = detail::checkpoint_source(ckpt);
+  LoadReport rep;
+  std::set<std::string> wanted;
+  bool tied = false;
+  if constexpr (requires { model.tied(); }) tied = model.tied();
+  model.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::string name(path);
+    wanted.insert(name);
+    if (!ckpt.contains(name)) {
+      EDL_CHECK(opt.allow_missing, errc::format, source + " tensor " + name,
+                "the model needs this parameter, but the checkpoint does not hold it");
+      rep.missing.push_back(name);
+      return;
+    }
+    const auto& have = ckpt.info(name).shape;
+    const auto want = p.shape();
+    EDL_CHECK(std::equal(have.begin(), have.end(), want.begin(), want.end()), errc::shape_mismatch,
+              detail::file_of(ckpt, name) + " tensor " + name, "has shape ", ::edl::detail::shape_str(have),
+              " (", dtype_name(ckpt.info(name).dtype), "), but the model's parameter has shape ",
+              ::edl::detail::shape_str(want));
+    const DType dt = ckpt.info(name).dtype;
+    EDL_CHECK(dt == DType::f32 || dt == DType::bf16 || dt == DType::f16 || dt == DType::f64, errc::dtype_mismatch,
+              detail::file_of(ckpt, name) + " tensor " + name, "has dtype ", dtype_name(dt),
+              ", expected a floating-point tensor (F32, BF16, F16 or F64)");
+    ckpt.template read_into<T>(name, std::span<T>(p.data(), p.value.size()));
+    rep.loaded.push_back(name);
+  });
+  for (const auto& name : ckpt.names()) {
+    if (wanted.count(name)) continue;
+    if (detail::is_hf_buffer(name) || (tied && name == "lm_head.weight")) {
+      rep.ignored.push_back(name);
+      continue;
+    }
+    EDL_CHECK(opt.allow_unexpected, errc::format, detail::file_of(ckpt, name) + " tensor " + name,
+              "unexpected tensor: the model (", wanted.size(), " parameters) has no parameter of this name");
+    rep.unexpected.push_back(name);
+  }
+  return rep;
+}
+
+/// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
+/// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype.
+template <class Pol = DefaultPolicy>
+LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  LlamaForCausalLM<Pol> m(cfg);
+  const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  load_weights(m, ckpt, opt);
+  return m;
+}
+
+// ============================================================================ saving
+
+/// HF's torch_dtype name of a storage dtype.
+inline std::string torch_dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    case DType::f64: return "float64";
+    default: break;
+  }
+  ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                       ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(d)));
+}
+
+struct SavePretrainedOptions {
+  /// A new shard starts when the next tensor would pass this (HF max_shard_size "5GB").
+  std::uint64_t max_shard_bytes = 5'000'000'000ull;
+  /// Dtype of the saved tensors (nullopt: the parameter dtype). Conversions round to nearest even.
+  std::optional<DType> dtype;
+};
+
+/// The tensors of `model` as an io::TensorList in HF order and `dtype`; `storage` owns the
+/// converted bytes (tensors already in `dtype` are referenced in place).
+template <class M>
+io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std::byte>>& storage) {
+  io::TensorList list;
+  std::size_t count = 0;
+  model.visit_params("", [&](std::string_view, auto&) { ++count; });
+  storage.reserve(storage.size() + count);  // keep earlier buffers' addresses stable
+  model.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::size_t n = p.value.size();
+    if (dtype == dtype_v<T>) {
+      list.emplace_back(std::string(path),
+                        io::TensorRef(dtype, p.shape(), std::as_bytes(std::span<const T>(p.data(), n))));
+      return;
+    }
+    auto& buf = storage.emplace_back(n * dtype_size(dtype));
+    auto convert = [&](auto tag) {
+      using D = decltype(tag);
+      D* out = reinterpret_cast<D*>(buf.data());
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(p.data()[i]));
+    };
+    switch (dtype) {
+      case DType::f32: convert(float{}); break;
+      case DType::bf16: convert(bf16{}); break;
+      case DType::f16: convert(f16{}); break;
+      default:
+        ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                             ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
+    }
+    list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
+  });
+  return list;
+}
+
+/// Writes `model` to folder `dir` in the HF layout (see the header comment). Returns the
+/// weight files written (shards, then the index when sharded).
+template <class M>
+std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const M& model,
+                                         const SavePretrainedOptions& opt = {}) {
+  namespace fs = std::filesystem;
+  M& m = const_cast<M&>(model);  // visit_params hands out mutable references; nothing is written
+  DType dtype = DType::f32;
+  m.visit_params("", [&](std::string_view, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    dtype = dtype_v<T>;
+  });
+  if (opt.dtype) dtype = *opt.dtype;
+  LlamaConfig cfg = model.config();
+  cfg.torch_dtype = torch_dtype_name(dtype);
+  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  std::vector<std::vector<std::byte>> storage;
+  const io::TensorList tensors = named_tensors(m, dtype, storage);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  EDL_CHECK(fs::is_directory(dir), errc::io, dir.string(), "cannot create folder: ", ec.message());
+  auto written = io::save_sharded(dir.string(), tensors, opt.max_shard_bytes, {{"format", "pt"}});
+  cfg.save((dir / "config.json").string());
+  return written;
+}
+
+/// save_pretrained with only a shard limit (and optionally a dtype).
+template <class M>
+std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const M& model,
+                                         std::uint64_t max_shard_bytes, std::optional<DType> dtype = std::nullopt) {
+  SavePretrainedOptions o;
+  o.max_shard_bytes = max_shard_bytes;
+  o.dtype = dtype;
+  return save_pretrained(dir, model, o);
+}
+
+}  // namespace edl::models

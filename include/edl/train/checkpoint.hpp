@@ -1,0 +1,312 @@
+// edl/train/checkpoint.hpp
+// Training checkpoints: everything needed to continue a run with bit-identical losses.
+//
+//   <save_directory>/checkpoint-<step>/
+//     config.json            HF config of the model
+//     model.safetensors      parameters by HF name (loadable by HF / from_pretrained)
+//     optimizer.safetensors  optimizer slots as "<param path>.<slot>" (F32, 1-D), metadata step_count
+//     tokenizer.json         when the run has a tokenizer
+//     state.json             step, epoch, position in the data order, data RNG key, optimizer
+//                            step count, eval loss, training arguments (written last)
+//
+// save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
+// folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
+// point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
+// CheckpointManager lists complete checkpoints (those with state.json), removes leftover
+// temporary folders, and keeps the newest `save_total_limit` plus the best by eval loss
+// (a pruned folder is first renamed away, then removed).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/json_config.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/pretrained.hpp>
+#include <edl/optim/optimizer.hpp>
+#include <edl/train/tokenizer.hpp>
+#include <edl/version.hpp>
+
+namespace edl::train {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+/// Where a run stands; saved as state.json.
+struct TrainState {
+  std::int64_t step = 0;            // optimizer steps done
+  std::int64_t epoch = 0;           // epoch of the next batch
+  std::int64_t batch_in_epoch = 0;  // index of the next batch in that epoch's order
+  Key data_key{};                   // the key the per-epoch orders come from
+  std::int64_t optimizer_step_count = 0;
+  std::int64_t tokens_seen = 0;     // target tokens trained on
+  double elapsed_s = 0.0;           // training time so far (all sessions)
+  std::optional<double> eval_loss;  // of an evaluation at this step
+  std::optional<double> last_loss;  // training loss of the last step
+  ojson training_arguments = nullptr;
+
+  ojson to_json() const {
+    ojson j = ojson::object();
+    j["step"] = step;
+    j["epoch"] = epoch;
+    j["batch_in_epoch"] = batch_in_epoch;
+    j["data_key"] = {data_key.k0, data_key.k1};
+    j["optimizer_step_count"] = optimizer_step_count;
+    j["tokens_seen"] = tokens_seen;
+    j["elapsed_s"] = elapsed_s;
+    j["eval_loss"] = eval_loss ? ojson(*eval_loss) : ojson(nullptr);
+    j["last_loss"] = last_loss ? ojson(*last_loss) : ojson(nullptr);
+    j["edl_version"] = EDL_VERSION_STRING;
+    j["training_arguments"] = training_arguments;
+    return j;
+  }
+  static TrainState from_json(const ojson& j, const std::string& source) {
+    io::JsonConfig c(j, source);
+    TrainState s;
+    s.step = c.get<std::int64_t>("step");
+    s.epoch = c.get<std::int64_t>("epoch");
+    s.batch_in_epoch = c.get<std::int64_t>("batch_in_epoch");
+    const auto k = c.get<std::vector<std::uint32_t>>("data_key");
+    EDL_CHECK(k.size() == 2, errc::format, c.where("data_key"), "expected two 32-bit words, found ", k.size());
+    s.data_key = {k[0], k[1]};
+    s.optimizer_step_count = c.get<std::int64_t>("optimizer_step_count");
+    s.tokens_seen = c.get<std::int64_t>("tokens_seen", 0);
+    s.elapsed_s = c.get<double>("elapsed_s", 0.0);
+    s.eval_loss = c.optional<double>("eval_loss");
+    s.last_loss = c.optional<double>("last_loss");
+    s.training_arguments = c.get<ojson>("training_arguments", ojson(nullptr));
+    return s;
+  }
+  static TrainState from_file(const std::string& path) {
+    auto c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+};
+
+namespace detail {
+
+inline void fsync_path(const std::string& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+inline std::optional<std::int64_t> checkpoint_step(const std::string& name) {
+  static const std::string prefix = "checkpoint-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return std::nullopt;
+  std::int64_t v = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace detail
+
+/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
+template <class Model>
+void save_model_hf(const std::string& dir, Model& model) {
+  models::save_pretrained(fs::path(dir), model);
+}
+
+/// Reads every parameter of `model` from dir/model.safetensors (or a sharded index) by HF
+/// name (models::load_weights: missing, mis-shaped and unexpected tensors are errors).
+template <class Model>
+void load_model_weights(const std::string& dir, Model& model) {
+  const auto ck = io::ShardedCheckpoint::open(dir);
+  models::load_weights(model, ck);
+}
+
+/// Hooks for tests: called after each file of a checkpoint is written (throw to simulate a crash).
+struct CheckpointHooks {
+  std::function<void(const std::string& file)> after_file;
+};
+
+/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
+/// `dir` (a re-save of the same step) is replaced.
+template <class Model>
+void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
+                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+  const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
+  const fs::path parent = final_path.parent_path();
+  fs::create_directories(parent);
+  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  struct Cleanup {
+    fs::path p;
+    bool done = false;
+    ~Cleanup() {
+      if (!done) {
+        std::error_code e;
+        fs::remove_all(p, e);
+      }
+    }
+  } cleanup{tmp};
+  auto after = [&](const char* f) {
+    if (hooks.after_file) hooks.after_file(f);
+  };
+
+  save_model_hf(tmp.string(), model);
+  after("model.safetensors");
+
+  io::TensorList slots;
+  std::vector<std::string> names;
+  opt.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
+    slots.emplace_back(path + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
+                                                        {static_cast<std::int64_t>(v.size())}));
+  });
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), slots,
+                       {{"format", "edl"},
+                        {"optimizer", optim::optimizer_name(opt.options().kind)},
+                        {"step_count", std::to_string(opt.step_count())}});
+  after("optimizer.safetensors");
+
+  if (tokenizer) {
+    tokenizer->save((tmp / "tokenizer.json").string());
+    after("tokenizer.json");
+  }
+  TrainState s = state;
+  s.optimizer_step_count = opt.step_count();
+  io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+  after("state.json");
+  detail::fsync_path(tmp.string(), true);
+
+  if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+    const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    fs::rename(final_path, old);
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp, final_path);
+  cleanup.done = true;
+  detail::fsync_path(parent.string(), true);
+}
+
+/// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
+template <class Model>
+TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& opt) {
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  load_model_weights(dir, model);
+  const std::string op = (fs::path(dir) / "optimizer.safetensors").string();
+  auto f = io::SafeTensorsFile::open(op);
+  for (const auto& name : f.names()) {
+    const auto dot = name.rfind('.');
+    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
+              "\" is not named <path>.<slot>");
+    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+  }
+  opt.set_step_count(s.optimizer_step_count);
+  return s;
+}
+
+/// The checkpoint-<step> folders of one run.
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::string root, std::optional<std::int64_t> keep_last = std::nullopt)
+      : root_(std::move(root)), keep_last_(keep_last) {}
+
+  const std::string& root() const noexcept { return root_; }
+  std::string path_for(std::int64_t step) const {
+    return (fs::path(root_) / ("checkpoint-" + std::to_string(step))).string();
+  }
+
+  /// Complete checkpoints (with state.json), oldest first.
+  std::vector<std::pair<std::int64_t, std::string>> list() const {
+    std::vector<std::pair<std::int64_t, std::string>> out;
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return out;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      if (!e.is_directory()) continue;
+      auto step = detail::checkpoint_step(e.path().filename().string());
+      if (step && fs::exists(e.path() / "state.json")) out.emplace_back(*step, e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::optional<std::string> latest() const {
+    auto l = list();
+    if (l.empty()) return std::nullopt;
+    return l.back().second;
+  }
+
+  /// Removes folders a crashed save left behind (".checkpoint-*.tmp-*", ".checkpoint-*.old-*").
+  void remove_temporaries() const {
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return;
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(root_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(".checkpoint-", 0) == 0 && (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos))
+        stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p, ec);
+  }
+
+  /// Saves checkpoint-<step> and prunes. Returns its path.
+  template <class Model>
+  std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
+                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+    const std::string p = path_for(state.step);
+    save_state(p, model, opt, state, tokenizer, hooks);
+    prune();
+    return p;
+  }
+
+  /// The checkpoint with the lowest eval_loss in its state.json, if any has one.
+  std::optional<std::string> best() const {
+    std::optional<std::string> b;
+    double bl = std::numeric_limits<double>::infinity();
+    for (const auto& [step, path] : list()) {
+      try {
+        auto s = TrainState::from_file((fs::path(path) / "state.json").string());
+        if (s.eval_loss && *s.eval_loss < bl) { bl = *s.eval_loss; b = path; }
+      } catch (const Error&) {
+      }
+    }
+    return b;
+  }
+
+  /// Keeps the newest keep_last checkpoints and the best; removes the others.
+  void prune() const {
+    if (!keep_last_) return;
+    auto l = list();
+    const auto best_path = best();
+    const std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(*keep_last_, 1));
+    for (std::size_t i = 0; i + keep < l.size(); ++i) {
+      if (best_path && l[i].second == *best_path) continue;
+      const fs::path p = l[i].second;
+      const fs::path gone = p.parent_path() / ("." + p.filename().string() + ".old-" + std::to_string(::getpid()));
+      std::error_code ec;
+      fs::rename(p, gone, ec);  // no longer listed as complete before its files go
+      fs::remove_all(ec ? p : gone, ec);
+    }
+  }
+
+ private:
+  std::string root_;
+  std::optional<std::int64_t> keep_last_;
+};
+
+}  // namespace edl::train

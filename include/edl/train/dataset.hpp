@@ -1,0 +1,287 @@
+// edl/train/dataset.hpp
+// Training data as sequences of token ids, a deterministic per-epoch order, and collation.
+//
+// Sources, by file name:
+//   *.npy, 2-D [rows, length]  pre-tokenized rows, one sequence each (no separators added);
+//                              rows longer than max_sequence_length are truncated at collate
+//   *.npy, 1-D                 one token stream, cut into max_sequence_length pieces
+//   *.bin                      one token stream of little-endian int32 (no header; what
+//                              `np.array(ids, dtype="<i4").tofile(path)` writes), cut likewise
+//   *.jsonl                    one JSON object per line; its "text" field is a document
+//   anything else              plain text; lines holding only "%" separate documents
+//                              (Debian's fortunes format); no such line: the file is one document
+// .npy element types: int32, int64, uint16, uint32. Documents are tokenized, each followed by
+// eos, concatenated in file order (packing) and cut into max_sequence_length pieces; the last
+// piece may be shorter. Consecutive stream sources share one packed stream.
+//
+// Order: epoch e visits the sequences in the permutation drawn from fold_in(key, e)
+// (Fisher-Yates with counter-based draws), or in file order without shuffling: a pure
+// function of (key, epoch), so a resumed run sees the same batches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/io/mmap.hpp>
+#include <edl/io/npy.hpp>
+#include <edl/train/tokenizer.hpp>
+
+namespace edl::train {
+
+/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]).
+class TokenDataset {
+ public:
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
+  std::int64_t num_tokens() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::span<const std::int32_t> operator[](std::int64_t i) const {
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    return {tokens_.data() + a, b - a};
+  }
+  void add(std::span<const std::int32_t> seq) {
+    tokens_.insert(tokens_.end(), seq.begin(), seq.end());
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  template <class T>
+  void add(const std::vector<T>& seq) {
+    for (auto v : seq) tokens_.push_back(static_cast<std::int32_t>(v));
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them.
+  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len) {
+    for (std::size_t lo = 0; lo < stream.size(); lo += static_cast<std::size_t>(len)) {
+      const std::size_t hi = std::min(stream.size(), lo + static_cast<std::size_t>(len));
+      add(std::span<const std::int32_t>(stream.data() + lo, hi - lo));
+    }
+  }
+
+ private:
+  std::vector<std::int32_t> tokens_;
+  std::vector<std::int64_t> offsets_{0};
+};
+
+/// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
+inline std::vector<std::string> read_text_documents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::vector<std::string> docs;
+  std::string line, doc;
+  bool separated = false;
+  auto flush = [&] {
+    if (!doc.empty()) docs.push_back(doc);
+    doc.clear();
+  };
+  while (std::getline(in, line)) {
+    std::string_view l = line;
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (l == "%") {
+      separated = true;
+      flush();
+    } else {
+      doc += line;
+      doc += '\n';
+    }
+  }
+  flush();
+  (void)separated;  // without "%" lines the file is one document
+  return docs;
+}
+
+/// The "text" fields of a JSON-lines file (blank lines skipped).
+inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::vector<std::string> docs;
+  std::string line;
+  std::int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
+    }
+    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format,
+              path + " line " + std::to_string(n), "expected an object with a string field \"text\"");
+    docs.push_back(j["text"].get<std::string>());
+  }
+  return docs;
+}
+
+namespace detail {
+
+inline bool ends_with(const std::string& s, std::string_view suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+/// Reads an integer .npy as int32 values and its shape.
+inline std::vector<std::int32_t> load_token_npy(const std::string& path, std::vector<std::size_t>& shape) {
+  auto take = [&](const auto& a) {
+    shape.assign(a.shape().begin(), a.shape().end());
+    std::vector<std::int32_t> v(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const auto x = a.data()[i];
+      EDL_CHECK(static_cast<std::int64_t>(x) >= 0 && static_cast<std::int64_t>(x) <= INT32_MAX, errc::format, path,
+                "token ", static_cast<std::int64_t>(x), " at flat index ", i, " is not a valid id");
+      v[i] = static_cast<std::int32_t>(x);
+    }
+    return v;
+  };
+  try { return take(io::load_npy<std::int32_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::int64_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::uint16_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  try { return take(io::load_npy<std::uint32_t>(path)); } catch (const Error& e) { if (e.code() != errc::dtype_mismatch) throw; }
+  ::edl::detail::raise(errc::dtype_mismatch, path, "token .npy files must hold int32, int64, uint16 or uint32");
+}
+
+inline std::vector<std::int32_t> load_token_bin(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string b = ss.str();
+  EDL_CHECK(b.size() % 4 == 0, errc::format, path, "a .bin token file holds little-endian int32 values: its size (",
+            b.size(), " bytes) must be a multiple of 4");
+  std::vector<std::int32_t> v(b.size() / 4);
+  if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    EDL_CHECK(v[i] >= 0, errc::format, path, "token ", v[i], " at index ", i, " is negative");
+  return v;
+}
+
+}  // namespace detail
+
+struct DataOptions {
+  std::int64_t max_sequence_length = 2048;
+  std::int64_t eos_id = -1;  // appended after each text document; < 0: nothing
+  std::int64_t vocab_size = 0;  // > 0: every token must be below it
+};
+
+/// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
+/// (2-D .npy rows keep their length).
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const ByteLevelBPE* tokenizer,
+                                 const DataOptions& opt) {
+  EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
+  TokenDataset ds;
+  std::vector<std::int32_t> stream;
+  auto flush = [&] {
+    ds.add_stream(stream, opt.max_sequence_length);
+    stream.clear();
+  };
+  auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
+    EDL_CHECK(tokenizer != nullptr, errc::invalid_argument, path, "text data needs a tokenizer");
+    for (const auto& d : docs) {
+      for (auto id : tokenizer->encode(d)) stream.push_back(static_cast<std::int32_t>(id));
+      if (opt.eos_id >= 0) stream.push_back(static_cast<std::int32_t>(opt.eos_id));
+    }
+  };
+  for (const auto& f : files) {
+    EDL_CHECK(std::filesystem::is_regular_file(f), errc::io, f, "no such file");
+    if (detail::ends_with(f, ".npy")) {
+      std::vector<std::size_t> shape;
+      auto v = detail::load_token_npy(f, shape);
+      if (shape.size() == 1) {
+        stream.insert(stream.end(), v.begin(), v.end());
+      } else {
+        EDL_CHECK(shape.size() == 2, errc::format, f, "expected a 1-D stream or 2-D [rows, length] array, found rank ",
+                  shape.size());
+        flush();
+        for (std::size_t r = 0; r < shape[0]; ++r)
+          ds.add(std::span<const std::int32_t>(v.data() + r * shape[1], shape[1]));
+      }
+    } else if (detail::ends_with(f, ".bin")) {
+      auto v = detail::load_token_bin(f);
+      stream.insert(stream.end(), v.begin(), v.end());
+    } else if (detail::ends_with(f, ".jsonl")) {
+      add_docs(read_jsonl_documents(f), f);
+    } else {
+      add_docs(read_text_documents(f), f);
+    }
+  }
+  flush();
+  if (opt.vocab_size > 0)
+    for (std::int64_t i = 0; i < ds.size(); ++i)
+      for (auto t : ds[i])
+        EDL_CHECK(t < opt.vocab_size, errc::invalid_argument, "load_dataset", "token ", t, " in sequence ", i,
+                  " is outside the model's vocabulary (vocab_size ", opt.vocab_size, ")");
+  return ds;
+}
+
+/// The order of epoch `epoch`: a permutation of [0, n) drawn from fold_in(key, epoch)
+/// (Fisher-Yates, draw i = random_bits_at(k, i)), or 0..n-1 when !shuffle.
+inline std::vector<std::int64_t> epoch_order(std::int64_t n, Key key, std::int64_t epoch, bool shuffle) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  if (!shuffle) return p;
+  const Key k = fold_in(key, static_cast<std::uint32_t>(epoch));
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const std::uint64_t bits = (static_cast<std::uint64_t>(random_bits_at(k, 2 * static_cast<std::uint64_t>(i))) << 32) |
+                               random_bits_at(k, 2 * static_cast<std::uint64_t>(i) + 1);
+    const std::int64_t j = static_cast<std::int64_t>(bits % static_cast<std::uint64_t>(i + 1));
+    std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
+  }
+  return p;
+}
+
+enum class Truncation { keep_start, keep_end };
+inline Truncation truncation_from_name(const std::string& s) {
+  if (s == "keep_start") return Truncation::keep_start;
+  if (s == "keep_end") return Truncation::keep_end;
+  ::edl::detail::raise(errc::config, "truncation_mode", "expected keep_start or keep_end, found \"" + s + "\"");
+}
+
+/// A padded batch [batch, seq], row-major.
+struct Batch {
+  std::int64_t batch = 0, seq = 0;
+  std::vector<std::int64_t> input_ids, attention_mask, labels;
+  /// Targets the loss scores (HF shift: label[s + 1] for s < seq - 1, not ignore_index).
+  std::int64_t target_tokens(std::int64_t ignore_index = -100) const {
+    std::int64_t n = 0;
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t s = 1; s < seq; ++s) n += labels[static_cast<std::size_t>(b * seq + s)] != ignore_index;
+    return n;
+  }
+};
+
+/// Pads (right) to the longest sequence, truncating sequences longer than max_length by
+/// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
+/// attention_mask 0 and label -100.
+inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
+                     std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+  Batch b;
+  b.batch = static_cast<std::int64_t>(seqs.size());
+  for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
+  const std::size_t n = static_cast<std::size_t>(b.batch * b.seq);
+  b.input_ids.assign(n, pad_id);
+  b.attention_mask.assign(n, 0);
+  b.labels.assign(n, -100);
+  for (std::int64_t r = 0; r < b.batch; ++r) {
+    auto s = seqs[static_cast<std::size_t>(r)];
+    if (static_cast<std::int64_t>(s.size()) > max_length)
+      s = mode == Truncation::keep_start ? s.first(static_cast<std::size_t>(max_length))
+                                         : s.last(static_cast<std::size_t>(max_length));
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
+      b.input_ids[at] = s[i];
+      b.attention_mask[at] = 1;
+      b.labels[at] = s[i];
+    }
+  }
+  return b;
+}
+
+}  // namespace edl::train

@@ -1,0 +1,342 @@
+// edl/train/training_arguments.hpp
+// TrainingArguments: the trainer's configuration, read from JSON with EasyDeL's field names
+// (docs/training.md lists every field, its default and its meaning).
+//
+//   auto a = edl::train::TrainingArguments::from_file("train.json");
+//   a.apply_override("max_training_steps=10");          // `edl train --set key=value`
+//   a.validate();
+//
+// Errors: errc::config with where = "<source> field <name>": an unknown field (every unknown
+// field is named), a wrong type ("expected an integer, found "32" (string)"), an out-of-range
+// value; errc::unsupported for valid EasyDeL settings this build does not implement
+// (a mesh larger than one device, bf16 parameters, gradient checkpointing).
+#pragma once
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/io/json_config.hpp>
+
+namespace edl::train {
+
+using ojson = nlohmann::ordered_json;
+
+/// "90", "90s", "30m", "2h", "1h30m", "1d" -> seconds. Throws errc::config naming `where`.
+inline double parse_duration(const std::string& s, const std::string& where) {
+  auto fail = [&]() -> double {
+    ::edl::detail::raise(errc::config, where,
+                         "expected seconds or a duration like \"90s\", \"30m\", \"2h\", \"1h30m\"; found \"" + s + "\"");
+  };
+  if (s.empty()) return fail();
+  double total = 0;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = i;
+    while (j < s.size() && (std::isdigit(static_cast<unsigned char>(s[j])) || s[j] == '.')) ++j;
+    if (j == i) return fail();
+    double v = 0;
+    try { v = std::stod(s.substr(i, j - i)); } catch (...) { return fail(); }
+    double unit = 1;
+    if (j < s.size()) {
+      switch (s[j]) {
+        case 's': unit = 1; break;
+        case 'm': unit = 60; break;
+        case 'h': unit = 3600; break;
+        case 'd': unit = 86400; break;
+        default: return fail();
+      }
+      ++j;
+    } else if (i != 0) {
+      return fail();  // "1h30" is ambiguous
+    }
+    total += v * unit;
+    i = j;
+  }
+  return total;
+}
+
+struct TrainingArguments {
+  // ------------------------------------------------------------------ EasyDeL names
+  std::string model_name = "edl-model";
+  double learning_rate = 5e-5;
+  double learning_rate_end = 0.0;        // rate reached at the last step (linear, cosine, WSD)
+  std::string optimizer = "adamw";       // adamw | sgd | lion | adafactor
+  std::string scheduler = "none";        // none | linear | cosine | warmup_stable_decay
+  std::int64_t warmup_steps = 0;
+  double weight_decay = 0.01;
+  double clip_grad = 0.0;                // global-norm clipping; 0 (or null): off
+  std::int64_t total_batch_size = 32;    // sequences per optimizer step
+  std::int64_t gradient_accumulation_steps = 1;
+  std::int64_t max_sequence_length = 4096;
+  std::int64_t num_train_epochs = 10;
+  std::optional<std::int64_t> max_training_steps;  // overrides num_train_epochs when set
+  std::optional<double> training_time_limit;        // seconds (JSON: number or "30m" / "2h")
+  std::optional<std::int64_t> evaluation_steps;     // evaluate every N steps (and at the end)
+  std::optional<std::int64_t> max_evaluation_steps; // eval micro-batches per evaluation (null: all)
+  std::optional<std::int64_t> save_steps;           // checkpoint every N steps (and at the end)
+  std::optional<std::int64_t> save_total_limit;     // keep the newest N checkpoints (+ the best)
+  std::int64_t log_steps = 10;
+  std::string save_directory = "EasyDeL-Checkpoints";
+  std::string truncation_mode = "keep_end";         // keep_start | keep_end
+  bool shuffle_train_dataset = true;
+  bool resume_if_possible = true;
+  // ------------------------------------------------------------------ ours
+  double b1 = 0.9, b2 = 0.999, epsilon = 1e-8;
+  double momentum = 0.0;                             // sgd
+  std::uint64_t seed = 42;
+  std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
+  std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
+  std::string gradient_checkpointing = "";          // "" / "none" only (no rematerialization yet)
+  std::string dtype = "float32";
+  std::string param_dtype = "float32";
+  double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
+  bool progress = true;                              // the progress line on stderr
+  /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
+  /// or an object of LlamaConfig fields.
+  ojson model = "tiny";
+  std::vector<std::string> train_data;
+  std::vector<std::string> eval_data;
+  /// "byte", a tokenizer.json path, or {"train_bpe": vocab_size}.
+  ojson tokenizer = "byte";
+
+  std::string source = "TrainingArguments";
+
+  static const std::vector<std::string>& field_names() {
+    static const std::vector<std::string> n = {
+        "model_name", "learning_rate", "learning_rate_end", "optimizer", "scheduler", "warmup_steps",
+        "weight_decay", "clip_grad", "total_batch_size", "gradient_accumulation_steps", "max_sequence_length",
+        "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
+        "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
+        "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
+        "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
+        "peak_gflops", "progress", "model", "train_data", "eval_data", "tokenizer"};
+    return n;
+  }
+
+  std::string where(const std::string& field) const { return source + " field " + field; }
+
+  /// Reads every known field (missing: default); unknown fields are an error naming all of them.
+  static TrainingArguments from_json(const ojson& j, const std::string& source = "TrainingArguments") {
+    EDL_CHECK(j.is_object(), errc::config, source, "expected a JSON object, found ", j.type_name());
+    TrainingArguments a;
+    a.source = source;
+    const std::set<std::string> known(field_names().begin(), field_names().end());
+    std::string unknown;
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (!known.count(it.key())) unknown += (unknown.empty() ? "\"" : ", \"") + it.key() + "\"";
+    EDL_CHECK(unknown.empty(), errc::config, source, "unknown field(s) ", unknown,
+              "; see docs/training.md for the TrainingArguments fields");
+    for (auto it = j.begin(); it != j.end(); ++it) a.set_field(it.key(), it.value());
+    return a;
+  }
+
+  static TrainingArguments from_file(const std::string& path) {
+    auto c = io::JsonConfig::from_file(path);
+    return from_json(c.json(), path);
+  }
+
+  /// Sets one field from JSON (type-checked; errors name the field).
+  void set_field(const std::string& key, const ojson& v) {
+    const std::string w = where(key);
+    auto str = [&](std::string& dst) { dst = io::JsonConfig::convert<std::string>(v, w); };
+    auto i64 = [&](std::int64_t& dst) { dst = io::JsonConfig::convert<std::int64_t>(v, w); };
+    auto f64 = [&](double& dst) { dst = io::JsonConfig::convert<double>(v, w); };
+    auto boo = [&](bool& dst) { dst = io::JsonConfig::convert<bool>(v, w); };
+    auto oi64 = [&](std::optional<std::int64_t>& dst) {
+      if (v.is_null()) dst.reset(); else dst = io::JsonConfig::convert<std::int64_t>(v, w);
+    };
+    auto files = [&](std::vector<std::string>& dst) {
+      if (v.is_null()) dst.clear();
+      else if (v.is_string()) dst = {v.get<std::string>()};
+      else dst = io::JsonConfig::convert<std::vector<std::string>>(v, w);
+    };
+    if (key == "model_name") str(model_name);
+    else if (key == "learning_rate") f64(learning_rate);
+    else if (key == "learning_rate_end") { if (v.is_null()) learning_rate_end = 0; else f64(learning_rate_end); }
+    else if (key == "optimizer") str(optimizer);
+    else if (key == "scheduler") str(scheduler);
+    else if (key == "warmup_steps") i64(warmup_steps);
+    else if (key == "weight_decay") f64(weight_decay);
+    else if (key == "clip_grad") { if (v.is_null()) clip_grad = 0; else f64(clip_grad); }
+    else if (key == "total_batch_size") i64(total_batch_size);
+    else if (key == "gradient_accumulation_steps") i64(gradient_accumulation_steps);
+    else if (key == "max_sequence_length") i64(max_sequence_length);
+    else if (key == "num_train_epochs") i64(num_train_epochs);
+    else if (key == "max_training_steps") oi64(max_training_steps);
+    else if (key == "training_time_limit") {
+      if (v.is_null()) training_time_limit.reset();
+      else if (v.is_string()) training_time_limit = parse_duration(v.get<std::string>(), w);
+      else if (v.is_number()) training_time_limit = v.get<double>();
+      else ::edl::detail::raise(errc::config, w, "expected seconds (a number) or a string like \"30m\", found " +
+                                                     v.dump() + " (" + v.type_name() + ")");
+    }
+    else if (key == "evaluation_steps") oi64(evaluation_steps);
+    else if (key == "max_evaluation_steps") oi64(max_evaluation_steps);
+    else if (key == "save_steps") oi64(save_steps);
+    else if (key == "save_total_limit") oi64(save_total_limit);
+    else if (key == "log_steps") i64(log_steps);
+    else if (key == "save_directory") str(save_directory);
+    else if (key == "truncation_mode") str(truncation_mode);
+    else if (key == "shuffle_train_dataset") boo(shuffle_train_dataset);
+    else if (key == "resume_if_possible") boo(resume_if_possible);
+    else if (key == "b1") f64(b1);
+    else if (key == "b2") f64(b2);
+    else if (key == "epsilon") f64(epsilon);
+    else if (key == "momentum") f64(momentum);
+    else if (key == "seed") seed = io::JsonConfig::convert<std::uint64_t>(v, w);
+    else if (key == "sharding_axis_dims") sharding_axis_dims = io::JsonConfig::convert<std::vector<std::int64_t>>(v, w);
+    else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
+    else if (key == "gradient_checkpointing") {
+      if (v.is_null()) gradient_checkpointing = "";
+      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "everything_saveable" : "";
+      else str(gradient_checkpointing);
+    }
+    else if (key == "dtype") str(dtype);
+    else if (key == "param_dtype") str(param_dtype);
+    else if (key == "peak_gflops") { if (v.is_null()) peak_gflops = 0; else f64(peak_gflops); }
+    else if (key == "progress") boo(progress);
+    else if (key == "model") {
+      EDL_CHECK(v.is_string() || v.is_object(), errc::config, w,
+                "expected a folder, a preset name or an object of LlamaConfig fields, found ", v.dump(), " (",
+                v.type_name(), ")");
+      model = v;
+    }
+    else if (key == "train_data") files(train_data);
+    else if (key == "eval_data") files(eval_data);
+    else if (key == "tokenizer") {
+      const bool ok = v.is_string() || (v.is_object() && v.size() == 1 && v.contains("train_bpe") &&
+                                         v["train_bpe"].is_number_integer());
+      EDL_CHECK(ok, errc::config, w, "expected \"byte\", a tokenizer.json path or {\"train_bpe\": vocab_size}, found ",
+                v.dump(), " (", v.type_name(), ")");
+      tokenizer = v;
+    }
+    else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
+  }
+
+  /// "key=value": value parsed as JSON, or taken as a string when it is not valid JSON
+  /// (so --set save_directory=out works without quotes).
+  void apply_override(const std::string& kv) {
+    const auto eq = kv.find('=');
+    EDL_CHECK(eq != std::string::npos && eq > 0, errc::config, "--set", "expected key=value, found \"", kv, "\"");
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    const std::set<std::string> known(field_names().begin(), field_names().end());
+    EDL_CHECK(known.count(key), errc::config, "--set", "unknown field \"", key, "\"");
+    ojson v;
+    try { v = ojson::parse(val); } catch (...) { v = val; }
+    set_field(key, v);
+  }
+
+  /// Ranges and combinations; errors name the field.
+  void validate() const {
+    auto positive = [&](const char* f, double v) { EDL_CHECK(v > 0, errc::config, where(f), "must be positive, found ", v); };
+    auto nonneg = [&](const char* f, double v) { EDL_CHECK(v >= 0, errc::config, where(f), "must be >= 0, found ", v); };
+    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor",
+              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor; found \"", optimizer, "\"");
+    EDL_CHECK(scheduler == "none" || scheduler == "linear" || scheduler == "cosine" ||
+                  scheduler == "warmup_stable_decay",
+              errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
+              scheduler, "\"");
+    EDL_CHECK(truncation_mode == "keep_start" || truncation_mode == "keep_end", errc::config, where("truncation_mode"),
+              "expected keep_start or keep_end, found \"", truncation_mode, "\"");
+    nonneg("learning_rate", learning_rate);
+    nonneg("learning_rate_end", learning_rate_end);
+    nonneg("warmup_steps", static_cast<double>(warmup_steps));
+    nonneg("weight_decay", weight_decay);
+    nonneg("clip_grad", clip_grad);
+    positive("total_batch_size", static_cast<double>(total_batch_size));
+    positive("gradient_accumulation_steps", static_cast<double>(gradient_accumulation_steps));
+    EDL_CHECK(total_batch_size % gradient_accumulation_steps == 0, errc::config, where("gradient_accumulation_steps"),
+              "total_batch_size (", total_batch_size, ") must be divisible by gradient_accumulation_steps (",
+              gradient_accumulation_steps, ")");
+    EDL_CHECK(max_sequence_length >= 2, errc::config, where("max_sequence_length"), "must be >= 2, found ",
+              max_sequence_length);
+    positive("num_train_epochs", static_cast<double>(num_train_epochs));
+    if (max_training_steps) positive("max_training_steps", static_cast<double>(*max_training_steps));
+    if (training_time_limit) positive("training_time_limit", *training_time_limit);
+    if (evaluation_steps) positive("evaluation_steps", static_cast<double>(*evaluation_steps));
+    if (max_evaluation_steps) positive("max_evaluation_steps", static_cast<double>(*max_evaluation_steps));
+    if (save_steps) positive("save_steps", static_cast<double>(*save_steps));
+    if (save_total_limit) positive("save_total_limit", static_cast<double>(*save_total_limit));
+    positive("log_steps", static_cast<double>(log_steps));
+    EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
+    nonneg("peak_gflops", peak_gflops);
+    EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
+              "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
+    for (auto d : sharding_axis_dims)
+      EDL_CHECK(d == 1 || d == -1, errc::unsupported, where("sharding_axis_dims"),
+                "the trainer runs on one device for now: every axis must be 1 (or -1), found ",
+                ojson(sharding_axis_dims).dump());
+    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
+                  gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
+              errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
+              gradient_checkpointing, "\"");
+    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none", errc::unsupported,
+              where("gradient_checkpointing"), "rematerialization is not implemented yet; found \"",
+              gradient_checkpointing, "\"");
+    EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
+              "activations are float32 for now, found \"", dtype, "\"");
+    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
+              where("param_dtype"), "the trainer keeps float32 parameters for now, found \"", param_dtype, "\"");
+    EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+  }
+
+  /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
+  std::int64_t micro_batch_size() const { return total_batch_size / gradient_accumulation_steps; }
+
+  ojson to_json() const {
+    ojson j = ojson::object();
+    auto opt = [](const auto& o) -> ojson { return o ? ojson(*o) : ojson(nullptr); };
+    j["model_name"] = model_name;
+    j["learning_rate"] = learning_rate;
+    j["learning_rate_end"] = learning_rate_end;
+    j["optimizer"] = optimizer;
+    j["scheduler"] = scheduler;
+    j["warmup_steps"] = warmup_steps;
+    j["weight_decay"] = weight_decay;
+    j["clip_grad"] = clip_grad;
+    j["total_batch_size"] = total_batch_size;
+    j["gradient_accumulation_steps"] = gradient_accumulation_steps;
+    j["max_sequence_length"] = max_sequence_length;
+    j["num_train_epochs"] = num_train_epochs;
+    j["max_training_steps"] = opt(max_training_steps);
+    j["training_time_limit"] = opt(training_time_limit);
+    j["evaluation_steps"] = opt(evaluation_steps);
+    j["max_evaluation_steps"] = opt(max_evaluation_steps);
+    j["save_steps"] = opt(save_steps);
+    j["save_total_limit"] = opt(save_total_limit);
+    j["log_steps"] = log_steps;
+    j["save_directory"] = save_directory;
+    j["truncation_mode"] = truncation_mode;
+    j["shuffle_train_dataset"] = shuffle_train_dataset;
+    j["resume_if_possible"] = resume_if_possible;
+    j["b1"] = b1;
+    j["b2"] = b2;
+    j["epsilon"] = epsilon;
+    j["momentum"] = momentum;
+    j["seed"] = seed;
+    j["sharding_axis_dims"] = sharding_axis_dims;
+    j["sharding_axis_names"] = sharding_axis_names;
+    j["gradient_checkpointing"] = gradient_checkpointing;
+    j["dtype"] = dtype;
+    j["param_dtype"] = param_dtype;
+    j["peak_gflops"] = peak_gflops;
+    j["progress"] = progress;
+    j["model"] = model;
+    j["train_data"] = train_data;
+    j["eval_data"] = eval_data;
+    j["tokenizer"] = tokenizer;
+    return j;
+  }
+};
+
+}  // namespace edl::train

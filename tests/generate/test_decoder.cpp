@@ -1,0 +1,236 @@
+// tests/generate/test_decoder.cpp: the incremental decoder equals the full forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include <edl/core/rng.hpp>
+#include <edl/generate/decoder.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/module.hpp>
+
+using namespace edl;
+using namespace edl::generate;
+using models::LlamaConfig;
+using models::LlamaForCausalLM;
+
+namespace {
+
+LlamaConfig small_config(const std::string& variant = "") {
+  LlamaConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  if (variant == "bias") c.attention_bias = true, c.mlp_bias = true;
+  if (variant == "llama3") {
+    models::RopeScaling r;
+    r.rope_type = "llama3";
+    r.factor = 8;
+    r.low_freq_factor = 1;
+    r.high_freq_factor = 4;
+    r.original_max_position_embeddings = 16;
+    c.rope_scaling = r;
+  }
+  if (variant == "window") c.model_type = "mistral", c.sliding_window = 5;
+  if (variant == "tied") c.tie_word_embeddings = true;
+  if (variant == "mha") c.num_key_value_heads = 4;
+  c.validate();
+  return c;
+}
+
+std::vector<std::int64_t> random_ids(std::int64_t n, std::int64_t V, std::uint32_t seed) {
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    ids[static_cast<std::size_t>(i)] =
+        static_cast<std::int64_t>(uniform_at(Key::from_seed(seed), static_cast<std::uint64_t>(i)) * static_cast<float>(V)) % V;
+  return ids;
+}
+
+template <class Pol>
+std::vector<float> full_logits(const LlamaForCausalLM<Pol>& m, const std::vector<std::int64_t>& ids) {
+  const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = m.config().vocab_size;
+  std::vector<float> out(static_cast<std::size_t>(S * V));
+  nn::TokenLayout lay{1, S};
+  m.logits(ids.data(), lay, out.data());
+  return out;
+}
+
+double max_diff(const float* a, const float* b, std::int64_t n) {
+  double w = 0;
+  for (std::int64_t i = 0; i < n; ++i) w = std::max(w, static_cast<double>(std::fabs(a[i] - b[i])));
+  return w;
+}
+
+/// Prefill p tokens (all logits), then decode one at a time; max |diff| vs the full forward.
+template <class Pol, class Cache>
+double incremental_error(const LlamaForCausalLM<Pol>& m, Cache& cache, const std::vector<std::int64_t>& ids,
+                         std::int64_t p) {
+  const std::int64_t S = static_cast<std::int64_t>(ids.size()), V = m.config().vocab_size;
+  const auto want = full_logits(m, ids);
+  Decoder dec(m, cache);
+  std::vector<float> all(static_cast<std::size_t>(p * V)), last(static_cast<std::size_t>(V));
+  dec.prefill(ids.data(), p, nullptr, last.data(), all.data());
+  double w = max_diff(all.data(), want.data(), p * V);
+  w = std::max(w, max_diff(last.data(), want.data() + (p - 1) * V, V));
+  for (std::int64_t t = p; t < S; ++t) {
+    dec.decode(ids.data() + t, last.data());
+    w = std::max(w, max_diff(last.data(), want.data() + t * V, V));
+  }
+  EXPECT_EQ(cache.length(0), S);
+  return w;
+}
+
+}  // namespace
+
+class DecoderVariants : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecoderVariants, IncrementalEqualsFullForward) {
+  const auto cfg = small_config(GetParam());
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(7), 0.2f);
+  const auto ids = random_ids(20, cfg.vocab_size, 3);
+  for (std::int64_t p : {1, 6, 20}) {
+    StandardKVCache cache(kv_cache_shape(cfg, 1, 24));
+    EXPECT_LT(incremental_error(m, cache, ids, p), 1e-4) << "prefill " << p;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Generate, DecoderVariants,
+                         ::testing::Values("", "bias", "llama3", "window", "tied", "mha"));
+
+TEST(Decoder, ChunkedPrefillEqualsOneChunk) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1), 0.2f);
+  const auto ids = random_ids(13, cfg.vocab_size, 5);
+  const auto want = full_logits(m, ids);
+  const std::int64_t V = cfg.vocab_size;
+  StandardKVCache cache(kv_cache_shape(cfg, 1, 16));
+  Decoder dec(m, cache);
+  std::vector<float> all(static_cast<std::size_t>(13 * V)), last(static_cast<std::size_t>(V));
+  dec.prefill(ids.data(), 4, nullptr, last.data(), all.data());
+  dec.prefill(ids.data() + 4, 9, nullptr, last.data(), all.data() + 4 * V);
+  EXPECT_LT(max_diff(all.data(), want.data(), 13 * V), 1e-4);
+}
+
+TEST(Decoder, Bf16ParamsMatchTheirFullForward) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<BF16ParamsPolicy> m(cfg);
+  m.init(Key::from_seed(2), 0.2f);
+  const auto ids = random_ids(10, cfg.vocab_size, 9);
+  StandardKVCache cache(kv_cache_shape(cfg, 1, 10));
+  EXPECT_LT(incremental_error(m, cache, ids, 3), 1e-4);
+}
+
+TEST(Decoder, LeftPaddedBatchEqualsEachPromptAlone) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(4), 0.2f);
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(7, V, 11), random_ids(3, V, 12), random_ids(5, V, 13)};
+  const std::int64_t B = 3, S = 7, steps = 5;
+  std::vector<std::int64_t> ids(B * S, 0), mask(B * S, 0);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto& p = prompts[b];
+    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) ids[b * S + pad + i] = p[i], mask[b * S + pad + i] = 1;
+  }
+  StandardKVCache cache(kv_cache_shape(cfg, B, S + steps));
+  Decoder dec(m, cache);
+  std::vector<float> logits(B * V);
+  dec.prefill(ids.data(), S, mask.data(), logits.data());
+  std::vector<std::vector<float>> batch_logits(B);
+  for (std::int64_t b = 0; b < B; ++b) batch_logits[b].assign(logits.begin() + b * V, logits.begin() + (b + 1) * V);
+  const auto feed = random_ids(B * steps, V, 99);
+  std::vector<std::vector<float>> step_logits;
+  for (std::int64_t t = 0; t < steps; ++t) {
+    dec.decode(feed.data() + t * B, logits.data());
+    step_logits.push_back(logits);
+  }
+  for (std::int64_t b = 0; b < B; ++b) {
+    StandardKVCache c1(kv_cache_shape(cfg, 1, S + steps));
+    Decoder d1(m, c1);
+    std::vector<float> l1(V);
+    d1.prefill(prompts[b].data(), static_cast<std::int64_t>(prompts[b].size()), nullptr, l1.data());
+    EXPECT_LT(max_diff(l1.data(), batch_logits[b].data(), V), 1e-5) << "prompt " << b;
+    for (std::int64_t t = 0; t < steps; ++t) {
+      d1.decode(feed.data() + t * B + b, l1.data());
+      EXPECT_LT(max_diff(l1.data(), step_logits[t].data() + b * V, V), 1e-5) << "prompt " << b << " step " << t;
+    }
+  }
+}
+
+TEST(Decoder, Int8CacheLogitErrorIsSmall) {
+  // Documented bound (docs/generation.md): max |logit error| <= 3% of max |logit| on these models.
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(6), 0.2f);
+  const auto ids = random_ids(24, cfg.vocab_size, 21);
+  const auto want = full_logits(m, ids);
+  double scale = 0;
+  for (float x : want) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  Int8KVCache cache(kv_cache_shape(cfg, 1, 24));
+  const double err = incremental_error(m, cache, ids, 4);
+  EXPECT_GT(err, 0.0);
+  EXPECT_LT(err, 3e-2 * scale) << "int8 cache logit error";
+  std::printf("[int8 cache] random model: max |logit error| = %.3g, max |logit| = %.3g\n", err, scale);
+}
+
+TEST(Decoder, PagedCacheEqualsStandard) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(8), 0.2f);
+  const auto ids = random_ids(21, cfg.vocab_size, 22);
+  PagedKVCacheOptions po;
+  po.page_size = 4;
+  po.budget_bytes = 1 << 20;
+  PagedKVCache cache(kv_cache_shape(cfg, 1, 32), po);
+  EXPECT_LT(incremental_error(m, cache, ids, 5), 1e-4);
+  EXPECT_EQ(cache.page_table(0).size(), 6u);  // ceil(21 / 4)
+}
+
+TEST(Decoder, MatchesTinyHfForward) {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  const std::filesystem::path dir = std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+  if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "no fixture at " << dir;
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  LlamaForCausalLM<> m(cfg);
+  nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  const auto ids = random_ids(30, cfg.vocab_size, 31);
+  StandardKVCache cache(kv_cache_shape(cfg, 1, 30));
+  EXPECT_LT(incremental_error(m, cache, ids, 8), 1e-4);
+  Int8KVCache c8(kv_cache_shape(cfg, 1, 30));
+  const double e8 = incremental_error(m, c8, ids, 8);
+  const auto want = full_logits(m, ids);
+  double scale = 0;
+  for (float x : want) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+  EXPECT_LT(e8, 3e-2 * scale);
+  std::printf("[int8 cache] tiny_hf: max |logit error| = %.3g, max |logit| = %.3g over 30 positions\n", e8, scale);
+}
+
+TEST(Decoder, BadTokenAndShapeErrors) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(9));
+  StandardKVCache cache(kv_cache_shape(cfg, 1, 4));
+  Decoder dec(m, cache);
+  std::vector<float> l(cfg.vocab_size);
+  const std::int64_t bad[2] = {1, 50};
+  EXPECT_THROW(dec.prefill(bad, 2, nullptr, l.data()), edl::Error);
+  EXPECT_EQ(cache.length(0), 0);
+  const std::int64_t ok[5] = {1, 2, 3, 4, 5};
+  EXPECT_THROW(dec.prefill(ok, 5, nullptr, l.data()), edl::Error);  // more than max_length
+  const std::int64_t mask[3] = {1, 0, 1};
+  EXPECT_THROW(dec.prefill(ok, 3, mask, l.data()), edl::Error);  // not left padding
+  StandardKVCache wrong({3, 1, 4, 2, 8});
+  EXPECT_THROW((Decoder<DefaultPolicy, StandardKVCache>(m, wrong)), edl::Error);
+}

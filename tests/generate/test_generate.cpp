@@ -1,0 +1,238 @@
+// tests/generate/test_generate.cpp: generate() vs the PyTorch greedy oracle, caches, beams, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/rng.hpp>
+#include <edl/generate/generate.hpp>
+#include <edl/io/npy.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/module.hpp>
+
+using namespace edl::generate;
+using edl::Key;
+namespace nn = edl::nn;
+namespace io = edl::io;
+using edl::models::LlamaConfig;
+using edl::models::LlamaForCausalLM;
+
+namespace {
+
+std::filesystem::path tiny_dir() {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  return std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+}
+
+struct Tiny {
+  LlamaConfig cfg;
+  LlamaForCausalLM<> model;
+  std::vector<std::int64_t> prompt, want;
+};
+
+const Tiny* tiny() {
+  static const Tiny* t = []() -> const Tiny* {
+    const auto dir = tiny_dir();
+    if (!std::filesystem::exists(dir / "oracle" / "greedy.json")) return nullptr;
+    auto* r = new Tiny;
+    r->cfg = LlamaConfig::from_file((dir / "config.json").string());
+    r->model = LlamaForCausalLM<>(r->cfg);
+    nn::load_params(r->model, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+    nlohmann::json j;
+    std::ifstream((dir / "oracle" / "greedy.json").string()) >> j;
+    r->prompt = j["prompt"].get<std::vector<std::int64_t>>();
+    r->want = j["new_tokens"].get<std::vector<std::int64_t>>();
+    const auto tok = io::load_npy<std::int64_t>((dir / "oracle" / "tokens.npy").string());
+    const std::size_t S = tok.shape(1);
+    std::vector<std::int64_t> row0(tok.data(), tok.data() + S);
+    EXPECT_EQ(row0, r->prompt) << "greedy.json prompt should be row 0 of tokens.npy";
+    return r;
+  }();
+  return t;
+}
+
+LlamaConfig small_config() {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  c.eos_token_id = {};
+  c.validate();
+  return c;
+}
+
+GenerationConfig greedy(std::int64_t n, const LlamaConfig& c) {
+  auto g = GenerationConfig::from_model_config(c);
+  g.max_new_tokens = n;
+  return g;
+}
+
+}  // namespace
+
+TEST(Generate, GreedyMatchesPyTorchOracle) {
+  const Tiny* t = tiny();
+  if (!t) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  std::vector<std::int64_t> streamed;
+  GenerateOptions o;
+  o.on_token = [&](std::int64_t seq, std::int64_t tok) {
+    EXPECT_EQ(seq, 0);
+    streamed.push_back(tok);
+  };
+  const auto r = generate(t->model, {t->prompt}, greedy(16, t->cfg), o);
+  ASSERT_EQ(r.tokens.size(), 1u);
+  EXPECT_EQ(r.tokens[0], t->want);
+  EXPECT_EQ(streamed, t->want);
+  EXPECT_EQ(r.finish_reason[0], "length");
+}
+
+TEST(Generate, AllCachesAndOneBeamGiveTheOracleTokens) {
+  const Tiny* t = tiny();
+  if (!t) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  for (CacheKind k : {CacheKind::standard, CacheKind::paged}) {
+    GenerateOptions o;
+    o.cache = k;
+    o.paged.page_size = 4;
+    o.paged.budget_bytes = 1 << 20;
+    EXPECT_EQ(generate(t->model, {t->prompt}, greedy(16, t->cfg), o).tokens[0], t->want) << int(k);
+    auto g = greedy(16, t->cfg);
+    g.num_beams = 1;
+    EXPECT_EQ(generate(t->model, {t->prompt}, g, o).tokens[0], t->want);
+  }
+  // Beam search code path with one beam (num_beams = 1 normally takes the greedy loop).
+  StandardKVCache cache(kv_cache_shape(t->cfg, 1, 24));
+  Decoder dec(t->model, cache);
+  const std::int64_t S = static_cast<std::int64_t>(t->prompt.size());
+  const std::vector<std::int64_t> mask(static_cast<std::size_t>(S), 1);
+  const auto b = beam_search(dec, {t->prompt}, greedy(16, t->cfg), {16}, t->prompt, S, mask, t->cfg.vocab_size);
+  EXPECT_EQ(b[0], t->want);
+}
+
+TEST(Generate, PagedAndStandardIdenticalWhenSampling) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(3), 0.3f);
+  auto g = greedy(12, cfg);
+  g.do_sample = true;
+  g.temperature = 0.9f;
+  g.top_p = 0.95f;
+  g.repetition_penalty = 1.2f;
+  g.seed = 77;
+  const std::vector<std::vector<std::int64_t>> prompts = {{1, 2, 3, 4, 5}, {7, 8}, {9, 10, 11}};
+  GenerateOptions std_o, paged_o;
+  paged_o.cache = CacheKind::paged;
+  paged_o.paged.page_size = 3;
+  const auto a = generate(m, prompts, g, std_o), b = generate(m, prompts, g, paged_o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(generate(m, prompts, g, std_o).tokens, a.tokens);  // reproducible
+  // Each prompt alone draws the same tokens (the stream depends on (seed, b, t) only for b = 0).
+  const auto alone = generate(m, {prompts[0]}, g, std_o);
+  EXPECT_EQ(alone.tokens[0], a.tokens[0]);
+}
+
+TEST(Generate, BatchedGreedyEqualsEachPromptAlone) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5), 0.3f);
+  const std::vector<std::vector<std::int64_t>> prompts = {{3, 1, 4, 1, 5, 9}, {2, 6}, {5, 3, 5}};
+  const auto all = generate(m, prompts, greedy(10, cfg));
+  for (std::size_t p = 0; p < prompts.size(); ++p) EXPECT_EQ(generate(m, {prompts[p]}, greedy(10, cfg)).tokens[0], all.tokens[p]);
+  GenerateOptions o8;
+  o8.cache = CacheKind::int8;
+  const auto q = generate(m, prompts, greedy(10, cfg), o8);
+  EXPECT_EQ(q.tokens.size(), 3u);
+}
+
+TEST(Generate, StopsOnEosAndStopTokens) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5), 0.3f);
+  const auto free_run = generate(m, {{3, 1, 4}}, greedy(10, cfg)).tokens[0];
+  ASSERT_GE(free_run.size(), 4u);
+  auto g = greedy(10, cfg);
+  g.stop_token_ids = {free_run[3]};
+  const auto r = generate(m, {{3, 1, 4}}, g);
+  const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]) - free_run.begin();
+  EXPECT_EQ(r.tokens[0], std::vector<std::int64_t>(free_run.begin(), free_run.begin() + first + 1));
+  EXPECT_EQ(r.finish_reason[0], "stop");
+  // max_model_length caps prompt + output.
+  GenerateOptions o;
+  o.max_model_length = 7;
+  const auto capped = generate(m, {{3, 1, 4}}, greedy(10, cfg), o);
+  EXPECT_EQ(capped.tokens[0].size(), 4u);
+  EXPECT_EQ(capped.finish_reason[0], "length");
+}
+
+TEST(Generate, WideBeamSearchFindsTheBestPairOfTokens) {
+  // num_beams = vocab and two new tokens: beam search is exhaustive, so its answer is the
+  // argmax over all V^2 continuations of (log p(a) + log p(b | a)) / 2^length_penalty.
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(11), 0.5f);
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::int64_t> prompt = {4, 8, 15};
+  auto g = greedy(2, cfg);
+  g.num_beams = V;
+  const auto r = generate(m, {prompt}, g);
+  const auto logp = [&](const std::vector<std::int64_t>& ids) {
+    std::vector<float> l(ids.size() * V);
+    nn::TokenLayout lay{1, static_cast<std::int64_t>(ids.size())};
+    m.logits(ids.data(), lay, l.data());
+    std::vector<double> out(V);
+    const float* row = l.data() + (ids.size() - 1) * V;
+    double mx = -INFINITY, s = 0;
+    for (std::int64_t i = 0; i < V; ++i) mx = std::max(mx, double(row[i]));
+    for (std::int64_t i = 0; i < V; ++i) s += std::exp(row[i] - mx);
+    for (std::int64_t i = 0; i < V; ++i) out[i] = row[i] - mx - std::log(s);
+    return out;
+  };
+  const auto l1 = logp(prompt);
+  double best = -INFINITY;
+  std::vector<std::int64_t> arg;
+  for (std::int64_t a = 0; a < V; ++a) {
+    auto ids = prompt;
+    ids.push_back(a);
+    const auto l2 = logp(ids);
+    for (std::int64_t b = 0; b < V; ++b)
+      if (l1[a] + l2[b] > best) best = l1[a] + l2[b], arg = {a, b};
+  }
+  EXPECT_EQ(r.tokens[0], arg);
+  // And with 3 beams the result is a valid 2-token continuation.
+  g.num_beams = 3;
+  EXPECT_EQ(generate(m, {prompt}, g).tokens[0].size(), 2u);
+}
+
+TEST(Generate, ClearErrors) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1));
+  const auto expect_error = [](auto&& fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected an edl::Error mentioning " << needle;
+    } catch (const edl::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { generate(m, {{1, 2, 40}}, greedy(3, cfg)); }, "outside the vocabulary");
+  expect_error([&] { generate(m, {{1, -1}}, greedy(3, cfg)); }, "outside the vocabulary");
+  expect_error([&] { generate(m, {std::vector<std::int64_t>(33, 1)}, greedy(3, cfg)); }, "max_model_length");
+  GenerateOptions o;
+  o.cache = CacheKind::paged;
+  o.paged.page_size = 4;
+  o.paged.budget_bytes = 3 * 2 * 2 * 4 * 16 * 4;  // 3 pages of 4 tokens (2 layers, kv row 16, k and v, f32)
+  o.paged.utilization = 1.0;
+  expect_error([&] { generate(m, {{1, 2, 3, 4, 5}}, greedy(10, cfg), o); }, "out of pages");
+  expect_error([&] { generate(m, {{1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}}, greedy(1, cfg), o); }, "out of pages");
+  EXPECT_EQ(generate(m, {{1, 2, 3, 4, 5}}, greedy(7, cfg), o).tokens[0].size(), 7u);  // 12 tokens fit
+}

@@ -1,0 +1,127 @@
+// Tests for edl/train/dataset.hpp: every source format, packing with eos, the per-epoch order
+// (deterministic, a permutation, different per epoch) and collate (padding, mask, labels,
+// truncation modes).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <edl/io/npy.hpp>
+#include <edl/train/dataset.hpp>
+
+namespace edl::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path p;
+  explicit TempDir(const std::string& name)
+      : p(fs::temp_directory_path() / ("edl_ds_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+  std::string file(const std::string& name, const std::string& contents) const {
+    std::ofstream(p / name, std::ios::binary) << contents;
+    return (p / name).string();
+  }
+};
+
+std::vector<std::int32_t> seq(const TokenDataset& d, std::int64_t i) {
+  auto s = d[i];
+  return {s.begin(), s.end()};
+}
+
+TEST(Dataset, FortuneFilesArePackedWithEos) {
+  TempDir t("fortune");
+  const auto f = t.file("fortunes", "ab\n%\ncd\r\n%\n%\nxyz\n");
+  auto docs = read_text_documents(f);
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[0], "ab\n");
+  EXPECT_EQ(docs[1], "cd\r\n");
+  EXPECT_EQ(docs[2], "xyz\n");
+  ByteTokenizer tok;
+  auto d = load_dataset({f}, &tok, {4, 257, 259});
+  // stream: a b \n 257 c d \r \n 257 x y z \n 257  (14 tokens) -> pieces of 4, 4, 4, 2
+  ASSERT_EQ(d.size(), 4);
+  EXPECT_EQ(seq(d, 0), (std::vector<std::int32_t>{'a', 'b', '\n', 257}));
+  EXPECT_EQ(seq(d, 1), (std::vector<std::int32_t>{'c', 'd', '\r', '\n'}));
+  EXPECT_EQ(seq(d, 3), (std::vector<std::int32_t>{'\n', 257}));
+  // A file without "%" lines is one document.
+  const auto g = t.file("plain.txt", "one\ntwo\n");
+  EXPECT_EQ(read_text_documents(g).size(), 1u);
+}
+
+TEST(Dataset, JsonLinesBinAndNpy) {
+  TempDir t("formats");
+  const auto j = t.file("d.jsonl", "{\"text\": \"hi\"}\n\n{\"text\": \"yo\", \"id\": 3}\n");
+  ByteTokenizer tok;
+  auto d = load_dataset({j}, &tok, {100, 257, 0});
+  ASSERT_EQ(d.size(), 1);
+  EXPECT_EQ(seq(d, 0), (std::vector<std::int32_t>{'h', 'i', 257, 'y', 'o', 257}));
+  const auto bad = t.file("bad.jsonl", "{\"txt\": 1}\n");
+  EXPECT_THROW(load_dataset({bad}, &tok, {100, 257, 0}), Error);
+
+  // .bin: little-endian int32, cut into pieces.
+  std::vector<std::int32_t> v = {1, 2, 3, 4, 5, 6, 7};
+  std::ofstream(t.p / "s.bin", std::ios::binary).write(reinterpret_cast<const char*>(v.data()), 28);
+  auto b = load_dataset({(t.p / "s.bin").string()}, nullptr, {3, -1, 0});
+  ASSERT_EQ(b.size(), 3);
+  EXPECT_EQ(seq(b, 2), (std::vector<std::int32_t>{7}));
+
+  // .npy 2-D: rows as they are; 1-D: a stream.
+  xt::xarray<std::int64_t> rows = {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}};
+  io::save_npy((t.p / "rows.npy").string(), rows);
+  xt::xarray<std::int32_t> stream = {11, 12, 13, 14, 15};
+  io::save_npy((t.p / "stream.npy").string(), stream);
+  auto n = load_dataset({(t.p / "rows.npy").string(), (t.p / "stream.npy").string()}, nullptr, {2, -1, 100});
+  ASSERT_EQ(n.size(), 5);
+  EXPECT_EQ(seq(n, 0), (std::vector<std::int32_t>{1, 2, 3, 4, 5}));  // rows are not cut (collate truncates)
+  EXPECT_EQ(seq(n, 2), (std::vector<std::int32_t>{11, 12}));
+  EXPECT_EQ(seq(n, 4), (std::vector<std::int32_t>{15}));
+  // Tokens beyond the vocabulary are an error.
+  try {
+    load_dataset({(t.p / "rows.npy").string()}, nullptr, {2, -1, 8});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+  EXPECT_THROW(load_dataset({(t.p / "missing.txt").string()}, &tok, {2, -1, 0}), Error);
+}
+
+TEST(Dataset, EpochOrderIsADeterministicPermutation) {
+  const Key k = Key::from_seed(3);
+  const auto a = epoch_order(100, k, 0, true);
+  EXPECT_EQ(a, epoch_order(100, k, 0, true));
+  EXPECT_NE(a, epoch_order(100, k, 1, true));
+  EXPECT_NE(a, epoch_order(100, Key::from_seed(4), 0, true));
+  EXPECT_EQ(std::set<std::int64_t>(a.begin(), a.end()).size(), 100u);
+  EXPECT_EQ(*std::max_element(a.begin(), a.end()), 99);
+  const auto id = epoch_order(5, k, 2, false);
+  EXPECT_EQ(id, (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+  // Fixed values: the order depends only on (key, epoch), on every machine.
+  const auto small = epoch_order(6, Key::from_seed(0), 0, true);
+  EXPECT_EQ(small, epoch_order(6, Key::from_seed(0), 0, true));
+}
+
+TEST(Dataset, CollatePadsAndTruncates) {
+  std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6}, b = {7, 8};
+  std::vector<std::span<const std::int32_t>> seqs = {a, b};
+  auto end = collate(seqs, 4, 0, Truncation::keep_end);
+  EXPECT_EQ(end.batch, 2);
+  EXPECT_EQ(end.seq, 4);
+  EXPECT_EQ(end.input_ids, (std::vector<std::int64_t>{3, 4, 5, 6, 7, 8, 0, 0}));
+  EXPECT_EQ(end.attention_mask, (std::vector<std::int64_t>{1, 1, 1, 1, 1, 1, 0, 0}));
+  EXPECT_EQ(end.labels, (std::vector<std::int64_t>{3, 4, 5, 6, 7, 8, -100, -100}));
+  EXPECT_EQ(end.target_tokens(), 3 + 1);
+  auto start = collate(seqs, 4, 9, Truncation::keep_start);
+  EXPECT_EQ(start.input_ids, (std::vector<std::int64_t>{1, 2, 3, 4, 7, 8, 9, 9}));
+  // Pads to the longest sequence, not to max_length.
+  std::vector<std::span<const std::int32_t>> short_seqs = {b, b};
+  EXPECT_EQ(collate(short_seqs, 100, 0).seq, 2);
+}
+
+}  // namespace
+}  // namespace edl::train

@@ -1,0 +1,303 @@
+// Tests for edl/train/trainer.hpp: resume gives bit-identical losses, a NaN loss stops with a
+// clear error and keeps the last good checkpoint, gradient accumulation equals one big batch,
+// the loss falls on a memorization task, the time limit stops with a checkpoint, metrics.jsonl
+// holds the documented fields, and a Trainer built from JSON arguments trains.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <edl/train/all.hpp>
+
+namespace edl::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+models::LlamaConfig tiny_config(std::int64_t vocab = 64) {
+  models::LlamaConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+struct TempDir {
+  fs::path p;
+  explicit TempDir(const std::string& name)
+      : p(fs::temp_directory_path() / ("edl_tr_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+  std::string str() const { return p.string(); }
+};
+
+// n random sequences of length len (some shorter, to exercise padding).
+TokenDataset random_data(std::int64_t n, std::int64_t len, std::int64_t vocab, std::uint64_t seed, bool ragged = false) {
+  TokenDataset d;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t l = ragged ? len - (i % 3) * 2 : len;
+    std::vector<std::int32_t> s(static_cast<std::size_t>(l));
+    for (std::int64_t j = 0; j < l; ++j)
+      s[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(
+          random_bits_at(fold_in(Key::from_seed(seed), static_cast<std::uint32_t>(i)), static_cast<std::uint64_t>(j)) %
+          static_cast<std::uint32_t>(vocab));
+    d.add(std::span<const std::int32_t>(s));
+  }
+  return d;
+}
+
+TrainingArguments base_args(const std::string& dir) {
+  TrainingArguments a;
+  a.save_directory = dir;
+  a.learning_rate = 3e-3;
+  a.learning_rate_end = 3e-4;
+  a.scheduler = "cosine";
+  a.warmup_steps = 2;
+  a.weight_decay = 0.1;
+  a.clip_grad = 1.0;
+  a.total_batch_size = 4;
+  a.gradient_accumulation_steps = 2;
+  a.max_sequence_length = 16;
+  a.max_training_steps = 6;
+  a.log_steps = 1;
+  a.resume_if_possible = true;
+  a.progress = false;
+  a.peak_gflops = 100;  // skip the GEMM measurement in tests
+  a.seed = 11;
+  return a;
+}
+
+models::LlamaForCausalLM<> make_model(std::uint64_t seed = 0, std::int64_t vocab = 64) {
+  models::LlamaForCausalLM<> m(tiny_config(vocab));
+  m.init(Key::from_seed(seed));
+  return m;
+}
+
+std::vector<ojson> read_metrics(const std::string& dir) {
+  std::vector<ojson> out;
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(ojson::parse(line));
+  return out;
+}
+std::vector<double> losses(const std::vector<ojson>& m, std::vector<double>* gnorms = nullptr) {
+  std::vector<double> l;
+  for (const auto& j : m)
+    if (j.contains("loss")) {
+      l.push_back(j["loss"].get<double>());
+      if (gnorms) gnorms->push_back(j["grad_norm"].get<double>());
+    }
+  return l;
+}
+
+TEST(Trainer, ResumeIsBitIdentical) {
+  TempDir a("full"), b("resumed");
+  // 10 sequences, batches of 4: 2 steps per epoch, so 6 steps cross epochs (and the resume point).
+  auto data = random_data(10, 16, 64, 5, true);
+  auto eval = random_data(4, 16, 64, 6);
+  {
+    auto args = base_args(a.str());
+    Trainer t(args, make_model(), std::nullopt, data, eval);
+    auto r = t.train();
+    EXPECT_EQ(r.steps, 6);
+    EXPECT_EQ(r.stop_reason, "max_steps");
+  }
+  {
+    auto args = base_args(b.str());
+    Trainer t(args, make_model(), std::nullopt, data, eval);
+    TrainerCallback stop_at_3;
+    stop_at_3.on_step_end = [](Trainer&, const StepMetrics& m) { return m.step < 3; };
+    t.callbacks.push_back(stop_at_3);
+    auto r = t.train();
+    EXPECT_EQ(r.steps, 3);
+    EXPECT_EQ(r.stop_reason, "callback");
+    EXPECT_TRUE(fs::exists(b.p / "checkpoint-3" / "state.json"));
+  }
+  {
+    auto args = base_args(b.str());
+    Trainer t(args, make_model(99), std::nullopt, data, eval);  // other init: the checkpoint must win
+    auto r = t.train();
+    EXPECT_TRUE(r.resumed);
+    EXPECT_EQ(r.steps, 6);
+  }
+  std::vector<double> ga, gb;
+  const auto la = losses(read_metrics(a.str()), &ga), lb = losses(read_metrics(b.str()), &gb);
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;  // exact
+    EXPECT_EQ(ga[i], gb[i]) << "step " << i + 1;
+  }
+  // The final models are identical too.
+  models::LlamaForCausalLM<> ma(tiny_config()), mb(tiny_config());
+  load_model_weights((a.p / "checkpoint-6").string(), ma);
+  load_model_weights((b.p / "checkpoint-6").string(), mb);
+  std::vector<float> va, vb;
+  ma.visit_params("", [&](std::string_view, auto& p) { va.insert(va.end(), p.data(), p.data() + p.numel()); });
+  mb.visit_params("", [&](std::string_view, auto& p) { vb.insert(vb.end(), p.data(), p.data() + p.numel()); });
+  EXPECT_EQ(va, vb);
+}
+
+TEST(Trainer, NanLossStopsAndKeepsTheLastGoodCheckpoint) {
+  TempDir d("nan");
+  auto args = base_args(d.str());
+  args.save_steps = 1;
+  Trainer t(args, make_model(), std::nullopt, random_data(8, 16, 64, 1));
+  TrainerCallback poison;
+  poison.on_step_start = [](Trainer& tr, std::int64_t step) {
+    if (step == 2) tr.model().model.norm.weight.value(0) = std::numeric_limits<float>::quiet_NaN();
+  };
+  t.callbacks.push_back(poison);
+  try {
+    t.train();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_EQ(e.where(), "train step 3");
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the loss is nan"), std::string::npos) << m;
+    EXPECT_NE(m.find("checkpoint-2"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(d.p / "checkpoint-3"));
+  CheckpointManager mgr(d.str());
+  ASSERT_EQ(mgr.latest(), (d.p / "checkpoint-2").string());
+  models::LlamaForCausalLM<> m(tiny_config());
+  optim::Optimizer opt;
+  auto s = load_state(*mgr.latest(), m, opt);
+  EXPECT_EQ(s.step, 2);
+  EXPECT_TRUE(std::isfinite(m.model.norm.weight.value(0)));
+}
+
+TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
+  auto data = random_data(4, 16, 64, 3, true);  // ragged: the normalizer matters
+  std::vector<std::vector<float>> params;
+  std::vector<double> loss;
+  for (std::int64_t accum : {1, 2}) {
+    TempDir d("accum" + std::to_string(accum));
+    auto args = base_args(d.str());
+    args.optimizer = "sgd";
+    args.scheduler = "none";
+    args.warmup_steps = 0;
+    args.clip_grad = 0;
+    args.learning_rate = 0.5;
+    args.max_training_steps = 1;
+    args.gradient_accumulation_steps = accum;
+    args.shuffle_train_dataset = false;
+    Trainer t(args, make_model(), std::nullopt, data);
+    loss.push_back(t.train().final_loss);
+    std::vector<float> v;
+    t.model().visit_params("", [&](std::string_view, auto& p) { v.insert(v.end(), p.data(), p.data() + p.numel()); });
+    params.push_back(v);
+  }
+  EXPECT_NEAR(loss[0], loss[1], 1e-6);
+  double maxdiff = 0;
+  for (std::size_t i = 0; i < params[0].size(); ++i)
+    maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(params[0][i] - params[1][i])));
+  EXPECT_LT(maxdiff, 1e-6);
+}
+
+TEST(Trainer, LossFallsOnAMemorizationTask) {
+  TempDir d("memorize");
+  auto args = base_args(d.str());
+  args.max_training_steps = 40;
+  args.learning_rate = 1e-2;
+  args.learning_rate_end = 1e-3;
+  args.log_steps = 10;
+  auto data = random_data(4, 16, 64, 8);  // 4 sequences seen every step
+  Trainer t(args, make_model(), std::nullopt, data);
+  auto r = t.train();
+  EXPECT_GT(r.first_loss, 3.5);  // ~ln(64) = 4.16 at init
+  EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
+  // metrics.jsonl: documented fields.
+  auto m = read_metrics(d.str());
+  ASSERT_FALSE(m.empty());
+  for (const char* f : {"step", "loss", "learning_rate", "grad_norm", "tokens_per_s", "epoch", "mfu", "elapsed_s"})
+    EXPECT_TRUE(m.front().contains(f)) << f;
+  EXPECT_EQ(m.front()["step"], 1);
+  EXPECT_EQ(m.back()["step"], 40);
+  EXPECT_GT(m.back()["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(r.checkpoint, (d.p / "checkpoint-40").string());
+}
+
+TEST(Trainer, TimeLimitStopsWithACheckpoint) {
+  TempDir d("timelimit");
+  auto args = base_args(d.str());
+  args.max_training_steps = 1000;
+  args.training_time_limit = 1e-6;
+  Trainer t(args, make_model(), std::nullopt, random_data(8, 16, 64, 1));
+  auto r = t.train();
+  EXPECT_EQ(r.stop_reason, "time_limit");
+  EXPECT_EQ(r.steps, 1);
+  EXPECT_TRUE(fs::exists(d.p / "checkpoint-1" / "state.json"));
+  // Resuming with a larger budget continues from there.
+  auto args2 = args;
+  args2.training_time_limit.reset();
+  args2.max_training_steps = 3;
+  Trainer t2(args2, make_model(), std::nullopt, random_data(8, 16, 64, 1));
+  EXPECT_EQ(t2.train().steps, 3);
+}
+
+TEST(Trainer, BuildsFromJsonArguments) {
+  TempDir d("json");
+  fs::create_directories(d.p);
+  {
+    std::ofstream f(d.p / "corpus");
+    for (int i = 0; i < 40; ++i) f << "fortune number " << i << " says hello\n%\n";
+  }
+  ojson j = {{"model", {{"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
+                        {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"max_position_embeddings", 64}}},
+             {"tokenizer", {{"train_bpe", 280}}},
+             {"train_data", (d.p / "corpus").string()},
+             {"eval_data", (d.p / "corpus").string()},
+             {"save_directory", (d.p / "out").string()},
+             {"max_sequence_length", 32},
+             {"total_batch_size", 4},
+             {"max_training_steps", 3},
+             {"evaluation_steps", 2},
+             {"max_evaluation_steps", 2},
+             {"learning_rate", 1e-3},
+             {"progress", false},
+             {"peak_gflops", 10}};
+  Trainer t(TrainingArguments::from_json(j, "args.json"));
+  ASSERT_TRUE(t.tokenizer().has_value());
+  EXPECT_EQ(t.tokenizer()->vocab_size(), 280);
+  EXPECT_EQ(t.model().config().eos_token_id, std::vector<std::int64_t>{257});
+  auto r = t.train();
+  EXPECT_EQ(r.steps, 3);
+  ASSERT_TRUE(r.eval_loss.has_value());
+  EXPECT_TRUE(fs::exists(d.p / "out" / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(d.p / "out" / "checkpoint-3" / "tokenizer.json"));
+  // An eval line was logged at step 2 and at the end.
+  int evals = 0;
+  for (const auto& m : read_metrics((d.p / "out").string())) evals += m.contains("eval_loss");
+  EXPECT_EQ(evals, 2);
+  // The model folder of a checkpoint works as "model" (weights loaded, not initialized).
+  j["model"] = (d.p / "out" / "checkpoint-3").string();
+  j["save_directory"] = (d.p / "out2").string();
+  j["tokenizer"] = (d.p / "out" / "tokenizer.json").string();
+  Trainer t2(TrainingArguments::from_json(j, "args.json"));
+  std::vector<float> v1, v2;
+  t.model().visit_params("", [&](std::string_view, auto& p) { v1.insert(v1.end(), p.data(), p.data() + p.numel()); });
+  t2.model().visit_params("", [&](std::string_view, auto& p) { v2.insert(v2.end(), p.data(), p.data() + p.numel()); });
+  EXPECT_EQ(v1, v2);
+  // A too-small vocabulary names the model field.
+  j["model"] = {{"vocab_size", 100}, {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 1},
+                {"num_attention_heads", 2}};
+  j["tokenizer"] = "byte";
+  try {
+    Trainer t3(TrainingArguments::from_json(j, "args.json"));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::config);
+    EXPECT_EQ(e.where(), "args.json field model vocab_size");
+  }
+}
+
+}  // namespace
+}  // namespace edl::train
