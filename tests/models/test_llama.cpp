@@ -147,9 +147,12 @@ TEST(Llama, OneAndTwoThreadsBitIdentical) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
-TEST(Llama, MatchesPyTorchOracle) {
+// tiny_hf: GQA (4 heads, 2 kv heads), untied; tiny_mha: multi-head (4 and 4), tied embeddings.
+class LlamaOracle : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LlamaOracle, MatchesPyTorch) {
   const char* env = std::getenv("EDL_TEST_DATA");
-  const std::filesystem::path dir = std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+  const std::filesystem::path dir = std::filesystem::path(env ? env : "tests/data") / GetParam();
   if (!std::filesystem::exists(dir / "oracle" / "grads.safetensors")) GTEST_SKIP() << "no fixture at " << dir;
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   LlamaForCausalLM<> m(cfg);
@@ -190,3 +193,4 @@ TEST(Llama, MatchesPyTorchOracle) {
   });
   EXPECT_EQ(checked, grads.size());
 }
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaOracle, ::testing::Values("tiny_hf", "tiny_mha"));
