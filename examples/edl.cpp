@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include <edl/core/allocator.hpp>
 #include "cli/args.hpp"
 #include "cli/bench_collectives.hpp"
 #include "cli/bench_train.hpp"
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
     usage();
     return 2;
   }
+  edl::keep_freed_memory();  // training steps reuse their pages instead of faulting them in anew
   // Two-word commands ("bench gemm") are looked up first.
   std::string name = argv[1];
   int first = 2;

@@ -13,6 +13,41 @@
 // end of edl/version.hpp
 // #include <edl/core/all.hpp>
 // edl/core/all.hpp: umbrella of the core layer (vocabulary types every other layer uses).
+// #include <edl/core/allocator.hpp>
+// edl/core/allocator.hpp
+// Process-wide malloc settings for training loops.
+//
+// A training step allocates and frees the same large activation buffers every step. glibc
+// serves blocks above its mmap threshold (up to 32 MiB) with fresh mappings and returns freed
+// heap tops to the kernel, so every step pays page faults and the kernel's page zeroing for
+// memory it just gave back: measured at 7-8% of a small-config step (docs/benchmarks.md).
+// keep_freed_memory() makes glibc serve all blocks from the heap and never trim it, so the
+// second step reuses the first step's pages. Peak memory is unchanged (the pages are the same);
+// the resident size stays at the peak between steps instead of dropping. It changes process
+// state, so the library never calls it on its own: programs opt in (the edl tool does).
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace edl {
+
+/// Keeps freed memory in the process for reuse (glibc; no-op elsewhere). Returns whether the
+/// settings were applied.
+inline bool keep_freed_memory() noexcept {
+#if defined(__GLIBC__)
+  // 1 GiB: above any single activation buffer of the configs we train; larger blocks still
+  // get their own mapping, which is then returned to the kernel when freed.
+  const bool a = mallopt(M_MMAP_THRESHOLD, 1 << 30) == 1;
+  const bool b = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;  // trims only a heap top above 1 GiB
+  return a && b;
+#else
+  return false;
+#endif
+}
+
+}  // namespace edl
+// end of edl/core/allocator.hpp
 // #include <edl/core/dtype.hpp>
 // edl/core/dtype.hpp
 // Storage element types and the run-time dtype tag.
@@ -3803,9 +3838,19 @@ inline void macro_kernel(std::int64_t mc, std::int64_t kc, std::int64_t q0, std:
   }
 }
 
+/// Runs body(lo, hi) over [0, n): split across threads, or on the calling thread when serial.
+template <class Body>
+inline void for_range(bool serial, std::int64_t n, std::int64_t grain, Body&& body) {
+  if (serial) body(std::ptrdiff_t{0}, static_cast<std::ptrdiff_t>(n));
+  else exec::parallel_for(0, n, grain, body);
+}
+
+/// serial: everything on the calling thread (same tiles, same K blocks, so the same bits as
+/// the parallel run).
 template <class TA, class TB>
 void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
-                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
+                  bool serial = false) {
   const Blocking P = blocking();
   // K blocks depend on K only (they fix the summation order); M and N blocks may follow
   // the thread count freely since every element's sum is the same in any tile.
@@ -3817,7 +3862,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
   const std::int64_t nc_max = std::max<std::int64_t>(NR, std::min(P.nc, nc_budget));
   const std::int64_t NC = round_up(ceil_div(N, ceil_div(N, nc_max)), NR);
   const std::int64_t n_ic = ceil_div(M, MC);
-  const int threads = std::max(1, exec::num_threads());
+  const int threads = serial ? 1 : std::max(1, exec::num_threads());
 
   static thread_local OwnerBuffer owner;
   AlignedBuffer own_buf;
@@ -3847,7 +3892,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
     const std::int64_t n_js = ceil_div(panels, chunk);
 
     // Pack all K blocks of B for these columns (in parallel over (K block, panel)).
-    exec::parallel_for(0, n_kb * panels, 8, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for_range(serial, n_kb * panels, 8, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t t = lo; t < hi;) {
         const std::int64_t kb = t / panels, q0 = t % panels;
         const std::int64_t q1 = std::min(panels, q0 + (hi - t));
@@ -3863,7 +3908,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
     // one tile, and A is packed about once per M block.
     std::atomic<std::int64_t> next_ic{0};
     for (std::int64_t i = 0; i < n_ic; ++i) next_js[static_cast<std::size_t>(i)].store(0, std::memory_order_relaxed);
-    exec::parallel_for(0, threads, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for_range(serial, threads, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       static thread_local AlignedBuffer abuf;
       const std::int64_t a_block = MC * KC;
       float* Ap = abuf.get(static_cast<std::size_t>(n_kb * a_block));
@@ -3936,6 +3981,24 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   g::gemm_blocked(at, bt, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/// gemm on the calling thread only, for callers that are already parallel over independent
+/// problems (attention runs one per (batch, head) task). Same arguments, checks and bits as
+/// gemm; M == 1 and N == 1 go through the blocked path too (the gemv paths are parallel).
+template <class TA, class TB>
+void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
+                 std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm_serial: A must be float or edl::bf16");
+  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm_serial: B must be float or edl::bf16");
+  namespace g = detail::gemm;
+  g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.f) {
+    g::scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  g::gemm_blocked(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
+
 /// C = A * B (accumulate: C += A * B). A [M,K], B [K,N], C [M,N], contiguous.
 template <class TA, class TB>
 void matmul(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -3963,6 +4026,7 @@ void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
 /// The GEMM family is also reachable as edl::kernels::*, beside the other kernels.
 namespace kernels {
 using edl::gemm;
+using edl::gemm_serial;
 using edl::matmul;
 using edl::matmul_nt;
 using edl::matmul_tn;
@@ -4392,9 +4456,11 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 // scores, [batch, nh, seq] -- not the [batch, nh, seq, seq] probabilities: backward recomputes
 // p_j = exp(s_j - lse_i) (one extra q.k per pair), so activation memory stays linear in seq.
 //
+// Both directions are blocked over query rows and run on the GEMM (gemm_serial inside one
+// task per head), so the O(seq^2) part runs at matrix-product speed.
 // Backward, per (b, kv head g) on one thread (deterministic; dk, dv of a kv head are summed
 // over its query heads in order):
-//   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j,  ds_j = p_j (dp_j - Di)
+//   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
 //   then dq, dk go through the inverse rotation and the projections' backward.
 
@@ -4408,6 +4474,8 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/softmax.hpp> (inlined above)
 // // #include <edl/nn/linear.hpp> (inlined above)
 // edl/nn/linear.hpp
 // Linear layer, HF/PyTorch layout: weight [out, in], y = x W^T + b.
@@ -4900,13 +4968,18 @@ struct AttentionConfig {
 };
 
 namespace detail {
-inline float dot_n(const float* a, const float* b, std::int64_t n) noexcept {
-  float s = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-inline void axpy_n(float a, const float* x, float* y, std::int64_t n) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+/// Query rows per block of the blocked attention: the block's scores [rows, keys] and their
+/// gradients stay in L2 (64 x 512 floats = 128 KiB at seq 512).
+inline constexpr std::int64_t kAttentionQueryBlock = 64;
+
+/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
+inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
+  namespace kd = kernels::detail;
+  const kd::fbatch db(d), sb(scale);
+  std::ptrdiff_t j = 0;
+  for (; j + kd::kLanes <= n; j += kd::kLanes)
+    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
 }
 }  // namespace detail
 
@@ -5019,94 +5092,98 @@ class Attention {
   }
 
  private:
-  bool allowed(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j) const noexcept {
-    if (j > i) return false;
-    if (window_ > 0 && i - j >= window_) return false;
-    return s.mask.empty() || s.mask[static_cast<std::size_t>(b * s.seq + j)] != 0;
-  }
   /// First key position that may be allowed for query i.
   std::int64_t first_key(std::int64_t i) const noexcept { return window_ > 0 ? std::max<std::int64_t>(0, i - window_ + 1) : 0; }
 
+  /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
+  void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const std::int64_t lo = std::max(j0, first_key(i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window
+    for (std::int64_t j = j0; j < lo; ++j) row[j - j0] = ninf;
+    for (std::int64_t j = std::max(hi, j0); j < j0 + n; ++j) row[j - j0] = ninf;
+    if (s.mask.empty()) return;
+    const std::int64_t* mrow = s.mask.data() + b * s.seq;
+    for (std::int64_t j = lo; j < hi; ++j)
+      if (mrow[j] == 0) row[j - j0] = ninf;
+  }
+
+  // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the
+  // scores block is one GEMM (q k^T), its softmax is row-wise, the context is a second GEMM
+  // (p v). Each (batch, head) is one task and its GEMMs run on that task's thread, so the
+  // result does not depend on the thread count.
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::vector<float> p(static_cast<std::size_t>(S));
+      std::vector<float> sc(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
         const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
-        for (std::int64_t i = 0; i < S; ++i) {
-          const float* qi = s.q.data() + (b * S + i) * qw + h * D;
-          float* out = s.ctx.data() + (b * S + i) * qw + h * D;
-          float m = -std::numeric_limits<float>::infinity();
-          const std::int64_t j0 = first_key(i);
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            const float sj = scale * detail::dot_n(qi, s.k.data() + (b * S + j) * kw + g * D, D);
-            p[static_cast<std::size_t>(j)] = sj;
-            m = std::max(m, sj);
+        for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
+          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+          const float* q = s.q.data() + (b * S + i0) * qw + h * D;
+          const float* k = s.k.data() + (b * S + j0) * kw + g * D;
+          const float* v = s.v.data() + (b * S + j0) * kw + g * D;
+          gemm_serial(Trans::no, Trans::yes, m, n, D, scale, q, qw, k, kw, 0.0f, sc.data(), S);
+          for (std::int64_t r = 0; r < m; ++r) {
+            float* row = sc.data() + r * S;
+            mask_row(s, b, i0 + r, j0, row, n);
+            const float mx = kernels::detail::row_max(row, n);
+            float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
+            if (mx == -std::numeric_limits<float>::infinity()) {  // nothing to attend to: ctx = 0
+              std::fill(row, row + n, 0.0f);
+              lse = mx;
+              continue;
+            }
+            const float sum = kernels::detail::row_exp_sum(row, row, n, mx);
+            const float inv = 1.0f / sum;
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+            lse = mx + std::log(sum);
           }
-          for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-          float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
-          if (m == -std::numeric_limits<float>::infinity()) {  // nothing to attend to
-            lse = m;
-            continue;
-          }
-          float sum = 0.0f;
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            const float e = std::exp(p[static_cast<std::size_t>(j)] - m);
-            p[static_cast<std::size_t>(j)] = e;
-            sum += e;
-          }
-          const float inv = 1.0f / sum;
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            detail::axpy_n(p[static_cast<std::size_t>(j)] * inv, s.v.data() + (b * S + j) * kw + g * D, out, D);
-          }
-          lse = m + std::log(sum);
+          gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, sc.data(), S, v, kw, 0.0f,
+                      s.ctx.data() + (b * S + i0) * qw + h * D, qw);
         }
       }
     });
   }
 
+  // Per (batch, kv head) task, over its query heads and query blocks in order (dk and dv of
+  // a kv head are sums over its query heads, kept deterministic by one task owning them):
+  //   p = exp(scale q k^T - lse) (recomputed), dp = dctx v^T, Di = dctx_i . ctx_i (equal to
+  //   sum_j p_j dp_j), ds = p (dp - Di) scale, dq = ds k, dk += ds^T q, dv += p^T dctx.
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::vector<float> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+      std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-          for (std::int64_t i = 0; i < S; ++i) {
-            const std::size_t qoff = static_cast<std::size_t>((b * S + i) * qw + h * D);
-            const float* qi = s.q.data() + qoff;
-            const float* gi = dctx + qoff;
-            float* dqi = dq + qoff;
-            for (std::int64_t d = 0; d < D; ++d) dqi[d] = 0.0f;
-            const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
-            if (lse == -std::numeric_limits<float>::infinity()) continue;
-            const std::int64_t j0 = first_key(i);
-            float Di = 0.0f;
-            for (std::int64_t j = j0; j <= i; ++j) {
-              if (!allowed(s, b, i, j)) continue;
-              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
-              const float pj = std::exp(scale * detail::dot_n(qi, s.k.data() + koff, D) - lse);
-              const float dpj = detail::dot_n(gi, s.v.data() + koff, D);
-              p[static_cast<std::size_t>(j)] = pj;
-              dp[static_cast<std::size_t>(j)] = dpj;
-              Di += pj * dpj;
+          for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
+            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+            const std::int64_t qoff = (b * S + i0) * qw + h * D, koff = (b * S + j0) * kw + g * D;
+            gemm_serial(Trans::no, Trans::yes, m, n, D, scale, s.q.data() + qoff, qw, s.k.data() + koff, kw, 0.0f,
+                        p.data(), S);
+            gemm_serial(Trans::no, Trans::yes, m, n, D, 1.0f, dctx + qoff, qw, s.v.data() + koff, kw, 0.0f,
+                        dp.data(), S);
+            for (std::int64_t r = 0; r < m; ++r) {
+              float* prow = p.data() + r * S;
+              float* dprow = dp.data() + r * S;
+              const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
+              if (lse == -std::numeric_limits<float>::infinity()) {  // a row with no key: no gradient
+                std::fill(prow, prow + n, 0.0f);
+                std::fill(dprow, dprow + n, 0.0f);
+                continue;
+              }
+              mask_row(s, b, i0 + r, j0, prow, n);
+              kernels::detail::row_exp_sum(prow, prow, n, lse);
+              const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
+              detail::softmax_grad_row(prow, dprow, Di, scale, n);
             }
-            for (std::int64_t j = j0; j <= i; ++j) {
-              if (!allowed(s, b, i, j)) continue;
-              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
-              const float pj = p[static_cast<std::size_t>(j)];
-              const float ds = pj * (dp[static_cast<std::size_t>(j)] - Di) * scale;
-              detail::axpy_n(ds, s.k.data() + koff, dqi, D);
-              detail::axpy_n(ds, qi, dk + koff, D);
-              detail::axpy_n(pj, gi, dv + koff, D);
-            }
+            gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
+            gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);
+            gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, p.data(), S, dctx + qoff, qw, 1.0f, dv + koff, kw);
           }
         }
       }

@@ -66,7 +66,7 @@ std::string name(const Case& c) {
 }
 
 template <class TA, class TB>
-void check_case(const Case& c, std::uint32_t seed = 7) {
+void check_case(const Case& c, std::uint32_t seed = 7, bool serial = false) {
   SCOPED_TRACE(name(c));
   const i64 arows = c.ta == Trans::yes ? c.K : c.M, acols = c.ta == Trans::yes ? c.M : c.K;
   const i64 brows = c.tb == Trans::yes ? c.N : c.K, bcols = c.tb == Trans::yes ? c.K : c.N;
@@ -83,7 +83,8 @@ void check_case(const Case& c, std::uint32_t seed = 7) {
   std::vector<double> ref, mag;
   naive(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A, lda, B, ldb, c.beta, C0, ldc, ref, mag);
 
-  edl::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
+  if (serial) edl::gemm_serial(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
+  else edl::gemm(c.ta, c.tb, c.M, c.N, c.K, c.alpha, A.data(), lda, B.data(), ldb, c.beta, C.data(), ldc);
 
   const double eps = std::numeric_limits<float>::epsilon();
   int bad = 0;
@@ -240,6 +241,33 @@ TEST(Gemm, BitIdenticalWithSmallBlocks) {
   EXPECT_EQ(0, std::memcmp(big.data(), small1.data(), big.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(big.data(), small2.data(), big.size() * sizeof(float)));
   check_case<float, float>({200, 150, 300, Trans::yes, Trans::yes, 1.f, 0.f, 1});
+}
+
+TEST(Gemm, SerialMatchesNaiveAndParallelBits) {
+  // gemm_serial (attention's per-head products) against the naive loops, M == 1 and N == 1
+  // included (it takes the blocked path for them), with padding and alpha/beta.
+  const i64 shapes[][3] = {{64, 150, 16}, {150, 16, 64}, {1, 37, 5}, {37, 1, 5}, {13, 9, 700}};
+  for (const auto& s : shapes)
+    for (Trans ta : kT)
+      for (Trans tb : kT) {
+        check_case<float, float>({s[0], s[1], s[2], ta, tb, 0.125f, 0.f, 3}, 7, true);
+        check_case<float, float>({s[0], s[1], s[2], ta, tb, 1.f, 1.f, 0}, 9, true);
+      }
+  // Same tiles and K blocks as the parallel gemm, so the same bits (where gemm does not take
+  // its gemv path), also when many serial products run at once on the thread pool.
+  for (Trans ta : kT)
+    for (Trans tb : kT) {
+      const i64 M = 301, N = 517, K = 700, lda = ta == Trans::yes ? M : K, ldb = tb == Trans::yes ? K : N;
+      const auto A = random_matrix<float>(ta == Trans::yes ? K : M, lda, lda, 11);
+      const auto B = random_matrix<float>(tb == Trans::yes ? N : K, ldb, ldb, 12);
+      const auto want = run_with_threads<float>(2, ta, tb, M, N, K);
+      std::vector<std::vector<float>> got(4, random_matrix<float>(M, N, N, 13));
+      edl::exec::parallel_for(0, 4, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t t = lo; t < hi; ++t)
+          edl::gemm_serial(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 0.25f, got[t].data(), N);
+      });
+      for (const auto& g : got) EXPECT_EQ(0, std::memcmp(want.data(), g.data(), want.size() * sizeof(float)));
+    }
 }
 
 TEST(Gemm, ConcurrentAndNestedCallsAgree) {

@@ -82,6 +82,7 @@ struct Case {
   const char* name;
   std::int64_t nh, nkv, window;
   bool mask, bias;
+  std::int64_t seq = 6;  // > 64 crosses the query blocks of the blocked kernel
 };
 
 }  // namespace
@@ -90,7 +91,7 @@ class NnAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
   const Case cs = GetParam();
-  const std::int64_t hidden = 16, D = 4, B = 2, S = 6, T = B * S;
+  const std::int64_t hidden = 16, D = 4, B = 2, S = cs.seq, T = B * S;
   nn::AttentionConfig cfg{.hidden = hidden, .num_heads = cs.nh, .num_kv_heads = cs.nkv, .head_dim = D,
                           .qkv_bias = cs.bias, .o_bias = cs.bias, .sliding_window = {}, .rope = {}};
   if (cs.window) cfg.sliding_window = cs.window;
@@ -101,8 +102,13 @@ TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
     fill_randn(a.q_proj.bias.data(), a.q_proj.out_features(), 21, 0.3f);
     fill_randn(a.k_proj.bias.data(), a.k_proj.out_features(), 22, 0.3f);
   }
-  std::vector<std::int64_t> mask = {1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1};  // row 1 left-padded
-  std::vector<std::int64_t> pos = {0, 1, 2, 3, 4, 5, 0, 0, 0, 1, 2, 3};
+  // Row 1 is left-padded by two tokens (mask 0, position 0), as HF's tokenizer pads.
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(T), 1), pos(static_cast<std::size_t>(T));
+  for (std::int64_t j = 0; j < S; ++j) {
+    pos[static_cast<std::size_t>(j)] = j;
+    mask[static_cast<std::size_t>(S + j)] = j >= 2;
+    pos[static_cast<std::size_t>(S + j)] = std::max<std::int64_t>(0, j - 2);
+  }
   nn::TokenLayout lay{B, S};
   if (cs.mask) {
     lay.attention_mask = mask.data();
@@ -132,7 +138,9 @@ TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Cases, NnAttention,
                          ::testing::Values(Case{"mha", 4, 4, 0, false, false}, Case{"gqa", 4, 2, 0, false, true},
                                            Case{"mqa_mask", 4, 1, 0, true, false},
-                                           Case{"gqa_window_mask", 4, 2, 3, true, false}),
+                                           Case{"gqa_window_mask", 4, 2, 3, true, false},
+                                           Case{"mha_blocks", 4, 4, 0, false, true, 150},
+                                           Case{"gqa_window_mask_blocks", 4, 2, 70, true, false, 140}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NnAttentionMisc, FlopsAndNames) {

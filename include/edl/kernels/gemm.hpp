@@ -205,9 +205,19 @@ inline void macro_kernel(std::int64_t mc, std::int64_t kc, std::int64_t q0, std:
   }
 }
 
+/// Runs body(lo, hi) over [0, n): split across threads, or on the calling thread when serial.
+template <class Body>
+inline void for_range(bool serial, std::int64_t n, std::int64_t grain, Body&& body) {
+  if (serial) body(std::ptrdiff_t{0}, static_cast<std::ptrdiff_t>(n));
+  else exec::parallel_for(0, n, grain, body);
+}
+
+/// serial: everything on the calling thread (same tiles, same K blocks, so the same bits as
+/// the parallel run).
 template <class TA, class TB>
 void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
-                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
+                  bool serial = false) {
   const Blocking P = blocking();
   // K blocks depend on K only (they fix the summation order); M and N blocks may follow
   // the thread count freely since every element's sum is the same in any tile.
@@ -219,7 +229,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
   const std::int64_t nc_max = std::max<std::int64_t>(NR, std::min(P.nc, nc_budget));
   const std::int64_t NC = round_up(ceil_div(N, ceil_div(N, nc_max)), NR);
   const std::int64_t n_ic = ceil_div(M, MC);
-  const int threads = std::max(1, exec::num_threads());
+  const int threads = serial ? 1 : std::max(1, exec::num_threads());
 
   static thread_local OwnerBuffer owner;
   AlignedBuffer own_buf;
@@ -249,7 +259,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
     const std::int64_t n_js = ceil_div(panels, chunk);
 
     // Pack all K blocks of B for these columns (in parallel over (K block, panel)).
-    exec::parallel_for(0, n_kb * panels, 8, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for_range(serial, n_kb * panels, 8, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t t = lo; t < hi;) {
         const std::int64_t kb = t / panels, q0 = t % panels;
         const std::int64_t q1 = std::min(panels, q0 + (hi - t));
@@ -265,7 +275,7 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
     // one tile, and A is packed about once per M block.
     std::atomic<std::int64_t> next_ic{0};
     for (std::int64_t i = 0; i < n_ic; ++i) next_js[static_cast<std::size_t>(i)].store(0, std::memory_order_relaxed);
-    exec::parallel_for(0, threads, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for_range(serial, threads, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       static thread_local AlignedBuffer abuf;
       const std::int64_t a_block = MC * KC;
       float* Ap = abuf.get(static_cast<std::size_t>(n_kb * a_block));
@@ -338,6 +348,24 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   g::gemm_blocked(at, bt, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/// gemm on the calling thread only, for callers that are already parallel over independent
+/// problems (attention runs one per (batch, head) task). Same arguments, checks and bits as
+/// gemm; M == 1 and N == 1 go through the blocked path too (the gemv paths are parallel).
+template <class TA, class TB>
+void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
+                 std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm_serial: A must be float or edl::bf16");
+  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm_serial: B must be float or edl::bf16");
+  namespace g = detail::gemm;
+  g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.f) {
+    g::scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  g::gemm_blocked(ta == Trans::yes, tb == Trans::yes, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
+
 /// C = A * B (accumulate: C += A * B). A [M,K], B [K,N], C [M,N], contiguous.
 template <class TA, class TB>
 void matmul(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -365,6 +393,7 @@ void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
 /// The GEMM family is also reachable as edl::kernels::*, beside the other kernels.
 namespace kernels {
 using edl::gemm;
+using edl::gemm_serial;
 using edl::matmul;
 using edl::matmul_nt;
 using edl::matmul_tn;

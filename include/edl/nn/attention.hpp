@@ -14,9 +14,11 @@
 // scores, [batch, nh, seq] -- not the [batch, nh, seq, seq] probabilities: backward recomputes
 // p_j = exp(s_j - lse_i) (one extra q.k per pair), so activation memory stays linear in seq.
 //
+// Both directions are blocked over query rows and run on the GEMM (gemm_serial inside one
+// task per head), so the O(seq^2) part runs at matrix-product speed.
 // Backward, per (b, kv head g) on one thread (deterministic; dk, dv of a kv head are summed
 // over its query heads in order):
-//   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j,  ds_j = p_j (dp_j - Di)
+//   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
 //   then dq, dk go through the inverse rotation and the projections' backward.
 #pragma once
@@ -31,6 +33,8 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/rotary.hpp>
@@ -49,13 +53,18 @@ struct AttentionConfig {
 };
 
 namespace detail {
-inline float dot_n(const float* a, const float* b, std::int64_t n) noexcept {
-  float s = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-inline void axpy_n(float a, const float* x, float* y, std::int64_t n) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+/// Query rows per block of the blocked attention: the block's scores [rows, keys] and their
+/// gradients stay in L2 (64 x 512 floats = 128 KiB at seq 512).
+inline constexpr std::int64_t kAttentionQueryBlock = 64;
+
+/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
+inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
+  namespace kd = kernels::detail;
+  const kd::fbatch db(d), sb(scale);
+  std::ptrdiff_t j = 0;
+  for (; j + kd::kLanes <= n; j += kd::kLanes)
+    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
 }
 }  // namespace detail
 
@@ -168,94 +177,98 @@ class Attention {
   }
 
  private:
-  bool allowed(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j) const noexcept {
-    if (j > i) return false;
-    if (window_ > 0 && i - j >= window_) return false;
-    return s.mask.empty() || s.mask[static_cast<std::size_t>(b * s.seq + j)] != 0;
-  }
   /// First key position that may be allowed for query i.
   std::int64_t first_key(std::int64_t i) const noexcept { return window_ > 0 ? std::max<std::int64_t>(0, i - window_ + 1) : 0; }
 
+  /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
+  void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const std::int64_t lo = std::max(j0, first_key(i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window
+    for (std::int64_t j = j0; j < lo; ++j) row[j - j0] = ninf;
+    for (std::int64_t j = std::max(hi, j0); j < j0 + n; ++j) row[j - j0] = ninf;
+    if (s.mask.empty()) return;
+    const std::int64_t* mrow = s.mask.data() + b * s.seq;
+    for (std::int64_t j = lo; j < hi; ++j)
+      if (mrow[j] == 0) row[j - j0] = ninf;
+  }
+
+  // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the
+  // scores block is one GEMM (q k^T), its softmax is row-wise, the context is a second GEMM
+  // (p v). Each (batch, head) is one task and its GEMMs run on that task's thread, so the
+  // result does not depend on the thread count.
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::vector<float> p(static_cast<std::size_t>(S));
+      std::vector<float> sc(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
         const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
-        for (std::int64_t i = 0; i < S; ++i) {
-          const float* qi = s.q.data() + (b * S + i) * qw + h * D;
-          float* out = s.ctx.data() + (b * S + i) * qw + h * D;
-          float m = -std::numeric_limits<float>::infinity();
-          const std::int64_t j0 = first_key(i);
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            const float sj = scale * detail::dot_n(qi, s.k.data() + (b * S + j) * kw + g * D, D);
-            p[static_cast<std::size_t>(j)] = sj;
-            m = std::max(m, sj);
+        for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
+          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+          const float* q = s.q.data() + (b * S + i0) * qw + h * D;
+          const float* k = s.k.data() + (b * S + j0) * kw + g * D;
+          const float* v = s.v.data() + (b * S + j0) * kw + g * D;
+          gemm_serial(Trans::no, Trans::yes, m, n, D, scale, q, qw, k, kw, 0.0f, sc.data(), S);
+          for (std::int64_t r = 0; r < m; ++r) {
+            float* row = sc.data() + r * S;
+            mask_row(s, b, i0 + r, j0, row, n);
+            const float mx = kernels::detail::row_max(row, n);
+            float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
+            if (mx == -std::numeric_limits<float>::infinity()) {  // nothing to attend to: ctx = 0
+              std::fill(row, row + n, 0.0f);
+              lse = mx;
+              continue;
+            }
+            const float sum = kernels::detail::row_exp_sum(row, row, n, mx);
+            const float inv = 1.0f / sum;
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= inv;
+            lse = mx + std::log(sum);
           }
-          for (std::int64_t d = 0; d < D; ++d) out[d] = 0.0f;
-          float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
-          if (m == -std::numeric_limits<float>::infinity()) {  // nothing to attend to
-            lse = m;
-            continue;
-          }
-          float sum = 0.0f;
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            const float e = std::exp(p[static_cast<std::size_t>(j)] - m);
-            p[static_cast<std::size_t>(j)] = e;
-            sum += e;
-          }
-          const float inv = 1.0f / sum;
-          for (std::int64_t j = j0; j <= i; ++j) {
-            if (!allowed(s, b, i, j)) continue;
-            detail::axpy_n(p[static_cast<std::size_t>(j)] * inv, s.v.data() + (b * S + j) * kw + g * D, out, D);
-          }
-          lse = m + std::log(sum);
+          gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, sc.data(), S, v, kw, 0.0f,
+                      s.ctx.data() + (b * S + i0) * qw + h * D, qw);
         }
       }
     });
   }
 
+  // Per (batch, kv head) task, over its query heads and query blocks in order (dk and dv of
+  // a kv head are sums over its query heads, kept deterministic by one task owning them):
+  //   p = exp(scale q k^T - lse) (recomputed), dp = dctx v^T, Di = dctx_i . ctx_i (equal to
+  //   sum_j p_j dp_j), ds = p (dp - Di) scale, dq = ds k, dk += ds^T q, dv += p^T dctx.
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::vector<float> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+      std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-          for (std::int64_t i = 0; i < S; ++i) {
-            const std::size_t qoff = static_cast<std::size_t>((b * S + i) * qw + h * D);
-            const float* qi = s.q.data() + qoff;
-            const float* gi = dctx + qoff;
-            float* dqi = dq + qoff;
-            for (std::int64_t d = 0; d < D; ++d) dqi[d] = 0.0f;
-            const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
-            if (lse == -std::numeric_limits<float>::infinity()) continue;
-            const std::int64_t j0 = first_key(i);
-            float Di = 0.0f;
-            for (std::int64_t j = j0; j <= i; ++j) {
-              if (!allowed(s, b, i, j)) continue;
-              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
-              const float pj = std::exp(scale * detail::dot_n(qi, s.k.data() + koff, D) - lse);
-              const float dpj = detail::dot_n(gi, s.v.data() + koff, D);
-              p[static_cast<std::size_t>(j)] = pj;
-              dp[static_cast<std::size_t>(j)] = dpj;
-              Di += pj * dpj;
+          for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
+            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+            const std::int64_t qoff = (b * S + i0) * qw + h * D, koff = (b * S + j0) * kw + g * D;
+            gemm_serial(Trans::no, Trans::yes, m, n, D, scale, s.q.data() + qoff, qw, s.k.data() + koff, kw, 0.0f,
+                        p.data(), S);
+            gemm_serial(Trans::no, Trans::yes, m, n, D, 1.0f, dctx + qoff, qw, s.v.data() + koff, kw, 0.0f,
+                        dp.data(), S);
+            for (std::int64_t r = 0; r < m; ++r) {
+              float* prow = p.data() + r * S;
+              float* dprow = dp.data() + r * S;
+              const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
+              if (lse == -std::numeric_limits<float>::infinity()) {  // a row with no key: no gradient
+                std::fill(prow, prow + n, 0.0f);
+                std::fill(dprow, dprow + n, 0.0f);
+                continue;
+              }
+              mask_row(s, b, i0 + r, j0, prow, n);
+              kernels::detail::row_exp_sum(prow, prow, n, lse);
+              const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
+              detail::softmax_grad_row(prow, dprow, Di, scale, n);
             }
-            for (std::int64_t j = j0; j <= i; ++j) {
-              if (!allowed(s, b, i, j)) continue;
-              const std::size_t koff = static_cast<std::size_t>((b * S + j) * kw + g * D);
-              const float pj = p[static_cast<std::size_t>(j)];
-              const float ds = pj * (dp[static_cast<std::size_t>(j)] - Di) * scale;
-              detail::axpy_n(ds, s.k.data() + koff, dqi, D);
-              detail::axpy_n(ds, qi, dk + koff, D);
-              detail::axpy_n(pj, gi, dv + koff, D);
-            }
+            gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
+            gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);
+            gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, p.data(), S, dctx + qoff, qw, 1.0f, dv + koff, kw);
           }
         }
       }
