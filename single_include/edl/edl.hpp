@@ -8216,6 +8216,10 @@ class ShardedLlama {
     EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
     return grads_.at(checked(name));
   }
+  ShardedArray<float>& grad(const std::string& name) {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    return grads_.at(checked(name));
+  }
   /// The full gradient of one parameter (gathered from the devices' blocks).
   xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
   /// Every gradient, gathered, by HF name.
@@ -8923,11 +8927,30 @@ class Optimizer {
   /// One update of every parameter that has a gradient, at learning rate `lr`.
   template <class Model>
   void step(Model& model, double lr) {
-    ++step_;
+    begin_step();
     model.visit_params("", [&](std::string_view path, auto& p) {
       if (!p.has_grad()) return;
       update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
     });
+  }
+
+  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
+  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
+  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
+  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
+  void begin_step() noexcept { ++step_; }
+  template <class T>
+  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
+                     const std::vector<std::int64_t>& shape, double lr) {
+    update(path, value, grad, n, shape, lr);
+  }
+
+  /// The values of one slot, or null when the parameter has no such slot (yet).
+  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
+    const auto p = state_.find(path);
+    if (p == state_.end()) return nullptr;
+    const auto s = p->second.find(slot);
+    return s == p->second.end() ? nullptr : &s->second;
   }
 
   /// Every slot of every parameter: f(path, slot name, values).
@@ -9148,6 +9171,194 @@ struct Schedule {
 
 }  // namespace edl::optim
 // end of edl/optim/schedule.hpp
+// #include <edl/optim/sharded_optimizer.hpp>
+// edl/optim/sharded_optimizer.hpp
+// The optimizer of a sharded model, ZeRO-style: each device keeps the optimizer state of the
+// parameter blocks it holds (fsdp=N: about 1/N of the state per device) and updates those
+// blocks with its own gradient blocks. Nothing is gathered to update.
+//
+//   models::ShardedLlama<> sm(model, mesh);
+//   optim::ShardedOptimizer opt({.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1}, sm);
+//   sm.zero_grad();
+//   sm.loss_and_grads(tokens, labels, batch, seq);
+//   const double norm = opt.clip_by_global_norm(sm, 1.0);
+//   opt.step(sm, lr);
+//
+// Equal to the one-device Optimizer: AdamW, SGD and Lion are elementwise, so updating a block
+// is updating those elements; a block replicated on several devices (a norm weight under tp)
+// gets the same gradient and the same state on each, so its copies stay identical. The
+// global gradient norm counts each distinct block once (ShardLayout::block_owners) and sums
+// over the mesh with psum in a fixed order, so it is the same on every device and run; it
+// differs from the one-device norm only by the order of the f64 sum.
+// Adafactor factors its second moment over the rows and columns of the whole matrix, which a
+// block does not have: it is refused on a mesh of more than one device.
+//
+// The model type needs: mesh(), names(), param(name) and grad(name) returning ShardedArrays,
+// and has_grads() (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
+// multi-process mesh each process updates the blocks of its own devices.
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
+
+namespace edl::optim {
+
+template <class ShardedModel>
+class ShardedOptimizer {
+ public:
+  ShardedOptimizer(OptimizerOptions o, const ShardedModel& model)
+      : opt_(o), devices_(model.mesh().size()), per_device_(static_cast<std::size_t>(devices_), Optimizer(o)) {
+    EDL_CHECK(o.kind != OptimizerKind::adafactor || devices_ == 1, errc::unsupported, "ShardedOptimizer",
+              "adafactor factors its second moment over whole matrices, which a shard does not hold; on a mesh of ",
+              devices_, " devices use adamw, sgd or lion");
+    for (const auto& name : model.names()) {
+      std::vector<char> own(static_cast<std::size_t>(devices_), 0);
+      for (std::int64_t d : model.param(name).layout().block_owners()) own[static_cast<std::size_t>(d)] = 1;
+      owner_.emplace(name, std::move(own));
+    }
+  }
+
+  const OptimizerOptions& options() const noexcept { return opt_; }
+  /// Updates applied so far (the same on every device).
+  std::int64_t step_count() const noexcept { return per_device_.front().step_count(); }
+  void set_step_count(std::int64_t s) noexcept {
+    for (auto& o : per_device_) o.set_step_count(s);
+  }
+  /// The optimizer of one device (its slots are that device's blocks).
+  const Optimizer& device(std::int64_t d) const { return per_device_.at(static_cast<std::size_t>(d)); }
+  /// Optimizer-state bytes device d holds.
+  std::int64_t state_bytes(std::int64_t d) const { return device(d).state_bytes(); }
+
+  /// sqrt of the sum of squares of every gradient, each distinct block counted once.
+  double global_grad_norm(ShardedModel& m) const {
+    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
+    const auto& mesh = m.mesh();
+    const AxisList all = all_axes(mesh);
+    double result = 0.0;
+    std::mutex mu;
+    mesh.run([&](Device& dev) {
+      const std::int64_t d = dev.id();
+      double sq = 0.0;
+      for (const auto& name : m.names()) {
+        if (!owner_.at(name)[static_cast<std::size_t>(d)]) continue;
+        const auto g = m.grad(name).local_span(d);
+        double s = 0.0;
+        for (float v : g) s += static_cast<double>(v) * v;
+        sq += s;
+      }
+      psum(dev, std::span<double>(&sq, 1), all);
+      std::lock_guard<std::mutex> lock(mu);
+      result = sq;  // the same value on every device
+    });
+    return std::sqrt(result);
+  }
+
+  /// Scales every gradient block by min(1, max_norm / norm) (no-op when max_norm <= 0), as
+  /// optim::clip_by_global_norm does on one device; returns the norm before clipping.
+  double clip_by_global_norm(ShardedModel& m, double max_norm) const {
+    const double norm = global_grad_norm(m);
+    if (max_norm > 0 && norm > max_norm) {
+      const float s = static_cast<float>(max_norm / (norm + 1e-6));
+      m.mesh().run([&](Device& dev) {
+        for (const auto& name : m.names()) {
+          auto g = m.grad(name).local_span(dev.id());
+          kernels::scale(g.data(), s, static_cast<std::int64_t>(g.size()));
+        }
+      });
+    }
+    return norm;
+  }
+
+  /// One update of every parameter block, on its device.
+  void step(ShardedModel& m, double lr) {
+    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
+    m.mesh().run([&](Device& dev) {
+      const std::int64_t d = dev.id();
+      Optimizer& o = per_device_[static_cast<std::size_t>(d)];
+      o.begin_step();
+      for (const auto& name : m.names()) {
+        auto& p = m.param(name);
+        const auto w = p.local_span(d);
+        const auto g = m.grad(name).local_span(d);
+        o.update_tensor(name, w.data(), g.data(), static_cast<std::int64_t>(w.size()), p.global_shape(), lr);
+      }
+    });
+  }
+
+  /// The state a one-device Optimizer would hold (full tensors), for checkpoints: a checkpoint
+  /// saved on one mesh loads on any other. Reads every device's blocks, so on a multi-process
+  /// mesh the blocks must be on this process.
+  Optimizer gather(const ShardedModel& m) const {
+    Optimizer full(opt_);
+    full.set_step_count(step_count());
+    const Optimizer& first = per_device_.front();
+    first.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
+      const ShardLayout& layout = m.param(path).layout();
+      std::vector<xt::xarray<float>> blocks;
+      for (std::int64_t d = 0; d < devices_; ++d) {
+        const std::vector<float>* v = device(d).find_slot(path, slot);
+        EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                  path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+        xt::xarray<float> b = xt::xarray<float>::from_shape(
+            std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
+        std::copy(v->begin(), v->end(), b.begin());
+        blocks.push_back(std::move(b));
+      }
+      const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
+      const xt::xarray<float> g = edl::gather(arr);
+      full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
+    });
+    return full;
+  }
+
+  /// Takes the state of a one-device Optimizer (a checkpoint's), each device keeping its blocks.
+  void load(const Optimizer& full, const ShardedModel& m) {
+    EDL_CHECK(full.options().kind == opt_.kind, errc::config, "ShardedOptimizer",
+              "the state is of optimizer ", optimizer_name(full.options().kind), ", this one is ",
+              optimizer_name(opt_.kind));
+    full.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
+      const ShardLayout& layout = m.param(path).layout();
+      const auto& gs = layout.global_shape();
+      std::int64_t n = 1;
+      for (auto x : gs) n *= x;
+      EDL_CHECK(static_cast<std::int64_t>(v.size()) == n, errc::shape_mismatch, path + "." + slot,
+                "optimizer state holds ", v.size(), " values, the parameter has ", n);
+      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(gs.begin(), gs.end()));
+      std::copy(v.begin(), v.end(), g.begin());
+      const ShardedArray<float> arr = shard(g, layout.spec(), m.mesh(), path + "." + slot);
+      for (std::int64_t d = 0; d < devices_; ++d) {
+        const auto b = arr.local_span(d);
+        per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
+      }
+    });
+    set_step_count(full.step_count());
+  }
+
+ private:
+  template <class MeshT>
+  static AxisList all_axes(const MeshT&) {
+    std::vector<std::string> v;
+    for (const auto& n : MeshT::axis_names) v.emplace_back(n.view());
+    return AxisList(std::move(v));
+  }
+
+  OptimizerOptions opt_;
+  std::int64_t devices_ = 1;
+  std::vector<Optimizer> per_device_;
+  std::map<std::string, std::vector<char>> owner_;  // name -> device holds a distinct block
+};
+
+}  // namespace edl::optim
+// end of edl/optim/sharded_optimizer.hpp
 // end of edl/optim/all.hpp
 // #include <edl/generate/all.hpp>
 // edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate().

@@ -3,3 +3,4 @@
 #include <edl/optim/clip.hpp>
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/schedule.hpp>
+#include <edl/optim/sharded_optimizer.hpp>

@@ -79,11 +79,30 @@ class Optimizer {
   /// One update of every parameter that has a gradient, at learning rate `lr`.
   template <class Model>
   void step(Model& model, double lr) {
-    ++step_;
+    begin_step();
     model.visit_params("", [&](std::string_view path, auto& p) {
       if (!p.has_grad()) return;
       update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
     });
+  }
+
+  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
+  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
+  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
+  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
+  void begin_step() noexcept { ++step_; }
+  template <class T>
+  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
+                     const std::vector<std::int64_t>& shape, double lr) {
+    update(path, value, grad, n, shape, lr);
+  }
+
+  /// The values of one slot, or null when the parameter has no such slot (yet).
+  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
+    const auto p = state_.find(path);
+    if (p == state_.end()) return nullptr;
+    const auto s = p->second.find(slot);
+    return s == p->second.end() ? nullptr : &s->second;
   }
 
   /// Every slot of every parameter: f(path, slot name, values).

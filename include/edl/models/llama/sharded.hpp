@@ -171,6 +171,10 @@ class ShardedLlama {
     EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
     return grads_.at(checked(name));
   }
+  ShardedArray<float>& grad(const std::string& name) {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    return grads_.at(checked(name));
+  }
   /// The full gradient of one parameter (gathered from the devices' blocks).
   xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
   /// Every gradient, gathered, by HF name.
