@@ -10,7 +10,7 @@ BIN=${BUILD_DIR:-build}/examples
 EDL=$BIN/edl
 OUT=${OUT:-${BUILD_DIR:-build}/fortunes-run}
 echo "== edl info";  "$EDL" info
-echo "== edl train (fortunes, 400 steps; metrics in $OUT/metrics.jsonl)"
+echo "== edl train (fortunes, 400 steps on a simulated fsdp=2 mesh; metrics in $OUT/metrics.jsonl)"
 "$EDL" train --args examples/train_fortunes.json --set "save_directory=$OUT"
 CKPT=$(ls -d "$OUT"/checkpoint-* | sort -t- -k2 -n | tail -1)
 echo "== edl generate from $CKPT"

@@ -12100,7 +12100,7 @@ class ProgressLine {
 // #include <edl/train/tokenizer.hpp> (inlined above)
 // #include <edl/train/trainer.hpp>
 // edl/train/trainer.hpp
-// The causal-LM trainer (EasyDeL's Trainer, on one device for now):
+// The causal-LM trainer (EasyDeL's Trainer), on one device or a simulated mesh:
 //
 //   auto args = train::TrainingArguments::from_file("train.json");
 //   train::Trainer t(args);              // model, tokenizer and data from the arguments
@@ -12122,6 +12122,13 @@ class ProgressLine {
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+//
+// On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
+// partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
+// the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
+// (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
+// the gathered model and optimizer state, the same files as a one-device run, so a run resumes
+// on another mesh shape. model() and optimizer() gather on demand.
 
 #include <chrono>
 #include <cmath>
@@ -12140,11 +12147,14 @@ class ProgressLine {
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
 // #include <edl/optim/clip.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/schedule.hpp> (inlined above)
+// #include <edl/optim/sharded_optimizer.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
@@ -12163,6 +12173,7 @@ class ProgressLine {
 // value; errc::unsupported for valid EasyDeL settings this build does not implement
 // (a mesh larger than one device, bf16 parameters, gradient checkpointing).
 
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -12423,10 +12434,17 @@ struct TrainingArguments {
     nonneg("peak_gflops", peak_gflops);
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
-    for (auto d : sharding_axis_dims)
-      EDL_CHECK(d == 1 || d == -1, errc::unsupported, where("sharding_axis_dims"),
-                "the trainer runs on one device for now: every axis must be 1 (or -1), found ",
-                ojson(sharding_axis_dims).dump());
+    (void)mesh_dims();  // names and sizes are checked there
+    {
+      const auto m = mesh_dims();
+      const std::int64_t data = m[0] * m[1];
+      EDL_CHECK(micro_batch_size() % data == 0, errc::config, where("total_batch_size"),
+                "the micro-batch of ", micro_batch_size(), " sequences (total_batch_size ", total_batch_size,
+                " / gradient_accumulation_steps ", gradient_accumulation_steps,
+                ") must divide by the data-parallel size dp x fsdp = ", data);
+      EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
+                " must divide by the sequence-parallel size sp = ", m[3]);
+    }
     EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
                   gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
               errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
@@ -12439,6 +12457,36 @@ struct TrainingArguments {
     EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
               where("param_dtype"), "the trainer keeps float32 parameters for now, found \"", param_dtype, "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+  }
+
+  /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
+  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
+  /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
+  /// it asks for, so -1 means 1 there.
+  std::array<std::int64_t, 4> mesh_dims() const {
+    static constexpr std::array<const char*, 4> kAxes = {"dp", "fsdp", "tp", "sp"};
+    EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
+              "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
+    std::array<std::int64_t, 4> dims = {1, 1, 1, 1};
+    std::array<bool, 4> seen = {false, false, false, false};
+    for (std::size_t i = 0; i < sharding_axis_names.size(); ++i) {
+      const std::string& n = sharding_axis_names[i];
+      std::size_t a = 0;
+      while (a < kAxes.size() && n != kAxes[a]) ++a;
+      EDL_CHECK(a < kAxes.size(), errc::config, where("sharding_axis_names"), "unknown axis \"", n,
+                "\", expected dp, fsdp, tp or sp");
+      EDL_CHECK(!seen[a], errc::config, where("sharding_axis_names"), "axis ", n, " is named twice");
+      seen[a] = true;
+      const std::int64_t d = sharding_axis_dims[i];
+      EDL_CHECK(d == -1 || d >= 1, errc::config, where("sharding_axis_dims"), "the size of axis ", n,
+                " must be positive (or -1), found ", d);
+      dims[a] = d == -1 ? 1 : d;
+    }
+    return dims;
+  }
+  std::int64_t mesh_devices() const {
+    const auto d = mesh_dims();
+    return d[0] * d[1] * d[2] * d[3];
   }
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
@@ -12584,8 +12632,20 @@ class Trainer {
     if (stop_reason_.empty()) stop_reason_ = std::move(reason);
   }
 
-  Model& model() noexcept { return *model_; }
-  optim::Optimizer& optimizer() noexcept { return opt_; }
+  /// The model (and optimizer) as one device holds them; on a mesh, gathered first.
+  Model& model() {
+    sync_host();
+    return *model_;
+  }
+  optim::Optimizer& optimizer() {
+    sync_host();
+    return opt_;
+  }
+  /// Devices of the mesh the trainer runs on (1: no mesh).
+  std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
+  /// The sharded model and optimizer (null without a mesh).
+  models::ShardedLlama<>* sharded_model() noexcept { return sharded_.get(); }
+  optim::ShardedOptimizer<models::ShardedLlama<>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
   const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
@@ -12610,7 +12670,9 @@ class Trainer {
       std::vector<std::span<const std::int32_t>> seqs;
       for (std::int64_t i = lo; i < std::min(eval_->size(), lo + mb); ++i) seqs.push_back((*eval_)[i]);
       const Batch b = collate(seqs, args_.max_sequence_length, pad_id_, trunc_);
-      const nn::LossMetrics m = guarded_loss(b, {}, /*backward=*/false);
+      const nn::LossMetrics m = sharded_ ? sharded_->loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, {},
+                                                           b.attention_mask.data())
+                                         : guarded_loss(b, {}, /*backward=*/false);
       ce += m.loss * static_cast<double>(m.tokens);
       hits += m.accuracy * static_cast<double>(m.tokens);
       e.tokens += m.tokens;
@@ -12642,6 +12704,7 @@ class Trainer {
 
   /// Writes checkpoint-<step> now; returns its path.
   std::string save_checkpoint() {
+    sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
@@ -12656,7 +12719,9 @@ class Trainer {
 
   /// Restores model, optimizer and position from a checkpoint folder.
   void resume_from(const std::string& dir) {
+    sync_host();
     state_ = load_state(dir, *model_, opt_);
+    if (mesh_) shard_host();
     last_checkpoint_ = dir;
     last_saved_step_ = state_.step;
     resumed_ = true;
@@ -12707,12 +12772,16 @@ class Trainer {
         targets += micro.back().target_tokens();
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }
-      optim::zero_grad(*model_);
+      if (sharded_) sharded_->zero_grad();
+      else optim::zero_grad(*model_);
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0;
       for (const Batch& b : micro) {
-        loss += guarded_loss(b, lo, /*backward=*/true).loss;
+        loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                                    b.attention_mask.data())
+                               .loss
+                         : guarded_loss(b, lo, /*backward=*/true).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -12721,11 +12790,17 @@ class Trainer {
                                                         : "the last good checkpoint is " + last_checkpoint_;
       EDL_CHECK(std::isfinite(loss), errc::invalid_argument, where, "the loss is ", loss,
                 "; training stopped before updating the parameters (", keep, ")");
-      const double gnorm = optim::clip_by_global_norm(*model_, args_.clip_grad);
+      const double gnorm = sharded_ ? sopt_->clip_by_global_norm(*sharded_, args_.clip_grad)
+                                    : optim::clip_by_global_norm(*model_, args_.clip_grad);
       EDL_CHECK(std::isfinite(gnorm), errc::invalid_argument, where, "the gradient norm is ", gnorm, " (loss ", loss,
                 "); training stopped before updating the parameters (", keep, ")");
       const double lr = sched_.lr_at(state_.step);
-      opt_.step(*model_, lr);
+      if (sharded_) {
+        sopt_->step(*sharded_, lr);
+        host_stale_ = true;
+      } else {
+        opt_.step(*model_, lr);
+      }
 
       StepMetrics sm;
       sm.epoch = state_.epoch;
@@ -12735,7 +12810,7 @@ class Trainer {
         ++state_.epoch;
       }
       state_.tokens_seen += targets;
-      state_.optimizer_step_count = opt_.step_count();
+      state_.optimizer_step_count = sopt_ ? sopt_->step_count() : opt_.step_count();
       state_.last_loss = loss;
       state_.elapsed_s = elapsed_before + session_s();
       sm.step = state_.step;
@@ -12797,6 +12872,21 @@ class Trainer {
   }
 
  private:
+  /// Shards the host model and optimizer state over the mesh (setup and resume).
+  void shard_host() {
+    sharded_ = std::make_unique<models::ShardedLlama<>>(*model_, *mesh_);
+    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<>>>(opt_.options(), *sharded_);
+    sopt_->load(opt_, *sharded_);
+    host_stale_ = false;
+  }
+  /// Gathers the sharded model and optimizer state into the host copies when they moved on.
+  void sync_host() {
+    if (!sharded_ || !host_stale_) return;
+    *model_ = sharded_->gather_model();
+    opt_ = sopt_->gather(*sharded_);
+    host_stale_ = false;
+  }
+
   /// The model's forward_backward (or loss), with a finiteness check of the final hidden
   /// states before the loss: non-finite activations give loss NaN instead of reaching the
   /// loss kernel (whose argmax expects finite logits).
@@ -12917,6 +13007,10 @@ class Trainer {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string());
     progress_ = ProgressLine(args_.progress);
     peak_gflops_ = args_.peak_gflops;
+    if (args_.mesh_devices() > 1) {
+      mesh_.emplace(create_mesh(args_.mesh_dims()));
+      shard_host();
+    }
   }
 
   TrainingArguments args_;
@@ -12938,6 +13032,10 @@ class Trainer {
   std::string last_checkpoint_, stop_reason_;
   std::int64_t last_saved_step_ = -1;
   bool resumed_ = false;
+  std::optional<DefaultMesh> mesh_;
+  std::unique_ptr<models::ShardedLlama<>> sharded_;
+  std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<>>> sopt_;
+  bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
 };
 
 }  // namespace edl::train

@@ -113,9 +113,15 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   EXPECT_EQ(e.where(), "a.json field gradient_accumulation_steps");
   e = error_of([&] { make(R"({"truncation_mode": "middle"})").validate(); });
   EXPECT_EQ(e.where(), "a.json field truncation_mode");
-  e = error_of([&] { make(R"({"sharding_axis_dims": [1, 2, 1, 1]})").validate(); });
-  EXPECT_EQ(e.code(), errc::unsupported);
+  e = error_of([&] { make(R"({"total_batch_size": 4, "sharding_axis_dims": [3, 1, 1, 1]})").validate(); });
+  EXPECT_EQ(e.where(), "a.json field total_batch_size");  // not divisible by the data-parallel size
+  EXPECT_NE(std::string(e.what()).find("dp x fsdp = 3"), std::string::npos) << e.what();
+  e = error_of([&] { make(R"({"sharding_axis_names": ["dp", "fsdp", "tp", "pp"]})").validate(); });
+  EXPECT_EQ(e.where(), "a.json field sharding_axis_names");
+  e = error_of([&] { make(R"({"sharding_axis_dims": [1, 0, 1, 1]})").validate(); });
   EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
+  EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_dims": [2, -1, 2, 1]})").mesh_dims(),
+            (std::array<std::int64_t, 4>{2, 1, 2, 1}));
   e = error_of([&] { make(R"({"param_dtype": "bfloat16"})").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);
   e = error_of([&] { TrainingArguments::from_json(ojson::object(), "a.json").validate(); });

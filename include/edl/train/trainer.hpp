@@ -1,5 +1,5 @@
 // edl/train/trainer.hpp
-// The causal-LM trainer (EasyDeL's Trainer, on one device for now):
+// The causal-LM trainer (EasyDeL's Trainer), on one device or a simulated mesh:
 //
 //   auto args = train::TrainingArguments::from_file("train.json");
 //   train::Trainer t(args);              // model, tokenizer and data from the arguments
@@ -21,6 +21,13 @@
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+//
+// On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
+// partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
+// the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
+// (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
+// the gathered model and optimizer state, the same files as a one-device run, so a run resumes
+// on another mesh shape. model() and optimizer() gather on demand.
 #pragma once
 
 #include <chrono>
@@ -40,11 +47,14 @@
 #include <edl/core/error.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/mesh/mesh.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sharded.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/optim/clip.hpp>
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/schedule.hpp>
+#include <edl/optim/sharded_optimizer.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/metrics.hpp>
@@ -142,8 +152,20 @@ class Trainer {
     if (stop_reason_.empty()) stop_reason_ = std::move(reason);
   }
 
-  Model& model() noexcept { return *model_; }
-  optim::Optimizer& optimizer() noexcept { return opt_; }
+  /// The model (and optimizer) as one device holds them; on a mesh, gathered first.
+  Model& model() {
+    sync_host();
+    return *model_;
+  }
+  optim::Optimizer& optimizer() {
+    sync_host();
+    return opt_;
+  }
+  /// Devices of the mesh the trainer runs on (1: no mesh).
+  std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
+  /// The sharded model and optimizer (null without a mesh).
+  models::ShardedLlama<>* sharded_model() noexcept { return sharded_.get(); }
+  optim::ShardedOptimizer<models::ShardedLlama<>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
   const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
@@ -168,7 +190,9 @@ class Trainer {
       std::vector<std::span<const std::int32_t>> seqs;
       for (std::int64_t i = lo; i < std::min(eval_->size(), lo + mb); ++i) seqs.push_back((*eval_)[i]);
       const Batch b = collate(seqs, args_.max_sequence_length, pad_id_, trunc_);
-      const nn::LossMetrics m = guarded_loss(b, {}, /*backward=*/false);
+      const nn::LossMetrics m = sharded_ ? sharded_->loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, {},
+                                                           b.attention_mask.data())
+                                         : guarded_loss(b, {}, /*backward=*/false);
       ce += m.loss * static_cast<double>(m.tokens);
       hits += m.accuracy * static_cast<double>(m.tokens);
       e.tokens += m.tokens;
@@ -200,6 +224,7 @@ class Trainer {
 
   /// Writes checkpoint-<step> now; returns its path.
   std::string save_checkpoint() {
+    sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
@@ -214,7 +239,9 @@ class Trainer {
 
   /// Restores model, optimizer and position from a checkpoint folder.
   void resume_from(const std::string& dir) {
+    sync_host();
     state_ = load_state(dir, *model_, opt_);
+    if (mesh_) shard_host();
     last_checkpoint_ = dir;
     last_saved_step_ = state_.step;
     resumed_ = true;
@@ -265,12 +292,16 @@ class Trainer {
         targets += micro.back().target_tokens();
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }
-      optim::zero_grad(*model_);
+      if (sharded_) sharded_->zero_grad();
+      else optim::zero_grad(*model_);
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0;
       for (const Batch& b : micro) {
-        loss += guarded_loss(b, lo, /*backward=*/true).loss;
+        loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                                    b.attention_mask.data())
+                               .loss
+                         : guarded_loss(b, lo, /*backward=*/true).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -279,11 +310,17 @@ class Trainer {
                                                         : "the last good checkpoint is " + last_checkpoint_;
       EDL_CHECK(std::isfinite(loss), errc::invalid_argument, where, "the loss is ", loss,
                 "; training stopped before updating the parameters (", keep, ")");
-      const double gnorm = optim::clip_by_global_norm(*model_, args_.clip_grad);
+      const double gnorm = sharded_ ? sopt_->clip_by_global_norm(*sharded_, args_.clip_grad)
+                                    : optim::clip_by_global_norm(*model_, args_.clip_grad);
       EDL_CHECK(std::isfinite(gnorm), errc::invalid_argument, where, "the gradient norm is ", gnorm, " (loss ", loss,
                 "); training stopped before updating the parameters (", keep, ")");
       const double lr = sched_.lr_at(state_.step);
-      opt_.step(*model_, lr);
+      if (sharded_) {
+        sopt_->step(*sharded_, lr);
+        host_stale_ = true;
+      } else {
+        opt_.step(*model_, lr);
+      }
 
       StepMetrics sm;
       sm.epoch = state_.epoch;
@@ -293,7 +330,7 @@ class Trainer {
         ++state_.epoch;
       }
       state_.tokens_seen += targets;
-      state_.optimizer_step_count = opt_.step_count();
+      state_.optimizer_step_count = sopt_ ? sopt_->step_count() : opt_.step_count();
       state_.last_loss = loss;
       state_.elapsed_s = elapsed_before + session_s();
       sm.step = state_.step;
@@ -355,6 +392,21 @@ class Trainer {
   }
 
  private:
+  /// Shards the host model and optimizer state over the mesh (setup and resume).
+  void shard_host() {
+    sharded_ = std::make_unique<models::ShardedLlama<>>(*model_, *mesh_);
+    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<>>>(opt_.options(), *sharded_);
+    sopt_->load(opt_, *sharded_);
+    host_stale_ = false;
+  }
+  /// Gathers the sharded model and optimizer state into the host copies when they moved on.
+  void sync_host() {
+    if (!sharded_ || !host_stale_) return;
+    *model_ = sharded_->gather_model();
+    opt_ = sopt_->gather(*sharded_);
+    host_stale_ = false;
+  }
+
   /// The model's forward_backward (or loss), with a finiteness check of the final hidden
   /// states before the loss: non-finite activations give loss NaN instead of reaching the
   /// loss kernel (whose argmax expects finite logits).
@@ -475,6 +527,10 @@ class Trainer {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string());
     progress_ = ProgressLine(args_.progress);
     peak_gflops_ = args_.peak_gflops;
+    if (args_.mesh_devices() > 1) {
+      mesh_.emplace(create_mesh(args_.mesh_dims()));
+      shard_host();
+    }
   }
 
   TrainingArguments args_;
@@ -496,6 +552,10 @@ class Trainer {
   std::string last_checkpoint_, stop_reason_;
   std::int64_t last_saved_step_ = -1;
   bool resumed_ = false;
+  std::optional<DefaultMesh> mesh_;
+  std::unique_ptr<models::ShardedLlama<>> sharded_;
+  std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<>>> sopt_;
+  bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
 };
 
 }  // namespace edl::train

@@ -12,6 +12,7 @@
 // (a mesh larger than one device, bf16 parameters, gradient checkpointing).
 #pragma once
 
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -272,10 +273,17 @@ struct TrainingArguments {
     nonneg("peak_gflops", peak_gflops);
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
-    for (auto d : sharding_axis_dims)
-      EDL_CHECK(d == 1 || d == -1, errc::unsupported, where("sharding_axis_dims"),
-                "the trainer runs on one device for now: every axis must be 1 (or -1), found ",
-                ojson(sharding_axis_dims).dump());
+    (void)mesh_dims();  // names and sizes are checked there
+    {
+      const auto m = mesh_dims();
+      const std::int64_t data = m[0] * m[1];
+      EDL_CHECK(micro_batch_size() % data == 0, errc::config, where("total_batch_size"),
+                "the micro-batch of ", micro_batch_size(), " sequences (total_batch_size ", total_batch_size,
+                " / gradient_accumulation_steps ", gradient_accumulation_steps,
+                ") must divide by the data-parallel size dp x fsdp = ", data);
+      EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
+                " must divide by the sequence-parallel size sp = ", m[3]);
+    }
     EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
                   gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
               errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
@@ -288,6 +296,36 @@ struct TrainingArguments {
     EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
               where("param_dtype"), "the trainer keeps float32 parameters for now, found \"", param_dtype, "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+  }
+
+  /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
+  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
+  /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
+  /// it asks for, so -1 means 1 there.
+  std::array<std::int64_t, 4> mesh_dims() const {
+    static constexpr std::array<const char*, 4> kAxes = {"dp", "fsdp", "tp", "sp"};
+    EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
+              "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
+    std::array<std::int64_t, 4> dims = {1, 1, 1, 1};
+    std::array<bool, 4> seen = {false, false, false, false};
+    for (std::size_t i = 0; i < sharding_axis_names.size(); ++i) {
+      const std::string& n = sharding_axis_names[i];
+      std::size_t a = 0;
+      while (a < kAxes.size() && n != kAxes[a]) ++a;
+      EDL_CHECK(a < kAxes.size(), errc::config, where("sharding_axis_names"), "unknown axis \"", n,
+                "\", expected dp, fsdp, tp or sp");
+      EDL_CHECK(!seen[a], errc::config, where("sharding_axis_names"), "axis ", n, " is named twice");
+      seen[a] = true;
+      const std::int64_t d = sharding_axis_dims[i];
+      EDL_CHECK(d == -1 || d >= 1, errc::config, where("sharding_axis_dims"), "the size of axis ", n,
+                " must be positive (or -1), found ", d);
+      dims[a] = d == -1 ? 1 : d;
+    }
+    return dims;
+  }
+  std::int64_t mesh_devices() const {
+    const auto d = mesh_dims();
+    return d[0] * d[1] * d[2] * d[3];
   }
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
