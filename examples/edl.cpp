@@ -15,6 +15,7 @@
 #include "cli/inspect.hpp"
 #include "cli/logits.hpp"
 #include "cli/loss.hpp"
+#include "cli/mesh_flag.hpp"
 #include "cli/train.hpp"
 
 namespace {
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    edl::cli::init_launch(argc, argv);  // mpirun: one rank per process, rank 0 reports
+    if (!edl::cli::is_primary()) std::freopen("/dev/null", "w", stdout);
     edl::cli::Args args(argc, argv, first, name);
     return it->second(args);
   } catch (const std::exception& e) {

@@ -91,7 +91,7 @@ inline int cmd_logits(Args& args) {
   std::vector<float> logits = compute_logits(model, t, mesh);
   const std::vector<std::size_t> shape = {static_cast<std::size_t>(t.batch), static_cast<std::size_t>(t.seq),
                                           static_cast<std::size_t>(model.config().vocab_size)};
-  io::save_npy(out, xt::adapt(logits, shape));
+  if (is_primary()) io::save_npy(out, xt::adapt(logits, shape));
   nlohmann::ordered_json j;
   j["out"] = out;
   j["shape"] = shape;

@@ -71,7 +71,7 @@ inline int cmd_loss(Args& args) {
   auto model = models::from_pretrained<>(dir);
   const bool grads = !grads_path.empty();
   const nn::LossMetrics m = compute_loss(model, t, labels ? &*labels : nullptr, grads, mesh);
-  if (grads) save_grads(grads_path, model);
+  if (grads && is_primary()) save_grads(grads_path, model);
   nlohmann::ordered_json j;
   j["loss"] = m.loss;
   j["tokens"] = m.tokens;

@@ -8,7 +8,10 @@
 // The result is the std::array<int64_t, 4> {dp, fsdp, tp, sp} that edl::create_mesh takes.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,7 +25,49 @@
 #include <edl/models/llama/sharded.hpp>
 #include "args.hpp"
 
+#ifdef EDL_WITH_MPI
+#include <edl/mesh/backends/mpi.hpp>
+#endif
+
 namespace edl::cli {
+
+/// How this process was launched: alone, or as one of the ranks of mpirun. Under mpirun every
+/// rank runs the same command; the --mesh devices are spread over the ranks (devices / ranks
+/// each, mesh/backends/mpi.hpp gives the order), and only rank 0 prints and writes files.
+struct Launch {
+  int rank = 0, ranks = 1;
+#ifdef EDL_WITH_MPI
+  std::unique_ptr<mpi::Session> session;
+#endif
+};
+inline Launch& launch() {
+  static Launch l;
+  return l;
+}
+/// Ranks announced by the launcher's environment (Open MPI, MPICH/PMI), 1 when none.
+inline int launcher_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+/// Starts MPI when mpirun launched more than one rank. An edl built without MPI refuses such
+/// a launch instead of running the same work N times.
+inline void init_launch(int& argc, char**& argv) {
+  const int n = launcher_ranks();
+  if (n <= 1) return;
+#ifdef EDL_WITH_MPI
+  launch().session = std::make_unique<mpi::Session>(argc, argv);
+  launch().rank = launch().session->rank();
+  launch().ranks = launch().session->size();
+#else
+  (void)argc;
+  (void)argv;
+  throw Error(errc::unsupported, "edl", "launched on " + std::to_string(n) +
+                                           " MPI ranks, but this edl was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+}
+/// Whether this process prints results and writes output files.
+inline bool is_primary() { return launch().rank == 0; }
 
 using MeshDims = std::array<std::int64_t, 4>;  // dp, fsdp, tp, sp
 
@@ -95,6 +140,22 @@ inline MeshDims mesh_flag(Args& args) {
   return parse_mesh(s, "--mesh");
 }
 
+/// The mesh of `dims`; under mpirun its devices are spread over the ranks (checked before
+/// any work: the device count must be a multiple of the ranks).
+inline DefaultMesh make_mesh(const MeshDims& dims) {
+  DefaultMesh mesh = create_mesh(dims);
+  const int ranks = launch().ranks;
+  if (ranks > 1) {
+    EDL_CHECK(mesh.size() % ranks == 0, errc::invalid_argument, "--mesh", "the mesh ", mesh_str(dims), " has ",
+              mesh.size(), " devices, which the ", ranks, " MPI ranks of this launch cannot share evenly (give a mesh of ",
+              ranks, " x devices-per-rank)");
+#ifdef EDL_WITH_MPI
+    mpi::attach(mesh, *launch().session, static_cast<int>(mesh.size() / ranks));
+#endif
+  }
+  return mesh;
+}
+
 /// What run_on_mesh computes.
 enum class MeshOp {
   logits,          // logits_out [tokens, vocab]
@@ -110,7 +171,7 @@ template <class Model>
 nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const std::int64_t* ids,
                             const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
                             float* logits_out = nullptr) {
-  const DefaultMesh mesh = create_mesh(dims);
+  const DefaultMesh mesh = make_mesh(dims);
   if (mesh.size() == 1) {
     switch (op) {
       case MeshOp::logits:

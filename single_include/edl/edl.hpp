@@ -1023,6 +1023,26 @@ class CollectiveBackend {
 
   /// Returns once every member of the group has called barrier.
   virtual void barrier(Device& self, std::span<const std::int64_t> group) = 0;
+
+  // Host side, outside run(). A backend spread over processes runs a slice of the devices in
+  // each; results that the devices leave on the host (gathered tensors, logits) then exist in
+  // part on every process, and these calls let the layers above complete them.
+
+  /// Processes the mesh spans (1: this process runs every device).
+  virtual int processes() const noexcept { return 1; }
+  /// Whether this process runs device d.
+  virtual bool is_local(std::int64_t device) const noexcept {
+    (void)device;
+    return true;
+  }
+  /// buf = the sum over processes of every process's buf (`count` elements of `dtype`; bf16
+  /// and f16 are summed in f32). Called by every process, in the same order. Used to assemble
+  /// results whose parts are disjoint (zeros elsewhere), so the sum is exact.
+  virtual void sum_over_processes(void* buf, std::size_t count, DType dtype) {
+    (void)buf;
+    (void)count;
+    (void)dtype;
+  }
 };
 
 }  // namespace edl
@@ -2513,6 +2533,7 @@ void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<
 // ShardedTensor<T, Spec> carries its spec in its type; ShardedArray<T> is the run-time form
 // (rank and spec from data, e.g. partition rules over a checkpoint).
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -2664,9 +2685,20 @@ template <class T, class Local, class Global>
 void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
   const auto& layout = t.layout();
   if (out.size() == 0) return;
+  // A mesh over several processes: each copies the blocks its devices own, zeros elsewhere,
+  // and the sum over processes completes the tensor exactly (every element comes from one
+  // owner). Every process must gather the same tensors in the same order.
+  CollectiveBackend* be = t.context() ? t.context()->backend.get() : nullptr;
+  const bool multi = be && be->processes() > 1;
+  if (multi) std::fill(out.begin(), out.end(), T{});
   for (std::int64_t d : layout.block_owners())
-    copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
-                  const_cast<T*>(t.local(d).data()), false);
+    if (!multi || be->is_local(d))
+      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+                    const_cast<T*>(t.local(d).data()), false);
+  if (multi) {
+    if constexpr (requires { dtype_of<T>::value; }) be->sum_over_processes(out.data(), out.size(), dtype_of<T>::value);
+    else throw Error(errc::unsupported, "gather", "gathering over processes takes f32, f64, bf16 or f16 tensors");
+  }
 }
 
 template <class E>
@@ -8092,6 +8124,7 @@ class LlamaForSequenceClassification {
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -8588,11 +8621,25 @@ class ShardedLlama {
       targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
                           : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
     }
+    // The metrics are psummed, so every device holds them; keep the lowest local device's
+    // (device 0 may run in another process).
     nn::LossMetrics result;
+    std::mutex mu;
+    std::int64_t from = -1;
+    CollectiveBackend& be = mesh_.backend();
+    const bool multi = be.processes() > 1;
+    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
+      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
-      if (dev.id() == 0) result = m;
+      std::lock_guard<std::mutex> lock(mu);
+      if (from < 0 || dev.id() < from) {
+        result = m;
+        from = dev.id();
+      }
     });
+    if (multi && mode == Mode::logits)
+      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
     return result;
   }
 
@@ -9229,8 +9276,9 @@ class ShardedOptimizer {
 
   const OptimizerOptions& options() const noexcept { return opt_; }
   /// Updates applied so far (the same on every device).
-  std::int64_t step_count() const noexcept { return per_device_.front().step_count(); }
+  std::int64_t step_count() const noexcept { return step_count_; }
   void set_step_count(std::int64_t s) noexcept {
+    step_count_ = s;
     for (auto& o : per_device_) o.set_step_count(s);
   }
   /// The optimizer of one device (its slots are that device's blocks).
@@ -9285,6 +9333,7 @@ class ShardedOptimizer {
       const std::int64_t d = dev.id();
       Optimizer& o = per_device_[static_cast<std::size_t>(d)];
       o.begin_step();
+      if (dev.id() == first_local(m)) step_count_ = o.step_count();
       for (const auto& name : m.names()) {
         auto& p = m.param(name);
         const auto w = p.local_span(d);
@@ -9295,22 +9344,27 @@ class ShardedOptimizer {
   }
 
   /// The state a one-device Optimizer would hold (full tensors), for checkpoints: a checkpoint
-  /// saved on one mesh loads on any other. Reads every device's blocks, so on a multi-process
-  /// mesh the blocks must be on this process.
+  /// saved on one mesh loads on any other. On a mesh over several processes every process
+  /// calls it (edl::gather completes each tensor from the processes that own its blocks).
   Optimizer gather(const ShardedModel& m) const {
     Optimizer full(opt_);
     full.set_step_count(step_count());
-    const Optimizer& first = per_device_.front();
-    first.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
+    // Every device holds a block of every slot: walk the slots of this process's first device.
+    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
       const ShardLayout& layout = m.param(path).layout();
       std::vector<xt::xarray<float>> blocks;
+      const CollectiveBackend& be = m.mesh().backend();
       for (std::int64_t d = 0; d < devices_; ++d) {
-        const std::vector<float>* v = device(d).find_slot(path, slot);
-        EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
-                  path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
         xt::xarray<float> b = xt::xarray<float>::from_shape(
             std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
-        std::copy(v->begin(), v->end(), b.begin());
+        if (be.is_local(d)) {
+          const std::vector<float>* v = device(d).find_slot(path, slot);
+          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+          std::copy(v->begin(), v->end(), b.begin());
+        } else {
+          b.fill(0.0f);  // another process's device: gather takes its block from there
+        }
         blocks.push_back(std::move(b));
       }
       const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
@@ -9344,6 +9398,12 @@ class ShardedOptimizer {
   }
 
  private:
+  static std::int64_t first_local(const ShardedModel& m) {
+    std::int64_t d = 0;
+    while (d + 1 < m.mesh().size() && !m.mesh().backend().is_local(d)) ++d;
+    return d;
+  }
+
   template <class MeshT>
   static AxisList all_axes(const MeshT&) {
     std::vector<std::string> v;
@@ -9353,6 +9413,7 @@ class ShardedOptimizer {
 
   OptimizerOptions opt_;
   std::int64_t devices_ = 1;
+  std::int64_t step_count_ = 0;  // updates applied (read from this process's first device)
   std::vector<Optimizer> per_device_;
   std::map<std::string, std::vector<char>> owner_;  // name -> device holds a distinct block
 };

@@ -11,10 +11,12 @@
 #include <edl/mesh/all.hpp>
 #include <edl/mesh/backends/mpi.hpp>
 
+#include "session.hpp"
+
 namespace edl {
 namespace {
 
-mpi::Session* g_session = nullptr;
+using test::g_session;
 
 // Deterministic inputs: device d's element i.
 template <class T>
@@ -163,7 +165,7 @@ TEST(MpiBackend, SilentPeerEndsInAnErrorWithinTheDeadline) {
 
 int main(int argc, char** argv) {
   edl::mpi::Session session(argc, argv);
-  edl::g_session = &session;
+  edl::test::g_session = &session;
   ::testing::InitGoogleTest(&argc, argv);
   if (session.rank() != 0)  // one rank prints; every rank's failures count in the exit code
     delete ::testing::UnitTest::GetInstance()->listeners().Release(

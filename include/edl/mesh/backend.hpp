@@ -103,6 +103,26 @@ class CollectiveBackend {
 
   /// Returns once every member of the group has called barrier.
   virtual void barrier(Device& self, std::span<const std::int64_t> group) = 0;
+
+  // Host side, outside run(). A backend spread over processes runs a slice of the devices in
+  // each; results that the devices leave on the host (gathered tensors, logits) then exist in
+  // part on every process, and these calls let the layers above complete them.
+
+  /// Processes the mesh spans (1: this process runs every device).
+  virtual int processes() const noexcept { return 1; }
+  /// Whether this process runs device d.
+  virtual bool is_local(std::int64_t device) const noexcept {
+    (void)device;
+    return true;
+  }
+  /// buf = the sum over processes of every process's buf (`count` elements of `dtype`; bf16
+  /// and f16 are summed in f32). Called by every process, in the same order. Used to assemble
+  /// results whose parts are disjoint (zeros elsewhere), so the sum is exact.
+  virtual void sum_over_processes(void* buf, std::size_t count, DType dtype) {
+    (void)buf;
+    (void)count;
+    (void)dtype;
+  }
 };
 
 }  // namespace edl

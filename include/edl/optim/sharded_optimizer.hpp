@@ -56,8 +56,9 @@ class ShardedOptimizer {
 
   const OptimizerOptions& options() const noexcept { return opt_; }
   /// Updates applied so far (the same on every device).
-  std::int64_t step_count() const noexcept { return per_device_.front().step_count(); }
+  std::int64_t step_count() const noexcept { return step_count_; }
   void set_step_count(std::int64_t s) noexcept {
+    step_count_ = s;
     for (auto& o : per_device_) o.set_step_count(s);
   }
   /// The optimizer of one device (its slots are that device's blocks).
@@ -112,6 +113,7 @@ class ShardedOptimizer {
       const std::int64_t d = dev.id();
       Optimizer& o = per_device_[static_cast<std::size_t>(d)];
       o.begin_step();
+      if (dev.id() == first_local(m)) step_count_ = o.step_count();
       for (const auto& name : m.names()) {
         auto& p = m.param(name);
         const auto w = p.local_span(d);
@@ -122,22 +124,27 @@ class ShardedOptimizer {
   }
 
   /// The state a one-device Optimizer would hold (full tensors), for checkpoints: a checkpoint
-  /// saved on one mesh loads on any other. Reads every device's blocks, so on a multi-process
-  /// mesh the blocks must be on this process.
+  /// saved on one mesh loads on any other. On a mesh over several processes every process
+  /// calls it (edl::gather completes each tensor from the processes that own its blocks).
   Optimizer gather(const ShardedModel& m) const {
     Optimizer full(opt_);
     full.set_step_count(step_count());
-    const Optimizer& first = per_device_.front();
-    first.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
+    // Every device holds a block of every slot: walk the slots of this process's first device.
+    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
       const ShardLayout& layout = m.param(path).layout();
       std::vector<xt::xarray<float>> blocks;
+      const CollectiveBackend& be = m.mesh().backend();
       for (std::int64_t d = 0; d < devices_; ++d) {
-        const std::vector<float>* v = device(d).find_slot(path, slot);
-        EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
-                  path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
         xt::xarray<float> b = xt::xarray<float>::from_shape(
             std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
-        std::copy(v->begin(), v->end(), b.begin());
+        if (be.is_local(d)) {
+          const std::vector<float>* v = device(d).find_slot(path, slot);
+          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+          std::copy(v->begin(), v->end(), b.begin());
+        } else {
+          b.fill(0.0f);  // another process's device: gather takes its block from there
+        }
         blocks.push_back(std::move(b));
       }
       const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
@@ -171,6 +178,12 @@ class ShardedOptimizer {
   }
 
  private:
+  static std::int64_t first_local(const ShardedModel& m) {
+    std::int64_t d = 0;
+    while (d + 1 < m.mesh().size() && !m.mesh().backend().is_local(d)) ++d;
+    return d;
+  }
+
   template <class MeshT>
   static AxisList all_axes(const MeshT&) {
     std::vector<std::string> v;
@@ -180,6 +193,7 @@ class ShardedOptimizer {
 
   OptimizerOptions opt_;
   std::int64_t devices_ = 1;
+  std::int64_t step_count_ = 0;  // updates applied (read from this process's first device)
   std::vector<Optimizer> per_device_;
   std::map<std::string, std::vector<char>> owner_;  // name -> device holds a distinct block
 };

@@ -12,6 +12,7 @@
 // (rank and spec from data, e.g. partition rules over a checkpoint).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -163,9 +164,20 @@ template <class T, class Local, class Global>
 void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
   const auto& layout = t.layout();
   if (out.size() == 0) return;
+  // A mesh over several processes: each copies the blocks its devices own, zeros elsewhere,
+  // and the sum over processes completes the tensor exactly (every element comes from one
+  // owner). Every process must gather the same tensors in the same order.
+  CollectiveBackend* be = t.context() ? t.context()->backend.get() : nullptr;
+  const bool multi = be && be->processes() > 1;
+  if (multi) std::fill(out.begin(), out.end(), T{});
   for (std::int64_t d : layout.block_owners())
-    copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
-                  const_cast<T*>(t.local(d).data()), false);
+    if (!multi || be->is_local(d))
+      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+                    const_cast<T*>(t.local(d).data()), false);
+  if (multi) {
+    if constexpr (requires { dtype_of<T>::value; }) be->sum_over_processes(out.data(), out.size(), dtype_of<T>::value);
+    else throw Error(errc::unsupported, "gather", "gathering over processes takes f32, f64, bf16 or f16 tensors");
+  }
 }
 
 template <class E>

@@ -126,7 +126,41 @@ class MpiBackend final : public CollectiveBackend {
   int local_devices() const noexcept { return local_; }
   /// The devices this rank runs: [first_device, first_device + local_devices).
   std::int64_t first_device() const noexcept { return static_cast<std::int64_t>(rank_) * local_; }
-  bool is_local(std::int64_t device) const noexcept { return device / local_ == rank_; }
+  bool is_local(std::int64_t device) const noexcept override { return device / local_ == rank_; }
+  int processes() const noexcept override { return ranks_; }
+
+  void sum_over_processes(void* buf, std::size_t count, DType dtype) override {
+    auto reduce = [&](void* p, MPI_Datatype t) {
+      // Large buffers go in pieces: MPI counts are int.
+      const std::size_t esize = dtype_size(dtype == DType::bf16 || dtype == DType::f16 ? DType::f32 : dtype);
+      constexpr std::size_t kPiece = std::size_t{1} << 28;
+      for (std::size_t off = 0; off < count; off += kPiece) {
+        const int n = static_cast<int>(std::min(kPiece, count - off));
+        MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(p) + off * esize, n, t, MPI_SUM, comm_);
+      }
+    };
+    switch (dtype) {
+      case DType::f32: reduce(buf, MPI_FLOAT); break;
+      case DType::f64: reduce(buf, MPI_DOUBLE); break;
+      case DType::i64: reduce(buf, MPI_INT64_T); break;
+      case DType::i32: reduce(buf, MPI_INT32_T); break;
+      case DType::bf16:
+      case DType::f16: {
+        std::vector<float> w(count);
+        for (std::size_t i = 0; i < count; ++i)
+          w[i] = dtype == DType::bf16 ? to_f32(static_cast<const bf16*>(buf)[i]) : to_f32(static_cast<const f16*>(buf)[i]);
+        reduce(w.data(), MPI_FLOAT);
+        for (std::size_t i = 0; i < count; ++i) {
+          if (dtype == DType::bf16) static_cast<bf16*>(buf)[i] = from_f32<bf16>(w[i]);
+          else static_cast<f16*>(buf)[i] = from_f32<f16>(w[i]);
+        }
+        break;
+      }
+      default:
+        throw Error(errc::unsupported, "mpi", std::string("sum_over_processes: dtype ") + std::string(dtype_name(dtype)) +
+                                                  " is not supported");
+    }
+  }
 
   void run(const std::function<void(Device&)>& body) override {
     auto ctx = ctx_.lock();

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -543,11 +544,25 @@ class ShardedLlama {
       targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
                           : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
     }
+    // The metrics are psummed, so every device holds them; keep the lowest local device's
+    // (device 0 may run in another process).
     nn::LossMetrics result;
+    std::mutex mu;
+    std::int64_t from = -1;
+    CollectiveBackend& be = mesh_.backend();
+    const bool multi = be.processes() > 1;
+    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
+      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
-      if (dev.id() == 0) result = m;
+      std::lock_guard<std::mutex> lock(mu);
+      if (from < 0 || dev.id() < from) {
+        result = m;
+        from = dev.id();
+      }
     });
+    if (multi && mode == Mode::logits)
+      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
     return result;
   }
 
