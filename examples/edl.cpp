@@ -16,6 +16,7 @@
 #include "cli/logits.hpp"
 #include "cli/loss.hpp"
 #include "cli/mesh_flag.hpp"
+#include "cli/plan.hpp"
 #include "cli/train.hpp"
 
 namespace {
@@ -33,6 +34,7 @@ const std::map<std::string, Command>& commands() {
       {"inspect", edl::cli::cmd_inspect},
       {"logits", edl::cli::cmd_logits},
       {"loss", edl::cli::cmd_loss},
+      {"plan", edl::cli::cmd_plan},
       {"train", edl::cli::cmd_train},
   };
   return table;

@@ -7438,6 +7438,1308 @@ class LlamaForCausalLM {
 
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
+// #include <edl/models/llama/plan.hpp>
+// edl/models/llama/plan.hpp
+// The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
+// computed from the config and mesh alone, before any tensor is allocated.
+//
+//   auto mesh = MeshShape({"dp", "fsdp", "tp", "sp"}, {1, 2, 2, 1});
+//   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
+//   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
+//
+// Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
+// layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
+// measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
+// only accept even splits), so one device's figures are every device's.
+//
+// Activations (f32, per device; Bl = B / (dp*fsdp) local rows, Sl = S / sp local positions,
+// Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
+// heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
+// and the modules' Saved structs keep:
+//   per layer, kept until the layer's backward:
+//     LayerSaved n1, h, n2                         3 Tl H
+//     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
+//     RMSNorm inv_rms x 2                          2 Tl
+//     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
+//     MLP g, u, a                                  3 Tl Fl
+//   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
+//     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
+//   the peak adds the largest transient on top of all layers' saved state:
+//     loss:     the chunked loss's [C, V] f32 logits + 3 C doubles (C = min(chunk_rows, Tl));
+//               the full [Tl, V] logits never exist;
+//     backward of the last layer (training): outer a, b and inner a, dh (4 Tl H) plus
+//               max(MLP: da, dg 2 Tl Fl;
+//                   attention: dg Tf H (+ its sp-padded input Tf H when sp > 1) plus
+//                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
+//                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
+// Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
+//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n.
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/mesh_shape.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// // #include <edl/models/llama/sharded.hpp> (inlined above)
+// edl/models/llama/sharded.hpp
+// Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
+// and gradients of one device (docs/parallelism.md).
+//
+//   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
+//   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
+//   auto logits = sm.logits(tokens.data(), B, S);              // [B, S, V], gathered
+//   nn::LossMetrics m = sm.loss_and_grads(tokens.data(), labels.data(), B, S);   // grads +=
+//   xt::xarray<float> g = sm.gather_grad("model.layers.0.mlp.up_proj.weight");
+//   LlamaForCausalLM<> back = models::gather_model(sm);        // bit-exact round trip
+//
+// Storage. Every parameter is a ShardedArray<T> laid out by the partition rules (so the mesh's
+// MemoryTracker counts each device's blocks: fsdp=N holds ~1/N of the matrices per device);
+// gradients (f32) are ShardedArray<float> with the same layout, allocated by the first
+// loss_and_grads and ACCUMULATED by each call (zero_grad() clears them), as
+// LlamaForCausalLM::forward_backward does.
+//
+// Execution, per device inside mesh.run (one simulated device per thread):
+//  - a local LlamaForCausalLM whose config has num_attention_heads / tp, num_key_value_heads / tp
+//    and intermediate_size / tp (head_dim explicit), built once per device; its parameter
+//    values are empty except while a layer runs;
+//  - ZeRO-3: before a layer runs (forward, and again in backward) each of its parameters is
+//    all_gathered over the axes that shard it except tp ("fsdp", "sp", "dp" if a rule uses it),
+//    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
+//    that shards them (tp included) at the start of the step and kept until its end (the
+//    vocabulary-parallel head is not implemented: the head is replicated compute);
+//  - data: the batch is split over (dp, fsdp) (B divisible by dp * fsdp), the sequence over sp
+//    (S divisible by sp);
+//  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
+//    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
+//    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
+//    rank 0 only;
+//  - sequence parallel: norms and MLP run on the local tokens; before attention the normed
+//    hidden states are all_gathered over "sp", attention runs on the whole sequence and keeps
+//    the local slice; in backward the gradient of the gathered input is reduce_scattered over
+//    "sp" (each rank back-propagates only its own outputs);
+//  - loss: the HF shift is applied globally before splitting, each device sums its tokens and
+//    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
+//  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
+//    reduce_scattered over the data axes that shard it and psummed over the data axes that do
+//    not, so each device's block equals the block of the one-device gradient.
+// Collectives reduce in group order, so results are deterministic for a given mesh.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// // #include <edl/tensor/partition_rules.hpp> (inlined above) (inlined above)
+// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
+
+namespace edl::models {
+
+namespace sharded_detail {
+
+/// Axes that split the data: the batch over (dp, fsdp), the sequence over sp.
+inline const std::vector<std::string>& data_axes() {
+  static const std::vector<std::string> a{"dp", "fsdp", "sp"};
+  return a;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& s) {
+  for (const auto& x : v)
+    if (x == s) return true;
+  return false;
+}
+
+/// `spec` with only the axes in `keep` left.
+inline SpecValue restrict_spec(const SpecValue& spec, const std::vector<std::string>& keep) {
+  SpecValue r;
+  for (const auto& d : spec.dims) {
+    std::vector<std::string> k;
+    for (const auto& a : d)
+      if (contains(keep, a)) k.push_back(a);
+    r.dims.push_back(std::move(k));
+  }
+  return r;
+}
+
+inline std::vector<std::int64_t> minus(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+  return a;
+}
+
+template <class X>
+void free_tensor(X& x) {
+  typename X::shape_type z{};
+  x = X::from_shape(z);
+}
+
+template <class X>
+X make_tensor(const std::vector<std::int64_t>& shape) {
+  typename X::shape_type s{};
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
+  return X::from_shape(s);
+}
+
+}  // namespace sharded_detail
+
+/// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
+inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
+  const char* w = "ShardedLlama";
+  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads (", c.num_attention_heads,
+            ") is not divisible by tp = ", tp);
+  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads (", c.num_key_value_heads,
+            ") is not divisible by tp = ", tp, " (each tp rank needs whole kv heads)");
+  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size (", c.intermediate_size,
+            ") is not divisible by tp = ", tp);
+  LlamaConfig l = c;
+  l.head_dim = c.head_size();
+  l.num_attention_heads = c.num_attention_heads / tp;
+  l.num_key_value_heads = c.num_key_value_heads / tp;
+  l.intermediate_size = c.intermediate_size / tp;
+  return l;
+}
+
+/// The data split every step checks: the batch over dp * fsdp, the sequence over sp.
+inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t sp,
+                             const char* w = "ShardedLlama") {
+  EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
+  EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
+            fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
+  EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
+            " (the sequence is split over sp)");
+}
+
+/// How one parameter is stored and moved on a mesh. ShardedLlama executes exactly this, and
+/// plan_llama (plan.hpp) counts bytes from it, so the two cannot disagree.
+struct ShardedParamPlan {
+  ShardLayout layout;   // the stored blocks
+  ShardLayout compute;  // the tensor the local model uses (tp block or full)
+  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
+  bool row_bias = false;  // added by tp rank 0 only
+};
+
+/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding).
+/// Validates the config against the mesh (heads, kv heads, intermediate size by tp; each
+/// rule's dimensions by its axes) with the errors of tp_local_config and PartitionRules.
+inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
+                                                                                const MeshShape& ms,
+                                                                                const PartitionRules& rules,
+                                                                                bool tied) {
+  cfg.validate();
+  const std::int64_t tp = ms.axis_size("tp");
+  const LlamaConfig local_cfg = tp_local_config(cfg, tp);
+  const auto global = cfg.parameter_shapes();
+  const auto local = local_cfg.parameter_shapes();
+  EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
+  std::vector<std::pair<std::string, ShardedParamPlan>> plans;
+  std::vector<std::string> kept_tp{"tp"};
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const auto& [name, gshape] = global[i];
+    const auto& lshape = local[i].second;
+    if (tied && name == "lm_head.weight") continue;
+    ShardedParamPlan p;
+    const SpecValue spec = rules.spec_for(name, gshape, ms);
+    p.layout = ShardLayout(ms, spec, gshape, name);
+    const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
+    p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
+                            gshape, name);
+    EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+              " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
+              "shape ",
+              ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ",
+              ::edl::detail::shape_str(lshape),
+              " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
+    std::vector<std::string> g;
+    for (const auto& d : spec.dims)
+      for (const auto& a : d) {
+        if (ms.axis_size(a) == 1) continue;
+        if (keep_tp && a == "tp") continue;
+        g.push_back(a);
+      }
+    // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
+    for (const auto& a : ms.names())
+      if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
+    for (const auto& a : sharded_detail::data_axes()) {
+      if (ms.axis_size(a) == 1) continue;
+      if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+      else p.sum_axes.push_back(a);
+    }
+    p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    plans.emplace_back(name, std::move(p));
+  }
+  return plans;
+}
+
+template <class Pol = DefaultPolicy>
+class ShardedLlama {
+ public:
+  using T = typename Pol::param_t;
+  using Local = LlamaForCausalLM<Pol>;
+
+  /// Shards `model`'s parameters over `mesh` by `rules`.
+  ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
+    setup();
+    auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const std::string name(path);
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout.spec(), mesh_, name));
+    });
+  }
+  /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
+  ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+  const DefaultMesh& mesh() const noexcept { return mesh_; }
+  bool tied() const noexcept { return tied_; }
+  /// Parameter names, HF order.
+  const std::vector<std::string>& names() const noexcept { return names_; }
+
+  const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
+  ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
+  xt::xarray<T> gather_param(const std::string& name) const { return gather(param(name)); }
+
+  bool has_grads() const noexcept { return !grads_.empty(); }
+  const ShardedArray<float>& grad(const std::string& name) const {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    return grads_.at(checked(name));
+  }
+  ShardedArray<float>& grad(const std::string& name) {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    return grads_.at(checked(name));
+  }
+  /// The full gradient of one parameter (gathered from the devices' blocks).
+  xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
+  /// Every gradient, gathered, by HF name.
+  std::map<std::string, xt::xarray<float>> gather_grads() const {
+    std::map<std::string, xt::xarray<float>> g;
+    for (const auto& n : names_) g.emplace(n, gather_grad(n));
+    return g;
+  }
+  void zero_grad() {
+    for (auto& [n, g] : grads_)
+      for (std::int64_t d = 0; d < mesh_.size(); ++d) g.local(d).fill(0.0f);
+  }
+
+  /// Bytes of parameter blocks device `d` holds.
+  std::int64_t param_bytes(std::int64_t d) const {
+    std::int64_t b = 0;
+    for (const auto& [n, p] : params_) b += static_cast<std::int64_t>(p.local(d).size() * sizeof(T));
+    return b;
+  }
+
+  /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
+  /// attention_mask and position_ids are [B, S] as in nn::TokenLayout (HF padding mask).
+  xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
+                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
+        {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
+    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids);
+    return out;
+  }
+  xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
+    return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
+  }
+
+  /// Loss only. labels [B, S] (null: tokens), HF shift applied.
+  nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
+                       const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
+                       const std::int64_t* position_ids = nullptr) {
+    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids);
+  }
+
+  /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
+  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
+                                 std::int64_t seq, const nn::LossOptions& opt = {},
+                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+    ensure_grads();
+    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids);
+  }
+  nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
+                                 const nn::LossOptions& opt = {}) {
+    EDL_CHECK(tokens.shape() == labels.shape(), errc::shape_mismatch, "ShardedLlama::loss_and_grads",
+              "tokens and labels must have the same shape");
+    return loss_and_grads(tokens.data(), labels.data(), static_cast<std::int64_t>(tokens.shape(0)),
+                          static_cast<std::int64_t>(tokens.shape(1)), opt);
+  }
+
+  /// The one-device model with the gathered parameters (bit-exact).
+  LlamaForCausalLM<Pol> gather_model() const {
+    LlamaForCausalLM<Pol> m(cfg_);
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(std::string(path)));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
+ private:
+  enum class Mode { logits, loss, train };
+
+  using Plan = ShardedParamPlan;
+
+  struct LayerSaved {
+    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
+    typename nn::Attention<Pol>::Saved attn_s;
+    typename nn::MLP<Pol>::Saved mlp_s;
+    std::vector<float> n1, g, h, n2;
+  };
+
+  // Per-device view of one step.
+  struct Ctx {
+    Device* dev = nullptr;
+    std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
+    nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
+    std::int64_t tokens() const noexcept { return Bl * Sl; }
+  };
+
+  static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
+    LlamaForCausalLM<Pol> m(cfg);
+    m.init(key);
+    return m;
+  }
+
+  const std::string& checked(const std::string& name) const {
+    EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
+    return name;
+  }
+
+  std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
+
+  void setup() {
+    cfg_.validate();
+    local_cfg_ = tp_local_config(cfg_, axis("tp"));
+    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_)) {
+      names_.push_back(name);
+      plans_.emplace(name, std::move(p));
+    }
+    for (const auto& a : sharded_detail::data_axes())
+      if (mesh_.shape().axis_size(a) > 1) data_axes_.push_back(a);
+    locals_.resize(static_cast<std::size_t>(mesh_.size()));
+  }
+
+  void ensure_grads() {
+    if (!grads_.empty()) return;
+    for (const auto& n : names_) {
+      const ShardLayout& l = plans_.at(n).layout;
+      std::vector<xt::xarray<float>> blocks;
+      for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+        std::vector<std::size_t> s(l.local_shape().begin(), l.local_shape().end());
+        xt::xarray<float> b = xt::xarray<float>::from_shape(s);
+        b.fill(0.0f);
+        blocks.push_back(std::move(b));
+      }
+      grads_.emplace(n, ShardedArray<float>(mesh_.context(), l, std::move(blocks)));
+    }
+  }
+
+  Local& local_model(std::int64_t d) {
+    auto& slot = locals_[static_cast<std::size_t>(d)];
+    if (!slot) {
+      slot = std::make_unique<Local>(local_cfg_);
+      slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
+    }
+    return *slot;
+  }
+
+  // ------------------------------------------------------------------ parameters (ZeRO-3)
+  /// Fills p (the local model's parameter) from the device's blocks.
+  template <class Prm>
+  void gather_param_into(Device& dev, const std::string& name, Prm& p) {
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    const auto& blk = params_.at(name).local(d);
+    const auto& cshape = pl.compute.local_shape();
+    p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
+    dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    const std::size_t n = blk.size();
+    if (pl.gather_axes.empty()) {
+      std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
+      std::vector<T> buf(n * group.devices.size());
+      all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+      const auto origin = pl.compute.offset(d);
+      for (std::size_t k = 0; k < group.devices.size(); ++k)
+        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                              pl.layout.local_shape(), buf.data() + k * n, false);
+    }
+    if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
+  }
+
+  template <class Prm>
+  void release_param(Device& dev, Prm& p) {
+    dev.memory().release(dev.id(), static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    sharded_detail::free_tensor(p.value);
+  }
+
+  /// Allocates (zeroed) the local gradient before a backward.
+  template <class Prm>
+  void open_grad(Device& dev, Prm& p) {
+    p.grad_data();
+    dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+  }
+
+  /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
+  template <class Prm>
+  void reduce_grad(Device& dev, const std::string& name, Prm& p) {
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    const auto& cshape = pl.compute.local_shape();
+    const auto& bshape = pl.layout.local_shape();
+    const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
+    const auto origin = pl.compute.offset(d);
+    std::vector<float> out(m);
+    if (pl.scatter_axes.empty()) {
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
+                                out.data(), true);
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
+      std::vector<float> packed(m * group.devices.size());
+      for (std::size_t k = 0; k < group.devices.size(); ++k)
+        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                  bshape, packed.data() + k * m, true);
+      reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+    }
+    if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
+    float* g = grads_.at(name).local(d).data();
+    for (std::size_t i = 0; i < m; ++i) g[i] += out[i];
+    dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+    sharded_detail::free_tensor(p.grad);
+  }
+
+  template <class M>
+  void gather_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { gather_param_into(dev, std::string(path), p); });
+  }
+  template <class M>
+  void release_module(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { release_param(dev, p); });
+  }
+  template <class M>
+  void open_module_grads(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { open_grad(dev, p); });
+  }
+  template <class M>
+  void reduce_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
+  }
+
+  // ------------------------------------------------------------------ sequence parallel helpers
+  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
+  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
+    all_gather(*c.dev, local, buf, "sp");
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return full;
+  }
+  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
+  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
+                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return l;
+  }
+  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return f;
+  }
+  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
+  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    reduce_scatter(*c.dev, packed, out, "sp");
+    return out;
+  }
+
+  // ------------------------------------------------------------------ one decoder layer
+  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
+    const std::int64_t Tl = c.tokens();
+    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
+    s.n1.resize(n);
+    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
+    const float* g = s.n1.data();
+    if (c.sp > 1) {
+      s.g = gather_seq(c, s.n1);
+      g = s.g.data();
+    }
+    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
+    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    s.h.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    s.n2.resize(n);
+    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
+    L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
+    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
+    const std::size_t n = s.h.size();
+    std::vector<float> a(n), dh(dy, dy + n);
+    L.mlp.backward(dy, s.mlp_s, a.data());
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
+    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    std::vector<float> padded;
+    const float* dyfull = dh.data();
+    if (c.sp > 1) {
+      padded = pad_seq(c, dh);
+      dyfull = padded.data();
+    }
+    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.backward(dyfull, s.attn_s, dg.data());
+    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
+    if (c.tp > 1) psum(*c.dev, dn1, "tp");
+    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
+    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  // ------------------------------------------------------------------ the step
+  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
+                           const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
+                           const std::int64_t* pos) {
+    const char* w = "ShardedLlama";
+    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
+    check_data_split(B, S, dp, fsdp, sp, w);
+    for (std::int64_t i = 0; i < B * S; ++i)
+      EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
+                tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
+    // Global HF shift: targets[b, s] = labels[b, s + 1].
+    std::vector<std::int64_t> targets;
+    if (mode != Mode::logits) {
+      targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
+                          : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
+    }
+    // The metrics are psummed, so every device holds them; keep the lowest local device's
+    // (device 0 may run in another process).
+    nn::LossMetrics result;
+    std::mutex mu;
+    std::int64_t from = -1;
+    CollectiveBackend& be = mesh_.backend();
+    const bool multi = be.processes() > 1;
+    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
+      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
+    mesh_.run([&](Device& dev) {
+      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
+      std::lock_guard<std::mutex> lock(mu);
+      if (from < 0 || dev.id() < from) {
+        result = m;
+        from = dev.id();
+      }
+    });
+    if (multi && mode == Mode::logits)
+      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
+    return result;
+  }
+
+  nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
+                              std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
+                              const std::int64_t* mask, const std::int64_t* pos) {
+    Local& lm = local_model(dev.id());
+    auto& model = lm.model;
+    Ctx c;
+    c.dev = &dev;
+    c.tp = dev.axis_size("tp");
+    c.sp = dev.axis_size("sp");
+    c.sp_rank = dev.axis_index("sp");
+    const std::int64_t fsdp = dev.axis_size("fsdp");
+    c.Bl = B / (dev.axis_size("dp") * fsdp);
+    c.S = S;
+    c.Sl = S / c.sp;
+    c.H = cfg_.hidden_size;
+    const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
+    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
+    // Attention runs on the local batch rows over the whole sequence: their mask and positions.
+    std::vector<std::int64_t> mask_l(mask ? c.Bl * S : 0), pos_l(pos ? c.Bl * S : 0);
+    if (mask) std::copy(mask + b0 * S, mask + (b0 + c.Bl) * S, mask_l.begin());
+    if (pos) std::copy(pos + b0 * S, pos + (b0 + c.Bl) * S, pos_l.begin());
+    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr};
+    const std::size_t n = static_cast<std::size_t>(Tl * H);
+
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
+    if (mode != Mode::logits) {
+      tg.resize(ids.size());
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        for (std::int64_t s = 0; s < c.Sl; ++s)
+          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
+    }
+
+    // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
+    gather_module(dev, model.embed_tokens, "model.embed_tokens");
+    gather_module(dev, model.norm, "model.norm");
+    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
+
+    const std::size_t L = model.layers.size();
+    std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
+    std::vector<LayerSaved> saved(L);
+    typename nn::Embedding<Pol>::Saved embed_s;
+    model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l);
+      gather_module(dev, model.layers[l], pre);
+      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      release_module(dev, model.layers[l]);
+    }
+    std::vector<float> hidden(n);
+    typename nn::RMSNorm<Pol>::Saved norm_s;
+    model.norm.forward(xs[L].data(), Tl, hidden.data(), norm_s);
+
+    nn::LossMetrics metrics;
+    if (mode == Mode::logits) {
+      std::vector<float> lg(static_cast<std::size_t>(Tl * V));
+      nn::gemm_ops::mm_nt(hidden.data(), lm.head_weight(), lg.data(), Tl, V, H);
+      if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
+        for (std::int64_t b = 0; b < c.Bl; ++b)
+          std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
+                      static_cast<std::size_t>(c.Sl * V) * sizeof(float));
+    } else {
+      const auto& D = data_axes_present();
+      std::int64_t valid = 0;
+      for (auto t : tg) valid += t != opt.ignore_index;
+      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
+      nn::LossOptions o = opt;
+      o.shift = false;
+      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+      const bool train = mode == Mode::train;
+      std::vector<float> dhidden(train ? n : 0);
+      if (train) {
+        open_module_grads(dev, model.embed_tokens);
+        open_module_grads(dev, model.norm);
+        if (!tied_) open_module_grads(dev, lm.lm_head);
+      }
+      const nn::LossMetrics lm_m =
+          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
+                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
+      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
+      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
+                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
+      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
+      metrics.loss = vals[0];
+      metrics.z_loss = vals[1];
+      metrics.tokens = N;
+      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
+      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
+      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+
+      if (train) {
+        std::vector<float> a(n), b(n);
+        model.norm.backward(dhidden.data(), norm_s, a.data());
+        for (std::size_t l = L; l-- > 0;) {
+          const std::string pre = "model.layers." + std::to_string(l);
+          gather_module(dev, model.layers[l], pre);
+          open_module_grads(dev, model.layers[l]);
+          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
+          saved[l] = LayerSaved{};
+          reduce_module(dev, model.layers[l], pre);
+          release_module(dev, model.layers[l]);
+          std::swap(a, b);
+        }
+        model.embed_tokens.backward(a.data(), embed_s);
+        reduce_module(dev, model.embed_tokens, "model.embed_tokens");
+        reduce_module(dev, model.norm, "model.norm");
+        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
+      }
+    }
+    release_module(dev, model.embed_tokens);
+    release_module(dev, model.norm);
+    if (!tied_) release_module(dev, lm.lm_head);
+    return metrics;
+  }
+
+  const std::vector<std::string>& data_axes_present() const { return data_axes_; }
+
+  LlamaConfig cfg_, local_cfg_;
+  DefaultMesh mesh_;
+  PartitionRules rules_;
+  bool tied_ = false;
+  std::vector<std::string> names_;
+  std::map<std::string, Plan> plans_;
+  std::map<std::string, ShardedArray<T>> params_;
+  std::map<std::string, ShardedArray<float>> grads_;
+  std::vector<std::unique_ptr<Local>> locals_;
+  std::vector<std::string> data_axes_;
+};
+
+/// Shards a one-device model over `mesh` (EasyDeL's default Llama rules unless given).
+template <class Pol>
+ShardedLlama<Pol> shard_model(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                              PartitionRules rules = llama_partition_rules()) {
+  return ShardedLlama<Pol>(model, mesh, std::move(rules));
+}
+
+/// The one-device model with the sharded model's parameters (bit-exact).
+template <class Pol>
+LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
+  return sharded.gather_model();
+}
+
+struct ShardedLossAndGrads {
+  nn::LossMetrics metrics;
+  std::map<std::string, xt::xarray<float>> grads;  // by HF name, full (gathered)
+};
+
+/// Logits [B, S, V] of tokens [B * S] computed on `mesh` (a 1-device mesh runs the model directly).
+template <class Pol>
+xt::xtensor<float, 3> sharded_logits(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                                     std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t seq,
+                                     const PartitionRules& rules = llama_partition_rules()) {
+  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_logits",
+            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
+  if (mesh.size() == 1) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(batch),
+                                                                   static_cast<std::size_t>(seq),
+                                                                   static_cast<std::size_t>(model.config().vocab_size)});
+    model.logits(tokens.data(), nn::TokenLayout{batch, seq}, out.data());
+    return out;
+  }
+  ShardedLlama<Pol> sm(model, mesh, rules);
+  return sm.logits(tokens.data(), batch, seq);
+}
+
+/// Loss and full gradients (by HF name) computed on `mesh`. The 1-device path runs
+/// model.forward_backward (after zero_grad(model); the model's gradients are left set).
+template <class Pol>
+ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                                           std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
+                                           std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
+                                           const PartitionRules& rules = llama_partition_rules()) {
+  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
+            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
+  EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
+            "labels holds ", labels.size(), " ids, expected ", tokens.size());
+  const std::int64_t* lab = labels.empty() ? nullptr : labels.data();
+  ShardedLossAndGrads r;
+  if (mesh.size() == 1) {
+    nn::zero_grad(model);
+    r.metrics = model.forward_backward(tokens.data(), nn::TokenLayout{batch, seq}, lab, opt);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end()));
+      if (p.has_grad()) std::memcpy(g.data(), p.grad.data(), g.size() * sizeof(float));
+      else g.fill(0.0f);
+      r.grads.emplace(std::string(path), std::move(g));
+    });
+    return r;
+  }
+  ShardedLlama<Pol> sm(model, mesh, rules);
+  r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
+  r.grads = sm.gather_grads();
+  return r;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/sharded.hpp
+// #include <edl/nn/attention.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp>
+// edl/optim/optimizer.hpp
+// Optimizers with PyTorch / optax semantics over any model with visit_params:
+//   adamw     torch.optim.AdamW (decoupled weight decay: p -= lr*wd*p, then the Adam step)
+//   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
+//             (weight decay added to the gradient, as torch does)
+//   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
+//   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
+//             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
+//             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
+//
+// State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
+// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
+// parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
+// master copy in slot "master" and rounds to storage after each update (mixed precision).
+// Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
+// Options::decay_all applies it everywhere (torch's default).
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+
+namespace edl::optim {
+
+enum class OptimizerKind { adamw, sgd, lion, adafactor };
+
+inline OptimizerKind optimizer_from_name(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::adamw;
+  if (name == "sgd") return OptimizerKind::sgd;
+  if (name == "lion") return OptimizerKind::lion;
+  if (name == "adafactor") return OptimizerKind::adafactor;
+  detail::raise(errc::config, "optimizer",
+                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
+}
+inline const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::lion: return "lion";
+    case OptimizerKind::adafactor: return "adafactor";
+  }
+  return "?";
+}
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
+  double weight_decay = 0.0;
+  double momentum = 0.0;                    // sgd
+  bool nesterov = false;                    // sgd
+  bool decay_all = false;                   // weight decay on every parameter (torch default)
+  double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
+};
+
+class Optimizer {
+ public:
+  using Slots = std::map<std::string, std::vector<float>>;  // slot name -> values
+
+  Optimizer() = default;
+  explicit Optimizer(OptimizerOptions o) : opt_(o) {
+    EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
+              "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
+  }
+
+  const OptimizerOptions& options() const noexcept { return opt_; }
+  /// Number of updates applied so far (Adam's t after the last step).
+  std::int64_t step_count() const noexcept { return step_; }
+  void set_step_count(std::int64_t s) noexcept { step_ = s; }
+
+  /// One update of every parameter that has a gradient, at learning rate `lr`.
+  template <class Model>
+  void step(Model& model, double lr) {
+    begin_step();
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (!p.has_grad()) return;
+      update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
+    });
+  }
+
+  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
+  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
+  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
+  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
+  void begin_step() noexcept { ++step_; }
+  template <class T>
+  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
+                     const std::vector<std::int64_t>& shape, double lr) {
+    update(path, value, grad, n, shape, lr);
+  }
+
+  /// The values of one slot, or null when the parameter has no such slot (yet).
+  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
+    const auto p = state_.find(path);
+    if (p == state_.end()) return nullptr;
+    const auto s = p->second.find(slot);
+    return s == p->second.end() ? nullptr : &s->second;
+  }
+
+  /// Every slot of every parameter: f(path, slot name, values).
+  template <class F>
+  void visit_state(F&& f) {
+    for (auto& [path, slots] : state_)
+      for (auto& [slot, v] : slots) f(path, slot, v);
+  }
+  template <class F>
+  void visit_state(F&& f) const {
+    for (const auto& [path, slots] : state_)
+      for (const auto& [slot, v] : slots) f(path, slot, v);
+  }
+  /// Sets a slot (loading a checkpoint); sizes are checked on the next step.
+  void set_slot(const std::string& path, const std::string& slot, std::vector<float> v) {
+    state_[path][slot] = std::move(v);
+  }
+  std::int64_t state_bytes() const {
+    std::int64_t b = 0;
+    visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) {
+      b += static_cast<std::int64_t>(v.size() * sizeof(float));
+    });
+    return b;
+  }
+
+ private:
+  std::vector<float>& slot(Slots& s, const std::string& path, const char* name, std::size_t n, float init = 0.f) {
+    auto& v = s[name];
+    if (v.empty()) v.assign(n, init);
+    EDL_CHECK(v.size() == n, errc::shape_mismatch, path + "." + name, "optimizer state holds ", v.size(),
+              " values, the parameter has ", n);
+    return v;
+  }
+
+  template <class T>
+  void update(const std::string& path, T* value, const float* grad, std::int64_t n64, const std::vector<std::int64_t>& shape,
+              double lr) {
+    const std::size_t n = static_cast<std::size_t>(n64);
+    Slots& s = state_[path];
+    // f32 parameters update in place; other storage goes through an f32 master copy.
+    float* w = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      w = value;
+    } else {
+      auto& master = s["master"];
+      if (master.empty()) {
+        master.resize(n);
+        for (std::size_t i = 0; i < n; ++i) master[i] = to_f32(value[i]);
+      }
+      w = master.data();
+    }
+    const bool decay = opt_.decay_all || shape.size() >= 2;
+    const float wd = decay ? static_cast<float>(opt_.weight_decay) : 0.f;
+    const float flr = static_cast<float>(lr);
+    const float b1 = static_cast<float>(opt_.b1), b2 = static_cast<float>(opt_.b2), eps = static_cast<float>(opt_.eps);
+    constexpr std::ptrdiff_t grain = 1 << 14;
+    switch (opt_.kind) {
+      case OptimizerKind::adamw: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        float* v = slot(s, path, "exp_avg_sq", n).data();
+        // torch: step_size = lr / bc1; denom = sqrt(v) / sqrt(bc2) + eps; p -= step_size * m / denom
+        const double bc1 = 1.0 - std::pow(opt_.b1, static_cast<double>(step_));
+        const double bc2 = 1.0 - std::pow(opt_.b2, static_cast<double>(step_));
+        const float step_size = static_cast<float>(lr / bc1);
+        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+        const float decay_mul = 1.f - flr * wd;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            w[i] *= decay_mul;
+            m[i] = m[i] * b1 + (1.f - b1) * g;  // torch lerp_(grad, 1 - beta1)
+            v[i] = v[i] * b2 + (1.f - b2) * g * g;
+            const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+            w[i] -= step_size * (m[i] / denom);
+          }
+        });
+        break;
+      }
+      case OptimizerKind::sgd: {
+        const float mu = static_cast<float>(opt_.momentum);
+        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
+        const bool first = step_ == 1;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            float g = grad[i] + wd * w[i];
+            if (buf) {
+              buf[i] = first ? g : mu * buf[i] + g;  // torch: the first step copies the gradient
+              g = opt_.nesterov ? g + mu * buf[i] : buf[i];
+            }
+            w[i] -= flr * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::lion: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            const float c = b1 * m[i] + (1.f - b1) * g;
+            const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
+            w[i] -= flr * (sgn + wd * w[i]);
+            m[i] = b2 * m[i] + (1.f - b2) * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::adafactor: adafactor(s, path, w, grad, n, shape, flr, wd); break;
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      for (std::size_t i = 0; i < n; ++i) value[i] = from_f32<T>(w[i]);
+  }
+
+  void adafactor(Slots& s, const std::string& path, float* w, const float* grad, std::size_t n,
+                 const std::vector<std::int64_t>& shape, float lr, float wd) {
+    const double beta2 = 1.0 - std::pow(static_cast<double>(step_), -opt_.adafactor_decay);
+    const float eps1 = static_cast<float>(opt_.adafactor_eps1);
+    std::vector<float> u(n);
+    if (shape.size() >= 2) {  // factored over the last two dimensions
+      const std::size_t cols = static_cast<std::size_t>(shape.back());
+      const std::size_t rows = n / cols;
+      auto& vr = slot(s, path, "exp_avg_sq_row", rows);
+      auto& vc = slot(s, path, "exp_avg_sq_col", cols);
+      std::vector<double> rmean(rows, 0.0), cmean(cols, 0.0);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double g2 = static_cast<double>(grad[r * cols + c]) * grad[r * cols + c] + eps1;
+          rmean[r] += g2 / static_cast<double>(cols);
+          cmean[c] += g2 / static_cast<double>(rows);
+        }
+      double rsum = 0.0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        vr[r] = static_cast<float>(beta2 * vr[r] + (1.0 - beta2) * rmean[r]);
+        rsum += vr[r];
+      }
+      for (std::size_t c = 0; c < cols; ++c) vc[c] = static_cast<float>(beta2 * vc[c] + (1.0 - beta2) * cmean[c]);
+      const double rmean_all = rsum / static_cast<double>(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double v = static_cast<double>(vr[r]) * vc[c] / rmean_all;
+          u[r * cols + c] = static_cast<float>(grad[r * cols + c] / std::sqrt(v));
+        }
+    } else {
+      auto& v = slot(s, path, "exp_avg_sq", n);
+      for (std::size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<float>(beta2 * v[i] + (1.0 - beta2) * (static_cast<double>(grad[i]) * grad[i] + eps1));
+        u[i] = grad[i] / std::sqrt(v[i]);
+      }
+    }
+    double sq = 0.0;
+    for (float x : u) sq += static_cast<double>(x) * x;
+    const double rms = std::sqrt(sq / static_cast<double>(std::max<std::size_t>(n, 1)));
+    const float clip = static_cast<float>(1.0 / std::max(1.0, rms / opt_.adafactor_clip));
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (u[i] * clip + wd * w[i]);
+  }
+
+  OptimizerOptions opt_;
+  std::int64_t step_ = 0;
+  std::map<std::string, Slots> state_;
+};
+
+}  // namespace edl::optim
+// end of edl/optim/optimizer.hpp
+// #include <edl/tensor/partition_rules.hpp> (inlined above)
+
+namespace edl::models {
+
+struct PlanOptions {
+  std::int64_t batch = 1, seq = 1;  // the global batch [B, S]
+  bool train = false;               // forward + loss + backward (+ optimizer state); else the loss only
+  optim::OptimizerOptions optimizer{};  // which state slots (sgd: momentum > 0 keeps a buffer)
+  DType param_dtype = DType::f32;   // storage of the parameters (bf16: the optimizer adds an f32 master)
+  std::int64_t threads = 1;         // worker threads per device (attention backward scratch)
+  std::int64_t chunk_rows = 1024;   // nn::LossOptions::chunk_rows
+  PartitionRules rules = llama_partition_rules();
+};
+
+/// One kind of collective call in a step, on one axis group.
+struct PlannedCollective {
+  std::string op;                    // all_gather, reduce_scatter, psum
+  std::vector<std::string> axes;     // the group's axes (mesh order)
+  std::int64_t group = 1;            // devices in the group
+  std::int64_t calls = 0;            // per step
+  std::int64_t payload_bytes = 0;    // per device and step: the buffer each device contributes
+  std::int64_t wire_bytes = 0;       // per device and step: bytes a ring sends
+  std::string what;                  // parameters, gradients, activations, loss
+};
+
+struct MemoryPlan {
+  std::int64_t devices = 1;
+  std::int64_t parameters = 0;            // elements of the whole model
+  // Per device, persistent:
+  std::int64_t parameter_bytes = 0;       // this device's parameter blocks
+  std::int64_t gradient_bytes = 0;        // f32 gradient blocks (training)
+  std::int64_t optimizer_state_bytes = 0; // f32 state of this device's blocks (training)
+  // Per device, transient within a step:
+  std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
+  std::int64_t activation_peak_bytes = 0; // see the formula above
+  std::int64_t peak_bytes = 0;            // sum of the above
+  // Per device: batch rows, positions, tokens.
+  std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
+  std::vector<PlannedCollective> collectives;
+  /// wire bytes per axis group ("fsdp", "fsdp+sp", ...) per step.
+  std::map<std::string, std::int64_t> wire_bytes_by_axes() const {
+    std::map<std::string, std::int64_t> m;
+    for (const auto& c : collectives) {
+      std::string k;
+      for (const auto& a : c.axes) k += (k.empty() ? "" : "+") + a;
+      m[k] += c.wire_bytes;
+    }
+    return m;
+  }
+};
+
+namespace plan_detail {
+
+inline std::int64_t elements(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+
+/// f32 optimizer state for one block of `shape` (optimizer.hpp's slots).
+inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, const std::vector<std::int64_t>& shape,
+                                             bool master) {
+  const std::int64_t n = elements(shape);
+  std::int64_t s = master ? n : 0;  // f32 master copy of non-f32 parameters
+  switch (o.kind) {
+    case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
+    case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
+    case optim::OptimizerKind::lion: return s + n;  // exp_avg
+    case optim::OptimizerKind::adafactor:
+      if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
+      return s + n;
+  }
+  return s;
+}
+
+class Collectives {
+ public:
+  explicit Collectives(const MeshShape& ms) : ms_(ms) {}
+  void add(const std::string& op, std::vector<std::string> axes, std::int64_t bytes, std::int64_t calls,
+           const std::string& what) {
+    std::vector<std::string> ordered;  // mesh order, size-1 axes dropped (no traffic)
+    for (const auto& a : ms_.names())
+      if (std::find(axes.begin(), axes.end(), a) != axes.end() && ms_.axis_size(a) > 1) ordered.push_back(a);
+    if (ordered.empty() || calls == 0) return;
+    std::int64_t g = 1;
+    for (const auto& a : ordered) g *= ms_.axis_size(a);
+    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : (g - 1) * bytes;
+    for (auto& c : list_)
+      if (c.op == op && c.axes == ordered && c.what == what) {
+        c.calls += calls;
+        c.payload_bytes += bytes * calls;
+        c.wire_bytes += wire * calls;
+        return;
+      }
+    list_.push_back({op, ordered, g, calls, bytes * calls, wire * calls, what});
+  }
+  std::vector<PlannedCollective> take() { return std::move(list_); }
+
+ private:
+  const MeshShape& ms_;
+  std::vector<PlannedCollective> list_;
+};
+
+}  // namespace plan_detail
+
+/// The per-device memory and per-step communication of a Llama step on `mesh` (axes dp, fsdp,
+/// tp, sp). Validates exactly what shard_model and the step validate (heads, kv heads and
+/// intermediate size by tp, each rule's dimensions by its axes, batch by dp * fsdp, sequence
+/// by sp), with the same edl::Error messages. A tied config has no lm_head block.
+inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
+  const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
+                     sp = mesh.axis_size("sp");
+  const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
+  check_data_split(opt.batch, opt.seq, dp, fsdp, sp, "plan");
+  EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
+  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
+  const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
+  const bool master = opt.param_dtype != DType::f32;
+
+  MemoryPlan r;
+  r.devices = mesh.size();
+  r.parameters = cfg.parameter_count();
+  plan_detail::Collectives coll(mesh);
+
+  // ---- persistent blocks, and the ZeRO-3 transients (globals kept all step, one layer at a time)
+  std::int64_t global_compute = 0, layer_compute = 0;
+  std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
+  const std::int64_t L = cfg.num_hidden_layers;
+  for (const auto& [name, p] : plans) {
+    const std::int64_t blk = p.layout.local_elements(), comp = p.compute.local_elements();
+    r.parameter_bytes += blk * sT;
+    if (opt.train) {
+      r.gradient_bytes += blk * 4;
+      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(), master);
+    }
+    const bool in_layer = name.rfind("model.layers.", 0) == 0;
+    if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
+    else global_compute += comp;
+    // Gathered before use: globals once per step, a layer's parameters in forward and again in backward.
+    const std::int64_t gathers = in_layer && opt.train ? 2 : 1;
+    coll.add("all_gather", p.gather_axes, blk * sT, gathers, "parameters");
+    if (opt.train) {
+      if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
+      if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
+    }
+  }
+  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
+  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
+  r.gathered_bytes = (global_compute + layer_compute) * per_elem;
+
+  // ---- activations
+  const std::int64_t Bl = opt.batch / (dp * fsdp), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
+  const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
+                     nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
+  r.local_batch = Bl;
+  r.local_seq = Sl;
+  r.local_tokens = Tl;
+  const std::int64_t f = 4, i64 = 8;
+  const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
+                                      Tf * D + Tf * nh + 3 * Tl * Fl);
+  const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
+  const std::int64_t C = std::min(opt.chunk_rows, Tl);
+  const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
+  std::int64_t transient = loss_transient;
+  if (opt.train) {
+    const std::int64_t QB = nn::detail::kAttentionQueryBlock;
+    const std::int64_t workers = std::min(opt.threads, Bl * nkv);
+    const std::int64_t mlp = 2 * Tl * Fl;
+    // dg and (sp) its padded input stay while the attention backward's own buffers come and
+    // go, and then the sp reduce_scatter's packed copy and output.
+    const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
+                              std::max(2 * Tf * nh * D + 2 * Tf * nkv * D + workers * 2 * QB * S,
+                                       sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
+    transient = std::max(transient, f * (4 * Tl * H + std::max(mlp, attn)));
+  }
+  r.activation_peak_bytes = L * per_layer + step + transient;
+  r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
+                 r.activation_peak_bytes;
+
+  // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
+  const std::int64_t act = f * Tl * H;
+  const std::int64_t passes = opt.train ? 1 : 0;
+  coll.add("all_gather", {"sp"}, act, L, "activations");                    // normed input before attention
+  coll.add("psum", {"tp"}, act, 2 * L, "activations");                      // after o_proj and down_proj
+  coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
+  coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
+  // loss: the valid-token count and the five metric sums over the data axes
+  coll.add("psum", {"dp", "fsdp", "sp"}, i64, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "sp"}, 5 * 8, 1, "loss");
+  r.collectives = coll.take();
+  return r;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/plan.hpp
 // #include <edl/models/llama/pretrained.hpp>
 // edl/models/llama/pretrained.hpp
 // HuggingFace checkpoints for Llama models, and the module-protocol conveniences that work on
@@ -8075,772 +9377,7 @@ class LlamaForSequenceClassification {
 
 }  // namespace edl::models
 // end of edl/models/llama/sequence_classification.hpp
-// #include <edl/models/llama/sharded.hpp>
-// edl/models/llama/sharded.hpp
-// Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
-// and gradients of one device (docs/parallelism.md).
-//
-//   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
-//   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
-//   auto logits = sm.logits(tokens.data(), B, S);              // [B, S, V], gathered
-//   nn::LossMetrics m = sm.loss_and_grads(tokens.data(), labels.data(), B, S);   // grads +=
-//   xt::xarray<float> g = sm.gather_grad("model.layers.0.mlp.up_proj.weight");
-//   LlamaForCausalLM<> back = models::gather_model(sm);        // bit-exact round trip
-//
-// Storage. Every parameter is a ShardedArray<T> laid out by the partition rules (so the mesh's
-// MemoryTracker counts each device's blocks: fsdp=N holds ~1/N of the matrices per device);
-// gradients (f32) are ShardedArray<float> with the same layout, allocated by the first
-// loss_and_grads and ACCUMULATED by each call (zero_grad() clears them), as
-// LlamaForCausalLM::forward_backward does.
-//
-// Execution, per device inside mesh.run (one simulated device per thread):
-//  - a local LlamaForCausalLM whose config has num_attention_heads / tp, num_key_value_heads / tp
-//    and intermediate_size / tp (head_dim explicit), built once per device; its parameter
-//    values are empty except while a layer runs;
-//  - ZeRO-3: before a layer runs (forward, and again in backward) each of its parameters is
-//    all_gathered over the axes that shard it except tp ("fsdp", "sp", "dp" if a rule uses it),
-//    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
-//    that shards them (tp included) at the start of the step and kept until its end (the
-//    vocabulary-parallel head is not implemented: the head is replicated compute);
-//  - data: the batch is split over (dp, fsdp) (B divisible by dp * fsdp), the sequence over sp
-//    (S divisible by sp);
-//  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
-//    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
-//    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
-//    rank 0 only;
-//  - sequence parallel: norms and MLP run on the local tokens; before attention the normed
-//    hidden states are all_gathered over "sp", attention runs on the whole sequence and keeps
-//    the local slice; in backward the gradient of the gathered input is reduce_scattered over
-//    "sp" (each rank back-propagates only its own outputs);
-//  - loss: the HF shift is applied globally before splitting, each device sums its tokens and
-//    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
-//  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
-//    reduce_scattered over the data axes that shard it and psummed over the data axes that do
-//    not, so each device's block equals the block of the one-device gradient.
-// Collectives reduce in group order, so results are deterministic for a given mesh.
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <memory>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include <xtensor/xarray.hpp>
-#include <xtensor/xtensor.hpp>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/policy.hpp> (inlined above)
-// #include <edl/core/rng.hpp> (inlined above)
-// #include <edl/kernels/elementwise.hpp> (inlined above)
-// #include <edl/mesh/collectives.hpp> (inlined above)
-// #include <edl/mesh/mesh.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/llama.hpp> (inlined above)
-// #include <edl/nn/loss.hpp> (inlined above)
-// #include <edl/nn/module.hpp> (inlined above)
-// #include <edl/tensor/partition_rules.hpp> (inlined above)
-// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
-
-namespace edl::models {
-
-namespace sharded_detail {
-
-/// Axes that split the data: the batch over (dp, fsdp), the sequence over sp.
-inline const std::vector<std::string>& data_axes() {
-  static const std::vector<std::string> a{"dp", "fsdp", "sp"};
-  return a;
-}
-
-inline bool contains(const std::vector<std::string>& v, const std::string& s) {
-  for (const auto& x : v)
-    if (x == s) return true;
-  return false;
-}
-
-/// `spec` with only the axes in `keep` left.
-inline SpecValue restrict_spec(const SpecValue& spec, const std::vector<std::string>& keep) {
-  SpecValue r;
-  for (const auto& d : spec.dims) {
-    std::vector<std::string> k;
-    for (const auto& a : d)
-      if (contains(keep, a)) k.push_back(a);
-    r.dims.push_back(std::move(k));
-  }
-  return r;
-}
-
-inline std::vector<std::int64_t> minus(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
-  return a;
-}
-
-template <class X>
-void free_tensor(X& x) {
-  typename X::shape_type z{};
-  x = X::from_shape(z);
-}
-
-template <class X>
-X make_tensor(const std::vector<std::int64_t>& shape) {
-  typename X::shape_type s{};
-  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
-  return X::from_shape(s);
-}
-
-}  // namespace sharded_detail
-
-/// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
-inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
-  const char* w = "ShardedLlama";
-  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads (", c.num_attention_heads,
-            ") is not divisible by tp = ", tp);
-  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads (", c.num_key_value_heads,
-            ") is not divisible by tp = ", tp, " (each tp rank needs whole kv heads)");
-  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size (", c.intermediate_size,
-            ") is not divisible by tp = ", tp);
-  LlamaConfig l = c;
-  l.head_dim = c.head_size();
-  l.num_attention_heads = c.num_attention_heads / tp;
-  l.num_key_value_heads = c.num_key_value_heads / tp;
-  l.intermediate_size = c.intermediate_size / tp;
-  return l;
-}
-
-template <class Pol = DefaultPolicy>
-class ShardedLlama {
- public:
-  using T = typename Pol::param_t;
-  using Local = LlamaForCausalLM<Pol>;
-
-  /// Shards `model`'s parameters over `mesh` by `rules`.
-  ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
-    setup();
-    auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
-    m.visit_params("", [&](std::string_view path, auto& p) {
-      const std::string name(path);
-      const xt::xarray<T> full = p.value;
-      params_.emplace(name, shard(full, plans_.at(name).layout.spec(), mesh_, name));
-    });
-  }
-  /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
-  ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
-
-  const LlamaConfig& config() const noexcept { return cfg_; }
-  const DefaultMesh& mesh() const noexcept { return mesh_; }
-  bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order.
-  const std::vector<std::string>& names() const noexcept { return names_; }
-
-  const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
-  ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
-  xt::xarray<T> gather_param(const std::string& name) const { return gather(param(name)); }
-
-  bool has_grads() const noexcept { return !grads_.empty(); }
-  const ShardedArray<float>& grad(const std::string& name) const {
-    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
-  }
-  ShardedArray<float>& grad(const std::string& name) {
-    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
-  }
-  /// The full gradient of one parameter (gathered from the devices' blocks).
-  xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
-  /// Every gradient, gathered, by HF name.
-  std::map<std::string, xt::xarray<float>> gather_grads() const {
-    std::map<std::string, xt::xarray<float>> g;
-    for (const auto& n : names_) g.emplace(n, gather_grad(n));
-    return g;
-  }
-  void zero_grad() {
-    for (auto& [n, g] : grads_)
-      for (std::int64_t d = 0; d < mesh_.size(); ++d) g.local(d).fill(0.0f);
-  }
-
-  /// Bytes of parameter blocks device `d` holds.
-  std::int64_t param_bytes(std::int64_t d) const {
-    std::int64_t b = 0;
-    for (const auto& [n, p] : params_) b += static_cast<std::int64_t>(p.local(d).size() * sizeof(T));
-    return b;
-  }
-
-  /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
-  /// attention_mask and position_ids are [B, S] as in nn::TokenLayout (HF padding mask).
-  xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
-        {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids);
-    return out;
-  }
-  xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
-    return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
-  }
-
-  /// Loss only. labels [B, S] (null: tokens), HF shift applied.
-  nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
-                       const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
-                       const std::int64_t* position_ids = nullptr) {
-    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids);
-  }
-
-  /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
-  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
-                                 std::int64_t seq, const nn::LossOptions& opt = {},
-                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
-    ensure_grads();
-    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids);
-  }
-  nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
-                                 const nn::LossOptions& opt = {}) {
-    EDL_CHECK(tokens.shape() == labels.shape(), errc::shape_mismatch, "ShardedLlama::loss_and_grads",
-              "tokens and labels must have the same shape");
-    return loss_and_grads(tokens.data(), labels.data(), static_cast<std::int64_t>(tokens.shape(0)),
-                          static_cast<std::int64_t>(tokens.shape(1)), opt);
-  }
-
-  /// The one-device model with the gathered parameters (bit-exact).
-  LlamaForCausalLM<Pol> gather_model() const {
-    LlamaForCausalLM<Pol> m(cfg_);
-    m.visit_params("", [&](std::string_view path, auto& p) {
-      const xt::xarray<T> full = gather(params_.at(std::string(path)));
-      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
-    });
-    return m;
-  }
-
- private:
-  enum class Mode { logits, loss, train };
-
-  struct Plan {
-    ShardLayout layout;   // the stored blocks
-    ShardLayout compute;  // the tensor the local model uses (tp block or full)
-    std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
-    bool row_bias = false;  // added by tp rank 0 only
-  };
-
-  struct LayerSaved {
-    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
-    typename nn::Attention<Pol>::Saved attn_s;
-    typename nn::MLP<Pol>::Saved mlp_s;
-    std::vector<float> n1, g, h, n2;
-  };
-
-  // Per-device view of one step.
-  struct Ctx {
-    Device* dev = nullptr;
-    std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
-    nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
-    std::int64_t tokens() const noexcept { return Bl * Sl; }
-  };
-
-  static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
-    LlamaForCausalLM<Pol> m(cfg);
-    m.init(key);
-    return m;
-  }
-
-  const std::string& checked(const std::string& name) const {
-    EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
-    return name;
-  }
-
-  std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
-
-  void setup() {
-    cfg_.validate();
-    const std::int64_t tp = axis("tp");
-    local_cfg_ = tp_local_config(cfg_, tp);
-    const auto global = cfg_.parameter_shapes();
-    const auto local = local_cfg_.parameter_shapes();
-    EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
-    const MeshShape& ms = mesh_.shape();
-    std::vector<std::string> kept_tp{"tp"};
-    for (std::size_t i = 0; i < global.size(); ++i) {
-      const auto& [name, gshape] = global[i];
-      const auto& lshape = local[i].second;
-      if (tied_ && name == "lm_head.weight") continue;
-      Plan p;
-      const SpecValue spec = rules_.spec_for(name, gshape, ms);
-      p.layout = ShardLayout(ms, spec, gshape, name);
-      const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
-      p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
-                              gshape, name);
-      EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
-                " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
-                "shape ",
-                ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", ::edl::detail::shape_str(lshape),
-                " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
-      for (const auto& d : spec.dims)
-        for (const auto& a : d) {
-          if (ms.axis_size(a) == 1) continue;
-          if (keep_tp && a == "tp") continue;
-          p.gather_axes.push_back(a);
-        }
-      // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
-      std::vector<std::string> g;
-      for (const auto& a : ms.names())
-        if (sharded_detail::contains(p.gather_axes, a)) g.push_back(a);
-      p.gather_axes = g;
-      for (const auto& a : sharded_detail::data_axes()) {
-        if (ms.axis_size(a) == 1) continue;
-        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
-        else p.sum_axes.push_back(a);
-      }
-      p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
-      names_.push_back(name);
-      plans_.emplace(name, std::move(p));
-    }
-    for (const auto& a : sharded_detail::data_axes())
-      if (ms.axis_size(a) > 1) data_axes_.push_back(a);
-    locals_.resize(static_cast<std::size_t>(mesh_.size()));
-  }
-
-  void ensure_grads() {
-    if (!grads_.empty()) return;
-    for (const auto& n : names_) {
-      const ShardLayout& l = plans_.at(n).layout;
-      std::vector<xt::xarray<float>> blocks;
-      for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        std::vector<std::size_t> s(l.local_shape().begin(), l.local_shape().end());
-        xt::xarray<float> b = xt::xarray<float>::from_shape(s);
-        b.fill(0.0f);
-        blocks.push_back(std::move(b));
-      }
-      grads_.emplace(n, ShardedArray<float>(mesh_.context(), l, std::move(blocks)));
-    }
-  }
-
-  Local& local_model(std::int64_t d) {
-    auto& slot = locals_[static_cast<std::size_t>(d)];
-    if (!slot) {
-      slot = std::make_unique<Local>(local_cfg_);
-      slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
-    }
-    return *slot;
-  }
-
-  // ------------------------------------------------------------------ parameters (ZeRO-3)
-  /// Fills p (the local model's parameter) from the device's blocks.
-  template <class Prm>
-  void gather_param_into(Device& dev, const std::string& name, Prm& p) {
-    const Plan& pl = plans_.at(name);
-    const std::int64_t d = dev.id();
-    const auto& blk = params_.at(name).local(d);
-    const auto& cshape = pl.compute.local_shape();
-    p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
-    dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
-    const std::size_t n = blk.size();
-    if (pl.gather_axes.empty()) {
-      std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
-    } else {
-      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      std::vector<T> buf(n * group.devices.size());
-      all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
-      const auto origin = pl.compute.offset(d);
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                              pl.layout.local_shape(), buf.data() + k * n, false);
-    }
-    if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
-  }
-
-  template <class Prm>
-  void release_param(Device& dev, Prm& p) {
-    dev.memory().release(dev.id(), static_cast<std::int64_t>(p.value.size() * sizeof(T)));
-    sharded_detail::free_tensor(p.value);
-  }
-
-  /// Allocates (zeroed) the local gradient before a backward.
-  template <class Prm>
-  void open_grad(Device& dev, Prm& p) {
-    p.grad_data();
-    dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
-  }
-
-  /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
-  template <class Prm>
-  void reduce_grad(Device& dev, const std::string& name, Prm& p) {
-    const Plan& pl = plans_.at(name);
-    const std::int64_t d = dev.id();
-    const auto& cshape = pl.compute.local_shape();
-    const auto& bshape = pl.layout.local_shape();
-    const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
-    const auto origin = pl.compute.offset(d);
-    std::vector<float> out(m);
-    if (pl.scatter_axes.empty()) {
-      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
-                                out.data(), true);
-    } else {
-      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      std::vector<float> packed(m * group.devices.size());
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                  bshape, packed.data() + k * m, true);
-      reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
-    }
-    if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
-    float* g = grads_.at(name).local(d).data();
-    for (std::size_t i = 0; i < m; ++i) g[i] += out[i];
-    dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
-    sharded_detail::free_tensor(p.grad);
-  }
-
-  template <class M>
-  void gather_module(Device& dev, M& mod, const std::string& prefix) {
-    mod.visit_params(prefix, [&](std::string_view path, auto& p) { gather_param_into(dev, std::string(path), p); });
-  }
-  template <class M>
-  void release_module(Device& dev, M& mod) {
-    mod.visit_params("", [&](std::string_view, auto& p) { release_param(dev, p); });
-  }
-  template <class M>
-  void open_module_grads(Device& dev, M& mod) {
-    mod.visit_params("", [&](std::string_view, auto& p) { open_grad(dev, p); });
-  }
-  template <class M>
-  void reduce_module(Device& dev, M& mod, const std::string& prefix) {
-    mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
-  }
-
-  // ------------------------------------------------------------------ sequence parallel helpers
-  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
-  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
-    all_gather(*c.dev, local, buf, "sp");
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return full;
-  }
-  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
-  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
-                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return l;
-  }
-  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return f;
-  }
-  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
-  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    reduce_scatter(*c.dev, packed, out, "sp");
-    return out;
-  }
-
-  // ------------------------------------------------------------------ one decoder layer
-  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
-    const std::int64_t Tl = c.tokens();
-    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
-    s.n1.resize(n);
-    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
-    const float* g = s.n1.data();
-    if (c.sp > 1) {
-      s.g = gather_seq(c, s.n1);
-      g = s.g.data();
-    }
-    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
-    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    s.h.resize(n);
-    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
-    s.n2.resize(n);
-    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
-    L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
-    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
-    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
-  }
-
-  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
-    const std::size_t n = s.h.size();
-    std::vector<float> a(n), dh(dy, dy + n);
-    L.mlp.backward(dy, s.mlp_s, a.data());
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
-    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
-    std::vector<float> padded;
-    const float* dyfull = dh.data();
-    if (c.sp > 1) {
-      padded = pad_seq(c, dh);
-      dyfull = padded.data();
-    }
-    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.backward(dyfull, s.attn_s, dg.data());
-    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
-    if (c.tp > 1) psum(*c.dev, dn1, "tp");
-    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
-    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
-  }
-
-  // ------------------------------------------------------------------ the step
-  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
-                           const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
-                           const std::int64_t* pos) {
-    const char* w = "ShardedLlama";
-    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
-    EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
-    EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
-              fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
-    EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
-              " (the sequence is split over sp)");
-    for (std::int64_t i = 0; i < B * S; ++i)
-      EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
-                tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
-    // Global HF shift: targets[b, s] = labels[b, s + 1].
-    std::vector<std::int64_t> targets;
-    if (mode != Mode::logits) {
-      targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
-                          : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
-    }
-    // The metrics are psummed, so every device holds them; keep the lowest local device's
-    // (device 0 may run in another process).
-    nn::LossMetrics result;
-    std::mutex mu;
-    std::int64_t from = -1;
-    CollectiveBackend& be = mesh_.backend();
-    const bool multi = be.processes() > 1;
-    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
-      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
-    mesh_.run([&](Device& dev) {
-      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
-      std::lock_guard<std::mutex> lock(mu);
-      if (from < 0 || dev.id() < from) {
-        result = m;
-        from = dev.id();
-      }
-    });
-    if (multi && mode == Mode::logits)
-      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
-    return result;
-  }
-
-  nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
-                              std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              const std::int64_t* mask, const std::int64_t* pos) {
-    Local& lm = local_model(dev.id());
-    auto& model = lm.model;
-    Ctx c;
-    c.dev = &dev;
-    c.tp = dev.axis_size("tp");
-    c.sp = dev.axis_size("sp");
-    c.sp_rank = dev.axis_index("sp");
-    const std::int64_t fsdp = dev.axis_size("fsdp");
-    c.Bl = B / (dev.axis_size("dp") * fsdp);
-    c.S = S;
-    c.Sl = S / c.sp;
-    c.H = cfg_.hidden_size;
-    const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
-    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
-    // Attention runs on the local batch rows over the whole sequence: their mask and positions.
-    std::vector<std::int64_t> mask_l(mask ? c.Bl * S : 0), pos_l(pos ? c.Bl * S : 0);
-    if (mask) std::copy(mask + b0 * S, mask + (b0 + c.Bl) * S, mask_l.begin());
-    if (pos) std::copy(pos + b0 * S, pos + (b0 + c.Bl) * S, pos_l.begin());
-    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr};
-    const std::size_t n = static_cast<std::size_t>(Tl * H);
-
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
-    if (mode != Mode::logits) {
-      tg.resize(ids.size());
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s)
-          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
-    }
-
-    // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
-    gather_module(dev, model.embed_tokens, "model.embed_tokens");
-    gather_module(dev, model.norm, "model.norm");
-    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
-
-    const std::size_t L = model.layers.size();
-    std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
-    std::vector<LayerSaved> saved(L);
-    typename nn::Embedding<Pol>::Saved embed_s;
-    model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
-    for (std::size_t l = 0; l < L; ++l) {
-      const std::string pre = "model.layers." + std::to_string(l);
-      gather_module(dev, model.layers[l], pre);
-      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
-      release_module(dev, model.layers[l]);
-    }
-    std::vector<float> hidden(n);
-    typename nn::RMSNorm<Pol>::Saved norm_s;
-    model.norm.forward(xs[L].data(), Tl, hidden.data(), norm_s);
-
-    nn::LossMetrics metrics;
-    if (mode == Mode::logits) {
-      std::vector<float> lg(static_cast<std::size_t>(Tl * V));
-      nn::gemm_ops::mm_nt(hidden.data(), lm.head_weight(), lg.data(), Tl, V, H);
-      if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
-        for (std::int64_t b = 0; b < c.Bl; ++b)
-          std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
-                      static_cast<std::size_t>(c.Sl * V) * sizeof(float));
-    } else {
-      const auto& D = data_axes_present();
-      std::int64_t valid = 0;
-      for (auto t : tg) valid += t != opt.ignore_index;
-      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = opt;
-      o.shift = false;
-      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
-      const bool train = mode == Mode::train;
-      std::vector<float> dhidden(train ? n : 0);
-      if (train) {
-        open_module_grads(dev, model.embed_tokens);
-        open_module_grads(dev, model.norm);
-        if (!tied_) open_module_grads(dev, lm.lm_head);
-      }
-      const nn::LossMetrics lm_m =
-          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
-                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
-      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
-      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
-                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
-      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
-      metrics.loss = vals[0];
-      metrics.z_loss = vals[1];
-      metrics.tokens = N;
-      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
-      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
-      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
-
-      if (train) {
-        std::vector<float> a(n), b(n);
-        model.norm.backward(dhidden.data(), norm_s, a.data());
-        for (std::size_t l = L; l-- > 0;) {
-          const std::string pre = "model.layers." + std::to_string(l);
-          gather_module(dev, model.layers[l], pre);
-          open_module_grads(dev, model.layers[l]);
-          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
-          saved[l] = LayerSaved{};
-          reduce_module(dev, model.layers[l], pre);
-          release_module(dev, model.layers[l]);
-          std::swap(a, b);
-        }
-        model.embed_tokens.backward(a.data(), embed_s);
-        reduce_module(dev, model.embed_tokens, "model.embed_tokens");
-        reduce_module(dev, model.norm, "model.norm");
-        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
-      }
-    }
-    release_module(dev, model.embed_tokens);
-    release_module(dev, model.norm);
-    if (!tied_) release_module(dev, lm.lm_head);
-    return metrics;
-  }
-
-  const std::vector<std::string>& data_axes_present() const { return data_axes_; }
-
-  LlamaConfig cfg_, local_cfg_;
-  DefaultMesh mesh_;
-  PartitionRules rules_;
-  bool tied_ = false;
-  std::vector<std::string> names_;
-  std::map<std::string, Plan> plans_;
-  std::map<std::string, ShardedArray<T>> params_;
-  std::map<std::string, ShardedArray<float>> grads_;
-  std::vector<std::unique_ptr<Local>> locals_;
-  std::vector<std::string> data_axes_;
-};
-
-/// Shards a one-device model over `mesh` (EasyDeL's default Llama rules unless given).
-template <class Pol>
-ShardedLlama<Pol> shard_model(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                              PartitionRules rules = llama_partition_rules()) {
-  return ShardedLlama<Pol>(model, mesh, std::move(rules));
-}
-
-/// The one-device model with the sharded model's parameters (bit-exact).
-template <class Pol>
-LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
-  return sharded.gather_model();
-}
-
-struct ShardedLossAndGrads {
-  nn::LossMetrics metrics;
-  std::map<std::string, xt::xarray<float>> grads;  // by HF name, full (gathered)
-};
-
-/// Logits [B, S, V] of tokens [B * S] computed on `mesh` (a 1-device mesh runs the model directly).
-template <class Pol>
-xt::xtensor<float, 3> sharded_logits(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                     std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t seq,
-                                     const PartitionRules& rules = llama_partition_rules()) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_logits",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  if (mesh.size() == 1) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(batch),
-                                                                   static_cast<std::size_t>(seq),
-                                                                   static_cast<std::size_t>(model.config().vocab_size)});
-    model.logits(tokens.data(), nn::TokenLayout{batch, seq}, out.data());
-    return out;
-  }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  return sm.logits(tokens.data(), batch, seq);
-}
-
-/// Loss and full gradients (by HF name) computed on `mesh`. The 1-device path runs
-/// model.forward_backward (after zero_grad(model); the model's gradients are left set).
-template <class Pol>
-ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                           std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
-                                           std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
-                                           const PartitionRules& rules = llama_partition_rules()) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
-            "labels holds ", labels.size(), " ids, expected ", tokens.size());
-  const std::int64_t* lab = labels.empty() ? nullptr : labels.data();
-  ShardedLossAndGrads r;
-  if (mesh.size() == 1) {
-    nn::zero_grad(model);
-    r.metrics = model.forward_backward(tokens.data(), nn::TokenLayout{batch, seq}, lab, opt);
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end()));
-      if (p.has_grad()) std::memcpy(g.data(), p.grad.data(), g.size() * sizeof(float));
-      else g.fill(0.0f);
-      r.grads.emplace(std::string(path), std::move(g));
-    });
-    return r;
-  }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
-  r.grads = sm.gather_grads();
-  return r;
-}
-
-}  // namespace edl::models
-// end of edl/models/llama/sharded.hpp
+// #include <edl/models/llama/sharded.hpp> (inlined above)
 // end of edl/models/all.hpp
 // #include <edl/optim/all.hpp>
 // edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.
@@ -8893,274 +9430,7 @@ void zero_grad(Model& model) {
 
 }  // namespace edl::optim
 // end of edl/optim/clip.hpp
-// #include <edl/optim/optimizer.hpp>
-// edl/optim/optimizer.hpp
-// Optimizers with PyTorch / optax semantics over any model with visit_params:
-//   adamw     torch.optim.AdamW (decoupled weight decay: p -= lr*wd*p, then the Adam step)
-//   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
-//             (weight decay added to the gradient, as torch does)
-//   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
-//   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
-//             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
-//             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
-//
-// State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
-// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
-// parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
-// master copy in slot "master" and rounds to storage after each update (mixed precision).
-// Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
-// Options::decay_all applies it everywhere (torch's default).
-
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <vector>
-
-// #include <edl/core/dtype.hpp> (inlined above)
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/exec.hpp> (inlined above)
-
-namespace edl::optim {
-
-enum class OptimizerKind { adamw, sgd, lion, adafactor };
-
-inline OptimizerKind optimizer_from_name(std::string_view name) {
-  if (name == "adamw") return OptimizerKind::adamw;
-  if (name == "sgd") return OptimizerKind::sgd;
-  if (name == "lion") return OptimizerKind::lion;
-  if (name == "adafactor") return OptimizerKind::adafactor;
-  detail::raise(errc::config, "optimizer",
-                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
-}
-inline const char* optimizer_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::lion: return "lion";
-    case OptimizerKind::adafactor: return "adafactor";
-  }
-  return "?";
-}
-
-struct OptimizerOptions {
-  OptimizerKind kind = OptimizerKind::adamw;
-  double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
-  double weight_decay = 0.0;
-  double momentum = 0.0;                    // sgd
-  bool nesterov = false;                    // sgd
-  bool decay_all = false;                   // weight decay on every parameter (torch default)
-  double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
-};
-
-class Optimizer {
- public:
-  using Slots = std::map<std::string, std::vector<float>>;  // slot name -> values
-
-  Optimizer() = default;
-  explicit Optimizer(OptimizerOptions o) : opt_(o) {
-    EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
-              "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
-  }
-
-  const OptimizerOptions& options() const noexcept { return opt_; }
-  /// Number of updates applied so far (Adam's t after the last step).
-  std::int64_t step_count() const noexcept { return step_; }
-  void set_step_count(std::int64_t s) noexcept { step_ = s; }
-
-  /// One update of every parameter that has a gradient, at learning rate `lr`.
-  template <class Model>
-  void step(Model& model, double lr) {
-    begin_step();
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      if (!p.has_grad()) return;
-      update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
-    });
-  }
-
-  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
-  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
-  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
-  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
-  void begin_step() noexcept { ++step_; }
-  template <class T>
-  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
-                     const std::vector<std::int64_t>& shape, double lr) {
-    update(path, value, grad, n, shape, lr);
-  }
-
-  /// The values of one slot, or null when the parameter has no such slot (yet).
-  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
-    const auto p = state_.find(path);
-    if (p == state_.end()) return nullptr;
-    const auto s = p->second.find(slot);
-    return s == p->second.end() ? nullptr : &s->second;
-  }
-
-  /// Every slot of every parameter: f(path, slot name, values).
-  template <class F>
-  void visit_state(F&& f) {
-    for (auto& [path, slots] : state_)
-      for (auto& [slot, v] : slots) f(path, slot, v);
-  }
-  template <class F>
-  void visit_state(F&& f) const {
-    for (const auto& [path, slots] : state_)
-      for (const auto& [slot, v] : slots) f(path, slot, v);
-  }
-  /// Sets a slot (loading a checkpoint); sizes are checked on the next step.
-  void set_slot(const std::string& path, const std::string& slot, std::vector<float> v) {
-    state_[path][slot] = std::move(v);
-  }
-  std::int64_t state_bytes() const {
-    std::int64_t b = 0;
-    visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) {
-      b += static_cast<std::int64_t>(v.size() * sizeof(float));
-    });
-    return b;
-  }
-
- private:
-  std::vector<float>& slot(Slots& s, const std::string& path, const char* name, std::size_t n, float init = 0.f) {
-    auto& v = s[name];
-    if (v.empty()) v.assign(n, init);
-    EDL_CHECK(v.size() == n, errc::shape_mismatch, path + "." + name, "optimizer state holds ", v.size(),
-              " values, the parameter has ", n);
-    return v;
-  }
-
-  template <class T>
-  void update(const std::string& path, T* value, const float* grad, std::int64_t n64, const std::vector<std::int64_t>& shape,
-              double lr) {
-    const std::size_t n = static_cast<std::size_t>(n64);
-    Slots& s = state_[path];
-    // f32 parameters update in place; other storage goes through an f32 master copy.
-    float* w = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      w = value;
-    } else {
-      auto& master = s["master"];
-      if (master.empty()) {
-        master.resize(n);
-        for (std::size_t i = 0; i < n; ++i) master[i] = to_f32(value[i]);
-      }
-      w = master.data();
-    }
-    const bool decay = opt_.decay_all || shape.size() >= 2;
-    const float wd = decay ? static_cast<float>(opt_.weight_decay) : 0.f;
-    const float flr = static_cast<float>(lr);
-    const float b1 = static_cast<float>(opt_.b1), b2 = static_cast<float>(opt_.b2), eps = static_cast<float>(opt_.eps);
-    constexpr std::ptrdiff_t grain = 1 << 14;
-    switch (opt_.kind) {
-      case OptimizerKind::adamw: {
-        float* m = slot(s, path, "exp_avg", n).data();
-        float* v = slot(s, path, "exp_avg_sq", n).data();
-        // torch: step_size = lr / bc1; denom = sqrt(v) / sqrt(bc2) + eps; p -= step_size * m / denom
-        const double bc1 = 1.0 - std::pow(opt_.b1, static_cast<double>(step_));
-        const double bc2 = 1.0 - std::pow(opt_.b2, static_cast<double>(step_));
-        const float step_size = static_cast<float>(lr / bc1);
-        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-        const float decay_mul = 1.f - flr * wd;
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            const float g = grad[i];
-            w[i] *= decay_mul;
-            m[i] = m[i] * b1 + (1.f - b1) * g;  // torch lerp_(grad, 1 - beta1)
-            v[i] = v[i] * b2 + (1.f - b2) * g * g;
-            const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-            w[i] -= step_size * (m[i] / denom);
-          }
-        });
-        break;
-      }
-      case OptimizerKind::sgd: {
-        const float mu = static_cast<float>(opt_.momentum);
-        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
-        const bool first = step_ == 1;
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            float g = grad[i] + wd * w[i];
-            if (buf) {
-              buf[i] = first ? g : mu * buf[i] + g;  // torch: the first step copies the gradient
-              g = opt_.nesterov ? g + mu * buf[i] : buf[i];
-            }
-            w[i] -= flr * g;
-          }
-        });
-        break;
-      }
-      case OptimizerKind::lion: {
-        float* m = slot(s, path, "exp_avg", n).data();
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            const float g = grad[i];
-            const float c = b1 * m[i] + (1.f - b1) * g;
-            const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
-            w[i] -= flr * (sgn + wd * w[i]);
-            m[i] = b2 * m[i] + (1.f - b2) * g;
-          }
-        });
-        break;
-      }
-      case OptimizerKind::adafactor: adafactor(s, path, w, grad, n, shape, flr, wd); break;
-    }
-    if constexpr (!std::is_same_v<T, float>)
-      for (std::size_t i = 0; i < n; ++i) value[i] = from_f32<T>(w[i]);
-  }
-
-  void adafactor(Slots& s, const std::string& path, float* w, const float* grad, std::size_t n,
-                 const std::vector<std::int64_t>& shape, float lr, float wd) {
-    const double beta2 = 1.0 - std::pow(static_cast<double>(step_), -opt_.adafactor_decay);
-    const float eps1 = static_cast<float>(opt_.adafactor_eps1);
-    std::vector<float> u(n);
-    if (shape.size() >= 2) {  // factored over the last two dimensions
-      const std::size_t cols = static_cast<std::size_t>(shape.back());
-      const std::size_t rows = n / cols;
-      auto& vr = slot(s, path, "exp_avg_sq_row", rows);
-      auto& vc = slot(s, path, "exp_avg_sq_col", cols);
-      std::vector<double> rmean(rows, 0.0), cmean(cols, 0.0);
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t c = 0; c < cols; ++c) {
-          const double g2 = static_cast<double>(grad[r * cols + c]) * grad[r * cols + c] + eps1;
-          rmean[r] += g2 / static_cast<double>(cols);
-          cmean[c] += g2 / static_cast<double>(rows);
-        }
-      double rsum = 0.0;
-      for (std::size_t r = 0; r < rows; ++r) {
-        vr[r] = static_cast<float>(beta2 * vr[r] + (1.0 - beta2) * rmean[r]);
-        rsum += vr[r];
-      }
-      for (std::size_t c = 0; c < cols; ++c) vc[c] = static_cast<float>(beta2 * vc[c] + (1.0 - beta2) * cmean[c]);
-      const double rmean_all = rsum / static_cast<double>(rows);
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t c = 0; c < cols; ++c) {
-          const double v = static_cast<double>(vr[r]) * vc[c] / rmean_all;
-          u[r * cols + c] = static_cast<float>(grad[r * cols + c] / std::sqrt(v));
-        }
-    } else {
-      auto& v = slot(s, path, "exp_avg_sq", n);
-      for (std::size_t i = 0; i < n; ++i) {
-        v[i] = static_cast<float>(beta2 * v[i] + (1.0 - beta2) * (static_cast<double>(grad[i]) * grad[i] + eps1));
-        u[i] = grad[i] / std::sqrt(v[i]);
-      }
-    }
-    double sq = 0.0;
-    for (float x : u) sq += static_cast<double>(x) * x;
-    const double rms = std::sqrt(sq / static_cast<double>(std::max<std::size_t>(n, 1)));
-    const float clip = static_cast<float>(1.0 / std::max(1.0, rms / opt_.adafactor_clip));
-    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (u[i] * clip + wd * w[i]);
-  }
-
-  OptimizerOptions opt_;
-  std::int64_t step_ = 0;
-  std::map<std::string, Slots> state_;
-};
-
-}  // namespace edl::optim
-// end of edl/optim/optimizer.hpp
+// #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/schedule.hpp>
 // edl/optim/schedule.hpp
 // Learning-rate schedules (optax / EasyDeL names): constant; linear warm-up then linear or

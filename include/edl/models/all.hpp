@@ -2,6 +2,7 @@
 #pragma once
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/plan.hpp>
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sequence_classification.hpp>
 #include <edl/models/llama/sharded.hpp>

@@ -136,6 +136,77 @@ inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
   return l;
 }
 
+/// The data split every step checks: the batch over dp * fsdp, the sequence over sp.
+inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t sp,
+                             const char* w = "ShardedLlama") {
+  EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
+  EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
+            fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
+  EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
+            " (the sequence is split over sp)");
+}
+
+/// How one parameter is stored and moved on a mesh. ShardedLlama executes exactly this, and
+/// plan_llama (plan.hpp) counts bytes from it, so the two cannot disagree.
+struct ShardedParamPlan {
+  ShardLayout layout;   // the stored blocks
+  ShardLayout compute;  // the tensor the local model uses (tp block or full)
+  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
+  bool row_bias = false;  // added by tp rank 0 only
+};
+
+/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding).
+/// Validates the config against the mesh (heads, kv heads, intermediate size by tp; each
+/// rule's dimensions by its axes) with the errors of tp_local_config and PartitionRules.
+inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
+                                                                                const MeshShape& ms,
+                                                                                const PartitionRules& rules,
+                                                                                bool tied) {
+  cfg.validate();
+  const std::int64_t tp = ms.axis_size("tp");
+  const LlamaConfig local_cfg = tp_local_config(cfg, tp);
+  const auto global = cfg.parameter_shapes();
+  const auto local = local_cfg.parameter_shapes();
+  EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
+  std::vector<std::pair<std::string, ShardedParamPlan>> plans;
+  std::vector<std::string> kept_tp{"tp"};
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const auto& [name, gshape] = global[i];
+    const auto& lshape = local[i].second;
+    if (tied && name == "lm_head.weight") continue;
+    ShardedParamPlan p;
+    const SpecValue spec = rules.spec_for(name, gshape, ms);
+    p.layout = ShardLayout(ms, spec, gshape, name);
+    const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
+    p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
+                            gshape, name);
+    EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+              " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
+              "shape ",
+              ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ",
+              ::edl::detail::shape_str(lshape),
+              " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
+    std::vector<std::string> g;
+    for (const auto& d : spec.dims)
+      for (const auto& a : d) {
+        if (ms.axis_size(a) == 1) continue;
+        if (keep_tp && a == "tp") continue;
+        g.push_back(a);
+      }
+    // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
+    for (const auto& a : ms.names())
+      if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
+    for (const auto& a : sharded_detail::data_axes()) {
+      if (ms.axis_size(a) == 1) continue;
+      if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+      else p.sum_axes.push_back(a);
+    }
+    p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    plans.emplace_back(name, std::move(p));
+  }
+  return plans;
+}
+
 template <class Pol = DefaultPolicy>
 class ShardedLlama {
  public:
@@ -244,12 +315,7 @@ class ShardedLlama {
  private:
   enum class Mode { logits, loss, train };
 
-  struct Plan {
-    ShardLayout layout;   // the stored blocks
-    ShardLayout compute;  // the tensor the local model uses (tp block or full)
-    std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
-    bool row_bias = false;  // added by tp rank 0 only
-  };
+  using Plan = ShardedParamPlan;
 
   struct LayerSaved {
     typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
@@ -281,50 +347,13 @@ class ShardedLlama {
 
   void setup() {
     cfg_.validate();
-    const std::int64_t tp = axis("tp");
-    local_cfg_ = tp_local_config(cfg_, tp);
-    const auto global = cfg_.parameter_shapes();
-    const auto local = local_cfg_.parameter_shapes();
-    EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
-    const MeshShape& ms = mesh_.shape();
-    std::vector<std::string> kept_tp{"tp"};
-    for (std::size_t i = 0; i < global.size(); ++i) {
-      const auto& [name, gshape] = global[i];
-      const auto& lshape = local[i].second;
-      if (tied_ && name == "lm_head.weight") continue;
-      Plan p;
-      const SpecValue spec = rules_.spec_for(name, gshape, ms);
-      p.layout = ShardLayout(ms, spec, gshape, name);
-      const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
-      p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
-                              gshape, name);
-      EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
-                " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
-                "shape ",
-                ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ", ::edl::detail::shape_str(lshape),
-                " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
-      for (const auto& d : spec.dims)
-        for (const auto& a : d) {
-          if (ms.axis_size(a) == 1) continue;
-          if (keep_tp && a == "tp") continue;
-          p.gather_axes.push_back(a);
-        }
-      // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
-      std::vector<std::string> g;
-      for (const auto& a : ms.names())
-        if (sharded_detail::contains(p.gather_axes, a)) g.push_back(a);
-      p.gather_axes = g;
-      for (const auto& a : sharded_detail::data_axes()) {
-        if (ms.axis_size(a) == 1) continue;
-        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
-        else p.sum_axes.push_back(a);
-      }
-      p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    local_cfg_ = tp_local_config(cfg_, axis("tp"));
+    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_)) {
       names_.push_back(name);
       plans_.emplace(name, std::move(p));
     }
     for (const auto& a : sharded_detail::data_axes())
-      if (ms.axis_size(a) > 1) data_axes_.push_back(a);
+      if (mesh_.shape().axis_size(a) > 1) data_axes_.push_back(a);
     locals_.resize(static_cast<std::size_t>(mesh_.size()));
   }
 
@@ -530,11 +559,7 @@ class ShardedLlama {
                            const std::int64_t* pos) {
     const char* w = "ShardedLlama";
     const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
-    EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
-    EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
-              fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
-    EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
-              " (the sequence is split over sp)");
+    check_data_split(B, S, dp, fsdp, sp, w);
     for (std::int64_t i = 0; i < B * S; ++i)
       EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
                 tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");

@@ -1,0 +1,127 @@
+// examples/cli/plan.hpp: `edl plan` prints the pre-flight plan of a Llama step on a mesh
+// (models/llama/plan.hpp) without allocating any tensor: only the config is read.
+//
+//   edl plan --model DIR | --config tiny|small|gqa1b  --mesh dp=..,fsdp=..,tp=..,sp=..
+//            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor] [--momentum M]
+//            [--dtype f32|bf16] [--threads T] [--chunk-rows C]
+//
+// --batch defaults to dp * fsdp (one row per data-parallel rank), --seq to the config's
+// max_position_embeddings. Without --train the plan is the loss-only forward: no gradients,
+// no optimizer state. Prints one JSON object (docs/distributed.md, "The pre-flight plan").
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/mesh/mesh_shape.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/plan.hpp>
+#include <edl/optim/optimizer.hpp>
+#include "args.hpp"
+#include "mesh_flag.hpp"
+
+namespace edl::cli {
+
+inline int cmd_plan(Args& args) {
+  const std::string where = "edl plan";
+  const bool has_model = args.has("--model"), has_config = args.has("--config");
+  const std::string model_dir = args.str("--model", ""), config = args.str("--config", "");
+  const MeshDims dims = mesh_flag(args);
+  const bool train = args.has("--train");
+  const std::string optimizer = args.str("--optimizer", "adamw");
+  const double momentum = args.number("--momentum", 0.0);
+  const std::string dtype = args.str("--dtype", "f32");
+  const std::int64_t threads = args.integer("--threads", exec::num_threads());
+  const std::int64_t chunk_rows = args.integer("--chunk-rows", 1024);
+  const bool has_batch = args.has("--batch"), has_seq = args.has("--seq");
+  const std::int64_t batch_flag = args.integer("--batch", 0), seq_flag = args.integer("--seq", 0);
+  args.finish();
+  EDL_CHECK(has_model != has_config, errc::invalid_argument, where,
+            "give exactly one of --model DIR (its config.json) or --config tiny|small|gqa1b");
+  EDL_CHECK(!train || args.str("--train", "").empty(), errc::invalid_argument, "--train",
+            "is a switch and takes no value");
+
+  models::LlamaConfig cfg;
+  std::string name;
+  if (has_model) {
+    EDL_CHECK(!model_dir.empty(), errc::invalid_argument, "--model", "expected a checkpoint folder");
+    cfg = models::LlamaConfig::from_file((std::filesystem::path(model_dir) / "config.json").string());
+    name = model_dir;
+  } else {
+    EDL_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected tiny, small or gqa1b");
+    cfg = models::LlamaConfig::preset(config);
+    name = config;
+  }
+  const MeshShape mesh({"dp", "fsdp", "tp", "sp"}, {dims[0], dims[1], dims[2], dims[3]});  // no devices are started
+
+  models::PlanOptions o;
+  o.batch = has_batch ? batch_flag : dims[0] * dims[1];
+  o.seq = has_seq ? seq_flag : cfg.max_position_embeddings;
+  EDL_CHECK(o.batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", o.batch);
+  EDL_CHECK(o.seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", o.seq);
+  EDL_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
+  EDL_CHECK(momentum >= 0, errc::invalid_argument, "--momentum", "must be >= 0, found ", momentum);
+  o.train = train;
+  o.optimizer.kind = optim::optimizer_from_name(optimizer);
+  o.optimizer.momentum = momentum;
+  EDL_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, "--dtype",
+            "parameters are stored as f32 or bf16, found \"", dtype, "\"");
+  o.param_dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+  o.threads = threads;
+  o.chunk_rows = chunk_rows;
+  const models::MemoryPlan p = models::plan_llama(cfg, mesh, o);
+
+  nlohmann::ordered_json j;
+  j["model"] = name;
+  j["mesh"] = mesh_json(dims);
+  j["devices"] = p.devices;
+  j["batch"] = o.batch;
+  j["seq"] = o.seq;
+  j["train"] = train;
+  j["dtype"] = dtype;
+  j["optimizer"] = train ? nlohmann::ordered_json(optimizer) : nlohmann::ordered_json(nullptr);
+  j["parameters"] = p.parameters;
+  nlohmann::ordered_json d;
+  d["parameter_bytes"] = p.parameter_bytes;
+  d["gradient_bytes"] = p.gradient_bytes;
+  d["optimizer_state_bytes"] = p.optimizer_state_bytes;
+  d["gathered_bytes"] = p.gathered_bytes;
+  d["activation_peak_bytes"] = p.activation_peak_bytes;
+  d["peak_bytes"] = p.peak_bytes;
+  d["local_batch"] = p.local_batch;
+  d["local_seq"] = p.local_seq;
+  d["local_tokens"] = p.local_tokens;
+  j["per_device"] = d;
+  nlohmann::ordered_json cs = nlohmann::ordered_json::array();
+  std::int64_t total = 0;
+  for (const auto& c : p.collectives) {
+    nlohmann::ordered_json e;
+    e["op"] = c.op;
+    e["axes"] = c.axes;
+    e["group"] = c.group;
+    e["what"] = c.what;
+    e["calls"] = c.calls;
+    e["payload_bytes"] = c.payload_bytes;
+    e["wire_bytes"] = c.wire_bytes;
+    cs.push_back(e);
+    total += c.wire_bytes;
+  }
+  nlohmann::ordered_json step;
+  step["collectives"] = cs;
+  nlohmann::ordered_json by = nlohmann::ordered_json::object();
+  for (const auto& [axes, bytes] : p.wire_bytes_by_axes()) by[axes] = bytes;
+  step["wire_bytes_by_axes"] = by;
+  step["wire_bytes"] = total;
+  j["per_step"] = step;
+  std::cout << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli

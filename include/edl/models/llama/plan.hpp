@@ -1,0 +1,244 @@
+// edl/models/llama/plan.hpp
+// The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
+// computed from the config and mesh alone, before any tensor is allocated.
+//
+//   auto mesh = MeshShape({"dp", "fsdp", "tp", "sp"}, {1, 2, 2, 1});
+//   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
+//   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
+//
+// Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
+// layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
+// measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
+// only accept even splits), so one device's figures are every device's.
+//
+// Activations (f32, per device; Bl = B / (dp*fsdp) local rows, Sl = S / sp local positions,
+// Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
+// heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
+// and the modules' Saved structs keep:
+//   per layer, kept until the layer's backward:
+//     LayerSaved n1, h, n2                         3 Tl H
+//     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
+//     RMSNorm inv_rms x 2                          2 Tl
+//     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
+//     MLP g, u, a                                  3 Tl Fl
+//   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
+//     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
+//   the peak adds the largest transient on top of all layers' saved state:
+//     loss:     the chunked loss's [C, V] f32 logits + 3 C doubles (C = min(chunk_rows, Tl));
+//               the full [Tl, V] logits never exist;
+//     backward of the last layer (training): outer a, b and inner a, dh (4 Tl H) plus
+//               max(MLP: da, dg 2 Tl Fl;
+//                   attention: dg Tf H (+ its sp-padded input Tf H when sp > 1) plus
+//                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
+//                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
+// Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
+//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/mesh/mesh_shape.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/sharded.hpp>
+#include <edl/nn/attention.hpp>
+#include <edl/optim/optimizer.hpp>
+#include <edl/tensor/partition_rules.hpp>
+
+namespace edl::models {
+
+struct PlanOptions {
+  std::int64_t batch = 1, seq = 1;  // the global batch [B, S]
+  bool train = false;               // forward + loss + backward (+ optimizer state); else the loss only
+  optim::OptimizerOptions optimizer{};  // which state slots (sgd: momentum > 0 keeps a buffer)
+  DType param_dtype = DType::f32;   // storage of the parameters (bf16: the optimizer adds an f32 master)
+  std::int64_t threads = 1;         // worker threads per device (attention backward scratch)
+  std::int64_t chunk_rows = 1024;   // nn::LossOptions::chunk_rows
+  PartitionRules rules = llama_partition_rules();
+};
+
+/// One kind of collective call in a step, on one axis group.
+struct PlannedCollective {
+  std::string op;                    // all_gather, reduce_scatter, psum
+  std::vector<std::string> axes;     // the group's axes (mesh order)
+  std::int64_t group = 1;            // devices in the group
+  std::int64_t calls = 0;            // per step
+  std::int64_t payload_bytes = 0;    // per device and step: the buffer each device contributes
+  std::int64_t wire_bytes = 0;       // per device and step: bytes a ring sends
+  std::string what;                  // parameters, gradients, activations, loss
+};
+
+struct MemoryPlan {
+  std::int64_t devices = 1;
+  std::int64_t parameters = 0;            // elements of the whole model
+  // Per device, persistent:
+  std::int64_t parameter_bytes = 0;       // this device's parameter blocks
+  std::int64_t gradient_bytes = 0;        // f32 gradient blocks (training)
+  std::int64_t optimizer_state_bytes = 0; // f32 state of this device's blocks (training)
+  // Per device, transient within a step:
+  std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
+  std::int64_t activation_peak_bytes = 0; // see the formula above
+  std::int64_t peak_bytes = 0;            // sum of the above
+  // Per device: batch rows, positions, tokens.
+  std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
+  std::vector<PlannedCollective> collectives;
+  /// wire bytes per axis group ("fsdp", "fsdp+sp", ...) per step.
+  std::map<std::string, std::int64_t> wire_bytes_by_axes() const {
+    std::map<std::string, std::int64_t> m;
+    for (const auto& c : collectives) {
+      std::string k;
+      for (const auto& a : c.axes) k += (k.empty() ? "" : "+") + a;
+      m[k] += c.wire_bytes;
+    }
+    return m;
+  }
+};
+
+namespace plan_detail {
+
+inline std::int64_t elements(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+
+/// f32 optimizer state for one block of `shape` (optimizer.hpp's slots).
+inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, const std::vector<std::int64_t>& shape,
+                                             bool master) {
+  const std::int64_t n = elements(shape);
+  std::int64_t s = master ? n : 0;  // f32 master copy of non-f32 parameters
+  switch (o.kind) {
+    case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
+    case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
+    case optim::OptimizerKind::lion: return s + n;  // exp_avg
+    case optim::OptimizerKind::adafactor:
+      if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
+      return s + n;
+  }
+  return s;
+}
+
+class Collectives {
+ public:
+  explicit Collectives(const MeshShape& ms) : ms_(ms) {}
+  void add(const std::string& op, std::vector<std::string> axes, std::int64_t bytes, std::int64_t calls,
+           const std::string& what) {
+    std::vector<std::string> ordered;  // mesh order, size-1 axes dropped (no traffic)
+    for (const auto& a : ms_.names())
+      if (std::find(axes.begin(), axes.end(), a) != axes.end() && ms_.axis_size(a) > 1) ordered.push_back(a);
+    if (ordered.empty() || calls == 0) return;
+    std::int64_t g = 1;
+    for (const auto& a : ordered) g *= ms_.axis_size(a);
+    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : (g - 1) * bytes;
+    for (auto& c : list_)
+      if (c.op == op && c.axes == ordered && c.what == what) {
+        c.calls += calls;
+        c.payload_bytes += bytes * calls;
+        c.wire_bytes += wire * calls;
+        return;
+      }
+    list_.push_back({op, ordered, g, calls, bytes * calls, wire * calls, what});
+  }
+  std::vector<PlannedCollective> take() { return std::move(list_); }
+
+ private:
+  const MeshShape& ms_;
+  std::vector<PlannedCollective> list_;
+};
+
+}  // namespace plan_detail
+
+/// The per-device memory and per-step communication of a Llama step on `mesh` (axes dp, fsdp,
+/// tp, sp). Validates exactly what shard_model and the step validate (heads, kv heads and
+/// intermediate size by tp, each rule's dimensions by its axes, batch by dp * fsdp, sequence
+/// by sp), with the same edl::Error messages. A tied config has no lm_head block.
+inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
+  const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
+                     sp = mesh.axis_size("sp");
+  const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
+  check_data_split(opt.batch, opt.seq, dp, fsdp, sp, "plan");
+  EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
+  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
+  const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
+  const bool master = opt.param_dtype != DType::f32;
+
+  MemoryPlan r;
+  r.devices = mesh.size();
+  r.parameters = cfg.parameter_count();
+  plan_detail::Collectives coll(mesh);
+
+  // ---- persistent blocks, and the ZeRO-3 transients (globals kept all step, one layer at a time)
+  std::int64_t global_compute = 0, layer_compute = 0;
+  std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
+  const std::int64_t L = cfg.num_hidden_layers;
+  for (const auto& [name, p] : plans) {
+    const std::int64_t blk = p.layout.local_elements(), comp = p.compute.local_elements();
+    r.parameter_bytes += blk * sT;
+    if (opt.train) {
+      r.gradient_bytes += blk * 4;
+      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(), master);
+    }
+    const bool in_layer = name.rfind("model.layers.", 0) == 0;
+    if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
+    else global_compute += comp;
+    // Gathered before use: globals once per step, a layer's parameters in forward and again in backward.
+    const std::int64_t gathers = in_layer && opt.train ? 2 : 1;
+    coll.add("all_gather", p.gather_axes, blk * sT, gathers, "parameters");
+    if (opt.train) {
+      if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
+      if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
+    }
+  }
+  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
+  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
+  r.gathered_bytes = (global_compute + layer_compute) * per_elem;
+
+  // ---- activations
+  const std::int64_t Bl = opt.batch / (dp * fsdp), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
+  const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
+                     nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
+  r.local_batch = Bl;
+  r.local_seq = Sl;
+  r.local_tokens = Tl;
+  const std::int64_t f = 4, i64 = 8;
+  const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
+                                      Tf * D + Tf * nh + 3 * Tl * Fl);
+  const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
+  const std::int64_t C = std::min(opt.chunk_rows, Tl);
+  const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
+  std::int64_t transient = loss_transient;
+  if (opt.train) {
+    const std::int64_t QB = nn::detail::kAttentionQueryBlock;
+    const std::int64_t workers = std::min(opt.threads, Bl * nkv);
+    const std::int64_t mlp = 2 * Tl * Fl;
+    // dg and (sp) its padded input stay while the attention backward's own buffers come and
+    // go, and then the sp reduce_scatter's packed copy and output.
+    const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
+                              std::max(2 * Tf * nh * D + 2 * Tf * nkv * D + workers * 2 * QB * S,
+                                       sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
+    transient = std::max(transient, f * (4 * Tl * H + std::max(mlp, attn)));
+  }
+  r.activation_peak_bytes = L * per_layer + step + transient;
+  r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
+                 r.activation_peak_bytes;
+
+  // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
+  const std::int64_t act = f * Tl * H;
+  const std::int64_t passes = opt.train ? 1 : 0;
+  coll.add("all_gather", {"sp"}, act, L, "activations");                    // normed input before attention
+  coll.add("psum", {"tp"}, act, 2 * L, "activations");                      // after o_proj and down_proj
+  coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
+  coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
+  // loss: the valid-token count and the five metric sums over the data axes
+  coll.add("psum", {"dp", "fsdp", "sp"}, i64, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "sp"}, 5 * 8, 1, "loss");
+  r.collectives = coll.take();
+  return r;
+}
+
+}  // namespace edl::models
