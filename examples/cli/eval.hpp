@@ -12,11 +12,12 @@
 // batch size changes it only by float rounding). Prints one JSON line:
 //   {"loss", "perplexity", "accuracy", "tokens", "sequences", "unigram_loss", "unigram_perplexity",
 //    "unigram_train_tokens", "max_seq", "batch"}
-// unigram_* (evaluation.hpp: the cross-entropy of the add-one-smoothed token frequencies of the
+// and a readable summary line on stderr. unigram_* (evaluation.hpp: the cross-entropy of the add-one-smoothed token frequencies of the
 // training data on the same held-out targets) are null when no training data is known.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -125,6 +126,13 @@ inline int cmd_eval(Args& args) {
   j["max_seq"] = o.max_sequence_length;
   j["batch"] = o.batch_size;
   std::cout << j.dump() << "\n";
+  // The comparison a person wants to read, on stderr (stdout stays one JSON line).
+  if (u)
+    std::fprintf(stderr, "edl eval: held-out loss %.4f nats/token (perplexity %.2f) over %lld tokens; unigram baseline %.4f (perplexity %.2f)\n",
+                 e.loss, e.perplexity, static_cast<long long>(e.tokens), u->loss, u->perplexity);
+  else
+    std::fprintf(stderr, "edl eval: held-out loss %.4f nats/token (perplexity %.2f) over %lld tokens\n", e.loss,
+                 e.perplexity, static_cast<long long>(e.tokens));
   return 0;
 }
 
