@@ -106,6 +106,8 @@ class ProgressLine {
     return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '-') +
            "] " + pct;
   }
+  /// True when updates redraw one line in place (enabled, and stderr is a terminal).
+  bool in_place() const noexcept { return enabled_ && tty_; }
   /// A line of its own (evaluation, checkpoint); ends an in-place line first.
   void message(const std::string& s) {
     if (!enabled_) return;

@@ -309,25 +309,33 @@ class Trainer {
 
       on_step_end(sm);
       const bool last = state_.step >= total_steps_;
-      if (state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty()) {
+      const bool log_now =
+          state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty();
+      // On a terminal the bar is redrawn after every step (from the log window so far);
+      // metrics.jsonl and plain-line progress only get the logged steps.
+      if (log_now || progress_.in_place()) {
         const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
         const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
         const double per_step = session_s() / static_cast<double>(state_.step - first_step);
-        ojson j = ojson::object();
-        j["step"] = state_.step;
-        j["epoch"] = sm.epoch;
-        j["loss"] = win_loss / static_cast<double>(win_steps);
-        j["learning_rate"] = lr;
-        j["grad_norm"] = gnorm;
-        j["tokens_per_s"] = tok_s;
-        j["mfu"] = mfu;
-        j["elapsed_s"] = state_.elapsed_s;
-        j["tokens_seen"] = state_.tokens_seen;
-        metrics_->write(j);
+        if (log_now) {
+          ojson j = ojson::object();
+          j["step"] = state_.step;
+          j["epoch"] = sm.epoch;
+          j["loss"] = win_loss / static_cast<double>(win_steps);
+          j["learning_rate"] = lr;
+          j["grad_norm"] = gnorm;
+          j["tokens_per_s"] = tok_s;
+          j["mfu"] = mfu;
+          j["elapsed_s"] = state_.elapsed_s;
+          j["tokens_seen"] = state_.tokens_seen;
+          metrics_->write(j);
+        }
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
-        win_loss = win_s = win_flops = 0;
-        win_steps = win_tokens = 0;
+        if (log_now) {
+          win_loss = win_s = win_flops = 0;
+          win_steps = win_tokens = 0;
+        }
       }
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
