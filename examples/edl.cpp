@@ -10,6 +10,7 @@
 #include "cli/bench_collectives.hpp"
 #include "cli/bench_train.hpp"
 #include "cli/bench_gemm.hpp"
+#include "cli/eval.hpp"
 #include "cli/generate.hpp"
 #include "cli/info.hpp"
 #include "cli/inspect.hpp"
@@ -17,6 +18,7 @@
 #include "cli/loss.hpp"
 #include "cli/mesh_flag.hpp"
 #include "cli/plan.hpp"
+#include "cli/report.hpp"
 #include "cli/train.hpp"
 
 namespace {
@@ -29,12 +31,14 @@ const std::map<std::string, Command>& commands() {
       {"bench collectives", edl::cli::cmd_bench_collectives},
       {"bench decode", edl::cli::cmd_bench_decode},
       {"bench gemm", edl::cli::cmd_bench_gemm},
+      {"eval", edl::cli::cmd_eval},
       {"generate", edl::cli::cmd_generate},
       {"bench train", edl::cli::cmd_bench_train},
       {"inspect", edl::cli::cmd_inspect},
       {"logits", edl::cli::cmd_logits},
       {"loss", edl::cli::cmd_loss},
       {"plan", edl::cli::cmd_plan},
+      {"report", edl::cli::cmd_report},
       {"train", edl::cli::cmd_train},
   };
   return table;

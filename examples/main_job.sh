@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: train a small byte-level Llama on a real corpus (Debian's fortunes) with the
-# trainer and EasyDeL-style arguments (examples/train_fortunes.json), then generate from the
-# last checkpoint, then show what the checkpoint holds and how fast the kernels are.
+# The main job: train a small Llama on a real corpus (Debian's fortunes) with the trainer and
+# EasyDeL-style arguments (examples/train_fortunes.json: the run first trains its byte-level BPE
+# tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
+# next to the unigram baseline, show the end-of-training report, generate greedy and sampled
+# text, then show what the checkpoint holds and how fast the kernels are.
 #   OUT (default $BUILD_DIR/fortunes-run) may be set; a finished run is resumed (nothing to do)
 #   unless OUT is removed first.
 set -euo pipefail
@@ -9,12 +11,19 @@ cd "$(dirname "$0")/.."
 BIN=${BUILD_DIR:-build}/examples
 EDL=$BIN/edl
 OUT=${OUT:-${BUILD_DIR:-build}/fortunes-run}
+HELDOUT=/usr/share/games/fortunes/fortunes
 echo "== edl info";  "$EDL" info
-echo "== edl train (fortunes, 400 steps on a simulated fsdp=2 mesh; metrics in $OUT/metrics.jsonl)"
-"$EDL" train --args examples/train_fortunes.json --set "save_directory=$OUT"
+echo "== edl train --config examples/train_fortunes.json (400 steps on a simulated fsdp=2 mesh; metrics in $OUT/metrics.jsonl)"
+"$EDL" train --config examples/train_fortunes.json --set "save_directory=$OUT"
 CKPT=$(ls -d "$OUT"/checkpoint-* | sort -t- -k2 -n | tail -1)
-echo "== edl generate from $CKPT"
-"$EDL" generate --model "$CKPT" --prompt "Q: " --temperature 0.8 --top-k 20 --seed 0 --max-new-tokens 300
+echo "== edl eval: held-out loss on $HELDOUT vs the unigram baseline of the training text"
+"$EDL" eval --model "$CKPT" --data "$HELDOUT"
+echo "== the report ($OUT/report.md, $OUT/report.html with the loss and learning-rate curves)"
+sed -n '/^| quantity/,/^$/p' "$OUT/report.md"
+echo "== edl generate from $CKPT, greedy"
+"$EDL" generate --model "$CKPT" --prompt "Q: " --greedy --max-new-tokens 120
+echo "== edl generate from $CKPT, sampled"
+"$EDL" generate --model "$CKPT" --prompt "Q: " --temperature 0.8 --top-k 20 --seed 0 --max-new-tokens 150
 echo "== edl inspect $CKPT (HF layout)"; "$EDL" inspect "$CKPT" | cut -c1-300; echo " ..."
 echo "== GEMM against OpenBLAS"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"

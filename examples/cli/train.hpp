@@ -1,12 +1,17 @@
-// examples/cli/train.hpp: `edl train --args ARGS.json [--set key=value [key=value ...]]`
+// examples/cli/train.hpp: `edl train --config ARGS.json [--resume DIR] [--set key=value [key=value ...]]`
 // Trains a causal LM with edl::train::Trainer from EasyDeL-style TrainingArguments (see
-// docs/training.md). --set overrides fields (the value is JSON, or a plain string); further
-// key=value words after it are overrides too. Progress goes to stderr (and metrics.jsonl in
-// save_directory); stdout gets one JSON line at the end:
-//   {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "seconds", "checkpoint", "stop_reason"}
+// docs/training.md). --args is the older name of --config. --set overrides fields (the value
+// is JSON, or a plain string); further key=value words after it are overrides too. --resume
+// continues from that checkpoint folder (its weights, optimizer state, data position and, for
+// a tokenizer trained by the run, its tokenizer.json) instead of the newest checkpoint in
+// save_directory; a folder that is not a checkpoint is an error. Progress goes to stderr
+// (and metrics.jsonl in save_directory); stdout gets one JSON line at the end:
+//   {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "seconds", "checkpoint",
+//    "stop_reason", "resumed", "peak_gflops", "report"}
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -19,7 +24,10 @@
 namespace edl::cli {
 
 inline int cmd_train(Args& args) {
-  const std::string path = args.required("--args");
+  EDL_CHECK(!(args.has("--config") && args.has("--args")), errc::invalid_argument, "edl train",
+            "--args is another name for --config: give one of them");
+  const std::string path = args.has("--args") ? args.required("--args") : args.required("--config");
+  const std::string resume = args.has("--resume") ? args.required("--resume") : "";
   std::vector<std::string> overrides;
   if (args.has("--set")) overrides.push_back(args.str("--set", ""));
   for (const auto& p : args.positional()) overrides.push_back(p);
@@ -27,13 +35,24 @@ inline int cmd_train(Args& args) {
 
   auto ta = train::TrainingArguments::from_file(path);
   for (const auto& o : overrides) ta.apply_override(o);
+  if (!resume.empty()) {
+    namespace fs = std::filesystem;
+    EDL_CHECK(fs::is_directory(resume) && fs::exists(fs::path(resume) / "state.json"), errc::io, resume,
+              "--resume expects a checkpoint folder (checkpoint-<step> with state.json, model.safetensors and "
+              "optimizer.safetensors)");
+    // A tokenizer the run trained must be the one the checkpoint was trained with, not a new one.
+    if (ta.tokenizer.is_object() && fs::exists(fs::path(resume) / "tokenizer.json"))
+      ta.tokenizer = (fs::path(resume) / "tokenizer.json").string();
+  }
   train::Trainer t(ta);
+  if (!resume.empty()) t.resume_from(resume);
   if (ta.progress)
-    std::fprintf(stderr, "edl train: %lld parameters, %lld training sequences (%lld tokens), %lld steps of %lld sequences x %lld tokens, %lld steps per epoch\n",
+    std::fprintf(stderr, "edl train: %lld parameters, %lld training sequences (%lld tokens), %lld steps of %lld sequences x %lld tokens, %lld steps per epoch%s%s\n",
                  static_cast<long long>(t.model().param_count()), static_cast<long long>(t.train_dataset().size()),
                  static_cast<long long>(t.train_dataset().num_tokens()), static_cast<long long>(t.total_steps()),
                  static_cast<long long>(ta.total_batch_size), static_cast<long long>(ta.max_sequence_length),
-                 static_cast<long long>(t.steps_per_epoch()));
+                 static_cast<long long>(t.steps_per_epoch()), resume.empty() ? "" : ", resuming from ",
+                 resume.c_str());
   const train::TrainResult r = t.train();
   nlohmann::ordered_json j;
   j["steps"] = r.steps;
@@ -44,7 +63,10 @@ inline int cmd_train(Args& args) {
   j["seconds"] = r.seconds;
   j["checkpoint"] = r.checkpoint;
   j["stop_reason"] = r.stop_reason;
+  j["resumed"] = r.resumed;
   j["peak_gflops"] = t.peak_gflops();
+  const auto report = std::filesystem::path(ta.save_directory) / "report.html";
+  j["report"] = std::filesystem::exists(report) ? nlohmann::ordered_json(report.string()) : nlohmann::ordered_json(nullptr);
   std::cout << j.dump() << "\n";
   return 0;
 }

@@ -11230,7 +11230,8 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // #include <edl/generate/sampling.hpp> (inlined above)
 // end of edl/generate/all.hpp
 // #include <edl/train/all.hpp>
-// edl/train/all.hpp: the trainer, its arguments, data, tokenizers, checkpoints and metrics.
+// edl/train/all.hpp: the trainer, its arguments, data, tokenizers, checkpoints, metrics,
+// evaluation, the end-of-training report and weight statistics.
 
 // #include <edl/train/checkpoint.hpp>
 // edl/train/checkpoint.hpp
@@ -12313,13 +12314,193 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
 
 }  // namespace edl::train
 // end of edl/train/dataset.hpp
+// #include <edl/train/evaluation.hpp>
+// edl/train/evaluation.hpp
+// Held-out evaluation shared by the trainer (Trainer::evaluate) and `edl eval`, so that both
+// report the same number for the same model and data:
+//
+//   EvalOptions o{.max_sequence_length = 128, .batch_size = 8, .pad_id = tok.pad_id().value_or(0)};
+//   EvalMetrics e = train::evaluate_dataset(model, heldout, o);   // mean CE over target tokens
+//   UnigramBaseline u = train::unigram_baseline(train_ds, heldout, vocab_size, o);
+//
+// evaluate_dataset: the sequences in order, batch_size at a time, collated as in training
+// (right padding, truncation by `truncation`), the HF-shifted causal LM loss summed over every
+// target token and divided by their number (so the batch size does not change the result
+// beyond float rounding of the per-batch means).
+//
+// unigram_baseline: the cross-entropy of a model that ignores context and predicts every token
+// with its frequency in the training data, p(t) = (count(t) + 1) / (N + V) (add-one smoothing,
+// so a token unseen in training costs log(N + V) instead of infinity), scored on the same
+// held-out target tokens evaluate_dataset scores. A language model that has learned anything
+// from context beats it; one that has not sits at it.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/train/dataset.hpp> (inlined above)
+
+namespace edl::train {
+
+struct EvalMetrics {
+  std::int64_t step = 0;
+  double loss = 0.0;        // mean over target tokens
+  double perplexity = 1.0;  // exp(loss)
+  double accuracy = 0.0;
+  std::int64_t tokens = 0;
+};
+
+struct EvalOptions {
+  std::int64_t max_sequence_length = 2048;
+  std::int64_t batch_size = 8;                 // sequences per forward pass
+  std::optional<std::int64_t> max_batches;     // stop after this many batches (null: all)
+  std::int64_t pad_id = 0;
+  Truncation truncation = Truncation::keep_end;
+};
+
+/// The model's forward and loss (and backward when asked), with a finiteness check of the
+/// final hidden states before the loss: non-finite activations give loss NaN instead of
+/// reaching the loss kernel (whose argmax expects finite logits).
+template <class Model>
+nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward) {
+  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  typename Model::Saved s;
+  model.forward(b.input_ids.data(), lay, s);
+  for (float v : s.hidden)
+    if (!std::isfinite(v)) {
+      nn::LossMetrics bad;
+      bad.loss = std::numeric_limits<double>::quiet_NaN();
+      return bad;
+    }
+  const auto& c = model.config();
+  std::vector<float> dhidden(backward ? s.hidden.size() : 0);
+  const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, model.head_weight(),
+                                               c.vocab_size, b.labels.data(), lo, backward ? dhidden.data() : nullptr,
+                                               backward ? model.head_grad() : nullptr);
+  if (backward) model.model.backward(dhidden.data(), s.model_s);
+  return m;
+}
+
+/// Calls f(batch) for the batches evaluate_dataset scores.
+template <class F>
+void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
+  EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
+  std::int64_t batches = 0;
+  std::vector<std::span<const std::int32_t>> seqs;
+  for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
+    if (o.max_batches && batches >= *o.max_batches) break;
+    seqs.clear();
+    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) seqs.push_back(ds[i]);
+    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation));
+    ++batches;
+  }
+}
+
+/// Combines per-batch loss metrics into the mean over all target tokens.
+class EvalAccumulator {
+ public:
+  void add(const nn::LossMetrics& m) {
+    ce_ += m.loss * static_cast<double>(m.tokens);
+    hits_ += m.accuracy * static_cast<double>(m.tokens);
+    tokens_ += m.tokens;
+  }
+  /// The result; throws errc::invalid_argument naming `where` when the loss is not finite.
+  EvalMetrics result(const std::string& where) const {
+    EDL_CHECK(std::isfinite(ce_), errc::invalid_argument, where, "the eval loss is ", ce_,
+              " (the model's outputs are not finite)");
+    EvalMetrics e;
+    e.tokens = tokens_;
+    if (tokens_ > 0) {
+      e.loss = ce_ / static_cast<double>(tokens_);
+      e.accuracy = hits_ / static_cast<double>(tokens_);
+      e.perplexity = std::exp(e.loss);
+    }
+    return e;
+  }
+
+ private:
+  double ce_ = 0, hits_ = 0;
+  std::int64_t tokens_ = 0;
+};
+
+/// Mean loss, perplexity and next-token accuracy of `model` over `ds` (see the header comment).
+template <class Model>
+EvalMetrics evaluate_dataset(Model& model, const TokenDataset& ds, const EvalOptions& o,
+                             const std::string& where = "evaluation") {
+  EvalAccumulator acc;
+  for_each_eval_batch(ds, o, [&](const Batch& b) { acc.add(guarded_causal_lm_loss(model, b, {}, /*backward=*/false)); });
+  return acc.result(where);
+}
+
+struct UnigramBaseline {
+  double loss = 0.0;            // mean -log p(t) over the held-out target tokens
+  double perplexity = 1.0;      // exp(loss)
+  double entropy = 0.0;         // entropy of the smoothed training distribution itself
+  std::int64_t tokens = 0;      // held-out target tokens scored
+  std::int64_t train_tokens = 0;
+};
+
+/// Token counts of every token of `ds` (ids must be below vocab_size).
+inline std::vector<std::int64_t> token_counts(const TokenDataset& ds, std::int64_t vocab_size) {
+  std::vector<std::int64_t> c(static_cast<std::size_t>(vocab_size), 0);
+  for (std::int64_t i = 0; i < ds.size(); ++i)
+    for (auto t : ds[i]) {
+      EDL_CHECK(t >= 0 && t < vocab_size, errc::invalid_argument, "token_counts", "token ", t,
+                " is outside the vocabulary (vocab_size ", vocab_size, ")");
+      ++c[static_cast<std::size_t>(t)];
+    }
+  return c;
+}
+
+/// The unigram baseline (see the header comment) of `train` scored on `heldout`.
+inline UnigramBaseline unigram_baseline(const TokenDataset& train, const TokenDataset& heldout, std::int64_t vocab_size,
+                                        const EvalOptions& o) {
+  EDL_CHECK(vocab_size > 0, errc::invalid_argument, "unigram_baseline", "vocab_size must be positive");
+  const auto counts = token_counts(train, vocab_size);
+  UnigramBaseline u;
+  u.train_tokens = train.num_tokens();
+  const double denom = static_cast<double>(u.train_tokens + vocab_size);
+  std::vector<double> nll(counts.size());
+  for (std::size_t t = 0; t < counts.size(); ++t) {
+    const double p = (static_cast<double>(counts[t]) + 1.0) / denom;
+    nll[t] = -std::log(p);
+    u.entropy += p * nll[t];
+  }
+  double sum = 0;
+  for_each_eval_batch(heldout, o, [&](const Batch& b) {
+    for (std::int64_t r = 0; r < b.batch; ++r)
+      for (std::int64_t s = 1; s < b.seq; ++s) {  // the HF shift: position 0 is never a target
+        const std::int64_t y = b.labels[static_cast<std::size_t>(r * b.seq + s)];
+        if (y == -100) continue;
+        EDL_CHECK(y >= 0 && y < vocab_size, errc::invalid_argument, "unigram_baseline", "held-out token ", y,
+                  " is outside the vocabulary (vocab_size ", vocab_size, ")");
+        sum += nll[static_cast<std::size_t>(y)];
+        ++u.tokens;
+      }
+  });
+  if (u.tokens > 0) {
+    u.loss = sum / static_cast<double>(u.tokens);
+    u.perplexity = std::exp(u.loss);
+  }
+  return u;
+}
+
+}  // namespace edl::train
+// end of edl/train/evaluation.hpp
 // #include <edl/train/metrics.hpp>
 // edl/train/metrics.hpp
 // What the trainer reports while it runs:
 //   - MetricsWriter: one JSON object per line appended to <save_directory>/metrics.jsonl
 //     (flushed per line, so `tail -f` and a crash both see complete lines);
 //   - ProgressLine: "step 120/400 | loss 2.314 | lr 2.9e-03 | 31.2k tok/s | MFU 21.3% | ETA 1m32s"
-//     on stderr, rewritten in place (\r) on a terminal, one plain line per update otherwise;
+//     on stderr; on a terminal it is preceded by a bar ("[######--------------]  30%") and
+//     redrawn in place (\r), otherwise it is one plain line per update (logs stay readable);
 //   - measure_peak_gflops(): the machine's f32 GEMM rate (the MFU denominator).
 //
 // MFU = (3 x model.flops_forward(batch, seq) per step, i.e. forward + backward ~ 6 x params per
@@ -12405,11 +12586,23 @@ class ProgressLine {
     std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.1fk tok/s | MFU %.1f%% | ETA %s",
                   static_cast<long long>(step), static_cast<long long>(total), loss, lr, tok_s / 1000.0, 100.0 * mfu,
                   format_duration(eta_s).c_str());
-    if (tty_) std::fprintf(stderr, "\r%s\033[K", buf);
+    if (tty_) std::fprintf(stderr, "\r%s %s\033[K", bar(step, total).c_str(), buf);
     else std::fprintf(stderr, "%s\n", buf);
     std::fflush(stderr);
     dirty_ = tty_;
   }
+  /// "[########------------]  40%": the bar drawn in front of the line on a terminal (a log
+  /// file gets the figures only, which stay greppable).
+  static std::string bar(std::int64_t step, std::int64_t total, int width = 20) {
+    const double f = total > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0) : 0.0;
+    const int full = static_cast<int>(f * width + 0.5);
+    char pct[8];
+    std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(f * 100.0 + 0.5));
+    return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '-') +
+           "] " + pct;
+  }
+  /// True when updates redraw one line in place (enabled, and stderr is a terminal).
+  bool in_place() const noexcept { return enabled_ && tty_; }
   /// A line of its own (evaluation, checkpoint); ends an in-place line first.
   void message(const std::string& s) {
     if (!enabled_) return;
@@ -12428,6 +12621,316 @@ class ProgressLine {
 
 }  // namespace edl::train
 // end of edl/train/metrics.hpp
+// #include <edl/train/report.hpp>
+// edl/train/report.hpp
+// The end-of-training report: <save_directory>/report.md and report.html, made from the run's
+// metrics.jsonl (the trainer writes them at the end of train() unless
+// TrainingArguments::write_report is false; `edl report DIR` writes them for an existing run).
+//
+//   auto rep = train::report_from_metrics("run/metrics.jsonl");
+//   rep.summary.parameters = model.param_count();
+//   train::write_report("run", rep);   // report.md, report.html, loss.svg, learning_rate.svg
+//
+// report.html is self-contained: the charts are inline SVG (svg_line_chart, no dependency, no
+// script). report.md holds the same table and refers to loss.svg and learning_rate.svg, written
+// next to it, since markdown viewers differ in whether they render inline SVG. Every file is
+// written atomically (io::detail::write_file_atomic): a reader sees the old report or the new
+// one, never half of one.
+//
+// Each data point is also a <circle> with a <title>x, y</title> (a hover tooltip in browsers),
+// so the numbers can be read back from the SVG exactly (9 significant digits).
+//
+// metrics.jsonl of a run resumed from an older checkpoint holds the steps after that
+// checkpoint twice; a line whose step is not after the previous line's starts over from
+// there: the earlier lines at or after that step are dropped, so the curves show what the
+// final model went through.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/train/metrics.hpp> (inlined above)
+
+namespace edl::train {
+
+struct ChartSeries {
+  std::string name;
+  std::string color = "#1f77b4";
+  std::vector<std::pair<double, double>> points;  // (x, y), drawn in the given order
+};
+
+struct ChartOptions {
+  std::string title;
+  std::string x_label = "step";
+  std::string y_label;
+  int width = 720, height = 320;
+};
+
+namespace detail {
+
+inline std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+inline std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+/// Tick values covering [lo, hi] at a 1, 2 or 5 x 10^k spacing, about `n` of them.
+inline std::vector<double> nice_ticks(double lo, double hi, int n = 5) {
+  std::vector<double> t;
+  if (!(hi > lo)) return {lo};
+  const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double r = raw / mag, step = (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * mag;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return t;
+}
+
+}  // namespace detail
+
+/// A line chart as a standalone <svg> element: axes with ticks, one polyline and one circle per
+/// point for each series, a legend. Non-finite points are skipped. Empty input gives an empty
+/// chart with its title.
+inline std::string svg_line_chart(const std::vector<ChartSeries>& series, const ChartOptions& o) {
+  using detail::fmt;
+  const double left = 70, right = 20, top = 30, bottom = 45;
+  const double pw = o.width - left - right, ph = o.height - top - bottom;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  for (const auto& s : series)
+    for (auto [x, y] : s.points)
+      if (std::isfinite(x) && std::isfinite(y)) {
+        x0 = std::min(x0, x); x1 = std::max(x1, x);
+        y0 = std::min(y0, y); y1 = std::max(y1, y);
+      }
+  const bool any = std::isfinite(x0);
+  if (!any) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
+  if (x1 == x0) { x0 -= 0.5; x1 += 0.5; }
+  if (y1 == y0) { const double d = y0 == 0 ? 1 : std::abs(y0) * 0.05; y0 -= d; y1 += d; }
+  const double pad = (y1 - y0) * 0.05;  // keep points off the frame
+  y0 -= pad; y1 += pad;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * ph; };
+
+  std::string s;
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + std::to_string(o.width) + "\" height=\"" +
+       std::to_string(o.height) + "\" viewBox=\"0 0 " + std::to_string(o.width) + " " + std::to_string(o.height) +
+       "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  s += "<title>" + detail::xml_escape(o.title) + "</title>\n";
+  s += "<rect x=\"0\" y=\"0\" width=\"" + std::to_string(o.width) + "\" height=\"" + std::to_string(o.height) +
+       "\" fill=\"white\"/>\n";
+  s += "<text x=\"" + fmt("%.1f", left + pw / 2) + "\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">" +
+       detail::xml_escape(o.title) + "</text>\n";
+  s += "<rect x=\"" + fmt("%.1f", left) + "\" y=\"" + fmt("%.1f", top) + "\" width=\"" + fmt("%.1f", pw) +
+       "\" height=\"" + fmt("%.1f", ph) + "\" fill=\"none\" stroke=\"#888\"/>\n";
+  for (double t : detail::nice_ticks(x0, x1)) {
+    s += "<line x1=\"" + fmt("%.2f", px(t)) + "\" y1=\"" + fmt("%.2f", top + ph) + "\" x2=\"" + fmt("%.2f", px(t)) +
+         "\" y2=\"" + fmt("%.2f", top + ph + 4) + "\" stroke=\"#888\"/>\n";
+    s += "<text x=\"" + fmt("%.2f", px(t)) + "\" y=\"" + fmt("%.2f", top + ph + 16) + "\" text-anchor=\"middle\">" +
+         fmt("%g", t) + "</text>\n";
+  }
+  for (double t : detail::nice_ticks(y0, y1)) {
+    s += "<line x1=\"" + fmt("%.2f", left) + "\" y1=\"" + fmt("%.2f", py(t)) + "\" x2=\"" + fmt("%.2f", left + pw) +
+         "\" y2=\"" + fmt("%.2f", py(t)) + "\" stroke=\"#eee\"/>\n";
+    s += "<text x=\"" + fmt("%.2f", left - 6) + "\" y=\"" + fmt("%.2f", py(t) + 4) + "\" text-anchor=\"end\">" +
+         fmt("%.3g", t) + "</text>\n";
+  }
+  s += "<text x=\"" + fmt("%.1f", left + pw / 2) + "\" y=\"" + std::to_string(o.height - 8) +
+       "\" text-anchor=\"middle\">" + detail::xml_escape(o.x_label) + "</text>\n";
+  s += "<text transform=\"translate(14 " + fmt("%.1f", top + ph / 2) + ") rotate(-90)\" text-anchor=\"middle\">" +
+       detail::xml_escape(o.y_label) + "</text>\n";
+  double legend_y = top + 14;
+  for (const auto& ser : series) {
+    const std::string c = detail::xml_escape(ser.color);
+    s += "<g class=\"series\" data-name=\"" + detail::xml_escape(ser.name) + "\">\n";
+    std::string pts;
+    for (auto [x, y] : ser.points)
+      if (std::isfinite(x) && std::isfinite(y)) pts += (pts.empty() ? "" : " ") + fmt("%.2f", px(x)) + "," + fmt("%.2f", py(y));
+    if (!pts.empty())
+      s += "<polyline fill=\"none\" stroke=\"" + c + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
+    for (auto [x, y] : ser.points)
+      if (std::isfinite(x) && std::isfinite(y))
+        s += "<circle cx=\"" + fmt("%.2f", px(x)) + "\" cy=\"" + fmt("%.2f", py(y)) + "\" r=\"2\" fill=\"" + c +
+             "\"><title>" + fmt("%.9g", x) + ", " + fmt("%.9g", y) + "</title></circle>\n";
+    s += "</g>\n";
+    s += "<line x1=\"" + fmt("%.1f", left + pw - 110) + "\" y1=\"" + fmt("%.1f", legend_y - 4) + "\" x2=\"" +
+         fmt("%.1f", left + pw - 92) + "\" y2=\"" + fmt("%.1f", legend_y - 4) + "\" stroke=\"" + c +
+         "\" stroke-width=\"2\"/>\n";
+    s += "<text x=\"" + fmt("%.1f", left + pw - 88) + "\" y=\"" + fmt("%.1f", legend_y) + "\">" +
+         detail::xml_escape(ser.name) + "</text>\n";
+    legend_y += 14;
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+/// The run's figures for the table.
+struct RunSummary {
+  std::string model_name;
+  std::optional<std::int64_t> parameters;
+  std::int64_t steps = 0;
+  std::int64_t tokens_seen = 0;          // target tokens trained on
+  std::optional<double> final_train_loss;  // last logged window
+  std::optional<double> final_eval_loss;
+  std::optional<double> tokens_per_s;    // mean over the logged windows
+  std::optional<double> mfu;             // mean over the logged windows
+  std::optional<double> wall_s;          // training time, all sessions
+};
+
+struct RunReport {
+  RunSummary summary;
+  std::vector<std::pair<double, double>> train_loss, eval_loss, learning_rate;  // (step, value)
+};
+
+/// Reads metrics.jsonl (see the header comment for restarts). Blank or unparsable lines (a
+/// line cut by a crash) are skipped.
+inline RunReport report_from_metrics(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+  RunReport r;
+  std::vector<nlohmann::json> train, eval;
+  std::string line;
+  auto drop_from = [](std::vector<nlohmann::json>& v, std::int64_t step) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const nlohmann::json& j) { return j["step"].get<std::int64_t>() >= step; }),
+            v.end());
+  };
+  while (std::getline(in, line)) {
+    nlohmann::json j;
+    try { j = nlohmann::json::parse(line); } catch (...) { continue; }
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    const std::int64_t step = j["step"].get<std::int64_t>();
+    if (j.contains("loss")) {
+      if (!train.empty() && step <= train.back()["step"].get<std::int64_t>()) {
+        drop_from(train, step);
+        drop_from(eval, step);
+      }
+      train.push_back(std::move(j));
+    } else if (j.contains("eval_loss")) {
+      if (!eval.empty() && step <= eval.back()["step"].get<std::int64_t>()) drop_from(eval, step);
+      eval.push_back(std::move(j));
+    }
+  }
+  auto num = [](const nlohmann::json& j, const char* k) -> std::optional<double> {
+    if (j.contains(k) && j[k].is_number()) return j[k].get<double>();
+    return std::nullopt;
+  };
+  double tps = 0, mfu = 0;
+  std::int64_t n_tps = 0, n_mfu = 0;
+  for (const auto& j : train) {
+    const double s = static_cast<double>(j["step"].get<std::int64_t>());
+    if (auto v = num(j, "loss")) r.train_loss.emplace_back(s, *v);
+    if (auto v = num(j, "learning_rate")) r.learning_rate.emplace_back(s, *v);
+    if (auto v = num(j, "tokens_per_s")) { tps += *v; ++n_tps; }
+    if (auto v = num(j, "mfu")) { mfu += *v; ++n_mfu; }
+  }
+  for (const auto& j : eval)
+    if (auto v = num(j, "eval_loss")) r.eval_loss.emplace_back(static_cast<double>(j["step"].get<std::int64_t>()), *v);
+  RunSummary& s = r.summary;
+  if (!train.empty()) {
+    const auto& last = train.back();
+    s.steps = last["step"].get<std::int64_t>();
+    if (auto v = num(last, "tokens_seen")) s.tokens_seen = static_cast<std::int64_t>(*v);
+    s.final_train_loss = num(last, "loss");
+    s.wall_s = num(last, "elapsed_s");
+  }
+  if (!r.eval_loss.empty()) s.final_eval_loss = r.eval_loss.back().second;
+  if (n_tps) s.tokens_per_s = tps / static_cast<double>(n_tps);
+  if (n_mfu) s.mfu = mfu / static_cast<double>(n_mfu);
+  return r;
+}
+
+/// The table rows: (quantity, value as text).
+inline std::vector<std::pair<std::string, std::string>> report_rows(const RunSummary& s) {
+  auto opt = [](const std::optional<double>& v, const char* f, double scale = 1.0) {
+    return v ? detail::fmt(f, *v * scale) : std::string("n/a");
+  };
+  std::vector<std::pair<std::string, std::string>> rows;
+  if (!s.model_name.empty()) rows.emplace_back("model", s.model_name);
+  rows.emplace_back("parameters", s.parameters ? std::to_string(*s.parameters) : "n/a");
+  rows.emplace_back("steps", std::to_string(s.steps));
+  rows.emplace_back("tokens seen", std::to_string(s.tokens_seen));
+  rows.emplace_back("final train loss", opt(s.final_train_loss, "%.4f"));
+  rows.emplace_back("final eval loss", opt(s.final_eval_loss, "%.4f"));
+  rows.emplace_back("tokens/s", opt(s.tokens_per_s, "%.0f"));
+  rows.emplace_back("MFU", opt(s.mfu, "%.1f%%", 100.0));
+  rows.emplace_back("wall time", !s.wall_s ? std::string("n/a")
+                                 : *s.wall_s < 60 ? detail::fmt("%.1f s", *s.wall_s)
+                                                  : format_duration(*s.wall_s) + detail::fmt(" (%.0f s)", *s.wall_s));
+  return rows;
+}
+
+inline std::string loss_chart(const RunReport& r) {
+  ChartOptions o;
+  o.title = "Loss";
+  o.y_label = "loss (nats/token)";
+  return svg_line_chart({{"train", "#1f77b4", r.train_loss}, {"eval", "#d62728", r.eval_loss}}, o);
+}
+inline std::string learning_rate_chart(const RunReport& r) {
+  ChartOptions o;
+  o.title = "Learning rate";
+  o.y_label = "learning rate";
+  return svg_line_chart({{"learning rate", "#2ca02c", r.learning_rate}}, o);
+}
+
+inline std::string report_markdown(const RunReport& r) {
+  std::string m = "# Training report" + (r.summary.model_name.empty() ? "" : ": " + r.summary.model_name) + "\n\n";
+  m += "| quantity | value |\n|---|---|\n";
+  for (const auto& [k, v] : report_rows(r.summary)) m += "| " + k + " | " + v + " |\n";
+  m += "\nTrain loss is the mean over each logging window; eval loss is the mean over the eval data's target "
+       "tokens; tokens/s and MFU are means over the logging windows.\n\n";
+  m += "![loss per step](loss.svg)\n\n![learning rate per step](learning_rate.svg)\n";
+  return m;
+}
+
+inline std::string report_html(const RunReport& r) {
+  const std::string title = "Training report" + (r.summary.model_name.empty() ? "" : ": " + r.summary.model_name);
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>" +
+                  detail::xml_escape(title) + "</title>\n<style>body{font-family:sans-serif;margin:2em}"
+                  "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}"
+                  "</style>\n</head>\n<body>\n<h1>" + detail::xml_escape(title) + "</h1>\n<table>\n<tr><th>quantity</th><th>value</th></tr>\n";
+  for (const auto& [k, v] : report_rows(r.summary))
+    h += "<tr><td>" + detail::xml_escape(k) + "</td><td>" + detail::xml_escape(v) + "</td></tr>\n";
+  h += "</table>\n<h2>Loss</h2>\n" + loss_chart(r) + "<h2>Learning rate</h2>\n" + learning_rate_chart(r) +
+       "</body>\n</html>\n";
+  return h;
+}
+
+/// Writes report.md, report.html, loss.svg and learning_rate.svg into `dir`, each atomically.
+inline void write_report(const std::string& dir, const RunReport& r) {
+  std::filesystem::create_directories(dir);
+  auto put = [&](const char* name, const std::string& text) {
+    io::detail::write_file_atomic((std::filesystem::path(dir) / name).string(), text);
+  };
+  put("loss.svg", loss_chart(r));
+  put("learning_rate.svg", learning_rate_chart(r));
+  put("report.html", report_html(r));
+  put("report.md", report_markdown(r));
+}
+
+}  // namespace edl::train
+// end of edl/train/report.hpp
 // #include <edl/train/tokenizer.hpp> (inlined above)
 // #include <edl/train/trainer.hpp>
 // edl/train/trainer.hpp
@@ -12449,7 +12952,9 @@ class ProgressLine {
 // global-norm clipping (clip_grad > 0), the schedule's rate and the optimizer update.
 // Every log_steps: a line in <save_directory>/metrics.jsonl and the progress line; every
 // evaluation_steps: the mean loss and perplexity over eval_data; every save_steps and at the end:
-// a checkpoint (checkpoint.hpp). A non-finite loss or gradient norm stops with errc::invalid_argument
+// a checkpoint (checkpoint.hpp); every weight_distribution_log_steps: per-tensor weight statistics
+// in <save_directory>/weights.jsonl (weight_stats.hpp); at the end: report.md and report.html
+// (report.hpp) unless write_report is false. A non-finite loss or gradient norm stops with errc::invalid_argument
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel).
@@ -12488,7 +12993,9 @@ class ProgressLine {
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
+// #include <edl/train/evaluation.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
+// #include <edl/train/report.hpp> (inlined above)
 // #include <edl/train/tokenizer.hpp> (inlined above)
 // // #include <edl/train/training_arguments.hpp> (inlined above)
 // edl/train/training_arguments.hpp
@@ -12594,12 +13101,16 @@ struct TrainingArguments {
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
   bool progress = true;                              // the progress line on stderr
+  bool write_report = true;                          // report.md / report.html at the end of train()
+  std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
   std::vector<std::string> train_data;
   std::vector<std::string> eval_data;
-  /// "byte", a tokenizer.json path, or {"train_bpe": vocab_size}.
+  /// "byte", a tokenizer.json path, {"train_bpe": vocab_size} or its spelled-out form
+  /// {"type": "bpe", "vocab_size": N} (both train a byte-level BPE on the text of train_data),
+  /// or {"type": "byte"}.
   ojson tokenizer = "byte";
 
   std::string source = "TrainingArguments";
@@ -12612,7 +13123,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "model", "train_data", "eval_data", "tokenizer"};
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer"};
     return n;
   }
 
@@ -12698,6 +13209,8 @@ struct TrainingArguments {
     else if (key == "param_dtype") str(param_dtype);
     else if (key == "peak_gflops") { if (v.is_null()) peak_gflops = 0; else f64(peak_gflops); }
     else if (key == "progress") boo(progress);
+    else if (key == "write_report") boo(write_report);
+    else if (key == "weight_distribution_log_steps") i64(weight_distribution_log_steps);
     else if (key == "model") {
       EDL_CHECK(v.is_string() || v.is_object(), errc::config, w,
                 "expected a folder, a preset name or an object of LlamaConfig fields, found ", v.dump(), " (",
@@ -12707,11 +13220,21 @@ struct TrainingArguments {
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
-      const bool ok = v.is_string() || (v.is_object() && v.size() == 1 && v.contains("train_bpe") &&
-                                         v["train_bpe"].is_number_integer());
-      EDL_CHECK(ok, errc::config, w, "expected \"byte\", a tokenizer.json path or {\"train_bpe\": vocab_size}, found ",
-                v.dump(), " (", v.type_name(), ")");
-      tokenizer = v;
+      // The spelled-out spec is stored in its short form, so the rest of the code sees one
+      // spelling ("byte" or {"train_bpe": N}).
+      ojson t = v;
+      if (v.is_object() && v.contains("type") && v["type"].is_string()) {
+        const std::string type = v["type"].get<std::string>();
+        if (type == "byte" && v.size() == 1) t = "byte";
+        else if (type == "bpe" && v.size() == 2 && v.contains("vocab_size") && v["vocab_size"].is_number_integer())
+          t = ojson{{"train_bpe", v["vocab_size"]}};
+      }
+      const bool ok = t.is_string() || (t.is_object() && t.size() == 1 && t.contains("train_bpe") &&
+                                         t["train_bpe"].is_number_integer());
+      EDL_CHECK(ok, errc::config, w,
+                "expected \"byte\", a tokenizer.json path, {\"type\": \"bpe\", \"vocab_size\": N} or "
+                "{\"train_bpe\": N}, found ", v.dump(), " (", v.type_name(), ")");
+      tokenizer = t;
     }
     else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
   }
@@ -12763,6 +13286,7 @@ struct TrainingArguments {
     positive("log_steps", static_cast<double>(log_steps));
     EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
     nonneg("peak_gflops", peak_gflops);
+    nonneg("weight_distribution_log_steps", static_cast<double>(weight_distribution_log_steps));
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
     (void)mesh_dims();  // names and sizes are checked there
@@ -12861,6 +13385,8 @@ struct TrainingArguments {
     j["param_dtype"] = param_dtype;
     j["peak_gflops"] = peak_gflops;
     j["progress"] = progress;
+    j["write_report"] = write_report;
+    j["weight_distribution_log_steps"] = weight_distribution_log_steps;
     j["model"] = model;
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;
@@ -12871,6 +13397,109 @@ struct TrainingArguments {
 
 }  // namespace edl::train
 // end of edl/train/training_arguments.hpp
+// // #include <edl/train/weight_stats.hpp> (inlined above)
+// edl/train/weight_stats.hpp
+// Per-tensor statistics of a model's parameters, for watching the weight distribution drift
+// during training (TrainingArguments::weight_distribution_log_steps; docs/training.md):
+//
+//   auto stats = train::weight_stats(model);   // one entry per parameter tensor, HF names
+//   writer.write(train::weight_stats_json(step, stats));
+//
+// One line of <save_directory>/weights.jsonl:
+//   {"step": 100, "tensors": {"model.embed_tokens.weight": {"numel": .., "mean": .., "std": ..,
+//     "min": .., "max": .., "abs_max": .., "grad_norm": ..}, ...}}
+// std is the population standard deviation. grad_norm (the L2 norm of the tensor's gradient
+// of that step, after global clipping) is present only when the tensor holds a gradient.
+// Sums run in double so that the figures do not depend on the tensor's size more than the
+// float inputs themselves do.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+
+namespace edl::train {
+
+struct TensorStats {
+  std::string name;
+  std::int64_t numel = 0;
+  double mean = 0, std = 0, min = 0, max = 0, abs_max = 0;
+  std::optional<double> grad_norm;
+};
+
+/// Statistics of `n` values (as double); numel 0 gives zeros.
+template <class T>
+TensorStats tensor_stats(const T* v, std::int64_t n) {
+  TensorStats s;
+  s.numel = n;
+  if (n <= 0) return s;
+  double sum = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(to_f32(v[i]));
+    sum += x;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+  s.mean = sum / static_cast<double>(n);
+  double sq = 0;  // two passes: the one-pass formula loses precision when |mean| >> std
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(to_f32(v[i])) - s.mean;
+    sq += d * d;
+  }
+  s.std = std::sqrt(sq / static_cast<double>(n));
+  s.min = lo;
+  s.max = hi;
+  s.abs_max = std::max(std::abs(lo), std::abs(hi));
+  return s;
+}
+
+/// One TensorStats per parameter of `model`, in visit_params order (HF names).
+template <class Model>
+std::vector<TensorStats> weight_stats(Model& model) {
+  std::vector<TensorStats> out;
+  model.visit_params("", [&](std::string_view name, auto& p) {
+    TensorStats s = tensor_stats(p.value.data(), static_cast<std::int64_t>(p.value.size()));
+    s.name = std::string(name);
+    if (p.has_grad()) {
+      double g = 0;
+      for (std::size_t i = 0; i < p.grad.size(); ++i) g += static_cast<double>(p.grad.data()[i]) * p.grad.data()[i];
+      s.grad_norm = std::sqrt(g);
+    }
+    out.push_back(std::move(s));
+  });
+  return out;
+}
+
+/// The weights.jsonl record of one step.
+inline nlohmann::ordered_json weight_stats_json(std::int64_t step, const std::vector<TensorStats>& stats) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  j["step"] = step;
+  nlohmann::ordered_json t = nlohmann::ordered_json::object();
+  for (const auto& s : stats) {
+    nlohmann::ordered_json e = nlohmann::ordered_json::object();
+    e["numel"] = s.numel;
+    e["mean"] = s.mean;
+    e["std"] = s.std;
+    e["min"] = s.min;
+    e["max"] = s.max;
+    e["abs_max"] = s.abs_max;
+    if (s.grad_norm) e["grad_norm"] = *s.grad_norm;
+    t[s.name] = std::move(e);
+  }
+  j["tensors"] = std::move(t);
+  return j;
+}
+
+}  // namespace edl::train
+// end of edl/train/weight_stats.hpp
 
 namespace edl::train {
 
@@ -12882,14 +13511,6 @@ struct StepMetrics {
   double grad_norm = 0.0;         // before clipping
   std::int64_t tokens = 0;        // target tokens of the step
   double step_seconds = 0.0;
-};
-
-struct EvalMetrics {
-  std::int64_t step = 0;
-  double loss = 0.0;        // mean over target tokens
-  double perplexity = 1.0;  // exp(loss)
-  double accuracy = 0.0;
-  std::int64_t tokens = 0;
 };
 
 struct TrainResult {
@@ -12993,29 +13614,11 @@ class Trainer {
     EvalMetrics e;
     e.step = state_.step;
     if (!eval_ || eval_->size() == 0) return e;
-    const std::int64_t mb = args_.micro_batch_size();
-    double ce = 0, hits = 0;
-    std::int64_t batches = 0;
-    for (std::int64_t lo = 0; lo < eval_->size(); lo += mb) {
-      if (args_.max_evaluation_steps && batches >= *args_.max_evaluation_steps) break;
-      std::vector<std::span<const std::int32_t>> seqs;
-      for (std::int64_t i = lo; i < std::min(eval_->size(), lo + mb); ++i) seqs.push_back((*eval_)[i]);
-      const Batch b = collate(seqs, args_.max_sequence_length, pad_id_, trunc_);
-      const nn::LossMetrics m = sharded_ ? sharded_->loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, {},
-                                                           b.attention_mask.data())
-                                         : guarded_loss(b, {}, /*backward=*/false);
-      ce += m.loss * static_cast<double>(m.tokens);
-      hits += m.accuracy * static_cast<double>(m.tokens);
-      e.tokens += m.tokens;
-      ++batches;
-    }
-    EDL_CHECK(std::isfinite(ce), errc::invalid_argument, "evaluation at step " + std::to_string(state_.step),
-              "the eval loss is ", ce, " (the model's outputs are not finite)");
-    if (e.tokens > 0) {
-      e.loss = ce / static_cast<double>(e.tokens);
-      e.accuracy = hits / static_cast<double>(e.tokens);
-      e.perplexity = std::exp(e.loss);
-    }
+    // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
+    // On a mesh the host model is gathered first (evaluation is rare next to training steps).
+    sync_host();
+    e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+    e.step = state_.step;
     last_eval_ = e;
     ojson j = ojson::object();
     j["step"] = e.step;
@@ -13048,8 +13651,25 @@ class Trainer {
     return p;
   }
 
-  /// Restores model, optimizer and position from a checkpoint folder.
+  /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
+  EvalOptions eval_options() const {
+    EvalOptions o;
+    o.max_sequence_length = args_.max_sequence_length;
+    o.batch_size = args_.micro_batch_size();
+    o.max_batches = args_.max_evaluation_steps;
+    o.pad_id = pad_id_;
+    o.truncation = trunc_;
+    return o;
+  }
+
+  /// Restores model, optimizer and position from a checkpoint folder; train() then continues
+  /// from there instead of looking for the newest checkpoint in save_directory. Throws
+  /// errc::io naming `dir` when it is not a complete checkpoint folder (no state.json).
   void resume_from(const std::string& dir) {
+    EDL_CHECK(fs::is_directory(dir), errc::io, dir, "cannot resume: no such checkpoint folder");
+    EDL_CHECK(fs::exists(fs::path(dir) / "state.json"), errc::io, dir,
+              "cannot resume: not a complete checkpoint folder (state.json is missing; a checkpoint holds "
+              "config.json, model.safetensors, optimizer.safetensors and state.json)");
     sync_host();
     state_ = load_state(dir, *model_, opt_);
     if (mesh_) shard_host();
@@ -13112,7 +13732,7 @@ class Trainer {
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
-                         : guarded_loss(b, lo, /*backward=*/true).loss;
+                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -13161,27 +13781,37 @@ class Trainer {
 
       on_step_end(sm);
       const bool last = state_.step >= total_steps_;
-      if (state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty()) {
+      const bool log_now =
+          state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty();
+      // On a terminal the bar is redrawn after every step (from the log window so far);
+      // metrics.jsonl and plain-line progress only get the logged steps.
+      if (log_now || progress_.in_place()) {
         const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
         const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
         const double per_step = session_s() / static_cast<double>(state_.step - first_step);
-        ojson j = ojson::object();
-        j["step"] = state_.step;
-        j["epoch"] = sm.epoch;
-        j["loss"] = win_loss / static_cast<double>(win_steps);
-        j["learning_rate"] = lr;
-        j["grad_norm"] = gnorm;
-        j["tokens_per_s"] = tok_s;
-        j["mfu"] = mfu;
-        j["elapsed_s"] = state_.elapsed_s;
-        j["tokens_seen"] = state_.tokens_seen;
-        metrics_->write(j);
+        if (log_now) {
+          ojson j = ojson::object();
+          j["step"] = state_.step;
+          j["epoch"] = sm.epoch;
+          j["loss"] = win_loss / static_cast<double>(win_steps);
+          j["learning_rate"] = lr;
+          j["grad_norm"] = gnorm;
+          j["tokens_per_s"] = tok_s;
+          j["mfu"] = mfu;
+          j["elapsed_s"] = state_.elapsed_s;
+          j["tokens_seen"] = state_.tokens_seen;
+          metrics_->write(j);
+        }
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
-        win_loss = win_s = win_flops = 0;
-        win_steps = win_tokens = 0;
+        if (log_now) {
+          win_loss = win_s = win_flops = 0;
+          win_steps = win_tokens = 0;
+        }
       }
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
+      if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
+        log_weight_stats();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit && state_.elapsed_s >= *args_.training_time_limit) request_stop("time_limit");
     }
@@ -13199,6 +13829,7 @@ class Trainer {
     if (last_eval_) r.eval_loss = last_eval_->loss;
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
+    if (args_.write_report && r.stop_reason != "nothing_to_do") write_run_report();
     return r;
   }
 
@@ -13218,29 +13849,33 @@ class Trainer {
     host_stale_ = false;
   }
 
-  /// The model's forward_backward (or loss), with a finiteness check of the final hidden
-  /// states before the loss: non-finite activations give loss NaN instead of reaching the
-  /// loss kernel (whose argmax expects finite logits).
-  nn::LossMetrics guarded_loss(const Batch& b, const nn::LossOptions& lo, bool backward) {
-    const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
-    Model::Saved s;
-    model_->forward(b.input_ids.data(), lay, s);
-    for (float v : s.hidden)
-      if (!std::isfinite(v)) {
-        nn::LossMetrics bad;
-        bad.loss = std::numeric_limits<double>::quiet_NaN();
-        return bad;
+  /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
+  /// are still those of the step (after clipping).
+  void log_weight_stats() {
+    if (!weights_)
+      weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
+    sync_host();
+    std::vector<TensorStats> stats = weight_stats(*model_);
+    if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
+      for (auto& t : stats) {
+        const xt::xarray<float> g = gather(sharded_->grad(t.name));
+        double sq = 0;
+        for (float v : g) sq += static_cast<double>(v) * v;
+        t.grad_norm = std::sqrt(sq);
       }
-    const auto& c = model_->config();
-    std::vector<float> dhidden(backward ? s.hidden.size() : 0);
-    const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size,
-                                                 model_->head_weight(), c.vocab_size, b.labels.data(), lo,
-                                                 backward ? dhidden.data() : nullptr,
-                                                 backward ? model_->head_grad() : nullptr);
-    if (backward) model_->model.backward(dhidden.data(), s.model_s);
-    return m;
+    weights_->write(weight_stats_json(state_.step, stats));
   }
 
+  /// Writes report.md / report.html in save_directory from metrics.jsonl (report.hpp).
+  void write_run_report() {
+    RunReport rep = report_from_metrics(metrics_->path());
+    rep.summary.model_name = args_.model_name;
+    rep.summary.parameters = model_->param_count();
+    write_report(args_.save_directory, rep);
+    progress_.message("report: " + (fs::path(args_.save_directory) / "report.html").string());
+  }
+
+ private:
   std::int64_t eos_or(std::int64_t fallback) const {
     if (tok_ && tok_->eos_id()) return *tok_->eos_id();
     return fallback;
@@ -13354,6 +13989,7 @@ class Trainer {
   TrainState state_;
   CheckpointManager ckpt_{"."};
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<MetricsWriter> weights_;  // opened at the first weight-statistics step
   ProgressLine progress_{false};
   Truncation trunc_ = Truncation::keep_end;
   std::int64_t pad_id_ = 0;
@@ -13372,4 +14008,5 @@ class Trainer {
 }  // namespace edl::train
 // end of edl/train/trainer.hpp
 // #include <edl/train/training_arguments.hpp> (inlined above)
+// #include <edl/train/weight_stats.hpp> (inlined above)
 // end of edl/train/all.hpp

@@ -144,6 +144,58 @@ TEST(Trainer, ResumeIsBitIdentical) {
   EXPECT_EQ(va, vb);
 }
 
+// What `edl train --resume DIR` does: a run in another save_directory, with
+// resume_if_possible off, continues from an explicit checkpoint folder bit-identically.
+TEST(Trainer, ResumeFromAFolderIsBitIdentical) {
+  TempDir a("full2"), b("first"), c("elsewhere");
+  auto data = random_data(10, 16, 64, 5, true);
+  auto eval = random_data(4, 16, 64, 6);
+  {
+    Trainer t(base_args(a.str()), make_model(), std::nullopt, data, eval);
+    t.train();
+  }
+  {
+    auto args = base_args(b.str());
+    args.max_training_steps = 4;
+    args.save_steps = 2;
+    Trainer t(args, make_model(), std::nullopt, data, eval);
+    t.train();  // checkpoint-2 and checkpoint-4, but the schedule is that of 4 steps
+  }
+  auto args = base_args(c.str());
+  args.resume_if_possible = false;
+  Trainer t(args, make_model(7), std::nullopt, data, eval);
+  // The 4-step run's checkpoint-2: same data position and optimizer state; only the schedule
+  // (here: the arguments of this run) decides the rates of steps 3..6.
+  const std::string from = (b.p / "checkpoint-2").string();
+  t.resume_from(from);
+  EXPECT_EQ(t.state().step, 2);
+  auto r = t.train();
+  EXPECT_TRUE(r.resumed);
+  EXPECT_EQ(r.steps, 6);
+  EXPECT_FALSE(fs::exists(c.p / "checkpoint-2"));  // nothing was re-saved at the resume point
+  std::vector<double> ga, gc;
+  const auto la = losses(read_metrics(a.str()), &ga), lc = losses(read_metrics(c.str()), &gc);
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lc.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(la[i + 2], lc[i]) << "step " << i + 3;
+    EXPECT_EQ(ga[i + 2], gc[i]) << "step " << i + 3;
+  }
+
+  // Not a checkpoint: a clear error naming the folder, before anything changes.
+  Trainer u(base_args(c.str()), make_model(), std::nullopt, data, eval);
+  for (const std::string bad : {(c.p / "missing").string(), c.str()}) {
+    try {
+      u.resume_from(bad);
+      ADD_FAILURE() << "expected an edl::Error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), errc::io);
+      EXPECT_EQ(e.where(), bad);
+    }
+  }
+  EXPECT_EQ(u.state().step, 0);
+}
+
 TEST(Trainer, NanLossStopsAndKeepsTheLastGoodCheckpoint) {
   TempDir d("nan");
   auto args = base_args(d.str());

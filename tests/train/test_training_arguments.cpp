@@ -61,6 +61,25 @@ TEST(TrainingArguments, Defaults) {
   EXPECT_EQ(a.truncation_mode, "keep_end");
   EXPECT_FALSE(a.max_training_steps.has_value());
   EXPECT_EQ(a.tokenizer, "byte");
+  EXPECT_TRUE(a.write_report);
+  EXPECT_EQ(a.weight_distribution_log_steps, 0);
+}
+
+TEST(TrainingArguments, TokenizerSpecs) {
+  auto a = TrainingArguments::from_json(ojson::parse(R"({"train_data": "x", "tokenizer": {"type": "bpe", "vocab_size": 512}})"));
+  EXPECT_EQ(a.tokenizer, ojson::parse(R"({"train_bpe": 512})"));  // one spelling for the trainer
+  a.apply_override(R"(tokenizer={"type": "byte"})");
+  EXPECT_EQ(a.tokenizer, "byte");
+  a.apply_override("weight_distribution_log_steps=5");
+  a.apply_override("write_report=false");
+  EXPECT_EQ(a.weight_distribution_log_steps, 5);
+  EXPECT_FALSE(a.write_report);
+  EXPECT_EQ(TrainingArguments::from_json(a.to_json()).weight_distribution_log_steps, 5);
+  const Error e = error_of([&] { a.apply_override(R"(tokenizer={"type": "bpe"})"); });
+  EXPECT_EQ(e.code(), errc::config);
+  EXPECT_EQ(e.where(), "TrainingArguments field tokenizer");
+  a.weight_distribution_log_steps = -1;
+  EXPECT_EQ(error_of([&] { a.validate(); }).where(), "TrainingArguments field weight_distribution_log_steps");
 }
 
 TEST(TrainingArguments, Durations) {

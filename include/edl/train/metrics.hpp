@@ -3,7 +3,8 @@
 //   - MetricsWriter: one JSON object per line appended to <save_directory>/metrics.jsonl
 //     (flushed per line, so `tail -f` and a crash both see complete lines);
 //   - ProgressLine: "step 120/400 | loss 2.314 | lr 2.9e-03 | 31.2k tok/s | MFU 21.3% | ETA 1m32s"
-//     on stderr, rewritten in place (\r) on a terminal, one plain line per update otherwise;
+//     on stderr; on a terminal it is preceded by a bar ("[######--------------]  30%") and
+//     redrawn in place (\r), otherwise it is one plain line per update (logs stay readable);
 //   - measure_peak_gflops(): the machine's f32 GEMM rate (the MFU denominator).
 //
 // MFU = (3 x model.flops_forward(batch, seq) per step, i.e. forward + backward ~ 6 x params per
@@ -90,11 +91,23 @@ class ProgressLine {
     std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.1fk tok/s | MFU %.1f%% | ETA %s",
                   static_cast<long long>(step), static_cast<long long>(total), loss, lr, tok_s / 1000.0, 100.0 * mfu,
                   format_duration(eta_s).c_str());
-    if (tty_) std::fprintf(stderr, "\r%s\033[K", buf);
+    if (tty_) std::fprintf(stderr, "\r%s %s\033[K", bar(step, total).c_str(), buf);
     else std::fprintf(stderr, "%s\n", buf);
     std::fflush(stderr);
     dirty_ = tty_;
   }
+  /// "[########------------]  40%": the bar drawn in front of the line on a terminal (a log
+  /// file gets the figures only, which stay greppable).
+  static std::string bar(std::int64_t step, std::int64_t total, int width = 20) {
+    const double f = total > 0 ? std::clamp(static_cast<double>(step) / static_cast<double>(total), 0.0, 1.0) : 0.0;
+    const int full = static_cast<int>(f * width + 0.5);
+    char pct[8];
+    std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(f * 100.0 + 0.5));
+    return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '-') +
+           "] " + pct;
+  }
+  /// True when updates redraw one line in place (enabled, and stderr is a terminal).
+  bool in_place() const noexcept { return enabled_ && tty_; }
   /// A line of its own (evaluation, checkpoint); ends an in-place line first.
   void message(const std::string& s) {
     if (!enabled_) return;

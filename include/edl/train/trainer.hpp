@@ -17,7 +17,9 @@
 // global-norm clipping (clip_grad > 0), the schedule's rate and the optimizer update.
 // Every log_steps: a line in <save_directory>/metrics.jsonl and the progress line; every
 // evaluation_steps: the mean loss and perplexity over eval_data; every save_steps and at the end:
-// a checkpoint (checkpoint.hpp). A non-finite loss or gradient norm stops with errc::invalid_argument
+// a checkpoint (checkpoint.hpp); every weight_distribution_log_steps: per-tensor weight statistics
+// in <save_directory>/weights.jsonl (weight_stats.hpp); at the end: report.md and report.html
+// (report.hpp) unless write_report is false. A non-finite loss or gradient norm stops with errc::invalid_argument
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel).
@@ -57,9 +59,12 @@
 #include <edl/optim/sharded_optimizer.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/dataset.hpp>
+#include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
+#include <edl/train/report.hpp>
 #include <edl/train/tokenizer.hpp>
 #include <edl/train/training_arguments.hpp>
+#include <edl/train/weight_stats.hpp>
 
 namespace edl::train {
 
@@ -71,14 +76,6 @@ struct StepMetrics {
   double grad_norm = 0.0;         // before clipping
   std::int64_t tokens = 0;        // target tokens of the step
   double step_seconds = 0.0;
-};
-
-struct EvalMetrics {
-  std::int64_t step = 0;
-  double loss = 0.0;        // mean over target tokens
-  double perplexity = 1.0;  // exp(loss)
-  double accuracy = 0.0;
-  std::int64_t tokens = 0;
 };
 
 struct TrainResult {
@@ -182,29 +179,11 @@ class Trainer {
     EvalMetrics e;
     e.step = state_.step;
     if (!eval_ || eval_->size() == 0) return e;
-    const std::int64_t mb = args_.micro_batch_size();
-    double ce = 0, hits = 0;
-    std::int64_t batches = 0;
-    for (std::int64_t lo = 0; lo < eval_->size(); lo += mb) {
-      if (args_.max_evaluation_steps && batches >= *args_.max_evaluation_steps) break;
-      std::vector<std::span<const std::int32_t>> seqs;
-      for (std::int64_t i = lo; i < std::min(eval_->size(), lo + mb); ++i) seqs.push_back((*eval_)[i]);
-      const Batch b = collate(seqs, args_.max_sequence_length, pad_id_, trunc_);
-      const nn::LossMetrics m = sharded_ ? sharded_->loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, {},
-                                                           b.attention_mask.data())
-                                         : guarded_loss(b, {}, /*backward=*/false);
-      ce += m.loss * static_cast<double>(m.tokens);
-      hits += m.accuracy * static_cast<double>(m.tokens);
-      e.tokens += m.tokens;
-      ++batches;
-    }
-    EDL_CHECK(std::isfinite(ce), errc::invalid_argument, "evaluation at step " + std::to_string(state_.step),
-              "the eval loss is ", ce, " (the model's outputs are not finite)");
-    if (e.tokens > 0) {
-      e.loss = ce / static_cast<double>(e.tokens);
-      e.accuracy = hits / static_cast<double>(e.tokens);
-      e.perplexity = std::exp(e.loss);
-    }
+    // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
+    // On a mesh the host model is gathered first (evaluation is rare next to training steps).
+    sync_host();
+    e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+    e.step = state_.step;
     last_eval_ = e;
     ojson j = ojson::object();
     j["step"] = e.step;
@@ -237,8 +216,25 @@ class Trainer {
     return p;
   }
 
-  /// Restores model, optimizer and position from a checkpoint folder.
+  /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
+  EvalOptions eval_options() const {
+    EvalOptions o;
+    o.max_sequence_length = args_.max_sequence_length;
+    o.batch_size = args_.micro_batch_size();
+    o.max_batches = args_.max_evaluation_steps;
+    o.pad_id = pad_id_;
+    o.truncation = trunc_;
+    return o;
+  }
+
+  /// Restores model, optimizer and position from a checkpoint folder; train() then continues
+  /// from there instead of looking for the newest checkpoint in save_directory. Throws
+  /// errc::io naming `dir` when it is not a complete checkpoint folder (no state.json).
   void resume_from(const std::string& dir) {
+    EDL_CHECK(fs::is_directory(dir), errc::io, dir, "cannot resume: no such checkpoint folder");
+    EDL_CHECK(fs::exists(fs::path(dir) / "state.json"), errc::io, dir,
+              "cannot resume: not a complete checkpoint folder (state.json is missing; a checkpoint holds "
+              "config.json, model.safetensors, optimizer.safetensors and state.json)");
     sync_host();
     state_ = load_state(dir, *model_, opt_);
     if (mesh_) shard_host();
@@ -301,7 +297,7 @@ class Trainer {
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
-                         : guarded_loss(b, lo, /*backward=*/true).loss;
+                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -350,27 +346,37 @@ class Trainer {
 
       on_step_end(sm);
       const bool last = state_.step >= total_steps_;
-      if (state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty()) {
+      const bool log_now =
+          state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty();
+      // On a terminal the bar is redrawn after every step (from the log window so far);
+      // metrics.jsonl and plain-line progress only get the logged steps.
+      if (log_now || progress_.in_place()) {
         const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
         const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
         const double per_step = session_s() / static_cast<double>(state_.step - first_step);
-        ojson j = ojson::object();
-        j["step"] = state_.step;
-        j["epoch"] = sm.epoch;
-        j["loss"] = win_loss / static_cast<double>(win_steps);
-        j["learning_rate"] = lr;
-        j["grad_norm"] = gnorm;
-        j["tokens_per_s"] = tok_s;
-        j["mfu"] = mfu;
-        j["elapsed_s"] = state_.elapsed_s;
-        j["tokens_seen"] = state_.tokens_seen;
-        metrics_->write(j);
+        if (log_now) {
+          ojson j = ojson::object();
+          j["step"] = state_.step;
+          j["epoch"] = sm.epoch;
+          j["loss"] = win_loss / static_cast<double>(win_steps);
+          j["learning_rate"] = lr;
+          j["grad_norm"] = gnorm;
+          j["tokens_per_s"] = tok_s;
+          j["mfu"] = mfu;
+          j["elapsed_s"] = state_.elapsed_s;
+          j["tokens_seen"] = state_.tokens_seen;
+          metrics_->write(j);
+        }
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
-        win_loss = win_s = win_flops = 0;
-        win_steps = win_tokens = 0;
+        if (log_now) {
+          win_loss = win_s = win_flops = 0;
+          win_steps = win_tokens = 0;
+        }
       }
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
+      if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
+        log_weight_stats();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit && state_.elapsed_s >= *args_.training_time_limit) request_stop("time_limit");
     }
@@ -388,6 +394,7 @@ class Trainer {
     if (last_eval_) r.eval_loss = last_eval_->loss;
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
+    if (args_.write_report && r.stop_reason != "nothing_to_do") write_run_report();
     return r;
   }
 
@@ -407,29 +414,33 @@ class Trainer {
     host_stale_ = false;
   }
 
-  /// The model's forward_backward (or loss), with a finiteness check of the final hidden
-  /// states before the loss: non-finite activations give loss NaN instead of reaching the
-  /// loss kernel (whose argmax expects finite logits).
-  nn::LossMetrics guarded_loss(const Batch& b, const nn::LossOptions& lo, bool backward) {
-    const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
-    Model::Saved s;
-    model_->forward(b.input_ids.data(), lay, s);
-    for (float v : s.hidden)
-      if (!std::isfinite(v)) {
-        nn::LossMetrics bad;
-        bad.loss = std::numeric_limits<double>::quiet_NaN();
-        return bad;
+  /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
+  /// are still those of the step (after clipping).
+  void log_weight_stats() {
+    if (!weights_)
+      weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
+    sync_host();
+    std::vector<TensorStats> stats = weight_stats(*model_);
+    if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
+      for (auto& t : stats) {
+        const xt::xarray<float> g = gather(sharded_->grad(t.name));
+        double sq = 0;
+        for (float v : g) sq += static_cast<double>(v) * v;
+        t.grad_norm = std::sqrt(sq);
       }
-    const auto& c = model_->config();
-    std::vector<float> dhidden(backward ? s.hidden.size() : 0);
-    const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size,
-                                                 model_->head_weight(), c.vocab_size, b.labels.data(), lo,
-                                                 backward ? dhidden.data() : nullptr,
-                                                 backward ? model_->head_grad() : nullptr);
-    if (backward) model_->model.backward(dhidden.data(), s.model_s);
-    return m;
+    weights_->write(weight_stats_json(state_.step, stats));
   }
 
+  /// Writes report.md / report.html in save_directory from metrics.jsonl (report.hpp).
+  void write_run_report() {
+    RunReport rep = report_from_metrics(metrics_->path());
+    rep.summary.model_name = args_.model_name;
+    rep.summary.parameters = model_->param_count();
+    write_report(args_.save_directory, rep);
+    progress_.message("report: " + (fs::path(args_.save_directory) / "report.html").string());
+  }
+
+ private:
   std::int64_t eos_or(std::int64_t fallback) const {
     if (tok_ && tok_->eos_id()) return *tok_->eos_id();
     return fallback;
@@ -543,6 +554,7 @@ class Trainer {
   TrainState state_;
   CheckpointManager ckpt_{"."};
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<MetricsWriter> weights_;  // opened at the first weight-statistics step
   ProgressLine progress_{false};
   Truncation trunc_ = Truncation::keep_end;
   std::int64_t pad_id_ = 0;

@@ -102,12 +102,16 @@ struct TrainingArguments {
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
   bool progress = true;                              // the progress line on stderr
+  bool write_report = true;                          // report.md / report.html at the end of train()
+  std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
   std::vector<std::string> train_data;
   std::vector<std::string> eval_data;
-  /// "byte", a tokenizer.json path, or {"train_bpe": vocab_size}.
+  /// "byte", a tokenizer.json path, {"train_bpe": vocab_size} or its spelled-out form
+  /// {"type": "bpe", "vocab_size": N} (both train a byte-level BPE on the text of train_data),
+  /// or {"type": "byte"}.
   ojson tokenizer = "byte";
 
   std::string source = "TrainingArguments";
@@ -120,7 +124,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "model", "train_data", "eval_data", "tokenizer"};
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer"};
     return n;
   }
 
@@ -206,6 +210,8 @@ struct TrainingArguments {
     else if (key == "param_dtype") str(param_dtype);
     else if (key == "peak_gflops") { if (v.is_null()) peak_gflops = 0; else f64(peak_gflops); }
     else if (key == "progress") boo(progress);
+    else if (key == "write_report") boo(write_report);
+    else if (key == "weight_distribution_log_steps") i64(weight_distribution_log_steps);
     else if (key == "model") {
       EDL_CHECK(v.is_string() || v.is_object(), errc::config, w,
                 "expected a folder, a preset name or an object of LlamaConfig fields, found ", v.dump(), " (",
@@ -215,11 +221,21 @@ struct TrainingArguments {
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
-      const bool ok = v.is_string() || (v.is_object() && v.size() == 1 && v.contains("train_bpe") &&
-                                         v["train_bpe"].is_number_integer());
-      EDL_CHECK(ok, errc::config, w, "expected \"byte\", a tokenizer.json path or {\"train_bpe\": vocab_size}, found ",
-                v.dump(), " (", v.type_name(), ")");
-      tokenizer = v;
+      // The spelled-out spec is stored in its short form, so the rest of the code sees one
+      // spelling ("byte" or {"train_bpe": N}).
+      ojson t = v;
+      if (v.is_object() && v.contains("type") && v["type"].is_string()) {
+        const std::string type = v["type"].get<std::string>();
+        if (type == "byte" && v.size() == 1) t = "byte";
+        else if (type == "bpe" && v.size() == 2 && v.contains("vocab_size") && v["vocab_size"].is_number_integer())
+          t = ojson{{"train_bpe", v["vocab_size"]}};
+      }
+      const bool ok = t.is_string() || (t.is_object() && t.size() == 1 && t.contains("train_bpe") &&
+                                         t["train_bpe"].is_number_integer());
+      EDL_CHECK(ok, errc::config, w,
+                "expected \"byte\", a tokenizer.json path, {\"type\": \"bpe\", \"vocab_size\": N} or "
+                "{\"train_bpe\": N}, found ", v.dump(), " (", v.type_name(), ")");
+      tokenizer = t;
     }
     else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
   }
@@ -271,6 +287,7 @@ struct TrainingArguments {
     positive("log_steps", static_cast<double>(log_steps));
     EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
     nonneg("peak_gflops", peak_gflops);
+    nonneg("weight_distribution_log_steps", static_cast<double>(weight_distribution_log_steps));
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
     (void)mesh_dims();  // names and sizes are checked there
@@ -369,6 +386,8 @@ struct TrainingArguments {
     j["param_dtype"] = param_dtype;
     j["peak_gflops"] = peak_gflops;
     j["progress"] = progress;
+    j["write_report"] = write_report;
+    j["weight_distribution_log_steps"] = weight_distribution_log_steps;
     j["model"] = model;
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;

@@ -1,0 +1,178 @@
+// edl/train/evaluation.hpp
+// Held-out evaluation shared by the trainer (Trainer::evaluate) and `edl eval`, so that both
+// report the same number for the same model and data:
+//
+//   EvalOptions o{.max_sequence_length = 128, .batch_size = 8, .pad_id = tok.pad_id().value_or(0)};
+//   EvalMetrics e = train::evaluate_dataset(model, heldout, o);   // mean CE over target tokens
+//   UnigramBaseline u = train::unigram_baseline(train_ds, heldout, vocab_size, o);
+//
+// evaluate_dataset: the sequences in order, batch_size at a time, collated as in training
+// (right padding, truncation by `truncation`), the HF-shifted causal LM loss summed over every
+// target token and divided by their number (so the batch size does not change the result
+// beyond float rounding of the per-batch means).
+//
+// unigram_baseline: the cross-entropy of a model that ignores context and predicts every token
+// with its frequency in the training data, p(t) = (count(t) + 1) / (N + V) (add-one smoothing,
+// so a token unseen in training costs log(N + V) instead of infinity), scored on the same
+// held-out target tokens evaluate_dataset scores. A language model that has learned anything
+// from context beats it; one that has not sits at it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/nn/loss.hpp>
+#include <edl/train/dataset.hpp>
+
+namespace edl::train {
+
+struct EvalMetrics {
+  std::int64_t step = 0;
+  double loss = 0.0;        // mean over target tokens
+  double perplexity = 1.0;  // exp(loss)
+  double accuracy = 0.0;
+  std::int64_t tokens = 0;
+};
+
+struct EvalOptions {
+  std::int64_t max_sequence_length = 2048;
+  std::int64_t batch_size = 8;                 // sequences per forward pass
+  std::optional<std::int64_t> max_batches;     // stop after this many batches (null: all)
+  std::int64_t pad_id = 0;
+  Truncation truncation = Truncation::keep_end;
+};
+
+/// The model's forward and loss (and backward when asked), with a finiteness check of the
+/// final hidden states before the loss: non-finite activations give loss NaN instead of
+/// reaching the loss kernel (whose argmax expects finite logits).
+template <class Model>
+nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward) {
+  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  typename Model::Saved s;
+  model.forward(b.input_ids.data(), lay, s);
+  for (float v : s.hidden)
+    if (!std::isfinite(v)) {
+      nn::LossMetrics bad;
+      bad.loss = std::numeric_limits<double>::quiet_NaN();
+      return bad;
+    }
+  const auto& c = model.config();
+  std::vector<float> dhidden(backward ? s.hidden.size() : 0);
+  const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, model.head_weight(),
+                                               c.vocab_size, b.labels.data(), lo, backward ? dhidden.data() : nullptr,
+                                               backward ? model.head_grad() : nullptr);
+  if (backward) model.model.backward(dhidden.data(), s.model_s);
+  return m;
+}
+
+/// Calls f(batch) for the batches evaluate_dataset scores.
+template <class F>
+void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
+  EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
+  std::int64_t batches = 0;
+  std::vector<std::span<const std::int32_t>> seqs;
+  for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
+    if (o.max_batches && batches >= *o.max_batches) break;
+    seqs.clear();
+    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) seqs.push_back(ds[i]);
+    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation));
+    ++batches;
+  }
+}
+
+/// Combines per-batch loss metrics into the mean over all target tokens.
+class EvalAccumulator {
+ public:
+  void add(const nn::LossMetrics& m) {
+    ce_ += m.loss * static_cast<double>(m.tokens);
+    hits_ += m.accuracy * static_cast<double>(m.tokens);
+    tokens_ += m.tokens;
+  }
+  /// The result; throws errc::invalid_argument naming `where` when the loss is not finite.
+  EvalMetrics result(const std::string& where) const {
+    EDL_CHECK(std::isfinite(ce_), errc::invalid_argument, where, "the eval loss is ", ce_,
+              " (the model's outputs are not finite)");
+    EvalMetrics e;
+    e.tokens = tokens_;
+    if (tokens_ > 0) {
+      e.loss = ce_ / static_cast<double>(tokens_);
+      e.accuracy = hits_ / static_cast<double>(tokens_);
+      e.perplexity = std::exp(e.loss);
+    }
+    return e;
+  }
+
+ private:
+  double ce_ = 0, hits_ = 0;
+  std::int64_t tokens_ = 0;
+};
+
+/// Mean loss, perplexity and next-token accuracy of `model` over `ds` (see the header comment).
+template <class Model>
+EvalMetrics evaluate_dataset(Model& model, const TokenDataset& ds, const EvalOptions& o,
+                             const std::string& where = "evaluation") {
+  EvalAccumulator acc;
+  for_each_eval_batch(ds, o, [&](const Batch& b) { acc.add(guarded_causal_lm_loss(model, b, {}, /*backward=*/false)); });
+  return acc.result(where);
+}
+
+struct UnigramBaseline {
+  double loss = 0.0;            // mean -log p(t) over the held-out target tokens
+  double perplexity = 1.0;      // exp(loss)
+  double entropy = 0.0;         // entropy of the smoothed training distribution itself
+  std::int64_t tokens = 0;      // held-out target tokens scored
+  std::int64_t train_tokens = 0;
+};
+
+/// Token counts of every token of `ds` (ids must be below vocab_size).
+inline std::vector<std::int64_t> token_counts(const TokenDataset& ds, std::int64_t vocab_size) {
+  std::vector<std::int64_t> c(static_cast<std::size_t>(vocab_size), 0);
+  for (std::int64_t i = 0; i < ds.size(); ++i)
+    for (auto t : ds[i]) {
+      EDL_CHECK(t >= 0 && t < vocab_size, errc::invalid_argument, "token_counts", "token ", t,
+                " is outside the vocabulary (vocab_size ", vocab_size, ")");
+      ++c[static_cast<std::size_t>(t)];
+    }
+  return c;
+}
+
+/// The unigram baseline (see the header comment) of `train` scored on `heldout`.
+inline UnigramBaseline unigram_baseline(const TokenDataset& train, const TokenDataset& heldout, std::int64_t vocab_size,
+                                        const EvalOptions& o) {
+  EDL_CHECK(vocab_size > 0, errc::invalid_argument, "unigram_baseline", "vocab_size must be positive");
+  const auto counts = token_counts(train, vocab_size);
+  UnigramBaseline u;
+  u.train_tokens = train.num_tokens();
+  const double denom = static_cast<double>(u.train_tokens + vocab_size);
+  std::vector<double> nll(counts.size());
+  for (std::size_t t = 0; t < counts.size(); ++t) {
+    const double p = (static_cast<double>(counts[t]) + 1.0) / denom;
+    nll[t] = -std::log(p);
+    u.entropy += p * nll[t];
+  }
+  double sum = 0;
+  for_each_eval_batch(heldout, o, [&](const Batch& b) {
+    for (std::int64_t r = 0; r < b.batch; ++r)
+      for (std::int64_t s = 1; s < b.seq; ++s) {  // the HF shift: position 0 is never a target
+        const std::int64_t y = b.labels[static_cast<std::size_t>(r * b.seq + s)];
+        if (y == -100) continue;
+        EDL_CHECK(y >= 0 && y < vocab_size, errc::invalid_argument, "unigram_baseline", "held-out token ", y,
+                  " is outside the vocabulary (vocab_size ", vocab_size, ")");
+        sum += nll[static_cast<std::size_t>(y)];
+        ++u.tokens;
+      }
+  });
+  if (u.tokens > 0) {
+    u.loss = sum / static_cast<double>(u.tokens);
+    u.perplexity = std::exp(u.loss);
+  }
+  return u;
+}
+
+}  // namespace edl::train
