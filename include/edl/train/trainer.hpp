@@ -20,7 +20,9 @@
 // a checkpoint (checkpoint.hpp). A non-finite loss or gradient norm stops with errc::invalid_argument
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
-// for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+// for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
+// picks the remat policy of the step at run time (forward<R> of the one model type, Model):
+// nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md).
 #pragma once
 
 #include <chrono>
@@ -361,7 +363,10 @@ class Trainer {
   nn::LossMetrics guarded_loss(const Batch& b, const nn::LossOptions& lo, bool backward) {
     const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
     Model::Saved s;
-    model_->forward(b.input_ids.data(), lay, s);
+    // The remat policy named by gradient_checkpointing (validated): the layers keep what it
+    // saves and their backward recomputes the rest; loss and gradients are bitwise the same.
+    remat::dispatch(args_.gradient_checkpointing,
+                    [&]<class R>() { model_->template forward<R>(b.input_ids.data(), lay, s); });
     for (float v : s.hidden)
       if (!std::isfinite(v)) {
         nn::LossMetrics bad;
