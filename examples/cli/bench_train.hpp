@@ -2,6 +2,7 @@
 // backward; no optimizer yet).
 //
 //   edl bench train --config tiny|small|gqa1b|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
+//                   [--remat everything_saveable|nothing_saveable|dots_saveable|dots_with_no_batch_dims_saveable]
 //
 // --config names a preset (random weights from Key seed 0, initializer_range) or a HF folder
 // (weights loaded). Tokens are uniform random ids (seed 0); labels = tokens (HF shift). One
@@ -61,8 +62,15 @@ inline int cmd_bench_train(Args& args) {
   const std::int64_t batch = args.integer("--batch", 8), seq = args.integer("--seq", 256);
   const std::int64_t threads = args.integer("--threads", exec::num_threads());
   const std::int64_t steps = args.integer("--steps", 3);
+  const std::string remat_name = args.str("--remat", "everything_saveable");
   const MeshDims mesh = mesh_flag(args);
   args.finish();
+  {
+    std::string valid;
+    for (const char* n : remat::runtime_names) valid += (valid.empty() ? "" : ", ") + std::string(n);
+    EDL_CHECK(remat_name != "" && remat::dispatch(remat_name, []<class>() {}), errc::invalid_argument, "--remat",
+              "expected one of ", valid, " (save_only_these_names is compile-time only); found \"", remat_name, "\"");
+  }
   EDL_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
   EDL_CHECK(seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", seq);
   EDL_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
@@ -86,7 +94,7 @@ inline int cmd_bench_train(Args& args) {
 
   auto step = [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout);
+    run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   step();  // warm-up: gradient buffers, page faults, thread pool
@@ -105,6 +113,7 @@ inline int cmd_bench_train(Args& args) {
   j["batch"] = batch;
   j["seq"] = seq;
   j["threads"] = threads;
+  j["remat"] = remat_name;
   j["mesh"] = mesh_json(mesh);
   j["tokens_per_s"] = round2(tps);
   j["ms_per_step"] = round2(sec * 1e3);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -167,11 +168,15 @@ enum class MeshOp {
 /// model directly; a larger mesh: models::sharded_* (models/llama/sharded.hpp), which equal
 /// one device to f32 rounding. The mesh is built from `dims` first, so invalid sizes fail
 /// before any work. (position_ids / attention_mask of `layout` are one-device only for now.)
+/// `remat` names the gradient-checkpointing policy of loss_and_grads (remat::runtime_names;
+/// "" = the model's own); the sharded path keeps every activation, so it takes none.
 template <class Model>
 nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const std::int64_t* ids,
                             const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
-                            float* logits_out = nullptr) {
+                            float* logits_out = nullptr, std::string_view remat = {}) {
   const DefaultMesh mesh = make_mesh(dims);
+  EDL_CHECK(remat.empty() || mesh.size() == 1 || remat == "everything_saveable", errc::unsupported, "--remat",
+            "gradient checkpointing runs on one device only for now (the sharded step keeps every activation)");
   if (mesh.size() == 1) {
     switch (op) {
       case MeshOp::logits:
@@ -179,9 +184,14 @@ nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const
         return {};
       case MeshOp::loss:
         return model.loss(ids, layout, labels);
-      case MeshOp::loss_and_grads:
+      case MeshOp::loss_and_grads: {
         nn::zero_grad(model);
-        return model.forward_backward(ids, layout, labels);
+        if (remat.empty()) return model.forward_backward(ids, layout, labels);
+        nn::LossMetrics m;
+        EDL_CHECK(remat::dispatch(remat, [&]<class R>() { m = model.template forward_backward<R>(ids, layout, labels); }),
+                  errc::invalid_argument, "--remat", "unknown policy \"", remat, "\"");
+        return m;
+      }
     }
   }
   EDL_CHECK(layout.attention_mask == nullptr && layout.position_ids == nullptr, errc::unsupported, "--mesh",

@@ -504,9 +504,12 @@ struct Name {
 // of positional parameters. Values that only change numbers (eps, learning rate) stay
 // run-time fields of configs.
 
+#include <concepts>
+#include <string_view>
 #include <type_traits>
 
 // #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/fixed_string.hpp> (inlined above)
 
 namespace edl {
 
@@ -526,16 +529,104 @@ concept QuantScheme = requires {
 };
 
 namespace remat {
-/// Keep every activation for backward (JAX: everything_saveable).
-struct everything_saveable { static constexpr const char* name = "everything_saveable"; };
+// Rematerialization (gradient checkpointing) policies, JAX's jax.checkpoint_policies: which
+// activations of a decoder layer forward keeps for backward; backward recomputes the others
+// from the layer's input (which the caller always keeps) before running the layer's backward.
+// Recomputation replays the same deterministic kernels, so every policy gives bitwise the
+// same loss and gradients; only peak memory and step time change.
+//
+// Checkpoint names (JAX checkpoint_name), in forward order; each is [tokens, width] f32:
+//   norm1     input_layernorm(x)                                     [T, hidden]
+//   q, k, v   the q/k/v projections (q and k after rope: rope rotates
+//             the projection output in place, so keeping it costs the same memory)
+//   ctx       the attention core's output p.v (input of o_proj), with the per-row
+//             log-sum-exp of the scores it needs ([batch, heads, seq], small)
+//   attn_out  the residual stream after attention, x + o_proj(ctx)  [T, hidden]
+//   norm2     post_attention_layernorm(attn_out)                     [T, hidden]
+//   gate, up  the gate/up projections                                [T, intermediate]
+//   act       silu(gate) * up, the input of down_proj                [T, intermediate]
+// The layer's output (down_proj plus the residual) is the next layer's input, kept by the
+// model under every policy, so it has no name. The [batch, heads, seq, seq] scores and
+// probabilities are never stored under any policy: attention keeps only the log-sum-exp and
+// its backward recomputes p from q, k (docs/modules.md).
+inline constexpr Name checkpoint_names[] = {"norm1", "q", "k", "v", "ctx", "attn_out", "norm2", "gate", "up", "act"};
+
+constexpr bool is_checkpoint_name(const Name& n) {
+  for (const Name& c : checkpoint_names)
+    if (c == n) return true;
+  return false;
+}
+
+/// Keep every activation for backward (JAX: everything_saveable); nothing is recomputed.
+struct everything_saveable {
+  static constexpr const char* name = "everything_saveable";
+  static constexpr bool saves(const Name&) { return true; }
+};
+/// Keep only each decoder layer's input; backward recomputes the layer's whole forward.
+struct nothing_saveable {
+  static constexpr const char* name = "nothing_saveable";
+  static constexpr bool saves(const Name&) { return false; }
+};
+/// Keep the outputs of every matrix product: the q/k/v/o and gate/up projections and the
+/// attention's p.v (ctx); recompute norms and the SwiGLU activation.
+struct dots_saveable {
+  static constexpr const char* name = "dots_saveable";
+  static constexpr bool saves(const Name& n) {
+    return n == "q" || n == "k" || n == "v" || n == "ctx" || n == "attn_out" || n == "gate" || n == "up";
+  }
+};
+/// Keep the outputs of the products without batch dimensions, i.e. the weight projections
+/// (q/k/v/o, gate/up); the attention products q.k and p.v are batched over (batch, head), so
+/// ctx is not kept and backward recomputes the attention core (q.k, softmax, p.v) as well as
+/// norms and activations. (q.k is never stored anyway, see above.)
+struct dots_with_no_batch_dims_saveable {
+  static constexpr const char* name = "dots_with_no_batch_dims_saveable";
+  static constexpr bool saves(const Name& n) {
+    return n == "q" || n == "k" || n == "v" || n == "attn_out" || n == "gate" || n == "up";
+  }
+};
+/// Keep only the named activations (JAX: save_only_these_names), e.g.
+/// save_only_these_names<"attn_out", "gate", "up">. Compile-time only: there is no run-time
+/// spelling of it in TrainingArguments or the CLI.
+template <Name... Names>
+struct save_only_these_names {
+  static_assert((is_checkpoint_name(Names) && ...),
+                "edl::remat::save_only_these_names: unknown checkpoint name (see edl::remat::checkpoint_names)");
+  static constexpr const char* name = "save_only_these_names";
+  static constexpr bool saves(const Name& n) { return ((n == Names) || ...); }
+};
+
+template <class R>
+concept RematPolicy = requires(const Name& n) {
+  { R::name } -> std::convertible_to<const char*>;
+  { R::saves(n) } -> std::same_as<bool>;
+};
+
+/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat).
+inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
+                                                "dots_with_no_batch_dims_saveable"};
+
+/// Calls f.template operator()<R>() with the policy named `name` ("" and "none" are
+/// everything_saveable: nothing is rematerialized); returns false for any other name.
+template <class F>
+bool dispatch(std::string_view name, F&& f) {
+  if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
+  else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
+  else if (name == "dots_saveable") f.template operator()<dots_saveable>();
+  else if (name == "dots_with_no_batch_dims_saveable") f.template operator()<dots_with_no_batch_dims_saveable>();
+  else return false;
+  return true;
+}
 }  // namespace remat
 
 /// Precision and representation policy.
 ///  Param:   dtype parameters are stored in (f32, bf16, f16)
 ///  Compute: dtype activations are computed and stored in between kernels
 ///  Accum:   dtype of every reduction (dot products, norms, softmax sums); f32 in edl
+///  Quant:   weight quantization scheme
+///  Remat:   which activations forward keeps for backward (remat:: above)
 template <FloatStorage Param = float, FloatStorage Compute = float, class Accum = float,
-          QuantScheme Quant = quant::none, class Remat = remat::everything_saveable>
+          QuantScheme Quant = quant::none, remat::RematPolicy Remat = remat::everything_saveable>
 struct Policy {
   static_assert(std::is_same_v<Accum, float>,
                 "edl::Policy: accumulation is always f32; bf16/f16 are storage types only");
@@ -553,7 +644,7 @@ concept PolicyLike = requires {
   typename Pol::accum_t;
   typename Pol::quant_t;
   typename Pol::remat_t;
-} && QuantScheme<typename Pol::quant_t>;
+} && QuantScheme<typename Pol::quant_t> && remat::RematPolicy<typename Pol::remat_t>;
 
 using DefaultPolicy = Policy<>;
 /// bf16 parameters, f32 compute and accumulation: halves weight memory traffic.
@@ -5088,19 +5179,37 @@ class Attention {
     s.seq = layout.seq;
     if (layout.attention_mask) s.mask.assign(layout.attention_mask, layout.attention_mask + T);
     else s.mask.clear();
-    s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
-    s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
-    s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
-    q_proj.forward(x, T, s.q.data(), s.q_s);
-    k_proj.forward(x, T, s.k.data(), s.k_s);
-    v_proj.forward(x, T, s.v.data(), s.v_s);
     rope.tables(layout, s.cos, s.sin);
-    rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
-    rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
-    s.ctx.resize(static_cast<std::size_t>(T * nh_ * D_));
-    s.lse.resize(static_cast<std::size_t>(layout.batch * nh_ * layout.seq));
-    core_forward(s);
+    forward_projections(x, s, true, true, true);
+    forward_core(s);
     o_proj.forward(s.ctx.data(), T, y, s.o_s);
+  }
+
+  // Rematerialization (DecoderLayer under a remat policy): forward above is these steps, and
+  // release() frees what a policy does not keep; rematerialize() recomputes it with the same
+  // kernels, so the rebuilt values are bitwise those of forward. The rope tables and the
+  // mask stay in Saved (small: [T, D] and [T]).
+
+  /// Frees q, k, v, and ctx with lse (`core`), as asked.
+  static void release(Saved& s, bool q, bool k, bool v, bool core) {
+    if (q) std::vector<float>().swap(s.q);
+    if (k) std::vector<float>().swap(s.k);
+    if (v) std::vector<float>().swap(s.v);
+    if (core) {
+      std::vector<float>().swap(s.ctx);
+      std::vector<float>().swap(s.lse);
+    }
+  }
+  /// Recomputes what release() freed, from the same x [T, hidden] forward had (its values,
+  /// not necessarily its address), and re-points the projections' Saved at x and ctx.
+  void rematerialize(const float* x, Saved& s, bool q, bool k, bool v, bool core) const {
+    forward_projections(x, s, q, k, v);
+    if (core) forward_core(s);
+    const std::int64_t T = s.batch * s.seq;
+    s.q_s = {x, T};
+    s.k_s = {x, T};
+    s.v_s = {x, T};
+    s.o_s = {s.ctx.data(), T};
   }
 
   /// Inference: y = attention(x), nothing kept.
@@ -5137,6 +5246,31 @@ class Attention {
     const std::int64_t* mrow = s.mask.data() + b * s.seq;
     for (std::int64_t j = lo; j < hi; ++j)
       if (mrow[j] == 0) row[j - j0] = ninf;
+  }
+
+  /// The chosen projections of x into s (q and k rotated with s's rope tables).
+  void forward_projections(const float* x, Saved& s, bool q, bool k, bool v) const {
+    const std::int64_t T = s.batch * s.seq;
+    if (q) {
+      s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
+      q_proj.forward(x, T, s.q.data(), s.q_s);
+      rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
+    }
+    if (k) {
+      s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
+      k_proj.forward(x, T, s.k.data(), s.k_s);
+      rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
+    }
+    if (v) {
+      s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
+      v_proj.forward(x, T, s.v.data(), s.v_s);
+    }
+  }
+  /// ctx and lse from q, k, v.
+  void forward_core(Saved& s) const {
+    s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
+    s.lse.resize(static_cast<std::size_t>(s.batch * nh_ * s.seq));
+    core_forward(s);
   }
 
   // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the
@@ -5233,11 +5367,20 @@ class Attention {
 //   h = x + attn(input_layernorm(x))
 //   y = h + mlp(post_attention_layernorm(h))
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
+//
+// Gradient checkpointing: forward keeps only the activations the remat policy saves
+// (Pol::remat_t, or forward<R> for one call; core/policy.hpp names them); backward first
+// recomputes the others from x with forward's kernels -- bitwise the same values -- then runs
+// the layer's backward, then frees the recomputed ones again, so at most one layer's full set
+// of activations is alive at a time. everything_saveable keeps all and recomputes nothing.
 
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/nn/attention.hpp> (inlined above)
@@ -5292,15 +5435,28 @@ class MLP {
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
   void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
-    const std::size_t n = static_cast<std::size_t>(tokens * inter_);
-    s.g.resize(n);
-    s.u.resize(n);
-    s.a.resize(n);
-    gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
-    up_proj.forward(x, tokens, s.u.data(), s.up_s);
-    kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+    forward_parts(x, tokens, s, true, true, true);
     down_proj.forward(s.a.data(), tokens, y, s.down_s);
   }
+
+  // Rematerialization (DecoderLayer under a remat policy): release() frees what a policy
+  // does not keep, rematerialize() recomputes it with forward's kernels (bitwise equal).
+
+  /// Frees gate x (g), up x (u) and a, as asked.
+  static void release(Saved& s, bool g, bool u, bool a) {
+    if (g) std::vector<float>().swap(s.g);
+    if (u) std::vector<float>().swap(s.u);
+    if (a) std::vector<float>().swap(s.a);
+  }
+  /// Recomputes what release() freed from the same x [tokens, hidden] forward had, and
+  /// re-points the projections' Saved at x and a.
+  void rematerialize(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
+    forward_parts(x, tokens, s, g, u, a);
+    s.gate_s = {x, tokens};
+    s.up_s = {x, tokens};
+    s.down_s = {s.a.data(), tokens};
+  }
+
   void apply(const float* x, std::int64_t tokens, float* y) const {
     Saved s;
     forward(x, tokens, y, s);
@@ -5317,6 +5473,22 @@ class MLP {
   }
 
  private:
+  void forward_parts(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
+    const std::size_t n = static_cast<std::size_t>(tokens * inter_);
+    if (g) {
+      s.g.resize(n);
+      gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
+    }
+    if (u) {
+      s.u.resize(n);
+      up_proj.forward(x, tokens, s.u.data(), s.up_s);
+    }
+    if (a) {
+      s.a.resize(n);
+      kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+    }
+  }
+
   std::int64_t hidden_ = 0, inter_ = 0;
 };
 
@@ -5417,7 +5589,19 @@ class DecoderLayer {
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    const float* x = nullptr;      // the layer's input, owned by the caller
+    std::int64_t tokens = 0;
+    std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
   };
+
+  /// The checkpoint names R does not keep, as Saved::dropped bits.
+  template <remat::RematPolicy R>
+  static constexpr std::uint32_t dropped_by() {
+    std::uint32_t bits = 0;
+    for (std::size_t i = 0; i < std::size(remat::checkpoint_names); ++i)
+      if (!R::saves(remat::checkpoint_names[i])) bits |= 1u << i;
+    return bits;
+  }
 
   DecoderLayer() = default;
   explicit DecoderLayer(const DecoderLayerConfig& c)
@@ -5448,9 +5632,14 @@ class DecoderLayer {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
+  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's).
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
     const std::int64_t T = layout.tokens();
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
+    s.x = x;
+    s.tokens = T;
+    s.dropped = 0;
     s.n1.resize(n);
     s.h.resize(n);
     s.n2.resize(n);
@@ -5460,14 +5649,19 @@ class DecoderLayer {
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     mlp.forward(s.n2.data(), T, y, s.mlp_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    release(s, dropped_by<R>());
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
     Saved s;
-    forward(x, layout, y, s);
+    forward<remat::everything_saveable>(x, layout, y, s);
   }
 
   /// Accumulates every parameter gradient; writes dx [T, hidden] (dx must not alias dy).
+  /// Recomputes what forward did not keep first (the caller still holds x), and frees it
+  /// after, so `s` is left as forward left it.
   void backward(const float* dy, Saved& s, float* dx) {
+    const std::uint32_t dropped = s.dropped;
+    rematerialize(s);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n);
     mlp.backward(dy, s.mlp_s, a.data());                       // d n2
@@ -5476,9 +5670,56 @@ class DecoderLayer {
     self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    release(s, dropped);
   }
 
  private:
+  // Bit positions of remat::checkpoint_names.
+  enum : std::uint32_t {
+    kNorm1 = 1u << 0, kQ = 1u << 1, kK = 1u << 2, kV = 1u << 3, kCtx = 1u << 4,
+    kAttnOut = 1u << 5, kNorm2 = 1u << 6, kGate = 1u << 7, kUp = 1u << 8, kAct = 1u << 9
+  };
+  static_assert(std::size(remat::checkpoint_names) == 10 && remat::checkpoint_names[0] == "norm1" &&
+                    remat::checkpoint_names[4] == "ctx" && remat::checkpoint_names[9] == "act",
+                "DecoderLayer: the bits below follow remat::checkpoint_names");
+
+  static void release(Saved& s, std::uint32_t d) {
+    if (d & kNorm1) std::vector<float>().swap(s.n1);
+    Attention<Pol>::release(s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
+    if (d & kAttnOut) std::vector<float>().swap(s.h);
+    if (d & kNorm2) std::vector<float>().swap(s.n2);
+    MLP<Pol>::release(s.mlp_s, d & kGate, d & kUp, d & kAct);
+    s.dropped = d;
+  }
+
+  /// Recomputes, in forward order, every activation forward dropped; each step reads only
+  /// values that were kept or are already recomputed, so all equal forward's bit for bit.
+  void rematerialize(Saved& s) const {
+    const std::uint32_t d = s.dropped;
+    if (d == 0) return;
+    EDL_CHECK(s.x != nullptr, errc::invalid_argument, "nn.DecoderLayer.backward",
+              "Saved holds no input: call forward first");
+    const std::int64_t T = s.tokens;
+    const std::size_t n = static_cast<std::size_t>(T * hidden_);
+    if (d & kNorm1) {
+      s.n1.resize(n);
+      input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
+    }
+    self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
+    if (d & kAttnOut) {
+      s.h.resize(n);
+      self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
+    }
+    if (d & kNorm2) {
+      s.n2.resize(n);
+      post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
+    }
+    s.norm2_s.x = s.h.data();
+    mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    s.dropped = 0;
+  }
+
   std::int64_t hidden_ = 0;
 };
 
@@ -7223,6 +7464,11 @@ struct LlamaConfig {
 //   auto metrics = m.forward_backward(ids, lay);     // labels = ids (HF shift inside); grads +=
 //   m.logits(ids, lay, out);                          // [batch*seq, vocab]
 //
+// Gradient checkpointing: Pol::remat_t (core/policy.hpp) picks what each decoder layer keeps
+// for backward, e.g. LlamaForCausalLM<with_remat<DefaultPolicy, remat::nothing_saveable>>;
+// forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
+// from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
+//
 // With tied embeddings there is no lm_head parameter: the head reads
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 
@@ -7323,7 +7569,8 @@ class LlamaModel {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
   }
 
-  /// hidden [T, hidden_size] after the final norm.
+  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
     const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
     const std::size_t L = layers.size();
@@ -7332,7 +7579,7 @@ class LlamaModel {
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
     embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
-    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
 
@@ -7394,18 +7641,19 @@ class LlamaForCausalLM {
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
   float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
 
-  /// Forward to the final hidden states (kept in s.hidden).
+  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
     s.batch = layout.batch;
     s.seq = layout.seq;
     s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
-    model.forward(ids, layout, s.hidden.data(), s.model_s);
+    model.template forward<R>(ids, layout, s.hidden.data(), s.model_s);
   }
 
   /// Full logits [T, vocab] (inference and tests).
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
-    forward(ids, layout, s);
+    forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
     nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
                        config().hidden_size);
   }
@@ -7420,10 +7668,11 @@ class LlamaForCausalLM {
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
                                    const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
     Saved s;
-    forward(ids, layout, s);
+    forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
     const nn::LossMetrics m =
         nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
@@ -12340,9 +12589,11 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 
@@ -12366,12 +12617,19 @@ struct EvalOptions {
 
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
 /// final hidden states before the loss: non-finite activations give loss NaN instead of
-/// reaching the loss kernel (whose argmax expects finite logits).
+/// reaching the loss kernel (whose argmax expects finite logits). `remat` names the
+/// gradient-checkpointing policy of the forward (remat::runtime_names; "" keeps everything):
+/// the layers keep what it saves and their backward recomputes the rest, with bitwise the same
+/// loss and gradients.
 template <class Model>
-nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward) {
+nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward,
+                                       std::string_view remat = {}) {
   const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
   typename Model::Saved s;
-  model.forward(b.input_ids.data(), lay, s);
+  if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
+  else
+    EDL_CHECK(remat::dispatch(remat, [&]<class R>() { model.template forward<R>(b.input_ids.data(), lay, s); }),
+              errc::invalid_argument, "gradient_checkpointing", "unknown remat policy \"", remat, "\"");
   for (float v : s.hidden)
     if (!std::isfinite(v)) {
       nn::LossMetrics bad;
@@ -12957,7 +13215,10 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 // (report.hpp) unless write_report is false. A non-finite loss or gradient norm stops with errc::invalid_argument
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
-// for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+// for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
+// picks the remat policy of the step at run time (forward<R> of the one model type, Model):
+// nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
+// every activation is kept (gradient_checkpointing must be empty or everything_saveable).
 //
 // On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
@@ -13025,6 +13286,7 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 #include <nlohmann/json.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 
 namespace edl::train {
@@ -13096,7 +13358,7 @@ struct TrainingArguments {
   std::uint64_t seed = 42;
   std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
   std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
-  std::string gradient_checkpointing = "";          // "" / "none" only (no rematerialization yet)
+  std::string gradient_checkpointing = "";          // remat policy: ""/none, nothing_saveable, dots_saveable, ... (remat::runtime_names)
   std::string dtype = "float32";
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
@@ -13202,7 +13464,8 @@ struct TrainingArguments {
     else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
     else if (key == "gradient_checkpointing") {
       if (v.is_null()) gradient_checkpointing = "";
-      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "everything_saveable" : "";
+      // true as in HF (gradient_checkpointing=True recomputes each layer): nothing_saveable.
+      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "nothing_saveable" : "";
       else str(gradient_checkpointing);
     }
     else if (key == "dtype") str(dtype);
@@ -13300,13 +13563,20 @@ struct TrainingArguments {
       EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
                 " must divide by the sequence-parallel size sp = ", m[3]);
     }
-    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                  gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
-              errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
-              gradient_checkpointing, "\"");
-    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none", errc::unsupported,
-              where("gradient_checkpointing"), "rematerialization is not implemented yet; found \"",
-              gradient_checkpointing, "\"");
+    {
+      std::string valid = "\"\", none";
+      for (const char* n : remat::runtime_names) valid += std::string(", ") + n;
+      EDL_CHECK(gradient_checkpointing != "save_only_these_names", errc::unsupported, where("gradient_checkpointing"),
+                "save_only_these_names takes its names at compile time (Policy<..., "
+                "remat::save_only_these_names<\"attn_out\", ...>>); at run time use one of ", valid);
+      EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
+                "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
+      EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
+                    gradient_checkpointing == "everything_saveable",
+                errc::unsupported, where("gradient_checkpointing"), "rematerialization runs on one device for now "
+                "(the sharded step keeps every activation); found \"", gradient_checkpointing, "\" on a mesh of ",
+                mesh_devices(), " devices");
+    }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations are float32 for now, found \"", dtype, "\"");
     EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
@@ -13732,7 +14002,7 @@ class Trainer {
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
-                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true).loss;
+                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }

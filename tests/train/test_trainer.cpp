@@ -1,6 +1,6 @@
 // Tests for edl/train/trainer.hpp: resume gives bit-identical losses, a NaN loss stops with a
 // clear error and keeps the last good checkpoint, gradient accumulation equals one big batch,
-// the loss falls on a memorization task, the time limit stops with a checkpoint, metrics.jsonl
+// every gradient_checkpointing policy trains bit-identically, the loss falls on a memorization task, the time limit stops with a checkpoint, metrics.jsonl
 // holds the documented fields, and a Trainer built from JSON arguments trains.
 #include <gtest/gtest.h>
 
@@ -252,6 +252,30 @@ TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
   for (std::size_t i = 0; i < params[0].size(); ++i)
     maxdiff = std::max(maxdiff, static_cast<double>(std::fabs(params[0][i] - params[1][i])));
   EXPECT_LT(maxdiff, 1e-6);
+}
+
+TEST(Trainer, GradientCheckpointingPoliciesTrainBitIdentically) {
+  // Ragged data: padded rows exercise the attention mask under every policy.
+  auto data = random_data(4, 16, 64, 5, true);
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<double>> losses_of;
+  for (const char* policy : {"", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"}) {
+    TempDir d(std::string("remat") + policy);
+    auto args = base_args(d.str());
+    args.max_training_steps = 2;
+    args.shuffle_train_dataset = false;
+    args.gradient_checkpointing = policy;
+    Trainer t(args, make_model(), std::nullopt, data);
+    t.train();
+    losses_of.push_back(losses(read_metrics(d.str())));
+    std::vector<float> v;
+    t.model().visit_params("", [&](std::string_view, auto& p) { v.insert(v.end(), p.data(), p.data() + p.numel()); });
+    params.push_back(v);
+  }
+  for (std::size_t i = 1; i < params.size(); ++i) {
+    EXPECT_EQ(losses_of[i], losses_of[0]) << "policy " << i;
+    EXPECT_EQ(params[i], params[0]) << "policy " << i;
+  }
 }
 
 TEST(Trainer, LossFallsOnAMemorizationTask) {

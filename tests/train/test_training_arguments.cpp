@@ -147,6 +147,26 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   EXPECT_EQ(e.where(), "a.json field train_data");
 }
 
+TEST(TrainingArguments, GradientCheckpointingNamesTheRematPolicies) {
+  auto make = [](ojson v) {
+    auto j = ojson::parse(R"({"train_data": "x"})");
+    j["gradient_checkpointing"] = std::move(v);
+    return TrainingArguments::from_json(j, "a.json");
+  };
+  for (const char* ok : {"", "none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                         "everything_saveable"})
+    EXPECT_NO_THROW(make(ok).validate()) << ok;
+  EXPECT_EQ(make(true).gradient_checkpointing, "nothing_saveable");  // HF: true recomputes each layer
+  EXPECT_EQ(make(false).gradient_checkpointing, "");
+  auto e = error_of([&] { make("save_only_these_names").validate(); });
+  EXPECT_EQ(e.code(), errc::unsupported);
+  EXPECT_EQ(e.where(), "a.json field gradient_checkpointing");
+  EXPECT_NE(std::string(e.what()).find("compile time"), std::string::npos) << e.what();
+  e = error_of([&] { make("checkpoint_dots").validate(); });
+  EXPECT_EQ(e.code(), errc::config);
+  EXPECT_NE(std::string(e.what()).find("dots_with_no_batch_dims_saveable"), std::string::npos) << e.what();
+}
+
 TEST(TrainingArguments, Overrides) {
   auto a = TrainingArguments::from_json(ojson::parse(R"({"train_data": "x"})"));
   a.apply_override("max_training_steps=10");

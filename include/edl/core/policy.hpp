@@ -6,9 +6,12 @@
 // run-time fields of configs.
 #pragma once
 
+#include <concepts>
+#include <string_view>
 #include <type_traits>
 
 #include <edl/core/dtype.hpp>
+#include <edl/core/fixed_string.hpp>
 
 namespace edl {
 
@@ -28,16 +31,104 @@ concept QuantScheme = requires {
 };
 
 namespace remat {
-/// Keep every activation for backward (JAX: everything_saveable).
-struct everything_saveable { static constexpr const char* name = "everything_saveable"; };
+// Rematerialization (gradient checkpointing) policies, JAX's jax.checkpoint_policies: which
+// activations of a decoder layer forward keeps for backward; backward recomputes the others
+// from the layer's input (which the caller always keeps) before running the layer's backward.
+// Recomputation replays the same deterministic kernels, so every policy gives bitwise the
+// same loss and gradients; only peak memory and step time change.
+//
+// Checkpoint names (JAX checkpoint_name), in forward order; each is [tokens, width] f32:
+//   norm1     input_layernorm(x)                                     [T, hidden]
+//   q, k, v   the q/k/v projections (q and k after rope: rope rotates
+//             the projection output in place, so keeping it costs the same memory)
+//   ctx       the attention core's output p.v (input of o_proj), with the per-row
+//             log-sum-exp of the scores it needs ([batch, heads, seq], small)
+//   attn_out  the residual stream after attention, x + o_proj(ctx)  [T, hidden]
+//   norm2     post_attention_layernorm(attn_out)                     [T, hidden]
+//   gate, up  the gate/up projections                                [T, intermediate]
+//   act       silu(gate) * up, the input of down_proj                [T, intermediate]
+// The layer's output (down_proj plus the residual) is the next layer's input, kept by the
+// model under every policy, so it has no name. The [batch, heads, seq, seq] scores and
+// probabilities are never stored under any policy: attention keeps only the log-sum-exp and
+// its backward recomputes p from q, k (docs/modules.md).
+inline constexpr Name checkpoint_names[] = {"norm1", "q", "k", "v", "ctx", "attn_out", "norm2", "gate", "up", "act"};
+
+constexpr bool is_checkpoint_name(const Name& n) {
+  for (const Name& c : checkpoint_names)
+    if (c == n) return true;
+  return false;
+}
+
+/// Keep every activation for backward (JAX: everything_saveable); nothing is recomputed.
+struct everything_saveable {
+  static constexpr const char* name = "everything_saveable";
+  static constexpr bool saves(const Name&) { return true; }
+};
+/// Keep only each decoder layer's input; backward recomputes the layer's whole forward.
+struct nothing_saveable {
+  static constexpr const char* name = "nothing_saveable";
+  static constexpr bool saves(const Name&) { return false; }
+};
+/// Keep the outputs of every matrix product: the q/k/v/o and gate/up projections and the
+/// attention's p.v (ctx); recompute norms and the SwiGLU activation.
+struct dots_saveable {
+  static constexpr const char* name = "dots_saveable";
+  static constexpr bool saves(const Name& n) {
+    return n == "q" || n == "k" || n == "v" || n == "ctx" || n == "attn_out" || n == "gate" || n == "up";
+  }
+};
+/// Keep the outputs of the products without batch dimensions, i.e. the weight projections
+/// (q/k/v/o, gate/up); the attention products q.k and p.v are batched over (batch, head), so
+/// ctx is not kept and backward recomputes the attention core (q.k, softmax, p.v) as well as
+/// norms and activations. (q.k is never stored anyway, see above.)
+struct dots_with_no_batch_dims_saveable {
+  static constexpr const char* name = "dots_with_no_batch_dims_saveable";
+  static constexpr bool saves(const Name& n) {
+    return n == "q" || n == "k" || n == "v" || n == "attn_out" || n == "gate" || n == "up";
+  }
+};
+/// Keep only the named activations (JAX: save_only_these_names), e.g.
+/// save_only_these_names<"attn_out", "gate", "up">. Compile-time only: there is no run-time
+/// spelling of it in TrainingArguments or the CLI.
+template <Name... Names>
+struct save_only_these_names {
+  static_assert((is_checkpoint_name(Names) && ...),
+                "edl::remat::save_only_these_names: unknown checkpoint name (see edl::remat::checkpoint_names)");
+  static constexpr const char* name = "save_only_these_names";
+  static constexpr bool saves(const Name& n) { return ((n == Names) || ...); }
+};
+
+template <class R>
+concept RematPolicy = requires(const Name& n) {
+  { R::name } -> std::convertible_to<const char*>;
+  { R::saves(n) } -> std::same_as<bool>;
+};
+
+/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat).
+inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
+                                                "dots_with_no_batch_dims_saveable"};
+
+/// Calls f.template operator()<R>() with the policy named `name` ("" and "none" are
+/// everything_saveable: nothing is rematerialized); returns false for any other name.
+template <class F>
+bool dispatch(std::string_view name, F&& f) {
+  if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
+  else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
+  else if (name == "dots_saveable") f.template operator()<dots_saveable>();
+  else if (name == "dots_with_no_batch_dims_saveable") f.template operator()<dots_with_no_batch_dims_saveable>();
+  else return false;
+  return true;
+}
 }  // namespace remat
 
 /// Precision and representation policy.
 ///  Param:   dtype parameters are stored in (f32, bf16, f16)
 ///  Compute: dtype activations are computed and stored in between kernels
 ///  Accum:   dtype of every reduction (dot products, norms, softmax sums); f32 in edl
+///  Quant:   weight quantization scheme
+///  Remat:   which activations forward keeps for backward (remat:: above)
 template <FloatStorage Param = float, FloatStorage Compute = float, class Accum = float,
-          QuantScheme Quant = quant::none, class Remat = remat::everything_saveable>
+          QuantScheme Quant = quant::none, remat::RematPolicy Remat = remat::everything_saveable>
 struct Policy {
   static_assert(std::is_same_v<Accum, float>,
                 "edl::Policy: accumulation is always f32; bf16/f16 are storage types only");
@@ -55,7 +146,7 @@ concept PolicyLike = requires {
   typename Pol::accum_t;
   typename Pol::quant_t;
   typename Pol::remat_t;
-} && QuantScheme<typename Pol::quant_t>;
+} && QuantScheme<typename Pol::quant_t> && remat::RematPolicy<typename Pol::remat_t>;
 
 using DefaultPolicy = Policy<>;
 /// bf16 parameters, f32 compute and accumulation: halves weight memory traffic.

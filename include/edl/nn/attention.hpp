@@ -141,19 +141,37 @@ class Attention {
     s.seq = layout.seq;
     if (layout.attention_mask) s.mask.assign(layout.attention_mask, layout.attention_mask + T);
     else s.mask.clear();
-    s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
-    s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
-    s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
-    q_proj.forward(x, T, s.q.data(), s.q_s);
-    k_proj.forward(x, T, s.k.data(), s.k_s);
-    v_proj.forward(x, T, s.v.data(), s.v_s);
     rope.tables(layout, s.cos, s.sin);
-    rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
-    rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
-    s.ctx.resize(static_cast<std::size_t>(T * nh_ * D_));
-    s.lse.resize(static_cast<std::size_t>(layout.batch * nh_ * layout.seq));
-    core_forward(s);
+    forward_projections(x, s, true, true, true);
+    forward_core(s);
     o_proj.forward(s.ctx.data(), T, y, s.o_s);
+  }
+
+  // Rematerialization (DecoderLayer under a remat policy): forward above is these steps, and
+  // release() frees what a policy does not keep; rematerialize() recomputes it with the same
+  // kernels, so the rebuilt values are bitwise those of forward. The rope tables and the
+  // mask stay in Saved (small: [T, D] and [T]).
+
+  /// Frees q, k, v, and ctx with lse (`core`), as asked.
+  static void release(Saved& s, bool q, bool k, bool v, bool core) {
+    if (q) std::vector<float>().swap(s.q);
+    if (k) std::vector<float>().swap(s.k);
+    if (v) std::vector<float>().swap(s.v);
+    if (core) {
+      std::vector<float>().swap(s.ctx);
+      std::vector<float>().swap(s.lse);
+    }
+  }
+  /// Recomputes what release() freed, from the same x [T, hidden] forward had (its values,
+  /// not necessarily its address), and re-points the projections' Saved at x and ctx.
+  void rematerialize(const float* x, Saved& s, bool q, bool k, bool v, bool core) const {
+    forward_projections(x, s, q, k, v);
+    if (core) forward_core(s);
+    const std::int64_t T = s.batch * s.seq;
+    s.q_s = {x, T};
+    s.k_s = {x, T};
+    s.v_s = {x, T};
+    s.o_s = {s.ctx.data(), T};
   }
 
   /// Inference: y = attention(x), nothing kept.
@@ -190,6 +208,31 @@ class Attention {
     const std::int64_t* mrow = s.mask.data() + b * s.seq;
     for (std::int64_t j = lo; j < hi; ++j)
       if (mrow[j] == 0) row[j - j0] = ninf;
+  }
+
+  /// The chosen projections of x into s (q and k rotated with s's rope tables).
+  void forward_projections(const float* x, Saved& s, bool q, bool k, bool v) const {
+    const std::int64_t T = s.batch * s.seq;
+    if (q) {
+      s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
+      q_proj.forward(x, T, s.q.data(), s.q_s);
+      rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
+    }
+    if (k) {
+      s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
+      k_proj.forward(x, T, s.k.data(), s.k_s);
+      rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
+    }
+    if (v) {
+      s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
+      v_proj.forward(x, T, s.v.data(), s.v_s);
+    }
+  }
+  /// ctx and lse from q, k, v.
+  void forward_core(Saved& s) const {
+    s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
+    s.lse.resize(static_cast<std::size_t>(s.batch * nh_ * s.seq));
+    core_forward(s);
   }
 
   // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the

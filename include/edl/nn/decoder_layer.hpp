@@ -3,12 +3,21 @@
 //   h = x + attn(input_layernorm(x))
 //   y = h + mlp(post_attention_layernorm(h))
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
+//
+// Gradient checkpointing: forward keeps only the activations the remat policy saves
+// (Pol::remat_t, or forward<R> for one call; core/policy.hpp names them); backward first
+// recomputes the others from x with forward's kernels -- bitwise the same values -- then runs
+// the layer's backward, then frees the recomputed ones again, so at most one layer's full set
+// of activations is alive at a time. everything_saveable keeps all and recomputes nothing.
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
+#include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/kernels/elementwise.hpp>
 #include <edl/nn/attention.hpp>
@@ -35,7 +44,19 @@ class DecoderLayer {
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    const float* x = nullptr;      // the layer's input, owned by the caller
+    std::int64_t tokens = 0;
+    std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
   };
+
+  /// The checkpoint names R does not keep, as Saved::dropped bits.
+  template <remat::RematPolicy R>
+  static constexpr std::uint32_t dropped_by() {
+    std::uint32_t bits = 0;
+    for (std::size_t i = 0; i < std::size(remat::checkpoint_names); ++i)
+      if (!R::saves(remat::checkpoint_names[i])) bits |= 1u << i;
+    return bits;
+  }
 
   DecoderLayer() = default;
   explicit DecoderLayer(const DecoderLayerConfig& c)
@@ -66,9 +87,14 @@ class DecoderLayer {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
+  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's).
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
     const std::int64_t T = layout.tokens();
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
+    s.x = x;
+    s.tokens = T;
+    s.dropped = 0;
     s.n1.resize(n);
     s.h.resize(n);
     s.n2.resize(n);
@@ -78,14 +104,19 @@ class DecoderLayer {
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     mlp.forward(s.n2.data(), T, y, s.mlp_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    release(s, dropped_by<R>());
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
     Saved s;
-    forward(x, layout, y, s);
+    forward<remat::everything_saveable>(x, layout, y, s);
   }
 
   /// Accumulates every parameter gradient; writes dx [T, hidden] (dx must not alias dy).
+  /// Recomputes what forward did not keep first (the caller still holds x), and frees it
+  /// after, so `s` is left as forward left it.
   void backward(const float* dy, Saved& s, float* dx) {
+    const std::uint32_t dropped = s.dropped;
+    rematerialize(s);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n);
     mlp.backward(dy, s.mlp_s, a.data());                       // d n2
@@ -94,9 +125,56 @@ class DecoderLayer {
     self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    release(s, dropped);
   }
 
  private:
+  // Bit positions of remat::checkpoint_names.
+  enum : std::uint32_t {
+    kNorm1 = 1u << 0, kQ = 1u << 1, kK = 1u << 2, kV = 1u << 3, kCtx = 1u << 4,
+    kAttnOut = 1u << 5, kNorm2 = 1u << 6, kGate = 1u << 7, kUp = 1u << 8, kAct = 1u << 9
+  };
+  static_assert(std::size(remat::checkpoint_names) == 10 && remat::checkpoint_names[0] == "norm1" &&
+                    remat::checkpoint_names[4] == "ctx" && remat::checkpoint_names[9] == "act",
+                "DecoderLayer: the bits below follow remat::checkpoint_names");
+
+  static void release(Saved& s, std::uint32_t d) {
+    if (d & kNorm1) std::vector<float>().swap(s.n1);
+    Attention<Pol>::release(s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
+    if (d & kAttnOut) std::vector<float>().swap(s.h);
+    if (d & kNorm2) std::vector<float>().swap(s.n2);
+    MLP<Pol>::release(s.mlp_s, d & kGate, d & kUp, d & kAct);
+    s.dropped = d;
+  }
+
+  /// Recomputes, in forward order, every activation forward dropped; each step reads only
+  /// values that were kept or are already recomputed, so all equal forward's bit for bit.
+  void rematerialize(Saved& s) const {
+    const std::uint32_t d = s.dropped;
+    if (d == 0) return;
+    EDL_CHECK(s.x != nullptr, errc::invalid_argument, "nn.DecoderLayer.backward",
+              "Saved holds no input: call forward first");
+    const std::int64_t T = s.tokens;
+    const std::size_t n = static_cast<std::size_t>(T * hidden_);
+    if (d & kNorm1) {
+      s.n1.resize(n);
+      input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
+    }
+    self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
+    if (d & kAttnOut) {
+      s.h.resize(n);
+      self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
+    }
+    if (d & kNorm2) {
+      s.n2.resize(n);
+      post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
+    }
+    s.norm2_s.x = s.h.data();
+    mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    s.dropped = 0;
+  }
+
   std::int64_t hidden_ = 0;
 };
 

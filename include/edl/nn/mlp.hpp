@@ -49,15 +49,28 @@ class MLP {
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
   void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
-    const std::size_t n = static_cast<std::size_t>(tokens * inter_);
-    s.g.resize(n);
-    s.u.resize(n);
-    s.a.resize(n);
-    gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
-    up_proj.forward(x, tokens, s.u.data(), s.up_s);
-    kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+    forward_parts(x, tokens, s, true, true, true);
     down_proj.forward(s.a.data(), tokens, y, s.down_s);
   }
+
+  // Rematerialization (DecoderLayer under a remat policy): release() frees what a policy
+  // does not keep, rematerialize() recomputes it with forward's kernels (bitwise equal).
+
+  /// Frees gate x (g), up x (u) and a, as asked.
+  static void release(Saved& s, bool g, bool u, bool a) {
+    if (g) std::vector<float>().swap(s.g);
+    if (u) std::vector<float>().swap(s.u);
+    if (a) std::vector<float>().swap(s.a);
+  }
+  /// Recomputes what release() freed from the same x [tokens, hidden] forward had, and
+  /// re-points the projections' Saved at x and a.
+  void rematerialize(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
+    forward_parts(x, tokens, s, g, u, a);
+    s.gate_s = {x, tokens};
+    s.up_s = {x, tokens};
+    s.down_s = {s.a.data(), tokens};
+  }
+
   void apply(const float* x, std::int64_t tokens, float* y) const {
     Saved s;
     forward(x, tokens, y, s);
@@ -74,6 +87,22 @@ class MLP {
   }
 
  private:
+  void forward_parts(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
+    const std::size_t n = static_cast<std::size_t>(tokens * inter_);
+    if (g) {
+      s.g.resize(n);
+      gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
+    }
+    if (u) {
+      s.u.resize(n);
+      up_proj.forward(x, tokens, s.u.data(), s.up_s);
+    }
+    if (a) {
+      s.a.resize(n);
+      kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+    }
+  }
+
   std::int64_t hidden_ = 0, inter_ = 0;
 };
 

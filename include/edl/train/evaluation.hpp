@@ -24,9 +24,11 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/train/dataset.hpp>
 
@@ -50,12 +52,19 @@ struct EvalOptions {
 
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
 /// final hidden states before the loss: non-finite activations give loss NaN instead of
-/// reaching the loss kernel (whose argmax expects finite logits).
+/// reaching the loss kernel (whose argmax expects finite logits). `remat` names the
+/// gradient-checkpointing policy of the forward (remat::runtime_names; "" keeps everything):
+/// the layers keep what it saves and their backward recomputes the rest, with bitwise the same
+/// loss and gradients.
 template <class Model>
-nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward) {
+nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward,
+                                       std::string_view remat = {}) {
   const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
   typename Model::Saved s;
-  model.forward(b.input_ids.data(), lay, s);
+  if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
+  else
+    EDL_CHECK(remat::dispatch(remat, [&]<class R>() { model.template forward<R>(b.input_ids.data(), lay, s); }),
+              errc::invalid_argument, "gradient_checkpointing", "unknown remat policy \"", remat, "\"");
   for (float v : s.hidden)
     if (!std::isfinite(v)) {
       nn::LossMetrics bad;

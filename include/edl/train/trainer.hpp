@@ -22,7 +22,10 @@
 // (report.hpp) unless write_report is false. A non-finite loss or gradient norm stops with errc::invalid_argument
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
-// for NaN/Inf before the loss (a NaN never reaches the loss kernel).
+// for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
+// picks the remat policy of the step at run time (forward<R> of the one model type, Model):
+// nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
+// every activation is kept (gradient_checkpointing must be empty or everything_saveable).
 //
 // On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
@@ -297,7 +300,7 @@ class Trainer {
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
-                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true).loss;
+                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing).loss;
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
+#include <edl/core/policy.hpp>
 #include <edl/io/json_config.hpp>
 
 namespace edl::train {
@@ -97,7 +98,7 @@ struct TrainingArguments {
   std::uint64_t seed = 42;
   std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
   std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
-  std::string gradient_checkpointing = "";          // "" / "none" only (no rematerialization yet)
+  std::string gradient_checkpointing = "";          // remat policy: ""/none, nothing_saveable, dots_saveable, ... (remat::runtime_names)
   std::string dtype = "float32";
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
@@ -203,7 +204,8 @@ struct TrainingArguments {
     else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
     else if (key == "gradient_checkpointing") {
       if (v.is_null()) gradient_checkpointing = "";
-      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "everything_saveable" : "";
+      // true as in HF (gradient_checkpointing=True recomputes each layer): nothing_saveable.
+      else if (v.is_boolean()) gradient_checkpointing = v.get<bool>() ? "nothing_saveable" : "";
       else str(gradient_checkpointing);
     }
     else if (key == "dtype") str(dtype);
@@ -301,13 +303,20 @@ struct TrainingArguments {
       EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
                 " must divide by the sequence-parallel size sp = ", m[3]);
     }
-    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                  gradient_checkpointing == "nothing_saveable" || gradient_checkpointing == "everything_saveable",
-              errc::config, where("gradient_checkpointing"), "expected \"\", none, nothing_saveable or everything_saveable; found \"",
-              gradient_checkpointing, "\"");
-    EDL_CHECK(gradient_checkpointing.empty() || gradient_checkpointing == "none", errc::unsupported,
-              where("gradient_checkpointing"), "rematerialization is not implemented yet; found \"",
-              gradient_checkpointing, "\"");
+    {
+      std::string valid = "\"\", none";
+      for (const char* n : remat::runtime_names) valid += std::string(", ") + n;
+      EDL_CHECK(gradient_checkpointing != "save_only_these_names", errc::unsupported, where("gradient_checkpointing"),
+                "save_only_these_names takes its names at compile time (Policy<..., "
+                "remat::save_only_these_names<\"attn_out\", ...>>); at run time use one of ", valid);
+      EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
+                "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
+      EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
+                    gradient_checkpointing == "everything_saveable",
+                errc::unsupported, where("gradient_checkpointing"), "rematerialization runs on one device for now "
+                "(the sharded step keeps every activation); found \"", gradient_checkpointing, "\" on a mesh of ",
+                mesh_devices(), " devices");
+    }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations are float32 for now, found \"", dtype, "\"");
     EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,

@@ -9,6 +9,11 @@
 //   auto metrics = m.forward_backward(ids, lay);     // labels = ids (HF shift inside); grads +=
 //   m.logits(ids, lay, out);                          // [batch*seq, vocab]
 //
+// Gradient checkpointing: Pol::remat_t (core/policy.hpp) picks what each decoder layer keeps
+// for backward, e.g. LlamaForCausalLM<with_remat<DefaultPolicy, remat::nothing_saveable>>;
+// forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
+// from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
+//
 // With tied embeddings there is no lm_head parameter: the head reads
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 #pragma once
@@ -110,7 +115,8 @@ class LlamaModel {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
   }
 
-  /// hidden [T, hidden_size] after the final norm.
+  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
     const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
     const std::size_t L = layers.size();
@@ -119,7 +125,7 @@ class LlamaModel {
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
     embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
-    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
 
@@ -181,18 +187,19 @@ class LlamaForCausalLM {
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
   float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
 
-  /// Forward to the final hidden states (kept in s.hidden).
+  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
     s.batch = layout.batch;
     s.seq = layout.seq;
     s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
-    model.forward(ids, layout, s.hidden.data(), s.model_s);
+    model.template forward<R>(ids, layout, s.hidden.data(), s.model_s);
   }
 
   /// Full logits [T, vocab] (inference and tests).
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
-    forward(ids, layout, s);
+    forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
     nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
                        config().hidden_size);
   }
@@ -207,10 +214,11 @@ class LlamaForCausalLM {
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
                                    const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
     Saved s;
-    forward(ids, layout, s);
+    forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
     const nn::LossMetrics m =
         nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
