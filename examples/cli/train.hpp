@@ -23,28 +23,10 @@
 
 namespace edl::cli {
 
-inline int cmd_train(Args& args) {
-  EDL_CHECK(!(args.has("--config") && args.has("--args")), errc::invalid_argument, "edl train",
-            "--args is another name for --config: give one of them");
-  const std::string path = args.has("--args") ? args.required("--args") : args.required("--config");
-  const std::string resume = args.has("--resume") ? args.required("--resume") : "";
-  std::vector<std::string> overrides;
-  if (args.has("--set")) overrides.push_back(args.str("--set", ""));
-  for (const auto& p : args.positional()) overrides.push_back(p);
-  args.finish();
-
-  auto ta = train::TrainingArguments::from_file(path);
-  for (const auto& o : overrides) ta.apply_override(o);
-  if (!resume.empty()) {
-    namespace fs = std::filesystem;
-    EDL_CHECK(fs::is_directory(resume) && fs::exists(fs::path(resume) / "state.json"), errc::io, resume,
-              "--resume expects a checkpoint folder (checkpoint-<step> with state.json, model.safetensors and "
-              "optimizer.safetensors)");
-    // A tokenizer the run trained must be the one the checkpoint was trained with, not a new one.
-    if (ta.tokenizer.is_object() && fs::exists(fs::path(resume) / "tokenizer.json"))
-      ta.tokenizer = (fs::path(resume) / "tokenizer.json").string();
-  }
-  train::Trainer t(ta);
+/// Runs one trainer type (f32 or bf16 parameters) and prints the result line.
+template <class TrainerT>
+int run_training(const train::TrainingArguments& ta, const std::string& resume) {
+  TrainerT t(ta);
   if (!resume.empty()) t.resume_from(resume);
   if (ta.progress)
     std::fprintf(stderr, "edl train: %lld parameters, %lld training sequences (%lld tokens), %lld steps of %lld sequences x %lld tokens, %lld steps per epoch%s%s\n",
@@ -70,5 +52,32 @@ inline int cmd_train(Args& args) {
   std::cout << j.dump() << "\n";
   return 0;
 }
+
+inline int cmd_train(Args& args) {
+  EDL_CHECK(!(args.has("--config") && args.has("--args")), errc::invalid_argument, "edl train",
+            "--args is another name for --config: give one of them");
+  const std::string path = args.has("--args") ? args.required("--args") : args.required("--config");
+  const std::string resume = args.has("--resume") ? args.required("--resume") : "";
+  std::vector<std::string> overrides;
+  if (args.has("--set")) overrides.push_back(args.str("--set", ""));
+  for (const auto& p : args.positional()) overrides.push_back(p);
+  args.finish();
+
+  auto ta = train::TrainingArguments::from_file(path);
+  for (const auto& o : overrides) ta.apply_override(o);
+  if (!resume.empty()) {
+    namespace fs = std::filesystem;
+    EDL_CHECK(fs::is_directory(resume) && fs::exists(fs::path(resume) / "state.json"), errc::io, resume,
+              "--resume expects a checkpoint folder (checkpoint-<step> with state.json, model.safetensors and "
+              "optimizer.safetensors)");
+    // A tokenizer the run trained must be the one the checkpoint was trained with, not a new one.
+    if (ta.tokenizer.is_object() && fs::exists(fs::path(resume) / "tokenizer.json"))
+      ta.tokenizer = (fs::path(resume) / "tokenizer.json").string();
+  }
+  // param_dtype picks the trainer's parameter storage: f32, or bf16 with f32 master weights.
+  if (ta.bf16_params()) return run_training<train::BF16Trainer>(ta, resume);
+  return run_training<train::Trainer>(ta, resume);
+}
+
 
 }  // namespace edl::cli

@@ -1,7 +1,8 @@
 // Tests for edl/train/trainer.hpp: resume gives bit-identical losses, a NaN loss stops with a
 // clear error and keeps the last good checkpoint, gradient accumulation equals one big batch,
 // every gradient_checkpointing policy trains bit-identically, the loss falls on a memorization task, the time limit stops with a checkpoint, metrics.jsonl
-// holds the documented fields, and a Trainer built from JSON arguments trains.
+// holds the documented fields, a Trainer built from JSON arguments trains, the same run on
+// meshes gives the same losses, and bf16 mixed precision follows f32 training.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -471,6 +472,109 @@ TEST(Trainer, MeshArgumentsAreChecked) {
   args.sharding_axis_dims = {1, 2, 1, 1};
   args.optimizer = "adafactor";
   EXPECT_THROW(Trainer(args, make_model(), std::nullopt, data), Error);
+}
+
+// Mixed precision (param_dtype bfloat16): bf16 parameters, f32 master weights in the optimizer.
+// Over 100 steps the losses follow f32 training from the same initial weights; the model's
+// parameters are the round-to-nearest-even bf16 of the master weights after every step; the
+// checkpoint stores bf16 tensors and resume is bit-identical.
+TEST(Trainer, Bf16MixedPrecisionFollowsF32Over100Steps) {
+  auto data = random_data(24, 16, 64, 21, true);
+  auto make_args = [&](const std::string& dir) {
+    auto a = base_args(dir);
+    a.max_training_steps = 100;
+    a.log_steps = 1;
+    a.learning_rate = 3e-3;
+    a.save_steps = 50;
+    return a;
+  };
+  TempDir f("f32_100"), h("bf16_100");
+  // Both start from the same bf16-representable weights, so the difference is the training's.
+  const auto start = models::to_dtype<DefaultPolicy>(models::to_dtype<BF16ParamsPolicy>(make_model()));
+  Trainer tf(make_args(f.str()), start, std::nullopt, data);
+  const auto rf = tf.train();
+  auto args_h = make_args(h.str());
+  args_h.param_dtype = "bfloat16";
+  BF16Trainer th(args_h, models::to_dtype<BF16ParamsPolicy>(start), std::nullopt, data);
+  const auto rh = th.train();
+  const auto lf = losses(read_metrics(f.str())), lh = losses(read_metrics(h.str()));
+  ASSERT_EQ(lf.size(), 100u);
+  ASSERT_EQ(lh.size(), 100u);
+  EXPECT_EQ(lf[0], lh[0]);  // the first forward sees the same weights
+  double worst = 0, mean_f = 0, mean_h = 0;
+  for (std::size_t i = 0; i < 100; ++i) {
+    worst = std::max(worst, std::abs(lh[i] - lf[i]) / lf[i]);
+    if (i >= 90) mean_f += lf[i] / 10, mean_h += lh[i] / 10;
+  }
+  std::printf("[bf16 vs f32, 100 steps] first %.4f, last-10 mean f32 %.4f bf16 %.4f, worst step rel. diff %.4f\n",
+              lf[0], mean_f, mean_h, worst);
+  EXPECT_LT(mean_f, 0.8 * lf[0]);                      // it trained
+  EXPECT_NEAR(mean_h, mean_f, 0.02 * mean_f);          // and bf16 followed
+  EXPECT_LT(worst, 0.05);
+  // Parameters = bf16(master) for every tensor; the master weights are not all bf16 values.
+  std::int64_t off_grid = 0;
+  th.model().visit_params("", [&](std::string_view path, auto& p) {
+    const std::vector<float>* master = th.optimizer().find_slot(std::string(path), "master");
+    ASSERT_NE(master, nullptr) << path;
+    ASSERT_EQ(static_cast<std::int64_t>(master->size()), p.numel());
+    for (std::int64_t i = 0; i < p.numel(); ++i) {
+      ASSERT_EQ(to_f32(p.data()[i]), to_f32(from_f32<bf16>((*master)[static_cast<std::size_t>(i)]))) << path << "[" << i << "]";
+      off_grid += to_f32(p.data()[i]) != (*master)[static_cast<std::size_t>(i)];
+    }
+  });
+  EXPECT_GT(off_grid, 0);
+  // The checkpoint holds bf16 tensors (HF layout) that load into a bf16 model unchanged.
+  const auto st = io::SafeTensorsFile::open((fs::path(rh.checkpoint) / "model.safetensors").string());
+  EXPECT_EQ(st.info("model.embed_tokens.weight").dtype, DType::bf16);
+  (void)rf;
+}
+
+TEST(Trainer, Bf16ResumeIsBitIdentical) {
+  auto data = random_data(10, 16, 64, 5, true);
+  TempDir a("bf16_full"), b("bf16_resumed");
+  auto args = [&](const std::string& dir) {
+    auto x = base_args(dir);
+    x.param_dtype = "bf16";
+    return x;
+  };
+  const auto start = models::to_dtype<BF16ParamsPolicy>(make_model());
+  {
+    BF16Trainer t(args(a.str()), start, std::nullopt, data);
+    EXPECT_EQ(t.train().steps, 6);
+  }
+  {
+    BF16Trainer t(args(b.str()), start, std::nullopt, data);
+    BasicTrainerCallback<BF16ParamsPolicy> stop_at_3;
+    stop_at_3.on_step_end = [](BF16Trainer&, const StepMetrics& m) { return m.step < 3; };
+    t.callbacks.push_back(stop_at_3);
+    EXPECT_EQ(t.train().steps, 3);
+  }
+  {
+    BF16Trainer t(args(b.str()), models::to_dtype<BF16ParamsPolicy>(make_model(99)), std::nullopt, data);
+    const auto r = t.train();
+    EXPECT_TRUE(r.resumed);
+    EXPECT_EQ(r.steps, 6);
+  }
+  const auto la = losses(read_metrics(a.str())), lb = losses(read_metrics(b.str()));
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
+}
+
+TEST(Trainer, Bf16ParamDtypeIsChecked) {
+  auto data = random_data(8, 16, 64, 1);
+  TempDir d("dtype_bad");
+  auto args = base_args(d.str());
+  args.param_dtype = "float16";
+  EXPECT_THROW(Trainer(args, make_model(), std::nullopt, data), Error);
+  args.param_dtype = "float32";
+  args.dtype = "bfloat16";
+  try {
+    Trainer t(args, make_model(), std::nullopt, data);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("param_dtype"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -93,22 +93,30 @@ struct TrainResult {
   bool resumed = false;
 };
 
-class Trainer;
+template <PolicyLike Pol>
+class BasicTrainer;
 
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
-struct TrainerCallback {
-  std::function<void(Trainer&, std::int64_t step)> on_step_start;
-  std::function<bool(Trainer&, const StepMetrics&)> on_step_end;
-  std::function<void(Trainer&, const EvalMetrics&)> on_evaluate;
-  std::function<void(Trainer&, const std::string& checkpoint)> on_save;
+template <PolicyLike Pol>
+struct BasicTrainerCallback {
+  std::function<void(BasicTrainer<Pol>&, std::int64_t step)> on_step_start;
+  std::function<bool(BasicTrainer<Pol>&, const StepMetrics&)> on_step_end;
+  std::function<void(BasicTrainer<Pol>&, const EvalMetrics&)> on_evaluate;
+  std::function<void(BasicTrainer<Pol>&, const std::string& checkpoint)> on_save;
 };
 
-class Trainer {
+/// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
+/// parameters: float (Trainer), or bf16 (BF16Trainer: mixed precision, the optimizer keeps f32
+/// master weights and rounds them to bf16 after every update; activations, gradients and every
+/// accumulation stay f32).
+template <PolicyLike Pol>
+class BasicTrainer {
  public:
-  using Model = models::LlamaForCausalLM<>;
+  using Model = models::LlamaForCausalLM<Pol>;
+  using Callback = BasicTrainerCallback<Pol>;
 
   /// Builds model, tokenizer and datasets from `args` (see docs/training.md).
-  explicit Trainer(TrainingArguments args) : args_(std::move(args)) {
+  explicit BasicTrainer(TrainingArguments args) : args_(std::move(args)) {
     args_.validate();
     build_tokenizer();
     build_model();
@@ -119,7 +127,7 @@ class Trainer {
   }
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
-  Trainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
+  BasicTrainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
           std::optional<TokenDataset> eval_data = std::nullopt)
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
@@ -131,11 +139,11 @@ class Trainer {
     finish_setup();
   }
 
-  virtual ~Trainer() = default;
-  Trainer(const Trainer&) = delete;
-  Trainer& operator=(const Trainer&) = delete;
+  virtual ~BasicTrainer() = default;
+  BasicTrainer(const BasicTrainer&) = delete;
+  BasicTrainer& operator=(const BasicTrainer&) = delete;
 
-  std::vector<TrainerCallback> callbacks;
+  std::vector<Callback> callbacks;
   CheckpointHooks checkpoint_hooks;  // tests: fail a save midway
 
   /// Hooks for subclasses; the default calls the callbacks.
@@ -164,8 +172,8 @@ class Trainer {
   /// Devices of the mesh the trainer runs on (1: no mesh).
   std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
   /// The sharded model and optimizer (null without a mesh).
-  models::ShardedLlama<>* sharded_model() noexcept { return sharded_.get(); }
-  optim::ShardedOptimizer<models::ShardedLlama<>>* sharded_optimizer() noexcept { return sopt_.get(); }
+  models::ShardedLlama<Pol>* sharded_model() noexcept { return sharded_.get(); }
+  optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
   const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
@@ -404,8 +412,8 @@ class Trainer {
  private:
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
-    sharded_ = std::make_unique<models::ShardedLlama<>>(*model_, *mesh_);
-    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<>>>(opt_.options(), *sharded_);
+    sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
+    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     sopt_->load(opt_, *sharded_);
     host_stale_ = false;
   }
@@ -568,9 +576,14 @@ class Trainer {
   std::int64_t last_saved_step_ = -1;
   bool resumed_ = false;
   std::optional<DefaultMesh> mesh_;
-  std::unique_ptr<models::ShardedLlama<>> sharded_;
-  std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<>>> sopt_;
+  std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
+  std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
 };
+
+using Trainer = BasicTrainer<DefaultPolicy>;
+using TrainerCallback = BasicTrainerCallback<DefaultPolicy>;
+/// Mixed precision: bf16 parameters, f32 master weights in the optimizer (param_dtype "bfloat16").
+using BF16Trainer = BasicTrainer<BF16ParamsPolicy>;
 
 }  // namespace edl::train

@@ -318,9 +318,12 @@ struct TrainingArguments {
                 mesh_devices(), " devices");
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
-              "activations are float32 for now, found \"", dtype, "\"");
-    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::unsupported,
-              where("param_dtype"), "the trainer keeps float32 parameters for now, found \"", param_dtype, "\"");
+              "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
+              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" for mixed precision); "
+              "found \"", dtype, "\"");
+    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32" || bf16_params(),
+              errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
+              "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
   }
 
@@ -349,6 +352,8 @@ struct TrainingArguments {
     }
     return dims;
   }
+  /// param_dtype names bf16: mixed precision (BF16Trainer), f32 master weights in the optimizer.
+  bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
   std::int64_t mesh_devices() const {
     const auto d = mesh_dims();
     return d[0] * d[1] * d[2] * d[3];
