@@ -141,8 +141,12 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
   EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_dims": [2, -1, 2, 1]})").mesh_dims(),
             (std::array<std::int64_t, 4>{2, 1, 2, 1}));
-  e = error_of([&] { make(R"({"param_dtype": "bfloat16"})").validate(); });
+  EXPECT_NO_THROW(make(R"({"param_dtype": "bfloat16"})").validate());  // mixed precision
+  e = error_of([&] { make(R"({"param_dtype": "float16"})").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);
+  EXPECT_EQ(e.where(), "a.json field param_dtype");
+  e = error_of([&] { make(R"({"dtype": "bfloat16"})").validate(); });
+  EXPECT_EQ(e.where(), "a.json field dtype");
   e = error_of([&] { TrainingArguments::from_json(ojson::object(), "a.json").validate(); });
   EXPECT_EQ(e.where(), "a.json field train_data");
 }
