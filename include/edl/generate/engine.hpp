@@ -137,7 +137,9 @@ class Engine {
     r.limit = limit;
     r.most = most;
     r.ctx = std::move(prompt);
+    // Sized once: sampling appends without allocating.
     r.ctx.reserve(r.ctx.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, limit)));
+    r.res.tokens.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, limit)));
     r.t0 = Clock::now();
     reqs_.push_back(std::move(r));
     if (limit <= 0) {
