@@ -10,6 +10,7 @@
 #include "cli/bench_collectives.hpp"
 #include "cli/bench_train.hpp"
 #include "cli/bench_gemm.hpp"
+#include "cli/bench_serve.hpp"
 #include "cli/eval.hpp"
 #include "cli/generate.hpp"
 #include "cli/info.hpp"
@@ -31,6 +32,7 @@ const std::map<std::string, Command>& commands() {
       {"bench collectives", edl::cli::cmd_bench_collectives},
       {"bench decode", edl::cli::cmd_bench_decode},
       {"bench gemm", edl::cli::cmd_bench_gemm},
+      {"bench serve", edl::cli::cmd_bench_serve},
       {"eval", edl::cli::cmd_eval},
       {"generate", edl::cli::cmd_generate},
       {"bench train", edl::cli::cmd_bench_train},

@@ -48,7 +48,9 @@ namespace edl::cli {
 
 namespace gen_detail {
 
-inline std::vector<std::int64_t> parse_token_list(const std::string& s, const std::string& flag) {
+/// A comma-separated integer list; `what` names the items in the error ("token ids", ...).
+inline std::vector<std::int64_t> parse_int_list(const std::string& s, const std::string& flag,
+                                                const std::string& what = "token ids") {
   std::vector<std::int64_t> out;
   std::size_t start = 0;
   while (start <= s.size()) {
@@ -59,10 +61,13 @@ inline std::vector<std::int64_t> parse_token_list(const std::string& s, const st
     long long v = 0;
     try { v = std::stoll(item, &pos); } catch (...) { pos = 0; }
     EDL_CHECK(!item.empty() && pos == item.size(), errc::invalid_argument, flag,
-              "expected comma-separated integer token ids such as 1,2,3, found \"", item, "\" in \"", s, "\"");
+              "expected comma-separated integer ", what, " such as 1,2,3, found \"", item, "\" in \"", s, "\"");
     out.push_back(v);
   }
   return out;
+}
+inline std::vector<std::int64_t> parse_token_list(const std::string& s, const std::string& flag) {
+  return parse_int_list(s, flag);
 }
 
 /// --mesh: only the single-device mesh (all sizes 1) for now.
@@ -94,6 +99,25 @@ inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
   nn::load_params(m, io::SafeTensorsFile::open((std::filesystem::path(dir) / "model.safetensors").string()));
   return m;
 #endif
+}
+
+/// A preset name (tiny, small, gqa1b: random weights from Key `seed`) or a HF folder.
+inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed) {
+  for (const auto& n : models::LlamaConfig::preset_names())
+    if (n == name) {
+      models::LlamaForCausalLM<> m(models::LlamaConfig::preset(name));
+      m.init(Key::from_seed(seed));
+      return m;
+    }
+  return load_model(name);
+}
+
+/// `len` uniform random token ids below V, stream `stream` of Key `seed`.
+inline std::vector<std::int64_t> random_prompt(std::int64_t len, std::int64_t V, std::uint64_t seed, std::uint32_t stream) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(len));
+  for (std::int64_t i = 0; i < len; ++i)
+    p[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(random_bits_at(fold_in(Key::from_seed(seed), stream), i) % V);
+  return p;
 }
 
 inline std::int64_t peak_rss_bytes() {
@@ -202,21 +226,12 @@ inline int cmd_bench_decode(Args& args) {
             P, " and ", G);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
 
-  bool preset = false;
-  for (const auto& n : models::LlamaConfig::preset_names()) preset = preset || n == name;
-  models::LlamaForCausalLM<> model = [&] {
-    if (!preset) return gen_detail::load_model(name);
-    models::LlamaForCausalLM<> m(models::LlamaConfig::preset(name));
-    m.init(Key::from_seed(seed));
-    return m;
-  }();
+  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size, L = P + G;
   EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, "edl bench decode", "--prompt-len + --gen-len = ", L,
             " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
-  std::vector<std::int64_t> prompt(static_cast<std::size_t>(P));
-  for (std::int64_t i = 0; i < P; ++i)
-    prompt[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(random_bits_at(fold_in(Key::from_seed(seed), 1), i) % V);
+  const std::vector<std::int64_t> prompt = gen_detail::random_prompt(P, V, seed, 1);
 
   const auto shape = generate::kv_cache_shape(cfg, 1, L);
   nlohmann::ordered_json j;

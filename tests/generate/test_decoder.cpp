@@ -234,3 +234,26 @@ TEST(Decoder, BadTokenAndShapeErrors) {
   StandardKVCache wrong({3, 1, 4, 2, 8});
   EXPECT_THROW((Decoder<DefaultPolicy, StandardKVCache>(m, wrong)), edl::Error);
 }
+
+TEST(Decoder, LinearOfAFewRowsEqualsTheDotProducts) {
+  // The matrix-vector path (1-16 rows, in blocks of 4 with 1-3 left over) and the GEMM beyond it
+  // against a double-precision sum, with K a multiple of the vector width and not.
+  for (const std::int64_t K : {64, 37}) {
+    const std::int64_t N = 11;
+    for (const std::int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17}) {
+      std::vector<float> x(static_cast<std::size_t>(M * K)), W(static_cast<std::size_t>(N * K)), b(static_cast<std::size_t>(N));
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+      for (std::size_t i = 0; i < W.size(); ++i) W[i] = std::cos(0.23f * static_cast<float>(i));
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.5f - 0.1f * static_cast<float>(i);
+      std::vector<float> y(static_cast<std::size_t>(M * N), -99.f);
+      generate::detail::linear_nt(x.data(), M, W.data(), b.data(), y.data(), N, K);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t j = 0; j < N; ++j) {
+          double s = b[static_cast<std::size_t>(j)];
+          for (std::int64_t k = 0; k < K; ++k)
+            s += static_cast<double>(x[static_cast<std::size_t>(m * K + k)]) * W[static_cast<std::size_t>(j * K + k)];
+          EXPECT_NEAR(y[static_cast<std::size_t>(m * N + j)], s, 1e-4) << "M " << M << " K " << K << " row " << m << " out " << j;
+        }
+    }
+  }
+}

@@ -1,8 +1,10 @@
-// edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate().
+// edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate(),
+// the continuous batching engine.
 #pragma once
 
 #include <edl/generate/beam_search.hpp>
 #include <edl/generate/decoder.hpp>
+#include <edl/generate/engine.hpp>
 #include <edl/generate/generate.hpp>
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/kv_cache.hpp>

@@ -1,0 +1,150 @@
+// examples/cli/bench_serve.hpp: `edl bench serve` times the continuous batching engine
+// (docs/generation.md, "Continuous batching"; figures in docs/benchmarks.md).
+//
+//   edl bench serve (--model DIR|tiny|small|gqa1b | --config tiny|small|gqa1b|DIR)
+//                   [--requests 1,4,16] [--prompt-len P] [--gen-len G] [--threads T]
+//                   [--page-size N] [--cache-bytes N] [--prefill-chunk C] [--seed S]
+//
+// For each concurrency N of --requests: a new Engine with N slots, N requests of P random
+// prompt tokens (stream i of Key S for request i) submitted at once, greedy, G new tokens each
+// (no stop token, so every request runs to G), engine.run() timed from the first submit.
+// One JSON line per concurrency:
+//   {"model", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
+//    "generated_tokens", "wall_seconds", "tokens_per_s", "mean_time_to_first_token_s",
+//    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window"}
+// tokens_per_s = generated tokens / wall seconds (prefill time included). The page pool holds
+// exactly N x (P + G) tokens unless --cache-bytes sets the budget (then requests may wait or
+// be preempted). peak_bytes is the process's peak resident set (VmHWM) during that
+// concurrency's run where the kernel lets it be reset (/proc/self/clear_refs; peak_bytes_window
+// says "this run", else "process"), so it includes the model's weights; peak_kv_bytes is the
+// pages actually used.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/generate/engine.hpp>
+#include "args.hpp"
+#include "generate.hpp"
+
+namespace edl::cli {
+
+namespace serve_detail {
+
+/// Starts a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM); false where
+/// the kernel does not allow it, and peak_bytes is then the process's peak so far.
+inline bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+}  // namespace serve_detail
+
+inline int cmd_bench_serve(Args& args) {
+  const std::string where = "edl bench serve";
+  const bool has_model = args.has("--model"), has_config = args.has("--config");
+  EDL_CHECK(has_model != has_config, errc::invalid_argument, where,
+            "give exactly one of --model DIR|tiny|small|gqa1b and --config tiny|small|gqa1b|DIR");
+  const std::string name = has_model ? args.required("--model") : args.required("--config");
+  const auto requests = gen_detail::parse_int_list(args.str("--requests", "1,4,16"), "--requests", "request counts");
+  const std::int64_t P = args.integer("--prompt-len", 64), G = args.integer("--gen-len", 64);
+  const std::int64_t threads = args.integer("--threads", 0);
+  const std::uint64_t seed = static_cast<std::uint64_t>(args.integer("--seed", 0));
+  generate::EngineOptions eo;
+  eo.paged.page_size = args.integer("--page-size", eo.paged.page_size);
+  eo.prefill_chunk = args.integer("--prefill-chunk", eo.prefill_chunk);
+  const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
+  args.finish();
+  for (auto n : requests)
+    EDL_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
+  EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, where, "--prompt-len and --gen-len must be >= 1, found ", P,
+            " and ", G);
+  EDL_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
+  EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
+  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+
+  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
+  const auto& cfg = model.config();
+  const std::int64_t V = cfg.vocab_size, L = P + G;
+  EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,
+            " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
+  eo.max_model_length = L;
+  // f32 k and v of every layer for one page.
+  const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * cfg.kv_size() *
+                                  static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t pages_per_request = (L + eo.paged.page_size - 1) / eo.paged.page_size;
+
+  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
+  g.do_sample = false;
+  g.eos_token_id.clear();  // random weights: run every request to --gen-len
+  g.stop_token_ids.clear();
+  g.max_new_tokens = G;
+
+  const auto options_for = [&](std::int64_t n) {
+    generate::EngineOptions o = eo;
+    o.max_batch = n;
+    o.paged.utilization = 1.0;
+    o.paged.budget_bytes = cache_bytes > 0 ? cache_bytes : n * pages_per_request * page_bytes;
+    return o;
+  };
+  {  // Warm-up: thread pool, first-touch of the scratch; not timed.
+    generate::Engine<> warm(model, options_for(1));
+    auto gw = g;
+    gw.max_new_tokens = std::min<std::int64_t>(G, 4);
+    warm.submit(gen_detail::random_prompt(std::min<std::int64_t>(P, 16), V, seed, 0xffff), gw);
+    warm.run();
+  }
+
+  for (const std::int64_t n : requests) {
+    std::vector<std::vector<std::int64_t>> prompts;
+    for (std::int64_t i = 0; i < n; ++i) prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
+    generate::Engine<> engine(model, options_for(n));
+    const bool window = serve_detail::reset_peak_rss();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& p : prompts) engine.submit(std::move(p), g);
+    engine.run();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::int64_t generated = 0;
+    double ttft = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& r = engine.result(i);
+      generated += static_cast<std::int64_t>(r.tokens.size());
+      ttft += r.time_to_first_token_s;
+    }
+    const auto& st = engine.stats();
+    nlohmann::ordered_json j;
+    j["model"] = name;
+    j["threads"] = exec::num_threads();
+    j["requests"] = n;
+    j["prompt_len"] = P;
+    j["gen_len"] = G;
+    j["page_size"] = eo.paged.page_size;
+    j["prefill_chunk"] = eo.prefill_chunk;
+    j["generated_tokens"] = generated;
+    j["wall_seconds"] = wall;
+    j["tokens_per_s"] = static_cast<double>(generated) / wall;
+    j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n);
+    j["steps"] = st.steps;
+    j["preemptions"] = st.preemptions;
+    j["kv_pool_bytes"] = engine.cache().bytes();
+    j["peak_kv_bytes"] = st.peak_pages * engine.cache().page_bytes();
+    j["peak_bytes"] = gen_detail::peak_rss_bytes();
+    j["peak_bytes_window"] = window ? "this run" : "process";
+    std::cout << j.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,385 @@
+// edl/generate/engine.hpp
+// Continuous batching over the paged KV cache (docs/generation.md, "Continuous batching").
+//
+//   generate::EngineOptions eo;  eo.max_batch = 8;  eo.prefill_chunk = 128;
+//   generate::Engine engine(model, eo);
+//   auto id = engine.submit({1, 2, 3}, g, [](std::int64_t id, std::int64_t tok) { ... });
+//   engine.run();                                   // or engine.step() in your own loop
+//   engine.result(id).tokens, .finish_reason, .time_to_first_token_s, .total_s
+//
+// A request is waiting, running (it owns one of max_batch slots of the decoder's batch and the
+// pages of that slot) or done. submit() may be called at any time, also between steps.
+// One step():
+//   1. Page growth of the running requests, oldest first: a request that needs a page when
+//      none is free preempts the newest running request (possibly itself): its pages go back
+//      to the pool and it returns to the waiting queue with the tokens it has generated;
+//      when it is admitted again, prompt + generated tokens are recomputed as a prefill (its
+//      output does not change: the same tokens give the same logits and its sampler stream
+//      depends on its seed and its own step counter only). Preempting the newest keeps the
+//      oldest requests moving, so the oldest request always finishes.
+//   2. Admission, oldest first (strictly in order: a waiting request that does not fit blocks
+//      the newer ones, so long requests are not starved): into a free slot when the pool has
+//      pages for the request's whole context (prompt, plus generated tokens after a
+//      preemption) and one more token. The context's pages are reserved right away.
+//   3. One forward over every running slot as one batch: a slot still prefilling feeds its
+//      next chunk (the slots share a budget of prefill_chunk tokens per step, oldest first),
+//      a decoding slot feeds its last token. Chunks append to what the slot already holds.
+//   4. Every slot whose context is now fully cached samples its next token
+//      (Sampler::next with sequence index 0 and step = tokens generated so far: the draw
+//      depends on the request's seed and its own step only, whatever its id, slot or batch,
+//      so a request gives exactly what generate() gives its prompt alone), streams it, and
+//      finishes on a stop token (eos_token_id / stop_token_ids, included in the output, as
+//      HF), after max_new_tokens, or when prompt + output reaches max_model_length; a
+//      finished request frees its slot's pages at once.
+// Errors (edl::Error, at submit, naming the request): an empty prompt, a token id outside the
+// vocabulary, a prompt longer than max_model_length, and a request whose prompt +
+// max_new_tokens - 1 tokens (the last token is never fed back) need more pages than the whole
+// pool holds: it could never run, even alone.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/generate/decoder.hpp>
+#include <edl/generate/generation_config.hpp>
+#include <edl/generate/kv_cache.hpp>
+#include <edl/generate/sampling.hpp>
+
+namespace edl::generate {
+
+struct EngineOptions {
+  std::int64_t max_batch = 8;         // slots: requests running at once
+  std::int64_t prefill_chunk = 256;   // prompt tokens per step, shared by the prefilling slots
+  PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
+  std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
+};
+
+enum class RequestState { waiting, running, done };
+
+struct RequestResult {
+  std::int64_t id = -1;
+  RequestState state = RequestState::waiting;
+  std::vector<std::int64_t> tokens;   // new tokens
+  std::string finish_reason;          // "stop" | "length" once done
+  double time_to_first_token_s = -1;  // from submit to the first new token (-1: none yet)
+  double total_s = -1;                // from submit to done
+  std::int64_t preemptions = 0;       // times the request was sent back to the queue
+};
+
+struct EngineStats {
+  std::int64_t steps = 0;
+  std::int64_t prefill_tokens = 0;     // context tokens fed as prefill (recomputation included)
+  std::int64_t recomputed_tokens = 0;  // of which recomputed after a preemption
+  std::int64_t decode_tokens = 0;      // tokens fed by decoding slots
+  std::int64_t generated_tokens = 0;   // tokens sampled
+  std::int64_t preemptions = 0;
+  std::int64_t finished = 0;
+  std::int64_t peak_pages = 0;         // most pages in use at once
+  std::int64_t peak_running = 0;       // most requests running at once
+  double busy_seconds = 0;             // time spent inside step()
+  double tokens_per_s() const noexcept { return busy_seconds > 0 ? static_cast<double>(generated_tokens) / busy_seconds : 0; }
+};
+
+template <class Pol = DefaultPolicy>
+class Engine {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using Callback = std::function<void(std::int64_t id, std::int64_t token)>;
+  using Clock = std::chrono::steady_clock;
+
+  Engine(const Model& model, const EngineOptions& o)
+      : model_(model), o_(o), V_(model.config().vocab_size),
+        mml_(o.max_model_length > 0 ? o.max_model_length : model.config().max_position_embeddings),
+        cache_(make_cache(model, o, mml_)), dec_(model, cache_) {
+    const char* w = "generate.Engine";
+    EDL_CHECK(o.max_batch > 0, errc::invalid_argument, w, "max_batch must be positive, found ", o.max_batch);
+    EDL_CHECK(o.prefill_chunk > 0, errc::invalid_argument, w, "prefill_chunk must be positive, found ", o.prefill_chunk);
+    slots_.assign(static_cast<std::size_t>(o.max_batch), -1);
+    logits_.resize(static_cast<std::size_t>(o.max_batch * V_));
+  }
+  // The decoder holds a reference to the cache member.
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues a request; returns its id (0, 1, 2, ... in submission order). See the header
+  /// comment for the errors.
+  std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, Callback on_token = {}) {
+    const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
+    const std::string w = "generate.Engine request " + std::to_string(id);
+    g.validate(w + " GenerationConfig");
+    EDL_CHECK(g.num_beams == 1, errc::unsupported, w, "beam search (num_beams = ", g.num_beams,
+              ") does not run in the engine; use generate()");
+    EDL_CHECK(!prompt.empty(), errc::invalid_argument, w, "the prompt is empty");
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+      EDL_CHECK(prompt[i] >= 0 && prompt[i] < V_, errc::invalid_argument, w, "prompt token ", i, ": id ", prompt[i],
+                " is outside the vocabulary [0, ", V_, ")");
+    const std::int64_t P = static_cast<std::int64_t>(prompt.size());
+    EDL_CHECK(P <= mml_, errc::invalid_argument, w, "the prompt has ", P, " tokens, more than max_model_length = ", mml_);
+    const std::int64_t limit = std::min<std::int64_t>(g.max_new_tokens, mml_ - P);
+    const std::int64_t most = P + std::max<std::int64_t>(0, limit - 1);
+    EDL_CHECK(pages_for(most) <= cache_.num_pages(), errc::invalid_argument, w, "can never fit: ", P,
+              " prompt tokens + ", limit, " new tokens need ", pages_for(most), " pages of ", cache_.page_size(),
+              " tokens, but the pool holds only ", cache_.num_pages(), " (budget ", o_.paged.budget_bytes,
+              " bytes x utilization ", o_.paged.utilization, ", ", cache_.page_bytes(),
+              " bytes per page); raise the budget or shorten the request");
+    Request r;
+    r.res.id = id;
+    r.g = g;
+    r.cb = std::move(on_token);
+    r.limit = limit;
+    r.most = most;
+    r.ctx = std::move(prompt);
+    // Sized once: sampling appends without allocating.
+    r.ctx.reserve(r.ctx.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, limit)));
+    r.res.tokens.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, limit)));
+    r.t0 = Clock::now();
+    reqs_.push_back(std::move(r));
+    if (limit <= 0) {
+      finish(reqs_.back(), "length");
+    } else {
+      waiting_.push_back(id);  // ids only grow: the queue stays in age order
+    }
+    return id;
+  }
+
+  /// One scheduling step (see the header comment). Returns true while requests remain.
+  bool step() {
+    if (idle()) return false;
+    const auto t0 = Clock::now();
+    grow_running();
+    admit();
+    forward_and_sample();
+    ++stats_.steps;
+    stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    return !idle();
+  }
+
+  /// Steps until every submitted request is done.
+  void run() {
+    while (step()) {
+    }
+  }
+
+  bool idle() const noexcept { return waiting_.empty() && running() == 0; }
+  std::int64_t running() const noexcept {
+    return std::count_if(slots_.begin(), slots_.end(), [](std::int64_t s) { return s >= 0; });
+  }
+  std::int64_t waiting() const noexcept { return static_cast<std::int64_t>(waiting_.size()); }
+  std::int64_t num_requests() const noexcept { return static_cast<std::int64_t>(reqs_.size()); }
+
+  const RequestResult& result(std::int64_t id) const {
+    EDL_CHECK(id >= 0 && id < num_requests(), errc::invalid_argument, "generate.Engine.result", "no request ", id,
+              " (", num_requests(), " submitted)");
+    return reqs_[static_cast<std::size_t>(id)].res;
+  }
+  const EngineStats& stats() const noexcept { return stats_; }
+  const PagedKVCache& cache() const noexcept { return cache_; }
+  std::int64_t pages_in_use() const noexcept { return cache_.num_pages() - cache_.free_pages(); }
+  std::int64_t max_model_length() const noexcept { return mml_; }
+
+ private:
+  struct Request {
+    RequestResult res;
+    GenerationConfig g;
+    Callback cb;
+    std::int64_t limit = 0;         // most new tokens
+    std::vector<std::int64_t> ctx;  // prompt + generated
+    std::int64_t fed = 0;           // tokens of ctx in the cache
+    std::int64_t recompute = 0;     // tokens to recompute after a preemption (counted once fed)
+    std::int64_t most = 0;          // most tokens the request ever holds in the cache
+    bool decoding = false;          // context cached but for the last sampled token
+    std::int64_t slot = -1;
+    Clock::time_point t0;
+  };
+
+  static PagedKVCache make_cache(const Model& m, const EngineOptions& o, std::int64_t mml) {
+    EDL_CHECK(o.max_batch > 0, errc::invalid_argument, "generate.Engine", "max_batch must be positive, found ", o.max_batch);
+    PagedKVCacheOptions po = o.paged;
+    po.max_model_length = mml;
+    return PagedKVCache(kv_cache_shape(m.config(), o.max_batch, mml), po);
+  }
+
+  std::int64_t pages_for(std::int64_t tokens) const noexcept {
+    return (tokens + cache_.page_size() - 1) / cache_.page_size();
+  }
+  Request& req(std::int64_t id) { return reqs_[static_cast<std::size_t>(id)]; }
+
+  /// Tokens slot's request feeds this step, before the shared prefill budget.
+  static std::int64_t pending(const Request& r) noexcept { return static_cast<std::int64_t>(r.ctx.size()) - r.fed; }
+
+  /// Running request ids, oldest first, into `ids` (kept between steps: no allocation per token).
+  void running_ids(std::vector<std::int64_t>& ids) const {
+    ids.clear();
+    for (auto s : slots_)
+      if (s >= 0) ids.push_back(s);
+    std::sort(ids.begin(), ids.end());
+  }
+  /// The newest running request.
+  std::int64_t newest_running() const noexcept { return *std::max_element(slots_.begin(), slots_.end()); }
+
+  void preempt(std::int64_t id) {
+    Request& r = req(id);
+    cache_.free(r.slot);
+    slots_[static_cast<std::size_t>(r.slot)] = -1;
+    r.slot = -1;
+    r.recompute = r.fed;  // computed once already: the work preemption throws away
+    r.fed = 0;
+    r.decoding = false;
+    r.res.state = RequestState::waiting;
+    ++r.res.preemptions;
+    ++stats_.preemptions;
+    // Back into the queue in age order, ahead of newer requests.
+    waiting_.insert(std::lower_bound(waiting_.begin(), waiting_.end(), id), id);
+  }
+
+  /// Step 1: pages for the tokens each running request feeds this step (a decoding slot needs
+  /// a new page every page_size tokens; a prefilling slot's context pages were reserved at
+  /// admission, so only decoding can run out).
+  void grow_running() {
+    running_ids(grow_ids_);
+    for (std::int64_t id : grow_ids_) {
+      Request& r = req(id);
+      if (r.slot < 0) continue;  // preempted by an older request of this loop
+      const std::int64_t want = static_cast<std::int64_t>(r.ctx.size());
+      for (;;) {
+        const std::int64_t have = static_cast<std::int64_t>(cache_.page_table(r.slot).size());
+        if (pages_for(want) - have <= cache_.free_pages()) {
+          cache_.reserve(r.slot, want);
+          break;
+        }
+        const std::int64_t victim = newest_running();
+        preempt(victim);
+        if (victim == id) break;
+      }
+    }
+  }
+
+  /// Step 2: waiting requests into free slots, oldest first, while the pool holds their context.
+  void admit() {
+    while (!waiting_.empty()) {
+      const auto free_slot = std::find(slots_.begin(), slots_.end(), -1);
+      if (free_slot == slots_.end()) break;
+      Request& r = req(waiting_.front());
+      const std::int64_t ctx = static_cast<std::int64_t>(r.ctx.size());
+      // Room for the whole context plus the first decoded token, so that a request admitted
+      // now is not the first to be preempted at its next step.
+      if (pages_for(std::min(ctx + 1, r.most)) > cache_.free_pages()) break;
+      const std::int64_t slot = free_slot - slots_.begin();
+      *free_slot = r.res.id;
+      r.slot = slot;
+      r.fed = 0;
+      r.res.state = RequestState::running;
+      cache_.reset(slot);
+      cache_.reserve(slot, ctx);
+      waiting_.pop_front();
+    }
+    stats_.peak_running = std::max(stats_.peak_running, running());
+    stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
+  }
+
+  /// Steps 3 and 4.
+  void forward_and_sample() {
+    const std::int64_t B = o_.max_batch;
+    std::vector<std::int64_t>& ids_run = run_ids_;
+    running_ids(ids_run);
+    if (ids_run.empty()) return;
+    // Tokens per slot: 1 for decoding slots; prefill chunks from the shared budget, oldest first.
+    std::vector<std::int64_t>& n = take_;
+    n.assign(static_cast<std::size_t>(B), 0);
+    std::int64_t budget = o_.prefill_chunk, S = 0;
+    for (std::int64_t id : ids_run) {
+      const Request& r = req(id);
+      std::int64_t take = 1;
+      if (!r.decoding) {
+        take = std::min(pending(r), budget);
+        budget -= take;
+      }
+      n[static_cast<std::size_t>(r.slot)] = take;
+      S = std::max(S, take);
+    }
+    if (S == 0) return;
+    // ids [B, S], right-aligned (left padding): every slot appends its own tokens.
+    ids_.assign(static_cast<std::size_t>(B * S), 0);
+    mask_.assign(static_cast<std::size_t>(B * S), 0);
+    for (std::int64_t id : ids_run) {
+      Request& r = req(id);
+      const std::int64_t k = n[static_cast<std::size_t>(r.slot)];
+      for (std::int64_t i = 0; i < k; ++i) {
+        const std::size_t at = static_cast<std::size_t>(r.slot * S + S - k + i);
+        ids_[at] = r.ctx[static_cast<std::size_t>(r.fed + i)];
+        mask_[at] = 1;
+      }
+    }
+    dec_.prefill(ids_.data(), S, mask_.data(), logits_.data());
+    stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
+
+    for (std::int64_t id : ids_run) {
+      Request& r = req(id);
+      const std::int64_t k = n[static_cast<std::size_t>(r.slot)];
+      if (k == 0) continue;
+      if (r.decoding) {
+        stats_.decode_tokens += 1;
+      } else {
+        stats_.prefill_tokens += k;
+        const std::int64_t re = std::min(k, r.recompute);
+        stats_.recomputed_tokens += re;
+        r.recompute -= re;
+      }
+      r.fed += k;
+      if (pending(r) != 0) continue;  // still prefilling
+      float* row = logits_.data() + r.slot * V_;
+      const std::int64_t t = static_cast<std::int64_t>(r.res.tokens.size());
+      const std::int64_t P = static_cast<std::int64_t>(r.ctx.size()) - t;
+      const std::int64_t tok = sampler_.next(row, V_, r.g, r.ctx,
+                                             std::span<const std::int64_t>(r.ctx.data() + P, static_cast<std::size_t>(t)),
+                                             0u, static_cast<std::uint32_t>(t));
+      r.res.tokens.push_back(tok);
+      r.ctx.push_back(tok);
+      r.decoding = true;
+      ++stats_.generated_tokens;
+      if (t == 0) r.res.time_to_first_token_s = std::chrono::duration<double>(Clock::now() - r.t0).count();
+      if (r.cb) r.cb(r.res.id, tok);
+      if (r.g.is_stop(tok)) {
+        finish(r, "stop");
+      } else if (static_cast<std::int64_t>(r.res.tokens.size()) >= r.limit) {
+        finish(r, "length");
+      }
+    }
+  }
+
+  void finish(Request& r, const char* reason) {
+    if (r.slot >= 0) {
+      cache_.free(r.slot);
+      slots_[static_cast<std::size_t>(r.slot)] = -1;
+      r.slot = -1;
+    }
+    r.res.state = RequestState::done;
+    r.res.finish_reason = reason;
+    r.res.total_s = std::chrono::duration<double>(Clock::now() - r.t0).count();
+    ++stats_.finished;
+  }
+
+  const Model& model_;
+  EngineOptions o_;
+  std::int64_t V_ = 0, mml_ = 0;
+  PagedKVCache cache_;
+  Decoder<Pol, PagedKVCache> dec_;
+  Sampler sampler_;
+  std::vector<Request> reqs_;
+  std::deque<std::int64_t> waiting_;
+  std::vector<std::int64_t> slots_;  // request id per slot, -1 when free
+  std::vector<float> logits_;
+  std::vector<std::int64_t> ids_, mask_;              // the step's batch [max_batch, S]
+  std::vector<std::int64_t> grow_ids_, run_ids_, take_;  // per-step scratch
+  EngineStats stats_;
+};
+
+}  // namespace edl::generate

@@ -1,0 +1,278 @@
+// tests/generate/test_engine.cpp: the continuous batching engine gives every request the tokens
+// generate() gives its prompt alone, however requests join, leave, chunk and get preempted.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/core/error.hpp>
+#include <edl/core/rng.hpp>
+#include <edl/generate/engine.hpp>
+#include <edl/generate/generate.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/nn/module.hpp>
+
+using namespace edl::generate;
+using edl::Key;
+using edl::models::LlamaConfig;
+using edl::models::LlamaForCausalLM;
+
+namespace {
+
+LlamaConfig engine_config() {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.eos_token_id = {};
+  c.validate();
+  return c;
+}
+
+const LlamaForCausalLM<>& engine_model() {
+  static const LlamaForCausalLM<>* m = [] {
+    auto* p = new LlamaForCausalLM<>(engine_config());
+    p->init(Key::from_seed(21), 0.3f);
+    return p;
+  }();
+  return *m;
+}
+
+GenerationConfig greedy_n(std::int64_t n) {
+  auto g = GenerationConfig::from_model_config(engine_config());
+  g.max_new_tokens = n;
+  return g;
+}
+
+GenerationConfig sampled_n(std::int64_t n, std::uint64_t seed) {
+  auto g = greedy_n(n);
+  g.do_sample = true;
+  g.temperature = 0.9f;
+  g.top_p = 0.95f;
+  g.repetition_penalty = 1.2f;
+  g.seed = seed;
+  return g;
+}
+
+/// What generate() gives `prompt` alone: the independent path every request is checked against
+/// (one sequence, whole-prompt prefill, the standard cache, sampler stream 0).
+GenerateResult reference(const std::vector<std::int64_t>& prompt, const GenerationConfig& g, std::int64_t mml = 0) {
+  GenerateOptions o;
+  o.max_model_length = mml;
+  return generate(engine_model(), {prompt}, g, o);
+}
+
+std::vector<std::int64_t> make_prompt(std::int64_t len, std::int64_t salt) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(len));
+  for (std::int64_t i = 0; i < len; ++i) p[static_cast<std::size_t>(i)] = (7 * i + 13 * salt + 3) % 40;
+  return p;
+}
+
+struct Job {
+  std::vector<std::int64_t> prompt;
+  GenerationConfig g;
+};
+
+/// Submits jobs in waves (between steps) and checks every request against generate().
+void run_and_compare(Engine<>& e, const std::vector<Job>& jobs, const std::vector<int>& steps_between) {
+  std::vector<std::vector<std::int64_t>> streamed(jobs.size());
+  std::size_t next = 0;
+  const auto submit = [&](std::size_t j) {
+    const auto id = e.submit(jobs[j].prompt, jobs[j].g, [&streamed](std::int64_t id, std::int64_t tok) {
+      streamed[static_cast<std::size_t>(id)].push_back(tok);
+    });
+    EXPECT_EQ(id, static_cast<std::int64_t>(j));
+  };
+  for (int wave : steps_between) {
+    // Two requests, then `wave` steps (requests join while others prefill or decode).
+    for (int k = 0; k < 2 && next < jobs.size(); ++k) submit(next++);
+    for (int s = 0; s < wave; ++s) e.step();
+  }
+  while (next < jobs.size()) submit(next++);
+  e.run();
+  EXPECT_TRUE(e.idle());
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const auto& r = e.result(static_cast<std::int64_t>(j));
+    const auto want = reference(jobs[j].prompt, jobs[j].g, e.max_model_length());
+    EXPECT_EQ(r.state, RequestState::done);
+    EXPECT_EQ(r.tokens, want.tokens[0]) << "request " << j;
+    EXPECT_EQ(r.finish_reason, want.finish_reason[0]) << "request " << j;
+    EXPECT_EQ(streamed[j], r.tokens) << "request " << j;
+    if (!r.tokens.empty()) {
+      EXPECT_GT(r.time_to_first_token_s, 0.0);
+      EXPECT_GE(r.total_s, r.time_to_first_token_s);
+    }
+  }
+  // Every page is back in the pool.
+  EXPECT_EQ(e.pages_in_use(), 0);
+  EXPECT_EQ(e.cache().free_pages(), e.cache().num_pages());
+}
+
+EngineOptions small_options(std::int64_t max_batch, std::int64_t chunk) {
+  EngineOptions o;
+  o.max_batch = max_batch;
+  o.prefill_chunk = chunk;
+  o.paged.page_size = 4;
+  o.paged.budget_bytes = 1 << 20;
+  return o;
+}
+
+}  // namespace
+
+TEST(Engine, GreedyRequestsJoiningAndLeavingEqualGenerateAlone) {
+  // Prompts longer than the chunk (4): prefill takes several steps while others decode.
+  std::vector<Job> jobs;
+  const std::int64_t lens[] = {7, 3, 11, 5, 9, 2, 13};
+  const std::int64_t news[] = {6, 12, 4, 9, 1, 10, 7};
+  for (int j = 0; j < 7; ++j) jobs.push_back({make_prompt(lens[j], j), greedy_n(news[j])});
+  // A stop token: request 3 stops at the third token of its free run.
+  const auto free_run = generate(engine_model(), {jobs[3].prompt}, jobs[3].g).tokens[0];
+  ASSERT_GE(free_run.size(), 3u);
+  jobs[3].g.stop_token_ids = {free_run[2]};
+  Engine<> e(engine_model(), small_options(3, 4));
+  run_and_compare(e, jobs, {1, 3, 2});
+  EXPECT_EQ(e.result(3).finish_reason, "stop");
+  EXPECT_LE(e.stats().peak_running, 3);
+  EXPECT_EQ(e.stats().preemptions, 0);
+  std::int64_t total = 0;
+  for (int j = 0; j < 7; ++j) total += static_cast<std::int64_t>(e.result(j).tokens.size());
+  EXPECT_EQ(e.stats().generated_tokens, total);
+  EXPECT_GT(e.stats().tokens_per_s(), 0.0);
+  EXPECT_GT(e.stats().peak_pages, 0);
+}
+
+TEST(Engine, SeededSamplingIsEachRequestsOwnStream) {
+  std::vector<Job> jobs;
+  const std::int64_t lens[] = {6, 10, 3, 8, 5};
+  for (int j = 0; j < 5; ++j) jobs.push_back({make_prompt(lens[j], 10 + j), sampled_n(8 + j, 100 + j % 2)});
+  Engine<> e(engine_model(), small_options(2, 3));
+  run_and_compare(e, jobs, {2, 1});
+  // Same requests, one slot, all submitted at once: same tokens (slots and batch do not matter).
+  Engine<> solo(engine_model(), small_options(1, 64));
+  for (const auto& j : jobs) solo.submit(j.prompt, j.g);
+  solo.run();
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(solo.result(j).tokens, e.result(j).tokens) << j;
+}
+
+TEST(Engine, MaxModelLengthCapsTheOutput) {
+  auto o = small_options(2, 4);
+  o.max_model_length = 12;
+  Engine<> e(engine_model(), o);
+  run_and_compare(e, {{make_prompt(9, 1), greedy_n(10)}, {make_prompt(4, 2), greedy_n(5)}, {make_prompt(12, 3), greedy_n(5)}},
+                  {1});
+  EXPECT_EQ(e.result(0).tokens.size(), 3u);
+  EXPECT_EQ(e.result(0).finish_reason, "length");
+  EXPECT_TRUE(e.result(2).tokens.empty());  // the prompt fills max_model_length already
+}
+
+TEST(Engine, TightPageBudgetPreemptsAndStillGivesTheSameTokens) {
+  auto o = small_options(4, 4);
+  Engine<> probe(engine_model(), o);
+  const std::int64_t page_bytes = probe.cache().page_bytes();
+  // 7 pages of 4 tokens: four requests of up to 5 + 12 - 1 = 16 tokens (4 pages each) cannot
+  // all grow, so the newest running ones are sent back and recomputed.
+  o.paged.budget_bytes = 7 * page_bytes;
+  o.paged.utilization = 1.0;
+  Engine<> e(engine_model(), o);
+  ASSERT_EQ(e.cache().num_pages(), 7);
+  std::vector<Job> jobs;
+  for (int j = 0; j < 4; ++j) jobs.push_back({make_prompt(5, 30 + j), j % 2 ? sampled_n(12, 5) : greedy_n(12)});
+  run_and_compare(e, jobs, {});
+  EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_GT(e.stats().recomputed_tokens, 0);
+  EXPECT_LE(e.stats().peak_pages, 7);
+  std::int64_t preempted = 0;
+  for (int j = 0; j < 4; ++j) preempted += e.result(j).preemptions;
+  EXPECT_EQ(preempted, e.stats().preemptions);
+  EXPECT_EQ(e.result(0).preemptions, 0);  // the oldest request is never sent back
+}
+
+TEST(Engine, RequestThatCanNeverFitIsAnErrorNamingIt) {
+  auto o = small_options(2, 4);
+  Engine<> probe(engine_model(), o);
+  o.paged.budget_bytes = 6 * probe.cache().page_bytes();
+  o.paged.utilization = 1.0;
+  Engine<> e(engine_model(), o);
+  e.submit(make_prompt(5, 1), greedy_n(4));
+  try {
+    e.submit(make_prompt(10, 2), greedy_n(20));  // 29 tokens: 8 pages > 6
+    FAIL() << "expected edl::Error";
+  } catch (const edl::Error& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find("request 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("can never fit"), std::string::npos) << msg;
+  }
+  // The engine keeps serving the others.
+  e.run();
+  EXPECT_EQ(e.result(0).tokens, reference(make_prompt(5, 1), greedy_n(4)).tokens[0]);
+  EXPECT_EQ(e.pages_in_use(), 0);
+}
+
+TEST(Engine, BadRequestsAreClearErrors) {
+  Engine<> e(engine_model(), small_options(2, 4));
+  const auto message = [&](std::vector<std::int64_t> prompt, GenerationConfig g) -> std::string {
+    try {
+      e.submit(std::move(prompt), g);
+    } catch (const edl::Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  // A refused request takes no id: each of these would have been request 1.
+  EXPECT_EQ(e.submit({1, 2}, greedy_n(2)), 0);
+  const auto expect = [](const std::string& m, const std::string& what) {
+    EXPECT_NE(m.find("generate.Engine request 1"), std::string::npos) << m;
+    EXPECT_NE(m.find(what), std::string::npos) << m;
+  };
+  expect(message({1, 2, 40}, greedy_n(3)), "prompt token 2: id 40 is outside the vocabulary [0, 40)");
+  expect(message({-1}, greedy_n(3)), "id -1 is outside the vocabulary");
+  expect(message({}, greedy_n(3)), "the prompt is empty");
+  expect(message(make_prompt(65, 0), greedy_n(3)), "the prompt has 65 tokens, more than max_model_length = 64");
+  auto beams = greedy_n(3);
+  beams.num_beams = 2;
+  expect(message({1, 2}, beams), "beam search");
+  EXPECT_EQ(e.num_requests(), 1);
+  e.run();
+  EXPECT_EQ(e.result(0).tokens, reference({1, 2}, greedy_n(2)).tokens[0]);
+  EXPECT_TRUE(e.idle());
+  EXPECT_FALSE(e.step());
+  EXPECT_EQ(e.pages_in_use(), 0);
+}
+
+TEST(Engine, TinyFixtureGivesTheOracleTokens) {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  const auto dir = std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+  if (!std::filesystem::exists(dir / "oracle" / "greedy.json")) GTEST_SKIP() << "no fixture at " << dir;
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  LlamaForCausalLM<> model(cfg);
+  edl::nn::load_params(model, edl::io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  nlohmann::json j;
+  std::ifstream((dir / "oracle" / "greedy.json").string()) >> j;
+  const auto prompt = j["prompt"].get<std::vector<std::int64_t>>();
+  const auto want = j["new_tokens"].get<std::vector<std::int64_t>>();
+  auto g = GenerationConfig::from_model_config(cfg);
+  g.max_new_tokens = static_cast<std::int64_t>(want.size());
+  EngineOptions o;
+  o.max_batch = 2;
+  o.prefill_chunk = 3;
+  o.paged.page_size = 4;
+  o.paged.budget_bytes = 1 << 20;
+  Engine<> e(model, o);
+  e.submit(prompt, g);
+  e.step();
+  e.submit(prompt, g);  // joins while the first one is prefilling
+  e.run();
+  EXPECT_EQ(e.result(0).tokens, want);
+  EXPECT_EQ(e.result(1).tokens, want);
+}
