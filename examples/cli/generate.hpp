@@ -7,10 +7,12 @@
 //                [--cache-utilization F] [--threads T] [--mesh dp=1,fsdp=1,tp=1,sp=1]
 //     prints {"tokens": [new tokens], "text": "...", "finish_reason": "..."}; "text" only when DIR
 //     has a byte-level BPE tokenizer.json. Defaults: DIR/generation_config.json if present, else
-//     greedy (HF); a sampling flag turns sampling on.
+//     greedy (HF); a sampling flag turns sampling on. --mesh other than one device runs
+//     generate::ShardedDecoder (tp: heads, sp: cache positions, dp/fsdp: prompts), on simulated
+//     devices or under mpirun (rank 0 prints); the mesh is checked before the weights are read.
 //
 //   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T]
-//                    [--cache standard|int8|paged] [--seed S]
+//                    [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
 //     a preset name builds that config with random weights; prints one JSON object with
 //     prefill_tokens_per_s, decode_tokens_per_s, peak_bytes (VmHWM), the bytes a decode step
 //     reads and the bandwidth that implies.
@@ -30,6 +32,8 @@
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/generate/all.hpp>
+#include <edl/generate/sharded_decoder.hpp>
+#include <edl/generate/sharded_generate.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
@@ -43,6 +47,7 @@
 #define EDL_CLI_HAS_TOKENIZER 1
 #endif
 #include "args.hpp"
+#include "mesh_flag.hpp"
 
 namespace edl::cli {
 
@@ -68,26 +73,6 @@ inline std::vector<std::int64_t> parse_int_list(const std::string& s, const std:
 }
 inline std::vector<std::int64_t> parse_token_list(const std::string& s, const std::string& flag) {
   return parse_int_list(s, flag);
-}
-
-/// --mesh: only the single-device mesh (all sizes 1) for now.
-inline void check_mesh(Args& args, const std::string& command) {
-  const std::string m = args.str("--mesh", "");
-  if (m.empty()) return;
-  std::size_t start = 0;
-  while (start <= m.size()) {
-    const std::size_t comma = m.find(',', start);
-    const std::string item = m.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    start = comma == std::string::npos ? m.size() + 1 : comma + 1;
-    const std::size_t eq = item.find('=');
-    EDL_CHECK(eq != std::string::npos, errc::invalid_argument, "--mesh", "item \"", item,
-              "\" is not name=size (axes: dp, fsdp, tp, sp)");
-    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-    EDL_CHECK(name == "dp" || name == "fsdp" || name == "tp" || name == "sp", errc::invalid_argument, "--mesh",
-              "unknown mesh axis \"", name, "\", expected one of dp, fsdp, tp, sp");
-    EDL_CHECK(value == "1", errc::unsupported, "edl " + command,
-              "--mesh ", m, ": generation runs on one device for now (every axis size must be 1)");
-  }
 }
 
 inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
@@ -141,7 +126,7 @@ inline int cmd_generate(Args& args) {
   const std::string dir = args.required("--model");
   const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens");
   EDL_CHECK(has_text != has_ids, errc::invalid_argument, "edl generate", "give exactly one of --prompt TEXT and --prompt-tokens 1,2,3");
-  gen_detail::check_mesh(args, "generate");
+  const MeshDims dims = mesh_flag(args);
   const std::int64_t threads = args.integer("--threads", 0);
   generate::GenerateOptions o;
   gen_detail::cache_flags(args, o);
@@ -200,8 +185,12 @@ inline int cmd_generate(Args& args) {
     prompt = gen_detail::parse_token_list(prompt_ids, "--prompt-tokens");
   }
 
+  // The mesh first: a mesh the launch cannot run (under mpirun: not ranks x local devices, or
+  // kv heads not divisible by tp) fails before the weights are read.
+  const DefaultMesh mesh = make_mesh(dims);
+  (void)generate::sharded_decoder_local_config(cfg, mesh.axis_size("tp"));
   const auto model = gen_detail::load_model(dir);
-  const auto r = generate::generate(model, {prompt}, g, o);
+  const auto r = generate::generate(model, mesh, {prompt}, g, o);
   nlohmann::ordered_json j;
   j["tokens"] = r.tokens[0];
 #ifdef EDL_CLI_HAS_TOKENIZER
@@ -220,11 +209,12 @@ inline int cmd_bench_decode(Args& args) {
   const std::uint64_t seed = static_cast<std::uint64_t>(args.integer("--seed", 0));
   generate::GenerateOptions o;
   gen_detail::cache_flags(args, o);
-  gen_detail::check_mesh(args, "bench decode");
+  const MeshDims dims = mesh_flag(args);
   args.finish();
   EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
             P, " and ", G);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+  const DefaultMesh mesh = make_mesh(dims);
 
   const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
   const auto& cfg = model.config();
@@ -235,8 +225,8 @@ inline int cmd_bench_decode(Args& args) {
 
   const auto shape = generate::kv_cache_shape(cfg, 1, L);
   nlohmann::ordered_json j;
-  const auto run = [&](auto& cache) {
-    generate::Decoder dec(model, cache);
+  // dec: a Decoder or a ShardedDecoder; forget(): empties its cache.
+  const auto run = [&](auto& dec, auto&& forget, std::int64_t cache_bytes) {
     std::vector<float> logits(static_cast<std::size_t>(V));
     // Warm-up: a short prefill and a few steps, then forget them.
     dec.prefill(prompt.data(), std::min<std::int64_t>(P, 16), nullptr, logits.data());
@@ -244,7 +234,7 @@ inline int cmd_bench_decode(Args& args) {
       const std::int64_t t = generate::argmax(logits.data(), V);
       dec.decode(&t, logits.data());
     }
-    cache.reset(0);
+    forget();
     const auto t0 = std::chrono::steady_clock::now();
     dec.prefill(prompt.data(), P, nullptr, logits.data());
     const double tp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -276,18 +266,36 @@ inline int cmd_bench_decode(Args& args) {
     j["params"] = model.param_count();
     j["decode_bytes_per_token"] = step_bytes;
     j["decode_gb_per_s"] = step_bytes * static_cast<double>(G) / td / 1e9;
-    j["cache_bytes"] = cache.bytes();
+    j["mesh"] = mesh_str(dims);
+    j["cache_bytes"] = cache_bytes;
     j["scratch_bytes"] = dec.scratch_bytes();
   };
-  switch (o.cache) {
-    case generate::CacheKind::standard: { generate::StandardKVCache c(shape); run(c); break; }
-    case generate::CacheKind::int8: { generate::Int8KVCache c(shape); run(c); break; }
-    case generate::CacheKind::paged: {
-      auto po = o.paged;
-      po.max_model_length = L;
-      generate::PagedKVCache c(shape, po);
-      run(c);
-      break;
+  const auto one = [&](auto& c) {
+    generate::Decoder dec(model, c);
+    run(dec, [&] { c.reset(0); }, c.bytes());
+  };
+  const auto on_mesh = [&](auto& dec) { run(dec, [&] { dec.reset(); }, dec.cache_bytes()); };
+  if (mesh.size() > 1) {
+    EDL_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
+              "--cache paged with --mesh: use standard or int8");
+    if (o.cache == generate::CacheKind::standard) {
+      generate::ShardedDecoder<DefaultPolicy, generate::StandardKVCache> dec(model, mesh, 1, L);
+      on_mesh(dec);
+    } else {
+      generate::ShardedDecoder<DefaultPolicy, generate::Int8KVCache> dec(model, mesh, 1, L);
+      on_mesh(dec);
+    }
+  } else {
+    switch (o.cache) {
+      case generate::CacheKind::standard: { generate::StandardKVCache c(shape); one(c); break; }
+      case generate::CacheKind::int8: { generate::Int8KVCache c(shape); one(c); break; }
+      case generate::CacheKind::paged: {
+        auto po = o.paged;
+        po.max_model_length = L;
+        generate::PagedKVCache c(shape, po);
+        one(c);
+        break;
+      }
     }
   }
   j["peak_bytes"] = gen_detail::peak_rss_bytes();

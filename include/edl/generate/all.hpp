@@ -1,5 +1,5 @@
-// edl/generate/all.hpp: KV caches, the incremental decoder, sampling, beam search, generate(),
-// the continuous batching engine.
+// edl/generate/all.hpp: KV caches, the incremental decoder (one device and a mesh), sampling,
+// beam search, generate(), the continuous batching engine.
 #pragma once
 
 #include <edl/generate/beam_search.hpp>
@@ -9,3 +9,5 @@
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/kv_cache.hpp>
 #include <edl/generate/sampling.hpp>
+#include <edl/generate/sharded_decoder.hpp>
+#include <edl/generate/sharded_generate.hpp>

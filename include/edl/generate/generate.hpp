@@ -67,27 +67,119 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// The checks generate() makes before any compute; returns the cache length the prompts need
+/// and sets mml (max_model_length).
+inline std::int64_t check_prompts(const models::LlamaConfig& cfg, const std::vector<std::vector<std::int64_t>>& prompts,
+                                  const GenerationConfig& g, const GenerateOptions& o, std::int64_t& mml) {
+  const char* w = "generate";
+  const std::int64_t V = cfg.vocab_size;
+  mml = o.max_model_length > 0 ? o.max_model_length : cfg.max_position_embeddings;
+  EDL_CHECK(!prompts.empty(), errc::invalid_argument, w, "no prompt given");
+  std::int64_t need = 0;
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto& pr = prompts[p];
+    EDL_CHECK(!pr.empty(), errc::invalid_argument, w, "prompt ", p, " is empty");
+    for (std::size_t i = 0; i < pr.size(); ++i)
+      EDL_CHECK(pr[i] >= 0 && pr[i] < V, errc::invalid_argument, w, "prompt ", p, " token ", i, ": id ", pr[i],
+                " is outside the vocabulary [0, ", V, ")");
+    EDL_CHECK(static_cast<std::int64_t>(pr.size()) <= mml, errc::invalid_argument, w, "prompt ", p, " has ", pr.size(),
+              " tokens, more than max_model_length = ", mml);
+    need = std::max<std::int64_t>(need, std::min<std::int64_t>(mml, static_cast<std::int64_t>(pr.size()) + g.max_new_tokens));
+  }
+  return std::max<std::int64_t>(1, need);
+}
+
+/// Prompts [P] padded to ids / mask [P, S] (left padding), and each prompt's new-token limit.
+struct PaddedPrompts {
+  std::vector<std::int64_t> ids, mask, limit;
+  std::int64_t seq = 0;
+};
+inline PaddedPrompts pad_prompts(const std::vector<std::vector<std::int64_t>>& prompts, std::int64_t nb,
+                                 const GenerationConfig& g, std::int64_t mml) {
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), R = P * nb;
+  PaddedPrompts pp;
+  std::int64_t& S = pp.seq;
+  for (const auto& p : prompts) S = std::max<std::int64_t>(S, static_cast<std::int64_t>(p.size()));
+  pp.ids.assign(static_cast<std::size_t>(R * S), 0);
+  pp.mask.assign(static_cast<std::size_t>(R * S), 0);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto& p = prompts[static_cast<std::size_t>(r / nb)];
+    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      pp.ids[static_cast<std::size_t>(r * S + pad) + i] = p[i];
+      pp.mask[static_cast<std::size_t>(r * S + pad) + i] = 1;
+    }
+  }
+  pp.limit.resize(static_cast<std::size_t>(P));
+  for (std::int64_t p = 0; p < P; ++p)
+    pp.limit[static_cast<std::size_t>(p)] =
+        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+  return pp;
+}
+
+/// Greedy or sampled decoding of one sequence per prompt on any decoder with Decoder's
+/// prefill / decode (the one-device Decoder and the mesh's ShardedDecoder share it, so both
+/// choose tokens by the same code).
+template <class Dec>
+void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+                 const GenerateOptions& o, const std::vector<std::int64_t>& limit, const std::vector<std::int64_t>& ids,
+                 const std::vector<std::int64_t>& mask, std::int64_t S, std::int64_t V, GenerateResult& res) {
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size());
+  std::vector<float> logits(static_cast<std::size_t>(P * V));
+  std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
+  std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0);
+  std::vector<std::vector<std::int64_t>> ctx(prompts.begin(), prompts.end());
+  for (auto& c : ctx) c.reserve(c.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, g.max_new_tokens)));
+  Sampler sampler;
+  bool any = false;
+  for (std::int64_t p = 0; p < P; ++p) {
+    active[static_cast<std::size_t>(p)] = limit[static_cast<std::size_t>(p)] > 0;
+    any = any || active[static_cast<std::size_t>(p)];
+  }
+  if (any) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dec.prefill(ids.data(), S, mask.data(), logits.data());
+    res.stats.prefill_seconds = seconds_since(t0);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; any; ++step) {
+    any = false;
+    for (std::int64_t p = 0; p < P; ++p) {
+      const std::size_t pi = static_cast<std::size_t>(p);
+      if (!active[pi]) continue;
+      auto& c = ctx[pi];
+      auto& out = res.tokens[pi];
+      const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
+                                            static_cast<std::uint32_t>(step));
+      out.push_back(tok);
+      c.push_back(tok);
+      next[pi] = tok;
+      if (o.on_token) o.on_token(p, tok);
+      if (g.is_stop(tok)) {
+        res.finish_reason[pi] = "stop";
+        active[pi] = 0;
+      } else if (static_cast<std::int64_t>(out.size()) >= limit[pi]) {
+        active[pi] = 0;
+      }
+      any = any || active[pi];
+    }
+    if (!any) break;
+    dec.decode(next.data(), logits.data(), active.data());
+    ++res.stats.decode_steps;
+    for (auto a : active) res.stats.decode_tokens += a;
+  }
+  res.stats.decode_seconds = seconds_since(t1);
+}
+
 template <class Pol, class Cache>
 GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
                             const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                             const GenerateOptions& o, std::int64_t mml) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = model.config().vocab_size;
-  const std::int64_t nb = g.num_beams, R = P * nb;
-  std::int64_t S = 0;
-  for (const auto& p : prompts) S = std::max<std::int64_t>(S, static_cast<std::int64_t>(p.size()));
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(R * S), 0), mask(static_cast<std::size_t>(R * S), 0);
-  for (std::int64_t r = 0; r < R; ++r) {
-    const auto& p = prompts[static_cast<std::size_t>(r / nb)];
-    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      ids[static_cast<std::size_t>(r * S + pad) + i] = p[i];
-      mask[static_cast<std::size_t>(r * S + pad) + i] = 1;
-    }
-  }
-  std::vector<std::int64_t> limit(static_cast<std::size_t>(P));
-  for (std::int64_t p = 0; p < P; ++p)
-    limit[static_cast<std::size_t>(p)] =
-        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+  const std::int64_t nb = g.num_beams;
+  const PaddedPrompts pp = pad_prompts(prompts, nb, g, mml);
+  const std::vector<std::int64_t>&ids = pp.ids, &mask = pp.mask, &limit = pp.limit;
+  const std::int64_t S = pp.seq;
 
   GenerateResult res;
   res.tokens.assign(static_cast<std::size_t>(P), {});
@@ -106,50 +198,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
         for (auto tok : t) o.on_token(p, tok);
     }
   } else {
-    std::vector<float> logits(static_cast<std::size_t>(P * V));
-    std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
-    std::vector<std::int64_t> next(static_cast<std::size_t>(P), 0);
-    std::vector<std::vector<std::int64_t>> ctx(prompts.begin(), prompts.end());
-    for (auto& c : ctx) c.reserve(c.size() + static_cast<std::size_t>(std::max<std::int64_t>(0, g.max_new_tokens)));
-    Sampler sampler;
-    bool any = false;
-    for (std::int64_t p = 0; p < P; ++p) {
-      active[static_cast<std::size_t>(p)] = limit[static_cast<std::size_t>(p)] > 0;
-      any = any || active[static_cast<std::size_t>(p)];
-    }
-    if (any) {
-      const auto t0 = std::chrono::steady_clock::now();
-      dec.prefill(ids.data(), S, mask.data(), logits.data());
-      res.stats.prefill_seconds = seconds_since(t0);
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    for (std::int64_t step = 0; any; ++step) {
-      any = false;
-      for (std::int64_t p = 0; p < P; ++p) {
-        const std::size_t pi = static_cast<std::size_t>(p);
-        if (!active[pi]) continue;
-        auto& c = ctx[pi];
-        auto& out = res.tokens[pi];
-        const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
-                                              static_cast<std::uint32_t>(step));
-        out.push_back(tok);
-        c.push_back(tok);
-        next[pi] = tok;
-        if (o.on_token) o.on_token(p, tok);
-        if (g.is_stop(tok)) {
-          res.finish_reason[pi] = "stop";
-          active[pi] = 0;
-        } else if (static_cast<std::int64_t>(out.size()) >= limit[pi]) {
-          active[pi] = 0;
-        }
-        any = any || active[pi];
-      }
-      if (!any) break;
-      dec.decode(next.data(), logits.data(), active.data());
-      ++res.stats.decode_steps;
-      for (auto a : active) res.stats.decode_tokens += a;
-    }
-    res.stats.decode_seconds = seconds_since(t1);
+    sample_loop(dec, prompts, g, o, limit, ids, mask, S, V, res);
   }
   res.stats.cache_bytes = cache.bytes();
   res.stats.scratch_bytes = dec.scratch_bytes();
@@ -162,25 +211,12 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
-  const char* w = "generate";
   g.validate();
   const auto& cfg = model.config();
-  const std::int64_t V = cfg.vocab_size;
-  const std::int64_t mml = o.max_model_length > 0 ? o.max_model_length : cfg.max_position_embeddings;
-  EDL_CHECK(!prompts.empty(), errc::invalid_argument, w, "no prompt given");
-  std::int64_t need = 0;
-  for (std::size_t p = 0; p < prompts.size(); ++p) {
-    const auto& pr = prompts[p];
-    EDL_CHECK(!pr.empty(), errc::invalid_argument, w, "prompt ", p, " is empty");
-    for (std::size_t i = 0; i < pr.size(); ++i)
-      EDL_CHECK(pr[i] >= 0 && pr[i] < V, errc::invalid_argument, w, "prompt ", p, " token ", i, ": id ", pr[i],
-                " is outside the vocabulary [0, ", V, ")");
-    EDL_CHECK(static_cast<std::int64_t>(pr.size()) <= mml, errc::invalid_argument, w, "prompt ", p, " has ", pr.size(),
-              " tokens, more than max_model_length = ", mml);
-    need = std::max<std::int64_t>(need, std::min<std::int64_t>(mml, static_cast<std::int64_t>(pr.size()) + g.max_new_tokens));
-  }
+  std::int64_t mml = 0;
+  const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);
   const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
-  const KVCacheShape shape = kv_cache_shape(cfg, R, std::max<std::int64_t>(1, need));
+  const KVCacheShape shape = kv_cache_shape(cfg, R, need);
   switch (o.cache) {
     case CacheKind::standard: {
       StandardKVCache c(shape);

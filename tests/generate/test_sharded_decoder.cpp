@@ -1,0 +1,240 @@
+// tests/generate/test_sharded_decoder.cpp: decoding on a mesh (tp, sp, dp, fsdp) gives the
+// logits and tokens of one device; generate() on a mesh (sharded_generate.hpp) too.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <edl/core/rng.hpp>
+#include <edl/generate/decoder.hpp>
+#include <edl/generate/generate.hpp>
+#include <edl/generate/sharded_decoder.hpp>
+#include <edl/generate/sharded_generate.hpp>
+#include <edl/mesh/mesh.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sharded.hpp>
+
+using namespace edl;
+using namespace edl::generate;
+using models::LlamaConfig;
+using models::LlamaForCausalLM;
+
+namespace {
+
+using Dims = std::array<std::int64_t, 4>;  // dp, fsdp, tp, sp
+
+LlamaConfig config(const std::string& variant = "") {
+  LlamaConfig c;
+  c.vocab_size = 51;  // not divisible by the head's column split: uneven vocabulary blocks
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  if (variant == "bias") c.attention_bias = true, c.mlp_bias = true;
+  if (variant == "window") c.model_type = "mistral", c.sliding_window = 5;
+  if (variant == "tied") c.tie_word_embeddings = true;
+  if (variant == "mha") c.num_key_value_heads = 4;
+  c.validate();
+  return c;
+}
+
+std::vector<std::int64_t> random_ids(std::int64_t n, std::int64_t V, std::uint32_t seed) {
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    ids[static_cast<std::size_t>(i)] =
+        static_cast<std::int64_t>(uniform_at(Key::from_seed(seed), static_cast<std::uint64_t>(i)) * static_cast<float>(V)) % V;
+  return ids;
+}
+
+double max_diff(const float* a, const float* b, std::int64_t n) {
+  double w = 0;
+  for (std::int64_t i = 0; i < n; ++i) w = std::max(w, static_cast<double>(std::fabs(a[i] - b[i])));
+  return w;
+}
+
+std::string mesh_name(const Dims& d) {
+  std::string s;
+  const char* n[4] = {"dp", "fsdp", "tp", "sp"};
+  for (int a = 0; a < 4; ++a)
+    if (d[static_cast<std::size_t>(a)] > 1) s += (s.empty() ? "" : "_") + std::string(n[a]) + std::to_string(d[static_cast<std::size_t>(a)]);
+  return s.empty() ? "one" : s;
+}
+
+struct Case {
+  Dims dims;
+  std::string variant;
+};
+
+}  // namespace
+
+class ShardedDecoderMeshes : public ::testing::TestWithParam<Case> {};
+
+// Two left-padded prompts (7 and 4 tokens): prefill with every position's logits, then 9
+// decode steps fed with the one-device greedy tokens; every logit within 1e-4 of one device,
+// and the greedy tokens identical.
+TEST_P(ShardedDecoderMeshes, LogitsAndGreedyTokensEqualOneDevice) {
+  const auto [dims, variant] = GetParam();
+  const auto cfg = config(variant);
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(7), 0.2f);
+  const std::int64_t V = cfg.vocab_size, B = 2, S = 7, steps = 9, len = S + steps;
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(7, V, 11), random_ids(4, V, 12)};
+  std::vector<std::int64_t> ids(B * S, 0), mask(B * S, 0);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto& p = prompts[static_cast<std::size_t>(b)];
+    const std::int64_t pad = S - static_cast<std::int64_t>(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) ids[b * S + pad + i] = p[i], mask[b * S + pad + i] = 1;
+  }
+
+  StandardKVCache cache(kv_cache_shape(cfg, B, len));
+  Decoder one(m, cache);
+  ShardedDecoder<> dec(m, create_mesh(dims), B, len);
+  std::vector<float> all1(B * S * V), last1(B * V), allm(B * S * V), lastm(B * V);
+  one.prefill(ids.data(), S, mask.data(), last1.data(), all1.data());
+  dec.prefill(ids.data(), S, mask.data(), lastm.data(), allm.data());
+  double err = max_diff(all1.data(), allm.data(), B * S * V);
+  err = std::max(err, max_diff(last1.data(), lastm.data(), B * V));
+  std::vector<std::int64_t> next1(B), nextm(B);
+  for (std::int64_t t = 0; t < steps; ++t) {
+    for (std::int64_t b = 0; b < B; ++b) {
+      next1[b] = argmax(last1.data() + b * V, V);
+      nextm[b] = argmax(lastm.data() + b * V, V);
+    }
+    EXPECT_EQ(next1, nextm) << "greedy tokens differ at step " << t;
+    one.decode(next1.data(), last1.data());
+    dec.decode(next1.data(), lastm.data());
+    err = std::max(err, max_diff(last1.data(), lastm.data(), B * V));
+  }
+  EXPECT_LT(err, 1e-4) << mesh_name(dims) << " " << variant;
+  for (std::int64_t b = 0; b < B; ++b) EXPECT_EQ(dec.length(b), cache.length(b));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Generate, ShardedDecoderMeshes,
+    ::testing::Values(Case{{1, 1, 2, 1}, ""}, Case{{1, 1, 1, 2}, ""}, Case{{1, 1, 2, 2}, ""}, Case{{2, 1, 1, 1}, ""},
+                      Case{{1, 2, 1, 1}, ""}, Case{{2, 1, 2, 1}, ""}, Case{{1, 1, 1, 3}, ""}, Case{{1, 1, 2, 2}, "bias"},
+                      Case{{1, 1, 2, 2}, "window"}, Case{{1, 1, 1, 3}, "window"}, Case{{1, 1, 2, 2}, "tied"},
+                      Case{{1, 1, 4, 1}, "mha"}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return mesh_name(i.param.dims) + (i.param.variant.empty() ? "" : "_" + i.param.variant);
+    });
+
+TEST(ShardedDecoder, CacheHoldsOnlyTheDevicesHeadsAndPositions) {
+  const auto cfg = config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1), 0.2f);
+  ShardedDecoder<> dec(m, create_mesh({1, 1, 2, 2}), 1, 10);
+  for (std::int64_t d = 0; d < 4; ++d) {
+    const KVCacheShape s = dec.cache(d).shape();
+    EXPECT_EQ(s.kv_heads, 1);    // 2 kv heads / tp 2
+    EXPECT_EQ(s.max_length, 5);  // 10 positions / sp 2
+  }
+  const auto ids = random_ids(7, cfg.vocab_size, 3);
+  std::vector<float> logits(static_cast<std::size_t>(cfg.vocab_size));
+  dec.prefill(ids.data(), 7, nullptr, logits.data());
+  EXPECT_EQ(dec.cache(0).length(0), 4);  // positions 0 2 4 6 on sp rank 0
+  EXPECT_EQ(dec.cache(1).length(0), 3);  // 1 3 5 on sp rank 1 (device 1 = tp 0, sp 1)
+  EXPECT_EQ(dec.length(0), 7);
+}
+
+TEST(ShardedDecoder, KvHeadsNotDivisibleByTpIsAnError) {
+  const auto cfg = config();  // 4 heads, 2 kv heads
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1), 0.2f);
+  try {
+    ShardedDecoder<> dec(m, create_mesh({1, 1, 4, 1}), 1, 8);
+    FAIL() << "tp = 4 with 2 kv heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::not_divisible);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("num_key_value_heads = 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tp = 4"), std::string::npos) << msg;
+  }
+  GenerationConfig g;
+  EXPECT_THROW(generate::generate(m, create_mesh({1, 1, 4, 1}), {{1, 2}}, g), Error);
+}
+
+TEST(ShardedDecoder, TooManyTokensIsAnErrorBeforeWork) {
+  const auto cfg = config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1), 0.2f);
+  ShardedDecoder<> dec(m, create_mesh({1, 1, 1, 2}), 1, 4);
+  const auto ids = random_ids(5, cfg.vocab_size, 3);
+  std::vector<float> logits(static_cast<std::size_t>(cfg.vocab_size));
+  EXPECT_THROW(dec.prefill(ids.data(), 5, nullptr, logits.data()), Error);
+  EXPECT_EQ(dec.length(0), 0);
+  const std::int64_t bad = cfg.vocab_size;
+  EXPECT_THROW(dec.prefill(&bad, 1, nullptr, logits.data()), Error);
+}
+
+// generate() on a mesh: the same GenerationConfig gives the one-device tokens.
+class ShardedGenerateMeshes : public ::testing::TestWithParam<Dims> {};
+
+TEST_P(ShardedGenerateMeshes, GreedyAndSampledTokensEqualOneDevice) {
+  const auto cfg = config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5), 0.3f);
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(6, V, 31), random_ids(3, V, 32), random_ids(5, V, 33)};
+  GenerationConfig g;
+  g.max_new_tokens = 12;
+  const auto mesh = create_mesh(GetParam());
+  const auto want = generate::generate(m, prompts, g);
+  const auto got = generate::generate(m, mesh, prompts, g);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.finish_reason, want.finish_reason);
+
+  g.do_sample = true;
+  g.temperature = 0.9f;
+  g.top_k = 20;
+  g.top_p = 0.95f;
+  g.seed = 123;
+  const auto want_s = generate::generate(m, prompts, g);
+  const auto got_s = generate::generate(m, mesh, prompts, g);
+  EXPECT_EQ(got_s.tokens, want_s.tokens);
+
+  GenerateOptions o;  // the paged cache on the mesh gives the same tokens
+  o.cache = CacheKind::paged;
+  o.paged.page_size = 2;
+  o.paged.budget_bytes = 1 << 20;
+  EXPECT_EQ(generate::generate(m, mesh, prompts, g, o).tokens, want_s.tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Generate, ShardedGenerateMeshes,
+                         ::testing::Values(Dims{1, 1, 2, 1}, Dims{1, 1, 1, 2}, Dims{1, 1, 2, 2}, Dims{2, 1, 1, 1},
+                                           Dims{2, 1, 1, 2}),
+                         [](const ::testing::TestParamInfo<Dims>& i) { return mesh_name(i.param); });
+
+TEST(ShardedGenerate, FromAShardedLlama) {
+  auto cfg = config("bias");
+  cfg.vocab_size = 52;  // the embedding's partition rule splits the vocabulary over tp
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(9), 0.3f);
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(5, cfg.vocab_size, 41), random_ids(2, cfg.vocab_size, 42)};
+  GenerationConfig g;
+  g.max_new_tokens = 10;
+  const auto want = generate::generate(m, prompts, g);
+  auto sm = models::shard_model(m, create_mesh({1, 2, 2, 1}));  // fsdp-sharded weights, gathered once
+  EXPECT_EQ(generate::generate(sm, prompts, g).tokens, want.tokens);
+}
+
+TEST(ShardedGenerate, BeamSearchOnAMeshIsUnsupported) {
+  const auto cfg = config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(1), 0.2f);
+  GenerationConfig g;
+  g.num_beams = 2;
+  try {
+    generate::generate(m, create_mesh({1, 1, 2, 1}), {{1, 2, 3}}, g);
+    FAIL() << "beam search on a mesh was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::unsupported);
+  }
+}
