@@ -2190,6 +2190,86 @@ inline std::int64_t axis_size(const Device& d, const AxisList& axes = {}) {
 
 }  // namespace edl
 // end of edl/mesh/collectives.hpp
+// #include <edl/mesh/process_group.hpp>
+// edl/mesh/process_group.hpp
+// The processes a mesh spans, seen from the host (outside mesh.run): which one this is, and
+// small agreements between them. Host code that must act once per run (print, write a file,
+// commit a checkpoint) asks is_primary(); code that must not go on unless every process
+// succeeded asks failed_ranks().
+//
+//   ProcessGroup pg(mesh);             // one process on a simulated mesh, N on an MPI mesh
+//   bool ok = write_my_part();
+//   if (!pg.failed_ranks(ok).empty()) ...   // every process gets the same answer
+//
+// The agreements are collectives of the mesh itself (a psum over every device), so on the MPI
+// backend they have its deadline (EDL_MPI_TIMEOUT): a dead peer is an errc::collective error,
+// never a hang. Every process must call them in the same order, as with any collective.
+// Device order (mesh/backends/mpi.hpp): process r runs devices [r * local, (r + 1) * local).
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+
+namespace edl {
+
+class ProcessGroup {
+ public:
+  /// One process, no mesh.
+  ProcessGroup() = default;
+  explicit ProcessGroup(DefaultMesh mesh) : mesh_(std::move(mesh)) {
+    size_ = mesh_->backend().processes();
+    const std::int64_t local = mesh_->size() / size_;
+    for (std::int64_t d = 0; d < mesh_->size(); ++d)
+      if (mesh_->backend().is_local(d)) {
+        rank_ = static_cast<int>(d / local);
+        first_local_ = d;
+        break;
+      }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// The process that prints, writes the run's files and commits checkpoints (rank 0).
+  bool is_primary() const noexcept { return rank_ == 0; }
+
+  /// The sum over processes of each process's `values` (same length on every process).
+  std::vector<std::int64_t> sum(std::vector<std::int64_t> values) const {
+    if (size_ == 1) return values;
+    std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(mesh_->size()));
+    mesh_->run([&](Device& dev) {
+      // Only the process's first device contributes, so each process counts once.
+      std::vector<std::int64_t> v = dev.id() == first_local_ ? values : std::vector<std::int64_t>(values.size(), 0);
+      psum(dev, v);
+      out[static_cast<std::size_t>(dev.id())] = std::move(v);
+    });
+    return out[static_cast<std::size_t>(first_local_)];
+  }
+
+  /// The ranks whose `ok` is false, in increasing order; the same list on every process.
+  std::vector<int> failed_ranks(bool ok) const {
+    std::vector<std::int64_t> flags(static_cast<std::size_t>(size_), 0);
+    flags[static_cast<std::size_t>(rank_)] = ok ? 0 : 1;
+    flags = sum(std::move(flags));
+    std::vector<int> failed;
+    for (int r = 0; r < size_; ++r)
+      if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+    return failed;
+  }
+
+  /// The primary's `value` on every process.
+  std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
+
+ private:
+  std::optional<DefaultMesh> mesh_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t first_local_ = 0;
+};
+
+}  // namespace edl
+// end of edl/mesh/process_group.hpp
 // end of edl/mesh/all.hpp
 // #include <edl/tensor/all.hpp>
 // edl/tensor/all.hpp: PartitionSpec, sharded tensors, partition rules.
@@ -12657,11 +12737,26 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 // save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
 // folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
 // point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
+//
+// Saved by the N processes of one mesh (ProcessGroup, e.g. ranks of mpirun), all of which call
+// save_state with the same arguments (the gathered model and optimizer state): the folder is
+// "<parent>/.checkpoint-<step>.tmp-<pid of rank 0>"; rank 0 writes config.json,
+// model.safetensors and tokenizer.json, every rank r writes the optimizer slots of the
+// parameters it is assigned (the i-th parameter path goes to rank i % N) as
+//     optimizer-<r+1>-of-<N>.safetensors   (5-digit numbers, as HF weight shards)
+// in place of optimizer.safetensors. Then the ranks agree (a collective of the mesh, with the
+// backend's deadline): if any rank failed to write its part, every rank throws and none
+// commits; otherwise rank 0 writes state.json last, renames the folder into place, and a
+// second agreement tells every rank whether the commit happened. A rank that dies makes the
+// agreement fail on the others; the temporary folder is never listed as a checkpoint, and
+// the next run removes it. load_state reads either layout.
 // CheckpointManager lists complete checkpoints (those with state.json), removes leftover
 // temporary folders, and keeps the newest `save_total_limit` plus the best by eval loss
 // (a pruned folder is first renamed away, then removed).
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -12681,6 +12776,7 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 // #include <edl/io/detail/atomic_file.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/pretrained.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // // #include <edl/train/tokenizer.hpp> (inlined above)
@@ -13264,18 +13360,73 @@ struct CheckpointHooks {
   std::function<void(const std::string& file)> after_file;
 };
 
+/// The optimizer file of rank `rank` (0-based) of `ranks` saving processes:
+/// "optimizer-00001-of-00002.safetensors"; "optimizer.safetensors" for one process.
+inline std::string optimizer_file_name(int rank, int ranks) {
+  if (ranks <= 1) return "optimizer.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-%05d-of-%05d.safetensors", rank + 1, ranks);
+  return buf;
+}
+
+namespace detail {
+
+/// Writes the optimizer slots of the parameters assigned to `rank` of `ranks` (every
+/// parameter for one process) to `path`.
+inline void save_optimizer_part(const std::string& path, const optim::Optimizer& opt, int rank, int ranks) {
+  io::TensorList slots;
+  std::map<std::string, std::size_t> index;  // parameter path -> its position in visit order
+  opt.visit_state([&](const std::string& p, const std::string& slot, const std::vector<float>& v) {
+    const std::size_t i = index.emplace(p, index.size()).first->second;
+    if (static_cast<int>(i % static_cast<std::size_t>(ranks)) != rank) return;
+    slots.emplace_back(p + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
+                                                     {static_cast<std::int64_t>(v.size())}));
+  });
+  io::save_safetensors(path, slots,
+                       {{"format", "edl"},
+                        {"optimizer", optim::optimizer_name(opt.options().kind)},
+                        {"step_count", std::to_string(opt.step_count())},
+                        {"part", std::to_string(rank + 1)},
+                        {"parts", std::to_string(ranks)}});
+}
+
+/// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
+/// the others throw an errc::io naming the ranks that failed (so no process goes on alone).
+template <class F>
+void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const char* what, F&& f) {
+  std::exception_ptr mine;
+  try {
+    f();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  const std::vector<int> failed = pg.failed_ranks(mine == nullptr);
+  if (mine) std::rethrow_exception(mine);
+  if (!failed.empty()) {
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ::edl::detail::raise(errc::io, checkpoint.string(),
+                         ::edl::detail::concat("rank ", ranks, " failed to ", what,
+                                               "; this checkpoint was not committed (the previous one stays the newest)"));
+  }
+}
+
+}  // namespace detail
+
 /// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
-/// `dir` (a re-save of the same step) is replaced.
+/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
+/// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const ProcessGroup& processes = {}) {
+  const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
-  fs::create_directories(parent);
-  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  // One folder for all ranks, named after rank 0's process id.
+  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" +
+                                 std::to_string(processes.from_primary(static_cast<std::int64_t>(::getpid()))));
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
   struct Cleanup {
     fs::path p;
     bool done = false;
@@ -13285,45 +13436,74 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
         fs::remove_all(p, e);
       }
     }
-  } cleanup{tmp};
-  auto after = [&](const char* f) {
+  } cleanup{tmp, !primary};  // rank 0 removes an uncommitted folder
+  auto after = [&](const std::string& f) {
     if (hooks.after_file) hooks.after_file(f);
   };
 
-  save_model_hf(tmp.string(), model);
-  after("model.safetensors");
-
-  io::TensorList slots;
-  std::vector<std::string> names;
-  opt.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
-    slots.emplace_back(path + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
-                                                        {static_cast<std::int64_t>(v.size())}));
+  detail::on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
+    if (!primary) return;
+    fs::create_directories(parent);
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
   });
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), slots,
-                       {{"format", "edl"},
-                        {"optimizer", optim::optimizer_name(opt.options().kind)},
-                        {"step_count", std::to_string(opt.step_count())}});
-  after("optimizer.safetensors");
+  detail::on_every_rank(processes, final_path, "write its part", [&] {
+    if (primary) {
+      save_model_hf(tmp.string(), model);
+      after("model.safetensors");
+    }
+    const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
+    detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
+    after(opt_file);
+    if (primary && tokenizer) {
+      tokenizer->save((tmp / "tokenizer.json").string());
+      after("tokenizer.json");
+    }
+  });
+  detail::on_every_rank(processes, final_path, "commit", [&] {
+    if (!primary) return;
+    TrainState s = state;
+    s.optimizer_step_count = opt.step_count();
+    io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+    after("state.json");
+    detail::fsync_path(tmp.string(), true);
 
-  if (tokenizer) {
-    tokenizer->save((tmp / "tokenizer.json").string());
-    after("tokenizer.json");
-  }
-  TrainState s = state;
-  s.optimizer_step_count = opt.step_count();
-  io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
-  after("state.json");
-  detail::fsync_path(tmp.string(), true);
+    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+      fs::remove_all(old, ec);
+      fs::rename(final_path, old);
+      fs::remove_all(old, ec);
+    }
+    fs::rename(tmp, final_path);
+    cleanup.done = true;
+    detail::fsync_path(parent.string(), true);
+  });
+}
 
-  if (fs::exists(final_path)) {  // same step saved again: move the old one away first
-    const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
-    fs::remove_all(old, ec);
-    fs::rename(final_path, old);
-    fs::remove_all(old, ec);
+/// The optimizer files of checkpoint folder `dir`: optimizer.safetensors (saved by one
+/// process), or all N parts optimizer-<i>-of-<N>.safetensors (saved by N); a missing part is
+/// an errc::format error naming it.
+inline std::vector<std::string> optimizer_files(const std::string& dir) {
+  const fs::path single = fs::path(dir) / optimizer_file_name(0, 1);
+  if (fs::exists(single)) return {single.string()};
+  int parts = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int i = 0, n = 0;
+    char tail[32] = {};
+    const std::string name = e.path().filename().string();
+    if (std::sscanf(name.c_str(), "optimizer-%5d-of-%5d.%31s", &i, &n, tail) == 3 && std::string(tail) == "safetensors")
+      parts = std::max(parts, n);
   }
-  fs::rename(tmp, final_path);
-  cleanup.done = true;
-  detail::fsync_path(parent.string(), true);
+  EDL_CHECK(parts > 0, errc::format, dir, "no optimizer state: expected optimizer.safetensors or optimizer-<i>-of-<N>.safetensors");
+  std::vector<std::string> files;
+  for (int r = 0; r < parts; ++r) {
+    const fs::path p = fs::path(dir) / optimizer_file_name(r, parts);
+    EDL_CHECK(fs::exists(p), errc::format, p.string(), "missing: the checkpoint's optimizer state has ", parts,
+              " parts and this one is not there");
+    files.push_back(p.string());
+  }
+  return files;
 }
 
 /// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
@@ -13333,13 +13513,14 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
   TrainState s = TrainState::from_file(state_path);
   load_model_weights(dir, model);
-  const std::string op = (fs::path(dir) / "optimizer.safetensors").string();
-  auto f = io::SafeTensorsFile::open(op);
-  for (const auto& name : f.names()) {
-    const auto dot = name.rfind('.');
-    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
-              "\" is not named <path>.<slot>");
-    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+  for (const std::string& op : optimizer_files(dir)) {
+    auto f = io::SafeTensorsFile::open(op);
+    for (const auto& name : f.names()) {
+      const auto dot = name.rfind('.');
+      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
+                "\" is not named <path>.<slot>");
+      opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+    }
   }
   opt.set_step_count(s.optimizer_step_count);
   return s;
@@ -13389,12 +13570,14 @@ class CheckpointManager {
   }
 
   /// Saves checkpoint-<step> and prunes. Returns its path.
+  /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
-    save_state(p, model, opt, state, tokenizer, hooks);
-    prune();
+    save_state(p, model, opt, state, tokenizer, hooks, processes);
+    if (processes.is_primary()) prune();
     return p;
   }
 
@@ -14386,7 +14569,18 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 // (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
 // the gathered model and optimizer state, the same files as a one-device run, so a run resumes
 // on another mesh shape. model() and optimizer() gather on demand.
+//
+// On several processes (mpirun): pass a MeshFactory that attaches the mesh to the processes'
+// backend (mesh/backends/mpi.hpp); every process constructs the trainer with the same
+// arguments and calls the same methods. The devices are spread over the processes, every
+// process gets the same losses (the collectives are exact), and only rank 0
+// (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
+// report. A checkpoint is written by all of them, each its part, and committed by rank 0
+// (checkpoint.hpp); it loads on any number of processes and any mesh shape (docs/distributed.md).
+// training_time_limit follows rank 0's clock; callbacks that stop training must decide the
+// same on every process (they see the same losses).
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -14405,6 +14599,7 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
@@ -14963,6 +15158,13 @@ struct TrainResult {
 template <PolicyLike Pol>
 class BasicTrainer;
 
+/// Builds the trainer's mesh of {dp, fsdp, tp, sp} devices (TrainingArguments::mesh_dims()).
+/// Empty: create_mesh, every device a thread of this process. A program launched on several
+/// processes attaches the mesh to them before returning it, e.g. with MPI:
+///   [&](auto dims) { auto m = create_mesh(dims); mpi::attach(m, session, m.size() / session.size()); return m; }
+/// and should check first that the ranks can share the devices evenly (an edl::Error otherwise).
+using MeshFactory = std::function<DefaultMesh(const std::array<std::int64_t, 4>& dims)>;
+
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
 template <PolicyLike Pol>
 struct BasicTrainerCallback {
@@ -14982,9 +15184,11 @@ class BasicTrainer {
   using Model = models::LlamaForCausalLM<Pol>;
   using Callback = BasicTrainerCallback<Pol>;
 
-  /// Builds model, tokenizer and datasets from `args` (see docs/training.md).
-  explicit BasicTrainer(TrainingArguments args) : args_(std::move(args)) {
+  /// Builds model, tokenizer and datasets from `args` (see docs/training.md). The mesh comes
+  /// first (from `make_mesh` when given), so a launch that cannot run fails before any work.
+  explicit BasicTrainer(TrainingArguments args, MeshFactory make_mesh = {}) : args_(std::move(args)) {
     args_.validate();
+    build_mesh(make_mesh);
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
@@ -14995,7 +15199,7 @@ class BasicTrainer {
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
   BasicTrainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
-          std::optional<TokenDataset> eval_data = std::nullopt)
+          std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
         model_(std::make_unique<Model>(std::move(model))),
@@ -15003,6 +15207,7 @@ class BasicTrainer {
         eval_(std::move(eval_data)) {
     if (args_.train_data.empty()) args_.train_data = {"<in memory>"};
     args_.validate();
+    build_mesh(make_mesh);
     finish_setup();
   }
 
@@ -15038,6 +15243,8 @@ class BasicTrainer {
   }
   /// Devices of the mesh the trainer runs on (1: no mesh).
   std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
+  /// The processes the mesh spans (one unless the MeshFactory attached it to several).
+  const ProcessGroup& processes() const noexcept { return processes_; }
   /// The sharded model and optimizer (null without a mesh).
   models::ShardedLlama<Pol>* sharded_model() noexcept { return sharded_.get(); }
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
@@ -15085,7 +15292,7 @@ class BasicTrainer {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
-    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks);
+    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
     last_checkpoint_ = p;
     last_saved_step_ = state_.step;
     progress_.message("saved " + p);
@@ -15124,7 +15331,7 @@ class BasicTrainer {
   /// Runs until total_steps(), the time limit or a stop request.
   TrainResult train() {
     TrainResult r;
-    ckpt_.remove_temporaries();
+    if (processes_.is_primary()) ckpt_.remove_temporaries();
     if (args_.resume_if_possible && !resumed_)
       if (auto latest = ckpt_.latest()) {
         resume_from(*latest);
@@ -15256,7 +15463,12 @@ class BasicTrainer {
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
-      if (args_.training_time_limit && state_.elapsed_s >= *args_.training_time_limit) request_stop("time_limit");
+      if (args_.training_time_limit) {
+        bool over = state_.elapsed_s >= *args_.training_time_limit;
+        // Clocks differ between processes: rank 0's decides, so all stop after the same step.
+        if (processes_.size() > 1) over = processes_.from_primary(over ? 1 : 0) != 0;
+        if (over) request_stop("time_limit");
+      }
     }
     if (state_.step == first_step && stop_reason_.empty()) {
       r.stop_reason = "nothing_to_do";
@@ -15272,7 +15484,7 @@ class BasicTrainer {
     if (last_eval_) r.eval_loss = last_eval_->loss;
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
-    if (args_.write_report && r.stop_reason != "nothing_to_do") write_run_report();
+    if (args_.write_report && r.stop_reason != "nothing_to_do" && processes_.is_primary()) write_run_report();
     return r;
   }
 
@@ -15295,7 +15507,7 @@ class BasicTrainer {
   /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
   /// are still those of the step (after clipping).
   void log_weight_stats() {
-    if (!weights_)
+    if (!weights_ && processes_.is_primary())
       weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
     sync_host();
     std::vector<TensorStats> stats = weight_stats(*model_);
@@ -15306,7 +15518,7 @@ class BasicTrainer {
         for (float v : g) sq += static_cast<double>(v) * v;
         t.grad_norm = std::sqrt(sq);
       }
-    weights_->write(weight_stats_json(state_.step, stats));
+    if (weights_) weights_->write(weight_stats_json(state_.step, stats));
   }
 
   /// Writes report.md / report.html in save_directory from metrics.jsonl (report.hpp).
@@ -15345,9 +15557,9 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());
+      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
-      tok_->save(saved);
+      if (processes_.is_primary()) tok_->save(saved);
     }
   }
 
@@ -15413,13 +15625,24 @@ class BasicTrainer {
     state_.data_key = fold_in(Key::from_seed(args_.seed), 1);
     ckpt_ = CheckpointManager(args_.save_directory, args_.save_total_limit);
     fs::create_directories(args_.save_directory);
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string());
-    progress_ = ProgressLine(args_.progress);
+    // One process writes the run's files and prints; the others' writer and line are silent.
+    metrics_ = processes_.is_primary()
+                   ? std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string())
+                   : std::make_unique<MetricsWriter>();
+    progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
-    if (args_.mesh_devices() > 1) {
-      mesh_.emplace(create_mesh(args_.mesh_dims()));
-      shard_host();
-    }
+    if (mesh_) shard_host();
+  }
+
+  /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
+  /// one process.
+  void build_mesh(const MeshFactory& make_mesh) {
+    if (args_.mesh_devices() == 1 && !make_mesh) return;
+    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : create_mesh(args_.mesh_dims());
+    EDL_CHECK(m.size() == args_.mesh_devices(), errc::invalid_argument, args_.where("sharding_axis_dims"),
+              "the mesh factory made a mesh of ", m.size(), " devices, expected ", args_.mesh_devices());
+    processes_ = ProcessGroup(m);
+    if (m.size() > 1) mesh_.emplace(std::move(m));
   }
 
   TrainingArguments args_;
@@ -15443,6 +15666,7 @@ class BasicTrainer {
   std::int64_t last_saved_step_ = -1;
   bool resumed_ = false;
   std::optional<DefaultMesh> mesh_;
+  ProcessGroup processes_;  // this process alone unless the mesh spans several
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered

@@ -1,6 +1,8 @@
 // Tests for edl/train/checkpoint.hpp: save/load round trip (model, optimizer slots, state),
 // HF loadability of model.safetensors, atomicity (a save that throws midway leaves the previous
-// checkpoint loadable and no checkpoint-<step> folder), and keep-last-N + best pruning.
+// checkpoint loadable and no checkpoint-<step> folder), the optimizer state split by rank
+// (the layout of a save by several MPI ranks) loading like optimizer.safetensors, and
+// keep-last-N + best pruning.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -98,6 +100,41 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   for (const auto& [name, shape] : cfg.parameter_shapes()) {
     ASSERT_TRUE(ck.contains(name)) << name;
     EXPECT_EQ(ck.info(name).shape, shape) << name;
+  }
+}
+
+TEST(Checkpoint, LoadsOptimizerStateSplitByRank) {
+  // The layout N MPI ranks write (optimizer-<r>-of-<N>.safetensors instead of
+  // optimizer.safetensors) loads into the same slots; a missing part is a format error naming it.
+  TempDir t("parts");
+  models::LlamaForCausalLM<> m(tiny_config());
+  m.init(Key::from_seed(1));
+  optim::Optimizer opt(optim::OptimizerOptions{});
+  step_once(m, opt);
+  TrainState s;
+  s.step = 1;
+  const fs::path dir = t.p / "checkpoint-1";
+  save_state(dir.string(), m, opt, s);
+  fs::remove(dir / "optimizer.safetensors");
+  for (int r = 0; r < 3; ++r)
+    detail::save_optimizer_part((dir / optimizer_file_name(r, 3)).string(), opt, r, 3);
+  EXPECT_EQ(optimizer_file_name(1, 3), "optimizer-00002-of-00003.safetensors");
+  models::LlamaForCausalLM<> m2(tiny_config());
+  optim::Optimizer opt2(optim::OptimizerOptions{});
+  load_state(dir.string(), m2, opt2);
+  std::vector<float> a, b;
+  opt.visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) { a.insert(a.end(), v.begin(), v.end()); });
+  opt2.visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) { b.insert(b.end(), v.begin(), v.end()); });
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, b);
+  fs::remove(dir / optimizer_file_name(1, 3));
+  try {
+    optim::Optimizer opt3(optim::OptimizerOptions{});
+    load_state(dir.string(), m2, opt3);
+    ADD_FAILURE() << "a checkpoint with a missing optimizer part loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::format);
+    EXPECT_NE(std::string(e.what()).find("optimizer-00002-of-00003.safetensors"), std::string::npos) << e.what();
   }
 }
 

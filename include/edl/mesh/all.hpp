@@ -7,3 +7,4 @@
 #include <edl/mesh/mesh.hpp>
 #include <edl/mesh/backends/simulated.hpp>
 #include <edl/mesh/collectives.hpp>
+#include <edl/mesh/process_group.hpp>

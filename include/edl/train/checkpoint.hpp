@@ -12,12 +12,27 @@
 // save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
 // folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
 // point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
+//
+// Saved by the N processes of one mesh (ProcessGroup, e.g. ranks of mpirun), all of which call
+// save_state with the same arguments (the gathered model and optimizer state): the folder is
+// "<parent>/.checkpoint-<step>.tmp-<pid of rank 0>"; rank 0 writes config.json,
+// model.safetensors and tokenizer.json, every rank r writes the optimizer slots of the
+// parameters it is assigned (the i-th parameter path goes to rank i % N) as
+//     optimizer-<r+1>-of-<N>.safetensors   (5-digit numbers, as HF weight shards)
+// in place of optimizer.safetensors. Then the ranks agree (a collective of the mesh, with the
+// backend's deadline): if any rank failed to write its part, every rank throws and none
+// commits; otherwise rank 0 writes state.json last, renames the folder into place, and a
+// second agreement tells every rank whether the commit happened. A rank that dies makes the
+// agreement fail on the others; the temporary folder is never listed as a checkpoint, and
+// the next run removes it. load_state reads either layout.
 // CheckpointManager lists complete checkpoints (those with state.json), removes leftover
 // temporary folders, and keeps the newest `save_total_limit` plus the best by eval loss
 // (a pruned folder is first renamed away, then removed).
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -37,6 +52,7 @@
 #include <edl/io/detail/atomic_file.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/optim/optimizer.hpp>
 #include <edl/train/tokenizer.hpp>
@@ -140,18 +156,73 @@ struct CheckpointHooks {
   std::function<void(const std::string& file)> after_file;
 };
 
+/// The optimizer file of rank `rank` (0-based) of `ranks` saving processes:
+/// "optimizer-00001-of-00002.safetensors"; "optimizer.safetensors" for one process.
+inline std::string optimizer_file_name(int rank, int ranks) {
+  if (ranks <= 1) return "optimizer.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-%05d-of-%05d.safetensors", rank + 1, ranks);
+  return buf;
+}
+
+namespace detail {
+
+/// Writes the optimizer slots of the parameters assigned to `rank` of `ranks` (every
+/// parameter for one process) to `path`.
+inline void save_optimizer_part(const std::string& path, const optim::Optimizer& opt, int rank, int ranks) {
+  io::TensorList slots;
+  std::map<std::string, std::size_t> index;  // parameter path -> its position in visit order
+  opt.visit_state([&](const std::string& p, const std::string& slot, const std::vector<float>& v) {
+    const std::size_t i = index.emplace(p, index.size()).first->second;
+    if (static_cast<int>(i % static_cast<std::size_t>(ranks)) != rank) return;
+    slots.emplace_back(p + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
+                                                     {static_cast<std::int64_t>(v.size())}));
+  });
+  io::save_safetensors(path, slots,
+                       {{"format", "edl"},
+                        {"optimizer", optim::optimizer_name(opt.options().kind)},
+                        {"step_count", std::to_string(opt.step_count())},
+                        {"part", std::to_string(rank + 1)},
+                        {"parts", std::to_string(ranks)}});
+}
+
+/// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
+/// the others throw an errc::io naming the ranks that failed (so no process goes on alone).
+template <class F>
+void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const char* what, F&& f) {
+  std::exception_ptr mine;
+  try {
+    f();
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  const std::vector<int> failed = pg.failed_ranks(mine == nullptr);
+  if (mine) std::rethrow_exception(mine);
+  if (!failed.empty()) {
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ::edl::detail::raise(errc::io, checkpoint.string(),
+                         ::edl::detail::concat("rank ", ranks, " failed to ", what,
+                                               "; this checkpoint was not committed (the previous one stays the newest)"));
+  }
+}
+
+}  // namespace detail
+
 /// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
-/// `dir` (a re-save of the same step) is replaced.
+/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
+/// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const ProcessGroup& processes = {}) {
+  const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
-  fs::create_directories(parent);
-  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  // One folder for all ranks, named after rank 0's process id.
+  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" +
+                                 std::to_string(processes.from_primary(static_cast<std::int64_t>(::getpid()))));
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
   struct Cleanup {
     fs::path p;
     bool done = false;
@@ -161,45 +232,74 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
         fs::remove_all(p, e);
       }
     }
-  } cleanup{tmp};
-  auto after = [&](const char* f) {
+  } cleanup{tmp, !primary};  // rank 0 removes an uncommitted folder
+  auto after = [&](const std::string& f) {
     if (hooks.after_file) hooks.after_file(f);
   };
 
-  save_model_hf(tmp.string(), model);
-  after("model.safetensors");
-
-  io::TensorList slots;
-  std::vector<std::string> names;
-  opt.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
-    slots.emplace_back(path + "." + slot, io::TensorRef(std::span<const float>(v.data(), v.size()),
-                                                        {static_cast<std::int64_t>(v.size())}));
+  detail::on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
+    if (!primary) return;
+    fs::create_directories(parent);
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
   });
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), slots,
-                       {{"format", "edl"},
-                        {"optimizer", optim::optimizer_name(opt.options().kind)},
-                        {"step_count", std::to_string(opt.step_count())}});
-  after("optimizer.safetensors");
+  detail::on_every_rank(processes, final_path, "write its part", [&] {
+    if (primary) {
+      save_model_hf(tmp.string(), model);
+      after("model.safetensors");
+    }
+    const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
+    detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
+    after(opt_file);
+    if (primary && tokenizer) {
+      tokenizer->save((tmp / "tokenizer.json").string());
+      after("tokenizer.json");
+    }
+  });
+  detail::on_every_rank(processes, final_path, "commit", [&] {
+    if (!primary) return;
+    TrainState s = state;
+    s.optimizer_step_count = opt.step_count();
+    io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+    after("state.json");
+    detail::fsync_path(tmp.string(), true);
 
-  if (tokenizer) {
-    tokenizer->save((tmp / "tokenizer.json").string());
-    after("tokenizer.json");
-  }
-  TrainState s = state;
-  s.optimizer_step_count = opt.step_count();
-  io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
-  after("state.json");
-  detail::fsync_path(tmp.string(), true);
+    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+      fs::remove_all(old, ec);
+      fs::rename(final_path, old);
+      fs::remove_all(old, ec);
+    }
+    fs::rename(tmp, final_path);
+    cleanup.done = true;
+    detail::fsync_path(parent.string(), true);
+  });
+}
 
-  if (fs::exists(final_path)) {  // same step saved again: move the old one away first
-    const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
-    fs::remove_all(old, ec);
-    fs::rename(final_path, old);
-    fs::remove_all(old, ec);
+/// The optimizer files of checkpoint folder `dir`: optimizer.safetensors (saved by one
+/// process), or all N parts optimizer-<i>-of-<N>.safetensors (saved by N); a missing part is
+/// an errc::format error naming it.
+inline std::vector<std::string> optimizer_files(const std::string& dir) {
+  const fs::path single = fs::path(dir) / optimizer_file_name(0, 1);
+  if (fs::exists(single)) return {single.string()};
+  int parts = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int i = 0, n = 0;
+    char tail[32] = {};
+    const std::string name = e.path().filename().string();
+    if (std::sscanf(name.c_str(), "optimizer-%5d-of-%5d.%31s", &i, &n, tail) == 3 && std::string(tail) == "safetensors")
+      parts = std::max(parts, n);
   }
-  fs::rename(tmp, final_path);
-  cleanup.done = true;
-  detail::fsync_path(parent.string(), true);
+  EDL_CHECK(parts > 0, errc::format, dir, "no optimizer state: expected optimizer.safetensors or optimizer-<i>-of-<N>.safetensors");
+  std::vector<std::string> files;
+  for (int r = 0; r < parts; ++r) {
+    const fs::path p = fs::path(dir) / optimizer_file_name(r, parts);
+    EDL_CHECK(fs::exists(p), errc::format, p.string(), "missing: the checkpoint's optimizer state has ", parts,
+              " parts and this one is not there");
+    files.push_back(p.string());
+  }
+  return files;
 }
 
 /// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
@@ -209,13 +309,14 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
   TrainState s = TrainState::from_file(state_path);
   load_model_weights(dir, model);
-  const std::string op = (fs::path(dir) / "optimizer.safetensors").string();
-  auto f = io::SafeTensorsFile::open(op);
-  for (const auto& name : f.names()) {
-    const auto dot = name.rfind('.');
-    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
-              "\" is not named <path>.<slot>");
-    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+  for (const std::string& op : optimizer_files(dir)) {
+    auto f = io::SafeTensorsFile::open(op);
+    for (const auto& name : f.names()) {
+      const auto dot = name.rfind('.');
+      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
+                "\" is not named <path>.<slot>");
+      opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
+    }
   }
   opt.set_step_count(s.optimizer_step_count);
   return s;
@@ -265,12 +366,14 @@ class CheckpointManager {
   }
 
   /// Saves checkpoint-<step> and prunes. Returns its path.
+  /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {}) {
+                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
-    save_state(p, model, opt, state, tokenizer, hooks);
-    prune();
+    save_state(p, model, opt, state, tokenizer, hooks, processes);
+    if (processes.is_primary()) prune();
     return p;
   }
 

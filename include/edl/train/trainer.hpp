@@ -33,8 +33,19 @@
 // (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
 // the gathered model and optimizer state, the same files as a one-device run, so a run resumes
 // on another mesh shape. model() and optimizer() gather on demand.
+//
+// On several processes (mpirun): pass a MeshFactory that attaches the mesh to the processes'
+// backend (mesh/backends/mpi.hpp); every process constructs the trainer with the same
+// arguments and calls the same methods. The devices are spread over the processes, every
+// process gets the same losses (the collectives are exact), and only rank 0
+// (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
+// report. A checkpoint is written by all of them, each its part, and committed by rank 0
+// (checkpoint.hpp); it loads on any number of processes and any mesh shape (docs/distributed.md).
+// training_time_limit follows rank 0's clock; callbacks that stop training must decide the
+// same on every process (they see the same losses).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +64,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/mesh/mesh.hpp>
+#include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
 #include <edl/nn/loss.hpp>
@@ -96,6 +108,13 @@ struct TrainResult {
 template <PolicyLike Pol>
 class BasicTrainer;
 
+/// Builds the trainer's mesh of {dp, fsdp, tp, sp} devices (TrainingArguments::mesh_dims()).
+/// Empty: create_mesh, every device a thread of this process. A program launched on several
+/// processes attaches the mesh to them before returning it, e.g. with MPI:
+///   [&](auto dims) { auto m = create_mesh(dims); mpi::attach(m, session, m.size() / session.size()); return m; }
+/// and should check first that the ranks can share the devices evenly (an edl::Error otherwise).
+using MeshFactory = std::function<DefaultMesh(const std::array<std::int64_t, 4>& dims)>;
+
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
 template <PolicyLike Pol>
 struct BasicTrainerCallback {
@@ -115,9 +134,11 @@ class BasicTrainer {
   using Model = models::LlamaForCausalLM<Pol>;
   using Callback = BasicTrainerCallback<Pol>;
 
-  /// Builds model, tokenizer and datasets from `args` (see docs/training.md).
-  explicit BasicTrainer(TrainingArguments args) : args_(std::move(args)) {
+  /// Builds model, tokenizer and datasets from `args` (see docs/training.md). The mesh comes
+  /// first (from `make_mesh` when given), so a launch that cannot run fails before any work.
+  explicit BasicTrainer(TrainingArguments args, MeshFactory make_mesh = {}) : args_(std::move(args)) {
     args_.validate();
+    build_mesh(make_mesh);
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
@@ -128,7 +149,7 @@ class BasicTrainer {
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
   BasicTrainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
-          std::optional<TokenDataset> eval_data = std::nullopt)
+          std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
         model_(std::make_unique<Model>(std::move(model))),
@@ -136,6 +157,7 @@ class BasicTrainer {
         eval_(std::move(eval_data)) {
     if (args_.train_data.empty()) args_.train_data = {"<in memory>"};
     args_.validate();
+    build_mesh(make_mesh);
     finish_setup();
   }
 
@@ -171,6 +193,8 @@ class BasicTrainer {
   }
   /// Devices of the mesh the trainer runs on (1: no mesh).
   std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
+  /// The processes the mesh spans (one unless the MeshFactory attached it to several).
+  const ProcessGroup& processes() const noexcept { return processes_; }
   /// The sharded model and optimizer (null without a mesh).
   models::ShardedLlama<Pol>* sharded_model() noexcept { return sharded_.get(); }
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
@@ -218,7 +242,7 @@ class BasicTrainer {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
-    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks);
+    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
     last_checkpoint_ = p;
     last_saved_step_ = state_.step;
     progress_.message("saved " + p);
@@ -257,7 +281,7 @@ class BasicTrainer {
   /// Runs until total_steps(), the time limit or a stop request.
   TrainResult train() {
     TrainResult r;
-    ckpt_.remove_temporaries();
+    if (processes_.is_primary()) ckpt_.remove_temporaries();
     if (args_.resume_if_possible && !resumed_)
       if (auto latest = ckpt_.latest()) {
         resume_from(*latest);
@@ -389,7 +413,12 @@ class BasicTrainer {
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
-      if (args_.training_time_limit && state_.elapsed_s >= *args_.training_time_limit) request_stop("time_limit");
+      if (args_.training_time_limit) {
+        bool over = state_.elapsed_s >= *args_.training_time_limit;
+        // Clocks differ between processes: rank 0's decides, so all stop after the same step.
+        if (processes_.size() > 1) over = processes_.from_primary(over ? 1 : 0) != 0;
+        if (over) request_stop("time_limit");
+      }
     }
     if (state_.step == first_step && stop_reason_.empty()) {
       r.stop_reason = "nothing_to_do";
@@ -405,7 +434,7 @@ class BasicTrainer {
     if (last_eval_) r.eval_loss = last_eval_->loss;
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
-    if (args_.write_report && r.stop_reason != "nothing_to_do") write_run_report();
+    if (args_.write_report && r.stop_reason != "nothing_to_do" && processes_.is_primary()) write_run_report();
     return r;
   }
 
@@ -428,7 +457,7 @@ class BasicTrainer {
   /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
   /// are still those of the step (after clipping).
   void log_weight_stats() {
-    if (!weights_)
+    if (!weights_ && processes_.is_primary())
       weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
     sync_host();
     std::vector<TensorStats> stats = weight_stats(*model_);
@@ -439,7 +468,7 @@ class BasicTrainer {
         for (float v : g) sq += static_cast<double>(v) * v;
         t.grad_norm = std::sqrt(sq);
       }
-    weights_->write(weight_stats_json(state_.step, stats));
+    if (weights_) weights_->write(weight_stats_json(state_.step, stats));
   }
 
   /// Writes report.md / report.html in save_directory from metrics.jsonl (report.hpp).
@@ -478,9 +507,9 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());
+      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
-      tok_->save(saved);
+      if (processes_.is_primary()) tok_->save(saved);
     }
   }
 
@@ -546,13 +575,24 @@ class BasicTrainer {
     state_.data_key = fold_in(Key::from_seed(args_.seed), 1);
     ckpt_ = CheckpointManager(args_.save_directory, args_.save_total_limit);
     fs::create_directories(args_.save_directory);
-    metrics_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string());
-    progress_ = ProgressLine(args_.progress);
+    // One process writes the run's files and prints; the others' writer and line are silent.
+    metrics_ = processes_.is_primary()
+                   ? std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string())
+                   : std::make_unique<MetricsWriter>();
+    progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
-    if (args_.mesh_devices() > 1) {
-      mesh_.emplace(create_mesh(args_.mesh_dims()));
-      shard_host();
-    }
+    if (mesh_) shard_host();
+  }
+
+  /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
+  /// one process.
+  void build_mesh(const MeshFactory& make_mesh) {
+    if (args_.mesh_devices() == 1 && !make_mesh) return;
+    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : create_mesh(args_.mesh_dims());
+    EDL_CHECK(m.size() == args_.mesh_devices(), errc::invalid_argument, args_.where("sharding_axis_dims"),
+              "the mesh factory made a mesh of ", m.size(), " devices, expected ", args_.mesh_devices());
+    processes_ = ProcessGroup(m);
+    if (m.size() > 1) mesh_.emplace(std::move(m));
   }
 
   TrainingArguments args_;
@@ -576,6 +616,7 @@ class BasicTrainer {
   std::int64_t last_saved_step_ = -1;
   bool resumed_ = false;
   std::optional<DefaultMesh> mesh_;
+  ProcessGroup processes_;  // this process alone unless the mesh spans several
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered

@@ -31,6 +31,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -382,9 +383,13 @@ class MpiBackend final : public CollectiveBackend {
           edl::detail::raise(errc::device_failure, self_.describe(),
                         edl::detail::concat(op_, ": stopped because another device of this rank failed"));
         if (std::chrono::steady_clock::now() > deadline) {
-          std::string peers;
+          std::string peers;  // each silent peer once (a message may travel in several requests)
+          std::vector<std::int64_t> named;
           for (std::size_t i = 0; i < reqs_.size(); ++i)
-            if (reqs_[i] != MPI_REQUEST_NULL) peers += (peers.empty() ? "" : ", ") + std::to_string(peer_[i]);
+            if (reqs_[i] != MPI_REQUEST_NULL && std::find(named.begin(), named.end(), peer_[i]) == named.end()) {
+              named.push_back(peer_[i]);
+              peers += (peers.empty() ? "" : ", ") + std::to_string(peer_[i]);
+            }
           edl::detail::raise(errc::collective, self_.describe(),
                         edl::detail::concat(op_, ": no answer from device(s) ", peers, " within ", b_.timeout_,
                                        " s (EDL_MPI_TIMEOUT): a rank died, hangs, or called other collectives"));

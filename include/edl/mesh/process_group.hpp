@@ -1,0 +1,79 @@
+// edl/mesh/process_group.hpp
+// The processes a mesh spans, seen from the host (outside mesh.run): which one this is, and
+// small agreements between them. Host code that must act once per run (print, write a file,
+// commit a checkpoint) asks is_primary(); code that must not go on unless every process
+// succeeded asks failed_ranks().
+//
+//   ProcessGroup pg(mesh);             // one process on a simulated mesh, N on an MPI mesh
+//   bool ok = write_my_part();
+//   if (!pg.failed_ranks(ok).empty()) ...   // every process gets the same answer
+//
+// The agreements are collectives of the mesh itself (a psum over every device), so on the MPI
+// backend they have its deadline (EDL_MPI_TIMEOUT): a dead peer is an errc::collective error,
+// never a hang. Every process must call them in the same order, as with any collective.
+// Device order (mesh/backends/mpi.hpp): process r runs devices [r * local, (r + 1) * local).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <edl/mesh/collectives.hpp>
+#include <edl/mesh/mesh.hpp>
+
+namespace edl {
+
+class ProcessGroup {
+ public:
+  /// One process, no mesh.
+  ProcessGroup() = default;
+  explicit ProcessGroup(DefaultMesh mesh) : mesh_(std::move(mesh)) {
+    size_ = mesh_->backend().processes();
+    const std::int64_t local = mesh_->size() / size_;
+    for (std::int64_t d = 0; d < mesh_->size(); ++d)
+      if (mesh_->backend().is_local(d)) {
+        rank_ = static_cast<int>(d / local);
+        first_local_ = d;
+        break;
+      }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// The process that prints, writes the run's files and commits checkpoints (rank 0).
+  bool is_primary() const noexcept { return rank_ == 0; }
+
+  /// The sum over processes of each process's `values` (same length on every process).
+  std::vector<std::int64_t> sum(std::vector<std::int64_t> values) const {
+    if (size_ == 1) return values;
+    std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(mesh_->size()));
+    mesh_->run([&](Device& dev) {
+      // Only the process's first device contributes, so each process counts once.
+      std::vector<std::int64_t> v = dev.id() == first_local_ ? values : std::vector<std::int64_t>(values.size(), 0);
+      psum(dev, v);
+      out[static_cast<std::size_t>(dev.id())] = std::move(v);
+    });
+    return out[static_cast<std::size_t>(first_local_)];
+  }
+
+  /// The ranks whose `ok` is false, in increasing order; the same list on every process.
+  std::vector<int> failed_ranks(bool ok) const {
+    std::vector<std::int64_t> flags(static_cast<std::size_t>(size_), 0);
+    flags[static_cast<std::size_t>(rank_)] = ok ? 0 : 1;
+    flags = sum(std::move(flags));
+    std::vector<int> failed;
+    for (int r = 0; r < size_; ++r)
+      if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+    return failed;
+  }
+
+  /// The primary's `value` on every process.
+  std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
+
+ private:
+  std::optional<DefaultMesh> mesh_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t first_local_ = 0;
+};
+
+}  // namespace edl
