@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     return it->second(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edl %s: %s\n", name.c_str(), e.what());
+    edl::cli::end_launch_after_error(1);  // under mpirun: end every rank, none is left waiting
     return 1;
   }
 }

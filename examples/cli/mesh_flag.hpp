@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
+#include <thread>
 #include <cstdlib>
 #include <memory>
 #include <cstdint>
@@ -69,6 +72,21 @@ inline void init_launch(int& argc, char**& argv) {
 }
 /// Whether this process prints results and writes output files.
 inline bool is_primary() { return launch().rank == 0; }
+
+/// After a command failed on this rank (its error already printed): ends every rank of the
+/// launch with `code`. The others may be waiting in a collective for this one, and MPI_Finalize
+/// waits for every rank, so returning from main could hang the job. A rank other than 0 first
+/// gives rank 0 a moment to print its own view of the failure (often the same error, agreed).
+inline void end_launch_after_error(int code) {
+#ifdef EDL_WITH_MPI
+  if (launch().ranks <= 1 || !launch().session) return;
+  std::fflush(stderr);
+  if (!is_primary()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  MPI_Abort(launch().session->comm(), code);
+#else
+  (void)code;
+#endif
+}
 
 using MeshDims = std::array<std::int64_t, 4>;  // dp, fsdp, tp, sp
 
@@ -142,12 +160,13 @@ inline MeshDims mesh_flag(Args& args) {
 }
 
 /// The mesh of `dims`; under mpirun its devices are spread over the ranks (checked before
-/// any work: the device count must be a multiple of the ranks).
-inline DefaultMesh make_mesh(const MeshDims& dims) {
+/// any work: the device count must be a multiple of the ranks). `source` names where the
+/// sizes came from, for the error.
+inline DefaultMesh make_mesh(const MeshDims& dims, const std::string& source = "--mesh") {
   DefaultMesh mesh = create_mesh(dims);
   const int ranks = launch().ranks;
   if (ranks > 1) {
-    EDL_CHECK(mesh.size() % ranks == 0, errc::invalid_argument, "--mesh", "the mesh ", mesh_str(dims), " has ",
+    EDL_CHECK(mesh.size() % ranks == 0, errc::invalid_argument, source, "the mesh ", mesh_str(dims), " has ",
               mesh.size(), " devices, which the ", ranks, " MPI ranks of this launch cannot share evenly (give a mesh of ",
               ranks, " x devices-per-rank)");
 #ifdef EDL_WITH_MPI

@@ -4,7 +4,12 @@
 // is JSON, or a plain string); further key=value words after it are overrides too. --resume
 // continues from that checkpoint folder (its weights, optimizer state, data position and, for
 // a tokenizer trained by the run, its tokenizer.json) instead of the newest checkpoint in
-// save_directory; a folder that is not a checkpoint is an error. Progress goes to stderr
+// save_directory; a folder that is not a checkpoint is an error. Under mpirun the
+// sharding_axis_dims devices are spread over the ranks (ranks x devices per rank, checked
+// before any work), every rank trains its devices, only rank 0 prints and writes the run's
+// files, and checkpoints are written by all ranks and committed by rank 0
+// (docs/distributed.md); EDL_FAULT_INJECTION (fault_injection.hpp) makes one rank fail on
+// purpose, for tests. Progress goes to stderr
 // (and metrics.jsonl in save_directory); stdout gets one JSON line at the end:
 //   {"steps", "first_loss", "final_loss", "eval_loss", "tokens_per_s", "seconds", "checkpoint",
 //    "stop_reason", "resumed", "peak_gflops", "report"}
@@ -20,15 +25,18 @@
 
 #include <edl/train/all.hpp>
 #include "args.hpp"
+#include "fault_injection.hpp"
+#include "mesh_flag.hpp"
 
 namespace edl::cli {
 
 /// Runs one trainer type (f32 or bf16 parameters) and prints the result line.
 template <class TrainerT>
 int run_training(const train::TrainingArguments& ta, const std::string& resume) {
-  TrainerT t(ta);
+  TrainerT t(ta, [](const MeshDims& dims) { return make_mesh(dims, "sharding_axis_dims"); });
+  install_fault_injection(t);
   if (!resume.empty()) t.resume_from(resume);
-  if (ta.progress)
+  if (ta.progress && is_primary())
     std::fprintf(stderr, "edl train: %lld parameters, %lld training sequences (%lld tokens), %lld steps of %lld sequences x %lld tokens, %lld steps per epoch%s%s\n",
                  static_cast<long long>(t.model().param_count()), static_cast<long long>(t.train_dataset().size()),
                  static_cast<long long>(t.train_dataset().num_tokens()), static_cast<long long>(t.total_steps()),
