@@ -10455,6 +10455,46 @@ static_assert(KVCache<PagedKVCache>);
 
 }  // namespace edl::generate
 // end of edl/generate/kv_cache.hpp
+// // #include <edl/generate/rope_table.hpp> (inlined above)
+// edl/generate/rope_table.hpp: the rotary cos/sin of every position a KV cache can hold,
+// computed once when a decoder is built, and the in-place rotation of one token's heads.
+//
+// The tables and the rotation are nn::RotaryEmbedding's (HF inv_freq from the config's
+// rope_theta and rope_scaling, angle = position x inv_freq in double, rounded to f32 once),
+// so a decoder's q and k equal the full forward's. Both decoders (generate/decoder.hpp on one device,
+// generate/sharded_decoder.hpp on a mesh) use this one table.
+
+#include <cstdint>
+#include <vector>
+
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
+// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/rotary.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+class RopeTable {
+ public:
+  RopeTable() = default;
+  /// Positions 0 .. positions-1 of the model described by `c`.
+  RopeTable(const models::LlamaConfig& c, std::int64_t positions)
+      : rot_(c.head_size(), models::rope_config(c)), half_(c.head_size() / 2) {
+    rot_.tables(nn::TokenLayout{1, positions}, cos_, sin_);
+  }
+
+  /// Rotates `heads` consecutive heads of head_dim floats at x, one token at position `pos`.
+  void rotate(float* x, std::int64_t pos, std::int64_t heads) const {
+    rot_.apply(x, 1, heads, cos_.data() + pos * half_, sin_.data() + pos * half_);
+  }
+
+ private:
+  nn::RotaryEmbedding rot_;
+  std::int64_t half_ = 0;
+  std::vector<float> cos_, sin_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/rope_table.hpp
 // #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
@@ -10587,26 +10627,7 @@ class Decoder {
     nkv_ = cfg_.num_key_value_heads;
     D_ = cfg_.head_size();
     window_ = cfg_.attention_window().value_or(0);
-    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2, P = s.max_length;
-    cos_.resize(static_cast<std::size_t>(P * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, s.max_length);
     ensure_rows(s.batch);
   }
 
@@ -10768,20 +10789,7 @@ class Decoder {
   }
 
   void rope(float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* s = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i] + a * s[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
@@ -10832,7 +10840,7 @@ class Decoder {
   Cache& cache_;
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
-  std::vector<float> cos_, sin_;
+  RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_;
@@ -11929,6 +11937,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // end of edl/generate/generate.hpp
 // #include <edl/generate/generation_config.hpp> (inlined above)
 // #include <edl/generate/kv_cache.hpp> (inlined above)
+// #include <edl/generate/rope_table.hpp> (inlined above)
 // #include <edl/generate/sampling.hpp> (inlined above)
 // #include <edl/generate/sharded_decoder.hpp>
 // edl/generate/sharded_decoder.hpp
@@ -11988,6 +11997,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/generate/decoder.hpp> (inlined above)
 // #include <edl/generate/kv_cache.hpp> (inlined above)
+// #include <edl/generate/rope_table.hpp> (inlined above)
 // #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
@@ -12167,26 +12177,7 @@ class ShardedDecoder {
     I_ = local_cfg_.intermediate_size;
     window_ = cfg_.attention_window().value_or(0);
     len_.assign(static_cast<std::size_t>(B_), 0);
-    // Rope tables for every position (the Decoder's: HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2;
-    cos_.resize(static_cast<std::size_t>(P_ * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P_; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, P_);
   }
 
   static bool row_parallel(const std::string& name) {
@@ -12413,20 +12404,7 @@ class ShardedDecoder {
   }
 
   void rope(const DeviceState& s, float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = s.rows[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* sn = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * sn[i];
-          v[i + half] = b * c[i] + a * sn[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, s.rows[static_cast<std::size_t>(r)].pos, heads);
   }
 
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
@@ -12515,7 +12493,8 @@ class ShardedDecoder {
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
-  std::vector<float> cos_, sin_, last_out_;
+  RopeTable rope_;
+  std::vector<float> last_out_;
   std::vector<std::int64_t> len_, need_;
   std::vector<Row> rows_;
   std::vector<std::unique_ptr<DeviceState>> dev_;

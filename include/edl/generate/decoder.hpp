@@ -34,6 +34,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/generate/rope_table.hpp>
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/detail/simd.hpp>
 #include <edl/kernels/elementwise.hpp>
@@ -166,26 +167,7 @@ class Decoder {
     nkv_ = cfg_.num_key_value_heads;
     D_ = cfg_.head_size();
     window_ = cfg_.attention_window().value_or(0);
-    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2, P = s.max_length;
-    cos_.resize(static_cast<std::size_t>(P * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, s.max_length);
     ensure_rows(s.batch);
   }
 
@@ -347,20 +329,7 @@ class Decoder {
   }
 
   void rope(float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* s = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i] + a * s[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
@@ -411,7 +380,7 @@ class Decoder {
   Cache& cache_;
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
-  std::vector<float> cos_, sin_;
+  RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_;
