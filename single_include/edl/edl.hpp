@@ -10001,6 +10001,7 @@ class ShardedOptimizer {
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -10602,6 +10603,37 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
   }
 }
 
+/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
+/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
+/// decoders' attention starts here; they differ in how the sum is combined.
+template <class View>
+inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
+                                                  float scale, float* sc) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const float v = scale * view.dot_k(j0 + j, q);
+    sc[j] = v;
+    mx = std::max(mx, v);
+  }
+  if (cnt <= 0) return {mx, 0.0f};
+  const fbatch mb(mx);
+  fbatch sum(0.f);
+  std::int64_t j = 0;
+  for (; j + Wd <= cnt; j += Wd) {
+    const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+    e.store_unaligned(sc + j);
+    sum += e;
+  }
+  if (j < cnt) {
+    const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+    kernels::detail::store_partial(sc + j, e, cnt - j);
+    sum += e;
+  }
+  return {mx, kernels::detail::hsum(sum)};
+}
+
 }  // namespace detail
 
 template <class Pol, KVCache Cache>
@@ -10793,8 +10825,6 @@ class Decoder {
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
@@ -10809,26 +10839,7 @@ class Decoder {
           float* sc = scores_.data() + t * P;
           const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
           const std::int64_t cnt = row.pos + 1 - j0;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float s = scale * view.dot_k(j0 + j, q);
-            sc[j] = s;
-            mx = std::max(mx, s);
-          }
-          const fbatch mb(mx);
-          fbatch sum(0.f);
-          std::int64_t j = 0;
-          for (; j + Wd <= cnt; j += Wd) {
-            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-            e.store_unaligned(sc + j);
-            sum += e;
-          }
-          if (j < cnt) {
-            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-            kernels::detail::store_partial(sc + j, e, cnt - j);
-            sum += e;
-          }
-          const float inv = 1.0f / kernels::detail::hsum(sum);
+          const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);
           for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
         }
@@ -12410,8 +12421,6 @@ class ShardedDecoder {
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp, sr = s.sp_rank;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
@@ -12430,36 +12439,16 @@ class ShardedDecoder {
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float v = scale * view.dot_k(jlo + j, q);
-            sc[j] = v;
-            mx = std::max(mx, v);
-          }
-          fbatch sum(0.f);
-          if (cnt > 0) {
-            const fbatch mb(mx);
-            std::int64_t j = 0;
-            for (; j + Wd <= cnt; j += Wd) {
-              const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-              e.store_unaligned(sc + j);
-              sum += e;
-            }
-            if (j < cnt) {
-              const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-              kernels::detail::store_partial(sc + j, e, cnt - j);
-              sum += e;
-            }
-          }
+          const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
           if (sp == 1) {  // the Decoder's normalisation, unchanged
             float* out = s.ctx.data() + r * nh_ * D_ + h * D_;
-            const float inv = 1.0f / kernels::detail::hsum(sum);
+            const float inv = 1.0f / total;
             std::fill(out, out + D_, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * inv, out);
           } else {  // partial statistics, normalised after the combine
             float* st = s.stats.data() + (r * nh_ + h) * SW;
             st[0] = mx;
-            st[1] = cnt > 0 ? kernels::detail::hsum(sum) : 0.0f;
+            st[1] = total;
             std::fill(st + 2, st + SW, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj], st + 2);
           }

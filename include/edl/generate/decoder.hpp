@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -140,6 +141,37 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
         for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
     });
   }
+}
+
+/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
+/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
+/// decoders' attention starts here; they differ in how the sum is combined.
+template <class View>
+inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
+                                                  float scale, float* sc) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const float v = scale * view.dot_k(j0 + j, q);
+    sc[j] = v;
+    mx = std::max(mx, v);
+  }
+  if (cnt <= 0) return {mx, 0.0f};
+  const fbatch mb(mx);
+  fbatch sum(0.f);
+  std::int64_t j = 0;
+  for (; j + Wd <= cnt; j += Wd) {
+    const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+    e.store_unaligned(sc + j);
+    sum += e;
+  }
+  if (j < cnt) {
+    const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+    kernels::detail::store_partial(sc + j, e, cnt - j);
+    sum += e;
+  }
+  return {mx, kernels::detail::hsum(sum)};
 }
 
 }  // namespace detail
@@ -333,8 +365,6 @@ class Decoder {
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
@@ -349,26 +379,7 @@ class Decoder {
           float* sc = scores_.data() + t * P;
           const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
           const std::int64_t cnt = row.pos + 1 - j0;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float s = scale * view.dot_k(j0 + j, q);
-            sc[j] = s;
-            mx = std::max(mx, s);
-          }
-          const fbatch mb(mx);
-          fbatch sum(0.f);
-          std::int64_t j = 0;
-          for (; j + Wd <= cnt; j += Wd) {
-            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-            e.store_unaligned(sc + j);
-            sum += e;
-          }
-          if (j < cnt) {
-            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-            kernels::detail::store_partial(sc + j, e, cnt - j);
-            sum += e;
-          }
-          const float inv = 1.0f / kernels::detail::hsum(sum);
+          const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);
           for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
         }

@@ -469,8 +469,6 @@ class ShardedDecoder {
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp, sr = s.sp_rank;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
@@ -489,36 +487,16 @@ class ShardedDecoder {
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float v = scale * view.dot_k(jlo + j, q);
-            sc[j] = v;
-            mx = std::max(mx, v);
-          }
-          fbatch sum(0.f);
-          if (cnt > 0) {
-            const fbatch mb(mx);
-            std::int64_t j = 0;
-            for (; j + Wd <= cnt; j += Wd) {
-              const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-              e.store_unaligned(sc + j);
-              sum += e;
-            }
-            if (j < cnt) {
-              const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-              kernels::detail::store_partial(sc + j, e, cnt - j);
-              sum += e;
-            }
-          }
+          const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
           if (sp == 1) {  // the Decoder's normalisation, unchanged
             float* out = s.ctx.data() + r * nh_ * D_ + h * D_;
-            const float inv = 1.0f / kernels::detail::hsum(sum);
+            const float inv = 1.0f / total;
             std::fill(out, out + D_, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * inv, out);
           } else {  // partial statistics, normalised after the combine
             float* st = s.stats.data() + (r * nh_ + h) * SW;
             st[0] = mx;
-            st[1] = cnt > 0 ? kernels::detail::hsum(sum) : 0.0f;
+            st[1] = total;
             std::fill(st + 2, st + SW, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj], st + 2);
           }
