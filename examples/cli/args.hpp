@@ -3,6 +3,8 @@
 // them, so a typo never silently falls back to a default. A word that is not a flag's value
 // is a positional argument; only commands that ask for positional() accept them (elsewhere
 // finish() rejects them, as before). Note "--flag word" always gives word to the flag.
+// A flag given twice is an error unless the command reads it with all() (as edl train's
+// repeatable --set), so a repeated flag never silently keeps only its last value.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,7 @@ class Args {
         values_[a] = "";
         switches_.insert(a);
       }
+      all_[a].push_back(values_[a]);
     }
   }
 
@@ -67,6 +70,14 @@ class Args {
     return v;
   }
 
+  /// Every value of a repeatable flag, in order (empty when absent).
+  std::vector<std::string> all(const std::string& flag) {
+    used_.insert(flag);
+    repeatable_.insert(flag);
+    auto it = all_.find(flag);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
+
   /// Arguments that are neither flags nor flag values, in order. Calling this accepts them.
   const std::vector<std::string>& positional() {
     positional_used_ = true;
@@ -80,12 +91,16 @@ class Args {
               "expected a flag starting with --, found \"", positional_.empty() ? "" : positional_.front(), "\"");
     for (const auto& [k, v] : values_)
       EDL_CHECK(used_.count(k), errc::invalid_argument, "edl " + command_, "unknown flag ", k);
+    for (const auto& [k, vs] : all_)
+      EDL_CHECK(vs.size() == 1 || repeatable_.count(k), errc::invalid_argument, "edl " + command_, "flag ", k,
+                " is given ", vs.size(), " times; it takes one value");
   }
 
  private:
   std::string command_;
   std::map<std::string, std::string> values_;
-  std::set<std::string> switches_, used_;
+  std::map<std::string, std::vector<std::string>> all_;
+  std::set<std::string> switches_, used_, repeatable_;
   std::vector<std::string> positional_;
   bool positional_used_ = false;
 };

@@ -3,6 +3,7 @@
 //
 //   edl bench train --config tiny|small|gqa1b|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
 //                   [--remat everything_saveable|nothing_saveable|dots_saveable|dots_with_no_batch_dims_saveable]
+//                   [--param-dtype float32|bfloat16]
 //
 // --config names a preset (random weights from Key seed 0, initializer_range) or a HF folder
 // (weights loaded). Tokens are uniform random ids (seed 0); labels = tokens (HF shift). One
@@ -13,7 +14,9 @@
 // process's peak resident set (VmHWM of /proc/self/status; 0 where unavailable), so it includes
 // everything the process ever held, not only the model. flops_per_token = 3 x forward FLOPs
 // (matmul-like work, multiply-add = 2, attention pairs counted causally) / tokens; gflops =
-// flops_per_token x tokens_per_s / 1e9.
+// flops_per_token x tokens_per_s / 1e9. --param-dtype bfloat16 runs the step of the trainer's
+// mixed precision (BF16ParamsPolicy: bf16 weights; f32 gradients, activations and
+// accumulation), the weights rounded from the same f32 initialization.
 #pragma once
 
 #include <algorithm>
@@ -64,7 +67,11 @@ inline int cmd_bench_train(Args& args) {
   const std::int64_t steps = args.integer("--steps", 3);
   const std::string remat_name = args.str("--remat", "everything_saveable");
   const MeshDims mesh = mesh_flag(args);
+  const std::string param_dtype = args.str("--param-dtype", "float32");
   args.finish();
+  const bool bf16 = param_dtype == "bfloat16" || param_dtype == "bf16";
+  EDL_CHECK(bf16 || param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::invalid_argument,
+            "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
   {
     std::string valid;
     for (const char* n : remat::runtime_names) valid += (valid.empty() ? "" : ", ") + std::string(n);
@@ -78,34 +85,46 @@ inline int cmd_bench_train(Args& args) {
   create_mesh(mesh);  // invalid mesh sizes fail before the model is built
 
   exec::set_num_threads(static_cast<int>(threads));
-  models::LlamaForCausalLM<> model;
+  models::LlamaForCausalLM<> f32_model;
   std::error_code ec;
   if (std::filesystem::is_directory(config, ec)) {
-    model = models::from_pretrained<>(config);
+    f32_model = models::from_pretrained<>(config);
   } else {
-    model = models::LlamaForCausalLM<>(models::LlamaConfig::preset(config));
-    models::init(model, Key::from_seed(0));
+    f32_model = models::LlamaForCausalLM<>(models::LlamaConfig::preset(config));
+    models::init(f32_model, Key::from_seed(0));
   }
-  const std::int64_t V = model.config().vocab_size, T = batch * seq;
+  const std::int64_t V = f32_model.config().vocab_size, T = batch * seq;
   std::mt19937_64 gen(0);
   std::vector<std::int64_t> ids(static_cast<std::size_t>(T));
   for (auto& v : ids) v = static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(V));
   const nn::TokenLayout layout{batch, seq};
+  const double flops_per_token = 3.0 * f32_model.flops_forward(batch, seq) / static_cast<double>(T);
+  const auto params = models::parameter_count(f32_model);
 
-  auto step = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Median seconds of `steps` timed steps after one warm-up step (gradient buffers, page
+  // faults, thread pool).
+  auto time_steps = [&](auto& model) {
+    auto step = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    step();
+    std::vector<double> times;
+    for (std::int64_t s = 0; s < steps; ++s) times.push_back(step());
+    std::sort(times.begin(), times.end());
+    const std::size_t n = times.size();
+    return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
   };
-  step();  // warm-up: gradient buffers, page faults, thread pool
-  std::vector<double> times;
-  for (std::int64_t s = 0; s < steps; ++s) times.push_back(step());
+  double sec = 0;
+  if (bf16) {
+    auto model = models::to_dtype<BF16ParamsPolicy>(f32_model);
+    f32_model = models::LlamaForCausalLM<>();  // only the bf16 copy stays resident
+    sec = time_steps(model);
+  } else {
+    sec = time_steps(f32_model);
+  }
   exec::set_num_threads(0);
-  std::sort(times.begin(), times.end());
-  const std::size_t n = times.size();
-  const double sec = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-
-  const double flops_per_token = 3.0 * model.flops_forward(batch, seq) / static_cast<double>(T);
   const double tps = static_cast<double>(T) / sec;
   const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
   nlohmann::ordered_json j;
@@ -114,11 +133,12 @@ inline int cmd_bench_train(Args& args) {
   j["seq"] = seq;
   j["threads"] = threads;
   j["remat"] = remat_name;
+  j["param_dtype"] = bf16 ? "bfloat16" : "float32";
   j["mesh"] = mesh_json(mesh);
   j["tokens_per_s"] = round2(tps);
   j["ms_per_step"] = round2(sec * 1e3);
   j["peak_bytes"] = peak_rss_bytes();
-  j["params"] = models::parameter_count(model);
+  j["params"] = params;
   j["flops_per_token"] = std::round(flops_per_token);
   j["gflops"] = round2(flops_per_token * tps / 1e9);
   std::cout << j.dump() << "\n";

@@ -67,7 +67,7 @@ inline int cmd_train(Args& args) {
   const std::string path = args.has("--args") ? args.required("--args") : args.required("--config");
   const std::string resume = args.has("--resume") ? args.required("--resume") : "";
   std::vector<std::string> overrides;
-  if (args.has("--set")) overrides.push_back(args.str("--set", ""));
+  for (const auto& s : args.all("--set")) overrides.push_back(s);  // --set a=1 b=2, or --set a=1 --set b=2
   for (const auto& p : args.positional()) overrides.push_back(p);
   args.finish();
 

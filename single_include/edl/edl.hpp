@@ -10081,6 +10081,7 @@ class ShardedOptimizer {
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -10535,6 +10536,46 @@ static_assert(KVCache<PagedKVCache>);
 
 }  // namespace edl::generate
 // end of edl/generate/kv_cache.hpp
+// // #include <edl/generate/rope_table.hpp> (inlined above)
+// edl/generate/rope_table.hpp: the rotary cos/sin of every position a KV cache can hold,
+// computed once when a decoder is built, and the in-place rotation of one token's heads.
+//
+// The tables and the rotation are nn::RotaryEmbedding's (HF inv_freq from the config's
+// rope_theta and rope_scaling, angle = position x inv_freq in double, rounded to f32 once),
+// so a decoder's q and k equal the full forward's. Both decoders (generate/decoder.hpp on one device,
+// generate/sharded_decoder.hpp on a mesh) use this one table.
+
+#include <cstdint>
+#include <vector>
+
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
+// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/rotary.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+class RopeTable {
+ public:
+  RopeTable() = default;
+  /// Positions 0 .. positions-1 of the model described by `c`.
+  RopeTable(const models::LlamaConfig& c, std::int64_t positions)
+      : rot_(c.head_size(), models::rope_config(c)), half_(c.head_size() / 2) {
+    rot_.tables(nn::TokenLayout{1, positions}, cos_, sin_);
+  }
+
+  /// Rotates `heads` consecutive heads of head_dim floats at x, one token at position `pos`.
+  void rotate(float* x, std::int64_t pos, std::int64_t heads) const {
+    rot_.apply(x, 1, heads, cos_.data() + pos * half_, sin_.data() + pos * half_);
+  }
+
+ private:
+  nn::RotaryEmbedding rot_;
+  std::int64_t half_ = 0;
+  std::vector<float> cos_, sin_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/rope_table.hpp
 // #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
@@ -10642,6 +10683,37 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
   }
 }
 
+/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
+/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
+/// decoders' attention starts here; they differ in how the sum is combined.
+template <class View>
+inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
+                                                  float scale, float* sc) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const float v = scale * view.dot_k(j0 + j, q);
+    sc[j] = v;
+    mx = std::max(mx, v);
+  }
+  if (cnt <= 0) return {mx, 0.0f};
+  const fbatch mb(mx);
+  fbatch sum(0.f);
+  std::int64_t j = 0;
+  for (; j + Wd <= cnt; j += Wd) {
+    const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+    e.store_unaligned(sc + j);
+    sum += e;
+  }
+  if (j < cnt) {
+    const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+    kernels::detail::store_partial(sc + j, e, cnt - j);
+    sum += e;
+  }
+  return {mx, kernels::detail::hsum(sum)};
+}
+
 }  // namespace detail
 
 template <class Pol, KVCache Cache>
@@ -10667,26 +10739,7 @@ class Decoder {
     nkv_ = cfg_.num_key_value_heads;
     D_ = cfg_.head_size();
     window_ = cfg_.attention_window().value_or(0);
-    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2, P = s.max_length;
-    cos_.resize(static_cast<std::size_t>(P * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, s.max_length);
     ensure_rows(s.batch);
   }
 
@@ -10848,25 +10901,10 @@ class Decoder {
   }
 
   void rope(float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* s = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i] + a * s[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
@@ -10881,26 +10919,7 @@ class Decoder {
           float* sc = scores_.data() + t * P;
           const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
           const std::int64_t cnt = row.pos + 1 - j0;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float s = scale * view.dot_k(j0 + j, q);
-            sc[j] = s;
-            mx = std::max(mx, s);
-          }
-          const fbatch mb(mx);
-          fbatch sum(0.f);
-          std::int64_t j = 0;
-          for (; j + Wd <= cnt; j += Wd) {
-            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-            e.store_unaligned(sc + j);
-            sum += e;
-          }
-          if (j < cnt) {
-            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-            kernels::detail::store_partial(sc + j, e, cnt - j);
-            sum += e;
-          }
-          const float inv = 1.0f / kernels::detail::hsum(sum);
+          const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);
           for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
         }
@@ -10912,7 +10931,7 @@ class Decoder {
   Cache& cache_;
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
-  std::vector<float> cos_, sin_;
+  RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_;
@@ -12009,6 +12028,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // end of edl/generate/generate.hpp
 // #include <edl/generate/generation_config.hpp> (inlined above)
 // #include <edl/generate/kv_cache.hpp> (inlined above)
+// #include <edl/generate/rope_table.hpp> (inlined above)
 // #include <edl/generate/sampling.hpp> (inlined above)
 // #include <edl/generate/sharded_decoder.hpp>
 // edl/generate/sharded_decoder.hpp
@@ -12068,6 +12088,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/generate/decoder.hpp> (inlined above)
 // #include <edl/generate/kv_cache.hpp> (inlined above)
+// #include <edl/generate/rope_table.hpp> (inlined above)
 // #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
@@ -12247,26 +12268,7 @@ class ShardedDecoder {
     I_ = local_cfg_.intermediate_size;
     window_ = cfg_.attention_window().value_or(0);
     len_.assign(static_cast<std::size_t>(B_), 0);
-    // Rope tables for every position (the Decoder's: HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2;
-    cos_.resize(static_cast<std::size_t>(P_ * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P_; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, P_);
   }
 
   static bool row_parallel(const std::string& name) {
@@ -12493,27 +12495,12 @@ class ShardedDecoder {
   }
 
   void rope(const DeviceState& s, float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = s.rows[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* sn = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * sn[i];
-          v[i + half] = b * c[i] + a * sn[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, s.rows[static_cast<std::size_t>(r)].pos, heads);
   }
 
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp, sr = s.sp_rank;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
@@ -12532,36 +12519,16 @@ class ShardedDecoder {
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float v = scale * view.dot_k(jlo + j, q);
-            sc[j] = v;
-            mx = std::max(mx, v);
-          }
-          fbatch sum(0.f);
-          if (cnt > 0) {
-            const fbatch mb(mx);
-            std::int64_t j = 0;
-            for (; j + Wd <= cnt; j += Wd) {
-              const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-              e.store_unaligned(sc + j);
-              sum += e;
-            }
-            if (j < cnt) {
-              const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-              kernels::detail::store_partial(sc + j, e, cnt - j);
-              sum += e;
-            }
-          }
+          const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
           if (sp == 1) {  // the Decoder's normalisation, unchanged
             float* out = s.ctx.data() + r * nh_ * D_ + h * D_;
-            const float inv = 1.0f / kernels::detail::hsum(sum);
+            const float inv = 1.0f / total;
             std::fill(out, out + D_, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * inv, out);
           } else {  // partial statistics, normalised after the combine
             float* st = s.stats.data() + (r * nh_ + h) * SW;
             st[0] = mx;
-            st[1] = cnt > 0 ? kernels::detail::hsum(sum) : 0.0f;
+            st[1] = total;
             std::fill(st + 2, st + SW, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj], st + 2);
           }
@@ -12595,7 +12562,8 @@ class ShardedDecoder {
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
-  std::vector<float> cos_, sin_, last_out_;
+  RopeTable rope_;
+  std::vector<float> last_out_;
   std::vector<std::int64_t> len_, need_;
   std::vector<Row> rows_;
   std::vector<std::unique_ptr<DeviceState>> dev_;
@@ -14532,6 +14500,172 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 
 }  // namespace edl::train
 // end of edl/train/report.hpp
+// #include <edl/train/state.hpp>
+// edl/train/state.hpp: the training state as one value (EasyDeL's EasyDeLState): the step,
+// the model's parameters and the optimizer state, with apply_gradients, shard_state /
+// gather_state, its size in bytes and save_state / load_state. For users who write their own
+// loop instead of running the Trainer:
+//
+//   auto st = train::TrainingState<>::create(std::move(model), {.kind = optim::OptimizerKind::adamw});
+//   optim::zero_grad(st.model);
+//   st.model.forward_backward(ids, layout, labels);       // gradients into Param::grad
+//   st.apply_gradients(schedule.lr_at(st.step), 1.0);      // clip at 1.0, one AdamW step, step += 1
+//   st.save_state("ckpt/checkpoint-100");                  // atomic; from_pretrained loads it
+//
+//   auto sh = st.shard_state(create_mesh({1, 2, 1, 1}));   // fsdp=2: parameters and optimizer
+//   sh.model->zero_grad();                                 // state split (ZeRO), see
+//   sh.model->loss_and_grads(tokens, labels, B, S);        // optim/sharded_optimizer.hpp
+//   sh.apply_gradients(lr, 1.0);
+//   auto back = sh.gather_state();                         // the one-device state again
+//
+// The same state on a mesh and on one device follows the same trajectory within f32 rounding
+// (the mesh's reductions run in another order). save_state writes the Trainer's checkpoint
+// layout (train/checkpoint.hpp: config.json, model.safetensors, optimizer.safetensors,
+// state.json), so a TrainingState saved here resumes a Trainer run and the other way round.
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+// #include <edl/optim/clip.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/optim/sharded_optimizer.hpp> (inlined above)
+// #include <edl/train/checkpoint.hpp> (inlined above)
+
+namespace edl::train {
+
+/// Bytes a training state holds (on one device, or on device d of a mesh).
+struct StateBytes {
+  std::int64_t parameters = 0;  // in the parameter dtype
+  std::int64_t gradients = 0;   // f32
+  std::int64_t optimizer = 0;   // f32 slots (and f32 master weights for bf16 parameters)
+  std::int64_t total() const noexcept { return parameters + gradients + optimizer; }
+};
+
+template <PolicyLike Pol>
+struct ShardedTrainingState;
+
+/// Step, model and optimizer of a one-device run.
+template <PolicyLike Pol = DefaultPolicy>
+struct TrainingState {
+  using Model = models::LlamaForCausalLM<Pol>;
+
+  std::int64_t step = 0;  // optimizer updates applied
+  Model model;
+  optim::Optimizer optimizer;
+
+  /// Step 0 of `model` with an empty optimizer of options `o` (its slots appear at the first update).
+  static TrainingState create(Model model, optim::OptimizerOptions o) {
+    return TrainingState{0, std::move(model), optim::Optimizer(o)};
+  }
+
+  /// One update from the gradients in the model's Param::grad: global-norm clipping to
+  /// `max_norm` (<= 0: none), then the optimizer at learning rate `lr`; step += 1. Returns the
+  /// gradient norm before clipping. A non-finite norm is an error and changes nothing.
+  double apply_gradients(double lr, double max_norm = 0.0) {
+    const double norm = optim::clip_by_global_norm(model, max_norm);
+    EDL_CHECK(std::isfinite(norm), errc::invalid_argument, "TrainingState::apply_gradients",
+              "the gradient norm is ", norm, " at step ", step, "; the parameters were not updated");
+    optimizer.step(model, lr);
+    ++step;
+    return norm;
+  }
+
+  /// Parameters, gradients (allocated or not) and optimizer state.
+  StateBytes size_bytes() const {
+    StateBytes b;
+    const_cast<Model&>(model).visit_params("", [&](std::string_view, auto& p) {
+      b.parameters += p.numel() * static_cast<std::int64_t>(sizeof(*p.data()));
+      if (p.has_grad()) b.gradients += p.numel() * static_cast<std::int64_t>(sizeof(float));
+    });
+    b.optimizer = optimizer.state_bytes();
+    return b;
+  }
+
+  /// The state on `mesh`: parameters split by the Llama partition rules, the optimizer state
+  /// like the parameters it belongs to (ZeRO), the step carried over.
+  ShardedTrainingState<Pol> shard_state(const DefaultMesh& mesh) const;
+
+  /// Writes a checkpoint folder atomically (train::save_state; a crash leaves no partial folder).
+  void save_state(const std::string& dir, const CheckpointHooks& hooks = {}) const {
+    TrainState s;
+    s.step = step;
+    train::save_state(dir, const_cast<Model&>(model), optimizer, s, nullptr, hooks);
+  }
+
+  /// Reads a checkpoint folder written by save_state or by the Trainer; errors name the
+  /// folder and what is missing. `o` gives the optimizer kind and hyperparameters (the
+  /// checkpoint holds only its slots).
+  static TrainingState load_state(const std::string& dir, optim::OptimizerOptions o) {
+    namespace fs = std::filesystem;
+    EDL_CHECK(fs::exists(fs::path(dir) / "config.json"), errc::io, dir,
+              "not a checkpoint folder: config.json is missing");
+    Model m(models::LlamaConfig::from_file((fs::path(dir) / "config.json").string()));
+    optim::Optimizer opt(o);
+    const TrainState s = train::load_state(dir, m, opt);
+    return TrainingState{s.step, std::move(m), std::move(opt)};
+  }
+};
+
+/// Step, model and optimizer split over a mesh (models::ShardedLlama, optim::ShardedOptimizer).
+template <PolicyLike Pol>
+struct ShardedTrainingState {
+  using ShardedModel = models::ShardedLlama<Pol>;
+
+  std::int64_t step = 0;
+  std::unique_ptr<ShardedModel> model;
+  std::unique_ptr<optim::ShardedOptimizer<ShardedModel>> optimizer;
+
+  /// As TrainingState::apply_gradients, on every device's blocks; the norm is the mesh-wide one.
+  double apply_gradients(double lr, double max_norm = 0.0) {
+    const double norm = optimizer->clip_by_global_norm(*model, max_norm);
+    EDL_CHECK(std::isfinite(norm), errc::invalid_argument, "ShardedTrainingState::apply_gradients",
+              "the gradient norm is ", norm, " at step ", step, "; the parameters were not updated");
+    optimizer->step(*model, lr);
+    ++step;
+    return norm;
+  }
+
+  /// Bytes device `d` holds: its parameter blocks, their gradients (once allocated) and its
+  /// optimizer slots. Summed over an fsdp axis this is the one-device size.
+  StateBytes size_bytes(std::int64_t d) const {
+    StateBytes b;
+    b.parameters = model->param_bytes(d);
+    if (model->has_grads())
+      for (const auto& n : model->names())
+        b.gradients += static_cast<std::int64_t>(model->grad(n).local(d).size() * sizeof(float));
+    b.optimizer = optimizer->state_bytes(d);
+    return b;
+  }
+
+  /// The one-device state (every process of a multi-process mesh calls it).
+  TrainingState<Pol> gather_state() const {
+    return TrainingState<Pol>{step, model->gather_model(), optimizer->gather(*model)};
+  }
+};
+
+template <PolicyLike Pol>
+ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mesh) const {
+  ShardedTrainingState<Pol> s;
+  s.step = step;
+  s.model = std::make_unique<models::ShardedLlama<Pol>>(model, mesh);
+  s.optimizer = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(optimizer.options(), *s.model);
+  s.optimizer->load(optimizer, *s.model);
+  return s;
+}
+
+}  // namespace edl::train
+// end of edl/train/state.hpp
 // #include <edl/train/tokenizer.hpp> (inlined above)
 // #include <edl/train/trainer.hpp>
 // edl/train/trainer.hpp

@@ -24,6 +24,14 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 losses() { grep -o '"step":[0-9]*,"epoch":[0-9]*,"loss":[^,]*' "$1" | grep -E '"step":[4-6],'; }
 
 "$EDL" train --config "$W/args.json" --set "save_directory=$W/a" >"$W/a.json"
+# --set repeats (each override applies) and sits beside positional key=value overrides.
+"$EDL" train --config "$W/args.json" --set "save_directory=$W/r" --set max_training_steps=4 log_steps=3 >"$W/r.json"
+grep -q '"steps":4,' "$W/r.json" || fail "a repeated --set was not applied: $(cat "$W/r.json")"
+[ "$(grep -c '"loss":' "$W/r/metrics.jsonl")" -eq 3 ] || fail "log_steps=3 (steps 1, 3, 4 logged) was not applied"
+if "$EDL" eval --model "$W/a/checkpoint-3" --data "$W/eval.txt" --batch 2 --batch 4 2>"$W/err.txt"; then
+  fail "a flag given twice was accepted"
+fi
+grep -q "given 2 times" "$W/err.txt" || fail "unclear repeated-flag error: $(cat "$W/err.txt")"
 "$EDL" train --config "$W/args.json" --resume "$W/a/checkpoint-3" --set "save_directory=$W/b" >"$W/b.json"
 grep -q '"resumed":true' "$W/b.json" || fail "the second run did not resume"
 [ "$(losses "$W/a/metrics.jsonl")" = "$(losses "$W/b/metrics.jsonl")" ] || fail "resumed losses differ"

@@ -11,6 +11,7 @@
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
+#include "small_llama.hpp"
 
 using namespace edl;
 using namespace edl::generate;
@@ -19,41 +20,9 @@ using models::LlamaForCausalLM;
 
 namespace {
 
-LlamaConfig small_config(const std::string& variant = "") {
-  LlamaConfig c;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5;
-  if (variant == "bias") c.attention_bias = true, c.mlp_bias = true;
-  if (variant == "llama3") {
-    models::RopeScaling r;
-    r.rope_type = "llama3";
-    r.factor = 8;
-    r.low_freq_factor = 1;
-    r.high_freq_factor = 4;
-    r.original_max_position_embeddings = 16;
-    c.rope_scaling = r;
-  }
-  if (variant == "window") c.model_type = "mistral", c.sliding_window = 5;
-  if (variant == "tied") c.tie_word_embeddings = true;
-  if (variant == "mha") c.num_key_value_heads = 4;
-  c.validate();
-  return c;
-}
+LlamaConfig small_config(const std::string& variant = "") { return test_support::small_llama(50, 64, variant); }
+using test_support::random_ids;
 
-std::vector<std::int64_t> random_ids(std::int64_t n, std::int64_t V, std::uint32_t seed) {
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    ids[static_cast<std::size_t>(i)] =
-        static_cast<std::int64_t>(uniform_at(Key::from_seed(seed), static_cast<std::uint64_t>(i)) * static_cast<float>(V)) % V;
-  return ids;
-}
 
 template <class Pol>
 std::vector<float> full_logits(const LlamaForCausalLM<Pol>& m, const std::vector<std::int64_t>& ids) {

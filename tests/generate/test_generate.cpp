@@ -15,6 +15,7 @@
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
+#include "small_llama.hpp"
 
 using namespace edl::generate;
 using edl::Key;
@@ -57,20 +58,7 @@ const Tiny* tiny() {
   return t;
 }
 
-LlamaConfig small_config() {
-  LlamaConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 32;
-  c.eos_token_id = {};
-  c.validate();
-  return c;
-}
+LlamaConfig small_config() { return test_support::small_llama(40, 32, "no_eos"); }
 
 GenerationConfig greedy(std::int64_t n, const LlamaConfig& c) {
   auto g = GenerationConfig::from_model_config(c);

@@ -561,6 +561,47 @@ TEST(Trainer, Bf16ResumeIsBitIdentical) {
   for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
 }
 
+TEST(Trainer, Bf16OnMeshesFollowsOneDevice) {
+  // Mixed precision on fsdp=2 (ZeRO: each device keeps the f32 master of its block) and tp=2
+  // gives the one-device bf16 run's losses and weights: the bf16 rounding happens after the
+  // same f32 update, so only the mesh's f32 reduction order differs.
+  auto data = random_data(10, 16, 64, 5, true);
+  using Dims = std::vector<std::int64_t>;
+  const std::vector<Dims> meshes = {{1, 1, 1, 1}, {1, 2, 1, 1}, {1, 1, 2, 1}};
+  const auto start = models::to_dtype<BF16ParamsPolicy>(make_model());
+  std::vector<std::vector<double>> ls;
+  std::vector<std::vector<float>> ws;
+  for (const auto& dims : meshes) {
+    TempDir d("bf16_mesh" + std::to_string(ls.size()));
+    auto args = base_args(d.str());
+    args.param_dtype = "bfloat16";
+    args.sharding_axis_dims = dims;
+    BF16Trainer t(args, start, std::nullopt, data);
+    EXPECT_EQ(t.mesh_devices(), dims[0] * dims[1] * dims[2] * dims[3]);
+    t.train();
+    ls.push_back(losses(read_metrics(d.str())));
+    std::vector<float> v;
+    t.model().visit_params("", [&](std::string_view, auto& p) {
+      for (std::int64_t i = 0; i < p.numel(); ++i) v.push_back(to_f32(p.data()[i]));
+    });
+    ws.push_back(v);
+  }
+  for (std::size_t k = 1; k < meshes.size(); ++k) {
+    SCOPED_TRACE("mesh " + std::to_string(k));
+    ASSERT_EQ(ls[k].size(), ls[0].size());
+    for (std::size_t i = 0; i < ls[0].size(); ++i)
+      EXPECT_NEAR(ls[k][i], ls[0][i], 1e-5 * std::abs(ls[0][i])) << "step " << i + 1;
+    // A reduction-order difference may flip a bf16 rounding: one bf16 ulp (2^-8 relative; near
+    // zero, where the update itself dominates, a small absolute amount).
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < ws[0].size(); ++i) {
+      EXPECT_LE(std::fabs(ws[k][i] - ws[0][i]), std::fabs(ws[0][i]) / 128.0f + 1e-6f) << i;
+      differ += ws[k][i] != ws[0][i];
+    }
+    EXPECT_LT(differ, ws[0].size() / 100) << "weights differing from one device";
+  }
+}
+
 TEST(Trainer, Bf16ParamDtypeIsChecked) {
   auto data = random_data(8, 16, 64, 1);
   TempDir d("dtype_bad");

@@ -8,6 +8,7 @@
 #include <edl/generate/generate.hpp>
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/generate/rope_table.hpp>
 #include <edl/generate/sampling.hpp>
 #include <edl/generate/sharded_decoder.hpp>
 #include <edl/generate/sharded_generate.hpp>

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -34,6 +35,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/generate/rope_table.hpp>
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/detail/simd.hpp>
 #include <edl/kernels/elementwise.hpp>
@@ -141,6 +143,37 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
   }
 }
 
+/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
+/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
+/// decoders' attention starts here; they differ in how the sum is combined.
+template <class View>
+inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
+                                                  float scale, float* sc) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const float v = scale * view.dot_k(j0 + j, q);
+    sc[j] = v;
+    mx = std::max(mx, v);
+  }
+  if (cnt <= 0) return {mx, 0.0f};
+  const fbatch mb(mx);
+  fbatch sum(0.f);
+  std::int64_t j = 0;
+  for (; j + Wd <= cnt; j += Wd) {
+    const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
+    e.store_unaligned(sc + j);
+    sum += e;
+  }
+  if (j < cnt) {
+    const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+    kernels::detail::store_partial(sc + j, e, cnt - j);
+    sum += e;
+  }
+  return {mx, kernels::detail::hsum(sum)};
+}
+
 }  // namespace detail
 
 template <class Pol, KVCache Cache>
@@ -166,26 +199,7 @@ class Decoder {
     nkv_ = cfg_.num_key_value_heads;
     D_ = cfg_.head_size();
     window_ = cfg_.attention_window().value_or(0);
-    // Rope tables for every position the cache can hold (HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2, P = s.max_length;
-    cos_.resize(static_cast<std::size_t>(P * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, s.max_length);
     ensure_rows(s.batch);
   }
 
@@ -347,25 +361,10 @@ class Decoder {
   }
 
   void rope(float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = rows_[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* s = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * s[i];
-          v[i + half] = b * c[i] + a * s[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
   void attention(std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
@@ -380,26 +379,7 @@ class Decoder {
           float* sc = scores_.data() + t * P;
           const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
           const std::int64_t cnt = row.pos + 1 - j0;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float s = scale * view.dot_k(j0 + j, q);
-            sc[j] = s;
-            mx = std::max(mx, s);
-          }
-          const fbatch mb(mx);
-          fbatch sum(0.f);
-          std::int64_t j = 0;
-          for (; j + Wd <= cnt; j += Wd) {
-            const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-            e.store_unaligned(sc + j);
-            sum += e;
-          }
-          if (j < cnt) {
-            const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-            kernels::detail::store_partial(sc + j, e, cnt - j);
-            sum += e;
-          }
-          const float inv = 1.0f / kernels::detail::hsum(sum);
+          const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);
           for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
         }
@@ -411,7 +391,7 @@ class Decoder {
   Cache& cache_;
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
-  std::vector<float> cos_, sin_;
+  RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_;

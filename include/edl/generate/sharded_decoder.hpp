@@ -56,6 +56,7 @@
 #include <edl/core/exec.hpp>
 #include <edl/generate/decoder.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/generate/rope_table.hpp>
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/detail/simd.hpp>
 #include <edl/kernels/elementwise.hpp>
@@ -235,26 +236,7 @@ class ShardedDecoder {
     I_ = local_cfg_.intermediate_size;
     window_ = cfg_.attention_window().value_or(0);
     len_.assign(static_cast<std::size_t>(B_), 0);
-    // Rope tables for every position (the Decoder's: HF inv_freq, double angles).
-    nn::RopeConfig rc;
-    rc.theta = cfg_.rope_theta;
-    if (cfg_.rope_scaling && cfg_.rope_scaling->rope_type != "default") {
-      rc.type = cfg_.rope_scaling->rope_type;
-      rc.factor = cfg_.rope_scaling->factor;
-      rc.low_freq_factor = cfg_.rope_scaling->low_freq_factor;
-      rc.high_freq_factor = cfg_.rope_scaling->high_freq_factor;
-      rc.original_max_position_embeddings = static_cast<double>(cfg_.rope_scaling->original_max_position_embeddings);
-    }
-    const std::vector<double> inv = nn::RotaryEmbedding::compute_inv_freq(D_, rc);
-    const std::int64_t half = D_ / 2;
-    cos_.resize(static_cast<std::size_t>(P_ * half));
-    sin_.resize(cos_.size());
-    for (std::int64_t p = 0; p < P_; ++p)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(p) * inv[static_cast<std::size_t>(i)];
-        cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    rope_ = RopeTable(cfg_, P_);
   }
 
   static bool row_parallel(const std::string& name) {
@@ -481,27 +463,12 @@ class ShardedDecoder {
   }
 
   void rope(const DeviceState& s, float* x, std::int64_t n, std::int64_t heads) const {
-    const std::int64_t half = D_ / 2, width = heads * D_;
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t pos = s.rows[static_cast<std::size_t>(r)].pos;
-      const float* c = cos_.data() + pos * half;
-      const float* sn = sin_.data() + pos * half;
-      for (std::int64_t h = 0; h < heads; ++h) {
-        float* v = x + r * width + h * D_;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float a = v[i], b = v[i + half];
-          v[i] = a * c[i] - b * sn[i];
-          v[i + half] = b * c[i] + a * sn[i];
-        }
-      }
-    }
+    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, s.rows[static_cast<std::size_t>(r)].pos, heads);
   }
 
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
     const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp, sr = s.sp_rank;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
@@ -520,36 +487,16 @@ class ShardedDecoder {
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
-          float mx = -std::numeric_limits<float>::infinity();
-          for (std::int64_t j = 0; j < cnt; ++j) {
-            const float v = scale * view.dot_k(jlo + j, q);
-            sc[j] = v;
-            mx = std::max(mx, v);
-          }
-          fbatch sum(0.f);
-          if (cnt > 0) {
-            const fbatch mb(mx);
-            std::int64_t j = 0;
-            for (; j + Wd <= cnt; j += Wd) {
-              const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-              e.store_unaligned(sc + j);
-              sum += e;
-            }
-            if (j < cnt) {
-              const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-              kernels::detail::store_partial(sc + j, e, cnt - j);
-              sum += e;
-            }
-          }
+          const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
           if (sp == 1) {  // the Decoder's normalisation, unchanged
             float* out = s.ctx.data() + r * nh_ * D_ + h * D_;
-            const float inv = 1.0f / kernels::detail::hsum(sum);
+            const float inv = 1.0f / total;
             std::fill(out, out + D_, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * inv, out);
           } else {  // partial statistics, normalised after the combine
             float* st = s.stats.data() + (r * nh_ + h) * SW;
             st[0] = mx;
-            st[1] = cnt > 0 ? kernels::detail::hsum(sum) : 0.0f;
+            st[1] = total;
             std::fill(st + 2, st + SW, 0.0f);
             for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj], st + 2);
           }
@@ -583,7 +530,8 @@ class ShardedDecoder {
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
-  std::vector<float> cos_, sin_, last_out_;
+  RopeTable rope_;
+  std::vector<float> last_out_;
   std::vector<std::int64_t> len_, need_;
   std::vector<Row> rows_;
   std::vector<std::unique_ptr<DeviceState>> dev_;

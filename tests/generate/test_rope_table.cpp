@@ -1,0 +1,58 @@
+// Tests for edl/generate/rope_table.hpp: rotating one token at a time from the table equals
+// the full forward's rotary embedding of the whole sequence, with and without rope_scaling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include <edl/generate/rope_table.hpp>
+
+namespace edl::generate {
+namespace {
+
+TEST(RopeTable, OneTokenAtATimeEqualsTheSequenceRotation) {
+  for (const bool llama3 : {false, true}) {
+    SCOPED_TRACE(llama3 ? "llama3 scaling" : "default");
+    models::LlamaConfig c = models::LlamaConfig::preset("tiny");
+    if (llama3) {
+      c.rope_scaling = models::RopeScaling{};
+      c.rope_scaling->rope_type = "llama3";
+      c.rope_scaling->factor = 8.0;
+      c.rope_scaling->low_freq_factor = 1.0;
+      c.rope_scaling->high_freq_factor = 4.0;
+      c.rope_scaling->original_max_position_embeddings = 64;
+    }
+    const std::int64_t P = 40, heads = 3, D = c.head_size();
+    std::mt19937 gen(7);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(static_cast<std::size_t>(P * heads * D));
+    for (float& v : x) v = nd(gen);
+    // Reference: the model's rotary embedding over positions 0..P-1 at once.
+    nn::RotaryEmbedding rot(D, models::rope_config(c));
+    std::vector<float> cos, sin, ref = x;
+    rot.tables(nn::TokenLayout{1, P}, cos, sin);
+    rot.apply(ref.data(), P, heads, cos.data(), sin.data());
+    const RopeTable table(c, P);
+    std::vector<float> got = x;
+    for (std::int64_t p = P - 1; p >= 0; --p) table.rotate(got.data() + p * heads * D, p, heads);  // any order
+    EXPECT_EQ(got, ref);
+    // Position 0 is the identity; later positions move the vector.
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + heads * D, x.begin()));
+    EXPECT_NE(got[static_cast<std::size_t>(5 * heads * D)], x[static_cast<std::size_t>(5 * heads * D)]);
+    if (llama3) continue;
+    // Without scaling: the closed form, angle = p / theta^(2i/D), in double.
+    const std::int64_t half = D / 2;
+    for (std::int64_t p = 0; p < P; ++p)
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t i = 0; i < half; ++i) {
+          const double a = static_cast<double>(p) / std::pow(c.rope_theta, 2.0 * static_cast<double>(i) / static_cast<double>(D));
+          const std::size_t o = static_cast<std::size_t>((p * heads + h) * D + i);
+          const double x0 = x[o], x1 = x[o + static_cast<std::size_t>(half)];
+          EXPECT_NEAR(got[o], x0 * std::cos(a) - x1 * std::sin(a), 1e-5) << p << " " << h << " " << i;
+          EXPECT_NEAR(got[o + static_cast<std::size_t>(half)], x1 * std::cos(a) + x0 * std::sin(a), 1e-5);
+        }
+  }
+}
+
+}  // namespace
+}  // namespace edl::generate
