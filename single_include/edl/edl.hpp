@@ -6809,6 +6809,50 @@ class SafeTensorsFile {
     read_into<T>(name, std::span<T>(v));
     return v;
   }
+  /// Copies the block at `offset` of extent `block` of the tensor, viewed as a row-major
+  /// array of shape `shape` (the stored shape, or another of the same element count, e.g. a
+  /// 1-D optimizer slot seen as its parameter's matrix), into `out` (block's element count),
+  /// converting as read_into does. Only the block's bytes are touched, so a mesh device that
+  /// reads its shard of a memory-mapped file reads that shard from disk, not the tensor.
+  template <StorageType T>
+  void read_block(const std::string& name, std::span<const std::int64_t> shape, std::span<const std::int64_t> offset,
+                  std::span<const std::int64_t> block, std::span<T> out) const {
+    const TensorInfo& i = info(name);
+    const std::string where = detail::tensor_where(path(), name);
+    std::int64_t n = 1, bn = 1;
+    for (auto d : shape) n *= d;
+    EDL_CHECK(n == i.numel(), errc::shape_mismatch, where, "holds ", i.numel(), " elements ",
+              ::edl::detail::shape_str(i.shape), ", expected ", n, " ", ::edl::detail::shape_str(shape));
+    EDL_CHECK(offset.size() == shape.size() && block.size() == shape.size(), errc::invalid_argument, where,
+              "block of rank ", block.size(), " at an offset of rank ", offset.size(), " in a tensor of rank ", shape.size());
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      EDL_CHECK(offset[k] >= 0 && block[k] >= 0 && offset[k] + block[k] <= shape[k], errc::invalid_argument, where,
+                "block ", ::edl::detail::shape_str(block), " at ", ::edl::detail::shape_str(offset),
+                " reaches past the tensor's shape ", ::edl::detail::shape_str(shape), " in dimension ", k);
+      bn *= block[k];
+    }
+    EDL_CHECK(out.size() == static_cast<std::size_t>(bn), errc::shape_mismatch, where, "block ",
+              ::edl::detail::shape_str(block), " has ", bn, " elements, but the destination has ", out.size());
+    if (bn == 0) return;
+    const std::byte* base = bytes(name).data();
+    const std::size_t esize = dtype_size(i.dtype);
+    const std::size_t r = shape.size();
+    if (r == 0) return detail::convert_elements<T>(i.dtype, base, 1, out.data(), where);
+    std::vector<std::int64_t> stride(r, 1), idx(r, 0);
+    for (std::size_t k = r - 1; k-- > 0;) stride[k] = stride[k + 1] * shape[k + 1];
+    const std::int64_t row = block[r - 1], rows = bn / row;
+    for (std::int64_t q = 0; q < rows; ++q) {  // innermost runs are contiguous in the file
+      std::int64_t g = 0;
+      for (std::size_t k = 0; k < r; ++k) g += (offset[k] + idx[k]) * stride[k];
+      detail::convert_elements<T>(i.dtype, base + static_cast<std::size_t>(g) * esize, static_cast<std::size_t>(row),
+                                  out.data() + q * row, where);
+      for (std::size_t k = r - 1; k-- > 0;) {  // odometer over all but the last dimension
+        if (++idx[k] < block[k]) break;
+        idx[k] = 0;
+      }
+    }
+  }
+
   /// The tensor as an f32 array of its shape.
   xt::xarray<float> read_f32(const std::string& name) const {
     const TensorInfo& i = info(name);
@@ -9882,6 +9926,16 @@ class ShardedOptimizer {
   }
   /// The optimizer of one device (its slots are that device's blocks).
   const Optimizer& device(std::int64_t d) const { return per_device_.at(static_cast<std::size_t>(d)); }
+  /// Drops every device's state (step count 0), as before the first step.
+  void reset() {
+    for (auto& o : per_device_) o = Optimizer(opt_);
+    step_count_ = 0;
+  }
+  /// Sets one slot of device d: the values of its block of parameter `path` (loading a
+  /// checkpoint block by block).
+  void set_device_slot(std::int64_t d, const std::string& path, const std::string& slot, std::vector<float> v) {
+    per_device_.at(static_cast<std::size_t>(d)).set_slot(path, slot, std::move(v));
+  }
   /// Optimizer-state bytes device d holds.
   std::int64_t state_bytes(std::int64_t d) const { return device(d).state_bytes(); }
 
@@ -14500,6 +14554,139 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 
 }  // namespace edl::train
 // end of edl/train/report.hpp
+// #include <edl/train/sharded_load.hpp>
+// edl/train/sharded_load.hpp
+// Loading a training checkpoint straight into a sharded model and its ZeRO optimizer: each
+// process copies only the blocks of its own devices out of the memory-mapped files.
+//
+//   models::ShardedLlama<> sm(config_model, mesh);            // any mesh shape, any processes
+//   optim::ShardedOptimizer<models::ShardedLlama<>> so(options, sm);
+//   ShardedLoadStats st;
+//   TrainState s = load_sharded_state("out/checkpoint-300", sm, so, &st);
+//
+// The checkpoint holds whole tensors (model.safetensors, or the HF index of shards, and the
+// optimizer slots in optimizer.safetensors or the N parts of N saving processes; see
+// checkpoint.hpp), so it loads on any mesh shape: each device's block is the block at its
+// offset of the saved tensor, bit for bit (resharding is copying other blocks). Nothing is
+// gathered and no whole tensor is materialised: a process reads (and, the files being mapped,
+// pages in from disk) the blocks its devices hold and nothing else, so on fsdp=N ranks each
+// reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
+// they are never read there.
+//
+// load_state (checkpoint.hpp) is the one-device form: the whole model and optimizer state.
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+// #include <edl/optim/sharded_optimizer.hpp> (inlined above)
+// #include <edl/train/checkpoint.hpp> (inlined above)
+
+namespace edl::train {
+
+/// What one process read while loading (the bytes of the blocks its devices hold).
+struct ShardedLoadStats {
+  std::int64_t parameter_bytes_read = 0;  // from model.safetensors, in the file's dtype
+  std::int64_t optimizer_bytes_read = 0;  // from the optimizer file(s)
+  std::int64_t blocks_read = 0;           // blocks copied (one per local device per tensor)
+};
+
+namespace detail {
+
+/// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
+/// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+template <class T, class Model>
+std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::string& name,
+                               const ShardLayout& layout, const Model& m, T* const* block_data,
+                               std::int64_t* blocks_read) {
+  const auto& be = m.mesh().backend();
+  const auto& gs = layout.global_shape();
+  const auto& bs = layout.local_shape();
+  const std::size_t esize = dtype_size(file.info(name).dtype);
+  const std::int64_t n = layout.local_elements();
+  std::int64_t bytes = 0;
+  for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
+    T* out = block_data[d];
+    if (!be.is_local(d)) {
+      std::fill(out, out + n, T{});
+      continue;
+    }
+    const auto off = layout.offset(d);
+    file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
+    bytes += n * static_cast<std::int64_t>(esize);
+    ++*blocks_read;
+  }
+  return bytes;
+}
+
+}  // namespace detail
+
+/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
+/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
+/// with the model's shape, and every optimizer slot must belong to a parameter of the model
+/// and have its element count; errors name the file and tensor. Every process of a
+/// multi-process mesh calls it with the same arguments (no collective runs).
+template <class Pol>
+TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
+                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                              ShardedLoadStats* stats = nullptr) {
+  namespace fs = std::filesystem;
+  using T = typename Pol::param_t;
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  ShardedLoadStats st;
+  const std::int64_t D = model.mesh().size();
+
+  const auto weights = io::ShardedCheckpoint::open(dir);
+  for (const auto& name : model.names()) {
+    EDL_CHECK(weights.contains(name), errc::format, dir + " tensor " + name,
+              "missing: the model being loaded has this parameter");
+    auto& arr = model.param(name);
+    const ShardLayout& layout = arr.layout();
+    const auto& info = weights.info(name);
+    EDL_CHECK(info.shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(name) + " tensor " + name,
+              "has shape ", ::edl::detail::shape_str(info.shape), ", the model's parameter is ",
+              ::edl::detail::shape_str(layout.global_shape()));
+    std::vector<T*> blocks(static_cast<std::size_t>(D));
+    for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    st.parameter_bytes_read +=
+        detail::read_local_blocks<T>(weights.shard_of(name), name, layout, model, blocks.data(), &st.blocks_read);
+  }
+
+  opt.reset();
+  for (const std::string& path : optimizer_files(dir)) {
+    const auto f = io::SafeTensorsFile::open(path);
+    for (const auto& name : f.names()) {
+      const auto dot = name.rfind('.');
+      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name,
+                "\" is not named <path>.<slot>");
+      const std::string param = name.substr(0, dot), slot = name.substr(dot + 1);
+      const auto& names = model.names();
+      EDL_CHECK(std::find(names.begin(), names.end(), param) != names.end(), errc::format,
+                io::detail::tensor_where(path, name), "is the state of \"", param,
+                "\", which is not a parameter of the model being loaded");
+      const ShardLayout& layout = model.param(param).layout();
+      std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
+                                        std::vector<float>(static_cast<std::size_t>(layout.local_elements())));
+      std::vector<float*> blocks(static_cast<std::size_t>(D));
+      for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
+      st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
+      for (std::int64_t d = 0; d < D; ++d) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+    }
+  }
+  opt.set_step_count(s.optimizer_step_count);
+  if (stats) *stats = st;
+  return s;
+}
+
+}  // namespace edl::train
+// end of edl/train/sharded_load.hpp
 // #include <edl/train/state.hpp>
 // edl/train/state.hpp: the training state as one value (EasyDeL's EasyDeLState): the step,
 // the model's parameters and the optimizer state, with apply_gradients, shard_state /
@@ -14742,6 +14929,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/optim/schedule.hpp> (inlined above)
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
+// #include <edl/train/sharded_load.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/evaluation.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
@@ -15454,9 +15642,12 @@ class BasicTrainer {
     EDL_CHECK(fs::exists(fs::path(dir) / "state.json"), errc::io, dir,
               "cannot resume: not a complete checkpoint folder (state.json is missing; a checkpoint holds "
               "config.json, model.safetensors, optimizer.safetensors and state.json)");
-    sync_host();
-    state_ = load_state(dir, *model_, opt_);
-    if (mesh_) shard_host();
+    if (mesh_) {  // each process reads its devices' blocks; the host copy is gathered when asked for
+      state_ = load_sharded_state(dir, *sharded_, *sopt_);
+      host_stale_ = true;
+    } else {
+      state_ = load_state(dir, *model_, opt_);
+    }
     last_checkpoint_ = dir;
     last_saved_step_ = state_.step;
     resumed_ = true;

@@ -213,6 +213,55 @@ TEST(SafeTensors, ConvertsWithRoundToNearestEven) {
   EXPECT_EQ(a.shape()[0], 5u);
 }
 
+TEST(SafeTensors, ReadBlockEqualsTheSliceOfTheTensor) {
+  // A [3, 4, 5] tensor stored as f32 and as bf16; every block read equals naive index loops
+  // over the whole tensor read with read_vector.
+  TempDir dir;
+  std::vector<float> v(60);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.37f * static_cast<float>(i) - 7.1f;
+  std::vector<edl::bf16> b;
+  for (float x : v) b.push_back(edl::bf16(x));
+  TensorList t;
+  t.emplace_back("w", TensorRef(v, {3, 4, 5}));
+  t.emplace_back("w16", TensorRef(b, {3, 4, 5}));
+  t.emplace_back("flat", TensorRef(v, {60}));
+  const std::string path = dir / "blocks.safetensors";
+  edl::io::save_safetensors(path, t);
+  const auto f = SafeTensorsFile::open(path);
+  const std::vector<std::int64_t> shape = {3, 4, 5};
+  for (const std::string name : {"w", "w16", "flat"}) {
+    const std::vector<float> whole = f.read_vector<float>(name);
+    for (const auto& [off, blk] : std::vector<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>>{
+             {{0, 0, 0}, {3, 4, 5}}, {{1, 2, 0}, {2, 2, 5}}, {{0, 1, 3}, {3, 3, 2}}, {{2, 3, 4}, {1, 1, 1}}}) {
+      std::vector<float> out(static_cast<std::size_t>(blk[0] * blk[1] * blk[2]));
+      f.read_block<float>(name, shape, off, blk, std::span<float>(out));  // "flat" is viewed as [3, 4, 5]
+      std::size_t k = 0;
+      for (std::int64_t i = 0; i < blk[0]; ++i)
+        for (std::int64_t j = 0; j < blk[1]; ++j)
+          for (std::int64_t l = 0; l < blk[2]; ++l, ++k)
+            ASSERT_EQ(out[k], whole[static_cast<std::size_t>(((off[0] + i) * 4 + off[1] + j) * 5 + off[2] + l)])
+                << name << " " << i << "," << j << "," << l;
+    }
+  }
+  // A block past the end, a view of another element count, a short destination: errors that
+  // name the tensor, before any read.
+  std::vector<float> out(10);
+  const std::vector<std::int64_t> off = {2, 0, 0}, blk = {2, 1, 5}, small = {1, 2, 5}, other = {3, 4, 6};
+  auto expect_error = [&](auto&& call, errc code) {
+    try {
+      call();
+      ADD_FAILURE() << "no error";
+    } catch (const edl::Error& e) {
+      EXPECT_EQ(e.code(), code);
+      EXPECT_NE(std::string(e.where()).find("w"), std::string::npos) << e.where();
+    }
+  };
+  expect_error([&] { f.read_block<float>("w", shape, off, blk, std::span<float>(out)); }, errc::invalid_argument);
+  expect_error([&] { f.read_block<float>("w", other, off, small, std::span<float>(out)); }, errc::shape_mismatch);
+  expect_error([&] { f.read_block<float>("w", shape, off, small, std::span<float>(out.data(), 9)); },
+               errc::shape_mismatch);
+}
+
 TEST(SafeTensors, ReadErrorsNameTheTensor) {
   TempDir dir;
   const std::string path = dir / "e.safetensors";

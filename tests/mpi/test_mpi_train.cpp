@@ -180,6 +180,57 @@ TEST(MpiTrainer, TrainsAndCheckpointsLikeTheSimulatedMesh) {
   }
 }
 
+TEST(MpiTrainer, ResumeReadsOnlyEachRanksBlocks) {
+  // A one-process checkpoint loads into the ranks' blocks (train/sharded_load.hpp): each rank
+  // reads the blocks of its own devices, the gathered state is the checkpoint's bit for bit,
+  // and a resume on the ranks continues with the uninterrupted run's losses.
+  for (const Dims& dims : meshes()) {
+    SCOPED_TRACE(create_mesh(dims).shape().axes_str());
+    const fs::path sim = own_dir("sim_blocks"), resumed = shared_dir("resumed_blocks");
+    fs::remove_all(sim);
+    std::vector<double> want;
+    {
+      Trainer t(args(sim, dims), make_model(), std::nullopt, data());
+      want = train_losses(t);
+    }
+    const std::string ck = (sim / "checkpoint-3").string();
+    DefaultMesh mesh = on_ranks()(dims);
+    models::ShardedLlama<> sm(make_model(), mesh);
+    optim::ShardedOptimizer<models::ShardedLlama<>> so({.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1}, sm);
+    ShardedLoadStats st;
+    load_sharded_state(ck, sm, so, &st);
+    std::int64_t own = 0, whole = 0;
+    for (const auto& n : sm.names()) {
+      const ShardLayout& l = sm.param(n).layout();
+      std::int64_t numel = 1;
+      for (auto d : l.global_shape()) numel *= d;
+      whole += numel * 4;
+      for (std::int64_t d = 0; d < mesh.size(); ++d)
+        if (mesh.backend().is_local(d)) own += l.local_elements() * 4;
+    }
+    EXPECT_EQ(st.parameter_bytes_read, own);
+    EXPECT_LT(st.parameter_bytes_read, whole);
+    auto loaded = sm.gather_model();
+    auto want_model = models::from_pretrained(ck);
+    std::map<std::string, std::vector<float>> a, b;
+    loaded.visit_params("", [&](std::string_view n, auto& p) { a[std::string(n)].assign(p.data(), p.data() + p.numel()); });
+    want_model.visit_params("", [&](std::string_view n, auto& p) { b[std::string(n)].assign(p.data(), p.data() + p.numel()); });
+    EXPECT_EQ(a, b);
+    auto m1 = make_model();
+    optim::Optimizer o1;
+    load_state(ck, m1, o1);
+    EXPECT_EQ(slots(so.gather(sm)), slots(o1));
+    {
+      Trainer t(args(resumed, dims), make_model(), std::nullopt, data(), std::nullopt, on_ranks());
+      t.resume_from(ck);
+      EXPECT_EQ(train_losses(t), std::vector<double>(want.begin() + 3, want.end()));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_session->rank() == 0) fs::remove_all(resumed);
+    fs::remove_all(sim);
+  }
+}
+
 TEST(MpiTrainer, SaveFailingOnOneRankCommitsNothing) {
   const Dims dims = meshes().front();
   const fs::path dir = shared_dir("failsave");

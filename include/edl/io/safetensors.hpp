@@ -343,6 +343,50 @@ class SafeTensorsFile {
     read_into<T>(name, std::span<T>(v));
     return v;
   }
+  /// Copies the block at `offset` of extent `block` of the tensor, viewed as a row-major
+  /// array of shape `shape` (the stored shape, or another of the same element count, e.g. a
+  /// 1-D optimizer slot seen as its parameter's matrix), into `out` (block's element count),
+  /// converting as read_into does. Only the block's bytes are touched, so a mesh device that
+  /// reads its shard of a memory-mapped file reads that shard from disk, not the tensor.
+  template <StorageType T>
+  void read_block(const std::string& name, std::span<const std::int64_t> shape, std::span<const std::int64_t> offset,
+                  std::span<const std::int64_t> block, std::span<T> out) const {
+    const TensorInfo& i = info(name);
+    const std::string where = detail::tensor_where(path(), name);
+    std::int64_t n = 1, bn = 1;
+    for (auto d : shape) n *= d;
+    EDL_CHECK(n == i.numel(), errc::shape_mismatch, where, "holds ", i.numel(), " elements ",
+              ::edl::detail::shape_str(i.shape), ", expected ", n, " ", ::edl::detail::shape_str(shape));
+    EDL_CHECK(offset.size() == shape.size() && block.size() == shape.size(), errc::invalid_argument, where,
+              "block of rank ", block.size(), " at an offset of rank ", offset.size(), " in a tensor of rank ", shape.size());
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      EDL_CHECK(offset[k] >= 0 && block[k] >= 0 && offset[k] + block[k] <= shape[k], errc::invalid_argument, where,
+                "block ", ::edl::detail::shape_str(block), " at ", ::edl::detail::shape_str(offset),
+                " reaches past the tensor's shape ", ::edl::detail::shape_str(shape), " in dimension ", k);
+      bn *= block[k];
+    }
+    EDL_CHECK(out.size() == static_cast<std::size_t>(bn), errc::shape_mismatch, where, "block ",
+              ::edl::detail::shape_str(block), " has ", bn, " elements, but the destination has ", out.size());
+    if (bn == 0) return;
+    const std::byte* base = bytes(name).data();
+    const std::size_t esize = dtype_size(i.dtype);
+    const std::size_t r = shape.size();
+    if (r == 0) return detail::convert_elements<T>(i.dtype, base, 1, out.data(), where);
+    std::vector<std::int64_t> stride(r, 1), idx(r, 0);
+    for (std::size_t k = r - 1; k-- > 0;) stride[k] = stride[k + 1] * shape[k + 1];
+    const std::int64_t row = block[r - 1], rows = bn / row;
+    for (std::int64_t q = 0; q < rows; ++q) {  // innermost runs are contiguous in the file
+      std::int64_t g = 0;
+      for (std::size_t k = 0; k < r; ++k) g += (offset[k] + idx[k]) * stride[k];
+      detail::convert_elements<T>(i.dtype, base + static_cast<std::size_t>(g) * esize, static_cast<std::size_t>(row),
+                                  out.data() + q * row, where);
+      for (std::size_t k = r - 1; k-- > 0;) {  // odometer over all but the last dimension
+        if (++idx[k] < block[k]) break;
+        idx[k] = 0;
+      }
+    }
+  }
+
   /// The tensor as an f32 array of its shape.
   xt::xarray<float> read_f32(const std::string& name) const {
     const TensorInfo& i = info(name);

@@ -63,6 +63,16 @@ class ShardedOptimizer {
   }
   /// The optimizer of one device (its slots are that device's blocks).
   const Optimizer& device(std::int64_t d) const { return per_device_.at(static_cast<std::size_t>(d)); }
+  /// Drops every device's state (step count 0), as before the first step.
+  void reset() {
+    for (auto& o : per_device_) o = Optimizer(opt_);
+    step_count_ = 0;
+  }
+  /// Sets one slot of device d: the values of its block of parameter `path` (loading a
+  /// checkpoint block by block).
+  void set_device_slot(std::int64_t d, const std::string& path, const std::string& slot, std::vector<float> v) {
+    per_device_.at(static_cast<std::size_t>(d)).set_slot(path, slot, std::move(v));
+  }
   /// Optimizer-state bytes device d holds.
   std::int64_t state_bytes(std::int64_t d) const { return device(d).state_bytes(); }
 

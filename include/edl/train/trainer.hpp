@@ -73,6 +73,7 @@
 #include <edl/optim/schedule.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 #include <edl/train/checkpoint.hpp>
+#include <edl/train/sharded_load.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
@@ -270,9 +271,12 @@ class BasicTrainer {
     EDL_CHECK(fs::exists(fs::path(dir) / "state.json"), errc::io, dir,
               "cannot resume: not a complete checkpoint folder (state.json is missing; a checkpoint holds "
               "config.json, model.safetensors, optimizer.safetensors and state.json)");
-    sync_host();
-    state_ = load_state(dir, *model_, opt_);
-    if (mesh_) shard_host();
+    if (mesh_) {  // each process reads its devices' blocks; the host copy is gathered when asked for
+      state_ = load_sharded_state(dir, *sharded_, *sopt_);
+      host_stale_ = true;
+    } else {
+      state_ = load_state(dir, *model_, opt_);
+    }
     last_checkpoint_ = dir;
     last_saved_step_ = state_.step;
     resumed_ = true;

@@ -1,0 +1,132 @@
+// edl/train/sharded_load.hpp
+// Loading a training checkpoint straight into a sharded model and its ZeRO optimizer: each
+// process copies only the blocks of its own devices out of the memory-mapped files.
+//
+//   models::ShardedLlama<> sm(config_model, mesh);            // any mesh shape, any processes
+//   optim::ShardedOptimizer<models::ShardedLlama<>> so(options, sm);
+//   ShardedLoadStats st;
+//   TrainState s = load_sharded_state("out/checkpoint-300", sm, so, &st);
+//
+// The checkpoint holds whole tensors (model.safetensors, or the HF index of shards, and the
+// optimizer slots in optimizer.safetensors or the N parts of N saving processes; see
+// checkpoint.hpp), so it loads on any mesh shape: each device's block is the block at its
+// offset of the saved tensor, bit for bit (resharding is copying other blocks). Nothing is
+// gathered and no whole tensor is materialised: a process reads (and, the files being mapped,
+// pages in from disk) the blocks its devices hold and nothing else, so on fsdp=N ranks each
+// reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
+// they are never read there.
+//
+// load_state (checkpoint.hpp) is the one-device form: the whole model and optimizer state.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/sharded.hpp>
+#include <edl/optim/sharded_optimizer.hpp>
+#include <edl/train/checkpoint.hpp>
+
+namespace edl::train {
+
+/// What one process read while loading (the bytes of the blocks its devices hold).
+struct ShardedLoadStats {
+  std::int64_t parameter_bytes_read = 0;  // from model.safetensors, in the file's dtype
+  std::int64_t optimizer_bytes_read = 0;  // from the optimizer file(s)
+  std::int64_t blocks_read = 0;           // blocks copied (one per local device per tensor)
+};
+
+namespace detail {
+
+/// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
+/// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+template <class T, class Model>
+std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::string& name,
+                               const ShardLayout& layout, const Model& m, T* const* block_data,
+                               std::int64_t* blocks_read) {
+  const auto& be = m.mesh().backend();
+  const auto& gs = layout.global_shape();
+  const auto& bs = layout.local_shape();
+  const std::size_t esize = dtype_size(file.info(name).dtype);
+  const std::int64_t n = layout.local_elements();
+  std::int64_t bytes = 0;
+  for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
+    T* out = block_data[d];
+    if (!be.is_local(d)) {
+      std::fill(out, out + n, T{});
+      continue;
+    }
+    const auto off = layout.offset(d);
+    file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
+    bytes += n * static_cast<std::int64_t>(esize);
+    ++*blocks_read;
+  }
+  return bytes;
+}
+
+}  // namespace detail
+
+/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
+/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
+/// with the model's shape, and every optimizer slot must belong to a parameter of the model
+/// and have its element count; errors name the file and tensor. Every process of a
+/// multi-process mesh calls it with the same arguments (no collective runs).
+template <class Pol>
+TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
+                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                              ShardedLoadStats* stats = nullptr) {
+  namespace fs = std::filesystem;
+  using T = typename Pol::param_t;
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  ShardedLoadStats st;
+  const std::int64_t D = model.mesh().size();
+
+  const auto weights = io::ShardedCheckpoint::open(dir);
+  for (const auto& name : model.names()) {
+    EDL_CHECK(weights.contains(name), errc::format, dir + " tensor " + name,
+              "missing: the model being loaded has this parameter");
+    auto& arr = model.param(name);
+    const ShardLayout& layout = arr.layout();
+    const auto& info = weights.info(name);
+    EDL_CHECK(info.shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(name) + " tensor " + name,
+              "has shape ", ::edl::detail::shape_str(info.shape), ", the model's parameter is ",
+              ::edl::detail::shape_str(layout.global_shape()));
+    std::vector<T*> blocks(static_cast<std::size_t>(D));
+    for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    st.parameter_bytes_read +=
+        detail::read_local_blocks<T>(weights.shard_of(name), name, layout, model, blocks.data(), &st.blocks_read);
+  }
+
+  opt.reset();
+  for (const std::string& path : optimizer_files(dir)) {
+    const auto f = io::SafeTensorsFile::open(path);
+    for (const auto& name : f.names()) {
+      const auto dot = name.rfind('.');
+      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name,
+                "\" is not named <path>.<slot>");
+      const std::string param = name.substr(0, dot), slot = name.substr(dot + 1);
+      const auto& names = model.names();
+      EDL_CHECK(std::find(names.begin(), names.end(), param) != names.end(), errc::format,
+                io::detail::tensor_where(path, name), "is the state of \"", param,
+                "\", which is not a parameter of the model being loaded");
+      const ShardLayout& layout = model.param(param).layout();
+      std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
+                                        std::vector<float>(static_cast<std::size_t>(layout.local_elements())));
+      std::vector<float*> blocks(static_cast<std::size_t>(D));
+      for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
+      st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
+      for (std::int64_t d = 0; d < D; ++d) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+    }
+  }
+  opt.set_step_count(s.optimizer_step_count);
+  if (stats) *stats = st;
+  return s;
+}
+
+}  // namespace edl::train
