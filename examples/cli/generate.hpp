@@ -11,7 +11,7 @@
 //     generate::ShardedDecoder (tp: heads, sp: cache positions, dp/fsdp: prompts), on simulated
 //     devices or under mpirun (rank 0 prints); the mesh is checked before the weights are read.
 //
-//   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T]
+//   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T] [--bandwidth]
 //                    [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
 //     a preset name builds that config with random weights; prints one JSON object with
 //     prefill_tokens_per_s, decode_tokens_per_s, peak_bytes (VmHWM), the bytes a decode step
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <xsimd/xsimd.hpp>
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
@@ -202,6 +203,43 @@ inline int cmd_generate(Args& args) {
   return 0;
 }
 
+namespace gen_detail {
+
+/// This machine's memory read bandwidth in GB/s on the current threads: the best of 3 sums
+/// of a `bytes` buffer (far larger than the caches) split in equal parts over the threads, the
+/// way a decode step's matrix-vector products stream their weights. The decode roofline is
+/// this over the bytes a step reads.
+inline double measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30) {
+  using B = xsimd::batch<float>;
+  const std::size_t n = bytes / sizeof(float) / (4 * B::size) * (4 * B::size);
+  std::vector<float> buf(n, 1.0f);  // written once, so its pages exist before timing
+  const std::ptrdiff_t parts = std::max(1, exec::num_threads());
+  const std::size_t per = n / static_cast<std::size_t>(parts) / (4 * B::size) * (4 * B::size);
+  std::vector<float> sums(static_cast<std::size_t>(parts));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
+      const float* x = buf.data() + static_cast<std::size_t>(p) * per;
+      B a0(0.f), a1(0.f), a2(0.f), a3(0.f);  // four chains hide the add latency
+      for (std::size_t i = 0; i < per; i += 4 * B::size) {
+        a0 += B::load_unaligned(x + i);
+        a1 += B::load_unaligned(x + i + B::size);
+        a2 += B::load_unaligned(x + i + 2 * B::size);
+        a3 += B::load_unaligned(x + i + 3 * B::size);
+      }
+      sums[static_cast<std::size_t>(p)] = xsimd::hadd((a0 + a1) + (a2 + a3));
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(per * static_cast<std::size_t>(parts) * sizeof(float)) / s / 1e9);
+  }
+  volatile float sink = sums[0];  // keeps the sums observable
+  (void)sink;
+  return best;
+}
+
+}  // namespace gen_detail
+
 inline int cmd_bench_decode(Args& args) {
   const std::string name = args.required("--model");
   const std::int64_t P = args.integer("--prompt-len", 128), G = args.integer("--gen-len", 128);
@@ -210,6 +248,7 @@ inline int cmd_bench_decode(Args& args) {
   generate::GenerateOptions o;
   gen_detail::cache_flags(args, o);
   const MeshDims dims = mesh_flag(args);
+  const bool bandwidth = args.has("--bandwidth");
   args.finish();
   EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
             P, " and ", G);
@@ -269,6 +308,12 @@ inline int cmd_bench_decode(Args& args) {
     j["mesh"] = mesh_str(dims);
     j["cache_bytes"] = cache_bytes;
     j["scratch_bytes"] = dec.scratch_bytes();
+    if (bandwidth) {  // the roofline, measured in the same run on the same threads
+      const double bw = gen_detail::measure_read_bandwidth();
+      j["memory_read_gb_per_s"] = bw;
+      j["roofline_tokens_per_s"] = bw * 1e9 / step_bytes;
+      j["roofline_fraction"] = (static_cast<double>(G) / td) / (bw * 1e9 / step_bytes);
+    }
   };
   const auto one = [&](auto& c) {
     generate::Decoder dec(model, c);

@@ -226,3 +226,42 @@ TEST(Decoder, LinearOfAFewRowsEqualsTheDotProducts) {
     }
   }
 }
+
+TEST(Decoder, GroupedMatrixVectorIsEachProductBitForBit) {
+  // Decode's q/k/v and gate/up products run as one parallel region (matvec_group): each output
+  // equals its own product computed alone and a double-precision sum, and does not change with
+  // the thread count (every row is one FMA chain whatever chunk it falls in).
+  const std::int64_t K = 300, Ns[3] = {64, 19, 19};  // rows not a multiple of 4; K not of the width
+  std::vector<float> x(static_cast<std::size_t>(K));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+  std::vector<std::vector<float>> W(3), b(3), alone(3);
+  for (int p = 0; p < 3; ++p) {
+    W[p].resize(static_cast<std::size_t>(Ns[p] * K));
+    b[p].resize(static_cast<std::size_t>(Ns[p]));
+    for (std::size_t i = 0; i < W[p].size(); ++i) W[p][i] = std::cos(0.23f * static_cast<float>(i) + static_cast<float>(p));
+    for (std::size_t i = 0; i < b[p].size(); ++i) b[p][i] = 0.01f * static_cast<float>(i) - 0.2f;
+    alone[p].assign(static_cast<std::size_t>(Ns[p]), -99.f);
+    generate::detail::linear_nt(x.data(), 1, W[p].data(), b[p].data(), alone[p].data(), Ns[p], K);
+  }
+  const int threads_before = exec::num_threads();
+  for (const int threads : {1, 2, 3}) {
+    exec::set_num_threads(threads);
+    std::vector<std::vector<float>> y(3);
+    for (int p = 0; p < 3; ++p) y[p].assign(static_cast<std::size_t>(Ns[p]), -99.f);
+    generate::detail::matvec_group<float, 3>(x.data(),
+                                             {generate::detail::MatvecPart<float>{W[0].data(), b[0].data(), y[0].data(), Ns[0]},
+                                              {W[1].data(), b[1].data(), y[1].data(), Ns[1]},
+                                              {W[2].data(), nullptr, y[2].data(), Ns[2]}},
+                                             K);
+    for (int p = 0; p < 3; ++p)
+      for (std::int64_t j = 0; j < Ns[p]; ++j) {
+        const float bias = p == 2 ? 0.f : b[p][static_cast<std::size_t>(j)];
+        if (p < 2) EXPECT_EQ(y[p][static_cast<std::size_t>(j)], alone[p][static_cast<std::size_t>(j)]) << p << " " << j;
+        double s = bias;
+        for (std::int64_t k = 0; k < K; ++k)
+          s += static_cast<double>(x[static_cast<std::size_t>(k)]) * W[p][static_cast<std::size_t>(j * K + k)];
+        EXPECT_NEAR(y[p][static_cast<std::size_t>(j)], s, 1e-4) << "threads " << threads << " matrix " << p << " row " << j;
+      }
+  }
+  exec::set_num_threads(threads_before);
+}
