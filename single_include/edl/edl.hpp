@@ -10131,6 +10131,7 @@ class ShardedOptimizer {
 // exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10680,35 +10681,79 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi): four weight rows at a time,
+/// four independent memory streams. Every row is one FMA chain in the same order, so the
+/// result does not depend on how the rows were split between threads.
+template <class T>
+inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
+                        std::int64_t hi) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  std::int64_t j = lo;
+  for (; j + 4 <= hi; j += 4) {
+    const T* w0 = W + j * K;
+    fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    std::int64_t k = 0;
+    for (; k + Wd <= K; k += Wd) {
+      const fbatch xv = fbatch::load_unaligned(x + k);
+      a0 = xsimd::fma(xv, kernels::detail::load(w0 + k), a0);
+      a1 = xsimd::fma(xv, kernels::detail::load(w0 + K + k), a1);
+      a2 = xsimd::fma(xv, kernels::detail::load(w0 + 2 * K + k), a2);
+      a3 = xsimd::fma(xv, kernels::detail::load(w0 + 3 * K + k), a3);
+    }
+    float s[4] = {xsimd::hadd(a0), xsimd::hadd(a1), xsimd::hadd(a2), xsimd::hadd(a3)};
+    for (int r = 0; r < 4; ++r) {
+      for (std::int64_t kk = k; kk < K; ++kk) s[r] = std::fma(x[kk], to_f32(w0[r * K + kk]), s[r]);
+      y[j + r] = bias ? s[r] + to_f32(bias[j + r]) : s[r];
+    }
+  }
+  for (; j < hi; ++j) {  // the same single chain per row as above, so y[j] does not depend on the chunking
+    const T* w = W + j * K;
+    fbatch a(0.f);
+    std::int64_t k = 0;
+    for (; k + Wd <= K; k += Wd) a = xsimd::fma(fbatch::load_unaligned(x + k), kernels::detail::load(w + k), a);
+    float s = xsimd::hadd(a);
+    for (; k < K; ++k) s = std::fma(x[k], to_f32(w[k]), s);
+    y[j] = bias ? s + to_f32(bias[j]) : s;
+  }
+}
+
+/// Rows of weight matrix j a parallel chunk of a matrix-vector product takes: enough for the
+/// fork/join to pay (16 K floats), at least 8.
+inline std::int64_t matvec_grain(std::int64_t K) { return std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K)); }
+
+/// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K].
+template <class T>
+struct MatvecPart {
+  const T* W;
+  const T* bias;
+  float* y;
+  std::int64_t N;
+};
+
+/// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
+/// one fork/join instead of one per matrix, which at decode's few microseconds per matrix is
+/// a visible share of a token. Each y[j] is the sum matvec_rows computes alone, bit for bit.
+template <class T, std::size_t P>
+void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
+  std::array<std::int64_t, P + 1> start{};
+  for (std::size_t i = 0; i < P; ++i) start[i + 1] = start[i] + parts[i].N;
+  exec::parallel_for(0, start[P], matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::size_t i = 0; i < P; ++i) {
+      const std::int64_t a = std::max<std::int64_t>(lo, start[i]), b = std::min<std::int64_t>(hi, start[i + 1]);
+      if (a < b) matvec_rows(x, parts[i].W, parts[i].bias, parts[i].y, K, a - start[i], b - start[i]);
+    }
+  });
+}
+
 /// y[m, j] = x[m, :] . W[j, :] (+ bias[j]) for M rows; small M goes row-of-W-major so each
 /// weight row is read from memory once per call.
 template <class T>
 void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float* y, std::int64_t N, std::int64_t K) {
+  if (M == 1) return matvec_group<T, 1>(x, {MatvecPart<T>{W, bias, y, N}}, K);
   if (M <= kMatvecRows) {
-    using kernels::detail::fbatch;
-    constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-    const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
-    exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    exec::parallel_for(0, N, matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::int64_t j = lo;
-      if (M == 1) {  // four weight rows at a time: four independent memory streams
-        for (; j + 4 <= hi; j += 4) {
-          const T* w0 = W + j * K;
-          fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-          std::int64_t k = 0;
-          for (; k + Wd <= K; k += Wd) {
-            const fbatch xv = fbatch::load_unaligned(x + k);
-            a0 = xsimd::fma(xv, kernels::detail::load(w0 + k), a0);
-            a1 = xsimd::fma(xv, kernels::detail::load(w0 + K + k), a1);
-            a2 = xsimd::fma(xv, kernels::detail::load(w0 + 2 * K + k), a2);
-            a3 = xsimd::fma(xv, kernels::detail::load(w0 + 3 * K + k), a3);
-          }
-          float s[4] = {xsimd::hadd(a0), xsimd::hadd(a1), xsimd::hadd(a2), xsimd::hadd(a3)};
-          for (int r = 0; r < 4; ++r) {
-            for (std::int64_t kk = k; kk < K; ++kk) s[r] = std::fma(x[kk], to_f32(w0[r * K + kk]), s[r]);
-            y[j + r] = bias ? s[r] + to_f32(bias[j + r]) : s[r];
-          }
-        }
-      }
       for (; j < hi; ++j) {
         const T* w = W + j * K;
         // Rows in blocks of 4 (the accumulators fit the registers); the weight row is in L1
@@ -10896,9 +10941,16 @@ class Decoder {
       const auto& L = m_.model.layers[l];
       const auto& A = L.self_attn;
       kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
-      detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
-      detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
+      if (n == 1) {  // decode: q, k and v in one parallel region
+        detail::matvec_group<T, 3>(n_.data(), {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
+                                               {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
+                                               {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
+                                   H_);
+      } else {
+        detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
+        detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
+        detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
+      }
       rope(q_.data(), n, nh_);
       rope(k_.data(), n, nkv_);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -10910,8 +10962,14 @@ class Decoder {
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
       kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
                                 static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
-      detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
+      if (n == 1) {  // gate and up in one parallel region
+        detail::matvec_group<T, 2>(n_.data(), {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
+                                               {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
+                                   H_);
+      } else {
+        detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
+        detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
+      }
       kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
       detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
