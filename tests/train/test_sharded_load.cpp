@@ -16,24 +16,15 @@
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/state.hpp>
 
+#include "../generate/small_llama.hpp"
+
 namespace edl::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-models::LlamaConfig load_config(std::int64_t hidden = 32) {
-  models::LlamaConfig c;
-  c.vocab_size = 48;
-  c.hidden_size = hidden;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.max_position_embeddings = 32;
-  c.validate();
-  return c;
-}
+// The generation tests' small GQA Llama (vocab 48; another vocab is another model).
+models::LlamaConfig load_config(std::int64_t vocab = 48) { return generate::test_support::small_llama(vocab, 32); }
 
 std::map<std::string, std::vector<float>> params_of(models::LlamaForCausalLM<>& m) {
   std::map<std::string, std::vector<float>> v;
@@ -140,11 +131,11 @@ TEST(ShardedLoad, ContinuesTrainingLikeTheSavedState) {
 TEST(ShardedLoad, AnotherModelsCheckpointIsAnErrorNamingTheTensor) {
   SavedRun run = saved_run("mismatch");
   const std::string ck = (run.dir / "checkpoint-2").string();
-  models::ShardedLlama<> sm(load_config(64), Key::from_seed(1), create_mesh({1, 2, 1, 1}));
+  models::ShardedLlama<> sm(load_config(64), Key::from_seed(1), create_mesh({1, 2, 1, 1}));  // vocab 64
   optim::ShardedOptimizer<models::ShardedLlama<>> so({.kind = optim::OptimizerKind::adamw}, sm);
   try {
     load_sharded_state(ck, sm, so);
-    ADD_FAILURE() << "a checkpoint of hidden_size 32 loaded into a model of 64";
+    ADD_FAILURE() << "a checkpoint of vocab_size 48 loaded into a model of 64";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), errc::shape_mismatch);
     EXPECT_NE(std::string(e.where()).find("model.embed_tokens.weight"), std::string::npos) << e.where();

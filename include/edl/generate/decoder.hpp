@@ -95,32 +95,35 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
                         std::int64_t hi) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-  std::int64_t j = lo;
-  for (; j + 4 <= hi; j += 4) {
+  const std::int64_t K0 = K / Wd * Wd;
+  // Wd weight rows at a time (Wd independent memory streams); the Wd accumulators reduce in one
+  // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
+  // separate horizontal sums. A group of fewer rows pads with zero accumulators, so every
+  // row's sum has the same order whatever chunk or lane it falls in.
+  for (std::int64_t j = lo; j < hi; j += Wd) {
+    const std::int64_t rows = std::min<std::int64_t>(Wd, hi - j);
+    fbatch a[Wd];
+    for (std::int64_t r = 0; r < Wd; ++r) a[r] = fbatch(0.f);
     const T* w0 = W + j * K;
-    fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    std::int64_t k = 0;
-    for (; k + Wd <= K; k += Wd) {
-      const fbatch xv = fbatch::load_unaligned(x + k);
-      a0 = xsimd::fma(xv, kernels::detail::load(w0 + k), a0);
-      a1 = xsimd::fma(xv, kernels::detail::load(w0 + K + k), a1);
-      a2 = xsimd::fma(xv, kernels::detail::load(w0 + 2 * K + k), a2);
-      a3 = xsimd::fma(xv, kernels::detail::load(w0 + 3 * K + k), a3);
+    if (rows == Wd) {
+      for (std::int64_t k = 0; k < K0; k += Wd) {
+        const fbatch xv = fbatch::load_unaligned(x + k);
+#pragma GCC unroll 8
+        for (std::int64_t r = 0; r < Wd; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+      }
+    } else {
+      for (std::int64_t k = 0; k < K0; k += Wd) {
+        const fbatch xv = fbatch::load_unaligned(x + k);
+        for (std::int64_t r = 0; r < rows; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+      }
     }
-    float s[4] = {xsimd::hadd(a0), xsimd::hadd(a1), xsimd::hadd(a2), xsimd::hadd(a3)};
-    for (int r = 0; r < 4; ++r) {
-      for (std::int64_t kk = k; kk < K; ++kk) s[r] = std::fma(x[kk], to_f32(w0[r * K + kk]), s[r]);
-      y[j + r] = bias ? s[r] + to_f32(bias[j + r]) : s[r];
+    alignas(64) float s[Wd];
+    xsimd::haddp(a).store_aligned(s);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float v = s[r];
+      for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(w0[r * K + k]), v);
+      y[j + r] = bias ? v + to_f32(bias[j + r]) : v;
     }
-  }
-  for (; j < hi; ++j) {  // the same single chain per row as above, so y[j] does not depend on the chunking
-    const T* w = W + j * K;
-    fbatch a(0.f);
-    std::int64_t k = 0;
-    for (; k + Wd <= K; k += Wd) a = xsimd::fma(fbatch::load_unaligned(x + k), kernels::detail::load(w + k), a);
-    float s = xsimd::hadd(a);
-    for (; k < K; ++k) s = std::fma(x[k], to_f32(w[k]), s);
-    y[j] = bias ? s + to_f32(bias[j]) : s;
   }
 }
 
