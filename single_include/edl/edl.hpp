@@ -48,6 +48,49 @@ inline bool keep_freed_memory() noexcept {
 
 }  // namespace edl
 // end of edl/core/allocator.hpp
+// #include <edl/core/block_rows.hpp>
+// edl/core/block_rows.hpp
+// The rows of a block of a row-major array: the one walk that copying a device's shard out of
+// (or into) a tensor needs, whether the tensor is in memory (tensor/shard_layout.hpp's
+// copy_block) or in a mapped file (io/safetensors.hpp's read_block).
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace edl::detail {
+
+/// Calls f(global_index, block_index, row_length) for every innermost run of the block at
+/// `offset` of extent `block` in a row-major array of shape `global`; both indexes count
+/// elements (block_index in the block stored contiguously). Runs come in the block's row-major
+/// order; a rank-0 array is one run of one element.
+template <class F>
+void for_each_block_row(std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
+                        std::span<const std::int64_t> block, F&& f) {
+  const std::size_t r = global.size();
+  if (r == 0) {
+    f(std::int64_t{0}, std::int64_t{0}, std::int64_t{1});
+    return;
+  }
+  std::vector<std::int64_t> gstride(r, 1);
+  for (std::size_t i = r - 1; i-- > 0;) gstride[i] = gstride[i + 1] * global[i + 1];
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < r; ++i) rows *= block[i];
+  const std::int64_t row = block[r - 1];
+  std::vector<std::int64_t> idx(r, 0);
+  for (std::int64_t k = 0; k < rows; ++k) {
+    std::int64_t g = 0;
+    for (std::size_t i = 0; i < r; ++i) g += (offset[i] + idx[i]) * gstride[i];
+    f(g, k * row, row);
+    for (std::size_t i = r - 1; i-- > 0;) {  // odometer over all but the last dimension
+      if (++idx[i] < block[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+}  // namespace edl::detail
+// end of edl/core/block_rows.hpp
 // #include <edl/core/dtype.hpp>
 // edl/core/dtype.hpp
 // Storage element types and the run-time dtype tag.
@@ -2584,6 +2627,7 @@ inline PartitionRules llama_partition_rules() {
 #include <string>
 #include <vector>
 
+// #include <edl/core/block_rows.hpp> (inlined above)
 // #include <edl/mesh/mesh_shape.hpp> (inlined above)
 // #include <edl/tensor/partition_spec.hpp> (inlined above)
 
@@ -2661,30 +2705,12 @@ namespace detail {
 template <class T>
 void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
                 std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
-  const std::size_t r = global.size();
-  if (r == 0) {
-    if (global_to_block) *block_data = *global_data;
-    else *global_data = *block_data;
-    return;
-  }
-  std::vector<std::int64_t> gstride(r, 1);
-  for (std::size_t i = r - 1; i-- > 0;) gstride[i] = gstride[i + 1] * global[i + 1];
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < r; ++i) rows *= block[i];
-  const std::int64_t row = block[r - 1];
-  std::vector<std::int64_t> idx(r, 0);
-  for (std::int64_t k = 0; k < rows; ++k) {
-    std::int64_t g = 0;
-    for (std::size_t i = 0; i < r; ++i) g += (offset[i] + idx[i]) * gstride[i];
+  for_each_block_row(global, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
     T* gp = global_data + g;
-    T* bp = block_data + k * row;
+    T* bp = block_data + b;
     if (global_to_block) std::memcpy(bp, gp, static_cast<std::size_t>(row) * sizeof(T));
     else std::memcpy(gp, bp, static_cast<std::size_t>(row) * sizeof(T));
-    for (std::size_t i = r - 1; i-- > 0;) {  // odometer over all but the last dimension
-      if (++idx[i] < block[i]) break;
-      idx[i] = 0;
-    }
-  }
+  });
 }
 
 }  // namespace detail
@@ -6518,6 +6544,7 @@ void save_npy(const std::string& path, const E& a) {
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
+// #include <edl/core/block_rows.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/detail/atomic_file.hpp> (inlined above)
@@ -6836,21 +6863,10 @@ class SafeTensorsFile {
     if (bn == 0) return;
     const std::byte* base = bytes(name).data();
     const std::size_t esize = dtype_size(i.dtype);
-    const std::size_t r = shape.size();
-    if (r == 0) return detail::convert_elements<T>(i.dtype, base, 1, out.data(), where);
-    std::vector<std::int64_t> stride(r, 1), idx(r, 0);
-    for (std::size_t k = r - 1; k-- > 0;) stride[k] = stride[k + 1] * shape[k + 1];
-    const std::int64_t row = block[r - 1], rows = bn / row;
-    for (std::int64_t q = 0; q < rows; ++q) {  // innermost runs are contiguous in the file
-      std::int64_t g = 0;
-      for (std::size_t k = 0; k < r; ++k) g += (offset[k] + idx[k]) * stride[k];
+    ::edl::detail::for_each_block_row(shape, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
       detail::convert_elements<T>(i.dtype, base + static_cast<std::size_t>(g) * esize, static_cast<std::size_t>(row),
-                                  out.data() + q * row, where);
-      for (std::size_t k = r - 1; k-- > 0;) {  // odometer over all but the last dimension
-        if (++idx[k] < block[k]) break;
-        idx[k] = 0;
-      }
-    }
+                                  out.data() + b, where);
+    });
   }
 
   /// The tensor as an f32 array of its shape.
@@ -10681,9 +10697,8 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
-/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi): four weight rows at a time,
-/// four independent memory streams. Every row is one FMA chain in the same order, so the
-/// result does not depend on how the rows were split between threads.
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). Every row is one FMA chain in
+/// the same order, so the result does not depend on how the rows were split between threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
@@ -10783,6 +10798,14 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
         for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
     });
   }
+}
+
+/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
+/// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+template <class T, std::size_t P>
+void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
+  if (M == 1) return matvec_group<T, P>(x, parts, K);
+  for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
 }
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
@@ -10944,16 +10967,11 @@ class Decoder {
       const auto& L = m_.model.layers[l];
       const auto& A = L.self_attn;
       kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
-      if (n == 1) {  // decode: q, k and v in one parallel region
-        detail::matvec_group<T, 3>(n_.data(), {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
-                                               {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
-                                               {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
-                                   H_);
-      } else {
-        detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
-        detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
-        detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
-      }
+      detail::linear_group<T, 3>(n_.data(), n,
+                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
+                                  {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
+                                  {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
+                                 H_);
       rope(q_.data(), n, nh_);
       rope(k_.data(), n, nkv_);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -10965,14 +10983,10 @@ class Decoder {
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
       kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
                                 static_cast<float*>(nullptr), n, H_, eps);
-      if (n == 1) {  // gate and up in one parallel region
-        detail::matvec_group<T, 2>(n_.data(), {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
-                                               {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
-                                   H_);
-      } else {
-        detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
-        detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
-      }
+      detail::linear_group<T, 2>(n_.data(), n,
+                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
+                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
+                                 H_);
       kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
       detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
@@ -12546,9 +12560,11 @@ class ShardedDecoder {
       const auto& A = L.self_attn;
       kernels::rms_norm_forward(s.x.data(), L.input_layernorm.weight.data(), s.n.data(), static_cast<float*>(nullptr), n,
                                 H_, eps);
-      detail::linear_nt(s.n.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), s.q.data(), nh_ * D_, H_);
-      detail::linear_nt(s.n.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), s.k.data(), nkv_ * D_, H_);
-      detail::linear_nt(s.n.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), s.v.data(), nkv_ * D_, H_);
+      detail::linear_group<T, 3>(s.n.data(), n,
+                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), s.q.data(), nh_ * D_},
+                                  {A.k_proj.weight.data(), bias_of(A.k_proj), s.k.data(), nkv_ * D_},
+                                  {A.v_proj.weight.data(), bias_of(A.v_proj), s.v.data(), nkv_ * D_}},
+                                 H_);
       rope(s, s.q.data(), n, nh_);
       rope(s, s.k.data(), n, nkv_);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -12563,8 +12579,10 @@ class ShardedDecoder {
       kernels::add_inplace(s.x.data(), s.o.data(), static_cast<std::ptrdiff_t>(nH));
       kernels::rms_norm_forward(s.x.data(), L.post_attention_layernorm.weight.data(), s.n.data(),
                                 static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_nt(s.n.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), s.g.data(), I_, H_);
-      detail::linear_nt(s.n.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), s.u.data(), I_, H_);
+      detail::linear_group<T, 2>(s.n.data(), n,
+                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), s.g.data(), I_},
+                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), s.u.data(), I_}},
+                                 H_);
       kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), static_cast<std::ptrdiff_t>(n * I_));
       detail::linear_nt(s.g.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), s.o.data(), H_, I_);
       if (s.tp > 1) psum(dev, std::span<float>(s.o.data(), nH), "tp");

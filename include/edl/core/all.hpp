@@ -1,6 +1,7 @@
 // edl/core/all.hpp: umbrella of the core layer (vocabulary types every other layer uses).
 #pragma once
 #include <edl/core/allocator.hpp>
+#include <edl/core/block_rows.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>

@@ -87,9 +87,8 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
-/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi): four weight rows at a time,
-/// four independent memory streams. Every row is one FMA chain in the same order, so the
-/// result does not depend on how the rows were split between threads.
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). Every row is one FMA chain in
+/// the same order, so the result does not depend on how the rows were split between threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
@@ -189,6 +188,14 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
         for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
     });
   }
+}
+
+/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
+/// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+template <class T, std::size_t P>
+void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
+  if (M == 1) return matvec_group<T, P>(x, parts, K);
+  for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
 }
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
@@ -350,16 +357,11 @@ class Decoder {
       const auto& L = m_.model.layers[l];
       const auto& A = L.self_attn;
       kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
-      if (n == 1) {  // decode: q, k and v in one parallel region
-        detail::matvec_group<T, 3>(n_.data(), {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
-                                               {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
-                                               {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
-                                   H_);
-      } else {
-        detail::linear_nt(n_.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_, H_);
-        detail::linear_nt(n_.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_, H_);
-        detail::linear_nt(n_.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_, H_);
-      }
+      detail::linear_group<T, 3>(n_.data(), n,
+                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
+                                  {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
+                                  {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
+                                 H_);
       rope(q_.data(), n, nh_);
       rope(k_.data(), n, nkv_);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -371,14 +373,10 @@ class Decoder {
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
       kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
                                 static_cast<float*>(nullptr), n, H_, eps);
-      if (n == 1) {  // gate and up in one parallel region
-        detail::matvec_group<T, 2>(n_.data(), {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
-                                               {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
-                                   H_);
-      } else {
-        detail::linear_nt(n_.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_, H_);
-        detail::linear_nt(n_.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_, H_);
-      }
+      detail::linear_group<T, 2>(n_.data(), n,
+                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
+                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
+                                 H_);
       kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
       detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));

@@ -399,9 +399,11 @@ class ShardedDecoder {
       const auto& A = L.self_attn;
       kernels::rms_norm_forward(s.x.data(), L.input_layernorm.weight.data(), s.n.data(), static_cast<float*>(nullptr), n,
                                 H_, eps);
-      detail::linear_nt(s.n.data(), n, A.q_proj.weight.data(), bias_of(A.q_proj), s.q.data(), nh_ * D_, H_);
-      detail::linear_nt(s.n.data(), n, A.k_proj.weight.data(), bias_of(A.k_proj), s.k.data(), nkv_ * D_, H_);
-      detail::linear_nt(s.n.data(), n, A.v_proj.weight.data(), bias_of(A.v_proj), s.v.data(), nkv_ * D_, H_);
+      detail::linear_group<T, 3>(s.n.data(), n,
+                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), s.q.data(), nh_ * D_},
+                                  {A.k_proj.weight.data(), bias_of(A.k_proj), s.k.data(), nkv_ * D_},
+                                  {A.v_proj.weight.data(), bias_of(A.v_proj), s.v.data(), nkv_ * D_}},
+                                 H_);
       rope(s, s.q.data(), n, nh_);
       rope(s, s.k.data(), n, nkv_);
       for (std::int64_t r = 0; r < n; ++r) {
@@ -416,8 +418,10 @@ class ShardedDecoder {
       kernels::add_inplace(s.x.data(), s.o.data(), static_cast<std::ptrdiff_t>(nH));
       kernels::rms_norm_forward(s.x.data(), L.post_attention_layernorm.weight.data(), s.n.data(),
                                 static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_nt(s.n.data(), n, L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), s.g.data(), I_, H_);
-      detail::linear_nt(s.n.data(), n, L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), s.u.data(), I_, H_);
+      detail::linear_group<T, 2>(s.n.data(), n,
+                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), s.g.data(), I_},
+                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), s.u.data(), I_}},
+                                 H_);
       kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), static_cast<std::ptrdiff_t>(n * I_));
       detail::linear_nt(s.g.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), s.o.data(), H_, I_);
       if (s.tp > 1) psum(dev, std::span<float>(s.o.data(), nH), "tp");

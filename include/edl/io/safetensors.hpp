@@ -52,6 +52,7 @@
 #include <nlohmann/json.hpp>
 #include <xtensor/xarray.hpp>
 
+#include <edl/core/block_rows.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/io/detail/atomic_file.hpp>
@@ -370,21 +371,10 @@ class SafeTensorsFile {
     if (bn == 0) return;
     const std::byte* base = bytes(name).data();
     const std::size_t esize = dtype_size(i.dtype);
-    const std::size_t r = shape.size();
-    if (r == 0) return detail::convert_elements<T>(i.dtype, base, 1, out.data(), where);
-    std::vector<std::int64_t> stride(r, 1), idx(r, 0);
-    for (std::size_t k = r - 1; k-- > 0;) stride[k] = stride[k + 1] * shape[k + 1];
-    const std::int64_t row = block[r - 1], rows = bn / row;
-    for (std::int64_t q = 0; q < rows; ++q) {  // innermost runs are contiguous in the file
-      std::int64_t g = 0;
-      for (std::size_t k = 0; k < r; ++k) g += (offset[k] + idx[k]) * stride[k];
+    ::edl::detail::for_each_block_row(shape, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
       detail::convert_elements<T>(i.dtype, base + static_cast<std::size_t>(g) * esize, static_cast<std::size_t>(row),
-                                  out.data() + q * row, where);
-      for (std::size_t k = r - 1; k-- > 0;) {  // odometer over all but the last dimension
-        if (++idx[k] < block[k]) break;
-        idx[k] = 0;
-      }
-    }
+                                  out.data() + b, where);
+    });
   }
 
   /// The tensor as an f32 array of its shape.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <edl/core/block_rows.hpp>
 #include <edl/mesh/mesh_shape.hpp>
 #include <edl/tensor/partition_spec.hpp>
 
@@ -91,30 +92,12 @@ namespace detail {
 template <class T>
 void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
                 std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
-  const std::size_t r = global.size();
-  if (r == 0) {
-    if (global_to_block) *block_data = *global_data;
-    else *global_data = *block_data;
-    return;
-  }
-  std::vector<std::int64_t> gstride(r, 1);
-  for (std::size_t i = r - 1; i-- > 0;) gstride[i] = gstride[i + 1] * global[i + 1];
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < r; ++i) rows *= block[i];
-  const std::int64_t row = block[r - 1];
-  std::vector<std::int64_t> idx(r, 0);
-  for (std::int64_t k = 0; k < rows; ++k) {
-    std::int64_t g = 0;
-    for (std::size_t i = 0; i < r; ++i) g += (offset[i] + idx[i]) * gstride[i];
+  for_each_block_row(global, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
     T* gp = global_data + g;
-    T* bp = block_data + k * row;
+    T* bp = block_data + b;
     if (global_to_block) std::memcpy(bp, gp, static_cast<std::size_t>(row) * sizeof(T));
     else std::memcpy(gp, bp, static_cast<std::size_t>(row) * sizeof(T));
-    for (std::size_t i = r - 1; i-- > 0;) {  // odometer over all but the last dimension
-      if (++idx[i] < block[i]) break;
-      idx[i] = 0;
-    }
-  }
+  });
 }
 
 }  // namespace detail
