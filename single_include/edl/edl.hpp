@@ -3026,7 +3026,7 @@ ShardedTensor<T, OutSpec> shard_map(const Mesh<Axes...>& mesh, const std::array<
 // edl/kernels/detail/simd.hpp
 // Shared building blocks of the elementwise and reduction kernels (softmax.hpp, rms_norm.hpp,
 // activations.hpp, elementwise.hpp):
-//  - `fbatch`, the widest xsimd float batch of the build (8 lanes with AVX2);
+//  - `fbatch`, the widest xsimd float batch of the build (8 lanes with AVX2, 16 with AVX-512);
 //  - a vectorized exp (Cephes-style, about 1 ulp, exact 0 below -86.64, +Inf above
 //    ln(FLT_MAX), NaN kept), so softmax does not depend on xsimd's generic exp;
 //  - horizontal sum and max in a fixed lane order;
@@ -3058,8 +3058,75 @@ ShardedTensor<T, OutSpec> shard_map(const Mesh<Axes...>& mesh, const std::array<
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/fma.hpp>
+// edl/kernels/detail/fma.hpp
+// Fused multiply-add on xsimd batches that is fused on every instruction set.
+//
+// xsimd 8.1 (Debian 12) has FMA kernels for SSE/AVX/AVX2 with FMA3, but none for AVX-512: there
+// xsimd::fma falls back to `x * y + z`, two roundings, which the compiler may or may not
+// contract into one instruction at each call site. That breaks two promises: axpy and the dot
+// products round once, and every element of a GEMM tile is computed with the same arithmetic
+// wherever the tile lies (the bit-reproducibility across thread counts). So every kernel calls
+// these instead of xsimd::fma / fms / fnma.
 
-#if defined(__AVX2__) || defined(__F16C__)
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace edl::kernels::detail {
+
+template <class A>
+inline constexpr bool is_avx512 =
+#if defined(__AVX512F__)
+    std::is_base_of_v<xsimd::avx512f, A>;
+#else
+    false;
+#endif
+
+/// x * y + z, rounded once.
+template <class T, class A>
+inline xsimd::batch<T, A> fmadd(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y,
+                                const xsimd::batch<T, A>& z) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (is_avx512<A> && std::is_same_v<T, float>) return _mm512_fmadd_ps(x, y, z);
+  else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fmadd_pd(x, y, z);
+  else
+#endif
+    return kernels::detail::fmadd(x, y, z);
+}
+
+/// x * y - z, rounded once.
+template <class T, class A>
+inline xsimd::batch<T, A> fmsub(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y,
+                                const xsimd::batch<T, A>& z) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (is_avx512<A> && std::is_same_v<T, float>) return _mm512_fmsub_ps(x, y, z);
+  else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fmsub_pd(x, y, z);
+  else
+#endif
+    return kernels::detail::fmsub(x, y, z);
+}
+
+/// z - x * y, rounded once.
+template <class T, class A>
+inline xsimd::batch<T, A> fnmadd(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y,
+                                 const xsimd::batch<T, A>& z) noexcept {
+#if defined(__AVX512F__)
+  if constexpr (is_avx512<A> && std::is_same_v<T, float>) return _mm512_fnmadd_ps(x, y, z);
+  else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fnmadd_pd(x, y, z);
+  else
+#endif
+    return kernels::detail::fnmadd(x, y, z);
+}
+
+}  // namespace edl::kernels::detail
+// end of edl/kernels/detail/fma.hpp
+
+#if defined(__AVX2__) || defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -3111,8 +3178,23 @@ inline std::ptrdiff_t checked_area(std::ptrdiff_t rows, std::ptrdiff_t cols, con
 /// Loads kLanes elements widened to f32.
 inline fbatch load(const float* p) noexcept { return fbatch::load_unaligned(p); }
 
+// The intrinsic paths below are chosen by the preprocessor, not `if constexpr`: these are not
+// templates, so a discarded branch would still have to compile for the other register width.
+// xsimd's default batch follows the widest instruction set the build enables, so
+// __AVX512F__ means 16 lanes and __AVX2__ (without it) 8.
+#if defined(__AVX512F__)
+#define EDL_SIMD_AVX512 1
+#elif defined(__AVX2__)
+#define EDL_SIMD_AVX2 1
+#endif
+
 inline fbatch load(const bf16* p) noexcept {
-#if defined(__AVX2__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return fbatch(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#elif defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return fbatch(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
@@ -3124,7 +3206,21 @@ inline fbatch load(const bf16* p) noexcept {
 }
 
 inline fbatch load(const f16* p) noexcept {
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512 f = _mm512_cvtph_ps(h);
+    // As below: keep a signalling NaN's payload bit for bit, like f16::to_float.
+    const __m512i h32 = _mm512_cvtepu16_epi32(h);
+    const __mmask16 is_nan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(h32, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
+    const __m512i nan_bits = _mm512_or_si512(
+        _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(h32, _mm512_set1_epi32(0x8000)), 16),
+                        _mm512_set1_epi32(0x7f800000)),
+        _mm512_slli_epi32(_mm512_and_si512(h32, _mm512_set1_epi32(0x3ff)), 13));
+    return fbatch(_mm512_mask_blend_ps(is_nan, f, _mm512_castsi512_ps(nan_bits)));
+  }
+#elif defined(__F16C__) && defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256 f = _mm256_cvtph_ps(h);
@@ -3153,7 +3249,20 @@ inline fbatch load(const f16* p) noexcept {
 inline void store(float* p, const fbatch& v) noexcept { v.store_unaligned(p); }
 
 inline void store(bf16* p, const fbatch& v) noexcept {
-#if defined(__AVX2__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return;
+  }
+#elif defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
@@ -3177,7 +3286,13 @@ inline void store(f16* p, const fbatch& v) noexcept {
   // F16C's conversion ignores DAZ/FTZ for f16 subnormals but its NaN payload rule and
   // subnormal handling are checked against f16::from_float in the tests; the scalar path
   // is the definition.
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    return;
+  }
+#elif defined(__F16C__) && defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
@@ -3217,6 +3332,35 @@ inline float hsum(const fbatch& v) noexcept {
   return buf[0];
 }
 
+/// Row sums of kLanes batches: lane r of the result is the sum of rows[r]'s lanes, in a fixed
+/// tree (the same on every call). xsimd::haddp does this on SSE/AVX, but xsimd 8.1's AVX-512
+/// version returns rows 2-5 and 10-13 in the wrong lanes, so AVX-512 builds use this
+/// transposing reduction: pairs of rows (unpack lo/hi), then quads (64-bit unpacks), then the
+/// four 128-bit lanes (two shuffles of 128-bit lanes).
+inline fbatch haddp(const fbatch* rows) noexcept {
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    __m512 x[8];
+    for (int i = 0; i < 8; ++i)
+      x[i] = _mm512_add_ps(_mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]),
+                           _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]));
+    __m512 y[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512d a = _mm512_castps_pd(x[2 * k]), b = _mm512_castps_pd(x[2 * k + 1]);
+      y[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    // y[k]'s 128-bit lane L holds rows 4k..4k+3 summed over that lane's 4 elements.
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return fbatch(_mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1))));
+  }
+#endif
+  return xsimd::haddp(rows);
+}
+
 /// Largest lane, compared in lane order.
 inline float hmax(const fbatch& v) noexcept {
   alignas(64) float buf[kLanes];
@@ -3240,15 +3384,15 @@ inline fbatch exp(const fbatch& x) noexcept {
   const fbatch lo(-86.64f);
 
   const fbatch n = xsimd::nearbyint(x * log2e);
-  fbatch r = xsimd::fnma(n, ln2_hi, x);  // x - n*ln2_hi
-  r = xsimd::fnma(n, ln2_lo, r);         // - n*ln2_lo
+  fbatch r = kernels::detail::fnmadd(n, ln2_hi, x);  // x - n*ln2_hi
+  r = kernels::detail::fnmadd(n, ln2_lo, r);         // - n*ln2_lo
   fbatch p(1.9875691500e-4f);
-  p = xsimd::fma(p, r, fbatch(1.3981999507e-3f));
-  p = xsimd::fma(p, r, fbatch(8.3334519073e-3f));
-  p = xsimd::fma(p, r, fbatch(4.1665795894e-2f));
-  p = xsimd::fma(p, r, fbatch(1.6666665459e-1f));
-  p = xsimd::fma(p, r, fbatch(5.0000001201e-1f));
-  p = xsimd::fma(p * r, r, r) + fbatch(1.0f);
+  p = kernels::detail::fmadd(p, r, fbatch(1.3981999507e-3f));
+  p = kernels::detail::fmadd(p, r, fbatch(8.3334519073e-3f));
+  p = kernels::detail::fmadd(p, r, fbatch(4.1665795894e-2f));
+  p = kernels::detail::fmadd(p, r, fbatch(1.6666665459e-1f));
+  p = kernels::detail::fmadd(p, r, fbatch(5.0000001201e-1f));
+  p = kernels::detail::fmadd(p * r, r, r) + fbatch(1.0f);
   // y = (2p) * 2^(n-1): for lo <= x <= hi, n is in [-125, 128] so n - 1 + 127 is a valid
   // normal exponent field (n = 128 happens just below ln(FLT_MAX)). Lanes outside that range
   // hold garbage here and are replaced by the selects; NaN lanes stay NaN through r.
@@ -3327,7 +3471,7 @@ namespace detail {
 inline fbatch silu_grad(const fbatch& x) noexcept {
   fbatch s, oms;
   sigmoid_pair(x, s, oms);
-  return s * xsimd::fma(x, oms, fbatch(1.0f));
+  return s * kernels::detail::fmadd(x, oms, fbatch(1.0f));
 }
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
@@ -3384,7 +3528,7 @@ inline void silu_mul_backward(const float* gate, const float* up, const float* d
     fbatch s, oms;
     detail::sigmoid_pair(g, s, oms);
     du = d * (g * s);
-    dg = d * u * (s * xsimd::fma(g, oms, fbatch(1.0f)));
+    dg = d * u * (s * kernels::detail::fmadd(g, oms, fbatch(1.0f)));
   };
   exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     std::ptrdiff_t i = lo;
@@ -3415,7 +3559,7 @@ inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
       [](const detail::fbatch& v) {
         using detail::fbatch;
         // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v * v, v);
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v * v, v);
         return v * detail::sigmoid(u2);
       },
       y, x);
@@ -3433,13 +3577,13 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
       [](const detail::fbatch& v, const detail::fbatch& g) {
         using detail::fbatch;
         const fbatch v2 = v * v;
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v2, v);
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v2, v);
         // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
         // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
         fbatch s, oms;
         detail::sigmoid_pair(u2, s, oms);
-        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
-        const fbatch d = xsimd::fma(v * s * oms, du2, s);
+        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
+        const fbatch d = kernels::detail::fmadd(v * s * oms, du2, s);
         return g * d;
       },
       dx, x, dy);
@@ -3532,7 +3676,7 @@ inline void axpy(float a, const float* x, float* y, std::ptrdiff_t n) {
   detail::check_ptr(y, n, "axpy", "y");
   const detail::fbatch ab(a);
   detail::map(
-      n, [&](const detail::fbatch& u, const detail::fbatch& v) { return xsimd::fma(ab, v, u); }, y,
+      n, [&](const detail::fbatch& u, const detail::fbatch& v) { return kernels::detail::fmadd(ab, v, u); }, y,
       static_cast<const float*>(y), x);
 }
 
@@ -3584,7 +3728,7 @@ inline float dot(const float* a, const float* b, std::ptrdiff_t n) {
   return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     return detail::chunk_sum(
         lo, hi,
-        [](const detail::fbatch& s, const detail::fbatch& x, const detail::fbatch& y) { return xsimd::fma(x, y, s); },
+        [](const detail::fbatch& s, const detail::fbatch& x, const detail::fbatch& y) { return kernels::detail::fmadd(x, y, s); },
         a, b);
   });
 }
@@ -3596,7 +3740,7 @@ inline float sum_squares(const T* x, std::ptrdiff_t n) {
   detail::check_ptr(x, n, "sum_squares", "x");
   return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     return detail::chunk_sum(
-        lo, hi, [](const detail::fbatch& s, const detail::fbatch& v) { return xsimd::fma(v, v, s); }, x);
+        lo, hi, [](const detail::fbatch& s, const detail::fbatch& v) { return kernels::detail::fmadd(v, v, s); }, x);
   });
 }
 
@@ -3657,6 +3801,8 @@ inline void convert(const S* src, D* dst, std::ptrdiff_t n) {
 
 #include <xsimd/xsimd.hpp>
 
+// #include <edl/kernels/detail/fma.hpp> (inlined above)
+
 namespace edl::detail::gemm {
 
 using fbatch = xsimd::batch<float>;
@@ -3685,9 +3831,9 @@ inline void store_row(float* c, const fbatch* acc, fbatch alpha, fbatch beta) no
     if constexpr (S == Store::overwrite) {
       (alpha * acc[j]).store_unaligned(p);
     } else if constexpr (S == Store::accumulate) {
-      xsimd::fma(alpha, acc[j], fbatch::load_unaligned(p)).store_unaligned(p);
+      kernels::detail::fmadd(alpha, acc[j], fbatch::load_unaligned(p)).store_unaligned(p);
     } else {
-      xsimd::fma(alpha, acc[j], beta * fbatch::load_unaligned(p)).store_unaligned(p);
+      kernels::detail::fmadd(alpha, acc[j], beta * fbatch::load_unaligned(p)).store_unaligned(p);
     }
   }
 }
@@ -3743,7 +3889,7 @@ inline void microkernel(std::int64_t kc, const float* __restrict a, const float*
     for (int i = 0; i < MR; ++i) {
       const fbatch av(a[i]);
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = kernels::detail::fmadd(av, bv[j], acc[i][j]);
     }
     a += MR;
     b += NR;
@@ -3989,7 +4135,7 @@ void gemv_axpy(std::int64_t n, std::int64_t K, const float* x, const T* Mat, std
           const fbatch xv(x[k]);
           const T* row = Mat + k * ldm + j0;
 #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) acc[v] = xsimd::fma(xv, load_f32(row + v * simd_width), acc[v]);
+          for (int v = 0; v < NV; ++v) acc[v] = kernels::detail::fmadd(xv, load_f32(row + v * simd_width), acc[v]);
         }
         for (int v = 0; v < NV; ++v) acc[v].store_aligned(res + v * simd_width);
       } else {
@@ -4014,12 +4160,12 @@ inline float dot_f32(const float* x, const T* y, std::int64_t K) {
   fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
   std::int64_t k = 0;
   for (; k + 4 * W <= K; k += 4 * W) {
-    a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
-    a1 = xsimd::fma(fbatch::load_unaligned(x + k + W), load_f32(y + k + W), a1);
-    a2 = xsimd::fma(fbatch::load_unaligned(x + k + 2 * W), load_f32(y + k + 2 * W), a2);
-    a3 = xsimd::fma(fbatch::load_unaligned(x + k + 3 * W), load_f32(y + k + 3 * W), a3);
+    a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+    a1 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + W), load_f32(y + k + W), a1);
+    a2 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + 2 * W), load_f32(y + k + 2 * W), a2);
+    a3 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + 3 * W), load_f32(y + k + 3 * W), a3);
   }
-  for (; k + W <= K; k += W) a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+  for (; k + W <= K; k += W) a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
   float s = xsimd::hadd((a0 + a1) + (a2 + a3));
   for (; k < K; ++k) s = std::fma(x[k], to_f32(y[k]), s);
   return s;
@@ -4300,16 +4446,16 @@ inline float row_sum_squares(const T* x, std::ptrdiff_t n) noexcept {
   std::ptrdiff_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
     const fbatch a = load(x + j), b = load(x + j + kLanes);
-    s0 = xsimd::fma(a, a, s0);
-    s1 = xsimd::fma(b, b, s1);
+    s0 = kernels::detail::fmadd(a, a, s0);
+    s1 = kernels::detail::fmadd(b, b, s1);
   }
   for (; j + kLanes <= n; j += kLanes) {
     const fbatch a = load(x + j);
-    s0 = xsimd::fma(a, a, s0);
+    s0 = kernels::detail::fmadd(a, a, s0);
   }
   if (j < n) {
     const fbatch a = load_partial(x + j, n - j, 0.0f);
-    s1 = xsimd::fma(a, a, s1);
+    s1 = kernels::detail::fmadd(a, a, s1);
   }
   return hsum(s0 + s1);
 }
@@ -4375,26 +4521,26 @@ inline void rms_norm_backward(const float* x, const float* weight, const float* 
         fbatch s0(0.0f), s1(0.0f);
         std::ptrdiff_t j = 0;
         for (; j + 2 * detail::kLanes <= cols; j += 2 * detail::kLanes) {
-          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
-          s1 = xsimd::fma(detail::load(weight + j + detail::kLanes) * detail::load(dyr + j + detail::kLanes),
+          s0 = kernels::detail::fmadd(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+          s1 = kernels::detail::fmadd(detail::load(weight + j + detail::kLanes) * detail::load(dyr + j + detail::kLanes),
                           detail::load(xr + j + detail::kLanes), s1);
         }
         for (; j + detail::kLanes <= cols; j += detail::kLanes)
-          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+          s0 = kernels::detail::fmadd(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
         if (j < cols)
-          s1 = xsimd::fma(detail::load_partial(weight + j, cols - j, 0.0f) * detail::load_partial(dyr + j, cols - j, 0.0f),
+          s1 = kernels::detail::fmadd(detail::load_partial(weight + j, cols - j, 0.0f) * detail::load_partial(dyr + j, cols - j, 0.0f),
                           detail::load_partial(xr + j, cols - j, 0.0f), s1);
         const float dot = detail::hsum(s0 + s1);
         const fbatch coef(ir * ir * ir * inv_cols * dot);
         if (p) {  // p += dy * x * inv_rms (before dx overwrites dy when they alias)
           detail::map_range(
               0, cols,
-              [&](const fbatch& pv, const fbatch& g, const fbatch& xv) { return xsimd::fma(g * xv, irb, pv); }, p,
+              [&](const fbatch& pv, const fbatch& g, const fbatch& xv) { return kernels::detail::fmadd(g * xv, irb, pv); }, p,
               static_cast<const float*>(p), dyr, xr);
         }
         detail::map_range(
             0, cols,
-            [&](const fbatch& wv, const fbatch& g, const fbatch& xv) { return xsimd::fms(irb, wv * g, xv * coef); },
+            [&](const fbatch& wv, const fbatch& g, const fbatch& xv) { return kernels::detail::fmsub(irb, wv * g, xv * coef); },
             dx + r * cols, weight, dyr, xr);
       }
     }
@@ -4504,11 +4650,11 @@ inline float row_dot(const float* a, const float* b, std::ptrdiff_t n) noexcept 
   fbatch s0(0.0f), s1(0.0f);
   std::ptrdiff_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
-    s0 = xsimd::fma(load(a + j), load(b + j), s0);
-    s1 = xsimd::fma(load(a + j + kLanes), load(b + j + kLanes), s1);
+    s0 = kernels::detail::fmadd(load(a + j), load(b + j), s0);
+    s1 = kernels::detail::fmadd(load(a + j + kLanes), load(b + j + kLanes), s1);
   }
-  for (; j + kLanes <= n; j += kLanes) s0 = xsimd::fma(load(a + j), load(b + j), s0);
-  if (j < n) s1 = xsimd::fma(load_partial(a + j, n - j, 0.0f), load_partial(b + j, n - j, 0.0f), s1);
+  for (; j + kLanes <= n; j += kLanes) s0 = kernels::detail::fmadd(load(a + j), load(b + j), s0);
+  if (j < n) s1 = kernels::detail::fmadd(load_partial(a + j, n - j, 0.0f), load_partial(b + j, n - j, 0.0f), s1);
   return hsum(s0 + s1);
 }
 
@@ -4598,7 +4744,7 @@ inline void log_softmax_backward_rows(const float* y, const float* dy, float* dx
     const float* dyr = dy + r * cols;
     const detail::fbatch s(detail::row_sum(dyr, cols));
     detail::map_range(
-        0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return xsimd::fnma(detail::exp(yv), s, g); },
+        0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return kernels::detail::fnmadd(detail::exp(yv), s, g); },
         dx + r * cols, yr, dyr);
   });
 }
@@ -10225,10 +10371,10 @@ inline float dot_f32(const float* q, const float* k, std::int64_t n) noexcept {
   fbatch a0(0.f), a1(0.f);
   std::int64_t i = 0;
   for (; i + 2 * kW <= n; i += 2 * kW) {
-    a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
-    a1 = xsimd::fma(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
+    a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+    a1 = kernels::detail::fmadd(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
   }
-  for (; i + kW <= n; i += kW) a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+  for (; i + kW <= n; i += kW) a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
   float s = xsimd::hadd(a0 + a1);
   for (; i < n; ++i) s = std::fma(q[i], k[i], s);
   return s;
@@ -10239,7 +10385,7 @@ inline void axpy_f32(float p, const float* v, float* acc, std::int64_t n) noexce
   const fbatch pb(p);
   std::int64_t i = 0;
   for (; i + kW <= n; i += kW)
-    xsimd::fma(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
+    kernels::detail::fmadd(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
   for (; i < n; ++i) acc[i] = std::fma(p, v[i], acc[i]);
 }
 
@@ -10686,8 +10832,8 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
     const fbatch w0 = kernels::detail::load(w + k), w1 = kernels::detail::load(w + k + Wd);
 #pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) {
-      acc[m][0] = xsimd::fma(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
-      acc[m][1] = xsimd::fma(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
+      acc[m][0] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
+      acc[m][1] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
     }
   }
   for (int m = 0; m < MB; ++m) {
@@ -10718,16 +10864,16 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
 #pragma GCC unroll 8
-        for (std::int64_t r = 0; r < Wd; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t r = 0; r < Wd; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
       }
     } else {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
-        for (std::int64_t r = 0; r < rows; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t r = 0; r < rows; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
       }
     }
     alignas(64) float s[Wd];
-    xsimd::haddp(a).store_aligned(s);
+    kernels::detail::haddp(a).store_aligned(s);
     for (std::int64_t r = 0; r < rows; ++r) {
       float v = s[r];
       for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(w0[r * K + k]), v);

@@ -110,6 +110,42 @@ TEST(KernelsSimd, ExpMatchesStdExp) {
 
 // ---------------------------------------------------------------------------------- softmax
 
+// The building blocks every kernel's sums go through, on the build's widest batch (16 lanes
+// with AVX-512, where xsimd 8.1's own fma is two roundings and its haddp misplaces rows).
+TEST(KernelsSimd, FusedMultiplyAddRoundsOnce) {
+  using B = k::detail::fbatch;
+  const auto a = randn(B::size, 7), b = randn(B::size, 8), c = randn(B::size, 9);
+  alignas(64) float add[B::size], sub[B::size], nadd[B::size];
+  const B x = B::load_unaligned(a.data()), y = B::load_unaligned(b.data()), z = B::load_unaligned(c.data());
+  k::detail::fmadd(x, y, z).store_aligned(add);
+  k::detail::fmsub(x, y, z).store_aligned(sub);
+  k::detail::fnmadd(x, y, z).store_aligned(nadd);
+  for (std::size_t i = 0; i < B::size; ++i) {
+    EXPECT_EQ(add[i], std::fma(a[i], b[i], c[i])) << i;
+    EXPECT_EQ(sub[i], std::fma(a[i], b[i], -c[i])) << i;
+    EXPECT_EQ(nadd[i], std::fma(-a[i], b[i], c[i])) << i;
+  }
+}
+
+TEST(KernelsSimd, HaddpPutsEachRowsSumInItsLane) {
+  using B = k::detail::fbatch;
+  constexpr std::size_t W = B::size;
+  B rows[W];
+  float want[W];
+  for (std::size_t r = 0; r < W; ++r) {
+    alignas(64) float v[W];
+    want[r] = 0;
+    for (std::size_t i = 0; i < W; ++i) {  // small integers: every order of summing is exact
+      v[i] = static_cast<float>(r * 1000 + i * 7 + 1);
+      want[r] += v[i];
+    }
+    rows[r] = B::load_aligned(v);
+  }
+  alignas(64) float got[W];
+  k::detail::haddp(rows).store_aligned(got);
+  for (std::size_t r = 0; r < W; ++r) EXPECT_EQ(got[r], want[r]) << "row " << r;
+}
+
 TEST(KernelsSoftmax, MatchesReference) {
   std::vector<std::ptrdiff_t> sizes = kOddSizes;
   sizes.push_back(32000);

@@ -76,8 +76,8 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
     const fbatch w0 = kernels::detail::load(w + k), w1 = kernels::detail::load(w + k + Wd);
 #pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) {
-      acc[m][0] = xsimd::fma(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
-      acc[m][1] = xsimd::fma(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
+      acc[m][0] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
+      acc[m][1] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
     }
   }
   for (int m = 0; m < MB; ++m) {
@@ -108,16 +108,16 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
 #pragma GCC unroll 8
-        for (std::int64_t r = 0; r < Wd; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t r = 0; r < Wd; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
       }
     } else {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
-        for (std::int64_t r = 0; r < rows; ++r) a[r] = xsimd::fma(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t r = 0; r < rows; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
       }
     }
     alignas(64) float s[Wd];
-    xsimd::haddp(a).store_aligned(s);
+    kernels::detail::haddp(a).store_aligned(s);
     for (std::int64_t r = 0; r < rows; ++r) {
       float v = s[r];
       for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(w0[r * K + k]), v);

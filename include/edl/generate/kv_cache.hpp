@@ -63,10 +63,10 @@ inline float dot_f32(const float* q, const float* k, std::int64_t n) noexcept {
   fbatch a0(0.f), a1(0.f);
   std::int64_t i = 0;
   for (; i + 2 * kW <= n; i += 2 * kW) {
-    a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
-    a1 = xsimd::fma(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
+    a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+    a1 = kernels::detail::fmadd(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
   }
-  for (; i + kW <= n; i += kW) a0 = xsimd::fma(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
+  for (; i + kW <= n; i += kW) a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
   float s = xsimd::hadd(a0 + a1);
   for (; i < n; ++i) s = std::fma(q[i], k[i], s);
   return s;
@@ -77,7 +77,7 @@ inline void axpy_f32(float p, const float* v, float* acc, std::int64_t n) noexce
   const fbatch pb(p);
   std::int64_t i = 0;
   for (; i + kW <= n; i += kW)
-    xsimd::fma(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
+    kernels::detail::fmadd(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
   for (; i < n; ++i) acc[i] = std::fma(p, v[i], acc[i]);
 }
 

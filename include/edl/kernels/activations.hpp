@@ -26,7 +26,7 @@ namespace detail {
 inline fbatch silu_grad(const fbatch& x) noexcept {
   fbatch s, oms;
   sigmoid_pair(x, s, oms);
-  return s * xsimd::fma(x, oms, fbatch(1.0f));
+  return s * kernels::detail::fmadd(x, oms, fbatch(1.0f));
 }
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
@@ -83,7 +83,7 @@ inline void silu_mul_backward(const float* gate, const float* up, const float* d
     fbatch s, oms;
     detail::sigmoid_pair(g, s, oms);
     du = d * (g * s);
-    dg = d * u * (s * xsimd::fma(g, oms, fbatch(1.0f)));
+    dg = d * u * (s * kernels::detail::fmadd(g, oms, fbatch(1.0f)));
   };
   exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     std::ptrdiff_t i = lo;
@@ -114,7 +114,7 @@ inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
       [](const detail::fbatch& v) {
         using detail::fbatch;
         // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v * v, v);
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v * v, v);
         return v * detail::sigmoid(u2);
       },
       y, x);
@@ -132,13 +132,13 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
       [](const detail::fbatch& v, const detail::fbatch& g) {
         using detail::fbatch;
         const fbatch v2 = v * v;
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(detail::kGeluA) * v, v2, v);
+        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v2, v);
         // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
         // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
         fbatch s, oms;
         detail::sigmoid_pair(u2, s, oms);
-        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * xsimd::fma(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
-        const fbatch d = xsimd::fma(v * s * oms, du2, s);
+        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
+        const fbatch d = kernels::detail::fmadd(v * s * oms, du2, s);
         return g * d;
       },
       dx, x, dy);

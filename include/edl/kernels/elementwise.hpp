@@ -83,7 +83,7 @@ inline void axpy(float a, const float* x, float* y, std::ptrdiff_t n) {
   detail::check_ptr(y, n, "axpy", "y");
   const detail::fbatch ab(a);
   detail::map(
-      n, [&](const detail::fbatch& u, const detail::fbatch& v) { return xsimd::fma(ab, v, u); }, y,
+      n, [&](const detail::fbatch& u, const detail::fbatch& v) { return kernels::detail::fmadd(ab, v, u); }, y,
       static_cast<const float*>(y), x);
 }
 
@@ -135,7 +135,7 @@ inline float dot(const float* a, const float* b, std::ptrdiff_t n) {
   return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     return detail::chunk_sum(
         lo, hi,
-        [](const detail::fbatch& s, const detail::fbatch& x, const detail::fbatch& y) { return xsimd::fma(x, y, s); },
+        [](const detail::fbatch& s, const detail::fbatch& x, const detail::fbatch& y) { return kernels::detail::fmadd(x, y, s); },
         a, b);
   });
 }
@@ -147,7 +147,7 @@ inline float sum_squares(const T* x, std::ptrdiff_t n) {
   detail::check_ptr(x, n, "sum_squares", "x");
   return detail::chunked_reduce(n, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     return detail::chunk_sum(
-        lo, hi, [](const detail::fbatch& s, const detail::fbatch& v) { return xsimd::fma(v, v, s); }, x);
+        lo, hi, [](const detail::fbatch& s, const detail::fbatch& v) { return kernels::detail::fmadd(v, v, s); }, x);
   });
 }
 

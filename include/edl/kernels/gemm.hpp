@@ -127,7 +127,7 @@ void gemv_axpy(std::int64_t n, std::int64_t K, const float* x, const T* Mat, std
           const fbatch xv(x[k]);
           const T* row = Mat + k * ldm + j0;
 #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) acc[v] = xsimd::fma(xv, load_f32(row + v * simd_width), acc[v]);
+          for (int v = 0; v < NV; ++v) acc[v] = kernels::detail::fmadd(xv, load_f32(row + v * simd_width), acc[v]);
         }
         for (int v = 0; v < NV; ++v) acc[v].store_aligned(res + v * simd_width);
       } else {
@@ -152,12 +152,12 @@ inline float dot_f32(const float* x, const T* y, std::int64_t K) {
   fbatch a0(0.f), a1(0.f), a2(0.f), a3(0.f);
   std::int64_t k = 0;
   for (; k + 4 * W <= K; k += 4 * W) {
-    a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
-    a1 = xsimd::fma(fbatch::load_unaligned(x + k + W), load_f32(y + k + W), a1);
-    a2 = xsimd::fma(fbatch::load_unaligned(x + k + 2 * W), load_f32(y + k + 2 * W), a2);
-    a3 = xsimd::fma(fbatch::load_unaligned(x + k + 3 * W), load_f32(y + k + 3 * W), a3);
+    a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+    a1 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + W), load_f32(y + k + W), a1);
+    a2 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + 2 * W), load_f32(y + k + 2 * W), a2);
+    a3 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + 3 * W), load_f32(y + k + 3 * W), a3);
   }
-  for (; k + W <= K; k += W) a0 = xsimd::fma(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
+  for (; k + W <= K; k += W) a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), load_f32(y + k), a0);
   float s = xsimd::hadd((a0 + a1) + (a2 + a3));
   for (; k < K; ++k) s = std::fma(x[k], to_f32(y[k]), s);
   return s;

@@ -34,16 +34,16 @@ inline float row_sum_squares(const T* x, std::ptrdiff_t n) noexcept {
   std::ptrdiff_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
     const fbatch a = load(x + j), b = load(x + j + kLanes);
-    s0 = xsimd::fma(a, a, s0);
-    s1 = xsimd::fma(b, b, s1);
+    s0 = kernels::detail::fmadd(a, a, s0);
+    s1 = kernels::detail::fmadd(b, b, s1);
   }
   for (; j + kLanes <= n; j += kLanes) {
     const fbatch a = load(x + j);
-    s0 = xsimd::fma(a, a, s0);
+    s0 = kernels::detail::fmadd(a, a, s0);
   }
   if (j < n) {
     const fbatch a = load_partial(x + j, n - j, 0.0f);
-    s1 = xsimd::fma(a, a, s1);
+    s1 = kernels::detail::fmadd(a, a, s1);
   }
   return hsum(s0 + s1);
 }
@@ -109,26 +109,26 @@ inline void rms_norm_backward(const float* x, const float* weight, const float* 
         fbatch s0(0.0f), s1(0.0f);
         std::ptrdiff_t j = 0;
         for (; j + 2 * detail::kLanes <= cols; j += 2 * detail::kLanes) {
-          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
-          s1 = xsimd::fma(detail::load(weight + j + detail::kLanes) * detail::load(dyr + j + detail::kLanes),
+          s0 = kernels::detail::fmadd(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+          s1 = kernels::detail::fmadd(detail::load(weight + j + detail::kLanes) * detail::load(dyr + j + detail::kLanes),
                           detail::load(xr + j + detail::kLanes), s1);
         }
         for (; j + detail::kLanes <= cols; j += detail::kLanes)
-          s0 = xsimd::fma(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
+          s0 = kernels::detail::fmadd(detail::load(weight + j) * detail::load(dyr + j), detail::load(xr + j), s0);
         if (j < cols)
-          s1 = xsimd::fma(detail::load_partial(weight + j, cols - j, 0.0f) * detail::load_partial(dyr + j, cols - j, 0.0f),
+          s1 = kernels::detail::fmadd(detail::load_partial(weight + j, cols - j, 0.0f) * detail::load_partial(dyr + j, cols - j, 0.0f),
                           detail::load_partial(xr + j, cols - j, 0.0f), s1);
         const float dot = detail::hsum(s0 + s1);
         const fbatch coef(ir * ir * ir * inv_cols * dot);
         if (p) {  // p += dy * x * inv_rms (before dx overwrites dy when they alias)
           detail::map_range(
               0, cols,
-              [&](const fbatch& pv, const fbatch& g, const fbatch& xv) { return xsimd::fma(g * xv, irb, pv); }, p,
+              [&](const fbatch& pv, const fbatch& g, const fbatch& xv) { return kernels::detail::fmadd(g * xv, irb, pv); }, p,
               static_cast<const float*>(p), dyr, xr);
         }
         detail::map_range(
             0, cols,
-            [&](const fbatch& wv, const fbatch& g, const fbatch& xv) { return xsimd::fms(irb, wv * g, xv * coef); },
+            [&](const fbatch& wv, const fbatch& g, const fbatch& xv) { return kernels::detail::fmsub(irb, wv * g, xv * coef); },
             dx + r * cols, weight, dyr, xr);
       }
     }

@@ -77,11 +77,11 @@ inline float row_dot(const float* a, const float* b, std::ptrdiff_t n) noexcept 
   fbatch s0(0.0f), s1(0.0f);
   std::ptrdiff_t j = 0;
   for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
-    s0 = xsimd::fma(load(a + j), load(b + j), s0);
-    s1 = xsimd::fma(load(a + j + kLanes), load(b + j + kLanes), s1);
+    s0 = kernels::detail::fmadd(load(a + j), load(b + j), s0);
+    s1 = kernels::detail::fmadd(load(a + j + kLanes), load(b + j + kLanes), s1);
   }
-  for (; j + kLanes <= n; j += kLanes) s0 = xsimd::fma(load(a + j), load(b + j), s0);
-  if (j < n) s1 = xsimd::fma(load_partial(a + j, n - j, 0.0f), load_partial(b + j, n - j, 0.0f), s1);
+  for (; j + kLanes <= n; j += kLanes) s0 = kernels::detail::fmadd(load(a + j), load(b + j), s0);
+  if (j < n) s1 = kernels::detail::fmadd(load_partial(a + j, n - j, 0.0f), load_partial(b + j, n - j, 0.0f), s1);
   return hsum(s0 + s1);
 }
 
@@ -171,7 +171,7 @@ inline void log_softmax_backward_rows(const float* y, const float* dy, float* dx
     const float* dyr = dy + r * cols;
     const detail::fbatch s(detail::row_sum(dyr, cols));
     detail::map_range(
-        0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return xsimd::fnma(detail::exp(yv), s, g); },
+        0, cols, [&](const detail::fbatch& yv, const detail::fbatch& g) { return kernels::detail::fnmadd(detail::exp(yv), s, g); },
         dx + r * cols, yr, dyr);
   });
 }

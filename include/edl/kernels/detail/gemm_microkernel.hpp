@@ -15,6 +15,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <edl/kernels/detail/fma.hpp>
+
 namespace edl::detail::gemm {
 
 using fbatch = xsimd::batch<float>;
@@ -43,9 +45,9 @@ inline void store_row(float* c, const fbatch* acc, fbatch alpha, fbatch beta) no
     if constexpr (S == Store::overwrite) {
       (alpha * acc[j]).store_unaligned(p);
     } else if constexpr (S == Store::accumulate) {
-      xsimd::fma(alpha, acc[j], fbatch::load_unaligned(p)).store_unaligned(p);
+      kernels::detail::fmadd(alpha, acc[j], fbatch::load_unaligned(p)).store_unaligned(p);
     } else {
-      xsimd::fma(alpha, acc[j], beta * fbatch::load_unaligned(p)).store_unaligned(p);
+      kernels::detail::fmadd(alpha, acc[j], beta * fbatch::load_unaligned(p)).store_unaligned(p);
     }
   }
 }
@@ -101,7 +103,7 @@ inline void microkernel(std::int64_t kc, const float* __restrict a, const float*
     for (int i = 0; i < MR; ++i) {
       const fbatch av(a[i]);
 #pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[i][j] = xsimd::fma(av, bv[j], acc[i][j]);
+      for (int j = 0; j < NB; ++j) acc[i][j] = kernels::detail::fmadd(av, bv[j], acc[i][j]);
     }
     a += MR;
     b += NR;

@@ -1,7 +1,7 @@
 // edl/kernels/detail/simd.hpp
 // Shared building blocks of the elementwise and reduction kernels (softmax.hpp, rms_norm.hpp,
 // activations.hpp, elementwise.hpp):
-//  - `fbatch`, the widest xsimd float batch of the build (8 lanes with AVX2);
+//  - `fbatch`, the widest xsimd float batch of the build (8 lanes with AVX2, 16 with AVX-512);
 //  - a vectorized exp (Cephes-style, about 1 ulp, exact 0 below -86.64, +Inf above
 //    ln(FLT_MAX), NaN kept), so softmax does not depend on xsimd's generic exp;
 //  - horizontal sum and max in a fixed lane order;
@@ -34,8 +34,9 @@
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
+#include <edl/kernels/detail/fma.hpp>
 
-#if defined(__AVX2__) || defined(__F16C__)
+#if defined(__AVX2__) || defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -87,8 +88,23 @@ inline std::ptrdiff_t checked_area(std::ptrdiff_t rows, std::ptrdiff_t cols, con
 /// Loads kLanes elements widened to f32.
 inline fbatch load(const float* p) noexcept { return fbatch::load_unaligned(p); }
 
+// The intrinsic paths below are chosen by the preprocessor, not `if constexpr`: these are not
+// templates, so a discarded branch would still have to compile for the other register width.
+// xsimd's default batch follows the widest instruction set the build enables, so
+// __AVX512F__ means 16 lanes and __AVX2__ (without it) 8.
+#if defined(__AVX512F__)
+#define EDL_SIMD_AVX512 1
+#elif defined(__AVX2__)
+#define EDL_SIMD_AVX2 1
+#endif
+
 inline fbatch load(const bf16* p) noexcept {
-#if defined(__AVX2__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return fbatch(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#elif defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return fbatch(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
@@ -100,7 +116,21 @@ inline fbatch load(const bf16* p) noexcept {
 }
 
 inline fbatch load(const f16* p) noexcept {
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512 f = _mm512_cvtph_ps(h);
+    // As below: keep a signalling NaN's payload bit for bit, like f16::to_float.
+    const __m512i h32 = _mm512_cvtepu16_epi32(h);
+    const __mmask16 is_nan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(h32, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7c00));
+    const __m512i nan_bits = _mm512_or_si512(
+        _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(h32, _mm512_set1_epi32(0x8000)), 16),
+                        _mm512_set1_epi32(0x7f800000)),
+        _mm512_slli_epi32(_mm512_and_si512(h32, _mm512_set1_epi32(0x3ff)), 13));
+    return fbatch(_mm512_mask_blend_ps(is_nan, f, _mm512_castsi512_ps(nan_bits)));
+  }
+#elif defined(__F16C__) && defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256 f = _mm256_cvtph_ps(h);
@@ -129,7 +159,20 @@ inline fbatch load(const f16* p) noexcept {
 inline void store(float* p, const fbatch& v) noexcept { v.store_unaligned(p); }
 
 inline void store(bf16* p, const fbatch& v) noexcept {
-#if defined(__AVX2__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return;
+  }
+#elif defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
@@ -153,7 +196,13 @@ inline void store(f16* p, const fbatch& v) noexcept {
   // F16C's conversion ignores DAZ/FTZ for f16 subnormals but its NaN payload rule and
   // subnormal handling are checked against f16::from_float in the tests; the scalar path
   // is the definition.
-#if defined(__F16C__) && defined(__AVX__)
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    return;
+  }
+#elif defined(__F16C__) && defined(EDL_SIMD_AVX2)
   if constexpr (kLanes == 8) {
     const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
@@ -193,6 +242,35 @@ inline float hsum(const fbatch& v) noexcept {
   return buf[0];
 }
 
+/// Row sums of kLanes batches: lane r of the result is the sum of rows[r]'s lanes, in a fixed
+/// tree (the same on every call). xsimd::haddp does this on SSE/AVX, but xsimd 8.1's AVX-512
+/// version returns rows 2-5 and 10-13 in the wrong lanes, so AVX-512 builds use this
+/// transposing reduction: pairs of rows (unpack lo/hi), then quads (64-bit unpacks), then the
+/// four 128-bit lanes (two shuffles of 128-bit lanes).
+inline fbatch haddp(const fbatch* rows) noexcept {
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    __m512 x[8];
+    for (int i = 0; i < 8; ++i)
+      x[i] = _mm512_add_ps(_mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]),
+                           _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]));
+    __m512 y[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512d a = _mm512_castps_pd(x[2 * k]), b = _mm512_castps_pd(x[2 * k + 1]);
+      y[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    // y[k]'s 128-bit lane L holds rows 4k..4k+3 summed over that lane's 4 elements.
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(y[2], y[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return fbatch(_mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1))));
+  }
+#endif
+  return xsimd::haddp(rows);
+}
+
 /// Largest lane, compared in lane order.
 inline float hmax(const fbatch& v) noexcept {
   alignas(64) float buf[kLanes];
@@ -216,15 +294,15 @@ inline fbatch exp(const fbatch& x) noexcept {
   const fbatch lo(-86.64f);
 
   const fbatch n = xsimd::nearbyint(x * log2e);
-  fbatch r = xsimd::fnma(n, ln2_hi, x);  // x - n*ln2_hi
-  r = xsimd::fnma(n, ln2_lo, r);         // - n*ln2_lo
+  fbatch r = kernels::detail::fnmadd(n, ln2_hi, x);  // x - n*ln2_hi
+  r = kernels::detail::fnmadd(n, ln2_lo, r);         // - n*ln2_lo
   fbatch p(1.9875691500e-4f);
-  p = xsimd::fma(p, r, fbatch(1.3981999507e-3f));
-  p = xsimd::fma(p, r, fbatch(8.3334519073e-3f));
-  p = xsimd::fma(p, r, fbatch(4.1665795894e-2f));
-  p = xsimd::fma(p, r, fbatch(1.6666665459e-1f));
-  p = xsimd::fma(p, r, fbatch(5.0000001201e-1f));
-  p = xsimd::fma(p * r, r, r) + fbatch(1.0f);
+  p = kernels::detail::fmadd(p, r, fbatch(1.3981999507e-3f));
+  p = kernels::detail::fmadd(p, r, fbatch(8.3334519073e-3f));
+  p = kernels::detail::fmadd(p, r, fbatch(4.1665795894e-2f));
+  p = kernels::detail::fmadd(p, r, fbatch(1.6666665459e-1f));
+  p = kernels::detail::fmadd(p, r, fbatch(5.0000001201e-1f));
+  p = kernels::detail::fmadd(p * r, r, r) + fbatch(1.0f);
   // y = (2p) * 2^(n-1): for lo <= x <= hi, n is in [-125, 128] so n - 1 + 127 is a valid
   // normal exponent field (n = 128 happens just below ln(FLT_MAX)). Lanes outside that range
   // hold garbage here and are replaced by the selects; NaN lanes stay NaN through r.
