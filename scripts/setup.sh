@@ -5,6 +5,7 @@
 #   scripts/setup.sh test   build + run every test with ctest
 #   scripts/setup.sh main   build + run the main job (examples/main_job.sh)
 # BUILD_DIR (default: build) and JOBS (default: nproc) may be set in the environment.
+# A test that runs over 30 minutes fails (a hang reports as one instead of using up the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +41,7 @@ build() {
 case "${1:-build}" in
   deps) install_deps ;;
   build) install_deps; build ;;
-  test) install_deps; build; ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 ;;
+  test) install_deps; build; ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 --timeout 1800 ;;
   main) install_deps; build; BUILD_DIR="$BUILD_DIR" bash examples/main_job.sh ;;
   *) echo "usage: scripts/setup.sh deps|build|test|main" >&2; exit 2 ;;
 esac

@@ -36,7 +36,7 @@ inline xsimd::batch<T, A> fmadd(const xsimd::batch<T, A>& x, const xsimd::batch<
   else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fmadd_pd(x, y, z);
   else
 #endif
-    return kernels::detail::fmadd(x, y, z);
+    return xsimd::fma(x, y, z);  // FMA3 kernels on SSE/AVX/AVX2: one rounding
 }
 
 /// x * y - z, rounded once.
@@ -48,7 +48,7 @@ inline xsimd::batch<T, A> fmsub(const xsimd::batch<T, A>& x, const xsimd::batch<
   else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fmsub_pd(x, y, z);
   else
 #endif
-    return kernels::detail::fmsub(x, y, z);
+    return xsimd::fms(x, y, z);
 }
 
 /// z - x * y, rounded once.
@@ -60,7 +60,7 @@ inline xsimd::batch<T, A> fnmadd(const xsimd::batch<T, A>& x, const xsimd::batch
   else if constexpr (is_avx512<A> && std::is_same_v<T, double>) return _mm512_fnmadd_pd(x, y, z);
   else
 #endif
-    return kernels::detail::fnmadd(x, y, z);
+    return xsimd::fnma(x, y, z);
 }
 
 }  // namespace edl::kernels::detail
