@@ -87,24 +87,45 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
-/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). Every row is one FMA chain in
-/// the same order, so the result does not depend on how the rows were split between threads.
+/// Weight rows of at most this many bytes (tiny's 288 f32) are read in address order with a
+/// software prefetch; longer rows are read Wd at a time, interleaved. Both measured on decode's
+/// matrix set (docs/benchmarks.md): short interleaved rows give the hardware prefetcher Wd
+/// streams of a few lines each, which it never catches up with (one thread streamed 9-10 GB/s
+/// of tiny's weights, against 13-14 in address order); long rows stream faster interleaved.
+inline constexpr std::int64_t kShortRowBytes = 2048;
+
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). Every row's sum has the same
+/// order whatever chunk or lane it falls in (the path depends on K alone), so the result does
+/// not depend on how the rows were split between threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-  const std::int64_t K0 = K / Wd * Wd;
-  // Wd weight rows at a time (Wd independent memory streams); the Wd accumulators reduce in one
-  // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
-  // separate horizontal sums. A group of fewer rows pads with zero accumulators, so every
-  // row's sum has the same order whatever chunk or lane it falls in.
+  const bool short_rows = K * static_cast<std::int64_t>(sizeof(T)) <= kShortRowBytes;
+  // Short rows consume 2 Wd elements a step (two accumulators: two FMA chains in flight).
+  const std::int64_t K0 = short_rows ? K / (2 * Wd) * (2 * Wd) : K / Wd * Wd;
+  // Wd weight rows at a time; the Wd accumulators reduce in one transposing haddp, which for
+  // small K (tiny's lm_head: K = 288) costs far less than Wd separate horizontal sums. A group
+  // of fewer rows pads with zero accumulators.
   for (std::int64_t j = lo; j < hi; j += Wd) {
     const std::int64_t rows = std::min<std::int64_t>(Wd, hi - j);
     fbatch a[Wd];
     for (std::int64_t r = 0; r < Wd; ++r) a[r] = fbatch(0.f);
     const T* w0 = W + j * K;
-    if (rows == Wd) {
+    if (short_rows) {
+      // Address order: one stream, prefetched 1 KiB ahead (about a row of tiny's).
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* wr = w0 + r * K;
+        fbatch a0(0.f), a1(0.f);
+        for (std::int64_t k = 0; k < K0; k += 2 * Wd) {
+          __builtin_prefetch(reinterpret_cast<const char*>(wr + k) + 1024, 0, 3);
+          a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), kernels::detail::load(wr + k), a0);
+          a1 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + Wd), kernels::detail::load(wr + k + Wd), a1);
+        }
+        a[r] = a0 + a1;
+      }
+    } else if (rows == Wd) {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
 #pragma GCC unroll 8
