@@ -10289,8 +10289,9 @@ class ShardedOptimizer {
 // Left padding: a row b of `mask` must be 0...0 1...1; padding tokens are skipped (never
 // computed, never cached), so a padded prompt gives the logits of the same prompt alone.
 // Projections of up to 16 rows (decode, also of a batch) use a matrix-vector path (parallel
-// over outputs, each weight row read once); more rows use kernels::matmul_nt. Attention runs one (token, head) per task with
-// exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
+// over outputs, each weight row read once); more rows use kernels::matmul_nt. Attention of a
+// prefill chunk runs on the GEMM per (chunk, head); decode's runs one (token, head) per task
+// with exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
 
 #include <algorithm>
 #include <array>
@@ -10326,7 +10327,8 @@ class ShardedOptimizer {
 //   store(layer, b, slot, k, v)    k, v: [kv_heads * head_dim] f32 rows (after rope for k)
 //   set_length(b, n), length(b)    tokens of sequence b in the cache
 //   view(layer, b, g)              a HeadView: dot_k(slot, q) = q . k[slot], axpy_v(slot, p, acc):
-//                                  acc += p * v[slot], for kv head g
+//                                  acc += p * v[slot], for kv head g; read(slot, k, v): the
+//                                  slot's key and value as f32 (dequantized), for prefill's GEMM
 //   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
 //   reset(b)                       forget sequence b (length 0; pages returned)
 
@@ -10435,6 +10437,7 @@ concept KVCache = requires(C& c, const C& cc, std::int64_t i, const float* row, 
   c.store(i, i, i, row, row);
   { cc.view(i, i, i).dot_k(i, row) } -> std::convertible_to<float>;
   cc.view(i, i, i).axpy_v(i, 1.0f, acc);
+  cc.view(i, i, i).read(i, acc, acc);
   c.reorder(src);
   c.reset(i);
   { cc.bytes() } -> std::convertible_to<std::int64_t>;
@@ -10460,6 +10463,10 @@ class StandardKVCache {
     float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, k + slot * stride, D); }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
       detail::axpy_f32(p, v + slot * stride, acc, D);
+    }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      std::memcpy(ko, k + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
+      std::memcpy(vo, v + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
     }
   };
 
@@ -10543,6 +10550,13 @@ class Int8KVCache {
     }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
       detail::axpy_i8(p * vs[slot * sstride], v + slot * stride, acc, D);
+    }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      const float sk = ks[slot * sstride], sv = vs[slot * sstride];
+      for (std::int64_t i = 0; i < D; ++i) {
+        ko[i] = sk * static_cast<float>(k[slot * stride + i]);
+        vo[i] = sv * static_cast<float>(v[slot * stride + i]);
+      }
     }
   };
 
@@ -10651,6 +10665,10 @@ class PagedKVCache {
     }
     float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, at(k, slot), D); }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept { detail::axpy_f32(p, at(v, slot), acc, D); }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      std::memcpy(ko, at(k, slot), static_cast<std::size_t>(D) * sizeof(float));
+      std::memcpy(vo, at(v, slot), static_cast<std::size_t>(D) * sizeof(float));
+    }
   };
 
   const KVCacheShape& shape() const noexcept { return s_; }
@@ -10798,6 +10816,7 @@ class RopeTable {
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/rms_norm.hpp> (inlined above)
+// #include <edl/kernels/softmax.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/nn/rotary.hpp> (inlined above)
@@ -10974,6 +10993,11 @@ void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>
   if (M == 1) return matvec_group<T, P>(x, parts, K);
   for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
 }
+
+/// A run of at least this many rows of one sequence (a prefill chunk) attends through the GEMM.
+inline constexpr std::int64_t kGemmAttentionRows = 8;
+/// Query rows per GEMM block of prefill attention (bounds the scores to this many rows).
+inline constexpr std::int64_t kGemmAttentionBlock = 64;
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
 /// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
@@ -11200,20 +11224,96 @@ class Decoder {
     for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
+  /// First cache slot a query at position pos attends to (sliding window, if configured).
+  std::int64_t first_slot(std::int64_t pos) const noexcept {
+    return window_ > 0 ? std::max<std::int64_t>(0, pos - window_ + 1) : 0;
+  }
+
+  // Runs of at least kGemmAttentionRows rows of one sequence at consecutive positions (a
+  // prefill chunk) go through the GEMM; the other rows (decode: one per sequence) take the
+  // vectorized per-row path over the cache slots.
   void attention(std::int64_t layer, std::int64_t n) {
-    const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
+    runs_.clear();
+    single_.clear();
+    for (std::int64_t r = 0; r < n;) {
+      std::int64_t e = r + 1;
+      while (e < n && rows_[static_cast<std::size_t>(e)].b == rows_[static_cast<std::size_t>(r)].b &&
+             rows_[static_cast<std::size_t>(e)].pos == rows_[static_cast<std::size_t>(e - 1)].pos + 1)
+        ++e;
+      if (e - r >= detail::kGemmAttentionRows) {
+        runs_.push_back({r, e});
+      } else {
+        for (std::int64_t i = r; i < e; ++i) single_.push_back(i);
+      }
+      r = e;
+    }
+    if (!runs_.empty()) attention_gemm(layer);
+    if (!single_.empty()) attention_rows(layer);
+  }
+
+  // One task per (run, query head): the kv head's keys and values for the run's slots are read
+  // from the cache into f32 (whatever the cache stores), then per block of query rows the
+  // scores are one GEMM (q k^T), the causal (and window) mask and softmax are row-wise, and the
+  // context is a second GEMM (p v), as in the training attention (nn/attention.hpp). Each task
+  // runs its GEMMs on its own thread, so the result does not depend on the thread count.
+  void attention_gemm(std::int64_t layer) {
+    using kernels::Trans;
+    const std::int64_t rep = nh_ / nkv_, qw = nh_ * D_, QB = detail::kGemmAttentionBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
-    for (std::int64_t r0 = 0; r0 < n; r0 += attn_block_) {
-      const std::int64_t r1 = std::min(n, r0 + attn_block_);
-      exec::parallel_for(0, (r1 - r0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    const std::int64_t tasks = static_cast<std::int64_t>(runs_.size()) * nh_;
+    exec::parallel_for(0, tasks, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> kv, sc;
+      for (std::ptrdiff_t t = lo; t < hi; ++t) {
+        const std::pair<std::int64_t, std::int64_t> run = runs_[static_cast<std::size_t>(t / nh_)];
+        const std::int64_t h = t % nh_;
+        const Row& first = rows_[static_cast<std::size_t>(run.first)];
+        const std::int64_t p0 = first.pos, m_all = run.second - run.first;
+        const std::int64_t s0 = first_slot(p0), ns = p0 + m_all - s0;  // slots [s0, p0 + m_all)
+        kv.resize(static_cast<std::size_t>(2 * ns * D_));
+        float* K = kv.data();
+        float* V = K + ns * D_;
+        const auto view = cache_.view(layer, first.b, h / rep);
+        for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D_, V + j * D_);
+        sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * ns));
+        for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
+          const std::int64_t m = std::min(QB, m_all - i0);
+          const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = p0 + i0 + m - s0 - j0;  // keys [j0, j0 + nk)
+          const std::int64_t r0 = run.first + i0;
+          kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D_, scale, q_.data() + r0 * qw + h * D_, qw, K + j0 * D_,
+                               D_, 0.0f, sc.data(), nk);
+          for (std::int64_t i = 0; i < m; ++i) {
+            float* row = sc.data() + i * nk;
+            const std::int64_t pos = p0 + i0 + i;
+            const std::int64_t a = first_slot(pos) - s0 - j0, b = pos - s0 - j0 + 1;  // allowed keys [a, b)
+            const float mx = kernels::detail::row_max(row + a, b - a);
+            const float inv = 1.0f / kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
+            std::fill(row, row + a, 0.0f);
+            for (std::int64_t j = a; j < b; ++j) row[j] *= inv;
+            std::fill(row + b, row + nk, 0.0f);
+          }
+          kernels::gemm_serial(Trans::no, Trans::no, m, D_, nk, 1.0f, sc.data(), nk, V + j0 * D_, D_, 0.0f,
+                               ctx_.data() + r0 * qw + h * D_, qw);
+        }
+      }
+    });
+  }
+
+  // One (row, head) per task: scores over the slots, softmax, and the weighted sum of values.
+  void attention_rows(std::int64_t layer) {
+    const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
+    const std::int64_t n = static_cast<std::int64_t>(single_.size());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
+    for (std::int64_t i0 = 0; i0 < n; i0 += attn_block_) {
+      const std::int64_t i1 = std::min(n, i0 + attn_block_);
+      exec::parallel_for(0, (i1 - i0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
         for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const std::int64_t r = r0 + t / nh_, h = t % nh_;
+          const std::int64_t r = single_[static_cast<std::size_t>(i0 + t / nh_)], h = t % nh_;
           const Row& row = rows_[static_cast<std::size_t>(r)];
           const auto view = cache_.view(layer, row.b, h / rep);
           const float* q = q_.data() + r * nh_ * D_ + h * D_;
           float* out = ctx_.data() + r * nh_ * D_ + h * D_;
           float* sc = scores_.data() + t * P;
-          const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
+          const std::int64_t j0 = first_slot(row.pos);
           const std::int64_t cnt = row.pos + 1 - j0;
           const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);
@@ -11230,7 +11330,8 @@ class Decoder {
   RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<Row> rows_;
-  std::vector<std::int64_t> last_, need_;
+  std::vector<std::int64_t> last_, need_, single_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run
 };
 
 }  // namespace edl::generate

@@ -91,6 +91,45 @@ TEST(Decoder, ChunkedPrefillEqualsOneChunk) {
   EXPECT_LT(max_diff(all.data(), want.data(), 13 * V), 1e-4);
 }
 
+TEST(Decoder, LongPrefillOnTheGemmEqualsTheFullForward) {
+  // Prefill chunks of 10 and 140 tokens attend through the GEMM path (runs of at least
+  // kGemmAttentionRows rows), the second one over three query blocks (kGemmAttentionBlock)
+  // and over slots the first chunk cached; then 6 decode steps on the per-row path. With a
+  // sliding window (5) every block starts at a different first slot. Standard, paged (pages
+  // of 16: a block's keys cross pages) and int8 caches.
+  static_assert(generate::detail::kGemmAttentionRows <= 10 && 140 > 2 * generate::detail::kGemmAttentionBlock);
+  for (const std::string variant : {"", "window"}) {
+    const auto cfg = test_support::small_llama(50, 160, variant);
+    LlamaForCausalLM<> m(cfg);
+    m.init(Key::from_seed(12), 0.2f);
+    const auto ids = random_ids(156, cfg.vocab_size, 31);
+    const auto want = full_logits(m, ids);
+    const std::int64_t V = cfg.vocab_size;
+    const auto run = [&](auto& cache) {
+      Decoder dec(m, cache);
+      std::vector<float> all(static_cast<std::size_t>(150 * V)), last(static_cast<std::size_t>(V));
+      dec.prefill(ids.data(), 10, nullptr, last.data(), all.data());
+      dec.prefill(ids.data() + 10, 140, nullptr, last.data(), all.data() + 10 * V);
+      double w = max_diff(all.data(), want.data(), 150 * V);
+      for (std::int64_t t = 150; t < 156; ++t) {
+        dec.decode(ids.data() + t, last.data());
+        w = std::max(w, max_diff(last.data(), want.data() + t * V, V));
+      }
+      return w;
+    };
+    StandardKVCache standard(kv_cache_shape(cfg, 1, 160));
+    EXPECT_LT(run(standard), 1e-4) << variant;
+    PagedKVCacheOptions po;
+    po.page_size = 16;
+    PagedKVCache paged(kv_cache_shape(cfg, 1, 160), po);
+    EXPECT_LT(run(paged), 1e-4) << variant;
+    double scale = 0;
+    for (float x : want) scale = std::max(scale, static_cast<double>(std::fabs(x)));
+    Int8KVCache int8(kv_cache_shape(cfg, 1, 160));
+    EXPECT_LT(run(int8), 3e-2 * scale) << variant;
+  }
+}
+
 TEST(Decoder, Bf16ParamsMatchTheirFullForward) {
   const auto cfg = small_config();
   LlamaForCausalLM<BF16ParamsPolicy> m(cfg);

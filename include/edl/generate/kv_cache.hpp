@@ -17,7 +17,8 @@
 //   store(layer, b, slot, k, v)    k, v: [kv_heads * head_dim] f32 rows (after rope for k)
 //   set_length(b, n), length(b)    tokens of sequence b in the cache
 //   view(layer, b, g)              a HeadView: dot_k(slot, q) = q . k[slot], axpy_v(slot, p, acc):
-//                                  acc += p * v[slot], for kv head g
+//                                  acc += p * v[slot], for kv head g; read(slot, k, v): the
+//                                  slot's key and value as f32 (dequantized), for prefill's GEMM
 //   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
 //   reset(b)                       forget sequence b (length 0; pages returned)
 #pragma once
@@ -127,6 +128,7 @@ concept KVCache = requires(C& c, const C& cc, std::int64_t i, const float* row, 
   c.store(i, i, i, row, row);
   { cc.view(i, i, i).dot_k(i, row) } -> std::convertible_to<float>;
   cc.view(i, i, i).axpy_v(i, 1.0f, acc);
+  cc.view(i, i, i).read(i, acc, acc);
   c.reorder(src);
   c.reset(i);
   { cc.bytes() } -> std::convertible_to<std::int64_t>;
@@ -152,6 +154,10 @@ class StandardKVCache {
     float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, k + slot * stride, D); }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
       detail::axpy_f32(p, v + slot * stride, acc, D);
+    }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      std::memcpy(ko, k + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
+      std::memcpy(vo, v + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
     }
   };
 
@@ -235,6 +241,13 @@ class Int8KVCache {
     }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
       detail::axpy_i8(p * vs[slot * sstride], v + slot * stride, acc, D);
+    }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      const float sk = ks[slot * sstride], sv = vs[slot * sstride];
+      for (std::int64_t i = 0; i < D; ++i) {
+        ko[i] = sk * static_cast<float>(k[slot * stride + i]);
+        vo[i] = sv * static_cast<float>(v[slot * stride + i]);
+      }
     }
   };
 
@@ -343,6 +356,10 @@ class PagedKVCache {
     }
     float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, at(k, slot), D); }
     void axpy_v(std::int64_t slot, float p, float* acc) const noexcept { detail::axpy_f32(p, at(v, slot), acc, D); }
+    void read(std::int64_t slot, float* ko, float* vo) const noexcept {
+      std::memcpy(ko, at(k, slot), static_cast<std::size_t>(D) * sizeof(float));
+      std::memcpy(vo, at(v, slot), static_cast<std::size_t>(D) * sizeof(float));
+    }
   };
 
   const KVCacheShape& shape() const noexcept { return s_; }
