@@ -56,6 +56,18 @@ TEST(Key, ElementStreamIsIndexLocalSoShardsAgree) {
   }
 }
 
+TEST(Key, NormalIsBoxMullerOfTheCountersTwoIAndTwoIPlusOne) {
+  // The definition, from random_bits_at (normal_at computes both words in one cipher call).
+  const edl::Key k = edl::Key::from_seed(5);
+  for (std::uint64_t i : {0ull, 1ull, 2ull, 77ull, 65535ull, 65536ull, (1ull << 32) + 3, (1ull << 40) + 1}) {
+    const std::uint32_t b0 = edl::random_bits_at(k, 2 * i), b1 = edl::random_bits_at(k, 2 * i + 1);
+    const double u1 = (static_cast<double>(b0 >> 8) + 1.0) / 16777216.0;
+    const double u2 = static_cast<double>(b1 >> 8) / 16777216.0;
+    const float want = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    ASSERT_EQ(edl::normal_at(k, i), want) << "element " << i;
+  }
+}
+
 TEST(Key, UniformAndNormalHaveTheirMoments) {
   const edl::Key k = edl::Key::from_seed(11);
   const std::size_t n = 200000;

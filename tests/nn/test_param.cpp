@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <edl/core/exec.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>
@@ -33,6 +34,18 @@ TEST(NnParam, InitIsCounterBasedAndPerParameter) {
   for (int j = 0; j < 4; ++j) EXPECT_EQ(n.weight.value(j), 1.0f);
   b.init(Key::from_seed(8), 0.02f);
   EXPECT_FALSE(a.weight.value == b.weight.value);
+}
+
+TEST(NnParam, InitOnOneThreadEqualsInitOnTwo) {
+  // Larger than one fill chunk (2^16), so the chunks of a parameter split between threads.
+  nn::ColumnLinear<DefaultPolicy> a(300, 500, true), b(300, 500, true);
+  exec::set_num_threads(1);
+  a.init(Key::from_seed(4), 0.02f);
+  exec::set_num_threads(2);
+  b.init(Key::from_seed(4), 0.02f);
+  exec::set_num_threads(0);
+  EXPECT_TRUE(a.weight.value == b.weight.value);
+  EXPECT_FLOAT_EQ(a.weight.data()[300 * 500 - 1], 0.02f * normal_at(fold_in(Key::from_seed(4), 0), 300 * 500 - 1));
 }
 
 TEST(NnParam, NamedShapes) {
