@@ -144,8 +144,10 @@ TEST(Decoder, LeftPaddedBatchEqualsEachPromptAlone) {
   LlamaForCausalLM<> m(cfg);
   m.init(Key::from_seed(4), 0.2f);
   const std::int64_t V = cfg.vocab_size;
-  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(7, V, 11), random_ids(3, V, 12), random_ids(5, V, 13)};
-  const std::int64_t B = 3, S = 7, steps = 5;
+  // 12 and 9 real tokens attend through the GEMM path, 3 through the per-row path, in one call.
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(12, V, 11), random_ids(3, V, 12), random_ids(9, V, 13)};
+  const std::int64_t B = 3, S = 12, steps = 5;
+  static_assert(generate::detail::kGemmAttentionRows <= 9 && generate::detail::kGemmAttentionRows > 3);
   std::vector<std::int64_t> ids(B * S, 0), mask(B * S, 0);
   for (std::int64_t b = 0; b < B; ++b) {
     const auto& p = prompts[b];

@@ -55,16 +55,17 @@ struct Case {
 
 class ShardedDecoderMeshes : public ::testing::TestWithParam<Case> {};
 
-// Two left-padded prompts (7 and 4 tokens): prefill with every position's logits, then 9
-// decode steps fed with the one-device greedy tokens; every logit within 1e-4 of one device,
-// and the greedy tokens identical.
+// Two left-padded prompts (12 and 4 tokens: the first attends on the GEMM path without sp, the
+// second row by row): prefill with every position's logits, then 9 decode steps fed with the
+// one-device greedy tokens; every logit within 1e-4 of one device, and the greedy tokens identical.
 TEST_P(ShardedDecoderMeshes, LogitsAndGreedyTokensEqualOneDevice) {
   const auto [dims, variant] = GetParam();
   const auto cfg = config(variant);
   LlamaForCausalLM<> m(cfg);
   m.init(Key::from_seed(7), 0.2f);
-  const std::int64_t V = cfg.vocab_size, B = 2, S = 7, steps = 9, len = S + steps;
-  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(7, V, 11), random_ids(4, V, 12)};
+  const std::int64_t V = cfg.vocab_size, B = 2, S = 12, steps = 9, len = S + steps;
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(12, V, 11), random_ids(4, V, 12)};
+  static_assert(generate::detail::kGemmAttentionRows <= 12 && generate::detail::kGemmAttentionRows > 4);
   std::vector<std::int64_t> ids(B * S, 0), mask(B * S, 0);
   for (std::int64_t b = 0; b < B; ++b) {
     const auto& p = prompts[static_cast<std::size_t>(b)];

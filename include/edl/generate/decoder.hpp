@@ -226,6 +226,66 @@ inline constexpr std::int64_t kGemmAttentionRows = 8;
 /// Query rows per GEMM block of prefill attention (bounds the scores to this many rows).
 inline constexpr std::int64_t kGemmAttentionBlock = 64;
 
+/// Splits rows [0, n) (sorted by sequence) into runs of at least kGemmAttentionRows rows of one
+/// sequence at consecutive positions (a prefill chunk: attention on the GEMM), given as
+/// [first, last + 1), and the other rows (decode: attention row by row). Both decoders' rows
+/// have .b (sequence) and .pos (position).
+template <class Row>
+void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
+                          std::vector<std::pair<std::int64_t, std::int64_t>>& runs, std::vector<std::int64_t>& single) {
+  runs.clear();
+  single.clear();
+  for (std::int64_t r = 0; r < n;) {
+    std::int64_t e = r + 1;
+    while (e < n && rows[static_cast<std::size_t>(e)].b == rows[static_cast<std::size_t>(r)].b &&
+           rows[static_cast<std::size_t>(e)].pos == rows[static_cast<std::size_t>(e - 1)].pos + 1)
+      ++e;
+    if (e - r >= kGemmAttentionRows) {
+      runs.push_back({r, e});
+    } else {
+      for (std::int64_t i = r; i < e; ++i) single.push_back(i);
+    }
+    r = e;
+  }
+}
+
+/// Attention of one query head for m_all query rows at positions p0 .. p0 + m_all - 1 of one
+/// sequence (q and ctx: row i at q + i * ld, ctx + i * ld) over the cache slots that hold
+/// positions first_slot(p0) .. p0 + m_all - 1 (slot = position). The kv head's keys and values
+/// are read into f32 (kv), then per block of kGemmAttentionBlock query rows the scores are one
+/// GEMM (q k^T), the causal and window mask and the softmax are row-wise, and the context is a
+/// second GEMM (p v), as in the training attention (nn/attention.hpp). Serial: the caller runs
+/// one (run, head) per task, so the result does not depend on the thread count.
+template <class View, class FirstSlot>
+void attend_run_gemm(const View& view, const float* q, float* ctx, std::int64_t ld, std::int64_t p0, std::int64_t m_all,
+                     std::int64_t D, FirstSlot first_slot, std::vector<float>& kv, std::vector<float>& sc) {
+  using kernels::Trans;
+  const std::int64_t QB = kGemmAttentionBlock;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const std::int64_t s0 = first_slot(p0), ns = p0 + m_all - s0;  // slots [s0, p0 + m_all)
+  kv.resize(static_cast<std::size_t>(2 * ns * D));
+  float* K = kv.data();
+  float* V = K + ns * D;
+  for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D, V + j * D);
+  sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * ns));
+  for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
+    const std::int64_t m = std::min(QB, m_all - i0);
+    const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = p0 + i0 + m - s0 - j0;  // keys [j0, j0 + nk)
+    kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D, scale, q + i0 * ld, ld, K + j0 * D, D, 0.0f, sc.data(), nk);
+    for (std::int64_t i = 0; i < m; ++i) {
+      float* row = sc.data() + i * nk;
+      const std::int64_t pos = p0 + i0 + i;
+      const std::int64_t a = first_slot(pos) - s0 - j0, b = pos - s0 - j0 + 1;  // allowed keys [a, b)
+      const float mx = kernels::detail::row_max(row + a, b - a);
+      const float inv = 1.0f / kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
+      std::fill(row, row + a, 0.0f);
+      for (std::int64_t j = a; j < b; ++j) row[j] *= inv;
+      std::fill(row + b, row + nk, 0.0f);
+    }
+    kernels::gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f, ctx + i0 * ld, ld);
+  }
+}
+
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
 /// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
 /// decoders' attention starts here; they differ in how the sum is combined.
@@ -456,73 +516,25 @@ class Decoder {
     return window_ > 0 ? std::max<std::int64_t>(0, pos - window_ + 1) : 0;
   }
 
-  // Runs of at least kGemmAttentionRows rows of one sequence at consecutive positions (a
-  // prefill chunk) go through the GEMM; the other rows (decode: one per sequence) take the
-  // vectorized per-row path over the cache slots.
+  // Runs of rows of one sequence at consecutive positions (a prefill chunk) attend on the GEMM,
+  // one task per (run, query head); the other rows (decode) row by row.
   void attention(std::int64_t layer, std::int64_t n) {
-    runs_.clear();
-    single_.clear();
-    for (std::int64_t r = 0; r < n;) {
-      std::int64_t e = r + 1;
-      while (e < n && rows_[static_cast<std::size_t>(e)].b == rows_[static_cast<std::size_t>(r)].b &&
-             rows_[static_cast<std::size_t>(e)].pos == rows_[static_cast<std::size_t>(e - 1)].pos + 1)
-        ++e;
-      if (e - r >= detail::kGemmAttentionRows) {
-        runs_.push_back({r, e});
-      } else {
-        for (std::int64_t i = r; i < e; ++i) single_.push_back(i);
-      }
-      r = e;
-    }
-    if (!runs_.empty()) attention_gemm(layer);
-    if (!single_.empty()) attention_rows(layer);
-  }
-
-  // One task per (run, query head): the kv head's keys and values for the run's slots are read
-  // from the cache into f32 (whatever the cache stores), then per block of query rows the
-  // scores are one GEMM (q k^T), the causal (and window) mask and softmax are row-wise, and the
-  // context is a second GEMM (p v), as in the training attention (nn/attention.hpp). Each task
-  // runs its GEMMs on its own thread, so the result does not depend on the thread count.
-  void attention_gemm(std::int64_t layer) {
-    using kernels::Trans;
-    const std::int64_t rep = nh_ / nkv_, qw = nh_ * D_, QB = detail::kGemmAttentionBlock;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
-    const std::int64_t tasks = static_cast<std::int64_t>(runs_.size()) * nh_;
-    exec::parallel_for(0, tasks, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::vector<float> kv, sc;
-      for (std::ptrdiff_t t = lo; t < hi; ++t) {
-        const std::pair<std::int64_t, std::int64_t> run = runs_[static_cast<std::size_t>(t / nh_)];
-        const std::int64_t h = t % nh_;
-        const Row& first = rows_[static_cast<std::size_t>(run.first)];
-        const std::int64_t p0 = first.pos, m_all = run.second - run.first;
-        const std::int64_t s0 = first_slot(p0), ns = p0 + m_all - s0;  // slots [s0, p0 + m_all)
-        kv.resize(static_cast<std::size_t>(2 * ns * D_));
-        float* K = kv.data();
-        float* V = K + ns * D_;
-        const auto view = cache_.view(layer, first.b, h / rep);
-        for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D_, V + j * D_);
-        sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * ns));
-        for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
-          const std::int64_t m = std::min(QB, m_all - i0);
-          const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = p0 + i0 + m - s0 - j0;  // keys [j0, j0 + nk)
-          const std::int64_t r0 = run.first + i0;
-          kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D_, scale, q_.data() + r0 * qw + h * D_, qw, K + j0 * D_,
-                               D_, 0.0f, sc.data(), nk);
-          for (std::int64_t i = 0; i < m; ++i) {
-            float* row = sc.data() + i * nk;
-            const std::int64_t pos = p0 + i0 + i;
-            const std::int64_t a = first_slot(pos) - s0 - j0, b = pos - s0 - j0 + 1;  // allowed keys [a, b)
-            const float mx = kernels::detail::row_max(row + a, b - a);
-            const float inv = 1.0f / kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
-            std::fill(row, row + a, 0.0f);
-            for (std::int64_t j = a; j < b; ++j) row[j] *= inv;
-            std::fill(row + b, row + nk, 0.0f);
-          }
-          kernels::gemm_serial(Trans::no, Trans::no, m, D_, nk, 1.0f, sc.data(), nk, V + j0 * D_, D_, 0.0f,
-                               ctx_.data() + r0 * qw + h * D_, qw);
+    detail::split_attention_rows(rows_, n, runs_, single_);
+    if (!runs_.empty()) {
+      const std::int64_t rep = nh_ / nkv_, qw = nh_ * D_;
+      const auto first = [this](std::int64_t pos) { return first_slot(pos); };
+      exec::parallel_for(0, static_cast<std::int64_t>(runs_.size()) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        std::vector<float> kv, sc;
+        for (std::ptrdiff_t t = lo; t < hi; ++t) {
+          const auto [r0, r1] = runs_[static_cast<std::size_t>(t / nh_)];
+          const std::int64_t h = t % nh_;
+          const Row& row = rows_[static_cast<std::size_t>(r0)];
+          detail::attend_run_gemm(cache_.view(layer, row.b, h / rep), q_.data() + r0 * qw + h * D_,
+                                  ctx_.data() + r0 * qw + h * D_, qw, row.pos, r1 - r0, D_, first, kv, sc);
         }
-      }
-    });
+      });
+    }
+    if (!single_.empty()) attention_rows(layer);
   }
 
   // One (row, head) per task: scores over the slots, softmax, and the weighted sum of values.

@@ -210,7 +210,8 @@ class ShardedDecoder {
     std::int64_t c0 = 0, c1 = 0;                    // the lm_head columns it computes
     std::int64_t attn_block = 1;
     std::vector<Row> rows;
-    std::vector<std::int64_t> need, last;
+    std::vector<std::int64_t> need, last, single;                 // single: rows attending row by row
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;    // prefill runs attending on the GEMM
     std::vector<float> x, n, q, k, v, ctx, g, u, o, hl, lg, scores, stats, gathered;
     std::int64_t scratch_bytes() const noexcept {
       return static_cast<std::int64_t>((x.size() + n.size() + q.size() + k.size() + v.size() + ctx.size() + g.size() +
@@ -477,17 +478,41 @@ class ShardedDecoder {
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     const Cache& cache = *s.cache;
-    for (std::int64_t r0 = 0; r0 < n; r0 += s.attn_block) {
-      const std::int64_t r1 = std::min(n, r0 + s.attn_block);
-      exec::parallel_for(0, (r1 - r0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    const auto first_slot = [this](std::int64_t pos) {
+      return window_ > 0 ? std::max<std::int64_t>(0, pos - window_ + 1) : 0;
+    };
+    // Without sp (slot = position) a prefill chunk's rows attend on the GEMM as in the Decoder;
+    // with sp every row keeps its partial softmax statistics for the combine below.
+    if (sp == 1) {
+      detail::split_attention_rows(s.rows, n, s.runs, s.single);
+      const std::int64_t qw = nh_ * D_;
+      exec::parallel_for(0, static_cast<std::int64_t>(s.runs.size()) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        std::vector<float> kv, sc;
         for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const std::int64_t r = r0 + t / nh_, h = t % nh_;
+          const auto [ra, rb] = s.runs[static_cast<std::size_t>(t / nh_)];
+          const std::int64_t h = t % nh_;
+          const Row& row = s.rows[static_cast<std::size_t>(ra)];
+          detail::attend_run_gemm(cache.view(layer, row.b - s.b0, h / rep), s.q.data() + ra * qw + h * D_,
+                                  s.ctx.data() + ra * qw + h * D_, qw, row.pos, rb - ra, D_, first_slot, kv, sc);
+        }
+      });
+    } else {
+      s.runs.clear();
+      s.single.resize(static_cast<std::size_t>(n));
+      for (std::int64_t r = 0; r < n; ++r) s.single[static_cast<std::size_t>(r)] = r;
+    }
+    const std::int64_t ns = static_cast<std::int64_t>(s.single.size());
+    for (std::int64_t i0 = 0; i0 < ns; i0 += s.attn_block) {
+      const std::int64_t i1 = std::min(ns, i0 + s.attn_block);
+      exec::parallel_for(0, (i1 - i0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t t = lo; t < hi; ++t) {
+          const std::int64_t r = s.single[static_cast<std::size_t>(i0 + t / nh_)], h = t % nh_;
           const Row& row = s.rows[static_cast<std::size_t>(r)];
           const auto view = cache.view(layer, row.b - s.b0, h / rep);
           const float* q = s.q.data() + r * nh_ * D_ + h * D_;
           float* sc = s.scores.data() + t * Pl;
           // Positions [j0, pos] this row attends to; local slot j holds position j * sp + sr.
-          const std::int64_t j0 = window_ > 0 ? std::max<std::int64_t>(0, row.pos - window_ + 1) : 0;
+          const std::int64_t j0 = first_slot(row.pos);
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
