@@ -255,11 +255,18 @@ inline int cmd_bench_decode(Args& args) {
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const DefaultMesh mesh = make_mesh(dims);
 
+  const std::int64_t L = P + G;
+  const auto check_length = [&](const models::LlamaConfig& c) {
+    EDL_CHECK(L <= c.max_position_embeddings, errc::invalid_argument, "edl bench decode", "--prompt-len + --gen-len = ", L,
+              " exceeds max_position_embeddings = ", c.max_position_embeddings);
+  };
+  // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
+  for (const auto& n : models::LlamaConfig::preset_names())
+    if (n == name) check_length(models::LlamaConfig::preset(name));
   const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
   const auto& cfg = model.config();
-  const std::int64_t V = cfg.vocab_size, L = P + G;
-  EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, "edl bench decode", "--prompt-len + --gen-len = ", L,
-            " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
+  const std::int64_t V = cfg.vocab_size;
+  check_length(cfg);
   const std::vector<std::int64_t> prompt = gen_detail::random_prompt(P, V, seed, 1);
 
   const auto shape = generate::kv_cache_shape(cfg, 1, L);
