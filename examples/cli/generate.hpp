@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,14 +88,20 @@ inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
 #endif
 }
 
+/// The config of preset `name` (tiny, small, gqa1b), or nothing when it names no preset.
+inline std::optional<models::LlamaConfig> preset_config(const std::string& name) {
+  for (const auto& n : models::LlamaConfig::preset_names())
+    if (n == name) return models::LlamaConfig::preset(name);
+  return std::nullopt;
+}
+
 /// A preset name (tiny, small, gqa1b: random weights from Key `seed`) or a HF folder.
 inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed) {
-  for (const auto& n : models::LlamaConfig::preset_names())
-    if (n == name) {
-      models::LlamaForCausalLM<> m(models::LlamaConfig::preset(name));
-      m.init(Key::from_seed(seed));
-      return m;
-    }
+  if (const auto cfg = preset_config(name)) {
+    models::LlamaForCausalLM<> m(*cfg);
+    m.init(Key::from_seed(seed));
+    return m;
+  }
   return load_model(name);
 }
 
@@ -261,8 +268,7 @@ inline int cmd_bench_decode(Args& args) {
               " exceeds max_position_embeddings = ", c.max_position_embeddings);
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
-  for (const auto& n : models::LlamaConfig::preset_names())
-    if (n == name) check_length(models::LlamaConfig::preset(name));
+  if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
   const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;

@@ -46,6 +46,7 @@
 #include <edl/kernels/softmax.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/nn/attention.hpp>
 #include <edl/nn/rotary.hpp>
 
 namespace edl::generate {
@@ -223,8 +224,8 @@ void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>
 
 /// A run of at least this many rows of one sequence (a prefill chunk) attends through the GEMM.
 inline constexpr std::int64_t kGemmAttentionRows = 8;
-/// Query rows per GEMM block of prefill attention (bounds the scores to this many rows).
-inline constexpr std::int64_t kGemmAttentionBlock = 64;
+/// Query rows per GEMM block of prefill attention: the training attention's block.
+inline constexpr std::int64_t kGemmAttentionBlock = nn::detail::kAttentionQueryBlock;
 
 /// Splits rows [0, n) (sorted by sequence) into runs of at least kGemmAttentionRows rows of one
 /// sequence at consecutive positions (a prefill chunk: attention on the GEMM), given as
@@ -251,15 +252,16 @@ void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
 
 /// Attention of one query head for m_all query rows at positions p0 .. p0 + m_all - 1 of one
 /// sequence (q and ctx: row i at q + i * ld, ctx + i * ld) over the cache slots that hold
-/// positions first_slot(p0) .. p0 + m_all - 1 (slot = position). The kv head's keys and values
+/// positions window_start(p0, window) .. p0 + m_all - 1 (slot = position). The kv head's keys and values
 /// are read into f32 (kv), then per block of kGemmAttentionBlock query rows the scores are one
 /// GEMM (q k^T), the causal and window mask and the softmax are row-wise, and the context is a
 /// second GEMM (p v), as in the training attention (nn/attention.hpp). Serial: the caller runs
 /// one (run, head) per task, so the result does not depend on the thread count.
-template <class View, class FirstSlot>
+template <class View>
 void attend_run_gemm(const View& view, const float* q, float* ctx, std::int64_t ld, std::int64_t p0, std::int64_t m_all,
-                     std::int64_t D, FirstSlot first_slot, std::vector<float>& kv, std::vector<float>& sc) {
+                     std::int64_t D, std::int64_t window, std::vector<float>& kv, std::vector<float>& sc) {
   using kernels::Trans;
+  const auto first_slot = [window](std::int64_t pos) { return nn::detail::window_start(pos, window); };
   const std::int64_t QB = kGemmAttentionBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const std::int64_t s0 = first_slot(p0), ns = p0 + m_all - s0;  // slots [s0, p0 + m_all)
@@ -284,6 +286,27 @@ void attend_run_gemm(const View& view, const float* q, float* ctx, std::int64_t 
     }
     kernels::gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f, ctx + i0 * ld, ld);
   }
+}
+
+/// Prefill attention of every run (split_attention_rows) on the GEMM: one task per (run, query
+/// head), each running attend_run_gemm. q and ctx are [rows, nh * D]; view_of(row, kv_head)
+/// gives the cache view of a run's first row (a Row with .b and .pos).
+template <class Row, class ViewOf>
+void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
+                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, const float* q, float* ctx,
+                      ViewOf&& view_of) {
+  if (runs.empty()) return;
+  const std::int64_t rep = nh / nkv, qw = nh * D;
+  exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    std::vector<float> kv, sc;
+    for (std::ptrdiff_t t = lo; t < hi; ++t) {
+      const auto [r0, r1] = runs[static_cast<std::size_t>(t / nh)];
+      const std::int64_t h = t % nh;
+      const Row& row = rows[static_cast<std::size_t>(r0)];
+      attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, ctx + r0 * qw + h * D, qw, row.pos, r1 - r0, D, window,
+                      kv, sc);
+    }
+  });
 }
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
@@ -432,6 +455,7 @@ class Decoder {
     if (logits_all) std::fill(logits_all, logits_all + B * seq * V_, 0.0f);
     if (n == 0) return;
     ensure_rows(n);
+    detail::split_attention_rows(rows_, n, runs_, single_);  // the same rows in every layer
 
     // Embedding.
     const T* emb = m_.model.embed_tokens.weight.data();
@@ -456,7 +480,7 @@ class Decoder {
         const Row& row = rows_[static_cast<std::size_t>(r)];
         cache_.store(static_cast<std::int64_t>(l), row.b, row.pos, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
       }
-      attention(static_cast<std::int64_t>(l), n);
+      attention(static_cast<std::int64_t>(l));
       detail::linear_nt(ctx_.data(), n, A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_, nh_ * D_);
       kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
       kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
@@ -511,29 +535,11 @@ class Decoder {
     for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
   }
 
-  /// First cache slot a query at position pos attends to (sliding window, if configured).
-  std::int64_t first_slot(std::int64_t pos) const noexcept {
-    return window_ > 0 ? std::max<std::int64_t>(0, pos - window_ + 1) : 0;
-  }
-
-  // Runs of rows of one sequence at consecutive positions (a prefill chunk) attend on the GEMM,
-  // one task per (run, query head); the other rows (decode) row by row.
-  void attention(std::int64_t layer, std::int64_t n) {
-    detail::split_attention_rows(rows_, n, runs_, single_);
-    if (!runs_.empty()) {
-      const std::int64_t rep = nh_ / nkv_, qw = nh_ * D_;
-      const auto first = [this](std::int64_t pos) { return first_slot(pos); };
-      exec::parallel_for(0, static_cast<std::int64_t>(runs_.size()) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        std::vector<float> kv, sc;
-        for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const auto [r0, r1] = runs_[static_cast<std::size_t>(t / nh_)];
-          const std::int64_t h = t % nh_;
-          const Row& row = rows_[static_cast<std::size_t>(r0)];
-          detail::attend_run_gemm(cache_.view(layer, row.b, h / rep), q_.data() + r0 * qw + h * D_,
-                                  ctx_.data() + r0 * qw + h * D_, qw, row.pos, r1 - r0, D_, first, kv, sc);
-        }
-      });
-    }
+  // Runs of rows of one sequence at consecutive positions (a prefill chunk; runs_, split once
+  // per call in run()) attend on the GEMM; the other rows (decode) row by row.
+  void attention(std::int64_t layer) {
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, q_.data(), ctx_.data(),
+                             [&](const Row& row, std::int64_t g) { return cache_.view(layer, row.b, g); });
     if (!single_.empty()) attention_rows(layer);
   }
 
@@ -552,7 +558,7 @@ class Decoder {
           const float* q = q_.data() + r * nh_ * D_ + h * D_;
           float* out = ctx_.data() + r * nh_ * D_ + h * D_;
           float* sc = scores_.data() + t * P;
-          const std::int64_t j0 = first_slot(row.pos);
+          const std::int64_t j0 = nn::detail::window_start(row.pos, window_);
           const std::int64_t cnt = row.pos + 1 - j0;
           const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
           std::fill(out, out + D_, 0.0f);

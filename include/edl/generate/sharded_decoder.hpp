@@ -386,6 +386,15 @@ class ShardedDecoder {
       if (nd >= 0 && s.need[static_cast<std::size_t>(lb)] > 0) cache.reserve(lb, s.need[static_cast<std::size_t>(lb)]);
     }
     ensure_rows(s, n);
+    // Which rows attend on the GEMM (the same in every layer): prefill runs without sp (slot =
+    // position); with sp every row attends row by row.
+    if (s.sp == 1) {
+      detail::split_attention_rows(s.rows, n, s.runs, s.single);
+    } else {
+      s.runs.clear();
+      s.single.resize(static_cast<std::size_t>(n));
+      for (std::int64_t r = 0; r < n; ++r) s.single[static_cast<std::size_t>(r)] = r;
+    }
     const Model& m = *s.model;
     const T* emb = m.model.embed_tokens.weight.data();
     for (std::int64_t r = 0; r < n; ++r) {
@@ -478,29 +487,10 @@ class ShardedDecoder {
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     const Cache& cache = *s.cache;
-    const auto first_slot = [this](std::int64_t pos) {
-      return window_ > 0 ? std::max<std::int64_t>(0, pos - window_ + 1) : 0;
-    };
-    // Without sp (slot = position) a prefill chunk's rows attend on the GEMM as in the Decoder;
-    // with sp every row keeps its partial softmax statistics for the combine below.
-    if (sp == 1) {
-      detail::split_attention_rows(s.rows, n, s.runs, s.single);
-      const std::int64_t qw = nh_ * D_;
-      exec::parallel_for(0, static_cast<std::int64_t>(s.runs.size()) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        std::vector<float> kv, sc;
-        for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const auto [ra, rb] = s.runs[static_cast<std::size_t>(t / nh_)];
-          const std::int64_t h = t % nh_;
-          const Row& row = s.rows[static_cast<std::size_t>(ra)];
-          detail::attend_run_gemm(cache.view(layer, row.b - s.b0, h / rep), s.q.data() + ra * qw + h * D_,
-                                  s.ctx.data() + ra * qw + h * D_, qw, row.pos, rb - ra, D_, first_slot, kv, sc);
-        }
-      });
-    } else {
-      s.runs.clear();
-      s.single.resize(static_cast<std::size_t>(n));
-      for (std::int64_t r = 0; r < n; ++r) s.single[static_cast<std::size_t>(r)] = r;
-    }
+    // s.runs (prefill runs, only without sp) attend on the GEMM as in the Decoder; s.single rows
+    // (all rows with sp: each keeps its partial softmax statistics for the combine below) row by row.
+    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.q.data(), s.ctx.data(),
+                             [&](const Row& row, std::int64_t g) { return cache.view(layer, row.b - s.b0, g); });
     const std::int64_t ns = static_cast<std::int64_t>(s.single.size());
     for (std::int64_t i0 = 0; i0 < ns; i0 += s.attn_block) {
       const std::int64_t i1 = std::min(ns, i0 + s.attn_block);
@@ -512,7 +502,7 @@ class ShardedDecoder {
           const float* q = s.q.data() + r * nh_ * D_ + h * D_;
           float* sc = s.scores.data() + t * Pl;
           // Positions [j0, pos] this row attends to; local slot j holds position j * sp + sr.
-          const std::int64_t j0 = first_slot(row.pos);
+          const std::int64_t j0 = nn::detail::window_start(row.pos, window_);
           const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
           const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);

@@ -57,6 +57,12 @@ namespace detail {
 /// gradients stay in L2 (64 x 512 floats = 128 KiB at seq 512).
 inline constexpr std::int64_t kAttentionQueryBlock = 64;
 
+/// First key position a query at position i attends to: 0, or the start of a sliding window
+/// of `window` keys (window <= 0: no window). Training attention and both decoders use it.
+constexpr std::int64_t window_start(std::int64_t i, std::int64_t window) noexcept {
+  return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
+}
+
 /// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
 inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
   namespace kd = kernels::detail;
@@ -196,7 +202,7 @@ class Attention {
 
  private:
   /// First key position that may be allowed for query i.
-  std::int64_t first_key(std::int64_t i) const noexcept { return window_ > 0 ? std::max<std::int64_t>(0, i - window_ + 1) : 0; }
+  std::int64_t first_key(std::int64_t i) const noexcept { return detail::window_start(i, window_); }
 
   /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
   void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
