@@ -297,7 +297,9 @@ TEST(Decoder, GroupedMatrixVectorIsEachProductBitForBit) {
     for (int p = 0; p < 3; ++p)
       for (std::int64_t j = 0; j < Ns[p]; ++j) {
         const float bias = p == 2 ? 0.f : b[p][static_cast<std::size_t>(j)];
-        if (p < 2) EXPECT_EQ(y[p][static_cast<std::size_t>(j)], alone[p][static_cast<std::size_t>(j)]) << p << " " << j;
+        if (p < 2) {
+          EXPECT_EQ(y[p][static_cast<std::size_t>(j)], alone[p][static_cast<std::size_t>(j)]) << p << " " << j;
+        }
         double s = bias;
         for (std::int64_t k = 0; k < K; ++k)
           s += static_cast<double>(x[static_cast<std::size_t>(k)]) * W[p][static_cast<std::size_t>(j * K + k)];

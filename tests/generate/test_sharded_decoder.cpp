@@ -55,8 +55,8 @@ struct Case {
 
 class ShardedDecoderMeshes : public ::testing::TestWithParam<Case> {};
 
-// Two left-padded prompts (12 and 4 tokens: the first attends on the GEMM path without sp, the
-// second row by row): prefill with every position's logits, then 9 decode steps fed with the
+// Two left-padded prompts (12 and 4 tokens: the first attends on the GEMM path, the second row
+// by row): prefill with every position's logits, then 9 decode steps fed with the
 // one-device greedy tokens; every logit within 1e-4 of one device, and the greedy tokens identical.
 TEST_P(ShardedDecoderMeshes, LogitsAndGreedyTokensEqualOneDevice) {
   const auto [dims, variant] = GetParam();
@@ -105,6 +105,50 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) {
       return mesh_name(i.param.dims) + (i.param.variant.empty() ? "" : "_" + i.param.variant);
     });
+
+// Long prefill chunks with sp: chunks of 10 and 140 tokens attend on the GEMM (the second over
+// three query blocks) over each sp rank's round-robin slots, and the partial softmax records of
+// the ranks are combined; with sp = 3 and a window of 5 some rows have no slot on a rank. Every
+// position's logits and 6 decode steps against one device, standard, paged and int8 caches.
+TEST(ShardedDecoder, LongPrefillOnTheGemmEqualsOneDevice) {
+  static_assert(generate::detail::kGemmAttentionRows <= 10 && 140 > 2 * generate::detail::kGemmAttentionBlock);
+  for (const std::string variant : {"", "window"}) {
+    const auto cfg = test_support::small_llama(50, 160, variant);
+    LlamaForCausalLM<> m(cfg);
+    m.init(Key::from_seed(12), 0.2f);
+    const std::int64_t V = cfg.vocab_size, L = 156;
+    const auto ids = random_ids(L, V, 31);
+    // Every position's logits: 150 from the two prefill chunks, then one per decode step.
+    const auto logits = [&](auto& dec) {
+      std::vector<float> all(static_cast<std::size_t>(L * V)), last(static_cast<std::size_t>(V));
+      dec.prefill(ids.data(), 10, nullptr, last.data(), all.data());
+      dec.prefill(ids.data() + 10, 140, nullptr, last.data(), all.data() + 10 * V);
+      for (std::int64_t t = 150; t < L; ++t) {
+        dec.decode(ids.data() + t, last.data());
+        std::copy(last.begin(), last.end(), all.begin() + t * V);
+      }
+      return all;
+    };
+    const auto compare = [&]<class Cache>(Cache& one_cache, typename ShardedDecoder<DefaultPolicy, Cache>::CacheFactory make,
+                                          double tol) {
+      Decoder one(m, one_cache);
+      const auto want = logits(one);
+      for (const Dims dims : {Dims{1, 1, 1, 2}, Dims{1, 1, 1, 3}, Dims{1, 1, 2, 2}}) {
+        ShardedDecoder<DefaultPolicy, Cache> dec(m, create_mesh(dims), 1, L, make);
+        const auto got = logits(dec);
+        EXPECT_LT(max_diff(got.data(), want.data(), L * V), tol) << mesh_name(dims) << " " << variant;
+      }
+    };
+    StandardKVCache standard(kv_cache_shape(cfg, 1, L));
+    compare(standard, {}, 1e-4);
+    PagedKVCacheOptions po;
+    po.page_size = 16;
+    PagedKVCache paged(kv_cache_shape(cfg, 1, L), po);
+    compare(paged, [po](const KVCacheShape& s) { return std::make_unique<PagedKVCache>(s, po); }, 1e-4);
+    Int8KVCache int8(kv_cache_shape(cfg, 1, L));  // the same quantized entries on every mesh
+    compare(int8, {}, 1e-4);
+  }
+}
 
 TEST(ShardedDecoder, CacheHoldsOnlyTheDevicesHeadsAndPositions) {
   const auto cfg = config();

@@ -250,51 +250,89 @@ void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
   }
 }
 
+/// Where a sequence's positions sit in one device's cache: position p in local slot p / sp of
+/// sp rank p % sp (round-robin, the mesh decoder's sp axis); sp = 1 is slot = position.
+struct SlotMap {
+  std::int64_t sp = 1, rank = 0;
+  /// The first local slot holding a position >= p.
+  constexpr std::int64_t first(std::int64_t p) const { return p <= rank ? 0 : (p - rank + sp - 1) / sp; }
+  /// The number of local slots holding positions < p.
+  constexpr std::int64_t end(std::int64_t p) const { return p > rank ? (p - rank + sp - 1) / sp : 0; }
+};
+
+/// Where GEMM attention writes (row r, head h): at data + r * row_stride + h * head_stride, the
+/// normalised context (partial = false), or flash-decoding's partial record (max m, sum l of
+/// exp(s - m), unnormalised context o[D]) that the mesh decoder combines over sp (partial = true).
+struct AttentionOut {
+  float* data;
+  std::int64_t row_stride, head_stride;
+  bool partial = false;
+};
+
 /// Attention of one query head for m_all query rows at positions p0 .. p0 + m_all - 1 of one
-/// sequence (q and ctx: row i at q + i * ld, ctx + i * ld) over the cache slots that hold
-/// positions window_start(p0, window) .. p0 + m_all - 1 (slot = position). The kv head's keys and values
-/// are read into f32 (kv), then per block of kGemmAttentionBlock query rows the scores are one
-/// GEMM (q k^T), the causal and window mask and the softmax are row-wise, and the context is a
-/// second GEMM (p v), as in the training attention (nn/attention.hpp). Serial: the caller runs
-/// one (run, head) per task, so the result does not depend on the thread count.
+/// sequence (q: row i at q + i * ld) over the local cache slots (slots) holding positions
+/// window_start(p0, window) .. p0 + m_all - 1. The kv head's keys and values are read into f32
+/// (kv), then per block of kGemmAttentionBlock query rows the scores are one GEMM (q k^T), the
+/// causal and window mask and the softmax are row-wise, and the context is a second GEMM (p v),
+/// as in the training attention (nn/attention.hpp). Row i's output goes to out + i * out_ld
+/// (the layout of AttentionOut; a row with no slot here gets the record {-inf, 0, 0...} or a
+/// zero context). Serial: the caller runs one (run, head) per task, so the result does not
+/// depend on the thread count.
 template <class View>
-void attend_run_gemm(const View& view, const float* q, float* ctx, std::int64_t ld, std::int64_t p0, std::int64_t m_all,
-                     std::int64_t D, std::int64_t window, std::vector<float>& kv, std::vector<float>& sc) {
+void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* out, std::int64_t out_ld, bool partial,
+                     std::int64_t p0, std::int64_t m_all, std::int64_t D, std::int64_t window, SlotMap slots,
+                     std::vector<float>& kv, std::vector<float>& sc) {
   using kernels::Trans;
-  const auto first_slot = [window](std::int64_t pos) { return nn::detail::window_start(pos, window); };
-  const std::int64_t QB = kGemmAttentionBlock;
+  // Local slots [first_slot(pos), end_slot(pos)) are the keys position pos attends to.
+  const auto first_slot = [&](std::int64_t pos) { return slots.first(nn::detail::window_start(pos, window)); };
+  const auto end_slot = [&](std::int64_t pos) { return slots.end(pos + 1); };
+  const std::int64_t QB = kGemmAttentionBlock, off = partial ? 2 : 0;  // o's offset in a record
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const std::int64_t s0 = first_slot(p0), ns = p0 + m_all - s0;  // slots [s0, p0 + m_all)
+  const std::int64_t s0 = first_slot(p0), ns = std::max<std::int64_t>(0, end_slot(p0 + m_all - 1) - s0);
   kv.resize(static_cast<std::size_t>(2 * ns * D));
   float* K = kv.data();
   float* V = K + ns * D;
   for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D, V + j * D);
-  sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * ns));
+  sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * std::max<std::int64_t>(1, ns)));
   for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
     const std::int64_t m = std::min(QB, m_all - i0);
-    const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = p0 + i0 + m - s0 - j0;  // keys [j0, j0 + nk)
-    kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D, scale, q + i0 * ld, ld, K + j0 * D, D, 0.0f, sc.data(), nk);
+    // keys [j0, j0 + nk) of the block, relative to s0
+    const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = std::max<std::int64_t>(0, end_slot(p0 + i0 + m - 1) - s0 - j0);
+    if (nk > 0)
+      kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D, scale, q + i0 * ld, ld, K + j0 * D, D, 0.0f, sc.data(), nk);
     for (std::int64_t i = 0; i < m; ++i) {
       float* row = sc.data() + i * nk;
+      float* rec = out + (i0 + i) * out_ld;
       const std::int64_t pos = p0 + i0 + i;
-      const std::int64_t a = first_slot(pos) - s0 - j0, b = pos - s0 - j0 + 1;  // allowed keys [a, b)
-      const float mx = kernels::detail::row_max(row + a, b - a);
-      const float inv = 1.0f / kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
+      const std::int64_t a = first_slot(pos) - s0 - j0, b = std::max(a, end_slot(pos) - s0 - j0);  // allowed keys [a, b)
+      float mx = -std::numeric_limits<float>::infinity(), total = 0.0f;
+      if (b > a) {
+        mx = kernels::detail::row_max(row + a, b - a);
+        total = kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
+        if (!partial)
+          for (std::int64_t j = a; j < b; ++j) row[j] *= 1.0f / total;
+      }
       std::fill(row, row + a, 0.0f);
-      for (std::int64_t j = a; j < b; ++j) row[j] *= inv;
       std::fill(row + b, row + nk, 0.0f);
+      if (partial) {
+        rec[0] = mx;
+        rec[1] = total;
+      }
+      if (nk == 0) std::fill(rec + off, rec + off + D, 0.0f);
     }
-    kernels::gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f, ctx + i0 * ld, ld);
+    if (nk > 0)
+      kernels::gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f,
+                           out + i0 * out_ld + off, out_ld);
   }
 }
 
 /// Prefill attention of every run (split_attention_rows) on the GEMM: one task per (run, query
-/// head), each running attend_run_gemm. q and ctx are [rows, nh * D]; view_of(row, kv_head)
-/// gives the cache view of a run's first row (a Row with .b and .pos).
+/// head), each running attend_run_gemm. q is [rows, nh * D]; view_of(row, kv_head) gives the
+/// cache view of a run's first row (a Row with .b and .pos).
 template <class Row, class ViewOf>
 void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
-                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, const float* q, float* ctx,
-                      ViewOf&& view_of) {
+                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, SlotMap slots,
+                      const float* q, AttentionOut out, ViewOf&& view_of) {
   if (runs.empty()) return;
   const std::int64_t rep = nh / nkv, qw = nh * D;
   exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -303,8 +341,8 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
       const auto [r0, r1] = runs[static_cast<std::size_t>(t / nh)];
       const std::int64_t h = t % nh;
       const Row& row = rows[static_cast<std::size_t>(r0)];
-      attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, ctx + r0 * qw + h * D, qw, row.pos, r1 - r0, D, window,
-                      kv, sc);
+      attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
+                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc);
     }
   });
 }
@@ -538,7 +576,8 @@ class Decoder {
   // Runs of rows of one sequence at consecutive positions (a prefill chunk; runs_, split once
   // per call in run()) attend on the GEMM; the other rows (decode) row by row.
   void attention(std::int64_t layer) {
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, q_.data(), ctx_.data(),
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(),
+                             detail::AttentionOut{ctx_.data(), nh_ * D_, D_},
                              [&](const Row& row, std::int64_t g) { return cache_.view(layer, row.b, g); });
     if (!single_.empty()) attention_rows(layer);
   }

@@ -20,7 +20,8 @@
 //    local slot p / sp, so memory and attention reads stay balanced as the sequence grows.
 //    Norms, projections and the MLP are replicated over sp. Attention is flash-decoding: each
 //    sp rank computes, per (token, head), the max m, the sum l of exp(s - m) and the weighted
-//    values o over its own slots; one all_gather over sp exchanges (m, l, o) and every rank
+//    values o over its own slots (a prefill chunk's rows on the GEMM, as in the Decoder); one
+//    all_gather over sp exchanges (m, l, o) and every rank
 //    combines them in rank order: ctx = sum_r o_r e^(m_r - M) / sum_r l_r e^(m_r - M),
 //    M = max_r m_r. That is the softmax over all slots, up to f32 rounding.
 //  - the lm_head is split by vocabulary columns over the tp x sp devices of a group: each
@@ -209,6 +210,8 @@ class ShardedDecoder {
     std::int64_t tp = 1, tp_rank = 0, sp = 1, sp_rank = 0;
     std::int64_t c0 = 0, c1 = 0;                    // the lm_head columns it computes
     std::int64_t attn_block = 1;
+    /// Which positions of a sequence this device's cache holds (round-robin over sp).
+    detail::SlotMap slots() const noexcept { return {sp, sp_rank}; }
     std::vector<Row> rows;
     std::vector<std::int64_t> need, last, single;                 // single: rows attending row by row
     std::vector<std::pair<std::int64_t, std::int64_t>> runs;    // prefill runs attending on the GEMM
@@ -332,11 +335,6 @@ class ShardedDecoder {
     grow(s.scores, s.attn_block * per_row);
   }
 
-  /// Slots of sequence-local length `len` that sp rank `r` of `sp` holds (round-robin).
-  static std::int64_t local_count(std::int64_t len, std::int64_t r, std::int64_t sp) {
-    return len > r ? (len - r + sp - 1) / sp : 0;
-  }
-
   void run(float* logits_last, float* logits_all, std::int64_t seq) {
     const char* w = "generate.ShardedDecoder";
     // Validate everything on the host before any device work.
@@ -382,19 +380,11 @@ class ShardedDecoder {
     s.need.assign(static_cast<std::size_t>(s.nb), 0);
     for (std::int64_t lb = 0; lb < s.nb; ++lb) {
       const std::int64_t nd = need_[static_cast<std::size_t>(s.b0 + lb)];
-      s.need[static_cast<std::size_t>(lb)] = nd < 0 ? -1 : local_count(nd, s.sp_rank, s.sp);
+      s.need[static_cast<std::size_t>(lb)] = nd < 0 ? -1 : s.slots().end(nd);
       if (nd >= 0 && s.need[static_cast<std::size_t>(lb)] > 0) cache.reserve(lb, s.need[static_cast<std::size_t>(lb)]);
     }
     ensure_rows(s, n);
-    // Which rows attend on the GEMM (the same in every layer): prefill runs without sp (slot =
-    // position); with sp every row attends row by row.
-    if (s.sp == 1) {
-      detail::split_attention_rows(s.rows, n, s.runs, s.single);
-    } else {
-      s.runs.clear();
-      s.single.resize(static_cast<std::size_t>(n));
-      for (std::int64_t r = 0; r < n; ++r) s.single[static_cast<std::size_t>(r)] = r;
-    }
+    detail::split_attention_rows(s.rows, n, s.runs, s.single);  // the same rows in every layer
     const Model& m = *s.model;
     const T* emb = m.model.embed_tokens.weight.data();
     for (std::int64_t r = 0; r < n; ++r) {
@@ -483,13 +473,15 @@ class ShardedDecoder {
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp, sr = s.sp_rank;
+    const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
     const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     const Cache& cache = *s.cache;
-    // s.runs (prefill runs, only without sp) attend on the GEMM as in the Decoder; s.single rows
-    // (all rows with sp: each keeps its partial softmax statistics for the combine below) row by row.
-    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.q.data(), s.ctx.data(),
+    // s.runs (prefill runs) attend on the GEMM as in the Decoder, s.single rows row by row; with
+    // sp > 1 both write partial softmax statistics for the combine below.
+    const detail::AttentionOut out = sp == 1 ? detail::AttentionOut{s.ctx.data(), nh_ * D_, D_}
+                                             : detail::AttentionOut{s.stats.data(), nh_ * SW, SW, true};
+    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out,
                              [&](const Row& row, std::int64_t g) { return cache.view(layer, row.b - s.b0, g); });
     const std::int64_t ns = static_cast<std::int64_t>(s.single.size());
     for (std::int64_t i0 = 0; i0 < ns; i0 += s.attn_block) {
@@ -501,10 +493,9 @@ class ShardedDecoder {
           const auto view = cache.view(layer, row.b - s.b0, h / rep);
           const float* q = s.q.data() + r * nh_ * D_ + h * D_;
           float* sc = s.scores.data() + t * Pl;
-          // Positions [j0, pos] this row attends to; local slot j holds position j * sp + sr.
+          // Positions [j0, pos] this row attends to; local slot j holds position j * sp + sp_rank.
           const std::int64_t j0 = nn::detail::window_start(row.pos, window_);
-          const std::int64_t jlo = j0 <= sr ? 0 : (j0 - sr + sp - 1) / sp;
-          const std::int64_t jhi = local_count(row.pos + 1, sr, sp);
+          const std::int64_t jlo = s.slots().first(j0), jhi = s.slots().end(row.pos + 1);
           const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
           const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
           if (sp == 1) {  // the Decoder's normalisation, unchanged
