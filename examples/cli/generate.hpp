@@ -212,37 +212,71 @@ inline int cmd_generate(Args& args) {
 
 namespace gen_detail {
 
-/// This machine's memory read bandwidth in GB/s on the current threads: the best of 3 sums
-/// of a `bytes` buffer (far larger than the caches) split in equal parts over the threads, the
-/// way a decode step's matrix-vector products stream their weights. The decode roofline is
-/// this over the bytes a step reads.
-inline double measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30) {
+/// This machine's memory read bandwidth on the current threads, in GB/s, by read pattern.
+struct ReadBandwidth {
+  double sequential = 0;  // one streaming sum per thread
+  double prefetched = 0;  // the same with a software prefetch 1 KiB ahead
+  double streams8 = 0;    // each thread's part read as 8 far-apart streams in lockstep
+  double rows8 = 0;       // blocks of 8 rows of 8 KiB read in lockstep (matvec_rows' long rows)
+  double best() const { return std::max({sequential, prefetched, streams8, rows8}); }
+};
+
+/// Measures ReadBandwidth over a `bytes` buffer (far larger than the caches) split in equal
+/// parts over the threads, the best of 3 passes per pattern. No single pattern is this
+/// machine's peak (on a Zen 1 EPYC the best one changes with the thread count, and gqa1b's
+/// decode, eight long rows at a time, outran all the others on one thread; docs/benchmarks.md).
+/// The decode roofline is the best pattern over the bytes a step reads, so that decode cannot
+/// beat it by reading in an order the measurement did not try.
+inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30) {
   using B = xsimd::batch<float>;
-  const std::size_t n = bytes / sizeof(float) / (4 * B::size) * (4 * B::size);
+  constexpr std::size_t W = B::size, S = 8;
+  constexpr std::size_t Q = S * 2048;  // every part a whole number of eight-row blocks
+  const std::size_t n = bytes / sizeof(float) / Q * Q;
   std::vector<float> buf(n, 1.0f);  // written once, so its pages exist before timing
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
-  const std::size_t per = n / static_cast<std::size_t>(parts) / (4 * B::size) * (4 * B::size);
+  const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
   std::vector<float> sums(static_cast<std::size_t>(parts));
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
-      const float* x = buf.data() + static_cast<std::size_t>(p) * per;
-      B a0(0.f), a1(0.f), a2(0.f), a3(0.f);  // four chains hide the add latency
-      for (std::size_t i = 0; i < per; i += 4 * B::size) {
+  // Four accumulators hide the add latency; pattern 0 sequential, 1 prefetched, 2 eight
+  // streams, 3 eight rows.
+  const auto read = [&](int pattern, const float* x) {
+    B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    if (pattern < 2) {
+      for (std::size_t i = 0; i < per; i += 4 * W) {
+        if (pattern == 1) {
+          __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 3);
+          __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024 + 64, 0, 3);
+        }
         a0 += B::load_unaligned(x + i);
-        a1 += B::load_unaligned(x + i + B::size);
-        a2 += B::load_unaligned(x + i + 2 * B::size);
-        a3 += B::load_unaligned(x + i + 3 * B::size);
+        a1 += B::load_unaligned(x + i + W);
+        a2 += B::load_unaligned(x + i + 2 * W);
+        a3 += B::load_unaligned(x + i + 3 * W);
       }
-      sums[static_cast<std::size_t>(p)] = xsimd::hadd((a0 + a1) + (a2 + a3));
-    });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, static_cast<double>(per * static_cast<std::size_t>(parts) * sizeof(float)) / s / 1e9);
-  }
+    } else {
+      const std::size_t len = pattern == 2 ? per / S : 2048, blocks = per / (S * len);
+      for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
+        for (std::size_t i = 0; i < len; i += 2 * W)
+          for (std::size_t st = 0; st < S; st += 2) {
+            a0 += B::load_unaligned(x + st * len + i);
+            a1 += B::load_unaligned(x + st * len + i + W);
+            a2 += B::load_unaligned(x + (st + 1) * len + i);
+            a3 += B::load_unaligned(x + (st + 1) * len + i + W);
+          }
+    }
+    return xsimd::hadd((a0 + a1) + (a2 + a3));
+  };
+  double best[4] = {0, 0, 0, 0};
+  for (int rep = 0; rep < 3; ++rep)
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      const auto t0 = std::chrono::steady_clock::now();
+      exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
+        sums[static_cast<std::size_t>(p)] = read(pattern, buf.data() + static_cast<std::size_t>(p) * per);
+      });
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best[pattern] = std::max(best[pattern], static_cast<double>(per * static_cast<std::size_t>(parts) * sizeof(float)) / s / 1e9);
+    }
   volatile float sink = sums[0];  // keeps the sums observable
   (void)sink;
-  return best;
+  return {best[0], best[1], best[2], best[3]};
 }
 
 }  // namespace gen_detail
@@ -322,8 +356,11 @@ inline int cmd_bench_decode(Args& args) {
     j["cache_bytes"] = cache_bytes;
     j["scratch_bytes"] = dec.scratch_bytes();
     if (bandwidth) {  // the roofline, measured in the same run on the same threads
-      const double bw = gen_detail::measure_read_bandwidth();
+      const gen_detail::ReadBandwidth rb = gen_detail::measure_read_bandwidth();
+      const double bw = rb.best();
       j["memory_read_gb_per_s"] = bw;
+      j["memory_read_gb_per_s_by_pattern"] = {
+          {"sequential", rb.sequential}, {"prefetched", rb.prefetched}, {"streams8", rb.streams8}, {"rows8", rb.rows8}};
       j["roofline_tokens_per_s"] = bw * 1e9 / step_bytes;
       j["roofline_fraction"] = (static_cast<double>(G) / td) / (bw * 1e9 / step_bytes);
     }
