@@ -90,64 +90,61 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
-/// Weight rows of at most this many bytes (tiny's 288 f32) are read in address order with a
-/// software prefetch; longer rows are read Wd at a time, interleaved. Both measured on decode's
-/// matrix set (docs/benchmarks.md): short interleaved rows give the hardware prefetcher Wd
-/// streams of a few lines each, which it never catches up with (one thread streamed 9-10 GB/s
-/// of tiny's weights, against 13-14 in address order); long rows stream faster interleaved.
-inline constexpr std::int64_t kShortRowBytes = 2048;
+/// Bytes of consecutive weight rows one lane of matvec_rows streams: the kernel reads Wd such
+/// streams in lockstep. On a Zen 1 EPYC eight ~8 KiB streams read 15-25 % faster on one thread
+/// than one sequential stream, eight adjacent rows of tiny's 1152 or small's 3072 bytes
+/// (interleaved: Wd streams a few lines long, restarted every group) or rows in address order
+/// with a software prefetch (docs/benchmarks.md, "A roofline from the best read pattern").
+inline constexpr std::int64_t kStreamBytes = 8192;
 
-/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). Every row's sum has the same
-/// order whatever chunk or lane it falls in (the path depends on K alone), so the result does
-/// not depend on how the rows were split between threads.
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). The rows go in blocks of Wd
+/// streams of R consecutive rows (R rows about kStreamBytes): at step r lane s computes row
+/// lo + s * R + r, so the Wd streams advance together through memory. What remains (fewer than
+/// Wd * R rows) goes Wd adjacent rows at a time. Every row's sum has the same order whatever
+/// block, chunk or lane it falls in (one accumulator over K in steps of Wd, one transposing
+/// haddp, then the tail), so the result does not depend on how the rows were split between
+/// threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-  const bool short_rows = K * static_cast<std::int64_t>(sizeof(T)) <= kShortRowBytes;
-  // Short rows consume 2 Wd elements a step (two accumulators: two FMA chains in flight).
-  const std::int64_t K0 = short_rows ? K / (2 * Wd) * (2 * Wd) : K / Wd * Wd;
-  // Wd weight rows at a time; the Wd accumulators reduce in one transposing haddp, which for
-  // small K (tiny's lm_head: K = 288) costs far less than Wd separate horizontal sums. A group
-  // of fewer rows pads with zero accumulators.
-  for (std::int64_t j = lo; j < hi; j += Wd) {
-    const std::int64_t rows = std::min<std::int64_t>(Wd, hi - j);
+  const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
+  const std::int64_t K0 = K / Wd * Wd;
+  // Rows first, first + stride, ... (n <= Wd of them): the Wd accumulators reduce in one
+  // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
+  // separate horizontal sums. Fewer than Wd rows pad with zero accumulators.
+  const auto rows_at = [&](std::int64_t first, std::int64_t stride, std::int64_t n) {
     fbatch a[Wd];
-    for (std::int64_t r = 0; r < Wd; ++r) a[r] = fbatch(0.f);
-    const T* w0 = W + j * K;
-    if (short_rows) {
-      // Address order: one stream, prefetched 1 KiB ahead (about a row of tiny's).
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* wr = w0 + r * K;
-        fbatch a0(0.f), a1(0.f);
-        for (std::int64_t k = 0; k < K0; k += 2 * Wd) {
-          __builtin_prefetch(reinterpret_cast<const char*>(wr + k) + 1024, 0, 3);
-          a0 = kernels::detail::fmadd(fbatch::load_unaligned(x + k), kernels::detail::load(wr + k), a0);
-          a1 = kernels::detail::fmadd(fbatch::load_unaligned(x + k + Wd), kernels::detail::load(wr + k + Wd), a1);
-        }
-        a[r] = a0 + a1;
-      }
-    } else if (rows == Wd) {
+    for (std::int64_t q = 0; q < Wd; ++q) a[q] = fbatch(0.f);
+    const T* w0 = W + first * K;
+    const std::int64_t ws = stride * K;
+    if (n == Wd) {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
 #pragma GCC unroll 8
-        for (std::int64_t r = 0; r < Wd; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t q = 0; q < Wd; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
       }
     } else {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
-        for (std::int64_t r = 0; r < rows; ++r) a[r] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + r * K + k), a[r]);
+        for (std::int64_t q = 0; q < n; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
       }
     }
-    alignas(64) float s[Wd];
-    kernels::detail::haddp(a).store_aligned(s);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      float v = s[r];
-      for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(w0[r * K + k]), v);
-      y[j + r] = bias ? v + to_f32(bias[j + r]) : v;
+    alignas(64) float sm[Wd];
+    kernels::detail::haddp(a).store_aligned(sm);
+    for (std::int64_t q = 0; q < n; ++q) {
+      float v = sm[q];
+      const T* wr = w0 + q * ws;
+      for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(wr[k]), v);
+      const std::int64_t j = first + q * stride;
+      y[j] = bias ? v + to_f32(bias[j]) : v;
     }
-  }
+  };
+  for (; lo + Wd * R <= hi; lo += Wd * R)
+    for (std::int64_t r = 0; r < R; ++r) rows_at(lo + r, R, Wd);
+  for (; lo < hi; lo += Wd) rows_at(lo, 1, std::min<std::int64_t>(Wd, hi - lo));
 }
 
 /// Rows of weight matrix j a parallel chunk of a matrix-vector product takes: enough for the
