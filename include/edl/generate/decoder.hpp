@@ -103,14 +103,16 @@ inline constexpr std::int64_t kStreamBytes = 8192;
 /// Wd * R rows) goes Wd adjacent rows at a time. Every row's sum has the same order whatever
 /// block, chunk or lane it falls in (one accumulator over K in steps of Wd, one transposing
 /// haddp, then the tail), so the result does not depend on how the rows were split between
-/// threads.
+/// threads. far_streams: R is at least (hi - lo) / Wd, so the Wd streams start far apart and
+/// cover the whole range in one block (the faster pattern when two threads read at once).
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
-                        std::int64_t hi) {
+                        std::int64_t hi, bool far_streams = false) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
-  const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
+  std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
+  if (far_streams) R = std::max(R, (hi - lo) / Wd);
   const std::int64_t K0 = K / Wd * Wd;
   // Rows first, first + stride, ... (n <= Wd of them): the Wd accumulators reduce in one
   // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
@@ -162,16 +164,24 @@ struct MatvecPart {
 
 /// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
 /// one fork/join instead of one per matrix, which at decode's few microseconds per matrix is
-/// a visible share of a token. Each y[j] is the sum matvec_rows computes alone, bit for bit.
+/// a visible share of a token. With T threads each matrix is cut into T equal ranges of rows,
+/// one per task, each read as Wd far-apart streams (matvec_rows' far_streams): on the Zen 1
+/// machine that read 10-20 % faster on two threads than TBB's chunks of ~8 KiB streams
+/// (docs/benchmarks.md). One thread (or too little work to split) keeps the ~8 KiB streams,
+/// the faster pattern alone. Each y[j] is the sum matvec_rows computes alone, bit for bit.
 template <class T, std::size_t P>
 void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
-  std::array<std::int64_t, P + 1> start{};
-  for (std::size_t i = 0; i < P; ++i) start[i + 1] = start[i] + parts[i].N;
-  exec::parallel_for(0, start[P], matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::size_t i = 0; i < P; ++i) {
-      const std::int64_t a = std::max<std::int64_t>(lo, start[i]), b = std::min<std::int64_t>(hi, start[i + 1]);
-      if (a < b) matvec_rows(x, parts[i].W, parts[i].bias, parts[i].y, K, a - start[i], b - start[i]);
-    }
+  std::int64_t total = 0;
+  for (const MatvecPart<T>& p : parts) total += p.N;
+  const std::int64_t tasks = std::min<std::int64_t>(exec::num_threads(), total / matvec_grain(K));
+  if (tasks <= 1) {
+    exec::detail::ensure_flush_denormals();  // as exec::parallel_for would on this thread
+    for (const MatvecPart<T>& p : parts) matvec_rows(x, p.W, p.bias, p.y, K, 0, p.N);
+    return;
+  }
+  exec::parallel_parts(tasks, [&](std::ptrdiff_t t) {
+    for (const MatvecPart<T>& p : parts)
+      matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks, true);
   });
 }
 
