@@ -385,6 +385,42 @@ inline std::pair<float, float> softmax_numerators(const View& view, const float*
   return {mx, kernels::detail::hsum(sum)};
 }
 
+/// Attention of rows `single` (decode rows: split_attention_rows' rest) row by row: one task per
+/// (row, query head), softmax_numerators over the local slots the row's position attends to,
+/// then the weighted values, written as AttentionOut says (normalised context, or the partial
+/// (m, l, o) record). Rows go block rows at a time, so `scores` holds block * nh score rows
+/// of score_len floats.
+template <class Row, class ViewOf>
+void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
+                 std::int64_t D, std::int64_t window, SlotMap slots, const float* q, AttentionOut out, float* scores,
+                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
+  const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size()), off = out.partial ? 2 : 0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+    const std::int64_t i1 = std::min(n, i0 + block);
+    exec::parallel_for(0, (i1 - i0) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t) {
+        const std::int64_t r = single[static_cast<std::size_t>(i0 + t / nh)], h = t % nh;
+        const Row& row = rows[static_cast<std::size_t>(r)];
+        const auto view = view_of(row, h / rep);
+        float* sc = scores + t * score_len;
+        float* rec = out.data + r * out.row_stride + h * out.head_stride;
+        // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
+        const std::int64_t jlo = slots.first(nn::detail::window_start(row.pos, window));
+        const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(row.pos + 1) - jlo);
+        const auto [mx, total] = softmax_numerators(view, q + r * nh * D + h * D, jlo, cnt, scale, sc);
+        const float w = out.partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
+        if (out.partial) {
+          rec[0] = mx;
+          rec[1] = total;
+        }
+        std::fill(rec + off, rec + off + D, 0.0f);
+        for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * w, rec + off);
+      }
+    });
+  }
+}
+
 }  // namespace detail
 
 template <class Pol, KVCache Cache>
@@ -583,35 +619,11 @@ class Decoder {
   // Runs of rows of one sequence at consecutive positions (a prefill chunk; runs_, split once
   // per call in run()) attend on the GEMM; the other rows (decode) row by row.
   void attention(std::int64_t layer) {
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(),
-                             detail::AttentionOut{ctx_.data(), nh_ * D_, D_},
-                             [&](const Row& row, std::int64_t g) { return cache_.view(layer, row.b, g); });
-    if (!single_.empty()) attention_rows(layer);
-  }
-
-  // One (row, head) per task: scores over the slots, softmax, and the weighted sum of values.
-  void attention_rows(std::int64_t layer) {
-    const std::int64_t rep = nh_ / nkv_, P = cache_.shape().max_length;
-    const std::int64_t n = static_cast<std::int64_t>(single_.size());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
-    for (std::int64_t i0 = 0; i0 < n; i0 += attn_block_) {
-      const std::int64_t i1 = std::min(n, i0 + attn_block_);
-      exec::parallel_for(0, (i1 - i0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const std::int64_t r = single_[static_cast<std::size_t>(i0 + t / nh_)], h = t % nh_;
-          const Row& row = rows_[static_cast<std::size_t>(r)];
-          const auto view = cache_.view(layer, row.b, h / rep);
-          const float* q = q_.data() + r * nh_ * D_ + h * D_;
-          float* out = ctx_.data() + r * nh_ * D_ + h * D_;
-          float* sc = scores_.data() + t * P;
-          const std::int64_t j0 = nn::detail::window_start(row.pos, window_);
-          const std::int64_t cnt = row.pos + 1 - j0;
-          const float inv = 1.0f / detail::softmax_numerators(view, q, j0, cnt, scale, sc).second;
-          std::fill(out, out + D_, 0.0f);
-          for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(j0 + jj, sc[jj] * inv, out);
-        }
-      });
-    }
+    const detail::AttentionOut out{ctx_.data(), nh_ * D_, D_};
+    const auto view_of = [&](const Row& row, std::int64_t g) { return cache_.view(layer, row.b, g); };
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(), out, view_of);
+    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(), out, scores_.data(),
+                        cache_.shape().max_length, attn_block_, view_of);
   }
 
   const Model& m_;

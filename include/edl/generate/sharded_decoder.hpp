@@ -473,46 +473,17 @@ class ShardedDecoder {
   /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
   /// softmax statistics are exchanged over sp and combined (see the header comment).
   void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    const std::int64_t rep = nh_ / nkv_, Pl = s.cache->shape().max_length, sp = s.sp;
+    const std::int64_t sp = s.sp;
     const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
     const Cache& cache = *s.cache;
     // s.runs (prefill runs) attend on the GEMM as in the Decoder, s.single rows row by row; with
     // sp > 1 both write partial softmax statistics for the combine below.
     const detail::AttentionOut out = sp == 1 ? detail::AttentionOut{s.ctx.data(), nh_ * D_, D_}
                                              : detail::AttentionOut{s.stats.data(), nh_ * SW, SW, true};
-    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out,
-                             [&](const Row& row, std::int64_t g) { return cache.view(layer, row.b - s.b0, g); });
-    const std::int64_t ns = static_cast<std::int64_t>(s.single.size());
-    for (std::int64_t i0 = 0; i0 < ns; i0 += s.attn_block) {
-      const std::int64_t i1 = std::min(ns, i0 + s.attn_block);
-      exec::parallel_for(0, (i1 - i0) * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        for (std::ptrdiff_t t = lo; t < hi; ++t) {
-          const std::int64_t r = s.single[static_cast<std::size_t>(i0 + t / nh_)], h = t % nh_;
-          const Row& row = s.rows[static_cast<std::size_t>(r)];
-          const auto view = cache.view(layer, row.b - s.b0, h / rep);
-          const float* q = s.q.data() + r * nh_ * D_ + h * D_;
-          float* sc = s.scores.data() + t * Pl;
-          // Positions [j0, pos] this row attends to; local slot j holds position j * sp + sp_rank.
-          const std::int64_t j0 = nn::detail::window_start(row.pos, window_);
-          const std::int64_t jlo = s.slots().first(j0), jhi = s.slots().end(row.pos + 1);
-          const std::int64_t cnt = std::max<std::int64_t>(0, jhi - jlo);
-          const auto [mx, total] = detail::softmax_numerators(view, q, jlo, cnt, scale, sc);
-          if (sp == 1) {  // the Decoder's normalisation, unchanged
-            float* out = s.ctx.data() + r * nh_ * D_ + h * D_;
-            const float inv = 1.0f / total;
-            std::fill(out, out + D_, 0.0f);
-            for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * inv, out);
-          } else {  // partial statistics, normalised after the combine
-            float* st = s.stats.data() + (r * nh_ + h) * SW;
-            st[0] = mx;
-            st[1] = total;
-            std::fill(st + 2, st + SW, 0.0f);
-            for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj], st + 2);
-          }
-        }
-      });
-    }
+    const auto view_of = [&](const Row& row, std::int64_t g) { return cache.view(layer, row.b - s.b0, g); };
+    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out, view_of);
+    detail::attend_rows(s.rows, s.single, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out, s.scores.data(),
+                        cache.shape().max_length, s.attn_block, view_of);
     if (sp == 1) return;
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
     all_gather(dev, std::span<const float>(s.stats.data(), rec), std::span<float>(s.gathered.data(), rec * sp), "sp");
