@@ -15,39 +15,60 @@ namespace {
 
 const KVCacheShape kShape{2, 3, 10, 2, 8};  // layers, batch, max_length, kv_heads, head_dim
 
-std::vector<float> row(std::int64_t layer, std::int64_t b, std::int64_t slot, float salt) {
-  std::vector<float> r(16);
+std::vector<float> row(std::int64_t layer, std::int64_t b, std::int64_t slot, float salt, std::int64_t width = 16) {
+  std::vector<float> r(static_cast<std::size_t>(width));
   for (std::size_t i = 0; i < r.size(); ++i)
     r[i] = std::sin(salt + 0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(layer) + 2.1f * static_cast<float>(b) +
                     0.7f * static_cast<float>(slot));
   return r;
 }
 
-/// Writes every slot, then checks dot_k / axpy_v against the rows written (tolerance for int8).
+/// Writes n slots of every sequence, then checks the attention kernels against naive loops over
+/// the rows written: detail::slot_scores (scores of slots [j0, n)) and detail::weighted_values
+/// (weights over slots [j0, n)), for j0 = 0 and 3. tol_per_term: error allowed per |q_i| (or
+/// per |p_j|), 0 plus rounding for f32, half an int8 step for int8 (|x| <= 1: 1/254).
 template <class Cache>
-void check_roundtrip(Cache& c, std::int64_t n, double tol) {
-  for (std::int64_t b = 0; b < kShape.batch; ++b) {
+void check_roundtrip(Cache& c, const KVCacheShape& sh, std::int64_t n, double tol_per_term) {
+  const std::int64_t D = sh.head_dim, W = sh.row();
+  for (std::int64_t b = 0; b < sh.batch; ++b) {
     c.reserve(b, n);
-    for (std::int64_t l = 0; l < kShape.num_layers; ++l)
-      for (std::int64_t s = 0; s < n; ++s) c.store(l, b, s, row(l, b, s, 0.f).data(), row(l, b, s, 5.f).data());
+    for (std::int64_t l = 0; l < sh.num_layers; ++l)
+      for (std::int64_t s = 0; s < n; ++s) c.store(l, b, s, row(l, b, s, 0.f, W).data(), row(l, b, s, 5.f, W).data());
     c.set_length(b, n);
   }
-  std::vector<float> q(8);
-  for (std::size_t i = 0; i < 8; ++i) q[i] = 0.1f * static_cast<float>(i) - 0.3f;
-  for (std::int64_t l = 0; l < kShape.num_layers; ++l)
-    for (std::int64_t b = 0; b < kShape.batch; ++b)
-      for (std::int64_t g = 0; g < kShape.kv_heads; ++g) {
+  std::vector<float> q(static_cast<std::size_t>(D)), p(static_cast<std::size_t>(n));
+  double qabs = 0, pabs = 0;
+  for (std::int64_t i = 0; i < D; ++i) qabs += std::fabs(q[static_cast<std::size_t>(i)] = 0.1f * static_cast<float>(i % 9) - 0.3f);
+  for (std::int64_t j = 0; j < n; ++j) pabs += std::fabs(p[static_cast<std::size_t>(j)] = std::cos(0.9f * static_cast<float>(j)));
+  const float scale = 0.5f, w = 0.25f;
+  for (std::int64_t l = 0; l < sh.num_layers; ++l)
+    for (std::int64_t b = 0; b < sh.batch; ++b)
+      for (std::int64_t g = 0; g < sh.kv_heads; ++g) {
         const auto v = c.view(l, b, g);
-        for (std::int64_t s = 0; s < n; ++s) {
-          const auto k = row(l, b, s, 0.f), vv = row(l, b, s, 5.f);
-          double want = 0;
-          for (int i = 0; i < 8; ++i) want += q[i] * k[g * 8 + i];
-          EXPECT_NEAR(v.dot_k(s, q.data()), want, tol);
-          std::vector<float> acc(8, 1.0f);
-          v.axpy_v(s, 0.5f, acc.data());
-          for (int i = 0; i < 8; ++i) EXPECT_NEAR(acc[i], 1.0f + 0.5f * vv[g * 8 + i], tol);
+        for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{3}}) {
+          std::vector<float> sc(static_cast<std::size_t>(n), -99.f), out(static_cast<std::size_t>(D), -99.f);
+          generate::detail::slot_scores(v, q.data(), j0, n - j0, scale, sc.data());
+          for (std::int64_t s = j0; s < n; ++s) {
+            const auto k = row(l, b, s, 0.f, W);
+            double want = 0;
+            for (std::int64_t i = 0; i < D; ++i) want += q[static_cast<std::size_t>(i)] * k[static_cast<std::size_t>(g * D + i)];
+            EXPECT_NEAR(sc[static_cast<std::size_t>(s - j0)], scale * want, scale * (qabs * tol_per_term + 1e-5))
+                << "layer " << l << " seq " << b << " head " << g << " slot " << s;
+          }
+          for (std::int64_t s = n - j0; s < n; ++s) EXPECT_EQ(sc[static_cast<std::size_t>(s)], -99.f) << "wrote past cnt";
+          generate::detail::weighted_values(v, p.data(), j0, n - j0, w, out.data());
+          for (std::int64_t i = 0; i < D; ++i) {
+            double want = 0;
+            for (std::int64_t s = j0; s < n; ++s) want += w * p[static_cast<std::size_t>(s - j0)] * row(l, b, s, 5.f, W)[static_cast<std::size_t>(g * D + i)];
+            EXPECT_NEAR(out[static_cast<std::size_t>(i)], want, w * (pabs * tol_per_term + 1e-5)) << "column " << i;
+          }
         }
       }
+}
+
+template <class Cache>
+void check_roundtrip(Cache& c, std::int64_t n, double tol_per_term) {
+  check_roundtrip(c, kShape, n, tol_per_term);
 }
 
 }  // namespace
@@ -63,8 +84,8 @@ TEST(KVCache, StandardRoundTrip) {
 
 TEST(KVCache, Int8RoundTripWithinHalfAStep) {
   Int8KVCache c(kShape);
-  // |x| <= 1: step = absmax / 127 <= 1/127, error per element <= 1/254; dot of 8 terms |q| <= 0.4.
-  check_roundtrip(c, 7, 8 * 0.4 / 254 + 1e-6);
+  // |x| <= 1: step = absmax / 127 <= 1/127, error per element <= 1/254.
+  check_roundtrip(c, 7, 1.0 / 254 + 1e-6);
   EXPECT_LT(c.bytes(), StandardKVCache(kShape).bytes() / 2);  // 8 int8 + one f32 scale per 8 values
 }
 
@@ -125,8 +146,11 @@ void check_reorder(Cache& c) {
   std::vector<float> q(8, 0.f);
   q[3] = 1.f;
   for (std::int64_t b = 0; b < 3; ++b)
-    for (std::int64_t s = 0; s < c.length(b); ++s)
-      EXPECT_NEAR(c.view(1, b, 1).dot_k(s, q.data()), row(1, src[b], s, 0.f)[8 + 3], 1e-2) << b << " " << s;
+    for (std::int64_t s = 0; s < c.length(b); ++s) {
+      float score = 0.f;
+      generate::detail::slot_scores(c.view(1, b, 1), q.data(), s, 1, 1.0f, &score);
+      EXPECT_NEAR(score, row(1, src[b], s, 0.f)[8 + 3], 1e-2) << b << " " << s;
+    }
 }
 
 TEST(KVCache, ReorderCopiesSequences) {
@@ -138,4 +162,21 @@ TEST(KVCache, ReorderCopiesSequences) {
   o.page_size = 2;
   PagedKVCache p(kShape, o);
   check_reorder(p);
+}
+
+// Head dims that leave lanes over (5: all tail; 20: 2 batches of 8 + 4 on AVX2; 72: a full pass
+// of 8 batches + 1) and slot counts that leave a partial block of slots, on every cache.
+TEST(KVCache, AttentionKernelsMatchNaiveLoopsOnOddShapes) {
+  for (std::int64_t D : {5, 20, 72}) {
+    SCOPED_TRACE(D);
+    const KVCacheShape sh{1, 2, 24, 3, D};
+    StandardKVCache s(sh);
+    check_roundtrip(s, sh, 21, 1e-6);
+    Int8KVCache i(sh);
+    check_roundtrip(i, sh, 21, 1.0 / 254 + 1e-6);
+    PagedKVCacheOptions o;
+    o.page_size = 4;
+    PagedKVCache p(sh, o);
+    check_roundtrip(p, sh, 21, 1e-6);
+  }
 }

@@ -362,13 +362,13 @@ inline std::pair<float, float> softmax_numerators(const View& view, const float*
                                                   float scale, float* sc) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-  float mx = -std::numeric_limits<float>::infinity();
-  for (std::int64_t j = 0; j < cnt; ++j) {
-    const float v = scale * view.dot_k(j0 + j, q);
-    sc[j] = v;
-    mx = std::max(mx, v);
-  }
-  if (cnt <= 0) return {mx, 0.0f};
+  if (cnt <= 0) return {-std::numeric_limits<float>::infinity(), 0.0f};
+  slot_scores(view, q, j0, cnt, scale, sc);
+  fbatch mxv(-std::numeric_limits<float>::infinity());
+  std::int64_t i = 0;
+  for (; i + Wd <= cnt; i += Wd) mxv = xsimd::max(mxv, fbatch::load_unaligned(sc + i));
+  float mx = kernels::detail::hmax(mxv);
+  for (; i < cnt; ++i) mx = std::max(mx, sc[i]);
   const fbatch mb(mx);
   fbatch sum(0.f);
   std::int64_t j = 0;
@@ -414,8 +414,7 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
           rec[0] = mx;
           rec[1] = total;
         }
-        std::fill(rec + off, rec + off + D, 0.0f);
-        for (std::int64_t jj = 0; jj < cnt; ++jj) view.axpy_v(jlo + jj, sc[jj] * w, rec + off);
+        weighted_values(view, sc, jlo, cnt, w, rec + off);
       }
     });
   }

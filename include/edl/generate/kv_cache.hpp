@@ -16,9 +16,12 @@
 //   reserve(b, n)                  make room for n tokens (throws edl::Error when it cannot)
 //   store(layer, b, slot, k, v)    k, v: [kv_heads * head_dim] f32 rows (after rope for k)
 //   set_length(b, n), length(b)    tokens of sequence b in the cache
-//   view(layer, b, g)              a HeadView: dot_k(slot, q) = q . k[slot], axpy_v(slot, p, acc):
-//                                  acc += p * v[slot], for kv head g; read(slot, k, v): the
-//                                  slot's key and value as f32 (dequantized), for prefill's GEMM
+//   view(layer, b, g)              a HeadView of kv head g: k_row(slot), v_row(slot) point at the
+//                                  slot's head_dim elements (f32 or int8), k_scale(slot),
+//                                  v_scale(slot) multiply them (detail::slot_scores and
+//                                  detail::weighted_values read them for decode attention);
+//                                  read(slot, k, v): the slot's key and value as f32
+//                                  (dequantized), for prefill's GEMM
 //   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
 //   reset(b)                       forget sequence b (length 0; pages returned)
 #pragma once
@@ -59,44 +62,82 @@ namespace detail {
 using kernels::detail::fbatch;
 inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
 
-/// q . k over n f32 elements, fixed order (two accumulators).
-inline float dot_f32(const float* q, const float* k, std::int64_t n) noexcept {
-  fbatch a0(0.f), a1(0.f);
-  std::int64_t i = 0;
-  for (; i + 2 * kW <= n; i += 2 * kW) {
-    a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
-    a1 = kernels::detail::fmadd(fbatch::load_unaligned(q + i + kW), fbatch::load_unaligned(k + i + kW), a1);
+/// The attention kernels over one head's cache rows. A HeadView gives k_row(slot) and
+/// v_row(slot), pointers to the slot's D elements (f32, or int8 for Int8KVCache), and
+/// k_scale(slot), v_scale(slot) that multiply them (1 for f32 caches).
+///
+/// sc[j] = scale * q . k[j0 + j] for j in [0, cnt). Wd slots at a time with Wd accumulators and
+/// one transposing haddp: Wd independent FMA chains and one horizontal reduction per Wd slots,
+/// where a dot per slot waits on its own chain and its own reduction (decode attention spent
+/// most of its time there). Each score's order is fixed: lanes over D, the haddp tree, the tail.
+template <class View>
+inline void slot_scores(const View& view, const float* q, std::int64_t j0, std::int64_t cnt, float scale,
+                        float* sc) noexcept {
+  using Row = decltype(view.k_row(0));
+  const std::int64_t D = view.D, D0 = D / kW * kW;
+  for (std::int64_t j = 0; j < cnt; j += kW) {
+    const std::int64_t n = std::min(kW, cnt - j);
+    Row kr[kW];  // lanes past cnt re-read the last slot; their sums are dropped
+    for (std::int64_t s = 0; s < kW; ++s) kr[s] = view.k_row(j0 + j + std::min(s, n - 1));
+    fbatch a[kW];
+    for (std::int64_t s = 0; s < kW; ++s) a[s] = fbatch(0.f);
+    for (std::int64_t d = 0; d < D0; d += kW) {
+      const fbatch qv = fbatch::load_unaligned(q + d);
+#pragma GCC unroll 16
+      for (std::int64_t s = 0; s < kW; ++s) a[s] = kernels::detail::fmadd(qv, kernels::detail::load(kr[s] + d), a[s]);
+    }
+    alignas(64) float sm[kW];
+    kernels::detail::haddp(a).store_aligned(sm);
+    for (std::int64_t s = 0; s < n; ++s) {
+      float v = sm[s];
+      for (std::int64_t d = D0; d < D; ++d) v = std::fma(q[d], to_f32(kr[s][d]), v);
+      sc[j + s] = scale * view.k_scale(j0 + j + s) * v;
+    }
   }
-  for (; i + kW <= n; i += kW) a0 = kernels::detail::fmadd(fbatch::load_unaligned(q + i), fbatch::load_unaligned(k + i), a0);
-  float s = xsimd::hadd(a0 + a1);
-  for (; i < n; ++i) s = std::fma(q[i], k[i], s);
-  return s;
 }
 
-/// acc += p * v over n elements.
-inline void axpy_f32(float p, const float* v, float* acc, std::int64_t n) noexcept {
-  const fbatch pb(p);
-  std::int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    kernels::detail::fmadd(pb, fbatch::load_unaligned(v + i), fbatch::load_unaligned(acc + i)).store_unaligned(acc + i);
-  for (; i < n; ++i) acc[i] = std::fma(p, v[i], acc[i]);
+/// out[c0, c0 + NB * Wd) = sum over j of w p[j] v_scale v[j0 + j] in those columns, the NB
+/// accumulators in registers (an axpy per slot into memory waits on the store of the last).
+template <int NB, class View>
+inline void weighted_values_cols(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
+                                 std::int64_t c0, float* out) noexcept {
+  fbatch acc[NB];
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) acc[b] = fbatch(0.f);
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const fbatch pb(p[j] * w * view.v_scale(j0 + j));
+    const auto* vr = view.v_row(j0 + j) + c0;
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) acc[b] = kernels::detail::fmadd(pb, kernels::detail::load(vr + b * kW), acc[b]);
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) acc[b].store_unaligned(out + c0 + b * kW);
 }
 
-/// q . (int8 row) (scale applied by the caller).
-inline float dot_i8(const float* q, const std::int8_t* k, std::int64_t n) noexcept {
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-  std::int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += q[i] * static_cast<float>(k[i]);
-    s1 += q[i + 1] * static_cast<float>(k[i + 1]);
-    s2 += q[i + 2] * static_cast<float>(k[i + 2]);
-    s3 += q[i + 3] * static_cast<float>(k[i + 3]);
+/// out[0, D) = sum over j in [0, cnt) of w p[j] v[j0 + j] (dequantized): the attention's
+/// weighted values, overwriting out. Columns go 8 lane batches at a time, then the rest.
+/// Each output element is one FMA chain over j in order, as an axpy per slot would give.
+template <class View>
+inline void weighted_values(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
+                            float* out) noexcept {
+  const std::int64_t D = view.D;
+  std::int64_t c0 = 0;
+  for (; c0 + 8 * kW <= D; c0 += 8 * kW) weighted_values_cols<8>(view, p, j0, cnt, w, c0, out);
+  switch ((D - c0) / kW) {
+    case 7: weighted_values_cols<7>(view, p, j0, cnt, w, c0, out); break;
+    case 6: weighted_values_cols<6>(view, p, j0, cnt, w, c0, out); break;
+    case 5: weighted_values_cols<5>(view, p, j0, cnt, w, c0, out); break;
+    case 4: weighted_values_cols<4>(view, p, j0, cnt, w, c0, out); break;
+    case 3: weighted_values_cols<3>(view, p, j0, cnt, w, c0, out); break;
+    case 2: weighted_values_cols<2>(view, p, j0, cnt, w, c0, out); break;
+    case 1: weighted_values_cols<1>(view, p, j0, cnt, w, c0, out); break;
+    default: break;
   }
-  for (; i < n; ++i) s0 += q[i] * static_cast<float>(k[i]);
-  return (s0 + s1) + (s2 + s3);
-}
-inline void axpy_i8(float p, const std::int8_t* v, float* acc, std::int64_t n) noexcept {
-  for (std::int64_t i = 0; i < n; ++i) acc[i] += p * static_cast<float>(v[i]);
+  for (c0 += (D - c0) / kW * kW; c0 < D; ++c0) {
+    float a = 0.f;
+    for (std::int64_t j = 0; j < cnt; ++j) a = std::fma(p[j] * w * view.v_scale(j0 + j), to_f32(view.v_row(j0 + j)[c0]), a);
+    out[c0] = a;
+  }
 }
 
 /// Per-row absmax int8 quantization: x ~= scale * q, q in [-127, 127].
@@ -126,8 +167,11 @@ concept KVCache = requires(C& c, const C& cc, std::int64_t i, const float* row, 
   c.reserve(i, i);
   c.set_length(i, i);
   c.store(i, i, i, row, row);
-  { cc.view(i, i, i).dot_k(i, row) } -> std::convertible_to<float>;
-  cc.view(i, i, i).axpy_v(i, 1.0f, acc);
+  cc.view(i, i, i).k_row(i);
+  cc.view(i, i, i).v_row(i);
+  { cc.view(i, i, i).k_scale(i) } -> std::convertible_to<float>;
+  { cc.view(i, i, i).v_scale(i) } -> std::convertible_to<float>;
+  { cc.view(i, i, i).D } -> std::convertible_to<std::int64_t>;
   cc.view(i, i, i).read(i, acc, acc);
   c.reorder(src);
   c.reset(i);
@@ -151,10 +195,10 @@ class StandardKVCache {
     const float* k;
     const float* v;
     std::int64_t stride, D;
-    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, k + slot * stride, D); }
-    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
-      detail::axpy_f32(p, v + slot * stride, acc, D);
-    }
+    const float* k_row(std::int64_t slot) const noexcept { return k + slot * stride; }
+    const float* v_row(std::int64_t slot) const noexcept { return v + slot * stride; }
+    static constexpr float k_scale(std::int64_t) noexcept { return 1.0f; }
+    static constexpr float v_scale(std::int64_t) noexcept { return 1.0f; }
     void read(std::int64_t slot, float* ko, float* vo) const noexcept {
       std::memcpy(ko, k + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
       std::memcpy(vo, v + slot * stride, static_cast<std::size_t>(D) * sizeof(float));
@@ -236,12 +280,10 @@ class Int8KVCache {
     const float* ks;
     const float* vs;
     std::int64_t stride, sstride, D;
-    float dot_k(std::int64_t slot, const float* q) const noexcept {
-      return ks[slot * sstride] * detail::dot_i8(q, k + slot * stride, D);
-    }
-    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept {
-      detail::axpy_i8(p * vs[slot * sstride], v + slot * stride, acc, D);
-    }
+    const std::int8_t* k_row(std::int64_t slot) const noexcept { return k + slot * stride; }
+    const std::int8_t* v_row(std::int64_t slot) const noexcept { return v + slot * stride; }
+    float k_scale(std::int64_t slot) const noexcept { return ks[slot * sstride]; }
+    float v_scale(std::int64_t slot) const noexcept { return vs[slot * sstride]; }
     void read(std::int64_t slot, float* ko, float* vo) const noexcept {
       const float sk = ks[slot * sstride], sv = vs[slot * sstride];
       for (std::int64_t i = 0; i < D; ++i) {
@@ -354,8 +396,10 @@ class PagedKVCache {
       const std::int64_t p = table[slot / page_size];
       return base + p * page_floats + (slot % page_size) * stride;
     }
-    float dot_k(std::int64_t slot, const float* q) const noexcept { return detail::dot_f32(q, at(k, slot), D); }
-    void axpy_v(std::int64_t slot, float p, float* acc) const noexcept { detail::axpy_f32(p, at(v, slot), acc, D); }
+    const float* k_row(std::int64_t slot) const noexcept { return at(k, slot); }
+    const float* v_row(std::int64_t slot) const noexcept { return at(v, slot); }
+    static constexpr float k_scale(std::int64_t) noexcept { return 1.0f; }
+    static constexpr float v_scale(std::int64_t) noexcept { return 1.0f; }
     void read(std::int64_t slot, float* ko, float* vo) const noexcept {
       std::memcpy(ko, at(k, slot), static_cast<std::size_t>(D) * sizeof(float));
       std::memcpy(vo, at(v, slot), static_cast<std::size_t>(D) * sizeof(float));

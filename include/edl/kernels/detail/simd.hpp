@@ -154,6 +154,24 @@ inline fbatch load(const f16* p) noexcept {
   return fbatch::load_aligned(buf);
 }
 
+/// int8 (the int8 KV cache's values) widened exactly to f32.
+inline fbatch load(const std::int8_t* p) noexcept {
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return fbatch(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+  }
+#elif defined(EDL_SIMD_AVX2)
+  if constexpr (kLanes == 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return fbatch(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+  }
+#endif
+  alignas(64) float buf[kLanes];
+  for (std::ptrdiff_t i = 0; i < kLanes; ++i) buf[i] = static_cast<float>(p[i]);
+  return fbatch::load_aligned(buf);
+}
+
 /// Stores kLanes elements, rounding to nearest even for bf16/f16 (bit-identical to
 /// edl::from_f32, NaN and Inf included).
 inline void store(float* p, const fbatch& v) noexcept { v.store_unaligned(p); }
