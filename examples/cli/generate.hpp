@@ -217,8 +217,9 @@ struct ReadBandwidth {
   double sequential = 0;  // one streaming sum per thread
   double prefetched = 0;  // the same with a software prefetch 1 KiB ahead
   double streams8 = 0;    // each thread's part read as 8 far-apart streams in lockstep
-  double rows8 = 0;       // blocks of 8 rows of 8 KiB read in lockstep (matvec_rows' long rows)
-  double best() const { return std::max({sequential, prefetched, streams8, rows8}); }
+  double rows8 = 0;       // blocks of 8 rows of 8 KiB read in lockstep
+  double rows8_32k = 0;   // blocks of 8 rows of 32 KiB in lockstep (matvec_rows' streams on one thread)
+  double best() const { return std::max({sequential, prefetched, streams8, rows8, rows8_32k}); }
 };
 
 /// Measures ReadBandwidth over a `bytes` buffer (far larger than the caches) split in equal
@@ -230,14 +231,14 @@ struct ReadBandwidth {
 inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30) {
   using B = xsimd::batch<float>;
   constexpr std::size_t W = B::size, S = 8;
-  constexpr std::size_t Q = S * 2048;  // every part a whole number of eight-row blocks
+  constexpr std::size_t Q = S * 8192;  // every part a whole number of eight-row blocks
   const std::size_t n = bytes / sizeof(float) / Q * Q;
   std::vector<float> buf(n, 1.0f);  // written once, so its pages exist before timing
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
   const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
   std::vector<float> sums(static_cast<std::size_t>(parts));
   // Four accumulators hide the add latency; pattern 0 sequential, 1 prefetched, 2 eight
-  // streams, 3 eight rows.
+  // streams, 3 eight rows of 8 KiB, 4 eight rows of 32 KiB.
   const auto read = [&](int pattern, const float* x) {
     B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
     if (pattern < 2) {
@@ -252,7 +253,7 @@ inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} <
         a3 += B::load_unaligned(x + i + 3 * W);
       }
     } else {
-      const std::size_t len = pattern == 2 ? per / S : 2048, blocks = per / (S * len);
+      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? 2048 : 8192, blocks = per / (S * len);
       for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
         for (std::size_t i = 0; i < len; i += 2 * W)
           for (std::size_t st = 0; st < S; st += 2) {
@@ -264,9 +265,9 @@ inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} <
     }
     return xsimd::hadd((a0 + a1) + (a2 + a3));
   };
-  double best[4] = {0, 0, 0, 0};
+  double best[5] = {0, 0, 0, 0, 0};
   for (int rep = 0; rep < 3; ++rep)
-    for (int pattern = 0; pattern < 4; ++pattern) {
+    for (int pattern = 0; pattern < 5; ++pattern) {
       const auto t0 = std::chrono::steady_clock::now();
       exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
         sums[static_cast<std::size_t>(p)] = read(pattern, buf.data() + static_cast<std::size_t>(p) * per);
@@ -276,7 +277,7 @@ inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} <
     }
   volatile float sink = sums[0];  // keeps the sums observable
   (void)sink;
-  return {best[0], best[1], best[2], best[3]};
+  return {best[0], best[1], best[2], best[3], best[4]};
 }
 
 }  // namespace gen_detail
@@ -360,7 +361,7 @@ inline int cmd_bench_decode(Args& args) {
       const double bw = rb.best();
       j["memory_read_gb_per_s"] = bw;
       j["memory_read_gb_per_s_by_pattern"] = {
-          {"sequential", rb.sequential}, {"prefetched", rb.prefetched}, {"streams8", rb.streams8}, {"rows8", rb.rows8}};
+          {"sequential", rb.sequential}, {"prefetched", rb.prefetched}, {"streams8", rb.streams8}, {"rows8", rb.rows8}, {"rows8_32k", rb.rows8_32k}};
       j["roofline_tokens_per_s"] = bw * 1e9 / step_bytes;
       j["roofline_fraction"] = (static_cast<double>(G) / td) / (bw * 1e9 / step_bytes);
     }

@@ -10941,28 +10941,28 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
 }
 
 /// Bytes of consecutive weight rows one lane of matvec_rows streams: the kernel reads Wd such
-/// streams in lockstep. On a Zen 1 EPYC eight ~8 KiB streams read 15-25 % faster on one thread
-/// than one sequential stream, eight adjacent rows of tiny's 1152 or small's 3072 bytes
-/// (interleaved: Wd streams a few lines long, restarted every group) or rows in address order
-/// with a software prefetch (docs/benchmarks.md, "A roofline from the best read pattern").
-inline constexpr std::int64_t kStreamBytes = 8192;
+/// streams in lockstep. On a Zen 1 EPYC eight ~32 KiB streams read fastest on one thread:
+/// faster than ~8 KiB (tiny +5-10 %, small +8-25 % in decode), 64 KiB, eight streams spread
+/// over the whole matrix, one sequential stream, or eight adjacent rows (docs/benchmarks.md,
+/// "A roofline from the best read pattern" and after).
+inline constexpr std::int64_t kStreamBytes = 32768;
 
 /// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). The rows go in blocks of Wd
-/// streams of R consecutive rows (R rows about kStreamBytes): at step r lane s computes row
-/// lo + s * R + r, so the Wd streams advance together through memory. What remains (fewer than
-/// Wd * R rows) goes Wd adjacent rows at a time. Every row's sum has the same order whatever
-/// block, chunk or lane it falls in (one accumulator over K in steps of Wd, one transposing
-/// haddp, then the tail), so the result does not depend on how the rows were split between
-/// threads. far_streams: R is at least (hi - lo) / Wd, so the Wd streams start far apart and
-/// cover the whole range in one block (the faster pattern when two threads read at once).
+/// streams of R consecutive rows (R rows about kStreamBytes, fewer in the last blocks when
+/// fewer rows remain): at step r lane s computes row lo + s * R + r, so the Wd streams advance
+/// together through memory. The last fewer than Wd rows go in one group. Every row's sum has
+/// the same order whatever block, chunk or lane it falls in (one accumulator over K in steps of
+/// Wd, one transposing haddp, then the tail), so the result does not depend on how the rows
+/// were split between threads. far_streams: R is (hi - lo) / Wd, so the Wd streams start far
+/// apart and cover the range in one block (the faster pattern when two threads read at once).
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi, bool far_streams = false) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
-  std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
-  if (far_streams) R = std::max(R, (hi - lo) / Wd);
+  const std::int64_t R = far_streams ? std::max<std::int64_t>(1, (hi - lo) / Wd)
+                                     : std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
   const std::int64_t K0 = K / Wd * Wd;
   // Rows first, first + stride, ... (n <= Wd of them): the Wd accumulators reduce in one
   // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
@@ -10994,9 +10994,12 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
       y[j] = bias ? v + to_f32(bias[j]) : v;
     }
   };
-  for (; lo + Wd * R <= hi; lo += Wd * R)
-    for (std::int64_t r = 0; r < R; ++r) rows_at(lo + r, R, Wd);
-  for (; lo < hi; lo += Wd) rows_at(lo, 1, std::min<std::int64_t>(Wd, hi - lo));
+  while (hi - lo >= Wd) {
+    const std::int64_t r_len = std::min(R, (hi - lo) / Wd);
+    for (std::int64_t r = 0; r < r_len; ++r) rows_at(lo + r, r_len, Wd);
+    lo += Wd * r_len;
+  }
+  if (lo < hi) rows_at(lo, 1, hi - lo);
 }
 
 /// Rows of weight matrix j a parallel chunk of a matrix-vector product takes: enough for the
