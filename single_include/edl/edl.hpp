@@ -11020,7 +11020,7 @@ struct MatvecPart {
 /// a visible share of a token. With T threads each matrix is cut into T equal ranges of rows,
 /// one per task, each read as Wd far-apart streams (matvec_rows' far_streams): on the Zen 1
 /// machine that read 10-20 % faster on two threads than TBB's chunks of ~8 KiB streams
-/// (docs/benchmarks.md). One thread (or too little work to split) keeps the ~8 KiB streams,
+/// (docs/benchmarks.md). One thread (or too little work to split) keeps the kStreamBytes streams,
 /// the faster pattern alone. Each y[j] is the sum matvec_rows computes alone, bit for bit.
 template <class T, std::size_t P>
 void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
