@@ -12,12 +12,13 @@
 //     devices or under mpirun (rank 0 prints); the mesh is checked before the weights are read.
 //
 //   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T] [--bandwidth]
-//                    [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
+//                    [--repetitions N] [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
 //     a preset name builds that config with random weights; prints one JSON object with
-//     prefill_tokens_per_s, decode_tokens_per_s, peak_bytes (VmHWM), the bytes a decode step
-//     reads and the bandwidth that implies.
+//     prefill_tokens_per_s, decode_tokens_per_s (medians over N repetitions, as llama-bench's -r),
+//     peak_bytes (VmHWM), the bytes a decode step reads and the bandwidth that implies.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -218,7 +219,7 @@ struct ReadBandwidth {
   double prefetched = 0;  // the same with a software prefetch 1 KiB ahead
   double streams8 = 0;    // each thread's part read as 8 far-apart streams in lockstep
   double rows8 = 0;       // blocks of 8 rows of 8 KiB read in lockstep
-  double rows8_32k = 0;   // blocks of 8 rows of 32 KiB in lockstep (matvec_rows' streams on one thread)
+  double rows8_32k = 0;   // blocks of 8 rows of kStreamBytes in lockstep (matvec_rows' streams on one thread)
   double best() const { return std::max({sequential, prefetched, streams8, rows8, rows8_32k}); }
 };
 
@@ -228,17 +229,22 @@ struct ReadBandwidth {
 /// decode, eight long rows at a time, outran all the others on one thread; docs/benchmarks.md).
 /// The decode roofline is the best pattern over the bytes a step reads, so that decode cannot
 /// beat it by reading in an order the measurement did not try.
-inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30) {
+/// `buf` is the buffer read: empty, it is allocated (`bytes`) and written once, so that
+/// repeated measurements reuse its pages.
+inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = std::size_t{1} << 30) {
   using B = xsimd::batch<float>;
   constexpr std::size_t W = B::size, S = 8;
-  constexpr std::size_t Q = S * 8192;  // every part a whole number of eight-row blocks
-  const std::size_t n = bytes / sizeof(float) / Q * Q;
-  std::vector<float> buf(n, 1.0f);  // written once, so its pages exist before timing
+  // rows8_32k follows the decode kernel's stream length, whatever it is set to.
+  constexpr std::size_t kShort = 2048, kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+  static_assert(kLong % kShort == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 8 KiB rows");
+  constexpr std::size_t Q = S * kLong;  // every part a whole number of eight-row blocks of either length
+  if (buf.empty()) buf.assign(bytes / sizeof(float) / Q * Q, 1.0f);  // written once: its pages exist before timing
+  const std::size_t n = buf.size();
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
   const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
   std::vector<float> sums(static_cast<std::size_t>(parts));
   // Four accumulators hide the add latency; pattern 0 sequential, 1 prefetched, 2 eight
-  // streams, 3 eight rows of 8 KiB, 4 eight rows of 32 KiB.
+  // streams, 3 eight rows of 8 KiB, 4 eight rows of kStreamBytes.
   const auto read = [&](int pattern, const float* x) {
     B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
     if (pattern < 2) {
@@ -253,7 +259,7 @@ inline ReadBandwidth measure_read_bandwidth(std::size_t bytes = std::size_t{1} <
         a3 += B::load_unaligned(x + i + 3 * W);
       }
     } else {
-      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? 2048 : 8192, blocks = per / (S * len);
+      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : kLong, blocks = per / (S * len);
       for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
         for (std::size_t i = 0; i < len; i += 2 * W)
           for (std::size_t st = 0; st < S; st += 2) {
@@ -291,7 +297,9 @@ inline int cmd_bench_decode(Args& args) {
   gen_detail::cache_flags(args, o);
   const MeshDims dims = mesh_flag(args);
   const bool bandwidth = args.has("--bandwidth");
+  const std::int64_t reps = args.integer("--repetitions", 1);
   args.finish();
+  EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
   EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
             P, " and ", G);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
@@ -312,25 +320,19 @@ inline int cmd_bench_decode(Args& args) {
 
   const auto shape = generate::kv_cache_shape(cfg, 1, L);
   nlohmann::ordered_json j;
-  // dec: a Decoder or a ShardedDecoder; forget(): empties its cache.
+  // dec: a Decoder or a ShardedDecoder; forget(): empties its cache. Each repetition prefills
+  // and decodes from an empty cache; with --bandwidth the roofline is measured right after each
+  // decode pass, so every repetition's fraction compares two measurements a second apart (the
+  // machine's bandwidth drifts by more than the kernel's gaps over a minute). The figures are
+  // medians over the repetitions.
   const auto run = [&](auto& dec, auto&& forget, std::int64_t cache_bytes) {
     std::vector<float> logits(static_cast<std::size_t>(V));
     // Warm-up: a short prefill and a few steps, then forget them.
     dec.prefill(prompt.data(), std::min<std::int64_t>(P, 16), nullptr, logits.data());
-    for (int i = 0; i < 3; ++i) {
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(3, G); ++i) {  // the cache holds P + G tokens
       const std::int64_t t = generate::argmax(logits.data(), V);
       dec.decode(&t, logits.data());
     }
-    forget();
-    const auto t0 = std::chrono::steady_clock::now();
-    dec.prefill(prompt.data(), P, nullptr, logits.data());
-    const double tp = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const auto t1 = std::chrono::steady_clock::now();
-    for (std::int64_t i = 0; i < G; ++i) {
-      const std::int64_t t = generate::argmax(logits.data(), V);
-      dec.decode(&t, logits.data());
-    }
-    const double td = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
     // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
     const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
@@ -340,30 +342,73 @@ inline int cmd_bench_decode(Args& args) {
                                   : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);
     const double mean_ctx = static_cast<double>(P) + static_cast<double>(G) / 2;
     const double step_bytes = wbytes + kv_per_tok * mean_ctx;
+    std::vector<double> tp(static_cast<std::size_t>(reps)), td(tp), pp_rate(tp), tg_rate(tp), bw(tp), fraction(tp);
+    std::vector<gen_detail::ReadBandwidth> rb(tp.size());
+    std::vector<float> bw_buf;
+    for (std::size_t r = 0; r < tp.size(); ++r) {
+      forget();
+      const auto t0 = std::chrono::steady_clock::now();
+      dec.prefill(prompt.data(), P, nullptr, logits.data());
+      tp[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto t1 = std::chrono::steady_clock::now();
+      for (std::int64_t i = 0; i < G; ++i) {
+        const std::int64_t t = generate::argmax(logits.data(), V);
+        dec.decode(&t, logits.data());
+      }
+      td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      pp_rate[r] = static_cast<double>(P) / tp[r];
+      tg_rate[r] = static_cast<double>(G) / td[r];
+      if (bandwidth) {  // the roofline, measured in the same run on the same threads
+        rb[r] = gen_detail::measure_read_bandwidth(bw_buf);
+        bw[r] = rb[r].best();
+        fraction[r] = tg_rate[r] / (bw[r] * 1e9 / step_bytes);
+      }
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const std::size_t m = v.size() / 2;
+      return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+    };
+    const auto pattern_median = [&](double gen_detail::ReadBandwidth::*f) {
+      std::vector<double> v;
+      for (const auto& x : rb) v.push_back(x.*f);
+      return median(v);
+    };
     j["model"] = name;
     j["cache"] = args.str("--cache", "standard");
     j["threads"] = exec::num_threads();
     j["prompt_len"] = P;
     j["gen_len"] = G;
-    j["prefill_seconds"] = tp;
-    j["decode_seconds"] = td;
-    j["prefill_tokens_per_s"] = static_cast<double>(P) / tp;
-    j["decode_tokens_per_s"] = static_cast<double>(G) / td;
-    j["ms_per_token"] = 1e3 * td / static_cast<double>(G);
+    j["repetitions"] = reps;
+    j["prefill_seconds"] = median(tp);
+    j["decode_seconds"] = median(td);
+    j["prefill_tokens_per_s"] = median(pp_rate);
+    j["decode_tokens_per_s"] = median(tg_rate);
+    j["ms_per_token"] = 1e3 * median(td) / static_cast<double>(G);
+    if (reps > 1) {
+      j["prefill_tokens_per_s_by_repetition"] = pp_rate;
+      j["decode_tokens_per_s_by_repetition"] = tg_rate;
+    }
     j["params"] = model.param_count();
     j["decode_bytes_per_token"] = step_bytes;
-    j["decode_gb_per_s"] = step_bytes * static_cast<double>(G) / td / 1e9;
+    j["decode_gb_per_s"] = step_bytes * median(tg_rate) / 1e9;
     j["mesh"] = mesh_str(dims);
     j["cache_bytes"] = cache_bytes;
     j["scratch_bytes"] = dec.scratch_bytes();
-    if (bandwidth) {  // the roofline, measured in the same run on the same threads
-      const gen_detail::ReadBandwidth rb = gen_detail::measure_read_bandwidth();
-      const double bw = rb.best();
-      j["memory_read_gb_per_s"] = bw;
-      j["memory_read_gb_per_s_by_pattern"] = {
-          {"sequential", rb.sequential}, {"prefetched", rb.prefetched}, {"streams8", rb.streams8}, {"rows8", rb.rows8}, {"rows8_32k", rb.rows8_32k}};
-      j["roofline_tokens_per_s"] = bw * 1e9 / step_bytes;
-      j["roofline_fraction"] = (static_cast<double>(G) / td) / (bw * 1e9 / step_bytes);
+    if (bandwidth) {
+      using RB = gen_detail::ReadBandwidth;
+      j["memory_read_gb_per_s"] = median(bw);
+      j["memory_read_gb_per_s_by_pattern"] = {{"sequential", pattern_median(&RB::sequential)},
+                                              {"prefetched", pattern_median(&RB::prefetched)},
+                                              {"streams8", pattern_median(&RB::streams8)},
+                                              {"rows8", pattern_median(&RB::rows8)},
+                                              {"rows8_32k", pattern_median(&RB::rows8_32k)}};
+      j["roofline_tokens_per_s"] = median(bw) * 1e9 / step_bytes;
+      j["roofline_fraction"] = median(fraction);  // the median of the paired fractions
+      if (reps > 1) {
+        j["memory_read_gb_per_s_by_repetition"] = bw;
+        j["roofline_fraction_by_repetition"] = fraction;
+      }
     }
   };
   const auto one = [&](auto& c) {
