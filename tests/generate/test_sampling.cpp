@@ -40,6 +40,41 @@ TEST(Sampling, ArgmaxFirstOnTies) {
   EXPECT_EQ(argmax(x, 5), 1);
 }
 
+// The vectorized argmax against the scan it replaces (keep the first strictly larger value),
+// over lengths around the vector blocks, with ties, NaN, +-inf and all -inf or NaN rows.
+TEST(Sampling, ArgmaxMatchesTheScalarScan) {
+  const auto scan = [](const std::vector<float>& x) {
+    std::int64_t best = 0;
+    float bv = -INFINITY;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (x[i] > bv) {
+        bv = x[i];
+        best = static_cast<std::int64_t>(i);
+      }
+    return best;
+  };
+  std::uint32_t state = 12345;
+  const auto next = [&] { return (state = state * 1664525u + 1013904223u) >> 8; };
+  for (std::int64_t n : {1, 7, 8, 31, 32, 33, 64, 65, 100, 32000}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      // Few distinct values: ties of the maximum are common.
+      for (float& v : x) v = static_cast<float>(next() % 7) - 3.0f;
+      for (int k = 0; k < trial % 5; ++k) {
+        const std::size_t at = next() % x.size();
+        x[at] = trial % 3 == 0 ? NAN : trial % 3 == 1 ? -INFINITY : INFINITY;
+      }
+      if (trial == 7) std::fill(x.begin(), x.end(), -INFINITY);
+      if (trial == 8) std::fill(x.begin(), x.end(), NAN);
+      if (trial == 9 && n > 1) {
+        std::fill(x.begin(), x.end(), NAN);
+        x.back() = -2.0f;
+      }
+      ASSERT_EQ(argmax(x.data(), n), scan(x)) << "n = " << n << ", trial " << trial;
+    }
+  }
+}
+
 TEST(Sampling, TopKKeepsTiesAndTheKLargest) {
   GenerationConfig c;
   c.do_sample = true;
