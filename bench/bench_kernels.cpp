@@ -1,7 +1,8 @@
 // Kernel benchmarks (Google Benchmark). Every GEMM benchmark reports a "GFLOP/s" counter
 // (2*M*N*K per iteration). With OpenBLAS available, cblas_sgemm runs on the same shapes;
 // registration interleaves edl and OpenBLAS per shape and thread count so both see the same
-// machine load. Filter with e.g. --benchmark_filter='gemm_f32/.*/threads:2'.
+// machine load. Filter with e.g. --benchmark_filter='gemm_f32/.*/threads:2'. The matvec_f32
+// benchmarks are decode's matrix-vector kernel next to a plain read of the same bytes ("GB/s").
 //
 //   OPENBLAS_CORETYPE=Haswell ./edl_bench_kernels --benchmark_filter=gemm
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <edl/core/exec.hpp>
+#include <edl/generate/decoder.hpp>
 #include <edl/kernels/gemm.hpp>
 
 #ifdef EDL_HAVE_OPENBLAS
@@ -77,6 +79,42 @@ void bm_openblas(benchmark::State& state, Shape s, int threads, bool nt) {
 }
 #endif
 
+/// Decode's matrix-vector product y = W x on a 256 MiB matrix [N, K] (far beyond the caches),
+/// through the decoder's own entry (linear_nt with one row: matvec_group), as "GB/s" of weights.
+void bm_matvec(benchmark::State& state, i64 K, int threads) {
+  const i64 N = (i64{256} << 20) / 4 / K;
+  const std::vector<float> W(static_cast<std::size_t>(N * K), 0.001f), x = random_vec<float>(K, 1);
+  std::vector<float> y(static_cast<std::size_t>(N));
+  edl::exec::set_num_threads(threads);
+  for (auto _ : state) {
+    edl::generate::detail::linear_nt<float>(x.data(), 1, W.data(), nullptr, y.data(), N, K);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  edl::exec::set_num_threads(0);
+  state.counters["GB/s"] = benchmark::Counter(1e-9 * 4.0 * static_cast<double>(N * K), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// The read the matrix-vector kernel cannot beat: the same 256 MiB summed, each thread's part
+/// as 8 streams of kStreamBytes in lockstep (the kernel's one-thread order, no multiplies).
+void bm_read_rows8(benchmark::State& state, int threads) {
+  constexpr std::size_t S = 8, len = edl::generate::detail::kStreamBytes / sizeof(float);
+  const std::size_t n = (std::size_t{256} << 20) / 4, per = n / static_cast<std::size_t>(threads) / (S * len) * (S * len);
+  const std::vector<float> buf(n, 0.001f);
+  std::vector<float> sums(static_cast<std::size_t>(threads));
+  edl::exec::set_num_threads(threads);
+  for (auto _ : state) {
+    edl::exec::parallel_parts(threads, [&](std::ptrdiff_t t) {
+      sums[static_cast<std::size_t>(t)] =
+          edl::generate::detail::lockstep_read_sum(buf.data() + static_cast<std::size_t>(t) * per, per / (S * len), len);
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  edl::exec::set_num_threads(0);
+  state.counters["GB/s"] = benchmark::Counter(1e-9 * 4.0 * static_cast<double>(per * static_cast<std::size_t>(threads)),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 std::string shape_name(const Shape& s) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
 }
@@ -123,8 +161,22 @@ void register_all() {
 
 }  // namespace
 
+/// Decode kernels: the read pattern, then the kernel at the K of tiny, small and gqa1b (hidden
+/// and intermediate), one after the other per thread count so they see the same machine load.
+void register_decode() {
+  for (int t : kThreads) {
+    const std::string suffix = "/threads:" + std::to_string(t);
+    benchmark::RegisterBenchmark(("matvec_f32/read_rows8" + suffix).c_str(), bm_read_rows8, t)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (i64 K : {288, 768, 2048, 5632})
+      benchmark::RegisterBenchmark(("matvec_f32/edl/K:" + std::to_string(K) + suffix).c_str(), bm_matvec, K, t)
+          ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+}
+
 int main(int argc, char** argv) {
   register_all();
+  register_decode();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

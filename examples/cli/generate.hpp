@@ -243,8 +243,8 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
   const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
   std::vector<float> sums(static_cast<std::size_t>(parts));
-  // Four accumulators hide the add latency; pattern 0 sequential, 1 prefetched, 2 eight
-  // streams, 3 eight rows of 8 KiB, 4 eight rows of kStreamBytes.
+  // Pattern 0 sequential, 1 prefetched (four accumulators hide the add latency); 2 eight
+  // streams, 3 eight rows of 8 KiB, 4 eight rows of kStreamBytes (lockstep_read_sum).
   const auto read = [&](int pattern, const float* x) {
     B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
     if (pattern < 2) {
@@ -259,15 +259,8 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
         a3 += B::load_unaligned(x + i + 3 * W);
       }
     } else {
-      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : kLong, blocks = per / (S * len);
-      for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
-        for (std::size_t i = 0; i < len; i += 2 * W)
-          for (std::size_t st = 0; st < S; st += 2) {
-            a0 += B::load_unaligned(x + st * len + i);
-            a1 += B::load_unaligned(x + st * len + i + W);
-            a2 += B::load_unaligned(x + (st + 1) * len + i);
-            a3 += B::load_unaligned(x + (st + 1) * len + i + W);
-          }
+      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : kLong;
+      return generate::detail::lockstep_read_sum(x, per / (S * len), len);
     }
     return xsimd::hadd((a0 + a1) + (a2 + a3));
   };

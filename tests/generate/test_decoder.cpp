@@ -308,3 +308,17 @@ TEST(Decoder, GroupedMatrixVectorIsEachProductBitForBit) {
   }
   exec::set_num_threads(threads_before);
 }
+
+// The roofline's read pattern visits every element of its blocks once: its sum is the naive
+// sum (small integers: exact in f32 whatever the order), and nothing past the blocks is read
+// into it (the element after them is huge).
+TEST(Decoder, LockstepReadSumAddsEveryElementOfItsBlocks) {
+  for (const std::size_t len : {std::size_t{64}, std::size_t{256}, std::size_t{2048}}) {  // whole AVX-512 batch pairs too
+    const std::size_t blocks = 3, n = blocks * 8 * len;
+    std::vector<float> x(n + 1);
+    double naive = 0;
+    for (std::size_t i = 0; i < n; ++i) naive += (x[i] = static_cast<float>(i % 13) - 6.0f);
+    x[n] = 1e30f;
+    EXPECT_EQ(static_cast<double>(edl::generate::detail::lockstep_read_sum(x.data(), blocks, len)), naive) << "len " << len;
+  }
+}

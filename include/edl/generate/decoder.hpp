@@ -97,6 +97,26 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
 /// "A roofline from the best read pattern" and after).
 inline constexpr std::int64_t kStreamBytes = 32768;
 
+/// The sum of `blocks` consecutive blocks of 8 streams of `len` floats (len a multiple of two
+/// lane batches), the 8 streams read in lockstep: matvec_rows' read order without the
+/// multiplies. It is the read the kernel is measured against (`edl bench decode --bandwidth`'s
+/// rows8, rows8_32k and streams8 patterns, bench_kernels' matvec_f32/read_rows8), kept next to
+/// the kernel so that both change together. Four accumulators hide the add latency.
+inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t len) noexcept {
+  using B = xsimd::batch<float>;
+  constexpr std::size_t W = B::size, S = 8;
+  B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+  for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
+    for (std::size_t i = 0; i < len; i += 2 * W)
+      for (std::size_t st = 0; st < S; st += 2) {
+        a0 += B::load_unaligned(x + st * len + i);
+        a1 += B::load_unaligned(x + st * len + i + W);
+        a2 += B::load_unaligned(x + (st + 1) * len + i);
+        a3 += B::load_unaligned(x + (st + 1) * len + i + W);
+      }
+  return xsimd::hadd((a0 + a1) + (a2 + a3));
+}
+
 /// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). The rows go in blocks of Wd
 /// streams of R consecutive rows (R rows about kStreamBytes, fewer in the last blocks when
 /// fewer rows remain): at step r lane s computes row lo + s * R + r, so the Wd streams advance
