@@ -5,6 +5,7 @@
 // benchmarks are decode's matrix-vector kernel next to a plain read of the same bytes ("GB/s").
 //
 //   OPENBLAS_CORETYPE=Haswell ./edl_bench_kernels --benchmark_filter=gemm
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -115,6 +116,51 @@ void bm_read_rows8(benchmark::State& state, int threads) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// A decode step's products (f32, one thread count) over a config's weights laid out three ways:
+/// every matrix its own allocation (as the model holds them), each layer's seven matrices back
+/// to back in one allocation, or one matrix [total / H, H] of the same bytes. Whether moving
+/// from one matrix to the next, or from one allocation to the next, costs reads ("GB/s").
+enum class Layout { separate, per_layer, one_matrix };
+void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, int threads) {
+  const bool tiny = std::string(cfg) == "tiny";
+  const i64 H = tiny ? 288 : 768, I = tiny ? 768 : 2048, L = tiny ? 6 : 12, V = 32000;
+  const std::array<std::array<i64, 2>, 7> layer = {{{H, H}, {H, H}, {H, H}, {H, H}, {I, H}, {I, H}, {H, I}}};
+  i64 per_layer = 0;
+  for (const auto& m : layer) per_layer += m[0] * m[1];
+  const i64 total = per_layer * L + V * H;
+  std::vector<std::vector<float>> blocks;  // separate: 7 L + 1; per_layer: L + 1; one_matrix: 1
+  if (layout == Layout::separate)
+    for (i64 l = 0; l < L; ++l)
+      for (const auto& m : layer) blocks.emplace_back(static_cast<std::size_t>(m[0] * m[1]), 0.001f);
+  if (layout == Layout::per_layer)
+    for (i64 l = 0; l < L; ++l) blocks.emplace_back(static_cast<std::size_t>(per_layer), 0.001f);
+  blocks.emplace_back(static_cast<std::size_t>(layout == Layout::one_matrix ? total : V * H), 0.001f);
+  const std::vector<float> x = random_vec<float>(I, 1);
+  std::vector<float> y(static_cast<std::size_t>(total / H));
+  edl::exec::set_num_threads(threads);
+  for (auto _ : state) {
+    if (layout == Layout::one_matrix) {
+      edl::generate::detail::linear_nt<float>(x.data(), 1, blocks[0].data(), nullptr, y.data(), total / H, H);
+    } else {
+      std::size_t b = 0;
+      for (i64 l = 0; l < L; ++l) {
+        const float* w = blocks[b].data();
+        for (const auto& m : layer) {
+          edl::generate::detail::linear_nt<float>(x.data(), 1, w, nullptr, y.data(), m[0], m[1]);
+          w += m[0] * m[1];
+          if (layout == Layout::separate && &m != &layer.back()) w = blocks[++b].data();
+        }
+        ++b;
+      }
+      edl::generate::detail::linear_nt<float>(x.data(), 1, blocks[b].data(), nullptr, y.data(), V, H);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  edl::exec::set_num_threads(0);
+  state.counters["GB/s"] = benchmark::Counter(4e-9 * static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 std::string shape_name(const Shape& s) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
 }
@@ -171,6 +217,12 @@ void register_decode() {
     for (i64 K : {288, 768, 2048, 5632})
       benchmark::RegisterBenchmark(("matvec_f32/edl/K:" + std::to_string(K) + suffix).c_str(), bm_matvec, K, t)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (const char* cfg : {"tiny", "small"})
+      for (const auto& [name, layout] : {std::pair{"separate", Layout::separate}, std::pair{"per_layer", Layout::per_layer},
+                                         std::pair{"one_matrix", Layout::one_matrix}})
+        benchmark::RegisterBenchmark(("matvec_f32/layers/" + std::string(cfg) + "/" + name + suffix).c_str(),
+                                     bm_matvec_layers, cfg, layout, t)
+            ->Unit(benchmark::kMillisecond)->UseRealTime();
   }
 }
 
