@@ -129,31 +129,31 @@ void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, i
   for (const auto& m : layer) per_layer += m[0] * m[1];
   const i64 total = per_layer * L + V * H;
   std::vector<std::vector<float>> blocks;  // separate: 7 L + 1; per_layer: L + 1; one_matrix: 1
-  if (layout == Layout::separate)
-    for (i64 l = 0; l < L; ++l)
-      for (const auto& m : layer) blocks.emplace_back(static_cast<std::size_t>(m[0] * m[1]), 0.001f);
-  if (layout == Layout::per_layer)
-    for (i64 l = 0; l < L; ++l) blocks.emplace_back(static_cast<std::size_t>(per_layer), 0.001f);
-  blocks.emplace_back(static_cast<std::size_t>(layout == Layout::one_matrix ? total : V * H), 0.001f);
+  struct Product {
+    const float* w;
+    i64 n, k;
+  };
+  std::vector<Product> step;  // the products of one decode step, in order, wherever they live
+  if (layout == Layout::one_matrix) {
+    blocks.emplace_back(static_cast<std::size_t>(total), 0.001f);
+    step.push_back({blocks[0].data(), total / H, H});
+  } else {
+    for (i64 l = 0; l < L; ++l) {
+      if (layout == Layout::per_layer) blocks.emplace_back(static_cast<std::size_t>(per_layer), 0.001f);
+      const float* w = layout == Layout::per_layer ? blocks.back().data() : nullptr;
+      for (const auto& m : layer) {
+        if (layout == Layout::separate) w = blocks.emplace_back(static_cast<std::size_t>(m[0] * m[1]), 0.001f).data();
+        step.push_back({w, m[0], m[1]});
+        w += m[0] * m[1];
+      }
+    }
+    step.push_back({blocks.emplace_back(static_cast<std::size_t>(V * H), 0.001f).data(), V, H});
+  }
   const std::vector<float> x = random_vec<float>(I, 1);
   std::vector<float> y(static_cast<std::size_t>(total / H));
   edl::exec::set_num_threads(threads);
   for (auto _ : state) {
-    if (layout == Layout::one_matrix) {
-      edl::generate::detail::linear_nt<float>(x.data(), 1, blocks[0].data(), nullptr, y.data(), total / H, H);
-    } else {
-      std::size_t b = 0;
-      for (i64 l = 0; l < L; ++l) {
-        const float* w = blocks[b].data();
-        for (const auto& m : layer) {
-          edl::generate::detail::linear_nt<float>(x.data(), 1, w, nullptr, y.data(), m[0], m[1]);
-          w += m[0] * m[1];
-          if (layout == Layout::separate && &m != &layer.back()) w = blocks[++b].data();
-        }
-        ++b;
-      }
-      edl::generate::detail::linear_nt<float>(x.data(), 1, blocks[b].data(), nullptr, y.data(), V, H);
-    }
+    for (const Product& p : step) edl::generate::detail::linear_nt<float>(x.data(), 1, p.w, nullptr, y.data(), p.n, p.k);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -205,10 +205,8 @@ void register_all() {
   }
 }
 
-}  // namespace
-
-/// Decode kernels: the read pattern, then the kernel at the K of tiny, small and gqa1b (hidden
-/// and intermediate), one after the other per thread count so they see the same machine load.
+/// Decode kernels: the read pattern, the kernel at the K of tiny, small and gqa1b (hidden and
+/// intermediate), then a step's products in three weight layouts, per thread count.
 void register_decode() {
   for (int t : kThreads) {
     const std::string suffix = "/threads:" + std::to_string(t);
@@ -225,6 +223,8 @@ void register_decode() {
             ->Unit(benchmark::kMillisecond)->UseRealTime();
   }
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   register_all();

@@ -246,21 +246,20 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
   // Pattern 0 sequential, 1 prefetched (four accumulators hide the add latency); 2 eight
   // streams, 3 eight rows of 8 KiB, 4 eight rows of kStreamBytes (lockstep_read_sum).
   const auto read = [&](int pattern, const float* x) {
-    B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    if (pattern < 2) {
-      for (std::size_t i = 0; i < per; i += 4 * W) {
-        if (pattern == 1) {
-          __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 3);
-          __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024 + 64, 0, 3);
-        }
-        a0 += B::load_unaligned(x + i);
-        a1 += B::load_unaligned(x + i + W);
-        a2 += B::load_unaligned(x + i + 2 * W);
-        a3 += B::load_unaligned(x + i + 3 * W);
-      }
-    } else {
+    if (pattern >= 2) {
       const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : kLong;
       return generate::detail::lockstep_read_sum(x, per / (S * len), len);
+    }
+    B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    for (std::size_t i = 0; i < per; i += 4 * W) {
+      if (pattern == 1) {
+        __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 3);
+        __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024 + 64, 0, 3);
+      }
+      a0 += B::load_unaligned(x + i);
+      a1 += B::load_unaligned(x + i + W);
+      a2 += B::load_unaligned(x + i + 2 * W);
+      a3 += B::load_unaligned(x + i + 3 * W);
     }
     return xsimd::hadd((a0 + a1) + (a2 + a3));
   };
