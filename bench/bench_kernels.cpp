@@ -97,9 +97,9 @@ void bm_matvec(benchmark::State& state, i64 K, int threads) {
 }
 
 /// The read the matrix-vector kernel cannot beat: the same 256 MiB summed, each thread's part
-/// as 8 streams of kStreamBytes in lockstep (the kernel's one-thread order, no multiplies).
+/// as kStreams streams of kStreamBytes in lockstep (the kernel's order and prefetches, no multiplies).
 void bm_read_rows8(benchmark::State& state, int threads) {
-  constexpr std::size_t S = 8, len = edl::generate::detail::kStreamBytes / sizeof(float);
+  constexpr std::size_t S = edl::generate::detail::kStreams, len = edl::generate::detail::kStreamBytes / sizeof(float);
   const std::size_t n = (std::size_t{256} << 20) / 4, per = n / static_cast<std::size_t>(threads) / (S * len) * (S * len);
   const std::vector<float> buf(n, 0.001f);
   std::vector<float> sums(static_cast<std::size_t>(threads));

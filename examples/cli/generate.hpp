@@ -219,8 +219,9 @@ struct ReadBandwidth {
   double prefetched = 0;  // the same with a software prefetch 1 KiB ahead
   double streams8 = 0;    // each thread's part read as 8 far-apart streams in lockstep
   double rows8 = 0;       // blocks of 8 rows of 8 KiB read in lockstep
-  double rows8_32k = 0;   // blocks of 8 rows of kStreamBytes in lockstep (matvec_rows' streams on one thread)
-  double best() const { return std::max({sequential, prefetched, streams8, rows8, rows8_32k}); }
+  double rows8_32k = 0;     // blocks of 8 rows of 32 KiB in lockstep
+  double rows8_stream = 0;  // blocks of 8 rows of kStreamBytes in lockstep (matvec_rows' streams)
+  double best() const { return std::max({sequential, prefetched, streams8, rows8, rows8_32k, rows8_stream}); }
 };
 
 /// Measures ReadBandwidth over a `bytes` buffer (far larger than the caches) split in equal
@@ -233,21 +234,24 @@ struct ReadBandwidth {
 /// repeated measurements reuse its pages.
 inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = std::size_t{1} << 30) {
   using B = xsimd::batch<float>;
-  constexpr std::size_t W = B::size, S = 8;
-  // rows8_32k follows the decode kernel's stream length, whatever it is set to.
-  constexpr std::size_t kShort = 2048, kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
-  static_assert(kLong % kShort == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 8 KiB rows");
-  constexpr std::size_t Q = S * kLong;  // every part a whole number of eight-row blocks of either length
+  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(generate::detail::kStreams);
+  // rows8_stream follows the decode kernel's stream length, whatever it is set to.
+  constexpr std::size_t kShort = 2048, kMid = 8192,
+                        kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+  static_assert(kLong % kMid == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 32 KiB rows");
+  constexpr std::size_t Q = S * kLong;  // every part a whole number of eight-row blocks of any length
   if (buf.empty()) buf.assign(bytes / sizeof(float) / Q * Q, 1.0f);  // written once: its pages exist before timing
   const std::size_t n = buf.size();
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
   const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
   std::vector<float> sums(static_cast<std::size_t>(parts));
   // Pattern 0 sequential, 1 prefetched (four accumulators hide the add latency); 2 eight
-  // streams, 3 eight rows of 8 KiB, 4 eight rows of kStreamBytes (lockstep_read_sum).
+  // streams, 3 eight rows of 8 KiB, 4 of 32 KiB, 5 of kStreamBytes (lockstep_read_sum, which
+  // prefetches as the decode kernel does).
+  constexpr int kPatterns = 6;
   const auto read = [&](int pattern, const float* x) {
     if (pattern >= 2) {
-      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : kLong;
+      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : pattern == 4 ? kMid : kLong;
       return generate::detail::lockstep_read_sum(x, per / (S * len), len);
     }
     B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
@@ -263,9 +267,9 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
     }
     return xsimd::hadd((a0 + a1) + (a2 + a3));
   };
-  double best[5] = {0, 0, 0, 0, 0};
+  double best[kPatterns] = {};
   for (int rep = 0; rep < 3; ++rep)
-    for (int pattern = 0; pattern < 5; ++pattern) {
+    for (int pattern = 0; pattern < kPatterns; ++pattern) {
       const auto t0 = std::chrono::steady_clock::now();
       exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
         sums[static_cast<std::size_t>(p)] = read(pattern, buf.data() + static_cast<std::size_t>(p) * per);
@@ -275,7 +279,7 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
     }
   volatile float sink = sums[0];  // keeps the sums observable
   (void)sink;
-  return {best[0], best[1], best[2], best[3], best[4]};
+  return {best[0], best[1], best[2], best[3], best[4], best[5]};
 }
 
 }  // namespace gen_detail
@@ -394,7 +398,8 @@ inline int cmd_bench_decode(Args& args) {
                                               {"prefetched", pattern_median(&RB::prefetched)},
                                               {"streams8", pattern_median(&RB::streams8)},
                                               {"rows8", pattern_median(&RB::rows8)},
-                                              {"rows8_32k", pattern_median(&RB::rows8_32k)}};
+                                              {"rows8_32k", pattern_median(&RB::rows8_32k)},
+                                              {"rows8_stream", pattern_median(&RB::rows8_stream)}};
       j["roofline_tokens_per_s"] = median(bw) * 1e9 / step_bytes;
       j["roofline_fraction"] = median(fraction);  // the median of the paired fractions
       if (reps > 1) {

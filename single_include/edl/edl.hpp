@@ -539,6 +539,162 @@ struct Name {
 
 }  // namespace edl
 // end of edl/core/fixed_string.hpp
+// #include <edl/core/phased_region.hpp>
+// edl/core/phased_region.hpp
+// A sequence of phases run by a team of threads inside one parallel region.
+//
+//   exec::PhasedRegion region;
+//   region.run(threads, max_phases, [&](exec::PhasedRegion::Team& team) {
+//     team.phase(parts, [&](std::int64_t p) { ... part p ... }, [&] { ... once, after every part ... });
+//     team.phase(...);                       // starts when the previous phase and its `after` are done
+//   });
+//
+// Every thread of the team runs the same body, so every thread meets the same phases in the
+// same order. A phase's parts are claimed from a shared counter: each part runs exactly once,
+// on whichever thread claims it, and a thread that finds no part left waits (spinning) until
+// the last part and the phase's `after` have finished. Work outside team.phase() runs on every
+// thread and must touch only that thread's own data (team.thread() indexes it).
+//
+// Why: a decode step of a small model is ~30 matrix-vector products of a few microseconds to a
+// few hundred each, with serial bits between them. A fork/join per product (exec::parallel_for)
+// wakes and joins TBB workers ~30 times a token; here the workers enter once and pass between
+// phases through a spin barrier (a few hundred nanoseconds on two cores).
+//
+// Claiming keeps the region deadlock-free whatever TBB does: if a team thread starts late (its
+// worker busy elsewhere) or never runs concurrently, the threads that are there claim its
+// parts, and nobody waits for a thread that has not claimed anything. With threads <= 1 the
+// body runs once on the caller and each phase is a plain loop.
+//
+// An exception thrown by a part or an `after` is kept (the first one), the phase still counts
+// as done so no thread waits forever, and run() rethrows it once the team has left the region.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <utility>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+
+#if defined(__SSE2__) || defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace edl::exec {
+
+class PhasedRegion {
+  struct alignas(64) Slot {
+    std::atomic<std::int64_t> claimed{0};
+    std::atomic<std::int64_t> finished{0};
+    std::atomic<bool> done{false};
+  };
+
+ public:
+  /// One thread's handle on the region: its index in the team and its place in the phase sequence.
+  class Team {
+   public:
+    int thread() const noexcept { return id_; }
+    int threads() const noexcept { return threads_; }
+
+    /// Runs part(p) for p in [0, parts) across the team, then after() once; returns on every
+    /// thread when both are done. parts <= 0 runs only after().
+    template <class Part, class After>
+    void phase(std::int64_t parts, Part&& part, After&& after) {
+      if (threads_ <= 1) {  // alone: no counters, exceptions propagate as they are thrown
+        for (std::int64_t p = 0; p < parts; ++p) part(p);
+        after();
+        return;
+      }
+      EDL_CHECK(next_ < region_->capacity_, errc::invalid_argument, "exec::PhasedRegion", "the body ran more than the ",
+                region_->capacity_, " phases run() was given");
+      Slot& s = region_->slots_[next_++];
+      const std::int64_t n = std::max<std::int64_t>(parts, 1);  // an empty phase is one part that does nothing
+      for (;;) {
+        const std::int64_t p = s.claimed.fetch_add(1, std::memory_order_relaxed);
+        if (p >= n) break;
+        if (p < parts) region_->guarded([&] { part(p); });
+        if (s.finished.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
+          region_->guarded([&] { after(); });
+          s.done.store(true, std::memory_order_release);
+        }
+      }
+      while (!s.done.load(std::memory_order_acquire)) pause();
+    }
+
+    template <class Part>
+    void phase(std::int64_t parts, Part&& part) {
+      phase(parts, std::forward<Part>(part), [] {});
+    }
+
+   private:
+    friend class PhasedRegion;
+    Team(PhasedRegion* r, int id, int threads) : region_(r), id_(id), threads_(threads) {}
+
+    static void pause() noexcept {
+#if defined(__SSE2__) || defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+
+    PhasedRegion* region_;
+    int id_, threads_;
+    std::size_t next_ = 0;
+  };
+
+  /// Runs body(team) on `threads` team threads (TBB tasks; the caller is one of them), with
+  /// room for `max_phases` phases. Allocates only when max_phases grows.
+  template <class Body>
+  void run(int threads, std::size_t max_phases, Body&& body) {
+    threads = std::max(threads, 1);
+    if (threads == 1) {
+      exec::detail::ensure_flush_denormals();  // as exec::parallel_for would on this thread
+      Team team(this, 0, 1);
+      body(team);
+      return;
+    }
+    if (max_phases > capacity_) {
+      slots_ = std::unique_ptr<Slot[]>(new Slot[max_phases]);
+      capacity_ = max_phases;
+    } else {
+      for (std::size_t i = 0; i < capacity_; ++i) {  // ~100 cache lines: far below a step's time
+        slots_[i].claimed.store(0, std::memory_order_relaxed);
+        slots_[i].finished.store(0, std::memory_order_relaxed);
+        slots_[i].done.store(false, std::memory_order_relaxed);
+      }
+    }
+    error_ = nullptr;
+    // The task launch orders the resets above before every team thread's first claim.
+    exec::parallel_parts(threads, [&](std::ptrdiff_t id) {
+      Team team(this, static_cast<int>(id), threads);
+      body(team);
+    });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  template <class F>
+  void guarded(F&& f) noexcept {
+    try {
+      f();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t capacity_ = 0;
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+}  // namespace edl::exec
+// end of edl/core/phased_region.hpp
 // #include <edl/core/policy.hpp>
 // edl/core/policy.hpp
 // Policy templates: one type bundles the choices that change layout or generated code
@@ -10324,14 +10480,18 @@ class ShardedOptimizer {
 // Projections of up to 16 rows (decode, also of a batch) use a matrix-vector path (parallel
 // over outputs, each weight row read once); more rows use kernels::matmul_nt. Attention of a
 // prefill chunk runs on the GEMM per (chunk, head); decode's runs one (token, head) per task
-// with exec::parallel_for. decode() allocates nothing once the first call sized the scratch.
+// with exec::parallel_for. A call of one row (decode of one sequence) runs the whole forward
+// as one exec::PhasedRegion: one fork/join a token instead of ~5 a layer (run_one_row).
+// decode() allocates nothing once the first call sized the scratch.
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -10340,6 +10500,7 @@ class ShardedOptimizer {
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/core/phased_region.hpp> (inlined above)
 // // #include <edl/generate/kv_cache.hpp> (inlined above)
 // edl/generate/kv_cache.hpp
 // Key/value caches for incremental decoding (docs/generation.md).
@@ -10404,6 +10565,21 @@ namespace detail {
 using kernels::detail::fbatch;
 inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
 
+/// Cache rows are one head's slice of a slot (D elements, a few cache lines, a slot's whole row
+/// apart), a stride the hardware prefetcher follows poorly: the kernels prefetch (into L2) the
+/// keys of the next group of slots and the values kValuePrefetchSlots slots ahead. On a Zen 4
+/// EPYC that decoded tiny 2-4 % faster (1 and 2 threads, 16- and 128-token prompts) and small
+/// with a 768-token prompt 2-3 %; on the Zen 1 EPYC a prefetch 32-64 slots ahead was within
+/// the noise (docs/benchmarks.md).
+inline constexpr std::int64_t kValuePrefetchSlots = 8;
+
+/// Prefetches the cache lines of n elements at p (nothing is read: a prefetch never faults).
+template <class E>
+inline void prefetch_row(const E* p, std::int64_t n) noexcept {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (std::int64_t b = 0; b < n * static_cast<std::int64_t>(sizeof(E)); b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
 /// The attention kernels over one head's cache rows. A HeadView gives k_row(slot) and
 /// v_row(slot), pointers to the slot's D elements (f32, or int8 for Int8KVCache), and
 /// k_scale(slot), v_scale(slot) that multiply them (1 for f32 caches).
@@ -10421,6 +10597,8 @@ inline void slot_scores(const View& view, const float* q, std::int64_t j0, std::
     const std::int64_t n = std::min(kW, cnt - j);
     Row kr[kW];  // lanes past cnt re-read the last slot; their sums are dropped
     for (std::int64_t s = 0; s < kW; ++s) kr[s] = view.k_row(j0 + j + std::min(s, n - 1));
+    for (std::int64_t s = j + kW; s < std::min(cnt, j + 2 * kW); ++s)  // the next group's keys
+      prefetch_row(view.k_row(j0 + s), D);
     fbatch a[kW];
     for (std::int64_t s = 0; s < kW; ++s) a[s] = fbatch(0.f);
     for (std::int64_t d = 0; d < D0; d += kW) {
@@ -10449,6 +10627,7 @@ inline void weighted_values_cols(const View& view, const float* p, std::int64_t 
   for (std::int64_t j = 0; j < cnt; ++j) {
     const fbatch pb(p[j] * w * view.v_scale(j0 + j));
     const auto* vr = view.v_row(j0 + j) + c0;
+    if (j + kValuePrefetchSlots < cnt) prefetch_row(view.v_row(j0 + j + kValuePrefetchSlots) + c0, NB * kW);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) acc[b] = kernels::detail::fmadd(pb, kernels::detail::load(vr + b * kW), acc[b]);
   }
@@ -10940,25 +11119,42 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
   }
 }
 
-/// Bytes of consecutive weight rows one lane of matvec_rows streams: the kernel reads Wd such
-/// streams in lockstep. On a Zen 1 EPYC eight ~32 KiB streams read fastest on one thread:
-/// faster than ~8 KiB (tiny +5-10 %, small +8-25 % in decode), 64 KiB, eight streams spread
-/// over the whole matrix, one sequential stream, or eight adjacent rows (docs/benchmarks.md,
-/// "A roofline from the best read pattern" and after).
-inline constexpr std::int64_t kStreamBytes = 32768;
+/// Weight streams matvec_rows reads in lockstep, whatever the vector width: eight. On a Zen 4
+/// EPYC with AVX-512 (16 lanes) a stream per lane, sixteen, decoded tiny and small 10-12 %
+/// slower on one thread and 12-32 % slower on two; six read about as fast, four or five 5 %
+/// slower (docs/benchmarks.md, "Eight streams on AVX-512"). With AVX2 (8 lanes) it is the
+/// stream per lane the Zen 1 EPYC was tuned with.
+inline constexpr std::int64_t kStreams = 8;
 
-/// The sum of `blocks` consecutive blocks of 8 streams of `len` floats (len a multiple of two
-/// lane batches), the 8 streams read in lockstep: matvec_rows' read order without the
-/// multiplies. It is the read the kernel is measured against (`edl bench decode --bandwidth`'s
-/// rows8, rows8_32k and streams8 patterns, bench_kernels' matvec_f32/read_rows8), kept next to
-/// the kernel so that both change together. Four accumulators hide the add latency.
+/// Bytes of consecutive weight rows one stream of matvec_rows reads before the block of
+/// kStreams streams moves on. On the Zen 4 EPYC 128 KiB decoded 2-5 % faster on one thread
+/// than 32 KiB (the Zen 1 EPYC's best: faster there than 8 KiB, by 5-25 %, and than 64 KiB)
+/// and about as fast as 256 KiB; 16 KiB was 4-10 % slower, 512 KiB and one block over the
+/// whole matrix 2-7 % slower.
+inline constexpr std::int64_t kStreamBytes = 131072;
+
+/// How far ahead of its loads each stream of matvec_rows prefetches (into L2: prefetcht1). On
+/// the Zen 4 EPYC this decoded tiny 9 % and small 8 % faster on one thread (512 B: 6-7 %, 2 KiB:
+/// 6-10 %), and 4-15 % faster on two; prefetcht0 and prefetchnta made it 15-35 % slower.
+inline constexpr std::int64_t kPrefetchBytes = 1024;
+
+/// The sum of `blocks` consecutive blocks of kStreams streams of `len` floats (len a multiple
+/// of two lane batches), the streams read in lockstep: matvec_rows' read order without the
+/// multiplies, each stream prefetching kPrefetchBytes ahead as the kernel does. It is the read
+/// the kernel is measured against (`edl bench decode --bandwidth`'s rows8, rows8_32k,
+/// rows8_stream and streams8 patterns, bench_kernels' matvec_f32/read_rows8), kept next to the
+/// kernel so that both change together. Four accumulators hide the add latency.
 inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t len) noexcept {
   using B = xsimd::batch<float>;
-  constexpr std::size_t W = B::size, S = 8;
+  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(kStreams);
+  static_assert(S % 2 == 0);
   B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
   for (std::size_t blk = 0; blk < blocks; ++blk, x += S * len)
     for (std::size_t i = 0; i < len; i += 2 * W)
       for (std::size_t st = 0; st < S; st += 2) {
+        for (std::size_t u = 0; u < 2; ++u)  // the kernel prefetches once per load of a lane batch
+          for (std::size_t v = 0; v < 2 * W; v += W)
+            __builtin_prefetch(reinterpret_cast<const char*>(x + (st + u) * len + i + v) + kPrefetchBytes, 0, 2);
         a0 += B::load_unaligned(x + st * len + i);
         a1 += B::load_unaligned(x + st * len + i + W);
         a2 += B::load_unaligned(x + (st + 1) * len + i);
@@ -10967,36 +11163,40 @@ inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t l
   return xsimd::hadd((a0 + a1) + (a2 + a3));
 }
 
-/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). The rows go in blocks of Wd
-/// streams of R consecutive rows (R rows about kStreamBytes, fewer in the last blocks when
-/// fewer rows remain): at step r lane s computes row lo + s * R + r, so the Wd streams advance
-/// together through memory. The last fewer than Wd rows go in one group. Every row's sum has
-/// the same order whatever block, chunk or lane it falls in (one accumulator over K in steps of
+/// y[j] = x . W[j, :] (+ bias[j]) for weight rows j in [lo, hi). The rows go in blocks of
+/// kStreams streams of R consecutive rows (R rows about kStreamBytes, fewer in the last blocks
+/// when fewer rows remain): at step r stream s computes row lo + s * R + r, so the streams
+/// advance together through memory, each prefetching kPrefetchBytes ahead (into its next row at
+/// a row's end). The last fewer than kStreams rows go in one group. Every row's sum has the
+/// same order whatever block, chunk or stream it falls in (one accumulator over K in steps of
 /// Wd, one transposing haddp, then the tail), so the result does not depend on how the rows
-/// were split between threads. far_streams: R is (hi - lo) / Wd, so the Wd streams start far
-/// apart and cover the range in one block (the faster pattern when two threads read at once).
+/// were split between threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
-                        std::int64_t hi, bool far_streams = false) {
+                        std::int64_t hi) {
   using kernels::detail::fbatch;
-  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size), S = kStreams;
+  constexpr std::int64_t NA = (S + Wd - 1) / Wd * Wd;  // accumulators: whole haddp groups of Wd
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
-  const std::int64_t R = far_streams ? std::max<std::int64_t>(1, (hi - lo) / Wd)
-                                     : std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
+  const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
   const std::int64_t K0 = K / Wd * Wd;
-  // Rows first, first + stride, ... (n <= Wd of them): the Wd accumulators reduce in one
-  // transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than Wd
-  // separate horizontal sums. Fewer than Wd rows pad with zero accumulators.
+  // Rows first, first + stride, ... (n <= S of them): the accumulators reduce Wd at a time in
+  // one transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than a
+  // horizontal sum per row. Unused accumulators stay zero.
   const auto rows_at = [&](std::int64_t first, std::int64_t stride, std::int64_t n) {
-    fbatch a[Wd];
-    for (std::int64_t q = 0; q < Wd; ++q) a[q] = fbatch(0.f);
+    fbatch a[NA];
+    for (std::int64_t q = 0; q < NA; ++q) a[q] = fbatch(0.f);
     const T* w0 = W + first * K;
     const std::int64_t ws = stride * K;
-    if (n == Wd) {
+    if (n == S) {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
 #pragma GCC unroll 8
-        for (std::int64_t q = 0; q < Wd; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
+        for (std::int64_t q = 0; q < S; ++q) {
+          // A prefetch past the matrix's end is harmless: prefetches do not fault.
+          __builtin_prefetch(reinterpret_cast<const char*>(w0 + q * ws + k) + kPrefetchBytes, 0, 2);
+          a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
+        }
       }
     } else {
       for (std::int64_t k = 0; k < K0; k += Wd) {
@@ -11004,8 +11204,8 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
         for (std::int64_t q = 0; q < n; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
       }
     }
-    alignas(64) float sm[Wd];
-    kernels::detail::haddp(a).store_aligned(sm);
+    alignas(64) float sm[NA];
+    for (std::int64_t q0 = 0; q0 < n; q0 += Wd) kernels::detail::haddp(a + q0).store_aligned(sm + q0);
     for (std::int64_t q = 0; q < n; ++q) {
       float v = sm[q];
       const T* wr = w0 + q * ws;
@@ -11014,10 +11214,10 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
       y[j] = bias ? v + to_f32(bias[j]) : v;
     }
   };
-  while (hi - lo >= Wd) {
-    const std::int64_t r_len = std::min(R, (hi - lo) / Wd);
-    for (std::int64_t r = 0; r < r_len; ++r) rows_at(lo + r, r_len, Wd);
-    lo += Wd * r_len;
+  while (hi - lo >= S) {
+    const std::int64_t r_len = std::min(R, (hi - lo) / S);
+    for (std::int64_t r = 0; r < r_len; ++r) rows_at(lo + r, r_len, S);
+    lo += S * r_len;
   }
   if (lo < hi) rows_at(lo, 1, hi - lo);
 }
@@ -11035,27 +11235,37 @@ struct MatvecPart {
   std::int64_t N;
 };
 
+/// Tasks a grouped matrix-vector product of `rows` rows in all takes on `threads` threads: one
+/// per thread, fewer when a task would get less than matvec_grain(K) rows.
+inline std::int64_t matvec_tasks(std::int64_t rows, std::int64_t K, std::int64_t threads) {
+  return std::max<std::int64_t>(1, std::min<std::int64_t>(threads, rows / matvec_grain(K)));
+}
+
+/// Task t of `tasks` of a grouped product: the t-th of `tasks` equal ranges of each matrix's rows.
+template <class T, std::size_t P>
+void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
+                       std::int64_t tasks) {
+  for (const MatvecPart<T>& p : parts)
+    matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks);
+}
+
 /// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
 /// one fork/join instead of one per matrix, which at decode's few microseconds per matrix is
 /// a visible share of a token. With T threads each matrix is cut into T equal ranges of rows,
-/// one per task, each read as Wd far-apart streams (matvec_rows' far_streams): on the Zen 1
-/// machine that read 10-20 % faster on two threads than TBB's chunks of ~8 KiB streams
-/// (docs/benchmarks.md). One thread (or too little work to split) keeps the kStreamBytes streams,
-/// the faster pattern alone. Each y[j] is the sum matvec_rows computes alone, bit for bit.
+/// one per task, each read in kStreamBytes streams as on one thread (on the Zen 4 EPYC that
+/// decoded small and gqa1b 2-15 % faster on two threads than eight streams spread over each
+/// thread's range, the Zen 1 EPYC's best). Each y[j] is the sum matvec_rows computes alone,
+/// bit for bit.
 template <class T, std::size_t P>
 void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   std::int64_t total = 0;
   for (const MatvecPart<T>& p : parts) total += p.N;
-  const std::int64_t tasks = std::min<std::int64_t>(exec::num_threads(), total / matvec_grain(K));
+  const std::int64_t tasks = matvec_tasks(total, K, exec::num_threads());
   if (tasks <= 1) {
     exec::detail::ensure_flush_denormals();  // as exec::parallel_for would on this thread
-    for (const MatvecPart<T>& p : parts) matvec_rows(x, p.W, p.bias, p.y, K, 0, p.N);
-    return;
+    return matvec_group_task(x, parts, K, 0, 1);
   }
-  exec::parallel_parts(tasks, [&](std::ptrdiff_t t) {
-    for (const MatvecPart<T>& p : parts)
-      matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks, true);
-  });
+  exec::parallel_parts(tasks, [&](std::ptrdiff_t t) { matvec_group_task(x, parts, K, t, tasks); });
 }
 
 /// y[m, j] = x[m, :] . W[j, :] (+ bias[j]) for M rows; small M goes row-of-W-major so each
@@ -11258,36 +11468,43 @@ inline std::pair<float, float> softmax_numerators(const View& view, const float*
   return {mx, kernels::detail::hsum(sum)};
 }
 
+/// Attention of query head h of one decode row (row r of q and of out, at position row.pos):
+/// softmax_numerators over the local slots the position attends to, then the weighted values,
+/// written as AttentionOut says (normalised context, or the partial (m, l, o) record). sc holds
+/// the head's scores (the slots up to the position).
+template <class View>
+void attend_row_head(const View& view, std::int64_t pos, const float* q, float* rec, bool partial, std::int64_t D,
+                     std::int64_t window, SlotMap slots, float* sc) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
+  const std::int64_t jlo = slots.first(nn::detail::window_start(pos, window));
+  const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(pos + 1) - jlo);
+  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc);
+  const float w = partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
+  if (partial) {
+    rec[0] = mx;
+    rec[1] = total;
+  }
+  weighted_values(view, sc, jlo, cnt, w, rec + (partial ? 2 : 0));
+}
+
 /// Attention of rows `single` (decode rows: split_attention_rows' rest) row by row: one task per
-/// (row, query head), softmax_numerators over the local slots the row's position attends to,
-/// then the weighted values, written as AttentionOut says (normalised context, or the partial
-/// (m, l, o) record). Rows go block rows at a time, so `scores` holds block * nh score rows
-/// of score_len floats.
+/// (row, query head) running attend_row_head. Rows go block rows at a time, so `scores` holds
+/// block * nh score rows of score_len floats.
 template <class Row, class ViewOf>
 void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
                  std::int64_t D, std::int64_t window, SlotMap slots, const float* q, AttentionOut out, float* scores,
                  std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
-  const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size()), off = out.partial ? 2 : 0;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size());
   for (std::int64_t i0 = 0; i0 < n; i0 += block) {
     const std::int64_t i1 = std::min(n, i0 + block);
     exec::parallel_for(0, (i1 - i0) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::ptrdiff_t t = lo; t < hi; ++t) {
         const std::int64_t r = single[static_cast<std::size_t>(i0 + t / nh)], h = t % nh;
         const Row& row = rows[static_cast<std::size_t>(r)];
-        const auto view = view_of(row, h / rep);
-        float* sc = scores + t * score_len;
-        float* rec = out.data + r * out.row_stride + h * out.head_stride;
-        // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
-        const std::int64_t jlo = slots.first(nn::detail::window_start(row.pos, window));
-        const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(row.pos + 1) - jlo);
-        const auto [mx, total] = softmax_numerators(view, q + r * nh * D + h * D, jlo, cnt, scale, sc);
-        const float w = out.partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
-        if (out.partial) {
-          rec[0] = mx;
-          rec[1] = total;
-        }
-        weighted_values(view, sc, jlo, cnt, w, rec + off);
+        attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
+                        out.data + r * out.row_stride + h * out.head_stride, out.partial, D, window, slots,
+                        scores + t * score_len);
       }
     });
   }
@@ -11363,7 +11580,7 @@ class Decoder {
   /// Largest scratch (bytes) the decoder holds.
   std::int64_t scratch_bytes() const noexcept {
     return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
-                                      g_.size() + u_.size() + scores_.size() + hl_.size()) *
+                                      g_.size() + u_.size() + scores_.size() + hl_.size() + nt_.size()) *
                                      sizeof(float));
   }
 
@@ -11418,6 +11635,11 @@ class Decoder {
       for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
     }
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    if (n == 1 && !logits_all) {
+      run_one_row(logits_last);
+      cache_.set_length(rows_[0].b, rows_[0].pos + 1);
+      return;
+    }
     for (std::size_t l = 0; l < m_.model.layers.size(); ++l) {
       const auto& L = m_.model.layers[l];
       const auto& A = L.self_attn;
@@ -11479,6 +11701,87 @@ class Decoder {
     }
   }
 
+  /// One row (a decode step of one sequence, serving's common case): the whole forward is one
+  /// exec::PhasedRegion, so on T threads a token costs one fork/join instead of ~5 per layer.
+  /// Per layer: q/k/v (then rope and the cache store, once, after the phase), attention one
+  /// query head per part, o_proj (+ residual), gate/up (+ SwiGLU), down (+ residual); then the
+  /// lm_head. The products split into matvec_tasks ranges as matvec_group splits them, and each
+  /// part normalises x into its thread's own buffer first. Every output is the sum the general
+  /// path computes, bit for bit, whatever the thread count.
+  void run_one_row(float* logits_last) {
+    using detail::MatvecPart;
+    const Row& row = rows_[0];
+    const std::int64_t threads = std::max(1, exec::num_threads());
+    if (static_cast<std::int64_t>(nt_.size()) < threads * H_) nt_.resize(static_cast<std::size_t>(threads * H_));
+    const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    const std::int64_t qw = nh_ * D_, kw = nkv_ * D_, rep = nh_ / nkv_, score_len = cache_.shape().max_length;
+    const std::int64_t qkv_tasks = detail::matvec_tasks(qw + 2 * kw, H_, threads),
+                       o_tasks = detail::matvec_tasks(H_, qw, threads),
+                       gu_tasks = detail::matvec_tasks(2 * I_, H_, threads),
+                       down_tasks = detail::matvec_tasks(H_, I_, threads),
+                       head_tasks = logits_last ? detail::matvec_tasks(V_, H_, threads) : 0;
+    const std::size_t layers = m_.model.layers.size();
+    // x[lo, hi) += o[lo, hi) for task t's range of n outputs: the residual add of a product's rows.
+    const auto add_range = [&](std::int64_t t, std::int64_t tasks) {
+      const std::int64_t lo = H_ * t / tasks, hi = H_ * (t + 1) / tasks;
+      kernels::add_inplace(x_.data() + lo, o_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+    };
+    region_->run(static_cast<int>(threads), 5 * layers + 1, [&](exec::PhasedRegion::Team& team) {
+      float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
+      for (std::size_t l = 0; l < layers; ++l) {
+        const auto& L = m_.model.layers[l];
+        const auto& A = L.self_attn;
+        const std::int64_t layer = static_cast<std::int64_t>(l);
+        const std::array<MatvecPart<T>, 3> qkv{MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
+                                               {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
+                                               {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}};
+        team.phase(
+            qkv_tasks,
+            [&](std::int64_t t) {
+              kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), nx, static_cast<float*>(nullptr), 1,
+                                        H_, eps);
+              detail::matvec_group_task(nx, qkv, H_, t, qkv_tasks);
+            },
+            [&] {
+              rope(q_.data(), 1, nh_);
+              rope(k_.data(), 1, nkv_);
+              cache_.store(layer, row.b, row.pos, k_.data(), v_.data());
+            });
+        team.phase(nh_, [&](std::int64_t h) {
+          detail::attend_row_head(cache_.view(layer, row.b, h / rep), row.pos, q_.data() + h * D_, ctx_.data() + h * D_,
+                                  false, D_, window_, detail::SlotMap{}, scores_.data() + h * score_len);
+        });
+        const std::array<MatvecPart<T>, 1> o{MatvecPart<T>{A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_}};
+        team.phase(o_tasks, [&](std::int64_t t) {
+          detail::matvec_group_task(ctx_.data(), o, qw, t, o_tasks);
+          add_range(t, o_tasks);
+        });
+        const std::array<MatvecPart<T>, 2> gu{
+            MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
+            {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}};
+        team.phase(gu_tasks, [&](std::int64_t t) {
+          kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), nx,
+                                    static_cast<float*>(nullptr), 1, H_, eps);
+          detail::matvec_group_task(nx, gu, H_, t, gu_tasks);
+          const std::int64_t lo = I_ * t / gu_tasks, hi = I_ * (t + 1) / gu_tasks;  // the rows of g and u it wrote
+          kernels::silu_mul(g_.data() + lo, u_.data() + lo, g_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+        });
+        const std::array<MatvecPart<T>, 1> down{
+            MatvecPart<T>{L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_}};
+        team.phase(down_tasks, [&](std::int64_t t) {
+          detail::matvec_group_task(g_.data(), down, I_, t, down_tasks);
+          add_range(t, down_tasks);
+        });
+      }
+      const std::array<MatvecPart<T>, 1> head{
+          MatvecPart<T>{m_.head_weight(), static_cast<const T*>(nullptr), logits_last ? logits_last + row.b * V_ : nullptr, V_}};
+      team.phase(head_tasks, [&](std::int64_t t) {
+        kernels::rms_norm_forward(x_.data(), m_.model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, H_, eps);
+        detail::matvec_group_task(nx, head, H_, t, head_tasks);
+      });
+    });
+  }
+
   template <class Lin>
   static const T* bias_of(const Lin& lin) {
     return lin.has_bias() ? lin.bias.data() : nullptr;
@@ -11504,6 +11807,8 @@ class Decoder {
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
   RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
+  std::vector<float> nt_;  // run_one_row: each thread's normalised x
+  std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // a Decoder stays movable
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_, single_;
   std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run

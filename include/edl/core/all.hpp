@@ -6,5 +6,6 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/fixed_string.hpp>
+#include <edl/core/phased_region.hpp>
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
