@@ -98,7 +98,7 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
 /// Weight streams matvec_rows reads in lockstep, whatever the vector width: eight. On a Zen 4
 /// EPYC with AVX-512 (16 lanes) a stream per lane, sixteen, decoded tiny and small 10-12 %
 /// slower on one thread and 12-32 % slower on two; six read about as fast, four or five 5 %
-/// slower (docs/benchmarks.md, "Eight streams on AVX-512"). With AVX2 (8 lanes) it is the
+/// slower (docs/benchmarks.md, "Decode on a Zen 4 EPYC"). With AVX2 (8 lanes) it is the
 /// stream per lane the Zen 1 EPYC was tuned with.
 inline constexpr std::int64_t kStreams = 8;
 
@@ -109,9 +109,10 @@ inline constexpr std::int64_t kStreams = 8;
 /// whole matrix 2-7 % slower.
 inline constexpr std::int64_t kStreamBytes = 131072;
 
-/// How far ahead of its loads each stream of matvec_rows prefetches (into L2: prefetcht1). On
-/// the Zen 4 EPYC this decoded tiny 9 % and small 8 % faster on one thread (512 B: 6-7 %, 2 KiB:
-/// 6-10 %), and 4-15 % faster on two; prefetcht0 and prefetchnta made it 15-35 % slower.
+/// How far ahead of its loads each stream of matvec_rows prefetches (prefetcht1: into L2 on
+/// AMD, as prefetcht2). On the Zen 4 EPYC a prefetch decoded tiny 9 % and small 8 % faster on
+/// one thread (1 KiB ahead; 512 B: 6-8 %, 2 KiB: 6-11 %) and 2-17 % faster on two (2 KiB);
+/// prefetcht1 and prefetcht2 measured the same, prefetcht0 and prefetchnta 15-35 % slower.
 inline constexpr std::int64_t kPrefetchBytes = 1024;
 
 /// The sum of `blocks` consecutive blocks of kStreams streams of `len` floats (len a multiple
