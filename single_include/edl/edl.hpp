@@ -565,6 +565,10 @@ struct Name {
 // parts, and nobody waits for a thread that has not claimed anything. With threads <= 1 the
 // body runs once on the caller and each phase is a plain loop.
 //
+// Parts must not fork: a part waiting in a TBB parallel_for that spawned may be handed another
+// team thread's body (a task of the same TBB pool), which then waits for that very part. The
+// rms_norm of one row and lane-wise maps over a range (kernels::detail::map_range) are serial.
+//
 // An exception thrown by a part or an `after` is kept (the first one), the phase still counts
 // as done so no thread waits forever, and run() rethrows it once the team has left the region.
 
@@ -3650,6 +3654,11 @@ inline fbatch silu_grad(const fbatch& x) noexcept {
   sigmoid_pair(x, s, oms);
   return s * kernels::detail::fmadd(x, oms, fbatch(1.0f));
 }
+/// silu(g) * u, lane-wise: silu_mul's operation, also applied serially to a range by callers
+/// that must not fork (a part of an exec::PhasedRegion).
+struct SiluMulOp {
+  fbatch operator()(const fbatch& g, const fbatch& u) const noexcept { return g * sigmoid(g) * u; }
+};
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
 }  // namespace detail
@@ -3683,8 +3692,7 @@ inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
   detail::check_ptr(gate, n, k, "gate");
   detail::check_ptr(up, n, k, "up");
   detail::check_ptr(out, n, k, "out");
-  detail::map(
-      n, [](const detail::fbatch& g, const detail::fbatch& u) { return g * detail::sigmoid(g) * u; }, out, gate, up);
+  detail::map(n, detail::SiluMulOp{}, out, gate, up);
 }
 
 /// Backward of out = silu(gate) * up:
@@ -11722,10 +11730,13 @@ class Decoder {
                        down_tasks = detail::matvec_tasks(H_, I_, threads),
                        head_tasks = logits_last ? detail::matvec_tasks(V_, H_, threads) : 0;
     const std::size_t layers = m_.model.layers.size();
-    // x[lo, hi) += o[lo, hi) for task t's range of n outputs: the residual add of a product's rows.
+    // Parts run serial code only: a part that forks (a TBB parallel_for that spawns) could
+    // be handed another team thread's body while it waits, and wait on itself.
+    // x[lo, hi) += o[lo, hi) for task t's range of H outputs: the residual add of a product's rows.
     const auto add_range = [&](std::int64_t t, std::int64_t tasks) {
-      const std::int64_t lo = H_ * t / tasks, hi = H_ * (t + 1) / tasks;
-      kernels::add_inplace(x_.data() + lo, o_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+      kernels::detail::map_range(H_ * t / tasks, H_ * (t + 1) / tasks,
+                                 [](const kernels::detail::fbatch& a, const kernels::detail::fbatch& b) { return a + b; },
+                                 x_.data(), static_cast<const float*>(x_.data()), static_cast<const float*>(o_.data()));
     };
     region_->run(static_cast<int>(threads), 5 * layers + 1, [&](exec::PhasedRegion::Team& team) {
       float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
@@ -11764,8 +11775,9 @@ class Decoder {
           kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), nx,
                                     static_cast<float*>(nullptr), 1, H_, eps);
           detail::matvec_group_task(nx, gu, H_, t, gu_tasks);
-          const std::int64_t lo = I_ * t / gu_tasks, hi = I_ * (t + 1) / gu_tasks;  // the rows of g and u it wrote
-          kernels::silu_mul(g_.data() + lo, u_.data() + lo, g_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+          // SwiGLU over the rows of g and u this part wrote.
+          kernels::detail::map_range(I_ * t / gu_tasks, I_ * (t + 1) / gu_tasks, kernels::detail::SiluMulOp{}, g_.data(),
+                                     static_cast<const float*>(g_.data()), static_cast<const float*>(u_.data()));
         });
         const std::array<MatvecPart<T>, 1> down{
             MatvecPart<T>{L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_}};

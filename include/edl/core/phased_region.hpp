@@ -23,6 +23,10 @@
 // parts, and nobody waits for a thread that has not claimed anything. With threads <= 1 the
 // body runs once on the caller and each phase is a plain loop.
 //
+// Parts must not fork: a part waiting in a TBB parallel_for that spawned may be handed another
+// team thread's body (a task of the same TBB pool), which then waits for that very part. The
+// rms_norm of one row and lane-wise maps over a range (kernels::detail::map_range) are serial.
+//
 // An exception thrown by a part or an `after` is kept (the first one), the phase still counts
 // as done so no thread waits forever, and run() rethrows it once the team has left the region.
 #pragma once

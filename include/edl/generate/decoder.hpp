@@ -698,10 +698,13 @@ class Decoder {
                        down_tasks = detail::matvec_tasks(H_, I_, threads),
                        head_tasks = logits_last ? detail::matvec_tasks(V_, H_, threads) : 0;
     const std::size_t layers = m_.model.layers.size();
-    // x[lo, hi) += o[lo, hi) for task t's range of n outputs: the residual add of a product's rows.
+    // Parts run serial code only: a part that forks (a TBB parallel_for that spawns) could
+    // be handed another team thread's body while it waits, and wait on itself.
+    // x[lo, hi) += o[lo, hi) for task t's range of H outputs: the residual add of a product's rows.
     const auto add_range = [&](std::int64_t t, std::int64_t tasks) {
-      const std::int64_t lo = H_ * t / tasks, hi = H_ * (t + 1) / tasks;
-      kernels::add_inplace(x_.data() + lo, o_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+      kernels::detail::map_range(H_ * t / tasks, H_ * (t + 1) / tasks,
+                                 [](const kernels::detail::fbatch& a, const kernels::detail::fbatch& b) { return a + b; },
+                                 x_.data(), static_cast<const float*>(x_.data()), static_cast<const float*>(o_.data()));
     };
     region_->run(static_cast<int>(threads), 5 * layers + 1, [&](exec::PhasedRegion::Team& team) {
       float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
@@ -740,8 +743,9 @@ class Decoder {
           kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), nx,
                                     static_cast<float*>(nullptr), 1, H_, eps);
           detail::matvec_group_task(nx, gu, H_, t, gu_tasks);
-          const std::int64_t lo = I_ * t / gu_tasks, hi = I_ * (t + 1) / gu_tasks;  // the rows of g and u it wrote
-          kernels::silu_mul(g_.data() + lo, u_.data() + lo, g_.data() + lo, static_cast<std::ptrdiff_t>(hi - lo));
+          // SwiGLU over the rows of g and u this part wrote.
+          kernels::detail::map_range(I_ * t / gu_tasks, I_ * (t + 1) / gu_tasks, kernels::detail::SiluMulOp{}, g_.data(),
+                                     static_cast<const float*>(g_.data()), static_cast<const float*>(u_.data()));
         });
         const std::array<MatvecPart<T>, 1> down{
             MatvecPart<T>{L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_}};

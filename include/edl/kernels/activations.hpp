@@ -28,6 +28,11 @@ inline fbatch silu_grad(const fbatch& x) noexcept {
   sigmoid_pair(x, s, oms);
   return s * kernels::detail::fmadd(x, oms, fbatch(1.0f));
 }
+/// silu(g) * u, lane-wise: silu_mul's operation, also applied serially to a range by callers
+/// that must not fork (a part of an exec::PhasedRegion).
+struct SiluMulOp {
+  fbatch operator()(const fbatch& g, const fbatch& u) const noexcept { return g * sigmoid(g) * u; }
+};
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
 }  // namespace detail
@@ -61,8 +66,7 @@ inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
   detail::check_ptr(gate, n, k, "gate");
   detail::check_ptr(up, n, k, "up");
   detail::check_ptr(out, n, k, "out");
-  detail::map(
-      n, [](const detail::fbatch& g, const detail::fbatch& u) { return g * detail::sigmoid(g) * u; }, out, gate, up);
+  detail::map(n, detail::SiluMulOp{}, out, gate, up);
 }
 
 /// Backward of out = silu(gate) * up:
