@@ -80,13 +80,14 @@ inline std::vector<std::int64_t> parse_token_list(const std::string& s, const st
 
 inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
 #ifdef EDL_CLI_HAS_PRETRAINED
-  return models::from_pretrained<>(dir);
+  auto m = models::from_pretrained<>(dir);
 #else
   const auto cfg = models::LlamaConfig::from_file((std::filesystem::path(dir) / "config.json").string());
   models::LlamaForCausalLM<> m(cfg);
   nn::load_params(m, io::SafeTensorsFile::open((std::filesystem::path(dir) / "model.safetensors").string()));
-  return m;
 #endif
+  nn::advise_huge_pages(m);  // decode reads every weight each token (docs/benchmarks.md)
+  return m;
 }
 
 /// The config of preset `name` (tiny, small, gqa1b), or nothing when it names no preset.
@@ -101,6 +102,7 @@ inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::u
   if (const auto cfg = preset_config(name)) {
     models::LlamaForCausalLM<> m(*cfg);
     m.init(Key::from_seed(seed));
+    nn::advise_huge_pages(m);
     return m;
   }
   return load_model(name);
@@ -240,7 +242,10 @@ inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t
                         kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
   static_assert(kLong % kMid == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 32 KiB rows");
   constexpr std::size_t Q = S * kLong;  // every part a whole number of eight-row blocks of any length
-  if (buf.empty()) buf.assign(bytes / sizeof(float) / Q * Q, 1.0f);  // written once: its pages exist before timing
+  if (buf.empty()) {
+    buf.assign(bytes / sizeof(float) / Q * Q, 1.0f);  // written once: its pages exist before timing
+    edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));  // as the served model's weights
+  }
   const std::size_t n = buf.size();
   const std::ptrdiff_t parts = std::max(1, exec::num_threads());
   const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;

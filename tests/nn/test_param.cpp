@@ -55,3 +55,18 @@ TEST(NnParam, NamedShapes) {
   EXPECT_EQ(s[0].first, "weight");
   EXPECT_EQ(s[0].second, (std::vector<std::int64_t>{5, 6}));
 }
+
+TEST(NnParam, AdvisingHugePagesKeepsEveryParameter) {
+  // A 6 MiB weight and a small bias: the advice covers whole 2 MiB blocks of their merged
+  // range (at most the two tensors and the gap between them) and changes no value.
+  nn::ColumnLinear<DefaultPolicy> a(1024, 1536, true);
+  a.init(Key::from_seed(3), 0.02f);
+  const auto w = a.weight.value;
+  const auto b = a.bias.value;
+  const std::size_t advised = nn::advise_huge_pages(a);
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  EXPECT_EQ(advised % kHuge, 0u);
+  EXPECT_LE(advised, (w.size() + b.size()) * sizeof(float) + kHuge);
+  EXPECT_TRUE(a.weight.value == w);
+  EXPECT_TRUE(a.bias.value == b);
+}

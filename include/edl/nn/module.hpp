@@ -18,13 +18,16 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
@@ -94,6 +97,29 @@ void init_params(M& m, Key key, float std = 0.02f) {
       }
     });
   });
+}
+
+/// Backs the parameter values of `m` with transparent huge pages where the OS allows
+/// (edl::advise_huge_pages): the parameters' address ranges, sorted, merged where less than
+/// 2 MiB apart (small tensors between large ones share huge pages), each advised once.
+/// Returns the bytes advised. A performance hint for weights read in full every step (decode);
+/// values are unchanged. Programs opt in (the edl tool does for the models it serves).
+template <class M>
+std::size_t advise_huge_pages(M& m) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+  m.visit_params("", [&](std::string_view, auto& p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p.data());
+    ranges.emplace_back(a, a + p.value.size() * sizeof(*p.data()));
+  });
+  std::sort(ranges.begin(), ranges.end());
+  constexpr std::uintptr_t kGap = std::uintptr_t{2} << 20;
+  std::size_t advised = 0;
+  for (std::size_t i = 0; i < ranges.size();) {
+    std::uintptr_t lo = ranges[i].first, hi = ranges[i].second;
+    for (++i; i < ranges.size() && ranges[i].first < hi + kGap; ++i) hi = std::max(hi, ranges[i].second);
+    advised += edl::advise_huge_pages(reinterpret_cast<const void*>(lo), static_cast<std::size_t>(hi - lo));
+  }
+  return advised;
 }
 
 /// Sets every gradient of `m` to zero (allocated gradients only).
