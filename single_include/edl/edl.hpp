@@ -70,10 +70,12 @@ inline std::size_t advise_huge_pages(const void* p, std::size_t bytes) noexcept 
   if (p == nullptr || hi <= lo) return 0;
   void* start = reinterpret_cast<void*>(lo);
   if (madvise(start, hi - lo, MADV_HUGEPAGE) != 0) return 0;
-#if !defined(MADV_COLLAPSE)
-#define MADV_COLLAPSE 25  // Linux 6.1; older kernels reject it and khugepaged collapses later
+#if defined(MADV_COLLAPSE)
+  constexpr int kCollapse = MADV_COLLAPSE;
+#else
+  constexpr int kCollapse = 25;  // Linux 6.1's value; older kernels reject it and khugepaged collapses later
 #endif
-  (void)madvise(start, hi - lo, MADV_COLLAPSE);
+  (void)madvise(start, hi - lo, kCollapse);
   return static_cast<std::size_t>(hi - lo);
 #else
   (void)p;
