@@ -13,6 +13,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/generate/decoder.hpp>
 #include <edl/kernels/gemm.hpp>
@@ -85,6 +86,7 @@ void bm_openblas(benchmark::State& state, Shape s, int threads, bool nt) {
 void bm_matvec(benchmark::State& state, i64 K, int threads) {
   const i64 N = (i64{256} << 20) / 4 / K;
   const std::vector<float> W(static_cast<std::size_t>(N * K), 0.001f), x = random_vec<float>(K, 1);
+  edl::advise_huge_pages(W.data(), W.size() * sizeof(float));  // as the edl tool's served weights
   std::vector<float> y(static_cast<std::size_t>(N));
   edl::exec::set_num_threads(threads);
   for (auto _ : state) {
@@ -102,6 +104,7 @@ void bm_read_rows8(benchmark::State& state, int threads) {
   constexpr std::size_t S = edl::generate::detail::kStreams, len = edl::generate::detail::kStreamBytes / sizeof(float);
   const std::size_t n = (std::size_t{256} << 20) / 4, per = n / static_cast<std::size_t>(threads) / (S * len) * (S * len);
   const std::vector<float> buf(n, 0.001f);
+  edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));
   std::vector<float> sums(static_cast<std::size_t>(threads));
   edl::exec::set_num_threads(threads);
   for (auto _ : state) {
@@ -149,6 +152,7 @@ void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, i
     }
     step.push_back({blocks.emplace_back(static_cast<std::size_t>(V * H), 0.001f).data(), V, H});
   }
+  for (const auto& blk : blocks) edl::advise_huge_pages(blk.data(), blk.size() * sizeof(float));
   const std::vector<float> x = random_vec<float>(I, 1);
   std::vector<float> y(static_cast<std::size_t>(total / H));
   edl::exec::set_num_threads(threads);

@@ -143,14 +143,20 @@ void check_reorder(Cache& c) {
   EXPECT_EQ(c.length(0), 5);
   EXPECT_EQ(c.length(1), 5);
   EXPECT_EQ(c.length(2), 3);
-  std::vector<float> q(8, 0.f);
+  std::vector<float> q(8, 0.f), out(8);
   q[3] = 1.f;
-  for (std::int64_t b = 0; b < 3; ++b)
-    for (std::int64_t s = 0; s < c.length(b); ++s) {
-      float score = 0.f;
-      generate::detail::slot_scores(c.view(1, b, 1), q.data(), s, 1, 1.0f, &score);
-      EXPECT_NEAR(score, row(1, src[b], s, 0.f)[8 + 3], 1e-2) << b << " " << s;
-    }
+  const float one = 1.f;
+  for (std::int64_t l = 0; l < kShape.num_layers; ++l)
+    for (std::int64_t b = 0; b < 3; ++b)
+      for (std::int64_t g = 0; g < kShape.kv_heads; ++g)
+        for (std::int64_t s = 0; s < c.length(b); ++s) {  // key element 3 and the whole value row
+          float score = 0.f;
+          generate::detail::slot_scores(c.view(l, b, g), q.data(), s, 1, 1.0f, &score);
+          EXPECT_NEAR(score, row(l, src[b], s, 0.f)[static_cast<std::size_t>(8 * g + 3)], 1e-2) << b << " " << s;
+          generate::detail::weighted_values(c.view(l, b, g), &one, s, 1, 1.0f, out.data());
+          for (std::size_t i = 0; i < 8; ++i)
+            EXPECT_NEAR(out[i], row(l, src[b], s, 5.f)[8 * static_cast<std::size_t>(g) + i], 1e-2) << b << " " << s;
+        }
 }
 
 TEST(KVCache, ReorderCopiesSequences) {
@@ -174,9 +180,11 @@ TEST(KVCache, AttentionKernelsMatchNaiveLoopsOnOddShapes) {
     check_roundtrip(s, sh, 21, 1e-6);
     Int8KVCache i(sh);
     check_roundtrip(i, sh, 21, 1.0 / 254 + 1e-6);
-    PagedKVCacheOptions o;
-    o.page_size = 4;
-    PagedKVCache p(sh, o);
-    check_roundtrip(p, sh, 21, 1e-6);
+    for (std::int64_t page : {4, 5}) {  // a shift and a division find the page
+      PagedKVCacheOptions o;
+      o.page_size = page;
+      PagedKVCache p(sh, o);
+      check_roundtrip(p, sh, 21, 1e-6);
+    }
   }
 }

@@ -1,12 +1,20 @@
 // edl/generate/kv_cache.hpp
 // Key/value caches for incremental decoding (docs/generation.md).
 //
-//   StandardKVCache  per layer [batch, max_length, kv_heads, head_dim] f32.
+//   StandardKVCache  per layer [batch, kv_heads, max_length, head_dim] f32.
 //   Int8KVCache      same layout, int8 values with one f32 absmax scale per (token, kv head);
 //                    dequantized on read (q.k = scale * sum q_i k8_i).
 //   PagedKVCache     a pool of pages of `page_size` tokens (all layers, k and v) sized from a
 //                    byte budget x utilization fraction; each sequence owns a page table;
-//                    pages are taken on demand and returned by free(b).
+//                    pages are taken on demand and returned by free(b). A page holds
+//                    [layer, kv_heads, page_size, head_dim].
+//
+// Head-major. A kv head's slots are contiguous (head_dim elements apart), not a whole token's
+// row apart as in EasyDeL's [batch, max_length, kv_heads, head_dim]: decode attention reads one
+// head's keys and values from first slot to last, and a contiguous read runs near the memory's
+// bandwidth where a stride of kv_heads * head_dim elements ran at about half of it. On a Zen 4
+// EPYC tiny decoded 3 % faster on one thread and 7-10 % on two, small with a 768-token prompt
+// 6 % (docs/benchmarks.md). The cost is in store(): a token's row is written as kv_heads pieces.
 //
 // Slots. Sequence b stores its real tokens at slots 0, 1, ..., length(b) - 1, and slot s holds
 // the token at position s (positions start at 0 at the first real token; left padding of a
@@ -62,9 +70,9 @@ namespace detail {
 using kernels::detail::fbatch;
 inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
 
-/// Cache rows are one head's slice of a slot (D elements, a few cache lines, a slot's whole row
-/// apart), a stride the hardware prefetcher follows poorly: the kernels prefetch (into L2) the
-/// keys of the next group of slots and the values kValuePrefetchSlots slots ahead. On a Zen 4
+/// The kernels prefetch (into L2) the keys of the next group of slots and the values
+/// kValuePrefetchSlots slots ahead (measured when a head's rows were a token's whole row apart,
+/// a stride the hardware prefetcher followed poorly). On a Zen 4
 /// EPYC that decoded tiny 2-4 % faster (1 and 2 threads, 16- and 128-token prompts) and small
 /// with a 768-token prompt 2-3 %; on the Zen 1 EPYC a prefetch 32-64 slots ahead was within
 /// the noise (docs/benchmarks.md).
@@ -232,30 +240,34 @@ class StandardKVCache {
   }
   void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
   void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
-    const std::size_t o = offset(layer, b, slot);
-    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
-    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    const std::size_t D = static_cast<std::size_t>(s_.head_dim);
+    for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+      const std::size_t o = offset(layer, b, g, slot);
+      std::memcpy(k_.data() + o, k + g * s_.head_dim, D * sizeof(float));
+      std::memcpy(v_.data() + o, v + g * s_.head_dim, D * sizeof(float));
+    }
   }
   HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
-    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
-    return {k_.data() + o, v_.data() + o, s_.row(), s_.head_dim};
+    const std::size_t o = offset(layer, b, g, 0);
+    return {k_.data() + o, v_.data() + o, s_.head_dim, s_.head_dim};
   }
   void reorder(const std::int64_t* src) {
+    for (std::int64_t b = 0; b < s_.batch; ++b) detail::check_seq(src[b], s_.batch, "generate.StandardKVCache.reorder");
     std::vector<float> tk, tv;
     const std::vector<std::int64_t> old_len = len_;
     for (std::int64_t l = 0; l < s_.num_layers; ++l) {
-      tk.assign(k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
-                k_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
-      tv.assign(v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0)),
-                v_.begin() + static_cast<std::ptrdiff_t>(offset(l, 0, 0) + per_layer()));
+      const auto first = static_cast<std::ptrdiff_t>(offset(l, 0, 0, 0));
+      tk.assign(k_.begin() + first, k_.begin() + first + static_cast<std::ptrdiff_t>(per_layer()));
+      tv.assign(v_.begin() + first, v_.begin() + first + static_cast<std::ptrdiff_t>(per_layer()));
       for (std::int64_t b = 0; b < s_.batch; ++b) {
         const std::int64_t from = src[b];
-        detail::check_seq(from, s_.batch, "generate.StandardKVCache.reorder");
         if (from == b) continue;
-        const std::size_t n = static_cast<std::size_t>(old_len[static_cast<std::size_t>(from)] * s_.row());
-        const std::size_t so = static_cast<std::size_t>(from * s_.max_length * s_.row());
-        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + so, n * sizeof(float));
-        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + so, n * sizeof(float));
+        const std::size_t n = static_cast<std::size_t>(old_len[static_cast<std::size_t>(from)] * s_.head_dim);
+        for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+          const std::size_t so = offset(l, from, g, 0) - static_cast<std::size_t>(first);
+          std::memcpy(k_.data() + offset(l, b, g, 0), tk.data() + so, n * sizeof(float));
+          std::memcpy(v_.data() + offset(l, b, g, 0), tv.data() + so, n * sizeof(float));
+        }
       }
     }
     for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
@@ -265,8 +277,8 @@ class StandardKVCache {
 
  private:
   std::size_t per_layer() const noexcept { return static_cast<std::size_t>(s_.batch * s_.max_length * s_.row()); }
-  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
-    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
+  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t g, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>((((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot) * s_.head_dim);
   }
   KVCacheShape s_;
   std::vector<float> k_, v_;
@@ -320,33 +332,34 @@ class Int8KVCache {
   }
   void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
   void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
-    const std::size_t o = offset(layer, b, slot), so = soffset(layer, b, slot);
     for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
-      ks_[so + static_cast<std::size_t>(g)] = detail::quantize_row(k + g * s_.head_dim, k_.data() + o + g * s_.head_dim, s_.head_dim);
-      vs_[so + static_cast<std::size_t>(g)] = detail::quantize_row(v + g * s_.head_dim, v_.data() + o + g * s_.head_dim, s_.head_dim);
+      const std::size_t so = soffset(layer, b, g, slot), o = so * static_cast<std::size_t>(s_.head_dim);
+      ks_[so] = detail::quantize_row(k + g * s_.head_dim, k_.data() + o, s_.head_dim);
+      vs_[so] = detail::quantize_row(v + g * s_.head_dim, v_.data() + o, s_.head_dim);
     }
   }
   HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
-    const std::size_t o = offset(layer, b, 0) + static_cast<std::size_t>(g * s_.head_dim);
-    const std::size_t so = soffset(layer, b, 0) + static_cast<std::size_t>(g);
-    return {k_.data() + o, v_.data() + o, ks_.data() + so, vs_.data() + so, s_.row(), s_.kv_heads, s_.head_dim};
+    const std::size_t so = soffset(layer, b, g, 0), o = so * static_cast<std::size_t>(s_.head_dim);
+    return {k_.data() + o, v_.data() + o, ks_.data() + so, vs_.data() + so, s_.head_dim, 1, s_.head_dim};
   }
   void reorder(const std::int64_t* src) {
+    for (std::int64_t b = 0; b < s_.batch; ++b) detail::check_seq(src[b], s_.batch, "generate.Int8KVCache.reorder");
     const std::vector<std::int8_t> tk = k_, tv = v_;
     const std::vector<float> tks = ks_, tvs = vs_;
     const std::vector<std::int64_t> old_len = len_;
+    const std::size_t D = static_cast<std::size_t>(s_.head_dim);
     for (std::int64_t l = 0; l < s_.num_layers; ++l)
       for (std::int64_t b = 0; b < s_.batch; ++b) {
         const std::int64_t from = src[b];
-        detail::check_seq(from, s_.batch, "generate.Int8KVCache.reorder");
         if (from == b) continue;
-        const std::int64_t n = old_len[static_cast<std::size_t>(from)];
-        std::memcpy(k_.data() + offset(l, b, 0), tk.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
-        std::memcpy(v_.data() + offset(l, b, 0), tv.data() + offset(l, from, 0), static_cast<std::size_t>(n * s_.row()));
-        std::memcpy(ks_.data() + soffset(l, b, 0), tks.data() + soffset(l, from, 0),
-                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
-        std::memcpy(vs_.data() + soffset(l, b, 0), tvs.data() + soffset(l, from, 0),
-                    static_cast<std::size_t>(n * s_.kv_heads) * sizeof(float));
+        const std::size_t n = static_cast<std::size_t>(old_len[static_cast<std::size_t>(from)]);
+        for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+          const std::size_t to = soffset(l, b, g, 0), fo = soffset(l, from, g, 0);
+          std::memcpy(k_.data() + to * D, tk.data() + fo * D, n * D);
+          std::memcpy(v_.data() + to * D, tv.data() + fo * D, n * D);
+          std::memcpy(ks_.data() + to, tks.data() + fo, n * sizeof(float));
+          std::memcpy(vs_.data() + to, tvs.data() + fo, n * sizeof(float));
+        }
       }
     for (std::int64_t b = 0; b < s_.batch; ++b) len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(src[b])];
   }
@@ -356,11 +369,9 @@ class Int8KVCache {
   }
 
  private:
-  std::size_t offset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
-    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.row());
-  }
-  std::size_t soffset(std::int64_t layer, std::int64_t b, std::int64_t slot) const noexcept {
-    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.max_length + slot) * s_.kv_heads);
+  /// The scale index of (layer, b, g, slot); its values start head_dim times further.
+  std::size_t soffset(std::int64_t layer, std::int64_t b, std::int64_t g, std::int64_t slot) const noexcept {
+    return static_cast<std::size_t>(((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot);
   }
   KVCacheShape s_;
   std::vector<std::int8_t> k_, v_;
@@ -454,14 +465,17 @@ class PagedKVCache {
   void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
     const auto& t = tables_[static_cast<std::size_t>(b)];
     const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)];
-    const std::size_t o = static_cast<std::size_t>(p * page_floats_ + (layer * o_.page_size + slot % o_.page_size) * s_.row());
-    std::memcpy(k_.data() + o, k, static_cast<std::size_t>(s_.row()) * sizeof(float));
-    std::memcpy(v_.data() + o, v, static_cast<std::size_t>(s_.row()) * sizeof(float));
+    const std::size_t D = static_cast<std::size_t>(s_.head_dim);
+    for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
+      const std::size_t o = static_cast<std::size_t>(p * page_floats_ + head_offset(layer, g)) + static_cast<std::size_t>(slot % o_.page_size) * D;
+      std::memcpy(k_.data() + o, k + g * s_.head_dim, D * sizeof(float));
+      std::memcpy(v_.data() + o, v + g * s_.head_dim, D * sizeof(float));
+    }
   }
   HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
-    const std::int64_t off = layer * o_.page_size * s_.row() + g * s_.head_dim;
+    const std::int64_t off = head_offset(layer, g);
     return {k_.data() + off, v_.data() + off, tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_floats_,
-            s_.row(), s_.head_dim};
+            s_.head_dim, s_.head_dim};
   }
   /// Sequence b becomes a copy of src[b]: pages are copied (no sharing yet).
   void reorder(const std::int64_t* src) {
@@ -509,6 +523,10 @@ class PagedKVCache {
   std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
 
  private:
+  /// Where (layer, kv head g)'s page_size rows start in a page.
+  std::int64_t head_offset(std::int64_t layer, std::int64_t g) const noexcept {
+    return (layer * s_.kv_heads + g) * o_.page_size * s_.head_dim;
+  }
   KVCacheShape s_;
   PagedKVCacheOptions o_;
   std::int64_t page_floats_ = 0, num_pages_ = 0;
