@@ -308,6 +308,32 @@ TEST(Decoder, LinearOfAFewRowsEqualsTheDotProducts) {
   }
 }
 
+TEST(Decoder, MatrixVectorRowsMatchDoubleSumsOverBlocksAndChunks) {
+  // matvec_rows in blocks of kStreams streams of R rows (R * K * 4 ~ kStreamBytes), each block's
+  // sums staged and written a chunk of steps at a time, the last < kStreams rows in one group:
+  // N = 5005 at K = 64 (R = 512) makes a block of 4 full chunks, a shorter block and a group of
+  // 5; K = 37 adds a tail past the vector width. Any split of the rows gives the same bits.
+  for (const std::int64_t K : {64, 37}) {
+    const std::int64_t N = 5005;
+    std::vector<float> x(static_cast<std::size_t>(K)), W(static_cast<std::size_t>(N * K)), b(static_cast<std::size_t>(N));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+    for (std::size_t i = 0; i < W.size(); ++i) W[i] = std::cos(0.23f * static_cast<float>(i));
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.5f - 0.001f * static_cast<float>(i);
+    std::vector<float> y(static_cast<std::size_t>(N), -99.f), split(y);
+    generate::detail::matvec_rows(x.data(), W.data(), b.data(), y.data(), K, 0, N);
+    for (std::int64_t j = 0; j < N; ++j) {
+      double s = b[static_cast<std::size_t>(j)];
+      for (std::int64_t k = 0; k < K; ++k) s += static_cast<double>(x[static_cast<std::size_t>(k)]) * W[static_cast<std::size_t>(j * K + k)];
+      ASSERT_NEAR(y[static_cast<std::size_t>(j)], s, 1e-4) << "K " << K << " row " << j;
+    }
+    const std::int64_t cuts[] = {0, 3, 1030, 4100, N};
+    for (std::size_t c = 0; c + 1 < std::size(cuts); ++c)
+      generate::detail::matvec_rows(x.data(), W.data(), b.data(), split.data(), K, cuts[c], cuts[c + 1]);
+    for (std::int64_t j = 0; j < N; ++j)
+      ASSERT_EQ(split[static_cast<std::size_t>(j)], y[static_cast<std::size_t>(j)]) << "K " << K << " row " << j;
+  }
+}
+
 TEST(Decoder, GroupedMatrixVectorIsEachProductBitForBit) {
   // Decode's q/k/v and gate/up products run as one parallel region (matvec_group): each output
   // equals its own product computed alone and a double-precision sum, and does not change with

@@ -146,6 +146,27 @@ TEST(KernelsSimd, HaddpPutsEachRowsSumInItsLane) {
   for (std::size_t r = 0; r < W; ++r) EXPECT_EQ(got[r], want[r]) << "row " << r;
 }
 
+TEST(KernelsSimd, Hsum8PutsEachRowsSumInItsSlot) {
+  using B = k::detail::fbatch;
+  constexpr std::size_t W = B::size;
+  B rows[8];
+  float want[8];
+  for (std::size_t r = 0; r < 8; ++r) {
+    alignas(64) float v[W];
+    want[r] = 0;
+    for (std::size_t i = 0; i < W; ++i) {  // small integers: every order of summing is exact
+      v[i] = static_cast<float>(r * 1000 + i * 7 + 1);
+      want[r] += v[i];
+    }
+    rows[r] = B::load_aligned(v);
+  }
+  float got[9];
+  got[8] = -99.f;
+  k::detail::hsum8(rows, got);
+  for (std::size_t r = 0; r < 8; ++r) EXPECT_EQ(got[r], want[r]) << "row " << r;
+  EXPECT_EQ(got[8], -99.f) << "wrote past the eighth sum";
+}
+
 TEST(KernelsSoftmax, MatchesReference) {
   std::vector<std::ptrdiff_t> sizes = kOddSizes;
   sizes.push_back(32000);

@@ -146,21 +146,21 @@ inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t l
 /// advance together through memory, each prefetching kPrefetchBytes ahead (into its next row at
 /// a row's end). The last fewer than kStreams rows go in one group. Every row's sum has the
 /// same order whatever block, chunk or stream it falls in (one accumulator over K in steps of
-/// Wd, one transposing haddp, then the tail), so the result does not depend on how the rows
-/// were split between threads.
+/// Wd, its lanes reduced in hsum8's fixed tree, then the tail), so the result does not depend
+/// on how the rows were split between threads.
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size), S = kStreams;
-  constexpr std::int64_t NA = (S + Wd - 1) / Wd * Wd;  // accumulators: whole haddp groups of Wd
+  static_assert(S == 8, "kernels::detail::hsum8 reduces the streams' eight accumulators");
+  constexpr std::int64_t NA = std::max<std::int64_t>(S, (S + Wd - 1) / Wd * Wd);  // haddp reads whole groups
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
   const std::int64_t K0 = K / Wd * Wd;
-  // Rows first, first + stride, ... (n <= S of them): the accumulators reduce Wd at a time in
-  // one transposing haddp, which for small K (tiny's lm_head: K = 288) costs far less than a
-  // horizontal sum per row. Unused accumulators stay zero.
-  const auto rows_at = [&](std::int64_t first, std::int64_t stride, std::int64_t n) {
+  // sums[q] = x . row (first + q * stride) over [0, K0) for q < n <= S, one accumulator per row
+  // reduced in registers (hsum8; unused accumulators stay zero and their sums are dropped).
+  const auto rows_at = [&](std::int64_t first, std::int64_t stride, std::int64_t n, float* sums) {
     fbatch a[NA];
     for (std::int64_t q = 0; q < NA; ++q) a[q] = fbatch(0.f);
     const T* w0 = W + first * K;
@@ -181,22 +181,35 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
         for (std::int64_t q = 0; q < n; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
       }
     }
-    alignas(64) float sm[NA];
-    for (std::int64_t q0 = 0; q0 < n; q0 += Wd) kernels::detail::haddp(a + q0).store_aligned(sm + q0);
-    for (std::int64_t q = 0; q < n; ++q) {
-      float v = sm[q];
-      const T* wr = w0 + q * ws;
-      for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(wr[k]), v);
-      const std::int64_t j = first + q * stride;
-      y[j] = bias ? v + to_f32(bias[j]) : v;
-    }
+    kernels::detail::hsum8(a, sums);
   };
+  // y[j] from row j's sum over [0, K0): the tail, then the bias.
+  const auto finish = [&](std::int64_t j, float v) {
+    const T* wr = W + j * K;
+    for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(wr[k]), v);
+    y[j] = bias ? v + to_f32(bias[j]) : v;
+  };
+  // A block's sums go to `stage` in the order they are made (eight per step, one vector
+  // store), and reach y a chunk of steps at a time, from L1. Eight scalar stores a step, one
+  // per stream into eight far-apart lines of y, had cost the kernel 8-10 % of its reads at
+  // tiny's K = 288 (docs/benchmarks.md).
+  constexpr std::int64_t kChunk = 128;
+  alignas(64) float stage[kChunk * S];
   while (hi - lo >= S) {
     const std::int64_t r_len = std::min(R, (hi - lo) / S);
-    for (std::int64_t r = 0; r < r_len; ++r) rows_at(lo + r, r_len, S);
+    for (std::int64_t r0 = 0; r0 < r_len; r0 += kChunk) {
+      const std::int64_t r1 = std::min(r_len, r0 + kChunk);
+      for (std::int64_t r = r0; r < r1; ++r) rows_at(lo + r, r_len, S, stage + (r - r0) * S);
+      for (std::int64_t q = 0; q < S; ++q)
+        for (std::int64_t r = r0; r < r1; ++r) finish(lo + q * r_len + r, stage[(r - r0) * S + q]);
+    }
     lo += S * r_len;
   }
-  if (lo < hi) rows_at(lo, 1, hi - lo);
+  if (lo < hi) {
+    alignas(64) float sums[S];
+    rows_at(lo, 1, hi - lo, sums);
+    for (std::int64_t q = 0; q < hi - lo; ++q) finish(lo + q, sums[q]);
+  }
 }
 
 /// Rows of weight matrix j a parallel chunk of a matrix-vector product takes: enough for the

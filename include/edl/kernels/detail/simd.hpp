@@ -289,6 +289,35 @@ inline fbatch haddp(const fbatch* rows) noexcept {
   return xsimd::haddp(rows);
 }
 
+/// out[i] = the sum of rows[i]'s lanes for i in [0, 8): eight rows reduced in registers, each
+/// in a fixed tree that depends only on the lane count (not on the other rows). With AVX-512
+/// haddp would reduce sixteen rows, half of them zeros for eight, through the stack; here each
+/// row folds to 8 lanes (the 256-bit halves added), then three rounds of hadd and one of the
+/// 128-bit halves. The decode kernel's eight streams end a row with this (generate/decoder.hpp).
+inline void hsum8(const fbatch* rows, float* out) noexcept {
+#if defined(EDL_SIMD_AVX512)
+  if constexpr (kLanes == 16) {
+    const auto fold = [](const fbatch& v) {
+      const __m512 z = v;
+      return _mm256_add_ps(_mm512_castps512_ps256(z), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)));
+    };
+    const __m256 x0 = _mm256_hadd_ps(fold(rows[0]), fold(rows[1])), x1 = _mm256_hadd_ps(fold(rows[2]), fold(rows[3]));
+    const __m256 x2 = _mm256_hadd_ps(fold(rows[4]), fold(rows[5])), x3 = _mm256_hadd_ps(fold(rows[6]), fold(rows[7]));
+    const __m256 y0 = _mm256_hadd_ps(x0, x1), y1 = _mm256_hadd_ps(x2, x3);
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(y0, y1, 0x20), _mm256_permute2f128_ps(y0, y1, 0x31)));
+    return;
+  }
+#endif
+  if constexpr (kLanes == 8) {
+    haddp(rows).store_unaligned(out);
+  } else if constexpr (kLanes == 4) {
+    haddp(rows).store_unaligned(out);
+    haddp(rows + 4).store_unaligned(out + 4);
+  } else {
+    for (int i = 0; i < 8; ++i) out[i] = hsum(rows[i]);
+  }
+}
+
 /// Largest lane, compared in lane order.
 inline float hmax(const fbatch& v) noexcept {
   alignas(64) float buf[kLanes];
