@@ -11212,6 +11212,16 @@ namespace detail {
 /// GEMM, which packs the whole weight matrix for a handful of rows.
 inline constexpr std::int64_t kMatvecRows = 16;
 
+/// From this many rows up to kMatvecRows, linear_nt applies four weight rows at once
+/// (dot_rows4): the step is then bound by the FMA unit's loads, not by memory. On a Zen 4
+/// EPYC 16 concurrent requests served small 9-15 % faster; at 8 or fewer rows the one-row
+/// path was as fast or faster (docs/benchmarks.md, "Continuous batching").
+inline constexpr std::int64_t kMatvecRowsBlocked = 8;
+/// ... for rows of at least this many elements: with all of tiny's products blocked (rows of
+/// 288), serving 8 requests measured 0-18 % slower in short runs; limited to rows of 512 or
+/// more (tiny's down_proj), within the noise.
+inline constexpr std::int64_t kMatvecBlockedMinK = 512;
+
 /// y[m * ldy] = x[m, :] . w (+ *bias) for MB (1-4) rows of x: MB is a compile-time constant so
 /// the accumulators stay in registers (unrolled: at -O2 GCC otherwise keeps acc in memory and
 /// every FMA waits for a store to forward, 3-4x slower).
@@ -11236,6 +11246,51 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
     for (std::int64_t kk = k; kk < K; ++kk) s = std::fma(x[m * K + kk], to_f32(w[kk]), s);
     y[m * ldy] = bias ? s + to_f32(*bias) : s;
   }
+}
+
+/// dot_rows for four weight rows at once: y[m * ldy + c] = x[m, :] . w[c * K + :] (+ bias[c])
+/// for c < 4 and MB (1 or 2) rows of x, each sum in dot_rows' order (two accumulators over
+/// alternate lane batches, their sum reduced, then the tail), so the results are dot_rows' bit
+/// for bit. Sixteen accumulators take 12 loads per 16 FMAs where dot_rows<4> takes 10 per 8:
+/// a decode step of many sequences (the serving engine's) is bound by those loads.
+template <int MB, class T>
+inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::int64_t ldy, std::int64_t K) {
+  using kernels::detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  fbatch acc[MB][4][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[m][c][0] = acc[m][c][1] = fbatch(0.f);
+  std::int64_t k = 0;
+  for (; k + 2 * Wd <= K; k += 2 * Wd) {
+    fbatch w0[4], w1[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      w0[c] = kernels::detail::load(w + c * K + k);
+      w1[c] = kernels::detail::load(w + c * K + k + Wd);
+    }
+#pragma GCC unroll 2
+    for (int m = 0; m < MB; ++m) {
+      const fbatch x0 = fbatch::load_unaligned(x + m * K + k), x1 = fbatch::load_unaligned(x + m * K + k + Wd);
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        acc[m][c][0] = kernels::detail::fmadd(x0, w0[c], acc[m][c][0]);
+        acc[m][c][1] = kernels::detail::fmadd(x1, w1[c], acc[m][c][1]);
+      }
+    }
+  }
+  fbatch t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) t[i] = i < 4 * MB ? acc[i / 4][i % 4][0] + acc[i / 4][i % 4][1] : fbatch(0.f);
+  float sums[8];
+  kernels::detail::hsum8(t, sums);
+  for (int m = 0; m < MB; ++m)
+    for (int c = 0; c < 4; ++c) {
+      float s = sums[m * 4 + c];
+      for (std::int64_t kk = k; kk < K; ++kk) s = std::fma(x[m * K + kk], to_f32(w[c * K + kk]), s);
+      y[m * ldy + c] = bias ? s + to_f32(bias[c]) : s;
+    }
 }
 
 /// Weight streams matvec_rows reads in lockstep, whatever the vector width: eight. On a Zen 4
@@ -11406,6 +11461,22 @@ void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std
 template <class T>
 void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float* y, std::int64_t N, std::int64_t K) {
   if (M == 1) return matvec_group<T, 1>(x, {MatvecPart<T>{W, bias, y, N}}, K);
+  if (M >= kMatvecRowsBlocked && M <= kMatvecRows && K >= kMatvecBlockedMinK) {
+    // Blocks of four weight rows (the x rows two at a time); the last N % 4 rows alone. Every
+    // row falls in the same kind of block whatever the thread count.
+    exec::parallel_for(0, N / 4, std::max<std::int64_t>(1, matvec_grain(K) / 4), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t j = 4 * lo; j < 4 * hi; j += 4) {
+        const T* w = W + j * K;
+        const T* bj = bias ? bias + j : nullptr;
+        std::int64_t m0 = 0;
+        for (; m0 + 2 <= M; m0 += 2) dot_rows4<2>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
+        if (m0 < M) dot_rows4<1>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
+      }
+    });
+    for (std::int64_t j = N / 4 * 4; j < N; ++j)
+      for (std::int64_t m = 0; m < M; ++m) dot_rows<1>(x + m * K, W + j * K, bias ? bias + j : nullptr, y + m * N + j, N, K);
+    return;
+  }
   if (M <= kMatvecRows) {
     exec::parallel_for(0, N, matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::int64_t j = lo;

@@ -308,6 +308,41 @@ TEST(Decoder, LinearOfAFewRowsEqualsTheDotProducts) {
   }
 }
 
+TEST(Decoder, LinearOfManyRowsInBlocksOfFourWeightRows) {
+  // From kMatvecRowsBlocked rows (and rows of kMatvecBlockedMinK or more) linear_nt applies four
+  // weight rows at a time, the last N % 4 alone: against double sums, with and without a tail
+  // past the vector width, and the same bits on 1, 2 and 3 threads.
+  using generate::detail::kMatvecBlockedMinK;
+  for (const std::int64_t K : {kMatvecBlockedMinK, kMatvecBlockedMinK + 3})
+    for (const std::int64_t N : {11, 64})
+      for (const std::int64_t M : {generate::detail::kMatvecRowsBlocked, std::int64_t{9}, generate::detail::kMatvecRows}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K)), W(static_cast<std::size_t>(N * K)), b(static_cast<std::size_t>(N));
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i) + 0.1f);
+        for (std::size_t i = 0; i < W.size(); ++i) W[i] = std::cos(0.23f * static_cast<float>(i));
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.5f - 0.1f * static_cast<float>(i);
+        std::vector<float> first;
+        const int threads_before = exec::num_threads();
+        for (const int threads : {1, 2, 3}) {
+          exec::set_num_threads(threads);
+          std::vector<float> y(static_cast<std::size_t>(M * N), -99.f);
+          generate::detail::linear_nt(x.data(), M, W.data(), b.data(), y.data(), N, K);
+          if (first.empty()) {
+            first = y;
+            for (std::int64_t m = 0; m < M; ++m)
+              for (std::int64_t j = 0; j < N; ++j) {
+                double s = b[static_cast<std::size_t>(j)];
+                for (std::int64_t k = 0; k < K; ++k)
+                  s += static_cast<double>(x[static_cast<std::size_t>(m * K + k)]) * W[static_cast<std::size_t>(j * K + k)];
+                EXPECT_NEAR(y[static_cast<std::size_t>(m * N + j)], s, 1e-3) << "M " << M << " N " << N << " K " << K;
+              }
+          } else {
+            EXPECT_EQ(y, first) << threads << " threads, M " << M << " N " << N << " K " << K;
+          }
+        }
+        exec::set_num_threads(threads_before);
+      }
+}
+
 TEST(Decoder, MatrixVectorRowsMatchDoubleSumsOverBlocksAndChunks) {
   // matvec_rows in blocks of kStreams streams of R rows (R * K * 4 ~ kStreamBytes), each block's
   // sums staged and written a chunk of steps at a time, the last < kStreams rows in one group:
