@@ -127,39 +127,35 @@ TEST(KernelsSimd, FusedMultiplyAddRoundsOnce) {
   }
 }
 
-TEST(KernelsSimd, HaddpPutsEachRowsSumInItsLane) {
+// n batches of small integers (every order of summing them is exact) and each one's sum.
+void integer_rows(k::detail::fbatch* rows, float* want, std::size_t n) {
   using B = k::detail::fbatch;
-  constexpr std::size_t W = B::size;
-  B rows[W];
-  float want[W];
-  for (std::size_t r = 0; r < W; ++r) {
-    alignas(64) float v[W];
+  for (std::size_t r = 0; r < n; ++r) {
+    alignas(64) float v[B::size];
     want[r] = 0;
-    for (std::size_t i = 0; i < W; ++i) {  // small integers: every order of summing is exact
+    for (std::size_t i = 0; i < B::size; ++i) {
       v[i] = static_cast<float>(r * 1000 + i * 7 + 1);
       want[r] += v[i];
     }
     rows[r] = B::load_aligned(v);
   }
+}
+
+TEST(KernelsSimd, HaddpPutsEachRowsSumInItsLane) {
+  using B = k::detail::fbatch;
+  constexpr std::size_t W = B::size;
+  B rows[W];
+  float want[W];
+  integer_rows(rows, want, W);
   alignas(64) float got[W];
   k::detail::haddp(rows).store_aligned(got);
   for (std::size_t r = 0; r < W; ++r) EXPECT_EQ(got[r], want[r]) << "row " << r;
 }
 
 TEST(KernelsSimd, Hsum8PutsEachRowsSumInItsSlot) {
-  using B = k::detail::fbatch;
-  constexpr std::size_t W = B::size;
-  B rows[8];
+  k::detail::fbatch rows[8];
   float want[8];
-  for (std::size_t r = 0; r < 8; ++r) {
-    alignas(64) float v[W];
-    want[r] = 0;
-    for (std::size_t i = 0; i < W; ++i) {  // small integers: every order of summing is exact
-      v[i] = static_cast<float>(r * 1000 + i * 7 + 1);
-      want[r] += v[i];
-    }
-    rows[r] = B::load_aligned(v);
-  }
+  integer_rows(rows, want, 8);
   float got[9];
   got[8] = -99.f;
   k::detail::hsum8(rows, got);

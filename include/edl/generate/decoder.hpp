@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -70,9 +69,9 @@ namespace detail {
 inline constexpr std::int64_t kMatvecRows = 16;
 
 /// From this many rows up to kMatvecRows, linear_nt applies four weight rows at once
-/// (dot_rows4): the step is then bound by the FMA unit's loads, not by memory. On a Zen 4
-/// EPYC 16 concurrent requests served small 9-15 % faster; at 8 or fewer rows the one-row
-/// path was as fast or faster (docs/benchmarks.md, "Continuous batching").
+/// (dot_rows4): the step is then bound by the loads feeding the FMAs, not by memory. On a
+/// Zen 4 EPYC small served 16 concurrent requests 20-27 % faster and 8 requests 8-16 %; at 4
+/// rows the blocked path was 17 % slower (docs/benchmarks.md, "Continuous batching").
 inline constexpr std::int64_t kMatvecRowsBlocked = 8;
 /// ... for rows of at least this many elements: with all of tiny's products blocked (rows of
 /// 288), serving 8 requests measured 0-18 % slower in short runs; limited to rows of 512 or
@@ -106,10 +105,10 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
 }
 
 /// dot_rows for four weight rows at once: y[m * ldy + c] = x[m, :] . w[c * K + :] (+ bias[c])
-/// for c < 4 and MB (1 or 2) rows of x, each sum in dot_rows' order (two accumulators over
-/// alternate lane batches, their sum reduced, then the tail), so the results are dot_rows' bit
-/// for bit. Sixteen accumulators take 12 loads per 16 FMAs where dot_rows<4> takes 10 per 8:
-/// a decode step of many sequences (the serving engine's) is bound by those loads.
+/// for c < 4 and MB (1 or 2) rows of x. Each sum: two accumulators over alternate lane
+/// batches, added, reduced in hsum8's fixed tree, then the tail; the same for every (m, c),
+/// whatever MB. Sixteen accumulators take 12 loads per 16 FMAs where dot_rows<4> takes 10 per
+/// 8: a decode step of many sequences (the serving engine's) is bound by those loads.
 template <int MB, class T>
 inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::int64_t ldy, std::int64_t K) {
   using kernels::detail::fbatch;
@@ -209,15 +208,14 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
   using kernels::detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size), S = kStreams;
   static_assert(S == 8, "kernels::detail::hsum8 reduces the streams' eight accumulators");
-  constexpr std::int64_t NA = std::max<std::int64_t>(S, (S + Wd - 1) / Wd * Wd);  // haddp reads whole groups
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
   const std::int64_t K0 = K / Wd * Wd;
   // sums[q] = x . row (first + q * stride) over [0, K0) for q < n <= S, one accumulator per row
   // reduced in registers (hsum8; unused accumulators stay zero and their sums are dropped).
   const auto rows_at = [&](std::int64_t first, std::int64_t stride, std::int64_t n, float* sums) {
-    fbatch a[NA];
-    for (std::int64_t q = 0; q < NA; ++q) a[q] = fbatch(0.f);
+    fbatch a[S];
+    for (std::int64_t q = 0; q < S; ++q) a[q] = fbatch(0.f);
     const T* w0 = W + first * K;
     const std::int64_t ws = stride * K;
     if (n == S) {
@@ -318,6 +316,22 @@ void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std
 template <class T>
 void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float* y, std::int64_t N, std::int64_t K) {
   if (M == 1) return matvec_group<T, 1>(x, {MatvecPart<T>{W, bias, y, N}}, K);
+  // Weight row j applied to the M rows of x, 4 at a time (the accumulators fit the registers;
+  // the weight row is in L1 after the first block). Every row's sum has the same order whatever M.
+  const auto one_weight_row = [&](std::int64_t j) {
+    const T* w = W + j * K;
+    const T* bj = bias ? bias + j : nullptr;
+    for (std::int64_t m0 = 0; m0 < M; m0 += 4) {
+      const float* xb = x + m0 * K;
+      float* yb = y + m0 * N + j;
+      switch (std::min<std::int64_t>(4, M - m0)) {
+        case 4: dot_rows<4>(xb, w, bj, yb, N, K); break;
+        case 3: dot_rows<3>(xb, w, bj, yb, N, K); break;
+        case 2: dot_rows<2>(xb, w, bj, yb, N, K); break;
+        default: dot_rows<1>(xb, w, bj, yb, N, K); break;
+      }
+    }
+  };
   if (M >= kMatvecRowsBlocked && M <= kMatvecRows && K >= kMatvecBlockedMinK) {
     // Blocks of four weight rows (the x rows two at a time); the last N % 4 rows alone. Every
     // row falls in the same kind of block whatever the thread count.
@@ -330,29 +344,12 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
         if (m0 < M) dot_rows4<1>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
       }
     });
-    for (std::int64_t j = N / 4 * 4; j < N; ++j)
-      for (std::int64_t m = 0; m < M; ++m) dot_rows<1>(x + m * K, W + j * K, bias ? bias + j : nullptr, y + m * N + j, N, K);
+    for (std::int64_t j = N / 4 * 4; j < N; ++j) one_weight_row(j);
     return;
   }
   if (M <= kMatvecRows) {
     exec::parallel_for(0, N, matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      std::int64_t j = lo;
-      for (; j < hi; ++j) {
-        const T* w = W + j * K;
-        // Rows in blocks of 4 (the accumulators fit the registers); the weight row is in L1
-        // after the first block. Every row's sum has the same order whatever M.
-        for (std::int64_t m0 = 0; m0 < M; m0 += 4) {
-          const float* xb = x + m0 * K;
-          float* yb = y + m0 * N + j;
-          const T* bj = bias ? bias + j : nullptr;
-          switch (std::min<std::int64_t>(4, M - m0)) {
-            case 4: dot_rows<4>(xb, w, bj, yb, N, K); break;
-            case 3: dot_rows<3>(xb, w, bj, yb, N, K); break;
-            case 2: dot_rows<2>(xb, w, bj, yb, N, K); break;
-            default: dot_rows<1>(xb, w, bj, yb, N, K); break;
-          }
-        }
-      }
+      for (std::int64_t j = lo; j < hi; ++j) one_weight_row(j);
     });
     return;
   }

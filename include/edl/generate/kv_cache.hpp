@@ -71,11 +71,10 @@ using kernels::detail::fbatch;
 inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
 
 /// The kernels prefetch (into L2) the keys of the next group of slots and the values
-/// kValuePrefetchSlots slots ahead (measured when a head's rows were a token's whole row apart,
-/// a stride the hardware prefetcher followed poorly). On a Zen 4
-/// EPYC that decoded tiny 2-4 % faster (1 and 2 threads, 16- and 128-token prompts) and small
-/// with a 768-token prompt 2-3 %; on the Zen 1 EPYC a prefetch 32-64 slots ahead was within
-/// the noise (docs/benchmarks.md).
+/// kValuePrefetchSlots slots ahead. Measured when a head's rows were a token's whole row apart,
+/// a stride the hardware prefetcher followed poorly: on a Zen 4 EPYC that decoded tiny 2-4 %
+/// faster (1 and 2 threads, 16- and 128-token prompts) and small with a 768-token prompt 2-3 %;
+/// on the Zen 1 EPYC a prefetch 32-64 slots ahead was within the noise (docs/benchmarks.md).
 inline constexpr std::int64_t kValuePrefetchSlots = 8;
 
 /// Prefetches the cache lines of n elements at p (nothing is read: a prefetch never faults).
