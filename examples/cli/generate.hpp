@@ -12,6 +12,7 @@
 //     devices or under mpirun (rank 0 prints); the mesh is checked before the weights are read.
 //
 //   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T] [--bandwidth]
+//                    [--paired-bandwidth]
 //                    [--repetitions N] [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
 //     a preset name builds that config with random weights; prints one JSON object with
 //     prefill_tokens_per_s, decode_tokens_per_s (medians over N repetitions, as llama-bench's -r),
@@ -24,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -226,6 +228,83 @@ struct ReadBandwidth {
   double best() const { return std::max({sequential, prefetched, streams8, rows8, rows8_32k, rows8_stream}); }
 };
 
+/// The read patterns of ReadBandwidth, in its field order.
+inline constexpr int kReadPatterns = 6;
+inline constexpr const char* kReadPatternNames[kReadPatterns] = {"sequential", "prefetched",   "streams8",
+                                                                  "rows8",      "rows8_32k",    "rows8_stream"};
+
+/// Floats a thread's part of a read is a multiple of: a whole number of eight-row blocks of
+/// any of the patterns' row lengths.
+inline constexpr std::size_t kReadQuantum =
+    static_cast<std::size_t>(generate::detail::kStreams * generate::detail::kStreamBytes) / sizeof(float);
+
+/// The sum of `per` floats at x read in pattern `pattern` (ReadBandwidth's field order): 0
+/// sequential, 1 prefetched (four accumulators hide the add latency); 2 eight streams, 3 eight
+/// rows of 8 KiB, 4 of 32 KiB, 5 of kStreamBytes (lockstep_read_sum, which prefetches as the
+/// decode kernel does). per: a multiple of kReadQuantum.
+inline float read_pattern(int pattern, const float* x, std::size_t per) {
+  using B = xsimd::batch<float>;
+  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(generate::detail::kStreams);
+  // rows8_stream follows the decode kernel's stream length, whatever it is set to.
+  constexpr std::size_t kShort = 2048, kMid = 8192,
+                        kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+  static_assert(kLong % kMid == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 32 KiB rows");
+  static_assert(kReadQuantum == S * kLong && kLong % kShort == 0);
+  if (pattern >= 2) {
+    const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : pattern == 4 ? kMid : kLong;
+    return generate::detail::lockstep_read_sum(x, per / (S * len), len);
+  }
+  B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+  for (std::size_t i = 0; i < per; i += 4 * W) {
+    if (pattern == 1) {
+      __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 3);
+      __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024 + 64, 0, 3);
+    }
+    a0 += B::load_unaligned(x + i);
+    a1 += B::load_unaligned(x + i + W);
+    a2 += B::load_unaligned(x + i + 2 * W);
+    a3 += B::load_unaligned(x + i + 3 * W);
+  }
+  return xsimd::hadd((a0 + a1) + (a2 + a3));
+}
+
+/// A read buffer far larger than the caches, written once (its pages exist before any timing)
+/// and on huge pages as the served model's weights are.
+inline void ensure_read_buffer(std::vector<float>& buf, std::size_t bytes) {
+  if (!buf.empty()) return;
+  buf.assign(bytes / sizeof(float) / kReadQuantum * kReadQuantum, 1.0f);
+  edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));
+}
+
+/// Seconds to read `floats` floats of buf in `pattern`, split in equal parts over the threads,
+/// from float `offset` on (wrapping to the start where the buffer ends; offset moves past what
+/// was read, so consecutive calls never read what the caches still hold). Returns the floats
+/// read (floats rounded to whole kReadQuantum parts, at least one per thread) in `done`.
+inline double timed_read(std::vector<float>& buf, int pattern, std::size_t floats, std::size_t& offset,
+                         std::size_t& done) {
+  const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
+  const std::size_t slice = parts * kReadQuantum;                     // the least one call reads
+  const std::size_t max_per = buf.size() / parts / kReadQuantum * kReadQuantum;  // a part's most in one pass
+  std::vector<float> sums(parts);
+  std::size_t left = std::max<std::size_t>(1, (floats + slice / 2) / slice) * kReadQuantum;  // per part
+  done = left * parts;
+  double seconds = 0;
+  while (left > 0) {
+    const std::size_t per = std::min(left, max_per);
+    if (offset + per * parts > buf.size()) offset = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    exec::parallel_parts(static_cast<std::ptrdiff_t>(parts), [&](std::ptrdiff_t p) {
+      sums[static_cast<std::size_t>(p)] = read_pattern(pattern, buf.data() + offset + static_cast<std::size_t>(p) * per, per);
+    });
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    offset += per * parts;
+    left -= per;
+  }
+  volatile float sink = sums[0];  // keeps the sums observable
+  (void)sink;
+  return seconds;
+}
+
 /// Measures ReadBandwidth over a `bytes` buffer (far larger than the caches) split in equal
 /// parts over the threads, the best of 3 passes per pattern. No single pattern is this
 /// machine's peak (on a Zen 1 EPYC the best one changes with the thread count, and gqa1b's
@@ -235,55 +314,16 @@ struct ReadBandwidth {
 /// `buf` is the buffer read: empty, it is allocated (`bytes`) and written once, so that
 /// repeated measurements reuse its pages.
 inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = std::size_t{1} << 30) {
-  using B = xsimd::batch<float>;
-  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(generate::detail::kStreams);
-  // rows8_stream follows the decode kernel's stream length, whatever it is set to.
-  constexpr std::size_t kShort = 2048, kMid = 8192,
-                        kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
-  static_assert(kLong % kMid == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 32 KiB rows");
-  constexpr std::size_t Q = S * kLong;  // every part a whole number of eight-row blocks of any length
-  if (buf.empty()) {
-    buf.assign(bytes / sizeof(float) / Q * Q, 1.0f);  // written once: its pages exist before timing
-    edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));  // as the served model's weights
-  }
-  const std::size_t n = buf.size();
-  const std::ptrdiff_t parts = std::max(1, exec::num_threads());
-  const std::size_t per = n / static_cast<std::size_t>(parts) / Q * Q;
-  std::vector<float> sums(static_cast<std::size_t>(parts));
-  // Pattern 0 sequential, 1 prefetched (four accumulators hide the add latency); 2 eight
-  // streams, 3 eight rows of 8 KiB, 4 of 32 KiB, 5 of kStreamBytes (lockstep_read_sum, which
-  // prefetches as the decode kernel does).
-  constexpr int kPatterns = 6;
-  const auto read = [&](int pattern, const float* x) {
-    if (pattern >= 2) {
-      const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : pattern == 4 ? kMid : kLong;
-      return generate::detail::lockstep_read_sum(x, per / (S * len), len);
-    }
-    B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    for (std::size_t i = 0; i < per; i += 4 * W) {
-      if (pattern == 1) {
-        __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 3);
-        __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024 + 64, 0, 3);
-      }
-      a0 += B::load_unaligned(x + i);
-      a1 += B::load_unaligned(x + i + W);
-      a2 += B::load_unaligned(x + i + 2 * W);
-      a3 += B::load_unaligned(x + i + 3 * W);
-    }
-    return xsimd::hadd((a0 + a1) + (a2 + a3));
-  };
-  double best[kPatterns] = {};
+  ensure_read_buffer(buf, bytes);
+  const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
+  const std::size_t per = buf.size() / parts / kReadQuantum * kReadQuantum;
+  double best[kReadPatterns] = {};
   for (int rep = 0; rep < 3; ++rep)
-    for (int pattern = 0; pattern < kPatterns; ++pattern) {
-      const auto t0 = std::chrono::steady_clock::now();
-      exec::parallel_parts(parts, [&](std::ptrdiff_t p) {
-        sums[static_cast<std::size_t>(p)] = read(pattern, buf.data() + static_cast<std::size_t>(p) * per);
-      });
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best[pattern] = std::max(best[pattern], static_cast<double>(per * static_cast<std::size_t>(parts) * sizeof(float)) / s / 1e9);
+    for (int pattern = 0; pattern < kReadPatterns; ++pattern) {
+      std::size_t offset = 0, done = 0;
+      const double s = timed_read(buf, pattern, per * parts, offset, done);
+      best[pattern] = std::max(best[pattern], static_cast<double>(done * sizeof(float)) / s / 1e9);
     }
-  volatile float sink = sums[0];  // keeps the sums observable
-  (void)sink;
   return {best[0], best[1], best[2], best[3], best[4], best[5]};
 }
 
@@ -297,12 +337,18 @@ inline int cmd_bench_decode(Args& args) {
   generate::GenerateOptions o;
   gen_detail::cache_flags(args, o);
   const MeshDims dims = mesh_flag(args);
-  const bool bandwidth = args.has("--bandwidth");
+  // --paired-bandwidth: after every decode step, a read of the step's bytes in the best
+  // pattern (docs/benchmarks.md, "Paired with a read after every step").
+  const bool paired = args.has("--paired-bandwidth");
+  const bool bandwidth = args.has("--bandwidth") || paired;
   const std::int64_t reps = args.integer("--repetitions", 1);
   args.finish();
   EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
   EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
             P, " and ", G);
+  EDL_CHECK(!paired || G >= gen_detail::kReadPatterns, errc::invalid_argument, "edl bench decode",
+            "--paired-bandwidth pairs the steps with the ", gen_detail::kReadPatterns,
+            " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const DefaultMesh mesh = make_mesh(dims);
 
@@ -346,17 +392,56 @@ inline int cmd_bench_decode(Args& args) {
     std::vector<double> tp(static_cast<std::size_t>(reps)), td(tp), pp_rate(tp), tg_rate(tp), bw(tp), fraction(tp);
     std::vector<gen_detail::ReadBandwidth> rb(tp.size());
     std::vector<float> bw_buf;
+    // Paired: step i is followed by a read of step_bytes in pattern i % kReadPatterns, and
+    // fraction = (step_bytes / step seconds) / (read bytes / read seconds). Per pattern, the
+    // median over the steps it followed; the figure is the least of them (the pattern that
+    // read fastest against decode), so the roofline is still the best pattern.
+    constexpr int NP = gen_detail::kReadPatterns;
+    std::size_t read_offset = 0;
+    std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
+    std::vector<double> rep_fraction(tp.size());
+    if (paired) gen_detail::ensure_read_buffer(bw_buf, std::size_t{1} << 30);
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const std::size_t m = v.size() / 2;
+      return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+    };
+    // The least of the per-pattern medians (patterns with no step skipped).
+    const auto least_median = [&](const std::vector<std::vector<double>>& by) {
+      double m = std::numeric_limits<double>::infinity();
+      for (const auto& v : by)
+        if (!v.empty()) m = std::min(m, median(v));
+      return m;
+    };
+    const std::size_t step_floats = static_cast<std::size_t>(step_bytes / sizeof(float));
     for (std::size_t r = 0; r < tp.size(); ++r) {
       forget();
       const auto t0 = std::chrono::steady_clock::now();
       dec.prefill(prompt.data(), P, nullptr, logits.data());
       tp[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto t1 = std::chrono::steady_clock::now();
+      std::vector<std::vector<double>> fr(NP);  // this repetition's paired fractions by pattern
+      td[r] = 0;
       for (std::int64_t i = 0; i < G; ++i) {
+        const auto s0 = std::chrono::steady_clock::now();
         const std::int64_t t = generate::argmax(logits.data(), V);
         dec.decode(&t, logits.data());
+        if (!paired) continue;
+        const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+        td[r] += step_s;
+        const int pattern = static_cast<int>(i % NP);
+        std::size_t done = 0;
+        const double read_s = gen_detail::timed_read(bw_buf, pattern, step_floats, read_offset, done);
+        const double read_gbps = static_cast<double>(done * sizeof(float)) / read_s / 1e9;
+        fr[static_cast<std::size_t>(pattern)].push_back(step_bytes / step_s / 1e9 / read_gbps);
+        step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
       }
-      td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      if (paired) {
+        rep_fraction[r] = least_median(fr);
+        for (int q = 0; q < NP; ++q) step_fraction[q].insert(step_fraction[q].end(), fr[q].begin(), fr[q].end());
+      } else {
+        td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      }
       pp_rate[r] = static_cast<double>(P) / tp[r];
       tg_rate[r] = static_cast<double>(G) / td[r];
       if (bandwidth) {  // the roofline, measured in the same run on the same threads
@@ -365,11 +450,6 @@ inline int cmd_bench_decode(Args& args) {
         fraction[r] = tg_rate[r] / (bw[r] * 1e9 / step_bytes);
       }
     }
-    const auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      const std::size_t m = v.size() / 2;
-      return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-    };
     const auto pattern_median = [&](double gen_detail::ReadBandwidth::*f) {
       std::vector<double> v;
       for (const auto& x : rb) v.push_back(x.*f);
@@ -410,6 +490,20 @@ inline int cmd_bench_decode(Args& args) {
       if (reps > 1) {
         j["memory_read_gb_per_s_by_repetition"] = bw;
         j["roofline_fraction_by_repetition"] = fraction;
+      }
+      if (paired) {
+        int best = 0;
+        nlohmann::ordered_json by_pattern;
+        for (int q = 0; q < NP; ++q) {
+          if (step_fraction[q].empty()) continue;
+          if (step_fraction[best].empty() || median(step_fraction[q]) < median(step_fraction[best])) best = q;
+          by_pattern[gen_detail::kReadPatternNames[q]] = median(step_fraction[q]);
+        }
+        j["paired_read_pattern"] = gen_detail::kReadPatternNames[best];
+        j["paired_read_gb_per_s"] = median(step_read_gbps[best]);
+        j["roofline_fraction_paired"] = median(step_fraction[best]);
+        j["roofline_fraction_paired_by_pattern"] = by_pattern;
+        if (reps > 1) j["roofline_fraction_paired_by_repetition"] = rep_fraction;
       }
     }
   };
