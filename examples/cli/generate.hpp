@@ -233,6 +233,9 @@ inline constexpr int kReadPatterns = 6;
 inline constexpr const char* kReadPatternNames[kReadPatterns] = {"sequential", "prefetched",   "streams8",
                                                                   "rows8",      "rows8_32k",    "rows8_stream"};
 
+/// Bytes of the buffer the read patterns read: far larger than any cache.
+inline constexpr std::size_t kReadBufferBytes = std::size_t{1} << 30;
+
 /// Floats a thread's part of a read is a multiple of: a whole number of eight-row blocks of
 /// any of the patterns' row lengths.
 inline constexpr std::size_t kReadQuantum =
@@ -313,7 +316,7 @@ inline double timed_read(std::vector<float>& buf, int pattern, std::size_t float
 /// beat it by reading in an order the measurement did not try.
 /// `buf` is the buffer read: empty, it is allocated (`bytes`) and written once, so that
 /// repeated measurements reuse its pages.
-inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = std::size_t{1} << 30) {
+inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = kReadBufferBytes) {
   ensure_read_buffer(buf, bytes);
   const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
   const std::size_t per = buf.size() / parts / kReadQuantum * kReadQuantum;
@@ -337,8 +340,8 @@ inline int cmd_bench_decode(Args& args) {
   generate::GenerateOptions o;
   gen_detail::cache_flags(args, o);
   const MeshDims dims = mesh_flag(args);
-  // --paired-bandwidth: after every decode step, a read of the step's bytes in the best
-  // pattern (docs/benchmarks.md, "Paired with a read after every step").
+  // --paired-bandwidth: after every decode step, a read of the step's bytes, the read patterns
+  // in turn (docs/benchmarks.md, "Paired with a read after every step").
   const bool paired = args.has("--paired-bandwidth");
   const bool bandwidth = args.has("--bandwidth") || paired;
   const std::int64_t reps = args.integer("--repetitions", 1);
@@ -400,18 +403,22 @@ inline int cmd_bench_decode(Args& args) {
     std::size_t read_offset = 0;
     std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
     std::vector<double> rep_fraction(tp.size());
-    if (paired) gen_detail::ensure_read_buffer(bw_buf, std::size_t{1} << 30);
+    if (paired) gen_detail::ensure_read_buffer(bw_buf, gen_detail::kReadBufferBytes);
     const auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       const std::size_t m = v.size() / 2;
       return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
     };
-    // The least of the per-pattern medians (patterns with no step skipped).
-    const auto least_median = [&](const std::vector<std::vector<double>>& by) {
-      double m = std::numeric_limits<double>::infinity();
-      for (const auto& v : by)
-        if (!v.empty()) m = std::min(m, median(v));
+    // Per pattern, the median of its fractions (infinity for a pattern no step followed), and
+    // the pattern whose median is least.
+    const auto pattern_medians = [&](const std::vector<std::vector<double>>& by) {
+      std::vector<double> m(by.size(), std::numeric_limits<double>::infinity());
+      for (std::size_t q = 0; q < by.size(); ++q)
+        if (!by[q].empty()) m[q] = median(by[q]);
       return m;
+    };
+    const auto least = [](const std::vector<double>& m) {
+      return static_cast<std::size_t>(std::min_element(m.begin(), m.end()) - m.begin());
     };
     const std::size_t step_floats = static_cast<std::size_t>(step_bytes / sizeof(float));
     for (std::size_t r = 0; r < tp.size(); ++r) {
@@ -437,7 +444,8 @@ inline int cmd_bench_decode(Args& args) {
         step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
       }
       if (paired) {
-        rep_fraction[r] = least_median(fr);
+        const std::vector<double> m = pattern_medians(fr);
+        rep_fraction[r] = m[least(m)];
         for (int q = 0; q < NP; ++q) step_fraction[q].insert(step_fraction[q].end(), fr[q].begin(), fr[q].end());
       } else {
         td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
@@ -492,16 +500,14 @@ inline int cmd_bench_decode(Args& args) {
         j["roofline_fraction_by_repetition"] = fraction;
       }
       if (paired) {
-        int best = 0;
+        const std::vector<double> m = pattern_medians(step_fraction);
+        const std::size_t best = least(m);
         nlohmann::ordered_json by_pattern;
-        for (int q = 0; q < NP; ++q) {
-          if (step_fraction[q].empty()) continue;
-          if (step_fraction[best].empty() || median(step_fraction[q]) < median(step_fraction[best])) best = q;
-          by_pattern[gen_detail::kReadPatternNames[q]] = median(step_fraction[q]);
-        }
+        for (std::size_t q = 0; q < m.size(); ++q)
+          if (!step_fraction[q].empty()) by_pattern[gen_detail::kReadPatternNames[q]] = m[q];
         j["paired_read_pattern"] = gen_detail::kReadPatternNames[best];
         j["paired_read_gb_per_s"] = median(step_read_gbps[best]);
-        j["roofline_fraction_paired"] = median(step_fraction[best]);
+        j["roofline_fraction_paired"] = m[best];
         j["roofline_fraction_paired_by_pattern"] = by_pattern;
         if (reps > 1) j["roofline_fraction_paired_by_repetition"] = rep_fraction;
       }
