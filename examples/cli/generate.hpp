@@ -12,11 +12,13 @@
 //     devices or under mpirun (rank 0 prints); the mesh is checked before the weights are read.
 //
 //   edl bench decode --model DIR|tiny|small|gqa1b --prompt-len P --gen-len G [--threads T] [--bandwidth]
-//                    [--paired-bandwidth]
+//                    [--paired-bandwidth] [--phase-times]
 //                    [--repetitions N] [--cache standard|int8|paged] [--seed S] [--mesh tp=2,...]
 //     a preset name builds that config with random weights; prints one JSON object with
 //     prefill_tokens_per_s, decode_tokens_per_s (medians over N repetitions, as llama-bench's -r),
 //     peak_bytes (VmHWM), the bytes a decode step reads and the bandwidth that implies.
+//     --phase-times adds phase_seconds_per_token: where the one-device decode step's time goes
+//     (q/k/v, attention, o_proj, gate/up, down, lm_head, barrier waits; per step and thread).
 #pragma once
 
 #include <algorithm>
@@ -344,6 +346,7 @@ inline int cmd_bench_decode(Args& args) {
   // in turn (docs/benchmarks.md, "Paired with a read after every step").
   const bool paired = args.has("--paired-bandwidth");
   const bool bandwidth = args.has("--bandwidth") || paired;
+  const bool phase_times = args.has("--phase-times");
   const std::int64_t reps = args.integer("--repetitions", 1);
   args.finish();
   EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
@@ -354,6 +357,8 @@ inline int cmd_bench_decode(Args& args) {
             " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const DefaultMesh mesh = make_mesh(dims);
+  EDL_CHECK(!phase_times || mesh.size() == 1, errc::unsupported, "edl bench decode",
+            "--phase-times times the one-device decoder's steps: drop --mesh ", mesh_str(dims));
 
   const std::int64_t L = P + G;
   const auto check_length = [&](const models::LlamaConfig& c) {
@@ -429,6 +434,7 @@ inline int cmd_bench_decode(Args& args) {
       const auto t1 = std::chrono::steady_clock::now();
       std::vector<std::vector<double>> fr(NP);  // this repetition's paired fractions by pattern
       td[r] = 0;
+      if constexpr (requires { dec.time_phases(true); }) dec.time_phases(phase_times);  // decode steps only
       for (std::int64_t i = 0; i < G; ++i) {
         const auto s0 = std::chrono::steady_clock::now();
         const std::int64_t t = generate::argmax(logits.data(), V);
@@ -443,6 +449,7 @@ inline int cmd_bench_decode(Args& args) {
         fr[static_cast<std::size_t>(pattern)].push_back(step_bytes / step_s / 1e9 / read_gbps);
         step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
       }
+      if constexpr (requires { dec.time_phases(false); }) dec.time_phases(false);
       if (paired) {
         const std::vector<double> m = pattern_medians(fr);
         rep_fraction[r] = m[least(m)];
@@ -484,6 +491,16 @@ inline int cmd_bench_decode(Args& args) {
     j["mesh"] = mesh_str(dims);
     j["cache_bytes"] = cache_bytes;
     j["scratch_bytes"] = dec.scratch_bytes();
+    if constexpr (requires { dec.phase_seconds(); }) {
+      if (phase_times) {
+        const auto ps = dec.phase_seconds();
+        j["phase_seconds_per_token"] = {{"qkv", ps.qkv},         {"attention", ps.attention},
+                                        {"o_proj", ps.o_proj},   {"gate_up", ps.gate_up},
+                                        {"down", ps.down},       {"lm_head", ps.lm_head},
+                                        {"barrier_wait", ps.barrier_wait}};
+        j["phase_steps"] = ps.steps;
+      }
+    }
     if (bandwidth) {
       using RB = gen_detail::ReadBandwidth;
       j["memory_read_gb_per_s"] = median(bw);

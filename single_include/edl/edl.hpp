@@ -609,9 +609,14 @@ struct Name {
 //
 // An exception thrown by a part or an `after` is kept (the first one), the phase still counts
 // as done so no thread waits forever, and run() rethrows it once the team has left the region.
+//
+// Timing (time_phases): each thread's time per phase, in its parts and at the phase's barrier,
+// summed into a PhaseTimes after the team leaves the region. Off by default; on, it costs three
+// clock reads per phase and thread (`edl bench decode --phase-times`, docs/benchmarks.md).
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -619,6 +624,7 @@ struct Name {
 #include <mutex>
 #include <new>
 #include <utility>
+#include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
@@ -629,7 +635,26 @@ struct Name {
 
 namespace edl::exec {
 
+/// Where the runs of a PhasedRegion spent their time, phase by phase (PhasedRegion::time_phases).
+/// For phase p: work[p], the team's threads' seconds from entering the phase until no part was
+/// left for them (their parts, and `after` on the thread that ran it); wait[p], their seconds
+/// from there until the phase was done (its barrier). Both are summed over the threads and over
+/// the runs; thread_runs sums each run's team size, so work[p] / thread_runs is one thread's
+/// mean per run.
+struct PhaseTimes {
+  std::vector<double> work, wait;
+  std::int64_t runs = 0, thread_runs = 0;
+
+  void clear() {
+    work.clear();
+    wait.clear();
+    runs = thread_runs = 0;
+  }
+};
+
 class PhasedRegion {
+  using Clock = std::chrono::steady_clock;
+
   struct alignas(64) Slot {
     std::atomic<std::int64_t> claimed{0};
     std::atomic<std::int64_t> finished{0};
@@ -647,14 +672,21 @@ class PhasedRegion {
     /// thread when both are done. parts <= 0 runs only after().
     template <class Part, class After>
     void phase(std::int64_t parts, Part&& part, After&& after) {
+      const std::size_t index = next_++;
+      // This thread's two stamps for the phase (work, wait), when the region is timed.
+      double* stamp = region_->times_ && index < region_->timed_phases_
+                          ? region_->stamps_.data() + 2 * (static_cast<std::size_t>(id_) * region_->timed_phases_ + index)
+                          : nullptr;
+      const Clock::time_point t0 = stamp ? Clock::now() : Clock::time_point{};
       if (threads_ <= 1) {  // alone: no counters, exceptions propagate as they are thrown
         for (std::int64_t p = 0; p < parts; ++p) part(p);
         after();
+        if (stamp) stamp[0] += std::chrono::duration<double>(Clock::now() - t0).count();
         return;
       }
-      EDL_CHECK(next_ < region_->capacity_, errc::invalid_argument, "exec::PhasedRegion", "the body ran more than the ",
+      EDL_CHECK(index < region_->capacity_, errc::invalid_argument, "exec::PhasedRegion", "the body ran more than the ",
                 region_->capacity_, " phases run() was given");
-      Slot& s = region_->slots_[next_++];
+      Slot& s = region_->slots_[index];
       const std::int64_t n = std::max<std::int64_t>(parts, 1);  // an empty phase is one part that does nothing
       for (;;) {
         const std::int64_t p = s.claimed.fetch_add(1, std::memory_order_relaxed);
@@ -665,7 +697,12 @@ class PhasedRegion {
           s.done.store(true, std::memory_order_release);
         }
       }
+      const Clock::time_point t1 = stamp ? Clock::now() : Clock::time_point{};
       while (!s.done.load(std::memory_order_acquire)) pause();
+      if (stamp) {
+        stamp[0] += std::chrono::duration<double>(t1 - t0).count();
+        stamp[1] += std::chrono::duration<double>(Clock::now() - t1).count();
+      }
     }
 
     template <class Part>
@@ -690,13 +727,22 @@ class PhasedRegion {
 
   /// Runs body(team) on `threads` team threads (TBB tasks; the caller is one of them), with
   /// room for `max_phases` phases. Allocates only when max_phases grows.
+  /// Times the phases of the following runs into *times (adding to what it holds), or stops
+  /// timing (nullptr). The PhaseTimes must outlive the runs it times.
+  void time_phases(PhaseTimes* times) noexcept { times_ = times; }
+
   template <class Body>
   void run(int threads, std::size_t max_phases, Body&& body) {
     threads = std::max(threads, 1);
+    if (times_) {
+      timed_phases_ = max_phases;
+      stamps_.assign(2 * static_cast<std::size_t>(threads) * max_phases, 0.0);
+    }
     if (threads == 1) {
       exec::detail::ensure_flush_denormals();  // as exec::parallel_for would on this thread
       Team team(this, 0, 1);
       body(team);
+      add_times(threads);
       return;
     }
     if (max_phases > capacity_) {
@@ -715,10 +761,27 @@ class PhasedRegion {
       Team team(this, static_cast<int>(id), threads);
       body(team);
     });
+    add_times(threads);
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
+  // Sums the run's stamps over the threads into *times_.
+  void add_times(int threads) {
+    if (!times_) return;
+    if (times_->work.size() < timed_phases_) {
+      times_->work.resize(timed_phases_, 0.0);
+      times_->wait.resize(timed_phases_, 0.0);
+    }
+    for (int t = 0; t < threads; ++t)
+      for (std::size_t p = 0; p < timed_phases_; ++p) {
+        times_->work[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p)];
+        times_->wait[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p) + 1];
+      }
+    times_->runs += 1;
+    times_->thread_runs += threads;
+  }
+
   template <class F>
   void guarded(F&& f) noexcept {
     try {
@@ -733,6 +796,9 @@ class PhasedRegion {
   std::size_t capacity_ = 0;
   std::mutex error_mu_;
   std::exception_ptr error_;
+  PhaseTimes* times_ = nullptr;  // time_phases
+  std::size_t timed_phases_ = 0;
+  std::vector<double> stamps_;  // [thread][phase][work, wait] of the current run
 };
 
 }  // namespace edl::exec
@@ -11777,6 +11843,37 @@ class Decoder {
     run(logits, nullptr, 0);
   }
 
+  /// Where one-row decode steps (run_one_row: one sequence, no logits of every position) spend
+  /// their time, per step and per team thread, in seconds: the products and attention of all
+  /// layers by kind, the lm_head, and the barrier waits of all phases (docs/benchmarks.md,
+  /// "Where tiny's two-thread step goes").
+  struct PhaseSeconds {
+    double qkv = 0, attention = 0, o_proj = 0, gate_up = 0, down = 0, lm_head = 0, barrier_wait = 0;
+    std::int64_t steps = 0;  // the one-row steps timed
+  };
+
+  /// Times the one-row steps that follow (true) or stops timing them (false); the times add up
+  /// until reset_phase_times(). Off by default: on, a phase costs three clock reads per thread.
+  void time_phases(bool on) { region_->time_phases(on ? phase_times_.get() : nullptr); }
+  void reset_phase_times() { phase_times_->clear(); }
+
+  /// The timed steps' phase times, each a mean per step and per thread.
+  PhaseSeconds phase_seconds() const {
+    PhaseSeconds r;
+    const exec::PhaseTimes& t = *phase_times_;
+    r.steps = t.runs;
+    if (t.thread_runs == 0) return r;
+    const std::size_t layers = m_.model.layers.size();
+    double* kind[5] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
+    for (std::size_t p = 0; p < t.work.size(); ++p) {
+      *(p < kPhasesPerLayer * layers ? kind[p % kPhasesPerLayer] : &r.lm_head) += t.work[p];
+      r.barrier_wait += t.wait[p];
+    }
+    const double n = static_cast<double>(t.thread_runs);
+    for (double* v : {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down, &r.lm_head, &r.barrier_wait}) *v /= n;
+    return r;
+  }
+
   /// Largest scratch (bytes) the decoder holds.
   std::int64_t scratch_bytes() const noexcept {
     return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
@@ -11929,7 +12026,7 @@ class Decoder {
                                  [](const kernels::detail::fbatch& a, const kernels::detail::fbatch& b) { return a + b; },
                                  x_.data(), static_cast<const float*>(x_.data()), static_cast<const float*>(o_.data()));
     };
-    region_->run(static_cast<int>(threads), 5 * layers + 1, [&](exec::PhasedRegion::Team& team) {
+    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
       float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
       for (std::size_t l = 0; l < layers; ++l) {
         const auto& L = m_.model.layers[l];
@@ -12012,7 +12109,11 @@ class Decoder {
   RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<float> nt_;  // run_one_row: each thread's normalised x
+  // run_one_row's phases per layer, in order: q/k/v, attention, o_proj, gate/up, down (then one
+  // for the lm_head after the last layer); phase_seconds() names them by this order.
+  static constexpr std::size_t kPhasesPerLayer = 5;
   std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // a Decoder stays movable
+  std::unique_ptr<exec::PhaseTimes> phase_times_ = std::make_unique<exec::PhaseTimes>();  // region_ points here
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_, single_;
   std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run

@@ -1,8 +1,10 @@
 // tests/core/test_phased_region.cpp: a phased region runs every part once, in phase order,
-// on any team size (also larger than the TBB pool), and reports what its parts throw.
+// on any team size (also larger than the TBB pool), reports what its parts throw, and times
+// its phases when asked.
 #include <edl/core/phased_region.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 #include <stdexcept>
@@ -104,6 +106,55 @@ TEST(PhasedRegion, MorePhasesThanReservedIsAnError) {
     FAIL() << "expected edl::Error";
   } catch (const edl::Error& e) {
     EXPECT_NE(std::string(e.what()).find("2 phases"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PhasedRegion, TimedPhasesAccountForTheirPartsAndStayWithinTheRun) {
+  // Phase 0's one part spins for 3 ms, phase 1 has one empty part per thread, phase 2 none:
+  // each thread's stamps are disjoint intervals inside the run, so over the team they add up
+  // to at most threads x the run's wall time; phase 0's work holds the spin; on one thread
+  // nothing waits. Timing adds across runs until cleared, and a run without it adds nothing.
+  using Clock = std::chrono::steady_clock;
+  const auto spin = [](double s) {
+    const auto end = Clock::now() + std::chrono::duration<double>(s);
+    while (Clock::now() < end) {
+    }
+  };
+  for (const int threads : {1, 2, 3}) {
+    PhasedRegion region;
+    edl::exec::PhaseTimes times;
+    region.time_phases(&times);
+    double wall = 0;
+    for (int run = 0; run < 2; ++run) {
+      const auto t0 = Clock::now();
+      region.run(threads, 4, [&](PhasedRegion::Team& team) {
+        team.phase(1, [&](std::int64_t) { spin(3e-3); });
+        team.phase(team.threads(), [](std::int64_t) {});
+        team.phase(0, [](std::int64_t) {});
+      });
+      wall += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    ASSERT_EQ(times.work.size(), 4u) << threads << " threads";
+    EXPECT_EQ(times.runs, 2);
+    EXPECT_EQ(times.thread_runs, 2 * threads);
+    EXPECT_GE(times.work[0], 2 * 3e-3) << threads << " threads";
+    double total = 0;
+    for (std::size_t p = 0; p < 4; ++p) {
+      EXPECT_GE(times.work[p], 0.0);
+      EXPECT_GE(times.wait[p], 0.0);
+      total += times.work[p] + times.wait[p];
+      if (threads == 1) {
+        EXPECT_EQ(times.wait[p], 0.0) << "phase " << p;
+      }
+    }
+    EXPECT_EQ(times.work[3], 0.0);  // the body ran three phases of the four reserved
+    EXPECT_LE(total, threads * wall * 1.001) << threads << " threads";
+
+    const edl::exec::PhaseTimes before = times;
+    region.time_phases(nullptr);
+    region.run(threads, 4, [&](PhasedRegion::Team& team) { team.phase(1, [&](std::int64_t) { spin(1e-3); }); });
+    EXPECT_EQ(times.work, before.work);
+    EXPECT_EQ(times.runs, 2);
   }
 }
 

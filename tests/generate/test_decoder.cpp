@@ -1,6 +1,7 @@
 // tests/generate/test_decoder.cpp: the incremental decoder equals the full forward.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -96,6 +97,34 @@ TEST_P(DecoderVariants, DecodeIsTheSameOnAnyThreadCount) {
   for (const int threads : {2, 3}) {
     const auto many = decode_all(threads);
     for (std::size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], many[i]) << threads << " threads, logit " << i;
+  }
+  // Timed steps (time_phases) give the same logits; every kind of phase took time, the G
+  // one-row steps were counted (prefill is not one row), and one thread's mean phases fit in
+  // the steps' wall time.
+  for (const int threads : {1, 2}) {
+    exec::set_num_threads(threads);
+    StandardKVCache cache(kv_cache_shape(cfg, 1, 24));
+    Decoder dec(m, cache);
+    std::vector<float> out(static_cast<std::size_t>((G + 1) * V));
+    dec.prefill(ids.data(), P, nullptr, out.data());
+    dec.time_phases(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t t = 0; t < G; ++t) dec.decode(ids.data() + P + t, out.data() + (t + 1) * V);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    dec.time_phases(false);
+    for (std::size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], out[i]) << "timed, " << threads << " threads, logit " << i;
+    const auto ps = dec.phase_seconds();
+    EXPECT_EQ(ps.steps, G);
+    for (const double s : {ps.qkv, ps.attention, ps.o_proj, ps.gate_up, ps.down, ps.lm_head}) EXPECT_GT(s, 0.0);
+    if (threads == 1) {
+      EXPECT_EQ(ps.barrier_wait, 0.0);
+    }
+    const double sum = ps.qkv + ps.attention + ps.o_proj + ps.gate_up + ps.down + ps.lm_head + ps.barrier_wait;
+    EXPECT_LE(sum * static_cast<double>(G), wall * 1.001) << threads << " threads";
+    dec.decode(ids.data(), out.data());  // not timed
+    EXPECT_EQ(dec.phase_seconds().steps, G);
+    dec.reset_phase_times();
+    EXPECT_EQ(dec.phase_seconds().steps, 0);
   }
   exec::set_num_threads(threads_before);
   // Two sequences at once: the same prompt twice, left to the general path.

@@ -29,10 +29,15 @@
 //
 // An exception thrown by a part or an `after` is kept (the first one), the phase still counts
 // as done so no thread waits forever, and run() rethrows it once the team has left the region.
+//
+// Timing (time_phases): each thread's time per phase, in its parts and at the phase's barrier,
+// summed into a PhaseTimes after the team leaves the region. Off by default; on, it costs three
+// clock reads per phase and thread (`edl bench decode --phase-times`, docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -40,6 +45,7 @@
 #include <mutex>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
@@ -50,7 +56,26 @@
 
 namespace edl::exec {
 
+/// Where the runs of a PhasedRegion spent their time, phase by phase (PhasedRegion::time_phases).
+/// For phase p: work[p], the team's threads' seconds from entering the phase until no part was
+/// left for them (their parts, and `after` on the thread that ran it); wait[p], their seconds
+/// from there until the phase was done (its barrier). Both are summed over the threads and over
+/// the runs; thread_runs sums each run's team size, so work[p] / thread_runs is one thread's
+/// mean per run.
+struct PhaseTimes {
+  std::vector<double> work, wait;
+  std::int64_t runs = 0, thread_runs = 0;
+
+  void clear() {
+    work.clear();
+    wait.clear();
+    runs = thread_runs = 0;
+  }
+};
+
 class PhasedRegion {
+  using Clock = std::chrono::steady_clock;
+
   struct alignas(64) Slot {
     std::atomic<std::int64_t> claimed{0};
     std::atomic<std::int64_t> finished{0};
@@ -68,14 +93,21 @@ class PhasedRegion {
     /// thread when both are done. parts <= 0 runs only after().
     template <class Part, class After>
     void phase(std::int64_t parts, Part&& part, After&& after) {
+      const std::size_t index = next_++;
+      // This thread's two stamps for the phase (work, wait), when the region is timed.
+      double* stamp = region_->times_ && index < region_->timed_phases_
+                          ? region_->stamps_.data() + 2 * (static_cast<std::size_t>(id_) * region_->timed_phases_ + index)
+                          : nullptr;
+      const Clock::time_point t0 = stamp ? Clock::now() : Clock::time_point{};
       if (threads_ <= 1) {  // alone: no counters, exceptions propagate as they are thrown
         for (std::int64_t p = 0; p < parts; ++p) part(p);
         after();
+        if (stamp) stamp[0] += std::chrono::duration<double>(Clock::now() - t0).count();
         return;
       }
-      EDL_CHECK(next_ < region_->capacity_, errc::invalid_argument, "exec::PhasedRegion", "the body ran more than the ",
+      EDL_CHECK(index < region_->capacity_, errc::invalid_argument, "exec::PhasedRegion", "the body ran more than the ",
                 region_->capacity_, " phases run() was given");
-      Slot& s = region_->slots_[next_++];
+      Slot& s = region_->slots_[index];
       const std::int64_t n = std::max<std::int64_t>(parts, 1);  // an empty phase is one part that does nothing
       for (;;) {
         const std::int64_t p = s.claimed.fetch_add(1, std::memory_order_relaxed);
@@ -86,7 +118,12 @@ class PhasedRegion {
           s.done.store(true, std::memory_order_release);
         }
       }
+      const Clock::time_point t1 = stamp ? Clock::now() : Clock::time_point{};
       while (!s.done.load(std::memory_order_acquire)) pause();
+      if (stamp) {
+        stamp[0] += std::chrono::duration<double>(t1 - t0).count();
+        stamp[1] += std::chrono::duration<double>(Clock::now() - t1).count();
+      }
     }
 
     template <class Part>
@@ -111,13 +148,22 @@ class PhasedRegion {
 
   /// Runs body(team) on `threads` team threads (TBB tasks; the caller is one of them), with
   /// room for `max_phases` phases. Allocates only when max_phases grows.
+  /// Times the phases of the following runs into *times (adding to what it holds), or stops
+  /// timing (nullptr). The PhaseTimes must outlive the runs it times.
+  void time_phases(PhaseTimes* times) noexcept { times_ = times; }
+
   template <class Body>
   void run(int threads, std::size_t max_phases, Body&& body) {
     threads = std::max(threads, 1);
+    if (times_) {
+      timed_phases_ = max_phases;
+      stamps_.assign(2 * static_cast<std::size_t>(threads) * max_phases, 0.0);
+    }
     if (threads == 1) {
       exec::detail::ensure_flush_denormals();  // as exec::parallel_for would on this thread
       Team team(this, 0, 1);
       body(team);
+      add_times(threads);
       return;
     }
     if (max_phases > capacity_) {
@@ -136,10 +182,27 @@ class PhasedRegion {
       Team team(this, static_cast<int>(id), threads);
       body(team);
     });
+    add_times(threads);
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
+  // Sums the run's stamps over the threads into *times_.
+  void add_times(int threads) {
+    if (!times_) return;
+    if (times_->work.size() < timed_phases_) {
+      times_->work.resize(timed_phases_, 0.0);
+      times_->wait.resize(timed_phases_, 0.0);
+    }
+    for (int t = 0; t < threads; ++t)
+      for (std::size_t p = 0; p < timed_phases_; ++p) {
+        times_->work[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p)];
+        times_->wait[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p) + 1];
+      }
+    times_->runs += 1;
+    times_->thread_runs += threads;
+  }
+
   template <class F>
   void guarded(F&& f) noexcept {
     try {
@@ -154,6 +217,9 @@ class PhasedRegion {
   std::size_t capacity_ = 0;
   std::mutex error_mu_;
   std::exception_ptr error_;
+  PhaseTimes* times_ = nullptr;  // time_phases
+  std::size_t timed_phases_ = 0;
+  std::vector<double> stamps_;  // [thread][phase][work, wait] of the current run
 };
 
 }  // namespace edl::exec

@@ -635,6 +635,37 @@ class Decoder {
     run(logits, nullptr, 0);
   }
 
+  /// Where one-row decode steps (run_one_row: one sequence, no logits of every position) spend
+  /// their time, per step and per team thread, in seconds: the products and attention of all
+  /// layers by kind, the lm_head, and the barrier waits of all phases (docs/benchmarks.md,
+  /// "Where tiny's two-thread step goes").
+  struct PhaseSeconds {
+    double qkv = 0, attention = 0, o_proj = 0, gate_up = 0, down = 0, lm_head = 0, barrier_wait = 0;
+    std::int64_t steps = 0;  // the one-row steps timed
+  };
+
+  /// Times the one-row steps that follow (true) or stops timing them (false); the times add up
+  /// until reset_phase_times(). Off by default: on, a phase costs three clock reads per thread.
+  void time_phases(bool on) { region_->time_phases(on ? phase_times_.get() : nullptr); }
+  void reset_phase_times() { phase_times_->clear(); }
+
+  /// The timed steps' phase times, each a mean per step and per thread.
+  PhaseSeconds phase_seconds() const {
+    PhaseSeconds r;
+    const exec::PhaseTimes& t = *phase_times_;
+    r.steps = t.runs;
+    if (t.thread_runs == 0) return r;
+    const std::size_t layers = m_.model.layers.size();
+    double* kind[5] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
+    for (std::size_t p = 0; p < t.work.size(); ++p) {
+      *(p < kPhasesPerLayer * layers ? kind[p % kPhasesPerLayer] : &r.lm_head) += t.work[p];
+      r.barrier_wait += t.wait[p];
+    }
+    const double n = static_cast<double>(t.thread_runs);
+    for (double* v : {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down, &r.lm_head, &r.barrier_wait}) *v /= n;
+    return r;
+  }
+
   /// Largest scratch (bytes) the decoder holds.
   std::int64_t scratch_bytes() const noexcept {
     return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
@@ -787,7 +818,7 @@ class Decoder {
                                  [](const kernels::detail::fbatch& a, const kernels::detail::fbatch& b) { return a + b; },
                                  x_.data(), static_cast<const float*>(x_.data()), static_cast<const float*>(o_.data()));
     };
-    region_->run(static_cast<int>(threads), 5 * layers + 1, [&](exec::PhasedRegion::Team& team) {
+    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
       float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
       for (std::size_t l = 0; l < layers; ++l) {
         const auto& L = m_.model.layers[l];
@@ -870,7 +901,11 @@ class Decoder {
   RopeTable rope_;
   std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
   std::vector<float> nt_;  // run_one_row: each thread's normalised x
+  // run_one_row's phases per layer, in order: q/k/v, attention, o_proj, gate/up, down (then one
+  // for the lm_head after the last layer); phase_seconds() names them by this order.
+  static constexpr std::size_t kPhasesPerLayer = 5;
   std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // a Decoder stays movable
+  std::unique_ptr<exec::PhaseTimes> phase_times_ = std::make_unique<exec::PhaseTimes>();  // region_ points here
   std::vector<Row> rows_;
   std::vector<std::int64_t> last_, need_, single_;
   std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run
