@@ -95,9 +95,7 @@ class PhasedRegion {
     void phase(std::int64_t parts, Part&& part, After&& after) {
       const std::size_t index = next_++;
       // This thread's two stamps for the phase (work, wait), when the region is timed.
-      double* stamp = region_->times_ && index < region_->timed_phases_
-                          ? region_->stamps_.data() + 2 * (static_cast<std::size_t>(id_) * region_->timed_phases_ + index)
-                          : nullptr;
+      double* stamp = region_->times_ && index < region_->timed_phases_ ? region_->stamp(id_, index) : nullptr;
       const Clock::time_point t0 = stamp ? Clock::now() : Clock::time_point{};
       if (threads_ <= 1) {  // alone: no counters, exceptions propagate as they are thrown
         for (std::int64_t p = 0; p < parts; ++p) part(p);
@@ -146,12 +144,12 @@ class PhasedRegion {
     std::size_t next_ = 0;
   };
 
-  /// Runs body(team) on `threads` team threads (TBB tasks; the caller is one of them), with
-  /// room for `max_phases` phases. Allocates only when max_phases grows.
   /// Times the phases of the following runs into *times (adding to what it holds), or stops
   /// timing (nullptr). The PhaseTimes must outlive the runs it times.
   void time_phases(PhaseTimes* times) noexcept { times_ = times; }
 
+  /// Runs body(team) on `threads` team threads (TBB tasks; the caller is one of them), with
+  /// room for `max_phases` phases. Allocates only when max_phases grows.
   template <class Body>
   void run(int threads, std::size_t max_phases, Body&& body) {
     threads = std::max(threads, 1);
@@ -187,6 +185,11 @@ class PhasedRegion {
   }
 
  private:
+  // Thread t's two stamps (work, wait) for phase p of the current timed run.
+  double* stamp(int t, std::size_t p) noexcept {
+    return stamps_.data() + 2 * (static_cast<std::size_t>(t) * timed_phases_ + p);
+  }
+
   // Sums the run's stamps over the threads into *times_.
   void add_times(int threads) {
     if (!times_) return;
@@ -196,8 +199,9 @@ class PhasedRegion {
     }
     for (int t = 0; t < threads; ++t)
       for (std::size_t p = 0; p < timed_phases_; ++p) {
-        times_->work[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p)];
-        times_->wait[p] += stamps_[2 * (static_cast<std::size_t>(t) * timed_phases_ + p) + 1];
+        const double* st = stamp(t, p);
+        times_->work[p] += st[0];
+        times_->wait[p] += st[1];
       }
     times_->runs += 1;
     times_->thread_runs += threads;

@@ -656,7 +656,7 @@ class Decoder {
     r.steps = t.runs;
     if (t.thread_runs == 0) return r;
     const std::size_t layers = m_.model.layers.size();
-    double* kind[5] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
+    double* kind[kPhasesPerLayer] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
     for (std::size_t p = 0; p < t.work.size(); ++p) {
       *(p < kPhasesPerLayer * layers ? kind[p % kPhasesPerLayer] : &r.lm_head) += t.work[p];
       r.barrier_wait += t.wait[p];
