@@ -1,7 +1,7 @@
 // bench/llama_cpp/llama_bench.mjs: llama.cpp's prefill and decode rates on the shapes of
 // `edl bench decode`, on this machine, for side-by-side figures (docs/benchmarks.md).
 //
-//   node llama_bench.mjs --model tiny|small|gqa1b --prompt-len P --gen-len G --threads T [--dir D]
+//   node llama_bench.mjs --model tiny|small|gqa1b --prompt-len P --gen-len G --threads T [--dir D] [--mmap 0|1]
 //
 // llama.cpp comes from the npm package node-llama-cpp (prebuilt CPU libraries that pick the
 // best kernels for the CPU at load time: AVX2 "haswell", AVX-512 "skylakex", ...). The model is
@@ -9,6 +9,10 @@
 // shapes and a placeholder 32000-token vocabulary): speed does not depend on the values.
 // Prints one JSON line with the field names of `edl bench decode`: prefill_tokens_per_s (pp)
 // and decode_tokens_per_s (tg, greedy, after the prompt).
+// --mmap 1 (the default, as llama-bench's) maps the GGUF file; --mmap 0 reads it into memory
+// first. On a Zen 5 EPYC, gqa1b decoded 3-5x faster with --mmap 0 (its 4.4 GB read through the
+// file mapping was the slow part), so figures there use llama.cpp's faster setting
+// (docs/benchmarks.md).
 import fs from "node:fs";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";
@@ -149,7 +153,7 @@ const file = path.join(dir, `${o.model}-f32.gguf`);
 if (!fs.existsSync(file)) writeGguf(file, c);
 
 const llama = await getLlama({ gpu: false, build: "never", logLevel: process.env.LLAMA_LOG ?? "error", maxThreads: 0 });
-const model = await llama.loadModel({ modelPath: file, gpuLayers: 0, useMmap: true });
+const model = await llama.loadModel({ modelPath: file, gpuLayers: 0, useMmap: (o.mmap ?? "1") !== "0" });
 const context = await model.createContext({ contextSize: Math.max(P + G, 32), batchSize: Math.max(P, 1), threads, sequences: 1 });
 const seq = context.getSequence();
 const prompt = [];

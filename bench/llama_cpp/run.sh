@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/llama_cpp/run.sh: llama.cpp's pp and tg on edl's preset shapes (docs/benchmarks.md).
-#   bash bench/llama_cpp/run.sh --model tiny --prompt-len 128 --gen-len 128 --threads 2
+#   bash bench/llama_cpp/run.sh --model tiny --prompt-len 128 --gen-len 128 --threads 2 [--mmap 0]
 # Installs node-llama-cpp (prebuilt llama.cpp CPU libraries) into bench/llama_cpp/node_modules
 # on first use; GGUF models are written to bench/llama_cpp/models/ (neither is committed).
 set -euo pipefail
