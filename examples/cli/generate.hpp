@@ -82,7 +82,9 @@ inline std::vector<std::int64_t> parse_token_list(const std::string& s, const st
   return parse_int_list(s, flag);
 }
 
-inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
+/// The model in HF folder `dir`; its weights on transparent huge pages unless `huge_pages` is
+/// false (`edl bench decode --no-huge-pages`: the same run without them, for comparison).
+inline models::LlamaForCausalLM<> load_model(const std::string& dir, bool huge_pages = true) {
 #ifdef EDL_CLI_HAS_PRETRAINED
   auto m = models::from_pretrained<>(dir);
 #else
@@ -90,7 +92,7 @@ inline models::LlamaForCausalLM<> load_model(const std::string& dir) {
   models::LlamaForCausalLM<> m(cfg);
   nn::load_params(m, io::SafeTensorsFile::open((std::filesystem::path(dir) / "model.safetensors").string()));
 #endif
-  nn::advise_huge_pages(m);  // decode reads every weight each token (docs/benchmarks.md)
+  if (huge_pages) nn::advise_huge_pages(m);  // decode reads every weight each token (docs/benchmarks.md)
   return m;
 }
 
@@ -101,15 +103,16 @@ inline std::optional<models::LlamaConfig> preset_config(const std::string& name)
   return std::nullopt;
 }
 
-/// A preset name (tiny, small, gqa1b: random weights from Key `seed`) or a HF folder.
-inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed) {
+/// A preset name (tiny, small, gqa1b: random weights from Key `seed`) or a HF folder; the
+/// weights on huge pages as load_model's.
+inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed, bool huge_pages = true) {
   if (const auto cfg = preset_config(name)) {
     models::LlamaForCausalLM<> m(*cfg);
     m.init(Key::from_seed(seed));
-    nn::advise_huge_pages(m);
+    if (huge_pages) nn::advise_huge_pages(m);
     return m;
   }
-  return load_model(name);
+  return load_model(name, huge_pages);
 }
 
 /// `len` uniform random token ids below V, stream `stream` of Key `seed`.
@@ -347,6 +350,7 @@ inline int cmd_bench_decode(Args& args) {
   const bool paired = args.has("--paired-bandwidth");
   const bool bandwidth = args.has("--bandwidth") || paired;
   const bool phase_times = args.has("--phase-times");
+  const bool huge_pages = !args.has("--no-huge-pages");
   const std::int64_t reps = args.integer("--repetitions", 1);
   args.finish();
   EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
@@ -355,7 +359,6 @@ inline int cmd_bench_decode(Args& args) {
   EDL_CHECK(!paired || G >= gen_detail::kReadPatterns, errc::invalid_argument, "edl bench decode",
             "--paired-bandwidth pairs the steps with the ", gen_detail::kReadPatterns,
             " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
-  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const DefaultMesh mesh = make_mesh(dims);
   EDL_CHECK(!phase_times || mesh.size() == 1, errc::unsupported, "edl bench decode",
             "--phase-times times the one-device decoder's steps: drop --mesh ", mesh_str(dims));
@@ -367,7 +370,11 @@ inline int cmd_bench_decode(Args& args) {
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
-  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
+  // The weights are drawn or read on every core, whatever --threads: a preset's values do not
+  // depend on the thread count (nn::init_params), and gqa1b's 1.1 G draws take over a minute
+  // on one thread. --threads limits what is measured.
+  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed, huge_pages);
+  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
@@ -473,6 +480,7 @@ inline int cmd_bench_decode(Args& args) {
     j["model"] = name;
     j["cache"] = args.str("--cache", "standard");
     j["threads"] = exec::num_threads();
+    j["huge_pages"] = huge_pages;
     j["prompt_len"] = P;
     j["gen_len"] = G;
     j["repetitions"] = reps;
