@@ -10,9 +10,8 @@
 // Prints one JSON line with the field names of `edl bench decode`: prefill_tokens_per_s (pp)
 // and decode_tokens_per_s (tg, greedy, after the prompt).
 // --mmap 1 (the default, as llama-bench's) maps the GGUF file; --mmap 0 reads it into memory
-// first. On a Zen 5 EPYC, gqa1b decoded 3-5x faster with --mmap 0 (its 4.4 GB read through the
-// file mapping was the slow part), so figures there use llama.cpp's faster setting
-// (docs/benchmarks.md).
+// first. On a Zen 5 EPYC, decode ran 3-5x faster with --mmap 0 on gqa1b and 1.6x on small,
+// so figures there use llama.cpp's faster setting (docs/benchmarks.md).
 import fs from "node:fs";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";

@@ -73,10 +73,7 @@ inline int cmd_bench_serve(Args& args) {
             " and ", G);
   EDL_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
   EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
-  // The weights are drawn or read on every core, as in `edl bench decode`; --threads limits
-  // what is measured.
-  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed);
-  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+  const models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size, L = P + G;
   EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,

@@ -115,6 +115,17 @@ inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::u
   return load_model(name, huge_pages);
 }
 
+/// preset_or_load before --threads applies, then `threads` (when > 0) for what follows: the
+/// benchmarks draw or read their model on every core and limit only what they measure. A
+/// preset's values do not depend on the thread count (nn::init_params), and gqa1b's 1.1 G draws
+/// take over a minute on one thread.
+inline models::LlamaForCausalLM<> load_then_limit_threads(const std::string& name, std::uint64_t seed,
+                                                          std::int64_t threads, bool huge_pages = true) {
+  auto m = preset_or_load(name, seed, huge_pages);
+  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+  return m;
+}
+
 /// `len` uniform random token ids below V, stream `stream` of Key `seed`.
 inline std::vector<std::int64_t> random_prompt(std::int64_t len, std::int64_t V, std::uint64_t seed, std::uint32_t stream) {
   std::vector<std::int64_t> p(static_cast<std::size_t>(len));
@@ -370,11 +381,7 @@ inline int cmd_bench_decode(Args& args) {
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
-  // The weights are drawn or read on every core, whatever --threads: a preset's values do not
-  // depend on the thread count (nn::init_params), and gqa1b's 1.1 G draws take over a minute
-  // on one thread. --threads limits what is measured.
-  const models::LlamaForCausalLM<> model = gen_detail::preset_or_load(name, seed, huge_pages);
-  if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
+  const models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
