@@ -85,7 +85,8 @@ void bm_openblas(benchmark::State& state, Shape s, int threads, bool nt) {
 /// through the decoder's own entry (linear_nt with one row: matvec_group), as "GB/s" of weights.
 void bm_matvec(benchmark::State& state, i64 K, int threads) {
   const i64 N = (i64{256} << 20) / 4 / K;
-  const std::vector<float> W(static_cast<std::size_t>(N * K), 0.001f), x = random_vec<float>(K, 1);
+  const edl::aligned_vector<float> W(static_cast<std::size_t>(N * K), 0.001f);  // on a line, as a model's
+  const std::vector<float> x = random_vec<float>(K, 1);
   edl::advise_huge_pages(W.data(), W.size() * sizeof(float));  // as the edl tool's served weights
   std::vector<float> y(static_cast<std::size_t>(N));
   edl::exec::set_num_threads(threads);
@@ -103,7 +104,7 @@ void bm_matvec(benchmark::State& state, i64 K, int threads) {
 void bm_read_rows8(benchmark::State& state, int threads) {
   constexpr std::size_t S = edl::generate::detail::kStreams, len = edl::generate::detail::kStreamBytes / sizeof(float);
   const std::size_t n = (std::size_t{256} << 20) / 4, per = n / static_cast<std::size_t>(threads) / (S * len) * (S * len);
-  const std::vector<float> buf(n, 0.001f);
+  const edl::aligned_vector<float> buf(n, 0.001f);
   edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));
   std::vector<float> sums(static_cast<std::size_t>(threads));
   edl::exec::set_num_threads(threads);
@@ -119,11 +120,13 @@ void bm_read_rows8(benchmark::State& state, int threads) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
-/// A decode step's products (f32, one thread count) over a config's weights laid out three ways:
-/// every matrix its own allocation (as the model holds them), each layer's seven matrices back
-/// to back in one allocation, or one matrix [total / H, H] of the same bytes. Whether moving
-/// from one matrix to the next, or from one allocation to the next, costs reads ("GB/s").
-enum class Layout { separate, per_layer, one_matrix };
+/// A decode step's products (f32, one thread count) over a config's weights laid out four ways:
+/// every matrix its own allocation starting on a cache line (as the model holds them,
+/// nn::ParamTensor), the same 16 bytes past a line (where glibc's malloc put three in four),
+/// each layer's seven matrices back to back in one allocation, or one matrix [total / H, H] of
+/// the same bytes. Whether a matrix's alignment, or moving from one matrix or allocation to the
+/// next, costs reads ("GB/s").
+enum class Layout { separate, separate_off16, per_layer, one_matrix };
 void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, int threads) {
   const bool tiny = std::string(cfg) == "tiny";
   const i64 H = tiny ? 288 : 768, I = tiny ? 768 : 2048, L = tiny ? 6 : 12, V = 32000;
@@ -131,26 +134,29 @@ void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, i
   i64 per_layer = 0;
   for (const auto& m : layer) per_layer += m[0] * m[1];
   const i64 total = per_layer * L + V * H;
-  std::vector<std::vector<float>> blocks;  // separate: 7 L + 1; per_layer: L + 1; one_matrix: 1
+  // separate: 7 L + 1 blocks; per_layer: L + 1; one_matrix: 1. Each block starts on a cache
+  // line; separate_off16's matrices start 4 floats into theirs.
+  std::vector<edl::aligned_vector<float>> blocks;
+  const i64 skip = layout == Layout::separate_off16 ? 4 : 0;
+  const auto block = [&](i64 n) { return blocks.emplace_back(static_cast<std::size_t>(n + skip), 0.001f).data() + skip; };
   struct Product {
     const float* w;
     i64 n, k;
   };
   std::vector<Product> step;  // the products of one decode step, in order, wherever they live
   if (layout == Layout::one_matrix) {
-    blocks.emplace_back(static_cast<std::size_t>(total), 0.001f);
-    step.push_back({blocks[0].data(), total / H, H});
+    step.push_back({block(total), total / H, H});
   } else {
+    const bool own = layout != Layout::per_layer;
     for (i64 l = 0; l < L; ++l) {
-      if (layout == Layout::per_layer) blocks.emplace_back(static_cast<std::size_t>(per_layer), 0.001f);
-      const float* w = layout == Layout::per_layer ? blocks.back().data() : nullptr;
+      const float* w = own ? nullptr : block(per_layer);
       for (const auto& m : layer) {
-        if (layout == Layout::separate) w = blocks.emplace_back(static_cast<std::size_t>(m[0] * m[1]), 0.001f).data();
+        if (own) w = block(m[0] * m[1]);
         step.push_back({w, m[0], m[1]});
         w += m[0] * m[1];
       }
     }
-    step.push_back({blocks.emplace_back(static_cast<std::size_t>(V * H), 0.001f).data(), V, H});
+    step.push_back({block(V * H), V, H});
   }
   for (const auto& blk : blocks) edl::advise_huge_pages(blk.data(), blk.size() * sizeof(float));
   const std::vector<float> x = random_vec<float>(I, 1);
@@ -220,8 +226,9 @@ void register_decode() {
       benchmark::RegisterBenchmark(("matvec_f32/edl/K:" + std::to_string(K) + suffix).c_str(), bm_matvec, K, t)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
     for (const char* cfg : {"tiny", "small"})
-      for (const auto& [name, layout] : {std::pair{"separate", Layout::separate}, std::pair{"per_layer", Layout::per_layer},
-                                         std::pair{"one_matrix", Layout::one_matrix}})
+      for (const auto& [name, layout] :
+           {std::pair{"separate", Layout::separate}, std::pair{"separate_off16", Layout::separate_off16},
+            std::pair{"per_layer", Layout::per_layer}, std::pair{"one_matrix", Layout::one_matrix}})
         benchmark::RegisterBenchmark(("matvec_f32/layers/" + std::string(cfg) + "/" + name + suffix).c_str(),
                                      bm_matvec_layers, cfg, layout, t)
             ->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -289,7 +289,7 @@ inline float read_pattern(int pattern, const float* x, std::size_t per) {
 
 /// A read buffer far larger than the caches, written once (its pages exist before any timing)
 /// and on huge pages as the served model's weights are.
-inline void ensure_read_buffer(std::vector<float>& buf, std::size_t bytes) {
+inline void ensure_read_buffer(aligned_vector<float>& buf, std::size_t bytes) {
   if (!buf.empty()) return;
   buf.assign(bytes / sizeof(float) / kReadQuantum * kReadQuantum, 1.0f);
   edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));
@@ -299,7 +299,7 @@ inline void ensure_read_buffer(std::vector<float>& buf, std::size_t bytes) {
 /// from float `offset` on (wrapping to the start where the buffer ends; offset moves past what
 /// was read, so consecutive calls never read what the caches still hold). Returns the floats
 /// read (floats rounded to whole kReadQuantum parts, at least one per thread) in `done`.
-inline double timed_read(std::vector<float>& buf, int pattern, std::size_t floats, std::size_t& offset,
+inline double timed_read(aligned_vector<float>& buf, int pattern, std::size_t floats, std::size_t& offset,
                          std::size_t& done) {
   const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
   const std::size_t slice = parts * kReadQuantum;                     // the least one call reads
@@ -332,7 +332,7 @@ inline double timed_read(std::vector<float>& buf, int pattern, std::size_t float
 /// beat it by reading in an order the measurement did not try.
 /// `buf` is the buffer read: empty, it is allocated (`bytes`) and written once, so that
 /// repeated measurements reuse its pages.
-inline ReadBandwidth measure_read_bandwidth(std::vector<float>& buf, std::size_t bytes = kReadBufferBytes) {
+inline ReadBandwidth measure_read_bandwidth(aligned_vector<float>& buf, std::size_t bytes = kReadBufferBytes) {
   ensure_read_buffer(buf, bytes);
   const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
   const std::size_t per = buf.size() / parts / kReadQuantum * kReadQuantum;
@@ -413,7 +413,7 @@ inline int cmd_bench_decode(Args& args) {
     const double step_bytes = wbytes + kv_per_tok * mean_ctx;
     std::vector<double> tp(static_cast<std::size_t>(reps)), td(tp), pp_rate(tp), tg_rate(tp), bw(tp), fraction(tp);
     std::vector<gen_detail::ReadBandwidth> rb(tp.size());
-    std::vector<float> bw_buf;
+    aligned_vector<float> bw_buf;  // on cache lines, as the weights (nn::ParamTensor)
     // Paired: step i is followed by a read of step_bytes in pattern i % kReadPatterns, and
     // fraction = (step_bytes / step seconds) / (read bytes / read seconds). Per pattern, the
     // median over the steps it followed; the figure is the least of them (the pattern that

@@ -15,8 +15,8 @@
 // edl/core/all.hpp: umbrella of the core layer (vocabulary types every other layer uses).
 // #include <edl/core/allocator.hpp>
 // edl/core/allocator.hpp
-// Process-wide malloc settings for training loops, and huge pages for weights that are read
-// in full every step.
+// Process-wide malloc settings for training loops, huge pages for weights that are read in
+// full every step, and cache-line-aligned storage for what decode streams.
 //
 // A training step allocates and frees the same large activation buffers every step. glibc
 // serves blocks above its mmap threshold (up to 32 MiB) with fresh mappings and returns freed
@@ -29,6 +29,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <new>
+#include <vector>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -38,6 +41,46 @@
 #endif
 
 namespace edl {
+
+/// Bytes of a cache line, and of one AVX-512 vector: the alignment of storage that kernels read
+/// in full-vector streams (parameters, KV caches). glibc's malloc aligns to 16 bytes, so three
+/// tensors in four started mid-line and every 64-byte load of them touched two lines: on a
+/// Zen 5 EPYC a decode step's products read 4-18 % slower so, in one process side by side
+/// (docs/benchmarks.md, "Weights on cache lines").
+inline constexpr std::size_t kCacheLineBytes = 64;
+
+/// A standard allocator whose blocks start on a cache line. Each block comes from the plain
+/// operator new, kCacheLineBytes longer, its start moved up to the next line and the distance
+/// kept in the byte before it: a program that counts plain operator new (tests/models/
+/// test_plan.cpp measures a training step's heap so) sees these blocks as it saw the
+/// std::allocator blocks they replace.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() noexcept = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    if (n > (std::numeric_limits<std::size_t>::max() - kCacheLineBytes) / sizeof(T)) throw std::bad_array_new_length();
+    auto* raw = static_cast<unsigned char*>(::operator new(n * sizeof(T) + kCacheLineBytes));
+    const std::size_t shift = kCacheLineBytes - reinterpret_cast<std::uintptr_t>(raw) % kCacheLineBytes;  // 1..64
+    unsigned char* p = raw + shift;
+    p[-1] = static_cast<unsigned char>(shift);
+    return reinterpret_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept {
+    auto* q = reinterpret_cast<unsigned char*>(p);
+    ::operator delete(q - q[-1]);
+  }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+/// A std::vector whose data starts on a cache line (kCacheLineBytes).
+template <class T>
+using aligned_vector = std::vector<T, CacheLineAllocator<T>>;
 
 /// Keeps freed memory in the process for reuse (glibc; no-op elsewhere). Returns whether the
 /// settings were applied.
@@ -5248,10 +5291,17 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 
 #include <xtensor/xtensor.hpp>
 
+// #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // // #include <edl/tensor/partition_spec.hpp> (inlined above) (inlined above)
 
 namespace edl::nn {
+
+/// A parameter's value storage: a row-major xtensor whose data starts on a
+/// cache line (edl::kCacheLineBytes). Decode streams every weight from memory once per token
+/// in full-vector loads, which split over two lines when a tensor starts mid-line.
+template <class T, std::size_t N>
+using ParamTensor = xt::xtensor<T, N, xt::layout_type::row_major, CacheLineAllocator<T>>;
 
 /// How init() fills a parameter: normal(0, initializer_range), ones (norm weights) or zeros (biases).
 enum class Init { normal, ones, zeros };
@@ -5263,13 +5313,13 @@ struct Param {
   static constexpr std::size_t rank = Spec::rank;
   using shape_type = std::array<std::size_t, rank>;
 
-  xt::xtensor<T, rank> value;
+  ParamTensor<T, rank> value;
   xt::xtensor<float, rank> grad;  // empty until the first backward (or grad_data())
   Init init = Init::normal;
 
   Param() = default;
   explicit Param(const shape_type& shape, Init how = Init::normal)
-      : value(xt::xtensor<T, rank>::from_shape(shape)), init(how) {}
+      : value(ParamTensor<T, rank>::from_shape(shape)), init(how) {}
 
   std::int64_t numel() const noexcept { return static_cast<std::int64_t>(value.size()); }
   std::vector<std::int64_t> shape() const {
@@ -10667,6 +10717,7 @@ class ShardedOptimizer {
 
 #include <xsimd/xsimd.hpp>
 
+// #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
@@ -10717,6 +10768,7 @@ class ShardedOptimizer {
 
 #include <xsimd/xsimd.hpp>
 
+// #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // // #include <edl/kernels/detail/simd.hpp> (inlined above) (inlined above)
 
@@ -10953,7 +11005,7 @@ class StandardKVCache {
     return static_cast<std::size_t>((((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot) * s_.head_dim);
   }
   KVCacheShape s_;
-  std::vector<float> k_, v_;
+  aligned_vector<float> k_, v_;  // on cache lines: attention reads head rows in full vectors
   std::vector<std::int64_t> len_;
 };
 
@@ -11016,7 +11068,7 @@ class Int8KVCache {
   }
   void reorder(const std::int64_t* src) {
     for (std::int64_t b = 0; b < s_.batch; ++b) detail::check_seq(src[b], s_.batch, "generate.Int8KVCache.reorder");
-    const std::vector<std::int8_t> tk = k_, tv = v_;
+    const auto tk = k_, tv = v_;
     const std::vector<float> tks = ks_, tvs = vs_;
     const std::vector<std::int64_t> old_len = len_;
     const std::size_t D = static_cast<std::size_t>(s_.head_dim);
@@ -11046,7 +11098,7 @@ class Int8KVCache {
     return static_cast<std::size_t>(((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot);
   }
   KVCacheShape s_;
-  std::vector<std::int8_t> k_, v_;
+  aligned_vector<std::int8_t> k_, v_;  // on cache lines, as the f32 caches
   std::vector<float> ks_, vs_;
   std::vector<std::int64_t> len_;
 };
@@ -11202,7 +11254,7 @@ class PagedKVCache {
   KVCacheShape s_;
   PagedKVCacheOptions o_;
   std::int64_t page_floats_ = 0, num_pages_ = 0;
-  std::vector<float> k_, v_;
+  aligned_vector<float> k_, v_;  // on cache lines: attention reads head rows in full vectors
   std::vector<std::int32_t> free_;
   std::vector<std::vector<std::int32_t>> tables_;
   std::vector<std::int64_t> len_;
@@ -11891,7 +11943,7 @@ class Decoder {
   };
 
   void ensure_rows(std::int64_t n) {
-    const auto grow = [](std::vector<float>& v, std::int64_t size) {
+    const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
       if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
     };
     grow(x_, n * H_);
@@ -12111,8 +12163,9 @@ class Decoder {
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
   RopeTable rope_;
-  std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
-  std::vector<float> nt_;  // run_one_row: each thread's normalised x
+  // On cache lines (as the weights): the products read x in full vectors beside each weight row.
+  aligned_vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
+  aligned_vector<float> nt_;  // run_one_row: each thread's normalised x
   // run_one_row's phases per layer, in order: q/k/v, attention, o_proj, gate/up, down (then one
   // for the lm_head after the last layer); phase_seconds() names them by this order.
   static constexpr std::size_t kPhasesPerLayer = 5;

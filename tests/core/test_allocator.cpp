@@ -1,5 +1,5 @@
 // tests/core/test_allocator.cpp: huge-page advice covers only whole aligned 2 MiB blocks of
-// the range and leaves the contents as they were.
+// the range and leaves the contents as they were; CacheLineAllocator blocks start on a line.
 #include <edl/core/allocator.hpp>
 
 #include <cstdint>
@@ -27,3 +27,19 @@ TEST(AdviseHugePages, AdvisesOnlyAlignedBlocksInsideTheRangeAndKeepsTheValues) {
 }
 
 }  // namespace
+
+// Blocks of every size start on a cache line, hold what is written to them, and go back to
+// the plain operator delete (interleaved lifetimes, so a wrong shift would corrupt the heap).
+TEST(CacheLineAllocator, EveryBlockStartsOnALineAndHoldsItsValues) {
+  std::vector<edl::aligned_vector<float>> live;
+  for (std::size_t n = 0; n < 300; n += 7) {
+    auto& v = live.emplace_back(n);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(v.data()) % edl::kCacheLineBytes, 0u) << "size " << n;
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(n * 1000 + i);
+    if (live.size() % 3 == 0) live.erase(live.begin());  // free some while others live
+  }
+  for (const auto& v : live)
+    for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(v.size() * 1000 + i));
+  edl::aligned_vector<std::int8_t> b(65);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % edl::kCacheLineBytes, 0u);
+}

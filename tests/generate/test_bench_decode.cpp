@@ -31,7 +31,7 @@ TEST(BenchDecode, PairedReadsWalkTheBufferAndWrapAtItsEnd) {
   for (const int threads : {1, 2}) {
     edl::exec::set_num_threads(threads);
     const std::size_t q = gd::kReadQuantum, t = static_cast<std::size_t>(threads);
-    std::vector<float> buf;
+    edl::aligned_vector<float> buf;
     gd::ensure_read_buffer(buf, 5 * t * q * sizeof(float));
     ASSERT_EQ(buf.size(), 5 * t * q);
     std::size_t offset = 0, done = 0;

@@ -82,6 +82,21 @@ TEST(KVCache, StandardRoundTrip) {
   EXPECT_THROW(c.reserve(3, 1), edl::Error);
 }
 
+// With head rows a whole number of cache lines (16 floats, 64 int8), every row of every head
+// starts on a line: attention's full-vector loads never straddle two.
+TEST(KVCache, HeadRowsStartOnCacheLines) {
+  const auto on_line = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kCacheLineBytes == 0; };
+  StandardKVCache f(KVCacheShape{2, 3, 10, 2, 16});
+  Int8KVCache q(KVCacheShape{2, 3, 10, 2, 64});
+  for (std::int64_t l = 0; l < 2; ++l)
+    for (std::int64_t b = 0; b < 3; ++b)
+      for (std::int64_t g = 0; g < 2; ++g)
+        for (std::int64_t s = 0; s < 10; ++s) {
+          EXPECT_TRUE(on_line(f.view(l, b, g).k_row(s)) && on_line(f.view(l, b, g).v_row(s)));
+          EXPECT_TRUE(on_line(q.view(l, b, g).k_row(s)) && on_line(q.view(l, b, g).v_row(s)));
+        }
+}
+
 TEST(KVCache, Int8RoundTripWithinHalfAStep) {
   Int8KVCache c(kShape);
   // |x| <= 1: step = absmax / 127 <= 1/127, error per element <= 1/254.

@@ -70,3 +70,17 @@ TEST(NnParam, AdvisingHugePagesKeepsEveryParameter) {
   EXPECT_TRUE(a.weight.value == w);
   EXPECT_TRUE(a.bias.value == b);
 }
+
+// Values start on a cache line whatever their sizes (odd sizes would leave the
+// next allocation mid-line under a 16-byte-aligned malloc), so decode's full-vector loads of a
+// weight row never straddle two lines.
+TEST(NnParam, StorageStartsOnACacheLine) {
+  std::vector<nn::Param<float, P<none, none>>> fs;
+  std::vector<nn::Param<bf16, P<none>>> hs;
+  for (std::size_t n = 1; n <= 9; ++n) {
+    fs.emplace_back(std::array<std::size_t, 2>{n, 3});
+    hs.emplace_back(std::array<std::size_t, 1>{n});
+  }
+  for (auto& p : fs) EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.data()) % kCacheLineBytes, 0u);
+  for (auto& p : hs) EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.data()) % kCacheLineBytes, 0u);
+}

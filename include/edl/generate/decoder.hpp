@@ -36,6 +36,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
@@ -679,7 +680,7 @@ class Decoder {
   };
 
   void ensure_rows(std::int64_t n) {
-    const auto grow = [](std::vector<float>& v, std::int64_t size) {
+    const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
       if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
     };
     grow(x_, n * H_);
@@ -899,8 +900,9 @@ class Decoder {
   models::LlamaConfig cfg_;
   std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
   RopeTable rope_;
-  std::vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
-  std::vector<float> nt_;  // run_one_row: each thread's normalised x
+  // On cache lines (as the weights): the products read x in full vectors beside each weight row.
+  aligned_vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
+  aligned_vector<float> nt_;  // run_one_row: each thread's normalised x
   // run_one_row's phases per layer, in order: q/k/v, attention, o_proj, gate/up, down (then one
   // for the lm_head after the last layer); phase_seconds() names them by this order.
   static constexpr std::size_t kPhasesPerLayer = 5;

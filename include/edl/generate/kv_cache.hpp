@@ -44,6 +44,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/error.hpp>
 #include <edl/kernels/detail/simd.hpp>
 
@@ -280,7 +281,7 @@ class StandardKVCache {
     return static_cast<std::size_t>((((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot) * s_.head_dim);
   }
   KVCacheShape s_;
-  std::vector<float> k_, v_;
+  aligned_vector<float> k_, v_;  // on cache lines: attention reads head rows in full vectors
   std::vector<std::int64_t> len_;
 };
 
@@ -343,7 +344,7 @@ class Int8KVCache {
   }
   void reorder(const std::int64_t* src) {
     for (std::int64_t b = 0; b < s_.batch; ++b) detail::check_seq(src[b], s_.batch, "generate.Int8KVCache.reorder");
-    const std::vector<std::int8_t> tk = k_, tv = v_;
+    const auto tk = k_, tv = v_;
     const std::vector<float> tks = ks_, tvs = vs_;
     const std::vector<std::int64_t> old_len = len_;
     const std::size_t D = static_cast<std::size_t>(s_.head_dim);
@@ -373,7 +374,7 @@ class Int8KVCache {
     return static_cast<std::size_t>(((layer * s_.batch + b) * s_.kv_heads + g) * s_.max_length + slot);
   }
   KVCacheShape s_;
-  std::vector<std::int8_t> k_, v_;
+  aligned_vector<std::int8_t> k_, v_;  // on cache lines, as the f32 caches
   std::vector<float> ks_, vs_;
   std::vector<std::int64_t> len_;
 };
@@ -529,7 +530,7 @@ class PagedKVCache {
   KVCacheShape s_;
   PagedKVCacheOptions o_;
   std::int64_t page_floats_ = 0, num_pages_ = 0;
-  std::vector<float> k_, v_;
+  aligned_vector<float> k_, v_;  // on cache lines: attention reads head rows in full vectors
   std::vector<std::int32_t> free_;
   std::vector<std::vector<std::int32_t>> tables_;
   std::vector<std::int64_t> len_;

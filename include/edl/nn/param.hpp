@@ -19,10 +19,17 @@
 
 #include <xtensor/xtensor.hpp>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/tensor/partition_spec.hpp>
 
 namespace edl::nn {
+
+/// A parameter's value storage: a row-major xtensor whose data starts on a
+/// cache line (edl::kCacheLineBytes). Decode streams every weight from memory once per token
+/// in full-vector loads, which split over two lines when a tensor starts mid-line.
+template <class T, std::size_t N>
+using ParamTensor = xt::xtensor<T, N, xt::layout_type::row_major, CacheLineAllocator<T>>;
 
 /// How init() fills a parameter: normal(0, initializer_range), ones (norm weights) or zeros (biases).
 enum class Init { normal, ones, zeros };
@@ -34,13 +41,13 @@ struct Param {
   static constexpr std::size_t rank = Spec::rank;
   using shape_type = std::array<std::size_t, rank>;
 
-  xt::xtensor<T, rank> value;
+  ParamTensor<T, rank> value;
   xt::xtensor<float, rank> grad;  // empty until the first backward (or grad_data())
   Init init = Init::normal;
 
   Param() = default;
   explicit Param(const shape_type& shape, Init how = Init::normal)
-      : value(xt::xtensor<T, rank>::from_shape(shape)), init(how) {}
+      : value(ParamTensor<T, rank>::from_shape(shape)), init(how) {}
 
   std::int64_t numel() const noexcept { return static_cast<std::int64_t>(value.size()); }
   std::vector<std::int64_t> shape() const {
