@@ -4280,12 +4280,13 @@ inline void microkernel(std::int64_t kc, const float* __restrict a, const float*
 #include <new>
 #include <type_traits>
 
+// #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/kernels/detail/gemm_microkernel.hpp> (inlined above)
 
 namespace edl::detail::gemm {
 
-/// Grow-only 64-byte aligned float buffer (thread-local packing storage).
+/// Grow-only float buffer on a cache line (edl::kCacheLineBytes; thread-local packing storage).
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -4298,7 +4299,7 @@ class AlignedBuffer {
       release();
       // Round up to 4 KiB so slowly growing requests do not reallocate every time.
       const std::size_t bytes = ((n * sizeof(float) + 4095) / 4096) * 4096;
-      p_ = static_cast<float*>(::operator new(bytes, std::align_val_t(64)));
+      p_ = static_cast<float*>(::operator new(bytes, std::align_val_t(kCacheLineBytes)));
       cap_ = bytes / sizeof(float);
     }
     return p_;
@@ -4306,7 +4307,7 @@ class AlignedBuffer {
 
  private:
   void release() noexcept {
-    if (p_) ::operator delete(p_, std::align_val_t(64));
+    if (p_) ::operator delete(p_, std::align_val_t(kCacheLineBytes));
     p_ = nullptr;
     cap_ = 0;
   }
@@ -5298,9 +5299,9 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 
 namespace edl::nn {
 
-/// A parameter's value storage: a row-major xtensor whose data starts on a
-/// cache line (edl::kCacheLineBytes). Decode streams every weight from memory once per token
-/// in full-vector loads, which split over two lines when a tensor starts mid-line.
+/// A parameter's value storage: a row-major xtensor whose data starts on a cache line
+/// (edl::kCacheLineBytes). Decode streams every weight from memory once per token in
+/// full-vector loads, which split over two lines when a tensor starts mid-line.
 template <class T, std::size_t N>
 using ParamTensor = xt::xtensor<T, N, xt::layout_type::row_major, CacheLineAllocator<T>>;
 

@@ -25,9 +25,9 @@
 
 namespace edl::nn {
 
-/// A parameter's value storage: a row-major xtensor whose data starts on a
-/// cache line (edl::kCacheLineBytes). Decode streams every weight from memory once per token
-/// in full-vector loads, which split over two lines when a tensor starts mid-line.
+/// A parameter's value storage: a row-major xtensor whose data starts on a cache line
+/// (edl::kCacheLineBytes). Decode streams every weight from memory once per token in
+/// full-vector loads, which split over two lines when a tensor starts mid-line.
 template <class T, std::size_t N>
 using ParamTensor = xt::xtensor<T, N, xt::layout_type::row_major, CacheLineAllocator<T>>;
 

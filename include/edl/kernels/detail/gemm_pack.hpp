@@ -13,12 +13,13 @@
 #include <new>
 #include <type_traits>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/kernels/detail/gemm_microkernel.hpp>
 
 namespace edl::detail::gemm {
 
-/// Grow-only 64-byte aligned float buffer (thread-local packing storage).
+/// Grow-only float buffer on a cache line (edl::kCacheLineBytes; thread-local packing storage).
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -31,7 +32,7 @@ class AlignedBuffer {
       release();
       // Round up to 4 KiB so slowly growing requests do not reallocate every time.
       const std::size_t bytes = ((n * sizeof(float) + 4095) / 4096) * 4096;
-      p_ = static_cast<float*>(::operator new(bytes, std::align_val_t(64)));
+      p_ = static_cast<float*>(::operator new(bytes, std::align_val_t(kCacheLineBytes)));
       cap_ = bytes / sizeof(float);
     }
     return p_;
@@ -39,7 +40,7 @@ class AlignedBuffer {
 
  private:
   void release() noexcept {
-    if (p_) ::operator delete(p_, std::align_val_t(64));
+    if (p_) ::operator delete(p_, std::align_val_t(kCacheLineBytes));
     p_ = nullptr;
     cap_ = 0;
   }
