@@ -2,9 +2,11 @@
 // (2*M*N*K per iteration). With OpenBLAS available, cblas_sgemm runs on the same shapes;
 // registration interleaves edl and OpenBLAS per shape and thread count so both see the same
 // machine load. Filter with e.g. --benchmark_filter='gemm_f32/.*/threads:2'. The matvec_f32
-// benchmarks are decode's matrix-vector kernel next to a plain read of the same bytes ("GB/s").
+// benchmarks are decode's matrix-vector kernel next to a plain read of the same bytes ("GB/s");
+// decode_attention, decode's attention over a KV cache on 4 KiB or on huge pages.
 //
 //   OPENBLAS_CORETYPE=Haswell ./edl_bench_kernels --benchmark_filter=gemm
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <random>
@@ -171,6 +173,75 @@ void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, i
   state.counters["GB/s"] = benchmark::Counter(4e-9 * static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// Decode attention of one query row over a cache of small's shape (12 layers, 12 kv heads of
+/// 64), every layer and head (detail::attend_row_head, heads split over the threads per layer
+/// as the decoder's attention phase splits them), with the cache's storage on 4 KiB pages or
+/// advised onto huge pages before it is written (as the KV caches are, assign_on_huge_pages).
+/// Each iteration attends for another of enough sequences that a sequence's keys and values
+/// have left the caches when it comes round again, and before each layer's attention reads
+/// (untimed) a layer's worth of a 512 MiB "weights" buffer on huge pages, as decode streams a
+/// layer's products between two attentions: that evicts the TLB's entries and the page-table
+/// lines a 4 KiB page's miss would otherwise find in the caches. "GB/s": keys and values read.
+void bm_decode_attention(benchmark::State& state, bool huge, i64 ctx, int threads) {
+  constexpr i64 L = 12, G = 12, D = 64;
+  const i64 per_seq = L * G * ctx * D;  // floats of k (or v) per sequence
+  const i64 seqs = std::max<i64>(2, (i64{256} << 20) / (8 * per_seq));
+  edl::huge_page_vector<float> k, v;  // both from one allocator: only the advice differs
+  const auto fill = [&](edl::huge_page_vector<float>& b, std::uint32_t seed) {
+    if (huge) {
+      edl::assign_on_huge_pages(b, static_cast<std::size_t>(seqs * per_seq), 0.0f);
+    } else {
+      b.assign(static_cast<std::size_t>(seqs * per_seq), 0.0f);
+    }
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    for (auto& x : b) x = d(gen);
+  };
+  fill(k, 1);
+  fill(v, 2);
+  const std::vector<float> q = random_vec<float>(G * D, 3);
+  std::vector<float> out(static_cast<std::size_t>(G * D)), scores(static_cast<std::size_t>(G * ctx));
+  edl::huge_page_vector<float> weights;
+  edl::assign_on_huge_pages(weights, (std::size_t{512} << 20) / sizeof(float), 0.001f);
+  constexpr std::size_t kLayerFloats = (std::size_t{28} << 20) / sizeof(float);  // small's layer: 28 MiB
+  std::size_t w_off = 0;
+  float w_sum = 0;
+  std::vector<float> sums(static_cast<std::size_t>(threads));
+  edl::exec::set_num_threads(threads);
+  i64 seq = 0;
+  for (auto _ : state) {
+    const i64 base = seq * per_seq;
+    seq = (seq + 1) % seqs;
+    for (i64 l = 0; l < L; ++l) {
+      state.PauseTiming();
+      if (w_off + kLayerFloats > weights.size()) w_off = 0;
+      edl::exec::parallel_parts(threads, [&](std::ptrdiff_t t) {  // on the team's threads, as the products
+        float sum = 0;
+        const std::size_t lo = w_off + kLayerFloats * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads),
+                          hi = w_off + kLayerFloats * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+        for (std::size_t i = lo; i < hi; i += 16) sum += weights[i];  // a line at a time
+        sums[static_cast<std::size_t>(t)] = sum;
+      });
+      w_sum += sums[0];
+      w_off += kLayerFloats;
+      state.ResumeTiming();
+      edl::exec::parallel_for(0, G, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t h = lo; h < hi; ++h) {
+          const i64 off = base + (l * G + h) * ctx * D;
+          const edl::generate::StandardKVCache::HeadView view{k.data() + off, v.data() + off, D, D};
+          edl::generate::detail::attend_row_head(view, ctx - 1, q.data() + h * D, out.data() + h * D, false, D, 0,
+                                                 edl::generate::detail::SlotMap{}, scores.data() + h * ctx);
+        }
+      });
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(w_sum);
+    benchmark::ClobberMemory();
+  }
+  edl::exec::set_num_threads(0);
+  state.counters["GB/s"] = benchmark::Counter(8e-9 * static_cast<double>(per_seq), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 std::string shape_name(const Shape& s) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
 }
@@ -225,6 +296,12 @@ void register_decode() {
     for (i64 K : {288, 768, 2048, 5632})
       benchmark::RegisterBenchmark(("matvec_f32/edl/K:" + std::to_string(K) + suffix).c_str(), bm_matvec, K, t)
           ->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (i64 ctx : {256, 1024})
+      for (const bool huge : {false, true})
+        benchmark::RegisterBenchmark(("decode_attention/" + std::string(huge ? "huge_pages" : "4k_pages") +
+                                      "/ctx:" + std::to_string(ctx) + suffix).c_str(),
+                                     bm_decode_attention, huge, ctx, t)
+            ->Unit(benchmark::kMicrosecond)->UseRealTime();
     for (const char* cfg : {"tiny", "small"})
       for (const auto& [name, layout] :
            {std::pair{"separate", Layout::separate}, std::pair{"separate_off16", Layout::separate_off16},

@@ -346,6 +346,89 @@ inline ReadBandwidth measure_read_bandwidth(aligned_vector<float>& buf, std::siz
   return {best[0], best[1], best[2], best[3], best[4], best[5]};
 }
 
+/// The weights a decode step reads, as (first byte, bytes) in visit order: every parameter but
+/// the embedding table (the step reads one row of it), which is read whole when it is the tied
+/// lm_head (LlamaForCausalLM visits it once, under the embedding's name).
+template <class M>
+std::vector<std::pair<const char*, std::size_t>> decode_weight_spans(M& m) {
+  std::vector<std::pair<const char*, std::size_t>> spans;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    if (!m.tied() && path.find("embed_tokens") != std::string_view::npos) return;
+    spans.emplace_back(reinterpret_cast<const char*>(p.data()), p.value.size() * sizeof(*p.data()));
+  });
+  return spans;
+}
+
+/// Floats of the buffer read after a read of the weights so that the next decode step finds no
+/// weights in the caches (or a decode step's bytes, when fewer): 256 MiB, beyond any L3 here.
+inline constexpr std::size_t kFlushFloats = (std::size_t{256} << 20) / sizeof(float);
+
+/// Number of the weights-read patterns: 0 a prefetched streaming sum, 1 the decode kernel's
+/// order (lockstep_read_sum over whole blocks of kStreams streams of kStreamBytes, the rest as 0).
+inline constexpr int kWeightsReadPatterns = 2;
+inline constexpr const char* kWeightsReadPatternNames[kWeightsReadPatterns] = {"sequential", "rows8_stream"};
+
+/// The sum of n floats at x: a streaming sum prefetching 1 KiB ahead (four accumulators hide
+/// the add latency), then the tail.
+inline float prefetched_sum(const float* x, std::size_t n) noexcept {
+  using B = xsimd::batch<float>;
+  constexpr std::size_t W = B::size;
+  B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+  std::size_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + 1024, 0, 2);
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i + 2 * W) + 1024, 0, 2);
+    a0 += B::load_unaligned(x + i);
+    a1 += B::load_unaligned(x + i + W);
+    a2 += B::load_unaligned(x + i + 2 * W);
+    a3 += B::load_unaligned(x + i + 3 * W);
+  }
+  float s = xsimd::hadd((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+/// The sum of thread `p`'s part (of `parts`) of every span (decode_weight_spans) in
+/// weights-read pattern `pattern`: each span cut in equal parts of whole floats, the part read
+/// as one prefetched streaming sum (0) or as whole blocks of the decode kernel's lockstep
+/// streams then the rest as 0 (1).
+inline float weights_read_sum(const std::vector<std::pair<const char*, std::size_t>>& spans, int pattern,
+                              std::size_t p, std::size_t parts) noexcept {
+  constexpr std::size_t S = static_cast<std::size_t>(generate::detail::kStreams),
+                        len = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+  float s = 0;
+  for (const auto& [data, bytes] : spans) {
+    const std::size_t n = bytes / sizeof(float), lo = n * p / parts, hi = n * (p + 1) / parts;
+    const float* x = reinterpret_cast<const float*>(data) + lo;
+    std::size_t done = 0;
+    if (pattern == 1) {
+      const std::size_t blocks = (hi - lo) / (S * len);
+      if (blocks > 0) s += generate::detail::lockstep_read_sum(x, blocks, len);
+      done = blocks * S * len;
+    }
+    s += prefetched_sum(x + done, hi - lo - done);
+  }
+  return s;
+}
+
+/// Seconds to read the decode step's weights once (decode_weight_spans) in weights-read
+/// pattern `pattern`, every thread reading its part of each span in turn (weights_read_sum)
+/// with no barrier between spans. The read of the very bytes decode reads, in the memory they
+/// are in: on a VM whose memory reads at different speeds from one allocation to the next, a
+/// fresh buffer can read faster or slower than the weights (docs/benchmarks.md).
+inline double timed_weights_read(const std::vector<std::pair<const char*, std::size_t>>& spans, int pattern) {
+  const std::size_t parts = static_cast<std::size_t>(std::max(1, exec::num_threads()));
+  std::vector<float> sums(parts);
+  const auto t0 = std::chrono::steady_clock::now();
+  exec::parallel_parts(static_cast<std::ptrdiff_t>(parts), [&](std::ptrdiff_t p) {
+    sums[static_cast<std::size_t>(p)] = weights_read_sum(spans, pattern, static_cast<std::size_t>(p), parts);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float sink = sums[0];  // keeps the sums observable
+  (void)sink;
+  return seconds;
+}
+
 }  // namespace gen_detail
 
 inline int cmd_bench_decode(Args& args) {
@@ -381,7 +464,7 @@ inline int cmd_bench_decode(Args& args) {
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
-  const models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages);
+  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
@@ -423,6 +506,17 @@ inline int cmd_bench_decode(Args& args) {
     std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
     std::vector<double> rep_fraction(tp.size());
     if (paired) gen_detail::ensure_read_buffer(bw_buf, gen_detail::kReadBufferBytes);
+    // Paired on one device, step i is also followed (before the buffer's read) by a read of the
+    // weights themselves in weights-read pattern i % kWeightsReadPatterns: the roofline of the
+    // memory the weights are in.
+    constexpr int NW = gen_detail::kWeightsReadPatterns;
+    const bool weights_paired = paired && mesh.size() == 1;
+    const auto spans = weights_paired ? gen_detail::decode_weight_spans(model)
+                                      : std::vector<std::pair<const char*, std::size_t>>{};
+    double span_bytes = 0;
+    for (const auto& sp : spans) span_bytes += static_cast<double>(sp.second);
+    std::vector<std::vector<double>> wstep_fraction(NW), wstep_read_gbps(NW);
+    std::vector<double> wrep_fraction(tp.size());
     const auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       const std::size_t m = v.size() / 2;
@@ -446,7 +540,7 @@ inline int cmd_bench_decode(Args& args) {
       dec.prefill(prompt.data(), P, nullptr, logits.data());
       tp[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto t1 = std::chrono::steady_clock::now();
-      std::vector<std::vector<double>> fr(NP);  // this repetition's paired fractions by pattern
+      std::vector<std::vector<double>> fr(NP), wfr(NW);  // this repetition's paired fractions by pattern
       td[r] = 0;
       if constexpr (requires { dec.time_phases(true); }) dec.time_phases(phase_times);  // decode steps only
       for (std::int64_t i = 0; i < G; ++i) {
@@ -462,12 +556,27 @@ inline int cmd_bench_decode(Args& args) {
         const double read_gbps = static_cast<double>(done * sizeof(float)) / read_s / 1e9;
         fr[static_cast<std::size_t>(pattern)].push_back(step_bytes / step_s / 1e9 / read_gbps);
         step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
+        if (weights_paired) {
+          // After the buffer's read, so that the step's weights have left the caches (tiny's
+          // 60 MB are not far beyond an L3); then an untimed read of as many other bytes, so
+          // that the next step does not find this read's weights there either.
+          const int wp = static_cast<int>(i % NW);
+          const double w_gbps = span_bytes / gen_detail::timed_weights_read(spans, wp) / 1e9;
+          wfr[static_cast<std::size_t>(wp)].push_back(step_bytes / step_s / 1e9 / w_gbps);
+          wstep_read_gbps[static_cast<std::size_t>(wp)].push_back(w_gbps);
+          gen_detail::timed_read(bw_buf, 0, std::min(step_floats, gen_detail::kFlushFloats), read_offset, done);
+        }
       }
       if constexpr (requires { dec.time_phases(false); }) dec.time_phases(false);
       if (paired) {
         const std::vector<double> m = pattern_medians(fr);
         rep_fraction[r] = m[least(m)];
         for (int q = 0; q < NP; ++q) step_fraction[q].insert(step_fraction[q].end(), fr[q].begin(), fr[q].end());
+        if (weights_paired) {
+          const std::vector<double> wm = pattern_medians(wfr);
+          wrep_fraction[r] = wm[least(wm)];
+          for (int q = 0; q < NW; ++q) wstep_fraction[q].insert(wstep_fraction[q].end(), wfr[q].begin(), wfr[q].end());
+        }
       } else {
         td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
       }
@@ -531,18 +640,28 @@ inline int cmd_bench_decode(Args& args) {
         j["memory_read_gb_per_s_by_repetition"] = bw;
         j["roofline_fraction_by_repetition"] = fraction;
       }
-      if (paired) {
-        const std::vector<double> m = pattern_medians(step_fraction);
+      // A paired read's fields: its least pattern (name, median read, median fraction), the
+      // fraction by pattern and, with N > 1, by repetition.
+      const auto put_paired = [&](const std::vector<std::vector<double>>& fractions,
+                                  const std::vector<std::vector<double>>& gbps, const char* const* names,
+                                  const std::vector<double>& by_rep, const std::string& read, const std::string& fraction) {
+        const std::vector<double> m = pattern_medians(fractions);
         const std::size_t best = least(m);
         nlohmann::ordered_json by_pattern;
         for (std::size_t q = 0; q < m.size(); ++q)
-          if (!step_fraction[q].empty()) by_pattern[gen_detail::kReadPatternNames[q]] = m[q];
-        j["paired_read_pattern"] = gen_detail::kReadPatternNames[best];
-        j["paired_read_gb_per_s"] = median(step_read_gbps[best]);
-        j["roofline_fraction_paired"] = m[best];
-        j["roofline_fraction_paired_by_pattern"] = by_pattern;
-        if (reps > 1) j["roofline_fraction_paired_by_repetition"] = rep_fraction;
-      }
+          if (!fractions[q].empty()) by_pattern[names[q]] = m[q];
+        j[read + "_pattern"] = names[best];
+        j[read + "_gb_per_s"] = median(gbps[best]);
+        j[fraction] = m[best];
+        j[fraction + "_by_pattern"] = by_pattern;
+        if (reps > 1) j[fraction + "_by_repetition"] = by_rep;
+      };
+      if (paired)
+        put_paired(step_fraction, step_read_gbps, gen_detail::kReadPatternNames, rep_fraction, "paired_read",
+                   "roofline_fraction_paired");
+      if (weights_paired)
+        put_paired(wstep_fraction, wstep_read_gbps, gen_detail::kWeightsReadPatternNames, wrep_fraction, "weights_read",
+                   "roofline_fraction_weights_read");
     }
   };
   const auto one = [&](auto& c) {

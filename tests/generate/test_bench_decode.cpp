@@ -1,12 +1,15 @@
 // tests/generate/test_bench_decode.cpp: the read patterns `edl bench decode --bandwidth` and
 // `--paired-bandwidth` time (examples/cli/generate.hpp) read every element they are given
-// once and nothing else, and a paired read walks the buffer without rereading what it just read.
+// once and nothing else, and a paired read walks the buffer without rereading what it just read;
+// the paired read of the weights reads the tensors a decode step reads, each float once.
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "../../examples/cli/generate.hpp"
+#include "small_llama.hpp"
 
 namespace {
 
@@ -50,6 +53,56 @@ TEST(BenchDecode, PairedReadsWalkTheBufferAndWrapAtItsEnd) {
     EXPECT_EQ(done, 12 * t * q);
   }
   edl::exec::set_num_threads(threads_before);
+}
+
+}  // namespace
+
+namespace {
+
+// The paired read of the weights (--paired-bandwidth on one device) reads exactly the tensors
+// a decode step reads: every parameter but the embedding table, which is read when it is the
+// tied lm_head.
+TEST(BenchDecode, WeightSpansAreTheParametersADecodeStepReads) {
+  for (const std::string variant : {"", "tied", "bias"}) {
+    edl::models::LlamaForCausalLM<> m(edl::generate::test_support::small_llama(50, 32, variant));
+    m.init(edl::Key::from_seed(1));
+    const auto spans = gd::decode_weight_spans(m);
+    std::size_t bytes = 0;
+    bool has_embedding = false;
+    for (const auto& [data, n] : spans) {
+      bytes += n;
+      has_embedding |= data == reinterpret_cast<const char*>(m.model.embed_tokens.weight.data());
+    }
+    const std::int64_t emb = m.tied() ? 0 : m.config().vocab_size * m.config().hidden_size;
+    EXPECT_EQ(bytes, static_cast<std::size_t>(m.param_count() - emb) * sizeof(float)) << variant;
+    EXPECT_EQ(has_embedding, m.tied()) << variant;
+    bool has_head = false;
+    for (const auto& sp : spans) has_head |= sp.first == reinterpret_cast<const char*>(m.head_weight());
+    EXPECT_TRUE(has_head) << variant;
+  }
+}
+
+// Both weights-read patterns sum every float of every span once over the threads' parts, and
+// nothing past a span's end (a huge float follows each one). Spans of odd lengths, and one long
+// enough that each part holds whole blocks of the kernel's lockstep streams.
+TEST(BenchDecode, WeightsReadPatternsSumEveryFloatOfEverySpanOnce) {
+  const std::size_t block = static_cast<std::size_t>(edl::generate::detail::kStreams * edl::generate::detail::kStreamBytes) /
+                            sizeof(float);
+  std::vector<std::vector<float>> store;
+  std::vector<std::pair<const char*, std::size_t>> spans;
+  double naive = 0;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{37}, std::size_t{1000}, 2 * block + 4099, std::size_t{255}}) {
+    auto& v = store.emplace_back(n + 1);
+    for (std::size_t i = 0; i < n; ++i) naive += (v[i] = static_cast<float>(i % 7) - 3.0f);
+    v[n] = 1e30f;
+    spans.emplace_back(reinterpret_cast<const char*>(v.data()), n * sizeof(float));
+  }
+  for (const std::size_t parts : {std::size_t{1}, std::size_t{2}, std::size_t{3}})
+    for (int pattern = 0; pattern < gd::kWeightsReadPatterns; ++pattern) {
+      double total = 0;
+      for (std::size_t p = 0; p < parts; ++p) total += gd::weights_read_sum(spans, pattern, p, parts);
+      EXPECT_EQ(total, naive) << gd::kWeightsReadPatternNames[pattern] << ", " << parts << " parts";
+    }
 }
 
 }  // namespace

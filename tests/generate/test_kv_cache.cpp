@@ -1,4 +1,5 @@
-// tests/generate/test_kv_cache.cpp: the caches store, read, reorder and run out as documented.
+// tests/generate/test_kv_cache.cpp: the caches store, read, reorder and run out as documented,
+// and their storage is on huge pages where the kernel gives them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +8,8 @@
 
 #include <edl/core/error.hpp>
 #include <edl/generate/kv_cache.hpp>
+
+#include "support/huge_pages.hpp"
 
 using namespace edl;
 using namespace edl::generate;
@@ -70,6 +73,29 @@ template <class Cache>
 void check_roundtrip(Cache& c, std::int64_t n, double tol_per_term) {
   check_roundtrip(c, kShape, n, tol_per_term);
 }
+
+}  // namespace
+
+// The three caches put their keys and values on huge pages, the first slots of the first page
+// too (decode attention reads them in full every step; docs/benchmarks.md).
+TEST(KVCache, StorageIsOnHugePages) {
+  using test_support::huge_kb_of_mapping;
+  if (!test_support::thp_available()) GTEST_SKIP() << "transparent huge pages are off";
+  const KVCacheShape big{4, 1, 2048, 4, 128};  // 16 MiB of keys and 16 of values in f32, 4 and 4 in int8
+  StandardKVCache s(big);
+  EXPECT_GT(huge_kb_of_mapping(s.view(2, 0, 0).k), 0);
+  EXPECT_GT(huge_kb_of_mapping(s.view(2, 0, 0).v), 0);
+  Int8KVCache q(big);
+  EXPECT_GT(huge_kb_of_mapping(q.view(2, 0, 0).k), 0);
+  PagedKVCacheOptions o;
+  o.page_size = 16;
+  o.budget_bytes = std::int64_t{16} << 20;
+  PagedKVCache pg(big, o);
+  pg.reserve(0, 512);
+  EXPECT_GT(huge_kb_of_mapping(pg.view(2, 0, 0).k_row(0)), 0);
+}
+
+namespace {
 
 }  // namespace
 

@@ -1,6 +1,6 @@
 // edl/core/allocator.hpp
-// Process-wide malloc settings for training loops, huge pages for weights that are read in
-// full every step, and cache-line-aligned storage for what decode streams.
+// Process-wide malloc settings for training loops, huge pages for weights and KV caches that
+// are read in full every step, and cache-line-aligned storage for what decode streams.
 //
 // A training step allocates and frees the same large activation buffers every step. glibc
 // serves blocks above its mmap threshold (up to 32 MiB) with fresh mappings and returns freed
@@ -68,6 +68,51 @@ struct CacheLineAllocator {
 template <class T>
 using aligned_vector = std::vector<T, CacheLineAllocator<T>>;
 
+/// Bytes of a transparent huge page (x86-64 Linux).
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+/// A standard allocator for storage meant for huge pages (advise_huge_pages, which covers only
+/// whole aligned 2 MiB blocks). A block of at least kHugePageBytes starts on a huge-page
+/// boundary and is rounded up to whole huge pages, so that all of it can be advised: a block
+/// from malloc kept its unaligned head and tail, up to 2 MiB each, on 4 KiB pages. Smaller
+/// blocks start on a cache line. The rounding is address space until written; once advised, a
+/// write to the last huge page faults in all of it (at most 2 MiB more than asked).
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() noexcept = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    if (n > (std::numeric_limits<std::size_t>::max() - kHugePageBytes) / sizeof(T)) throw std::bad_array_new_length();
+    const Block b = block(n);
+    return static_cast<T*>(::operator new(b.bytes, std::align_val_t{b.align}));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    const Block b = block(n);
+    ::operator delete(static_cast<void*>(p), b.bytes, std::align_val_t{b.align});
+  }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept {
+    return true;
+  }
+
+ private:
+  struct Block {
+    std::size_t bytes, align;
+  };
+  static Block block(std::size_t n) noexcept {
+    const std::size_t bytes = n * sizeof(T);
+    if (bytes < kHugePageBytes) return {bytes, kCacheLineBytes};
+    return {(bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes, kHugePageBytes};
+  }
+};
+
+/// A std::vector whose data starts on a huge page when it is at least one huge page long
+/// (HugePageAllocator); see assign_on_huge_pages.
+template <class T>
+using huge_page_vector = std::vector<T, HugePageAllocator<T>>;
+
 /// Keeps freed memory in the process for reuse (glibc; no-op elsewhere). Returns whether the
 /// settings were applied.
 inline bool keep_freed_memory() noexcept {
@@ -111,6 +156,18 @@ inline std::size_t advise_huge_pages(const void* p, std::size_t bytes) noexcept 
   (void)bytes;
   return 0;
 #endif
+}
+
+/// v = n copies of `value` on transparent huge pages where the OS allows: the storage (whole
+/// huge pages, HugePageAllocator) is advised before it is first written, so it faults in as
+/// huge pages rather than being collapsed afterwards. Contents are as v.assign(n, value).
+template <class T>
+void assign_on_huge_pages(huge_page_vector<T>& v, std::size_t n, const T& value) {
+  v.clear();
+  v.shrink_to_fit();
+  v.reserve(n);
+  advise_huge_pages(v.data(), (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  v.assign(n, value);
 }
 
 }  // namespace edl
