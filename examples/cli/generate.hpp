@@ -506,9 +506,9 @@ inline int cmd_bench_decode(Args& args) {
     std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
     std::vector<double> rep_fraction(tp.size());
     if (paired) gen_detail::ensure_read_buffer(bw_buf, gen_detail::kReadBufferBytes);
-    // Paired on one device, step i is also followed (before the buffer's read) by a read of the
-    // weights themselves in weights-read pattern i % kWeightsReadPatterns: the roofline of the
-    // memory the weights are in.
+    // Paired on one device, step i's buffer read is followed by a read of the weights
+    // themselves in weights-read pattern i % kWeightsReadPatterns (the roofline of the memory
+    // the weights are in), then by an untimed read of other bytes.
     constexpr int NW = gen_detail::kWeightsReadPatterns;
     const bool weights_paired = paired && mesh.size() == 1;
     const auto spans = weights_paired ? gen_detail::decode_weight_spans(model)

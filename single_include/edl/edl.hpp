@@ -111,6 +111,8 @@ struct HugePageAllocator {
   bool operator==(const HugePageAllocator<U>&) const noexcept {
     return true;
   }
+  /// Bytes of the block allocate(n) returns (whole huge pages from one huge page on).
+  static std::size_t block_bytes(std::size_t n) noexcept { return block(n).bytes; }
 
  private:
   struct Block {
@@ -181,7 +183,7 @@ void assign_on_huge_pages(huge_page_vector<T>& v, std::size_t n, const T& value)
   v.clear();
   v.shrink_to_fit();
   v.reserve(n);
-  advise_huge_pages(v.data(), (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  advise_huge_pages(v.data(), HugePageAllocator<T>::block_bytes(v.capacity()));  // the whole block
   v.assign(n, value);
 }
 
