@@ -93,7 +93,7 @@ void bm_matvec(benchmark::State& state, i64 K, int threads) {
   std::vector<float> y(static_cast<std::size_t>(N));
   edl::exec::set_num_threads(threads);
   for (auto _ : state) {
-    edl::generate::detail::linear_nt<float>(x.data(), 1, W.data(), nullptr, y.data(), N, K);
+    edl::kernels::linear_nt<float>(x.data(), 1, W.data(), nullptr, y.data(), N, K);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -104,7 +104,7 @@ void bm_matvec(benchmark::State& state, i64 K, int threads) {
 /// The read the matrix-vector kernel cannot beat: the same 256 MiB summed, each thread's part
 /// as kStreams streams of kStreamBytes in lockstep (the kernel's order and prefetches, no multiplies).
 void bm_read_rows8(benchmark::State& state, int threads) {
-  constexpr std::size_t S = edl::generate::detail::kStreams, len = edl::generate::detail::kStreamBytes / sizeof(float);
+  constexpr std::size_t S = edl::kernels::detail::kStreams, len = edl::kernels::detail::kStreamBytes / sizeof(float);
   const std::size_t n = (std::size_t{256} << 20) / 4, per = n / static_cast<std::size_t>(threads) / (S * len) * (S * len);
   const edl::aligned_vector<float> buf(n, 0.001f);
   edl::advise_huge_pages(buf.data(), buf.size() * sizeof(float));
@@ -113,7 +113,7 @@ void bm_read_rows8(benchmark::State& state, int threads) {
   for (auto _ : state) {
     edl::exec::parallel_parts(threads, [&](std::ptrdiff_t t) {
       sums[static_cast<std::size_t>(t)] =
-          edl::generate::detail::lockstep_read_sum(buf.data() + static_cast<std::size_t>(t) * per, per / (S * len), len);
+          edl::kernels::detail::lockstep_read_sum(buf.data() + static_cast<std::size_t>(t) * per, per / (S * len), len);
     });
     benchmark::DoNotOptimize(sums.data());
   }
@@ -165,7 +165,7 @@ void bm_matvec_layers(benchmark::State& state, const char* cfg, Layout layout, i
   std::vector<float> y(static_cast<std::size_t>(total / H));
   edl::exec::set_num_threads(threads);
   for (auto _ : state) {
-    for (const Product& p : step) edl::generate::detail::linear_nt<float>(x.data(), 1, p.w, nullptr, y.data(), p.n, p.k);
+    for (const Product& p : step) edl::kernels::linear_nt<float>(x.data(), 1, p.w, nullptr, y.data(), p.n, p.k);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -229,8 +229,8 @@ void bm_decode_attention(benchmark::State& state, bool huge, i64 ctx, int thread
         for (std::ptrdiff_t h = lo; h < hi; ++h) {
           const i64 off = base + (l * G + h) * ctx * D;
           const edl::generate::StandardKVCache::HeadView view{k.data() + off, v.data() + off, D, D};
-          edl::generate::detail::attend_row_head(view, ctx - 1, q.data() + h * D, out.data() + h * D, false, D, 0,
-                                                 edl::generate::detail::SlotMap{}, scores.data() + h * ctx);
+          edl::kernels::attend_row_head(view, ctx - 1, q.data() + h * D, out.data() + h * D, false, D, 0,
+                                                 edl::kernels::SlotMap{}, scores.data() + h * ctx);
         }
       });
     }

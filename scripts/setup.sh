@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-PACKAGES=(g++ cmake ninja-build lld ccache pkg-config
+PACKAGES=(g++ cmake ninja-build lld ccache pkg-config python3
           libxtensor-dev xtl-dev libxsimd-dev libtbb-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes
           libopenmpi-dev openmpi-bin)

@@ -29,10 +29,10 @@
 #include <edl/core/error.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/models/llama/pretrained.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/evaluation.hpp>
-#include <edl/train/tokenizer.hpp>
 #include "args.hpp"
 
 namespace edl::cli {
@@ -79,8 +79,9 @@ inline int cmd_eval(Args& args) {
   };
 
   auto model = models::from_pretrained<>(dir);
-  std::optional<train::ByteLevelBPE> tok;
-  if (fs::exists(fs::path(dir) / "tokenizer.json")) tok = train::ByteLevelBPE::from_file((fs::path(dir) / "tokenizer.json").string());
+  std::optional<tokenizer::ByteLevelBPE> tok;
+  if (fs::exists(fs::path(dir) / "tokenizer.json"))
+    tok = tokenizer::ByteLevelBPE::from_file((fs::path(dir) / "tokenizer.json").string());
 
   train::EvalOptions o;
   o.max_sequence_length = max_seq_flag > 0 ? max_seq_flag

@@ -49,8 +49,8 @@
 #include <edl/models/llama/pretrained.hpp>
 #define EDL_CLI_HAS_PRETRAINED 1
 #endif
-#if __has_include(<edl/train/tokenizer.hpp>)
-#include <edl/train/tokenizer.hpp>
+#if __has_include(<edl/tokenizer/tokenizer.hpp>)
+#include <edl/tokenizer/tokenizer.hpp>
 #define EDL_CLI_HAS_TOKENIZER 1
 #endif
 #include "args.hpp"
@@ -196,8 +196,8 @@ inline int cmd_generate(Args& args) {
   // Tokenizer (byte-level BPE tokenizer.json) when present.
   const bool has_tok_file = std::filesystem::exists(d / "tokenizer.json");
 #ifdef EDL_CLI_HAS_TOKENIZER
-  std::optional<train::ByteLevelBPE> tok;
-  if (has_tok_file) tok = train::ByteLevelBPE::from_file((d / "tokenizer.json").string());
+  std::optional<tokenizer::ByteLevelBPE> tok;
+  if (has_tok_file) tok = tokenizer::ByteLevelBPE::from_file((d / "tokenizer.json").string());
   const bool have_tokenizer = tok.has_value();
 #else
   const bool have_tokenizer = false;
@@ -255,7 +255,7 @@ inline constexpr std::size_t kReadBufferBytes = std::size_t{1} << 30;
 /// Floats a thread's part of a read is a multiple of: a whole number of eight-row blocks of
 /// any of the patterns' row lengths.
 inline constexpr std::size_t kReadQuantum =
-    static_cast<std::size_t>(generate::detail::kStreams * generate::detail::kStreamBytes) / sizeof(float);
+    static_cast<std::size_t>(kernels::detail::kStreams * kernels::detail::kStreamBytes) / sizeof(float);
 
 /// The sum of `per` floats at x read in pattern `pattern` (ReadBandwidth's field order): 0
 /// sequential, 1 prefetched (four accumulators hide the add latency); 2 eight streams, 3 eight
@@ -263,15 +263,15 @@ inline constexpr std::size_t kReadQuantum =
 /// decode kernel does). per: a multiple of kReadQuantum.
 inline float read_pattern(int pattern, const float* x, std::size_t per) {
   using B = xsimd::batch<float>;
-  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(generate::detail::kStreams);
+  constexpr std::size_t W = B::size, S = static_cast<std::size_t>(kernels::detail::kStreams);
   // rows8_stream follows the decode kernel's stream length, whatever it is set to.
   constexpr std::size_t kShort = 2048, kMid = 8192,
-                        kLong = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+                        kLong = static_cast<std::size_t>(kernels::detail::kStreamBytes) / sizeof(float);
   static_assert(kLong % kMid == 0 && kLong % (2 * W) == 0, "the kernel's streams must be whole 32 KiB rows");
   static_assert(kReadQuantum == S * kLong && kLong % kShort == 0);
   if (pattern >= 2) {
     const std::size_t len = pattern == 2 ? per / S : pattern == 3 ? kShort : pattern == 4 ? kMid : kLong;
-    return generate::detail::lockstep_read_sum(x, per / (S * len), len);
+    return kernels::detail::lockstep_read_sum(x, per / (S * len), len);
   }
   B a0(0.f), a1(0.f), a2(0.f), a3(0.f);
   for (std::size_t i = 0; i < per; i += 4 * W) {
@@ -394,8 +394,8 @@ inline float prefetched_sum(const float* x, std::size_t n) noexcept {
 /// streams then the rest as 0 (1).
 inline float weights_read_sum(const std::vector<std::pair<const char*, std::size_t>>& spans, int pattern,
                               std::size_t p, std::size_t parts) noexcept {
-  constexpr std::size_t S = static_cast<std::size_t>(generate::detail::kStreams),
-                        len = static_cast<std::size_t>(generate::detail::kStreamBytes) / sizeof(float);
+  constexpr std::size_t S = static_cast<std::size_t>(kernels::detail::kStreams),
+                        len = static_cast<std::size_t>(kernels::detail::kStreamBytes) / sizeof(float);
   float s = 0;
   for (const auto& [data, bytes] : spans) {
     const std::size_t n = bytes / sizeof(float), lo = n * p / parts, hi = n * (p + 1) / parts;
@@ -403,7 +403,7 @@ inline float weights_read_sum(const std::vector<std::pair<const char*, std::size
     std::size_t done = 0;
     if (pattern == 1) {
       const std::size_t blocks = (hi - lo) / (S * len);
-      if (blocks > 0) s += generate::detail::lockstep_read_sum(x, blocks, len);
+      if (blocks > 0) s += kernels::detail::lockstep_read_sum(x, blocks, len);
       done = blocks * S * len;
     }
     s += prefetched_sum(x + done, hi - lo - done);

@@ -1,6 +1,7 @@
 // edl/edl.hpp: the whole library. Include this, or single_include/edl/edl.hpp.
-// Layers, each including only the ones above it (docs/architecture.md):
-//   core -> mesh -> tensor -> kernels -> (nn, io, models, optim, generate, train)
+// Layers, each including only the ones before it, kernels only core (docs/architecture.md;
+// the `layers` test): core -> mesh -> tensor -> kernels -> nn -> io -> tokenizer -> optim ->
+// models -> generate | train
 #pragma once
 #include <edl/version.hpp>
 #include <edl/core/all.hpp>
@@ -9,7 +10,8 @@
 #include <edl/kernels/all.hpp>
 #include <edl/nn/all.hpp>
 #include <edl/io/all.hpp>
-#include <edl/models/all.hpp>
+#include <edl/tokenizer/all.hpp>
 #include <edl/optim/all.hpp>
+#include <edl/models/all.hpp>
 #include <edl/generate/all.hpp>
 #include <edl/train/all.hpp>

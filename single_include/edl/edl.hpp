@@ -2,8 +2,9 @@
 // Do not edit: change include/edl/ and run the `amalgamate` target.
 #pragma once
 // edl/edl.hpp: the whole library. Include this, or single_include/edl/edl.hpp.
-// Layers, each including only the ones above it (docs/architecture.md):
-//   core -> mesh -> tensor -> kernels -> (nn, io, models, optim, generate, train)
+// Layers, each including only the ones before it, kernels only core (docs/architecture.md;
+// the `layers` test): core -> mesh -> tensor -> kernels -> nn -> io -> tokenizer -> optim ->
+// models -> generate | train
 // #include <edl/version.hpp>
 // edl/version.hpp: the library version (kept equal to project(VERSION) in CMakeLists.txt).
 #define EDL_VERSION_MAJOR 0
@@ -3393,6 +3394,7 @@ ShardedTensor<T, OutSpec> shard_map(const Mesh<Axes...>& mesh, const std::array<
 // not depend on the thread count.
 
 #include <cstddef>
+#include <cstdint>
 
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
@@ -3935,6 +3937,12 @@ inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
   detail::map(n, detail::SiluMulOp{}, out, gate, up);
 }
 
+/// gate[lo, hi) = silu(gate) * up over that range, on the calling thread: for callers that
+/// must not fork (a part of an exec::PhasedRegion). The same bits as silu_mul.
+inline void silu_mul_range(float* gate, const float* up, std::int64_t lo, std::int64_t hi) noexcept {
+  detail::map_range(lo, hi, detail::SiluMulOp{}, gate, static_cast<const float*>(gate), up);
+}
+
 /// Backward of out = silu(gate) * up:
 ///   d_up   = d_out * silu(gate)
 ///   d_gate = d_out * up * silu'(gate)
@@ -4103,6 +4111,20 @@ inline void axpy(float a, const float* x, float* y, std::ptrdiff_t n) {
   detail::map(
       n, [&](const detail::fbatch& u, const detail::fbatch& v) { return kernels::detail::fmadd(ab, v, u); }, y,
       static_cast<const float*>(y), x);
+}
+
+/// x = x * a - b over [0, n) on the calling thread: for callers that are already inside their
+/// own parallel loop (the loss's per-row gradient).
+inline void mul_sub_inplace(float* x, std::ptrdiff_t n, float a, float b) noexcept {
+  detail::map_range(0, n, [&](const detail::fbatch& e) { return e * detail::fbatch(a) - detail::fbatch(b); }, x,
+                    static_cast<const float*>(x));
+}
+
+/// y[lo, hi) += x[lo, hi) on the calling thread: for callers that must not fork (a part of an
+/// exec::PhasedRegion). The same bits as add_inplace.
+inline void add_range(float* y, const float* x, std::int64_t lo, std::int64_t hi) noexcept {
+  detail::map_range(lo, hi, [](const detail::fbatch& a, const detail::fbatch& b) { return a + b; }, y,
+                    static_cast<const float*>(y), x);
 }
 
 /// y *= a, in place.
@@ -5234,6 +5256,16 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
   return valid;
 }
 
+/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
+inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
+  namespace kd = detail;
+  const kd::fbatch db(d), sb(scale);
+  std::ptrdiff_t j = 0;
+  for (; j + kd::kLanes <= n; j += kd::kLanes)
+    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
+}
+
 }  // namespace edl::kernels
 // end of edl/kernels/softmax.hpp
 // end of edl/kernels/all.hpp
@@ -5275,6 +5307,301 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/attention.hpp>
+// edl/kernels/attention.hpp
+// Attention kernels over cached keys and values (generation): one query row against one
+// kv head's cache rows (decode), and a run of consecutive query rows of one sequence on the
+// GEMM (a prefill chunk). Each kernel reads a head through a view with k_row(slot),
+// v_row(slot) (D elements: f32, or int8 for the int8 cache) and k_scale(slot), v_scale(slot)
+// (1 for f32), and read(slot, k, v) widening both rows to f32 (generate/kv_cache.hpp's views).
+// A SlotMap says which positions a device's cache holds (all of them on one device; every
+// sp-th on a mesh's sp axis); with partial = true a kernel writes flash-decoding's record
+// (max m, sum l of exp(s - m), unnormalised context) for the mesh to combine.
+//
+// Every result is one fixed-order sum whatever the thread count: the kernels are serial and
+// their callers run one (row or run, head) per task.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
+// // #include <edl/kernels/gemm.hpp> (inlined above) (inlined above)
+// // #include <edl/kernels/softmax.hpp> (inlined above) (inlined above)
+
+namespace edl::kernels {
+
+/// Query rows per block of the blocked attention (training, and prefill over a cache): the
+/// block's scores [rows, keys] and their gradients stay in L2 (64 x 512 floats = 128 KiB).
+inline constexpr std::int64_t kAttentionQueryBlock = 64;
+
+/// First key position a query at position i attends to: 0, or the start of a sliding window
+/// of `window` keys (window <= 0: no window).
+constexpr std::int64_t window_start(std::int64_t i, std::int64_t window) noexcept {
+  return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
+}
+
+namespace detail {
+
+
+/// The kernels prefetch (into L2) the keys of the next group of slots and the values
+/// kValuePrefetchSlots slots ahead: a few percent of decode at long contexts.
+inline constexpr std::int64_t kValuePrefetchSlots = 8;
+
+/// Prefetches the cache lines of n elements at p (nothing is read: a prefetch never faults).
+template <class E>
+inline void prefetch_row(const E* p, std::int64_t n) noexcept {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (std::int64_t b = 0; b < n * static_cast<std::int64_t>(sizeof(E)); b += 64) __builtin_prefetch(c + b, 0, 2);
+}
+
+/// The attention kernels over one head's cache rows. A HeadView gives k_row(slot) and
+/// v_row(slot), pointers to the slot's D elements (f32, or int8 for Int8KVCache), and
+/// k_scale(slot), v_scale(slot) that multiply them (1 for f32 caches).
+///
+/// sc[j] = scale * q . k[j0 + j] for j in [0, cnt). Wd slots at a time with Wd accumulators and
+/// one transposing haddp: Wd independent FMA chains and one horizontal reduction per Wd slots,
+/// where a dot per slot waits on its own chain and its own reduction (decode attention spent
+/// most of its time there). Each score's order is fixed: lanes over D, the haddp tree, the tail.
+template <class View>
+inline void slot_scores(const View& view, const float* q, std::int64_t j0, std::int64_t cnt, float scale,
+                        float* sc) noexcept {
+  using Row = decltype(view.k_row(0));
+  const std::int64_t D = view.D, D0 = D / kLanes * kLanes;
+  for (std::int64_t j = 0; j < cnt; j += kLanes) {
+    const std::int64_t n = std::min(kLanes, cnt - j);
+    Row kr[kLanes];  // lanes past cnt re-read the last slot; their sums are dropped
+    for (std::int64_t s = 0; s < kLanes; ++s) kr[s] = view.k_row(j0 + j + std::min(s, n - 1));
+    for (std::int64_t s = j + kLanes; s < std::min(cnt, j + 2 * kLanes); ++s)  // the next group's keys
+      prefetch_row(view.k_row(j0 + s), D);
+    fbatch a[kLanes];
+    for (std::int64_t s = 0; s < kLanes; ++s) a[s] = fbatch(0.f);
+    for (std::int64_t d = 0; d < D0; d += kLanes) {
+      const fbatch qv = fbatch::load_unaligned(q + d);
+#pragma GCC unroll 16
+      for (std::int64_t s = 0; s < kLanes; ++s) a[s] = detail::fmadd(qv, detail::load(kr[s] + d), a[s]);
+    }
+    alignas(64) float sm[kLanes];
+    detail::haddp(a).store_aligned(sm);
+    for (std::int64_t s = 0; s < n; ++s) {
+      float v = sm[s];
+      for (std::int64_t d = D0; d < D; ++d) v = std::fma(q[d], to_f32(kr[s][d]), v);
+      sc[j + s] = scale * view.k_scale(j0 + j + s) * v;
+    }
+  }
+}
+
+/// out[c0, c0 + NB * Wd) = sum over j of w p[j] v_scale v[j0 + j] in those columns, the NB
+/// accumulators in registers (an axpy per slot into memory waits on the store of the last).
+template <int NB, class View>
+inline void weighted_values_cols(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
+                                 std::int64_t c0, float* out) noexcept {
+  fbatch acc[NB];
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) acc[b] = fbatch(0.f);
+  for (std::int64_t j = 0; j < cnt; ++j) {
+    const fbatch pb(p[j] * w * view.v_scale(j0 + j));
+    const auto* vr = view.v_row(j0 + j) + c0;
+    if (j + kValuePrefetchSlots < cnt) prefetch_row(view.v_row(j0 + j + kValuePrefetchSlots) + c0, NB * kLanes);
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) acc[b] = detail::fmadd(pb, detail::load(vr + b * kLanes), acc[b]);
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) acc[b].store_unaligned(out + c0 + b * kLanes);
+}
+
+/// out[0, D) = sum over j in [0, cnt) of w p[j] v[j0 + j] (dequantized): the attention's
+/// weighted values, overwriting out. Columns go 8 lane batches at a time, then the rest.
+/// Each output element is one FMA chain over j in order, as an axpy per slot would give.
+template <class View>
+inline void weighted_values(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
+                            float* out) noexcept {
+  const std::int64_t D = view.D;
+  std::int64_t c0 = 0;
+  for (; c0 + 8 * kLanes <= D; c0 += 8 * kLanes) weighted_values_cols<8>(view, p, j0, cnt, w, c0, out);
+  switch ((D - c0) / kLanes) {
+    case 7: weighted_values_cols<7>(view, p, j0, cnt, w, c0, out); break;
+    case 6: weighted_values_cols<6>(view, p, j0, cnt, w, c0, out); break;
+    case 5: weighted_values_cols<5>(view, p, j0, cnt, w, c0, out); break;
+    case 4: weighted_values_cols<4>(view, p, j0, cnt, w, c0, out); break;
+    case 3: weighted_values_cols<3>(view, p, j0, cnt, w, c0, out); break;
+    case 2: weighted_values_cols<2>(view, p, j0, cnt, w, c0, out); break;
+    case 1: weighted_values_cols<1>(view, p, j0, cnt, w, c0, out); break;
+    default: break;
+  }
+  for (c0 += (D - c0) / kLanes * kLanes; c0 < D; ++c0) {
+    float a = 0.f;
+    for (std::int64_t j = 0; j < cnt; ++j) a = std::fma(p[j] * w * view.v_scale(j0 + j), to_f32(view.v_row(j0 + j)[c0]), a);
+    out[c0] = a;
+  }
+}
+
+}  // namespace detail
+
+/// Where a sequence's positions sit in one device's cache: position p in local slot p / sp of
+/// sp rank p % sp (round-robin, the mesh decoder's sp axis); sp = 1 is slot = position.
+struct SlotMap {
+  std::int64_t sp = 1, rank = 0;
+  /// The first local slot holding a position >= p.
+  constexpr std::int64_t first(std::int64_t p) const { return p <= rank ? 0 : (p - rank + sp - 1) / sp; }
+  /// The number of local slots holding positions < p.
+  constexpr std::int64_t end(std::int64_t p) const { return p > rank ? (p - rank + sp - 1) / sp : 0; }
+};
+
+/// Where GEMM attention writes (row r, head h): at data + r * row_stride + h * head_stride, the
+/// normalised context (partial = false), or flash-decoding's partial record (max m, sum l of
+/// exp(s - m), unnormalised context o[D]) that the mesh decoder combines over sp (partial = true).
+struct AttentionOut {
+  float* data;
+  std::int64_t row_stride, head_stride;
+  bool partial = false;
+};
+
+/// Attention of one query head for m_all query rows at positions p0 .. p0 + m_all - 1 of one
+/// sequence (q: row i at q + i * ld) over the local cache slots (slots) holding positions
+/// window_start(p0, window) .. p0 + m_all - 1. The kv head's keys and values are read into f32
+/// (kv), then per block of kAttentionQueryBlock query rows the scores are one GEMM (q k^T), the
+/// causal and window mask and the softmax are row-wise, and the context is a second GEMM (p v),
+/// as in the training attention (nn/attention.hpp). Row i's output goes to out + i * out_ld
+/// (the layout of AttentionOut; a row with no slot here gets the record {-inf, 0, 0...} or a
+/// zero context). Serial: the caller runs one (run, head) per task, so the result does not
+/// depend on the thread count.
+template <class View>
+void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* out, std::int64_t out_ld, bool partial,
+                     std::int64_t p0, std::int64_t m_all, std::int64_t D, std::int64_t window, SlotMap slots,
+                     std::vector<float>& kv, std::vector<float>& sc) {
+    // Local slots [first_slot(pos), end_slot(pos)) are the keys position pos attends to.
+  const auto first_slot = [&](std::int64_t pos) { return slots.first(window_start(pos, window)); };
+  const auto end_slot = [&](std::int64_t pos) { return slots.end(pos + 1); };
+  const std::int64_t QB = kAttentionQueryBlock, off = partial ? 2 : 0;  // o's offset in a record
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const std::int64_t s0 = first_slot(p0), ns = std::max<std::int64_t>(0, end_slot(p0 + m_all - 1) - s0);
+  kv.resize(static_cast<std::size_t>(2 * ns * D));
+  float* K = kv.data();
+  float* V = K + ns * D;
+  for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D, V + j * D);
+  sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * std::max<std::int64_t>(1, ns)));
+  for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
+    const std::int64_t m = std::min(QB, m_all - i0);
+    // keys [j0, j0 + nk) of the block, relative to s0
+    const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = std::max<std::int64_t>(0, end_slot(p0 + i0 + m - 1) - s0 - j0);
+    if (nk > 0)
+      gemm_serial(Trans::no, Trans::yes, m, nk, D, scale, q + i0 * ld, ld, K + j0 * D, D, 0.0f, sc.data(), nk);
+    for (std::int64_t i = 0; i < m; ++i) {
+      float* row = sc.data() + i * nk;
+      float* rec = out + (i0 + i) * out_ld;
+      const std::int64_t pos = p0 + i0 + i;
+      const std::int64_t a = first_slot(pos) - s0 - j0, b = std::max(a, end_slot(pos) - s0 - j0);  // allowed keys [a, b)
+      float mx = -std::numeric_limits<float>::infinity(), total = 0.0f;
+      if (b > a) {
+        mx = detail::row_max(row + a, b - a);
+        total = detail::row_exp_sum(row + a, row + a, b - a, mx);
+        if (!partial)
+          for (std::int64_t j = a; j < b; ++j) row[j] *= 1.0f / total;
+      }
+      std::fill(row, row + a, 0.0f);
+      std::fill(row + b, row + nk, 0.0f);
+      if (partial) {
+        rec[0] = mx;
+        rec[1] = total;
+      }
+      if (nk == 0) std::fill(rec + off, rec + off + D, 0.0f);
+    }
+    if (nk > 0)
+      gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f,
+                           out + i0 * out_ld + off, out_ld);
+  }
+}
+
+/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
+/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
+/// decoders' attention starts here; they differ in how the sum is combined.
+template <class View>
+inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
+                                                  float scale, float* sc) {
+  using detail::fbatch;
+  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
+  if (cnt <= 0) return {-std::numeric_limits<float>::infinity(), 0.0f};
+  detail::slot_scores(view, q, j0, cnt, scale, sc);
+  fbatch mxv(-std::numeric_limits<float>::infinity());
+  std::int64_t i = 0;
+  for (; i + Wd <= cnt; i += Wd) mxv = xsimd::max(mxv, fbatch::load_unaligned(sc + i));
+  float mx = detail::hmax(mxv);
+  for (; i < cnt; ++i) mx = std::max(mx, sc[i]);
+  const fbatch mb(mx);
+  fbatch sum(0.f);
+  std::int64_t j = 0;
+  for (; j + Wd <= cnt; j += Wd) {
+    const fbatch e = detail::exp(fbatch::load_unaligned(sc + j) - mb);
+    e.store_unaligned(sc + j);
+    sum += e;
+  }
+  if (j < cnt) {
+    const fbatch e = detail::exp(detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
+    detail::store_partial(sc + j, e, cnt - j);
+    sum += e;
+  }
+  return {mx, detail::hsum(sum)};
+}
+
+/// Attention of query head h of one decode row (row r of q and of out, at position row.pos):
+/// softmax_numerators over the local slots the position attends to, then the weighted values,
+/// written as AttentionOut says (normalised context, or the partial (m, l, o) record). sc holds
+/// the head's scores (the slots up to the position).
+template <class View>
+void attend_row_head(const View& view, std::int64_t pos, const float* q, float* rec, bool partial, std::int64_t D,
+                     std::int64_t window, SlotMap slots, float* sc) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
+  const std::int64_t jlo = slots.first(window_start(pos, window));
+  const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(pos + 1) - jlo);
+  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc);
+  const float w = partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
+  if (partial) {
+    rec[0] = mx;
+    rec[1] = total;
+  }
+  detail::weighted_values(view, sc, jlo, cnt, w, rec + (partial ? 2 : 0));
+}
+
+
+/// Flash-decoding's combine over a mesh's sp ranks. For each of `count` (row, head) pairs t,
+/// rank k's record sits at records + k * stride + t * (D + 2): the max m_k, the sum l_k of
+/// exp(s - m_k) and the unnormalised context o_k[D]. Writes ctx[t * D, (t + 1) * D) =
+/// sum_k o_k e^(m_k - M) / sum_k l_k e^(m_k - M), M = max_k m_k, combining in rank order so
+/// that every rank computes the same bits.
+inline void combine_attention_records(const float* records, std::int64_t ranks, std::int64_t stride,
+                                      std::int64_t count, std::int64_t D, float* ctx) {
+  const std::int64_t SW = D + 2;
+  exec::parallel_for(0, count, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t t = lo; t < hi; ++t) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (std::int64_t k = 0; k < ranks; ++k) M = std::max(M, records[k * stride + t * SW]);
+      float* out = ctx + t * D;
+      std::fill(out, out + D, 0.0f);
+      float lsum = 0.0f;
+      for (std::int64_t k = 0; k < ranks; ++k) {
+        const float* st = records + k * stride + t * SW;
+        if (st[1] == 0.0f) continue;  // no slot of this rank in range
+        const float f = std::exp(st[0] - M);
+        lsum += f * st[1];
+        for (std::int64_t i = 0; i < D; ++i) out[i] = std::fma(f, st[2 + i], out[i]);
+      }
+      const float inv = 1.0f / lsum;
+      for (std::int64_t i = 0; i < D; ++i) out[i] *= inv;
+    }
+  });
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/attention.hpp
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/softmax.hpp> (inlined above)
 // // #include <edl/nn/linear.hpp> (inlined above)
@@ -5808,25 +6135,9 @@ struct AttentionConfig {
 };
 
 namespace detail {
-/// Query rows per block of the blocked attention: the block's scores [rows, keys] and their
-/// gradients stay in L2 (64 x 512 floats = 128 KiB at seq 512).
-inline constexpr std::int64_t kAttentionQueryBlock = 64;
+using kernels::kAttentionQueryBlock;
+using kernels::window_start;
 
-/// First key position a query at position i attends to: 0, or the start of a sliding window
-/// of `window` keys (window <= 0: no window). Training attention and both decoders use it.
-constexpr std::int64_t window_start(std::int64_t i, std::int64_t window) noexcept {
-  return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
-}
-
-/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
-inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
-  namespace kd = kernels::detail;
-  const kd::fbatch db(d), sb(scale);
-  std::ptrdiff_t j = 0;
-  for (; j + kd::kLanes <= n; j += kd::kLanes)
-    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
-  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
-}
 }  // namespace detail
 
 template <class Pol>
@@ -6068,7 +6379,7 @@ class Attention {
               mask_row(s, b, i0 + r, j0, prow, n);
               kernels::detail::row_exp_sum(prow, prow, n, lse);
               const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
-              detail::softmax_grad_row(prow, dprow, Di, scale, n);
+              kernels::softmax_grad_row(prow, dprow, Di, scale, n);
             }
             gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
             gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);
@@ -6564,6 +6875,7 @@ class Embedding {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/softmax.hpp> (inlined above)
 // #include <edl/nn/linear.hpp> (inlined above)
@@ -6668,8 +6980,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
         if (want_grad) {
           const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
-          kd::map_range(0, V, [&](const kd::fbatch& e) { return e * kd::fbatch(a) - kd::fbatch(b); }, x,
-                        static_cast<const float*>(x));
+          kernels::mul_sub_inplace(x, V, a, b);
           x[l] -= gscale * (1.0f - eps);
         }
       }
@@ -6701,35 +7012,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 // end of edl/nn/all.hpp
 // #include <edl/io/all.hpp>
 // edl/io/all.hpp: umbrella of the io layer (memory maps, safetensors, JSON configs, .npy).
-// #include <edl/io/json_config.hpp>
-// edl/io/json_config.hpp
-// A small wrapper over a JSON object (config.json and friends) with typed getters whose errors
-// name the file, the field, the expected type and the value found:
-//
-//   auto c = edl::io::JsonConfig::from_file("config.json");
-//   int64_t h = c.get<int64_t>("hidden_size");             // required
-//   double eps = c.get<double>("rms_norm_eps", 1e-6);      // default when missing or null
-//   std::optional<int64_t> w = c.optional<int64_t>("sliding_window");
-//
-// Unknown fields are kept as they are, in their order, so writing back preserves them.
-// Errors: errc::io (file cannot be read/written), errc::format (not valid JSON: the message gives
-// line, column and byte), errc::config (missing field or wrong type; where = "<source> field <key>").
-
-#include <cmath>
-#include <cstdint>
-#include <fstream>
-#include <limits>
-#include <optional>
-#include <sstream>
-#include <string>
-#include <type_traits>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp>
-// edl/io/detail/atomic_file.hpp
+// #include <edl/io/atomic_file.hpp>
+// edl/io/atomic_file.hpp
 // Write a file so that readers see either the old contents or the complete new ones:
 // write "<path>.tmp-<pid>", fsync it, rename it over <path>, fsync the folder. If anything
 // throws before commit(), the destructor removes the temp file and <path> is untouched.
@@ -6743,7 +7027,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 #include <unistd.h>
 
 // #include <edl/core/error.hpp> (inlined above)
-// // // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
+// // #include <edl/io/mmap.hpp> (inlined above)
 // edl/io/mmap.hpp
 // A read-only memory map of a whole file (POSIX mmap), owned RAII-style.
 //
@@ -6842,14 +7126,14 @@ class MappedFile {
 }  // namespace edl::io
 // end of edl/io/mmap.hpp
 
-namespace edl::io::detail {
+namespace edl::io {
 
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path)
       : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(static_cast<long>(::getpid()))) {
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    EDL_CHECK(fd_ >= 0, errc::io, path_, "cannot create temporary file ", tmp_, ": ", errno_text());
+    EDL_CHECK(fd_ >= 0, errc::io, path_, "cannot create temporary file ", tmp_, ": ", detail::errno_text());
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -6865,7 +7149,7 @@ class AtomicFile {
     while (n > 0) {
       const ::ssize_t w = ::write(fd_, p, n);
       if (w < 0 && errno == EINTR) continue;
-      EDL_CHECK(w > 0, errc::io, path_, "write to ", tmp_, " failed after ", written_, " bytes: ", errno_text());
+      EDL_CHECK(w > 0, errc::io, path_, "write to ", tmp_, " failed after ", written_, " bytes: ", detail::errno_text());
       p += w;
       n -= static_cast<std::size_t>(w);
       written_ += static_cast<std::size_t>(w);
@@ -6875,12 +7159,12 @@ class AtomicFile {
 
   /// fsync, close and rename over the destination; the old file is replaced in one step.
   void commit() {
-    EDL_CHECK(::fsync(fd_) == 0, errc::io, path_, "fsync of ", tmp_, " failed: ", errno_text());
+    EDL_CHECK(::fsync(fd_) == 0, errc::io, path_, "fsync of ", tmp_, " failed: ", detail::errno_text());
     const int fd = fd_;
     fd_ = -1;
-    EDL_CHECK(::close(fd) == 0, errc::io, path_, "close of ", tmp_, " failed: ", errno_text());
+    EDL_CHECK(::close(fd) == 0, errc::io, path_, "close of ", tmp_, " failed: ", detail::errno_text());
     EDL_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, errc::io, path_, "rename from ", tmp_,
-              " failed: ", errno_text());
+              " failed: ", detail::errno_text());
     committed_ = true;
     // Make the rename itself durable (best effort: some file systems refuse fsync on folders).
     const auto slash = path_.find_last_of('/');
@@ -6906,8 +7190,36 @@ inline void write_file_atomic(const std::string& path, const std::string& conten
   f.commit();
 }
 
-}  // namespace edl::io::detail
-// end of edl/io/detail/atomic_file.hpp
+}  // namespace edl::io
+// end of edl/io/atomic_file.hpp
+// #include <edl/io/json_config.hpp>
+// edl/io/json_config.hpp
+// A small wrapper over a JSON object (config.json and friends) with typed getters whose errors
+// name the file, the field, the expected type and the value found:
+//
+//   auto c = edl::io::JsonConfig::from_file("config.json");
+//   int64_t h = c.get<int64_t>("hidden_size");             // required
+//   double eps = c.get<double>("rms_norm_eps", 1e-6);      // default when missing or null
+//   std::optional<int64_t> w = c.optional<int64_t>("sliding_window");
+//
+// Unknown fields are kept as they are, in their order, so writing back preserves them.
+// Errors: errc::io (file cannot be read/written), errc::format (not valid JSON: the message gives
+// line, column and byte), errc::config (missing field or wrong type; where = "<source> field <key>").
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
 // // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
 
 namespace edl::io {
@@ -6984,7 +7296,7 @@ class JsonConfig {
 
   std::string dump(int indent = 2) const { return j_.dump(indent); }
   /// Writes the document (pretty, newline-terminated) atomically.
-  void save(const std::string& path) const { detail::write_file_atomic(path, dump(2) + "\n"); }
+  void save(const std::string& path) const { write_file_atomic(path, dump(2) + "\n"); }
 
   /// Converts one JSON value to T; errors name `where`, the expected type and the value found.
   template <class T>
@@ -7164,7 +7476,7 @@ void save_npy(const std::string& path, const E& a) {
 // #include <edl/core/block_rows.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 
 namespace edl::io {
@@ -7586,7 +7898,7 @@ inline std::uint64_t save_safetensors(const std::string& path, const TensorList&
                                       const SaveOptions& options = {}) {
   detail::check_tensor_list(tensors, path);
   const std::string header = detail::build_header(tensors, metadata);
-  detail::AtomicFile f(path);
+  AtomicFile f(path);
   const std::uint64_t n = header.size();
   f.write(&n, 8);
   f.write(header.data(), header.size());
@@ -7794,7 +8106,7 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
     idx["weight_map"] = nlohmann::ordered_json::object();
     for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
     written.push_back((d / kIndexFileName).string());
-    detail::write_file_atomic(written.back(), idx.dump(2) + "\n");
+    write_file_atomic(written.back(), idx.dump(2) + "\n");
     keep.insert(kIndexFileName);
   }
   // Remove leftovers of an earlier layout so that open(dir) sees only this save.
@@ -7811,6 +8123,1082 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
 }  // namespace edl::io
 // end of edl/io/safetensors.hpp
 // end of edl/io/all.hpp
+// #include <edl/tokenizer/all.hpp>
+// edl/tokenizer/all.hpp: umbrella of the tokenizer layer (byte-level BPE, HF tokenizer.json).
+// #include <edl/tokenizer/tokenizer.hpp>
+// edl/tokenizer/tokenizer.hpp
+// Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
+//
+//   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
+//                  bytes -> merges applied by rank. train() learns merges on a corpus;
+//                  from_file() loads an HF tokenizer.json (model.type "BPE", byte-level
+//                  pre-tokenizer); save() writes one that HF `tokenizers` loads.
+//   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
+//                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
+//
+//   auto tok = tokenizer::ByteLevelBPE::train(docs, 1024);  // merges of the most frequent pairs
+//   auto ids = tok.encode("héllo");                         // decode(encode(s)) == s for any bytes
+//   tok.save("out/tokenizer.json");
+//
+// Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
+// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  with one approximation: without Unicode tables, every byte
+// >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
+// Special tokens are not recognized inside text passed to encode() (they are ids the data
+// pipeline inserts).
+//
+// Its own layer (after io/, before train/ and generate/) so that serving loads a tokenizer
+// without the trainer.
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+
+namespace edl::tokenizer {
+
+using ojson = nlohmann::ordered_json;
+
+namespace detail {
+
+/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
+inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    std::array<bool, 256> direct{};
+    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+    std::uint32_t n = 0;
+    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
+    return t;
+  }();
+  return table;
+}
+
+inline void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+/// Code points of a UTF-8 string; nullopt when it is not valid UTF-8.
+inline std::optional<std::vector<std::uint32_t>> utf8_codepoints(std::string_view s) {
+  std::vector<std::uint32_t> out;
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return std::nullopt;
+    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (int k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return std::nullopt;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    out.push_back(cp);
+    i += static_cast<std::size_t>(len);
+  }
+  return out;
+}
+
+/// The byte-level form of raw bytes (each byte -> its GPT-2 code point, UTF-8 encoded).
+inline std::string bytes_to_unicode(std::string_view bytes) {
+  std::string s;
+  for (unsigned char b : bytes) append_utf8(s, byte_to_codepoint()[b]);
+  return s;
+}
+
+/// Inverse of bytes_to_unicode; nullopt when a code point is not one of the 256.
+inline std::optional<std::string> unicode_to_bytes(std::string_view u) {
+  static const std::unordered_map<std::uint32_t, unsigned char> inv = [] {
+    std::unordered_map<std::uint32_t, unsigned char> m;
+    for (int b = 0; b < 256; ++b) m[byte_to_codepoint()[b]] = static_cast<unsigned char>(b);
+    return m;
+  }();
+  auto cps = utf8_codepoints(u);
+  if (!cps) return std::nullopt;
+  std::string out;
+  for (auto cp : *cps) {
+    auto it = inv.find(cp);
+    if (it == inv.end()) return std::nullopt;
+    out += static_cast<char>(it->second);
+  }
+  return out;
+}
+
+enum class CharClass { letter, number, space, other };
+inline CharClass char_class(unsigned char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return CharClass::letter;
+  if (c >= '0' && c <= '9') return CharClass::number;
+  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::space;
+  return CharClass::other;
+}
+
+/// GPT-2 pre-tokenization (see the header comment): calls f(piece) for each piece, in order.
+template <class F>
+void pretokenize(std::string_view s, F&& f) {
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  auto cls = [&](std::size_t k) { return char_class(static_cast<unsigned char>(s[k])); };
+  while (i < n) {
+    if (s[i] == '\'') {  // contractions (case-sensitive, as GPT-2)
+      std::size_t len = 0;
+      for (std::string_view c : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
+        if (s.substr(i, c.size()) == c) { len = c.size(); break; }
+      if (len) { f(s.substr(i, len)); i += len; continue; }
+    }
+    std::size_t j = i;
+    if (s[i] == ' ' && i + 1 < n && cls(i + 1) != CharClass::space) j = i + 1;
+    const CharClass c = cls(j);
+    if (c != CharClass::space) {
+      std::size_t k = j + 1;
+      while (k < n && cls(k) == c) ++k;
+      f(s.substr(i, k - i));
+      i = k;
+      continue;
+    }
+    std::size_t k = i;
+    while (k < n && cls(k) == CharClass::space) ++k;
+    if (k < n && k - i >= 2) k -= 1;  // \s+(?!\S): leave the last space to the next word
+    f(s.substr(i, k - i));
+    i = k;
+  }
+}
+
+}  // namespace detail
+
+class ByteLevelBPE {
+ public:
+  static constexpr const char* kBos = "<s>";
+  static constexpr const char* kEos = "</s>";
+  static constexpr const char* kPad = "<pad>";
+
+  /// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
+  static ByteLevelBPE byte_level() {
+    ByteLevelBPE t;
+    for (int b = 0; b < 256; ++b) {
+      t.tokens_.push_back(std::string(1, static_cast<char>(b)));
+      t.special_.push_back(false);
+      t.byte_id_[b] = b;
+    }
+    for (const char* s : {kBos, kEos, kPad}) t.add_special(s);
+    t.find_specials();
+    return t;
+  }
+
+  /// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges):
+  /// each round merges the adjacent pair with the highest count over all pre-tokens; ties go
+  /// to the smallest (left id, right id). Stops early when no pair is left.
+  static ByteLevelBPE train(const std::vector<std::string>& docs, std::int64_t vocab_size) {
+    ByteLevelBPE t = byte_level();
+    EDL_CHECK(vocab_size >= t.vocab_size(), errc::invalid_argument, "ByteLevelBPE::train",
+              "vocab_size must be at least ", t.vocab_size(), " (bytes and specials), found ", vocab_size);
+    std::map<std::string, std::int64_t> counts;
+    for (const auto& d : docs) detail::pretokenize(d, [&](std::string_view p) { ++counts[std::string(p)]; });
+    std::vector<std::vector<std::int32_t>> words;
+    std::vector<std::int64_t> freq;
+    for (const auto& [w, c] : counts) {
+      std::vector<std::int32_t> ids;
+      for (unsigned char b : w) ids.push_back(b);
+      if (ids.size() >= 2) { words.push_back(std::move(ids)); freq.push_back(c); }
+    }
+    std::unordered_map<std::uint64_t, std::int64_t> pairs;
+    auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
+    while (t.vocab_size() < vocab_size) {
+      pairs.clear();
+      for (std::size_t w = 0; w < words.size(); ++w)
+        for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
+      std::uint64_t best = 0;
+      std::int64_t best_count = 0;
+      for (const auto& [k, c] : pairs)
+        if (c > best_count || (c == best_count && k < best)) { best = k; best_count = c; }
+      if (best_count == 0) break;
+      const std::int32_t a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
+      const std::int32_t id = static_cast<std::int32_t>(t.tokens_.size());
+      t.add_merge(a, b, t.tokens_[a] + t.tokens_[b]);
+      for (auto& w : words) {
+        std::size_t o = 0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) { w[o++] = id; ++i; }
+          else w[o++] = w[i];
+        }
+        w.resize(o);
+      }
+    }
+    return t;
+  }
+
+  /// Reads an HF tokenizer.json with a byte-level BPE model.
+  static ByteLevelBPE from_json(const ojson& j, const std::string& source = "tokenizer.json") {
+    auto fail = [&](const std::string& field, const std::string& msg) {
+      ::edl::detail::raise(errc::format, source + " field " + field, msg);
+    };
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("model", "missing or not an object");
+    const ojson& m = j["model"];
+    if (!m.contains("type") || m["type"] != "BPE")
+      fail("model.type", "expected \"BPE\", found " + (m.contains("type") ? m["type"].dump() : std::string("nothing")));
+    if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
+    // The pre-tokenizer must be byte-level (alone or inside a Sequence).
+    bool byte_level = false;
+    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
+      const ojson& p = j["pre_tokenizer"];
+      if (p.value("type", "") == "ByteLevel") byte_level = true;
+      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
+        for (const auto& q : p["pretokenizers"])
+          if (q.value("type", "") == "ByteLevel") byte_level = true;
+    }
+    if (!byte_level) fail("pre_tokenizer", "expected a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
+
+    ByteLevelBPE t;
+    std::map<std::int64_t, std::pair<std::string, bool>> by_id;  // id -> (bytes or content, special)
+    std::unordered_map<std::string, std::int64_t> vocab;         // byte-level string -> id
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const auto& a : j["added_tokens"]) {
+        if (!a.is_object() || !a.contains("id") || !a.contains("content")) fail("added_tokens", "entry without id/content");
+        by_id[a["id"].get<std::int64_t>()] = {a["content"].get<std::string>(), true};
+      }
+    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
+        fail("model.vocab", "id of \"" + it.key() + "\" must be a non-negative integer");
+      const std::int64_t id = it.value().get<std::int64_t>();
+      vocab[it.key()] = id;
+      if (by_id.count(id)) continue;  // an added (special) token also listed in the vocab
+      auto bytes = detail::unicode_to_bytes(it.key());
+      if (!bytes) fail("model.vocab", "token \"" + it.key() + "\" is not in the byte-level alphabet");
+      by_id[id] = {*bytes, false};
+    }
+    if (by_id.empty()) fail("model.vocab", "is empty");
+    const std::int64_t n = by_id.rbegin()->first + 1;
+    t.tokens_.assign(static_cast<std::size_t>(n), std::string());
+    t.special_.assign(static_cast<std::size_t>(n), false);
+    t.present_.assign(static_cast<std::size_t>(n), false);
+    for (const auto& [id, e] : by_id) {
+      t.tokens_[static_cast<std::size_t>(id)] = e.first;
+      t.special_[static_cast<std::size_t>(id)] = e.second;
+      t.present_[static_cast<std::size_t>(id)] = true;
+    }
+    for (int b = 0; b < 256; ++b) {  // a byte missing from the vocab is an error only when encoded
+      auto it = vocab.find(detail::bytes_to_unicode(std::string(1, static_cast<char>(b))));
+      t.byte_id_[b] = it == vocab.end() ? -1 : it->second;
+    }
+    if (m.contains("merges") && m["merges"].is_array()) {
+      std::size_t rank = 0;
+      for (const auto& e : m["merges"]) {
+        std::string l, r;
+        if (e.is_string()) {
+          const std::string s = e.get<std::string>();
+          const auto sp = s.find(' ');
+          if (sp == std::string::npos) fail("model.merges", "entry \"" + s + "\" is not \"left right\"");
+          l = s.substr(0, sp);
+          r = s.substr(sp + 1);
+        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+          l = e[0].get<std::string>();
+          r = e[1].get<std::string>();
+        } else {
+          fail("model.merges", "entry " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
+        }
+        auto il = vocab.find(l), ir = vocab.find(r), im = vocab.find(l + r);
+        if (il == vocab.end() || ir == vocab.end() || im == vocab.end())
+          fail("model.merges", "merge " + std::to_string(rank) + " (\"" + l + "\", \"" + r +
+                                   "\") uses a token missing from the vocab");
+        t.merges_[key(il->second, ir->second)] = {static_cast<std::int64_t>(rank), im->second};
+        t.merge_list_.emplace_back(il->second, ir->second);
+        ++rank;
+      }
+    }
+    t.find_specials();
+    return t;
+  }
+
+  static ByteLevelBPE from_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ojson j;
+    try {
+      j = ojson::parse(ss.str());
+    } catch (const std::exception& e) {
+      ::edl::detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
+    }
+    return from_json(j, path);
+  }
+
+  /// HF tokenizer.json (model BPE, byte-level pre-tokenizer and decoder).
+  ojson to_json() const {
+    ojson added = ojson::array();
+    ojson vocab = ojson::object();
+    for (std::size_t id = 0; id < tokens_.size(); ++id) {
+      if (!present_[id]) continue;
+      if (special_[id]) {
+        added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
+                         {"rstrip", false}, {"normalized", false}, {"special", true}});
+        vocab[tokens_[id]] = id;
+      } else {
+        vocab[detail::bytes_to_unicode(tokens_[id])] = id;
+      }
+    }
+    ojson merges = ojson::array();
+    for (const auto& [a, b] : merge_list_)
+      merges.push_back(detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(a)]) + " " +
+                       detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(b)]));
+    ojson j = ojson::object();
+    j["version"] = "1.0";
+    j["truncation"] = nullptr;
+    j["padding"] = nullptr;
+    j["added_tokens"] = added;
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+    j["post_processor"] = nullptr;
+    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
+                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
+                  {"byte_fallback", false}, {"ignore_merges", false},
+                  {"vocab", vocab},         {"merges", merges}};
+    return j;
+  }
+  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
+
+  /// Token ids of `text` (no bos/eos added).
+  std::vector<std::int64_t> encode(std::string_view text) const {
+    std::vector<std::int64_t> out;
+    out.reserve(text.size());
+    auto byte = [&](unsigned char b) {
+      EDL_CHECK(byte_id_[b] >= 0, errc::invalid_argument, "ByteLevelBPE::encode", "byte ", static_cast<int>(b),
+                " has no token in this vocabulary");
+      return byte_id_[b];
+    };
+    if (merges_.empty()) {
+      for (unsigned char b : text) out.push_back(byte(b));
+      return out;
+    }
+    std::vector<std::int64_t> sym;
+    detail::pretokenize(text, [&](std::string_view piece) {
+      sym.clear();
+      for (unsigned char b : piece) sym.push_back(byte(b));
+      while (sym.size() >= 2) {  // merge the lowest-rank pair, leftmost first
+        std::int64_t best_rank = std::numeric_limits<std::int64_t>::max(), best_id = -1;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
+          auto it = merges_.find(key(sym[i], sym[i + 1]));
+          if (it != merges_.end() && it->second.first < best_rank) {
+            best_rank = it->second.first;
+            best_id = it->second.second;
+            at = i;
+          }
+        }
+        if (best_id < 0) break;
+        const std::int64_t a = sym[at], b = sym[at + 1];
+        std::size_t o = 0;
+        for (std::size_t i = 0; i < sym.size(); ++i) {
+          if (i >= at && i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { sym[o++] = best_id; ++i; }
+          else sym[o++] = sym[i];
+        }
+        sym.resize(o);
+      }
+      out.insert(out.end(), sym.begin(), sym.end());
+    });
+    return out;
+  }
+
+  /// Text of `ids`; special tokens are dropped unless keep_special.
+  std::string decode(std::span<const std::int64_t> ids, bool keep_special = false) const {
+    std::string s;
+    for (auto id : ids) {
+      EDL_CHECK(id >= 0 && id < vocab_size() && present_[static_cast<std::size_t>(id)], errc::invalid_argument,
+                "ByteLevelBPE::decode", "id ", id, " is not in the vocabulary (size ", vocab_size(), ")");
+      if (special_[static_cast<std::size_t>(id)] && !keep_special) continue;
+      s += tokens_[static_cast<std::size_t>(id)];
+    }
+    return s;
+  }
+  std::string decode(const std::vector<std::int64_t>& ids, bool keep_special = false) const {
+    return decode(std::span<const std::int64_t>(ids), keep_special);
+  }
+
+  /// Largest id + 1.
+  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::size_t num_merges() const noexcept { return merge_list_.size(); }
+  std::optional<std::int64_t> bos_id() const { return bos_; }
+  std::optional<std::int64_t> eos_id() const { return eos_; }
+  std::optional<std::int64_t> pad_id() const { return pad_; }
+  /// Id of a special token by its content.
+  std::optional<std::int64_t> special_id(std::string_view content) const {
+    for (std::size_t i = 0; i < tokens_.size(); ++i)
+      if (special_[i] && tokens_[i] == content) return static_cast<std::int64_t>(i);
+    return std::nullopt;
+  }
+  /// Raw bytes of a (non-special) token.
+  const std::string& token_bytes(std::int64_t id) const { return tokens_.at(static_cast<std::size_t>(id)); }
+
+ private:
+  static std::uint64_t key(std::int64_t a, std::int64_t b) {
+    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b);
+  }
+  void add_special(const std::string& s) {
+    tokens_.push_back(s);
+    special_.push_back(true);
+    present_.resize(tokens_.size(), true);
+  }
+  void add_merge(std::int64_t a, std::int64_t b, std::string bytes) {
+    const std::int64_t id = vocab_size();
+    tokens_.push_back(std::move(bytes));
+    special_.push_back(false);
+    present_.resize(tokens_.size(), true);
+    merges_[key(a, b)] = {static_cast<std::int64_t>(merge_list_.size()), id};
+    merge_list_.emplace_back(a, b);
+  }
+  void find_specials() {
+    present_.resize(tokens_.size(), true);
+    auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::int64_t> {
+      for (const char* n : names)
+        if (auto id = special_id(n)) return id;
+      return std::nullopt;
+    };
+    bos_ = first({"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
+    eos_ = first({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
+    pad_ = first({"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+  }
+
+  std::vector<std::string> tokens_;  // raw bytes (specials: their content)
+  std::vector<bool> special_, present_;
+  std::array<std::int64_t, 256> byte_id_ = [] {
+    std::array<std::int64_t, 256> a{};
+    a.fill(-1);
+    return a;
+  }();
+  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, id)
+  std::vector<std::pair<std::int64_t, std::int64_t>> merge_list_;
+  std::optional<std::int64_t> bos_, eos_, pad_;
+};
+
+/// The byte-level tokenizer: ids 0-255 are bytes, 256 <s>, 257 </s>, 258 <pad>.
+struct ByteTokenizer : ByteLevelBPE {
+  ByteTokenizer() : ByteLevelBPE(ByteLevelBPE::byte_level()) {}
+};
+
+using Tokenizer = ByteLevelBPE;
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/tokenizer.hpp
+// end of edl/tokenizer/all.hpp
+// #include <edl/optim/all.hpp>
+// edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.
+// #include <edl/optim/clip.hpp>
+// edl/optim/clip.hpp
+// Global gradient norm and clipping (optax.clip_by_global_norm / torch clip_grad_norm_).
+// The norm sums each parameter's squares in f64, parameters in visit order, so it is the same
+// on every thread count and mesh shape.
+
+#include <cmath>
+#include <string_view>
+
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+
+namespace edl::optim {
+
+/// sqrt(sum over parameters of sum(grad^2)); parameters without a gradient count as zero.
+template <class Model>
+double global_grad_norm(Model& model) {
+  double sq = 0.0;
+  model.visit_params("", [&](std::string_view, auto& p) {
+    if (p.has_grad()) {
+      const float* g = p.grad.data();
+      double s = 0.0;
+      for (std::int64_t i = 0; i < p.numel(); ++i) s += static_cast<double>(g[i]) * g[i];
+      sq += s;
+    }
+  });
+  return std::sqrt(sq);
+}
+
+/// Scales every gradient by min(1, max_norm / norm) (no-op when max_norm <= 0); returns the
+/// norm before clipping.
+template <class Model>
+double clip_by_global_norm(Model& model, double max_norm) {
+  const double norm = global_grad_norm(model);
+  if (max_norm > 0 && norm > max_norm) {
+    const float s = static_cast<float>(max_norm / (norm + 1e-6));
+    model.visit_params("", [&](std::string_view, auto& p) {
+      if (p.has_grad()) kernels::scale(p.grad.data(), s, p.numel());
+    });
+  }
+  return norm;
+}
+
+template <class Model>
+void zero_grad(Model& model) {
+  model.visit_params("", [](std::string_view, auto& p) { p.zero_grad(); });
+}
+
+}  // namespace edl::optim
+// end of edl/optim/clip.hpp
+// #include <edl/optim/optimizer.hpp>
+// edl/optim/optimizer.hpp
+// Optimizers with PyTorch / optax semantics over any model with visit_params:
+//   adamw     torch.optim.AdamW (decoupled weight decay: p -= lr*wd*p, then the Adam step)
+//   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
+//             (weight decay added to the gradient, as torch does)
+//   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
+//   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
+//             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
+//             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
+//
+// State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
+// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
+// parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
+// master copy in slot "master" and rounds to storage after each update (mixed precision).
+// Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
+// Options::decay_all applies it everywhere (torch's default).
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+
+namespace edl::optim {
+
+enum class OptimizerKind { adamw, sgd, lion, adafactor };
+
+inline OptimizerKind optimizer_from_name(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::adamw;
+  if (name == "sgd") return OptimizerKind::sgd;
+  if (name == "lion") return OptimizerKind::lion;
+  if (name == "adafactor") return OptimizerKind::adafactor;
+  detail::raise(errc::config, "optimizer",
+                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
+}
+inline const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::lion: return "lion";
+    case OptimizerKind::adafactor: return "adafactor";
+  }
+  return "?";
+}
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::adamw;
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
+  double weight_decay = 0.0;
+  double momentum = 0.0;                    // sgd
+  bool nesterov = false;                    // sgd
+  bool decay_all = false;                   // weight decay on every parameter (torch default)
+  double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
+};
+
+class Optimizer {
+ public:
+  using Slots = std::map<std::string, std::vector<float>>;  // slot name -> values
+
+  Optimizer() = default;
+  explicit Optimizer(OptimizerOptions o) : opt_(o) {
+    EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
+              "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
+  }
+
+  const OptimizerOptions& options() const noexcept { return opt_; }
+  /// Number of updates applied so far (Adam's t after the last step).
+  std::int64_t step_count() const noexcept { return step_; }
+  void set_step_count(std::int64_t s) noexcept { step_ = s; }
+
+  /// One update of every parameter that has a gradient, at learning rate `lr`.
+  template <class Model>
+  void step(Model& model, double lr) {
+    begin_step();
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (!p.has_grad()) return;
+      update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
+    });
+  }
+
+  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
+  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
+  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
+  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
+  void begin_step() noexcept { ++step_; }
+  template <class T>
+  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
+                     const std::vector<std::int64_t>& shape, double lr) {
+    update(path, value, grad, n, shape, lr);
+  }
+
+  /// The values of one slot, or null when the parameter has no such slot (yet).
+  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
+    const auto p = state_.find(path);
+    if (p == state_.end()) return nullptr;
+    const auto s = p->second.find(slot);
+    return s == p->second.end() ? nullptr : &s->second;
+  }
+
+  /// Every slot of every parameter: f(path, slot name, values).
+  template <class F>
+  void visit_state(F&& f) {
+    for (auto& [path, slots] : state_)
+      for (auto& [slot, v] : slots) f(path, slot, v);
+  }
+  template <class F>
+  void visit_state(F&& f) const {
+    for (const auto& [path, slots] : state_)
+      for (const auto& [slot, v] : slots) f(path, slot, v);
+  }
+  /// Sets a slot (loading a checkpoint); sizes are checked on the next step.
+  void set_slot(const std::string& path, const std::string& slot, std::vector<float> v) {
+    state_[path][slot] = std::move(v);
+  }
+  std::int64_t state_bytes() const {
+    std::int64_t b = 0;
+    visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) {
+      b += static_cast<std::int64_t>(v.size() * sizeof(float));
+    });
+    return b;
+  }
+
+ private:
+  std::vector<float>& slot(Slots& s, const std::string& path, const char* name, std::size_t n, float init = 0.f) {
+    auto& v = s[name];
+    if (v.empty()) v.assign(n, init);
+    EDL_CHECK(v.size() == n, errc::shape_mismatch, path + "." + name, "optimizer state holds ", v.size(),
+              " values, the parameter has ", n);
+    return v;
+  }
+
+  template <class T>
+  void update(const std::string& path, T* value, const float* grad, std::int64_t n64, const std::vector<std::int64_t>& shape,
+              double lr) {
+    const std::size_t n = static_cast<std::size_t>(n64);
+    Slots& s = state_[path];
+    // f32 parameters update in place; other storage goes through an f32 master copy.
+    float* w = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      w = value;
+    } else {
+      auto& master = s["master"];
+      if (master.empty()) {
+        master.resize(n);
+        for (std::size_t i = 0; i < n; ++i) master[i] = to_f32(value[i]);
+      }
+      w = master.data();
+    }
+    const bool decay = opt_.decay_all || shape.size() >= 2;
+    const float wd = decay ? static_cast<float>(opt_.weight_decay) : 0.f;
+    const float flr = static_cast<float>(lr);
+    const float b1 = static_cast<float>(opt_.b1), b2 = static_cast<float>(opt_.b2), eps = static_cast<float>(opt_.eps);
+    constexpr std::ptrdiff_t grain = 1 << 14;
+    switch (opt_.kind) {
+      case OptimizerKind::adamw: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        float* v = slot(s, path, "exp_avg_sq", n).data();
+        // torch: step_size = lr / bc1; denom = sqrt(v) / sqrt(bc2) + eps; p -= step_size * m / denom
+        const double bc1 = 1.0 - std::pow(opt_.b1, static_cast<double>(step_));
+        const double bc2 = 1.0 - std::pow(opt_.b2, static_cast<double>(step_));
+        const float step_size = static_cast<float>(lr / bc1);
+        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+        const float decay_mul = 1.f - flr * wd;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            w[i] *= decay_mul;
+            m[i] = m[i] * b1 + (1.f - b1) * g;  // torch lerp_(grad, 1 - beta1)
+            v[i] = v[i] * b2 + (1.f - b2) * g * g;
+            const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+            w[i] -= step_size * (m[i] / denom);
+          }
+        });
+        break;
+      }
+      case OptimizerKind::sgd: {
+        const float mu = static_cast<float>(opt_.momentum);
+        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
+        const bool first = step_ == 1;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            float g = grad[i] + wd * w[i];
+            if (buf) {
+              buf[i] = first ? g : mu * buf[i] + g;  // torch: the first step copies the gradient
+              g = opt_.nesterov ? g + mu * buf[i] : buf[i];
+            }
+            w[i] -= flr * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::lion: {
+        float* m = slot(s, path, "exp_avg", n).data();
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i];
+            const float c = b1 * m[i] + (1.f - b1) * g;
+            const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
+            w[i] -= flr * (sgn + wd * w[i]);
+            m[i] = b2 * m[i] + (1.f - b2) * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::adafactor: adafactor(s, path, w, grad, n, shape, flr, wd); break;
+    }
+    if constexpr (!std::is_same_v<T, float>)
+      for (std::size_t i = 0; i < n; ++i) value[i] = from_f32<T>(w[i]);
+  }
+
+  void adafactor(Slots& s, const std::string& path, float* w, const float* grad, std::size_t n,
+                 const std::vector<std::int64_t>& shape, float lr, float wd) {
+    const double beta2 = 1.0 - std::pow(static_cast<double>(step_), -opt_.adafactor_decay);
+    const float eps1 = static_cast<float>(opt_.adafactor_eps1);
+    std::vector<float> u(n);
+    if (shape.size() >= 2) {  // factored over the last two dimensions
+      const std::size_t cols = static_cast<std::size_t>(shape.back());
+      const std::size_t rows = n / cols;
+      auto& vr = slot(s, path, "exp_avg_sq_row", rows);
+      auto& vc = slot(s, path, "exp_avg_sq_col", cols);
+      std::vector<double> rmean(rows, 0.0), cmean(cols, 0.0);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double g2 = static_cast<double>(grad[r * cols + c]) * grad[r * cols + c] + eps1;
+          rmean[r] += g2 / static_cast<double>(cols);
+          cmean[c] += g2 / static_cast<double>(rows);
+        }
+      double rsum = 0.0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        vr[r] = static_cast<float>(beta2 * vr[r] + (1.0 - beta2) * rmean[r]);
+        rsum += vr[r];
+      }
+      for (std::size_t c = 0; c < cols; ++c) vc[c] = static_cast<float>(beta2 * vc[c] + (1.0 - beta2) * cmean[c]);
+      const double rmean_all = rsum / static_cast<double>(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const double v = static_cast<double>(vr[r]) * vc[c] / rmean_all;
+          u[r * cols + c] = static_cast<float>(grad[r * cols + c] / std::sqrt(v));
+        }
+    } else {
+      auto& v = slot(s, path, "exp_avg_sq", n);
+      for (std::size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<float>(beta2 * v[i] + (1.0 - beta2) * (static_cast<double>(grad[i]) * grad[i] + eps1));
+        u[i] = grad[i] / std::sqrt(v[i]);
+      }
+    }
+    double sq = 0.0;
+    for (float x : u) sq += static_cast<double>(x) * x;
+    const double rms = std::sqrt(sq / static_cast<double>(std::max<std::size_t>(n, 1)));
+    const float clip = static_cast<float>(1.0 / std::max(1.0, rms / opt_.adafactor_clip));
+    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (u[i] * clip + wd * w[i]);
+  }
+
+  OptimizerOptions opt_;
+  std::int64_t step_ = 0;
+  std::map<std::string, Slots> state_;
+};
+
+}  // namespace edl::optim
+// end of edl/optim/optimizer.hpp
+// #include <edl/optim/schedule.hpp>
+// edl/optim/schedule.hpp
+// Learning-rate schedules (optax / EasyDeL names): constant; linear warm-up then linear or
+// cosine decay from `lr` to `lr_end` over the remaining steps; warm-up + stable + decay (WSD).
+// lr_at(step) is a pure function of the step, so a resumed run sees the same rates.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::optim {
+
+enum class ScheduleKind { constant, linear, cosine, warmup_stable_decay };
+
+inline ScheduleKind schedule_from_name(std::string_view name) {
+  if (name == "none" || name == "constant") return ScheduleKind::constant;
+  if (name == "linear") return ScheduleKind::linear;
+  if (name == "cosine") return ScheduleKind::cosine;
+  if (name == "warmup_stable_decay" || name == "wsd") return ScheduleKind::warmup_stable_decay;
+  detail::raise(errc::config, "scheduler",
+                detail::concat("expected one of none, linear, cosine, warmup_stable_decay; found \"", name, "\""));
+}
+
+struct Schedule {
+  ScheduleKind kind = ScheduleKind::constant;
+  double lr = 1e-3;          // peak rate (after warm-up)
+  double lr_end = 0.0;       // rate at total_steps (linear, cosine, WSD)
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 1;
+  double decay_fraction = 0.1;  // WSD: the last fraction of the steps decays (linearly)
+
+  /// Rate for optimizer step `step` (0-based: the first update uses lr_at(0)).
+  double lr_at(std::int64_t step) const {
+    if (warmup_steps > 0 && step < warmup_steps)  // optax linear warm-up from 0, reaching lr at warmup_steps
+      return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
+    if (kind == ScheduleKind::constant) return lr;
+    const std::int64_t decay_total = std::max<std::int64_t>(1, total_steps - warmup_steps);
+    const double t = std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_total), 0.0, 1.0);
+    switch (kind) {
+      case ScheduleKind::linear: return lr + (lr_end - lr) * t;
+      case ScheduleKind::cosine: return lr_end + (lr - lr_end) * 0.5 * (1.0 + std::cos(M_PI * t));
+      case ScheduleKind::warmup_stable_decay: {
+        const double start = 1.0 - decay_fraction;
+        if (t <= start) return lr;
+        return lr + (lr_end - lr) * (t - start) / std::max(decay_fraction, 1e-12);
+      }
+      default: return lr;
+    }
+  }
+};
+
+}  // namespace edl::optim
+// end of edl/optim/schedule.hpp
+// #include <edl/optim/sharded_optimizer.hpp>
+// edl/optim/sharded_optimizer.hpp
+// The optimizer of a sharded model, ZeRO-style: each device keeps the optimizer state of the
+// parameter blocks it holds (fsdp=N: about 1/N of the state per device) and updates those
+// blocks with its own gradient blocks. Nothing is gathered to update.
+//
+//   models::ShardedLlama<> sm(model, mesh);
+//   optim::ShardedOptimizer opt({.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1}, sm);
+//   sm.zero_grad();
+//   sm.loss_and_grads(tokens, labels, batch, seq);
+//   const double norm = opt.clip_by_global_norm(sm, 1.0);
+//   opt.step(sm, lr);
+//
+// Equal to the one-device Optimizer: AdamW, SGD and Lion are elementwise, so updating a block
+// is updating those elements; a block replicated on several devices (a norm weight under tp)
+// gets the same gradient and the same state on each, so its copies stay identical. The
+// global gradient norm counts each distinct block once (ShardLayout::block_owners) and sums
+// over the mesh with psum in a fixed order, so it is the same on every device and run; it
+// differs from the one-device norm only by the order of the f64 sum.
+// Adafactor factors its second moment over the rows and columns of the whole matrix, which a
+// block does not have: it is refused on a mesh of more than one device.
+//
+// The model type needs: mesh(), names(), param(name) and grad(name) returning ShardedArrays,
+// and has_grads() (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
+// multi-process mesh each process updates the blocks of its own devices.
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
+
+namespace edl::optim {
+
+template <class ShardedModel>
+class ShardedOptimizer {
+ public:
+  ShardedOptimizer(OptimizerOptions o, const ShardedModel& model)
+      : opt_(o), devices_(model.mesh().size()), per_device_(static_cast<std::size_t>(devices_), Optimizer(o)) {
+    EDL_CHECK(o.kind != OptimizerKind::adafactor || devices_ == 1, errc::unsupported, "ShardedOptimizer",
+              "adafactor factors its second moment over whole matrices, which a shard does not hold; on a mesh of ",
+              devices_, " devices use adamw, sgd or lion");
+    for (const auto& name : model.names()) {
+      std::vector<char> own(static_cast<std::size_t>(devices_), 0);
+      for (std::int64_t d : model.param(name).layout().block_owners()) own[static_cast<std::size_t>(d)] = 1;
+      owner_.emplace(name, std::move(own));
+    }
+  }
+
+  const OptimizerOptions& options() const noexcept { return opt_; }
+  /// Updates applied so far (the same on every device).
+  std::int64_t step_count() const noexcept { return step_count_; }
+  void set_step_count(std::int64_t s) noexcept {
+    step_count_ = s;
+    for (auto& o : per_device_) o.set_step_count(s);
+  }
+  /// The optimizer of one device (its slots are that device's blocks).
+  const Optimizer& device(std::int64_t d) const { return per_device_.at(static_cast<std::size_t>(d)); }
+  /// Drops every device's state (step count 0), as before the first step.
+  void reset() {
+    for (auto& o : per_device_) o = Optimizer(opt_);
+    step_count_ = 0;
+  }
+  /// Sets one slot of device d: the values of its block of parameter `path` (loading a
+  /// checkpoint block by block).
+  void set_device_slot(std::int64_t d, const std::string& path, const std::string& slot, std::vector<float> v) {
+    per_device_.at(static_cast<std::size_t>(d)).set_slot(path, slot, std::move(v));
+  }
+  /// Optimizer-state bytes device d holds.
+  std::int64_t state_bytes(std::int64_t d) const { return device(d).state_bytes(); }
+
+  /// sqrt of the sum of squares of every gradient, each distinct block counted once.
+  double global_grad_norm(ShardedModel& m) const {
+    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
+    const auto& mesh = m.mesh();
+    const AxisList all = all_axes(mesh);
+    double result = 0.0;
+    std::mutex mu;
+    mesh.run([&](Device& dev) {
+      const std::int64_t d = dev.id();
+      double sq = 0.0;
+      for (const auto& name : m.names()) {
+        if (!owner_.at(name)[static_cast<std::size_t>(d)]) continue;
+        const auto g = m.grad(name).local_span(d);
+        double s = 0.0;
+        for (float v : g) s += static_cast<double>(v) * v;
+        sq += s;
+      }
+      psum(dev, std::span<double>(&sq, 1), all);
+      std::lock_guard<std::mutex> lock(mu);
+      result = sq;  // the same value on every device
+    });
+    return std::sqrt(result);
+  }
+
+  /// Scales every gradient block by min(1, max_norm / norm) (no-op when max_norm <= 0), as
+  /// optim::clip_by_global_norm does on one device; returns the norm before clipping.
+  double clip_by_global_norm(ShardedModel& m, double max_norm) const {
+    const double norm = global_grad_norm(m);
+    if (max_norm > 0 && norm > max_norm) {
+      const float s = static_cast<float>(max_norm / (norm + 1e-6));
+      m.mesh().run([&](Device& dev) {
+        for (const auto& name : m.names()) {
+          auto g = m.grad(name).local_span(dev.id());
+          kernels::scale(g.data(), s, static_cast<std::int64_t>(g.size()));
+        }
+      });
+    }
+    return norm;
+  }
+
+  /// One update of every parameter block, on its device.
+  void step(ShardedModel& m, double lr) {
+    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
+    m.mesh().run([&](Device& dev) {
+      const std::int64_t d = dev.id();
+      Optimizer& o = per_device_[static_cast<std::size_t>(d)];
+      o.begin_step();
+      if (dev.id() == first_local(m)) step_count_ = o.step_count();
+      for (const auto& name : m.names()) {
+        auto& p = m.param(name);
+        const auto w = p.local_span(d);
+        const auto g = m.grad(name).local_span(d);
+        o.update_tensor(name, w.data(), g.data(), static_cast<std::int64_t>(w.size()), p.global_shape(), lr);
+      }
+    });
+  }
+
+  /// The state a one-device Optimizer would hold (full tensors), for checkpoints: a checkpoint
+  /// saved on one mesh loads on any other. On a mesh over several processes every process
+  /// calls it (edl::gather completes each tensor from the processes that own its blocks).
+  Optimizer gather(const ShardedModel& m) const {
+    Optimizer full(opt_);
+    full.set_step_count(step_count());
+    // Every device holds a block of every slot: walk the slots of this process's first device.
+    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
+      const ShardLayout& layout = m.param(path).layout();
+      std::vector<xt::xarray<float>> blocks;
+      const CollectiveBackend& be = m.mesh().backend();
+      for (std::int64_t d = 0; d < devices_; ++d) {
+        xt::xarray<float> b = xt::xarray<float>::from_shape(
+            std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
+        if (be.is_local(d)) {
+          const std::vector<float>* v = device(d).find_slot(path, slot);
+          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+          std::copy(v->begin(), v->end(), b.begin());
+        } else {
+          b.fill(0.0f);  // another process's device: gather takes its block from there
+        }
+        blocks.push_back(std::move(b));
+      }
+      const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
+      const xt::xarray<float> g = edl::gather(arr);
+      full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
+    });
+    return full;
+  }
+
+  /// Takes the state of a one-device Optimizer (a checkpoint's), each device keeping its blocks.
+  void load(const Optimizer& full, const ShardedModel& m) {
+    EDL_CHECK(full.options().kind == opt_.kind, errc::config, "ShardedOptimizer",
+              "the state is of optimizer ", optimizer_name(full.options().kind), ", this one is ",
+              optimizer_name(opt_.kind));
+    full.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
+      const ShardLayout& layout = m.param(path).layout();
+      const auto& gs = layout.global_shape();
+      std::int64_t n = 1;
+      for (auto x : gs) n *= x;
+      EDL_CHECK(static_cast<std::int64_t>(v.size()) == n, errc::shape_mismatch, path + "." + slot,
+                "optimizer state holds ", v.size(), " values, the parameter has ", n);
+      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(gs.begin(), gs.end()));
+      std::copy(v.begin(), v.end(), g.begin());
+      const ShardedArray<float> arr = shard(g, layout.spec(), m.mesh(), path + "." + slot);
+      for (std::int64_t d = 0; d < devices_; ++d) {
+        const auto b = arr.local_span(d);
+        per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
+      }
+    });
+    set_step_count(full.step_count());
+  }
+
+ private:
+  static std::int64_t first_local(const ShardedModel& m) {
+    std::int64_t d = 0;
+    while (d + 1 < m.mesh().size() && !m.mesh().backend().is_local(d)) ++d;
+    return d;
+  }
+
+  template <class MeshT>
+  static AxisList all_axes(const MeshT&) {
+    std::vector<std::string> v;
+    for (const auto& n : MeshT::axis_names) v.emplace_back(n.view());
+    return AxisList(std::move(v));
+  }
+
+  OptimizerOptions opt_;
+  std::int64_t devices_ = 1;
+  std::int64_t step_count_ = 0;  // updates applied (read from this process's first device)
+  std::vector<Optimizer> per_device_;
+  std::map<std::string, std::vector<char>> owner_;  // name -> device holds a distinct block
+};
+
+}  // namespace edl::optim
+// end of edl/optim/sharded_optimizer.hpp
+// end of edl/optim/all.hpp
 // #include <edl/models/all.hpp>
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
 // #include <edl/models/llama/config.hpp>
@@ -7841,7 +9229,7 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 
 namespace edl::models {
@@ -8126,7 +9514,7 @@ struct LlamaConfig {
   }
 
   /// Writes config.json (pretty) atomically.
-  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
   // ------------------------------------------------------------------ presets
   static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }
@@ -9283,274 +10671,7 @@ ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const D
 }  // namespace edl::models
 // end of edl/models/llama/sharded.hpp
 // #include <edl/nn/attention.hpp> (inlined above)
-// #include <edl/optim/optimizer.hpp>
-// edl/optim/optimizer.hpp
-// Optimizers with PyTorch / optax semantics over any model with visit_params:
-//   adamw     torch.optim.AdamW (decoupled weight decay: p -= lr*wd*p, then the Adam step)
-//   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
-//             (weight decay added to the gradient, as torch does)
-//   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
-//   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
-//             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
-//             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
-//
-// State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
-// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
-// parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
-// master copy in slot "master" and rounds to storage after each update (mixed precision).
-// Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
-// Options::decay_all applies it everywhere (torch's default).
-
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <span>
-#include <string>
-#include <string_view>
-#include <type_traits>
-#include <vector>
-
-// #include <edl/core/dtype.hpp> (inlined above)
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/exec.hpp> (inlined above)
-
-namespace edl::optim {
-
-enum class OptimizerKind { adamw, sgd, lion, adafactor };
-
-inline OptimizerKind optimizer_from_name(std::string_view name) {
-  if (name == "adamw") return OptimizerKind::adamw;
-  if (name == "sgd") return OptimizerKind::sgd;
-  if (name == "lion") return OptimizerKind::lion;
-  if (name == "adafactor") return OptimizerKind::adafactor;
-  detail::raise(errc::config, "optimizer",
-                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
-}
-inline const char* optimizer_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::adamw: return "adamw";
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::lion: return "lion";
-    case OptimizerKind::adafactor: return "adafactor";
-  }
-  return "?";
-}
-
-struct OptimizerOptions {
-  OptimizerKind kind = OptimizerKind::adamw;
-  double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
-  double weight_decay = 0.0;
-  double momentum = 0.0;                    // sgd
-  bool nesterov = false;                    // sgd
-  bool decay_all = false;                   // weight decay on every parameter (torch default)
-  double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
-};
-
-class Optimizer {
- public:
-  using Slots = std::map<std::string, std::vector<float>>;  // slot name -> values
-
-  Optimizer() = default;
-  explicit Optimizer(OptimizerOptions o) : opt_(o) {
-    EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
-              "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
-  }
-
-  const OptimizerOptions& options() const noexcept { return opt_; }
-  /// Number of updates applied so far (Adam's t after the last step).
-  std::int64_t step_count() const noexcept { return step_; }
-  void set_step_count(std::int64_t s) noexcept { step_ = s; }
-
-  /// One update of every parameter that has a gradient, at learning rate `lr`.
-  template <class Model>
-  void step(Model& model, double lr) {
-    begin_step();
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      if (!p.has_grad()) return;
-      update(std::string(path), p.data(), p.grad.data(), p.numel(), p.shape(), lr);
-    });
-  }
-
-  /// The two halves of step() for callers that hold tensors rather than a model (the sharded
-  /// optimizer updates each device's blocks): begin_step() counts the update (Adam's t), then
-  /// update_tensor() for each tensor. `shape` is the parameter's full shape (it decides weight
-  /// decay: matrices only, unless decay_all), even when `value` is one block of it.
-  void begin_step() noexcept { ++step_; }
-  template <class T>
-  void update_tensor(const std::string& path, T* value, const float* grad, std::int64_t n,
-                     const std::vector<std::int64_t>& shape, double lr) {
-    update(path, value, grad, n, shape, lr);
-  }
-
-  /// The values of one slot, or null when the parameter has no such slot (yet).
-  const std::vector<float>* find_slot(const std::string& path, const std::string& slot) const {
-    const auto p = state_.find(path);
-    if (p == state_.end()) return nullptr;
-    const auto s = p->second.find(slot);
-    return s == p->second.end() ? nullptr : &s->second;
-  }
-
-  /// Every slot of every parameter: f(path, slot name, values).
-  template <class F>
-  void visit_state(F&& f) {
-    for (auto& [path, slots] : state_)
-      for (auto& [slot, v] : slots) f(path, slot, v);
-  }
-  template <class F>
-  void visit_state(F&& f) const {
-    for (const auto& [path, slots] : state_)
-      for (const auto& [slot, v] : slots) f(path, slot, v);
-  }
-  /// Sets a slot (loading a checkpoint); sizes are checked on the next step.
-  void set_slot(const std::string& path, const std::string& slot, std::vector<float> v) {
-    state_[path][slot] = std::move(v);
-  }
-  std::int64_t state_bytes() const {
-    std::int64_t b = 0;
-    visit_state([&](const std::string&, const std::string&, const std::vector<float>& v) {
-      b += static_cast<std::int64_t>(v.size() * sizeof(float));
-    });
-    return b;
-  }
-
- private:
-  std::vector<float>& slot(Slots& s, const std::string& path, const char* name, std::size_t n, float init = 0.f) {
-    auto& v = s[name];
-    if (v.empty()) v.assign(n, init);
-    EDL_CHECK(v.size() == n, errc::shape_mismatch, path + "." + name, "optimizer state holds ", v.size(),
-              " values, the parameter has ", n);
-    return v;
-  }
-
-  template <class T>
-  void update(const std::string& path, T* value, const float* grad, std::int64_t n64, const std::vector<std::int64_t>& shape,
-              double lr) {
-    const std::size_t n = static_cast<std::size_t>(n64);
-    Slots& s = state_[path];
-    // f32 parameters update in place; other storage goes through an f32 master copy.
-    float* w = nullptr;
-    if constexpr (std::is_same_v<T, float>) {
-      w = value;
-    } else {
-      auto& master = s["master"];
-      if (master.empty()) {
-        master.resize(n);
-        for (std::size_t i = 0; i < n; ++i) master[i] = to_f32(value[i]);
-      }
-      w = master.data();
-    }
-    const bool decay = opt_.decay_all || shape.size() >= 2;
-    const float wd = decay ? static_cast<float>(opt_.weight_decay) : 0.f;
-    const float flr = static_cast<float>(lr);
-    const float b1 = static_cast<float>(opt_.b1), b2 = static_cast<float>(opt_.b2), eps = static_cast<float>(opt_.eps);
-    constexpr std::ptrdiff_t grain = 1 << 14;
-    switch (opt_.kind) {
-      case OptimizerKind::adamw: {
-        float* m = slot(s, path, "exp_avg", n).data();
-        float* v = slot(s, path, "exp_avg_sq", n).data();
-        // torch: step_size = lr / bc1; denom = sqrt(v) / sqrt(bc2) + eps; p -= step_size * m / denom
-        const double bc1 = 1.0 - std::pow(opt_.b1, static_cast<double>(step_));
-        const double bc2 = 1.0 - std::pow(opt_.b2, static_cast<double>(step_));
-        const float step_size = static_cast<float>(lr / bc1);
-        const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-        const float decay_mul = 1.f - flr * wd;
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            const float g = grad[i];
-            w[i] *= decay_mul;
-            m[i] = m[i] * b1 + (1.f - b1) * g;  // torch lerp_(grad, 1 - beta1)
-            v[i] = v[i] * b2 + (1.f - b2) * g * g;
-            const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
-            w[i] -= step_size * (m[i] / denom);
-          }
-        });
-        break;
-      }
-      case OptimizerKind::sgd: {
-        const float mu = static_cast<float>(opt_.momentum);
-        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
-        const bool first = step_ == 1;
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            float g = grad[i] + wd * w[i];
-            if (buf) {
-              buf[i] = first ? g : mu * buf[i] + g;  // torch: the first step copies the gradient
-              g = opt_.nesterov ? g + mu * buf[i] : buf[i];
-            }
-            w[i] -= flr * g;
-          }
-        });
-        break;
-      }
-      case OptimizerKind::lion: {
-        float* m = slot(s, path, "exp_avg", n).data();
-        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) {
-            const float g = grad[i];
-            const float c = b1 * m[i] + (1.f - b1) * g;
-            const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
-            w[i] -= flr * (sgn + wd * w[i]);
-            m[i] = b2 * m[i] + (1.f - b2) * g;
-          }
-        });
-        break;
-      }
-      case OptimizerKind::adafactor: adafactor(s, path, w, grad, n, shape, flr, wd); break;
-    }
-    if constexpr (!std::is_same_v<T, float>)
-      for (std::size_t i = 0; i < n; ++i) value[i] = from_f32<T>(w[i]);
-  }
-
-  void adafactor(Slots& s, const std::string& path, float* w, const float* grad, std::size_t n,
-                 const std::vector<std::int64_t>& shape, float lr, float wd) {
-    const double beta2 = 1.0 - std::pow(static_cast<double>(step_), -opt_.adafactor_decay);
-    const float eps1 = static_cast<float>(opt_.adafactor_eps1);
-    std::vector<float> u(n);
-    if (shape.size() >= 2) {  // factored over the last two dimensions
-      const std::size_t cols = static_cast<std::size_t>(shape.back());
-      const std::size_t rows = n / cols;
-      auto& vr = slot(s, path, "exp_avg_sq_row", rows);
-      auto& vc = slot(s, path, "exp_avg_sq_col", cols);
-      std::vector<double> rmean(rows, 0.0), cmean(cols, 0.0);
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t c = 0; c < cols; ++c) {
-          const double g2 = static_cast<double>(grad[r * cols + c]) * grad[r * cols + c] + eps1;
-          rmean[r] += g2 / static_cast<double>(cols);
-          cmean[c] += g2 / static_cast<double>(rows);
-        }
-      double rsum = 0.0;
-      for (std::size_t r = 0; r < rows; ++r) {
-        vr[r] = static_cast<float>(beta2 * vr[r] + (1.0 - beta2) * rmean[r]);
-        rsum += vr[r];
-      }
-      for (std::size_t c = 0; c < cols; ++c) vc[c] = static_cast<float>(beta2 * vc[c] + (1.0 - beta2) * cmean[c]);
-      const double rmean_all = rsum / static_cast<double>(rows);
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t c = 0; c < cols; ++c) {
-          const double v = static_cast<double>(vr[r]) * vc[c] / rmean_all;
-          u[r * cols + c] = static_cast<float>(grad[r * cols + c] / std::sqrt(v));
-        }
-    } else {
-      auto& v = slot(s, path, "exp_avg_sq", n);
-      for (std::size_t i = 0; i < n; ++i) {
-        v[i] = static_cast<float>(beta2 * v[i] + (1.0 - beta2) * (static_cast<double>(grad[i]) * grad[i] + eps1));
-        u[i] = grad[i] / std::sqrt(v[i]);
-      }
-    }
-    double sq = 0.0;
-    for (float x : u) sq += static_cast<double>(x) * x;
-    const double rms = std::sqrt(sq / static_cast<double>(std::max<std::size_t>(n, 1)));
-    const float clip = static_cast<float>(1.0 / std::max(1.0, rms / opt_.adafactor_clip));
-    for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (u[i] * clip + wd * w[i]);
-  }
-
-  OptimizerOptions opt_;
-  std::int64_t step_ = 0;
-  std::map<std::string, Slots> state_;
-};
-
-}  // namespace edl::optim
-// end of edl/optim/optimizer.hpp
+// #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/tensor/partition_rules.hpp> (inlined above)
 
 namespace edl::models {
@@ -9716,7 +10837,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
   std::int64_t transient = loss_transient;
   if (opt.train) {
-    const std::int64_t QB = nn::detail::kAttentionQueryBlock;
+    const std::int64_t QB = kernels::kAttentionQueryBlock;
     const std::int64_t workers = std::min(opt.threads, Bl * nkv);
     const std::int64_t mlp = 2 * Tl * Fl;
     // dg and (sp) its padded input stay while the attention backward's own buffers come and
@@ -10385,328 +11506,6 @@ class LlamaForSequenceClassification {
 // end of edl/models/llama/sequence_classification.hpp
 // #include <edl/models/llama/sharded.hpp> (inlined above)
 // end of edl/models/all.hpp
-// #include <edl/optim/all.hpp>
-// edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.
-// #include <edl/optim/clip.hpp>
-// edl/optim/clip.hpp
-// Global gradient norm and clipping (optax.clip_by_global_norm / torch clip_grad_norm_).
-// The norm sums each parameter's squares in f64, parameters in visit order, so it is the same
-// on every thread count and mesh shape.
-
-#include <cmath>
-#include <string_view>
-
-// #include <edl/kernels/elementwise.hpp> (inlined above)
-
-namespace edl::optim {
-
-/// sqrt(sum over parameters of sum(grad^2)); parameters without a gradient count as zero.
-template <class Model>
-double global_grad_norm(Model& model) {
-  double sq = 0.0;
-  model.visit_params("", [&](std::string_view, auto& p) {
-    if (p.has_grad()) {
-      const float* g = p.grad.data();
-      double s = 0.0;
-      for (std::int64_t i = 0; i < p.numel(); ++i) s += static_cast<double>(g[i]) * g[i];
-      sq += s;
-    }
-  });
-  return std::sqrt(sq);
-}
-
-/// Scales every gradient by min(1, max_norm / norm) (no-op when max_norm <= 0); returns the
-/// norm before clipping.
-template <class Model>
-double clip_by_global_norm(Model& model, double max_norm) {
-  const double norm = global_grad_norm(model);
-  if (max_norm > 0 && norm > max_norm) {
-    const float s = static_cast<float>(max_norm / (norm + 1e-6));
-    model.visit_params("", [&](std::string_view, auto& p) {
-      if (p.has_grad()) kernels::scale(p.grad.data(), s, p.numel());
-    });
-  }
-  return norm;
-}
-
-template <class Model>
-void zero_grad(Model& model) {
-  model.visit_params("", [](std::string_view, auto& p) { p.zero_grad(); });
-}
-
-}  // namespace edl::optim
-// end of edl/optim/clip.hpp
-// #include <edl/optim/optimizer.hpp> (inlined above)
-// #include <edl/optim/schedule.hpp>
-// edl/optim/schedule.hpp
-// Learning-rate schedules (optax / EasyDeL names): constant; linear warm-up then linear or
-// cosine decay from `lr` to `lr_end` over the remaining steps; warm-up + stable + decay (WSD).
-// lr_at(step) is a pure function of the step, so a resumed run sees the same rates.
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <string_view>
-
-// #include <edl/core/error.hpp> (inlined above)
-
-namespace edl::optim {
-
-enum class ScheduleKind { constant, linear, cosine, warmup_stable_decay };
-
-inline ScheduleKind schedule_from_name(std::string_view name) {
-  if (name == "none" || name == "constant") return ScheduleKind::constant;
-  if (name == "linear") return ScheduleKind::linear;
-  if (name == "cosine") return ScheduleKind::cosine;
-  if (name == "warmup_stable_decay" || name == "wsd") return ScheduleKind::warmup_stable_decay;
-  detail::raise(errc::config, "scheduler",
-                detail::concat("expected one of none, linear, cosine, warmup_stable_decay; found \"", name, "\""));
-}
-
-struct Schedule {
-  ScheduleKind kind = ScheduleKind::constant;
-  double lr = 1e-3;          // peak rate (after warm-up)
-  double lr_end = 0.0;       // rate at total_steps (linear, cosine, WSD)
-  std::int64_t warmup_steps = 0;
-  std::int64_t total_steps = 1;
-  double decay_fraction = 0.1;  // WSD: the last fraction of the steps decays (linearly)
-
-  /// Rate for optimizer step `step` (0-based: the first update uses lr_at(0)).
-  double lr_at(std::int64_t step) const {
-    if (warmup_steps > 0 && step < warmup_steps)  // optax linear warm-up from 0, reaching lr at warmup_steps
-      return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps + 1);
-    if (kind == ScheduleKind::constant) return lr;
-    const std::int64_t decay_total = std::max<std::int64_t>(1, total_steps - warmup_steps);
-    const double t = std::clamp(static_cast<double>(step - warmup_steps) / static_cast<double>(decay_total), 0.0, 1.0);
-    switch (kind) {
-      case ScheduleKind::linear: return lr + (lr_end - lr) * t;
-      case ScheduleKind::cosine: return lr_end + (lr - lr_end) * 0.5 * (1.0 + std::cos(M_PI * t));
-      case ScheduleKind::warmup_stable_decay: {
-        const double start = 1.0 - decay_fraction;
-        if (t <= start) return lr;
-        return lr + (lr_end - lr) * (t - start) / std::max(decay_fraction, 1e-12);
-      }
-      default: return lr;
-    }
-  }
-};
-
-}  // namespace edl::optim
-// end of edl/optim/schedule.hpp
-// #include <edl/optim/sharded_optimizer.hpp>
-// edl/optim/sharded_optimizer.hpp
-// The optimizer of a sharded model, ZeRO-style: each device keeps the optimizer state of the
-// parameter blocks it holds (fsdp=N: about 1/N of the state per device) and updates those
-// blocks with its own gradient blocks. Nothing is gathered to update.
-//
-//   models::ShardedLlama<> sm(model, mesh);
-//   optim::ShardedOptimizer opt({.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1}, sm);
-//   sm.zero_grad();
-//   sm.loss_and_grads(tokens, labels, batch, seq);
-//   const double norm = opt.clip_by_global_norm(sm, 1.0);
-//   opt.step(sm, lr);
-//
-// Equal to the one-device Optimizer: AdamW, SGD and Lion are elementwise, so updating a block
-// is updating those elements; a block replicated on several devices (a norm weight under tp)
-// gets the same gradient and the same state on each, so its copies stay identical. The
-// global gradient norm counts each distinct block once (ShardLayout::block_owners) and sums
-// over the mesh with psum in a fixed order, so it is the same on every device and run; it
-// differs from the one-device norm only by the order of the f64 sum.
-// Adafactor factors its second moment over the rows and columns of the whole matrix, which a
-// block does not have: it is refused on a mesh of more than one device.
-//
-// The model type needs: mesh(), names(), param(name) and grad(name) returning ShardedArrays,
-// and has_grads() (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
-// multi-process mesh each process updates the blocks of its own devices.
-
-#include <cmath>
-#include <cstdint>
-#include <map>
-#include <mutex>
-#include <string>
-#include <vector>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/kernels/elementwise.hpp> (inlined above)
-// #include <edl/mesh/collectives.hpp> (inlined above)
-// #include <edl/optim/optimizer.hpp> (inlined above)
-// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
-
-namespace edl::optim {
-
-template <class ShardedModel>
-class ShardedOptimizer {
- public:
-  ShardedOptimizer(OptimizerOptions o, const ShardedModel& model)
-      : opt_(o), devices_(model.mesh().size()), per_device_(static_cast<std::size_t>(devices_), Optimizer(o)) {
-    EDL_CHECK(o.kind != OptimizerKind::adafactor || devices_ == 1, errc::unsupported, "ShardedOptimizer",
-              "adafactor factors its second moment over whole matrices, which a shard does not hold; on a mesh of ",
-              devices_, " devices use adamw, sgd or lion");
-    for (const auto& name : model.names()) {
-      std::vector<char> own(static_cast<std::size_t>(devices_), 0);
-      for (std::int64_t d : model.param(name).layout().block_owners()) own[static_cast<std::size_t>(d)] = 1;
-      owner_.emplace(name, std::move(own));
-    }
-  }
-
-  const OptimizerOptions& options() const noexcept { return opt_; }
-  /// Updates applied so far (the same on every device).
-  std::int64_t step_count() const noexcept { return step_count_; }
-  void set_step_count(std::int64_t s) noexcept {
-    step_count_ = s;
-    for (auto& o : per_device_) o.set_step_count(s);
-  }
-  /// The optimizer of one device (its slots are that device's blocks).
-  const Optimizer& device(std::int64_t d) const { return per_device_.at(static_cast<std::size_t>(d)); }
-  /// Drops every device's state (step count 0), as before the first step.
-  void reset() {
-    for (auto& o : per_device_) o = Optimizer(opt_);
-    step_count_ = 0;
-  }
-  /// Sets one slot of device d: the values of its block of parameter `path` (loading a
-  /// checkpoint block by block).
-  void set_device_slot(std::int64_t d, const std::string& path, const std::string& slot, std::vector<float> v) {
-    per_device_.at(static_cast<std::size_t>(d)).set_slot(path, slot, std::move(v));
-  }
-  /// Optimizer-state bytes device d holds.
-  std::int64_t state_bytes(std::int64_t d) const { return device(d).state_bytes(); }
-
-  /// sqrt of the sum of squares of every gradient, each distinct block counted once.
-  double global_grad_norm(ShardedModel& m) const {
-    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
-    const auto& mesh = m.mesh();
-    const AxisList all = all_axes(mesh);
-    double result = 0.0;
-    std::mutex mu;
-    mesh.run([&](Device& dev) {
-      const std::int64_t d = dev.id();
-      double sq = 0.0;
-      for (const auto& name : m.names()) {
-        if (!owner_.at(name)[static_cast<std::size_t>(d)]) continue;
-        const auto g = m.grad(name).local_span(d);
-        double s = 0.0;
-        for (float v : g) s += static_cast<double>(v) * v;
-        sq += s;
-      }
-      psum(dev, std::span<double>(&sq, 1), all);
-      std::lock_guard<std::mutex> lock(mu);
-      result = sq;  // the same value on every device
-    });
-    return std::sqrt(result);
-  }
-
-  /// Scales every gradient block by min(1, max_norm / norm) (no-op when max_norm <= 0), as
-  /// optim::clip_by_global_norm does on one device; returns the norm before clipping.
-  double clip_by_global_norm(ShardedModel& m, double max_norm) const {
-    const double norm = global_grad_norm(m);
-    if (max_norm > 0 && norm > max_norm) {
-      const float s = static_cast<float>(max_norm / (norm + 1e-6));
-      m.mesh().run([&](Device& dev) {
-        for (const auto& name : m.names()) {
-          auto g = m.grad(name).local_span(dev.id());
-          kernels::scale(g.data(), s, static_cast<std::int64_t>(g.size()));
-        }
-      });
-    }
-    return norm;
-  }
-
-  /// One update of every parameter block, on its device.
-  void step(ShardedModel& m, double lr) {
-    EDL_CHECK(m.has_grads(), errc::invalid_argument, "ShardedOptimizer", "no gradients yet: call loss_and_grads first");
-    m.mesh().run([&](Device& dev) {
-      const std::int64_t d = dev.id();
-      Optimizer& o = per_device_[static_cast<std::size_t>(d)];
-      o.begin_step();
-      if (dev.id() == first_local(m)) step_count_ = o.step_count();
-      for (const auto& name : m.names()) {
-        auto& p = m.param(name);
-        const auto w = p.local_span(d);
-        const auto g = m.grad(name).local_span(d);
-        o.update_tensor(name, w.data(), g.data(), static_cast<std::int64_t>(w.size()), p.global_shape(), lr);
-      }
-    });
-  }
-
-  /// The state a one-device Optimizer would hold (full tensors), for checkpoints: a checkpoint
-  /// saved on one mesh loads on any other. On a mesh over several processes every process
-  /// calls it (edl::gather completes each tensor from the processes that own its blocks).
-  Optimizer gather(const ShardedModel& m) const {
-    Optimizer full(opt_);
-    full.set_step_count(step_count());
-    // Every device holds a block of every slot: walk the slots of this process's first device.
-    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
-      const ShardLayout& layout = m.param(path).layout();
-      std::vector<xt::xarray<float>> blocks;
-      const CollectiveBackend& be = m.mesh().backend();
-      for (std::int64_t d = 0; d < devices_; ++d) {
-        xt::xarray<float> b = xt::xarray<float>::from_shape(
-            std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
-        if (be.is_local(d)) {
-          const std::vector<float>* v = device(d).find_slot(path, slot);
-          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
-                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
-          std::copy(v->begin(), v->end(), b.begin());
-        } else {
-          b.fill(0.0f);  // another process's device: gather takes its block from there
-        }
-        blocks.push_back(std::move(b));
-      }
-      const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
-      const xt::xarray<float> g = edl::gather(arr);
-      full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
-    });
-    return full;
-  }
-
-  /// Takes the state of a one-device Optimizer (a checkpoint's), each device keeping its blocks.
-  void load(const Optimizer& full, const ShardedModel& m) {
-    EDL_CHECK(full.options().kind == opt_.kind, errc::config, "ShardedOptimizer",
-              "the state is of optimizer ", optimizer_name(full.options().kind), ", this one is ",
-              optimizer_name(opt_.kind));
-    full.visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>& v) {
-      const ShardLayout& layout = m.param(path).layout();
-      const auto& gs = layout.global_shape();
-      std::int64_t n = 1;
-      for (auto x : gs) n *= x;
-      EDL_CHECK(static_cast<std::int64_t>(v.size()) == n, errc::shape_mismatch, path + "." + slot,
-                "optimizer state holds ", v.size(), " values, the parameter has ", n);
-      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(gs.begin(), gs.end()));
-      std::copy(v.begin(), v.end(), g.begin());
-      const ShardedArray<float> arr = shard(g, layout.spec(), m.mesh(), path + "." + slot);
-      for (std::int64_t d = 0; d < devices_; ++d) {
-        const auto b = arr.local_span(d);
-        per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
-      }
-    });
-    set_step_count(full.step_count());
-  }
-
- private:
-  static std::int64_t first_local(const ShardedModel& m) {
-    std::int64_t d = 0;
-    while (d + 1 < m.mesh().size() && !m.mesh().backend().is_local(d)) ++d;
-    return d;
-  }
-
-  template <class MeshT>
-  static AxisList all_axes(const MeshT&) {
-    std::vector<std::string> v;
-    for (const auto& n : MeshT::axis_names) v.emplace_back(n.view());
-    return AxisList(std::move(v));
-  }
-
-  OptimizerOptions opt_;
-  std::int64_t devices_ = 1;
-  std::int64_t step_count_ = 0;  // updates applied (read from this process's first device)
-  std::vector<Optimizer> per_device_;
-  std::map<std::string, std::vector<char>> owner_;  // name -> device holds a distinct block
-};
-
-}  // namespace edl::optim
-// end of edl/optim/sharded_optimizer.hpp
-// end of edl/optim/all.hpp
 // #include <edl/generate/all.hpp>
 // edl/generate/all.hpp: KV caches, the incremental decoder (one device and a mesh), sampling,
 // beam search, generate(), the continuous batching engine.
@@ -10759,31 +11558,53 @@ class ShardedOptimizer {
 //
 // Left padding: a row b of `mask` must be 0...0 1...1; padding tokens are skipped (never
 // computed, never cached), so a padded prompt gives the logits of the same prompt alone.
-// Projections of up to 16 rows (decode, also of a batch) use a matrix-vector path (parallel
-// over outputs, each weight row read once); more rows use kernels::matmul_nt. Attention of a
-// prefill chunk runs on the GEMM per (chunk, head); decode's runs one (token, head) per task
-// with exec::parallel_for. A call of one row (decode of one sequence) runs the whole forward
-// as one exec::PhasedRegion: one fork/join a token instead of ~5 a layer (run_one_row).
-// decode() allocates nothing once the first call sized the scratch.
+// The forward itself is generate::CachedForward (cached_forward.hpp), shared with the mesh
+// decoder and the serving engine. decode() allocates nothing once the first call sized the
+// scratch.
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/phased_region.hpp> (inlined above)
+// #include <edl/generate/cached_forward.hpp>
+// edl/generate/cached_forward.hpp
+// The Llama forward over a KV cache, written once for every use in generation: prefill and
+// batched decode (many rows), the one-row decode step (one sequence, run as one
+// exec::PhasedRegion), the serving engine's steps, and one device of a mesh (its tp shard of
+// heads and MLP columns, its sp share of cache positions, its vocabulary columns).
+//
+//   CachedForward<Pol, Cache> fw(local_model, cache, rope, DeviceShard{...});
+//   fw.run(rows, need, collectives, logits_last, logits_all);
+//
+// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> rope and the cache
+// store -> attention -> o_proj (+ residual) -> norm -> gate/up -> SwiGLU -> down (+ residual).
+// What differs between uses is the `steps` it runs on:
+//  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
+//    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
+//    row-parallel products (a psum over tp) and inside attention (an all_gather over sp);
+//  - PhasedSteps: one row on a team of threads, each step one phase of a PhasedRegion (one
+//    fork/join a token instead of several a layer), bit for bit the sums RowSteps computes.
+// Adding a layer kind means adding its steps to layer() and, if it needs a new kind of step,
+// that step to both. docs/architecture.md walks a token through it.
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
-
-#include <xsimd/xsimd.hpp>
 
 // #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/phased_region.hpp> (inlined above)
-// // #include <edl/generate/kv_cache.hpp> (inlined above)
+// // // #include <edl/generate/kv_cache.hpp> (inlined above) (inlined above)
 // edl/generate/kv_cache.hpp
 // Key/value caches for incremental decoding (docs/generation.md).
 //
@@ -10818,8 +11639,8 @@ class ShardedOptimizer {
 //   set_length(b, n), length(b)    tokens of sequence b in the cache
 //   view(layer, b, g)              a HeadView of kv head g: k_row(slot), v_row(slot) point at the
 //                                  slot's head_dim elements (f32 or int8), k_scale(slot),
-//                                  v_scale(slot) multiply them (detail::slot_scores and
-//                                  detail::weighted_values read them for decode attention);
+//                                  v_scale(slot) multiply them (kernels::detail::slot_scores and
+//                                  kernels::detail::weighted_values read them for decode attention);
 //                                  read(slot, k, v): the slot's key and value as f32
 //                                  (dequantized), for prefill's GEMM
 //   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
@@ -10833,11 +11654,8 @@ class ShardedOptimizer {
 #include <string>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 // #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
-// // #include <edl/kernels/detail/simd.hpp> (inlined above) (inlined above)
 
 namespace edl::generate {
 
@@ -10858,104 +11676,6 @@ struct KVCacheShape {
 };
 
 namespace detail {
-
-using kernels::detail::fbatch;
-inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
-
-/// The kernels prefetch (into L2) the keys of the next group of slots and the values
-/// kValuePrefetchSlots slots ahead. Measured when a head's rows were a token's whole row apart,
-/// a stride the hardware prefetcher followed poorly: on a Zen 4 EPYC that decoded tiny 2-4 %
-/// faster (1 and 2 threads, 16- and 128-token prompts) and small with a 768-token prompt 2-3 %;
-/// on the Zen 1 EPYC a prefetch 32-64 slots ahead was within the noise (docs/benchmarks.md).
-inline constexpr std::int64_t kValuePrefetchSlots = 8;
-
-/// Prefetches the cache lines of n elements at p (nothing is read: a prefetch never faults).
-template <class E>
-inline void prefetch_row(const E* p, std::int64_t n) noexcept {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (std::int64_t b = 0; b < n * static_cast<std::int64_t>(sizeof(E)); b += 64) __builtin_prefetch(c + b, 0, 2);
-}
-
-/// The attention kernels over one head's cache rows. A HeadView gives k_row(slot) and
-/// v_row(slot), pointers to the slot's D elements (f32, or int8 for Int8KVCache), and
-/// k_scale(slot), v_scale(slot) that multiply them (1 for f32 caches).
-///
-/// sc[j] = scale * q . k[j0 + j] for j in [0, cnt). Wd slots at a time with Wd accumulators and
-/// one transposing haddp: Wd independent FMA chains and one horizontal reduction per Wd slots,
-/// where a dot per slot waits on its own chain and its own reduction (decode attention spent
-/// most of its time there). Each score's order is fixed: lanes over D, the haddp tree, the tail.
-template <class View>
-inline void slot_scores(const View& view, const float* q, std::int64_t j0, std::int64_t cnt, float scale,
-                        float* sc) noexcept {
-  using Row = decltype(view.k_row(0));
-  const std::int64_t D = view.D, D0 = D / kW * kW;
-  for (std::int64_t j = 0; j < cnt; j += kW) {
-    const std::int64_t n = std::min(kW, cnt - j);
-    Row kr[kW];  // lanes past cnt re-read the last slot; their sums are dropped
-    for (std::int64_t s = 0; s < kW; ++s) kr[s] = view.k_row(j0 + j + std::min(s, n - 1));
-    for (std::int64_t s = j + kW; s < std::min(cnt, j + 2 * kW); ++s)  // the next group's keys
-      prefetch_row(view.k_row(j0 + s), D);
-    fbatch a[kW];
-    for (std::int64_t s = 0; s < kW; ++s) a[s] = fbatch(0.f);
-    for (std::int64_t d = 0; d < D0; d += kW) {
-      const fbatch qv = fbatch::load_unaligned(q + d);
-#pragma GCC unroll 16
-      for (std::int64_t s = 0; s < kW; ++s) a[s] = kernels::detail::fmadd(qv, kernels::detail::load(kr[s] + d), a[s]);
-    }
-    alignas(64) float sm[kW];
-    kernels::detail::haddp(a).store_aligned(sm);
-    for (std::int64_t s = 0; s < n; ++s) {
-      float v = sm[s];
-      for (std::int64_t d = D0; d < D; ++d) v = std::fma(q[d], to_f32(kr[s][d]), v);
-      sc[j + s] = scale * view.k_scale(j0 + j + s) * v;
-    }
-  }
-}
-
-/// out[c0, c0 + NB * Wd) = sum over j of w p[j] v_scale v[j0 + j] in those columns, the NB
-/// accumulators in registers (an axpy per slot into memory waits on the store of the last).
-template <int NB, class View>
-inline void weighted_values_cols(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
-                                 std::int64_t c0, float* out) noexcept {
-  fbatch acc[NB];
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) acc[b] = fbatch(0.f);
-  for (std::int64_t j = 0; j < cnt; ++j) {
-    const fbatch pb(p[j] * w * view.v_scale(j0 + j));
-    const auto* vr = view.v_row(j0 + j) + c0;
-    if (j + kValuePrefetchSlots < cnt) prefetch_row(view.v_row(j0 + j + kValuePrefetchSlots) + c0, NB * kW);
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) acc[b] = kernels::detail::fmadd(pb, kernels::detail::load(vr + b * kW), acc[b]);
-  }
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) acc[b].store_unaligned(out + c0 + b * kW);
-}
-
-/// out[0, D) = sum over j in [0, cnt) of w p[j] v[j0 + j] (dequantized): the attention's
-/// weighted values, overwriting out. Columns go 8 lane batches at a time, then the rest.
-/// Each output element is one FMA chain over j in order, as an axpy per slot would give.
-template <class View>
-inline void weighted_values(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
-                            float* out) noexcept {
-  const std::int64_t D = view.D;
-  std::int64_t c0 = 0;
-  for (; c0 + 8 * kW <= D; c0 += 8 * kW) weighted_values_cols<8>(view, p, j0, cnt, w, c0, out);
-  switch ((D - c0) / kW) {
-    case 7: weighted_values_cols<7>(view, p, j0, cnt, w, c0, out); break;
-    case 6: weighted_values_cols<6>(view, p, j0, cnt, w, c0, out); break;
-    case 5: weighted_values_cols<5>(view, p, j0, cnt, w, c0, out); break;
-    case 4: weighted_values_cols<4>(view, p, j0, cnt, w, c0, out); break;
-    case 3: weighted_values_cols<3>(view, p, j0, cnt, w, c0, out); break;
-    case 2: weighted_values_cols<2>(view, p, j0, cnt, w, c0, out); break;
-    case 1: weighted_values_cols<1>(view, p, j0, cnt, w, c0, out); break;
-    default: break;
-  }
-  for (c0 += (D - c0) / kW * kW; c0 < D; ++c0) {
-    float a = 0.f;
-    for (std::int64_t j = 0; j < cnt; ++j) a = std::fma(p[j] * w * view.v_scale(j0 + j), to_f32(view.v_row(j0 + j)[c0]), a);
-    out[c0] = a;
-  }
-}
 
 /// Per-row absmax int8 quantization: x ~= scale * q, q in [-127, 127].
 inline float quantize_row(const float* x, std::int8_t* q, std::int64_t n) noexcept {
@@ -11333,7 +12053,7 @@ static_assert(KVCache<PagedKVCache>);
 
 }  // namespace edl::generate
 // end of edl/generate/kv_cache.hpp
-// // #include <edl/generate/rope_table.hpp> (inlined above)
+// // // #include <edl/generate/rope_table.hpp> (inlined above) (inlined above)
 // edl/generate/rope_table.hpp: the rotary cos/sin of every position a KV cache can hold,
 // computed once when a decoder is built, and the in-place rotation of one token's heads.
 //
@@ -11345,9 +12065,9 @@ static_assert(KVCache<PagedKVCache>);
 #include <cstdint>
 #include <vector>
 
-// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
-// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
-// // #include <edl/nn/rotary.hpp> (inlined above) (inlined above)
+// // // #include <edl/models/llama/config.hpp> (inlined above) (inlined above) (inlined above)
+// // // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above) (inlined above)
+// #include <edl/nn/rotary.hpp> (inlined above)
 
 namespace edl::generate {
 
@@ -11374,39 +12094,47 @@ class RopeTable {
 }  // namespace edl::generate
 // end of edl/generate/rope_table.hpp
 // #include <edl/kernels/activations.hpp> (inlined above)
-// #include <edl/kernels/detail/simd.hpp> (inlined above)
+// #include <edl/kernels/attention.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/kernels/matvec.hpp>
+// edl/kernels/matvec.hpp
+// Matrix-vector products for decode: y = W x (+ b) with W [N, K] stored row-major (a Linear's
+// weight), for one row of x or a few (a decode step of a batch). Decode reads every weight
+// once per token, so these kernels are built around the memory read: weight rows stream in
+// lockstep blocks (matvec_rows), several products of one x share one parallel region
+// (matvec_group), and small batches apply each weight row to all rows from L1 (linear_nt).
+// More rows go to the GEMM (kernels::matmul_nt).
+//
+//   kernels::linear_nt(x, M, W, bias, y, N, K);          // y [M, N] = x [M, K] W^T (+ bias)
+//   kernels::matvec_group<T, 3>(x, {{Wq, bq, q, Nq}, {Wk, bk, k, Nk}, {Wv, bv, v, Nv}}, K);
+//
+// Every output is one fixed-order sum whatever the thread count or how rows are split.
+// T is float or bf16 (widened to f32 as it is read); sums are f32.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
-// #include <edl/kernels/rms_norm.hpp> (inlined above)
-// #include <edl/kernels/softmax.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/llama.hpp> (inlined above)
-// #include <edl/nn/attention.hpp> (inlined above)
-// #include <edl/nn/rotary.hpp> (inlined above)
 
-namespace edl::generate {
-
-/// The cache shape a model needs for `batch` sequences of up to `max_length` tokens.
-inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t batch, std::int64_t max_length) {
-  return {c.num_hidden_layers, batch, max_length, c.num_key_value_heads, c.head_size()};
-}
+namespace edl::kernels {
 
 namespace detail {
 
-/// Up to this many rows, linear_nt reads each weight row once from memory and applies it to
-/// the rows 4 at a time from L1. Decode steps of a batch (the continuous batching engine runs
-/// one token per request) are memory bound: at 16 rows this is several times faster than the
-/// GEMM, which packs the whole weight matrix for a handful of rows.
+/// Up to this many rows, linear_nt reads each weight row once and applies it to the rows from
+/// L1: decode steps of a batch are memory bound, and the GEMM would pack the whole matrix.
 inline constexpr std::int64_t kMatvecRows = 16;
 
-/// From this many rows up to kMatvecRows, linear_nt applies four weight rows at once
-/// (dot_rows4): the step is then bound by the loads feeding the FMAs, not by memory. On a
-/// Zen 4 EPYC small served 16 concurrent requests 20-27 % faster and 8 requests 8-16 %; at 4
-/// rows the blocked path was 17 % slower (docs/benchmarks.md, "Continuous batching").
+/// From this many rows up to kMatvecRows, four weight rows go at once (dot_rows4): the step is
+/// then bound by the loads feeding the FMAs, not by memory.
 inline constexpr std::int64_t kMatvecRowsBlocked = 8;
-/// ... for rows of at least this many elements: with all of tiny's products blocked (rows of
-/// 288), serving 8 requests measured 0-18 % slower in short runs; limited to rows of 512 or
-/// more (tiny's down_proj), within the noise.
+/// ... for rows of at least this many elements (shorter rows gained nothing).
 inline constexpr std::int64_t kMatvecBlockedMinK = 512;
 
 /// y[m * ldy] = x[m, :] . w (+ *bias) for MB (1-4) rows of x: MB is a compile-time constant so
@@ -11414,18 +12142,18 @@ inline constexpr std::int64_t kMatvecBlockedMinK = 512;
 /// every FMA waits for a store to forward, 3-4x slower).
 template <int MB, class T>
 inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::int64_t ldy, std::int64_t K) {
-  using kernels::detail::fbatch;
+  using detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   fbatch acc[MB][2];
 #pragma GCC unroll 4
   for (int m = 0; m < MB; ++m) acc[m][0] = acc[m][1] = fbatch(0.f);
   std::int64_t k = 0;
   for (; k + 2 * Wd <= K; k += 2 * Wd) {
-    const fbatch w0 = kernels::detail::load(w + k), w1 = kernels::detail::load(w + k + Wd);
+    const fbatch w0 = detail::load(w + k), w1 = detail::load(w + k + Wd);
 #pragma GCC unroll 4
     for (int m = 0; m < MB; ++m) {
-      acc[m][0] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
-      acc[m][1] = kernels::detail::fmadd(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
+      acc[m][0] = detail::fmadd(fbatch::load_unaligned(x + m * K + k), w0, acc[m][0]);
+      acc[m][1] = detail::fmadd(fbatch::load_unaligned(x + m * K + k + Wd), w1, acc[m][1]);
     }
   }
   for (int m = 0; m < MB; ++m) {
@@ -11442,7 +12170,7 @@ inline void dot_rows(const float* x, const T* w, const T* bias, float* y, std::i
 /// 8: a decode step of many sequences (the serving engine's) is bound by those loads.
 template <int MB, class T>
 inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::int64_t ldy, std::int64_t K) {
-  using kernels::detail::fbatch;
+  using detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   fbatch acc[MB][4][2];
 #pragma GCC unroll 8
@@ -11454,16 +12182,16 @@ inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::
     fbatch w0[4], w1[4];
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      w0[c] = kernels::detail::load(w + c * K + k);
-      w1[c] = kernels::detail::load(w + c * K + k + Wd);
+      w0[c] = detail::load(w + c * K + k);
+      w1[c] = detail::load(w + c * K + k + Wd);
     }
 #pragma GCC unroll 2
     for (int m = 0; m < MB; ++m) {
       const fbatch x0 = fbatch::load_unaligned(x + m * K + k), x1 = fbatch::load_unaligned(x + m * K + k + Wd);
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
-        acc[m][c][0] = kernels::detail::fmadd(x0, w0[c], acc[m][c][0]);
-        acc[m][c][1] = kernels::detail::fmadd(x1, w1[c], acc[m][c][1]);
+        acc[m][c][0] = detail::fmadd(x0, w0[c], acc[m][c][0]);
+        acc[m][c][1] = detail::fmadd(x1, w1[c], acc[m][c][1]);
       }
     }
   }
@@ -11471,7 +12199,7 @@ inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) t[i] = i < 4 * MB ? acc[i / 4][i % 4][0] + acc[i / 4][i % 4][1] : fbatch(0.f);
   float sums[8];
-  kernels::detail::hsum8(t, sums);
+  detail::hsum8(t, sums);
   for (int m = 0; m < MB; ++m)
     for (int c = 0; c < 4; ++c) {
       float s = sums[m * 4 + c];
@@ -11480,32 +12208,20 @@ inline void dot_rows4(const float* x, const T* w, const T* bias, float* y, std::
     }
 }
 
-/// Weight streams matvec_rows reads in lockstep, whatever the vector width: eight. On a Zen 4
-/// EPYC with AVX-512 (16 lanes) a stream per lane, sixteen, decoded tiny and small 10-12 %
-/// slower on one thread and 12-32 % slower on two; six read about as fast, four or five 5 %
-/// slower (docs/benchmarks.md, "Decode on a Zen 4 EPYC"). With AVX2 (8 lanes) it is the
-/// stream per lane the Zen 1 EPYC was tuned with.
+/// Weight streams matvec_rows reads in lockstep, whatever the vector width (sixteen on
+/// AVX-512 were slower: docs/notes/2026-11-benchmark-log.md).
 inline constexpr std::int64_t kStreams = 8;
 
-/// Bytes of consecutive weight rows one stream of matvec_rows reads before the block of
-/// kStreams streams moves on. On the Zen 4 EPYC 128 KiB decoded 2-5 % faster on one thread
-/// than 32 KiB (the Zen 1 EPYC's best: faster there than 8 KiB, by 5-25 %, and than 64 KiB)
-/// and about as fast as 256 KiB; 16 KiB was 4-10 % slower, 512 KiB and one block over the
-/// whole matrix 2-7 % slower.
+/// Bytes of consecutive weight rows one stream reads before the block of streams moves on.
 inline constexpr std::int64_t kStreamBytes = 131072;
 
-/// How far ahead of its loads each stream of matvec_rows prefetches (prefetcht1: into L2 on
-/// AMD, as prefetcht2). On the Zen 4 EPYC a prefetch decoded tiny 9 % and small 8 % faster on
-/// one thread (1 KiB ahead; 512 B: 6-8 %, 2 KiB: 6-11 %) and 2-17 % faster on two (2 KiB);
-/// prefetcht1 and prefetcht2 measured the same, prefetcht0 and prefetchnta 15-35 % slower.
+/// How far ahead of its loads each stream prefetches (into L2).
 inline constexpr std::int64_t kPrefetchBytes = 1024;
 
 /// The sum of `blocks` consecutive blocks of kStreams streams of `len` floats (len a multiple
-/// of two lane batches), the streams read in lockstep: matvec_rows' read order without the
-/// multiplies, each stream prefetching kPrefetchBytes ahead as the kernel does. It is the read
-/// the kernel is measured against (`edl bench decode --bandwidth`'s rows8, rows8_32k,
-/// rows8_stream and streams8 patterns, bench_kernels' matvec_f32/read_rows8), kept next to the
-/// kernel so that both change together. Four accumulators hide the add latency.
+/// of two lane batches) read in lockstep: matvec_rows' read order without the multiplies, the
+/// read the kernel is measured against (`edl bench decode --bandwidth`, bench_kernels). It
+/// lives beside the kernel so that both change together.
 inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t len) noexcept {
   using B = xsimd::batch<float>;
   constexpr std::size_t W = B::size, S = static_cast<std::size_t>(kStreams);
@@ -11536,9 +12252,9 @@ inline float lockstep_read_sum(const float* x, std::size_t blocks, std::size_t l
 template <class T>
 inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std::int64_t K, std::int64_t lo,
                         std::int64_t hi) {
-  using kernels::detail::fbatch;
+  using detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size), S = kStreams;
-  static_assert(S == 8, "kernels::detail::hsum8 reduces the streams' eight accumulators");
+  static_assert(S == 8, "detail::hsum8 reduces the streams' eight accumulators");
   const std::int64_t row_bytes = K * static_cast<std::int64_t>(sizeof(T));
   const std::int64_t R = std::max<std::int64_t>(1, (kStreamBytes + row_bytes / 2) / row_bytes);
   const std::int64_t K0 = K / Wd * Wd;
@@ -11556,16 +12272,16 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
         for (std::int64_t q = 0; q < S; ++q) {
           // A prefetch past the matrix's end is harmless: prefetches do not fault.
           __builtin_prefetch(reinterpret_cast<const char*>(w0 + q * ws + k) + kPrefetchBytes, 0, 2);
-          a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
+          a[q] = detail::fmadd(xv, detail::load(w0 + q * ws + k), a[q]);
         }
       }
     } else {
       for (std::int64_t k = 0; k < K0; k += Wd) {
         const fbatch xv = fbatch::load_unaligned(x + k);
-        for (std::int64_t q = 0; q < n; ++q) a[q] = kernels::detail::fmadd(xv, kernels::detail::load(w0 + q * ws + k), a[q]);
+        for (std::int64_t q = 0; q < n; ++q) a[q] = detail::fmadd(xv, detail::load(w0 + q * ws + k), a[q]);
       }
     }
-    kernels::detail::hsum8(a, sums);
+    detail::hsum8(a, sums);
   };
   // y[j] from row j's sum over [0, K0): the tail, then the bias.
   const auto finish = [&](std::int64_t j, float v) {
@@ -11573,10 +12289,8 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
     for (std::int64_t k = K0; k < K; ++k) v = std::fma(x[k], to_f32(wr[k]), v);
     y[j] = bias ? v + to_f32(bias[j]) : v;
   };
-  // A block's sums go to `stage` in the order they are made (eight per step, one vector
-  // store), and reach y a chunk of steps at a time, from L1. Eight scalar stores a step, one
-  // per stream into eight far-apart lines of y, had cost the kernel 8-10 % of its reads at
-  // tiny's K = 288 (docs/benchmarks.md).
+  // A block's sums go to `stage` in the order they are made (one vector store a step) and
+  // reach y a chunk at a time from L1, instead of eight scalar stores to far-apart lines.
   constexpr std::int64_t kChunk = 128;
   alignas(64) float stage[kChunk * S];
   while (hi - lo >= S) {
@@ -11595,6 +12309,8 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
     for (std::int64_t q = 0; q < hi - lo; ++q) finish(lo + q, sums[q]);
   }
 }
+
+}  // namespace detail
 
 /// Rows of weight matrix j a parallel chunk of a matrix-vector product takes: enough for the
 /// fork/join to pay (16 K floats), at least 8.
@@ -11620,16 +12336,12 @@ template <class T, std::size_t P>
 void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
                        std::int64_t tasks) {
   for (const MatvecPart<T>& p : parts)
-    matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks);
+    detail::matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks);
 }
 
 /// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
-/// one fork/join instead of one per matrix, which at decode's few microseconds per matrix is
-/// a visible share of a token. With T threads each matrix is cut into T equal ranges of rows,
-/// one per task, each read in kStreamBytes streams as on one thread (on the Zen 4 EPYC that
-/// decoded small and gqa1b 2-15 % faster on two threads than eight streams spread over each
-/// thread's range, the Zen 1 EPYC's best). Each y[j] is the sum matvec_rows computes alone,
-/// bit for bit.
+/// one fork/join instead of one per matrix. With T threads each matrix is cut into T equal
+/// ranges of rows, one per task. Each y[j] is the sum matvec_rows computes alone, bit for bit.
 template <class T, std::size_t P>
 void matvec_group(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   std::int64_t total = 0;
@@ -11656,14 +12368,14 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
       const float* xb = x + m0 * K;
       float* yb = y + m0 * N + j;
       switch (std::min<std::int64_t>(4, M - m0)) {
-        case 4: dot_rows<4>(xb, w, bj, yb, N, K); break;
-        case 3: dot_rows<3>(xb, w, bj, yb, N, K); break;
-        case 2: dot_rows<2>(xb, w, bj, yb, N, K); break;
-        default: dot_rows<1>(xb, w, bj, yb, N, K); break;
+        case 4: detail::dot_rows<4>(xb, w, bj, yb, N, K); break;
+        case 3: detail::dot_rows<3>(xb, w, bj, yb, N, K); break;
+        case 2: detail::dot_rows<2>(xb, w, bj, yb, N, K); break;
+        default: detail::dot_rows<1>(xb, w, bj, yb, N, K); break;
       }
     }
   };
-  if (M >= kMatvecRowsBlocked && M <= kMatvecRows && K >= kMatvecBlockedMinK) {
+  if (M >= detail::kMatvecRowsBlocked && M <= detail::kMatvecRows && K >= detail::kMatvecBlockedMinK) {
     // Blocks of four weight rows (the x rows two at a time); the last N % 4 rows alone. Every
     // row falls in the same kind of block whatever the thread count.
     exec::parallel_for(0, N / 4, std::max<std::int64_t>(1, matvec_grain(K) / 4), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -11671,20 +12383,20 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
         const T* w = W + j * K;
         const T* bj = bias ? bias + j : nullptr;
         std::int64_t m0 = 0;
-        for (; m0 + 2 <= M; m0 += 2) dot_rows4<2>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
-        if (m0 < M) dot_rows4<1>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
+        for (; m0 + 2 <= M; m0 += 2) detail::dot_rows4<2>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
+        if (m0 < M) detail::dot_rows4<1>(x + m0 * K, w, bj, y + m0 * N + j, N, K);
       }
     });
     for (std::int64_t j = N / 4 * 4; j < N; ++j) one_weight_row(j);
     return;
   }
-  if (M <= kMatvecRows) {
+  if (M <= detail::kMatvecRows) {
     exec::parallel_for(0, N, matvec_grain(K), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t j = lo; j < hi; ++j) one_weight_row(j);
     });
     return;
   }
-  kernels::matmul_nt(x, W, y, M, N, K);
+  matmul_nt(x, W, y, M, N, K);
   if (bias) {
     exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t m = lo; m < hi; ++m)
@@ -11701,15 +12413,46 @@ void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>
   for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
 }
 
+}  // namespace edl::kernels
+// end of edl/kernels/matvec.hpp
+// #include <edl/kernels/rms_norm.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
+// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
+
+namespace edl::generate {
+
+/// One token of a forward call: sequence b (the whole batch's index), position pos (its cache
+/// slot on one device), token id, and its row in logits_all.
+struct CachedRow {
+  std::int64_t b, pos, id, out;
+};
+
+/// What one device of a mesh computes: sequences [b0, b0 + nb), the positions p with
+/// p % sp == sp_rank (stored at local slot p / sp), and the lm_head's vocabulary columns
+/// [c0, c1). One device: every sequence, position and column.
+struct DeviceShard {
+  std::int64_t b0 = 0, nb = 0;
+  std::int64_t sp = 1, sp_rank = 0;
+  std::int64_t c0 = 0, c1 = 0;
+  kernels::SlotMap slots() const noexcept { return {sp, sp_rank}; }
+};
+
+/// The collectives of one device alone: there is nothing to reduce or gather.
+struct NoCollectives {
+  static constexpr bool one_device = true;
+  void psum_tp(std::span<float>) {}
+  void all_gather_sp(std::span<const float>, std::span<float>) {}
+};
+
+namespace detail {
+
 /// A run of at least this many rows of one sequence (a prefill chunk) attends through the GEMM.
 inline constexpr std::int64_t kGemmAttentionRows = 8;
-/// Query rows per GEMM block of prefill attention: the training attention's block.
-inline constexpr std::int64_t kGemmAttentionBlock = nn::detail::kAttentionQueryBlock;
 
 /// Splits rows [0, n) (sorted by sequence) into runs of at least kGemmAttentionRows rows of one
 /// sequence at consecutive positions (a prefill chunk: attention on the GEMM), given as
-/// [first, last + 1), and the other rows (decode: attention row by row). Both decoders' rows
-/// have .b (sequence) and .pos (position).
+/// [first, last + 1), and the other rows (decode: attention row by row). Rows have .b (sequence)
+/// and .pos (position).
 template <class Row>
 void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
                           std::vector<std::pair<std::int64_t, std::int64_t>>& runs, std::vector<std::int64_t>& single) {
@@ -11729,89 +12472,13 @@ void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
   }
 }
 
-/// Where a sequence's positions sit in one device's cache: position p in local slot p / sp of
-/// sp rank p % sp (round-robin, the mesh decoder's sp axis); sp = 1 is slot = position.
-struct SlotMap {
-  std::int64_t sp = 1, rank = 0;
-  /// The first local slot holding a position >= p.
-  constexpr std::int64_t first(std::int64_t p) const { return p <= rank ? 0 : (p - rank + sp - 1) / sp; }
-  /// The number of local slots holding positions < p.
-  constexpr std::int64_t end(std::int64_t p) const { return p > rank ? (p - rank + sp - 1) / sp : 0; }
-};
-
-/// Where GEMM attention writes (row r, head h): at data + r * row_stride + h * head_stride, the
-/// normalised context (partial = false), or flash-decoding's partial record (max m, sum l of
-/// exp(s - m), unnormalised context o[D]) that the mesh decoder combines over sp (partial = true).
-struct AttentionOut {
-  float* data;
-  std::int64_t row_stride, head_stride;
-  bool partial = false;
-};
-
-/// Attention of one query head for m_all query rows at positions p0 .. p0 + m_all - 1 of one
-/// sequence (q: row i at q + i * ld) over the local cache slots (slots) holding positions
-/// window_start(p0, window) .. p0 + m_all - 1. The kv head's keys and values are read into f32
-/// (kv), then per block of kGemmAttentionBlock query rows the scores are one GEMM (q k^T), the
-/// causal and window mask and the softmax are row-wise, and the context is a second GEMM (p v),
-/// as in the training attention (nn/attention.hpp). Row i's output goes to out + i * out_ld
-/// (the layout of AttentionOut; a row with no slot here gets the record {-inf, 0, 0...} or a
-/// zero context). Serial: the caller runs one (run, head) per task, so the result does not
-/// depend on the thread count.
-template <class View>
-void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* out, std::int64_t out_ld, bool partial,
-                     std::int64_t p0, std::int64_t m_all, std::int64_t D, std::int64_t window, SlotMap slots,
-                     std::vector<float>& kv, std::vector<float>& sc) {
-  using kernels::Trans;
-  // Local slots [first_slot(pos), end_slot(pos)) are the keys position pos attends to.
-  const auto first_slot = [&](std::int64_t pos) { return slots.first(nn::detail::window_start(pos, window)); };
-  const auto end_slot = [&](std::int64_t pos) { return slots.end(pos + 1); };
-  const std::int64_t QB = kGemmAttentionBlock, off = partial ? 2 : 0;  // o's offset in a record
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const std::int64_t s0 = first_slot(p0), ns = std::max<std::int64_t>(0, end_slot(p0 + m_all - 1) - s0);
-  kv.resize(static_cast<std::size_t>(2 * ns * D));
-  float* K = kv.data();
-  float* V = K + ns * D;
-  for (std::int64_t j = 0; j < ns; ++j) view.read(s0 + j, K + j * D, V + j * D);
-  sc.resize(static_cast<std::size_t>(std::min(QB, m_all) * std::max<std::int64_t>(1, ns)));
-  for (std::int64_t i0 = 0; i0 < m_all; i0 += QB) {
-    const std::int64_t m = std::min(QB, m_all - i0);
-    // keys [j0, j0 + nk) of the block, relative to s0
-    const std::int64_t j0 = first_slot(p0 + i0) - s0, nk = std::max<std::int64_t>(0, end_slot(p0 + i0 + m - 1) - s0 - j0);
-    if (nk > 0)
-      kernels::gemm_serial(Trans::no, Trans::yes, m, nk, D, scale, q + i0 * ld, ld, K + j0 * D, D, 0.0f, sc.data(), nk);
-    for (std::int64_t i = 0; i < m; ++i) {
-      float* row = sc.data() + i * nk;
-      float* rec = out + (i0 + i) * out_ld;
-      const std::int64_t pos = p0 + i0 + i;
-      const std::int64_t a = first_slot(pos) - s0 - j0, b = std::max(a, end_slot(pos) - s0 - j0);  // allowed keys [a, b)
-      float mx = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      if (b > a) {
-        mx = kernels::detail::row_max(row + a, b - a);
-        total = kernels::detail::row_exp_sum(row + a, row + a, b - a, mx);
-        if (!partial)
-          for (std::int64_t j = a; j < b; ++j) row[j] *= 1.0f / total;
-      }
-      std::fill(row, row + a, 0.0f);
-      std::fill(row + b, row + nk, 0.0f);
-      if (partial) {
-        rec[0] = mx;
-        rec[1] = total;
-      }
-      if (nk == 0) std::fill(rec + off, rec + off + D, 0.0f);
-    }
-    if (nk > 0)
-      kernels::gemm_serial(Trans::no, Trans::no, m, D, nk, 1.0f, sc.data(), nk, V + j0 * D, D, 0.0f,
-                           out + i0 * out_ld + off, out_ld);
-  }
-}
-
 /// Prefill attention of every run (split_attention_rows) on the GEMM: one task per (run, query
 /// head), each running attend_run_gemm. q is [rows, nh * D]; view_of(row, kv_head) gives the
 /// cache view of a run's first row (a Row with .b and .pos).
 template <class Row, class ViewOf>
 void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
-                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, SlotMap slots,
-                      const float* q, AttentionOut out, ViewOf&& view_of) {
+                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, kernels::SlotMap slots,
+                      const float* q, kernels::AttentionOut out, ViewOf&& view_of) {
   if (runs.empty()) return;
   const std::int64_t rep = nh / nkv, qw = nh * D;
   exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -11820,61 +12487,10 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
       const auto [r0, r1] = runs[static_cast<std::size_t>(t / nh)];
       const std::int64_t h = t % nh;
       const Row& row = rows[static_cast<std::size_t>(r0)];
-      attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
+      kernels::attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
                       out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc);
     }
   });
-}
-
-/// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
-/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
-/// decoders' attention starts here; they differ in how the sum is combined.
-template <class View>
-inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
-                                                  float scale, float* sc) {
-  using kernels::detail::fbatch;
-  constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
-  if (cnt <= 0) return {-std::numeric_limits<float>::infinity(), 0.0f};
-  slot_scores(view, q, j0, cnt, scale, sc);
-  fbatch mxv(-std::numeric_limits<float>::infinity());
-  std::int64_t i = 0;
-  for (; i + Wd <= cnt; i += Wd) mxv = xsimd::max(mxv, fbatch::load_unaligned(sc + i));
-  float mx = kernels::detail::hmax(mxv);
-  for (; i < cnt; ++i) mx = std::max(mx, sc[i]);
-  const fbatch mb(mx);
-  fbatch sum(0.f);
-  std::int64_t j = 0;
-  for (; j + Wd <= cnt; j += Wd) {
-    const fbatch e = kernels::detail::exp(fbatch::load_unaligned(sc + j) - mb);
-    e.store_unaligned(sc + j);
-    sum += e;
-  }
-  if (j < cnt) {
-    const fbatch e = kernels::detail::exp(kernels::detail::load_partial(sc + j, cnt - j, -INFINITY) - mb);
-    kernels::detail::store_partial(sc + j, e, cnt - j);
-    sum += e;
-  }
-  return {mx, kernels::detail::hsum(sum)};
-}
-
-/// Attention of query head h of one decode row (row r of q and of out, at position row.pos):
-/// softmax_numerators over the local slots the position attends to, then the weighted values,
-/// written as AttentionOut says (normalised context, or the partial (m, l, o) record). sc holds
-/// the head's scores (the slots up to the position).
-template <class View>
-void attend_row_head(const View& view, std::int64_t pos, const float* q, float* rec, bool partial, std::int64_t D,
-                     std::int64_t window, SlotMap slots, float* sc) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
-  const std::int64_t jlo = slots.first(nn::detail::window_start(pos, window));
-  const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(pos + 1) - jlo);
-  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc);
-  const float w = partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
-  if (partial) {
-    rec[0] = mx;
-    rec[1] = total;
-  }
-  weighted_values(view, sc, jlo, cnt, w, rec + (partial ? 2 : 0));
 }
 
 /// Attention of rows `single` (decode rows: split_attention_rows' rest) row by row: one task per
@@ -11882,7 +12498,7 @@ void attend_row_head(const View& view, std::int64_t pos, const float* q, float* 
 /// block * nh score rows of score_len floats.
 template <class Row, class ViewOf>
 void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
-                 std::int64_t D, std::int64_t window, SlotMap slots, const float* q, AttentionOut out, float* scores,
+                 std::int64_t D, std::int64_t window, kernels::SlotMap slots, const float* q, kernels::AttentionOut out, float* scores,
                  std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
   const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size());
   for (std::int64_t i0 = 0; i0 < n; i0 += block) {
@@ -11891,15 +12507,416 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
       for (std::ptrdiff_t t = lo; t < hi; ++t) {
         const std::int64_t r = single[static_cast<std::size_t>(i0 + t / nh)], h = t % nh;
         const Row& row = rows[static_cast<std::size_t>(r)];
-        attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
+        kernels::attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
                         out.data + r * out.row_stride + h * out.head_stride, out.partial, D, window, slots,
                         scores + t * score_len);
       }
     });
   }
 }
+/// The rows of a prefill chunk: ids [batch, seq], mask [batch, seq] of 0/1 (left padding) or
+/// null; sequence b's tokens follow its length(b) tokens already cached. Padding is skipped.
+template <class LengthOf>
+void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
+                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where) {
+  EDL_CHECK(seq >= 0, errc::invalid_argument, where, "seq must be >= 0, found ", seq);
+  rows.clear();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::int64_t pad = 0;
+    if (mask) {
+      while (pad < seq && mask[b * seq + pad] == 0) ++pad;
+      for (std::int64_t s = pad; s < seq; ++s)
+        EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, where, "attention_mask row ", b,
+                  " is not left padding (a 0 at ", s, " after a 1)");
+    }
+    const std::int64_t len = length_of(b);
+    for (std::int64_t s = pad; s < seq; ++s) rows.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+  }
+}
+
+/// The rows of a decode step: one token per sequence b with active[b] != 0 (all when null).
+template <class LengthOf>
+void decode_rows(const std::int64_t* ids, std::int64_t batch, const std::uint8_t* active, LengthOf&& length_of,
+                 std::vector<CachedRow>& rows) {
+  rows.clear();
+  for (std::int64_t b = 0; b < batch; ++b)
+    if (!active || active[b]) rows.push_back({b, length_of(b), ids[b], b});
+}
+
+/// Checks every token id against the vocabulary and sets need[b] to the length sequence b will
+/// have after the call (-1: no token of b in it), before any work touches a cache.
+inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, std::int64_t vocab,
+                       std::vector<std::int64_t>& need, const char* where) {
+  need.assign(static_cast<std::size_t>(batch), -1);
+  for (const CachedRow& r : rows) {
+    EDL_CHECK(r.id >= 0 && r.id < vocab, errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
+              ", position ", r.pos, ") is outside the vocabulary [0, ", vocab, ")");
+    std::int64_t& n = need[static_cast<std::size_t>(r.b)];
+    n = std::max(n, r.pos + 1);
+  }
+}
 
 }  // namespace detail
+
+/// One device's forward over its cache: its (local) model, cache, and scratch.
+template <class Pol, KVCache Cache>
+class CachedForward {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using T = typename Pol::param_t;
+  using Part = kernels::MatvecPart<T>;
+
+  /// The phases run_one_row runs per layer, in order: q/k/v, attention, o_proj, gate/up, down
+  /// (then one for the lm_head).
+  static constexpr std::size_t kPhasesPerLayer = 5;
+
+  /// `model` is this device's model (tp-local sizes on a mesh), `vocab` the whole vocabulary
+  /// (the logits' row length), `rope` the tables of every position.
+  CachedForward(const Model& model, Cache& cache, const RopeTable& rope, DeviceShard shard, std::int64_t vocab)
+      : m_(&model), cache_(&cache), rope_(&rope), shard_(shard), V_(vocab) {
+    const models::LlamaConfig& c = model.config();
+    H_ = c.hidden_size;
+    I_ = c.intermediate_size;
+    nh_ = c.num_attention_heads;
+    nkv_ = c.num_key_value_heads;
+    D_ = c.head_size();
+    window_ = c.attention_window().value_or(0);
+    eps_ = static_cast<float>(c.rms_norm_eps);
+  }
+
+  Cache& cache() noexcept { return *cache_; }
+  const Cache& cache() const noexcept { return *cache_; }
+  const DeviceShard& shard() const noexcept { return shard_; }
+
+  /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
+  /// every layer, then the cache lengths need[b] (the batch's, from detail::check_rows), then
+  /// this device's vocabulary columns of the logits of each sequence's last row
+  /// (last_out [batch, vocab], may be null) and of every row (all_out [*, vocab] at row.out,
+  /// may be null). One row without all_out on one device runs as one phased region.
+  template <class Collectives>
+  void run(const std::vector<CachedRow>& rows, const std::vector<std::int64_t>& need, Collectives& coll,
+           float* last_out, float* all_out) {
+    rows_.clear();
+    for (const CachedRow& r : rows)
+      if (r.b >= shard_.b0 && r.b < shard_.b0 + shard_.nb) rows_.push_back(r);
+    const std::int64_t n = static_cast<std::int64_t>(rows_.size());
+    if (n == 0) return;  // a whole (tp, sp) group has the same sequences: no collective is skipped
+    local_need_.assign(static_cast<std::size_t>(shard_.nb), -1);
+    for (std::int64_t lb = 0; lb < shard_.nb; ++lb) {
+      const std::int64_t nd = need[static_cast<std::size_t>(shard_.b0 + lb)];
+      if (nd < 0) continue;
+      std::int64_t& local = local_need_[static_cast<std::size_t>(lb)];
+      local = shard_.slots().end(nd);
+      if (local > 0) cache_->reserve(lb, local);
+    }
+    ensure_rows(n);
+    embed(n);
+    if constexpr (Collectives::one_device) {
+      if (n == 1 && !all_out && shard_.sp == 1) {
+        run_one_row(last_out);
+        set_lengths();
+        return;
+      }
+    }
+    detail::split_attention_rows(rows_, n, runs_, single_);  // the same rows in every layer
+    RowSteps<Collectives> steps{*this, coll, n};
+    for (std::size_t l = 0; l < m_->model.layers.size(); ++l) layer(steps, l);
+    set_lengths();
+    head(last_out, all_out, n);
+  }
+
+  /// Times run_one_row's phases into `times` (null: stop).
+  void time_phases(exec::PhaseTimes* times) { region_->time_phases(times); }
+
+  /// Bytes of scratch this forward holds.
+  std::int64_t scratch_bytes() const noexcept {
+    std::size_t f = 0;
+    for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
+                          &records_, &gathered_, &thread_normed_})
+      f += v->size();
+    return static_cast<std::int64_t>(f * sizeof(float));
+  }
+
+ private:
+  // ---------------------------------------------------------------- the layer, once
+  template <class Steps>
+  void layer(Steps& st, std::size_t l) {
+    const auto& L = m_->model.layers[l];
+    const auto& A = L.self_attn;
+    const auto& mlp = L.mlp;
+    const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
+    st.norm_products(L.input_layernorm.weight.data(),
+                     std::array<Part, 3>{Part{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
+                                         {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
+                                         {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}},
+                     [&](std::int64_t n) { rope_and_store(layer, n); });
+    st.attention(layer);
+    st.product_add(ctx_.data(), qw, Part{A.o_proj.weight.data(), bias_of(A.o_proj), out_.data(), H_});
+    st.norm_swiglu(L.post_attention_layernorm.weight.data(),
+                   std::array<Part, 2>{Part{mlp.gate_proj.weight.data(), bias_of(mlp.gate_proj), gate_.data(), I_},
+                                       {mlp.up_proj.weight.data(), bias_of(mlp.up_proj), up_.data(), I_}});
+    st.product_add(gate_.data(), I_, Part{mlp.down_proj.weight.data(), bias_of(mlp.down_proj), out_.data(), H_});
+  }
+
+  // ---------------------------------------------------------------- steps over many rows
+  template <class Collectives>
+  struct RowSteps {
+    CachedForward& f;
+    Collectives& coll;
+    std::int64_t n;
+
+    template <std::size_t P, class After>
+    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
+      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::linear_group<T, P>(f.normed_.data(), n, parts, f.H_);
+      after(n);
+    }
+    void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
+    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
+    void product_add(const float* in, std::int64_t K, const Part& p) {
+      kernels::linear_nt(in, n, p.W, p.bias, p.y, p.N, K);
+      const std::size_t nH = static_cast<std::size_t>(n * f.H_);
+      coll.psum_tp(std::span<float>(p.y, nH));
+      kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
+    }
+    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+      norm_products(norm_w, gate_up, [](std::int64_t) {});
+      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    }
+  };
+
+  // ---------------------------------------------------------------- steps of one row, phased
+  // Each step is one phase of the team's region; a product's rows split into matvec_tasks
+  // ranges as kernels::matvec_group splits them, so every sum is RowSteps' bit for bit. Parts
+  // run serial code only: a part that forks could be handed another team thread's body while
+  // it waits, and wait on itself.
+  struct PhasedSteps {
+    CachedForward& f;
+    exec::PhasedRegion::Team& team;
+    std::int64_t threads;
+    float* nx;  // this thread's normalised x
+
+    template <std::size_t P, class After>
+    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
+      std::int64_t rows = 0;
+      for (const Part& p : parts) rows += p.N;
+      const std::int64_t tasks = kernels::matvec_tasks(rows, f.H_, threads);
+      team.phase(
+          tasks,
+          [&](std::int64_t t) {
+            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
+          },
+          [&] { after(1); });
+    }
+    void attention(std::int64_t layer) {
+      const CachedRow& row = f.rows_[0];
+      const std::int64_t rep = f.nh_ / f.nkv_, score_len = f.cache_->shape().max_length;
+      team.phase(f.nh_, [&](std::int64_t h) {
+        kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
+                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_, f.shard_.slots(),
+                                 f.scores_.data() + h * score_len);
+      });
+    }
+    void product_add(const float* in, std::int64_t K, const Part& p) {
+      const std::int64_t tasks = kernels::matvec_tasks(p.N, K, threads);
+      const std::array<Part, 1> one{p};
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::matvec_group_task(in, one, K, t, tasks);
+        kernels::add_range(f.x_.data(), p.y, f.H_ * t / tasks, f.H_ * (t + 1) / tasks);
+      });
+    }
+    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+      const std::int64_t tasks = kernels::matvec_tasks(2 * f.I_, f.H_, threads);
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+        kernels::matvec_group_task(nx, gate_up, f.H_, t, tasks);
+        kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+      });
+    }
+    void head(float* logits) {
+      const std::int64_t tasks = logits ? kernels::matvec_tasks(f.V_, f.H_, threads) : 0;
+      const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::rms_norm_forward(f.x_.data(), f.m_->model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, f.H_,
+                                  f.eps_);
+        kernels::matvec_group_task(nx, head, f.H_, t, tasks);
+      });
+    }
+  };
+
+  /// One row (a decode step of one sequence, serving's common case): the whole forward is one
+  /// exec::PhasedRegion, so on T threads a token costs one fork/join instead of ~5 per layer.
+  void run_one_row(float* last_out) {
+    const std::int64_t threads = std::max(1, exec::num_threads());
+    if (static_cast<std::int64_t>(thread_normed_.size()) < threads * H_)
+      thread_normed_.resize(static_cast<std::size_t>(threads * H_));
+    const std::size_t layers = m_->model.layers.size();
+    float* logits = last_out ? last_out + rows_[0].b * V_ : nullptr;
+    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
+      PhasedSteps steps{*this, team, threads, thread_normed_.data() + team.thread() * H_};
+      for (std::size_t l = 0; l < layers; ++l) layer(steps, l);
+      steps.head(logits);
+    });
+  }
+
+  // ---------------------------------------------------------------- pieces both steps share
+  void ensure_rows(std::int64_t n) {
+    const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
+      if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
+    };
+    grow(x_, n * H_);
+    grow(normed_, n * H_);
+    grow(q_, n * nh_ * D_);
+    grow(k_, n * nkv_ * D_);
+    grow(v_, n * nkv_ * D_);
+    grow(ctx_, n * nh_ * D_);
+    grow(gate_, n * I_);
+    grow(up_, n * I_);
+    grow(out_, n * H_);
+    grow(last_x_, n * H_);
+    if (shard_.sp > 1) {
+      grow(records_, n * nh_ * (D_ + 2));
+      grow(gathered_, n * nh_ * (D_ + 2) * shard_.sp);
+    }
+    // Attention scores: a block of rows x heads x max_length at a time.
+    const std::int64_t per_row = nh_ * cache_->shape().max_length;
+    attn_block_ = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
+    grow(scores_, attn_block_ * per_row);
+  }
+
+  void embed(std::int64_t n) {
+    const T* emb = m_->model.embed_tokens.weight.data();
+    for (std::int64_t r = 0; r < n; ++r) {
+      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      float* xr = x_.data() + r * H_;
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+    }
+  }
+
+  /// Rotates the rows' q and k to their positions and stores k, v of the positions this
+  /// device's cache holds.
+  void rope_and_store(std::int64_t layer, std::int64_t n) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);
+      rope_->rotate(k_.data() + r * nkv_ * D_, row.pos, nkv_);
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      if (row.pos % shard_.sp != shard_.sp_rank) continue;  // another sp rank holds this position
+      cache_->store(layer, row.b - shard_.b0, row.pos / shard_.sp, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
+    }
+  }
+
+  /// Attention of the rows' heads over this device's slots: prefill runs on the GEMM, other
+  /// rows row by row; with sp > 1 partial records, exchanged over sp and combined.
+  template <class Collectives>
+  void attention_rows(Collectives& coll, std::int64_t layer, std::int64_t n) {
+    const std::int64_t sp = shard_.sp, SW = D_ + 2;  // SW: one (m, l, o[D]) record
+    const kernels::AttentionOut out = sp == 1 ? kernels::AttentionOut{ctx_.data(), nh_ * D_, D_}
+                                              : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
+    const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, scores_.data(),
+                        cache_->shape().max_length, attn_block_, view_of);
+    if (sp == 1) return;
+    const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
+    coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
+    kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
+  }
+
+  void set_lengths() {
+    for (std::int64_t lb = 0; lb < shard_.nb; ++lb) {
+      const std::int64_t nd = local_need_[static_cast<std::size_t>(lb)];
+      if (nd >= 0) cache_->set_length(lb, nd);
+    }
+  }
+
+  /// This device's vocabulary columns [c0, c1) of the logits of every row (all_out) and of each
+  /// sequence's last row (last_out).
+  void head(float* last_out, float* all_out, std::int64_t n) {
+    const std::int64_t nc = shard_.c1 - shard_.c0;
+    if (nc == 0) return;
+    std::vector<float*>& dst = head_dst_;
+    if (all_out) {
+      std::memcpy(last_x_.data(), x_.data(), static_cast<std::size_t>(n * H_) * sizeof(float));
+      dst.clear();
+      for (std::int64_t r = 0; r < n; ++r) dst.push_back(all_out + rows_[static_cast<std::size_t>(r)].out * V_);
+      head_rows(n);
+    }
+    if (last_out) {
+      dst.clear();
+      std::int64_t nl = 0;
+      for (std::int64_t r = 0; r < n; ++r) {
+        const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+        if (r + 1 < n && rows_[static_cast<std::size_t>(r + 1)].b == row.b) continue;
+        std::memcpy(last_x_.data() + nl * H_, x_.data() + r * H_, static_cast<std::size_t>(H_) * sizeof(float));
+        dst.push_back(last_out + row.b * V_);
+        ++nl;
+      }
+      head_rows(nl);
+    }
+  }
+
+  /// The head over the first nl rows of last_x_, into head_dst_'s rows (columns c0 ..).
+  void head_rows(std::int64_t nl) {
+    const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
+    const T* w = m_->head_weight() + c0 * H_;
+    kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
+                              nl, H_, eps_);
+    bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
+    for (std::int64_t i = 1; contiguous && i < nl; ++i)
+      contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
+    if (contiguous) {
+      kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_dst_[0], nc, H_);
+      return;
+    }
+    if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
+    kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_out_.data(), nc, H_);
+    for (std::int64_t i = 0; i < nl; ++i)
+      std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
+                  static_cast<std::size_t>(nc) * sizeof(float));
+  }
+
+  template <class Lin>
+  static const T* bias_of(const Lin& lin) {
+    return lin.has_bias() ? lin.bias.data() : nullptr;
+  }
+
+  const Model* m_;
+  Cache* cache_;
+  const RopeTable* rope_;
+  DeviceShard shard_;
+  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  float eps_ = 0.0f;
+  // Scratch, on cache lines as the weights: the products read x in full vectors beside each
+  // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,
+  // ctx (attention's output), gate and up (the MLP's), out (a row-parallel product's);
+  // last_x and head_out feed the lm_head; records and gathered are sp's partial attention.
+  aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
+      gathered_;
+  aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // stays movable
+  std::vector<CachedRow> rows_;
+  std::vector<std::int64_t> local_need_, single_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run
+  std::vector<float*> head_dst_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/cached_forward.hpp
+// // #include <edl/generate/kv_cache.hpp> (inlined above) (inlined above)
+// // #include <edl/generate/rope_table.hpp> (inlined above) (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+
+namespace edl::generate {
+
+/// The cache shape a model needs for `batch` sequences of up to `max_length` tokens.
+inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t batch, std::int64_t max_length) {
+  return {c.num_hidden_layers, batch, max_length, c.num_key_value_heads, c.head_size()};
+}
 
 template <class Pol, KVCache Cache>
 class Decoder {
@@ -11907,25 +12924,21 @@ class Decoder {
   using Model = models::LlamaForCausalLM<Pol>;
   using T = typename Pol::param_t;
 
-  Decoder(const Model& m, Cache& cache) : m_(m), cache_(cache), cfg_(m.config()) {
+  Decoder(const Model& m, Cache& cache)
+      : m_(m),
+        cache_(cache),
+        rope_(std::make_unique<RopeTable>(m.config(), cache.shape().max_length)),
+        fw_(m, cache, *rope_, DeviceShard{0, cache.shape().batch, 1, 0, 0, m.config().vocab_size}, m.config().vocab_size) {
     const char* w = "generate.Decoder";
+    const models::LlamaConfig& c = m.config();
     const KVCacheShape& s = cache.shape();
-    EDL_CHECK(s.num_layers == cfg_.num_hidden_layers && s.kv_heads == cfg_.num_key_value_heads &&
-                  s.head_dim == cfg_.head_size(),
+    EDL_CHECK(s.num_layers == c.num_hidden_layers && s.kv_heads == c.num_key_value_heads && s.head_dim == c.head_size(),
               errc::shape_mismatch, w, "cache shape (layers ", s.num_layers, ", kv_heads ", s.kv_heads, ", head_dim ",
-              s.head_dim, ") does not match the model (", cfg_.num_hidden_layers, ", ", cfg_.num_key_value_heads, ", ",
-              cfg_.head_size(), ")");
-    EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == cfg_.num_hidden_layers, errc::shape_mismatch, w,
-              "model has ", m.model.layers.size(), " layers, config says ", cfg_.num_hidden_layers);
-    H_ = cfg_.hidden_size;
-    I_ = cfg_.intermediate_size;
-    V_ = cfg_.vocab_size;
-    nh_ = cfg_.num_attention_heads;
-    nkv_ = cfg_.num_key_value_heads;
-    D_ = cfg_.head_size();
-    window_ = cfg_.attention_window().value_or(0);
-    rope_ = RopeTable(cfg_, s.max_length);
-    ensure_rows(s.batch);
+              s.head_dim, ") does not match the model (", c.num_hidden_layers, ", ", c.num_key_value_heads, ", ",
+              c.head_size(), ")");
+    EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == c.num_hidden_layers, errc::shape_mismatch, w,
+              "model has ", m.model.layers.size(), " layers, config says ", c.num_hidden_layers);
+    fw_.time_phases(nullptr);
   }
 
   const Cache& cache() const noexcept { return cache_; }
@@ -11939,37 +12952,21 @@ class Decoder {
   /// logits_all [batch * seq, vocab] (optional): every token, padding rows set to 0.
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
                float* logits_all = nullptr) {
-    const char* w = "generate.Decoder.prefill";
-    const std::int64_t B = batch();
-    EDL_CHECK(seq >= 0, errc::invalid_argument, w, "seq must be >= 0, found ", seq);
-    rows_.clear();
-    for (std::int64_t b = 0; b < B; ++b) {
-      std::int64_t pad = 0;
-      if (mask) {
-        while (pad < seq && mask[b * seq + pad] == 0) ++pad;
-        for (std::int64_t s = pad; s < seq; ++s)
-          EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, w, "attention_mask row ", b,
-                    " is not left padding (a 0 at ", s, " after a 1)");
-      }
-      const std::int64_t len = cache_.length(b);
-      for (std::int64_t s = pad; s < seq; ++s) rows_.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
-    }
+    detail::prompt_rows(ids, batch(), seq, mask, [&](std::int64_t b) { return cache_.length(b); }, rows_,
+                        "generate.Decoder.prefill");
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 
   /// One token per sequence: ids [batch]; logits [batch, vocab]. active [batch] (optional):
   /// sequences with active[b] == 0 are skipped (no token appended, logits row untouched).
   void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
-    rows_.clear();
-    for (std::int64_t b = 0; b < batch(); ++b)
-      if (!active || active[b]) rows_.push_back({b, cache_.length(b), ids[b], b});
+    detail::decode_rows(ids, batch(), active, [&](std::int64_t b) { return cache_.length(b); }, rows_);
     run(logits, nullptr, 0);
   }
 
-  /// Where one-row decode steps (run_one_row: one sequence, no logits of every position) spend
-  /// their time, per step and per team thread, in seconds: the products and attention of all
-  /// layers by kind, the lm_head, and the barrier waits of all phases (docs/benchmarks.md,
-  /// "Where tiny's two-thread step goes").
+  /// Where one-row decode steps (one sequence, no logits of every position) spend their time,
+  /// per step and per team thread, in seconds: the products and attention of all layers by
+  /// kind, the lm_head, and the barrier waits of all phases.
   struct PhaseSeconds {
     double qkv = 0, attention = 0, o_proj = 0, gate_up = 0, down = 0, lm_head = 0, barrier_wait = 0;
     std::int64_t steps = 0;  // the one-row steps timed
@@ -11977,19 +12974,20 @@ class Decoder {
 
   /// Times the one-row steps that follow (true) or stops timing them (false); the times add up
   /// until reset_phase_times(). Off by default: on, a phase costs three clock reads per thread.
-  void time_phases(bool on) { region_->time_phases(on ? phase_times_.get() : nullptr); }
+  void time_phases(bool on) { fw_.time_phases(on ? phase_times_.get() : nullptr); }
   void reset_phase_times() { phase_times_->clear(); }
 
   /// The timed steps' phase times, each a mean per step and per thread.
   PhaseSeconds phase_seconds() const {
+    constexpr std::size_t kPerLayer = CachedForward<Pol, Cache>::kPhasesPerLayer;
     PhaseSeconds r;
     const exec::PhaseTimes& t = *phase_times_;
     r.steps = t.runs;
     if (t.thread_runs == 0) return r;
     const std::size_t layers = m_.model.layers.size();
-    double* kind[kPhasesPerLayer] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
+    double* kind[kPerLayer] = {&r.qkv, &r.attention, &r.o_proj, &r.gate_up, &r.down};
     for (std::size_t p = 0; p < t.work.size(); ++p) {
-      *(p < kPhasesPerLayer * layers ? kind[p % kPhasesPerLayer] : &r.lm_head) += t.work[p];
+      *(p < kPerLayer * layers ? kind[p % kPerLayer] : &r.lm_head) += t.work[p];
       r.barrier_wait += t.wait[p];
     }
     const double n = static_cast<double>(t.thread_runs);
@@ -11998,249 +12996,24 @@ class Decoder {
   }
 
   /// Largest scratch (bytes) the decoder holds.
-  std::int64_t scratch_bytes() const noexcept {
-    return static_cast<std::int64_t>((x_.size() + n_.size() + q_.size() + k_.size() + v_.size() + ctx_.size() +
-                                      g_.size() + u_.size() + scores_.size() + hl_.size() + nt_.size()) *
-                                     sizeof(float));
-  }
+  std::int64_t scratch_bytes() const noexcept { return fw_.scratch_bytes(); }
 
  private:
-  struct Row {
-    std::int64_t b, pos, id, out;  // sequence, position (= cache slot), token, row in logits_all
-  };
-
-  void ensure_rows(std::int64_t n) {
-    const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
-      if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
-    };
-    grow(x_, n * H_);
-    grow(n_, n * H_);
-    grow(q_, n * nh_ * D_);
-    grow(k_, n * nkv_ * D_);
-    grow(v_, n * nkv_ * D_);
-    grow(ctx_, n * nh_ * D_);
-    grow(g_, n * I_);
-    grow(u_, n * I_);
-    grow(hl_, n * H_);
-    grow(o_, n * H_);
-    // Attention scores: a block of rows x heads x max_length at a time.
-    const std::int64_t per_row = nh_ * cache_.shape().max_length;
-    attn_block_ = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
-    grow(scores_, attn_block_ * per_row);
-  }
-
   void run(float* logits_last, float* logits_all, std::int64_t seq) {
-    const char* w = "generate.Decoder";
-    const std::int64_t n = static_cast<std::int64_t>(rows_.size());
-    const std::int64_t B = batch();
-    // Validate everything before touching the cache.
-    for (const Row& r : rows_)
-      EDL_CHECK(r.id >= 0 && r.id < V_, errc::invalid_argument, w, "token id ", r.id, " (sequence ", r.b,
-                ", position ", r.pos, ") is outside the vocabulary [0, ", V_, ")");
-    std::vector<std::int64_t>& need = need_;
-    need.assign(static_cast<std::size_t>(B), -1);
-    for (const Row& r : rows_) need[static_cast<std::size_t>(r.b)] = std::max(need[static_cast<std::size_t>(r.b)], r.pos + 1);
-    for (std::int64_t b = 0; b < B; ++b)
-      if (need[static_cast<std::size_t>(b)] >= 0) cache_.reserve(b, need[static_cast<std::size_t>(b)]);
-    if (logits_all) std::fill(logits_all, logits_all + B * seq * V_, 0.0f);
-    if (n == 0) return;
-    ensure_rows(n);
-    detail::split_attention_rows(rows_, n, runs_, single_);  // the same rows in every layer
-
-    // Embedding.
-    const T* emb = m_.model.embed_tokens.weight.data();
-    for (std::int64_t r = 0; r < n; ++r) {
-      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
-      float* xr = x_.data() + r * H_;
-      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
-    }
-    const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    if (n == 1 && !logits_all) {
-      run_one_row(logits_last);
-      cache_.set_length(rows_[0].b, rows_[0].pos + 1);
-      return;
-    }
-    for (std::size_t l = 0; l < m_.model.layers.size(); ++l) {
-      const auto& L = m_.model.layers[l];
-      const auto& A = L.self_attn;
-      kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), n_.data(), static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_group<T, 3>(n_.data(), n,
-                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), nh_ * D_},
-                                  {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), nkv_ * D_},
-                                  {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), nkv_ * D_}},
-                                 H_);
-      rope(q_.data(), n, nh_);
-      rope(k_.data(), n, nkv_);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const Row& row = rows_[static_cast<std::size_t>(r)];
-        cache_.store(static_cast<std::int64_t>(l), row.b, row.pos, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
-      }
-      attention(static_cast<std::int64_t>(l));
-      detail::linear_nt(ctx_.data(), n, A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_, nh_ * D_);
-      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
-      kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), n_.data(),
-                                static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_group<T, 2>(n_.data(), n,
-                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
-                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}},
-                                 H_);
-      kernels::silu_mul(g_.data(), u_.data(), g_.data(), static_cast<std::ptrdiff_t>(n * I_));
-      detail::linear_nt(g_.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_, I_);
-      kernels::add_inplace(x_.data(), o_.data(), static_cast<std::ptrdiff_t>(n * H_));
-    }
-    for (std::int64_t b = 0; b < B; ++b)
-      if (need[static_cast<std::size_t>(b)] >= 0) cache_.set_length(b, need[static_cast<std::size_t>(b)]);
-
-    const T* head = m_.head_weight();
-    const T* norm_w = m_.model.norm.weight.data();
-    if (logits_all) {
-      kernels::rms_norm_forward(x_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), n, H_, eps);
-      std::vector<float> all(static_cast<std::size_t>(n * V_));
-      detail::linear_nt(n_.data(), n, head, static_cast<const T*>(nullptr), all.data(), V_, H_);
-      for (std::int64_t r = 0; r < n; ++r)
-        std::memcpy(logits_all + rows_[static_cast<std::size_t>(r)].out * V_, all.data() + r * V_,
-                    static_cast<std::size_t>(V_) * sizeof(float));
-    }
-    if (logits_last) {
-      // The last row of each sequence, in sequence order.
-      last_.clear();
-      for (std::int64_t r = 0; r < n; ++r)
-        if (r + 1 == n || rows_[static_cast<std::size_t>(r + 1)].b != rows_[static_cast<std::size_t>(r)].b) last_.push_back(r);
-      const std::int64_t nl = static_cast<std::int64_t>(last_.size());
-      for (std::int64_t i = 0; i < nl; ++i)
-        std::memcpy(hl_.data() + i * H_, x_.data() + last_[static_cast<std::size_t>(i)] * H_,
-                    static_cast<std::size_t>(H_) * sizeof(float));
-      kernels::rms_norm_forward(hl_.data(), norm_w, n_.data(), static_cast<float*>(nullptr), nl, H_, eps);
-      if (nl == B) {  // every sequence present: write straight into logits_last
-        detail::linear_nt(n_.data(), nl, head, static_cast<const T*>(nullptr), logits_last, V_, H_);
-      } else {
-        for (std::int64_t i = 0; i < nl; ++i)
-          detail::linear_nt(n_.data() + i * H_, 1, head, static_cast<const T*>(nullptr),
-                            logits_last + rows_[static_cast<std::size_t>(last_[static_cast<std::size_t>(i)])].b * V_, V_, H_);
-      }
-    }
-  }
-
-  /// One row (a decode step of one sequence, serving's common case): the whole forward is one
-  /// exec::PhasedRegion, so on T threads a token costs one fork/join instead of ~5 per layer.
-  /// Per layer: q/k/v (then rope and the cache store, once, after the phase), attention one
-  /// query head per part, o_proj (+ residual), gate/up (+ SwiGLU), down (+ residual); then the
-  /// lm_head. The products split into matvec_tasks ranges as matvec_group splits them, and each
-  /// part normalises x into its thread's own buffer first. Every output is the sum the general
-  /// path computes, bit for bit, whatever the thread count.
-  void run_one_row(float* logits_last) {
-    using detail::MatvecPart;
-    const Row& row = rows_[0];
-    const std::int64_t threads = std::max(1, exec::num_threads());
-    if (static_cast<std::int64_t>(nt_.size()) < threads * H_) nt_.resize(static_cast<std::size_t>(threads * H_));
-    const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    const std::int64_t qw = nh_ * D_, kw = nkv_ * D_, rep = nh_ / nkv_, score_len = cache_.shape().max_length;
-    const std::int64_t qkv_tasks = detail::matvec_tasks(qw + 2 * kw, H_, threads),
-                       o_tasks = detail::matvec_tasks(H_, qw, threads),
-                       gu_tasks = detail::matvec_tasks(2 * I_, H_, threads),
-                       down_tasks = detail::matvec_tasks(H_, I_, threads),
-                       head_tasks = logits_last ? detail::matvec_tasks(V_, H_, threads) : 0;
-    const std::size_t layers = m_.model.layers.size();
-    // Parts run serial code only: a part that forks (a TBB parallel_for that spawns) could
-    // be handed another team thread's body while it waits, and wait on itself.
-    // x[lo, hi) += o[lo, hi) for task t's range of H outputs: the residual add of a product's rows.
-    const auto add_range = [&](std::int64_t t, std::int64_t tasks) {
-      kernels::detail::map_range(H_ * t / tasks, H_ * (t + 1) / tasks,
-                                 [](const kernels::detail::fbatch& a, const kernels::detail::fbatch& b) { return a + b; },
-                                 x_.data(), static_cast<const float*>(x_.data()), static_cast<const float*>(o_.data()));
-    };
-    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
-      float* nx = nt_.data() + team.thread() * H_;  // this thread's normalised x
-      for (std::size_t l = 0; l < layers; ++l) {
-        const auto& L = m_.model.layers[l];
-        const auto& A = L.self_attn;
-        const std::int64_t layer = static_cast<std::int64_t>(l);
-        const std::array<MatvecPart<T>, 3> qkv{MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
-                                               {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
-                                               {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}};
-        team.phase(
-            qkv_tasks,
-            [&](std::int64_t t) {
-              kernels::rms_norm_forward(x_.data(), L.input_layernorm.weight.data(), nx, static_cast<float*>(nullptr), 1,
-                                        H_, eps);
-              detail::matvec_group_task(nx, qkv, H_, t, qkv_tasks);
-            },
-            [&] {
-              rope(q_.data(), 1, nh_);
-              rope(k_.data(), 1, nkv_);
-              cache_.store(layer, row.b, row.pos, k_.data(), v_.data());
-            });
-        team.phase(nh_, [&](std::int64_t h) {
-          detail::attend_row_head(cache_.view(layer, row.b, h / rep), row.pos, q_.data() + h * D_, ctx_.data() + h * D_,
-                                  false, D_, window_, detail::SlotMap{}, scores_.data() + h * score_len);
-        });
-        const std::array<MatvecPart<T>, 1> o{MatvecPart<T>{A.o_proj.weight.data(), bias_of(A.o_proj), o_.data(), H_}};
-        team.phase(o_tasks, [&](std::int64_t t) {
-          detail::matvec_group_task(ctx_.data(), o, qw, t, o_tasks);
-          add_range(t, o_tasks);
-        });
-        const std::array<MatvecPart<T>, 2> gu{
-            MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), g_.data(), I_},
-            {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), u_.data(), I_}};
-        team.phase(gu_tasks, [&](std::int64_t t) {
-          kernels::rms_norm_forward(x_.data(), L.post_attention_layernorm.weight.data(), nx,
-                                    static_cast<float*>(nullptr), 1, H_, eps);
-          detail::matvec_group_task(nx, gu, H_, t, gu_tasks);
-          // SwiGLU over the rows of g and u this part wrote.
-          kernels::detail::map_range(I_ * t / gu_tasks, I_ * (t + 1) / gu_tasks, kernels::detail::SiluMulOp{}, g_.data(),
-                                     static_cast<const float*>(g_.data()), static_cast<const float*>(u_.data()));
-        });
-        const std::array<MatvecPart<T>, 1> down{
-            MatvecPart<T>{L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), o_.data(), H_}};
-        team.phase(down_tasks, [&](std::int64_t t) {
-          detail::matvec_group_task(g_.data(), down, I_, t, down_tasks);
-          add_range(t, down_tasks);
-        });
-      }
-      const std::array<MatvecPart<T>, 1> head{
-          MatvecPart<T>{m_.head_weight(), static_cast<const T*>(nullptr), logits_last ? logits_last + row.b * V_ : nullptr, V_}};
-      team.phase(head_tasks, [&](std::int64_t t) {
-        kernels::rms_norm_forward(x_.data(), m_.model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, H_, eps);
-        detail::matvec_group_task(nx, head, H_, t, head_tasks);
-      });
-    });
-  }
-
-  template <class Lin>
-  static const T* bias_of(const Lin& lin) {
-    return lin.has_bias() ? lin.bias.data() : nullptr;
-  }
-
-  void rope(float* x, std::int64_t n, std::int64_t heads) const {
-    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, rows_[static_cast<std::size_t>(r)].pos, heads);
-  }
-
-  // Runs of rows of one sequence at consecutive positions (a prefill chunk; runs_, split once
-  // per call in run()) attend on the GEMM; the other rows (decode) row by row.
-  void attention(std::int64_t layer) {
-    const detail::AttentionOut out{ctx_.data(), nh_ * D_, D_};
-    const auto view_of = [&](const Row& row, std::int64_t g) { return cache_.view(layer, row.b, g); };
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(), out, view_of);
-    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, detail::SlotMap{}, q_.data(), out, scores_.data(),
-                        cache_.shape().max_length, attn_block_, view_of);
+    const std::int64_t B = batch(), V = m_.config().vocab_size;
+    detail::check_rows(rows_, B, V, need_, "generate.Decoder");  // before touching the cache
+    if (logits_all) std::fill(logits_all, logits_all + B * seq * V, 0.0f);
+    NoCollectives one_device;
+    fw_.run(rows_, need_, one_device, logits_last, logits_all);
   }
 
   const Model& m_;
   Cache& cache_;
-  models::LlamaConfig cfg_;
-  std::int64_t H_ = 0, I_ = 0, V_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
-  RopeTable rope_;
-  // On cache lines (as the weights): the products read x in full vectors beside each weight row.
-  aligned_vector<float> x_, n_, q_, k_, v_, ctx_, g_, u_, o_, hl_, scores_;
-  aligned_vector<float> nt_;  // run_one_row: each thread's normalised x
-  // run_one_row's phases per layer, in order: q/k/v, attention, o_proj, gate/up, down (then one
-  // for the lm_head after the last layer); phase_seconds() names them by this order.
-  static constexpr std::size_t kPhasesPerLayer = 5;
-  std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // a Decoder stays movable
-  std::unique_ptr<exec::PhaseTimes> phase_times_ = std::make_unique<exec::PhaseTimes>();  // region_ points here
-  std::vector<Row> rows_;
-  std::vector<std::int64_t> last_, need_, single_;
-  std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run
+  std::unique_ptr<RopeTable> rope_;  // on the heap: fw_ points at it and a Decoder stays movable
+  CachedForward<Pol, Cache> fw_;
+  std::unique_ptr<exec::PhaseTimes> phase_times_ = std::make_unique<exec::PhaseTimes>();
+  std::vector<CachedRow> rows_;
+  std::vector<std::int64_t> need_;
 };
 
 }  // namespace edl::generate
@@ -12389,9 +13162,19 @@ struct GenerationConfig {
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // // #include <edl/generate/generation_config.hpp> (inlined above) (inlined above)
+// #include <edl/kernels/argmax.hpp>
+// edl/kernels/argmax.hpp
+// The index of a row's largest value, vectorized: greedy decoding runs it once per token over
+// the whole vocabulary.
+
+#include <cstdint>
+#include <limits>
+
+#include <xsimd/xsimd.hpp>
+
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 
-namespace edl::generate {
+namespace edl::kernels {
 
 /// Index of the largest value (first on ties; NaN never wins; 0 when no value exceeds -inf),
 /// the result of a scan that keeps the first strictly larger value. Vectorized, as it runs once
@@ -12399,7 +13182,7 @@ namespace edl::generate {
 /// scalar): the largest value in four lane-wise maxima (a NaN lane compares false and is never
 /// taken), then the first index holding it.
 inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
-  using kernels::detail::fbatch;
+  using detail::fbatch;
   constexpr std::int64_t W = static_cast<std::int64_t>(fbatch::size);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float m = kNegInf;
@@ -12413,7 +13196,7 @@ inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
       a2 = keep_larger(fbatch::load_unaligned(x + i + 2 * W), a2);
       a3 = keep_larger(fbatch::load_unaligned(x + i + 3 * W), a3);
     }
-    m = kernels::detail::hmax(keep_larger(keep_larger(a0, a1), keep_larger(a2, a3)));
+    m = detail::hmax(keep_larger(keep_larger(a0, a1), keep_larger(a2, a3)));
   }
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
   if (!(m > kNegInf)) return 0;
@@ -12424,6 +13207,13 @@ inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
     if (x[i] == m) return i;
   return 0;  // not reached: m is one of x
 }
+
+}  // namespace edl::kernels
+// end of edl/kernels/argmax.hpp
+
+namespace edl::generate {
+
+using kernels::argmax;
 
 /// The uniform draw of sequence b at step t.
 inline float sample_uniform(Key key, std::uint32_t b, std::uint32_t t) noexcept {
@@ -13391,8 +14181,8 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // processes (each process writes its devices' columns into zeros, then one sum), so every rank
 // holds the same logits and samples the same tokens.
 //
-// The math is generate::Decoder's (same kernels: linear_nt / matmul_nt, rms_norm, rope tables,
-// vector exp, the cache views); with sp = 1 the attention is the same code path.
+// Each device runs generate::CachedForward, the one-device Decoder's forward, on its shard
+// with the collectives above (MeshCollectives).
 // Errors before any work: kv heads (or heads, intermediate size) not divisible by tp, token ids
 // outside the vocabulary, a mask that is not left padding, more tokens than max_length.
 
@@ -13403,6 +14193,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 #include <functional>
 #include <limits>
 #include <map>
+#include <span>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13413,20 +14204,15 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 #include <xtensor/xarray.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/generate/cached_forward.hpp> (inlined above)
 // #include <edl/generate/decoder.hpp> (inlined above)
 // #include <edl/generate/kv_cache.hpp> (inlined above)
 // #include <edl/generate/rope_table.hpp> (inlined above)
-// #include <edl/kernels/activations.hpp> (inlined above)
-// #include <edl/kernels/detail/simd.hpp> (inlined above)
-// #include <edl/kernels/elementwise.hpp> (inlined above)
-// #include <edl/kernels/rms_norm.hpp> (inlined above)
 // #include <edl/mesh/collectives.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
-// #include <edl/nn/rotary.hpp> (inlined above)
 
 namespace edl::generate {
 
@@ -13514,7 +14300,7 @@ class ShardedDecoder {
   std::int64_t scratch_bytes() const {
     std::int64_t t = 0;
     for (const auto& s : dev_)
-      if (s) t += s->scratch_bytes();
+      if (s) t += s->forward->scratch_bytes();
     return t;
   }
   /// The cache of device d (this process's devices only), for inspection.
@@ -13530,57 +14316,37 @@ class ShardedDecoder {
   /// logits_all [batch * seq, vocab] (optional; padding rows 0).
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
                float* logits_all = nullptr) {
-    const char* w = "generate.ShardedDecoder.prefill";
-    EDL_CHECK(seq >= 0, errc::invalid_argument, w, "seq must be >= 0, found ", seq);
-    rows_.clear();
-    for (std::int64_t b = 0; b < B_; ++b) {
-      std::int64_t pad = 0;
-      if (mask) {
-        while (pad < seq && mask[b * seq + pad] == 0) ++pad;
-        for (std::int64_t s = pad; s < seq; ++s)
-          EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, w, "attention_mask row ", b,
-                    " is not left padding (a 0 at ", s, " after a 1)");
-      }
-      const std::int64_t len = len_[static_cast<std::size_t>(b)];
-      for (std::int64_t s = pad; s < seq; ++s) rows_.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
-    }
+    detail::prompt_rows(ids, B_, seq, mask, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_,
+                        "generate.ShardedDecoder.prefill");
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 
   /// As Decoder::decode: one token per (active) sequence; logits [batch, vocab].
   void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
-    rows_.clear();
-    for (std::int64_t b = 0; b < B_; ++b)
-      if (!active || active[b]) rows_.push_back({b, len_[static_cast<std::size_t>(b)], ids[b], b});
+    detail::decode_rows(ids, B_, active, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_);
     run(logits, nullptr, 0);
   }
 
  private:
-  struct Row {
-    std::int64_t b, pos, id, out;  // global sequence, position, token, row in logits_all
-  };
-
   // What one device holds: its tp-local model, its cache (its sequences, kv heads, positions)
-  // and its scratch.
+  // and the forward over them.
   struct DeviceState {
     std::unique_ptr<Model> model;
     std::unique_ptr<Cache> cache;
-    std::int64_t b0 = 0, nb = 0;                    // sequences [b0, b0 + nb)
-    std::int64_t tp = 1, tp_rank = 0, sp = 1, sp_rank = 0;
-    std::int64_t c0 = 0, c1 = 0;                    // the lm_head columns it computes
-    std::int64_t attn_block = 1;
-    /// Which positions of a sequence this device's cache holds (round-robin over sp).
-    detail::SlotMap slots() const noexcept { return {sp, sp_rank}; }
-    std::vector<Row> rows;
-    std::vector<std::int64_t> need, last, single;                 // single: rows attending row by row
-    std::vector<std::pair<std::int64_t, std::int64_t>> runs;    // prefill runs attending on the GEMM
-    std::vector<float> x, n, q, k, v, ctx, g, u, o, hl, lg, scores, stats, gathered;
-    std::int64_t scratch_bytes() const noexcept {
-      return static_cast<std::int64_t>((x.size() + n.size() + q.size() + k.size() + v.size() + ctx.size() + g.size() +
-                                        u.size() + o.size() + hl.size() + lg.size() + scores.size() + stats.size() +
-                                        gathered.size()) *
-                                       sizeof(float));
+    std::unique_ptr<CachedForward<Pol, Cache>> forward;
+    std::int64_t tp = 1, tp_rank = 0;
+  };
+
+  // The collectives of a device's forward: a psum over tp after the row-parallel products, an
+  // all_gather over sp of attention's partial records.
+  struct MeshCollectives {
+    static constexpr bool one_device = false;
+    Device& dev;
+    bool tp;
+    void psum_tp(std::span<float> x) {
+      if (tp) psum(dev, x, "tp");
     }
+    void all_gather_sp(std::span<const float> in, std::span<float> out) { all_gather(dev, in, out, "sp"); }
   };
 
   void init(std::int64_t batch, std::int64_t max_length) {
@@ -13599,7 +14365,7 @@ class ShardedDecoder {
     I_ = local_cfg_.intermediate_size;
     window_ = cfg_.attention_window().value_or(0);
     len_.assign(static_cast<std::size_t>(B_), 0);
-    rope_ = RopeTable(cfg_, P_);
+    rope_ = std::make_unique<RopeTable>(cfg_, P_);
   }
 
   static bool row_parallel(const std::string& name) {
@@ -13631,14 +14397,15 @@ class ShardedDecoder {
       auto s = std::make_unique<DeviceState>();
       s->tp = dev.axis_size("tp");
       s->tp_rank = dev.axis_index("tp");
-      s->sp = dev.axis_size("sp");
-      s->sp_rank = dev.axis_index("sp");
+      DeviceShard shard;
+      shard.sp = dev.axis_size("sp");
+      shard.sp_rank = dev.axis_index("sp");
       const std::int64_t g = dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp");
-      s->b0 = g * B_ / groups;
-      s->nb = (g + 1) * B_ / groups - s->b0;
-      const std::int64_t gs = s->tp * s->sp, k = s->tp_rank * s->sp + s->sp_rank;
-      s->c0 = k * V_ / gs;
-      s->c1 = (k + 1) * V_ / gs;
+      shard.b0 = g * B_ / groups;
+      shard.nb = (g + 1) * B_ / groups - shard.b0;
+      const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
+      shard.c0 = k * V_ / gs;
+      shard.c1 = (k + 1) * V_ / gs;
       s->model = std::make_unique<Model>(local_cfg_);
       s->model->visit_params("", [&](std::string_view path, auto& p) {
         const std::string name(path);
@@ -13662,47 +14429,18 @@ class ShardedDecoder {
           std::memcpy(dst, data + static_cast<std::size_t>(s->tp_rank) * p.value.size(), p.value.size() * sizeof(T));
         }
       });
-      const KVCacheShape cs{cfg_.num_hidden_layers, std::max<std::int64_t>(1, s->nb), (P_ + sp - 1) / sp, nkv_, D_};
+      const KVCacheShape cs{cfg_.num_hidden_layers, std::max<std::int64_t>(1, shard.nb), (P_ + sp - 1) / sp, nkv_, D_};
       s->cache = make(cs);
+      s->forward = std::make_unique<CachedForward<Pol, Cache>>(*s->model, *s->cache, *rope_, shard, V_);
       std::lock_guard<std::mutex> lock(mu);
       dev_[static_cast<std::size_t>(dev.id())] = std::move(s);
     });
   }
 
-  static void grow(std::vector<float>& v, std::int64_t size) {
-    if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
-  }
-
-  void ensure_rows(DeviceState& s, std::int64_t n) const {
-    grow(s.x, n * H_);
-    grow(s.n, n * H_);
-    grow(s.q, n * nh_ * D_);
-    grow(s.k, n * nkv_ * D_);
-    grow(s.v, n * nkv_ * D_);
-    grow(s.ctx, n * nh_ * D_);
-    grow(s.g, n * I_);
-    grow(s.u, n * I_);
-    grow(s.o, n * H_);
-    grow(s.hl, n * H_);
-    grow(s.lg, n * (s.c1 - s.c0));
-    if (s.sp > 1) {
-      grow(s.stats, n * nh_ * (D_ + 2));
-      grow(s.gathered, n * nh_ * (D_ + 2) * s.sp);
-    }
-    const std::int64_t per_row = nh_ * s.cache->shape().max_length;
-    s.attn_block = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
-    grow(s.scores, s.attn_block * per_row);
-  }
-
   void run(float* logits_last, float* logits_all, std::int64_t seq) {
     const char* w = "generate.ShardedDecoder";
     // Validate everything on the host before any device work.
-    need_.assign(static_cast<std::size_t>(B_), -1);
-    for (const Row& r : rows_) {
-      EDL_CHECK(r.id >= 0 && r.id < V_, errc::invalid_argument, w, "token id ", r.id, " (sequence ", r.b, ", position ",
-                r.pos, ") is outside the vocabulary [0, ", V_, ")");
-      need_[static_cast<std::size_t>(r.b)] = std::max(need_[static_cast<std::size_t>(r.b)], r.pos + 1);
-    }
+    detail::check_rows(rows_, B_, V_, need_, w);
     for (std::int64_t b = 0; b < B_; ++b)
       EDL_CHECK(need_[static_cast<std::size_t>(b)] <= P_, errc::invalid_argument, w, "sequence ", b, " needs ",
                 need_[static_cast<std::size_t>(b)], " tokens, more than max_length = ", P_);
@@ -13730,150 +14468,17 @@ class ShardedDecoder {
 
   void device_step(Device& dev, float* last_out, float* all_out) {
     DeviceState& s = *dev_[static_cast<std::size_t>(dev.id())];
-    s.rows.clear();
-    for (const Row& r : rows_)
-      if (r.b >= s.b0 && r.b < s.b0 + s.nb) s.rows.push_back(r);
-    const std::int64_t n = static_cast<std::int64_t>(s.rows.size());
-    if (n == 0) return;  // the whole (tp, sp) group has the same sequences: no collective skipped
-    Cache& cache = *s.cache;
-    s.need.assign(static_cast<std::size_t>(s.nb), 0);
-    for (std::int64_t lb = 0; lb < s.nb; ++lb) {
-      const std::int64_t nd = need_[static_cast<std::size_t>(s.b0 + lb)];
-      s.need[static_cast<std::size_t>(lb)] = nd < 0 ? -1 : s.slots().end(nd);
-      if (nd >= 0 && s.need[static_cast<std::size_t>(lb)] > 0) cache.reserve(lb, s.need[static_cast<std::size_t>(lb)]);
-    }
-    ensure_rows(s, n);
-    detail::split_attention_rows(s.rows, n, s.runs, s.single);  // the same rows in every layer
-    const Model& m = *s.model;
-    const T* emb = m.model.embed_tokens.weight.data();
-    for (std::int64_t r = 0; r < n; ++r) {
-      const T* e = emb + s.rows[static_cast<std::size_t>(r)].id * H_;
-      float* xr = s.x.data() + r * H_;
-      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
-    }
-    const float eps = static_cast<float>(cfg_.rms_norm_eps);
-    const std::size_t nH = static_cast<std::size_t>(n * H_);
-    for (std::size_t l = 0; l < m.model.layers.size(); ++l) {
-      const auto& L = m.model.layers[l];
-      const auto& A = L.self_attn;
-      kernels::rms_norm_forward(s.x.data(), L.input_layernorm.weight.data(), s.n.data(), static_cast<float*>(nullptr), n,
-                                H_, eps);
-      detail::linear_group<T, 3>(s.n.data(), n,
-                                 {detail::MatvecPart<T>{A.q_proj.weight.data(), bias_of(A.q_proj), s.q.data(), nh_ * D_},
-                                  {A.k_proj.weight.data(), bias_of(A.k_proj), s.k.data(), nkv_ * D_},
-                                  {A.v_proj.weight.data(), bias_of(A.v_proj), s.v.data(), nkv_ * D_}},
-                                 H_);
-      rope(s, s.q.data(), n, nh_);
-      rope(s, s.k.data(), n, nkv_);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const Row& row = s.rows[static_cast<std::size_t>(r)];
-        if (row.pos % s.sp != s.sp_rank) continue;  // another sp rank owns this position
-        cache.store(static_cast<std::int64_t>(l), row.b - s.b0, row.pos / s.sp, s.k.data() + r * nkv_ * D_,
-                    s.v.data() + r * nkv_ * D_);
-      }
-      attention(dev, s, static_cast<std::int64_t>(l), n);
-      detail::linear_nt(s.ctx.data(), n, A.o_proj.weight.data(), bias_of(A.o_proj), s.o.data(), H_, nh_ * D_);
-      if (s.tp > 1) psum(dev, std::span<float>(s.o.data(), nH), "tp");
-      kernels::add_inplace(s.x.data(), s.o.data(), static_cast<std::ptrdiff_t>(nH));
-      kernels::rms_norm_forward(s.x.data(), L.post_attention_layernorm.weight.data(), s.n.data(),
-                                static_cast<float*>(nullptr), n, H_, eps);
-      detail::linear_group<T, 2>(s.n.data(), n,
-                                 {detail::MatvecPart<T>{L.mlp.gate_proj.weight.data(), bias_of(L.mlp.gate_proj), s.g.data(), I_},
-                                  {L.mlp.up_proj.weight.data(), bias_of(L.mlp.up_proj), s.u.data(), I_}},
-                                 H_);
-      kernels::silu_mul(s.g.data(), s.u.data(), s.g.data(), static_cast<std::ptrdiff_t>(n * I_));
-      detail::linear_nt(s.g.data(), n, L.mlp.down_proj.weight.data(), bias_of(L.mlp.down_proj), s.o.data(), H_, I_);
-      if (s.tp > 1) psum(dev, std::span<float>(s.o.data(), nH), "tp");
-      kernels::add_inplace(s.x.data(), s.o.data(), static_cast<std::ptrdiff_t>(nH));
-    }
-    for (std::int64_t lb = 0; lb < s.nb; ++lb)
-      if (s.need[static_cast<std::size_t>(lb)] >= 0) cache.set_length(lb, s.need[static_cast<std::size_t>(lb)]);
-
-    // The head: this device's vocabulary columns [c0, c1) for the rows that need logits.
-    const std::int64_t nc = s.c1 - s.c0;
-    if (nc == 0) return;
-    const T* head = m.head_weight() + s.c0 * H_;
-    const T* norm_w = m.model.norm.weight.data();
-    const auto head_rows = [&](std::int64_t nl, float* const* dst) {
-      kernels::rms_norm_forward(s.hl.data(), norm_w, s.n.data(), static_cast<float*>(nullptr), nl, H_, eps);
-      detail::linear_nt(s.n.data(), nl, head, static_cast<const T*>(nullptr), s.lg.data(), nc, H_);
-      for (std::int64_t i = 0; i < nl; ++i)
-        std::memcpy(dst[i] + s.c0, s.lg.data() + i * nc, static_cast<std::size_t>(nc) * sizeof(float));
-    };
-    std::vector<float*> dst;
-    if (all_out) {
-      std::memcpy(s.hl.data(), s.x.data(), nH * sizeof(float));
-      for (std::int64_t r = 0; r < n; ++r) dst.push_back(all_out + s.rows[static_cast<std::size_t>(r)].out * V_);
-      head_rows(n, dst.data());
-    }
-    if (last_out) {
-      dst.clear();
-      std::int64_t nl = 0;
-      for (std::int64_t r = 0; r < n; ++r) {
-        const Row& row = s.rows[static_cast<std::size_t>(r)];
-        if (r + 1 < n && s.rows[static_cast<std::size_t>(r + 1)].b == row.b) continue;
-        std::memcpy(s.hl.data() + nl * H_, s.x.data() + r * H_, static_cast<std::size_t>(H_) * sizeof(float));
-        dst.push_back(last_out + row.b * V_);
-        ++nl;
-      }
-      head_rows(nl, dst.data());
-    }
-  }
-
-  template <class Lin>
-  static const T* bias_of(const Lin& lin) {
-    return lin.has_bias() ? lin.bias.data() : nullptr;
-  }
-
-  void rope(const DeviceState& s, float* x, std::int64_t n, std::int64_t heads) const {
-    for (std::int64_t r = 0; r < n; ++r) rope_.rotate(x + r * heads * D_, s.rows[static_cast<std::size_t>(r)].pos, heads);
-  }
-
-  /// Attention of the rows' local heads over this device's slots; with sp > 1 the partial
-  /// softmax statistics are exchanged over sp and combined (see the header comment).
-  void attention(Device& dev, DeviceState& s, std::int64_t layer, std::int64_t n) {
-    const std::int64_t sp = s.sp;
-    const std::int64_t SW = D_ + 2;  // one (m, l, o[D]) record
-    const Cache& cache = *s.cache;
-    // s.runs (prefill runs) attend on the GEMM as in the Decoder, s.single rows row by row; with
-    // sp > 1 both write partial softmax statistics for the combine below.
-    const detail::AttentionOut out = sp == 1 ? detail::AttentionOut{s.ctx.data(), nh_ * D_, D_}
-                                             : detail::AttentionOut{s.stats.data(), nh_ * SW, SW, true};
-    const auto view_of = [&](const Row& row, std::int64_t g) { return cache.view(layer, row.b - s.b0, g); };
-    detail::attend_runs_gemm(s.rows, s.runs, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out, view_of);
-    detail::attend_rows(s.rows, s.single, nh_, nkv_, D_, window_, s.slots(), s.q.data(), out, s.scores.data(),
-                        cache.shape().max_length, s.attn_block, view_of);
-    if (sp == 1) return;
-    const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
-    all_gather(dev, std::span<const float>(s.stats.data(), rec), std::span<float>(s.gathered.data(), rec * sp), "sp");
-    // Every sp rank combines the same records in rank order: identical contexts on each.
-    exec::parallel_for(0, n * nh_, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::ptrdiff_t t = lo; t < hi; ++t) {
-        float M = -std::numeric_limits<float>::infinity();
-        for (std::int64_t k = 0; k < sp; ++k) M = std::max(M, s.gathered[k * rec + t * SW]);
-        float* out = s.ctx.data() + t * D_;  // t = r * nh + h, ctx row-major [n, nh, D]
-        std::fill(out, out + D_, 0.0f);
-        float lsum = 0.0f;
-        for (std::int64_t k = 0; k < sp; ++k) {
-          const float* st = s.gathered.data() + k * rec + t * SW;
-          if (st[1] == 0.0f) continue;  // no slot of this rank in range
-          const float f = std::exp(st[0] - M);
-          lsum += f * st[1];
-          for (std::int64_t i = 0; i < D_; ++i) out[i] = std::fma(f, st[2 + i], out[i]);
-        }
-        const float inv = 1.0f / lsum;
-        for (std::int64_t i = 0; i < D_; ++i) out[i] *= inv;
-      }
-    });
+    MeshCollectives coll{dev, s.tp > 1};
+    s.forward->run(rows_, need_, coll, last_out, all_out);
   }
 
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
-  RopeTable rope_;
+  std::unique_ptr<RopeTable> rope_;  // shared by the devices' forwards
   std::vector<float> last_out_;
   std::vector<std::int64_t> len_, need_;
-  std::vector<Row> rows_;
+  std::vector<CachedRow> rows_;
   std::vector<std::unique_ptr<DeviceState>> dev_;
 };
 
@@ -13995,7 +14600,7 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 // end of edl/generate/sharded_generate.hpp
 // end of edl/generate/all.hpp
 // #include <edl/train/all.hpp>
-// edl/train/all.hpp: the trainer, its arguments, data, tokenizers, checkpoints, metrics,
+// edl/train/all.hpp: the trainer, its arguments, data, checkpoints, metrics,
 // evaluation, the end-of-training report and weight statistics.
 
 // #include <edl/train/checkpoint.hpp>
@@ -14049,493 +14654,13 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/pretrained.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
-// // #include <edl/train/tokenizer.hpp> (inlined above)
-// edl/train/tokenizer.hpp
-// Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
-//
-//   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
-//                  bytes -> merges applied by rank. train() learns merges on a corpus;
-//                  from_file() loads an HF tokenizer.json (model.type "BPE", byte-level
-//                  pre-tokenizer); save() writes one that HF `tokenizers` loads.
-//   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
-//                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
-//
-//   auto tok = train::ByteLevelBPE::train(docs, 1024);   // merges of the most frequent pairs
-//   auto ids = tok.encode("héllo");                      // decode(encode(s)) == s for any bytes
-//   tok.save("out/tokenizer.json");
-//
-// Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
-// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  with one approximation: without Unicode tables, every byte
-// >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
-// Special tokens are not recognized inside text passed to encode() (they are ids the data
-// pipeline inserts).
-
-#include <algorithm>
-#include <array>
-#include <cstdint>
-#include <fstream>
-#include <limits>
-#include <map>
-#include <optional>
-#include <span>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <unordered_map>
-#include <utility>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp> (inlined above)
-// #include <edl/io/mmap.hpp> (inlined above)
-
-namespace edl::train {
-
-using ojson = nlohmann::ordered_json;
-
-namespace detail {
-
-/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
-inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    std::array<bool, 256> direct{};
-    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-    std::uint32_t n = 0;
-    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
-    return t;
-  }();
-  return table;
-}
-
-inline void append_utf8(std::string& s, std::uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-/// Code points of a UTF-8 string; nullopt when it is not valid UTF-8.
-inline std::optional<std::vector<std::uint32_t>> utf8_codepoints(std::string_view s) {
-  std::vector<std::uint32_t> out;
-  for (std::size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return std::nullopt;
-    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return std::nullopt;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    out.push_back(cp);
-    i += static_cast<std::size_t>(len);
-  }
-  return out;
-}
-
-/// The byte-level form of raw bytes (each byte -> its GPT-2 code point, UTF-8 encoded).
-inline std::string bytes_to_unicode(std::string_view bytes) {
-  std::string s;
-  for (unsigned char b : bytes) append_utf8(s, byte_to_codepoint()[b]);
-  return s;
-}
-
-/// Inverse of bytes_to_unicode; nullopt when a code point is not one of the 256.
-inline std::optional<std::string> unicode_to_bytes(std::string_view u) {
-  static const std::unordered_map<std::uint32_t, unsigned char> inv = [] {
-    std::unordered_map<std::uint32_t, unsigned char> m;
-    for (int b = 0; b < 256; ++b) m[byte_to_codepoint()[b]] = static_cast<unsigned char>(b);
-    return m;
-  }();
-  auto cps = utf8_codepoints(u);
-  if (!cps) return std::nullopt;
-  std::string out;
-  for (auto cp : *cps) {
-    auto it = inv.find(cp);
-    if (it == inv.end()) return std::nullopt;
-    out += static_cast<char>(it->second);
-  }
-  return out;
-}
-
-enum class CharClass { letter, number, space, other };
-inline CharClass char_class(unsigned char c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return CharClass::letter;
-  if (c >= '0' && c <= '9') return CharClass::number;
-  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::space;
-  return CharClass::other;
-}
-
-/// GPT-2 pre-tokenization (see the header comment): calls f(piece) for each piece, in order.
-template <class F>
-void pretokenize(std::string_view s, F&& f) {
-  const std::size_t n = s.size();
-  std::size_t i = 0;
-  auto cls = [&](std::size_t k) { return char_class(static_cast<unsigned char>(s[k])); };
-  while (i < n) {
-    if (s[i] == '\'') {  // contractions (case-sensitive, as GPT-2)
-      std::size_t len = 0;
-      for (std::string_view c : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
-        if (s.substr(i, c.size()) == c) { len = c.size(); break; }
-      if (len) { f(s.substr(i, len)); i += len; continue; }
-    }
-    std::size_t j = i;
-    if (s[i] == ' ' && i + 1 < n && cls(i + 1) != CharClass::space) j = i + 1;
-    const CharClass c = cls(j);
-    if (c != CharClass::space) {
-      std::size_t k = j + 1;
-      while (k < n && cls(k) == c) ++k;
-      f(s.substr(i, k - i));
-      i = k;
-      continue;
-    }
-    std::size_t k = i;
-    while (k < n && cls(k) == CharClass::space) ++k;
-    if (k < n && k - i >= 2) k -= 1;  // \s+(?!\S): leave the last space to the next word
-    f(s.substr(i, k - i));
-    i = k;
-  }
-}
-
-}  // namespace detail
-
-class ByteLevelBPE {
- public:
-  static constexpr const char* kBos = "<s>";
-  static constexpr const char* kEos = "</s>";
-  static constexpr const char* kPad = "<pad>";
-
-  /// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
-  static ByteLevelBPE byte_level() {
-    ByteLevelBPE t;
-    for (int b = 0; b < 256; ++b) {
-      t.tokens_.push_back(std::string(1, static_cast<char>(b)));
-      t.special_.push_back(false);
-      t.byte_id_[b] = b;
-    }
-    for (const char* s : {kBos, kEos, kPad}) t.add_special(s);
-    t.find_specials();
-    return t;
-  }
-
-  /// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges):
-  /// each round merges the adjacent pair with the highest count over all pre-tokens; ties go
-  /// to the smallest (left id, right id). Stops early when no pair is left.
-  static ByteLevelBPE train(const std::vector<std::string>& docs, std::int64_t vocab_size) {
-    ByteLevelBPE t = byte_level();
-    EDL_CHECK(vocab_size >= t.vocab_size(), errc::invalid_argument, "ByteLevelBPE::train",
-              "vocab_size must be at least ", t.vocab_size(), " (bytes and specials), found ", vocab_size);
-    std::map<std::string, std::int64_t> counts;
-    for (const auto& d : docs) detail::pretokenize(d, [&](std::string_view p) { ++counts[std::string(p)]; });
-    std::vector<std::vector<std::int32_t>> words;
-    std::vector<std::int64_t> freq;
-    for (const auto& [w, c] : counts) {
-      std::vector<std::int32_t> ids;
-      for (unsigned char b : w) ids.push_back(b);
-      if (ids.size() >= 2) { words.push_back(std::move(ids)); freq.push_back(c); }
-    }
-    std::unordered_map<std::uint64_t, std::int64_t> pairs;
-    auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
-    while (t.vocab_size() < vocab_size) {
-      pairs.clear();
-      for (std::size_t w = 0; w < words.size(); ++w)
-        for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
-      std::uint64_t best = 0;
-      std::int64_t best_count = 0;
-      for (const auto& [k, c] : pairs)
-        if (c > best_count || (c == best_count && k < best)) { best = k; best_count = c; }
-      if (best_count == 0) break;
-      const std::int32_t a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
-      const std::int32_t id = static_cast<std::int32_t>(t.tokens_.size());
-      t.add_merge(a, b, t.tokens_[a] + t.tokens_[b]);
-      for (auto& w : words) {
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) { w[o++] = id; ++i; }
-          else w[o++] = w[i];
-        }
-        w.resize(o);
-      }
-    }
-    return t;
-  }
-
-  /// Reads an HF tokenizer.json with a byte-level BPE model.
-  static ByteLevelBPE from_json(const ojson& j, const std::string& source = "tokenizer.json") {
-    auto fail = [&](const std::string& field, const std::string& msg) {
-      ::edl::detail::raise(errc::format, source + " field " + field, msg);
-    };
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("model", "missing or not an object");
-    const ojson& m = j["model"];
-    if (!m.contains("type") || m["type"] != "BPE")
-      fail("model.type", "expected \"BPE\", found " + (m.contains("type") ? m["type"].dump() : std::string("nothing")));
-    if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
-    // The pre-tokenizer must be byte-level (alone or inside a Sequence).
-    bool byte_level = false;
-    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
-      const ojson& p = j["pre_tokenizer"];
-      if (p.value("type", "") == "ByteLevel") byte_level = true;
-      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
-        for (const auto& q : p["pretokenizers"])
-          if (q.value("type", "") == "ByteLevel") byte_level = true;
-    }
-    if (!byte_level) fail("pre_tokenizer", "expected a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
-
-    ByteLevelBPE t;
-    std::map<std::int64_t, std::pair<std::string, bool>> by_id;  // id -> (bytes or content, special)
-    std::unordered_map<std::string, std::int64_t> vocab;         // byte-level string -> id
-    if (j.contains("added_tokens") && j["added_tokens"].is_array())
-      for (const auto& a : j["added_tokens"]) {
-        if (!a.is_object() || !a.contains("id") || !a.contains("content")) fail("added_tokens", "entry without id/content");
-        by_id[a["id"].get<std::int64_t>()] = {a["content"].get<std::string>(), true};
-      }
-    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
-        fail("model.vocab", "id of \"" + it.key() + "\" must be a non-negative integer");
-      const std::int64_t id = it.value().get<std::int64_t>();
-      vocab[it.key()] = id;
-      if (by_id.count(id)) continue;  // an added (special) token also listed in the vocab
-      auto bytes = detail::unicode_to_bytes(it.key());
-      if (!bytes) fail("model.vocab", "token \"" + it.key() + "\" is not in the byte-level alphabet");
-      by_id[id] = {*bytes, false};
-    }
-    if (by_id.empty()) fail("model.vocab", "is empty");
-    const std::int64_t n = by_id.rbegin()->first + 1;
-    t.tokens_.assign(static_cast<std::size_t>(n), std::string());
-    t.special_.assign(static_cast<std::size_t>(n), false);
-    t.present_.assign(static_cast<std::size_t>(n), false);
-    for (const auto& [id, e] : by_id) {
-      t.tokens_[static_cast<std::size_t>(id)] = e.first;
-      t.special_[static_cast<std::size_t>(id)] = e.second;
-      t.present_[static_cast<std::size_t>(id)] = true;
-    }
-    for (int b = 0; b < 256; ++b) {  // a byte missing from the vocab is an error only when encoded
-      auto it = vocab.find(detail::bytes_to_unicode(std::string(1, static_cast<char>(b))));
-      t.byte_id_[b] = it == vocab.end() ? -1 : it->second;
-    }
-    if (m.contains("merges") && m["merges"].is_array()) {
-      std::size_t rank = 0;
-      for (const auto& e : m["merges"]) {
-        std::string l, r;
-        if (e.is_string()) {
-          const std::string s = e.get<std::string>();
-          const auto sp = s.find(' ');
-          if (sp == std::string::npos) fail("model.merges", "entry \"" + s + "\" is not \"left right\"");
-          l = s.substr(0, sp);
-          r = s.substr(sp + 1);
-        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-          l = e[0].get<std::string>();
-          r = e[1].get<std::string>();
-        } else {
-          fail("model.merges", "entry " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
-        }
-        auto il = vocab.find(l), ir = vocab.find(r), im = vocab.find(l + r);
-        if (il == vocab.end() || ir == vocab.end() || im == vocab.end())
-          fail("model.merges", "merge " + std::to_string(rank) + " (\"" + l + "\", \"" + r +
-                                   "\") uses a token missing from the vocab");
-        t.merges_[key(il->second, ir->second)] = {static_cast<std::int64_t>(rank), im->second};
-        t.merge_list_.emplace_back(il->second, ir->second);
-        ++rank;
-      }
-    }
-    t.find_specials();
-    return t;
-  }
-
-  static ByteLevelBPE from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ojson j;
-    try {
-      j = ojson::parse(ss.str());
-    } catch (const std::exception& e) {
-      ::edl::detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
-    }
-    return from_json(j, path);
-  }
-
-  /// HF tokenizer.json (model BPE, byte-level pre-tokenizer and decoder).
-  ojson to_json() const {
-    ojson added = ojson::array();
-    ojson vocab = ojson::object();
-    for (std::size_t id = 0; id < tokens_.size(); ++id) {
-      if (!present_[id]) continue;
-      if (special_[id]) {
-        added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
-                         {"rstrip", false}, {"normalized", false}, {"special", true}});
-        vocab[tokens_[id]] = id;
-      } else {
-        vocab[detail::bytes_to_unicode(tokens_[id])] = id;
-      }
-    }
-    ojson merges = ojson::array();
-    for (const auto& [a, b] : merge_list_)
-      merges.push_back(detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(a)]) + " " +
-                       detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(b)]));
-    ojson j = ojson::object();
-    j["version"] = "1.0";
-    j["truncation"] = nullptr;
-    j["padding"] = nullptr;
-    j["added_tokens"] = added;
-    j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    j["post_processor"] = nullptr;
-    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                  {"byte_fallback", false}, {"ignore_merges", false},
-                  {"vocab", vocab},         {"merges", merges}};
-    return j;
-  }
-  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
-
-  /// Token ids of `text` (no bos/eos added).
-  std::vector<std::int64_t> encode(std::string_view text) const {
-    std::vector<std::int64_t> out;
-    out.reserve(text.size());
-    auto byte = [&](unsigned char b) {
-      EDL_CHECK(byte_id_[b] >= 0, errc::invalid_argument, "ByteLevelBPE::encode", "byte ", static_cast<int>(b),
-                " has no token in this vocabulary");
-      return byte_id_[b];
-    };
-    if (merges_.empty()) {
-      for (unsigned char b : text) out.push_back(byte(b));
-      return out;
-    }
-    std::vector<std::int64_t> sym;
-    detail::pretokenize(text, [&](std::string_view piece) {
-      sym.clear();
-      for (unsigned char b : piece) sym.push_back(byte(b));
-      while (sym.size() >= 2) {  // merge the lowest-rank pair, leftmost first
-        std::int64_t best_rank = std::numeric_limits<std::int64_t>::max(), best_id = -1;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto it = merges_.find(key(sym[i], sym[i + 1]));
-          if (it != merges_.end() && it->second.first < best_rank) {
-            best_rank = it->second.first;
-            best_id = it->second.second;
-            at = i;
-          }
-        }
-        if (best_id < 0) break;
-        const std::int64_t a = sym[at], b = sym[at + 1];
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < sym.size(); ++i) {
-          if (i >= at && i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { sym[o++] = best_id; ++i; }
-          else sym[o++] = sym[i];
-        }
-        sym.resize(o);
-      }
-      out.insert(out.end(), sym.begin(), sym.end());
-    });
-    return out;
-  }
-
-  /// Text of `ids`; special tokens are dropped unless keep_special.
-  std::string decode(std::span<const std::int64_t> ids, bool keep_special = false) const {
-    std::string s;
-    for (auto id : ids) {
-      EDL_CHECK(id >= 0 && id < vocab_size() && present_[static_cast<std::size_t>(id)], errc::invalid_argument,
-                "ByteLevelBPE::decode", "id ", id, " is not in the vocabulary (size ", vocab_size(), ")");
-      if (special_[static_cast<std::size_t>(id)] && !keep_special) continue;
-      s += tokens_[static_cast<std::size_t>(id)];
-    }
-    return s;
-  }
-  std::string decode(const std::vector<std::int64_t>& ids, bool keep_special = false) const {
-    return decode(std::span<const std::int64_t>(ids), keep_special);
-  }
-
-  /// Largest id + 1.
-  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
-  std::size_t num_merges() const noexcept { return merge_list_.size(); }
-  std::optional<std::int64_t> bos_id() const { return bos_; }
-  std::optional<std::int64_t> eos_id() const { return eos_; }
-  std::optional<std::int64_t> pad_id() const { return pad_; }
-  /// Id of a special token by its content.
-  std::optional<std::int64_t> special_id(std::string_view content) const {
-    for (std::size_t i = 0; i < tokens_.size(); ++i)
-      if (special_[i] && tokens_[i] == content) return static_cast<std::int64_t>(i);
-    return std::nullopt;
-  }
-  /// Raw bytes of a (non-special) token.
-  const std::string& token_bytes(std::int64_t id) const { return tokens_.at(static_cast<std::size_t>(id)); }
-
- private:
-  static std::uint64_t key(std::int64_t a, std::int64_t b) {
-    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b);
-  }
-  void add_special(const std::string& s) {
-    tokens_.push_back(s);
-    special_.push_back(true);
-    present_.resize(tokens_.size(), true);
-  }
-  void add_merge(std::int64_t a, std::int64_t b, std::string bytes) {
-    const std::int64_t id = vocab_size();
-    tokens_.push_back(std::move(bytes));
-    special_.push_back(false);
-    present_.resize(tokens_.size(), true);
-    merges_[key(a, b)] = {static_cast<std::int64_t>(merge_list_.size()), id};
-    merge_list_.emplace_back(a, b);
-  }
-  void find_specials() {
-    present_.resize(tokens_.size(), true);
-    auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::int64_t> {
-      for (const char* n : names)
-        if (auto id = special_id(n)) return id;
-      return std::nullopt;
-    };
-    bos_ = first({"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
-    eos_ = first({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
-    pad_ = first({"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
-  }
-
-  std::vector<std::string> tokens_;  // raw bytes (specials: their content)
-  std::vector<bool> special_, present_;
-  std::array<std::int64_t, 256> byte_id_ = [] {
-    std::array<std::int64_t, 256> a{};
-    a.fill(-1);
-    return a;
-  }();
-  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, id)
-  std::vector<std::pair<std::int64_t, std::int64_t>> merge_list_;
-  std::optional<std::int64_t> bos_, eos_, pad_;
-};
-
-/// The byte-level tokenizer: ids 0-255 are bytes, 256 <s>, 257 </s>, 258 <pad>.
-struct ByteTokenizer : ByteLevelBPE {
-  ByteTokenizer() : ByteLevelBPE(ByteLevelBPE::byte_level()) {}
-};
-
-using Tokenizer = ByteLevelBPE;
-
-}  // namespace edl::train
-// end of edl/train/tokenizer.hpp
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 // #include <edl/version.hpp> (inlined above)
 
 namespace edl::train {
@@ -14694,7 +14819,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 /// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                 const ProcessGroup& processes = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
@@ -14740,7 +14865,7 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     if (!primary) return;
     TrainState s = state;
     s.optimizer_step_count = opt.step_count();
-    io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+    io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
     after("state.json");
     detail::fsync_path(tmp.string(), true);
 
@@ -14849,7 +14974,7 @@ class CheckpointManager {
   /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                    const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
     save_state(p, model, opt, state, tokenizer, hooks, processes);
@@ -14932,7 +15057,7 @@ class CheckpointManager {
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/npy.hpp> (inlined above)
-// // #include <edl/train/tokenizer.hpp> (inlined above) (inlined above)
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 
 namespace edl::train {
 
@@ -15069,7 +15194,7 @@ struct DataOptions {
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
 /// (2-D .npy rows keep their length).
-inline TokenDataset load_dataset(const std::vector<std::string>& files, const ByteLevelBPE* tokenizer,
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::ByteLevelBPE* tokenizer,
                                  const DataOptions& opt) {
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;
@@ -15511,7 +15636,7 @@ class ProgressLine {
 // report.html is self-contained: the charts are inline SVG (svg_line_chart, no dependency, no
 // script). report.md holds the same table and refers to loss.svg and learning_rate.svg, written
 // next to it, since markdown viewers differ in whether they render inline SVG. Every file is
-// written atomically (io::detail::write_file_atomic): a reader sees the old report or the new
+// written atomically (io::write_file_atomic): a reader sees the old report or the new
 // one, never half of one.
 //
 // Each data point is also a <circle> with a <title>x, y</title> (a hover tooltip in browsers),
@@ -15536,7 +15661,7 @@ class ProgressLine {
 #include <nlohmann/json.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/detail/atomic_file.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
 
 namespace edl::train {
@@ -15798,7 +15923,7 @@ inline std::string report_html(const RunReport& r) {
 inline void write_report(const std::string& dir, const RunReport& r) {
   std::filesystem::create_directories(dir);
   auto put = [&](const char* name, const std::string& text) {
-    io::detail::write_file_atomic((std::filesystem::path(dir) / name).string(), text);
+    io::write_file_atomic((std::filesystem::path(dir) / name).string(), text);
   };
   put("loss.svg", loss_chart(r));
   put("learning_rate.svg", learning_rate_chart(r));
@@ -16107,7 +16232,6 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 
 }  // namespace edl::train
 // end of edl/train/state.hpp
-// #include <edl/train/tokenizer.hpp> (inlined above)
 // #include <edl/train/trainer.hpp>
 // edl/train/trainer.hpp
 // The causal-LM trainer (EasyDeL's Trainer), on one device or a simulated mesh:
@@ -16182,13 +16306,13 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/schedule.hpp> (inlined above)
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/sharded_load.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/evaluation.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
 // #include <edl/train/report.hpp> (inlined above)
-// #include <edl/train/tokenizer.hpp> (inlined above)
 // // #include <edl/train/training_arguments.hpp> (inlined above)
 // edl/train/training_arguments.hpp
 // TrainingArguments: the trainer's configuration, read from JSON with EasyDeL's field names
@@ -16774,8 +16898,8 @@ class BasicTrainer {
   }
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
-  BasicTrainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
-          std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
+  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::ByteLevelBPE> tokenizer,
+          TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
         model_(std::make_unique<Model>(std::move(model))),
@@ -16826,7 +16950,7 @@ class BasicTrainer {
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
-  const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
+  const std::optional<tokenizer::ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
   const TokenDataset& train_dataset() const noexcept { return train_; }
   const std::optional<TokenDataset>& eval_dataset() const noexcept { return eval_; }
   std::int64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
@@ -17120,13 +17244,13 @@ class BasicTrainer {
     const std::string w = args_.where("tokenizer");
     if (t.is_null() || (t.is_string() && t.get<std::string>() == "none")) return;
     if (t.is_string() && t.get<std::string>() == "byte") {
-      tok_ = ByteLevelBPE::byte_level();
+      tok_ = tokenizer::ByteLevelBPE::byte_level();
     } else if (t.is_string()) {
-      tok_ = ByteLevelBPE::from_file(t.get<std::string>());
+      tok_ = tokenizer::ByteLevelBPE::from_file(t.get<std::string>());
     } else {  // {"train_bpe": vocab_size}: trained on the text of train_data, saved next to the checkpoints
       const std::string saved = (fs::path(args_.save_directory) / "tokenizer.json").string();
       if (args_.resume_if_possible && fs::exists(saved)) {
-        tok_ = ByteLevelBPE::from_file(saved);
+        tok_ = tokenizer::ByteLevelBPE::from_file(saved);
         return;
       }
       std::vector<std::string> docs;
@@ -17136,7 +17260,7 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
+      tok_ = tokenizer::ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
       if (processes_.is_primary()) tok_->save(saved);
     }
@@ -17225,7 +17349,7 @@ class BasicTrainer {
   }
 
   TrainingArguments args_;
-  std::optional<ByteLevelBPE> tok_;
+  std::optional<tokenizer::ByteLevelBPE> tok_;
   std::unique_ptr<Model> model_;
   TokenDataset train_;
   std::optional<TokenDataset> eval_;

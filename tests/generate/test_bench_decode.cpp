@@ -86,7 +86,7 @@ TEST(BenchDecode, WeightSpansAreTheParametersADecodeStepReads) {
 // nothing past a span's end (a huge float follows each one). Spans of odd lengths, and one long
 // enough that each part holds whole blocks of the kernel's lockstep streams.
 TEST(BenchDecode, WeightsReadPatternsSumEveryFloatOfEverySpanOnce) {
-  const std::size_t block = static_cast<std::size_t>(edl::generate::detail::kStreams * edl::generate::detail::kStreamBytes) /
+  const std::size_t block = static_cast<std::size_t>(edl::kernels::detail::kStreams * edl::kernels::detail::kStreamBytes) /
                             sizeof(float);
   std::vector<std::vector<float>> store;
   std::vector<std::pair<const char*, std::size_t>> spans;

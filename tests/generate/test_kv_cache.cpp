@@ -8,6 +8,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/kernels/attention.hpp>
 
 #include "support/huge_pages.hpp"
 
@@ -50,7 +51,7 @@ void check_roundtrip(Cache& c, const KVCacheShape& sh, std::int64_t n, double to
         const auto v = c.view(l, b, g);
         for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{3}}) {
           std::vector<float> sc(static_cast<std::size_t>(n), -99.f), out(static_cast<std::size_t>(D), -99.f);
-          generate::detail::slot_scores(v, q.data(), j0, n - j0, scale, sc.data());
+          kernels::detail::slot_scores(v, q.data(), j0, n - j0, scale, sc.data());
           for (std::int64_t s = j0; s < n; ++s) {
             const auto k = row(l, b, s, 0.f, W);
             double want = 0;
@@ -59,7 +60,7 @@ void check_roundtrip(Cache& c, const KVCacheShape& sh, std::int64_t n, double to
                 << "layer " << l << " seq " << b << " head " << g << " slot " << s;
           }
           for (std::int64_t s = n - j0; s < n; ++s) EXPECT_EQ(sc[static_cast<std::size_t>(s)], -99.f) << "wrote past cnt";
-          generate::detail::weighted_values(v, p.data(), j0, n - j0, w, out.data());
+          kernels::detail::weighted_values(v, p.data(), j0, n - j0, w, out.data());
           for (std::int64_t i = 0; i < D; ++i) {
             double want = 0;
             for (std::int64_t s = j0; s < n; ++s) want += w * p[static_cast<std::size_t>(s - j0)] * row(l, b, s, 5.f, W)[static_cast<std::size_t>(g * D + i)];
@@ -192,9 +193,9 @@ void check_reorder(Cache& c) {
       for (std::int64_t g = 0; g < kShape.kv_heads; ++g)
         for (std::int64_t s = 0; s < c.length(b); ++s) {  // key element 3 and the whole value row
           float score = 0.f;
-          generate::detail::slot_scores(c.view(l, b, g), q.data(), s, 1, 1.0f, &score);
+          kernels::detail::slot_scores(c.view(l, b, g), q.data(), s, 1, 1.0f, &score);
           EXPECT_NEAR(score, row(l, src[b], s, 0.f)[static_cast<std::size_t>(8 * g + 3)], 1e-2) << b << " " << s;
-          generate::detail::weighted_values(c.view(l, b, g), &one, s, 1, 1.0f, out.data());
+          kernels::detail::weighted_values(c.view(l, b, g), &one, s, 1, 1.0f, out.data());
           for (std::size_t i = 0; i < 8; ++i)
             EXPECT_NEAR(out[i], row(l, src[b], s, 5.f)[8 * static_cast<std::size_t>(g) + i], 1e-2) << b << " " << s;
         }

@@ -111,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
 // the ranks are combined; with sp = 3 and a window of 5 some rows have no slot on a rank. Every
 // position's logits and 6 decode steps against one device, standard, paged and int8 caches.
 TEST(ShardedDecoder, LongPrefillOnTheGemmEqualsOneDevice) {
-  static_assert(generate::detail::kGemmAttentionRows <= 10 && 140 > 2 * generate::detail::kGemmAttentionBlock);
+  static_assert(generate::detail::kGemmAttentionRows <= 10 && 140 > 2 * kernels::kAttentionQueryBlock);
   for (const std::string variant : {"", "window"}) {
     const auto cfg = test_support::small_llama(50, 160, variant);
     LlamaForCausalLM<> m(cfg);

@@ -67,7 +67,7 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   s.data_key = Key{5, 6};
   s.tokens_seen = 99;
   s.eval_loss = 1.5;
-  ByteTokenizer tok;
+  tokenizer::ByteTokenizer tok;
   const std::string dir = (t.p / "checkpoint-2").string();
   save_state(dir, m, opt, s, &tok);
   for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "state.json", "tokenizer.json"})

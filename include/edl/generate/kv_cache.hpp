@@ -32,8 +32,8 @@
 //   set_length(b, n), length(b)    tokens of sequence b in the cache
 //   view(layer, b, g)              a HeadView of kv head g: k_row(slot), v_row(slot) point at the
 //                                  slot's head_dim elements (f32 or int8), k_scale(slot),
-//                                  v_scale(slot) multiply them (detail::slot_scores and
-//                                  detail::weighted_values read them for decode attention);
+//                                  v_scale(slot) multiply them (kernels::detail::slot_scores and
+//                                  kernels::detail::weighted_values read them for decode attention);
 //                                  read(slot, k, v): the slot's key and value as f32
 //                                  (dequantized), for prefill's GEMM
 //   reorder(src)                   sequence b becomes a copy of sequence src[b] (beam search)
@@ -48,11 +48,8 @@
 #include <string>
 #include <vector>
 
-#include <xsimd/xsimd.hpp>
-
 #include <edl/core/allocator.hpp>
 #include <edl/core/error.hpp>
-#include <edl/kernels/detail/simd.hpp>
 
 namespace edl::generate {
 
@@ -73,104 +70,6 @@ struct KVCacheShape {
 };
 
 namespace detail {
-
-using kernels::detail::fbatch;
-inline constexpr std::int64_t kW = static_cast<std::int64_t>(fbatch::size);
-
-/// The kernels prefetch (into L2) the keys of the next group of slots and the values
-/// kValuePrefetchSlots slots ahead. Measured when a head's rows were a token's whole row apart,
-/// a stride the hardware prefetcher followed poorly: on a Zen 4 EPYC that decoded tiny 2-4 %
-/// faster (1 and 2 threads, 16- and 128-token prompts) and small with a 768-token prompt 2-3 %;
-/// on the Zen 1 EPYC a prefetch 32-64 slots ahead was within the noise (docs/benchmarks.md).
-inline constexpr std::int64_t kValuePrefetchSlots = 8;
-
-/// Prefetches the cache lines of n elements at p (nothing is read: a prefetch never faults).
-template <class E>
-inline void prefetch_row(const E* p, std::int64_t n) noexcept {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (std::int64_t b = 0; b < n * static_cast<std::int64_t>(sizeof(E)); b += 64) __builtin_prefetch(c + b, 0, 2);
-}
-
-/// The attention kernels over one head's cache rows. A HeadView gives k_row(slot) and
-/// v_row(slot), pointers to the slot's D elements (f32, or int8 for Int8KVCache), and
-/// k_scale(slot), v_scale(slot) that multiply them (1 for f32 caches).
-///
-/// sc[j] = scale * q . k[j0 + j] for j in [0, cnt). Wd slots at a time with Wd accumulators and
-/// one transposing haddp: Wd independent FMA chains and one horizontal reduction per Wd slots,
-/// where a dot per slot waits on its own chain and its own reduction (decode attention spent
-/// most of its time there). Each score's order is fixed: lanes over D, the haddp tree, the tail.
-template <class View>
-inline void slot_scores(const View& view, const float* q, std::int64_t j0, std::int64_t cnt, float scale,
-                        float* sc) noexcept {
-  using Row = decltype(view.k_row(0));
-  const std::int64_t D = view.D, D0 = D / kW * kW;
-  for (std::int64_t j = 0; j < cnt; j += kW) {
-    const std::int64_t n = std::min(kW, cnt - j);
-    Row kr[kW];  // lanes past cnt re-read the last slot; their sums are dropped
-    for (std::int64_t s = 0; s < kW; ++s) kr[s] = view.k_row(j0 + j + std::min(s, n - 1));
-    for (std::int64_t s = j + kW; s < std::min(cnt, j + 2 * kW); ++s)  // the next group's keys
-      prefetch_row(view.k_row(j0 + s), D);
-    fbatch a[kW];
-    for (std::int64_t s = 0; s < kW; ++s) a[s] = fbatch(0.f);
-    for (std::int64_t d = 0; d < D0; d += kW) {
-      const fbatch qv = fbatch::load_unaligned(q + d);
-#pragma GCC unroll 16
-      for (std::int64_t s = 0; s < kW; ++s) a[s] = kernels::detail::fmadd(qv, kernels::detail::load(kr[s] + d), a[s]);
-    }
-    alignas(64) float sm[kW];
-    kernels::detail::haddp(a).store_aligned(sm);
-    for (std::int64_t s = 0; s < n; ++s) {
-      float v = sm[s];
-      for (std::int64_t d = D0; d < D; ++d) v = std::fma(q[d], to_f32(kr[s][d]), v);
-      sc[j + s] = scale * view.k_scale(j0 + j + s) * v;
-    }
-  }
-}
-
-/// out[c0, c0 + NB * Wd) = sum over j of w p[j] v_scale v[j0 + j] in those columns, the NB
-/// accumulators in registers (an axpy per slot into memory waits on the store of the last).
-template <int NB, class View>
-inline void weighted_values_cols(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
-                                 std::int64_t c0, float* out) noexcept {
-  fbatch acc[NB];
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) acc[b] = fbatch(0.f);
-  for (std::int64_t j = 0; j < cnt; ++j) {
-    const fbatch pb(p[j] * w * view.v_scale(j0 + j));
-    const auto* vr = view.v_row(j0 + j) + c0;
-    if (j + kValuePrefetchSlots < cnt) prefetch_row(view.v_row(j0 + j + kValuePrefetchSlots) + c0, NB * kW);
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) acc[b] = kernels::detail::fmadd(pb, kernels::detail::load(vr + b * kW), acc[b]);
-  }
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) acc[b].store_unaligned(out + c0 + b * kW);
-}
-
-/// out[0, D) = sum over j in [0, cnt) of w p[j] v[j0 + j] (dequantized): the attention's
-/// weighted values, overwriting out. Columns go 8 lane batches at a time, then the rest.
-/// Each output element is one FMA chain over j in order, as an axpy per slot would give.
-template <class View>
-inline void weighted_values(const View& view, const float* p, std::int64_t j0, std::int64_t cnt, float w,
-                            float* out) noexcept {
-  const std::int64_t D = view.D;
-  std::int64_t c0 = 0;
-  for (; c0 + 8 * kW <= D; c0 += 8 * kW) weighted_values_cols<8>(view, p, j0, cnt, w, c0, out);
-  switch ((D - c0) / kW) {
-    case 7: weighted_values_cols<7>(view, p, j0, cnt, w, c0, out); break;
-    case 6: weighted_values_cols<6>(view, p, j0, cnt, w, c0, out); break;
-    case 5: weighted_values_cols<5>(view, p, j0, cnt, w, c0, out); break;
-    case 4: weighted_values_cols<4>(view, p, j0, cnt, w, c0, out); break;
-    case 3: weighted_values_cols<3>(view, p, j0, cnt, w, c0, out); break;
-    case 2: weighted_values_cols<2>(view, p, j0, cnt, w, c0, out); break;
-    case 1: weighted_values_cols<1>(view, p, j0, cnt, w, c0, out); break;
-    default: break;
-  }
-  for (c0 += (D - c0) / kW * kW; c0 < D; ++c0) {
-    float a = 0.f;
-    for (std::int64_t j = 0; j < cnt; ++j) a = std::fma(p[j] * w * view.v_scale(j0 + j), to_f32(view.v_row(j0 + j)[c0]), a);
-    out[c0] = a;
-  }
-}
 
 /// Per-row absmax int8 quantization: x ~= scale * q, q in [-127, 127].
 inline float quantize_row(const float* x, std::int8_t* q, std::int64_t n) noexcept {

@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/io/mmap.hpp>
 
 namespace edl::io {
@@ -102,7 +102,7 @@ class JsonConfig {
 
   std::string dump(int indent = 2) const { return j_.dump(indent); }
   /// Writes the document (pretty, newline-terminated) atomically.
-  void save(const std::string& path) const { detail::write_file_atomic(path, dump(2) + "\n"); }
+  void save(const std::string& path) const { write_file_atomic(path, dump(2) + "\n"); }
 
   /// Converts one JSON value to T; errors name `where`, the expected type and the value found.
   template <class T>

@@ -55,7 +55,7 @@
 #include <edl/core/block_rows.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/io/mmap.hpp>
 
 namespace edl::io {
@@ -477,7 +477,7 @@ inline std::uint64_t save_safetensors(const std::string& path, const TensorList&
                                       const SaveOptions& options = {}) {
   detail::check_tensor_list(tensors, path);
   const std::string header = detail::build_header(tensors, metadata);
-  detail::AtomicFile f(path);
+  AtomicFile f(path);
   const std::uint64_t n = header.size();
   f.write(&n, 8);
   f.write(header.data(), header.size());
@@ -685,7 +685,7 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
     idx["weight_map"] = nlohmann::ordered_json::object();
     for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
     written.push_back((d / kIndexFileName).string());
-    detail::write_file_atomic(written.back(), idx.dump(2) + "\n");
+    write_file_atomic(written.back(), idx.dump(2) + "\n");
     keep.insert(kIndexFileName);
   }
   // Remove leftovers of an earlier layout so that open(dir) sees only this save.

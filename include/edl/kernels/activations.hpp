@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <edl/core/dtype.hpp>
 #include <edl/core/exec.hpp>
@@ -67,6 +68,12 @@ inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
   detail::check_ptr(up, n, k, "up");
   detail::check_ptr(out, n, k, "out");
   detail::map(n, detail::SiluMulOp{}, out, gate, up);
+}
+
+/// gate[lo, hi) = silu(gate) * up over that range, on the calling thread: for callers that
+/// must not fork (a part of an exec::PhasedRegion). The same bits as silu_mul.
+inline void silu_mul_range(float* gate, const float* up, std::int64_t lo, std::int64_t hi) noexcept {
+  detail::map_range(lo, hi, detail::SiluMulOp{}, gate, static_cast<const float*>(gate), up);
 }
 
 /// Backward of out = silu(gate) * up:

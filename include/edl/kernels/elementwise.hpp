@@ -87,6 +87,20 @@ inline void axpy(float a, const float* x, float* y, std::ptrdiff_t n) {
       static_cast<const float*>(y), x);
 }
 
+/// x = x * a - b over [0, n) on the calling thread: for callers that are already inside their
+/// own parallel loop (the loss's per-row gradient).
+inline void mul_sub_inplace(float* x, std::ptrdiff_t n, float a, float b) noexcept {
+  detail::map_range(0, n, [&](const detail::fbatch& e) { return e * detail::fbatch(a) - detail::fbatch(b); }, x,
+                    static_cast<const float*>(x));
+}
+
+/// y[lo, hi) += x[lo, hi) on the calling thread: for callers that must not fork (a part of an
+/// exec::PhasedRegion). The same bits as add_inplace.
+inline void add_range(float* y, const float* x, std::int64_t lo, std::int64_t hi) noexcept {
+  detail::map_range(lo, hi, [](const detail::fbatch& a, const detail::fbatch& b) { return a + b; }, y,
+                    static_cast<const float*>(y), x);
+}
+
 /// y *= a, in place.
 template <FloatStorage T>
 inline void scale(T* y, float a, std::ptrdiff_t n) {

@@ -235,4 +235,14 @@ inline std::ptrdiff_t cross_entropy_rows(const float* logits, std::ptrdiff_t row
   return valid;
 }
 
+/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
+inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
+  namespace kd = detail;
+  const kd::fbatch db(d), sb(scale);
+  std::ptrdiff_t j = 0;
+  for (; j + kd::kLanes <= n; j += kd::kLanes)
+    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
+}
+
 }  // namespace edl::kernels

@@ -33,6 +33,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/attention.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
@@ -53,25 +54,9 @@ struct AttentionConfig {
 };
 
 namespace detail {
-/// Query rows per block of the blocked attention: the block's scores [rows, keys] and their
-/// gradients stay in L2 (64 x 512 floats = 128 KiB at seq 512).
-inline constexpr std::int64_t kAttentionQueryBlock = 64;
+using kernels::kAttentionQueryBlock;
+using kernels::window_start;
 
-/// First key position a query at position i attends to: 0, or the start of a sliding window
-/// of `window` keys (window <= 0: no window). Training attention and both decoders use it.
-constexpr std::int64_t window_start(std::int64_t i, std::int64_t window) noexcept {
-  return window > 0 ? std::max<std::int64_t>(0, i - window + 1) : 0;
-}
-
-/// y[j] = p[j] * (dp[j] - d) * scale: the softmax backward of one row, in SIMD.
-inline void softmax_grad_row(const float* p, float* dp, float d, float scale, std::int64_t n) noexcept {
-  namespace kd = kernels::detail;
-  const kd::fbatch db(d), sb(scale);
-  std::ptrdiff_t j = 0;
-  for (; j + kd::kLanes <= n; j += kd::kLanes)
-    kd::store(dp + j, kd::load(p + j) * (kd::load(dp + j) - db) * sb);
-  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
-}
 }  // namespace detail
 
 template <class Pol>
@@ -313,7 +298,7 @@ class Attention {
               mask_row(s, b, i0 + r, j0, prow, n);
               kernels::detail::row_exp_sum(prow, prow, n, lse);
               const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
-              detail::softmax_grad_row(prow, dprow, Di, scale, n);
+              kernels::softmax_grad_row(prow, dprow, Di, scale, n);
             }
             gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
             gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);

@@ -23,6 +23,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
+#include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
@@ -127,8 +128,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
         if (want_grad) {
           const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
-          kd::map_range(0, V, [&](const kd::fbatch& e) { return e * kd::fbatch(a) - kd::fbatch(b); }, x,
-                        static_cast<const float*>(x));
+          kernels::mul_sub_inplace(x, V, a, b);
           x[l] -= gscale * (1.0f - eps);
         }
       }

@@ -1,4 +1,4 @@
-// edl/train/all.hpp: the trainer, its arguments, data, tokenizers, checkpoints, metrics,
+// edl/train/all.hpp: the trainer, its arguments, data, checkpoints, metrics,
 // evaluation, the end-of-training report and weight statistics.
 #pragma once
 
@@ -9,7 +9,6 @@
 #include <edl/train/report.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/state.hpp>
-#include <edl/train/tokenizer.hpp>
 #include <edl/train/trainer.hpp>
 #include <edl/train/training_arguments.hpp>
 #include <edl/train/weight_stats.hpp>

@@ -49,13 +49,13 @@
 
 #include <edl/core/error.hpp>
 #include <edl/core/rng.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/optim/optimizer.hpp>
-#include <edl/train/tokenizer.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
 #include <edl/version.hpp>
 
 namespace edl::train {
@@ -214,7 +214,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 /// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                 const ProcessGroup& processes = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
@@ -260,7 +260,7 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     if (!primary) return;
     TrainState s = state;
     s.optimizer_step_count = opt.step_count();
-    io::detail::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
+    io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
     after("state.json");
     detail::fsync_path(tmp.string(), true);
 
@@ -369,7 +369,7 @@ class CheckpointManager {
   /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                    const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
     save_state(p, model, opt, state, tokenizer, hooks, processes);

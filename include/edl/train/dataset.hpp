@@ -36,7 +36,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
-#include <edl/train/tokenizer.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
 
 namespace edl::train {
 
@@ -173,7 +173,7 @@ struct DataOptions {
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
 /// (2-D .npy rows keep their length).
-inline TokenDataset load_dataset(const std::vector<std::string>& files, const ByteLevelBPE* tokenizer,
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::ByteLevelBPE* tokenizer,
                                  const DataOptions& opt) {
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;

@@ -10,7 +10,7 @@
 // report.html is self-contained: the charts are inline SVG (svg_line_chart, no dependency, no
 // script). report.md holds the same table and refers to loss.svg and learning_rate.svg, written
 // next to it, since markdown viewers differ in whether they render inline SVG. Every file is
-// written atomically (io::detail::write_file_atomic): a reader sees the old report or the new
+// written atomically (io::write_file_atomic): a reader sees the old report or the new
 // one, never half of one.
 //
 // Each data point is also a <circle> with a <title>x, y</title> (a hover tooltip in browsers),
@@ -36,7 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/train/metrics.hpp>
 
 namespace edl::train {
@@ -298,7 +298,7 @@ inline std::string report_html(const RunReport& r) {
 inline void write_report(const std::string& dir, const RunReport& r) {
   std::filesystem::create_directories(dir);
   auto put = [&](const char* name, const std::string& text) {
-    io::detail::write_file_atomic((std::filesystem::path(dir) / name).string(), text);
+    io::write_file_atomic((std::filesystem::path(dir) / name).string(), text);
   };
   put("loss.svg", loss_chart(r));
   put("learning_rate.svg", learning_rate_chart(r));

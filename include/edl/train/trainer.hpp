@@ -72,13 +72,13 @@
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/schedule.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
 #include <edl/train/report.hpp>
-#include <edl/train/tokenizer.hpp>
 #include <edl/train/training_arguments.hpp>
 #include <edl/train/weight_stats.hpp>
 
@@ -149,8 +149,8 @@ class BasicTrainer {
   }
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
-  BasicTrainer(TrainingArguments args, Model model, std::optional<ByteLevelBPE> tokenizer, TokenDataset train_data,
-          std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
+  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::ByteLevelBPE> tokenizer,
+          TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
         model_(std::make_unique<Model>(std::move(model))),
@@ -201,7 +201,7 @@ class BasicTrainer {
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
-  const std::optional<ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
+  const std::optional<tokenizer::ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
   const TokenDataset& train_dataset() const noexcept { return train_; }
   const std::optional<TokenDataset>& eval_dataset() const noexcept { return eval_; }
   std::int64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
@@ -495,13 +495,13 @@ class BasicTrainer {
     const std::string w = args_.where("tokenizer");
     if (t.is_null() || (t.is_string() && t.get<std::string>() == "none")) return;
     if (t.is_string() && t.get<std::string>() == "byte") {
-      tok_ = ByteLevelBPE::byte_level();
+      tok_ = tokenizer::ByteLevelBPE::byte_level();
     } else if (t.is_string()) {
-      tok_ = ByteLevelBPE::from_file(t.get<std::string>());
+      tok_ = tokenizer::ByteLevelBPE::from_file(t.get<std::string>());
     } else {  // {"train_bpe": vocab_size}: trained on the text of train_data, saved next to the checkpoints
       const std::string saved = (fs::path(args_.save_directory) / "tokenizer.json").string();
       if (args_.resume_if_possible && fs::exists(saved)) {
-        tok_ = ByteLevelBPE::from_file(saved);
+        tok_ = tokenizer::ByteLevelBPE::from_file(saved);
         return;
       }
       std::vector<std::string> docs;
@@ -511,7 +511,7 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
+      tok_ = tokenizer::ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
       if (processes_.is_primary()) tok_->save(saved);
     }
@@ -600,7 +600,7 @@ class BasicTrainer {
   }
 
   TrainingArguments args_;
-  std::optional<ByteLevelBPE> tok_;
+  std::optional<tokenizer::ByteLevelBPE> tok_;
   std::unique_ptr<Model> model_;
   TokenDataset train_;
   std::optional<TokenDataset> eval_;

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include <edl/core/error.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/io/json_config.hpp>
 
 namespace edl::models {
@@ -311,7 +311,7 @@ struct LlamaConfig {
   }
 
   /// Writes config.json (pretty) atomically.
-  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
   // ------------------------------------------------------------------ presets
   static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }

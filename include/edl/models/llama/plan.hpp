@@ -213,7 +213,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
   std::int64_t transient = loss_transient;
   if (opt.train) {
-    const std::int64_t QB = nn::detail::kAttentionQueryBlock;
+    const std::int64_t QB = kernels::kAttentionQueryBlock;
     const std::int64_t workers = std::min(opt.threads, Bl * nkv);
     const std::int64_t mlp = 2 * Tl * Fl;
     // dg and (sp) its padded input stay while the attention backward's own buffers come and

@@ -1,4 +1,4 @@
-// edl/io/detail/atomic_file.hpp
+// edl/io/atomic_file.hpp
 // Write a file so that readers see either the old contents or the complete new ones:
 // write "<path>.tmp-<pid>", fsync it, rename it over <path>, fsync the folder. If anything
 // throws before commit(), the destructor removes the temp file and <path> is untouched.
@@ -15,14 +15,14 @@
 #include <edl/core/error.hpp>
 #include <edl/io/mmap.hpp>
 
-namespace edl::io::detail {
+namespace edl::io {
 
 class AtomicFile {
  public:
   explicit AtomicFile(std::string path)
       : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(static_cast<long>(::getpid()))) {
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    EDL_CHECK(fd_ >= 0, errc::io, path_, "cannot create temporary file ", tmp_, ": ", errno_text());
+    EDL_CHECK(fd_ >= 0, errc::io, path_, "cannot create temporary file ", tmp_, ": ", detail::errno_text());
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -38,7 +38,7 @@ class AtomicFile {
     while (n > 0) {
       const ::ssize_t w = ::write(fd_, p, n);
       if (w < 0 && errno == EINTR) continue;
-      EDL_CHECK(w > 0, errc::io, path_, "write to ", tmp_, " failed after ", written_, " bytes: ", errno_text());
+      EDL_CHECK(w > 0, errc::io, path_, "write to ", tmp_, " failed after ", written_, " bytes: ", detail::errno_text());
       p += w;
       n -= static_cast<std::size_t>(w);
       written_ += static_cast<std::size_t>(w);
@@ -48,12 +48,12 @@ class AtomicFile {
 
   /// fsync, close and rename over the destination; the old file is replaced in one step.
   void commit() {
-    EDL_CHECK(::fsync(fd_) == 0, errc::io, path_, "fsync of ", tmp_, " failed: ", errno_text());
+    EDL_CHECK(::fsync(fd_) == 0, errc::io, path_, "fsync of ", tmp_, " failed: ", detail::errno_text());
     const int fd = fd_;
     fd_ = -1;
-    EDL_CHECK(::close(fd) == 0, errc::io, path_, "close of ", tmp_, " failed: ", errno_text());
+    EDL_CHECK(::close(fd) == 0, errc::io, path_, "close of ", tmp_, " failed: ", detail::errno_text());
     EDL_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, errc::io, path_, "rename from ", tmp_,
-              " failed: ", errno_text());
+              " failed: ", detail::errno_text());
     committed_ = true;
     // Make the rename itself durable (best effort: some file systems refuse fsync on folders).
     const auto slash = path_.find_last_of('/');
@@ -79,4 +79,4 @@ inline void write_file_atomic(const std::string& path, const std::string& conten
   f.commit();
 }
 
-}  // namespace edl::io::detail
+}  // namespace edl::io

@@ -1,4 +1,4 @@
-// Tests for edl/train/tokenizer.hpp: the byte tokenizer, GPT-2 pre-tokenization, BPE training
+// Tests for edl/tokenizer/tokenizer.hpp: the byte tokenizer, GPT-2 pre-tokenization, BPE training
 // (determinism, exact round trips on arbitrary bytes and UTF-8), tokenizer.json save/load, and
 // a tiny hand-written HF tokenizer.json.
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include <edl/core/rng.hpp>
-#include <edl/train/tokenizer.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
 
-namespace edl::train {
+namespace edl::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -136,4 +136,4 @@ TEST(ByteLevelBPE, LoadsHandWrittenTokenizerJson) {
 }
 
 }  // namespace
-}  // namespace edl::train
+}  // namespace edl::tokenizer

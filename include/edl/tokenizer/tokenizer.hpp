@@ -1,4 +1,4 @@
-// edl/train/tokenizer.hpp
+// edl/tokenizer/tokenizer.hpp
 // Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
 //
 //   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
@@ -8,8 +8,8 @@
 //   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
 //                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
 //
-//   auto tok = train::ByteLevelBPE::train(docs, 1024);   // merges of the most frequent pairs
-//   auto ids = tok.encode("héllo");                      // decode(encode(s)) == s for any bytes
+//   auto tok = tokenizer::ByteLevelBPE::train(docs, 1024);  // merges of the most frequent pairs
+//   auto ids = tok.encode("héllo");                         // decode(encode(s)) == s for any bytes
 //   tok.save("out/tokenizer.json");
 //
 // Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
@@ -17,6 +17,9 @@
 // >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
 // Special tokens are not recognized inside text passed to encode() (they are ids the data
 // pipeline inserts).
+//
+// Its own layer (after io/, before train/ and generate/) so that serving loads a tokenizer
+// without the trainer.
 #pragma once
 
 #include <algorithm>
@@ -37,10 +40,10 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
-#include <edl/io/detail/atomic_file.hpp>
+#include <edl/io/atomic_file.hpp>
 #include <edl/io/mmap.hpp>
 
-namespace edl::train {
+namespace edl::tokenizer {
 
 using ojson = nlohmann::ordered_json;
 
@@ -355,7 +358,7 @@ class ByteLevelBPE {
                   {"vocab", vocab},         {"merges", merges}};
     return j;
   }
-  void save(const std::string& path) const { io::detail::write_file_atomic(path, to_json().dump(2) + "\n"); }
+  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
   /// Token ids of `text` (no bos/eos added).
   std::vector<std::int64_t> encode(std::string_view text) const {
@@ -477,4 +480,4 @@ struct ByteTokenizer : ByteLevelBPE {
 
 using Tokenizer = ByteLevelBPE;
 
-}  // namespace edl::train
+}  // namespace edl::tokenizer

@@ -1,0 +1,531 @@
+// edl/generate/cached_forward.hpp
+// The Llama forward over a KV cache, written once for every use in generation: prefill and
+// batched decode (many rows), the one-row decode step (one sequence, run as one
+// exec::PhasedRegion), the serving engine's steps, and one device of a mesh (its tp shard of
+// heads and MLP columns, its sp share of cache positions, its vocabulary columns).
+//
+//   CachedForward<Pol, Cache> fw(local_model, cache, rope, DeviceShard{...});
+//   fw.run(rows, need, collectives, logits_last, logits_all);
+//
+// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> rope and the cache
+// store -> attention -> o_proj (+ residual) -> norm -> gate/up -> SwiGLU -> down (+ residual).
+// What differs between uses is the `steps` it runs on:
+//  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
+//    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
+//    row-parallel products (a psum over tp) and inside attention (an all_gather over sp);
+//  - PhasedSteps: one row on a team of threads, each step one phase of a PhasedRegion (one
+//    fork/join a token instead of several a layer), bit for bit the sums RowSteps computes.
+// Adding a layer kind means adding its steps to layer() and, if it needs a new kind of step,
+// that step to both. docs/architecture.md walks a token through it.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <edl/core/allocator.hpp>
+#include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/core/phased_region.hpp>
+#include <edl/generate/kv_cache.hpp>
+#include <edl/generate/rope_table.hpp>
+#include <edl/kernels/activations.hpp>
+#include <edl/kernels/attention.hpp>
+#include <edl/kernels/elementwise.hpp>
+#include <edl/kernels/matvec.hpp>
+#include <edl/kernels/rms_norm.hpp>
+#include <edl/models/llama/config.hpp>
+#include <edl/models/llama/llama.hpp>
+
+namespace edl::generate {
+
+/// One token of a forward call: sequence b (the whole batch's index), position pos (its cache
+/// slot on one device), token id, and its row in logits_all.
+struct CachedRow {
+  std::int64_t b, pos, id, out;
+};
+
+/// What one device of a mesh computes: sequences [b0, b0 + nb), the positions p with
+/// p % sp == sp_rank (stored at local slot p / sp), and the lm_head's vocabulary columns
+/// [c0, c1). One device: every sequence, position and column.
+struct DeviceShard {
+  std::int64_t b0 = 0, nb = 0;
+  std::int64_t sp = 1, sp_rank = 0;
+  std::int64_t c0 = 0, c1 = 0;
+  kernels::SlotMap slots() const noexcept { return {sp, sp_rank}; }
+};
+
+/// The collectives of one device alone: there is nothing to reduce or gather.
+struct NoCollectives {
+  static constexpr bool one_device = true;
+  void psum_tp(std::span<float>) {}
+  void all_gather_sp(std::span<const float>, std::span<float>) {}
+};
+
+namespace detail {
+
+/// A run of at least this many rows of one sequence (a prefill chunk) attends through the GEMM.
+inline constexpr std::int64_t kGemmAttentionRows = 8;
+
+/// Splits rows [0, n) (sorted by sequence) into runs of at least kGemmAttentionRows rows of one
+/// sequence at consecutive positions (a prefill chunk: attention on the GEMM), given as
+/// [first, last + 1), and the other rows (decode: attention row by row). Rows have .b (sequence)
+/// and .pos (position).
+template <class Row>
+void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
+                          std::vector<std::pair<std::int64_t, std::int64_t>>& runs, std::vector<std::int64_t>& single) {
+  runs.clear();
+  single.clear();
+  for (std::int64_t r = 0; r < n;) {
+    std::int64_t e = r + 1;
+    while (e < n && rows[static_cast<std::size_t>(e)].b == rows[static_cast<std::size_t>(r)].b &&
+           rows[static_cast<std::size_t>(e)].pos == rows[static_cast<std::size_t>(e - 1)].pos + 1)
+      ++e;
+    if (e - r >= kGemmAttentionRows) {
+      runs.push_back({r, e});
+    } else {
+      for (std::int64_t i = r; i < e; ++i) single.push_back(i);
+    }
+    r = e;
+  }
+}
+
+/// Prefill attention of every run (split_attention_rows) on the GEMM: one task per (run, query
+/// head), each running attend_run_gemm. q is [rows, nh * D]; view_of(row, kv_head) gives the
+/// cache view of a run's first row (a Row with .b and .pos).
+template <class Row, class ViewOf>
+void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
+                      std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, kernels::SlotMap slots,
+                      const float* q, kernels::AttentionOut out, ViewOf&& view_of) {
+  if (runs.empty()) return;
+  const std::int64_t rep = nh / nkv, qw = nh * D;
+  exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    std::vector<float> kv, sc;
+    for (std::ptrdiff_t t = lo; t < hi; ++t) {
+      const auto [r0, r1] = runs[static_cast<std::size_t>(t / nh)];
+      const std::int64_t h = t % nh;
+      const Row& row = rows[static_cast<std::size_t>(r0)];
+      kernels::attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
+                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc);
+    }
+  });
+}
+
+/// Attention of rows `single` (decode rows: split_attention_rows' rest) row by row: one task per
+/// (row, query head) running attend_row_head. Rows go block rows at a time, so `scores` holds
+/// block * nh score rows of score_len floats.
+template <class Row, class ViewOf>
+void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
+                 std::int64_t D, std::int64_t window, kernels::SlotMap slots, const float* q, kernels::AttentionOut out, float* scores,
+                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
+  const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size());
+  for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+    const std::int64_t i1 = std::min(n, i0 + block);
+    exec::parallel_for(0, (i1 - i0) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t) {
+        const std::int64_t r = single[static_cast<std::size_t>(i0 + t / nh)], h = t % nh;
+        const Row& row = rows[static_cast<std::size_t>(r)];
+        kernels::attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
+                        out.data + r * out.row_stride + h * out.head_stride, out.partial, D, window, slots,
+                        scores + t * score_len);
+      }
+    });
+  }
+}
+/// The rows of a prefill chunk: ids [batch, seq], mask [batch, seq] of 0/1 (left padding) or
+/// null; sequence b's tokens follow its length(b) tokens already cached. Padding is skipped.
+template <class LengthOf>
+void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
+                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where) {
+  EDL_CHECK(seq >= 0, errc::invalid_argument, where, "seq must be >= 0, found ", seq);
+  rows.clear();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    std::int64_t pad = 0;
+    if (mask) {
+      while (pad < seq && mask[b * seq + pad] == 0) ++pad;
+      for (std::int64_t s = pad; s < seq; ++s)
+        EDL_CHECK(mask[b * seq + s] != 0, errc::invalid_argument, where, "attention_mask row ", b,
+                  " is not left padding (a 0 at ", s, " after a 1)");
+    }
+    const std::int64_t len = length_of(b);
+    for (std::int64_t s = pad; s < seq; ++s) rows.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+  }
+}
+
+/// The rows of a decode step: one token per sequence b with active[b] != 0 (all when null).
+template <class LengthOf>
+void decode_rows(const std::int64_t* ids, std::int64_t batch, const std::uint8_t* active, LengthOf&& length_of,
+                 std::vector<CachedRow>& rows) {
+  rows.clear();
+  for (std::int64_t b = 0; b < batch; ++b)
+    if (!active || active[b]) rows.push_back({b, length_of(b), ids[b], b});
+}
+
+/// Checks every token id against the vocabulary and sets need[b] to the length sequence b will
+/// have after the call (-1: no token of b in it), before any work touches a cache.
+inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, std::int64_t vocab,
+                       std::vector<std::int64_t>& need, const char* where) {
+  need.assign(static_cast<std::size_t>(batch), -1);
+  for (const CachedRow& r : rows) {
+    EDL_CHECK(r.id >= 0 && r.id < vocab, errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
+              ", position ", r.pos, ") is outside the vocabulary [0, ", vocab, ")");
+    std::int64_t& n = need[static_cast<std::size_t>(r.b)];
+    n = std::max(n, r.pos + 1);
+  }
+}
+
+}  // namespace detail
+
+/// One device's forward over its cache: its (local) model, cache, and scratch.
+template <class Pol, KVCache Cache>
+class CachedForward {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using T = typename Pol::param_t;
+  using Part = kernels::MatvecPart<T>;
+
+  /// The phases run_one_row runs per layer, in order: q/k/v, attention, o_proj, gate/up, down
+  /// (then one for the lm_head).
+  static constexpr std::size_t kPhasesPerLayer = 5;
+
+  /// `model` is this device's model (tp-local sizes on a mesh), `vocab` the whole vocabulary
+  /// (the logits' row length), `rope` the tables of every position.
+  CachedForward(const Model& model, Cache& cache, const RopeTable& rope, DeviceShard shard, std::int64_t vocab)
+      : m_(&model), cache_(&cache), rope_(&rope), shard_(shard), V_(vocab) {
+    const models::LlamaConfig& c = model.config();
+    H_ = c.hidden_size;
+    I_ = c.intermediate_size;
+    nh_ = c.num_attention_heads;
+    nkv_ = c.num_key_value_heads;
+    D_ = c.head_size();
+    window_ = c.attention_window().value_or(0);
+    eps_ = static_cast<float>(c.rms_norm_eps);
+  }
+
+  Cache& cache() noexcept { return *cache_; }
+  const Cache& cache() const noexcept { return *cache_; }
+  const DeviceShard& shard() const noexcept { return shard_; }
+
+  /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
+  /// every layer, then the cache lengths need[b] (the batch's, from detail::check_rows), then
+  /// this device's vocabulary columns of the logits of each sequence's last row
+  /// (last_out [batch, vocab], may be null) and of every row (all_out [*, vocab] at row.out,
+  /// may be null). One row without all_out on one device runs as one phased region.
+  template <class Collectives>
+  void run(const std::vector<CachedRow>& rows, const std::vector<std::int64_t>& need, Collectives& coll,
+           float* last_out, float* all_out) {
+    rows_.clear();
+    for (const CachedRow& r : rows)
+      if (r.b >= shard_.b0 && r.b < shard_.b0 + shard_.nb) rows_.push_back(r);
+    const std::int64_t n = static_cast<std::int64_t>(rows_.size());
+    if (n == 0) return;  // a whole (tp, sp) group has the same sequences: no collective is skipped
+    local_need_.assign(static_cast<std::size_t>(shard_.nb), -1);
+    for (std::int64_t lb = 0; lb < shard_.nb; ++lb) {
+      const std::int64_t nd = need[static_cast<std::size_t>(shard_.b0 + lb)];
+      if (nd < 0) continue;
+      std::int64_t& local = local_need_[static_cast<std::size_t>(lb)];
+      local = shard_.slots().end(nd);
+      if (local > 0) cache_->reserve(lb, local);
+    }
+    ensure_rows(n);
+    embed(n);
+    if constexpr (Collectives::one_device) {
+      if (n == 1 && !all_out && shard_.sp == 1) {
+        run_one_row(last_out);
+        set_lengths();
+        return;
+      }
+    }
+    detail::split_attention_rows(rows_, n, runs_, single_);  // the same rows in every layer
+    RowSteps<Collectives> steps{*this, coll, n};
+    for (std::size_t l = 0; l < m_->model.layers.size(); ++l) layer(steps, l);
+    set_lengths();
+    head(last_out, all_out, n);
+  }
+
+  /// Times run_one_row's phases into `times` (null: stop).
+  void time_phases(exec::PhaseTimes* times) { region_->time_phases(times); }
+
+  /// Bytes of scratch this forward holds.
+  std::int64_t scratch_bytes() const noexcept {
+    std::size_t f = 0;
+    for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
+                          &records_, &gathered_, &thread_normed_})
+      f += v->size();
+    return static_cast<std::int64_t>(f * sizeof(float));
+  }
+
+ private:
+  // ---------------------------------------------------------------- the layer, once
+  template <class Steps>
+  void layer(Steps& st, std::size_t l) {
+    const auto& L = m_->model.layers[l];
+    const auto& A = L.self_attn;
+    const auto& mlp = L.mlp;
+    const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
+    st.norm_products(L.input_layernorm.weight.data(),
+                     std::array<Part, 3>{Part{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
+                                         {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
+                                         {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}},
+                     [&](std::int64_t n) { rope_and_store(layer, n); });
+    st.attention(layer);
+    st.product_add(ctx_.data(), qw, Part{A.o_proj.weight.data(), bias_of(A.o_proj), out_.data(), H_});
+    st.norm_swiglu(L.post_attention_layernorm.weight.data(),
+                   std::array<Part, 2>{Part{mlp.gate_proj.weight.data(), bias_of(mlp.gate_proj), gate_.data(), I_},
+                                       {mlp.up_proj.weight.data(), bias_of(mlp.up_proj), up_.data(), I_}});
+    st.product_add(gate_.data(), I_, Part{mlp.down_proj.weight.data(), bias_of(mlp.down_proj), out_.data(), H_});
+  }
+
+  // ---------------------------------------------------------------- steps over many rows
+  template <class Collectives>
+  struct RowSteps {
+    CachedForward& f;
+    Collectives& coll;
+    std::int64_t n;
+
+    template <std::size_t P, class After>
+    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
+      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::linear_group<T, P>(f.normed_.data(), n, parts, f.H_);
+      after(n);
+    }
+    void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
+    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
+    void product_add(const float* in, std::int64_t K, const Part& p) {
+      kernels::linear_nt(in, n, p.W, p.bias, p.y, p.N, K);
+      const std::size_t nH = static_cast<std::size_t>(n * f.H_);
+      coll.psum_tp(std::span<float>(p.y, nH));
+      kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
+    }
+    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+      norm_products(norm_w, gate_up, [](std::int64_t) {});
+      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    }
+  };
+
+  // ---------------------------------------------------------------- steps of one row, phased
+  // Each step is one phase of the team's region; a product's rows split into matvec_tasks
+  // ranges as kernels::matvec_group splits them, so every sum is RowSteps' bit for bit. Parts
+  // run serial code only: a part that forks could be handed another team thread's body while
+  // it waits, and wait on itself.
+  struct PhasedSteps {
+    CachedForward& f;
+    exec::PhasedRegion::Team& team;
+    std::int64_t threads;
+    float* nx;  // this thread's normalised x
+
+    template <std::size_t P, class After>
+    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
+      std::int64_t rows = 0;
+      for (const Part& p : parts) rows += p.N;
+      const std::int64_t tasks = kernels::matvec_tasks(rows, f.H_, threads);
+      team.phase(
+          tasks,
+          [&](std::int64_t t) {
+            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
+          },
+          [&] { after(1); });
+    }
+    void attention(std::int64_t layer) {
+      const CachedRow& row = f.rows_[0];
+      const std::int64_t rep = f.nh_ / f.nkv_, score_len = f.cache_->shape().max_length;
+      team.phase(f.nh_, [&](std::int64_t h) {
+        kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
+                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_, f.shard_.slots(),
+                                 f.scores_.data() + h * score_len);
+      });
+    }
+    void product_add(const float* in, std::int64_t K, const Part& p) {
+      const std::int64_t tasks = kernels::matvec_tasks(p.N, K, threads);
+      const std::array<Part, 1> one{p};
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::matvec_group_task(in, one, K, t, tasks);
+        kernels::add_range(f.x_.data(), p.y, f.H_ * t / tasks, f.H_ * (t + 1) / tasks);
+      });
+    }
+    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+      const std::int64_t tasks = kernels::matvec_tasks(2 * f.I_, f.H_, threads);
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+        kernels::matvec_group_task(nx, gate_up, f.H_, t, tasks);
+        kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+      });
+    }
+    void head(float* logits) {
+      const std::int64_t tasks = logits ? kernels::matvec_tasks(f.V_, f.H_, threads) : 0;
+      const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
+      team.phase(tasks, [&](std::int64_t t) {
+        kernels::rms_norm_forward(f.x_.data(), f.m_->model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, f.H_,
+                                  f.eps_);
+        kernels::matvec_group_task(nx, head, f.H_, t, tasks);
+      });
+    }
+  };
+
+  /// One row (a decode step of one sequence, serving's common case): the whole forward is one
+  /// exec::PhasedRegion, so on T threads a token costs one fork/join instead of ~5 per layer.
+  void run_one_row(float* last_out) {
+    const std::int64_t threads = std::max(1, exec::num_threads());
+    if (static_cast<std::int64_t>(thread_normed_.size()) < threads * H_)
+      thread_normed_.resize(static_cast<std::size_t>(threads * H_));
+    const std::size_t layers = m_->model.layers.size();
+    float* logits = last_out ? last_out + rows_[0].b * V_ : nullptr;
+    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
+      PhasedSteps steps{*this, team, threads, thread_normed_.data() + team.thread() * H_};
+      for (std::size_t l = 0; l < layers; ++l) layer(steps, l);
+      steps.head(logits);
+    });
+  }
+
+  // ---------------------------------------------------------------- pieces both steps share
+  void ensure_rows(std::int64_t n) {
+    const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
+      if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
+    };
+    grow(x_, n * H_);
+    grow(normed_, n * H_);
+    grow(q_, n * nh_ * D_);
+    grow(k_, n * nkv_ * D_);
+    grow(v_, n * nkv_ * D_);
+    grow(ctx_, n * nh_ * D_);
+    grow(gate_, n * I_);
+    grow(up_, n * I_);
+    grow(out_, n * H_);
+    grow(last_x_, n * H_);
+    if (shard_.sp > 1) {
+      grow(records_, n * nh_ * (D_ + 2));
+      grow(gathered_, n * nh_ * (D_ + 2) * shard_.sp);
+    }
+    // Attention scores: a block of rows x heads x max_length at a time.
+    const std::int64_t per_row = nh_ * cache_->shape().max_length;
+    attn_block_ = std::max<std::int64_t>(1, std::min<std::int64_t>(n, (std::int64_t{4} << 20) / per_row));
+    grow(scores_, attn_block_ * per_row);
+  }
+
+  void embed(std::int64_t n) {
+    const T* emb = m_->model.embed_tokens.weight.data();
+    for (std::int64_t r = 0; r < n; ++r) {
+      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      float* xr = x_.data() + r * H_;
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+    }
+  }
+
+  /// Rotates the rows' q and k to their positions and stores k, v of the positions this
+  /// device's cache holds.
+  void rope_and_store(std::int64_t layer, std::int64_t n) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);
+      rope_->rotate(k_.data() + r * nkv_ * D_, row.pos, nkv_);
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      if (row.pos % shard_.sp != shard_.sp_rank) continue;  // another sp rank holds this position
+      cache_->store(layer, row.b - shard_.b0, row.pos / shard_.sp, k_.data() + r * nkv_ * D_, v_.data() + r * nkv_ * D_);
+    }
+  }
+
+  /// Attention of the rows' heads over this device's slots: prefill runs on the GEMM, other
+  /// rows row by row; with sp > 1 partial records, exchanged over sp and combined.
+  template <class Collectives>
+  void attention_rows(Collectives& coll, std::int64_t layer, std::int64_t n) {
+    const std::int64_t sp = shard_.sp, SW = D_ + 2;  // SW: one (m, l, o[D]) record
+    const kernels::AttentionOut out = sp == 1 ? kernels::AttentionOut{ctx_.data(), nh_ * D_, D_}
+                                              : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
+    const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, scores_.data(),
+                        cache_->shape().max_length, attn_block_, view_of);
+    if (sp == 1) return;
+    const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
+    coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
+    kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
+  }
+
+  void set_lengths() {
+    for (std::int64_t lb = 0; lb < shard_.nb; ++lb) {
+      const std::int64_t nd = local_need_[static_cast<std::size_t>(lb)];
+      if (nd >= 0) cache_->set_length(lb, nd);
+    }
+  }
+
+  /// This device's vocabulary columns [c0, c1) of the logits of every row (all_out) and of each
+  /// sequence's last row (last_out).
+  void head(float* last_out, float* all_out, std::int64_t n) {
+    const std::int64_t nc = shard_.c1 - shard_.c0;
+    if (nc == 0) return;
+    std::vector<float*>& dst = head_dst_;
+    if (all_out) {
+      std::memcpy(last_x_.data(), x_.data(), static_cast<std::size_t>(n * H_) * sizeof(float));
+      dst.clear();
+      for (std::int64_t r = 0; r < n; ++r) dst.push_back(all_out + rows_[static_cast<std::size_t>(r)].out * V_);
+      head_rows(n);
+    }
+    if (last_out) {
+      dst.clear();
+      std::int64_t nl = 0;
+      for (std::int64_t r = 0; r < n; ++r) {
+        const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+        if (r + 1 < n && rows_[static_cast<std::size_t>(r + 1)].b == row.b) continue;
+        std::memcpy(last_x_.data() + nl * H_, x_.data() + r * H_, static_cast<std::size_t>(H_) * sizeof(float));
+        dst.push_back(last_out + row.b * V_);
+        ++nl;
+      }
+      head_rows(nl);
+    }
+  }
+
+  /// The head over the first nl rows of last_x_, into head_dst_'s rows (columns c0 ..).
+  void head_rows(std::int64_t nl) {
+    const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
+    const T* w = m_->head_weight() + c0 * H_;
+    kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
+                              nl, H_, eps_);
+    bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
+    for (std::int64_t i = 1; contiguous && i < nl; ++i)
+      contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
+    if (contiguous) {
+      kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_dst_[0], nc, H_);
+      return;
+    }
+    if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
+    kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_out_.data(), nc, H_);
+    for (std::int64_t i = 0; i < nl; ++i)
+      std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
+                  static_cast<std::size_t>(nc) * sizeof(float));
+  }
+
+  template <class Lin>
+  static const T* bias_of(const Lin& lin) {
+    return lin.has_bias() ? lin.bias.data() : nullptr;
+  }
+
+  const Model* m_;
+  Cache* cache_;
+  const RopeTable* rope_;
+  DeviceShard shard_;
+  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  float eps_ = 0.0f;
+  // Scratch, on cache lines as the weights: the products read x in full vectors beside each
+  // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,
+  // ctx (attention's output), gate and up (the MLP's), out (a row-parallel product's);
+  // last_x and head_out feed the lm_head; records and gathered are sp's partial attention.
+  aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
+      gathered_;
+  aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // stays movable
+  std::vector<CachedRow> rows_;
+  std::vector<std::int64_t> local_need_, single_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs_;  // [first, last + 1) rows of a prefill run
+  std::vector<float*> head_dst_;
+};
+
+}  // namespace edl::generate
