@@ -6134,12 +6134,6 @@ struct AttentionConfig {
   RopeConfig rope;
 };
 
-namespace detail {
-using kernels::kAttentionQueryBlock;
-using kernels::window_start;
-
-}  // namespace detail
-
 template <class Pol>
 class Attention {
   EDL_NN_CHECK_POLICY(Pol);
@@ -6268,7 +6262,7 @@ class Attention {
 
  private:
   /// First key position that may be allowed for query i.
-  std::int64_t first_key(std::int64_t i) const noexcept { return detail::window_start(i, window_); }
+  std::int64_t first_key(std::int64_t i) const noexcept { return kernels::window_start(i, window_); }
 
   /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
   void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
@@ -6313,7 +6307,7 @@ class Attention {
   // result does not depend on the thread count.
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> sc(static_cast<std::size_t>(QB * S));
@@ -6353,7 +6347,7 @@ class Attention {
   //   sum_j p_j dp_j), ds = p (dp - Di) scale, dq = ds k, dk += ds^T q, dv += p^T dctx.
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
@@ -12584,10 +12578,6 @@ class CachedForward {
     eps_ = static_cast<float>(c.rms_norm_eps);
   }
 
-  Cache& cache() noexcept { return *cache_; }
-  const Cache& cache() const noexcept { return *cache_; }
-  const DeviceShard& shard() const noexcept { return shard_; }
-
   /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
   /// every layer, then the cache lengths need[b] (the batch's, from detail::check_rows), then
   /// this device's vocabulary columns of the logits of each sequence's last row
@@ -12698,16 +12688,7 @@ class CachedForward {
 
     template <std::size_t P, class After>
     void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      std::int64_t rows = 0;
-      for (const Part& p : parts) rows += p.N;
-      const std::int64_t tasks = kernels::matvec_tasks(rows, f.H_, threads);
-      team.phase(
-          tasks,
-          [&](std::int64_t t) {
-            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
-            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
-          },
-          [&] { after(1); });
+      norm_phase(norm_w, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
     }
     void attention(std::int64_t layer) {
       const CachedRow& row = f.rows_[0];
@@ -12727,21 +12708,40 @@ class CachedForward {
       });
     }
     void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
-      const std::int64_t tasks = kernels::matvec_tasks(2 * f.I_, f.H_, threads);
-      team.phase(tasks, [&](std::int64_t t) {
-        kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
-        kernels::matvec_group_task(nx, gate_up, f.H_, t, tasks);
-        kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
-      });
+      const std::int64_t tasks = tasks_of(gate_up);
+      norm_phase(
+          norm_w, gate_up, tasks,
+          [&](std::int64_t t) {  // SwiGLU over the rows of gate and up this part wrote
+            kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+          },
+          [] {});
     }
     void head(float* logits) {
-      const std::int64_t tasks = logits ? kernels::matvec_tasks(f.V_, f.H_, threads) : 0;
       const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
-      team.phase(tasks, [&](std::int64_t t) {
-        kernels::rms_norm_forward(f.x_.data(), f.m_->model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, f.H_,
-                                  f.eps_);
-        kernels::matvec_group_task(nx, head, f.H_, t, tasks);
-      });
+      norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+    }
+
+   private:
+    // Tasks a grouped product takes: matvec_group's split of all its rows over the team.
+    template <std::size_t P>
+    std::int64_t tasks_of(const std::array<Part, P>& parts) const {
+      std::int64_t rows = 0;
+      for (const Part& p : parts) rows += p.N;
+      return kernels::matvec_tasks(rows, f.H_, threads);
+    }
+    // One phase of `tasks` parts: part t normalises x into this thread's buffer, computes task
+    // t of the grouped product, then runs epilogue(t); `after` runs once the parts are done.
+    template <std::size_t P, class Epilogue, class After>
+    void norm_phase(const T* norm_w, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
+                    After&& after) {
+      team.phase(
+          tasks,
+          [&](std::int64_t t) {
+            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
+            epilogue(t);
+          },
+          std::forward<After>(after));
     }
   };
 
@@ -12938,7 +12938,6 @@ class Decoder {
               c.head_size(), ")");
     EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == c.num_hidden_layers, errc::shape_mismatch, w,
               "model has ", m.model.layers.size(), " layers, config says ", c.num_hidden_layers);
-    fw_.time_phases(nullptr);
   }
 
   const Cache& cache() const noexcept { return cache_; }
@@ -14187,15 +14186,13 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // outside the vocabulary, a mask that is not left padding, more tokens than max_length.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <map>
-#include <span>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>

@@ -208,10 +208,6 @@ class CachedForward {
     eps_ = static_cast<float>(c.rms_norm_eps);
   }
 
-  Cache& cache() noexcept { return *cache_; }
-  const Cache& cache() const noexcept { return *cache_; }
-  const DeviceShard& shard() const noexcept { return shard_; }
-
   /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
   /// every layer, then the cache lengths need[b] (the batch's, from detail::check_rows), then
   /// this device's vocabulary columns of the logits of each sequence's last row
@@ -322,16 +318,7 @@ class CachedForward {
 
     template <std::size_t P, class After>
     void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      std::int64_t rows = 0;
-      for (const Part& p : parts) rows += p.N;
-      const std::int64_t tasks = kernels::matvec_tasks(rows, f.H_, threads);
-      team.phase(
-          tasks,
-          [&](std::int64_t t) {
-            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
-            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
-          },
-          [&] { after(1); });
+      norm_phase(norm_w, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
     }
     void attention(std::int64_t layer) {
       const CachedRow& row = f.rows_[0];
@@ -351,21 +338,40 @@ class CachedForward {
       });
     }
     void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
-      const std::int64_t tasks = kernels::matvec_tasks(2 * f.I_, f.H_, threads);
-      team.phase(tasks, [&](std::int64_t t) {
-        kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
-        kernels::matvec_group_task(nx, gate_up, f.H_, t, tasks);
-        kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
-      });
+      const std::int64_t tasks = tasks_of(gate_up);
+      norm_phase(
+          norm_w, gate_up, tasks,
+          [&](std::int64_t t) {  // SwiGLU over the rows of gate and up this part wrote
+            kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+          },
+          [] {});
     }
     void head(float* logits) {
-      const std::int64_t tasks = logits ? kernels::matvec_tasks(f.V_, f.H_, threads) : 0;
       const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
-      team.phase(tasks, [&](std::int64_t t) {
-        kernels::rms_norm_forward(f.x_.data(), f.m_->model.norm.weight.data(), nx, static_cast<float*>(nullptr), 1, f.H_,
-                                  f.eps_);
-        kernels::matvec_group_task(nx, head, f.H_, t, tasks);
-      });
+      norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+    }
+
+   private:
+    // Tasks a grouped product takes: matvec_group's split of all its rows over the team.
+    template <std::size_t P>
+    std::int64_t tasks_of(const std::array<Part, P>& parts) const {
+      std::int64_t rows = 0;
+      for (const Part& p : parts) rows += p.N;
+      return kernels::matvec_tasks(rows, f.H_, threads);
+    }
+    // One phase of `tasks` parts: part t normalises x into this thread's buffer, computes task
+    // t of the grouped product, then runs epilogue(t); `after` runs once the parts are done.
+    template <std::size_t P, class Epilogue, class After>
+    void norm_phase(const T* norm_w, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
+                    After&& after) {
+      team.phase(
+          tasks,
+          [&](std::int64_t t) {
+            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
+            epilogue(t);
+          },
+          std::forward<After>(after));
     }
   };
 

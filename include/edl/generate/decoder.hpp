@@ -61,7 +61,6 @@ class Decoder {
               c.head_size(), ")");
     EDL_CHECK(static_cast<std::int64_t>(m.model.layers.size()) == c.num_hidden_layers, errc::shape_mismatch, w,
               "model has ", m.model.layers.size(), " layers, config says ", c.num_hidden_layers);
-    fw_.time_phases(nullptr);
   }
 
   const Cache& cache() const noexcept { return cache_; }

@@ -53,12 +53,6 @@ struct AttentionConfig {
   RopeConfig rope;
 };
 
-namespace detail {
-using kernels::kAttentionQueryBlock;
-using kernels::window_start;
-
-}  // namespace detail
-
 template <class Pol>
 class Attention {
   EDL_NN_CHECK_POLICY(Pol);
@@ -187,7 +181,7 @@ class Attention {
 
  private:
   /// First key position that may be allowed for query i.
-  std::int64_t first_key(std::int64_t i) const noexcept { return detail::window_start(i, window_); }
+  std::int64_t first_key(std::int64_t i) const noexcept { return kernels::window_start(i, window_); }
 
   /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
   void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
@@ -232,7 +226,7 @@ class Attention {
   // result does not depend on the thread count.
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> sc(static_cast<std::size_t>(QB * S));
@@ -272,7 +266,7 @@ class Attention {
   //   sum_j p_j dp_j), ds = p (dp - Di) scale, dq = ds k, dk += ds^T q, dv += p^T dctx.
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
-    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = detail::kAttentionQueryBlock;
+    const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
