@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 
 # The order of the layers: each may include the layers before it, with the exceptions below.
-ORDER = ["core", "mesh", "tensor", "kernels", "nn", "io", "tokenizer", "optim", "models"]
+ORDER = ["core", "quant", "mesh", "tensor", "kernels", "nn", "io", "tokenizer", "optim", "models"]
 ALLOWED = {layer: set(ORDER[:i]) for i, layer in enumerate(ORDER)}
-# kernels work on raw pointers, so they need core (threads, dtypes, errors) and nothing else.
-ALLOWED["kernels"] = {"core"}
+# kernels work on raw pointers, so they need core (threads, dtypes, errors) and the block
+# formats of quantized weights (quant), nothing else.
+ALLOWED["kernels"] = {"core", "quant"}
 # generate (serving) and train are peers: each may include every layer before them, not each other.
 ALLOWED["generate"] = set(ORDER)
 ALLOWED["train"] = set(ORDER)

@@ -4,7 +4,7 @@
 //   A block (mc x kc of op(A)) -> ceil(mc/MR) micro-panels, each kc x MR (Ap[k*MR + r]).
 //   B block (kc x nc of op(B)) -> ceil(nc/NR) micro-panels, each kc x NR (Bp[k*NR + c]).
 // Rows / columns past the matrix edge are packed as zeros, so the micro-kernel never
-// branches on edges.
+// branches on edges. A quantized B (quant::MatrixView) is dequantized while it is packed.
 #pragma once
 
 #include <cstddef>
@@ -12,10 +12,12 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 #include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/kernels/detail/gemm_microkernel.hpp>
+#include <edl/quant/matrix.hpp>
 
 namespace edl::detail::gemm {
 
@@ -129,6 +131,46 @@ void pack_b(bool trans, const T* B, std::int64_t ldb, std::int64_t k0, std::int6
             for (std::int64_t k = kb; k < ke; ++k) d[k * NR + c] = 0.f;
           }
         }
+      }
+    }
+  }
+}
+
+
+/// pack_b for a quantized matrix W [rows, cols]: trans == true packs op(B) = W^T (y = x W^T),
+/// trans == false op(B) = W (dx = dy W). Blocks are dequantized whole into a row buffer.
+inline void pack_b(bool trans, const quant::MatrixView* Wp, std::int64_t /*ldb*/, std::int64_t k0, std::int64_t kc,
+                   std::int64_t j0, std::int64_t nc, std::int64_t q0, std::int64_t q1, float* __restrict dst) {
+  const quant::MatrixView& W = *Wp;
+  const std::int64_t be = quant::block_elems(W.format);
+  static thread_local std::vector<float> row;
+  row.resize(static_cast<std::size_t>(W.cols));
+  // Dequantizes the blocks of row r covering columns [c0, c1) into row[c0 ..].
+  const auto dequant = [&](std::int64_t r, std::int64_t c0, std::int64_t c1) {
+    const std::int64_t b0 = c0 / be, b1 = (c1 + be - 1) / be;
+    quant::MatrixView part = W;
+    part.cols = (b1 - b0) * be;
+    part.data = W.row(r) + b0 * quant::block_bytes(W.format);
+    part.absmax = W.format == quant::Format::nf4 ? W.row_absmax(r) + b0 : nullptr;
+    quant::Matrix::dequantize_row(part, 0, row.data() + b0 * be);
+  };
+  for (std::int64_t q = q0; q < q1; ++q) {
+    const std::int64_t jj = q * NR;
+    const int nr = static_cast<int>(std::min<std::int64_t>(NR, nc - jj));
+    float* d = dst + jj * kc;
+    if (trans) {  // column c of the panel is row j0 + jj + c of W, over [k0, k0 + kc)
+      for (int c = 0; c < NR; ++c) {
+        if (c < nr) {
+          dequant(j0 + jj + c, k0, k0 + kc);
+          for (std::int64_t k = 0; k < kc; ++k) d[k * NR + c] = row[static_cast<std::size_t>(k0 + k)];
+        } else {
+          for (std::int64_t k = 0; k < kc; ++k) d[k * NR + c] = 0.f;
+        }
+      }
+    } else {  // row k of the panel is columns [j0 + jj, + nr) of W's row k0 + k
+      for (std::int64_t k = 0; k < kc; ++k) {
+        dequant(k0 + k, j0 + jj, j0 + jj + nr);
+        for (int c = 0; c < NR; ++c) d[k * NR + c] = c < nr ? row[static_cast<std::size_t>(j0 + jj + c)] : 0.f;
       }
     }
   }

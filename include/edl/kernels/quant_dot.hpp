@@ -1,0 +1,269 @@
+// edl/kernels/quant_dot.hpp
+// Dot products of quantized weight rows with an activation row, the inner loop of decode on
+// quantized models (kernels/quant_matvec.hpp runs them over matrices).
+//
+//   kernels::quantize_activations(x, xq, K);             // x -> q8_0 blocks (per block scale)
+//   float s = kernels::dot_q8_0(w_row, xq, K / 32);      // q8_0 weights . q8_0 activations
+//   float s = kernels::dot_q4_0(w_row, xq, K / 32);      // q4_0 weights . q8_0 activations
+//   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
+//
+// The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
+// sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
+// targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
+// each. Each lane then accumulates s_i * (d_w * d_x) over the blocks in f32 with one rounding,
+// and the eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
+// path is that definition written out (the naive twin the tests hold the SIMD paths to), so
+// every path gives the same bits. nf4 dequantizes in registers (a 16-entry table lookup) and
+// multiplies f32 activations.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <edl/core/dtype.hpp>
+#include <edl/quant/formats.hpp>
+#include <edl/quant/quantize.hpp>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EDL_QUANT_AVX2 1
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define EDL_QUANT_VNNI 1
+#endif
+#endif
+
+namespace edl::kernels {
+
+/// The instruction path the quantized dot products use in this build.
+inline constexpr const char* quant_dot_path =
+#if defined(EDL_QUANT_VNNI)
+    "vnni";
+#elif defined(EDL_QUANT_AVX2)
+    "avx2";
+#else
+    "scalar";
+#endif
+
+namespace reference {
+
+/// Lane i (0..7) sum of a block: products of values 4i..4i+3.
+template <class W>
+inline std::int32_t lane_sum(W&& w, const std::int8_t* x, int lane) noexcept {
+  std::int32_t s = 0;
+  for (int j = 4 * lane; j < 4 * lane + 4; ++j) s += w(j) * static_cast<std::int32_t>(x[j]);
+  return s;
+}
+inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+/// The definition of dot_q8_0 / dot_q4_0, written out.
+template <class Block>
+inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+  float acc[8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d.to_float();
+    for (int l = 0; l < 8; ++l) {
+      std::int32_t s;
+      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0))
+        s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
+      else
+        s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
+      acc[l] = std::fma(static_cast<float>(s), d, acc[l]);
+    }
+  }
+  return sum_lanes8(acc);
+}
+
+/// The definition of dot_nf4 for a vector of L lanes (8 with AVX2, 16 with AVX-512): the
+/// activations of a block are taken in the order codes are packed, lane l of step t reading
+/// byte t * L + l (its high code against x[2 * byte], then its low code against x[2 * byte + 1])
+/// into a block partial p_l; then acc_l = fma(p_l, absmax, acc_l); lanes summed pairwise
+/// (l with l + L/2) down to eight, then sum_lanes8.
+template <int L>
+inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float* x, std::int64_t nb) noexcept {
+  float acc[L] = {};
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    float p[L] = {};
+    for (int t = 0; t < 32 / L; ++t)
+      for (int l = 0; l < L; ++l) {
+        const int byte = t * L + l;
+        const std::uint8_t q = w[b].qs[byte];
+        p[l] = std::fma(quant::kNF4Levels[q >> 4], x[2 * byte], p[l]);
+        p[l] = std::fma(quant::kNF4Levels[q & 15], x[2 * byte + 1], p[l]);
+      }
+    for (int l = 0; l < L; ++l) acc[l] = std::fma(p[l], absmax[b], acc[l]);
+  }
+  for (int w2 = L / 2; w2 >= 8; w2 /= 2)
+    for (int l = 0; l < w2; ++l) acc[l] += acc[l + w2];
+  return sum_lanes8(acc);
+}
+
+}  // namespace reference
+
+#if defined(EDL_QUANT_AVX2)
+namespace detail {
+/// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
+inline __m256i dot_i8_lanes(__m256i w, __m256i x) noexcept {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i sx = _mm256_sign_epi8(x, w);
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+#endif
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#endif
+}
+/// ((0+4)+(2+6))+((1+5)+(3+7)), reference::sum_lanes8's tree.
+inline float sum_lanes8(__m256 v) noexcept {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+/// A q4_0 block's 32 values as int8 (q - 8) in value order: low nibbles then high nibbles.
+inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+inline float f16_to_f32(f16 h) noexcept {
+#if defined(__F16C__)
+  return _cvtsh_ss(h.bits);
+#else
+  return h.to_float();
+#endif
+}
+}  // namespace detail
+#endif
+
+/// Quantizes K values (K a multiple of 32) to q8_0 blocks with the activations' rounding
+/// (quant::quantize_activations_ref, bit for bit).
+inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int64_t K) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+    out[b].d = f16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+  }
+#else
+  quant::quantize_activations_ref(x, out, K);
+#endif
+}
+
+/// q8_0 weights (nb blocks) . q8_0 activations.
+inline float dot_q8_0(const quant::BlockQ8_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_int8(w, x, nb);
+#endif
+}
+
+/// q4_0 weights (nb blocks) . q8_0 activations.
+inline float dot_q4_0(const quant::BlockQ4_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i s = detail::dot_i8_lanes(detail::unpack_q4_0(w[b].qs),
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_int8(w, x, nb);
+#endif
+}
+
+/// Lanes of the nf4 dot product in this build (reference::dot_nf4<kNF4Lanes> is its definition).
+inline constexpr int kNF4Lanes =
+#if defined(__AVX512F__) && defined(EDL_QUANT_AVX2)
+    16;
+#else
+    8;
+#endif
+
+/// nf4 weights (nb blocks of 64 codes, their absmax) . f32 activations.
+inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float* x, std::int64_t nb) noexcept {
+#if defined(__AVX512F__) && defined(EDL_QUANT_AVX2)
+  const __m512 table = _mm512_loadu_ps(quant::kNF4Levels.data());
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 acc = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    __m512 p = _mm512_setzero_ps();
+    for (int t = 0; t < 2; ++t) {
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs + 16 * t)));
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+      const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)), table);
+      const __m512 x0 = _mm512_loadu_ps(x + 32 * t), x1 = _mm512_loadu_ps(x + 32 * t + 16);
+      // x[2 * byte] and x[2 * byte + 1] for the 16 bytes of this step.
+      const __m512 xe = _mm512_permutex2var_ps(x0, even, x1), xo = _mm512_permutex2var_ps(x0, odd, x1);
+      p = _mm512_fmadd_ps(hi, xe, p);
+      p = _mm512_fmadd_ps(lo, xo, p);
+    }
+    acc = _mm512_fmadd_ps(p, _mm512_set1_ps(absmax[b]), acc);
+  }
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  return detail::sum_lanes8(a8);
+#elif defined(EDL_QUANT_AVX2)
+  const __m256 t_lo = _mm256_loadu_ps(quant::kNF4Levels.data()), t_hi = _mm256_loadu_ps(quant::kNF4Levels.data() + 8);
+  const auto lookup = [&](__m256i c) {  // table[c] for c in 0..15: bit 3 picks the half
+    const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(c, 28));
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t_lo, c), _mm256_permutevar8x32_ps(t_hi, c), sel);
+  };
+  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    __m256 p = _mm256_setzero_ps();
+    for (int t = 0; t < 4; ++t) {
+      std::int64_t raw;
+      std::memcpy(&raw, w[b].qs + 8 * t, 8);
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(raw));
+      const __m256 hi = lookup(_mm256_srli_epi32(q, 4)), lo = lookup(_mm256_and_si256(q, _mm256_set1_epi32(15)));
+      const __m256 x0 = _mm256_loadu_ps(x + 16 * t), x1 = _mm256_loadu_ps(x + 16 * t + 8);
+      // x[2 * byte]: lanes 0-3 from x0's even elements, 4-7 from x1's.
+      const __m256 xe = _mm256_blend_ps(_mm256_permutevar8x32_ps(x0, even), _mm256_permutevar8x32_ps(x1, even), 0xF0);
+      const __m256 xo = _mm256_blend_ps(_mm256_permutevar8x32_ps(x0, odd), _mm256_permutevar8x32_ps(x1, odd), 0xF0);
+      p = _mm256_fmadd_ps(hi, xe, p);
+      p = _mm256_fmadd_ps(lo, xo, p);
+    }
+    acc = _mm256_fmadd_ps(p, _mm256_set1_ps(absmax[b]), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_nf4<8>(w, absmax, x, nb);
+#endif
+}
+
+}  // namespace edl::kernels

@@ -1,0 +1,118 @@
+// edl/kernels/quant_matvec.hpp
+// Products with quantized weights (quant::MatrixView [N, K], a Linear's [out, in]):
+//
+//   kernels::quant_matvec_rows(W, x, xq, bias, y, lo, hi);   // rows [lo, hi) of y = W x (+ b)
+//   kernels::linear_quant(x, M, W, bias, y);                  // y [M, N] = x [M, K] W^T (+ b)
+//
+// Decode (up to kMatvecRows rows of x) reads each weight row once and multiplies it by every
+// row from L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4
+// against f32. More rows (prefill) go to the f32 GEMM, whose packing dequantizes the weight
+// panels (dequantized values d * q are exact in f32, so prefill equals the dequantized
+// model's product bit for bit). Each output is one fixed sum whatever the threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <edl/core/allocator.hpp>
+#include <edl/core/dtype.hpp>
+#include <edl/core/exec.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_dot.hpp>
+#include <edl/quant/formats.hpp>
+#include <edl/quant/matrix.hpp>
+
+namespace edl::kernels {
+
+namespace detail {
+
+/// Rows of weights one group of the matvec computes together: the activation block is loaded
+/// once for all of them, and their dot products run as independent chains.
+inline constexpr std::int64_t kQuantRowGroup = 4;
+
+/// How far ahead of its block each weight row prefetches.
+inline constexpr std::int64_t kQuantPrefetchBytes = 512;
+
+/// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
+inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const quant::BlockQ8_0* xq) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  const std::uint8_t* w = W.row(r);
+  __builtin_prefetch(w + W.row_bytes() * kQuantRowGroup, 0, 2);
+  switch (W.format) {
+    case quant::Format::q8_0: return dot_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(w), xq, nb);
+    case quant::Format::q4_0: return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(w), xq, nb);
+    case quant::Format::nf4: return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(w), W.row_absmax(r), x, nb);
+    case quant::Format::none: break;
+  }
+  return 0.f;
+}
+
+/// Whether the format multiplies q8_0 activations (else f32).
+constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
+
+/// A thread's buffer for the q8_0 blocks of activation rows.
+inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
+  static thread_local std::vector<quant::BlockQ8_0> buf;
+  if (static_cast<std::int64_t>(buf.size()) < blocks) buf.resize(static_cast<std::size_t>(blocks));
+  return buf.data();
+}
+
+}  // namespace detail
+
+/// y[j] = W[j, :] . x (+ bias[j]) for rows j in [lo, hi). xq holds x quantized
+/// (quantize_activations) when W's format multiplies int8 activations, else it is unused.
+template <class TB>
+void quant_matvec_rows(const quant::MatrixView& W, const float* x, const quant::BlockQ8_0* xq, const TB* bias, float* y,
+                       std::int64_t lo, std::int64_t hi) {
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const float s = detail::quant_row_dot(W, j, x, xq);
+    y[j] = bias ? s + to_f32(bias[j]) : s;
+  }
+}
+
+/// x's q8_0 blocks for W's format, in this thread's buffer (null when W multiplies f32).
+inline const quant::BlockQ8_0* quantize_for(const quant::MatrixView& W, const float* x, std::int64_t M) {
+  if (!detail::uses_int8_activations(W.format)) return nullptr;
+  const std::int64_t nb = W.cols / 32;
+  quant::BlockQ8_0* xq = detail::activation_blocks(M * nb);
+  for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * W.cols, xq + m * nb, W.cols);
+  return xq;
+}
+
+/// Multiplies x [M, K] by W^T through the f32 GEMM, dequantizing W's panels as they are packed.
+inline void matmul_nt_dequantized(const float* x, std::int64_t M, const quant::MatrixView& W, float* y, bool accumulate = false) {
+  ::edl::detail::gemm::gemm_blocked(false, true, M, W.rows, W.cols, 1.f, x, W.cols, &W, W.cols, accumulate ? 1.f : 0.f, y, W.rows);
+}
+
+/// dx [M, K] (+)= dy [M, N] W: the input gradient of a frozen quantized Linear.
+inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::MatrixView& W, float* dx, bool accumulate = false) {
+  ::edl::detail::gemm::gemm_blocked(false, false, M, W.cols, W.rows, 1.f, dy, W.rows, &W, W.cols, accumulate ? 1.f : 0.f, dx, W.cols);
+}
+
+/// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
+template <class TB>
+void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
+  const std::int64_t N = W.rows, K = W.cols;
+  if (M > 16) {
+    matmul_nt_dequantized(x, M, W, y);
+    if (bias)
+      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t m = lo; m < hi; ++m)
+          for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
+      });
+    return;
+  }
+  const quant::BlockQ8_0* xq = quantize_for(W, x, M);
+  const std::int64_t nb = K / 32;
+  const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+  exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t j = lo; j < hi; ++j)
+      for (std::int64_t m = 0; m < M; ++m) {
+        const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+        y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
+      }
+  });
+}
+
+}  // namespace edl::kernels

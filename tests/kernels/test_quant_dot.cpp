@@ -1,0 +1,94 @@
+// tests/kernels/test_quant_dot.cpp: the SIMD dot products of quantized blocks against their
+// written-out definitions (kernels::reference), bit for bit, and against the f32 dot product
+// of the dequantized values within the activations' rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <edl/kernels/quant_dot.hpp>
+
+using namespace edl;
+
+namespace {
+std::vector<float> normal_values(std::size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+}  // namespace
+
+TEST(QuantDot, ActivationsQuantizeAsTheReference) {
+  for (const std::int64_t K : {32, 96, 2048}) {
+    std::vector<float> x = normal_values(static_cast<std::size_t>(K), 5);
+    if (K == 96) {
+      for (int i = 32; i < 64; ++i) x[static_cast<std::size_t>(i)] = 0.f;  // a zero block
+      x[64] = 127.f;                                                         // ties: d = 1
+      for (int i = 65; i < 96; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i - 80) + 0.5f;
+    }
+    std::vector<quant::BlockQ8_0> a(static_cast<std::size_t>(K / 32)), b(a.size());
+    kernels::quantize_activations(x.data(), a.data(), K);
+    quant::quantize_activations_ref(x.data(), b.data(), K);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].d, b[i].d) << "block " << i;
+      for (int j = 0; j < 32; ++j) EXPECT_EQ(a[i].qs[j], b[i].qs[j]) << "block " << i << " value " << j;
+    }
+  }
+}
+
+TEST(QuantDot, Int8DotsEqualTheirDefinition) {
+  std::printf("quantized dot path: %s\n", kernels::quant_dot_path);
+  for (const std::int64_t K : {32, 160, 4096}) {
+    const std::int64_t nb = K / 32;
+    const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 6), x = normal_values(static_cast<std::size_t>(K), 7);
+    std::vector<quant::BlockQ8_0> w8(static_cast<std::size_t>(nb)), xq(static_cast<std::size_t>(nb));
+    std::vector<quant::BlockQ4_0> w4(static_cast<std::size_t>(nb));
+    quant::quantize_row_q8_0(w.data(), w8.data(), K);
+    quant::quantize_row_q4_0(w.data(), w4.data(), K);
+    quant::quantize_activations_ref(x.data(), xq.data(), K);
+    if (K == 160) w8[1].qs[3] = -128;  // the one int8 value quantization never makes
+    EXPECT_EQ(kernels::dot_q8_0(w8.data(), xq.data(), nb), kernels::reference::dot_int8(w8.data(), xq.data(), nb)) << K;
+    EXPECT_EQ(kernels::dot_q4_0(w4.data(), xq.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
+    // Against the dequantized values in double: the integer sums are exact, so only the f32
+    // accumulation of the block terms differs.
+    std::vector<float> wd(static_cast<std::size_t>(K)), xd(static_cast<std::size_t>(K));
+    quant::dequantize_row_q8_0(xq.data(), xd.data(), K);
+    for (const bool four : {false, true}) {
+      if (four) quant::dequantize_row_q4_0(w4.data(), wd.data(), K);
+      else quant::dequantize_row_q8_0(w8.data(), wd.data(), K);
+      double s = 0, mag = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        s += static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)];
+        mag += std::fabs(static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)]);
+      }
+      const float got = four ? kernels::dot_q4_0(w4.data(), xq.data(), nb) : kernels::dot_q8_0(w8.data(), xq.data(), nb);
+      EXPECT_NEAR(got, s, 1e-6 * mag + 1e-6) << K << (four ? " q4_0" : " q8_0");
+    }
+  }
+}
+
+TEST(QuantDot, Nf4DotEqualsItsDefinition) {
+  for (const std::int64_t K : {64, 640}) {
+    const std::int64_t nb = K / 64;
+    const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 8), x = normal_values(static_cast<std::size_t>(K), 9);
+    std::vector<float> absmax(static_cast<std::size_t>(nb));
+    for (std::int64_t b = 0; b < nb; ++b)
+      for (int i = 0; i < 64; ++i) absmax[static_cast<std::size_t>(b)] = std::max(absmax[static_cast<std::size_t>(b)], std::fabs(w[static_cast<std::size_t>(b * 64 + i)]));
+    std::vector<quant::BlockNF4> q(static_cast<std::size_t>(nb));
+    quant::quantize_row_nf4(w.data(), absmax.data(), q.data(), K);
+    const float got = kernels::dot_nf4(q.data(), absmax.data(), x.data(), nb);
+    EXPECT_EQ(got, (kernels::reference::dot_nf4<kernels::kNF4Lanes>(q.data(), absmax.data(), x.data(), nb))) << K;
+    std::vector<float> wd(static_cast<std::size_t>(K));
+    quant::dequantize_row_nf4(q.data(), absmax.data(), wd.data(), K);
+    double s = 0, mag = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      s += static_cast<double>(wd[static_cast<std::size_t>(k)]) * x[static_cast<std::size_t>(k)];
+      mag += std::fabs(static_cast<double>(wd[static_cast<std::size_t>(k)]) * x[static_cast<std::size_t>(k)]);
+    }
+    EXPECT_NEAR(got, s, 1e-5 * mag) << K;
+  }
+}

@@ -1,0 +1,92 @@
+// tests/kernels/test_quant_matvec.cpp: products with quantized matrices. Decode's rows equal
+// the dot products of each weight row with the quantized activation row; prefill's GEMM
+// equals the f32 GEMM of the dequantized matrix bit for bit (dequantized values are exact in
+// f32); the input gradient likewise; and the same bits on 1 and 2 threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <edl/core/exec.hpp>
+#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_matvec.hpp>
+
+using namespace edl;
+
+namespace {
+std::vector<float> normal_values(std::size_t n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+}  // namespace
+
+TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
+  const std::int64_t N = 37, K = 192;
+  const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 11);
+  std::vector<float> bias = normal_values(static_cast<std::size_t>(N), 12);
+  for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4}) {
+    const quant::Matrix W = quant::Matrix::quantize(f, w.data(), N, K, "W");
+    const quant::MatrixView v = W.view();
+    std::vector<float> wd(static_cast<std::size_t>(N * K));
+    W.dequantize(wd.data());
+    for (const std::int64_t M : {1, 3, 16, 17, 40}) {
+      const std::vector<float> x = normal_values(static_cast<std::size_t>(M * K), 13 + static_cast<unsigned>(M));
+      std::vector<float> y(static_cast<std::size_t>(M * N)), want(y.size());
+      const int threads_before = exec::num_threads();
+      std::vector<float> first;
+      for (const int threads : {1, 2}) {
+        exec::set_num_threads(threads);
+        kernels::linear_quant(x.data(), M, v, bias.data(), y.data());
+        if (first.empty()) first = y;
+        EXPECT_EQ(y, first) << quant::format_name(f) << " M " << M << " threads " << threads;
+      }
+      exec::set_num_threads(threads_before);
+      if (M <= 16) {
+        std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(K / 32));
+        for (std::int64_t m = 0; m < M; ++m) {
+          const float* xr = x.data() + m * K;
+          quant::quantize_activations_ref(xr, xq.data(), K);
+          for (std::int64_t j = 0; j < N; ++j) {
+            float s = 0.f;
+            const std::uint8_t* row = v.row(j);
+            if (f == quant::Format::q8_0)
+              s = kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row), xq.data(), K / 32);
+            else if (f == quant::Format::q4_0)
+              s = kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row), xq.data(), K / 32);
+            else
+              s = kernels::reference::dot_nf4<kernels::kNF4Lanes>(reinterpret_cast<const quant::BlockNF4*>(row), v.row_absmax(j), xr, K / 64);
+            want[static_cast<std::size_t>(m * N + j)] = s + bias[static_cast<std::size_t>(j)];
+          }
+        }
+      } else {
+        matmul_nt(x.data(), wd.data(), want.data(), M, N, K);
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t j = 0; j < N; ++j) want[static_cast<std::size_t>(m * N + j)] += bias[static_cast<std::size_t>(j)];
+      }
+      EXPECT_EQ(y, want) << quant::format_name(f) << " M " << M;
+    }
+    // The input gradient dx = dy W against the dequantized matrix.
+    const std::int64_t M = 23;
+    const std::vector<float> dy = normal_values(static_cast<std::size_t>(M * N), 21);
+    std::vector<float> dx(static_cast<std::size_t>(M * K)), want(dx.size());
+    kernels::matmul_dequantized(dy.data(), M, v, dx.data());
+    matmul(dy.data(), wd.data(), want.data(), M, K, N);
+    EXPECT_EQ(dx, want) << quant::format_name(f);
+  }
+}
+
+TEST(QuantMatrix, RejectsRowsThatDoNotSplitIntoBlocks) {
+  std::vector<float> w(3 * 48, 1.f);
+  try {
+    (void)quant::Matrix::quantize(quant::Format::q8_0, w.data(), 3, 48, "model.layers.0.mlp.up_proj.weight");
+    FAIL() << "expected an edl::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
+  }
+}
