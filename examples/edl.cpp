@@ -19,6 +19,7 @@
 #include "cli/loss.hpp"
 #include "cli/mesh_flag.hpp"
 #include "cli/plan.hpp"
+#include "cli/quantize.hpp"
 #include "cli/report.hpp"
 #include "cli/train.hpp"
 
@@ -40,6 +41,7 @@ const std::map<std::string, Command>& commands() {
       {"logits", edl::cli::cmd_logits},
       {"loss", edl::cli::cmd_loss},
       {"plan", edl::cli::cmd_plan},
+      {"quantize", edl::cli::cmd_quantize},
       {"report", edl::cli::cmd_report},
       {"train", edl::cli::cmd_train},
   };

@@ -3,7 +3,8 @@
 # EasyDeL-style arguments (examples/train_fortunes.json: the run first trains its byte-level BPE
 # tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
-# text, then show what the checkpoint holds and how fast the kernels are.
+# text, quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, then show what the
+# checkpoint holds and how fast the kernels are.
 #   OUT (default $BUILD_DIR/fortunes-run) may be set; a finished run is resumed (nothing to do)
 #   unless OUT is removed first.
 set -euo pipefail
@@ -24,6 +25,13 @@ echo "== edl generate from $CKPT, greedy"
 "$EDL" generate --model "$CKPT" --prompt "Q: " --greedy --max-new-tokens 120
 echo "== edl generate from $CKPT, sampled"
 "$EDL" generate --model "$CKPT" --prompt "Q: " --temperature 0.8 --top-k 20 --seed 0 --max-new-tokens 150
+echo "== edl quantize: the checkpoint's decoder Linears to q8_0, q4_0 and nf4, each scored on the held-out text"
+for q in q8_0 q4_0 nf4; do
+  "$EDL" quantize --model "$CKPT" --method $q --out "$OUT/quantized-$q"
+  "$EDL" eval --model "$OUT/quantized-$q" --data "$HELDOUT"
+done
+echo "== edl generate from the q4_0 folder, greedy"
+"$EDL" generate --model "$OUT/quantized-q4_0" --prompt "Q: " --greedy --max-new-tokens 120
 echo "== edl inspect $CKPT (HF layout)"; "$EDL" inspect "$CKPT" | cut -c1-300; echo " ..."
 echo "== GEMM against OpenBLAS"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"

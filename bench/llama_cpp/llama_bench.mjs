@@ -2,11 +2,14 @@
 // `edl bench decode`, on this machine, for side-by-side figures (docs/benchmarks.md).
 //
 //   node llama_bench.mjs --model tiny|small|gqa1b --prompt-len P --gen-len G --threads T [--dir D] [--mmap 0|1]
+//                        [--type f32|q8_0|q4_0]
 //
 // llama.cpp comes from the npm package node-llama-cpp (prebuilt CPU libraries that pick the
 // best kernels for the CPU at load time: AVX2 "haswell", AVX-512 "skylakex", ...). The model is
 // a GGUF file written here (f32, random Normal(0, 0.02) weights, unit norms, the preset's
 // shapes and a placeholder 32000-token vocabulary): speed does not depend on the values.
+// --type q8_0 / q4_0 stores every 2-D weight (token_embd and output too, as a "pure" quantized
+// file) in that block format, quantized here with ggml's reference rounding.
 // Prints one JSON line with the field names of `edl bench decode`: prefill_tokens_per_s (pp)
 // and decode_tokens_per_s (tg, greedy, after the prompt).
 // --mmap 1 (the default, as llama-bench's) maps the GGUF file; --mmap 0 reads it into memory
@@ -47,7 +50,43 @@ class Buf {
   concat() { return Buffer.concat(this.parts, this.len); }
 }
 
-function writeGguf(file, c) {
+// ggml's block formats: q8_0 = f16 d + 32 int8 (d = amax / 127, q = round(x / d)); q4_0 =
+// f16 d + 16 bytes of nibbles (d = max / -8, q = min(15, trunc(x / d + 8.5)), value j low, j + 16 high).
+const GGML = { f32: { id: 0, file: 0 }, q8_0: { id: 8, file: 7, bytes: 34 }, q4_0: { id: 2, file: 2, bytes: 18 } };
+function f16bits(v) {
+  const f = new Float32Array([v]), u = new Uint32Array(f.buffer)[0];
+  const sign = (u >>> 16) & 0x8000, a = u & 0x7fffffff;
+  if (a >= 0x477ff000) return sign | 0x7c00;
+  if (a >= 0x38800000) { let r = a - 0x38000000; r += 0x0fff + ((r >>> 13) & 1); return sign | (r >>> 13); }
+  if (a < 0x33000000) return sign;
+  const exp = a >>> 23, mant = (a & 0x7fffff) | 0x800000, shift = 126 - exp, half = 1 << (shift - 1);
+  let m = mant >>> shift; const rem = mant & ((1 << shift) - 1);
+  if (rem > half || (rem === half && (m & 1))) ++m;
+  return sign | m;
+}
+function quantizeBlocks(type, a) {  // a: Float32Array, length a multiple of 32
+  const nb = a.length / 32, out = Buffer.alloc(nb * GGML[type].bytes);
+  for (let b = 0; b < nb; ++b) {
+    const x = a.subarray(32 * b, 32 * b + 32), o = b * GGML[type].bytes;
+    if (type === "q8_0") {
+      let amax = 0; for (const v of x) amax = Math.max(amax, Math.abs(v));
+      const d = Math.fround(amax / 127), id = d ? Math.fround(1 / d) : 0;
+      out.writeUInt16LE(f16bits(d), o);
+      for (let i = 0; i < 32; ++i) { const q = Math.fround(x[i] * id); out.writeInt8(Math.sign(q) * Math.round(Math.abs(q)), o + 2 + i); }
+    } else {
+      let amax = 0, max = 0; for (const v of x) if (amax < Math.abs(v)) { amax = Math.abs(v); max = v; }
+      const d = Math.fround(max / -8), id = d ? Math.fround(1 / d) : 0;
+      out.writeUInt16LE(f16bits(d), o);
+      for (let j = 0; j < 16; ++j) {
+        const lo = Math.min(15, Math.trunc(Math.fround(x[j] * id) + 8.5)), hi = Math.min(15, Math.trunc(Math.fround(x[j + 16] * id) + 8.5));
+        out.writeUInt8(lo | (hi << 4), o + 2 + j);
+      }
+    }
+  }
+  return out;
+}
+
+function writeGguf(file, c, type) {
   const D = c.hidden / c.heads;
   const kv = [];
   const u32 = (k, v) => kv.push([k, T.U32, (b) => b.u32(v)]);
@@ -55,7 +94,7 @@ function writeGguf(file, c) {
   const str = (k, v) => kv.push([k, T.STRING, (b) => b.str(v)]);
   str("general.architecture", "llama");
   str("general.name", path.basename(file, ".gguf"));
-  u32("general.file_type", 0);  // all f32
+  u32("general.file_type", GGML[type].file);
   u32("general.alignment", 32);
   u32("llama.context_length", c.ctx);
   u32("llama.embedding_length", c.hidden);
@@ -110,9 +149,11 @@ function writeGguf(file, c) {
   let offset = 0;
   for (const t of tensors) {
     t.count = t.dims.reduce((a, b) => a * b, 1);
+    t.type = t.norm ? "f32" : type;
+    t.bytes = t.type === "f32" ? t.count * 4 : (t.count / 32) * GGML[t.type].bytes;
     t.offset = offset;
-    head.str(t.name); head.u32(t.dims.length); for (const d of t.dims) head.u64(d); head.u32(0 /* F32 */); head.u64(offset);
-    offset += Math.ceil((t.count * 4) / 32) * 32;
+    head.str(t.name); head.u32(t.dims.length); for (const d of t.dims) head.u64(d); head.u32(GGML[t.type].id); head.u64(offset);
+    offset += Math.ceil(t.bytes / 32) * 32;
   }
   const h = head.concat();
   const pad = (32 - (h.length % 32)) % 32;
@@ -124,7 +165,7 @@ function writeGguf(file, c) {
   let s = 12345;
   const unif = () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) + 0.5) / 4294967296;
   for (const t of tensors) {
-    const chunk = 1 << 20;
+    const chunk = 1 << 20;  // a multiple of 32: blocks never straddle chunks
     for (let i = 0; i < t.count; i += chunk) {
       const n = Math.min(chunk, t.count - i), a = new Float32Array(n);
       if (t.norm) a.fill(1);
@@ -133,9 +174,9 @@ function writeGguf(file, c) {
         a[j] = r * Math.cos(th);
         if (j + 1 < n) a[j + 1] = r * Math.sin(th);
       }
-      fs.writeSync(fd, Buffer.from(a.buffer));
+      fs.writeSync(fd, t.type === "f32" ? Buffer.from(a.buffer) : quantizeBlocks(t.type, a));
     }
-    const tail = Math.ceil((t.count * 4) / 32) * 32 - t.count * 4;
+    const tail = Math.ceil(t.bytes / 32) * 32 - t.bytes;
     if (tail) fs.writeSync(fd, Buffer.alloc(tail));
   }
   fs.closeSync(fd);
@@ -148,8 +189,10 @@ const P = Number(o["prompt-len"]), G = Number(o["gen-len"]), threads = Number(o.
 if (P + G > c.ctx) throw new Error(`llama_bench: --prompt-len + --gen-len = ${P + G} exceeds ${o.model}'s ${c.ctx} positions`);
 const dir = o.dir ?? path.join(path.dirname(new URL(import.meta.url).pathname), "models");
 fs.mkdirSync(dir, { recursive: true });
-const file = path.join(dir, `${o.model}-f32.gguf`);
-if (!fs.existsSync(file)) writeGguf(file, c);
+const type = o.type ?? "f32";
+if (!(type in GGML)) throw new Error(`llama_bench: --type must be f32, q8_0 or q4_0, found '${type}'`);
+const file = path.join(dir, `${o.model}-${type}.gguf`);
+if (!fs.existsSync(file)) writeGguf(file, c, type);
 
 const llama = await getLlama({ gpu: false, build: "never", logLevel: process.env.LLAMA_LOG ?? "error", maxThreads: 0 });
 const model = await llama.loadModel({ modelPath: file, gpuLayers: 0, useMmap: (o.mmap ?? "1") !== "0" });
@@ -167,7 +210,7 @@ for await (const tok of seq.evaluate([prompt[P - 1]], { temperature: 0 })) {
 }
 const t3 = performance.now();
 const out = {
-  model: o.model, engine: "llama.cpp", llama_cpp: "node-llama-cpp 3.22.1", threads, prompt_len: P, gen_len: G,
+  model: o.model, quant: type === "f32" ? "none" : type, engine: "llama.cpp", llama_cpp: "node-llama-cpp 3.22.1", threads, prompt_len: P, gen_len: G,
   prefill_seconds: (t1 - t0) / 1e3, decode_seconds: (t3 - t2) / 1e3,
   prefill_tokens_per_s: (P - 1) / ((t1 - t0) / 1e3), decode_tokens_per_s: n / ((t3 - t2) / 1e3),
 };

@@ -105,14 +105,22 @@ inline std::optional<models::LlamaConfig> preset_config(const std::string& name)
 
 /// A preset name (tiny, small, gqa1b: random weights from Key `seed`) or a HF folder; the
 /// weights on huge pages as load_model's.
-inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed, bool huge_pages = true) {
+/// quant (not none) quantizes the decoder's Linears and lm_head (as llama.cpp's files of that
+/// type do) before the weights are placed.
+inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::uint64_t seed, bool huge_pages = true,
+                                                 quant::Format quant = quant::Format::none) {
   if (const auto cfg = preset_config(name)) {
     models::LlamaForCausalLM<> m(*cfg);
     m.init(Key::from_seed(seed));
+    if (quant != quant::Format::none) nn::quantize(m, {quant, 0, nn::QuantizationConfig::kWithHeadPattern});
     if (huge_pages) nn::advise_huge_pages(m);
     return m;
   }
-  return load_model(name, huge_pages);
+  if (quant == quant::Format::none) return load_model(name, huge_pages);
+  auto m = load_model(name, false);
+  nn::quantize(m, {quant, 0, nn::QuantizationConfig::kWithHeadPattern});
+  if (huge_pages) nn::advise_huge_pages(m);
+  return m;
 }
 
 /// preset_or_load before --threads applies, then `threads` (when > 0) for what follows: the
@@ -120,8 +128,9 @@ inline models::LlamaForCausalLM<> preset_or_load(const std::string& name, std::u
 /// preset's values do not depend on the thread count (nn::init_params), and gqa1b's 1.1 G draws
 /// take over a minute on one thread.
 inline models::LlamaForCausalLM<> load_then_limit_threads(const std::string& name, std::uint64_t seed,
-                                                          std::int64_t threads, bool huge_pages = true) {
-  auto m = preset_or_load(name, seed, huge_pages);
+                                                          std::int64_t threads, bool huge_pages = true,
+                                                          quant::Format quant = quant::Format::none) {
+  auto m = preset_or_load(name, seed, huge_pages, quant);
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   return m;
 }
@@ -446,6 +455,7 @@ inline int cmd_bench_decode(Args& args) {
   const bool phase_times = args.has("--phase-times");
   const bool huge_pages = !args.has("--no-huge-pages");
   const std::int64_t reps = args.integer("--repetitions", 1);
+  const quant::Format quant = quant::parse_format(args.str("--quant", "none"), "edl bench decode --quant");
   args.finish();
   EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
   EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
@@ -464,7 +474,7 @@ inline int cmd_bench_decode(Args& args) {
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
-  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages);
+  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages, quant);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
@@ -488,7 +498,7 @@ inline int cmd_bench_decode(Args& args) {
     // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
     // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
     const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
-    const double wbytes = (static_cast<double>(model.param_count()) - emb) * sizeof(float);
+    const double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(float);
     const double kv_per_tok = o.cache == generate::CacheKind::int8
                                   ? 2.0 * static_cast<double>(cfg.num_hidden_layers * (cfg.kv_size() + 4 * cfg.num_key_value_heads))
                                   : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);
@@ -595,6 +605,7 @@ inline int cmd_bench_decode(Args& args) {
     };
     j["model"] = name;
     j["cache"] = args.str("--cache", "standard");
+    j["quant"] = quant::format_name(quant);
     j["threads"] = exec::num_threads();
     j["huge_pages"] = huge_pages;
     j["prompt_len"] = P;

@@ -5,6 +5,7 @@
 #pragma once
 #include <edl/version.hpp>
 #include <edl/core/all.hpp>
+#include <edl/quant/all.hpp>
 #include <edl/mesh/all.hpp>
 #include <edl/tensor/all.hpp>
 #include <edl/kernels/all.hpp>

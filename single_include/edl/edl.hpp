@@ -1198,6 +1198,525 @@ inline void fill_normal(Key key, std::uint64_t first, std::span<float> out, floa
 }  // namespace edl
 // end of edl/core/rng.hpp
 // end of edl/core/all.hpp
+// #include <edl/quant/all.hpp>
+// edl/quant/all.hpp: the quant layer (block formats of quantized weights).
+// #include <edl/quant/formats.hpp>
+// edl/quant/formats.hpp
+// Block formats of quantized weights. A quantized matrix [N, K] stores each row as K / 32
+// (or K / 64) independent blocks; a block holds its values as small integers and a scale.
+//
+//   q8_0  32 int8 values q and an f16 scale d:     x = d * q                 34 bytes / 32
+//   q4_0  32 4-bit values q and an f16 scale d:    x = d * (q - 8)           18 bytes / 32
+//   nf4   64 4-bit codes and a per-block absmax:   x = absmax * NF4[code]   (QLoRA)
+//
+// q8_0 and q4_0 have GGUF's byte layout (ggml's block_q8_0 / block_q4_0), so a GGUF tensor
+// of those types is a row-major array of these blocks. In q4_0 byte j holds value j in its
+// low nibble and value j + 16 in its high nibble, as ggml does. nf4 follows bitsandbytes:
+// two codes per byte, the first in the high nibble, and the absmax of each block of 64
+// double-quantized (quant/quantize.hpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::quant {
+
+/// The run-time name of a block format (a Linear's storage; files and flags spell it).
+enum class Format : std::uint8_t { none, q8_0, q4_0, nf4 };
+
+struct BlockQ8_0 {
+  static constexpr std::int64_t elems = 32;
+  f16 d;
+  std::int8_t qs[32];
+};
+struct BlockQ4_0 {
+  static constexpr std::int64_t elems = 32;
+  f16 d;
+  std::uint8_t qs[16];
+};
+/// nf4's codes; the block's scale is kept beside the codes (quant::Matrix::absmax), since
+/// bitsandbytes stores it double-quantized in a separate array.
+struct BlockNF4 {
+  static constexpr std::int64_t elems = 64;
+  std::uint8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockNF4) == 32,
+              "edl::quant: the blocks must have ggml's byte layout");
+
+/// Elements per block.
+constexpr std::int64_t block_elems(Format f) noexcept {
+  switch (f) {
+    case Format::q8_0: return BlockQ8_0::elems;
+    case Format::q4_0: return BlockQ4_0::elems;
+    case Format::nf4: return BlockNF4::elems;
+    case Format::none: break;
+  }
+  return 1;
+}
+/// Bytes per block (nf4: the codes only).
+constexpr std::int64_t block_bytes(Format f) noexcept {
+  switch (f) {
+    case Format::q8_0: return sizeof(BlockQ8_0);
+    case Format::q4_0: return sizeof(BlockQ4_0);
+    case Format::nf4: return sizeof(BlockNF4);
+    case Format::none: break;
+  }
+  return 0;
+}
+
+constexpr const char* format_name(Format f) noexcept {
+  switch (f) {
+    case Format::q8_0: return "q8_0";
+    case Format::q4_0: return "q4_0";
+    case Format::nf4: return "nf4";
+    case Format::none: break;
+  }
+  return "none";
+}
+
+/// "q8_0", "q4_0", "nf4" or "none"; anything else is an edl::Error naming `where`.
+inline Format parse_format(std::string_view s, const std::string& where) {
+  for (Format f : {Format::none, Format::q8_0, Format::q4_0, Format::nf4})
+    if (s == format_name(f)) return f;
+  throw Error(errc::invalid_argument, where,
+              "unknown quantization method \"" + std::string(s) + "\" (expected q8_0, q4_0, nf4 or none)");
+}
+
+// Compile-time schemes for the quantization slot of edl::Policy: a model whose policy names
+// one quantizes the Linears of its decoder layers to that format when it is loaded or built
+// (models::quantize's default pattern); quant::none keeps every weight in param_t.
+struct q8_0 {
+  static constexpr const char* name = "q8_0";
+  static constexpr bool quantized = true;
+  static constexpr Format format = Format::q8_0;
+};
+struct q4_0 {
+  static constexpr const char* name = "q4_0";
+  static constexpr bool quantized = true;
+  static constexpr Format format = Format::q4_0;
+};
+struct nf4 {
+  static constexpr const char* name = "nf4";
+  static constexpr bool quantized = true;
+  static constexpr Format format = Format::nf4;
+};
+
+/// The format a Policy's quantization slot names (Format::none for quant::none).
+template <class Q>
+constexpr Format format_of() noexcept {
+  if constexpr (requires { Q::format; }) return Q::format;
+  else return Format::none;
+}
+
+}  // namespace edl::quant
+// end of edl/quant/formats.hpp
+// #include <edl/quant/matrix.hpp>
+// edl/quant/matrix.hpp
+// A quantized weight matrix [rows, cols] (a Linear's weight, HF layout [out, in]): each row is
+// cols / block_elems(format) blocks, rows one after another, the bytes on cache lines as the
+// f32 weights are (decode streams them once per token).
+//
+//   quant::Matrix m = quant::Matrix::quantize(Format::q8_0, w, rows, cols, "q_proj.weight");
+//   m.dequantize(out);                 // [rows, cols] f32
+//   kernels::linear_quant(x, M, m.view(), bias, y);
+//
+// nf4 keeps its per-block scales twice: double-quantized (DoubleQuant, what files hold) and
+// decoded to f32 (what the kernels read: one float per 64 weights).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/core/allocator.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+// // #include <edl/quant/quantize.hpp> (inlined above)
+// edl/quant/quantize.hpp
+// Quantizing and dequantizing rows of f32 values to the block formats (quant/formats.hpp).
+// These are the reference definitions; kernels/quant_matvec.hpp has the fast activation
+// quantizer and the dot products, each tested against the functions here.
+//
+// Rounding, as the reference implementations define it:
+//  - q8_0 weights (ggml's quantize_row_q8_0_ref): d = amax / 127, q = roundf(x / d) (half
+//    away from zero), with the f32 d; the block stores d as f16 (round to nearest even).
+//  - q4_0 weights (ggml's quantize_row_q4_0_ref): m = the value of largest magnitude (the
+//    first on ties), d = m / -8, q = min(15, (int8)(x / d + 8.5)) (truncation toward zero).
+//  - q8_0 activations (the dot products' other side, as llama.cpp's SIMD quantize_row_q8_0):
+//    d = amax / 127, q = x * (127 / amax) rounded to nearest even.
+//  - nf4 (bitsandbytes' kQuantizeBlockwise with dQuantizeNF4): absmax per block of 64, each
+//    x / absmax to the nearest of the 16 NF4 levels (ties to the lower level), the first
+//    value of a pair in the high nibble; the absmax values are double-quantized (see
+//    DoubleQuant) and the weights use their dequantized value.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+
+namespace edl::quant {
+
+// ---------------------------------------------------------------- q8_0
+/// Quantizes K values (K a multiple of 32) into K / 32 q8_0 blocks (weights' rounding).
+inline void quantize_row_q8_0(const float* x, BlockQ8_0* out, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    out[b].d = f16(d);
+    for (int i = 0; i < 32; ++i) out[b].qs[i] = static_cast<std::int8_t>(std::roundf(x[i] * id));
+  }
+}
+
+/// Quantizes K values into q8_0 blocks with the activations' rounding (the reference of
+/// kernels::quantize_activations).
+inline void quantize_activations_ref(const float* x, BlockQ8_0* out, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+    out[b].d = f16(d);
+    for (int i = 0; i < 32; ++i) out[b].qs[i] = static_cast<std::int8_t>(std::nearbyint(x[i] * id));
+  }
+}
+
+inline void dequantize_row_q8_0(const BlockQ8_0* in, float* y, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 32; ++b, y += 32) {
+    const float d = in[b].d.to_float();
+    for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(in[b].qs[i]);
+  }
+}
+
+// ---------------------------------------------------------------- q4_0
+inline void quantize_row_q4_0(const float* x, BlockQ4_0* out, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float amax = 0.f, m = 0.f;
+    for (int i = 0; i < 32; ++i)
+      if (amax < std::fabs(x[i])) {
+        amax = std::fabs(x[i]);
+        m = x[i];
+      }
+    const float d = m / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+    out[b].d = f16(d);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j] * id + 8.5f)));
+      const int hi = std::min(15, static_cast<int>(static_cast<std::int8_t>(x[j + 16] * id + 8.5f)));
+      out[b].qs[j] = static_cast<std::uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+/// Value i (0..31) of a q4_0 block as its integer q - 8.
+inline int q4_0_value(const BlockQ4_0& blk, int i) noexcept {
+  const std::uint8_t byte = blk.qs[i & 15];
+  return (i < 16 ? byte & 0xF : byte >> 4) - 8;
+}
+
+inline void dequantize_row_q4_0(const BlockQ4_0* in, float* y, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 32; ++b, y += 32) {
+    const float d = in[b].d.to_float();
+    for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(q4_0_value(in[b], i));
+  }
+}
+
+// ---------------------------------------------------------------- nf4
+/// The 16 NF4 levels (QLoRA, bitsandbytes' NF4 code), in code order.
+inline constexpr std::array<float, 16> kNF4Levels = {
+    -1.0f,
+    -0.6961928009986877f,
+    -0.5250730514526367f,
+    -0.39491748809814453f,
+    -0.28444138169288635f,
+    -0.18477343022823334f,
+    -0.09105003625154495f,
+    0.0f,
+    0.07958029955625534f,
+    0.16093020141124725f,
+    0.24611230194568634f,
+    0.33791524171829224f,
+    0.44070982933044434f,
+    0.5626170039176941f,
+    0.7229568362236023f,
+    1.0f};
+
+/// The NF4 code of a normalised value: the nearest level, ties to the lower one (bitsandbytes
+/// compares against the midpoints with `>`).
+inline std::uint8_t nf4_code(float v) noexcept {
+  std::uint8_t c = 0;
+  for (int i = 1; i < 16; ++i) {
+    const float mid = static_cast<float>((static_cast<double>(kNF4Levels[static_cast<std::size_t>(i - 1)]) +
+                                          static_cast<double>(kNF4Levels[static_cast<std::size_t>(i)])) /
+                                         2.0);
+    if (v > mid) c = static_cast<std::uint8_t>(i);
+  }
+  return c;
+}
+
+/// Code i (0..63) of an nf4 block.
+inline int nf4_code_at(const BlockNF4& blk, int i) noexcept {
+  const std::uint8_t byte = blk.qs[i / 2];
+  return i % 2 == 0 ? byte >> 4 : byte & 0xF;
+}
+
+/// bitsandbytes' signed dynamic 8-bit map (create_dynamic_map(signed=True, max_exponent_bits=7,
+/// total_bits=8)): 254 values +-10^(i-6) * m over the midpoints m of linspace(0.1, 1, 2^i + 1)
+/// for i = 0..6, plus 0 and 1, sorted. The scales of nf4 blocks are quantized with it.
+inline const std::array<float, 256>& dynamic_map() {
+  static const std::array<float, 256> map = [] {
+    std::vector<float> v;
+    for (int i = 0; i < 7; ++i) {
+      const int n = (1 << i) + 1;
+      for (int j = 0; j + 1 < n; ++j) {
+        const float a = static_cast<float>(0.1 + 0.9 * j / (n - 1)), b = static_cast<float>(0.1 + 0.9 * (j + 1) / (n - 1));
+        const float mean = (a + b) / 2.f;
+        const float scale = static_cast<float>(std::pow(10.0, -6 + i));
+        v.push_back(scale * mean);
+        v.push_back(-scale * mean);
+      }
+    }
+    v.push_back(0.f);
+    v.push_back(1.f);
+    std::sort(v.begin(), v.end());
+    std::array<float, 256> a{};
+    std::copy(v.begin(), v.end(), a.begin());
+    return a;
+  }();
+  return map;
+}
+
+/// The index of the value of dynamic_map() nearest to v (v in [-1, 1]; ties to the lower).
+inline std::uint8_t dynamic_code(float v) noexcept {
+  const auto& m = dynamic_map();
+  const auto it = std::lower_bound(m.begin(), m.end(), v);
+  if (it == m.begin()) return 0;
+  if (it == m.end()) return 255;
+  const std::size_t hi = static_cast<std::size_t>(it - m.begin()), lo = hi - 1;
+  return static_cast<std::uint8_t>(v - m[lo] <= m[hi] - v ? lo : hi);
+}
+
+/// Double quantization of nf4's per-block absmax (bitsandbytes' compress_statistics): the
+/// mean is subtracted (offset), and the rest quantized blockwise over groups of 256 with
+/// dynamic_map(), each group scaled by its own absmax (scales).
+struct DoubleQuant {
+  static constexpr std::int64_t group = 256;
+  float offset = 0.f;
+  std::vector<std::uint8_t> codes;  // one per nf4 block
+  std::vector<float> scales;        // one per group of 256 blocks
+
+  static DoubleQuant quantize(std::span<const float> absmax) {
+    DoubleQuant q;
+    double sum = 0;
+    for (float a : absmax) sum += a;
+    q.offset = absmax.empty() ? 0.f : static_cast<float>(sum / static_cast<double>(absmax.size()));
+    const std::size_t n = absmax.size();
+    q.codes.resize(n);
+    for (std::size_t g0 = 0; g0 < n; g0 += group) {
+      const std::size_t g1 = std::min(n, g0 + static_cast<std::size_t>(group));
+      float amax = 0.f;
+      for (std::size_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(absmax[i] - q.offset));
+      q.scales.push_back(amax);
+      const float inv = amax != 0.f ? 1.f / amax : 0.f;
+      for (std::size_t i = g0; i < g1; ++i) q.codes[i] = dynamic_code((absmax[i] - q.offset) * inv);
+    }
+    return q;
+  }
+  /// The absmax of block i as the weights use it.
+  float value(std::size_t i) const noexcept {
+    return dynamic_map()[codes[i]] * scales[i / static_cast<std::size_t>(group)] + offset;
+  }
+};
+
+/// Quantizes K values (K a multiple of 64) into nf4 codes with the given per-block scales
+/// (block b is divided by absmax[b]; a block whose absmax is 0 gets the code of 0.0).
+inline void quantize_row_nf4(const float* x, const float* absmax, BlockNF4* out, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 64; ++b, x += 64) {
+    const float inv = absmax[b] != 0.f ? 1.f / absmax[b] : 0.f;
+    for (int j = 0; j < 32; ++j)
+      out[b].qs[j] = static_cast<std::uint8_t>((nf4_code(x[2 * j] * inv) << 4) | nf4_code(x[2 * j + 1] * inv));
+  }
+}
+
+inline void dequantize_row_nf4(const BlockNF4* in, const float* absmax, float* y, std::int64_t K) {
+  for (std::int64_t b = 0; b < K / 64; ++b, y += 64)
+    for (int i = 0; i < 64; ++i) y[i] = absmax[b] * kNF4Levels[static_cast<std::size_t>(nf4_code_at(in[b], i))];
+}
+
+}  // namespace edl::quant
+// end of edl/quant/quantize.hpp
+
+namespace edl::quant {
+
+/// What a kernel needs of a quantized matrix.
+struct MatrixView {
+  Format format = Format::none;
+  const std::uint8_t* data = nullptr;  // rows * row_bytes
+  const float* absmax = nullptr;       // nf4: rows * cols / 64 block scales
+  std::int64_t rows = 0, cols = 0;
+
+  std::int64_t blocks_per_row() const noexcept { return cols / block_elems(format); }
+  std::int64_t row_bytes() const noexcept { return blocks_per_row() * block_bytes(format); }
+  const std::uint8_t* row(std::int64_t r) const noexcept { return data + r * row_bytes(); }
+  const float* row_absmax(std::int64_t r) const noexcept { return absmax + r * blocks_per_row(); }
+};
+
+class Matrix {
+ public:
+  Matrix() = default;
+
+  /// Checks that `cols` splits into whole blocks of `f`, naming `what` (the tensor) if not.
+  static void check_shape(Format f, std::int64_t rows, std::int64_t cols, const std::string& what) {
+    EDL_CHECK(f != Format::none, errc::invalid_argument, what, "no quantization format given");
+    EDL_CHECK(rows > 0 && cols > 0 && cols % block_elems(f) == 0, errc::shape_mismatch, what, format_name(f),
+              " stores rows in blocks of ", block_elems(f), " values: the row length must be a positive multiple of ",
+              block_elems(f), ", found [", rows, ", ", cols, "]");
+  }
+
+  /// Quantizes w [rows, cols] (f32, row-major), rows in parallel.
+  static Matrix quantize(Format f, const float* w, std::int64_t rows, std::int64_t cols, const std::string& what) {
+    check_shape(f, rows, cols, what);
+    Matrix m(f, rows, cols);
+    const std::int64_t rb = m.view().row_bytes(), nb = cols / block_elems(f);
+    std::vector<float> absmax;
+    if (f == Format::nf4) {
+      absmax.resize(static_cast<std::size_t>(rows * nb));
+      for (std::int64_t i = 0; i < rows * nb; ++i) {
+        float a = 0.f;
+        for (std::int64_t k = 0; k < 64; ++k) a = std::max(a, std::fabs(w[i * 64 + k]));
+        absmax[static_cast<std::size_t>(i)] = a;
+      }
+      m.dq_ = DoubleQuant::quantize(absmax);
+      for (std::size_t i = 0; i < absmax.size(); ++i) m.absmax_[i] = m.dq_.value(i);
+    }
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 65536 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r) {
+        std::uint8_t* dst = m.bytes_.data() + r * rb;
+        const float* src = w + r * cols;
+        switch (f) {
+          case Format::q8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols); break;
+          case Format::q4_0: quantize_row_q4_0(src, reinterpret_cast<BlockQ4_0*>(dst), cols); break;
+          case Format::nf4: quantize_row_nf4(src, m.absmax_.data() + r * nb, reinterpret_cast<BlockNF4*>(dst), cols); break;
+          case Format::none: break;
+        }
+      }
+    });
+    return m;
+  }
+
+  /// A matrix over the given bytes (a file's): rows * cols / block_elems(f) blocks, and for
+  /// nf4 the double-quantized scales.
+  static Matrix from_bytes(Format f, std::int64_t rows, std::int64_t cols, std::span<const std::uint8_t> bytes,
+                           const DoubleQuant* dq, const std::string& what) {
+    check_shape(f, rows, cols, what);
+    Matrix m(f, rows, cols);
+    EDL_CHECK(static_cast<std::int64_t>(bytes.size()) == rows * m.view().row_bytes(), errc::shape_mismatch, what,
+              "expected ", rows * m.view().row_bytes(), " bytes of ", format_name(f), " blocks for [", rows, ", ", cols,
+              "], found ", bytes.size());
+    std::memcpy(m.bytes_.data(), bytes.data(), bytes.size());
+    if (f == Format::nf4) {
+      const std::size_t nblk = static_cast<std::size_t>(rows * (cols / 64));
+      EDL_CHECK(dq && dq->codes.size() == nblk &&
+                    dq->scales.size() == (nblk + DoubleQuant::group - 1) / DoubleQuant::group,
+                errc::shape_mismatch, what, "nf4 needs ", nblk, " scale codes and ",
+                (nblk + DoubleQuant::group - 1) / DoubleQuant::group, " group scales, found ",
+                dq ? dq->codes.size() : 0, " and ", dq ? dq->scales.size() : 0);
+      m.dq_ = *dq;
+      for (std::size_t i = 0; i < nblk; ++i) m.absmax_[i] = m.dq_.value(i);
+    }
+    return m;
+  }
+
+  Format format() const noexcept { return format_; }
+  bool empty() const noexcept { return format_ == Format::none; }
+  std::int64_t rows() const noexcept { return rows_; }
+  std::int64_t cols() const noexcept { return cols_; }
+  std::span<const std::uint8_t> bytes() const noexcept { return {bytes_.data(), bytes_.size()}; }
+  const DoubleQuant& double_quant() const noexcept { return dq_; }
+  /// Bytes the kernels read: blocks, plus nf4's f32 scales.
+  std::int64_t storage_bytes() const noexcept {
+    return static_cast<std::int64_t>(bytes_.size() + absmax_.size() * sizeof(float));
+  }
+  MatrixView view() const noexcept { return {format_, bytes_.data(), absmax_.data(), rows_, cols_}; }
+
+  /// Rows [r0, r1) as a matrix of their own (a tp shard of a column-parallel weight); an nf4
+  /// slice has no double_quant().
+  Matrix slice_rows(std::int64_t r0, std::int64_t r1) const {
+    Matrix m(format_, r1 - r0, cols_);
+    const std::int64_t rb = view().row_bytes(), nb = view().blocks_per_row();
+    std::memcpy(m.bytes_.data(), bytes_.data() + r0 * rb, static_cast<std::size_t>((r1 - r0) * rb));
+    if (format_ == Format::nf4)  // a shard computes with the scales; files are written from the whole matrix
+      std::memcpy(m.absmax_.data(), absmax_.data() + r0 * nb, static_cast<std::size_t>((r1 - r0) * nb) * sizeof(float));
+    return m;
+  }
+
+  /// Columns [c0, c1) as a matrix of their own (a tp shard of a row-parallel weight): whole
+  /// blocks only, so the bounds must fall on block edges (an error naming `what` otherwise).
+  Matrix slice_cols(std::int64_t c0, std::int64_t c1, const std::string& what) const {
+    const std::int64_t be = block_elems(format_), bb = block_bytes(format_);
+    EDL_CHECK(0 <= c0 && c0 < c1 && c1 <= cols_ && c0 % be == 0 && c1 % be == 0, errc::not_divisible, what,
+              "columns [", c0, ", ", c1, ") of a ", format_name(format_), " matrix must be whole blocks of ", be,
+              " (", cols_, " columns in all)");
+    Matrix m(format_, rows_, c1 - c0);
+    const MatrixView v = view();
+    const std::int64_t nb = v.blocks_per_row(), mb = (c1 - c0) / be;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      std::memcpy(m.bytes_.data() + r * mb * bb, v.row(r) + c0 / be * bb, static_cast<std::size_t>(mb * bb));
+      if (format_ == Format::nf4)
+        std::memcpy(m.absmax_.data() + r * mb, absmax_.data() + r * nb + c0 / be, static_cast<std::size_t>(mb) * sizeof(float));
+    }
+    return m;
+  }
+
+  /// All rows dequantized into out [rows, cols].
+  void dequantize(float* out) const {
+    const MatrixView v = view();
+    exec::parallel_for(0, rows_, std::max<std::int64_t>(1, 65536 / cols_), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r) dequantize_row(v, r, out + r * cols_);
+    });
+  }
+
+  static void dequantize_row(const MatrixView& v, std::int64_t r, float* out) {
+    switch (v.format) {
+      case Format::q8_0: dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(v.row(r)), out, v.cols); break;
+      case Format::q4_0: dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(v.row(r)), out, v.cols); break;
+      case Format::nf4:
+        dequantize_row_nf4(reinterpret_cast<const BlockNF4*>(v.row(r)), v.row_absmax(r), out, v.cols);
+        break;
+      case Format::none: break;
+    }
+  }
+
+ private:
+  Matrix(Format f, std::int64_t rows, std::int64_t cols) : format_(f), rows_(rows), cols_(cols) {
+    bytes_.resize(static_cast<std::size_t>(rows * (cols / block_elems(f)) * block_bytes(f)));
+    if (f == Format::nf4) absmax_.resize(static_cast<std::size_t>(rows * (cols / 64)));
+  }
+
+  Format format_ = Format::none;
+  std::int64_t rows_ = 0, cols_ = 0;
+  aligned_vector<std::uint8_t> bytes_;
+  aligned_vector<float> absmax_;  // nf4: the decoded block scales
+  DoubleQuant dq_;                // nf4: the same scales, double-quantized
+};
+
+}  // namespace edl::quant
+// end of edl/quant/matrix.hpp
+// #include <edl/quant/quantize.hpp> (inlined above)
+// end of edl/quant/all.hpp
 // #include <edl/mesh/all.hpp>
 // edl/mesh/all.hpp: umbrella of the mesh layer (topology, devices, collectives, backends).
 // #include <edl/mesh/memory.hpp>
@@ -4353,17 +4872,19 @@ inline void microkernel(std::int64_t kc, const float* __restrict a, const float*
 //   A block (mc x kc of op(A)) -> ceil(mc/MR) micro-panels, each kc x MR (Ap[k*MR + r]).
 //   B block (kc x nc of op(B)) -> ceil(nc/NR) micro-panels, each kc x NR (Bp[k*NR + c]).
 // Rows / columns past the matrix edge are packed as zeros, so the micro-kernel never
-// branches on edges.
+// branches on edges. A quantized B (quant::MatrixView) is dequantized while it is packed.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <vector>
 
 // #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/kernels/detail/gemm_microkernel.hpp> (inlined above)
+// #include <edl/quant/matrix.hpp> (inlined above)
 
 namespace edl::detail::gemm {
 
@@ -4477,6 +4998,46 @@ void pack_b(bool trans, const T* B, std::int64_t ldb, std::int64_t k0, std::int6
             for (std::int64_t k = kb; k < ke; ++k) d[k * NR + c] = 0.f;
           }
         }
+      }
+    }
+  }
+}
+
+
+/// pack_b for a quantized matrix W [rows, cols]: trans == true packs op(B) = W^T (y = x W^T),
+/// trans == false op(B) = W (dx = dy W). Blocks are dequantized whole into a row buffer.
+inline void pack_b(bool trans, const quant::MatrixView* Wp, std::int64_t /*ldb*/, std::int64_t k0, std::int64_t kc,
+                   std::int64_t j0, std::int64_t nc, std::int64_t q0, std::int64_t q1, float* __restrict dst) {
+  const quant::MatrixView& W = *Wp;
+  const std::int64_t be = quant::block_elems(W.format);
+  static thread_local std::vector<float> row;
+  row.resize(static_cast<std::size_t>(W.cols));
+  // Dequantizes the blocks of row r covering columns [c0, c1) into row[c0 ..].
+  const auto dequant = [&](std::int64_t r, std::int64_t c0, std::int64_t c1) {
+    const std::int64_t b0 = c0 / be, b1 = (c1 + be - 1) / be;
+    quant::MatrixView part = W;
+    part.cols = (b1 - b0) * be;
+    part.data = W.row(r) + b0 * quant::block_bytes(W.format);
+    part.absmax = W.format == quant::Format::nf4 ? W.row_absmax(r) + b0 : nullptr;
+    quant::Matrix::dequantize_row(part, 0, row.data() + b0 * be);
+  };
+  for (std::int64_t q = q0; q < q1; ++q) {
+    const std::int64_t jj = q * NR;
+    const int nr = static_cast<int>(std::min<std::int64_t>(NR, nc - jj));
+    float* d = dst + jj * kc;
+    if (trans) {  // column c of the panel is row j0 + jj + c of W, over [k0, k0 + kc)
+      for (int c = 0; c < NR; ++c) {
+        if (c < nr) {
+          dequant(j0 + jj + c, k0, k0 + kc);
+          for (std::int64_t k = 0; k < kc; ++k) d[k * NR + c] = row[static_cast<std::size_t>(k0 + k)];
+        } else {
+          for (std::int64_t k = 0; k < kc; ++k) d[k * NR + c] = 0.f;
+        }
+      }
+    } else {  // row k of the panel is columns [j0 + jj, + nr) of W's row k0 + k
+      for (std::int64_t k = 0; k < kc; ++k) {
+        dequant(k0 + k, j0 + jj, j0 + jj + nr);
+        for (int c = 0; c < NR; ++c) d[k * NR + c] = c < nr ? row[static_cast<std::size_t>(j0 + jj + c)] : 0.f;
       }
     }
   }
@@ -4858,6 +5419,393 @@ using edl::Trans;
 
 }  // namespace edl
 // end of edl/kernels/gemm.hpp
+// #include <edl/kernels/quant_dot.hpp>
+// edl/kernels/quant_dot.hpp
+// Dot products of quantized weight rows with an activation row, the inner loop of decode on
+// quantized models (kernels/quant_matvec.hpp runs them over matrices).
+//
+//   kernels::quantize_activations(x, xq, K);             // x -> q8_0 blocks (per block scale)
+//   float s = kernels::dot_q8_0(w_row, xq, K / 32);      // q8_0 weights . q8_0 activations
+//   float s = kernels::dot_q4_0(w_row, xq, K / 32);      // q4_0 weights . q8_0 activations
+//   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
+//
+// The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
+// sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
+// targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
+// each. Each lane then accumulates s_i * (d_w * d_x) over the blocks in f32 with one rounding,
+// and the eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
+// path is that definition written out (the naive twin the tests hold the SIMD paths to), so
+// every path gives the same bits. nf4 dequantizes in registers (a 16-entry table lookup) and
+// multiplies f32 activations.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+// #include <edl/quant/quantize.hpp> (inlined above)
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define EDL_QUANT_AVX2 1
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define EDL_QUANT_VNNI 1
+#endif
+#endif
+
+namespace edl::kernels {
+
+/// The instruction path the quantized dot products use in this build.
+inline constexpr const char* quant_dot_path =
+#if defined(EDL_QUANT_VNNI)
+    "vnni";
+#elif defined(EDL_QUANT_AVX2)
+    "avx2";
+#else
+    "scalar";
+#endif
+
+namespace reference {
+
+/// Lane i (0..7) sum of a block: products of values 4i..4i+3.
+template <class W>
+inline std::int32_t lane_sum(W&& w, const std::int8_t* x, int lane) noexcept {
+  std::int32_t s = 0;
+  for (int j = 4 * lane; j < 4 * lane + 4; ++j) s += w(j) * static_cast<std::int32_t>(x[j]);
+  return s;
+}
+inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+/// The definition of dot_q8_0 / dot_q4_0, written out.
+template <class Block>
+inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+  float acc[8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d.to_float();
+    for (int l = 0; l < 8; ++l) {
+      std::int32_t s;
+      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0))
+        s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
+      else
+        s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
+      acc[l] = std::fma(static_cast<float>(s), d, acc[l]);
+    }
+  }
+  return sum_lanes8(acc);
+}
+
+/// The definition of dot_nf4 for a vector of L lanes (8 with AVX2, 16 with AVX-512): the
+/// activations of a block are taken in the order codes are packed, lane l of step t reading
+/// byte t * L + l (its high code against x[2 * byte], then its low code against x[2 * byte + 1])
+/// into a block partial p_l; then acc_l = fma(p_l, absmax, acc_l); lanes summed pairwise
+/// (l with l + L/2) down to eight, then sum_lanes8.
+template <int L>
+inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float* x, std::int64_t nb) noexcept {
+  float acc[L] = {};
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    float p[L] = {};
+    for (int t = 0; t < 32 / L; ++t)
+      for (int l = 0; l < L; ++l) {
+        const int byte = t * L + l;
+        const std::uint8_t q = w[b].qs[byte];
+        p[l] = std::fma(quant::kNF4Levels[q >> 4], x[2 * byte], p[l]);
+        p[l] = std::fma(quant::kNF4Levels[q & 15], x[2 * byte + 1], p[l]);
+      }
+    for (int l = 0; l < L; ++l) acc[l] = std::fma(p[l], absmax[b], acc[l]);
+  }
+  for (int w2 = L / 2; w2 >= 8; w2 /= 2)
+    for (int l = 0; l < w2; ++l) acc[l] += acc[l + w2];
+  return sum_lanes8(acc);
+}
+
+}  // namespace reference
+
+#if defined(EDL_QUANT_AVX2)
+namespace detail {
+/// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
+inline __m256i dot_i8_lanes(__m256i w, __m256i x) noexcept {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i sx = _mm256_sign_epi8(x, w);
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
+#endif
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#endif
+}
+/// ((0+4)+(2+6))+((1+5)+(3+7)), reference::sum_lanes8's tree.
+inline float sum_lanes8(__m256 v) noexcept {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+/// A q4_0 block's 32 values as int8 (q - 8) in value order: low nibbles then high nibbles.
+inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+inline float f16_to_f32(f16 h) noexcept {
+#if defined(__F16C__)
+  return _cvtsh_ss(h.bits);
+#else
+  return h.to_float();
+#endif
+}
+}  // namespace detail
+#endif
+
+/// Quantizes K values (K a multiple of 32) to q8_0 blocks with the activations' rounding
+/// (quant::quantize_activations_ref, bit for bit).
+inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int64_t K) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+    out[b].d = f16(d);
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+  }
+#else
+  quant::quantize_activations_ref(x, out, K);
+#endif
+}
+
+/// q8_0 weights (nb blocks) . q8_0 activations.
+inline float dot_q8_0(const quant::BlockQ8_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_int8(w, x, nb);
+#endif
+}
+
+/// q4_0 weights (nb blocks) . q8_0 activations.
+inline float dot_q4_0(const quant::BlockQ4_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i s = detail::dot_i8_lanes(detail::unpack_q4_0(w[b].qs),
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_int8(w, x, nb);
+#endif
+}
+
+/// Lanes of the nf4 dot product in this build (reference::dot_nf4<kNF4Lanes> is its definition).
+inline constexpr int kNF4Lanes =
+#if defined(__AVX512F__) && defined(EDL_QUANT_AVX2)
+    16;
+#else
+    8;
+#endif
+
+/// nf4 weights (nb blocks of 64 codes, their absmax) . f32 activations.
+inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float* x, std::int64_t nb) noexcept {
+#if defined(__AVX512F__) && defined(EDL_QUANT_AVX2)
+  const __m512 table = _mm512_loadu_ps(quant::kNF4Levels.data());
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 acc = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    __m512 p = _mm512_setzero_ps();
+    for (int t = 0; t < 2; ++t) {
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs + 16 * t)));
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+      const __m512 lo = _mm512_permutexvar_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)), table);
+      const __m512 x0 = _mm512_loadu_ps(x + 32 * t), x1 = _mm512_loadu_ps(x + 32 * t + 16);
+      // x[2 * byte] and x[2 * byte + 1] for the 16 bytes of this step.
+      const __m512 xe = _mm512_permutex2var_ps(x0, even, x1), xo = _mm512_permutex2var_ps(x0, odd, x1);
+      p = _mm512_fmadd_ps(hi, xe, p);
+      p = _mm512_fmadd_ps(lo, xo, p);
+    }
+    acc = _mm512_fmadd_ps(p, _mm512_set1_ps(absmax[b]), acc);
+  }
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  return detail::sum_lanes8(a8);
+#elif defined(EDL_QUANT_AVX2)
+  const __m256 t_lo = _mm256_loadu_ps(quant::kNF4Levels.data()), t_hi = _mm256_loadu_ps(quant::kNF4Levels.data() + 8);
+  const auto lookup = [&](__m256i c) {  // table[c] for c in 0..15: bit 3 picks the half
+    const __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(c, 28));
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t_lo, c), _mm256_permutevar8x32_ps(t_hi, c), sel);
+  };
+  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+  __m256 acc = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b, x += 64) {
+    __m256 p = _mm256_setzero_ps();
+    for (int t = 0; t < 4; ++t) {
+      std::int64_t raw;
+      std::memcpy(&raw, w[b].qs + 8 * t, 8);
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(raw));
+      const __m256 hi = lookup(_mm256_srli_epi32(q, 4)), lo = lookup(_mm256_and_si256(q, _mm256_set1_epi32(15)));
+      const __m256 x0 = _mm256_loadu_ps(x + 16 * t), x1 = _mm256_loadu_ps(x + 16 * t + 8);
+      // x[2 * byte]: lanes 0-3 from x0's even elements, 4-7 from x1's.
+      const __m256 xe = _mm256_blend_ps(_mm256_permutevar8x32_ps(x0, even), _mm256_permutevar8x32_ps(x1, even), 0xF0);
+      const __m256 xo = _mm256_blend_ps(_mm256_permutevar8x32_ps(x0, odd), _mm256_permutevar8x32_ps(x1, odd), 0xF0);
+      p = _mm256_fmadd_ps(hi, xe, p);
+      p = _mm256_fmadd_ps(lo, xo, p);
+    }
+    acc = _mm256_fmadd_ps(p, _mm256_set1_ps(absmax[b]), acc);
+  }
+  return detail::sum_lanes8(acc);
+#else
+  return reference::dot_nf4<8>(w, absmax, x, nb);
+#endif
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/quant_dot.hpp
+// #include <edl/kernels/quant_matvec.hpp>
+// edl/kernels/quant_matvec.hpp
+// Products with quantized weights (quant::MatrixView [N, K], a Linear's [out, in]):
+//
+//   kernels::quant_matvec_rows(W, x, xq, bias, y, lo, hi);   // rows [lo, hi) of y = W x (+ b)
+//   kernels::linear_quant(x, M, W, bias, y);                  // y [M, N] = x [M, K] W^T (+ b)
+//
+// Decode (up to kMatvecRows rows of x) reads each weight row once and multiplies it by every
+// row from L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4
+// against f32. More rows (prefill) go to the f32 GEMM, whose packing dequantizes the weight
+// panels (dequantized values d * q are exact in f32, so prefill equals the dequantized
+// model's product bit for bit). Each output is one fixed sum whatever the threads.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+// #include <edl/core/allocator.hpp> (inlined above)
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/quant_dot.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+// #include <edl/quant/matrix.hpp> (inlined above)
+
+namespace edl::kernels {
+
+namespace detail {
+
+/// Rows of weights one group of the matvec computes together: the activation block is loaded
+/// once for all of them, and their dot products run as independent chains.
+inline constexpr std::int64_t kQuantRowGroup = 4;
+
+/// How far ahead of its block each weight row prefetches.
+inline constexpr std::int64_t kQuantPrefetchBytes = 512;
+
+/// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
+inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const quant::BlockQ8_0* xq) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  const std::uint8_t* w = W.row(r);
+  __builtin_prefetch(w + W.row_bytes() * kQuantRowGroup, 0, 2);
+  switch (W.format) {
+    case quant::Format::q8_0: return dot_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(w), xq, nb);
+    case quant::Format::q4_0: return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(w), xq, nb);
+    case quant::Format::nf4: return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(w), W.row_absmax(r), x, nb);
+    case quant::Format::none: break;
+  }
+  return 0.f;
+}
+
+/// Whether the format multiplies q8_0 activations (else f32).
+constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
+
+/// A thread's buffer for the q8_0 blocks of activation rows.
+inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
+  static thread_local std::vector<quant::BlockQ8_0> buf;
+  if (static_cast<std::int64_t>(buf.size()) < blocks) buf.resize(static_cast<std::size_t>(blocks));
+  return buf.data();
+}
+
+}  // namespace detail
+
+/// y[j] = W[j, :] . x (+ bias[j]) for rows j in [lo, hi). xq holds x quantized
+/// (quantize_activations) when W's format multiplies int8 activations, else it is unused.
+template <class TB>
+void quant_matvec_rows(const quant::MatrixView& W, const float* x, const quant::BlockQ8_0* xq, const TB* bias, float* y,
+                       std::int64_t lo, std::int64_t hi) {
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const float s = detail::quant_row_dot(W, j, x, xq);
+    y[j] = bias ? s + to_f32(bias[j]) : s;
+  }
+}
+
+/// Multiplies x [M, K] by W^T through the f32 GEMM, dequantizing W's panels as they are packed.
+inline void matmul_nt_dequantized(const float* x, std::int64_t M, const quant::MatrixView& W, float* y, bool accumulate = false) {
+  ::edl::detail::gemm::gemm_blocked(false, true, M, W.rows, W.cols, 1.f, x, W.cols, &W, W.cols, accumulate ? 1.f : 0.f, y, W.rows);
+}
+
+/// dx [M, K] (+)= dy [M, N] W: the input gradient of a frozen quantized Linear.
+inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::MatrixView& W, float* dx, bool accumulate = false) {
+  ::edl::detail::gemm::gemm_blocked(false, false, M, W.cols, W.rows, 1.f, dy, W.rows, &W, W.cols, accumulate ? 1.f : 0.f, dx, W.cols);
+}
+
+/// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
+template <class TB>
+void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
+  const std::int64_t N = W.rows, K = W.cols;
+  if (M > 16) {
+    matmul_nt_dequantized(x, M, W, y);
+    if (bias)
+      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t m = lo; m < hi; ++m)
+          for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
+      });
+    return;
+  }
+  // The caller's own buffer, not its thread's: while it waits for the tasks its thread may run
+  // another product's (a simulated mesh runs devices as tasks).
+  std::vector<quant::BlockQ8_0> xq_buf;
+  const std::int64_t nb = K / 32;
+  if (detail::uses_int8_activations(W.format)) {
+    xq_buf.resize(static_cast<std::size_t>(M * nb));
+    for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
+  }
+  const quant::BlockQ8_0* xq = xq_buf.empty() ? nullptr : xq_buf.data();
+  const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+  exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t j = lo; j < hi; ++j)
+      for (std::int64_t m = 0; m < M; ++m) {
+        const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+        y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
+      }
+  });
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/quant_matvec.hpp
 // #include <edl/kernels/rms_norm.hpp>
 // edl/kernels/rms_norm.hpp
 // RMSNorm as Hugging Face's LlamaRMSNorm, forward and backward, rows x cols row-major:
@@ -5614,15 +6562,23 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 //
 // forward:  y[T, out] = x[T, in] W^T (+ b)                      (kernels::matmul_nt)
 // backward: dW += dy^T x (matmul_tn, accumulate), db += sum_t dy, dx = dy W (or dx += dy W)
+//
+// A Linear may hold its weight quantized instead (quantize(format), quant::Matrix in qweight):
+// forward multiplies through kernels::linear_quant, backward computes dx and db but no dW (a
+// quantized weight is frozen, as in QLoRA), and visit_params no longer lists the weight;
+// visit_linears reaches it.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 #include <type_traits>
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/quant_matvec.hpp> (inlined above)
 // // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
 // edl/nn/module.hpp
 // The module protocol shared by every layer in nn/ (docs/modules.md), and generic helpers
@@ -5748,15 +6704,12 @@ const float* as_f32(const Param<T, Spec>& p, std::vector<float>& scratch) {
 
 namespace edl::nn {
 
-/// Every nn module checks its policy with this (quantized weights change the layout).
+/// Every nn module checks its policy with this.
 template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol> && !Pol::quant_t::quantized;
+inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typename Pol::compute_t, float>;
 
 #define EDL_NN_CHECK_POLICY(Pol)                                                                      \
   static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
-  static_assert(!Pol::quant_t::quantized,                                                             \
-                "edl::nn: quantized weights (int8, NF4) are not implemented yet; use quant::none - "  \
-                "int8/NF4 come next");                                                                \
   static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
                 "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
 
@@ -5822,6 +6775,13 @@ std::size_t advise_huge_pages(M& m) {
     const auto a = reinterpret_cast<std::uintptr_t>(p.data());
     ranges.emplace_back(a, a + p.value.size() * sizeof(*p.data()));
   });
+  if constexpr (requires { m.visit_linears("", [](const std::string&, auto&) {}); }) {
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (!lin.is_quantized()) return;
+      const auto a = reinterpret_cast<std::uintptr_t>(lin.qweight.bytes().data());
+      ranges.emplace_back(a, a + lin.qweight.bytes().size());
+    });
+  }
   std::sort(ranges.begin(), ranges.end());
   constexpr std::uintptr_t kGap = std::uintptr_t{2} << 20;
   std::size_t advised = 0;
@@ -5831,6 +6791,19 @@ std::size_t advise_huge_pages(M& m) {
     advised += edl::advise_huge_pages(reinterpret_cast<const void*>(lo), static_cast<std::size_t>(hi - lo));
   }
   return advised;
+}
+
+/// Bytes of `m`'s weights as stored: parameters in their dtype plus quantized blocks (and
+/// nf4's scales).
+template <class M>
+std::int64_t storage_bytes(M& m) {
+  std::int64_t n = 0;
+  m.visit_params("", [&](std::string_view, auto& p) { n += p.numel() * static_cast<std::int64_t>(sizeof(*p.data())); });
+  if constexpr (requires { m.visit_linears("", [](const std::string&, auto&) {}); })
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (lin.is_quantized()) n += lin.qweight.storage_bytes();
+    });
+  return n;
 }
 
 /// Sets every gradient of `m` to zero (allocated gradients only).
@@ -5869,6 +6842,7 @@ void load_params(M& m, const File& file, std::string_view where = "load_params")
 }  // namespace edl::nn
 // end of edl/nn/module.hpp
 // // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+// #include <edl/quant/matrix.hpp> (inlined above)
 // #include <edl/tensor/partition_spec.hpp> (inlined above)
 
 namespace edl::kernels {}
@@ -5923,8 +6897,26 @@ class Linear {
     if (bias) this->bias = BiasParam({static_cast<std::size_t>(out)}, Init::zeros);
   }
 
-  WeightParam weight;
-  BiasParam bias;  // empty unless has_bias()
+  WeightParam weight;     // empty when quantized
+  BiasParam bias;         // empty unless has_bias()
+  quant::Matrix qweight;  // the weight [out, in] quantized, or empty
+
+  bool is_quantized() const noexcept { return !qweight.empty(); }
+
+  /// Replaces the weight by its quantization to `f` (`path` names it in errors).
+  void quantize(quant::Format f, const std::string& path) {
+    EDL_CHECK(!is_quantized(), errc::invalid_argument, path, "is already quantized (", quant::format_name(qweight.format()), ")");
+    std::vector<float> scratch;
+    qweight = quant::Matrix::quantize(f, as_f32(weight, scratch), out_, in_, path);
+    weight = WeightParam();
+  }
+  /// Takes an already quantized weight (a file's), checking its shape against the layer's.
+  void set_quantized(quant::Matrix m, const std::string& path) {
+    EDL_CHECK(m.rows() == out_ && m.cols() == in_, errc::shape_mismatch, path, "quantized weight is [", m.rows(), ", ",
+              m.cols(), "], expected [", out_, ", ", in_, "]");
+    qweight = std::move(m);
+    weight = WeightParam();
+  }
 
   std::int64_t in_features() const noexcept { return in_; }
   std::int64_t out_features() const noexcept { return out_; }
@@ -5932,8 +6924,13 @@ class Linear {
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
-    f(join_path(prefix, "weight"), weight);
+    if (!is_quantized()) f(join_path(prefix, "weight"), weight);
     if (has_bias_) f(join_path(prefix, "bias"), bias);
+  }
+  /// f(path, Linear&) for this layer (composite modules list theirs the same way).
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    f(std::string(prefix), *this);
   }
   std::int64_t param_count() const noexcept { return in_ * out_ + (has_bias_ ? out_ : 0); }
   double flops_forward(std::int64_t rows) const noexcept {
@@ -5949,6 +6946,7 @@ class Linear {
   }
   /// Inference: y = x W^T + b, nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
+    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
     nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
     if (has_bias_) add_bias(y, rows);
   }
@@ -5958,7 +6956,7 @@ class Linear {
   void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
     EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
               "Saved holds no input: call forward first");
-    nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (!is_quantized()) nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
     if (has_bias_) {
       float* db = bias.grad_data();
       const std::int64_t rows = s.rows, out = out_;
@@ -5968,7 +6966,8 @@ class Linear {
           for (std::ptrdiff_t j = lo; j < hi; ++j) db[j] += dy[t * out + j];
       });
     }
-    if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+    if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
+    else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
   }
 
  private:
@@ -6186,6 +7185,13 @@ class Attention {
     k_proj.visit_params(join_path(prefix, "k_proj"), f);
     v_proj.visit_params(join_path(prefix, "v_proj"), f);
     o_proj.visit_params(join_path(prefix, "o_proj"), f);
+  }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    q_proj.visit_linears(join_path(prefix, "q_proj"), f);
+    k_proj.visit_linears(join_path(prefix, "k_proj"), f);
+    v_proj.visit_linears(join_path(prefix, "v_proj"), f);
+    o_proj.visit_linears(join_path(prefix, "o_proj"), f);
   }
   std::int64_t param_count() const noexcept {
     return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count();
@@ -6454,6 +7460,12 @@ class MLP {
     up_proj.visit_params(join_path(prefix, "up_proj"), f);
     down_proj.visit_params(join_path(prefix, "down_proj"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    gate_proj.visit_linears(join_path(prefix, "gate_proj"), f);
+    up_proj.visit_linears(join_path(prefix, "up_proj"), f);
+    down_proj.visit_linears(join_path(prefix, "down_proj"), f);
+  }
   std::int64_t param_count() const noexcept {
     return gate_proj.param_count() + up_proj.param_count() + down_proj.param_count();
   }
@@ -6650,6 +7662,11 @@ class DecoderLayer {
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
     mlp.visit_params(join_path(prefix, "mlp"), f);
+  }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    self_attn.visit_linears(join_path(prefix, "self_attn"), f);
+    mlp.visit_linears(join_path(prefix, "mlp"), f);
   }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
@@ -7001,6 +8018,94 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 // #include <edl/nn/mlp.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/nn/param.hpp> (inlined above)
+// #include <edl/nn/quantize.hpp>
+// edl/nn/quantize.hpp
+// Quantizing a model's Linear layers at run time, EasyDeL's quantize(quantization_config):
+//
+//   nn::quantize(model, {quant::Format::q8_0});                       // every decoder Linear
+//   nn::quantize(model, {quant::Format::q4_0, 0, "mlp\\.(gate|up)_proj"});
+//   nn::is_quantized(model);
+//
+// `pattern` is an ECMAScript regex searched in each Linear's weight path (HF names,
+// "model.layers.3.mlp.up_proj.weight"); the default takes the Linears of the decoder layers,
+// so embeddings, norms and lm_head stay in the policy's dtype unless the pattern names them
+// (kWithHeadPattern adds lm_head: a quantized head decodes and scores, and stays frozen). A
+// Linear whose input width is not a multiple of the format's block is an error naming it,
+// before any layer changes.
+
+#include <cstdint>
+#include <regex>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+
+namespace edl::nn {
+
+struct QuantizationConfig {
+  quant::Format method = quant::Format::q8_0;
+  std::int64_t block_size = 0;  // 0: the format's own (32 for q8_0 / q4_0, 64 for nf4)
+  std::string pattern = kDefaultPattern;
+
+  static constexpr const char* kDefaultPattern = R"(\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$)";
+  /// The decoder's Linears and lm_head (what llama.cpp's q8_0 / q4_0 files quantize).
+  static constexpr const char* kWithHeadPattern = R"((\.layers\.\d+\.(self_attn|mlp)\.\w+_proj|^lm_head)\.weight$)";
+};
+
+/// Quantizes every Linear of `m` whose weight path matches cfg.pattern and is not quantized
+/// yet. Returns how many it quantized.
+template <class M>
+std::int64_t quantize(M& m, const QuantizationConfig& cfg) {
+  const char* where = "nn::quantize";
+  EDL_CHECK(cfg.method != quant::Format::none, errc::invalid_argument, where, "method must be q8_0, q4_0 or nf4, found none");
+  EDL_CHECK(cfg.block_size == 0 || cfg.block_size == quant::block_elems(cfg.method), errc::unsupported, where,
+            quant::format_name(cfg.method), " uses blocks of ", quant::block_elems(cfg.method), ", found block_size ",
+            cfg.block_size);
+  std::regex re;
+  try {
+    re = std::regex(cfg.pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    ::edl::detail::raise(errc::invalid_argument, where,
+                         ::edl::detail::concat("pattern \"", cfg.pattern, "\" is not a valid regex: ", e.what()));
+  }
+  // Check every match first, so that a bad layer leaves the model unchanged.
+  std::vector<std::string> paths;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    const std::string name = path + ".weight";
+    if (lin.is_quantized() || !std::regex_search(name, re)) return;
+    EDL_CHECK(lin.in_features() % quant::block_elems(cfg.method) == 0, errc::shape_mismatch, name, "has ",
+              lin.in_features(), " input features, not a multiple of ", quant::format_name(cfg.method), "'s block of ",
+              quant::block_elems(cfg.method));
+    paths.push_back(name);
+  });
+  std::size_t i = 0;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (i < paths.size() && path + ".weight" == paths[i]) lin.quantize(cfg.method, paths[i++]);
+  });
+  return static_cast<std::int64_t>(paths.size());
+}
+
+/// Whether any Linear of `m` holds a quantized weight.
+template <class M>
+bool is_quantized(M& m) {
+  bool any = false;
+  m.visit_linears("", [&](const std::string&, auto& lin) { any = any || lin.is_quantized(); });
+  return any;
+}
+
+/// The format of `m`'s quantized Linears (Format::none when none is; the first one's if mixed).
+template <class M>
+quant::Format quantized_format(M& m) {
+  quant::Format f = quant::Format::none;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (f == quant::Format::none && lin.is_quantized()) f = lin.qweight.format();
+  });
+  return f;
+}
+
+}  // namespace edl::nn
+// end of edl/nn/quantize.hpp
 // #include <edl/nn/rms_norm.hpp> (inlined above)
 // #include <edl/nn/rotary.hpp> (inlined above)
 // end of edl/nn/all.hpp
@@ -7186,6 +8291,979 @@ inline void write_file_atomic(const std::string& path, const std::string& conten
 
 }  // namespace edl::io
 // end of edl/io/atomic_file.hpp
+// #include <edl/io/gguf.hpp>
+// edl/io/gguf.hpp
+// Reading and writing GGUF files (llama.cpp's checkpoint format), versions 2 and 3.
+//
+// File layout (all little-endian; the layout of ggml's gguf.h):
+//   "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+//   n_kv x      { string key | u32 value type | value }
+//   n_tensors x { string name | u32 n_dims | n_dims x u64 ne | u32 ggml type | u64 offset }
+//   zero padding up to a multiple of general.alignment (default 32), then the data section:
+//   each tensor's bytes at data_start + offset.
+// A string is a u64 byte count and the bytes (no terminator); a bool is one byte; an array
+// value is u32 element type | u64 count | the elements (arrays of arrays do not exist).
+// Dimensions are in ggml order: ne[0] is the innermost (contiguous) extent, so a PyTorch
+// weight of shape (out, in) is stored with dims {in, out}.
+//
+// GgufFile::open memory-maps the file and validates all of it before anything is used,
+// reporting each violation as edl::Error(errc::format) "<file>: <field>: <problem>":
+//   - magic "GGUF"; version 2 or 3 (a byte-swapped version names big-endian files);
+//   - n_tensors and n_kv fit in the bytes that remain (each tensor info needs >= 32 bytes,
+//     each key/value >= 13), checked before anything is allocated;
+//   - every string and array length fits in the bytes that remain; value types are 0..12;
+//     arrays hold no arrays; keys are unique;
+//   - general.alignment, if present, is an integer that is a nonzero power of two;
+//   - tensor names are unique; 1 to 4 dims, none negative; the element count and the byte
+//     count fit in 63 bits (checked multiplication); the ggml type is known; ne[0] is a
+//     multiple of the type's block size;
+//   - offsets are multiples of the alignment; every tensor's bytes lie inside the file;
+//     no two tensors share a byte. (Gaps between tensors and a missing last padding are
+//     accepted; llama.cpp's writer leaves neither, and neither does GgufWriter.)
+// Metadata getters (get_u32, get_string, ...) raise edl::Error(errc::config) naming the key
+// when it is missing or of another type; integer getters take any integer type whose value
+// fits. Tensors stay in the mapping; spans stay valid while the GgufFile lives.
+//
+// GgufWriter collects key/values and tensors (bytes as a span, not owned, or a callback
+// that streams them) and write() stores them atomically ("<path>.tmp-<pid>", fsync,
+// rename): a failed write leaves the old file intact and no temp file behind.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
+// // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
+
+namespace edl::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "edl::io reads GGUF (little-endian) by reinterpreting bytes: a big-endian host is unsupported");
+
+// ------------------------------------------------------------------------------------ types
+
+/// ggml tensor types (the ids of ggml.h's enum ggml_type). Ids 4, 5 and 31..33 were removed
+/// from ggml and are rejected like any unknown id.
+enum class GgmlType : std::uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
+  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30, TQ1_0 = 34, TQ2_0 = 35,
+};
+
+/// A ggml type's storage: `block_size` elements (along ne[0]) take `block_bytes` bytes.
+struct GgmlTypeTraits {
+  std::string_view name;
+  std::uint32_t block_size = 0;  // 0: not a type
+  std::uint32_t block_bytes = 0;
+};
+
+/// Indexed by type id (ggml's type_traits, block sizes from ggml-common.h; QK_K = 256).
+inline constexpr std::array<GgmlTypeTraits, 36> kGgmlTypeTraits = {{
+    {"F32", 1, 4},        {"F16", 1, 2},       {"Q4_0", 32, 18},     {"Q4_1", 32, 20},
+    {"", 0, 0},           {"", 0, 0},          {"Q5_0", 32, 22},     {"Q5_1", 32, 24},
+    {"Q8_0", 32, 34},     {"Q8_1", 32, 36},    {"Q2_K", 256, 84},    {"Q3_K", 256, 110},
+    {"Q4_K", 256, 144},   {"Q5_K", 256, 176},  {"Q6_K", 256, 210},   {"Q8_K", 256, 292},
+    {"IQ2_XXS", 256, 66}, {"IQ2_XS", 256, 74}, {"IQ3_XXS", 256, 98}, {"IQ1_S", 256, 50},
+    {"IQ4_NL", 32, 18},   {"IQ3_S", 256, 110}, {"IQ2_S", 256, 82},   {"IQ4_XS", 256, 136},
+    {"I8", 1, 1},         {"I16", 1, 2},       {"I32", 1, 4},        {"I64", 1, 8},
+    {"F64", 1, 8},        {"IQ1_M", 256, 56},  {"BF16", 1, 2},       {"", 0, 0},
+    {"", 0, 0},           {"", 0, 0},          {"TQ1_0", 256, 54},   {"TQ2_0", 256, 66},
+}};
+
+/// True if `id` names a ggml type this reader knows the storage of.
+constexpr bool is_known_ggml_type(std::uint32_t id) noexcept {
+  return id < kGgmlTypeTraits.size() && kGgmlTypeTraits[id].block_size != 0;
+}
+/// The traits of a known type (a default, block_size 0, for an unknown one).
+constexpr GgmlTypeTraits ggml_type_traits(GgmlType t) noexcept {
+  const auto id = static_cast<std::uint32_t>(t);
+  return id < kGgmlTypeTraits.size() ? kGgmlTypeTraits[id] : GgmlTypeTraits{};
+}
+constexpr std::uint32_t ggml_block_size(GgmlType t) noexcept { return ggml_type_traits(t).block_size; }
+constexpr std::uint32_t ggml_block_bytes(GgmlType t) noexcept { return ggml_type_traits(t).block_bytes; }
+constexpr std::string_view ggml_type_name(GgmlType t) noexcept {
+  const auto n = ggml_type_traits(t).name;
+  return n.empty() ? std::string_view("unknown") : n;
+}
+
+static_assert(ggml_block_size(GgmlType::Q8_0) == 32 && ggml_block_bytes(GgmlType::Q8_0) == 34);
+static_assert(ggml_block_size(GgmlType::Q4_0) == 32 && ggml_block_bytes(GgmlType::Q4_0) == 18);
+static_assert(ggml_block_bytes(GgmlType::F16) == 2 && ggml_block_bytes(GgmlType::BF16) == 2 &&
+              ggml_block_bytes(GgmlType::F32) == 4);
+
+/// GGUF metadata value types (gguf.h's enum gguf_type).
+enum class GgufValueType : std::uint32_t {
+  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9,
+  U64 = 10, I64 = 11, F64 = 12,
+};
+
+constexpr std::string_view gguf_value_type_name(GgufValueType t) noexcept {
+  switch (t) {
+    case GgufValueType::U8: return "u8";
+    case GgufValueType::I8: return "i8";
+    case GgufValueType::U16: return "u16";
+    case GgufValueType::I16: return "i16";
+    case GgufValueType::U32: return "u32";
+    case GgufValueType::I32: return "i32";
+    case GgufValueType::F32: return "f32";
+    case GgufValueType::Bool: return "bool";
+    case GgufValueType::String: return "string";
+    case GgufValueType::Array: return "array";
+    case GgufValueType::U64: return "u64";
+    case GgufValueType::I64: return "i64";
+    case GgufValueType::F64: return "f64";
+  }
+  return "unknown";
+}
+
+/// The key of the data alignment; default 32 when absent.
+inline constexpr std::string_view kGgufAlignmentKey = "general.alignment";
+inline constexpr std::uint32_t kGgufDefaultAlignment = 32;
+
+/// One key/value of a GGUF file. `raw` points into the mapped file: for a scalar its bytes
+/// (for a string its characters), for an array its elements as stored (strings with their
+/// u64 length prefixes).
+struct GgufKv {
+  std::string key;
+  GgufValueType type = GgufValueType::U8;        // Array for arrays
+  GgufValueType array_type = GgufValueType::U8;  // arrays: the element type
+  std::uint64_t array_size = 0;                  // arrays: the element count
+  std::span<const std::byte> raw;
+
+  bool is_array() const noexcept { return type == GgufValueType::Array; }
+};
+
+/// Where one tensor lives in a GGUF file.
+struct GgufTensorInfo {
+  std::string name;
+  GgmlType type = GgmlType::F32;
+  std::vector<std::int64_t> dims;  // ggml order: dims[0] = ne[0], the innermost extent
+  std::uint64_t offset = 0;        // relative to the data section
+  std::uint64_t numel = 0;
+  std::uint64_t nbytes = 0;
+  const std::byte* data = nullptr;  // into the mapped file
+
+  std::span<const std::byte> bytes() const noexcept { return {data, static_cast<std::size_t>(nbytes)}; }
+  /// The dims in row-major (PyTorch, safetensors) order: dims reversed.
+  std::vector<std::int64_t> shape() const { return {dims.rbegin(), dims.rend()}; }
+};
+
+namespace detail::gguf {
+
+using ::edl::detail::concat;
+
+inline constexpr std::uint32_t kMaxDims = 4;
+// The smallest encodings, to bound counts by the bytes left before allocating anything.
+inline constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;              // empty key, type, 1-byte value
+inline constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim
+
+template <class T>
+T load(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+/// a * b, or nullopt on u64 overflow.
+inline std::optional<std::uint64_t> mul(std::uint64_t a, std::uint64_t b) noexcept {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
+  return a * b;
+}
+inline std::optional<std::uint64_t> add(std::uint64_t a, std::uint64_t b) noexcept {
+  if (b > std::numeric_limits<std::uint64_t>::max() - a) return std::nullopt;
+  return a + b;
+}
+inline std::uint64_t align_up(std::uint64_t x, std::uint64_t alignment) noexcept {
+  return (x + alignment - 1) / alignment * alignment;
+}
+
+/// A name from the file, quoted for a message: printable ASCII kept, other bytes as \xNN,
+/// cut after 96 bytes (a hostile file can hold megabytes of anything in a name).
+inline std::string quote(std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "'";
+  const std::size_t n = std::min<std::size_t>(s.size(), 96);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (n < s.size()) out += concat("'... (", s.size(), " bytes)");
+  else out += "'";
+  return out;
+}
+
+/// Bytes of one scalar of type `t`; 0 for strings (variable), arrays and unknown types.
+constexpr std::uint64_t scalar_bytes(GgufValueType t) noexcept {
+  switch (t) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::Bool: return 1;
+    case GgufValueType::U16: case GgufValueType::I16: return 2;
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
+    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
+    default: return 0;
+  }
+}
+constexpr bool is_known_value_type(std::uint32_t id) noexcept { return id <= 12; }
+constexpr bool is_integer(GgufValueType t) noexcept {
+  switch (t) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::U16: case GgufValueType::I16:
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::U64: case GgufValueType::I64:
+      return true;
+    default: return false;
+  }
+}
+
+/// The integer of type `t` at `p` converted to T, or nullopt if it does not fit.
+template <class T>
+std::optional<T> int_as(GgufValueType t, const std::byte* p) noexcept {
+  auto fit = [](auto v) -> std::optional<T> {
+    if (std::in_range<T>(v)) return static_cast<T>(v);
+    return std::nullopt;
+  };
+  switch (t) {
+    case GgufValueType::U8: return fit(load<std::uint8_t>(p));
+    case GgufValueType::I8: return fit(load<std::int8_t>(p));
+    case GgufValueType::U16: return fit(load<std::uint16_t>(p));
+    case GgufValueType::I16: return fit(load<std::int16_t>(p));
+    case GgufValueType::U32: return fit(load<std::uint32_t>(p));
+    case GgufValueType::I32: return fit(load<std::int32_t>(p));
+    case GgufValueType::U64: return fit(load<std::uint64_t>(p));
+    case GgufValueType::I64: return fit(load<std::int64_t>(p));
+    default: return std::nullopt;
+  }
+}
+
+/// The integer of type `t` at `p` as text (for messages).
+inline std::string int_text(GgufValueType t, const std::byte* p) {
+  if (auto s = int_as<std::int64_t>(t, p)) return std::to_string(*s);
+  if (auto u = int_as<std::uint64_t>(t, p)) return std::to_string(*u);
+  return "?";
+}
+
+/// "u32", "string", "array of f32 (12 elements)".
+inline std::string type_text(const GgufKv& kv) {
+  if (!kv.is_array()) return std::string(gguf_value_type_name(kv.type));
+  return concat("array of ", gguf_value_type_name(kv.array_type), " (", kv.array_size, " elements)");
+}
+
+/// Checks dims and type of a tensor and computes its element and byte counts. Returns "" if
+/// the tensor is valid, else the problem (the caller adds the file or the writer and the name).
+inline std::string check_tensor(std::uint32_t type_id, std::span<const std::int64_t> dims, std::uint64_t& numel,
+                                std::uint64_t& nbytes) {
+  if (dims.empty() || dims.size() > kMaxDims)
+    return concat("has ", dims.size(), " dims; a GGUF tensor has 1 to ", kMaxDims);
+  constexpr auto max63 = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  std::uint64_t n = 1;
+  for (std::size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] < 0) return concat("ne[", k, "] = ", dims[k], " is negative");
+    const auto m = mul(n, static_cast<std::uint64_t>(dims[k]));
+    if (!m || *m > max63)
+      return concat("dims ", ::edl::detail::shape_str(dims), " hold more than 2^63 - 1 elements (overflow)");
+    n = *m;
+  }
+  if (!is_known_ggml_type(type_id))
+    return concat("unknown ggml type id ", type_id, " (known: 0-3, 6-30, 34, 35)");
+  const GgmlTypeTraits& tr = kGgmlTypeTraits[type_id];
+  if (static_cast<std::uint64_t>(dims[0]) % tr.block_size != 0)
+    return concat("ne[0] = ", dims[0], " is not a multiple of the ", tr.name, " block size ", tr.block_size);
+  // ne[0] is a multiple of the block size, so n is too.
+  const auto b = mul(n / tr.block_size, tr.block_bytes);
+  if (!b || *b > max63)
+    return concat("dims ", ::edl::detail::shape_str(dims), " of ", tr.name, " need more than 2^63 - 1 bytes (overflow)");
+  numel = n;
+  nbytes = *b;
+  return {};
+}
+
+/// Reads a GGUF file front to back. Every read checks the bytes left first; `field` is a
+/// callable giving the field's name, built only when a check fails.
+class Cursor {
+ public:
+  Cursor(std::span<const std::byte> file, const std::string& path) : file_(file), path_(path) {}
+
+  std::uint64_t pos() const noexcept { return pos_; }
+  std::uint64_t size() const noexcept { return file_.size(); }
+  std::uint64_t remaining() const noexcept { return file_.size() - pos_; }
+
+  template <class Field>
+  void need(std::uint64_t n, const Field& field) const {
+    if (n > remaining())
+      ::edl::detail::raise(errc::format, path_,
+                           concat(field(), ": needs ", n, " bytes at offset ", pos_, ", but the file ends at ", size(),
+                                  " bytes (truncated?)"));
+  }
+  template <class T, class Field>
+  T read(const Field& field) {
+    need(sizeof(T), field);
+    const T v = load<T>(file_.data() + pos_);
+    pos_ += sizeof(T);
+    return v;
+  }
+  template <class Field>
+  std::span<const std::byte> take(std::uint64_t n, const Field& field) {
+    need(n, field);
+    std::span<const std::byte> s = file_.subspan(static_cast<std::size_t>(pos_), static_cast<std::size_t>(n));
+    pos_ += n;
+    return s;
+  }
+  /// A u64 length and that many bytes.
+  template <class Field>
+  std::string_view read_string(const Field& field) {
+    const auto n = read<std::uint64_t>([&] { return concat(field(), " length"); });
+    if (n > remaining())
+      ::edl::detail::raise(errc::format, path_,
+                           concat(field(), ": string length ", n, " passes the end of the file (", remaining(),
+                                  " bytes remain at offset ", pos_, " of ", size(), ")"));
+    const auto s = take(n, field);
+    return {reinterpret_cast<const char*>(s.data()), s.size()};
+  }
+
+  /// The bytes read since offset `start`.
+  std::span<const std::byte> since(std::uint64_t start) const noexcept {
+    return file_.subspan(static_cast<std::size_t>(start), static_cast<std::size_t>(pos_ - start));
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { ::edl::detail::raise(errc::format, path_, what); }
+
+ private:
+  std::span<const std::byte> file_;
+  const std::string& path_;
+  std::uint64_t pos_ = 0;
+};
+
+
+/// Reads and checks one value of type `type_id` (an array's elements included) into `kv`.
+template <class Field>
+void read_value(Cursor& c, std::uint32_t type_id, GgufKv& kv, const Field& field) {
+  if (!is_known_value_type(type_id)) c.fail(concat(field(), ": unknown value type ", type_id, " (known: 0-12)"));
+  kv.type = static_cast<GgufValueType>(type_id);
+  if (kv.type == GgufValueType::String) {
+    const auto s = c.read_string(field);
+    kv.raw = std::as_bytes(std::span<const char>(s.data(), s.size()));
+    return;
+  }
+  if (kv.type != GgufValueType::Array) {
+    kv.raw = c.take(scalar_bytes(kv.type), [&] { return concat(field(), " (", gguf_value_type_name(kv.type), ")"); });
+    return;
+  }
+  const auto et = c.read<std::uint32_t>([&] { return concat(field(), " array element type"); });
+  if (et == static_cast<std::uint32_t>(GgufValueType::Array))
+    c.fail(concat(field(), ": an array of arrays (nested arrays are not part of GGUF)"));
+  if (!is_known_value_type(et)) c.fail(concat(field(), ": unknown array element type ", et, " (known: 0-8, 10-12)"));
+  kv.array_type = static_cast<GgufValueType>(et);
+  kv.array_size = c.read<std::uint64_t>([&] { return concat(field(), " array length"); });
+  // Bound the count by the bytes left before walking it: a hostile count cannot make the
+  // loop below (or a caller's vector) larger than the file.
+  const std::uint64_t min_elem = kv.array_type == GgufValueType::String ? 8 : scalar_bytes(kv.array_type);
+  if (kv.array_size > c.remaining() / min_elem)
+    c.fail(concat(field(), ": array of ", kv.array_size, " ", gguf_value_type_name(kv.array_type),
+                  " passes the end of the file (", c.remaining(), " bytes remain at offset ", c.pos(), " of ", c.size(),
+                  ", each element takes at least ", min_elem, ")"));
+  const std::uint64_t start = c.pos();
+  if (kv.array_type == GgufValueType::String) {
+    for (std::uint64_t i = 0; i < kv.array_size; ++i) (void)c.read_string([&] { return concat(field(), "[", i, "]"); });
+  } else {
+    (void)c.take(kv.array_size * min_elem, field);
+  }
+  kv.raw = c.since(start);
+}
+
+/// The validated contents of a GGUF file.
+struct Parsed {
+  std::uint32_t version = 3;
+  std::uint32_t alignment = kGgufDefaultAlignment;
+  std::uint64_t data_offset = 0;  // where the data section starts in the file
+  std::vector<GgufKv> kvs;
+  std::unordered_map<std::string, std::size_t> kv_index;
+  std::vector<GgufTensorInfo> tensors;
+  std::unordered_map<std::string, std::size_t> tensor_index;
+};
+
+inline std::uint32_t byteswap32(std::uint32_t v) noexcept {
+  return (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
+}
+
+/// Validates `file` (the whole file's bytes) against the GGUF rules; `path` names it.
+inline Parsed parse(std::span<const std::byte> file, const std::string& path) {
+  Cursor c(file, path);
+  Parsed out;
+
+  // ---- header
+  const auto magic = c.take(4, [] { return std::string("magic (a GGUF file starts with \"GGUF\")"); });
+  if (std::memcmp(magic.data(), "GGUF", 4) != 0)
+    c.fail(concat("magic: expected \"GGUF\", found ",
+                  quote(std::string_view(reinterpret_cast<const char*>(magic.data()), 4)), " (not a GGUF file)"));
+  out.version = c.read<std::uint32_t>([] { return std::string("version"); });
+  if (out.version != 2 && out.version != 3) {
+    const std::uint32_t swapped = byteswap32(out.version);
+    if (swapped == 2 || swapped == 3)
+      c.fail(concat("version: reads as ", out.version, ", i.e. version ", swapped,
+                    " stored big-endian; edl reads little-endian GGUF only"));
+    c.fail(concat("version: ", out.version, " is not supported (edl reads GGUF versions 2 and 3)"));
+  }
+  const auto n_tensors = c.read<std::uint64_t>([] { return std::string("n_tensors"); });
+  const auto n_kv = c.read<std::uint64_t>([] { return std::string("n_kv"); });
+  if (n_kv > c.remaining() / kMinKvBytes)
+    c.fail(concat("n_kv: ", n_kv, " key/values (at least ", kMinKvBytes, " bytes each) pass the end of the file (",
+                  c.remaining(), " bytes remain after the header)"));
+  if (n_tensors > (c.remaining() - n_kv * kMinKvBytes) / kMinTensorInfoBytes)
+    c.fail(concat("n_tensors: ", n_tensors, " tensor infos (at least ", kMinTensorInfoBytes,
+                  " bytes each) pass the end of the file (", c.remaining(), " bytes remain after the header, ", n_kv,
+                  " key/values take at least ", n_kv * kMinKvBytes, " of them)"));
+
+  // ---- key/values
+  // Counts are bounded by the file's size, but entries of garbage fail one by one: reserve
+  // only a modest amount up front.
+  out.kvs.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_kv, 4096)));
+  for (std::uint64_t i = 0; i < n_kv; ++i) {
+    GgufKv kv;
+    kv.key = std::string(c.read_string([&] { return concat("key #", i); }));
+    const auto field = [&] { return concat("key ", quote(kv.key)); };
+    const auto [it, inserted] = out.kv_index.emplace(kv.key, out.kvs.size());
+    if (!inserted) c.fail(concat(field(), ": duplicate key (key #", it->second, " and key #", i, ")"));
+    const auto type_id = c.read<std::uint32_t>([&] { return concat(field(), " value type"); });
+    read_value(c, type_id, kv, field);
+    out.kvs.push_back(std::move(kv));
+  }
+
+  if (const auto it = out.kv_index.find(std::string(kGgufAlignmentKey)); it != out.kv_index.end()) {
+    const GgufKv& kv = out.kvs[it->second];
+    const auto field = quote(kv.key);
+    if (kv.is_array() || !is_integer(kv.type))
+      c.fail(concat("key ", field, ": stored as ", type_text(kv), ", expected an integer (u32)"));
+    const auto a = int_as<std::uint32_t>(kv.type, kv.raw.data());
+    if (!a || *a == 0 || (*a & (*a - 1)) != 0)
+      c.fail(concat("key ", field, ": alignment ", int_text(kv.type, kv.raw.data()),
+                    " is not a nonzero power of two (in u32)"));
+    out.alignment = *a;
+  }
+
+  // ---- tensor infos
+  out.tensors.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_tensors, 4096)));
+  for (std::uint64_t i = 0; i < n_tensors; ++i) {
+    GgufTensorInfo t;
+    t.name = std::string(c.read_string([&] { return concat("tensor #", i, " name"); }));
+    const auto field = [&] { return concat("tensor ", quote(t.name)); };
+    const auto [it, inserted] = out.tensor_index.emplace(t.name, out.tensors.size());
+    if (!inserted) c.fail(concat(field(), ": duplicate tensor name (tensor #", it->second, " and tensor #", i, ")"));
+    const auto n_dims = c.read<std::uint32_t>([&] { return concat(field(), " n_dims"); });
+    if (n_dims == 0 || n_dims > kMaxDims)
+      c.fail(concat(field(), ": n_dims = ", n_dims, "; a GGUF tensor has 1 to ", kMaxDims, " dims"));
+    std::array<std::int64_t, kMaxDims> ne{};
+    for (std::uint32_t k = 0; k < n_dims; ++k)
+      ne[k] = c.read<std::int64_t>([&] { return concat(field(), " ne[", k, "]"); });
+    const auto type_id = c.read<std::uint32_t>([&] { return concat(field(), " type"); });
+    t.offset = c.read<std::uint64_t>([&] { return concat(field(), " offset"); });
+    const std::string problem = check_tensor(type_id, std::span<const std::int64_t>(ne.data(), n_dims), t.numel, t.nbytes);
+    if (!problem.empty()) c.fail(concat(field(), ": ", problem));
+    t.type = static_cast<GgmlType>(type_id);
+    t.dims.assign(ne.begin(), ne.begin() + n_dims);
+    out.tensors.push_back(std::move(t));
+  }
+
+  // ---- data section: starts at the next multiple of the alignment (header_end <= file size
+  // < 2^63 and alignment <= 2^31, so this cannot overflow).
+  out.data_offset = align_up(c.pos(), out.alignment);
+  struct Range {
+    std::uint64_t begin, end;
+    std::size_t index;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(out.tensors.size());
+  const std::uint64_t size = c.size();
+  for (std::size_t i = 0; i < out.tensors.size(); ++i) {
+    GgufTensorInfo& t = out.tensors[i];
+    const std::string field = concat("tensor ", quote(t.name));
+    if (t.offset % out.alignment != 0)
+      c.fail(concat(field, ": offset ", t.offset, " is not a multiple of general.alignment ", out.alignment));
+    const auto begin = add(out.data_offset, t.offset);
+    const auto end = begin ? add(*begin, t.nbytes) : std::nullopt;
+    if (!end)
+      c.fail(concat(field, ": data offset ", t.offset, " + ", t.nbytes, " bytes overflows 64 bits (the file has ", size,
+                    " bytes)"));
+    if (*end > size)
+      c.fail(concat(field, ": data [", *begin, ", ", *end, ") passes the end of the file (", size, " bytes); offset ",
+                    t.offset, " in the data section at ", out.data_offset, ", ", t.nbytes, " bytes"));
+    t.data = file.data() + *begin;
+    if (t.nbytes > 0) ranges.push_back({*begin, *end, i});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.index < b.index;
+  });
+  const Range* reach = nullptr;  // the range that ends last among those seen
+  for (const Range& r : ranges) {
+    if (reach != nullptr && r.begin < reach->end)
+      c.fail(concat("tensor ", quote(out.tensors[r.index].name), ": data [", r.begin, ", ", r.end, ") overlaps tensor ",
+                    quote(out.tensors[reach->index].name), " [", reach->begin, ", ", reach->end, ")"));
+    if (reach == nullptr || r.end > reach->end) reach = &r;
+  }
+  return out;
+}
+
+}  // namespace detail::gguf
+
+// ------------------------------------------------------------------------------------ reader
+
+/// A memory-mapped, validated GGUF file. Move-only; spans and pointers stay valid while it lives.
+///
+///   auto f = edl::io::GgufFile::open("model.gguf");
+///   std::uint32_t L = f.get_u32("llama.block_count");
+///   const auto& q = f.tensor("blk.0.attn_q.weight");   // q.type, q.dims {C, C}, q.bytes()
+class GgufFile {
+ public:
+  static GgufFile open(const std::string& path) {
+    GgufFile f;
+    f.map_ = MappedFile(path);
+    f.p_ = detail::gguf::parse(f.map_.bytes(), f.map_.path());
+    return f;
+  }
+
+  const std::string& path() const noexcept { return map_.path(); }
+  std::uint32_t version() const noexcept { return p_.version; }
+  /// general.alignment, or 32.
+  std::uint32_t alignment() const noexcept { return p_.alignment; }
+  /// Where the data section starts in the file (past its end for a file without tensors,
+  /// whose last padding is optional).
+  std::uint64_t data_offset() const noexcept { return p_.data_offset; }
+  std::uint64_t file_bytes() const noexcept { return map_.size(); }
+
+  // ---- metadata
+
+  /// Key/values in file order.
+  const std::vector<GgufKv>& kvs() const noexcept { return p_.kvs; }
+  bool has(const std::string& key) const { return p_.kv_index.count(key) > 0; }
+  /// The key/value, or nullptr if the file has no such key.
+  const GgufKv* find(const std::string& key) const {
+    const auto it = p_.kv_index.find(key);
+    return it == p_.kv_index.end() ? nullptr : &p_.kvs[it->second];
+  }
+  /// The key/value; errc::config naming the key if it is missing.
+  const GgufKv& at(const std::string& key) const {
+    const GgufKv* kv = find(key);
+    if (kv == nullptr)
+      ::edl::detail::raise(errc::config, path(),
+                           ::edl::detail::concat("key ", detail::gguf::quote(key), ": missing (the file has ",
+                                                 p_.kvs.size(), " keys)"));
+    return *kv;
+  }
+
+  std::string get_string(const std::string& key) const {
+    const GgufKv& kv = expect(key, GgufValueType::String, "string");
+    return {reinterpret_cast<const char*>(kv.raw.data()), kv.raw.size()};
+  }
+  bool get_bool(const std::string& key) const {
+    return detail::gguf::load<std::uint8_t>(expect(key, GgufValueType::Bool, "bool").raw.data()) != 0;
+  }
+  /// An f32 value (an f64 one is rounded to float).
+  float get_f32(const std::string& key) const { return static_cast<float>(get_f64(key)); }
+  /// An f32 or f64 value.
+  double get_f64(const std::string& key) const {
+    const GgufKv& kv = at(key);
+    if (kv.is_array() || (kv.type != GgufValueType::F32 && kv.type != GgufValueType::F64)) wrong_type(kv, "f32 or f64");
+    return kv.type == GgufValueType::F32 ? double(detail::gguf::load<float>(kv.raw.data()))
+                                         : detail::gguf::load<double>(kv.raw.data());
+  }
+  /// An integer of any GGUF integer type whose value fits in T.
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  T get_int(const std::string& key) const {
+    const GgufKv& kv = at(key);
+    if (kv.is_array() || !detail::gguf::is_integer(kv.type)) wrong_type(kv, concat_type<T>("an integer that fits in "));
+    const auto v = detail::gguf::int_as<T>(kv.type, kv.raw.data());
+    if (!v)
+      ::edl::detail::raise(errc::config, path(),
+                           ::edl::detail::concat("key ", detail::gguf::quote(key), ": value ",
+                                                 detail::gguf::int_text(kv.type, kv.raw.data()), " (",
+                                                 gguf_value_type_name(kv.type), ") does not fit in ", int_name<T>()));
+    return *v;
+  }
+  std::uint32_t get_u32(const std::string& key) const { return get_int<std::uint32_t>(key); }
+  std::int32_t get_i32(const std::string& key) const { return get_int<std::int32_t>(key); }
+  std::uint64_t get_u64(const std::string& key) const { return get_int<std::uint64_t>(key); }
+  std::int64_t get_i64(const std::string& key) const { return get_int<std::int64_t>(key); }
+
+  std::vector<std::string> get_string_array(const std::string& key) const {
+    const GgufKv& kv = expect_array(key, "string", [](GgufValueType t) { return t == GgufValueType::String; });
+    std::vector<std::string> v;
+    v.reserve(static_cast<std::size_t>(kv.array_size));
+    std::size_t pos = 0;
+    for (std::uint64_t i = 0; i < kv.array_size; ++i) {  // lengths were checked by open()
+      const auto n = static_cast<std::size_t>(detail::gguf::load<std::uint64_t>(kv.raw.data() + pos));
+      v.emplace_back(reinterpret_cast<const char*>(kv.raw.data() + pos + 8), n);
+      pos += 8 + n;
+    }
+    return v;
+  }
+  /// An array of f32 (or f64, rounded to float).
+  std::vector<float> get_f32_array(const std::string& key) const {
+    const GgufKv& kv = expect_array(key, "f32 or f64", [](GgufValueType t) {
+      return t == GgufValueType::F32 || t == GgufValueType::F64;
+    });
+    std::vector<float> v(static_cast<std::size_t>(kv.array_size));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = kv.array_type == GgufValueType::F32 ? detail::gguf::load<float>(kv.raw.data() + 4 * i)
+                                                 : static_cast<float>(detail::gguf::load<double>(kv.raw.data() + 8 * i));
+    return v;
+  }
+  /// An array of any GGUF integer type whose every value fits in T.
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+  std::vector<T> get_int_array(const std::string& key) const {
+    const GgufKv& kv = expect_array(key, concat_type<T>("integers that fit in "), detail::gguf::is_integer);
+    const std::size_t esize = static_cast<std::size_t>(detail::gguf::scalar_bytes(kv.array_type));
+    std::vector<T> v(static_cast<std::size_t>(kv.array_size));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto x = detail::gguf::int_as<T>(kv.array_type, kv.raw.data() + esize * i);
+      if (!x)
+        ::edl::detail::raise(errc::config, path(),
+                             ::edl::detail::concat("key ", detail::gguf::quote(key), ": element ", i, " = ",
+                                                   detail::gguf::int_text(kv.array_type, kv.raw.data() + esize * i),
+                                                   " (", gguf_value_type_name(kv.array_type), ") does not fit in ",
+                                                   int_name<T>()));
+      v[i] = *x;
+    }
+    return v;
+  }
+  std::vector<std::int32_t> get_i32_array(const std::string& key) const { return get_int_array<std::int32_t>(key); }
+
+  // ---- tensors
+
+  /// Tensor infos in file order.
+  const std::vector<GgufTensorInfo>& tensors() const noexcept { return p_.tensors; }
+  bool has_tensor(const std::string& name) const { return p_.tensor_index.count(name) > 0; }
+  /// The tensor, or nullptr if the file has no such tensor.
+  const GgufTensorInfo* find_tensor(const std::string& name) const {
+    const auto it = p_.tensor_index.find(name);
+    return it == p_.tensor_index.end() ? nullptr : &p_.tensors[it->second];
+  }
+  /// The tensor; errc::format naming it if the file has no such tensor.
+  const GgufTensorInfo& tensor(const std::string& name) const {
+    const GgufTensorInfo* t = find_tensor(name);
+    if (t == nullptr)
+      ::edl::detail::raise(errc::format, path(),
+                           ::edl::detail::concat("tensor ", detail::gguf::quote(name), ": no such tensor in the file (it holds ",
+                                                 p_.tensors.size(), " tensors)"));
+    return *t;
+  }
+  /// The tensor's bytes as stored (ggml layout of its type).
+  std::span<const std::byte> data_of(const std::string& name) const { return tensor(name).bytes(); }
+
+ private:
+  GgufFile() = default;
+
+  template <class T>
+  static std::string int_name() {
+    return ::edl::detail::concat(std::is_signed_v<T> ? "i" : "u", 8 * sizeof(T));
+  }
+  template <class T>
+  static std::string concat_type(const char* prefix) {
+    return prefix + int_name<T>();
+  }
+  [[noreturn]] void wrong_type(const GgufKv& kv, const std::string& expected) const {
+    ::edl::detail::raise(errc::config, path(),
+                         ::edl::detail::concat("key ", detail::gguf::quote(kv.key), ": stored as ",
+                                               detail::gguf::type_text(kv), ", expected ", expected));
+  }
+  const GgufKv& expect(const std::string& key, GgufValueType t, const char* expected) const {
+    const GgufKv& kv = at(key);
+    if (kv.is_array() || kv.type != t) wrong_type(kv, expected);
+    return kv;
+  }
+  template <class Pred>
+  const GgufKv& expect_array(const std::string& key, const std::string& elements, Pred ok) const {
+    const GgufKv& kv = at(key);
+    if (!kv.is_array() || !ok(kv.array_type)) wrong_type(kv, "an array of " + elements);
+    return kv;
+  }
+
+  MappedFile map_;
+  detail::gguf::Parsed p_;
+};
+
+// ------------------------------------------------------------------------------------ writer
+
+/// Receives one tensor's bytes from a GgufWriter::add_tensor callback. Writing more than the
+/// tensor's byte count throws; writing fewer makes GgufWriter::write throw.
+class GgufSink {
+ public:
+  void write(std::span<const std::byte> bytes) {
+    EDL_CHECK(bytes.size() <= remaining(), errc::invalid_argument, *path_, "tensor ",
+              detail::gguf::quote(*name_), ": the callback writes ", written_ + bytes.size(), " bytes, but the tensor has ",
+              expected_);
+    file_->write(bytes.data(), bytes.size());
+    written_ += bytes.size();
+  }
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void write(std::span<const T> values) {
+    write(std::as_bytes(values));
+  }
+  std::uint64_t written() const noexcept { return written_; }
+  std::uint64_t remaining() const noexcept { return expected_ - written_; }
+
+ private:
+  friend class GgufWriter;
+  GgufSink(AtomicFile& f, const std::string& path, const std::string& name, std::uint64_t expected)
+      : file_(&f), path_(&path), name_(&name), expected_(expected) {}
+  AtomicFile* file_;
+  const std::string* path_;
+  const std::string* name_;
+  std::uint64_t expected_;
+  std::uint64_t written_ = 0;
+};
+
+/// Builds a GGUF v3 file: key/values and tensors in the order added, then write(path).
+///
+///   edl::io::GgufWriter w;
+///   w.add_string("general.architecture", "llama").add_u32("llama.block_count", 2);
+///   w.add_tensor("token_embd.weight", GgmlType::F32, {C, V}, std::as_bytes(std::span(emb)));  // emb: (V, C)
+///   w.write("model.gguf");
+///
+/// Tensor bytes given as a span are not copied: they must live until write() returns.
+/// general.alignment is written only if set (set_alignment, or add_u32 of that key).
+class GgufWriter {
+ public:
+  GgufWriter& add_u8(std::string key, std::uint8_t v) { return scalar(std::move(key), GgufValueType::U8, v); }
+  GgufWriter& add_i8(std::string key, std::int8_t v) { return scalar(std::move(key), GgufValueType::I8, v); }
+  GgufWriter& add_u16(std::string key, std::uint16_t v) { return scalar(std::move(key), GgufValueType::U16, v); }
+  GgufWriter& add_i16(std::string key, std::int16_t v) { return scalar(std::move(key), GgufValueType::I16, v); }
+  GgufWriter& add_u32(std::string key, std::uint32_t v) {
+    if (key == kGgufAlignmentKey) return set_alignment(v);
+    return scalar(std::move(key), GgufValueType::U32, v);
+  }
+  GgufWriter& add_i32(std::string key, std::int32_t v) { return scalar(std::move(key), GgufValueType::I32, v); }
+  GgufWriter& add_u64(std::string key, std::uint64_t v) { return scalar(std::move(key), GgufValueType::U64, v); }
+  GgufWriter& add_i64(std::string key, std::int64_t v) { return scalar(std::move(key), GgufValueType::I64, v); }
+  GgufWriter& add_f32(std::string key, float v) { return scalar(std::move(key), GgufValueType::F32, v); }
+  GgufWriter& add_f64(std::string key, double v) { return scalar(std::move(key), GgufValueType::F64, v); }
+  GgufWriter& add_bool(std::string key, bool v) {
+    return scalar(std::move(key), GgufValueType::Bool, static_cast<std::uint8_t>(v ? 1 : 0));
+  }
+  GgufWriter& add_string(std::string key, std::string_view v) {
+    std::string enc;
+    put(enc, static_cast<std::uint32_t>(GgufValueType::String));
+    put_string(enc, v);
+    return add_kv(std::move(key), std::move(enc));
+  }
+  GgufWriter& add_string_array(std::string key, const std::vector<std::string>& v) {
+    std::string enc = array_head(GgufValueType::String, v.size());
+    for (const auto& s : v) put_string(enc, s);
+    return add_kv(std::move(key), std::move(enc));
+  }
+  GgufWriter& add_i32_array(std::string key, const std::vector<std::int32_t>& v) {
+    return array(std::move(key), GgufValueType::I32, v);
+  }
+  GgufWriter& add_u32_array(std::string key, const std::vector<std::uint32_t>& v) {
+    return array(std::move(key), GgufValueType::U32, v);
+  }
+  GgufWriter& add_f32_array(std::string key, const std::vector<float>& v) {
+    return array(std::move(key), GgufValueType::F32, v);
+  }
+
+  /// Sets general.alignment (a nonzero power of two) and writes it as a u32 key; calling it
+  /// again replaces the value.
+  GgufWriter& set_alignment(std::uint32_t alignment) {
+    EDL_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, errc::invalid_argument, "io.GgufWriter",
+              "key 'general.alignment': ", alignment, " is not a nonzero power of two");
+    alignment_ = alignment;
+    std::string enc;
+    put(enc, static_cast<std::uint32_t>(GgufValueType::U32));
+    put(enc, alignment);
+    const auto it = std::find_if(kvs_.begin(), kvs_.end(), [](const Kv& kv) { return kv.key == kGgufAlignmentKey; });
+    if (it != kvs_.end()) it->value = std::move(enc);
+    else {
+      kvs_.push_back({std::string(kGgufAlignmentKey), std::move(enc)});
+      keys_.insert(kvs_.back().key);
+    }
+    return *this;
+  }
+  std::uint32_t alignment() const noexcept { return alignment_; }
+
+  /// Adds a tensor whose bytes (ggml layout of `type`, dims in ggml order) are `bytes`, which
+  /// must hold exactly the tensor's byte count and stay alive until write() returns.
+  GgufWriter& add_tensor(std::string name, GgmlType type, std::vector<std::int64_t> dims,
+                         std::span<const std::byte> bytes) {
+    Tensor t = make_tensor(std::move(name), type, std::move(dims));
+    EDL_CHECK(bytes.size() == t.nbytes, errc::shape_mismatch, "io.GgufWriter", "tensor ",
+              detail::gguf::quote(t.name), ": dims ", ::edl::detail::shape_str(t.dims), " of ", ggml_type_name(type),
+              " need ", t.nbytes, " bytes, but ", bytes.size(), " were given");
+    t.bytes = bytes;
+    return push(std::move(t));
+  }
+  /// Adds a tensor whose bytes `fill` writes to the sink during write(), exactly its byte count.
+  GgufWriter& add_tensor(std::string name, GgmlType type, std::vector<std::int64_t> dims,
+                         std::function<void(GgufSink&)> fill) {
+    EDL_CHECK(static_cast<bool>(fill), errc::invalid_argument, "io.GgufWriter", "tensor ", detail::gguf::quote(name),
+              ": empty callback");
+    Tensor t = make_tensor(std::move(name), type, std::move(dims));
+    t.fill = std::move(fill);
+    return push(std::move(t));
+  }
+
+  std::size_t num_kvs() const noexcept { return kvs_.size(); }
+  std::size_t num_tensors() const noexcept { return tensors_.size(); }
+  /// A tensor's byte count (ggml_nbytes), for a callback's bookkeeping.
+  std::uint64_t tensor_bytes(const std::string& name) const {
+    for (const Tensor& t : tensors_)
+      if (t.name == name) return t.nbytes;
+    ::edl::detail::raise(errc::invalid_argument, "io.GgufWriter",
+                         ::edl::detail::concat("tensor ", detail::gguf::quote(name), ": not added"));
+  }
+
+  /// Writes the file atomically: header, key/values, tensor infos, zero padding to the
+  /// alignment, then each tensor padded to the alignment. Returns the file size.
+  std::uint64_t write(const std::string& path) const {
+    std::string head;
+    head.append("GGUF", 4);
+    put(head, std::uint32_t{3});
+    put(head, static_cast<std::uint64_t>(tensors_.size()));
+    put(head, static_cast<std::uint64_t>(kvs_.size()));
+    for (const Kv& kv : kvs_) {
+      put_string(head, kv.key);
+      head += kv.value;
+    }
+    std::uint64_t offset = 0;
+    for (const Tensor& t : tensors_) {
+      put_string(head, t.name);
+      put(head, static_cast<std::uint32_t>(t.dims.size()));
+      for (auto d : t.dims) put(head, d);
+      put(head, static_cast<std::uint32_t>(t.type));
+      put(head, offset);
+      const auto next = detail::gguf::add(offset, t.nbytes);
+      EDL_CHECK(next && *next <= std::numeric_limits<std::uint64_t>::max() - alignment_, errc::invalid_argument, path,
+                "the tensors' bytes overflow 64-bit offsets at tensor ", detail::gguf::quote(t.name));
+      offset = detail::gguf::align_up(*next, alignment_);
+    }
+
+    AtomicFile f(path);
+    f.write(head.data(), head.size());
+    pad(f, head.size());
+    for (const Tensor& t : tensors_) {
+      if (t.fill) {
+        GgufSink sink(f, path, t.name, t.nbytes);
+        t.fill(sink);
+        EDL_CHECK(sink.written() == t.nbytes, errc::invalid_argument, path, "tensor ", detail::gguf::quote(t.name),
+                  ": the callback wrote ", sink.written(), " bytes, but the tensor has ", t.nbytes);
+      } else {
+        f.write(t.bytes.data(), t.bytes.size());
+      }
+      pad(f, t.nbytes);
+    }
+    const std::uint64_t total = f.bytes_written();
+    f.commit();
+    return total;
+  }
+
+ private:
+  struct Kv {
+    std::string key;
+    std::string value;  // u32 type, then the encoded value
+  };
+  struct Tensor {
+    std::string name;
+    GgmlType type = GgmlType::F32;
+    std::vector<std::int64_t> dims;
+    std::uint64_t nbytes = 0;
+    std::span<const std::byte> bytes;
+    std::function<void(GgufSink&)> fill;
+  };
+
+  template <class T>
+  static void put(std::string& out, T v) {
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    out.append(b, sizeof(T));
+  }
+  static void put_string(std::string& out, std::string_view s) {
+    put(out, static_cast<std::uint64_t>(s.size()));
+    out.append(s.data(), s.size());
+  }
+  static std::string array_head(GgufValueType elem, std::size_t n) {
+    std::string enc;
+    put(enc, static_cast<std::uint32_t>(GgufValueType::Array));
+    put(enc, static_cast<std::uint32_t>(elem));
+    put(enc, static_cast<std::uint64_t>(n));
+    return enc;
+  }
+  template <class T>
+  GgufWriter& scalar(std::string key, GgufValueType type, T v) {
+    std::string enc;
+    put(enc, static_cast<std::uint32_t>(type));
+    put(enc, v);
+    return add_kv(std::move(key), std::move(enc));
+  }
+  template <class T>
+  GgufWriter& array(std::string key, GgufValueType elem, const std::vector<T>& v) {
+    std::string enc = array_head(elem, v.size());
+    if (!v.empty()) enc.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    return add_kv(std::move(key), std::move(enc));
+  }
+  GgufWriter& add_kv(std::string key, std::string enc) {
+    EDL_CHECK(key != kGgufAlignmentKey, errc::invalid_argument, "io.GgufWriter",
+              "key 'general.alignment': must be a u32 (use set_alignment or add_u32)");
+    EDL_CHECK(keys_.insert(key).second, errc::invalid_argument, "io.GgufWriter", "key ", detail::gguf::quote(key),
+              ": added twice");
+    kvs_.push_back({std::move(key), std::move(enc)});
+    return *this;
+  }
+  /// A checked tensor (not yet added).
+  Tensor make_tensor(std::string name, GgmlType type, std::vector<std::int64_t> dims) const {
+    const std::string where = "io.GgufWriter";
+    EDL_CHECK(!tensor_names_.count(name), errc::invalid_argument, where, "tensor ", detail::gguf::quote(name),
+              ": added twice");
+    Tensor t;
+    std::uint64_t numel = 0;
+    const std::string problem = detail::gguf::check_tensor(static_cast<std::uint32_t>(type), dims, numel, t.nbytes);
+    EDL_CHECK(problem.empty(), errc::invalid_argument, where, "tensor ", detail::gguf::quote(name), ": ", problem);
+    t.name = std::move(name);
+    t.type = type;
+    t.dims = std::move(dims);
+    return t;
+  }
+  GgufWriter& push(Tensor t) {
+    tensor_names_.insert(t.name);
+    tensors_.push_back(std::move(t));
+    return *this;
+  }
+  void pad(AtomicFile& f, std::uint64_t written) const {
+    static constexpr char zeros[256] = {};
+    std::uint64_t n = detail::gguf::align_up(written, alignment_) - written;
+    while (n > 0) {
+      const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, sizeof zeros));
+      f.write(zeros, k);
+      n -= k;
+    }
+  }
+
+  std::vector<Kv> kvs_;
+  std::vector<Tensor> tensors_;
+  std::unordered_set<std::string> keys_, tensor_names_;
+  std::uint32_t alignment_ = kGgufDefaultAlignment;
+};
+
+}  // namespace edl::io
+// end of edl/io/gguf.hpp
 // #include <edl/io/json_config.hpp>
 // edl/io/json_config.hpp
 // A small wrapper over a JSON object (config.json and friends) with typed getters whose errors
@@ -9625,6 +11703,7 @@ struct LlamaConfig {
 // #include <edl/nn/linear.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/nn/quantize.hpp> (inlined above)
 // #include <edl/nn/rms_norm.hpp> (inlined above)
 
 namespace edl::models {
@@ -9693,6 +11772,11 @@ class LlamaModel {
     for (std::size_t l = 0; l < layers.size(); ++l)
       layers[l].visit_params(nn::join_path(prefix, "layers." + std::to_string(l)), f);
     norm.visit_params(nn::join_path(prefix, "norm"), f);
+  }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      layers[l].visit_linears(nn::join_path(prefix, "layers." + std::to_string(l)), f);
   }
   std::int64_t param_count() const noexcept {
     std::int64_t n = embed_tokens.param_count() + norm.param_count();
@@ -9766,19 +11850,46 @@ class LlamaForCausalLM {
     model.visit_params(nn::join_path(prefix, "model"), f);
     if (!tied_) lm_head.visit_params(nn::join_path(prefix, "lm_head"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    model.visit_linears(nn::join_path(prefix, "model"), f);
+    if (!tied_) lm_head.visit_linears(nn::join_path(prefix, "lm_head"), f);
+  }
   std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
     return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
                                                  static_cast<double>(config().hidden_size) *
                                                  static_cast<double>(config().vocab_size);
   }
+  /// Random weights (then quantized when the policy names a format).
   void init(Key key, float std = -1.0f) {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(config().initializer_range));
+    quantize_as_policy();
+  }
+  /// Quantizes the decoder's Linears to the policy's format (quant::none: nothing to do).
+  void quantize_as_policy() {
+    if constexpr (Pol::quant_t::quantized) {
+      nn::QuantizationConfig q;
+      q.method = quant::format_of<typename Pol::quant_t>();
+      nn::quantize(*this, q);
+    }
   }
 
   /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
   float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+
+  /// f(weight, grad) with the head's weight [vocab, hidden] and its gradient (null unless
+  /// `grad`): a quantized lm_head gives a dequantized f32 copy and no gradient (it is frozen).
+  template <class F>
+  auto with_head(bool grad, F&& f) {
+    if (!tied_ && lm_head.is_quantized()) {
+      std::vector<float> w(static_cast<std::size_t>(config().vocab_size * config().hidden_size));
+      lm_head.qweight.dequantize(w.data());
+      return f(static_cast<const float*>(w.data()), static_cast<float*>(nullptr));
+    }
+    return f(head_weight(), grad ? head_grad() : nullptr);
+  }
 
   /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
   template <remat::RematPolicy R = typename Pol::remat_t>
@@ -9793,6 +11904,7 @@ class LlamaForCausalLM {
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
+    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(s.hidden.data(), layout.tokens(), out);
     nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
                        config().hidden_size);
   }
@@ -9802,8 +11914,10 @@ class LlamaForCausalLM {
                        const nn::LossOptions& opt = {}) const {
     Saved s;
     forward(ids, layout, s);
-    return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
-                              config().vocab_size, labels ? labels : ids, opt);
+    return const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
+      return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
+                                labels ? labels : ids, opt);
+    });
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
@@ -9813,9 +11927,10 @@ class LlamaForCausalLM {
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
-    const nn::LossMetrics m =
-        nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
-                           config().vocab_size, labels ? labels : ids, opt, dhidden.data(), head_grad());
+    const nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
+      return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
+                                labels ? labels : ids, opt, dhidden.data(), grad);
+    });
     model.backward(dhidden.data(), s.model_s);
     return m;
   }
@@ -10886,8 +13001,16 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // the tensors pass max_shard_bytes (HF's default is "5GB" = 5e9 bytes), every file written
 // atomically, metadata {"format": "pt"}, tensors in HF order: the layout
 // transformers' from_pretrained reads unchanged.
+//
+// Quantized Linears (nn::quantize) are saved as their blocks: the weight's name holds a U8
+// tensor [out, bytes per row] (q8_0: in / 32 * 34, q4_0: in / 32 * 18, nf4: in / 2, so the
+// width says the format), and nf4 adds "<name>.absmax" (U8 codes), "<name>.nested_absmax" (F32
+// group scales) and "<name>.offset" (F32 [1]), its double-quantized scales. config.json gets
+// "quantization_config": {"quant_method": "edl", "format": ...}. load_weights reads them into
+// quantized Linears (docs/quantization.md).
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -10909,6 +13032,8 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/nn/quantize.hpp> (inlined above)
+// #include <edl/quant/matrix.hpp> (inlined above)
 
 namespace edl::models {
 
@@ -11061,6 +13186,18 @@ std::string checkpoint_source(const Ckpt& c) {
   }
 }
 
+/// The block format of a saved quantized weight [rows, width] of a Linear with `in` inputs.
+inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t in) {
+  for (quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4})
+    if (in % quant::block_elems(f) == 0 && width == in / quant::block_elems(f) * quant::block_bytes(f)) return f;
+  return quant::Format::none;
+}
+
+/// The companion tensors of a saved nf4 weight (its double-quantized block scales).
+inline std::array<std::string, 3> nf4_scale_names(const std::string& weight) {
+  return {weight + ".absmax", weight + ".nested_absmax", weight + ".offset"};
+}
+
 template <class Ckpt>
 std::string file_of(const Ckpt& c, const std::string& name) {
   if constexpr (requires { c.file_of(name); }) return c.file_of(name);
@@ -11079,6 +13216,42 @@ LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {})
   std::set<std::string> wanted;
   bool tied = false;
   if constexpr (requires { model.tied(); }) tied = model.tied();
+  // Quantized weights first (U8 blocks): their Linears then no longer list a weight parameter.
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {
+    model.visit_linears("", [&](const std::string& path, auto& lin) {
+      const std::string name = path + ".weight";
+      if (!ckpt.contains(name) || ckpt.info(name).dtype != DType::u8) return;
+      const std::string where = detail::file_of(ckpt, name) + " tensor " + name;
+      const auto& shape = ckpt.info(name).shape;
+      EDL_CHECK(shape.size() == 2 && shape[0] == lin.out_features(), errc::shape_mismatch, where,
+                "a quantized weight must be [", lin.out_features(), ", bytes per row], found ",
+                ::edl::detail::shape_str(shape));
+      const quant::Format f = detail::quantized_format_of_width(shape[1], lin.in_features());
+      EDL_CHECK(f != quant::Format::none, errc::format, where, "a row of ", shape[1],
+                " bytes is no block format of ", lin.in_features(), " values (q8_0: ", lin.in_features() / 32 * 34,
+                ", q4_0: ", lin.in_features() / 32 * 18, ", nf4: ", lin.in_features() / 2, ")");
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(shape[0] * shape[1]));
+      ckpt.template read_into<std::uint8_t>(name, std::span<std::uint8_t>(bytes));
+      quant::DoubleQuant dq;
+      if (f == quant::Format::nf4) {
+        const auto names = detail::nf4_scale_names(name);
+        for (const std::string& n : names)
+          EDL_CHECK(ckpt.contains(n), errc::format, where, "an nf4 weight needs tensor \"", n, "\"");
+        EDL_CHECK(ckpt.info(names[0]).dtype == DType::u8 && ckpt.info(names[1]).dtype == DType::f32 &&
+                      ckpt.info(names[2]).dtype == DType::f32 && ckpt.info(names[2]).numel() == 1,
+                  errc::format, where, "nf4 scales must be U8 codes, F32 group scales and one F32 offset");
+        dq.codes.resize(static_cast<std::size_t>(ckpt.info(names[0]).numel()));
+        dq.scales.resize(static_cast<std::size_t>(ckpt.info(names[1]).numel()));
+        ckpt.template read_into<std::uint8_t>(names[0], std::span<std::uint8_t>(dq.codes));
+        ckpt.template read_into<float>(names[1], std::span<float>(dq.scales));
+        ckpt.template read_into<float>(names[2], std::span<float>(&dq.offset, 1));
+        for (const std::string& n : names) wanted.insert(n);
+      }
+      lin.set_quantized(quant::Matrix::from_bytes(f, lin.out_features(), lin.in_features(), bytes, &dq, where), where);
+      wanted.insert(name);
+      rep.loaded.push_back(name);
+    });
+  }
   model.visit_params("", [&](std::string_view path, auto& p) {
     using T = typename std::remove_cvref_t<decltype(p)>::value_type;
     const std::string name(path);
@@ -11123,6 +13296,7 @@ LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const Lo
   LlamaForCausalLM<Pol> m(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
   load_weights(m, ckpt, opt);
+  m.quantize_as_policy();
   return m;
 }
 
@@ -11180,6 +13354,22 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
     }
     list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
   });
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {
+    model.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.is_quantized()) return;
+      const quant::Matrix& q = lin.qweight;
+      const std::string name = path + ".weight";
+      list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::as_bytes(q.bytes())));
+      if (q.format() != quant::Format::nf4) return;
+      const quant::DoubleQuant& dq = q.double_quant();
+      const auto names = detail::nf4_scale_names(name);
+      list.emplace_back(names[0], io::TensorRef(DType::u8, {static_cast<std::int64_t>(dq.codes.size())},
+                                                std::as_bytes(std::span<const std::uint8_t>(dq.codes))));
+      list.emplace_back(names[1], io::TensorRef(DType::f32, {static_cast<std::int64_t>(dq.scales.size())},
+                                                std::as_bytes(std::span<const float>(dq.scales))));
+      list.emplace_back(names[2], io::TensorRef(DType::f32, {1}, std::as_bytes(std::span<const float>(&dq.offset, 1))));
+    });
+  }
   return list;
 }
 
@@ -11199,6 +13389,10 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
   LlamaConfig cfg = model.config();
   cfg.torch_dtype = torch_dtype_name(dtype);
   if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  if constexpr (requires { nn::quantized_format(m); }) {
+    const quant::Format f = nn::quantized_format(m);
+    if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
+  }
   std::vector<std::vector<std::byte>> storage;
   const io::TensorList tensors = named_tensors(m, dtype, storage);
   std::error_code ec;
@@ -11342,6 +13536,11 @@ class LlamaForSequenceClassification {
   void visit_params(std::string_view prefix, F&& f) {
     model.visit_params(nn::join_path(prefix, "model"), f);
     score.visit_params(nn::join_path(prefix, "score"), f);
+  }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    model.visit_linears(nn::join_path(prefix, "model"), f);
+    score.visit_linears(nn::join_path(prefix, "score"), f);
   }
   std::int64_t param_count() const noexcept { return model.param_count() + score.param_count(); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
@@ -12103,7 +14302,8 @@ class RopeTable {
 //   kernels::matvec_group<T, 3>(x, {{Wq, bq, q, Nq}, {Wk, bk, k, Nk}, {Wv, bv, v, Nv}}, K);
 //
 // Every output is one fixed-order sum whatever the thread count or how rows are split.
-// T is float or bf16 (widened to f32 as it is read); sums are f32.
+// T is float or bf16 (widened to f32 as it is read); sums are f32. A part may instead hold
+// a quantized matrix (MatvecPart::q), multiplied by kernels/quant_matvec.hpp.
 
 #include <algorithm>
 #include <array>
@@ -12116,6 +14316,8 @@ class RopeTable {
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
+// #include <edl/kernels/quant_matvec.hpp> (inlined above)
+// #include <edl/quant/matrix.hpp> (inlined above)
 
 namespace edl::kernels {
 
@@ -12310,13 +14512,17 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
 /// fork/join to pay (16 K floats), at least 8.
 inline std::int64_t matvec_grain(std::int64_t K) { return std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K)); }
 
-/// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K].
+/// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K] dense, or
+/// quantized in q when q.format is not none (W is then unused).
 template <class T>
 struct MatvecPart {
   const T* W;
   const T* bias;
   float* y;
   std::int64_t N;
+  quant::MatrixView q{};
+
+  bool quantized() const noexcept { return q.format != quant::Format::none; }
 };
 
 /// Tasks a grouped matrix-vector product of `rows` rows in all takes on `threads` threads: one
@@ -12326,11 +14532,24 @@ inline std::int64_t matvec_tasks(std::int64_t rows, std::int64_t K, std::int64_t
 }
 
 /// Task t of `tasks` of a grouped product: the t-th of `tasks` equal ranges of each matrix's rows.
+/// A task runs serially, so its thread's buffer of quantized activations is not shared.
 template <class T, std::size_t P>
 void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
                        std::int64_t tasks) {
-  for (const MatvecPart<T>& p : parts)
-    detail::matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks);
+  const quant::BlockQ8_0* xq = nullptr;
+  for (const MatvecPart<T>& p : parts) {
+    const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    if (!p.quantized()) {
+      detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
+      continue;
+    }
+    if (!xq && detail::uses_int8_activations(p.q.format)) {
+      quant::BlockQ8_0* buf = detail::activation_blocks(K / 32);
+      quantize_activations(x, buf, K);
+      xq = buf;
+    }
+    quant_matvec_rows(p.q, x, xq, p.bias, p.y, lo, hi);
+  }
 }
 
 /// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
@@ -12401,10 +14620,16 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
 
 /// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
 /// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+template <class T>
+void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
+  if (p.quantized()) return linear_quant(x, M, p.q, p.bias, p.y);
+  linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+}
+
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
-  for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
 }
 
 }  // namespace edl::kernels
@@ -12636,16 +14861,14 @@ class CachedForward {
     const auto& mlp = L.mlp;
     const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
     st.norm_products(L.input_layernorm.weight.data(),
-                     std::array<Part, 3>{Part{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
-                                         {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
-                                         {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}},
+                     std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
+                                         part(A.v_proj, v_.data(), kw)},
                      [&](std::int64_t n) { rope_and_store(layer, n); });
     st.attention(layer);
-    st.product_add(ctx_.data(), qw, Part{A.o_proj.weight.data(), bias_of(A.o_proj), out_.data(), H_});
+    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
-                   std::array<Part, 2>{Part{mlp.gate_proj.weight.data(), bias_of(mlp.gate_proj), gate_.data(), I_},
-                                       {mlp.up_proj.weight.data(), bias_of(mlp.up_proj), up_.data(), I_}});
-    st.product_add(gate_.data(), I_, Part{mlp.down_proj.weight.data(), bias_of(mlp.down_proj), out_.data(), H_});
+                   std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
+    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
   }
 
   // ---------------------------------------------------------------- steps over many rows
@@ -12664,7 +14887,7 @@ class CachedForward {
     void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
     // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
     void product_add(const float* in, std::int64_t K, const Part& p) {
-      kernels::linear_nt(in, n, p.W, p.bias, p.y, p.N, K);
+      kernels::linear_part(in, n, p, K);
       const std::size_t nH = static_cast<std::size_t>(n * f.H_);
       coll.psum_tp(std::span<float>(p.y, nH));
       kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
@@ -12717,7 +14940,7 @@ class CachedForward {
           [] {});
     }
     void head(float* logits) {
-      const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
+      const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
       norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
     }
 
@@ -12862,26 +15085,40 @@ class CachedForward {
   /// The head over the first nl rows of last_x_, into head_dst_'s rows (columns c0 ..).
   void head_rows(std::int64_t nl) {
     const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
-    const T* w = m_->head_weight() + c0 * H_;
     kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
                               nl, H_, eps_);
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
     if (contiguous) {
-      kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_dst_[0], nc, H_);
+      kernels::linear_part(normed_.data(), nl, head_part(head_dst_[0], c0, nc), H_);
       return;
     }
     if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
-    kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_out_.data(), nc, H_);
+    kernels::linear_part(normed_.data(), nl, head_part(head_out_.data(), c0, nc), H_);
     for (std::int64_t i = 0; i < nl; ++i)
       std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
                   static_cast<std::size_t>(nc) * sizeof(float));
   }
 
+  /// The lm_head's vocabulary rows [c0, c0 + nc) as a product into y (dense, or quantized rows).
+  Part head_part(float* y, std::int64_t c0, std::int64_t nc) const {
+    if (!m_->tied() && m_->lm_head.is_quantized()) {
+      quant::MatrixView v = m_->lm_head.qweight.view();
+      v.data = v.row(c0);
+      if (v.absmax) v.absmax = v.row_absmax(c0);
+      v.rows = nc;
+      return Part{nullptr, nullptr, y, nc, v};
+    }
+    return Part{m_->head_weight() + c0 * H_, nullptr, y, nc};
+  }
+
+  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized.
   template <class Lin>
-  static const T* bias_of(const Lin& lin) {
-    return lin.has_bias() ? lin.bias.data() : nullptr;
+  static Part part(const Lin& lin, float* y, std::int64_t N) {
+    const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
+    if (lin.is_quantized()) return Part{nullptr, bias, y, N, lin.qweight.view()};
+    return Part{lin.weight.data(), bias, y, N};
   }
 
   const Model* m_;
@@ -14248,7 +16485,11 @@ class ShardedDecoder {
                   std::make_pair(static_cast<const T*>(p.value.data()),
                                  std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end())));
     });
-    build(src, std::move(make_cache));
+    std::map<std::string, const quant::Matrix*> quantized;
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
+    });
+    build(src, std::move(make_cache), quantized);
   }
 
   /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
@@ -14373,7 +16614,10 @@ class ShardedDecoder {
   }
 
   /// Builds every local device's model (its tp block of each parameter) and cache.
-  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make) {
+  /// `quantized`: the model's quantized weights by name; each device takes its tp block of
+  /// whole blocks (rows of a column-parallel weight, block columns of a row-parallel one).
+  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make,
+             const std::map<std::string, const quant::Matrix*>& quantized = {}) {
     const char* w = "generate.ShardedDecoder";
     if (!make) {
       if constexpr (std::is_constructible_v<Cache, const KVCacheShape&>)
@@ -14387,6 +16631,7 @@ class ShardedDecoder {
     // Validate the parameter list on the host, before any device work.
     for (const auto& [name, shape] : local_cfg_.parameter_shapes()) {
       if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;
+      if (quantized.count(name)) continue;
       EDL_CHECK(src.count(name) > 0, errc::invalid_argument, w, "the model has no parameter \"", name, "\"");
     }
     std::mutex mu;
@@ -14404,6 +16649,16 @@ class ShardedDecoder {
       shard.c0 = k * V_ / gs;
       shard.c1 = (k + 1) * V_ / gs;
       s->model = std::make_unique<Model>(local_cfg_);
+      s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
+        const std::string name = path + ".weight";
+        const auto it = quantized.find(name);
+        if (it == quantized.end()) return;
+        const quant::Matrix& q = *it->second;
+        const std::int64_t n = lin.out_features(), k = lin.in_features(), r = s->tp_rank;
+        if (n == q.rows() && k == q.cols()) lin.set_quantized(q, name);  // replicated (lm_head)
+        else if (row_parallel(name)) lin.set_quantized(q.slice_cols(r * k, (r + 1) * k, name), name);
+        else lin.set_quantized(q.slice_rows(r * n, (r + 1) * n), name);
+      });
       s->model->visit_params("", [&](std::string_view path, auto& p) {
         const std::string name(path);
         const auto& [data, gshape] = src.at(name);
@@ -15379,9 +17634,13 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
     }
   const auto& c = model.config();
   std::vector<float> dhidden(backward ? s.hidden.size() : 0);
-  const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, model.head_weight(),
-                                               c.vocab_size, b.labels.data(), lo, backward ? dhidden.data() : nullptr,
-                                               backward ? model.head_grad() : nullptr);
+  const auto loss_with = [&](const auto* w, float* grad) {
+    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), lo,
+                              backward ? dhidden.data() : nullptr, grad);
+  };
+  nn::LossMetrics m;
+  if constexpr (requires { model.with_head(backward, loss_with); }) m = model.with_head(backward, loss_with);
+  else m = loss_with(model.head_weight(), backward ? model.head_grad() : nullptr);
   if (backward) model.model.backward(dhidden.data(), s.model_s);
   return m;
 }

@@ -16,6 +16,7 @@
 #include <edl/mesh/mesh.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/nn/quantize.hpp>
 #include "small_llama.hpp"
 
 using namespace edl;
@@ -260,5 +261,55 @@ TEST(ShardedGenerate, BeamSearchOnAMeshIsUnsupported) {
     FAIL() << "beam search on a mesh was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), errc::unsupported);
+  }
+}
+
+TEST(ShardedDecoder, QuantizedModelsEqualOneDevice) {
+  // q8_0, q4_0 and nf4 Linears (lm_head too) on tp = 2 (each device a whole-block share of every
+  // weight) and with sp = 2: the logits of one device within the psum's rounding, the same
+  // greedy tokens.
+  LlamaConfig cfg = config();
+  cfg.hidden_size = 128, cfg.intermediate_size = 256, cfg.head_dim = 32;
+  cfg.validate();
+  LlamaForCausalLM<> base(cfg);
+  base.init(Key::from_seed(8), 0.1f);
+  const std::int64_t V = cfg.vocab_size, S = 10, steps = 5;
+  const auto ids = random_ids(S, V, 13);
+  for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4}) {
+    LlamaForCausalLM<> m = base;
+    nn::quantize(m, {f, 0, nn::QuantizationConfig::kWithHeadPattern});
+    for (const Dims dims : {Dims{1, 1, 2, 1}, Dims{1, 1, 2, 2}}) {
+      StandardKVCache cache(kv_cache_shape(cfg, 1, S + steps));
+      Decoder one(m, cache);
+      ShardedDecoder<> dec(m, create_mesh(dims), 1, S + steps);
+      std::vector<float> last1(V), lastm(V);
+      one.prefill(ids.data(), S, nullptr, last1.data());
+      dec.prefill(ids.data(), S, nullptr, lastm.data());
+      double err = max_diff(last1.data(), lastm.data(), V);
+      for (std::int64_t t = 0; t < steps; ++t) {
+        const std::int64_t a = argmax(last1.data(), V), b = argmax(lastm.data(), V);
+        EXPECT_EQ(a, b) << quant::format_name(f) << " " << mesh_name(dims) << " step " << t;
+        one.decode(&a, last1.data());
+        dec.decode(&a, lastm.data());
+        err = std::max(err, max_diff(last1.data(), lastm.data(), V));
+      }
+      EXPECT_LT(err, 1e-4) << quant::format_name(f) << " " << mesh_name(dims);
+    }
+  }
+}
+
+TEST(ShardedDecoder, QuantizedBlocksThatDoNotSplitOverTpAreAnError) {
+  // down_proj's 96 inputs over tp = 2: 48 per device, not whole q8_0 blocks of 32.
+  LlamaConfig cfg = config();
+  cfg.hidden_size = 64, cfg.intermediate_size = 96, cfg.head_dim = 16;
+  cfg.validate();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(9), 0.1f);
+  nn::quantize(m, {quant::Format::q8_0});
+  try {
+    ShardedDecoder<> dec(m, create_mesh({1, 1, 2, 1}), 1, 8);
+    FAIL() << "expected an edl::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("down_proj.weight"), std::string::npos) << e.what();
   }
 }

@@ -266,16 +266,14 @@ class CachedForward {
     const auto& mlp = L.mlp;
     const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
     st.norm_products(L.input_layernorm.weight.data(),
-                     std::array<Part, 3>{Part{A.q_proj.weight.data(), bias_of(A.q_proj), q_.data(), qw},
-                                         {A.k_proj.weight.data(), bias_of(A.k_proj), k_.data(), kw},
-                                         {A.v_proj.weight.data(), bias_of(A.v_proj), v_.data(), kw}},
+                     std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
+                                         part(A.v_proj, v_.data(), kw)},
                      [&](std::int64_t n) { rope_and_store(layer, n); });
     st.attention(layer);
-    st.product_add(ctx_.data(), qw, Part{A.o_proj.weight.data(), bias_of(A.o_proj), out_.data(), H_});
+    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
-                   std::array<Part, 2>{Part{mlp.gate_proj.weight.data(), bias_of(mlp.gate_proj), gate_.data(), I_},
-                                       {mlp.up_proj.weight.data(), bias_of(mlp.up_proj), up_.data(), I_}});
-    st.product_add(gate_.data(), I_, Part{mlp.down_proj.weight.data(), bias_of(mlp.down_proj), out_.data(), H_});
+                   std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
+    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
   }
 
   // ---------------------------------------------------------------- steps over many rows
@@ -294,7 +292,7 @@ class CachedForward {
     void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
     // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
     void product_add(const float* in, std::int64_t K, const Part& p) {
-      kernels::linear_nt(in, n, p.W, p.bias, p.y, p.N, K);
+      kernels::linear_part(in, n, p, K);
       const std::size_t nH = static_cast<std::size_t>(n * f.H_);
       coll.psum_tp(std::span<float>(p.y, nH));
       kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
@@ -347,7 +345,7 @@ class CachedForward {
           [] {});
     }
     void head(float* logits) {
-      const std::array<Part, 1> head{Part{f.m_->head_weight(), static_cast<const T*>(nullptr), logits, f.V_}};
+      const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
       norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
     }
 
@@ -492,26 +490,40 @@ class CachedForward {
   /// The head over the first nl rows of last_x_, into head_dst_'s rows (columns c0 ..).
   void head_rows(std::int64_t nl) {
     const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
-    const T* w = m_->head_weight() + c0 * H_;
     kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
                               nl, H_, eps_);
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
     if (contiguous) {
-      kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_dst_[0], nc, H_);
+      kernels::linear_part(normed_.data(), nl, head_part(head_dst_[0], c0, nc), H_);
       return;
     }
     if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
-    kernels::linear_nt(normed_.data(), nl, w, static_cast<const T*>(nullptr), head_out_.data(), nc, H_);
+    kernels::linear_part(normed_.data(), nl, head_part(head_out_.data(), c0, nc), H_);
     for (std::int64_t i = 0; i < nl; ++i)
       std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
                   static_cast<std::size_t>(nc) * sizeof(float));
   }
 
+  /// The lm_head's vocabulary rows [c0, c0 + nc) as a product into y (dense, or quantized rows).
+  Part head_part(float* y, std::int64_t c0, std::int64_t nc) const {
+    if (!m_->tied() && m_->lm_head.is_quantized()) {
+      quant::MatrixView v = m_->lm_head.qweight.view();
+      v.data = v.row(c0);
+      if (v.absmax) v.absmax = v.row_absmax(c0);
+      v.rows = nc;
+      return Part{nullptr, nullptr, y, nc, v};
+    }
+    return Part{m_->head_weight() + c0 * H_, nullptr, y, nc};
+  }
+
+  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized.
   template <class Lin>
-  static const T* bias_of(const Lin& lin) {
-    return lin.has_bias() ? lin.bias.data() : nullptr;
+  static Part part(const Lin& lin, float* y, std::int64_t N) {
+    const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
+    if (lin.is_quantized()) return Part{nullptr, bias, y, N, lin.qweight.view()};
+    return Part{lin.weight.data(), bias, y, N};
   }
 
   const Model* m_;

@@ -100,7 +100,11 @@ class ShardedDecoder {
                   std::make_pair(static_cast<const T*>(p.value.data()),
                                  std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end())));
     });
-    build(src, std::move(make_cache));
+    std::map<std::string, const quant::Matrix*> quantized;
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
+    });
+    build(src, std::move(make_cache), quantized);
   }
 
   /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
@@ -225,7 +229,10 @@ class ShardedDecoder {
   }
 
   /// Builds every local device's model (its tp block of each parameter) and cache.
-  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make) {
+  /// `quantized`: the model's quantized weights by name; each device takes its tp block of
+  /// whole blocks (rows of a column-parallel weight, block columns of a row-parallel one).
+  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make,
+             const std::map<std::string, const quant::Matrix*>& quantized = {}) {
     const char* w = "generate.ShardedDecoder";
     if (!make) {
       if constexpr (std::is_constructible_v<Cache, const KVCacheShape&>)
@@ -239,6 +246,7 @@ class ShardedDecoder {
     // Validate the parameter list on the host, before any device work.
     for (const auto& [name, shape] : local_cfg_.parameter_shapes()) {
       if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;
+      if (quantized.count(name)) continue;
       EDL_CHECK(src.count(name) > 0, errc::invalid_argument, w, "the model has no parameter \"", name, "\"");
     }
     std::mutex mu;
@@ -256,6 +264,16 @@ class ShardedDecoder {
       shard.c0 = k * V_ / gs;
       shard.c1 = (k + 1) * V_ / gs;
       s->model = std::make_unique<Model>(local_cfg_);
+      s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
+        const std::string name = path + ".weight";
+        const auto it = quantized.find(name);
+        if (it == quantized.end()) return;
+        const quant::Matrix& q = *it->second;
+        const std::int64_t n = lin.out_features(), k = lin.in_features(), r = s->tp_rank;
+        if (n == q.rows() && k == q.cols()) lin.set_quantized(q, name);  // replicated (lm_head)
+        else if (row_parallel(name)) lin.set_quantized(q.slice_cols(r * k, (r + 1) * k, name), name);
+        else lin.set_quantized(q.slice_rows(r * n, (r + 1) * n), name);
+      });
       s->model->visit_params("", [&](std::string_view path, auto& p) {
         const std::string name(path);
         const auto& [data, gshape] = src.at(name);

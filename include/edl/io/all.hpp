@@ -1,6 +1,7 @@
 // edl/io/all.hpp: umbrella of the io layer (memory maps, safetensors, JSON configs, .npy).
 #pragma once
 #include <edl/io/atomic_file.hpp>
+#include <edl/io/gguf.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>

@@ -3,5 +3,7 @@
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_dot.hpp>
+#include <edl/kernels/quant_matvec.hpp>
 #include <edl/kernels/rms_norm.hpp>
 #include <edl/kernels/softmax.hpp>

@@ -10,7 +10,8 @@
 //   kernels::matvec_group<T, 3>(x, {{Wq, bq, q, Nq}, {Wk, bk, k, Nk}, {Wv, bv, v, Nv}}, K);
 //
 // Every output is one fixed-order sum whatever the thread count or how rows are split.
-// T is float or bf16 (widened to f32 as it is read); sums are f32.
+// T is float or bf16 (widened to f32 as it is read); sums are f32. A part may instead hold
+// a quantized matrix (MatvecPart::q), multiplied by kernels/quant_matvec.hpp.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +25,8 @@
 #include <edl/core/exec.hpp>
 #include <edl/kernels/detail/simd.hpp>
 #include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_matvec.hpp>
+#include <edl/quant/matrix.hpp>
 
 namespace edl::kernels {
 
@@ -218,13 +221,17 @@ inline void matvec_rows(const float* x, const T* W, const T* bias, float* y, std
 /// fork/join to pay (16 K floats), at least 8.
 inline std::int64_t matvec_grain(std::int64_t K) { return std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K)); }
 
-/// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K].
+/// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K] dense, or
+/// quantized in q when q.format is not none (W is then unused).
 template <class T>
 struct MatvecPart {
   const T* W;
   const T* bias;
   float* y;
   std::int64_t N;
+  quant::MatrixView q{};
+
+  bool quantized() const noexcept { return q.format != quant::Format::none; }
 };
 
 /// Tasks a grouped matrix-vector product of `rows` rows in all takes on `threads` threads: one
@@ -234,11 +241,24 @@ inline std::int64_t matvec_tasks(std::int64_t rows, std::int64_t K, std::int64_t
 }
 
 /// Task t of `tasks` of a grouped product: the t-th of `tasks` equal ranges of each matrix's rows.
+/// A task runs serially, so its thread's buffer of quantized activations is not shared.
 template <class T, std::size_t P>
 void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
                        std::int64_t tasks) {
-  for (const MatvecPart<T>& p : parts)
-    detail::matvec_rows(x, p.W, p.bias, p.y, K, p.N * t / tasks, p.N * (t + 1) / tasks);
+  const quant::BlockQ8_0* xq = nullptr;
+  for (const MatvecPart<T>& p : parts) {
+    const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    if (!p.quantized()) {
+      detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
+      continue;
+    }
+    if (!xq && detail::uses_int8_activations(p.q.format)) {
+      quant::BlockQ8_0* buf = detail::activation_blocks(K / 32);
+      quantize_activations(x, buf, K);
+      xq = buf;
+    }
+    quant_matvec_rows(p.q, x, xq, p.bias, p.y, lo, hi);
+  }
 }
 
 /// Several matrix-vector products of one x (q, k and v; gate and up) in one parallel region:
@@ -309,10 +329,16 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
 
 /// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
 /// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+template <class T>
+void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
+  if (p.quantized()) return linear_quant(x, M, p.q, p.bias, p.y);
+  linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+}
+
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
-  for (const MatvecPart<T>& p : parts) linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
 }
 
 }  // namespace edl::kernels

@@ -71,15 +71,6 @@ void quant_matvec_rows(const quant::MatrixView& W, const float* x, const quant::
   }
 }
 
-/// x's q8_0 blocks for W's format, in this thread's buffer (null when W multiplies f32).
-inline const quant::BlockQ8_0* quantize_for(const quant::MatrixView& W, const float* x, std::int64_t M) {
-  if (!detail::uses_int8_activations(W.format)) return nullptr;
-  const std::int64_t nb = W.cols / 32;
-  quant::BlockQ8_0* xq = detail::activation_blocks(M * nb);
-  for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * W.cols, xq + m * nb, W.cols);
-  return xq;
-}
-
 /// Multiplies x [M, K] by W^T through the f32 GEMM, dequantizing W's panels as they are packed.
 inline void matmul_nt_dequantized(const float* x, std::int64_t M, const quant::MatrixView& W, float* y, bool accumulate = false) {
   ::edl::detail::gemm::gemm_blocked(false, true, M, W.rows, W.cols, 1.f, x, W.cols, &W, W.cols, accumulate ? 1.f : 0.f, y, W.rows);
@@ -103,8 +94,15 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
       });
     return;
   }
-  const quant::BlockQ8_0* xq = quantize_for(W, x, M);
+  // The caller's own buffer, not its thread's: while it waits for the tasks its thread may run
+  // another product's (a simulated mesh runs devices as tasks).
+  std::vector<quant::BlockQ8_0> xq_buf;
   const std::int64_t nb = K / 32;
+  if (detail::uses_int8_activations(W.format)) {
+    xq_buf.resize(static_cast<std::size_t>(M * nb));
+    for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
+  }
+  const quant::BlockQ8_0* xq = xq_buf.empty() ? nullptr : xq_buf.data();
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     for (std::int64_t j = lo; j < hi; ++j)

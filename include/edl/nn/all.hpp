@@ -9,5 +9,6 @@
 #include <edl/nn/mlp.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>
+#include <edl/nn/quantize.hpp>
 #include <edl/nn/rms_norm.hpp>
 #include <edl/nn/rotary.hpp>

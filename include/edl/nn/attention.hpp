@@ -106,6 +106,13 @@ class Attention {
     v_proj.visit_params(join_path(prefix, "v_proj"), f);
     o_proj.visit_params(join_path(prefix, "o_proj"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    q_proj.visit_linears(join_path(prefix, "q_proj"), f);
+    k_proj.visit_linears(join_path(prefix, "k_proj"), f);
+    v_proj.visit_linears(join_path(prefix, "v_proj"), f);
+    o_proj.visit_linears(join_path(prefix, "o_proj"), f);
+  }
   std::int64_t param_count() const noexcept {
     return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count();
   }

@@ -78,6 +78,11 @@ class DecoderLayer {
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
     mlp.visit_params(join_path(prefix, "mlp"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    self_attn.visit_linears(join_path(prefix, "self_attn"), f);
+    mlp.visit_linears(join_path(prefix, "mlp"), f);
+  }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
            mlp.param_count();

@@ -7,18 +7,27 @@
 //
 // forward:  y[T, out] = x[T, in] W^T (+ b)                      (kernels::matmul_nt)
 // backward: dW += dy^T x (matmul_tn, accumulate), db += sum_t dy, dx = dy W (or dx += dy W)
+//
+// A Linear may hold its weight quantized instead (quantize(format), quant::Matrix in qweight):
+// forward multiplies through kernels::linear_quant, backward computes dx and db but no dW (a
+// quantized weight is frozen, as in QLoRA), and visit_params no longer lists the weight;
+// visit_linears reaches it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 #include <type_traits>
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_matvec.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>
+#include <edl/quant/matrix.hpp>
 #include <edl/tensor/partition_spec.hpp>
 
 namespace edl::kernels {}
@@ -73,8 +82,26 @@ class Linear {
     if (bias) this->bias = BiasParam({static_cast<std::size_t>(out)}, Init::zeros);
   }
 
-  WeightParam weight;
-  BiasParam bias;  // empty unless has_bias()
+  WeightParam weight;     // empty when quantized
+  BiasParam bias;         // empty unless has_bias()
+  quant::Matrix qweight;  // the weight [out, in] quantized, or empty
+
+  bool is_quantized() const noexcept { return !qweight.empty(); }
+
+  /// Replaces the weight by its quantization to `f` (`path` names it in errors).
+  void quantize(quant::Format f, const std::string& path) {
+    EDL_CHECK(!is_quantized(), errc::invalid_argument, path, "is already quantized (", quant::format_name(qweight.format()), ")");
+    std::vector<float> scratch;
+    qweight = quant::Matrix::quantize(f, as_f32(weight, scratch), out_, in_, path);
+    weight = WeightParam();
+  }
+  /// Takes an already quantized weight (a file's), checking its shape against the layer's.
+  void set_quantized(quant::Matrix m, const std::string& path) {
+    EDL_CHECK(m.rows() == out_ && m.cols() == in_, errc::shape_mismatch, path, "quantized weight is [", m.rows(), ", ",
+              m.cols(), "], expected [", out_, ", ", in_, "]");
+    qweight = std::move(m);
+    weight = WeightParam();
+  }
 
   std::int64_t in_features() const noexcept { return in_; }
   std::int64_t out_features() const noexcept { return out_; }
@@ -82,8 +109,13 @@ class Linear {
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
-    f(join_path(prefix, "weight"), weight);
+    if (!is_quantized()) f(join_path(prefix, "weight"), weight);
     if (has_bias_) f(join_path(prefix, "bias"), bias);
+  }
+  /// f(path, Linear&) for this layer (composite modules list theirs the same way).
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    f(std::string(prefix), *this);
   }
   std::int64_t param_count() const noexcept { return in_ * out_ + (has_bias_ ? out_ : 0); }
   double flops_forward(std::int64_t rows) const noexcept {
@@ -99,6 +131,7 @@ class Linear {
   }
   /// Inference: y = x W^T + b, nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
+    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
     nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
     if (has_bias_) add_bias(y, rows);
   }
@@ -108,7 +141,7 @@ class Linear {
   void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
     EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
               "Saved holds no input: call forward first");
-    nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (!is_quantized()) nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
     if (has_bias_) {
       float* db = bias.grad_data();
       const std::int64_t rows = s.rows, out = out_;
@@ -118,7 +151,8 @@ class Linear {
           for (std::ptrdiff_t j = lo; j < hi; ++j) db[j] += dy[t * out + j];
       });
     }
-    if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+    if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
+    else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
   }
 
  private:

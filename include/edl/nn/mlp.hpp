@@ -40,6 +40,12 @@ class MLP {
     up_proj.visit_params(join_path(prefix, "up_proj"), f);
     down_proj.visit_params(join_path(prefix, "down_proj"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    gate_proj.visit_linears(join_path(prefix, "gate_proj"), f);
+    up_proj.visit_linears(join_path(prefix, "up_proj"), f);
+    down_proj.visit_linears(join_path(prefix, "down_proj"), f);
+  }
   std::int64_t param_count() const noexcept {
     return gate_proj.param_count() + up_proj.param_count() + down_proj.param_count();
   }

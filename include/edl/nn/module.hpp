@@ -37,15 +37,12 @@
 
 namespace edl::nn {
 
-/// Every nn module checks its policy with this (quantized weights change the layout).
+/// Every nn module checks its policy with this.
 template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol> && !Pol::quant_t::quantized;
+inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typename Pol::compute_t, float>;
 
 #define EDL_NN_CHECK_POLICY(Pol)                                                                      \
   static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
-  static_assert(!Pol::quant_t::quantized,                                                             \
-                "edl::nn: quantized weights (int8, NF4) are not implemented yet; use quant::none - "  \
-                "int8/NF4 come next");                                                                \
   static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
                 "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
 
@@ -111,6 +108,13 @@ std::size_t advise_huge_pages(M& m) {
     const auto a = reinterpret_cast<std::uintptr_t>(p.data());
     ranges.emplace_back(a, a + p.value.size() * sizeof(*p.data()));
   });
+  if constexpr (requires { m.visit_linears("", [](const std::string&, auto&) {}); }) {
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (!lin.is_quantized()) return;
+      const auto a = reinterpret_cast<std::uintptr_t>(lin.qweight.bytes().data());
+      ranges.emplace_back(a, a + lin.qweight.bytes().size());
+    });
+  }
   std::sort(ranges.begin(), ranges.end());
   constexpr std::uintptr_t kGap = std::uintptr_t{2} << 20;
   std::size_t advised = 0;
@@ -120,6 +124,19 @@ std::size_t advise_huge_pages(M& m) {
     advised += edl::advise_huge_pages(reinterpret_cast<const void*>(lo), static_cast<std::size_t>(hi - lo));
   }
   return advised;
+}
+
+/// Bytes of `m`'s weights as stored: parameters in their dtype plus quantized blocks (and
+/// nf4's scales).
+template <class M>
+std::int64_t storage_bytes(M& m) {
+  std::int64_t n = 0;
+  m.visit_params("", [&](std::string_view, auto& p) { n += p.numel() * static_cast<std::int64_t>(sizeof(*p.data())); });
+  if constexpr (requires { m.visit_linears("", [](const std::string&, auto&) {}); })
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (lin.is_quantized()) n += lin.qweight.storage_bytes();
+    });
+  return n;
 }
 
 /// Sets every gradient of `m` to zero (allocated gradients only).

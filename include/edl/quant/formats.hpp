@@ -103,4 +103,11 @@ struct nf4 {
   static constexpr Format format = Format::nf4;
 };
 
+/// The format a Policy's quantization slot names (Format::none for quant::none).
+template <class Q>
+constexpr Format format_of() noexcept {
+  if constexpr (requires { Q::format; }) return Q::format;
+  else return Format::none;
+}
+
 }  // namespace edl::quant

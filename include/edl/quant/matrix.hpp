@@ -11,6 +11,8 @@
 // decoded to f32 (what the kernels read: one float per 64 weights).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -124,6 +126,24 @@ class Matrix {
     std::memcpy(m.bytes_.data(), bytes_.data() + r0 * rb, static_cast<std::size_t>((r1 - r0) * rb));
     if (format_ == Format::nf4)  // a shard computes with the scales; files are written from the whole matrix
       std::memcpy(m.absmax_.data(), absmax_.data() + r0 * nb, static_cast<std::size_t>((r1 - r0) * nb) * sizeof(float));
+    return m;
+  }
+
+  /// Columns [c0, c1) as a matrix of their own (a tp shard of a row-parallel weight): whole
+  /// blocks only, so the bounds must fall on block edges (an error naming `what` otherwise).
+  Matrix slice_cols(std::int64_t c0, std::int64_t c1, const std::string& what) const {
+    const std::int64_t be = block_elems(format_), bb = block_bytes(format_);
+    EDL_CHECK(0 <= c0 && c0 < c1 && c1 <= cols_ && c0 % be == 0 && c1 % be == 0, errc::not_divisible, what,
+              "columns [", c0, ", ", c1, ") of a ", format_name(format_), " matrix must be whole blocks of ", be,
+              " (", cols_, " columns in all)");
+    Matrix m(format_, rows_, c1 - c0);
+    const MatrixView v = view();
+    const std::int64_t nb = v.blocks_per_row(), mb = (c1 - c0) / be;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      std::memcpy(m.bytes_.data() + r * mb * bb, v.row(r) + c0 / be * bb, static_cast<std::size_t>(mb * bb));
+      if (format_ == Format::nf4)
+        std::memcpy(m.absmax_.data() + r * mb, absmax_.data() + r * nb + c0 / be, static_cast<std::size_t>(mb) * sizeof(float));
+    }
     return m;
   }
 

@@ -73,9 +73,13 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
     }
   const auto& c = model.config();
   std::vector<float> dhidden(backward ? s.hidden.size() : 0);
-  const nn::LossMetrics m = nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, model.head_weight(),
-                                               c.vocab_size, b.labels.data(), lo, backward ? dhidden.data() : nullptr,
-                                               backward ? model.head_grad() : nullptr);
+  const auto loss_with = [&](const auto* w, float* grad) {
+    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), lo,
+                              backward ? dhidden.data() : nullptr, grad);
+  };
+  nn::LossMetrics m;
+  if constexpr (requires { model.with_head(backward, loss_with); }) m = model.with_head(backward, loss_with);
+  else m = loss_with(model.head_weight(), backward ? model.head_grad() : nullptr);
   if (backward) model.model.backward(dhidden.data(), s.model_s);
   return m;
 }

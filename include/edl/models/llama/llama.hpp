@@ -32,6 +32,7 @@
 #include <edl/nn/linear.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/nn/module.hpp>
+#include <edl/nn/quantize.hpp>
 #include <edl/nn/rms_norm.hpp>
 
 namespace edl::models {
@@ -100,6 +101,11 @@ class LlamaModel {
     for (std::size_t l = 0; l < layers.size(); ++l)
       layers[l].visit_params(nn::join_path(prefix, "layers." + std::to_string(l)), f);
     norm.visit_params(nn::join_path(prefix, "norm"), f);
+  }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      layers[l].visit_linears(nn::join_path(prefix, "layers." + std::to_string(l)), f);
   }
   std::int64_t param_count() const noexcept {
     std::int64_t n = embed_tokens.param_count() + norm.param_count();
@@ -173,19 +179,46 @@ class LlamaForCausalLM {
     model.visit_params(nn::join_path(prefix, "model"), f);
     if (!tied_) lm_head.visit_params(nn::join_path(prefix, "lm_head"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    model.visit_linears(nn::join_path(prefix, "model"), f);
+    if (!tied_) lm_head.visit_linears(nn::join_path(prefix, "lm_head"), f);
+  }
   std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
     return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
                                                  static_cast<double>(config().hidden_size) *
                                                  static_cast<double>(config().vocab_size);
   }
+  /// Random weights (then quantized when the policy names a format).
   void init(Key key, float std = -1.0f) {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(config().initializer_range));
+    quantize_as_policy();
+  }
+  /// Quantizes the decoder's Linears to the policy's format (quant::none: nothing to do).
+  void quantize_as_policy() {
+    if constexpr (Pol::quant_t::quantized) {
+      nn::QuantizationConfig q;
+      q.method = quant::format_of<typename Pol::quant_t>();
+      nn::quantize(*this, q);
+    }
   }
 
   /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
   float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+
+  /// f(weight, grad) with the head's weight [vocab, hidden] and its gradient (null unless
+  /// `grad`): a quantized lm_head gives a dequantized f32 copy and no gradient (it is frozen).
+  template <class F>
+  auto with_head(bool grad, F&& f) {
+    if (!tied_ && lm_head.is_quantized()) {
+      std::vector<float> w(static_cast<std::size_t>(config().vocab_size * config().hidden_size));
+      lm_head.qweight.dequantize(w.data());
+      return f(static_cast<const float*>(w.data()), static_cast<float*>(nullptr));
+    }
+    return f(head_weight(), grad ? head_grad() : nullptr);
+  }
 
   /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
   template <remat::RematPolicy R = typename Pol::remat_t>
@@ -200,6 +233,7 @@ class LlamaForCausalLM {
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
+    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(s.hidden.data(), layout.tokens(), out);
     nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
                        config().hidden_size);
   }
@@ -209,8 +243,10 @@ class LlamaForCausalLM {
                        const nn::LossOptions& opt = {}) const {
     Saved s;
     forward(ids, layout, s);
-    return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
-                              config().vocab_size, labels ? labels : ids, opt);
+    return const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
+      return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
+                                labels ? labels : ids, opt);
+    });
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
@@ -220,9 +256,10 @@ class LlamaForCausalLM {
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
-    const nn::LossMetrics m =
-        nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, head_weight(),
-                           config().vocab_size, labels ? labels : ids, opt, dhidden.data(), head_grad());
+    const nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
+      return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
+                                labels ? labels : ids, opt, dhidden.data(), grad);
+    });
     model.backward(dhidden.data(), s.model_s);
     return m;
   }

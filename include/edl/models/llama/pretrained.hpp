@@ -22,9 +22,17 @@
 // the tensors pass max_shard_bytes (HF's default is "5GB" = 5e9 bytes), every file written
 // atomically, metadata {"format": "pt"}, tensors in HF order: the layout
 // transformers' from_pretrained reads unchanged.
+//
+// Quantized Linears (nn::quantize) are saved as their blocks: the weight's name holds a U8
+// tensor [out, bytes per row] (q8_0: in / 32 * 34, q4_0: in / 32 * 18, nf4: in / 2, so the
+// width says the format), and nf4 adds "<name>.absmax" (U8 codes), "<name>.nested_absmax" (F32
+// group scales) and "<name>.offset" (F32 [1]), its double-quantized scales. config.json gets
+// "quantization_config": {"quant_method": "edl", "format": ...}. load_weights reads them into
+// quantized Linears (docs/quantization.md).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +54,8 @@
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
+#include <edl/nn/quantize.hpp>
+#include <edl/quant/matrix.hpp>
 
 namespace edl::models {
 
@@ -198,6 +208,18 @@ std::string checkpoint_source(const Ckpt& c) {
   }
 }
 
+/// The block format of a saved quantized weight [rows, width] of a Linear with `in` inputs.
+inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t in) {
+  for (quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4})
+    if (in % quant::block_elems(f) == 0 && width == in / quant::block_elems(f) * quant::block_bytes(f)) return f;
+  return quant::Format::none;
+}
+
+/// The companion tensors of a saved nf4 weight (its double-quantized block scales).
+inline std::array<std::string, 3> nf4_scale_names(const std::string& weight) {
+  return {weight + ".absmax", weight + ".nested_absmax", weight + ".offset"};
+}
+
 template <class Ckpt>
 std::string file_of(const Ckpt& c, const std::string& name) {
   if constexpr (requires { c.file_of(name); }) return c.file_of(name);
@@ -216,6 +238,42 @@ LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {})
   std::set<std::string> wanted;
   bool tied = false;
   if constexpr (requires { model.tied(); }) tied = model.tied();
+  // Quantized weights first (U8 blocks): their Linears then no longer list a weight parameter.
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {
+    model.visit_linears("", [&](const std::string& path, auto& lin) {
+      const std::string name = path + ".weight";
+      if (!ckpt.contains(name) || ckpt.info(name).dtype != DType::u8) return;
+      const std::string where = detail::file_of(ckpt, name) + " tensor " + name;
+      const auto& shape = ckpt.info(name).shape;
+      EDL_CHECK(shape.size() == 2 && shape[0] == lin.out_features(), errc::shape_mismatch, where,
+                "a quantized weight must be [", lin.out_features(), ", bytes per row], found ",
+                ::edl::detail::shape_str(shape));
+      const quant::Format f = detail::quantized_format_of_width(shape[1], lin.in_features());
+      EDL_CHECK(f != quant::Format::none, errc::format, where, "a row of ", shape[1],
+                " bytes is no block format of ", lin.in_features(), " values (q8_0: ", lin.in_features() / 32 * 34,
+                ", q4_0: ", lin.in_features() / 32 * 18, ", nf4: ", lin.in_features() / 2, ")");
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(shape[0] * shape[1]));
+      ckpt.template read_into<std::uint8_t>(name, std::span<std::uint8_t>(bytes));
+      quant::DoubleQuant dq;
+      if (f == quant::Format::nf4) {
+        const auto names = detail::nf4_scale_names(name);
+        for (const std::string& n : names)
+          EDL_CHECK(ckpt.contains(n), errc::format, where, "an nf4 weight needs tensor \"", n, "\"");
+        EDL_CHECK(ckpt.info(names[0]).dtype == DType::u8 && ckpt.info(names[1]).dtype == DType::f32 &&
+                      ckpt.info(names[2]).dtype == DType::f32 && ckpt.info(names[2]).numel() == 1,
+                  errc::format, where, "nf4 scales must be U8 codes, F32 group scales and one F32 offset");
+        dq.codes.resize(static_cast<std::size_t>(ckpt.info(names[0]).numel()));
+        dq.scales.resize(static_cast<std::size_t>(ckpt.info(names[1]).numel()));
+        ckpt.template read_into<std::uint8_t>(names[0], std::span<std::uint8_t>(dq.codes));
+        ckpt.template read_into<float>(names[1], std::span<float>(dq.scales));
+        ckpt.template read_into<float>(names[2], std::span<float>(&dq.offset, 1));
+        for (const std::string& n : names) wanted.insert(n);
+      }
+      lin.set_quantized(quant::Matrix::from_bytes(f, lin.out_features(), lin.in_features(), bytes, &dq, where), where);
+      wanted.insert(name);
+      rep.loaded.push_back(name);
+    });
+  }
   model.visit_params("", [&](std::string_view path, auto& p) {
     using T = typename std::remove_cvref_t<decltype(p)>::value_type;
     const std::string name(path);
@@ -260,6 +318,7 @@ LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const Lo
   LlamaForCausalLM<Pol> m(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
   load_weights(m, ckpt, opt);
+  m.quantize_as_policy();
   return m;
 }
 
@@ -317,6 +376,22 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
     }
     list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
   });
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {
+    model.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.is_quantized()) return;
+      const quant::Matrix& q = lin.qweight;
+      const std::string name = path + ".weight";
+      list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::as_bytes(q.bytes())));
+      if (q.format() != quant::Format::nf4) return;
+      const quant::DoubleQuant& dq = q.double_quant();
+      const auto names = detail::nf4_scale_names(name);
+      list.emplace_back(names[0], io::TensorRef(DType::u8, {static_cast<std::int64_t>(dq.codes.size())},
+                                                std::as_bytes(std::span<const std::uint8_t>(dq.codes))));
+      list.emplace_back(names[1], io::TensorRef(DType::f32, {static_cast<std::int64_t>(dq.scales.size())},
+                                                std::as_bytes(std::span<const float>(dq.scales))));
+      list.emplace_back(names[2], io::TensorRef(DType::f32, {1}, std::as_bytes(std::span<const float>(&dq.offset, 1))));
+    });
+  }
   return list;
 }
 
@@ -336,6 +411,10 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
   LlamaConfig cfg = model.config();
   cfg.torch_dtype = torch_dtype_name(dtype);
   if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  if constexpr (requires { nn::quantized_format(m); }) {
+    const quant::Format f = nn::quantized_format(m);
+    if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
+  }
   std::vector<std::vector<std::byte>> storage;
   const io::TensorList tensors = named_tensors(m, dtype, storage);
   std::error_code ec;

@@ -120,6 +120,11 @@ class LlamaForSequenceClassification {
     model.visit_params(nn::join_path(prefix, "model"), f);
     score.visit_params(nn::join_path(prefix, "score"), f);
   }
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    model.visit_linears(nn::join_path(prefix, "model"), f);
+    score.visit_linears(nn::join_path(prefix, "score"), f);
+  }
   std::int64_t param_count() const noexcept { return model.param_count() + score.param_count(); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
     return model.flops_forward(batch, seq) + score.flops_forward(batch);
