@@ -4,7 +4,7 @@
 //
 // --pattern is nn::QuantizationConfig's regex over weight paths (default: every Linear of the
 // decoder layers). The folder (docs/quantization.md) loads in every command that takes
-// --model; tokenizer and generation files are copied beside it. Prints one JSON object.
+// --model; tokenizer, generation and run files are copied beside it. Prints one JSON object.
 #pragma once
 
 #include <filesystem>
@@ -35,9 +35,10 @@ inline int cmd_quantize(Args& args) {
   const std::int64_t n = nn::quantize(model, q);
   EDL_CHECK(n > 0, errc::invalid_argument, "edl quantize --pattern " + q.pattern, "matches no unquantized Linear of ", dir);
   const auto files = models::save_pretrained(out, model);
-  // The tokenizer and generation defaults travel with the weights.
+  // The tokenizer, generation defaults and a run's arguments (state.json: edl eval's defaults)
+  // travel with the weights.
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                        "generation_config.json", "vocab.json", "merges.txt"})
+                        "generation_config.json", "vocab.json", "merges.txt", "state.json"})
     if (fs::exists(fs::path(dir) / f)) fs::copy_file(fs::path(dir) / f, fs::path(out) / f, fs::copy_options::overwrite_existing);
   nlohmann::ordered_json j;
   j["out"] = out;
