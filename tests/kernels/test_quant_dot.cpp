@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -51,8 +52,16 @@ TEST(QuantDot, Int8DotsEqualTheirDefinition) {
     quant::quantize_row_q4_0(w.data(), w4.data(), K);
     quant::quantize_activations_ref(x.data(), xq.data(), K);
     if (K == 160) w8[1].qs[3] = -128;  // the one int8 value quantization never makes
-    EXPECT_EQ(kernels::dot_q8_0(w8.data(), xq.data(), nb), kernels::reference::dot_int8(w8.data(), xq.data(), nb)) << K;
-    EXPECT_EQ(kernels::dot_q4_0(w4.data(), xq.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
+    std::vector<kernels::ActivationBlock> xa(static_cast<std::size_t>(nb)), xb(xa.size());
+    for (std::int64_t b = 0; b < nb; ++b) kernels::prepare_activation(xq[static_cast<std::size_t>(b)], xa[static_cast<std::size_t>(b)]);
+    kernels::quantize_activations(x.data(), xb.data(), K);  // the same blocks, prepared in one go
+    for (std::int64_t b = 0; b < nb; ++b) {
+      EXPECT_EQ(std::memcmp(xa[static_cast<std::size_t>(b)].qs, xb[static_cast<std::size_t>(b)].qs, 32), 0);
+      EXPECT_EQ(std::memcmp(xa[static_cast<std::size_t>(b)].neg8_lane_sums, xb[static_cast<std::size_t>(b)].neg8_lane_sums, 32), 0);
+      EXPECT_EQ(xa[static_cast<std::size_t>(b)].d, xb[static_cast<std::size_t>(b)].d);
+    }
+    EXPECT_EQ(kernels::dot_q8_0(w8.data(), xa.data(), nb), kernels::reference::dot_int8(w8.data(), xq.data(), nb)) << K;
+    EXPECT_EQ(kernels::dot_q4_0(w4.data(), xa.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
     // Against the dequantized values in double: the integer sums are exact, so only the f32
     // accumulation of the block terms differs.
     std::vector<float> wd(static_cast<std::size_t>(K)), xd(static_cast<std::size_t>(K));
@@ -65,7 +74,7 @@ TEST(QuantDot, Int8DotsEqualTheirDefinition) {
         s += static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)];
         mag += std::fabs(static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)]);
       }
-      const float got = four ? kernels::dot_q4_0(w4.data(), xq.data(), nb) : kernels::dot_q8_0(w8.data(), xq.data(), nb);
+      const float got = four ? kernels::dot_q4_0(w4.data(), xa.data(), nb) : kernels::dot_q8_0(w8.data(), xa.data(), nb);
       EXPECT_NEAR(got, s, 1e-6 * mag + 1e-6) << K << (four ? " q4_0" : " q8_0");
     }
   }

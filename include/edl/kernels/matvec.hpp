@@ -245,7 +245,7 @@ inline std::int64_t matvec_tasks(std::int64_t rows, std::int64_t K, std::int64_t
 template <class T, std::size_t P>
 void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
                        std::int64_t tasks) {
-  const quant::BlockQ8_0* xq = nullptr;
+  const ActivationBlock* xq = nullptr;
   for (const MatvecPart<T>& p : parts) {
     const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
     if (!p.quantized()) {
@@ -253,7 +253,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
-      quant::BlockQ8_0* buf = detail::activation_blocks(K / 32);
+      ActivationBlock* buf = detail::activation_blocks(K / 32);
       quantize_activations(x, buf, K);
       xq = buf;
     }

@@ -2,18 +2,21 @@
 // Dot products of quantized weight rows with an activation row, the inner loop of decode on
 // quantized models (kernels/quant_matvec.hpp runs them over matrices).
 //
-//   kernels::quantize_activations(x, xq, K);             // x -> q8_0 blocks (per block scale)
-//   float s = kernels::dot_q8_0(w_row, xq, K / 32);      // q8_0 weights . q8_0 activations
-//   float s = kernels::dot_q4_0(w_row, xq, K / 32);      // q4_0 weights . q8_0 activations
+//   kernels::quantize_activations(x, xa, K);             // x -> ActivationBlocks (q8_0 values)
+//   float s = kernels::dot_q8_0(w_row, xa, K / 32);      // q8_0 weights . q8_0 activations
+//   float s = kernels::dot_q4_0(w_row, xa, K / 32);      // q4_0 weights . q8_0 activations
 //   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
 //
 // The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
 // sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
 // targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each. Each lane then accumulates s_i * (d_w * d_x) over the blocks in f32 with one rounding,
-// and the eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
+// each. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
+// odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
+// eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
 // path is that definition written out (the naive twin the tests hold the SIMD paths to), so
-// every path gives the same bits. nf4 dequantizes in registers (a 16-entry table lookup) and
+// every path gives the same bits. The activations are a q8_0 row prepared once per product
+// (ActivationBlock: the scale as f32, and -8 times each lane's sum, which lets q4_0 multiply
+// its unsigned nibbles directly: sum (q - 8) x = sum q x - 8 sum x). nf4 dequantizes in registers (a 16-entry table lookup) and
 // multiplies f32 activations.
 #pragma once
 
@@ -59,7 +62,7 @@ inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2]
 /// The definition of dot_q8_0 / dot_q4_0, written out.
 template <class Block>
 inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
-  float acc[8] = {};
+  float acc2[2][8] = {};
   for (std::int64_t b = 0; b < nb; ++b) {
     const float d = w[b].d.to_float() * x[b].d.to_float();
     for (int l = 0; l < 8; ++l) {
@@ -68,9 +71,11 @@ inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb
         s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
       else
         s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc[l] = std::fma(static_cast<float>(s), d, acc[l]);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
     }
   }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
   return sum_lanes8(acc);
 }
 
@@ -100,6 +105,21 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 }  // namespace reference
 
+/// One block of 32 activations quantized to q8_0, as the dot products read it.
+struct alignas(32) ActivationBlock {
+  std::int8_t qs[32];
+  std::int32_t neg8_lane_sums[8];  // -8 * (qs[4l] + .. + qs[4l + 3])
+  float d;                         // the block's f16 scale, widened
+};
+
+/// The ActivationBlock of a q8_0 block.
+inline void prepare_activation(const quant::BlockQ8_0& in, ActivationBlock& out) noexcept {
+  std::memcpy(out.qs, in.qs, 32);
+  for (int l = 0; l < 8; ++l)
+    out.neg8_lane_sums[l] = -8 * (in.qs[4 * l] + in.qs[4 * l + 1] + in.qs[4 * l + 2] + in.qs[4 * l + 3]);
+  out.d = in.d.to_float();
+}
+
 #if defined(EDL_QUANT_AVX2)
 namespace detail {
 /// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
@@ -122,12 +142,23 @@ inline float sum_lanes8(__m256 v) noexcept {
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
-/// A q4_0 block's 32 values as int8 (q - 8) in value order: low nibbles then high nibbles.
+/// A q4_0 block's 32 codes q (0..15, unsigned) in value order: low nibbles then high nibbles.
 inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+/// c + the eight lane sums of unsigned q (0..15) times signed x.
+inline __m256i dot_u4_lanes(__m256i c, __m256i q, __m256i x) noexcept {
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(c, q, x);
+#else
+  return _mm256_dpbusd_avx_epi32(c, q, x);
+#endif
+#else
+  return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+#endif
 }
 inline float f16_to_f32(f16 h) noexcept {
 #if defined(__F16C__)
@@ -172,35 +203,66 @@ inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int
 #endif
 }
 
+/// Quantizes K values (K a multiple of 32) into ActivationBlocks.
+inline void quantize_activations(const float* x, ActivationBlock* out, std::int64_t K) noexcept {
+  for (std::int64_t b = 0; b < K / 32; ++b) {
+    quant::BlockQ8_0 q;
+    quantize_activations(x + 32 * b, &q, 32);
+    prepare_activation(q, out[b]);
+  }
+}
+
 /// q8_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q8_0(const quant::BlockQ8_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (std::int64_t b = 0; b < nb; ++b) {
     const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
-                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
   }
-  return detail::sum_lanes8(acc);
+  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
 #else
-  return reference::dot_int8(w, x, nb);
+  float acc2[2][8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d;
+    for (int l = 0; l < 8; ++l) {
+      const std::int32_t s = reference::lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    }
+  }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
+  return reference::sum_lanes8(acc);
 #endif
 }
 
 /// q4_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (std::int64_t b = 0; b < nb; ++b) {
-    const __m256i s = detail::dot_i8_lanes(detail::unpack_q4_0(w[b].qs),
-                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+    const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
+                                           detail::unpack_q4_0(w[b].qs),
+                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
   }
-  return detail::sum_lanes8(acc);
+  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
 #else
-  return reference::dot_int8(w, x, nb);
+  float acc2[2][8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d;
+    for (int l = 0; l < 8; ++l) {
+      const std::int32_t s =
+          reference::lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    }
+  }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
+  return reference::sum_lanes8(acc);
 #endif
 }
 

@@ -35,7 +35,7 @@ inline constexpr std::int64_t kQuantRowGroup = 4;
 inline constexpr std::int64_t kQuantPrefetchBytes = 512;
 
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
-inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const quant::BlockQ8_0* xq) noexcept {
+inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
   const std::int64_t nb = W.blocks_per_row();
   const std::uint8_t* w = W.row(r);
   __builtin_prefetch(w + W.row_bytes() * kQuantRowGroup, 0, 2);
@@ -52,8 +52,8 @@ inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const flo
 constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
 
 /// A thread's buffer for the q8_0 blocks of activation rows.
-inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
-  static thread_local std::vector<quant::BlockQ8_0> buf;
+inline ActivationBlock* activation_blocks(std::int64_t blocks) {
+  static thread_local std::vector<ActivationBlock> buf;
   if (static_cast<std::int64_t>(buf.size()) < blocks) buf.resize(static_cast<std::size_t>(blocks));
   return buf.data();
 }
@@ -61,9 +61,9 @@ inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
 }  // namespace detail
 
 /// y[j] = W[j, :] . x (+ bias[j]) for rows j in [lo, hi). xq holds x quantized
-/// (quantize_activations) when W's format multiplies int8 activations, else it is unused.
+/// (quantize_activations into ActivationBlocks) when W's format multiplies int8 activations, else it is unused.
 template <class TB>
-void quant_matvec_rows(const quant::MatrixView& W, const float* x, const quant::BlockQ8_0* xq, const TB* bias, float* y,
+void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
@@ -96,13 +96,13 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   }
   // The caller's own buffer, not its thread's: while it waits for the tasks its thread may run
   // another product's (a simulated mesh runs devices as tasks).
-  std::vector<quant::BlockQ8_0> xq_buf;
+  std::vector<ActivationBlock> xq_buf;
   const std::int64_t nb = K / 32;
   if (detail::uses_int8_activations(W.format)) {
     xq_buf.resize(static_cast<std::size_t>(M * nb));
     for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
   }
-  const quant::BlockQ8_0* xq = xq_buf.empty() ? nullptr : xq_buf.data();
+  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     for (std::int64_t j = lo; j < hi; ++j)
