@@ -26,10 +26,15 @@ std::vector<float> normal_values(std::size_t n, unsigned seed) {
 }  // namespace
 
 TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
-  const std::int64_t N = 37, K = 192;
-  const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 11);
+  // int8 formats: every row count (decode's rows, prefill's tiles and their edges, an even and
+  // an odd number of blocks) gives the dot products of the definition. nf4: decode rows give
+  // its dots, more rows the dequantized matrix's GEMM.
+  const std::int64_t N = 37;
   std::vector<float> bias = normal_values(static_cast<std::size_t>(N), 12);
+  for (const std::int64_t K : {192, 224})
   for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4}) {
+    if (K % quant::block_elems(f) != 0) continue;
+    const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 11);
     const quant::Matrix W = quant::Matrix::quantize(f, w.data(), N, K, "W");
     const quant::MatrixView v = W.view();
     std::vector<float> wd(static_cast<std::size_t>(N * K));
@@ -46,7 +51,7 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
         EXPECT_EQ(y, first) << quant::format_name(f) << " M " << M << " threads " << threads;
       }
       exec::set_num_threads(threads_before);
-      if (M <= 16) {
+      if (M <= 16 || f != quant::Format::nf4) {
         std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(K / 32));
         for (std::int64_t m = 0; m < M; ++m) {
           const float* xr = x.data() + m * K;
@@ -68,7 +73,7 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
         for (std::int64_t m = 0; m < M; ++m)
           for (std::int64_t j = 0; j < N; ++j) want[static_cast<std::size_t>(m * N + j)] += bias[static_cast<std::size_t>(j)];
       }
-      EXPECT_EQ(y, want) << quant::format_name(f) << " M " << M;
+      EXPECT_EQ(y, want) << quant::format_name(f) << " M " << M << " K " << K;
     }
     // The input gradient dx = dy W against the dequantized matrix.
     const std::int64_t M = 23;

@@ -1,7 +1,8 @@
 // tests/nn/test_quantize.cpp: quantizing a model's Linears at run time (nn::quantize) and by
-// policy. A quantized model's prefill-sized forward equals, bit for bit, the f32 model whose
-// Linears hold the dequantized weights; decode-sized rows (int8 activations) stay close to it;
-// a quantized folder saves and loads back to the same logits; bad patterns and shapes fail.
+// policy. A quantized model's forward stays within the activations' rounding of the f32 model
+// whose Linears hold the dequantized weights (nf4, which multiplies f32 activations, equals it
+// bit for bit at prefill size); a quantized folder saves and loads back to the same logits;
+// bad patterns and shapes fail.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -89,7 +90,7 @@ TEST(QuantizeModel, DefaultPatternTakesTheDecoderLinearsOnly) {
   EXPECT_EQ(nn::quantized_format(m), quant::Format::q8_0);
 }
 
-TEST(QuantizeModel, PrefillEqualsTheDequantizedModelAndDecodeRowsStayClose) {
+TEST(QuantizeModel, ForwardStaysWithinTheActivationsRoundingOfTheDequantizedModel) {
   const LlamaConfig cfg = quant_config();
   LlamaForCausalLM<> f32(cfg);
   f32.init(Key::from_seed(2));
@@ -97,19 +98,21 @@ TEST(QuantizeModel, PrefillEqualsTheDequantizedModelAndDecodeRowsStayClose) {
     LlamaForCausalLM<> q = f32;
     nn::quantize(q, {f});
     const LlamaForCausalLM<> d = dequantized(q, f32);
-    // 2 x 12 = 24 rows: every product runs on the GEMM with dequantized panels.
+    // 2 x 12 = 24 rows (prefill's products), then 6 rows (decode's row by row).
     const std::vector<std::int64_t> ids = ids_of(24, cfg.vocab_size);
-    EXPECT_EQ(logits_of(q, ids, 2), logits_of(d, ids, 2)) << quant::format_name(f);
-    // 6 rows: products multiply int8 activations (nf4: f32) row by row.
-    const std::vector<std::int64_t> few = ids_of(6, cfg.vocab_size);
-    const std::vector<float> a = logits_of(q, few, 1), b = logits_of(d, few, 1);
-    double worst = 0, scale = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    if (f == quant::Format::nf4) EXPECT_EQ(logits_of(q, ids, 2), logits_of(d, ids, 2));
+    for (const std::int64_t n : {24, 6}) {
+      const std::vector<std::int64_t> few = ids_of(n, cfg.vocab_size);
+      const std::int64_t batch = n == 24 ? 2 : 1;
+      const std::vector<float> a = logits_of(q, few, batch), b = logits_of(d, few, batch);
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+        scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      }
+      EXPECT_LT(worst, (f == quant::Format::nf4 ? 1e-5 : 2e-2) * scale) << quant::format_name(f) << " rows " << n;
+      if (n == 6 || f != quant::Format::nf4) EXPECT_GT(worst, 0.0) << quant::format_name(f) << ": quantized products should have run";
     }
-    EXPECT_LT(worst, (f == quant::Format::nf4 ? 1e-5 : 2e-2) * scale) << quant::format_name(f);
-    EXPECT_GT(worst, 0.0) << quant::format_name(f) << ": the row path should have run";
   }
 }
 
@@ -150,8 +153,11 @@ TEST(QuantizeModel, AQuantizedHeadScoresWithItsDequantizedWeight) {
   LlamaForCausalLM<> d = dequantized(q, f32);
   q.lm_head.qweight.dequantize(d.lm_head.weight.data());
   const std::vector<std::int64_t> ids = ids_of(24, f32.config().vocab_size);
-  EXPECT_EQ(logits_of(q, ids, 2), logits_of(d, ids, 2));
-  EXPECT_EQ(q.loss(ids.data(), nn::TokenLayout{2, 12}).loss, d.loss(ids.data(), nn::TokenLayout{2, 12}).loss);
+  // The loss scores the dequantized head: against the model that has it, only the decoder's
+  // int8 products differ.
+  EXPECT_NEAR(q.loss(ids.data(), nn::TokenLayout{2, 12}).loss, d.loss(ids.data(), nn::TokenLayout{2, 12}).loss, 1e-3);
+  const std::vector<float> lq = logits_of(q, ids, 2), ld = logits_of(d, ids, 2);
+  for (std::size_t i = 0; i < lq.size(); ++i) ASSERT_NEAR(lq[i], ld[i], 2e-2) << i;
   q.forward_backward(ids.data(), nn::TokenLayout{2, 12});
   EXPECT_FALSE(q.lm_head.weight.has_grad());
   EXPECT_TRUE(q.model.embed_tokens.weight.has_grad());

@@ -4,11 +4,13 @@
 //   kernels::quant_matvec_rows(W, x, xq, bias, y, lo, hi);   // rows [lo, hi) of y = W x (+ b)
 //   kernels::linear_quant(x, M, W, bias, y);                  // y [M, N] = x [M, K] W^T (+ b)
 //
-// Decode (up to kMatvecRows rows of x) reads each weight row once and multiplies it by every
-// row from L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4
-// against f32. More rows (prefill) go to the f32 GEMM, whose packing dequantizes the weight
-// panels (dequantized values d * q are exact in f32, so prefill equals the dequantized
-// model's product bit for bit). Each output is one fixed sum whatever the threads.
+// Decode (up to 16 rows of x) reads each weight row once and multiplies it by every row from
+// L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4 against
+// f32. More rows (prefill): int8 formats go to kernels/quant_gemm.hpp, whose outputs are the
+// same dot products bit for bit, so a row's result does not depend on how many rows came
+// with it; nf4 goes to the f32 GEMM, whose packing dequantizes the weight panels (dequantized
+// values are exact in f32: the dequantized model's product bit for bit). Each output is one
+// fixed sum whatever the threads.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <edl/core/exec.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/quant_dot.hpp>
+#include <edl/kernels/quant_gemm.hpp>
 #include <edl/quant/formats.hpp>
 #include <edl/quant/matrix.hpp>
 
@@ -85,6 +88,13 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
   const std::int64_t N = W.rows, K = W.cols;
+  if (M > 16 && detail::uses_int8_activations(W.format)) {
+    std::vector<ActivationBlock> xa(static_cast<std::size_t>(M * (K / 32)));
+    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xa.data() + m * (K / 32), K);
+    });
+    return quant_gemm_nt(xa.data(), M, W, bias, y);
+  }
   if (M > 16) {
     matmul_nt_dequantized(x, M, W, y);
     if (bias)
