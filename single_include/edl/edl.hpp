@@ -5424,18 +5424,21 @@ using edl::Trans;
 // Dot products of quantized weight rows with an activation row, the inner loop of decode on
 // quantized models (kernels/quant_matvec.hpp runs them over matrices).
 //
-//   kernels::quantize_activations(x, xq, K);             // x -> q8_0 blocks (per block scale)
-//   float s = kernels::dot_q8_0(w_row, xq, K / 32);      // q8_0 weights . q8_0 activations
-//   float s = kernels::dot_q4_0(w_row, xq, K / 32);      // q4_0 weights . q8_0 activations
+//   kernels::quantize_activations(x, xa, K);             // x -> ActivationBlocks (q8_0 values)
+//   float s = kernels::dot_q8_0(w_row, xa, K / 32);      // q8_0 weights . q8_0 activations
+//   float s = kernels::dot_q4_0(w_row, xa, K / 32);      // q4_0 weights . q8_0 activations
 //   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
 //
 // The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
 // sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
 // targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each. Each lane then accumulates s_i * (d_w * d_x) over the blocks in f32 with one rounding,
-// and the eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
+// each. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
+// odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
+// eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
 // path is that definition written out (the naive twin the tests hold the SIMD paths to), so
-// every path gives the same bits. nf4 dequantizes in registers (a 16-entry table lookup) and
+// every path gives the same bits. The activations are a q8_0 row prepared once per product
+// (ActivationBlock: the scale as f32, and -8 times each lane's sum, which lets q4_0 multiply
+// its unsigned nibbles directly: sum (q - 8) x = sum q x - 8 sum x). nf4 dequantizes in registers (a 16-entry table lookup) and
 // multiplies f32 activations.
 
 #include <cmath>
@@ -5480,7 +5483,7 @@ inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2]
 /// The definition of dot_q8_0 / dot_q4_0, written out.
 template <class Block>
 inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
-  float acc[8] = {};
+  float acc2[2][8] = {};
   for (std::int64_t b = 0; b < nb; ++b) {
     const float d = w[b].d.to_float() * x[b].d.to_float();
     for (int l = 0; l < 8; ++l) {
@@ -5489,9 +5492,11 @@ inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb
         s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
       else
         s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc[l] = std::fma(static_cast<float>(s), d, acc[l]);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
     }
   }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
   return sum_lanes8(acc);
 }
 
@@ -5521,6 +5526,21 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 }  // namespace reference
 
+/// One block of 32 activations quantized to q8_0, as the dot products read it.
+struct alignas(32) ActivationBlock {
+  std::int8_t qs[32];
+  std::int32_t neg8_lane_sums[8];  // -8 * (qs[4l] + .. + qs[4l + 3])
+  float d;                         // the block's f16 scale, widened
+};
+
+/// The ActivationBlock of a q8_0 block.
+inline void prepare_activation(const quant::BlockQ8_0& in, ActivationBlock& out) noexcept {
+  std::memcpy(out.qs, in.qs, 32);
+  for (int l = 0; l < 8; ++l)
+    out.neg8_lane_sums[l] = -8 * (in.qs[4 * l] + in.qs[4 * l + 1] + in.qs[4 * l + 2] + in.qs[4 * l + 3]);
+  out.d = in.d.to_float();
+}
+
 #if defined(EDL_QUANT_AVX2)
 namespace detail {
 /// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
@@ -5543,12 +5563,23 @@ inline float sum_lanes8(__m256 v) noexcept {
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
-/// A q4_0 block's 32 values as int8 (q - 8) in value order: low nibbles then high nibbles.
+/// A q4_0 block's 32 codes q (0..15, unsigned) in value order: low nibbles then high nibbles.
 inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0F);
-  const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+/// c + the eight lane sums of unsigned q (0..15) times signed x.
+inline __m256i dot_u4_lanes(__m256i c, __m256i q, __m256i x) noexcept {
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(c, q, x);
+#else
+  return _mm256_dpbusd_avx_epi32(c, q, x);
+#endif
+#else
+  return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
+#endif
 }
 inline float f16_to_f32(f16 h) noexcept {
 #if defined(__F16C__)
@@ -5593,35 +5624,66 @@ inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int
 #endif
 }
 
+/// Quantizes K values (K a multiple of 32) into ActivationBlocks.
+inline void quantize_activations(const float* x, ActivationBlock* out, std::int64_t K) noexcept {
+  for (std::int64_t b = 0; b < K / 32; ++b) {
+    quant::BlockQ8_0 q;
+    quantize_activations(x + 32 * b, &q, 32);
+    prepare_activation(q, out[b]);
+  }
+}
+
 /// q8_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q8_0(const quant::BlockQ8_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (std::int64_t b = 0; b < nb; ++b) {
     const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
-                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
   }
-  return detail::sum_lanes8(acc);
+  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
 #else
-  return reference::dot_int8(w, x, nb);
+  float acc2[2][8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d;
+    for (int l = 0; l < 8; ++l) {
+      const std::int32_t s = reference::lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    }
+  }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
+  return reference::sum_lanes8(acc);
 #endif
 }
 
 /// q4_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
+inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (std::int64_t b = 0; b < nb; ++b) {
-    const __m256i s = detail::dot_i8_lanes(detail::unpack_q4_0(w[b].qs),
-                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * detail::f16_to_f32(x[b].d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+    const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
+                                           detail::unpack_q4_0(w[b].qs),
+                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
+    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
   }
-  return detail::sum_lanes8(acc);
+  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
 #else
-  return reference::dot_int8(w, x, nb);
+  float acc2[2][8] = {};
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const float d = w[b].d.to_float() * x[b].d;
+    for (int l = 0; l < 8; ++l) {
+      const std::int32_t s =
+          reference::lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
+      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    }
+  }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
+  return reference::sum_lanes8(acc);
 #endif
 }
 
@@ -5696,11 +5758,13 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 //   kernels::quant_matvec_rows(W, x, xq, bias, y, lo, hi);   // rows [lo, hi) of y = W x (+ b)
 //   kernels::linear_quant(x, M, W, bias, y);                  // y [M, N] = x [M, K] W^T (+ b)
 //
-// Decode (up to kMatvecRows rows of x) reads each weight row once and multiplies it by every
-// row from L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4
-// against f32. More rows (prefill) go to the f32 GEMM, whose packing dequantizes the weight
-// panels (dequantized values d * q are exact in f32, so prefill equals the dequantized
-// model's product bit for bit). Each output is one fixed sum whatever the threads.
+// Decode (up to 16 rows of x) reads each weight row once and multiplies it by every row from
+// L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4 against
+// f32. More rows (prefill): int8 formats go to kernels/quant_gemm.hpp, whose outputs are the
+// same dot products bit for bit, so a row's result does not depend on how many rows came
+// with it; nf4 goes to the f32 GEMM, whose packing dequantizes the weight panels (dequantized
+// values are exact in f32: the dequantized model's product bit for bit). Each output is one
+// fixed sum whatever the threads.
 
 #include <algorithm>
 #include <cstdint>
@@ -5711,6 +5775,140 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/quant_dot.hpp> (inlined above)
+// #include <edl/kernels/quant_gemm.hpp>
+// edl/kernels/quant_gemm.hpp
+// Prefill with int8 weights: y [M, N] = x [M, K] W^T for q8_0 / q4_0 W and many rows of x,
+// each output the same sum as the decode dot product (kernels/quant_dot.hpp) bit for bit.
+//
+//   kernels::quant_gemm_nt(xa, M, W, bias, y);   // xa: M rows of K / 32 ActivationBlocks
+//
+// With AVX-512 VNNI a tile of 4 weight rows by 4 activation rows runs two blocks per 512-bit
+// vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
+// two accumulators of the dot's definition. The activations go unsigned (x + 128, a flip of
+// the sign bit) so vpdpbusd takes the weights as they are, and -128 * (each lane's weight sum),
+// made once per weight block, starts the sum: the same integers as the dot's. Tiles are
+// parallel over chunks of weight rows and walk the activations in blocks that stay in L2;
+// the edges (and builds without AVX-512 VNNI) run the dot products themselves.
+
+#include <algorithm>
+#include <cstdint>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/quant_dot.hpp> (inlined above)
+// // #include <edl/quant/formats.hpp> (inlined above) (inlined above)
+// // #include <edl/quant/matrix.hpp> (inlined above) (inlined above)
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define EDL_QUANT_GEMM_ZMM 1
+#endif
+
+namespace edl::kernels {
+
+namespace detail {
+
+/// The dot of weight row r (q8_0 or q4_0) with one activation row.
+inline float int8_row_dot(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  if (W.format == quant::Format::q8_0) return dot_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(W.row(r)), xa, nb);
+  return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)), xa, nb);
+}
+
+#if defined(EDL_QUANT_GEMM_ZMM)
+/// Blocks b and b + 1 of a weight row as signed int8 in one vector (b + 1 zero when absent),
+/// and their scales.
+inline __m512i weight_pair(const quant::MatrixView& W, std::int64_t r, std::int64_t b, bool second, float& d0,
+                           float& d1) noexcept {
+  if (W.format == quant::Format::q8_0) {
+    const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r)) + b;
+    d0 = f16_to_f32(w[0].d);
+    d1 = second ? f16_to_f32(w[1].d) : 0.f;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
+    const __m256i hi = second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs)) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)) + b;
+  d0 = f16_to_f32(w[0].d);
+  d1 = second ? f16_to_f32(w[1].d) : 0.f;
+  const __m256i eight = _mm256_set1_epi8(8);
+  const __m256i lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
+  const __m256i hi = second ? _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight) : _mm256_setzero_si256();
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/// y[m * ldy + r] for 4 weight rows r0.. and 4 activation rows (xa rows m0.., nb blocks each).
+inline void int8_tile_4x4(const quant::MatrixView& W, std::int64_t r0, const ActivationBlock* xa, std::int64_t m0,
+                          std::int64_t nb, float* y, std::int64_t ldy) noexcept {
+  __m512 acc[4][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as unsigned
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    const bool second = b + 1 < nb;
+    __m512i w[4], negc[4];
+    __m512 dw[4];
+    for (int i = 0; i < 4; ++i) {
+      float d0, d1;
+      w[i] = weight_pair(W, r0 + i, b, second, d0, d1);
+      negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, w[i]));
+      dw[i] = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const ActivationBlock* x = xa + (m0 + j) * nb + b;
+      const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[0].qs));
+      const __m256i xh = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[1].qs)) : _mm256_setzero_si256();
+      const __m512i xu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(xl), xh, 1), flip);
+      const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x[0].d), _mm256_set1_ps(second ? x[1].d : 0.f), 1);
+      for (int i = 0; i < 4; ++i) {
+        const __m512i s = _mm512_dpbusd_epi32(negc[i], xu, w[i]);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[i], dx), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const __m512 a = acc[i][j];
+      y[(m0 + j) * ldy + r0 + i] =
+          sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+    }
+}
+#endif
+
+}  // namespace detail
+
+/// y [M, N] = the dots of W's rows (q8_0 or q4_0, N = W.rows) with M activation rows (xa:
+/// K / 32 blocks a row), plus bias[j] when given.
+template <class TB>
+void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
+  const std::int64_t N = W.rows, nb = W.blocks_per_row();
+  constexpr std::int64_t kRowChunk = 16, kActBlock = 64;
+  exec::parallel_for(0, (N + kRowChunk - 1) / kRowChunk, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const std::int64_t r_lo = c * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
+      for (std::int64_t m_lo = 0; m_lo < M; m_lo += kActBlock) {
+        const std::int64_t m_hi = std::min(M, m_lo + kActBlock);
+        std::int64_t r = r_lo;
+#if defined(EDL_QUANT_GEMM_ZMM)
+        for (; r + 4 <= r_hi; r += 4) {
+          std::int64_t m = m_lo;
+          for (; m + 4 <= m_hi; m += 4) detail::int8_tile_4x4(W, r, xa, m, nb, y, N);
+          for (; m < m_hi; ++m)
+            for (std::int64_t i = r; i < r + 4; ++i) y[m * N + i] = detail::int8_row_dot(W, i, xa + m * nb);
+        }
+#endif
+        for (; r < r_hi; ++r)
+          for (std::int64_t m = m_lo; m < m_hi; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
+      }
+      if (bias)
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);
+    }
+  });
+}
+
+}  // namespace edl::kernels
+// end of edl/kernels/quant_gemm.hpp
 // #include <edl/quant/formats.hpp> (inlined above)
 // #include <edl/quant/matrix.hpp> (inlined above)
 
@@ -5726,7 +5924,7 @@ inline constexpr std::int64_t kQuantRowGroup = 4;
 inline constexpr std::int64_t kQuantPrefetchBytes = 512;
 
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
-inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const quant::BlockQ8_0* xq) noexcept {
+inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
   const std::int64_t nb = W.blocks_per_row();
   const std::uint8_t* w = W.row(r);
   __builtin_prefetch(w + W.row_bytes() * kQuantRowGroup, 0, 2);
@@ -5743,8 +5941,8 @@ inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const flo
 constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
 
 /// A thread's buffer for the q8_0 blocks of activation rows.
-inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
-  static thread_local std::vector<quant::BlockQ8_0> buf;
+inline ActivationBlock* activation_blocks(std::int64_t blocks) {
+  static thread_local std::vector<ActivationBlock> buf;
   if (static_cast<std::int64_t>(buf.size()) < blocks) buf.resize(static_cast<std::size_t>(blocks));
   return buf.data();
 }
@@ -5752,9 +5950,9 @@ inline quant::BlockQ8_0* activation_blocks(std::int64_t blocks) {
 }  // namespace detail
 
 /// y[j] = W[j, :] . x (+ bias[j]) for rows j in [lo, hi). xq holds x quantized
-/// (quantize_activations) when W's format multiplies int8 activations, else it is unused.
+/// (quantize_activations into ActivationBlocks) when W's format multiplies int8 activations, else it is unused.
 template <class TB>
-void quant_matvec_rows(const quant::MatrixView& W, const float* x, const quant::BlockQ8_0* xq, const TB* bias, float* y,
+void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
@@ -5776,6 +5974,13 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
   const std::int64_t N = W.rows, K = W.cols;
+  if (M > 16 && detail::uses_int8_activations(W.format)) {
+    std::vector<ActivationBlock> xa(static_cast<std::size_t>(M * (K / 32)));
+    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xa.data() + m * (K / 32), K);
+    });
+    return quant_gemm_nt(xa.data(), M, W, bias, y);
+  }
   if (M > 16) {
     matmul_nt_dequantized(x, M, W, y);
     if (bias)
@@ -5787,13 +5992,13 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   }
   // The caller's own buffer, not its thread's: while it waits for the tasks its thread may run
   // another product's (a simulated mesh runs devices as tasks).
-  std::vector<quant::BlockQ8_0> xq_buf;
+  std::vector<ActivationBlock> xq_buf;
   const std::int64_t nb = K / 32;
   if (detail::uses_int8_activations(W.format)) {
     xq_buf.resize(static_cast<std::size_t>(M * nb));
     for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
   }
-  const quant::BlockQ8_0* xq = xq_buf.empty() ? nullptr : xq_buf.data();
+  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     for (std::int64_t j = lo; j < hi; ++j)
@@ -14536,7 +14741,7 @@ inline std::int64_t matvec_tasks(std::int64_t rows, std::int64_t K, std::int64_t
 template <class T, std::size_t P>
 void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts, std::int64_t K, std::int64_t t,
                        std::int64_t tasks) {
-  const quant::BlockQ8_0* xq = nullptr;
+  const ActivationBlock* xq = nullptr;
   for (const MatvecPart<T>& p : parts) {
     const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
     if (!p.quantized()) {
@@ -14544,7 +14749,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
-      quant::BlockQ8_0* buf = detail::activation_blocks(K / 32);
+      ActivationBlock* buf = detail::activation_blocks(K / 32);
       quantize_activations(x, buf, K);
       xq = buf;
     }
