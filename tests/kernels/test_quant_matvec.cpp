@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <edl/core/exec.hpp>
@@ -82,6 +83,33 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
     kernels::matmul_dequantized(dy.data(), M, v, dx.data());
     matmul(dy.data(), wd.data(), want.data(), M, K, N);
     EXPECT_EQ(dx, want) << quant::format_name(f);
+  }
+}
+
+TEST(QuantMatvec, RowRangesEqualTheRowDots) {
+  // quant_matvec_rows (decode's grouped products) over ranges that start and end anywhere:
+  // rows in groups of four and alone give each row's dot, plus its bias.
+  const std::int64_t N = 23, K = 96;
+  const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 31), x = normal_values(static_cast<std::size_t>(K), 32);
+  const std::vector<float> bias = normal_values(static_cast<std::size_t>(N), 33);
+  std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(K / 32));
+  std::vector<kernels::ActivationBlock> xa(xq.size());
+  quant::quantize_activations_ref(x.data(), xq.data(), K);
+  for (std::size_t b = 0; b < xq.size(); ++b) kernels::prepare_activation(xq[b], xa[b]);
+  for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0}) {
+    const quant::Matrix W = quant::Matrix::quantize(f, w.data(), N, K, "W");
+    for (const auto [lo, hi] : {std::pair<std::int64_t, std::int64_t>{0, N}, {3, 20}, {5, 6}, {8, 12}}) {
+      std::vector<float> y(static_cast<std::size_t>(N), -1.f);
+      kernels::quant_matvec_rows(W.view(), x.data(), xa.data(), bias.data(), y.data(), lo, hi);
+      for (std::int64_t j = 0; j < N; ++j) {
+        const std::uint8_t* row = W.view().row(j);
+        const float want = (f == quant::Format::q8_0
+                                ? kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row), xq.data(), K / 32)
+                                : kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row), xq.data(), K / 32)) +
+                           bias[static_cast<std::size_t>(j)];
+        EXPECT_EQ(y[static_cast<std::size_t>(j)], j >= lo && j < hi ? want : -1.f) << quant::format_name(f) << " row " << j;
+      }
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <edl/core/dtype.hpp>
 #include <edl/quant/formats.hpp>
@@ -263,6 +264,41 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
   float acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
   return reference::sum_lanes8(acc);
+#endif
+}
+
+/// dot_q8_0 / dot_q4_0 of four weight rows with one activation row, out[i] for row w[i]: the
+/// activation block is loaded once for the four, whose sums run as independent chains. Each
+/// out[i] is the single-row dot bit for bit.
+template <class Block>
+inline void dot4_int8(const Block* const* w, const ActivationBlock* x, std::int64_t nb, float* out) noexcept {
+  static_assert(std::is_same_v<Block, quant::BlockQ8_0> || std::is_same_v<Block, quant::BlockQ4_0>);
+#if defined(EDL_QUANT_AVX2)
+  __m256 acc[4][2];
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const float dx = x[b].d;
+    [[maybe_unused]] __m256i neg8;
+    if constexpr (std::is_same_v<Block, quant::BlockQ4_0>)
+      neg8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      __m256i s;
+      if constexpr (std::is_same_v<Block, quant::BlockQ8_0>)
+        s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)), xq);
+      else
+        s = detail::dot_u4_lanes(neg8, detail::unpack_q4_0(w[i][b].qs), xq);
+      const float d = detail::f16_to_f32(w[i][b].d) * dx;
+      acc[i][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[i][b & 1]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) out[i] = detail::sum_lanes8(_mm256_add_ps(acc[i][0], acc[i][1]));
+#else
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<Block, quant::BlockQ8_0>) out[i] = dot_q8_0(w[i], x, nb);
+    else out[i] = dot_q4_0(w[i], x, nb);
+  }
 #endif
 }
 

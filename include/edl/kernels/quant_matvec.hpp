@@ -51,6 +51,21 @@ inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const flo
   return 0.f;
 }
 
+/// The dots of weight rows r..r+3 (q8_0 or q4_0) with one activation row, into out[0..3],
+/// each the single-row dot bit for bit; prefetches the rows' next group.
+inline void int8_dot4(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa, float* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  for (int i = 0; i < 4; ++i) __builtin_prefetch(W.row(r + i) + 4 * W.row_bytes(), 0, 2);
+  if (W.format == quant::Format::q8_0) {
+    const quant::BlockQ8_0* w[4];
+    for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r + i));
+    return dot4_int8(w, xa, nb, out);
+  }
+  const quant::BlockQ4_0* w[4];
+  for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r + i));
+  dot4_int8(w, xa, nb, out);
+}
+
 /// Whether the format multiplies q8_0 activations (else f32).
 constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
 
@@ -68,6 +83,13 @@ inline ActivationBlock* activation_blocks(std::int64_t blocks) {
 template <class TB>
 void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
+  if (detail::uses_int8_activations(W.format)) {  // four rows at a time, then the rest alone
+    for (; lo + 4 <= hi; lo += 4) {
+      detail::int8_dot4(W, lo, xq, y + lo);
+      if (bias)
+        for (std::int64_t j = lo; j < lo + 4; ++j) y[j] += to_f32(bias[j]);
+    }
+  }
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
     y[j] = bias ? s + to_f32(bias[j]) : s;
@@ -115,7 +137,15 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j)
+    std::int64_t j = lo;
+    if (xq)  // four weight rows at a time, each meeting every row of x
+      for (; j + 4 <= hi; j += 4)
+        for (std::int64_t m = 0; m < M; ++m) {
+          float s[4];
+          detail::int8_dot4(W, j, xq + m * nb, s);
+          for (int i = 0; i < 4; ++i) y[m * N + j + i] = bias ? s[i] + to_f32(bias[j + i]) : s[i];
+        }
+    for (; j < hi; ++j)
       for (std::int64_t m = 0; m < M; ++m) {
         const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
         y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
