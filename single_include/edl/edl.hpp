@@ -5564,6 +5564,20 @@ inline float sum_lanes8(__m256 v) noexcept {
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
+/// The two-chain sum of the dots: step(b, acc) adds block b's term to acc; even blocks go to
+/// one accumulator, odd to the other (named, so they stay in registers), then lane-wise added
+/// and summed in sum_lanes8's tree.
+template <class Step>
+inline float two_chains(std::int64_t nb, Step&& step) noexcept {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    a0 = step(b, a0);
+    a1 = step(b + 1, a1);
+  }
+  if (b < nb) a0 = step(b, a0);
+  return sum_lanes8(_mm256_add_ps(a0, a1));
+}
 /// A q4_0 block's 32 codes q (0..15, unsigned) in value order: low nibbles then high nibbles.
 inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -5637,14 +5651,13 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
 /// q8_0 weights (nb blocks) . q8_0 activations.
 inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (std::int64_t b = 0; b < nb; ++b) {
+  const auto step = [&](std::int64_t b, __m256 acc) {
     const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
     const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
-  }
-  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  };
+  return detail::two_chains(nb, step);
 #else
   float acc2[2][8] = {};
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -5663,15 +5676,14 @@ inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::
 /// q4_0 weights (nb blocks) . q8_0 activations.
 inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (std::int64_t b = 0; b < nb; ++b) {
+  const auto step = [&](std::int64_t b, __m256 acc) {
     const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
                                            detail::unpack_q4_0(w[b].qs),
                                            _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
     const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[b & 1]);
-  }
-  return detail::sum_lanes8(_mm256_add_ps(acc[0], acc[1]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  };
+  return detail::two_chains(nb, step);
 #else
   float acc2[2][8] = {};
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -5695,9 +5707,11 @@ template <class Block>
 inline void dot4_int8(const Block* const* w, const ActivationBlock* x, std::int64_t nb, float* out) noexcept {
   static_assert(std::is_same_v<Block, quant::BlockQ8_0> || std::is_same_v<Block, quant::BlockQ4_0>);
 #if defined(EDL_QUANT_AVX2)
-  __m256 acc[4][2];
-  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
-  for (std::int64_t b = 0; b < nb; ++b) {
+  // Four rows' two chains: the indices are constants after unrolling, so the eight
+  // accumulators stay in registers.
+  __m256 a0[4], a1[4];
+  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
+  const auto step = [&](std::int64_t b, __m256* acc) {
     const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     const float dx = x[b].d;
     [[maybe_unused]] __m256i neg8;
@@ -5711,10 +5725,16 @@ inline void dot4_int8(const Block* const* w, const ActivationBlock* x, std::int6
       else
         s = detail::dot_u4_lanes(neg8, detail::unpack_q4_0(w[i][b].qs), xq);
       const float d = detail::f16_to_f32(w[i][b].d) * dx;
-      acc[i][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[i][b & 1]);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[i]);
     }
+  };
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    step(b, a0);
+    step(b + 1, a1);
   }
-  for (int i = 0; i < 4; ++i) out[i] = detail::sum_lanes8(_mm256_add_ps(acc[i][0], acc[i][1]));
+  if (b < nb) step(b, a0);
+  for (int i = 0; i < 4; ++i) out[i] = detail::sum_lanes8(_mm256_add_ps(a0[i], a1[i]));
 #else
   for (int i = 0; i < 4; ++i) {
     if constexpr (std::is_same_v<Block, quant::BlockQ8_0>) out[i] = dot_q8_0(w[i], x, nb);
@@ -6005,7 +6025,9 @@ inline ActivationBlock* activation_blocks(std::int64_t blocks) {
 template <class TB>
 void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
-  if (detail::uses_int8_activations(W.format)) {  // four rows at a time, then the rest alone
+  // q4_0 is bound by its unpacking: four rows share each activation block. q8_0 is bound by
+  // memory, which in a model's products read its rows faster one at a time.
+  if (W.format == quant::Format::q4_0) {
     for (; lo + 4 <= hi; lo += 4) {
       detail::int8_dot4(W, lo, xq, y + lo);
       if (bias)
@@ -6060,7 +6082,7 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     std::int64_t j = lo;
-    if (xq)  // four weight rows at a time, each meeting every row of x
+    if (W.format == quant::Format::q4_0)  // four weight rows at a time (see quant_matvec_rows)
       for (; j + 4 <= hi; j += 4)
         for (std::int64_t m = 0; m < M; ++m) {
           float s[4];
