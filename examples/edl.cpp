@@ -11,6 +11,7 @@
 #include "cli/bench_train.hpp"
 #include "cli/bench_gemm.hpp"
 #include "cli/bench_serve.hpp"
+#include "cli/convert.hpp"
 #include "cli/eval.hpp"
 #include "cli/generate.hpp"
 #include "cli/info.hpp"
@@ -34,6 +35,7 @@ const std::map<std::string, Command>& commands() {
       {"bench decode", edl::cli::cmd_bench_decode},
       {"bench gemm", edl::cli::cmd_bench_gemm},
       {"bench serve", edl::cli::cmd_bench_serve},
+      {"convert", edl::cli::cmd_convert},
       {"eval", edl::cli::cmd_eval},
       {"generate", edl::cli::cmd_generate},
       {"bench train", edl::cli::cmd_bench_train},
