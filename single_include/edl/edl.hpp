@@ -5976,28 +5976,19 @@ namespace detail {
 /// once for all of them, and their dot products run as independent chains.
 inline constexpr std::int64_t kQuantRowGroup = 4;
 
-/// How far ahead of its block each weight row prefetches.
-inline constexpr std::int64_t kQuantPrefetchBytes = 512;
-
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
 inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  const std::uint8_t* w = W.row(r);
-  __builtin_prefetch(w + W.row_bytes() * kQuantRowGroup, 0, 2);
-  switch (W.format) {
-    case quant::Format::q8_0: return dot_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(w), xq, nb);
-    case quant::Format::q4_0: return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(w), xq, nb);
-    case quant::Format::nf4: return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(w), W.row_absmax(r), x, nb);
-    case quant::Format::none: break;
-  }
-  return 0.f;
+  __builtin_prefetch(W.row(r) + W.row_bytes() * kQuantRowGroup, 0, 2);
+  if (W.format == quant::Format::nf4)
+    return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
+  return int8_row_dot(W, r, xq);
 }
 
 /// The dots of weight rows r..r+3 (q8_0 or q4_0) with one activation row, into out[0..3],
 /// each the single-row dot bit for bit; prefetches the rows' next group.
 inline void int8_dot4(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa, float* out) noexcept {
   const std::int64_t nb = W.blocks_per_row();
-  for (int i = 0; i < 4; ++i) __builtin_prefetch(W.row(r + i) + 4 * W.row_bytes(), 0, 2);
+  for (int i = 0; i < 4; ++i) __builtin_prefetch(W.row(r + i) + kQuantRowGroup * W.row_bytes(), 0, 2);
   if (W.format == quant::Format::q8_0) {
     const quant::BlockQ8_0* w[4];
     for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r + i));
@@ -6053,14 +6044,19 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 /// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
-  const std::int64_t N = W.rows, K = W.cols;
-  if (M > 16 && detail::uses_int8_activations(W.format)) {
-    std::vector<ActivationBlock> xa(static_cast<std::size_t>(M * (K / 32)));
+  const std::int64_t N = W.rows, K = W.cols, nb = K / 32;
+  // int8 formats: x's rows quantized once, in the caller's own buffer, not its thread's: while
+  // it waits for the tasks its thread may run another product's (a simulated mesh runs devices
+  // as tasks).
+  std::vector<ActivationBlock> xq_buf;
+  if (detail::uses_int8_activations(W.format)) {
+    xq_buf.resize(static_cast<std::size_t>(M * nb));
     exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xa.data() + m * (K / 32), K);
+      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
     });
-    return quant_gemm_nt(xa.data(), M, W, bias, y);
   }
+  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
+  if (M > 16 && xq) return quant_gemm_nt(xq, M, W, bias, y);
   if (M > 16) {
     matmul_nt_dequantized(x, M, W, y);
     if (bias)
@@ -6070,15 +6066,6 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
       });
     return;
   }
-  // The caller's own buffer, not its thread's: while it waits for the tasks its thread may run
-  // another product's (a simulated mesh runs devices as tasks).
-  std::vector<ActivationBlock> xq_buf;
-  const std::int64_t nb = K / 32;
-  if (detail::uses_int8_activations(W.format)) {
-    xq_buf.resize(static_cast<std::size_t>(M * nb));
-    for (std::int64_t m = 0; m < M; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
-  }
-  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
     std::int64_t j = lo;
