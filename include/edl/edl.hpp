@@ -1,7 +1,7 @@
 // edl/edl.hpp: the whole library. Include this, or single_include/edl/edl.hpp.
 // Layers, each including only the ones before it, kernels only core (docs/architecture.md;
 // the `layers` test): core -> mesh -> tensor -> kernels -> nn -> io -> tokenizer -> optim ->
-// models -> generate | train
+// lora -> models -> generate | train
 #pragma once
 #include <edl/version.hpp>
 #include <edl/core/all.hpp>
@@ -13,6 +13,7 @@
 #include <edl/io/all.hpp>
 #include <edl/tokenizer/all.hpp>
 #include <edl/optim/all.hpp>
+#include <edl/lora/all.hpp>
 #include <edl/models/all.hpp>
 #include <edl/generate/all.hpp>
 #include <edl/train/all.hpp>

@@ -4,7 +4,7 @@
 // edl/edl.hpp: the whole library. Include this, or single_include/edl/edl.hpp.
 // Layers, each including only the ones before it, kernels only core (docs/architecture.md;
 // the `layers` test): core -> mesh -> tensor -> kernels -> nn -> io -> tokenizer -> optim ->
-// models -> generate | train
+// lora -> models -> generate | train
 // #include <edl/version.hpp>
 // edl/version.hpp: the library version (kept equal to project(VERSION) in CMakeLists.txt).
 #define EDL_VERSION_MAJOR 0
@@ -6847,8 +6847,15 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // forward multiplies through kernels::linear_quant, backward computes dx and db but no dW (a
 // quantized weight is frozen, as in QLoRA), and visit_params no longer lists the weight;
 // visit_linears reaches it.
+//
+// A Linear may also carry a LoRA adapter (`lora`, low_rank_adapter.hpp; lora::apply_lora adds
+// them): every forward adds scale * dropout(x) A^T B^T, backward accumulates dA and dB and
+// adds the adapter's share of dx. The base weight is then frozen (Param::frozen) and gets no
+// gradient; a quantized base is QLoRA. visit_params lists the adapter as
+// "<path>.lora_A.weight" / "<path>.lora_B.weight" after the base.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -6859,7 +6866,34 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/quant_matvec.hpp> (inlined above)
-// // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/low_rank_adapter.hpp> (inlined above)
+// edl/nn/low_rank_adapter.hpp
+// A LoRA adapter on a Linear (Hu et al. 2021, PEFT's LoraLayer): the layer computes
+//
+//   y = x W^T + b + scale * dropout(x) A^T B^T      A [r, in], B [out, r], scale = alpha / r
+//                                                   (rsLoRA: alpha / sqrt(r))
+//
+// A starts Kaiming-uniform (PEFT's kaiming_uniform_(a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in)))
+// and B at zero, so a fresh adapter adds exact zeros. The adapter's parameters have the model's
+// storage dtype (with bf16 the optimizer keeps their f32 master copies, as for every bf16
+// parameter); over a quantized base they are the policy's float dtype.
+//
+// Dropout (lora_dropout) is a pure function of (dropout key, row, column): the trainer gives
+// each micro-batch a key (lora::set_dropout), so a rematerialized forward and the backward
+// see the mask the forward saw, and the same seed drops the same elements on every run.
+// Without a key (inference, evaluation) nothing is dropped.
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // // // #include <edl/nn/module.hpp> (inlined above) (inlined above) (inlined above)
 // edl/nn/module.hpp
 // The module protocol shared by every layer in nn/ (docs/modules.md), and generic helpers
 // that work on any module through its parameter visitor.
@@ -6894,7 +6928,7 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
-// // // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+// // // // #include <edl/nn/param.hpp> (inlined above) (inlined above) (inlined above)
 // edl/nn/param.hpp
 // A trainable parameter: its value in the policy's storage dtype, its f32 gradient and the
 // PartitionSpec type that says how it shards by default (HF layout, Megatron-style tensor
@@ -6906,7 +6940,8 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 //
 // The gradient is allocated (zeroed) on first use, so a model used only for inference does
 // not pay for it. Backward passes ACCUMULATE into grad (gradient accumulation); zero_grad()
-// clears it.
+// clears it. A frozen parameter (the base of a LoRA model) gets no gradient: backward skips
+// it (trainable_grad() is null) and optimizers pass over it.
 
 #include <array>
 #include <cstddef>
@@ -6917,7 +6952,7 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 
 // #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
-// // #include <edl/tensor/partition_spec.hpp> (inlined above) (inlined above)
+// // // #include <edl/tensor/partition_spec.hpp> (inlined above) (inlined above) (inlined above)
 
 namespace edl::nn {
 
@@ -6940,6 +6975,7 @@ struct Param {
   ParamTensor<T, rank> value;
   xt::xtensor<float, rank> grad;  // empty until the first backward (or grad_data())
   Init init = Init::normal;
+  bool frozen = false;
 
   Param() = default;
   explicit Param(const shape_type& shape, Init how = Init::normal)
@@ -6952,7 +6988,7 @@ struct Param {
   T* data() noexcept { return value.data(); }
   const T* data() const noexcept { return value.data(); }
 
-  bool has_grad() const noexcept { return grad.size() == value.size() && value.size() > 0; }
+  bool has_grad() const noexcept { return !frozen && grad.size() == value.size() && value.size() > 0; }
   /// The gradient buffer, allocated and zeroed on first use.
   float* grad_data() {
     if (grad.shape() != value.shape()) {
@@ -6961,6 +6997,8 @@ struct Param {
     }
     return grad.data();
   }
+  /// grad_data(), or null when the parameter is frozen.
+  float* trainable_grad() { return frozen ? nullptr : grad_data(); }
   void zero_grad() {
     if (grad.shape() == value.shape()) std::fill(grad.begin(), grad.end(), 0.0f);
   }
@@ -7121,6 +7159,83 @@ void load_params(M& m, const File& file, std::string_view where = "load_params")
 
 }  // namespace edl::nn
 // end of edl/nn/module.hpp
+// // // #include <edl/nn/param.hpp> (inlined above) (inlined above) (inlined above)
+// // #include <edl/tensor/partition_spec.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+namespace detail {
+// How A and B shard with their base (Megatron): a column-parallel base splits B's rows, a
+// row-parallel base splits A's columns; the r dimension is never split.
+template <class WSpec> struct adapter_specs {
+  using a = P<none, none>;
+  using b = P<"tp", none>;
+};
+template <> struct adapter_specs<P<none, "tp">> {
+  using a = P<none, "tp">;
+  using b = P<none, none>;
+};
+}  // namespace detail
+
+template <FloatStorage T, PartitionSpecType WSpec>
+struct LowRankAdapter {
+  Param<T, typename detail::adapter_specs<WSpec>::a> A;  // lora_A.weight [r, in]
+  Param<T, typename detail::adapter_specs<WSpec>::b> B;  // lora_B.weight [out, r]
+  double alpha = 1.0;               // lora_alpha
+  bool rslora = false;              // scale = alpha / sqrt(r) instead of alpha / r
+  float scale = 1.0f;
+  float dropout = 0.0f;             // probability of dropping an input element in training
+  std::optional<Key> dropout_key;   // set while training (lora::set_dropout); none: no dropout
+
+  LowRankAdapter() = default;
+  LowRankAdapter(std::int64_t in, std::int64_t out, std::int64_t r, double alpha_, bool rslora_, float dropout_)
+      : A({static_cast<std::size_t>(r), static_cast<std::size_t>(in)}, Init::zeros),
+        B({static_cast<std::size_t>(out), static_cast<std::size_t>(r)}, Init::zeros),
+        alpha(alpha_),
+        rslora(rslora_),
+        scale(static_cast<float>(rslora_ ? alpha_ / std::sqrt(static_cast<double>(r)) : alpha_ / static_cast<double>(r))),
+        dropout(dropout_) {}
+
+  std::int64_t rank() const noexcept { return static_cast<std::int64_t>(A.value.shape()[0]); }
+  std::int64_t in() const noexcept { return static_cast<std::int64_t>(A.value.shape()[1]); }
+  std::int64_t out() const noexcept { return static_cast<std::int64_t>(B.value.shape()[0]); }
+  bool drops() const noexcept { return dropout > 0.0f && dropout_key.has_value(); }
+
+  /// PEFT's initialization: A ~ U(-1/sqrt(in), 1/sqrt(in)) from `key`, B = 0.
+  void reset(Key key) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in()));
+    std::vector<float> a(A.value.size());
+    fill_uniform(key, 0, std::span<float>(a), -bound, bound);
+    for (std::size_t i = 0; i < a.size(); ++i) A.data()[i] = from_f32<T>(a[i]);
+    std::fill(B.value.begin(), B.value.end(), from_f32<T>(0.0f));
+  }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "lora_A.weight"), A);
+    f(join_path(prefix, "lora_B.weight"), B);
+  }
+
+  /// Whether input element (row, col) is kept under the current key (drops() must hold).
+  bool keeps(std::int64_t row, std::int64_t col) const noexcept {
+    const std::uint64_t counter = static_cast<std::uint64_t>(row) * static_cast<std::uint64_t>(in()) +
+                                  static_cast<std::uint64_t>(col);
+    return bits_to_unit_float(random_bits_at(*dropout_key, counter)) >= dropout;
+  }
+  /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero.
+  void drop(const float* x, std::int64_t rows, float* h) const {
+    const std::int64_t K = in();
+    const float keep_scale = 1.0f / (1.0f - dropout);
+    exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t)
+        for (std::int64_t j = 0; j < K; ++j) h[t * K + j] = keeps(t, j) ? x[t * K + j] * keep_scale : 0.0f;
+    });
+  }
+};
+
+}  // namespace edl::nn
+// end of edl/nn/low_rank_adapter.hpp
+// // // #include <edl/nn/module.hpp> (inlined above) (inlined above) (inlined above)
 // // #include <edl/nn/param.hpp> (inlined above) (inlined above)
 // #include <edl/quant/matrix.hpp> (inlined above)
 // #include <edl/tensor/partition_spec.hpp> (inlined above)
@@ -7164,9 +7279,12 @@ class Linear {
   using WeightParam = Param<T, WSpec>;
   using BiasParam = Param<T, typename detail::bias_spec<WSpec>::type>;
 
+  using Adapter = LowRankAdapter<T, WSpec>;
+
   struct Saved {
     const float* x = nullptr;  // input [rows, in], owned by the caller
     std::int64_t rows = 0;
+    std::vector<float> adapter_u;  // scale * dropout(x) A^T [rows, r], with an adapter
   };
 
   Linear() = default;
@@ -7180,6 +7298,7 @@ class Linear {
   WeightParam weight;     // empty when quantized
   BiasParam bias;         // empty unless has_bias()
   quant::Matrix qweight;  // the weight [out, in] quantized, or empty
+  std::optional<Adapter> lora;  // a LoRA adapter, or none
 
   bool is_quantized() const noexcept { return !qweight.empty(); }
 
@@ -7206,6 +7325,7 @@ class Linear {
   void visit_params(std::string_view prefix, F&& f) {
     if (!is_quantized()) f(join_path(prefix, "weight"), weight);
     if (has_bias_) f(join_path(prefix, "bias"), bias);
+    if (lora) lora->visit_params(prefix, f);
   }
   /// f(path, Linear&) for this layer (composite modules list theirs the same way).
   template <class F>
@@ -7218,17 +7338,20 @@ class Linear {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  /// y[rows, out] = x[rows, in] W^T + b. Saves a pointer to x.
+  /// y[rows, out] = x[rows, in] W^T + b (+ the adapter's term). Saves a pointer to x.
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
-    apply(x, rows, y);
+    apply_base(x, rows, y);
+    if (lora) add_adapter(x, rows, y, s.adapter_u);
     s.x = x;
     s.rows = rows;
   }
-  /// Inference: y = x W^T + b, nothing saved.
+  /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
-    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
-    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
-    if (has_bias_) add_bias(y, rows);
+    apply_base(x, rows, y);
+    if (lora) {
+      std::vector<float> u;
+      add_adapter(x, rows, y, u);
+    }
   }
 
   /// Accumulates dW (and db); writes dx = dy W, or adds it when accumulate_dx (dx may be null
@@ -7236,8 +7359,9 @@ class Linear {
   void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
     EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
               "Saved holds no input: call forward first");
-    if (!is_quantized()) nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
-    if (has_bias_) {
+    if (!is_quantized() && !weight.frozen)
+      nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (has_bias_ && !bias.frozen) {
       float* db = bias.grad_data();
       const std::int64_t rows = s.rows, out = out_;
       // Columns in parallel, rows summed in order: the same sums for any thread count.
@@ -7248,9 +7372,64 @@ class Linear {
     }
     if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
     else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+    if (lora) adapter_backward(dy, s, dx);
   }
 
  private:
+  void apply_base(const float* x, std::int64_t rows, float* y) const {
+    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
+    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
+    if (has_bias_) add_bias(y, rows);
+  }
+
+  // y += u B^T with u = scale * dropout(x) A^T [rows, r] (kept for backward).
+  void add_adapter(const float* x, std::int64_t rows, float* y, std::vector<float>& u) const {
+    const Adapter& a = *lora;
+    const std::int64_t r = a.rank();
+    u.resize(static_cast<std::size_t>(rows * r));
+    std::vector<float> h;
+    const float* in = x;
+    if (a.drops()) {
+      h.resize(static_cast<std::size_t>(rows * in_));
+      a.drop(x, rows, h.data());
+      in = h.data();
+    }
+    nn::gemm_ops::mm_nt(in, a.A.data(), u.data(), rows, r, in_);
+    for (float& v : u) v *= a.scale;
+    nn::gemm_ops::mm_nt(u.data(), a.B.data(), y, rows, out_, r, /*accumulate=*/true);
+  }
+
+  // dB += dy^T u;  du = scale * dy B;  dA += du^T dropout(x);  dx += dropout'(du A).
+  void adapter_backward(const float* dy, const Saved& s, float* dx) {
+    Adapter& a = *lora;
+    const std::int64_t r = a.rank(), rows = s.rows;
+    EDL_CHECK(static_cast<std::int64_t>(s.adapter_u.size()) == rows * r, errc::invalid_argument, "nn.Linear.backward",
+              "Saved holds no adapter activations: the forward ran without the adapter");
+    if (float* gB = a.B.trainable_grad()) nn::gemm_ops::mm_tn(dy, s.adapter_u.data(), gB, out_, r, rows, true);
+    std::vector<float> du(static_cast<std::size_t>(rows * r));
+    nn::gemm_ops::mm(dy, a.B.data(), du.data(), rows, r, out_);
+    for (float& v : du) v *= a.scale;
+    std::vector<float> h;
+    const float* in = s.x;
+    if (a.drops()) {
+      h.resize(static_cast<std::size_t>(rows * in_));
+      a.drop(s.x, rows, h.data());
+      in = h.data();
+    }
+    if (float* gA = a.A.trainable_grad()) nn::gemm_ops::mm_tn(du.data(), in, gA, r, in_, rows, true);
+    if (!dx) return;
+    if (!a.drops()) return nn::gemm_ops::mm(du.data(), a.A.data(), dx, rows, in_, r, /*accumulate=*/true);
+    // d(dropout(x)) = du A, then through the mask: kept elements scaled by 1 / (1 - p).
+    nn::gemm_ops::mm(du.data(), a.A.data(), h.data(), rows, in_, r);
+    const float keep_scale = 1.0f / (1.0f - a.dropout);
+    const std::int64_t K = in_;
+    exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t)
+        for (std::int64_t j = 0; j < K; ++j)
+          if (a.keeps(t, j)) dx[t * K + j] += h[t * K + j] * keep_scale;
+    });
+  }
+
   void add_bias(float* y, std::int64_t rows) const {
     const T* b = bias.data();
     const std::int64_t out = out_;
@@ -7878,7 +8057,7 @@ class RMSNorm {
   void backward(const float* dy, const Saved& s, float* dx) {
     std::vector<float> scratch;
     const float* w = as_f32(weight, scratch);
-    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.grad_data(),
+    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
                                static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
   }
 
@@ -8123,6 +8302,7 @@ class Embedding {
 
   /// dW[ids[t]] += dy[t] (accumulates).
   void backward(const float* dy, const Saved& s) {
+    if (weight.frozen) return;
     float* g = weight.grad_data();
     const std::int64_t H = hidden_, tokens = static_cast<std::int64_t>(s.ids.size());
     exec::parallel_for(0, H, 64, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -8295,6 +8475,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 
 }  // namespace edl::nn
 // end of edl/nn/loss.hpp
+// #include <edl/nn/low_rank_adapter.hpp> (inlined above)
 // #include <edl/nn/mlp.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/nn/param.hpp> (inlined above)
@@ -11551,6 +11732,545 @@ class ShardedOptimizer {
 }  // namespace edl::optim
 // end of edl/optim/sharded_optimizer.hpp
 // end of edl/optim/all.hpp
+// #include <edl/lora/all.hpp>
+// edl/lora/all.hpp: LoRA / QLoRA adapters (config, apply / merge / unwrap, PEFT folders).
+// Guide: docs/lora.md.
+// #include <edl/lora/apply.hpp>
+// edl/lora/apply.hpp
+// Adding, folding and removing LoRA adapters on any model with visit_linears / visit_params
+// (EasyDeL's apply_lora_to_layers, merge_lora_params, unwrap_lora_to_layers,
+// split_lora_params, lora_is_enabled):
+//
+//   lora::apply_lora(model, cfg);      // adapters on cfg's targets; every other parameter frozen
+//   ... train: only lora_A / lora_B get gradients and optimizer state ...
+//   lora::merge_lora(model);           // W += scale * B A, adapters removed: a plain model again
+//   lora::unwrap_lora(model);          // adapters removed, base unchanged
+//
+// A fresh adapter adds exact zeros (B = 0), so logits are unchanged bit for bit. A quantized
+// base (QLoRA) keeps its blocks; merge_lora dequantizes it first and the Linear holds the
+// merged weight in the model's float dtype.
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// // #include <edl/lora/config.hpp> (inlined above)
+// edl/lora/config.hpp
+// What a LoRA adapter is made of, PEFT's LoraConfig:
+//
+//   lora::LoraConfig c;
+//   c.r = 16;  c.lora_alpha = 32;  c.lora_dropout = 0.05f;
+//   c.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};   // or {"all-linear"}
+//   c.target_regex = R"(.*\.layers\.[0-3]\.self_attn\.(q|v)_proj)";   // instead: a regex
+//
+// Which Linears get an adapter, as PEFT decides: a module path (HF names without ".weight",
+// "model.layers.0.self_attn.q_proj") matches a name in target_modules when it equals it or
+// ends with "." + name; "all-linear" is every Linear of the decoder (not lm_head); a
+// target_regex must match the whole path (PEFT's re.fullmatch). JSON uses PEFT's field names
+// (adapter_config.json and the training arguments' "lora" section).
+
+#include <cmath>
+#include <cstdint>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::lora {
+
+struct LoraConfig {
+  std::int64_t r = 8;
+  double lora_alpha = 8.0;
+  float lora_dropout = 0.0f;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};  // PEFT's default for Llama
+  std::string target_regex;                                        // non-empty: used instead
+  bool use_rslora = false;
+  std::uint64_t seed = 0;  // A's initialization (B starts at zero)
+
+  /// alpha / r, or alpha / sqrt(r) with rsLoRA.
+  float scale() const {
+    return static_cast<float>(use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r))
+                                         : lora_alpha / static_cast<double>(r));
+  }
+
+  void validate(const std::string& where = "lora") const {
+    EDL_CHECK(r > 0, errc::config, where, "r must be positive, found ", r);
+    EDL_CHECK(std::isfinite(lora_alpha) && lora_alpha > 0, errc::config, where, "lora_alpha must be positive, found ",
+              lora_alpha);
+    EDL_CHECK(lora_dropout >= 0.0f && lora_dropout < 1.0f, errc::config, where, "lora_dropout must lie in [0, 1), found ",
+              lora_dropout);
+    EDL_CHECK(!target_modules.empty() || !target_regex.empty(), errc::config, where,
+              "target_modules is empty: name the modules to adapt (q_proj, v_proj, ... or all-linear)");
+  }
+};
+
+/// The Linears of a Llama decoder layer an adapter can wrap.
+inline const std::vector<std::string>& adaptable_modules() {
+  static const std::vector<std::string> m = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return m;
+}
+
+/// Decides, per module path, whether `cfg` targets it.
+class TargetMatcher {
+ public:
+  explicit TargetMatcher(const LoraConfig& cfg, std::string where = "lora") : cfg_(cfg), where_(std::move(where)) {
+    if (!cfg.target_regex.empty()) {
+      try {
+        re_ = std::regex(cfg.target_regex, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        ::edl::detail::raise(errc::config, where_,
+                             ::edl::detail::concat("target_modules regex \"", cfg.target_regex, "\" is invalid: ", e.what()));
+      }
+    }
+  }
+  bool matches(const std::string& path) const {
+    if (!cfg_.target_regex.empty()) return std::regex_match(path, re_);
+    for (const std::string& t : cfg_.target_modules)
+      if (name_matches(path, t)) return true;
+    return false;
+  }
+  /// Whether target name `t` names the module at `path` (all-linear: any decoder Linear).
+  static bool name_matches(const std::string& path, const std::string& t) {
+    if (t == "all-linear") return path.rfind("lm_head", 0) != 0;
+    return path == t || (path.size() > t.size() && path.compare(path.size() - t.size(), t.size(), t) == 0 &&
+                         path[path.size() - t.size() - 1] == '.');
+  }
+
+ private:
+  LoraConfig cfg_;
+  std::string where_;
+  std::regex re_;
+};
+
+/// PEFT's adapter_config.json fields for `cfg` (peft_type LORA, bias none).
+inline nlohmann::ordered_json to_peft_json(const LoraConfig& cfg, const std::string& base_model) {
+  nlohmann::ordered_json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  j["base_model_name_or_path"] = base_model;
+  j["r"] = cfg.r;
+  j["lora_alpha"] = cfg.lora_alpha;
+  j["lora_dropout"] = cfg.lora_dropout;
+  if (cfg.target_regex.empty()) j["target_modules"] = cfg.target_modules;
+  else j["target_modules"] = cfg.target_regex;
+  j["bias"] = "none";
+  j["use_rslora"] = cfg.use_rslora;
+  j["use_dora"] = false;
+  j["fan_in_fan_out"] = false;
+  j["modules_to_save"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["rank_pattern"] = nlohmann::ordered_json::object();
+  j["alpha_pattern"] = nlohmann::ordered_json::object();
+  j["inference_mode"] = true;
+  return j;
+}
+
+/// A LoraConfig from PEFT's adapter_config.json (or the training arguments' "lora" section,
+/// `where` names it in errors). Settings edl does not implement are refused by name: DoRA,
+/// a bias other than "none", modules_to_save, layers_to_transform, rank/alpha patterns,
+/// fan_in_fan_out, a peft_type other than LORA.
+template <class Json>
+LoraConfig from_peft_json(const Json& j, const std::string& where) {
+  EDL_CHECK(j.is_object(), errc::config, where, "expected a JSON object, found ", j.type_name());
+  LoraConfig c;
+  const auto number = [&](const char* key, auto& out) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    EDL_CHECK(j[key].is_number(), errc::config, where, "\"", key, "\" must be a number, found ", j[key].dump());
+    out = j[key].template get<std::remove_reference_t<decltype(out)>>();
+  };
+  const auto refuse_if = [&](const char* key, bool bad, const char* expected) {
+    EDL_CHECK(!bad, errc::unsupported, where, "\"", key, "\" is ", j[key].dump(), ": edl supports only ", expected);
+  };
+  if (j.contains("peft_type")) refuse_if("peft_type", j["peft_type"] != "LORA", "\"LORA\"");
+  number("r", c.r);
+  number("lora_alpha", c.lora_alpha);
+  number("lora_dropout", c.lora_dropout);
+  if (j.contains("use_rslora") && !j["use_rslora"].is_null()) {
+    EDL_CHECK(j["use_rslora"].is_boolean(), errc::config, where, "\"use_rslora\" must be true or false, found ",
+              j["use_rslora"].dump());
+    c.use_rslora = j["use_rslora"].template get<bool>();
+  }
+  if (j.contains("seed")) number("seed", c.seed);
+  if (j.contains("target_modules") && !j["target_modules"].is_null()) {
+    const auto& t = j["target_modules"];
+    if (t.is_string()) {
+      const std::string s = t.template get<std::string>();
+      c.target_modules.clear();
+      if (s == "all-linear") c.target_modules = {s};
+      else c.target_regex = s;
+    } else {
+      EDL_CHECK(t.is_array(), errc::config, where, "\"target_modules\" must be a list of module names or a regex, found ",
+                t.dump());
+      c.target_modules.clear();
+      for (const auto& e : t) {
+        EDL_CHECK(e.is_string(), errc::config, where, "\"target_modules\" entries must be strings, found ", e.dump());
+        c.target_modules.push_back(e.template get<std::string>());
+      }
+    }
+  }
+  if (j.contains("bias")) refuse_if("bias", j["bias"] != "none", "\"none\"");
+  if (j.contains("use_dora")) refuse_if("use_dora", j["use_dora"] == true, "false (DoRA is not implemented)");
+  if (j.contains("lora_bias")) refuse_if("lora_bias", j["lora_bias"] == true, "false");
+  if (j.contains("fan_in_fan_out")) refuse_if("fan_in_fan_out", j["fan_in_fan_out"] == true, "false (Llama's Linears are [out, in])");
+  for (const char* key : {"modules_to_save", "layers_to_transform", "layers_pattern"})
+    if (j.contains(key))
+      refuse_if(key, !(j[key].is_null() || (j[key].is_array() && j[key].empty())), "null");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (j.contains(key)) refuse_if(key, !(j[key].is_null() || (j[key].is_object() && j[key].empty())), "{}");
+  c.validate(where);
+  return c;
+}
+
+}  // namespace edl::lora
+// end of edl/lora/config.hpp
+// #include <edl/nn/linear.hpp> (inlined above)
+
+namespace edl::lora {
+
+/// Whether any Linear of `m` carries an adapter.
+template <class M>
+bool lora_is_enabled(M& m) {
+  bool any = false;
+  m.visit_linears("", [&](const std::string&, auto& lin) { any = any || lin.lora.has_value(); });
+  return any;
+}
+
+/// Adds an adapter (cfg.r, cfg.lora_alpha, ...) to every Linear cfg targets and freezes every
+/// other parameter of `m` (their gradients are released). Returns how many Linears it adapted.
+/// Errors, before anything changes: a target name that matches no Linear, lm_head as a target,
+/// a Linear that already has an adapter.
+template <class M>
+std::int64_t apply_lora(M& m, const LoraConfig& cfg, const std::string& where = "lora") {
+  cfg.validate(where);
+  const TargetMatcher match(cfg, where);
+  std::vector<std::string> paths;
+  std::set<std::string> used;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (!match.matches(path)) return;
+    EDL_CHECK(path.rfind("lm_head", 0) != 0, errc::unsupported, where,
+              "target_modules selects lm_head; edl adapts the decoder's Linears only (",
+              "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+    EDL_CHECK(!lin.lora, errc::invalid_argument, path, "already has a LoRA adapter");
+    paths.push_back(path);
+    for (const std::string& t : cfg.target_modules)
+      if (TargetMatcher::name_matches(path, t)) used.insert(t);
+  });
+  if (cfg.target_regex.empty())
+    for (const std::string& t : cfg.target_modules)
+      EDL_CHECK(used.count(t) > 0, errc::unsupported, where, "target module \"", t,
+                "\" matches no Linear of the model; the decoder layers have q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                "up_proj and down_proj (or use all-linear)");
+  EDL_CHECK(!paths.empty(), errc::unsupported, where, "target_modules regex \"", cfg.target_regex,
+            "\" matches no Linear of the model (paths look like model.layers.0.self_attn.q_proj)");
+
+  m.visit_params("", [](std::string_view, auto& p) {
+    p.frozen = true;
+    p.grad = std::remove_reference_t<decltype(p.grad)>();
+  });
+  const Key key = Key::from_seed(cfg.seed);
+  std::size_t i = 0;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (i >= paths.size() || path != paths[i]) return;
+    lin.lora.emplace(lin.in_features(), lin.out_features(), cfg.r, cfg.lora_alpha, cfg.use_rslora, cfg.lora_dropout);
+    lin.lora->reset(fold_in(key, static_cast<std::uint32_t>(i)));
+    ++i;
+  });
+  return static_cast<std::int64_t>(paths.size());
+}
+
+/// Gives every adapter a dropout key for the next forward and backward (a micro-batch's), or
+/// none (no dropout: evaluation and inference). Adapter i draws from fold_in(key, i).
+template <class M>
+void set_dropout(M& m, std::optional<Key> key) {
+  std::uint32_t i = 0;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (!lin.lora) return;
+    lin.lora->dropout_key = key ? std::optional<Key>(fold_in(*key, i)) : std::nullopt;
+    ++i;
+  });
+}
+
+namespace detail {
+template <class M>
+void unfreeze(M& m) {
+  m.visit_params("", [](std::string_view, auto& p) { p.frozen = false; });
+}
+}  // namespace detail
+
+/// Folds every adapter into its base, W += scale * (B A) (in f32, rounded once to the
+/// weight's dtype; a quantized base is dequantized first and stays dequantized), then removes
+/// the adapters and unfreezes the model. Returns how many it merged.
+template <class M>
+std::int64_t merge_lora(M& m) {
+  std::int64_t n = 0;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (!lin.lora) return;
+    using Lin = std::remove_reference_t<decltype(lin)>;
+    using T = typename Lin::T;
+    const std::int64_t out = lin.out_features(), in = lin.in_features(), r = lin.lora->rank();
+    std::vector<float> w(static_cast<std::size_t>(out * in)), delta(w.size());
+    if (lin.is_quantized()) {
+      lin.qweight.dequantize(w.data());
+    } else {
+      const T* src = lin.weight.data();
+      for (std::size_t k = 0; k < w.size(); ++k) w[k] = to_f32(src[k]);
+    }
+    nn::gemm_ops::mm(lin.lora->B.data(), lin.lora->A.data(), delta.data(), out, in, r);
+    const float scale = lin.lora->scale;
+    if (lin.is_quantized()) {
+      lin.qweight = quant::Matrix();
+      lin.weight = typename Lin::WeightParam({static_cast<std::size_t>(out), static_cast<std::size_t>(in)});
+    }
+    T* dst = lin.weight.data();
+    for (std::size_t k = 0; k < w.size(); ++k) dst[k] = from_f32<T>(w[k] + delta[k] * scale);
+    lin.lora.reset();
+    ++n;
+  });
+  detail::unfreeze(m);
+  return n;
+}
+
+/// Removes every adapter (the base is unchanged) and unfreezes the model.
+template <class M>
+std::int64_t unwrap_lora(M& m) {
+  std::int64_t n = 0;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (!lin.lora) return;
+    lin.lora.reset();
+    ++n;
+  });
+  detail::unfreeze(m);
+  return n;
+}
+
+/// One adapter tensor: its path ("model.layers.0.self_attn.q_proj.lora_A.weight"), shape and values.
+struct AdapterTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+/// The adapter parameters alone, copied, in visit order (lora_A before lora_B of each Linear).
+template <class M>
+std::vector<AdapterTensor> split_lora_params(M& m) {
+  std::vector<AdapterTensor> out;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (!lin.lora) return;
+    lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
+      std::vector<float> v(static_cast<std::size_t>(p.numel()));
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_f32(p.data()[i]);
+      out.push_back({std::string(name), p.shape(), std::move(v)});
+    });
+  });
+  return out;
+}
+
+/// The LoraConfig of `m`'s adapters (r, alpha, dropout and rsLoRA of the first; the targets as
+/// module names when every Linear of those names is adapted, else a regex of the exact paths).
+/// Errors when `m` has no adapters or they differ in r, alpha, dropout or rsLoRA.
+template <class M>
+LoraConfig config_of(M& m) {
+  LoraConfig c;
+  std::vector<std::string> adapted, all;
+  bool first = true;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    all.push_back(path);
+    if (!lin.lora) return;
+    const auto& a = *lin.lora;
+    if (first) {
+      c.r = a.rank(), c.lora_alpha = a.alpha, c.lora_dropout = a.dropout, c.use_rslora = a.rslora;
+      first = false;
+    }
+    EDL_CHECK(a.rank() == c.r && a.alpha == c.lora_alpha && a.dropout == c.lora_dropout && a.rslora == c.use_rslora,
+              errc::unsupported, path, "adapter (r ", a.rank(), ", alpha ", a.alpha,
+              ") differs from the model's first adapter (r ", c.r, ", alpha ", c.lora_alpha,
+              "): one adapter config per model");
+    adapted.push_back(path);
+  });
+  EDL_CHECK(!adapted.empty(), errc::invalid_argument, "lora::config_of", "the model has no LoRA adapters");
+  std::set<std::string> names;
+  for (const std::string& p : adapted) names.insert(p.substr(p.rfind('.') + 1));
+  c.target_modules.assign(names.begin(), names.end());
+  std::size_t covered = 0;
+  for (const std::string& p : all)
+    if (names.count(p.substr(p.rfind('.') + 1))) ++covered;
+  if (covered != adapted.size()) {  // a subset of those modules: name the paths exactly
+    std::string re;
+    for (const std::string& p : adapted) {
+      if (!re.empty()) re += "|";
+      for (char ch : p) {
+        if (ch == '.') re += "\\";
+        re += ch;
+      }
+    }
+    c.target_regex = "(" + re + ")";
+    c.target_modules.clear();
+  }
+  return c;
+}
+
+}  // namespace edl::lora
+// end of edl/lora/apply.hpp
+// #include <edl/lora/config.hpp> (inlined above)
+// #include <edl/lora/peft.hpp>
+// edl/lora/peft.hpp
+// PEFT adapter folders, both directions:
+//
+//   adapter_config.json          peft_type LORA, r, lora_alpha, lora_dropout, target_modules,
+//                                bias "none", use_rslora, base_model_name_or_path
+//   adapter_model.safetensors    base_model.model.<path>.lora_A.weight [r, in]
+//                                base_model.model.<path>.lora_B.weight [out, r]
+//
+//   lora::save_adapter("out/adapter", model, "path/to/base");
+//   lora::LoraConfig c = lora::load_adapter("out/adapter", model);   // applies it, then loads
+//
+// save_adapter writes a sibling temporary folder and renames it into place, so a save that
+// dies midway leaves the previous adapter folder whole. load_adapter checks everything
+// before the model changes: the config (unsupported settings named), every expected tensor
+// present with shape [r, in] / [out, r], no tensor the model has no place for.
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/lora/apply.hpp> (inlined above)
+// #include <edl/lora/config.hpp> (inlined above)
+
+namespace edl::lora {
+
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
+inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+inline constexpr const char* kPeftPrefix = "base_model.model.";
+
+/// Whether `dir` holds a PEFT adapter (adapter_config.json).
+inline bool is_adapter_folder(const std::filesystem::path& dir) {
+  return std::filesystem::is_regular_file(dir / kAdapterConfigFile);
+}
+
+/// Writes adapter_config.json and adapter_model.safetensors of `m`'s adapters into the existing
+/// folder `dir` (a checkpoint writes them into its own temporary folder).
+template <class M>
+void write_adapter_files(const std::filesystem::path& dir, M& m, const std::string& base_model) {
+  const LoraConfig cfg = config_of(m);
+  const std::vector<AdapterTensor> tensors = split_lora_params(m);
+  io::TensorList list;
+  for (const AdapterTensor& t : tensors) list.emplace_back(kPeftPrefix + t.name, io::TensorRef(t.values, t.shape));
+  io::save_safetensors((dir / kAdapterWeightsFile).string(), list, {{"format", "pt"}});
+  io::write_file_atomic((dir / kAdapterConfigFile).string(), to_peft_json(cfg, base_model).dump(2) + "\n");
+}
+
+/// Saves `m`'s adapters as a PEFT folder `dir`, atomically (a temporary sibling renamed into place).
+template <class M>
+void save_adapter(const std::filesystem::path& dir, M& m, const std::string& base_model) {
+  namespace fs = std::filesystem;
+  const fs::path final_path = fs::absolute(dir).lexically_normal();
+  const fs::path tmp = final_path.parent_path() / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  try {
+    write_adapter_files(tmp, m, base_model);
+    if (fs::exists(final_path)) fs::remove_all(final_path);
+    fs::rename(tmp, final_path);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+/// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
+inline LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+  const std::filesystem::path p = dir / kAdapterConfigFile;
+  EDL_CHECK(std::filesystem::is_regular_file(p), errc::io, dir.string(),
+            "not a PEFT adapter folder: adapter_config.json is missing");
+  std::ifstream in(p);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    ::edl::detail::raise(errc::format, p.string(), ::edl::detail::concat("is not valid JSON: ", e.what()));
+  }
+  return from_peft_json(j, p.string());
+}
+
+/// Loads the adapter tensors of `dir` into `m`'s adapters (which must exist with the folder's
+/// config: a checkpoint resumed into a model the trainer already adapted).
+template <class M>
+void load_adapter_weights(const std::filesystem::path& dir, M& m) {
+  const std::string file = (dir / kAdapterWeightsFile).string();
+  EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, dir.string(), "adapter_model.safetensors is missing");
+  const auto f = io::SafeTensorsFile::open(file);
+  std::set<std::string> expected;
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (!lin.lora) return;
+    lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
+      const std::string key = kPeftPrefix + std::string(name);
+      expected.insert(key);
+      EDL_CHECK(f.contains(key), errc::format, file, "tensor \"", key, "\" is missing (the config targets ", path, ")");
+      const auto& shape = f.info(key).shape;
+      const auto want = p.shape();
+      if (!std::equal(shape.begin(), shape.end(), want.begin(), want.end())) {
+        const bool is_a = name.ends_with("lora_A.weight");
+        const std::int64_t file_r = shape.size() == 2 ? (is_a ? shape[0] : shape[1]) : -1;
+        EDL_CHECK(file_r == lin.lora->rank(), errc::shape_mismatch, file, "tensor \"", key, "\" has rank r = ", file_r,
+                  " (shape ", ::edl::detail::shape_str(shape), "), adapter_config.json says r = ", lin.lora->rank());
+        ::edl::detail::raise(errc::shape_mismatch, file,
+                             ::edl::detail::concat("tensor \"", key, "\" has shape ", ::edl::detail::shape_str(shape),
+                                                   ", expected ", ::edl::detail::shape_str(want)));
+      }
+    });
+  });
+  for (const std::string& n : f.names())
+    EDL_CHECK(expected.count(n) > 0, errc::unsupported, file, "tensor \"", n,
+              "\" has no place in the model (adapter_config.json's target_modules do not select it, or it is not a "
+              "LoRA A/B weight of a decoder Linear)");
+  m.visit_linears("", [&](const std::string& path, auto& lin) {
+    if (!lin.lora) return;
+    lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
+      using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+      f.template read_into<T>(kPeftPrefix + std::string(name), std::span<T>(p.data(), p.value.size()));
+    });
+  });
+}
+
+/// Applies the adapter of PEFT folder `dir` to `m` (which has none yet) and loads its weights.
+/// On any error the model is left without adapters. Returns the adapter's config.
+template <class M>
+LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
+  const LoraConfig cfg = read_adapter_config(dir);
+  EDL_CHECK(!lora_is_enabled(m), errc::invalid_argument, dir.string(), "the model already has LoRA adapters");
+  apply_lora(m, cfg, (dir / kAdapterConfigFile).string());
+  try {
+    load_adapter_weights(dir, m);
+  } catch (...) {
+    unwrap_lora(m);
+    throw;
+  }
+  return cfg;
+}
+
+}  // namespace edl::lora
+// end of edl/lora/peft.hpp
+// end of edl/lora/all.hpp
 // #include <edl/models/all.hpp>
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
 // #include <edl/models/llama/config.hpp>
@@ -12157,7 +12877,7 @@ class LlamaForCausalLM {
 
   /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
-  float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+  float* head_grad() { return tied_ ? model.embed_tokens.weight.trainable_grad() : lm_head.weight.trainable_grad(); }
 
   /// f(weight, grad) with the head's weight [vocab, hidden] and its gradient (null unless
   /// `grad`): a quantized lm_head gives a dequantized f32 copy and no gradient (it is frozen).
@@ -12488,6 +13208,10 @@ class ShardedLlama {
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
     setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "has a LoRA adapter: LoRA training runs on one device for now (sharding_axis_dims of 1)");
+    });
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
@@ -14589,6 +15313,7 @@ class RopeTable {
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <xsimd/xsimd.hpp>
 
@@ -14794,6 +15519,17 @@ inline std::int64_t matvec_grain(std::int64_t K) { return std::max<std::int64_t>
 
 /// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K] dense, or
 /// quantized in q when q.format is not none (W is then unused).
+/// A LoRA adapter on a product (nn::LowRankAdapter's values): y += scale * B (A x), with
+/// A [r, K] and B [N, r] in the weight's dtype. Empty when A is null.
+template <class T>
+struct LowRankPart {
+  const T* A = nullptr;
+  const T* B = nullptr;
+  std::int64_t r = 0;
+  float scale = 0.0f;
+  explicit operator bool() const noexcept { return A != nullptr; }
+};
+
 template <class T>
 struct MatvecPart {
   const T* W;
@@ -14801,9 +15537,31 @@ struct MatvecPart {
   float* y;
   std::int64_t N;
   quant::MatrixView q{};
+  LowRankPart<T> lora{};
 
   bool quantized() const noexcept { return q.format != quant::Format::none; }
 };
+
+namespace detail {
+/// Adds an adapter's term to outputs [lo, hi) of rows [0, M): y[m, j] += sum_k B[j, k] u_m[k]
+/// with u_m = scale * (A x_m). Every path (a decode task's range, a batch of rows) computes
+/// u_m and each sum in the same order, so the one-row and many-row forwards agree bit for bit.
+template <class T>
+void low_rank_add(const float* x, std::int64_t M, std::int64_t K, const LowRankPart<T>& a, float* y, std::int64_t N,
+                  std::int64_t lo, std::int64_t hi) {
+  std::vector<float> u(static_cast<std::size_t>(a.r));
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t k = 0; k < a.r; ++k)
+      u[static_cast<std::size_t>(k)] = a.scale * ::edl::detail::gemm::dot_f32(x + m * K, a.A + k * K, K);
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const T* b = a.B + j * a.r;
+      float s = 0.0f;
+      for (std::int64_t k = 0; k < a.r; ++k) s += to_f32(b[k]) * u[static_cast<std::size_t>(k)];
+      y[m * N + j] += s;
+    }
+  }
+}
+}  // namespace detail
 
 /// Tasks a grouped matrix-vector product of `rows` rows in all takes on `threads` threads: one
 /// per thread, fewer when a task would get less than matvec_grain(K) rows.
@@ -14821,6 +15579,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
     const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
     if (!p.quantized()) {
       detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
+      if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
@@ -14829,6 +15588,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       xq = buf;
     }
     quant_matvec_rows(p.q, x, xq, p.bias, p.y, lo, hi);
+    if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);
   }
 }
 
@@ -14902,8 +15662,12 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
 /// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
 template <class T>
 void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
-  if (p.quantized()) return linear_quant(x, M, p.q, p.bias, p.y);
-  linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
+  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  if (p.lora)
+    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
+    });
 }
 
 template <class T, std::size_t P>
@@ -15393,12 +16157,14 @@ class CachedForward {
     return Part{m_->head_weight() + c0 * H_, nullptr, y, nc};
   }
 
-  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized.
+  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized,
+  /// and its LoRA adapter, applied unmerged.
   template <class Lin>
   static Part part(const Lin& lin, float* y, std::int64_t N) {
     const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
-    if (lin.is_quantized()) return Part{nullptr, bias, y, N, lin.qweight.view()};
-    return Part{lin.weight.data(), bias, y, N};
+    Part p = lin.is_quantized() ? Part{nullptr, bias, y, N, lin.qweight.view()} : Part{lin.weight.data(), bias, y, N};
+    if (lin.lora) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
+    return p;
   }
 
   const Model* m_;
@@ -16767,6 +17533,8 @@ class ShardedDecoder {
     });
     std::map<std::string, const quant::Matrix*> quantized;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "has a LoRA adapter: merge it first (lora::merge_lora, edl --merge-adapter) to decode on a mesh");
       if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
     });
     build(src, std::move(make_cache), quantized);
@@ -17147,6 +17915,10 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 //     state.json             step, epoch, position in the data order, data RNG key, optimizer
 //                            step count, eval loss, training arguments (written last)
 //
+// A LoRA run's checkpoint holds adapter_config.json + adapter_model.safetensors (a PEFT adapter
+// folder) in place of config.json + model.safetensors: the base never changes, so resuming
+// rebuilds it from the run's "model" and loads the adapter and its optimizer slots.
+//
 // save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
 // folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
 // point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
@@ -17189,6 +17961,7 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 // #include <edl/io/atomic_file.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/lora/peft.hpp> (inlined above)
 // #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/pretrained.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
@@ -17273,6 +18046,24 @@ inline std::optional<std::int64_t> checkpoint_step(const std::string& name) {
 }
 
 }  // namespace detail
+
+/// The base model a run trains from, for adapter_config.json's base_model_name_or_path: the
+/// training arguments' "model" (a folder or a preset name), or "edl-model" for a config object.
+template <class Json>
+std::string base_model_name(const Json& training_arguments) {
+  if (training_arguments.is_object() && training_arguments.contains("model") && training_arguments["model"].is_string())
+    return training_arguments["model"].template get<std::string>();
+  return "edl-model";
+}
+
+/// Whether `model` carries LoRA adapters (a model without Linears never does).
+template <class Model>
+bool has_adapters(Model& model) {
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); })
+    return lora::lora_is_enabled(model);
+  else
+    return false;
+}
 
 /// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
 template <class Model>
@@ -17381,7 +18172,10 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     fs::create_directories(tmp);
   });
   detail::on_every_rank(processes, final_path, "write its part", [&] {
-    if (primary) {
+    if (primary && has_adapters(model)) {  // LoRA: the adapter alone, as PEFT writes it
+      lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
+      after(lora::kAdapterWeightsFile);
+    } else if (primary) {
       save_model_hf(tmp.string(), model);
       after("model.safetensors");
     }
@@ -17445,7 +18239,14 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   const std::string state_path = (fs::path(dir) / "state.json").string();
   EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
   TrainState s = TrainState::from_file(state_path);
-  load_model_weights(dir, model);
+  if (lora::is_adapter_folder(dir)) {  // a LoRA run's checkpoint: the model was adapted by the trainer
+    EDL_CHECK(has_adapters(model), errc::config, dir,
+              "is a LoRA checkpoint (adapter_config.json) but the model has no adapters: resume with the run's "
+              "\"lora\" section");
+    lora::load_adapter_weights(dir, model);
+  } else {
+    load_model_weights(dir, model);
+  }
   for (const std::string& op : optimizer_files(dir)) {
     auto f = io::SafeTensorsFile::open(op);
     for (const auto& name : f.names()) {
@@ -18798,6 +19599,12 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
 // every activation is kept (gradient_checkpointing must be empty or everything_saveable).
 //
+// With a "lora" section (LoRA; with "quantize_base" too, QLoRA over a quantized base): the
+// adapters are added after the model is built or loaded, every other parameter is frozen (no
+// gradient, no optimizer state, its bits unchanged), each micro-batch draws its own dropout
+// mask, checkpoints hold adapter_config.json + adapter_model.safetensors (PEFT) instead of the
+// model, and the end of training writes <save_directory>/adapter/ (docs/lora.md).
+//
 // On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
 // the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
@@ -18837,7 +19644,10 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
+// #include <edl/lora/apply.hpp> (inlined above)
+// #include <edl/lora/peft.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/quantize.hpp> (inlined above)
 // #include <edl/optim/clip.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/schedule.hpp> (inlined above)
@@ -18879,6 +19689,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
+// #include <edl/lora/config.hpp> (inlined above)
 
 namespace edl::train {
 
@@ -18965,6 +19776,11 @@ struct TrainingArguments {
   /// {"type": "bpe", "vocab_size": N} (both train a byte-level BPE on the text of train_data),
   /// or {"type": "byte"}.
   ojson tokenizer = "byte";
+  /// LoRA: adapters on these Linears are trained, everything else is frozen (docs/lora.md).
+  /// JSON: {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora"} (PEFT's names).
+  std::optional<lora::LoraConfig> lora;
+  /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
+  std::string quantize_base;
 
   std::string source = "TrainingArguments";
 
@@ -18976,7 +19792,8 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer"};
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
+        "lora", "quantize_base"};
     return n;
   }
 
@@ -19090,6 +19907,23 @@ struct TrainingArguments {
                 "{\"train_bpe\": N}, found ", v.dump(), " (", v.type_name(), ")");
       tokenizer = t;
     }
+    else if (key == "lora") {
+      if (v.is_null()) {
+        lora.reset();
+      } else {
+        EDL_CHECK(v.is_object(), errc::config, w, "expected an object {\"r\", \"lora_alpha\", \"lora_dropout\", "
+                  "\"target_modules\", \"use_rslora\"} or null, found ", v.dump());
+        static const std::set<std::string> fields = {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora",
+                                                     "bias", "use_dora"};
+        for (auto it = v.begin(); it != v.end(); ++it)
+          EDL_CHECK(fields.count(it.key()), errc::config, w, "unknown field \"", it.key(),
+                    "\"; expected r, lora_alpha, lora_dropout, target_modules, use_rslora");
+        lora = lora::from_peft_json(v, w);
+      }
+    }
+    else if (key == "quantize_base") {
+      if (v.is_null()) quantize_base.clear(); else str(quantize_base);
+    }
     else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
   }
 
@@ -19176,6 +20010,17 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+    if (!quantize_base.empty()) {
+      EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
+                where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
+      EDL_CHECK(lora.has_value(), errc::config, where("quantize_base"),
+                "a quantized base is frozen: QLoRA needs a \"lora\" section to train adapters over it");
+    }
+    if (lora) {
+      lora->validate(where("lora"));
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("lora"),
+                "LoRA training runs on one device for now; found a mesh of ", mesh_devices(), " devices");
+    }
   }
 
   /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
@@ -19257,6 +20102,19 @@ struct TrainingArguments {
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;
     j["tokenizer"] = tokenizer;
+    if (lora) {
+      ojson l = ojson::object();
+      l["r"] = lora->r;
+      l["lora_alpha"] = lora->lora_alpha;
+      l["lora_dropout"] = lora->lora_dropout;
+      if (lora->target_regex.empty()) l["target_modules"] = lora->target_modules;
+      else l["target_modules"] = lora->target_regex;
+      l["use_rslora"] = lora->use_rslora;
+      j["lora"] = l;
+    } else {
+      j["lora"] = nullptr;
+    }
+    j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     return j;
   }
 };
@@ -19617,7 +20475,11 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0;
-      for (const Batch& b : micro) {
+      for (std::size_t a = 0; a < micro.size(); ++a) {
+        const Batch& b = micro[a];
+        if (adapters_)  // each micro-batch its own dropout mask, the same on every run
+          lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
+                                             static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
@@ -19625,6 +20487,7 @@ class BasicTrainer {
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
+      if (adapters_) lora::set_dropout(*model_, std::nullopt);  // evaluation and inference: no dropout
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -19715,6 +20578,11 @@ class BasicTrainer {
       r.stop_reason = stop_reason_.empty() ? "max_steps" : stop_reason_;
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
+    }
+    if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
+      const fs::path dir = fs::path(args_.save_directory) / "adapter";
+      lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
+      progress_.message("adapter: " + dir.string());
     }
     progress_.finish();
     r.steps = state_.step;
@@ -19870,7 +20738,24 @@ class BasicTrainer {
                    : std::make_unique<MetricsWriter>();
     progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
+    add_adapters();
     if (mesh_) shard_host();
+  }
+
+  /// QLoRA's quantized base, then the LoRA adapters, when the arguments ask for them (a model
+  /// given already adapted is used as it is).
+  void add_adapters() {
+    if (!args_.quantize_base.empty() && !nn::is_quantized(*model_)) {
+      nn::QuantizationConfig q;
+      q.method = quant::parse_format(args_.quantize_base, args_.where("quantize_base"));
+      nn::quantize(*model_, q);
+    }
+    if (args_.lora && !lora::lora_is_enabled(*model_)) {
+      lora::LoraConfig c = *args_.lora;
+      c.seed = args_.seed;
+      lora::apply_lora(*model_, c, args_.where("lora"));
+    }
+    adapters_ = lora::lora_is_enabled(*model_);
   }
 
   /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
@@ -19909,6 +20794,7 @@ class BasicTrainer {
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
+  bool adapters_ = false;    // LoRA: only the adapters train
 };
 
 using Trainer = BasicTrainer<DefaultPolicy>;

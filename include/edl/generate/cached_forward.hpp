@@ -518,12 +518,14 @@ class CachedForward {
     return Part{m_->head_weight() + c0 * H_, nullptr, y, nc};
   }
 
-  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized.
+  /// A Linear as one part of a product into y (N outputs): its weight, dense or quantized,
+  /// and its LoRA adapter, applied unmerged.
   template <class Lin>
   static Part part(const Lin& lin, float* y, std::int64_t N) {
     const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
-    if (lin.is_quantized()) return Part{nullptr, bias, y, N, lin.qweight.view()};
-    return Part{lin.weight.data(), bias, y, N};
+    Part p = lin.is_quantized() ? Part{nullptr, bias, y, N, lin.qweight.view()} : Part{lin.weight.data(), bias, y, N};
+    if (lin.lora) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
+    return p;
   }
 
   const Model* m_;

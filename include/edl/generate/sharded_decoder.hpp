@@ -102,6 +102,8 @@ class ShardedDecoder {
     });
     std::map<std::string, const quant::Matrix*> quantized;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "has a LoRA adapter: merge it first (lora::merge_lora, edl --merge-adapter) to decode on a mesh");
       if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
     });
     build(src, std::move(make_cache), quantized);

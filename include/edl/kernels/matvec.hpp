@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <xsimd/xsimd.hpp>
 
@@ -223,6 +224,17 @@ inline std::int64_t matvec_grain(std::int64_t K) { return std::max<std::int64_t>
 
 /// One matrix of a grouped matrix-vector product: y = W x (+ bias), W [N, K] dense, or
 /// quantized in q when q.format is not none (W is then unused).
+/// A LoRA adapter on a product (nn::LowRankAdapter's values): y += scale * B (A x), with
+/// A [r, K] and B [N, r] in the weight's dtype. Empty when A is null.
+template <class T>
+struct LowRankPart {
+  const T* A = nullptr;
+  const T* B = nullptr;
+  std::int64_t r = 0;
+  float scale = 0.0f;
+  explicit operator bool() const noexcept { return A != nullptr; }
+};
+
 template <class T>
 struct MatvecPart {
   const T* W;
@@ -230,9 +242,31 @@ struct MatvecPart {
   float* y;
   std::int64_t N;
   quant::MatrixView q{};
+  LowRankPart<T> lora{};
 
   bool quantized() const noexcept { return q.format != quant::Format::none; }
 };
+
+namespace detail {
+/// Adds an adapter's term to outputs [lo, hi) of rows [0, M): y[m, j] += sum_k B[j, k] u_m[k]
+/// with u_m = scale * (A x_m). Every path (a decode task's range, a batch of rows) computes
+/// u_m and each sum in the same order, so the one-row and many-row forwards agree bit for bit.
+template <class T>
+void low_rank_add(const float* x, std::int64_t M, std::int64_t K, const LowRankPart<T>& a, float* y, std::int64_t N,
+                  std::int64_t lo, std::int64_t hi) {
+  std::vector<float> u(static_cast<std::size_t>(a.r));
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t k = 0; k < a.r; ++k)
+      u[static_cast<std::size_t>(k)] = a.scale * ::edl::detail::gemm::dot_f32(x + m * K, a.A + k * K, K);
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const T* b = a.B + j * a.r;
+      float s = 0.0f;
+      for (std::int64_t k = 0; k < a.r; ++k) s += to_f32(b[k]) * u[static_cast<std::size_t>(k)];
+      y[m * N + j] += s;
+    }
+  }
+}
+}  // namespace detail
 
 /// Tasks a grouped matrix-vector product of `rows` rows in all takes on `threads` threads: one
 /// per thread, fewer when a task would get less than matvec_grain(K) rows.
@@ -250,6 +284,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
     const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
     if (!p.quantized()) {
       detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
+      if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
@@ -258,6 +293,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       xq = buf;
     }
     quant_matvec_rows(p.q, x, xq, p.bias, p.y, lo, hi);
+    if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);
   }
 }
 
@@ -331,8 +367,12 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
 /// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
 template <class T>
 void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
-  if (p.quantized()) return linear_quant(x, M, p.q, p.bias, p.y);
-  linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
+  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  if (p.lora)
+    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
+    });
 }
 
 template <class T, std::size_t P>

@@ -6,6 +6,7 @@
 #include <edl/nn/embedding.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/loss.hpp>
+#include <edl/nn/low_rank_adapter.hpp>
 #include <edl/nn/mlp.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>

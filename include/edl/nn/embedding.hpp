@@ -71,6 +71,7 @@ class Embedding {
 
   /// dW[ids[t]] += dy[t] (accumulates).
   void backward(const float* dy, const Saved& s) {
+    if (weight.frozen) return;
     float* g = weight.grad_data();
     const std::int64_t H = hidden_, tokens = static_cast<std::int64_t>(s.ids.size());
     exec::parallel_for(0, H, 64, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {

@@ -12,9 +12,16 @@
 // forward multiplies through kernels::linear_quant, backward computes dx and db but no dW (a
 // quantized weight is frozen, as in QLoRA), and visit_params no longer lists the weight;
 // visit_linears reaches it.
+//
+// A Linear may also carry a LoRA adapter (`lora`, low_rank_adapter.hpp; lora::apply_lora adds
+// them): every forward adds scale * dropout(x) A^T B^T, backward accumulates dA and dB and
+// adds the adapter's share of dx. The base weight is then frozen (Param::frozen) and gets no
+// gradient; a quantized base is QLoRA. visit_params lists the adapter as
+// "<path>.lora_A.weight" / "<path>.lora_B.weight" after the base.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +32,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/quant_matvec.hpp>
+#include <edl/nn/low_rank_adapter.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>
 #include <edl/quant/matrix.hpp>
@@ -69,9 +77,12 @@ class Linear {
   using WeightParam = Param<T, WSpec>;
   using BiasParam = Param<T, typename detail::bias_spec<WSpec>::type>;
 
+  using Adapter = LowRankAdapter<T, WSpec>;
+
   struct Saved {
     const float* x = nullptr;  // input [rows, in], owned by the caller
     std::int64_t rows = 0;
+    std::vector<float> adapter_u;  // scale * dropout(x) A^T [rows, r], with an adapter
   };
 
   Linear() = default;
@@ -85,6 +96,7 @@ class Linear {
   WeightParam weight;     // empty when quantized
   BiasParam bias;         // empty unless has_bias()
   quant::Matrix qweight;  // the weight [out, in] quantized, or empty
+  std::optional<Adapter> lora;  // a LoRA adapter, or none
 
   bool is_quantized() const noexcept { return !qweight.empty(); }
 
@@ -111,6 +123,7 @@ class Linear {
   void visit_params(std::string_view prefix, F&& f) {
     if (!is_quantized()) f(join_path(prefix, "weight"), weight);
     if (has_bias_) f(join_path(prefix, "bias"), bias);
+    if (lora) lora->visit_params(prefix, f);
   }
   /// f(path, Linear&) for this layer (composite modules list theirs the same way).
   template <class F>
@@ -123,17 +136,20 @@ class Linear {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  /// y[rows, out] = x[rows, in] W^T + b. Saves a pointer to x.
+  /// y[rows, out] = x[rows, in] W^T + b (+ the adapter's term). Saves a pointer to x.
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
-    apply(x, rows, y);
+    apply_base(x, rows, y);
+    if (lora) add_adapter(x, rows, y, s.adapter_u);
     s.x = x;
     s.rows = rows;
   }
-  /// Inference: y = x W^T + b, nothing saved.
+  /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
-    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
-    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
-    if (has_bias_) add_bias(y, rows);
+    apply_base(x, rows, y);
+    if (lora) {
+      std::vector<float> u;
+      add_adapter(x, rows, y, u);
+    }
   }
 
   /// Accumulates dW (and db); writes dx = dy W, or adds it when accumulate_dx (dx may be null
@@ -141,8 +157,9 @@ class Linear {
   void backward(const float* dy, const Saved& s, float* dx, bool accumulate_dx = false) {
     EDL_CHECK(s.x != nullptr || s.rows == 0, errc::invalid_argument, "nn.Linear.backward",
               "Saved holds no input: call forward first");
-    if (!is_quantized()) nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
-    if (has_bias_) {
+    if (!is_quantized() && !weight.frozen)
+      nn::gemm_ops::mm_tn(dy, s.x, weight.grad_data(), out_, in_, s.rows, /*accumulate=*/true);
+    if (has_bias_ && !bias.frozen) {
       float* db = bias.grad_data();
       const std::int64_t rows = s.rows, out = out_;
       // Columns in parallel, rows summed in order: the same sums for any thread count.
@@ -153,9 +170,64 @@ class Linear {
     }
     if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
     else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
+    if (lora) adapter_backward(dy, s, dx);
   }
 
  private:
+  void apply_base(const float* x, std::int64_t rows, float* y) const {
+    if (is_quantized()) return kernels::linear_quant(x, rows, qweight.view(), has_bias_ ? bias.data() : nullptr, y);
+    nn::gemm_ops::mm_nt(x, weight.data(), y, rows, out_, in_);
+    if (has_bias_) add_bias(y, rows);
+  }
+
+  // y += u B^T with u = scale * dropout(x) A^T [rows, r] (kept for backward).
+  void add_adapter(const float* x, std::int64_t rows, float* y, std::vector<float>& u) const {
+    const Adapter& a = *lora;
+    const std::int64_t r = a.rank();
+    u.resize(static_cast<std::size_t>(rows * r));
+    std::vector<float> h;
+    const float* in = x;
+    if (a.drops()) {
+      h.resize(static_cast<std::size_t>(rows * in_));
+      a.drop(x, rows, h.data());
+      in = h.data();
+    }
+    nn::gemm_ops::mm_nt(in, a.A.data(), u.data(), rows, r, in_);
+    for (float& v : u) v *= a.scale;
+    nn::gemm_ops::mm_nt(u.data(), a.B.data(), y, rows, out_, r, /*accumulate=*/true);
+  }
+
+  // dB += dy^T u;  du = scale * dy B;  dA += du^T dropout(x);  dx += dropout'(du A).
+  void adapter_backward(const float* dy, const Saved& s, float* dx) {
+    Adapter& a = *lora;
+    const std::int64_t r = a.rank(), rows = s.rows;
+    EDL_CHECK(static_cast<std::int64_t>(s.adapter_u.size()) == rows * r, errc::invalid_argument, "nn.Linear.backward",
+              "Saved holds no adapter activations: the forward ran without the adapter");
+    if (float* gB = a.B.trainable_grad()) nn::gemm_ops::mm_tn(dy, s.adapter_u.data(), gB, out_, r, rows, true);
+    std::vector<float> du(static_cast<std::size_t>(rows * r));
+    nn::gemm_ops::mm(dy, a.B.data(), du.data(), rows, r, out_);
+    for (float& v : du) v *= a.scale;
+    std::vector<float> h;
+    const float* in = s.x;
+    if (a.drops()) {
+      h.resize(static_cast<std::size_t>(rows * in_));
+      a.drop(s.x, rows, h.data());
+      in = h.data();
+    }
+    if (float* gA = a.A.trainable_grad()) nn::gemm_ops::mm_tn(du.data(), in, gA, r, in_, rows, true);
+    if (!dx) return;
+    if (!a.drops()) return nn::gemm_ops::mm(du.data(), a.A.data(), dx, rows, in_, r, /*accumulate=*/true);
+    // d(dropout(x)) = du A, then through the mask: kept elements scaled by 1 / (1 - p).
+    nn::gemm_ops::mm(du.data(), a.A.data(), h.data(), rows, in_, r);
+    const float keep_scale = 1.0f / (1.0f - a.dropout);
+    const std::int64_t K = in_;
+    exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::ptrdiff_t t = lo; t < hi; ++t)
+        for (std::int64_t j = 0; j < K; ++j)
+          if (a.keeps(t, j)) dx[t * K + j] += h[t * K + j] * keep_scale;
+    });
+  }
+
   void add_bias(float* y, std::int64_t rows) const {
     const T* b = bias.data();
     const std::int64_t out = out_;

@@ -9,7 +9,8 @@
 //
 // The gradient is allocated (zeroed) on first use, so a model used only for inference does
 // not pay for it. Backward passes ACCUMULATE into grad (gradient accumulation); zero_grad()
-// clears it.
+// clears it. A frozen parameter (the base of a LoRA model) gets no gradient: backward skips
+// it (trainable_grad() is null) and optimizers pass over it.
 #pragma once
 
 #include <array>
@@ -44,6 +45,7 @@ struct Param {
   ParamTensor<T, rank> value;
   xt::xtensor<float, rank> grad;  // empty until the first backward (or grad_data())
   Init init = Init::normal;
+  bool frozen = false;
 
   Param() = default;
   explicit Param(const shape_type& shape, Init how = Init::normal)
@@ -56,7 +58,7 @@ struct Param {
   T* data() noexcept { return value.data(); }
   const T* data() const noexcept { return value.data(); }
 
-  bool has_grad() const noexcept { return grad.size() == value.size() && value.size() > 0; }
+  bool has_grad() const noexcept { return !frozen && grad.size() == value.size() && value.size() > 0; }
   /// The gradient buffer, allocated and zeroed on first use.
   float* grad_data() {
     if (grad.shape() != value.shape()) {
@@ -65,6 +67,8 @@ struct Param {
     }
     return grad.data();
   }
+  /// grad_data(), or null when the parameter is frozen.
+  float* trainable_grad() { return frozen ? nullptr : grad_data(); }
   void zero_grad() {
     if (grad.shape() == value.shape()) std::fill(grad.begin(), grad.end(), 0.0f);
   }

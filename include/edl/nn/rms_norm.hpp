@@ -61,7 +61,7 @@ class RMSNorm {
   void backward(const float* dy, const Saved& s, float* dx) {
     std::vector<float> scratch;
     const float* w = as_f32(weight, scratch);
-    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.grad_data(),
+    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
                                static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
   }
 

@@ -9,6 +9,10 @@
 //     state.json             step, epoch, position in the data order, data RNG key, optimizer
 //                            step count, eval loss, training arguments (written last)
 //
+// A LoRA run's checkpoint holds adapter_config.json + adapter_model.safetensors (a PEFT adapter
+// folder) in place of config.json + model.safetensors: the base never changes, so resuming
+// rebuilds it from the run's "model" and loads the adapter and its optimizer slots.
+//
 // save_state() writes into "<parent>/.checkpoint-<step>.tmp-<pid>", fsyncs every file and the
 // folder, then renames the folder to checkpoint-<step> and fsyncs the parent: a crash at any
 // point leaves either no checkpoint-<step> or a complete one, and never touches older ones.
@@ -52,6 +56,7 @@
 #include <edl/io/atomic_file.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/lora/peft.hpp>
 #include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/optim/optimizer.hpp>
@@ -136,6 +141,24 @@ inline std::optional<std::int64_t> checkpoint_step(const std::string& name) {
 }
 
 }  // namespace detail
+
+/// The base model a run trains from, for adapter_config.json's base_model_name_or_path: the
+/// training arguments' "model" (a folder or a preset name), or "edl-model" for a config object.
+template <class Json>
+std::string base_model_name(const Json& training_arguments) {
+  if (training_arguments.is_object() && training_arguments.contains("model") && training_arguments["model"].is_string())
+    return training_arguments["model"].template get<std::string>();
+  return "edl-model";
+}
+
+/// Whether `model` carries LoRA adapters (a model without Linears never does).
+template <class Model>
+bool has_adapters(Model& model) {
+  if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); })
+    return lora::lora_is_enabled(model);
+  else
+    return false;
+}
 
 /// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
 template <class Model>
@@ -244,7 +267,10 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     fs::create_directories(tmp);
   });
   detail::on_every_rank(processes, final_path, "write its part", [&] {
-    if (primary) {
+    if (primary && has_adapters(model)) {  // LoRA: the adapter alone, as PEFT writes it
+      lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
+      after(lora::kAdapterWeightsFile);
+    } else if (primary) {
       save_model_hf(tmp.string(), model);
       after("model.safetensors");
     }
@@ -308,7 +334,14 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   const std::string state_path = (fs::path(dir) / "state.json").string();
   EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
   TrainState s = TrainState::from_file(state_path);
-  load_model_weights(dir, model);
+  if (lora::is_adapter_folder(dir)) {  // a LoRA run's checkpoint: the model was adapted by the trainer
+    EDL_CHECK(has_adapters(model), errc::config, dir,
+              "is a LoRA checkpoint (adapter_config.json) but the model has no adapters: resume with the run's "
+              "\"lora\" section");
+    lora::load_adapter_weights(dir, model);
+  } else {
+    load_model_weights(dir, model);
+  }
   for (const std::string& op : optimizer_files(dir)) {
     auto f = io::SafeTensorsFile::open(op);
     for (const auto& name : f.names()) {

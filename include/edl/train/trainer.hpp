@@ -27,6 +27,12 @@
 // nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
 // every activation is kept (gradient_checkpointing must be empty or everything_saveable).
 //
+// With a "lora" section (LoRA; with "quantize_base" too, QLoRA over a quantized base): the
+// adapters are added after the model is built or loaded, every other parameter is frozen (no
+// gradient, no optimizer state, its bits unchanged), each micro-batch draws its own dropout
+// mask, checkpoints hold adapter_config.json + adapter_model.safetensors (PEFT) instead of the
+// model, and the end of training writes <save_directory>/adapter/ (docs/lora.md).
+//
 // On a mesh (sharding_axis_dims with more than one device): the model is sharded by the Llama
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
 // the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
@@ -67,7 +73,10 @@
 #include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/lora/apply.hpp>
+#include <edl/lora/peft.hpp>
 #include <edl/nn/loss.hpp>
+#include <edl/nn/quantize.hpp>
 #include <edl/optim/clip.hpp>
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/schedule.hpp>
@@ -332,7 +341,11 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0;
-      for (const Batch& b : micro) {
+      for (std::size_t a = 0; a < micro.size(); ++a) {
+        const Batch& b = micro[a];
+        if (adapters_)  // each micro-batch its own dropout mask, the same on every run
+          lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
+                                             static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                                     b.attention_mask.data())
                                .loss
@@ -340,6 +353,7 @@ class BasicTrainer {
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
+      if (adapters_) lora::set_dropout(*model_, std::nullopt);  // evaluation and inference: no dropout
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -430,6 +444,11 @@ class BasicTrainer {
       r.stop_reason = stop_reason_.empty() ? "max_steps" : stop_reason_;
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
+    }
+    if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
+      const fs::path dir = fs::path(args_.save_directory) / "adapter";
+      lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
+      progress_.message("adapter: " + dir.string());
     }
     progress_.finish();
     r.steps = state_.step;
@@ -585,7 +604,24 @@ class BasicTrainer {
                    : std::make_unique<MetricsWriter>();
     progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
+    add_adapters();
     if (mesh_) shard_host();
+  }
+
+  /// QLoRA's quantized base, then the LoRA adapters, when the arguments ask for them (a model
+  /// given already adapted is used as it is).
+  void add_adapters() {
+    if (!args_.quantize_base.empty() && !nn::is_quantized(*model_)) {
+      nn::QuantizationConfig q;
+      q.method = quant::parse_format(args_.quantize_base, args_.where("quantize_base"));
+      nn::quantize(*model_, q);
+    }
+    if (args_.lora && !lora::lora_is_enabled(*model_)) {
+      lora::LoraConfig c = *args_.lora;
+      c.seed = args_.seed;
+      lora::apply_lora(*model_, c, args_.where("lora"));
+    }
+    adapters_ = lora::lora_is_enabled(*model_);
   }
 
   /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
@@ -624,6 +660,7 @@ class BasicTrainer {
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
+  bool adapters_ = false;    // LoRA: only the adapters train
 };
 
 using Trainer = BasicTrainer<DefaultPolicy>;

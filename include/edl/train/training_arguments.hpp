@@ -28,6 +28,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/policy.hpp>
 #include <edl/io/json_config.hpp>
+#include <edl/lora/config.hpp>
 
 namespace edl::train {
 
@@ -114,6 +115,11 @@ struct TrainingArguments {
   /// {"type": "bpe", "vocab_size": N} (both train a byte-level BPE on the text of train_data),
   /// or {"type": "byte"}.
   ojson tokenizer = "byte";
+  /// LoRA: adapters on these Linears are trained, everything else is frozen (docs/lora.md).
+  /// JSON: {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora"} (PEFT's names).
+  std::optional<lora::LoraConfig> lora;
+  /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
+  std::string quantize_base;
 
   std::string source = "TrainingArguments";
 
@@ -125,7 +131,8 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer"};
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
+        "lora", "quantize_base"};
     return n;
   }
 
@@ -239,6 +246,23 @@ struct TrainingArguments {
                 "{\"train_bpe\": N}, found ", v.dump(), " (", v.type_name(), ")");
       tokenizer = t;
     }
+    else if (key == "lora") {
+      if (v.is_null()) {
+        lora.reset();
+      } else {
+        EDL_CHECK(v.is_object(), errc::config, w, "expected an object {\"r\", \"lora_alpha\", \"lora_dropout\", "
+                  "\"target_modules\", \"use_rslora\"} or null, found ", v.dump());
+        static const std::set<std::string> fields = {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora",
+                                                     "bias", "use_dora"};
+        for (auto it = v.begin(); it != v.end(); ++it)
+          EDL_CHECK(fields.count(it.key()), errc::config, w, "unknown field \"", it.key(),
+                    "\"; expected r, lora_alpha, lora_dropout, target_modules, use_rslora");
+        lora = lora::from_peft_json(v, w);
+      }
+    }
+    else if (key == "quantize_base") {
+      if (v.is_null()) quantize_base.clear(); else str(quantize_base);
+    }
     else ::edl::detail::raise(errc::config, source, "unknown field \"" + key + "\"");
   }
 
@@ -325,6 +349,17 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+    if (!quantize_base.empty()) {
+      EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
+                where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
+      EDL_CHECK(lora.has_value(), errc::config, where("quantize_base"),
+                "a quantized base is frozen: QLoRA needs a \"lora\" section to train adapters over it");
+    }
+    if (lora) {
+      lora->validate(where("lora"));
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("lora"),
+                "LoRA training runs on one device for now; found a mesh of ", mesh_devices(), " devices");
+    }
   }
 
   /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
@@ -406,6 +441,19 @@ struct TrainingArguments {
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;
     j["tokenizer"] = tokenizer;
+    if (lora) {
+      ojson l = ojson::object();
+      l["r"] = lora->r;
+      l["lora_alpha"] = lora->lora_alpha;
+      l["lora_dropout"] = lora->lora_dropout;
+      if (lora->target_regex.empty()) l["target_modules"] = lora->target_modules;
+      else l["target_modules"] = lora->target_regex;
+      l["use_rslora"] = lora->use_rslora;
+      j["lora"] = l;
+    } else {
+      j["lora"] = nullptr;
+    }
+    j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     return j;
   }
 };

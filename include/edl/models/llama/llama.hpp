@@ -206,7 +206,7 @@ class LlamaForCausalLM {
 
   /// The head's weight [vocab, hidden] and its gradient (the embedding's when tied).
   const T* head_weight() const { return tied_ ? model.embed_tokens.weight.data() : lm_head.weight.data(); }
-  float* head_grad() { return tied_ ? model.embed_tokens.weight.grad_data() : lm_head.weight.grad_data(); }
+  float* head_grad() { return tied_ ? model.embed_tokens.weight.trainable_grad() : lm_head.weight.trainable_grad(); }
 
   /// f(weight, grad) with the head's weight [vocab, hidden] and its gradient (null unless
   /// `grad`): a quantized lm_head gives a dequantized f32 copy and no gradient (it is frozen).

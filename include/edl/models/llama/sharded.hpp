@@ -218,6 +218,10 @@ class ShardedLlama {
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
     setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "has a LoRA adapter: LoRA training runs on one device for now (sharding_axis_dims of 1)");
+    });
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
