@@ -18,6 +18,7 @@
 #include "cli/inspect.hpp"
 #include "cli/logits.hpp"
 #include "cli/loss.hpp"
+#include "cli/merge_lora.hpp"
 #include "cli/mesh_flag.hpp"
 #include "cli/plan.hpp"
 #include "cli/quantize.hpp"
@@ -42,6 +43,7 @@ const std::map<std::string, Command>& commands() {
       {"inspect", edl::cli::cmd_inspect},
       {"logits", edl::cli::cmd_logits},
       {"loss", edl::cli::cmd_loss},
+      {"merge-lora", edl::cli::cmd_merge_lora},
       {"plan", edl::cli::cmd_plan},
       {"quantize", edl::cli::cmd_quantize},
       {"report", edl::cli::cmd_report},

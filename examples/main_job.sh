@@ -3,8 +3,9 @@
 # EasyDeL-style arguments (examples/train_fortunes.json: the run first trains its byte-level BPE
 # tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
-# text, quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, then show what the
-# checkpoint holds and how fast the kernels are.
+# text, quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
+# domain with QLoRA (examples/lora_licenses.json), merge and quantize the result and use it,
+# then show what the checkpoint holds and how fast the kernels are.
 #   OUT (default $BUILD_DIR/fortunes-run) may be set; a finished run is resumed (nothing to do)
 #   unless OUT is removed first.
 set -euo pipefail
@@ -32,6 +33,20 @@ for q in q8_0 q4_0 nf4; do
 done
 echo "== edl generate from the q4_0 folder, greedy"
 "$EDL" generate --model "$OUT/quantized-q4_0" --prompt "Q: " --greedy --max-new-tokens 120
+echo "== QLoRA: adapt $CKPT to Debian's license texts (base quantized to nf4 and frozen, r=16 adapters on every decoder Linear)"
+LORA=$OUT-qlora
+GPL2=/usr/share/common-licenses/GPL-2
+echo "-- before: the fortunes model on the held-out GPL-2"
+"$EDL" eval --model "$CKPT" --data "$GPL2" --no-unigram
+"$EDL" train --config examples/lora_licenses.json --set "save_directory=$LORA" --set "model=$CKPT" \
+  --set "tokenizer=$CKPT/tokenizer.json"
+echo "-- after: the same base with the trained adapter ($LORA/adapter, a PEFT folder)"
+"$EDL" eval --model "$CKPT" --adapter "$LORA/adapter" --data "$GPL2" --no-unigram
+echo "== edl merge-lora, then edl quantize q4_0: the adapted model as one quantized folder to serve"
+"$EDL" merge-lora --model "$CKPT" --adapter "$LORA/adapter" --out "$LORA/merged"
+"$EDL" quantize --model "$LORA/merged" --method q4_0 --out "$LORA/merged-q4_0"
+"$EDL" eval --model "$LORA/merged-q4_0" --data "$GPL2" --no-unigram
+"$EDL" generate --model "$LORA/merged-q4_0" --prompt "This program is " --greedy --max-new-tokens 100
 echo "== edl inspect $CKPT (HF layout)"; "$EDL" inspect "$CKPT" | cut -c1-300; echo " ..."
 echo "== GEMM against OpenBLAS"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"

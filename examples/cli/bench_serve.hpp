@@ -57,7 +57,9 @@ inline int cmd_bench_serve(Args& args) {
   const bool has_model = args.has("--model"), has_config = args.has("--config");
   EDL_CHECK(has_model != has_config, errc::invalid_argument, where,
             "give exactly one of --model DIR|tiny|small|gqa1b and --config tiny|small|gqa1b|DIR");
-  const std::string name = has_model ? args.required("--model") : args.required("--config");
+  const AdapterFlags af = adapter_flags(args, has_model ? args.required("--model") : args.required("--config"),
+                                        "bench serve");
+  const std::string name = af.model;
   const auto requests = gen_detail::parse_int_list(args.str("--requests", "1,4,16"), "--requests", "request counts");
   const std::int64_t P = args.integer("--prompt-len", 64), G = args.integer("--gen-len", 64);
   const std::int64_t threads = args.integer("--threads", 0);
@@ -73,7 +75,8 @@ inline int cmd_bench_serve(Args& args) {
             " and ", G);
   EDL_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
   EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
-  const models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads);
+  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads);
+  apply_adapter(model, af);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size, L = P + G;
   EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,

@@ -3,7 +3,7 @@
 //
 //   edl bench train --config tiny|small|gqa1b|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
 //                   [--remat everything_saveable|nothing_saveable|dots_saveable|dots_with_no_batch_dims_saveable]
-//                   [--param-dtype float32|bfloat16]
+//                   [--param-dtype float32|bfloat16] [--lora R [--quantize-base nf4|q4_0|q8_0]] [--optimizer-step]
 //
 // --config names a preset (random weights from Key seed 0, initializer_range) or a HF folder
 // (weights loaded). Tokens are uniform random ids (seed 0); labels = tokens (HF shift). One
@@ -17,6 +17,13 @@
 // flops_per_token x tokens_per_s / 1e9. --param-dtype bfloat16 runs the step of the trainer's
 // mixed precision (BF16ParamsPolicy: bf16 weights; f32 gradients, activations and
 // accumulation), the weights rounded from the same f32 initialization.
+// --lora R trains LoRA adapters of rank R (lora_alpha 2R) on q, k, v, o, gate, up and down with
+// the rest frozen; --quantize-base quantizes the base's decoder Linears first (QLoRA).
+// --optimizer-step adds an AdamW update to every step (its state then counts in the peak).
+// train_peak_bytes is the peak resident set of the timed steps alone: after the model is
+// built, freed pages are returned to the system (malloc_trim) and the peak is reset
+// (/proc/self/clear_refs), so a QLoRA base drawn in f32 and then quantized is counted at its
+// quantized size. trainable_params counts the parameters that get gradients.
 #pragma once
 
 #include <algorithm>
@@ -31,10 +38,16 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/lora/apply.hpp>
+#include <edl/nn/quantize.hpp>
+#include <edl/optim/optimizer.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
@@ -58,6 +71,18 @@ inline std::int64_t peak_rss_bytes() {
   return 0;
 }
 
+/// Returns freed heap pages to the system and resets the peak resident set to the current one
+/// (Linux: "5" to /proc/self/clear_refs); false where either is unavailable.
+inline bool reset_peak_rss() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  return static_cast<bool>(out.flush());
+}
+
 /// edl bench train --config tiny|small|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
 inline int cmd_bench_train(Args& args) {
   const std::string where = "edl bench train";
@@ -68,7 +93,13 @@ inline int cmd_bench_train(Args& args) {
   const std::string remat_name = args.str("--remat", "everything_saveable");
   const MeshDims mesh = mesh_flag(args);
   const std::string param_dtype = args.str("--param-dtype", "float32");
+  const std::int64_t lora_r = args.integer("--lora", 0);
+  const std::string quantize_base = args.str("--quantize-base", "");
+  const bool optimizer_step = args.has("--optimizer-step");
   args.finish();
+  EDL_CHECK(lora_r >= 0, errc::invalid_argument, "--lora", "must be >= 0, found ", lora_r);
+  EDL_CHECK(quantize_base.empty() || lora_r > 0, errc::invalid_argument, "--quantize-base",
+            "a quantized base is frozen: add --lora R");
   const bool bf16 = param_dtype == "bfloat16" || param_dtype == "bf16";
   EDL_CHECK(bf16 || param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::invalid_argument,
             "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
@@ -101,12 +132,33 @@ inline int cmd_bench_train(Args& args) {
   const double flops_per_token = 3.0 * f32_model.flops_forward(batch, seq) / static_cast<double>(T);
   const auto params = models::parameter_count(f32_model);
 
+  // QLoRA's quantized base, then the adapters (all seven projections, alpha = 2r).
+  std::int64_t trainable = 0;
+  auto prepare = [&](auto& model) {
+    if (!quantize_base.empty()) nn::quantize(model, {quant::parse_format(quantize_base, "--quantize-base")});
+    if (lora_r > 0) {
+      lora::LoraConfig c;
+      c.r = lora_r;
+      c.lora_alpha = 2.0 * static_cast<double>(lora_r);
+      c.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      lora::apply_lora(model, c);
+    }
+    model.visit_params("", [&](std::string_view, auto& p) { trainable += p.frozen ? 0 : p.numel(); });
+  };
+  optim::OptimizerOptions oo;
+  oo.b2 = 0.95;
+  optim::Optimizer opt(oo);
+  bool peak_reset = false;
+  std::int64_t build_peak = 0;  // the process's peak before the steps (the peak is reset then)
   // Median seconds of `steps` timed steps after one warm-up step (gradient buffers, page
   // faults, thread pool).
   auto time_steps = [&](auto& model) {
+    build_peak = peak_rss_bytes();
+    peak_reset = reset_peak_rss();
     auto step = [&] {
       const auto t0 = std::chrono::steady_clock::now();
       run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
+      if (optimizer_step) opt.step(model, 1e-4);
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     step();
@@ -120,8 +172,10 @@ inline int cmd_bench_train(Args& args) {
   if (bf16) {
     auto model = models::to_dtype<BF16ParamsPolicy>(f32_model);
     f32_model = models::LlamaForCausalLM<>();  // only the bf16 copy stays resident
+    prepare(model);
     sec = time_steps(model);
   } else {
+    prepare(f32_model);
     sec = time_steps(f32_model);
   }
   exec::set_num_threads(0);
@@ -137,7 +191,12 @@ inline int cmd_bench_train(Args& args) {
   j["mesh"] = mesh_json(mesh);
   j["tokens_per_s"] = round2(tps);
   j["ms_per_step"] = round2(sec * 1e3);
-  j["peak_bytes"] = peak_rss_bytes();
+  j["lora_r"] = lora_r;
+  j["quantize_base"] = quantize_base.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(quantize_base);
+  j["optimizer_step"] = optimizer_step;
+  j["trainable_params"] = trainable;
+  j["train_peak_bytes"] = peak_reset ? peak_rss_bytes() : 0;
+  j["peak_bytes"] = std::max(build_peak, peak_rss_bytes());
   j["params"] = params;
   j["flops_per_token"] = std::round(flops_per_token);
   j["gflops"] = round2(flops_per_token * tps / 1e9);

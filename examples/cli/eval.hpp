@@ -33,6 +33,7 @@
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/evaluation.hpp>
+#include "adapter_flags.hpp"
 #include "args.hpp"
 
 namespace edl::cli {
@@ -56,7 +57,8 @@ inline std::vector<std::string> split_list(const std::string& s) {
 
 inline int cmd_eval(Args& args) {
   namespace fs = std::filesystem;
-  const std::string dir = args.required("--model");
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "eval");
+  const std::string dir = af.model;
   const auto data = eval_detail::split_list(args.required("--data"));
   const std::int64_t max_seq_flag = args.integer("--max-seq", 0);
   const std::int64_t batch = args.integer("--batch", 8);
@@ -71,17 +73,22 @@ inline int cmd_eval(Args& args) {
             "--model expects a checkpoint folder with config.json and model.safetensors");
 
   // What the run recorded about itself (absent for a plain HF folder).
+  // (A LoRA run's checkpoint holds it beside the adapter.)
   train::ojson run = nullptr;
-  if (fs::exists(fs::path(dir) / "state.json"))
-    run = train::TrainState::from_file((fs::path(dir) / "state.json").string()).training_arguments;
+  for (const std::string& f : {dir, af.adapter})
+    if (!f.empty() && run.is_null() && fs::exists(fs::path(f) / "state.json"))
+      run = train::TrainState::from_file((fs::path(f) / "state.json").string()).training_arguments;
   auto run_field = [&](const char* k) -> train::ojson {
     return run.is_object() && run.contains(k) ? run[k] : train::ojson(nullptr);
   };
 
   auto model = models::from_pretrained<>(dir);
+  apply_adapter(model, af);
   std::optional<tokenizer::ByteLevelBPE> tok;
   if (fs::exists(fs::path(dir) / "tokenizer.json"))
     tok = tokenizer::ByteLevelBPE::from_file((fs::path(dir) / "tokenizer.json").string());
+  else if (!af.adapter.empty() && fs::exists(fs::path(af.adapter) / "tokenizer.json"))
+    tok = tokenizer::ByteLevelBPE::from_file((fs::path(af.adapter) / "tokenizer.json").string());
 
   train::EvalOptions o;
   o.max_sequence_length = max_seq_flag > 0 ? max_seq_flag
@@ -126,6 +133,7 @@ inline int cmd_eval(Args& args) {
   j["unigram_train_tokens"] = u ? nlohmann::ordered_json(u->train_tokens) : nlohmann::ordered_json(nullptr);
   j["max_seq"] = o.max_sequence_length;
   j["batch"] = o.batch_size;
+  if (!af.adapter.empty()) j["adapter"] = af.adapter;
   std::cout << j.dump() << "\n";
   // The comparison a person wants to read, on stderr (stdout stays one JSON line).
   if (u)

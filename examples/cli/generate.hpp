@@ -53,6 +53,7 @@
 #include <edl/tokenizer/tokenizer.hpp>
 #define EDL_CLI_HAS_TOKENIZER 1
 #endif
+#include "adapter_flags.hpp"
 #include "args.hpp"
 #include "mesh_flag.hpp"
 
@@ -161,7 +162,8 @@ inline void cache_flags(Args& args, generate::GenerateOptions& o) {
 }  // namespace gen_detail
 
 inline int cmd_generate(Args& args) {
-  const std::string dir = args.required("--model");
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "generate");
+  const std::string dir = af.model;
   const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens");
   EDL_CHECK(has_text != has_ids, errc::invalid_argument, "edl generate", "give exactly one of --prompt TEXT and --prompt-tokens 1,2,3");
   const MeshDims dims = mesh_flag(args);
@@ -227,7 +229,8 @@ inline int cmd_generate(Args& args) {
   // kv heads not divisible by tp) fails before the weights are read.
   const DefaultMesh mesh = make_mesh(dims);
   (void)generate::sharded_decoder_local_config(cfg, mesh.axis_size("tp"));
-  const auto model = gen_detail::load_model(dir);
+  auto model = gen_detail::load_model(dir);
+  apply_adapter(model, af);
   const auto r = generate::generate(model, mesh, {prompt}, g, o);
   nlohmann::ordered_json j;
   j["tokens"] = r.tokens[0];
@@ -441,7 +444,8 @@ inline double timed_weights_read(const std::vector<std::pair<const char*, std::s
 }  // namespace gen_detail
 
 inline int cmd_bench_decode(Args& args) {
-  const std::string name = args.required("--model");
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "bench decode");
+  const std::string name = af.model;
   const std::int64_t P = args.integer("--prompt-len", 128), G = args.integer("--gen-len", 128);
   const std::int64_t threads = args.integer("--threads", 0);
   const std::uint64_t seed = static_cast<std::uint64_t>(args.integer("--seed", 0));
@@ -475,6 +479,7 @@ inline int cmd_bench_decode(Args& args) {
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
   models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages, quant);
+  apply_adapter(model, af);
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
@@ -606,6 +611,8 @@ inline int cmd_bench_decode(Args& args) {
     j["model"] = name;
     j["cache"] = args.str("--cache", "standard");
     j["quant"] = quant::format_name(quant);
+    j["adapter"] = af.adapter.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(af.adapter);
+    j["adapter_merged"] = af.merge;
     j["threads"] = exec::num_threads();
     j["huge_pages"] = huge_pages;
     j["prompt_len"] = P;

@@ -20,6 +20,7 @@
 #include <edl/io/npy.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
+#include "adapter_flags.hpp"
 #include "args.hpp"
 #include "mesh_flag.hpp"
 
@@ -81,12 +82,14 @@ std::vector<float> compute_logits(Model& model, const TokenBatch& t, const MeshD
   return out;
 }
 
-/// edl logits --model DIR --tokens T.npy --out L.npy [--mesh ...]
+/// edl logits --model DIR --tokens T.npy --out L.npy [--mesh ...] [--adapter DIR [--merge-adapter]]
 inline int cmd_logits(Args& args) {
-  const std::string dir = args.required("--model"), tokens = args.required("--tokens"), out = args.required("--out");
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "logits");
+  const std::string tokens = args.required("--tokens"), out = args.required("--out");
   const MeshDims mesh = mesh_flag(args);
   args.finish();
-  auto model = models::from_pretrained<>(dir);
+  auto model = models::from_pretrained<>(af.model);
+  apply_adapter(model, af);
   const TokenBatch t = load_token_ids(tokens);
   std::vector<float> logits = compute_logits(model, t, mesh);
   const std::vector<std::size_t> shape = {static_cast<std::size_t>(t.batch), static_cast<std::size_t>(t.seq),

@@ -2,6 +2,7 @@
 // parameter's gradient.
 //
 //   edl loss --model DIR --tokens T.npy [--labels Y.npy] [--grads G.safetensors] [--mesh ...]
+//            [--adapter DIR [--merge-adapter]]   (adapter_flags.hpp; --grads then holds the adapter's too)
 //
 // Prints one JSON line {"loss": <mean CE>, "tokens": <number of targets>}. As HF: labels
 // default to the tokens, the prediction at s is scored against labels[s + 1], -100 is ignored.
@@ -60,7 +61,8 @@ void save_grads(const std::string& path, Model& model) {
 
 /// edl loss --model DIR --tokens T.npy [--labels Y.npy] [--grads G.safetensors] [--mesh ...]
 inline int cmd_loss(Args& args) {
-  const std::string dir = args.required("--model"), tokens = args.required("--tokens");
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "loss");
+  const std::string tokens = args.required("--tokens");
   const std::string labels_path = args.has("--labels") ? args.required("--labels") : "";
   const std::string grads_path = args.has("--grads") ? args.required("--grads") : "";
   const MeshDims mesh = mesh_flag(args);
@@ -68,7 +70,8 @@ inline int cmd_loss(Args& args) {
   const TokenBatch t = load_token_ids(tokens);
   std::optional<TokenBatch> labels;
   if (!labels_path.empty()) labels = load_token_ids(labels_path, "--labels");
-  auto model = models::from_pretrained<>(dir);
+  auto model = models::from_pretrained<>(af.model);
+  apply_adapter(model, af);
   const bool grads = !grads_path.empty();
   const nn::LossMetrics m = compute_loss(model, t, labels ? &*labels : nullptr, grads, mesh);
   if (grads && is_primary()) save_grads(grads_path, model);

@@ -7285,6 +7285,12 @@ class Linear {
     const float* x = nullptr;  // input [rows, in], owned by the caller
     std::int64_t rows = 0;
     std::vector<float> adapter_u;  // scale * dropout(x) A^T [rows, r], with an adapter
+
+    /// Re-points at an input with forward's values (rematerialization), keeping adapter_u.
+    void point_at(const float* input, std::int64_t n) noexcept {
+      x = input;
+      rows = n;
+    }
   };
 
   Linear() = default;
@@ -7308,6 +7314,16 @@ class Linear {
     std::vector<float> scratch;
     qweight = quant::Matrix::quantize(f, as_f32(weight, scratch), out_, in_, path);
     weight = WeightParam();
+  }
+  /// Replaces a quantized weight by its dequantization, rounded once to T (nothing to do when
+  /// the weight is not quantized).
+  void dequantize() {
+    if (!is_quantized()) return;
+    std::vector<float> w(static_cast<std::size_t>(out_ * in_));
+    qweight.dequantize(w.data());
+    weight = WeightParam({static_cast<std::size_t>(out_), static_cast<std::size_t>(in_)});
+    for (std::size_t i = 0; i < w.size(); ++i) weight.data()[i] = from_f32<T>(w[i]);
+    qweight = quant::Matrix();
   }
   /// Takes an already quantized weight (a file's), checking its shape against the layer's.
   void set_quantized(quant::Matrix m, const std::string& path) {
@@ -7699,10 +7715,10 @@ class Attention {
     forward_projections(x, s, q, k, v);
     if (core) forward_core(s);
     const std::int64_t T = s.batch * s.seq;
-    s.q_s = {x, T};
-    s.k_s = {x, T};
-    s.v_s = {x, T};
-    s.o_s = {s.ctx.data(), T};
+    s.q_s.point_at(x, T);
+    s.k_s.point_at(x, T);
+    s.v_s.point_at(x, T);
+    s.o_s.point_at(s.ctx.data(), T);
   }
 
   /// Inference: y = attention(x), nothing kept.
@@ -7951,9 +7967,9 @@ class MLP {
   /// re-points the projections' Saved at x and a.
   void rematerialize(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
     forward_parts(x, tokens, s, g, u, a);
-    s.gate_s = {x, tokens};
-    s.up_s = {x, tokens};
-    s.down_s = {s.a.data(), tokens};
+    s.gate_s.point_at(x, tokens);
+    s.up_s.point_at(x, tokens);
+    s.down_s.point_at(s.a.data(), tokens);
   }
 
   void apply(const float* x, std::int64_t tokens, float* y) const {
@@ -8545,6 +8561,18 @@ std::int64_t quantize(M& m, const QuantizationConfig& cfg) {
     if (i < paths.size() && path + ".weight" == paths[i]) lin.quantize(cfg.method, paths[i++]);
   });
   return static_cast<std::int64_t>(paths.size());
+}
+
+/// Dequantizes every quantized Linear of `m` to the policy's dtype. Returns how many.
+template <class M>
+std::int64_t dequantize(M& m) {
+  std::int64_t n = 0;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (!lin.is_quantized()) return;
+    lin.dequantize();
+    ++n;
+  });
+  return n;
 }
 
 /// Whether any Linear of `m` holds a quantized weight.
@@ -12016,22 +12044,18 @@ std::int64_t merge_lora(M& m) {
   std::int64_t n = 0;
   m.visit_linears("", [&](const std::string&, auto& lin) {
     if (!lin.lora) return;
-    using Lin = std::remove_reference_t<decltype(lin)>;
-    using T = typename Lin::T;
+    using T = typename std::remove_reference_t<decltype(lin)>::T;
     const std::int64_t out = lin.out_features(), in = lin.in_features(), r = lin.lora->rank();
     std::vector<float> w(static_cast<std::size_t>(out * in)), delta(w.size());
-    if (lin.is_quantized()) {
+    if (lin.is_quantized()) {  // dequantized straight to f32: the merge rounds once
       lin.qweight.dequantize(w.data());
+      lin.dequantize();
     } else {
       const T* src = lin.weight.data();
       for (std::size_t k = 0; k < w.size(); ++k) w[k] = to_f32(src[k]);
     }
     nn::gemm_ops::mm(lin.lora->B.data(), lin.lora->A.data(), delta.data(), out, in, r);
     const float scale = lin.lora->scale;
-    if (lin.is_quantized()) {
-      lin.qweight = quant::Matrix();
-      lin.weight = typename Lin::WeightParam({static_cast<std::size_t>(out), static_cast<std::size_t>(in)});
-    }
     T* dst = lin.weight.data();
     for (std::size_t k = 0; k < w.size(); ++k) dst[k] = from_f32<T>(w[k] + delta[k] * scale);
     lin.lora.reset();

@@ -108,22 +108,18 @@ std::int64_t merge_lora(M& m) {
   std::int64_t n = 0;
   m.visit_linears("", [&](const std::string&, auto& lin) {
     if (!lin.lora) return;
-    using Lin = std::remove_reference_t<decltype(lin)>;
-    using T = typename Lin::T;
+    using T = typename std::remove_reference_t<decltype(lin)>::T;
     const std::int64_t out = lin.out_features(), in = lin.in_features(), r = lin.lora->rank();
     std::vector<float> w(static_cast<std::size_t>(out * in)), delta(w.size());
-    if (lin.is_quantized()) {
+    if (lin.is_quantized()) {  // dequantized straight to f32: the merge rounds once
       lin.qweight.dequantize(w.data());
+      lin.dequantize();
     } else {
       const T* src = lin.weight.data();
       for (std::size_t k = 0; k < w.size(); ++k) w[k] = to_f32(src[k]);
     }
     nn::gemm_ops::mm(lin.lora->B.data(), lin.lora->A.data(), delta.data(), out, in, r);
     const float scale = lin.lora->scale;
-    if (lin.is_quantized()) {
-      lin.qweight = quant::Matrix();
-      lin.weight = typename Lin::WeightParam({static_cast<std::size_t>(out), static_cast<std::size_t>(in)});
-    }
     T* dst = lin.weight.data();
     for (std::size_t k = 0; k < w.size(); ++k) dst[k] = from_f32<T>(w[k] + delta[k] * scale);
     lin.lora.reset();

@@ -160,10 +160,10 @@ class Attention {
     forward_projections(x, s, q, k, v);
     if (core) forward_core(s);
     const std::int64_t T = s.batch * s.seq;
-    s.q_s = {x, T};
-    s.k_s = {x, T};
-    s.v_s = {x, T};
-    s.o_s = {s.ctx.data(), T};
+    s.q_s.point_at(x, T);
+    s.k_s.point_at(x, T);
+    s.v_s.point_at(x, T);
+    s.o_s.point_at(s.ctx.data(), T);
   }
 
   /// Inference: y = attention(x), nothing kept.

@@ -83,6 +83,12 @@ class Linear {
     const float* x = nullptr;  // input [rows, in], owned by the caller
     std::int64_t rows = 0;
     std::vector<float> adapter_u;  // scale * dropout(x) A^T [rows, r], with an adapter
+
+    /// Re-points at an input with forward's values (rematerialization), keeping adapter_u.
+    void point_at(const float* input, std::int64_t n) noexcept {
+      x = input;
+      rows = n;
+    }
   };
 
   Linear() = default;
@@ -106,6 +112,16 @@ class Linear {
     std::vector<float> scratch;
     qweight = quant::Matrix::quantize(f, as_f32(weight, scratch), out_, in_, path);
     weight = WeightParam();
+  }
+  /// Replaces a quantized weight by its dequantization, rounded once to T (nothing to do when
+  /// the weight is not quantized).
+  void dequantize() {
+    if (!is_quantized()) return;
+    std::vector<float> w(static_cast<std::size_t>(out_ * in_));
+    qweight.dequantize(w.data());
+    weight = WeightParam({static_cast<std::size_t>(out_), static_cast<std::size_t>(in_)});
+    for (std::size_t i = 0; i < w.size(); ++i) weight.data()[i] = from_f32<T>(w[i]);
+    qweight = quant::Matrix();
   }
   /// Takes an already quantized weight (a file's), checking its shape against the layer's.
   void set_quantized(quant::Matrix m, const std::string& path) {

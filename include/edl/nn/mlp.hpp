@@ -72,9 +72,9 @@ class MLP {
   /// re-points the projections' Saved at x and a.
   void rematerialize(const float* x, std::int64_t tokens, Saved& s, bool g, bool u, bool a) const {
     forward_parts(x, tokens, s, g, u, a);
-    s.gate_s = {x, tokens};
-    s.up_s = {x, tokens};
-    s.down_s = {s.a.data(), tokens};
+    s.gate_s.point_at(x, tokens);
+    s.up_s.point_at(x, tokens);
+    s.down_s.point_at(s.a.data(), tokens);
   }
 
   void apply(const float* x, std::int64_t tokens, float* y) const {

@@ -66,6 +66,18 @@ std::int64_t quantize(M& m, const QuantizationConfig& cfg) {
   return static_cast<std::int64_t>(paths.size());
 }
 
+/// Dequantizes every quantized Linear of `m` to the policy's dtype. Returns how many.
+template <class M>
+std::int64_t dequantize(M& m) {
+  std::int64_t n = 0;
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (!lin.is_quantized()) return;
+    lin.dequantize();
+    ++n;
+  });
+  return n;
+}
+
 /// Whether any Linear of `m` holds a quantized weight.
 template <class M>
 bool is_quantized(M& m) {
