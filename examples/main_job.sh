@@ -40,10 +40,10 @@ echo "-- before: the fortunes model on the held-out GPL-2"
 "$EDL" eval --model "$CKPT" --data "$GPL2" --no-unigram
 "$EDL" train --config examples/lora_licenses.json --set "save_directory=$LORA" --set "model=$CKPT" \
   --set "tokenizer=$CKPT/tokenizer.json"
-echo "-- after: the same base with the trained adapter ($LORA/adapter, a PEFT folder)"
-"$EDL" eval --model "$CKPT" --adapter "$LORA/adapter" --data "$GPL2" --no-unigram
-echo "== edl merge-lora, then edl quantize q4_0: the adapted model as one quantized folder to serve"
-"$EDL" merge-lora --model "$CKPT" --adapter "$LORA/adapter" --out "$LORA/merged"
+echo "-- after: the nf4 base it was trained over (quantized-nf4 above) with the adapter ($LORA/adapter, a PEFT folder)"
+"$EDL" eval --model "$OUT/quantized-nf4" --adapter "$LORA/adapter" --data "$GPL2" --no-unigram
+echo "== edl merge-lora (the nf4 base dequantized, the adapter merged), then edl quantize q4_0: one folder to serve"
+"$EDL" merge-lora --model "$OUT/quantized-nf4" --adapter "$LORA/adapter" --out "$LORA/merged"
 "$EDL" quantize --model "$LORA/merged" --method q4_0 --out "$LORA/merged-q4_0"
 "$EDL" eval --model "$LORA/merged-q4_0" --data "$GPL2" --no-unigram
 "$EDL" generate --model "$LORA/merged-q4_0" --prompt "This program is " --greedy --max-new-tokens 100

@@ -6,7 +6,8 @@
 // W += scale * B A for every adapted Linear (lora::merge_lora). A quantized base (a folder
 // from edl quantize, or QLoRA's) is dequantized, merged and written in the model's float dtype,
 // every Linear of it: the output is a float model that edl quantize can quantize again.
-// Tokenizer and generation files are copied from the base. Prints one JSON object.
+// Tokenizer, generation and run files (state.json: edl eval's defaults) are copied from the
+// base. Prints one JSON object.
 #pragma once
 
 #include <filesystem>
@@ -36,7 +37,7 @@ inline int cmd_merge_lora(Args& args) {
   const std::int64_t dequantized = nn::dequantize(model);
   const auto files = models::save_pretrained(out, model);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                        "generation_config.json", "vocab.json", "merges.txt"})
+                        "generation_config.json", "vocab.json", "merges.txt", "state.json"})
     if (fs::exists(fs::path(dir) / f)) fs::copy_file(fs::path(dir) / f, fs::path(out) / f, fs::copy_options::overwrite_existing);
   nlohmann::ordered_json j;
   j["out"] = out;
