@@ -1,6 +1,6 @@
 // examples/cli/generate.hpp: `edl generate` and `edl bench decode` (docs/generation.md).
 //
-//   edl generate --model DIR (--prompt TEXT | --prompt-tokens 1,2,3) [--max-new-tokens N]
+//   edl generate --model DIR|F.gguf (--prompt TEXT | --prompt-tokens 1,2,3) [--max-new-tokens N]
 //                [--greedy | --temperature T --top-k K --top-p P --min-p M --seed S]
 //                [--repetition-penalty R] [--presence-penalty A] [--num-beams B]
 //                [--cache standard|int8|paged] [--page-size N] [--cache-bytes N]
@@ -43,6 +43,7 @@
 #include <edl/generate/sharded_generate.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/gguf.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
 #if __has_include(<edl/models/llama/pretrained.hpp>)
@@ -174,8 +175,9 @@ inline int cmd_generate(Args& args) {
   const std::string prompt_ids = args.str("--prompt-tokens", "");
 
   const std::filesystem::path d(dir);
-  EDL_CHECK(std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory");
-  const auto cfg = models::LlamaConfig::from_file((d / "config.json").string());
+  const bool gguf = d.extension() == ".gguf";  // a llama.cpp file: its config, no tokenizer here
+  EDL_CHECK(gguf || std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory or a .gguf file");
+  const auto cfg = gguf ? models::gguf_config(d) : models::LlamaConfig::from_file((d / "config.json").string());
   generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
   if (std::filesystem::exists(d / "generation_config.json")) {
     g = generate::GenerationConfig::from_file((d / "generation_config.json").string());

@@ -21,6 +21,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/io/gguf.hpp>
 #include <edl/models/llama/gguf.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/quantize.hpp>
 #include <edl/quant/matrix.hpp>
@@ -233,6 +234,8 @@ TEST(GgufLlama, F32RoundTripIsBitIdentical) {
   EXPECT_EQ(back.config().head_size(), 16);
   EXPECT_FALSE(back.tied());
   expect_same_bits(logits_of(back), logits_of(m));
+  // from_pretrained (every --model of the edl tool) takes the file too.
+  expect_same_bits(logits_of(models::from_pretrained<>(file)), logits_of(m));
 }
 
 TEST(GgufLlama, TiedEmbeddingsHaveNoOutputTensor) {

@@ -3,6 +3,7 @@
 // any model with visit_params (docs/llama.md).
 //
 //   auto m = models::from_pretrained("ckpt/");                  // config.json + model.safetensors
+//   auto g = models::from_pretrained("model.q4_0.gguf");       // a GGUF file (models::from_gguf)
 //   auto mb = models::from_pretrained<BF16ParamsPolicy>("ckpt/"); // or the sharded index
 //   models::save_pretrained("out/", m);                          // HF layout, loads in transformers
 //   models::save_pretrained("out/", m, {.max_shard_bytes = 2'000'000'000, .dtype = DType::bf16});
@@ -52,6 +53,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/gguf.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/quantize.hpp>
@@ -311,9 +313,11 @@ LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {})
 }
 
 /// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
-/// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype.
+/// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype. A path ending in .gguf
+/// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks).
 template <class Pol = DefaultPolicy>
 LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
+  if (dir.extension() == ".gguf") return from_gguf<Pol>(dir);
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   LlamaForCausalLM<Pol> m(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
