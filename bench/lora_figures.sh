@@ -24,3 +24,14 @@ run() {  # config batch seq qlora-format
 # tiny's hidden size (288) is not a multiple of nf4's block of 64: its QLoRA base is q4_0.
 run tiny 8 256 q4_0
 run small 4 512 nf4
+# GQA1B=1: gqa1b, batch 1 x 512 (about 15 minutes; full fine-tuning needs 18 GB)
+if [[ ${GQA1B:-0} == 1 ]]; then
+  g=(bench train --config gqa1b --batch 1 --seq 512 --threads 2 --steps 2 --optimizer-step)
+  "$EDL" "${g[@]}" --remat nothing_saveable
+  "$EDL" "${g[@]}" --lora 16
+  for extra in "" "--param-dtype bfloat16" "--quantize-base nf4"; do
+    # shellcheck disable=SC2086
+    "$EDL" "${g[@]}" --remat nothing_saveable --lora 16 $extra
+  done
+  "$PY" "$HERE/pytorch_train_step.py" gqa1b 1 512 2 lora adamw
+fi
