@@ -70,7 +70,7 @@ GenerationConfig greedy(std::int64_t n, const LlamaConfig& c) {
 
 TEST(Generate, GreedyMatchesPyTorchOracle) {
   const Tiny* t = tiny();
-  if (!t) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";
   std::vector<std::int64_t> streamed;
   GenerateOptions o;
   o.on_token = [&](std::int64_t seq, std::int64_t tok) {
@@ -86,7 +86,7 @@ TEST(Generate, GreedyMatchesPyTorchOracle) {
 
 TEST(Generate, AllCachesAndOneBeamGiveTheOracleTokens) {
   const Tiny* t = tiny();
-  if (!t) GTEST_SKIP() << "no fixture at " << tiny_dir();
+  if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";
   for (CacheKind k : {CacheKind::standard, CacheKind::paged}) {
     GenerateOptions o;
     o.cache = k;

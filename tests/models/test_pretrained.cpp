@@ -43,7 +43,7 @@ fs::path fixture() {
 
 #define NEED_FIXTURE()                                                                               \
   do {                                                                                               \
-    if (!fs::exists(fixture() / "oracle" / "grads.safetensors")) GTEST_SKIP() << "no fixture at " << fixture(); \
+    if (!fs::exists(fixture() / "oracle" / "grads.safetensors")) FAIL() << "no fixture at " << fixture() << " (EDL_TEST_DATA)"; \
   } while (0)
 
 /// A fresh temp folder per test, removed at the end.

@@ -197,7 +197,7 @@ TEST(SequenceClassification, LossValuesMatchClosedForms) {
 }
 
 TEST(SequenceClassification, LoadsScoreWeightWithLoadWeights) {
-  if (!fs::exists(fixture() / "model.safetensors")) GTEST_SKIP() << "no fixture";
+  if (!fs::exists(fixture() / "model.safetensors")) FAIL() << "no fixture at " << fixture() << " (EDL_TEST_DATA)";
   const fs::path dir = fs::temp_directory_path() / ("edl_test_seqcls_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
