@@ -11,7 +11,6 @@
 #pragma once
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -37,8 +36,7 @@ inline AdapterFlags adapter_flags(Args& args, const std::string& model, const st
   if (args.has("--adapter")) f.adapter = args.required("--adapter");
   f.merge = args.has("--merge-adapter");
   if (f.adapter.empty() && lora::is_adapter_folder(model) && !fs::exists(fs::path(model) / "config.json")) {
-    std::ifstream in(fs::path(model) / lora::kAdapterConfigFile);
-    const auto j = nlohmann::json::parse(in, nullptr, false);
+    const auto j = lora::read_adapter_json(model);
     EDL_CHECK(j.is_object() && j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string(),
               errc::invalid_argument, model + "/" + lora::kAdapterConfigFile,
               "is an adapter without base_model_name_or_path: pass the base as --model and this folder as --adapter");

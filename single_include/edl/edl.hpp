@@ -6868,6 +6868,7 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/quant_matvec.hpp> (inlined above)
 // // #include <edl/nn/low_rank_adapter.hpp> (inlined above)
@@ -7226,7 +7227,8 @@ struct LowRankAdapter {
                                   static_cast<std::uint64_t>(col);
     return bits_to_unit_float(random_bits_at(*dropout_key, counter)) >= dropout;
   }
-  /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero.
+  /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero (h may
+  /// be x: the backward passes its gradient through the same mask in place).
   void drop(const float* x, std::int64_t rows, float* h) const {
     const std::int64_t K = in();
     const float keep_scale = 1.0f / (1.0f - dropout);
@@ -7362,8 +7364,7 @@ class Linear {
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     apply_base(x, rows, y);
     if (lora) add_adapter(x, rows, y, s.adapter_u);
-    s.x = x;
-    s.rows = rows;
+    s.point_at(x, rows);
   }
   /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
@@ -7402,19 +7403,22 @@ class Linear {
     if (has_bias_) add_bias(y, rows);
   }
 
+  // The adapter's input: x, or dropout(x) in `h` while a dropout key is set (forward and
+  // backward draw the same mask from it).
+  const float* adapter_input(const float* x, std::int64_t rows, std::vector<float>& h) const {
+    if (!lora->drops()) return x;
+    h.resize(static_cast<std::size_t>(rows * in_));
+    lora->drop(x, rows, h.data());
+    return h.data();
+  }
+
   // y += u B^T with u = scale * dropout(x) A^T [rows, r] (kept for backward).
   void add_adapter(const float* x, std::int64_t rows, float* y, std::vector<float>& u) const {
     const Adapter& a = *lora;
     const std::int64_t r = a.rank();
     u.resize(static_cast<std::size_t>(rows * r));
     std::vector<float> h;
-    const float* in = x;
-    if (a.drops()) {
-      h.resize(static_cast<std::size_t>(rows * in_));
-      a.drop(x, rows, h.data());
-      in = h.data();
-    }
-    nn::gemm_ops::mm_nt(in, a.A.data(), u.data(), rows, r, in_);
+    nn::gemm_ops::mm_nt(adapter_input(x, rows, h), a.A.data(), u.data(), rows, r, in_);
     for (float& v : u) v *= a.scale;
     nn::gemm_ops::mm_nt(u.data(), a.B.data(), y, rows, out_, r, /*accumulate=*/true);
   }
@@ -7430,24 +7434,15 @@ class Linear {
     nn::gemm_ops::mm(dy, a.B.data(), du.data(), rows, r, out_);
     for (float& v : du) v *= a.scale;
     std::vector<float> h;
-    const float* in = s.x;
-    if (a.drops()) {
-      h.resize(static_cast<std::size_t>(rows * in_));
-      a.drop(s.x, rows, h.data());
-      in = h.data();
-    }
-    if (float* gA = a.A.trainable_grad()) nn::gemm_ops::mm_tn(du.data(), in, gA, r, in_, rows, true);
+    if (float* gA = a.A.trainable_grad())
+      nn::gemm_ops::mm_tn(du.data(), adapter_input(s.x, rows, h), gA, r, in_, rows, true);
     if (!dx) return;
     if (!a.drops()) return nn::gemm_ops::mm(du.data(), a.A.data(), dx, rows, in_, r, /*accumulate=*/true);
-    // d(dropout(x)) = du A, then through the mask: kept elements scaled by 1 / (1 - p).
+    // d(dropout(x)) = du A, then through the same mask as forward's: dropout is linear in its input.
+    h.resize(static_cast<std::size_t>(rows * in_));
     nn::gemm_ops::mm(du.data(), a.A.data(), h.data(), rows, in_, r);
-    const float keep_scale = 1.0f / (1.0f - a.dropout);
-    const std::int64_t K = in_;
-    exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::ptrdiff_t t = lo; t < hi; ++t)
-        for (std::int64_t j = 0; j < K; ++j)
-          if (a.keeps(t, j)) dx[t * K + j] += h[t * K + j] * keep_scale;
-    });
+    a.drop(h.data(), rows, h.data());
+    kernels::add_inplace(dx, static_cast<const float*>(h.data()), static_cast<std::ptrdiff_t>(rows * in_));
   }
 
   void add_bias(float* y, std::int64_t rows) const {
@@ -11885,19 +11880,28 @@ class TargetMatcher {
   std::regex re_;
 };
 
+/// The adapter's own fields, PEFT's names: r, lora_alpha, lora_dropout, target_modules (a list
+/// of names, or the regex string), use_rslora (the training arguments' "lora" section).
+inline nlohmann::ordered_json to_json(const LoraConfig& cfg) {
+  nlohmann::ordered_json j;
+  j["r"] = cfg.r;
+  j["lora_alpha"] = cfg.lora_alpha;
+  j["lora_dropout"] = cfg.lora_dropout;
+  if (cfg.target_regex.empty()) j["target_modules"] = cfg.target_modules;
+  else j["target_modules"] = cfg.target_regex;
+  j["use_rslora"] = cfg.use_rslora;
+  return j;
+}
+
 /// PEFT's adapter_config.json fields for `cfg` (peft_type LORA, bias none).
 inline nlohmann::ordered_json to_peft_json(const LoraConfig& cfg, const std::string& base_model) {
   nlohmann::ordered_json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";
   j["base_model_name_or_path"] = base_model;
-  j["r"] = cfg.r;
-  j["lora_alpha"] = cfg.lora_alpha;
-  j["lora_dropout"] = cfg.lora_dropout;
-  if (cfg.target_regex.empty()) j["target_modules"] = cfg.target_modules;
-  else j["target_modules"] = cfg.target_regex;
+  const nlohmann::ordered_json fields = to_json(cfg);
+  for (const auto& [key, value] : fields.items()) j[key] = value;
   j["bias"] = "none";
-  j["use_rslora"] = cfg.use_rslora;
   j["use_dora"] = false;
   j["fan_in_fan_out"] = false;
   j["modules_to_save"] = nullptr;
@@ -12053,7 +12057,9 @@ std::int64_t merge_lora(M& m) {
     std::vector<float> w(static_cast<std::size_t>(out * in)), delta(w.size());
     if (lin.is_quantized()) {  // dequantized straight to f32: the merge rounds once
       lin.qweight.dequantize(w.data());
-      lin.dequantize();
+      lin.qweight = quant::Matrix();
+      lin.weight = typename std::remove_reference_t<decltype(lin)>::WeightParam(
+          {static_cast<std::size_t>(out), static_cast<std::size_t>(in)});
     } else {
       const T* src = lin.weight.data();
       for (std::size_t k = 0; k < w.size(); ++k) w[k] = to_f32(src[k]);
@@ -12225,19 +12231,22 @@ void save_adapter(const std::filesystem::path& dir, M& m, const std::string& bas
   }
 }
 
-/// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
-inline LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+/// adapter_config.json of adapter folder `dir`, parsed (errors: missing, not JSON).
+inline nlohmann::json read_adapter_json(const std::filesystem::path& dir) {
   const std::filesystem::path p = dir / kAdapterConfigFile;
   EDL_CHECK(std::filesystem::is_regular_file(p), errc::io, dir.string(),
             "not a PEFT adapter folder: adapter_config.json is missing");
   std::ifstream in(p);
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     ::edl::detail::raise(errc::format, p.string(), ::edl::detail::concat("is not valid JSON: ", e.what()));
   }
-  return from_peft_json(j, p.string());
+}
+
+/// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
+inline LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+  return from_peft_json(read_adapter_json(dir), (dir / kAdapterConfigFile).string());
 }
 
 /// Loads the adapter tensors of `dir` into `m`'s adapters (which must exist with the folder's
@@ -16487,7 +16496,8 @@ namespace detail {
 template <class T>
 void low_rank_add(const float* x, std::int64_t M, std::int64_t K, const LowRankPart<T>& a, float* y, std::int64_t N,
                   std::int64_t lo, std::int64_t hi) {
-  std::vector<float> u(static_cast<std::size_t>(a.r));
+  thread_local std::vector<float> u;  // a decode step runs this per part and task: no allocation per token
+  u.resize(static_cast<std::size_t>(a.r));
   for (std::int64_t m = 0; m < M; ++m) {
     for (std::int64_t k = 0; k < a.r; ++k)
       u[static_cast<std::size_t>(k)] = a.scale * ::edl::detail::gemm::dot_f32(x + m * K, a.A + k * K, K);
@@ -21040,18 +21050,7 @@ struct TrainingArguments {
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;
     j["tokenizer"] = tokenizer;
-    if (lora) {
-      ojson l = ojson::object();
-      l["r"] = lora->r;
-      l["lora_alpha"] = lora->lora_alpha;
-      l["lora_dropout"] = lora->lora_dropout;
-      if (lora->target_regex.empty()) l["target_modules"] = lora->target_modules;
-      else l["target_modules"] = lora->target_regex;
-      l["use_rslora"] = lora->use_rslora;
-      j["lora"] = l;
-    } else {
-      j["lora"] = nullptr;
-    }
+    j["lora"] = lora ? lora::to_json(*lora) : ojson(nullptr);
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     return j;
   }

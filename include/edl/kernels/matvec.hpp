@@ -254,7 +254,8 @@ namespace detail {
 template <class T>
 void low_rank_add(const float* x, std::int64_t M, std::int64_t K, const LowRankPart<T>& a, float* y, std::int64_t N,
                   std::int64_t lo, std::int64_t hi) {
-  std::vector<float> u(static_cast<std::size_t>(a.r));
+  thread_local std::vector<float> u;  // a decode step runs this per part and task: no allocation per token
+  u.resize(static_cast<std::size_t>(a.r));
   for (std::int64_t m = 0; m < M; ++m) {
     for (std::int64_t k = 0; k < a.r; ++k)
       u[static_cast<std::size_t>(k)] = a.scale * ::edl::detail::gemm::dot_f32(x + m * K, a.A + k * K, K);

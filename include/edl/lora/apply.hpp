@@ -113,7 +113,9 @@ std::int64_t merge_lora(M& m) {
     std::vector<float> w(static_cast<std::size_t>(out * in)), delta(w.size());
     if (lin.is_quantized()) {  // dequantized straight to f32: the merge rounds once
       lin.qweight.dequantize(w.data());
-      lin.dequantize();
+      lin.qweight = quant::Matrix();
+      lin.weight = typename std::remove_reference_t<decltype(lin)>::WeightParam(
+          {static_cast<std::size_t>(out), static_cast<std::size_t>(in)});
     } else {
       const T* src = lin.weight.data();
       for (std::size_t k = 0; k < w.size(); ++k) w[k] = to_f32(src[k]);

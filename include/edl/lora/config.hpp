@@ -89,19 +89,28 @@ class TargetMatcher {
   std::regex re_;
 };
 
+/// The adapter's own fields, PEFT's names: r, lora_alpha, lora_dropout, target_modules (a list
+/// of names, or the regex string), use_rslora (the training arguments' "lora" section).
+inline nlohmann::ordered_json to_json(const LoraConfig& cfg) {
+  nlohmann::ordered_json j;
+  j["r"] = cfg.r;
+  j["lora_alpha"] = cfg.lora_alpha;
+  j["lora_dropout"] = cfg.lora_dropout;
+  if (cfg.target_regex.empty()) j["target_modules"] = cfg.target_modules;
+  else j["target_modules"] = cfg.target_regex;
+  j["use_rslora"] = cfg.use_rslora;
+  return j;
+}
+
 /// PEFT's adapter_config.json fields for `cfg` (peft_type LORA, bias none).
 inline nlohmann::ordered_json to_peft_json(const LoraConfig& cfg, const std::string& base_model) {
   nlohmann::ordered_json j;
   j["peft_type"] = "LORA";
   j["task_type"] = "CAUSAL_LM";
   j["base_model_name_or_path"] = base_model;
-  j["r"] = cfg.r;
-  j["lora_alpha"] = cfg.lora_alpha;
-  j["lora_dropout"] = cfg.lora_dropout;
-  if (cfg.target_regex.empty()) j["target_modules"] = cfg.target_modules;
-  else j["target_modules"] = cfg.target_regex;
+  const nlohmann::ordered_json fields = to_json(cfg);
+  for (const auto& [key, value] : fields.items()) j[key] = value;
   j["bias"] = "none";
-  j["use_rslora"] = cfg.use_rslora;
   j["use_dora"] = false;
   j["fan_in_fan_out"] = false;
   j["modules_to_save"] = nullptr;

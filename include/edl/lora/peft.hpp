@@ -72,19 +72,22 @@ void save_adapter(const std::filesystem::path& dir, M& m, const std::string& bas
   }
 }
 
-/// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
-inline LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+/// adapter_config.json of adapter folder `dir`, parsed (errors: missing, not JSON).
+inline nlohmann::json read_adapter_json(const std::filesystem::path& dir) {
   const std::filesystem::path p = dir / kAdapterConfigFile;
   EDL_CHECK(std::filesystem::is_regular_file(p), errc::io, dir.string(),
             "not a PEFT adapter folder: adapter_config.json is missing");
   std::ifstream in(p);
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     ::edl::detail::raise(errc::format, p.string(), ::edl::detail::concat("is not valid JSON: ", e.what()));
   }
-  return from_peft_json(j, p.string());
+}
+
+/// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
+inline LoraConfig read_adapter_config(const std::filesystem::path& dir) {
+  return from_peft_json(read_adapter_json(dir), (dir / kAdapterConfigFile).string());
 }
 
 /// Loads the adapter tensors of `dir` into `m`'s adapters (which must exist with the folder's

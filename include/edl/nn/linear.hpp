@@ -30,6 +30,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/quant_matvec.hpp>
 #include <edl/nn/low_rank_adapter.hpp>
@@ -156,8 +157,7 @@ class Linear {
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     apply_base(x, rows, y);
     if (lora) add_adapter(x, rows, y, s.adapter_u);
-    s.x = x;
-    s.rows = rows;
+    s.point_at(x, rows);
   }
   /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
@@ -196,19 +196,22 @@ class Linear {
     if (has_bias_) add_bias(y, rows);
   }
 
+  // The adapter's input: x, or dropout(x) in `h` while a dropout key is set (forward and
+  // backward draw the same mask from it).
+  const float* adapter_input(const float* x, std::int64_t rows, std::vector<float>& h) const {
+    if (!lora->drops()) return x;
+    h.resize(static_cast<std::size_t>(rows * in_));
+    lora->drop(x, rows, h.data());
+    return h.data();
+  }
+
   // y += u B^T with u = scale * dropout(x) A^T [rows, r] (kept for backward).
   void add_adapter(const float* x, std::int64_t rows, float* y, std::vector<float>& u) const {
     const Adapter& a = *lora;
     const std::int64_t r = a.rank();
     u.resize(static_cast<std::size_t>(rows * r));
     std::vector<float> h;
-    const float* in = x;
-    if (a.drops()) {
-      h.resize(static_cast<std::size_t>(rows * in_));
-      a.drop(x, rows, h.data());
-      in = h.data();
-    }
-    nn::gemm_ops::mm_nt(in, a.A.data(), u.data(), rows, r, in_);
+    nn::gemm_ops::mm_nt(adapter_input(x, rows, h), a.A.data(), u.data(), rows, r, in_);
     for (float& v : u) v *= a.scale;
     nn::gemm_ops::mm_nt(u.data(), a.B.data(), y, rows, out_, r, /*accumulate=*/true);
   }
@@ -224,24 +227,15 @@ class Linear {
     nn::gemm_ops::mm(dy, a.B.data(), du.data(), rows, r, out_);
     for (float& v : du) v *= a.scale;
     std::vector<float> h;
-    const float* in = s.x;
-    if (a.drops()) {
-      h.resize(static_cast<std::size_t>(rows * in_));
-      a.drop(s.x, rows, h.data());
-      in = h.data();
-    }
-    if (float* gA = a.A.trainable_grad()) nn::gemm_ops::mm_tn(du.data(), in, gA, r, in_, rows, true);
+    if (float* gA = a.A.trainable_grad())
+      nn::gemm_ops::mm_tn(du.data(), adapter_input(s.x, rows, h), gA, r, in_, rows, true);
     if (!dx) return;
     if (!a.drops()) return nn::gemm_ops::mm(du.data(), a.A.data(), dx, rows, in_, r, /*accumulate=*/true);
-    // d(dropout(x)) = du A, then through the mask: kept elements scaled by 1 / (1 - p).
+    // d(dropout(x)) = du A, then through the same mask as forward's: dropout is linear in its input.
+    h.resize(static_cast<std::size_t>(rows * in_));
     nn::gemm_ops::mm(du.data(), a.A.data(), h.data(), rows, in_, r);
-    const float keep_scale = 1.0f / (1.0f - a.dropout);
-    const std::int64_t K = in_;
-    exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::ptrdiff_t t = lo; t < hi; ++t)
-        for (std::int64_t j = 0; j < K; ++j)
-          if (a.keeps(t, j)) dx[t * K + j] += h[t * K + j] * keep_scale;
-    });
+    a.drop(h.data(), rows, h.data());
+    kernels::add_inplace(dx, static_cast<const float*>(h.data()), static_cast<std::ptrdiff_t>(rows * in_));
   }
 
   void add_bias(float* y, std::int64_t rows) const {

@@ -89,7 +89,8 @@ struct LowRankAdapter {
                                   static_cast<std::uint64_t>(col);
     return bits_to_unit_float(random_bits_at(*dropout_key, counter)) >= dropout;
   }
-  /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero.
+  /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero (h may
+  /// be x: the backward passes its gradient through the same mask in place).
   void drop(const float* x, std::int64_t rows, float* h) const {
     const std::int64_t K = in();
     const float keep_scale = 1.0f / (1.0f - dropout);

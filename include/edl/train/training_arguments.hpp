@@ -441,18 +441,7 @@ struct TrainingArguments {
     j["train_data"] = train_data;
     j["eval_data"] = eval_data;
     j["tokenizer"] = tokenizer;
-    if (lora) {
-      ojson l = ojson::object();
-      l["r"] = lora->r;
-      l["lora_alpha"] = lora->lora_alpha;
-      l["lora_dropout"] = lora->lora_dropout;
-      if (lora->target_regex.empty()) l["target_modules"] = lora->target_modules;
-      else l["target_modules"] = lora->target_regex;
-      l["use_rslora"] = lora->use_rslora;
-      j["lora"] = l;
-    } else {
-      j["lora"] = nullptr;
-    }
+    j["lora"] = lora ? lora::to_json(*lora) : ojson(nullptr);
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     return j;
   }
