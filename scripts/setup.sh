@@ -14,7 +14,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(g++ cmake ninja-build lld ccache pkg-config python3
           libxtensor-dev xtl-dev libxsimd-dev libtbb-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin libpcre2-dev libicu-dev npm)
 
 install_deps() {
   local missing=()
@@ -41,7 +41,9 @@ build() {
 case "${1:-build}" in
   deps) install_deps ;;
   build) install_deps; build ;;
-  test) install_deps; build; ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 --timeout 1800 ;;
-  main) install_deps; build; BUILD_DIR="$BUILD_DIR" bash examples/main_job.sh ;;
+  test) install_deps; build; bash scripts/fetch_hub_tokenizers.sh "$BUILD_DIR/hub_tokenizers"
+        ctest --test-dir "$BUILD_DIR" --output-on-failure -j 1 --timeout 1800 ;;
+  main) install_deps; build; bash scripts/fetch_hub_tokenizers.sh "$BUILD_DIR/hub_tokenizers"
+        BUILD_DIR="$BUILD_DIR" bash examples/main_job.sh ;;
   *) echo "usage: scripts/setup.sh deps|build|test|main" >&2; exit 2 ;;
 esac

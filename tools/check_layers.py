@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 # The order of the layers: each may include the layers before it, with the exceptions below.
-ORDER = ["core", "quant", "mesh", "tensor", "kernels", "nn", "io", "tokenizer", "optim", "lora", "models"]
+ORDER = ["core", "quant", "mesh", "tensor", "kernels", "nn", "io", "tokenizer", "chat", "optim", "lora", "models"]
 ALLOWED = {layer: set(ORDER[:i]) for i, layer in enumerate(ORDER)}
 # kernels work on raw pointers, so they need core (threads, dtypes, errors) and the block
 # formats of quantized weights (quant), nothing else.

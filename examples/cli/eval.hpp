@@ -84,11 +84,11 @@ inline int cmd_eval(Args& args) {
 
   auto model = models::from_pretrained<>(dir);
   apply_adapter(model, af);
-  std::optional<tokenizer::ByteLevelBPE> tok;
+  std::optional<tokenizer::Tokenizer> tok;
   if (fs::exists(fs::path(dir) / "tokenizer.json"))
-    tok = tokenizer::ByteLevelBPE::from_file((fs::path(dir) / "tokenizer.json").string());
+    tok = tokenizer::Tokenizer::from_file((fs::path(dir) / "tokenizer.json").string());
   else if (!af.adapter.empty() && fs::exists(fs::path(af.adapter) / "tokenizer.json"))
-    tok = tokenizer::ByteLevelBPE::from_file((fs::path(af.adapter) / "tokenizer.json").string());
+    tok = tokenizer::Tokenizer::from_file((fs::path(af.adapter) / "tokenizer.json").string());
 
   train::EvalOptions o;
   o.max_sequence_length = max_seq_flag > 0 ? max_seq_flag

@@ -50,10 +50,8 @@
 #include <edl/models/llama/pretrained.hpp>
 #define EDL_CLI_HAS_PRETRAINED 1
 #endif
-#if __has_include(<edl/tokenizer/tokenizer.hpp>)
+#include <edl/chat/conversation.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
-#define EDL_CLI_HAS_TOKENIZER 1
-#endif
 #include "adapter_flags.hpp"
 #include "args.hpp"
 #include "mesh_flag.hpp"
@@ -165,8 +163,10 @@ inline void cache_flags(Args& args, generate::GenerateOptions& o) {
 inline int cmd_generate(Args& args) {
   const AdapterFlags af = adapter_flags(args, args.required("--model"), "generate");
   const std::string dir = af.model;
-  const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens");
-  EDL_CHECK(has_text != has_ids, errc::invalid_argument, "edl generate", "give exactly one of --prompt TEXT and --prompt-tokens 1,2,3");
+  const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens"), has_chat = args.has("--chat");
+  EDL_CHECK(int(has_text) + int(has_ids) + int(has_chat) == 1, errc::invalid_argument, "edl generate",
+            "give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 and --chat MESSAGES.json");
+  const std::string chat_file = args.str("--chat", "");
   const MeshDims dims = mesh_flag(args);
   const std::int64_t threads = args.integer("--threads", 0);
   generate::GenerateOptions o;
@@ -206,23 +206,26 @@ inline int cmd_generate(Args& args) {
   g.validate("edl generate");
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
 
-  // Tokenizer (byte-level BPE tokenizer.json) when present.
+  // The folder's tokenizer when present: --prompt and --chat need it, and "text" comes from it.
   const bool has_tok_file = std::filesystem::exists(d / "tokenizer.json");
-#ifdef EDL_CLI_HAS_TOKENIZER
-  std::optional<tokenizer::ByteLevelBPE> tok;
-  if (has_tok_file) tok = tokenizer::ByteLevelBPE::from_file((d / "tokenizer.json").string());
-  const bool have_tokenizer = tok.has_value();
-#else
-  const bool have_tokenizer = false;
-  (void)has_tok_file;
-#endif
+  std::optional<tokenizer::Tokenizer> tok;
+  if (has_tok_file) tok = tokenizer::Tokenizer::from_file(dir);
   std::vector<std::int64_t> prompt;
+  if (has_text || has_chat) {
+    EDL_CHECK(tok.has_value(), errc::invalid_argument, "edl generate",
+              has_text ? "--prompt TEXT" : "--chat", " needs a tokenizer, and ", dir,
+              " has no tokenizer.json; use --prompt-tokens 1,2,3");
+  }
   if (has_text) {
-    EDL_CHECK(have_tokenizer, errc::invalid_argument, "edl generate",
-              "--prompt TEXT needs a tokenizer, and ", dir, " has no (byte-level BPE) tokenizer.json; use --prompt-tokens 1,2,3");
-#ifdef EDL_CLI_HAS_TOKENIZER
     prompt = tok->encode(prompt_text);
-#endif
+  } else if (has_chat) {
+    // As transformers' apply_chat_template(add_generation_prompt=True): the template writes any
+    // BOS itself, so the prompt is encoded without adding special tokens; the reply ends at the
+    // tokenizer's eos (the end-of-turn token of chat models) as well as the model's.
+    const auto conversation = chat::read_conversation(chat_file);
+    prompt = tok->encode(chat::render_conversation(*tok, conversation, {.add_generation_prompt = true}, "--chat " + chat_file));
+    if (tok->eos_id() && std::find(g.eos_token_id.begin(), g.eos_token_id.end(), *tok->eos_id()) == g.eos_token_id.end())
+      g.eos_token_id.push_back(*tok->eos_id());
   } else {
     prompt = gen_detail::parse_token_list(prompt_ids, "--prompt-tokens");
   }
@@ -236,9 +239,7 @@ inline int cmd_generate(Args& args) {
   const auto r = generate::generate(model, mesh, {prompt}, g, o);
   nlohmann::ordered_json j;
   j["tokens"] = r.tokens[0];
-#ifdef EDL_CLI_HAS_TOKENIZER
-  if (have_tokenizer) j["text"] = tok->decode(r.tokens[0]);
-#endif
+  if (tok) j["text"] = tok->decode(r.tokens[0], /*skip_special_tokens=*/true);
   j["finish_reason"] = r.finish_reason[0];
   // Tokens may split a UTF-8 character: invalid bytes print as U+FFFD.
   std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";

@@ -12,6 +12,7 @@
 #include <edl/nn/all.hpp>
 #include <edl/io/all.hpp>
 #include <edl/tokenizer/all.hpp>
+#include <edl/chat/all.hpp>
 #include <edl/optim/all.hpp>
 #include <edl/lora/all.hpp>
 #include <edl/models/all.hpp>

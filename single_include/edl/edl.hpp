@@ -8628,6 +8628,8 @@ quant::Format quantized_format(M& m) {
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -8646,6 +8648,16 @@ inline std::string errno_text(int err = errno) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 }  // namespace detail
+
+/// The whole file as a string (errors name the file).
+inline std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EDL_CHECK(!in.bad(), errc::io, path, "read failed: ", detail::errno_text());
+  return ss.str();
+}
 
 class MappedFile {
  public:
@@ -9813,12 +9825,7 @@ class JsonConfig {
   }
 
   static JsonConfig from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    EDL_CHECK(!in.bad(), errc::io, path, "read failed: ", detail::errno_text());
-    return parse(ss.str(), path);
+    return parse(read_text_file(path), path);
   }
 
   const ojson& json() const noexcept { return j_; }
@@ -10684,72 +10691,118 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
 // end of edl/io/safetensors.hpp
 // end of edl/io/all.hpp
 // #include <edl/tokenizer/all.hpp>
-// edl/tokenizer/all.hpp: umbrella of the tokenizer layer (byte-level BPE, HF tokenizer.json).
-// #include <edl/tokenizer/tokenizer.hpp>
-// edl/tokenizer/tokenizer.hpp
-// Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
+// edl/tokenizer/all.hpp: umbrella of the tokenizer layer (HF tokenizer.json, byte-level BPE training).
+// #include <edl/tokenizer/bpe_trainer.hpp>
+// edl/tokenizer/bpe_trainer.hpp
+// Tokenizers edl makes itself: GPT-2-style byte-level BPE, written as an HF tokenizer.json
+// that `tokenizers` and transformers load, and read back through tokenizer::Tokenizer.
 //
-//   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
-//                  bytes -> merges applied by rank. train() learns merges on a corpus;
-//                  from_file() loads an HF tokenizer.json (model.type "BPE", byte-level
-//                  pre-tokenizer); save() writes one that HF `tokenizers` loads.
-//   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
-//                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
+//   auto tok = tokenizer::train_byte_level_bpe(docs, 1024);  // merges of the most frequent pairs
+//   auto ids = tok.encode("héllo");                          // decode(encode(s)) == s for any text
+//   tok.save("out/");                                        // out/tokenizer.json
 //
-//   auto tok = tokenizer::ByteLevelBPE::train(docs, 1024);  // merges of the most frequent pairs
-//   auto ids = tok.encode("héllo");                         // decode(encode(s)) == s for any bytes
-//   tok.save("out/tokenizer.json");
+//   byte_level_tokenizer()  ids 0-255 are the bytes, then <s> (256, bos), </s> (257, eos),
+//                           <pad> (258): vocab 259, no merges.
 //
-// Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
-// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  with one approximation: without Unicode tables, every byte
-// >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
-// Special tokens are not recognized inside text passed to encode() (they are ids the data
-// pipeline inserts).
-//
-// Its own layer (after io/, before train/ and generate/) so that serving loads a tokenizer
-// without the trainer.
+// Pre-tokenization is the ByteLevel pre-tokenizer's own (GPT-2's pattern through PCRE2), so
+// training counts exactly the words that encoding will see.
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
-#include <fstream>
-#include <limits>
 #include <map>
-#include <optional>
-#include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // #include <edl/tokenizer/tokenizer.hpp> (inlined above)
+// edl/tokenizer/tokenizer.hpp
+// A tokenizer as the hub ships it: tokenizer.json (HF `tokenizers`' format) plus, when present,
+// tokenizer_config.json (bos/eos/pad tokens, add_bos_token, chat_template, clean-up flag).
+//
+//   auto tok = tokenizer::Tokenizer::from_file("Llama-3.2-1B-Instruct");   // folder or tokenizer.json
+//   auto ids = tok.encode("Hello <|eot_id|>", /*add_special_tokens=*/true);
+//   std::string text = tok.decode(ids, /*skip_special_tokens=*/true);
+//
+// encode runs HF's pipeline: added tokens are found in the raw text first (special tokens
+// written in the text become their ids), each remaining piece is normalized, pre-tokenized
+// and tokenized by the model, and the post-processor adds BOS/EOS when asked. decode maps ids
+// back to tokens and runs the decoder chain. Every component kind edl does not implement is
+// refused at load, naming it: a tokenizer that loads encodes exactly.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/atomic_file.hpp> (inlined above)
-// #include <edl/io/mmap.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
+// #include <edl/tokenizer/added_tokens.hpp>
+// edl/tokenizer/added_tokens.hpp
+// Added tokens (special and not) found in the text before the model sees it, as HF `tokenizers`
+// does: leftmost-longest matches, single_word (only between non-word characters), lstrip/rstrip
+// (the match swallows the whitespace beside it), and normalized (matched in the normalized text
+// instead of the raw one).
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/tokenizer/unicode.hpp>
+// edl/tokenizer/unicode.hpp
+// The Unicode a tokenizer needs, from libraries that keep up with the standard:
+//
+//   Regex            PCRE2 in UTF mode with Unicode properties (\p{L}, \s, case folding), JIT
+//                    compiled: the Split patterns of GPT-2, Llama 3 and Qwen run as written.
+//   normalize()      NFC / NFD / NFKC / NFKD through ICU; lowercase() ICU's full case mapping.
+//   is_whitespace()  Unicode White_Space, is_word_char() alphanumeric or '_' (the rules HF
+//                    `tokenizers` applies around added tokens).
+//   utf8 helpers     code points, byte-level (GPT-2) tables.
+//
+// Hand-written Unicode tables go stale and get classes wrong at the edges; PCRE2 and ICU are in
+// every Debian release (libpcre2-dev, libicu-dev).
+
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8
+#endif
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <pcre2.h>
+#include <unicode/normalizer2.h>
+#include <unicode/locid.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+
+// #include <edl/core/error.hpp> (inlined above)
 
 namespace edl::tokenizer {
 
-using ojson = nlohmann::ordered_json;
-
-namespace detail {
-
-/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
-inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    std::array<bool, 256> direct{};
-    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-    std::uint32_t n = 0;
-    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
-    return t;
-  }();
-  return table;
-}
+// ---------------------------------------------------------------- UTF-8
 
 inline void append_utf8(std::string& s, std::uint32_t cp) {
   if (cp < 0x80) {
@@ -10769,29 +10822,83 @@ inline void append_utf8(std::string& s, std::uint32_t cp) {
   }
 }
 
-/// Code points of a UTF-8 string; nullopt when it is not valid UTF-8.
-inline std::optional<std::vector<std::uint32_t>> utf8_codepoints(std::string_view s) {
-  std::vector<std::uint32_t> out;
+/// Length of the UTF-8 sequence starting with byte c (1 for a stray continuation byte, so that
+/// scanning always advances).
+inline std::size_t utf8_length(unsigned char c) noexcept {
+  return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+}
+
+/// Decodes the code point at s[i] (valid UTF-8 assumed: callers validate text on entry).
+inline std::uint32_t codepoint_at(std::string_view s, std::size_t i, std::size_t* len = nullptr) noexcept {
+  const auto c = static_cast<unsigned char>(s[i]);
+  std::size_t n = std::min(utf8_length(c), s.size() - i);
+  std::uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  if (len) *len = n;
+  return cp;
+}
+
+/// Byte offset of the first invalid UTF-8 sequence, or nullopt when s is valid.
+inline std::optional<std::size_t> invalid_utf8_at(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return std::nullopt;
-    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return std::nullopt;
-      cp = (cp << 6) | (d & 0x3F);
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return i;
+    i += n;
+  }
+  return std::nullopt;
+}
+
+/// Replaces each invalid UTF-8 sequence with U+FFFD, as String::from_utf8_lossy does (one
+/// replacement per maximal invalid prefix).
+inline std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    std::size_t ok = n == 0 ? 0 : 1;
+    while (ok && ok < n && i + ok < s.size() && (static_cast<unsigned char>(s[i + ok]) >> 6) == 2) ++ok;
+    if (n != 0 && ok == n) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += ok == 0 ? 1 : ok;
     }
-    out.push_back(cp);
-    i += static_cast<std::size_t>(len);
   }
   return out;
 }
 
+// ---------------------------------------------------------------- byte-level alphabet
+
+/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
+inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    std::array<bool, 256> direct{};
+    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+    std::uint32_t n = 0;
+    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
+    return t;
+  }();
+  return table;
+}
+
 /// The byte-level form of raw bytes (each byte -> its GPT-2 code point, UTF-8 encoded).
 inline std::string bytes_to_unicode(std::string_view bytes) {
+  static const std::array<std::string, 256> enc = [] {
+    std::array<std::string, 256> e;
+    for (int b = 0; b < 256; ++b) append_utf8(e[b], byte_to_codepoint()[b]);
+    return e;
+  }();
   std::string s;
-  for (unsigned char b : bytes) append_utf8(s, byte_to_codepoint()[b]);
+  s.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) s += enc[b];
   return s;
 }
 
@@ -10802,374 +10909,6110 @@ inline std::optional<std::string> unicode_to_bytes(std::string_view u) {
     for (int b = 0; b < 256; ++b) m[byte_to_codepoint()[b]] = static_cast<unsigned char>(b);
     return m;
   }();
-  auto cps = utf8_codepoints(u);
-  if (!cps) return std::nullopt;
+  if (invalid_utf8_at(u)) return std::nullopt;
   std::string out;
-  for (auto cp : *cps) {
-    auto it = inv.find(cp);
+  for (std::size_t i = 0; i < u.size();) {
+    std::size_t n = 0;
+    auto it = inv.find(codepoint_at(u, i, &n));
     if (it == inv.end()) return std::nullopt;
     out += static_cast<char>(it->second);
+    i += n;
   }
   return out;
 }
 
-enum class CharClass { letter, number, space, other };
-inline CharClass char_class(unsigned char c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return CharClass::letter;
-  if (c >= '0' && c <= '9') return CharClass::number;
-  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::space;
-  return CharClass::other;
+// ---------------------------------------------------------------- character classes
+
+inline bool is_whitespace(std::uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }
+
+/// Rust's char::is_alphanumeric (Alphabetic or Numeric) or '_': what "word" means to
+/// single_word added tokens.
+inline bool is_word_char(std::uint32_t cp) {
+  if (cp == '_') return true;
+  const auto c = static_cast<UChar32>(cp);
+  if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC)) return true;
+  const auto t = u_charType(c);
+  return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
 
-/// GPT-2 pre-tokenization (see the header comment): calls f(piece) for each piece, in order.
-template <class F>
-void pretokenize(std::string_view s, F&& f) {
-  const std::size_t n = s.size();
-  std::size_t i = 0;
-  auto cls = [&](std::size_t k) { return char_class(static_cast<unsigned char>(s[k])); };
-  while (i < n) {
-    if (s[i] == '\'') {  // contractions (case-sensitive, as GPT-2)
-      std::size_t len = 0;
-      for (std::string_view c : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
-        if (s.substr(i, c.size()) == c) { len = c.size(); break; }
-      if (len) { f(s.substr(i, len)); i += len; continue; }
+// ---------------------------------------------------------------- normalization
+
+enum class NormalForm { nfc, nfd, nfkc, nfkd };
+
+inline std::string normalize(std::string_view s, NormalForm form) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* n = form == NormalForm::nfc    ? icu::Normalizer2::getNFCInstance(status)
+                              : form == NormalForm::nfd  ? icu::Normalizer2::getNFDInstance(status)
+                              : form == NormalForm::nfkc ? icu::Normalizer2::getNFKCInstance(status)
+                                                         : icu::Normalizer2::getNFKDInstance(status);
+  if (U_FAILURE(status)) detail::raise(errc::unsupported, "ICU", "no Unicode normalizer available");
+  auto us = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<std::int32_t>(s.size())));
+  if (n->isNormalized(us, status) && U_SUCCESS(status)) return std::string(s);
+  status = U_ZERO_ERROR;
+  icu::UnicodeString out = n->normalize(us, status);
+  if (U_FAILURE(status)) detail::raise(errc::invalid_argument, "ICU", "normalization failed");
+  std::string r;
+  out.toUTF8String(r);
+  return r;
+}
+
+/// Full Unicode lowercase (root locale), as Rust's str::to_lowercase.
+inline std::string lowercase(std::string_view s) {
+  auto us = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<std::int32_t>(s.size())));
+  us.toLower(icu::Locale::getRoot());
+  std::string r;
+  us.toUTF8String(r);
+  return r;
+}
+
+// ---------------------------------------------------------------- regular expressions
+
+/// A compiled PCRE2 pattern (UTF + UCP, JIT when available). Matching is const and thread-safe:
+/// each call brings its own match data.
+class Regex {
+ public:
+  Regex() = default;
+  Regex(std::string_view pattern, const std::string& where) : pattern_(pattern) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &off, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      detail::raise(errc::format, where,
+                    detail::concat("regex '", pattern, "' does not compile at offset ", off, ": ",
+                                   reinterpret_cast<const char*>(msg)));
     }
-    std::size_t j = i;
-    if (s[i] == ' ' && i + 1 < n && cls(i + 1) != CharClass::space) j = i + 1;
-    const CharClass c = cls(j);
-    if (c != CharClass::space) {
-      std::size_t k = j + 1;
-      while (k < n && cls(k) == c) ++k;
-      f(s.substr(i, k - i));
-      i = k;
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
+    code_ = std::shared_ptr<pcre2_code>(code, pcre2_code_free);
+  }
+
+  bool empty() const noexcept { return !code_; }
+  const std::string& pattern() const noexcept { return pattern_; }
+
+  /// Every non-overlapping match [begin, end) of s, left to right (an empty match advances by
+  /// one character, as Rust's and Oniguruma's find_iter do). s must be valid UTF-8.
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view s) const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    if (!code_) return out;
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(code_.get(), nullptr), pcre2_match_data_free);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+    std::size_t start = 0;
+    while (start <= s.size()) {
+      int rc = pcre2_match(code_.get(), subject, s.size(), start, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) detail::raise(errc::invalid_argument, "regex '" + pattern_ + "'", "matching failed (PCRE2 error)");
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+      std::size_t b = ov[0], e = ov[1];
+      if (e == b) {  // empty match: not a piece; step over one character
+        if (b >= s.size()) break;
+        start = b + utf8_length(static_cast<unsigned char>(s[b]));
+        continue;
+      }
+      out.emplace_back(b, e);
+      start = e;
+    }
+    return out;
+  }
+
+ private:
+  std::string pattern_;
+  std::shared_ptr<pcre2_code> code_;
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/unicode.hpp
+
+namespace edl::tokenizer {
+
+struct AddedToken {
+  std::string content;
+  std::int64_t id = 0;
+  bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
+
+  static AddedToken from_json(const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object() || !j.contains("content") || !j["content"].is_string() || !j.contains("id") ||
+        !j["id"].is_number_integer() || j["id"].get<std::int64_t>() < 0)
+      detail::raise(errc::format, where, "an added token needs a string \"content\" and a non-negative \"id\"; found " +
+                                             j.dump().substr(0, 200));
+    AddedToken t;
+    t.content = j["content"].get<std::string>();
+    t.id = j["id"].get<std::int64_t>();
+    t.special = j.value("special", false);
+    t.lstrip = j.value("lstrip", false);
+    t.rstrip = j.value("rstrip", false);
+    t.single_word = j.value("single_word", false);
+    t.normalized = j.value("normalized", !t.special);
+    if (t.content.empty()) detail::raise(errc::format, where, "an added token's content is empty");
+    return t;
+  }
+};
+
+/// A byte trie over added-token contents: leftmost-longest matching in one pass.
+class AddedTokenMatcher {
+ public:
+  void add(std::string_view content, std::size_t token_index) {
+    if (nodes_.empty()) nodes_.emplace_back();
+    std::size_t n = 0;
+    for (unsigned char c : content) {
+      auto it = nodes_[n].next.find(c);
+      if (it == nodes_[n].next.end()) {
+        nodes_[n].next.emplace(c, nodes_.size());
+        n = nodes_.size();
+        nodes_.emplace_back();
+      } else {
+        n = it->second;
+      }
+    }
+    nodes_[n].token = token_index;
+  }
+  bool empty() const noexcept { return nodes_.size() <= 1; }
+
+  /// The longest token starting at s[i]: (token index, end offset).
+  std::optional<std::pair<std::size_t, std::size_t>> longest_at(std::string_view s, std::size_t i) const {
+    if (nodes_.empty()) return std::nullopt;
+    std::optional<std::pair<std::size_t, std::size_t>> best;
+    std::size_t n = 0;
+    for (std::size_t k = i; k < s.size(); ++k) {
+      auto it = nodes_[n].next.find(static_cast<unsigned char>(s[k]));
+      if (it == nodes_[n].next.end()) break;
+      n = it->second;
+      if (nodes_[n].token) best = std::make_pair(*nodes_[n].token, k + 1);
+    }
+    return best;
+  }
+
+ private:
+  struct Node {
+    std::map<unsigned char, std::size_t> next;
+    std::optional<std::size_t> token;
+  };
+  std::vector<Node> nodes_;
+};
+
+/// One piece of a text after added-token matching: either an added token (id) or plain text.
+struct TextSplit {
+  std::string text;
+  std::optional<std::int64_t> id;
+  bool at_start = false;
+};
+
+/// HF's AddedVocabulary::find_matches over one piece of text.
+inline std::vector<TextSplit> split_on_added(const TextSplit& piece, const AddedTokenMatcher& matcher,
+                                             const std::vector<AddedToken>& tokens) {
+  const std::string_view s = piece.text;
+  if (matcher.empty() || s.empty()) return {piece};
+  auto ends_with_word = [&](std::size_t end) {
+    if (end == 0) return false;
+    std::size_t k = end - 1;
+    while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+    return is_word_char(codepoint_at(s, k));
+  };
+  auto starts_with_word = [&](std::size_t b) { return b < s.size() && is_word_char(codepoint_at(s, b)); };
+
+  std::vector<TextSplit> out;
+  std::size_t start_offset = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    auto m = matcher.longest_at(s, i);
+    if (!m) {
+      i += utf8_length(static_cast<unsigned char>(s[i]));
       continue;
     }
-    std::size_t k = i;
-    while (k < n && cls(k) == CharClass::space) ++k;
-    if (k < n && k - i >= 2) k -= 1;  // \s+(?!\S): leave the last space to the next word
-    f(s.substr(i, k - i));
-    i = k;
+    const AddedToken& t = tokens[m->first];
+    std::size_t start = i, stop = m->second;
+    i = stop;
+    if (t.single_word && ((start != 0 && ends_with_word(start)) || (stop != s.size() && starts_with_word(stop)))) continue;
+    if (t.lstrip) {
+      std::size_t b = start;
+      while (b > start_offset) {
+        std::size_t k = b - 1;
+        while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        if (!is_whitespace(codepoint_at(s, k))) break;
+        b = k;
+      }
+      start = std::max(b, start_offset);
+    }
+    if (t.rstrip) {
+      while (stop < s.size()) {
+        std::size_t n = 0;
+        if (!is_whitespace(codepoint_at(s, stop, &n))) break;
+        stop += n;
+      }
+      i = stop;
+    }
+    if (start_offset < start)
+      out.push_back({std::string(s.substr(start_offset, start - start_offset)), std::nullopt, piece.at_start && start_offset == 0});
+    out.push_back({std::string(s.substr(start, stop - start)), t.id, false});
+    start_offset = stop;
   }
+  if (start_offset < s.size())
+    out.push_back({std::string(s.substr(start_offset)), std::nullopt, piece.at_start && start_offset == 0});
+  return out;
+}
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/added_tokens.hpp
+// #include <edl/tokenizer/decoder.hpp>
+// edl/tokenizer/decoder.hpp
+// The "decoder" of a tokenizer.json: tokens -> text, as HF `tokenizers` chains them: ByteLevel,
+// Metaspace, ByteFallback, Fuse, Strip, Replace, WordPiece, BPEDecoder, Sequence. Each kind maps
+// a list of token strings to a list (decode_chain); the result is their concatenation.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // #include <edl/tokenizer/normalizer.hpp> (inlined above)
+// edl/tokenizer/normalizer.hpp
+// The "normalizer" of a tokenizer.json: text -> text before pre-tokenization, as HF `tokenizers`
+// defines each kind: Sequence, NFC/NFD/NFKC/NFKD, Lowercase, Strip, Prepend, Replace.
+// A kind edl does not implement is refused at load (never skipped).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// // #include <edl/tokenizer/unicode.hpp> (inlined above) (inlined above)
+
+namespace edl::tokenizer {
+
+/// The "type" of a tokenizer.json component, or an error naming the component (`at`).
+inline std::string component_type(const nlohmann::json& j, const std::string& at) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+    detail::raise(errc::format, at, "expected an object with a \"type\"; found " + j.dump().substr(0, 200));
+  return j["type"].get<std::string>();
+}
+
+/// The children of a Sequence component (the array under `key`), each read by `read`.
+template <class T, class Read>
+std::vector<T> sequence_children(const nlohmann::json& j, const char* key, const std::string& at, Read read) {
+  if (!j.contains(key) || !j[key].is_array())
+    detail::raise(errc::format, at, std::string("Sequence needs a \"") + key + "\" array");
+  std::vector<T> out;
+  for (const auto& c : j[key]) out.push_back(read(c));
+  return out;
+}
+
+/// A literal string or a regex, as tokenizer.json writes a pattern: {"String": s} | {"Regex": r}.
+struct Pattern {
+  std::string literal;
+  Regex regex;
+  bool is_regex = false;
+
+  static Pattern from_json(const nlohmann::json& j, const std::string& where) {
+    Pattern p;
+    if (j.is_object() && j.contains("String") && j["String"].is_string()) {
+      p.literal = j["String"].get<std::string>();
+    } else if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) {
+      p.is_regex = true;
+      p.regex = Regex(j["Regex"].get<std::string>(), where);
+    } else if (j.is_string()) {
+      p.literal = j.get<std::string>();
+    } else {
+      detail::raise(errc::format, where, "pattern must be {\"String\": ...} or {\"Regex\": ...}; found " + j.dump());
+    }
+    return p;
+  }
+
+  /// Matches [begin, end) in s, left to right, non-overlapping.
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view s) const {
+    if (is_regex) return regex.find_all(s);
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    if (literal.empty()) return out;
+    for (std::size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
+      out.emplace_back(at, at + literal.size());
+    return out;
+  }
+
+  std::string replace_all(std::string_view s, std::string_view content) const {
+    std::string out;
+    std::size_t last = 0;
+    for (auto [b, e] : find_all(s)) {
+      out.append(s.substr(last, b - last));
+      out.append(content);
+      last = e;
+    }
+    out.append(s.substr(last));
+    return out;
+  }
+};
+
+class Normalizer {
+ public:
+  enum class Kind { sequence, nfc, nfd, nfkc, nfkd, lowercase, strip, prepend, replace };
+
+  static Normalizer from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
+    const std::string at = where + ": normalizer";
+    const auto type = component_type(j, at);
+    Normalizer n;
+    if (type == "Sequence") {
+      n.kind_ = Kind::sequence;
+      n.children_ = sequence_children<Normalizer>(j, "normalizers", at, [&](const auto& c) { return from_json(c, where); });
+    } else if (type == "NFC") {
+      n.kind_ = Kind::nfc;
+    } else if (type == "NFD") {
+      n.kind_ = Kind::nfd;
+    } else if (type == "NFKC") {
+      n.kind_ = Kind::nfkc;
+    } else if (type == "NFKD") {
+      n.kind_ = Kind::nfkd;
+    } else if (type == "Lowercase") {
+      n.kind_ = Kind::lowercase;
+    } else if (type == "Strip") {
+      n.kind_ = Kind::strip;
+      n.left_ = j.value("strip_left", true);
+      n.right_ = j.value("strip_right", true);
+    } else if (type == "Prepend") {
+      n.kind_ = Kind::prepend;
+      n.content_ = j.at("prepend").get<std::string>();
+    } else if (type == "Replace") {
+      n.kind_ = Kind::replace;
+      n.pattern_ = std::make_shared<Pattern>(Pattern::from_json(j.at("pattern"), at + " Replace"));
+      n.content_ = j.at("content").get<std::string>();
+    } else {
+      detail::raise(errc::unsupported, at,
+                    "normalizer type '" + type +
+                        "' is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace)");
+    }
+    return n;
+  }
+
+  std::string normalize(std::string s) const {
+    switch (kind_) {
+      case Kind::sequence:
+        for (const auto& c : children_) s = c.normalize(std::move(s));
+        return s;
+      case Kind::nfc: return tokenizer::normalize(s, NormalForm::nfc);
+      case Kind::nfd: return tokenizer::normalize(s, NormalForm::nfd);
+      case Kind::nfkc: return tokenizer::normalize(s, NormalForm::nfkc);
+      case Kind::nfkd: return tokenizer::normalize(s, NormalForm::nfkd);
+      case Kind::lowercase: return tokenizer::lowercase(s);
+      case Kind::strip: return strip(s);
+      case Kind::prepend: return s.empty() ? s : content_ + s;
+      case Kind::replace: return pattern_->replace_all(s, content_);
+    }
+    return s;
+  }
+
+ private:
+  std::string strip(const std::string& s) const {
+    std::size_t b = 0, e = s.size();
+    if (left_)
+      while (b < e) {
+        std::size_t n = 0;
+        if (!is_whitespace(codepoint_at(s, b, &n))) break;
+        b += n;
+      }
+    if (right_)
+      while (e > b) {
+        std::size_t k = e - 1;
+        while (k > b && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        if (!is_whitespace(codepoint_at(s, k))) break;
+        e = k;
+      }
+    return s.substr(b, e - b);
+  }
+
+  Kind kind_ = Kind::sequence;
+  std::vector<Normalizer> children_;
+  std::string content_;
+  std::shared_ptr<Pattern> pattern_;
+  bool left_ = true, right_ = true;
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/normalizer.hpp
+// #include <edl/tokenizer/unicode.hpp> (inlined above)
+
+namespace edl::tokenizer {
+
+class Decoder {
+ public:
+  enum class Kind { sequence, byte_level, metaspace, byte_fallback, fuse, strip, replace, word_piece, bpe };
+
+  static Decoder from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
+    const std::string at = where + ": decoder";
+    const auto type = component_type(j, at);
+    Decoder d;
+    if (type == "Sequence") {
+      d.kind_ = Kind::sequence;
+      d.children_ = sequence_children<Decoder>(j, "decoders", at, [&](const auto& c) { return from_json(c, where); });
+    } else if (type == "ByteLevel") {
+      d.kind_ = Kind::byte_level;
+    } else if (type == "Metaspace") {
+      d.kind_ = Kind::metaspace;
+      d.content_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      std::string scheme = j.value("prepend_scheme", std::string());
+      if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";
+      d.strip_first_ = scheme != "never";
+    } else if (type == "ByteFallback") {
+      d.kind_ = Kind::byte_fallback;
+    } else if (type == "Fuse") {
+      d.kind_ = Kind::fuse;
+    } else if (type == "Strip") {
+      d.kind_ = Kind::strip;
+      d.content_ = j.at("content").get<std::string>();
+      d.start_ = j.value("start", 0);
+      d.stop_ = j.value("stop", 0);
+    } else if (type == "Replace") {
+      d.kind_ = Kind::replace;
+      d.pattern_ = std::make_shared<Pattern>(Pattern::from_json(j.at("pattern"), at + " Replace"));
+      d.content_ = j.at("content").get<std::string>();
+    } else if (type == "WordPiece") {
+      d.kind_ = Kind::word_piece;
+      d.content_ = j.value("prefix", std::string("##"));
+      d.cleanup_ = j.value("cleanup", true);
+    } else if (type == "BPEDecoder") {
+      d.kind_ = Kind::bpe;
+      d.content_ = j.value("suffix", std::string("</w>"));
+    } else {
+      detail::raise(errc::unsupported, at,
+                    "decoder type '" + type +
+                        "' is not supported (supported: Sequence, ByteLevel, Metaspace, ByteFallback, Fuse, Strip, "
+                        "Replace, WordPiece, BPEDecoder)");
+    }
+    return d;
+  }
+
+  std::string decode(std::vector<std::string> tokens) const {
+    std::string s;
+    for (const auto& t : decode_chain(std::move(tokens))) s += t;
+    return s;
+  }
+
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const {
+    switch (kind_) {
+      case Kind::sequence:
+        for (const auto& c : children_) tokens = c.decode_chain(std::move(tokens));
+        return tokens;
+      case Kind::byte_level: {
+        std::string bytes;
+        for (const auto& t : tokens) {
+          if (auto b = unicode_to_bytes(t)) bytes += *b;
+          else bytes += t;  // not byte-level characters (an added token): its own bytes
+        }
+        return {utf8_lossy(bytes)};
+      }
+      case Kind::metaspace:
+        for (std::size_t i = 0; i < tokens.size(); ++i)
+          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i == 0 && strip_first_ ? "" : " ");
+        return tokens;
+      case Kind::byte_fallback: {
+        std::vector<std::string> out;
+        std::string pending;
+        std::size_t count = 0;
+        auto flush = [&] {
+          if (!count) return;
+          if (invalid_utf8_at(pending)) {
+            for (std::size_t k = 0; k < count; ++k) out.push_back("\xEF\xBF\xBD");
+          } else {
+            out.push_back(pending);
+          }
+          pending.clear();
+          count = 0;
+        };
+        for (auto& t : tokens) {
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+              std::isxdigit(static_cast<unsigned char>(t[4]))) {
+            pending += static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16));
+            ++count;
+          } else {
+            flush();
+            out.push_back(std::move(t));
+          }
+        }
+        flush();
+        return out;
+      }
+      case Kind::fuse: {
+        std::string s;
+        for (const auto& t : tokens) s += t;
+        return {s};
+      }
+      case Kind::strip:
+        for (auto& t : tokens) {
+          std::size_t b = 0, e = t.size();
+          for (int k = 0; k < start_ && t.compare(b, content_.size(), content_) == 0 && b + content_.size() <= e; ++k)
+            b += content_.size();
+          for (int k = 0; k < stop_ && e >= b + content_.size() && t.compare(e - content_.size(), content_.size(), content_) == 0; ++k)
+            e -= content_.size();
+          t = t.substr(b, e - b);
+        }
+        return tokens;
+      case Kind::replace:
+        for (auto& t : tokens) t = pattern_->replace_all(t, content_);
+        return tokens;
+      case Kind::word_piece:
+        for (std::size_t i = 0; i < tokens.size(); ++i) {
+          auto& t = tokens[i];
+          if (i != 0) {
+            if (t.compare(0, content_.size(), content_) == 0) t = t.substr(content_.size());
+            else t = " " + t;
+          }
+          if (cleanup_) t = cleanup(t);
+        }
+        return tokens;
+      case Kind::bpe:
+        for (std::size_t i = 0; i < tokens.size(); ++i)
+          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i + 1 == tokens.size() ? "" : " ");
+        return tokens;
+    }
+    return tokens;
+  }
+
+  /// transformers' clean_up_tokenization: the spaces an English word tokenizer put before
+  /// punctuation and contractions.
+  static std::string cleanup(std::string s) {
+    static const std::pair<const char*, const char*> rules[] = {
+        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (auto [from, to] : rules) s = Pattern{from, {}, false}.replace_all(s, to);
+    return s;
+  }
+
+ private:
+  Kind kind_ = Kind::sequence;
+  std::vector<Decoder> children_;
+  std::string content_;
+  std::shared_ptr<Pattern> pattern_;
+  int start_ = 0, stop_ = 0;
+  bool strip_first_ = true, cleanup_ = true;
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/decoder.hpp
+// #include <edl/tokenizer/model.hpp>
+// edl/tokenizer/model.hpp
+// The "model" of a tokenizer.json: a word -> token ids. BPE as HF `tokenizers` runs it
+// (merges by rank, byte_fallback to <0xXX> tokens, unk_token with fuse_unk, ignore_merges,
+// continuing_subword_prefix / end_of_word_suffix; merges written as "a b" strings or
+// ["a", "b"] pairs) and WordLevel. Other model types are refused at load.
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/tokenizer/unicode.hpp> (inlined above)
+
+namespace edl::tokenizer {
+
+/// string -> id with lookups by string_view (no temporary strings on the hot path).
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using Vocab = std::unordered_map<std::string, std::int64_t, StringHash, std::equal_to<>>;
+
+class Model {
+ public:
+  enum class Kind { bpe, word_level };
+
+  static Model from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
+    const std::string at = where + ": model";
+    if (!j.is_object()) detail::raise(errc::format, at, "expected an object");
+    const std::string type = j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
+                             : j.contains("merges")                      ? "BPE"
+                                                                         : "";
+    Model m;
+    if (type == "BPE") {
+      m.kind_ = Kind::bpe;
+    } else if (type == "WordLevel") {
+      m.kind_ = Kind::word_level;
+    } else {
+      detail::raise(errc::unsupported, at, "model type '" + type + "' is not supported (supported: BPE, WordLevel)");
+    }
+    if (!j.contains("vocab") || !j["vocab"].is_object()) detail::raise(errc::format, at, "needs a \"vocab\" object");
+    for (const auto& [tok, id] : j["vocab"].items()) {
+      if (!id.is_number_integer() || id.get<std::int64_t>() < 0)
+        detail::raise(errc::format, at + ".vocab[\"" + tok + "\"]", "expected a non-negative integer id; found " + id.dump());
+      m.add_token(tok, id.get<std::int64_t>());
+    }
+    auto opt_string = [&](const char* k) -> std::optional<std::string> {
+      if (!j.contains(k) || j[k].is_null()) return std::nullopt;
+      if (!j[k].is_string()) detail::raise(errc::format, at + "." + k, "expected a string or null; found " + j[k].dump());
+      return j[k].get<std::string>();
+    };
+    m.unk_token_ = opt_string("unk_token");
+    if (m.unk_token_ && !m.vocab_.count(*m.unk_token_) && m.kind_ == Kind::word_level)
+      detail::raise(errc::format, at + ".unk_token", "'" + *m.unk_token_ + "' is not in the vocab");
+    if (m.kind_ == Kind::word_level) return m;
+
+    if (j.contains("dropout") && !j["dropout"].is_null() && j["dropout"].get<double>() != 0.0)
+      detail::raise(errc::unsupported, at + ".dropout", "BPE dropout is a training-time augmentation; edl encodes without it");
+    m.continuing_prefix_ = opt_string("continuing_subword_prefix").value_or("");
+    m.end_suffix_ = opt_string("end_of_word_suffix").value_or("");
+    m.fuse_unk_ = j.value("fuse_unk", false);
+    m.byte_fallback_ = j.value("byte_fallback", false);
+    m.ignore_merges_ = j.value("ignore_merges", false);
+    if (m.byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        auto it = m.vocab_.find(std::string_view(name));
+        m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
+      }
+    }
+    if (!j.contains("merges") || !j["merges"].is_array()) detail::raise(errc::format, at, "BPE needs a \"merges\" array");
+    std::int64_t rank = 0;
+    for (const auto& mj : j["merges"]) {
+      std::string a, b;
+      if (mj.is_string()) {
+        const auto s = mj.get<std::string>();
+        const auto sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          detail::raise(errc::format, at + ".merges[" + std::to_string(rank) + "]",
+                        "expected \"left right\" (one space); found '" + s + "'");
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else if (mj.is_array() && mj.size() == 2 && mj[0].is_string() && mj[1].is_string()) {
+        a = mj[0].get<std::string>();
+        b = mj[1].get<std::string>();
+      } else {
+        detail::raise(errc::format, at + ".merges[" + std::to_string(rank) + "]",
+                      "expected \"left right\" or [\"left\", \"right\"]; found " + mj.dump());
+      }
+      const auto ia = m.vocab_.find(a), ib = m.vocab_.find(b);
+      std::string merged = a + b.substr(std::min(m.continuing_prefix_.size(), b.size()) *
+                                        (b.compare(0, m.continuing_prefix_.size(), m.continuing_prefix_) == 0));
+      const auto im = m.vocab_.find(merged);
+      if (ia == m.vocab_.end() || ib == m.vocab_.end() || im == m.vocab_.end())
+        detail::raise(errc::format, at + ".merges[" + std::to_string(rank) + "]",
+                      "merge '" + a + "' + '" + b + "' uses a token that is not in the vocab");
+      m.merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, im->second));
+      ++rank;
+    }
+    return m;
+  }
+
+  Kind kind() const noexcept { return kind_; }
+  std::int64_t size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
+  std::optional<std::int64_t> token_to_id(std::string_view token) const {
+    auto it = vocab_.find(token);
+    if (it == vocab_.end()) return std::nullopt;
+    return it->second;
+  }
+  const std::string* id_to_token(std::int64_t id) const {
+    if (id < 0 || id >= size() || !has_[static_cast<std::size_t>(id)]) return nullptr;
+    return &tokens_[static_cast<std::size_t>(id)];
+  }
+
+  /// Appends the ids of one pre-tokenized word.
+  void tokenize(std::string_view word, std::vector<std::int64_t>& out, const std::string& where) const {
+    if (word.empty()) return;
+    if (kind_ == Kind::word_level) {
+      if (auto id = token_to_id(word)) return out.push_back(*id);
+      if (!unk_token_) detail::raise(errc::invalid_argument, where, "word '" + std::string(word) + "' is not in the vocab and there is no unk_token");
+      return out.push_back(vocab_.find(*unk_token_)->second);
+    }
+    if (ignore_merges_)
+      if (auto id = token_to_id(word)) return out.push_back(*id);
+    if (word.size() <= kCachedWordBytes) {
+      std::lock_guard<std::mutex> lock(cache_->mutex);
+      auto it = cache_->words.find(word);
+      if (it != cache_->words.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const std::size_t first = out.size();
+    merge_word(word, out, where);
+    if (word.size() <= kCachedWordBytes) {
+      std::lock_guard<std::mutex> lock(cache_->mutex);
+      if (cache_->words.size() >= kCacheCapacity) cache_->words.clear();
+      cache_->words.emplace(std::string(word), std::vector<std::int64_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+    }
+  }
+
+ private:
+  static constexpr std::size_t kCachedWordBytes = 256;
+  static constexpr std::size_t kCacheCapacity = 1 << 16;
+
+  static std::uint64_t pair_key(std::int64_t a, std::int64_t b) {
+    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
+  }
+
+  void add_token(const std::string& tok, std::int64_t id) {
+    if (id >= (std::int64_t{1} << 31)) detail::raise(errc::format, "tokenizer.json: model.vocab", "id " + std::to_string(id) + " is too large");
+    vocab_[tok] = id;
+    if (static_cast<std::size_t>(id) >= tokens_.size()) {
+      tokens_.resize(static_cast<std::size_t>(id) + 1);
+      has_.resize(static_cast<std::size_t>(id) + 1, false);
+    }
+    tokens_[static_cast<std::size_t>(id)] = tok;
+    has_[static_cast<std::size_t>(id)] = true;
+  }
+
+  /// HF's BPE::merge_word: characters (with prefix/suffix, byte fallback, unk fusing), then the
+  /// lowest-ranked adjacent pair merged first, leftmost on ties.
+  void merge_word(std::string_view w, std::vector<std::int64_t>& out, const std::string& where) const {
+    struct Symbol {
+      std::int64_t id;
+      int prev, next;
+      bool alive;
+    };
+    std::vector<Symbol> sym;
+    std::optional<std::int64_t> unk;  // a pending unk (fuse_unk joins neighbours into one)
+    auto push = [&](std::int64_t id) { sym.push_back({id, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1, true}); };
+    std::string buf;
+    for (std::size_t i = 0; i < w.size();) {
+      std::size_t n = utf8_length(static_cast<unsigned char>(w[i]));
+      n = std::min(n, w.size() - i);
+      const bool is_first = i == 0, is_last = i + n == w.size();
+      std::string_view ch = w.substr(i, n);
+      i += n;
+      if (!continuing_prefix_.empty() || !end_suffix_.empty()) {
+        buf.assign(is_first ? "" : continuing_prefix_);
+        buf.append(ch);
+        if (is_last) buf.append(end_suffix_);
+        ch = buf;
+      }
+      if (auto it = vocab_.find(ch); it != vocab_.end()) {
+        if (unk) push(*unk), unk.reset();
+        push(it->second);
+        continue;
+      }
+      if (byte_fallback_) {
+        bool all = true;
+        for (unsigned char b : ch) all = all && byte_ids_[b] >= 0;
+        if (all) {
+          for (unsigned char b : ch) push(byte_ids_[b]);
+          continue;
+        }
+      }
+      if (unk_token_) {
+        auto u = vocab_.find(*unk_token_);
+        if (u == vocab_.end()) detail::raise(errc::format, where, "unk_token '" + *unk_token_ + "' is not in the vocab");
+        if (unk && !fuse_unk_) push(*unk);
+        if (!unk || !fuse_unk_) unk = u->second;
+      }
+    }
+    if (unk) push(*unk);
+    if (sym.empty()) return;
+    sym.back().next = -1;
+
+    struct Merge {
+      std::int64_t rank;
+      int pos;
+      std::int64_t new_id;
+      bool operator>(const Merge& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Merge, std::vector<Merge>, std::greater<>> queue;
+    auto consider = [&](int pos) {
+      const int nx = sym[static_cast<std::size_t>(pos)].next;
+      if (nx < 0) return;
+      auto it = merges_.find(pair_key(sym[static_cast<std::size_t>(pos)].id, sym[static_cast<std::size_t>(nx)].id));
+      if (it != merges_.end()) queue.push({it->second.first, pos, it->second.second});
+    };
+    for (int k = 0; k + 1 < static_cast<int>(sym.size()); ++k) consider(k);
+    while (!queue.empty()) {
+      const Merge top = queue.top();
+      queue.pop();
+      auto& left = sym[static_cast<std::size_t>(top.pos)];
+      if (!left.alive || left.next < 0) continue;
+      auto& right = sym[static_cast<std::size_t>(left.next)];
+      auto it = merges_.find(pair_key(left.id, right.id));
+      if (it == merges_.end() || it->second.second != top.new_id) continue;  // stale entry
+      left.id = top.new_id;
+      right.alive = false;
+      left.next = right.next;
+      if (right.next >= 0) sym[static_cast<std::size_t>(right.next)].prev = top.pos;
+      if (left.prev >= 0) consider(left.prev);
+      consider(top.pos);
+    }
+    for (const auto& s : sym)
+      if (s.alive) out.push_back(s.id);
+  }
+
+  struct Cache {
+    std::mutex mutex;
+    std::unordered_map<std::string, std::vector<std::int64_t>, StringHash, std::equal_to<>> words;
+  };
+
+  Kind kind_ = Kind::bpe;
+  Vocab vocab_;
+  std::vector<std::string> tokens_;
+  std::vector<bool> has_;
+  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, merged id)
+  std::optional<std::string> unk_token_;
+  std::string continuing_prefix_, end_suffix_;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  std::array<std::int64_t, 256> byte_ids_{};
+  std::shared_ptr<Cache> cache_ = std::make_shared<Cache>();
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/model.hpp
+// #include <edl/tokenizer/normalizer.hpp> (inlined above)
+// #include <edl/tokenizer/post_processor.hpp>
+// edl/tokenizer/post_processor.hpp
+// The "post_processor" of a tokenizer.json: the special tokens around an encoded text when the
+// caller asks for them (add_special_tokens): TemplateProcessing, BertProcessing,
+// RobertaProcessing, ByteLevel (nothing to add) and Sequence.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/tokenizer/normalizer.hpp> (inlined above)
+
+namespace edl::tokenizer {
+
+class PostProcessor {
+ public:
+  /// An item of a template: the ids of a special token, or the text's own ids (is_sequence).
+  struct Item {
+    bool is_sequence = false;
+    std::vector<std::int64_t> ids;
+  };
+
+  static PostProcessor from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
+    const std::string at = where + ": post_processor";
+    const auto type = component_type(j, at);
+    PostProcessor p;
+    if (type == "Sequence") {
+      if (!j.contains("processors") || !j["processors"].is_array())
+        detail::raise(errc::format, at, "Sequence needs a \"processors\" array");
+      for (const auto& c : j["processors"]) {
+        auto q = from_json(c, where);
+        if (!q.template_.empty()) p.template_ = q.template_;  // ByteLevel adds nothing; the last template wins
+      }
+    } else if (type == "ByteLevel") {
+    } else if (type == "TemplateProcessing") {
+      if (!j.contains("single") || !j["single"].is_array()) detail::raise(errc::format, at, "TemplateProcessing needs a \"single\" array");
+      const auto& specials = j.contains("special_tokens") ? j["special_tokens"] : nlohmann::json::object();
+      for (const auto& item : j["single"]) {
+        if (item.contains("Sequence")) {
+          p.template_.push_back({true, {}});
+        } else if (item.contains("SpecialToken")) {
+          const auto name = item["SpecialToken"].at("id").get<std::string>();
+          if (!specials.contains(name) || !specials[name].contains("ids"))
+            detail::raise(errc::format, at, "special token '" + name + "' of the template is not in special_tokens");
+          p.template_.push_back({false, specials[name]["ids"].get<std::vector<std::int64_t>>()});
+        } else {
+          detail::raise(errc::format, at, "template item must be Sequence or SpecialToken; found " + item.dump());
+        }
+      }
+    } else if (type == "BertProcessing" || type == "RobertaProcessing") {
+      auto id_of = [&](const char* k) {
+        if (!j.contains(k) || !j[k].is_array() || j[k].size() != 2 || !j[k][1].is_number_integer())
+          detail::raise(errc::format, at, std::string(type) + " needs \"" + k + "\": [token, id]");
+        return j[k][1].get<std::int64_t>();
+      };
+      p.template_ = {{false, {id_of("cls")}}, {true, {}}, {false, {id_of("sep")}}};
+    } else {
+      detail::raise(errc::unsupported, at,
+                    "post-processor type '" + type +
+                        "' is not supported (supported: TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, Sequence)");
+    }
+    return p;
+  }
+
+  /// A template of bos?, text, eos? (what transformers builds from add_bos_token/add_eos_token).
+  static PostProcessor bos_eos(std::optional<std::int64_t> bos, std::optional<std::int64_t> eos) {
+    PostProcessor p;
+    if (bos) p.template_.push_back({false, {*bos}});
+    p.template_.push_back({true, {}});
+    if (eos) p.template_.push_back({false, {*eos}});
+    return p;
+  }
+
+  std::vector<std::int64_t> process(std::vector<std::int64_t> ids) const {
+    if (template_.empty()) return ids;
+    std::vector<std::int64_t> out;
+    out.reserve(ids.size() + 4);
+    for (const auto& item : template_) {
+      if (item.is_sequence) out.insert(out.end(), ids.begin(), ids.end());
+      else out.insert(out.end(), item.ids.begin(), item.ids.end());
+    }
+    return out;
+  }
+
+ private:
+  std::vector<Item> template_;
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/post_processor.hpp
+// #include <edl/tokenizer/pre_tokenizer.hpp>
+// edl/tokenizer/pre_tokenizer.hpp
+// The "pre_tokenizer" of a tokenizer.json: one normalized piece of text -> the words the model
+// tokenizes one by one. Kinds as HF `tokenizers` defines them: Sequence, Split (string or regex,
+// with the five delimiter behaviors and invert), ByteLevel, Metaspace, Digits, Whitespace,
+// WhitespaceSplit, Punctuation. Unknown kinds are refused at load.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/tokenizer/normalizer.hpp> (inlined above)
+// #include <edl/tokenizer/unicode.hpp> (inlined above)
+
+namespace edl::tokenizer {
+
+/// A piece of text on its way to the model. at_start: the piece begins at offset 0 of the text
+/// passed to encode (Metaspace's prepend_scheme "first" looks at it).
+struct Piece {
+  std::string text;
+  bool at_start = false;
+};
+
+/// How a Split keeps the delimiters it finds (HF's SplitDelimiterBehavior).
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+/// Splits s at `matches` (sorted, non-overlapping) by `behavior`; empty pieces are dropped.
+inline std::vector<Piece> split_pieces(const Piece& p, const std::vector<std::pair<std::size_t, std::size_t>>& matches,
+                                       SplitBehavior behavior, bool invert) {
+  struct Span {
+    std::size_t b, e;
+    bool is_match;
+  };
+  std::vector<Span> spans;
+  std::size_t last = 0;
+  for (auto [b, e] : matches) {
+    if (b > last) spans.push_back({last, b, invert});
+    spans.push_back({b, e, !invert});
+    last = e;
+  }
+  if (last < p.text.size() || spans.empty()) spans.push_back({last, p.text.size(), invert});
+
+  std::vector<Span> kept;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::removed:
+      for (const auto& s : spans)
+        if (!s.is_match) kept.push_back(s);
+      break;
+    case SplitBehavior::isolated: kept = spans; break;
+    case SplitBehavior::merged_with_previous:
+      for (const auto& s : spans) {
+        if (s.is_match && !previous_match && !kept.empty()) kept.back().e = s.e;
+        else kept.push_back(s);
+        previous_match = s.is_match;
+      }
+      break;
+    case SplitBehavior::merged_with_next:
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->is_match && !previous_match && !kept.empty()) kept.back().b = it->b;
+        else kept.push_back(*it);
+        previous_match = it->is_match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case SplitBehavior::contiguous:
+      for (std::size_t i = 0; i < spans.size(); ++i) {
+        if (i > 0 && spans[i].is_match == previous_match) kept.back().e = spans[i].e;
+        else kept.push_back(spans[i]);
+        previous_match = spans[i].is_match;
+      }
+      break;
+  }
+  std::vector<Piece> out;
+  for (const auto& s : kept)
+    if (s.e > s.b) out.push_back({p.text.substr(s.b, s.e - s.b), p.at_start && s.b == 0});
+  return out;
+}
+
+class PreTokenizer {
+ public:
+  enum class Kind { sequence, split, byte_level, metaspace, digits, whitespace, whitespace_split, punctuation };
+
+  static PreTokenizer from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
+    const std::string at = where + ": pre_tokenizer";
+    const auto type = component_type(j, at);
+    PreTokenizer t;
+    if (type == "Sequence") {
+      t.kind_ = Kind::sequence;
+      t.children_ = sequence_children<PreTokenizer>(j, "pretokenizers", at, [&](const auto& c) { return from_json(c, where); });
+    } else if (type == "Split") {
+      t.kind_ = Kind::split;
+      t.pattern_ = std::make_shared<Pattern>(Pattern::from_json(j.at("pattern"), at + " Split"));
+      t.behavior_ = behavior_from(j.value("behavior", std::string("Isolated")), at);
+      t.invert_ = j.value("invert", false);
+    } else if (type == "ByteLevel") {
+      t.kind_ = Kind::byte_level;
+      t.add_prefix_space_ = j.value("add_prefix_space", true);
+      t.use_regex_ = j.value("use_regex", true);
+      if (t.use_regex_) t.pattern_ = gpt2_pattern(at);
+    } else if (type == "Metaspace") {
+      t.kind_ = Kind::metaspace;
+      t.replacement_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      t.split_ = j.value("split", true);
+      std::string scheme = j.value("prepend_scheme", std::string());
+      if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";  // older files
+      if (scheme != "always" && scheme != "first" && scheme != "never")
+        detail::raise(errc::format, at, "Metaspace prepend_scheme must be always, first or never; found '" + scheme + "'");
+      t.prepend_ = scheme;
+    } else if (type == "Digits") {
+      t.kind_ = Kind::digits;
+      t.individual_digits_ = j.value("individual_digits", false);
+    } else if (type == "Whitespace") {
+      t.kind_ = Kind::whitespace;
+      t.pattern_ = std::make_shared<Pattern>();
+      t.pattern_->is_regex = true;
+      t.pattern_->regex = Regex("\\w+|[^\\w\\s]+", at);
+    } else if (type == "WhitespaceSplit") {
+      t.kind_ = Kind::whitespace_split;
+    } else if (type == "Punctuation") {
+      t.kind_ = Kind::punctuation;
+      t.behavior_ = behavior_from(j.value("behavior", std::string("Isolated")), at);
+    } else {
+      detail::raise(errc::unsupported, at,
+                    "pre-tokenizer type '" + type +
+                        "' is not supported (supported: Sequence, Split, ByteLevel, Metaspace, Digits, Whitespace, "
+                        "WhitespaceSplit, Punctuation)");
+    }
+    return t;
+  }
+
+  /// The GPT-2 pattern ByteLevel splits with when use_regex is set.
+  static std::shared_ptr<Pattern> gpt2_pattern(const std::string& where) {
+    auto p = std::make_shared<Pattern>();
+    p->is_regex = true;
+    p->regex = Regex("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", where);
+    return p;
+  }
+
+  /// Splits every piece; byte-level kinds also map the bytes to their byte-level characters.
+  void pre_tokenize(std::vector<Piece>& pieces) const {
+    if (kind_ == Kind::sequence) {
+      for (const auto& c : children_) c.pre_tokenize(pieces);
+      return;
+    }
+    std::vector<Piece> out;
+    out.reserve(pieces.size());
+    for (auto& p : pieces) {
+      for (auto& q : split_one(std::move(p))) out.push_back(std::move(q));
+    }
+    pieces = std::move(out);
+  }
+
+  bool is_byte_level() const {
+    if (kind_ == Kind::byte_level) return true;
+    for (const auto& c : children_)
+      if (c.is_byte_level()) return true;
+    return false;
+  }
+
+ private:
+  static SplitBehavior behavior_from(const std::string& b, const std::string& at) {
+    if (b == "Removed") return SplitBehavior::removed;
+    if (b == "Isolated") return SplitBehavior::isolated;
+    if (b == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
+    if (b == "MergedWithNext") return SplitBehavior::merged_with_next;
+    if (b == "Contiguous") return SplitBehavior::contiguous;
+    detail::raise(errc::format, at, "unknown split behavior '" + b + "'");
+  }
+
+  template <class Pred>
+  static std::vector<std::pair<std::size_t, std::size_t>> char_matches(std::string_view s, Pred pred) {
+    std::vector<std::pair<std::size_t, std::size_t>> m;
+    for (std::size_t i = 0; i < s.size();) {
+      std::size_t n = 0;
+      if (pred(codepoint_at(s, i, &n))) m.emplace_back(i, i + n);
+      i += n;
+    }
+    return m;
+  }
+
+  std::vector<Piece> split_one(Piece p) const {
+    switch (kind_) {
+      case Kind::split: return split_pieces(p, pattern_->find_all(p.text), behavior_, invert_);
+      case Kind::byte_level: {
+        if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
+        std::vector<Piece> words = use_regex_ ? split_pieces(p, pattern_->find_all(p.text), SplitBehavior::isolated, false)
+                                              : std::vector<Piece>{p};
+        for (auto& w : words) w.text = bytes_to_unicode(w.text);
+        return words;
+      }
+      case Kind::metaspace: {
+        Piece q{Pattern{" ", {}, false}.replace_all(p.text, replacement_), p.at_start};
+        const bool starts = q.text.compare(0, replacement_.size(), replacement_) == 0;
+        if (!starts && (prepend_ == "always" || (prepend_ == "first" && p.at_start))) q.text = replacement_ + q.text;
+        if (!split_) return {q};
+        return split_pieces(q, Pattern{replacement_, {}, false}.find_all(q.text), SplitBehavior::merged_with_next, false);
+      }
+      case Kind::digits: {
+        auto m = char_matches(p.text, [](std::uint32_t c) {
+          const auto t = u_charType(static_cast<UChar32>(c));
+          return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
+        });
+        return split_pieces(p, m, individual_digits_ ? SplitBehavior::isolated : SplitBehavior::contiguous, false);
+      }
+      case Kind::whitespace: return split_pieces(p, pattern_->find_all(p.text), SplitBehavior::removed, true);
+      case Kind::whitespace_split:
+        return split_pieces(p, char_matches(p.text, [](std::uint32_t c) { return is_whitespace(c); }),
+                            SplitBehavior::removed, false);
+      case Kind::punctuation:
+        return split_pieces(p, char_matches(p.text, [](std::uint32_t c) { return u_ispunct(static_cast<UChar32>(c)) != 0; }),
+                            behavior_, false);
+      case Kind::sequence: break;
+    }
+    return {p};
+  }
+
+  Kind kind_ = Kind::sequence;
+  std::vector<PreTokenizer> children_;
+  std::shared_ptr<Pattern> pattern_;
+  SplitBehavior behavior_ = SplitBehavior::isolated;
+  bool invert_ = false, add_prefix_space_ = false, use_regex_ = true, split_ = true, individual_digits_ = false;
+  std::string replacement_, prepend_ = "always";
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/pre_tokenizer.hpp
+
+namespace edl::tokenizer {
+
+class Tokenizer {
+ public:
+  using json = nlohmann::json;
+  using ojson = nlohmann::ordered_json;
+
+  /// From the text of a tokenizer.json and, optionally, a tokenizer_config.json document.
+  /// (The text is parsed into an unordered document: nlohmann's ordered_json inserts in
+  /// quadratic time, minutes for a 262k-token vocabulary; the text itself is what save() writes.)
+  static Tokenizer from_text(std::string text, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      detail::raise(errc::format, source, std::string("not valid JSON: ") + e.what());
+    }
+    Tokenizer t = build(j, config, source);
+    t.text_ = std::move(text);
+    return t;
+  }
+
+  /// From a tokenizer.json document and, optionally, a tokenizer_config.json document.
+  static Tokenizer from_json(const json& j, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
+    Tokenizer t = build(j, config, source);
+    t.text_ = j.dump(2) + "\n";
+    return t;
+  }
+
+ private:
+  static Tokenizer build(const json& j, const ojson& config, const std::string& source) {
+    if (!j.is_object()) detail::raise(errc::format, source, "expected a JSON object");
+    Tokenizer t;
+    t.config_ = config.is_object() ? config : ojson(nullptr);
+    t.source_ = source;
+    if (!j.contains("model")) detail::raise(errc::format, source, "has no \"model\"");
+    t.model_ = Model::from_json(j["model"], source);
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer_ = Normalizer::from_json(j["normalizer"], source);
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
+      t.pre_tokenizer_ = PreTokenizer::from_json(j["pre_tokenizer"], source);
+    if (j.contains("post_processor") && !j["post_processor"].is_null())
+      t.post_processor_ = PostProcessor::from_json(j["post_processor"], source);
+    if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder_ = Decoder::from_json(j["decoder"], source);
+
+    if (j.contains("added_tokens")) {
+      if (!j["added_tokens"].is_array()) detail::raise(errc::format, source + ": added_tokens", "expected an array");
+      for (std::size_t i = 0; i < j["added_tokens"].size(); ++i)
+        t.added_.push_back(AddedToken::from_json(j["added_tokens"][i], source + ": added_tokens[" + std::to_string(i) + "]"));
+    }
+    for (std::size_t i = 0; i < t.added_.size(); ++i) {
+      auto& a = t.added_[i];
+      t.added_by_id_[a.id] = i;
+      t.added_by_content_[a.content] = i;
+      if (a.normalized && t.normalizer_) t.normalized_matcher_.add(t.normalizer_->normalize(a.content), i);
+      else if (a.normalized) t.normalized_matcher_.add(a.content, i);
+      else t.raw_matcher_.add(a.content, i);
+    }
+    t.vocab_size_ = t.model_.size();
+    for (const auto& a : t.added_) t.vocab_size_ = std::max(t.vocab_size_, a.id + 1);
+    t.read_config();
+    return t;
+  }
+
+ public:
+
+  /// From a folder (tokenizer.json and, if present, tokenizer_config.json) or a tokenizer.json.
+  static Tokenizer from_file(const std::string& path) {
+    namespace fs = std::filesystem;
+    fs::path file = path, dir = fs::path(path).parent_path();
+    if (fs::is_directory(path)) {
+      dir = path;
+      file = dir / "tokenizer.json";
+      if (!fs::exists(file))
+        detail::raise(errc::io, path, "no tokenizer.json in this folder (edl reads HF tokenizer.json files; a "
+                                      "SentencePiece tokenizer.model alone is not supported)");
+    }
+    ojson config = nullptr;
+    if (auto c = dir / "tokenizer_config.json"; fs::exists(c)) config = io::JsonConfig::from_file(c.string()).json();
+    return from_text(io::read_text_file(file.string()), config, file.string());
+  }
+
+  // ---------------------------------------------------------------- encode
+
+  /// Token ids of `text` (valid UTF-8). add_special_tokens: the post-processor's BOS/EOS.
+  /// Special tokens written in the text are matched either way.
+  std::vector<std::int64_t> encode(std::string_view text, bool add_special_tokens = false) const {
+    if (auto bad = invalid_utf8_at(text))
+      detail::raise(errc::invalid_argument, source_ + ": encode",
+                    detail::concat("text is not valid UTF-8 (byte offset ", *bad, ")"));
+    std::vector<std::int64_t> ids;
+    ids.reserve(text.size() / 3 + 4);
+    std::vector<TextSplit> splits = split_on_added({std::string(text), std::nullopt, true}, raw_matcher_, added_);
+    std::vector<Piece> words;
+    for (auto& s : splits) {
+      if (s.id) {
+        ids.push_back(*s.id);
+        continue;
+      }
+      if (normalizer_) s.text = normalizer_->normalize(std::move(s.text));
+      for (auto& n : split_on_added(s, normalized_matcher_, added_)) {
+        if (n.id) {
+          ids.push_back(*n.id);
+          continue;
+        }
+        words.assign(1, Piece{std::move(n.text), n.at_start});
+        if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(words);
+        for (const auto& w : words) model_.tokenize(w.text, ids, source_);
+      }
+    }
+    if (add_special_tokens && post_processor_) return post_processor_->process(std::move(ids));
+    return ids;
+  }
+
+  // ---------------------------------------------------------------- decode
+
+  /// The text of `ids`; skip_special_tokens drops special added tokens. The clean-up of
+  /// tokenizer_config.json's clean_up_tokenization_spaces applies as in transformers.
+  std::string decode(std::span<const std::int64_t> ids, bool skip_special_tokens = false) const {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (auto id : ids) {
+      if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+        if (!(skip_special_tokens && added_[it->second].special)) tokens.push_back(added_[it->second].content);
+        continue;
+      }
+      const std::string* t = model_.id_to_token(id);
+      if (!t)
+        detail::raise(errc::invalid_argument, source_ + ": decode",
+                      detail::concat("id ", id, " is not in the vocabulary (size ", vocab_size_, ")"));
+      tokens.push_back(*t);
+    }
+    std::string s;
+    if (decoder_) {
+      s = decoder_->decode(std::move(tokens));
+    } else {
+      for (std::size_t i = 0; i < tokens.size(); ++i) s += (i ? " " : "") + tokens[i];
+    }
+    return clean_up_spaces_ ? Decoder::cleanup(std::move(s)) : s;
+  }
+  std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens = false) const {
+    return decode(std::span<const std::int64_t>(ids), skip_special_tokens);
+  }
+
+  // ---------------------------------------------------------------- vocabulary
+
+  /// Largest id + 1 (model vocabulary and added tokens).
+  std::int64_t vocab_size() const noexcept { return vocab_size_; }
+  std::optional<std::int64_t> bos_id() const { return bos_; }
+  std::optional<std::int64_t> eos_id() const { return eos_; }
+  std::optional<std::int64_t> pad_id() const { return pad_; }
+  std::optional<std::int64_t> token_to_id(std::string_view token) const {
+    if (auto it = added_by_content_.find(std::string(token)); it != added_by_content_.end()) return added_[it->second].id;
+    return model_.token_to_id(token);
+  }
+  /// The token string of an id (the vocabulary's form: byte-level or ▁ characters), if any.
+  std::optional<std::string> id_to_token(std::int64_t id) const {
+    if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return added_[it->second].content;
+    if (const std::string* t = model_.id_to_token(id)) return *t;
+    return std::nullopt;
+  }
+  bool is_special(std::int64_t id) const {
+    auto it = added_by_id_.find(id);
+    return it != added_by_id_.end() && added_[it->second].special;
+  }
+  const std::vector<AddedToken>& added_tokens() const noexcept { return added_; }
+
+  /// tokenizer_config.json's chat_template (the "default" one when it is a named list).
+  const std::optional<std::string>& chat_template() const noexcept { return chat_template_; }
+  /// tokenizer_config.json's bos_token / eos_token (what chat templates print); unset when the
+  /// config does not name one.
+  const std::optional<std::string>& bos_token() const noexcept { return bos_token_; }
+  const std::optional<std::string>& eos_token() const noexcept { return eos_token_; }
+  const ojson& config() const noexcept { return config_; }
+  /// The tokenizer.json text (as read, or as built by from_json).
+  const std::string& to_text() const noexcept { return text_; }
+
+  /// Writes tokenizer.json and, when the tokenizer came with one, tokenizer_config.json into
+  /// `dir`, each atomically.
+  void save(const std::string& dir) const {
+    namespace fs = std::filesystem;
+    fs::path d = dir;
+    if (d.extension() == ".json") d = d.parent_path();  // a tokenizer.json path names its folder
+    io::write_file_atomic((d / "tokenizer.json").string(), text_);
+    if (config_.is_object()) io::write_file_atomic((d / "tokenizer_config.json").string(), config_.dump(2) + "\n");
+  }
+
+ private:
+  /// bos/eos/pad from tokenizer_config.json (strings or {"content": ...} objects); without one,
+  /// the usual names among the special tokens. transformers' Llama and Gemma tokenizers rebuild
+  /// the post-processor from add_bos_token/add_eos_token: so does edl.
+  void read_config() {
+    auto token_of = [&](const char* key) -> std::optional<std::string> {
+      if (!config_.is_object() || !config_.contains(key) || config_[key].is_null()) return std::nullopt;
+      const auto& v = config_[key];
+      if (v.is_string()) return v.get<std::string>();
+      if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+      detail::raise(errc::format, source_ + ": tokenizer_config.json " + key, "expected a string or {\"content\": ...}; found " + v.dump());
+    };
+    auto id_of = [&](const char* key, std::initializer_list<const char*> fallback) -> std::optional<std::int64_t> {
+      if (auto name = token_of(key)) {
+        auto id = token_to_id(*name);
+        if (!id) detail::raise(errc::format, source_ + ": tokenizer_config.json " + key, "token '" + *name + "' is not in the vocabulary");
+        return id;
+      }
+      if (config_.is_object()) return std::nullopt;
+      for (const char* n : fallback)
+        if (auto it = added_by_content_.find(n); it != added_by_content_.end()) return added_[it->second].id;
+      return std::nullopt;
+    };
+    bos_ = id_of("bos_token", {"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
+    eos_ = id_of("eos_token", {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
+    pad_ = id_of("pad_token", {"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+    bos_token_ = token_of("bos_token");
+    eos_token_ = token_of("eos_token");
+    if (!config_.is_object()) return;
+    clean_up_spaces_ = config_.value("clean_up_tokenization_spaces", false);
+    const std::string cls = config_.value("tokenizer_class", std::string());
+    const bool rebuilds = cls.rfind("LlamaTokenizer", 0) == 0 || cls.rfind("GemmaTokenizer", 0) == 0 ||
+                          cls.rfind("CodeLlamaTokenizer", 0) == 0;
+    if (rebuilds && (config_.contains("add_bos_token") || config_.contains("add_eos_token"))) {
+      const bool add_bos = config_.value("add_bos_token", true), add_eos = config_.value("add_eos_token", false);
+      post_processor_ = PostProcessor::bos_eos(add_bos ? bos_ : std::nullopt, add_eos ? eos_ : std::nullopt);
+    }
+    if (config_.contains("chat_template")) {
+      const auto& ct = config_["chat_template"];
+      if (ct.is_string()) {
+        chat_template_ = ct.get<std::string>();
+      } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        for (const auto& e : ct)
+          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template"))
+            chat_template_ = e["template"].get<std::string>();
+      }
+    }
+  }
+
+  std::string text_;  // the tokenizer.json as read (save() writes it back unchanged)
+  ojson config_;
+  std::string source_;
+  Model model_;
+  std::optional<Normalizer> normalizer_;
+  std::optional<PreTokenizer> pre_tokenizer_;
+  std::optional<PostProcessor> post_processor_;
+  std::optional<Decoder> decoder_;
+  std::vector<AddedToken> added_;
+  std::unordered_map<std::int64_t, std::size_t> added_by_id_;
+  std::unordered_map<std::string, std::size_t> added_by_content_;
+  AddedTokenMatcher raw_matcher_, normalized_matcher_;
+  std::int64_t vocab_size_ = 0;
+  std::optional<std::int64_t> bos_, eos_, pad_;
+  std::optional<std::string> bos_token_, eos_token_;
+  std::optional<std::string> chat_template_;
+  bool clean_up_spaces_ = false;
+};
+
+/// Text that grows token by token (HF's DecodeStream): step() returns the new text once it
+/// is complete (a multi-byte character split across tokens waits for its last byte), and what
+/// the decoder does at a word's start (Metaspace, Strip) is decided with the previous tokens in
+/// view, so the pieces concatenate to decode(all ids).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = false)
+      : tok_(&tok), skip_(skip_special_tokens) {}
+
+  std::string step(std::int64_t id) {
+    if (prefix_.empty() && !ids_.empty()) {
+      std::string p = tok_->decode(ids_, skip_);
+      if (!ends_with_replacement(p)) {
+        prefix_ = std::move(p);
+        prefix_index_ = ids_.size();
+      }
+    }
+    ids_.push_back(id);
+    std::string s = tok_->decode(ids_, skip_);
+    if (s.size() > prefix_.size() && !ends_with_replacement(s)) {
+      if (s.compare(0, prefix_.size(), prefix_) != 0)
+        detail::raise(errc::invalid_argument, "StreamDecoder",
+                      detail::concat("token ", id, " changed text already streamed ('", prefix_, "' -> '", s, "')"));
+      std::string added = s.substr(prefix_.size());
+      const std::size_t new_prefix_index = ids_.size() - prefix_index_;
+      ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
+      prefix_ = tok_->decode(ids_, skip_);
+      prefix_index_ = new_prefix_index;
+      return added;
+    }
+    return {};
+  }
+
+ private:
+  static bool ends_with_replacement(const std::string& s) {
+    return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+  }
+  const Tokenizer* tok_;
+  bool skip_;
+  std::vector<std::int64_t> ids_;
+  std::string prefix_;
+  std::size_t prefix_index_ = 0;
+};
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/tokenizer.hpp
+
+namespace edl::tokenizer {
+
+namespace detail {
+
+/// tokenizer.json of a byte-level BPE whose tokens are `tokens` (raw bytes; the first 256 are
+/// the bytes), merges given as pairs of ids, and the specials <s>, </s>, <pad> after the bytes.
+inline nlohmann::json byte_level_bpe_json(const std::vector<std::string>& tokens,
+                                          const std::vector<std::pair<std::int32_t, std::int32_t>>& merges) {
+  using json = nlohmann::json;
+  static constexpr const char* kSpecials[] = {"<s>", "</s>", "<pad>"};
+  json vocab = json::object(), added = json::array(), merge_list = json::array();
+  for (std::size_t id = 0; id < 256; ++id) vocab[bytes_to_unicode(tokens[id])] = id;
+  for (std::size_t k = 0; k < 3; ++k) {
+    vocab[kSpecials[k]] = 256 + k;
+    added.push_back({{"id", 256 + k}, {"content", kSpecials[k]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  for (std::size_t id = 259; id < tokens.size(); ++id) vocab[bytes_to_unicode(tokens[id])] = id;
+  for (const auto& [a, b] : merges)
+    merge_list.push_back(bytes_to_unicode(tokens[static_cast<std::size_t>(a)]) + " " +
+                         bytes_to_unicode(tokens[static_cast<std::size_t>(b)]));
+  json j = json::object();
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = added;
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["post_processor"] = nullptr;
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                {"vocab", vocab}, {"merges", merge_list}};
+  return j;
 }
 
 }  // namespace detail
 
-class ByteLevelBPE {
- public:
-  static constexpr const char* kBos = "<s>";
-  static constexpr const char* kEos = "</s>";
-  static constexpr const char* kPad = "<pad>";
+/// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
+inline Tokenizer byte_level_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  return Tokenizer::from_json(detail::byte_level_bpe_json(tokens, {}), nullptr, "byte_level_tokenizer");
+}
 
-  /// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
-  static ByteLevelBPE byte_level() {
-    ByteLevelBPE t;
-    for (int b = 0; b < 256; ++b) {
-      t.tokens_.push_back(std::string(1, static_cast<char>(b)));
-      t.special_.push_back(false);
-      t.byte_id_[b] = b;
-    }
-    for (const char* s : {kBos, kEos, kPad}) t.add_special(s);
-    t.find_specials();
-    return t;
+/// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges): each
+/// round merges the adjacent pair with the highest count over all words; ties go to the
+/// smallest (left id, right id). Stops early when no pair is left.
+inline Tokenizer train_byte_level_bpe(const std::vector<std::string>& docs, std::int64_t vocab_size) {
+  EDL_CHECK(vocab_size >= 259, errc::invalid_argument, "train_byte_level_bpe",
+            "vocab_size must be at least 259 (bytes and specials), found ", vocab_size);
+  const auto gpt2 = PreTokenizer::gpt2_pattern("train_byte_level_bpe");
+  std::map<std::string, std::int64_t> counts;
+  for (const auto& d : docs) {
+    const std::string text = utf8_lossy(d);
+    for (auto [b, e] : gpt2->find_all(text)) ++counts[text.substr(b, e - b)];
   }
-
-  /// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges):
-  /// each round merges the adjacent pair with the highest count over all pre-tokens; ties go
-  /// to the smallest (left id, right id). Stops early when no pair is left.
-  static ByteLevelBPE train(const std::vector<std::string>& docs, std::int64_t vocab_size) {
-    ByteLevelBPE t = byte_level();
-    EDL_CHECK(vocab_size >= t.vocab_size(), errc::invalid_argument, "ByteLevelBPE::train",
-              "vocab_size must be at least ", t.vocab_size(), " (bytes and specials), found ", vocab_size);
-    std::map<std::string, std::int64_t> counts;
-    for (const auto& d : docs) detail::pretokenize(d, [&](std::string_view p) { ++counts[std::string(p)]; });
-    std::vector<std::vector<std::int32_t>> words;
-    std::vector<std::int64_t> freq;
-    for (const auto& [w, c] : counts) {
-      std::vector<std::int32_t> ids;
-      for (unsigned char b : w) ids.push_back(b);
-      if (ids.size() >= 2) { words.push_back(std::move(ids)); freq.push_back(c); }
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  for (int k = 0; k < 3; ++k) tokens.emplace_back();  // the specials' ids
+  std::vector<std::pair<std::int32_t, std::int32_t>> merges;
+  std::vector<std::vector<std::int32_t>> words;
+  std::vector<std::int64_t> freq;
+  for (const auto& [w, c] : counts) {
+    std::vector<std::int32_t> ids;
+    for (unsigned char b : w) ids.push_back(b);
+    if (ids.size() >= 2) {
+      words.push_back(std::move(ids));
+      freq.push_back(c);
     }
-    std::unordered_map<std::uint64_t, std::int64_t> pairs;
-    auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
-    while (t.vocab_size() < vocab_size) {
-      pairs.clear();
-      for (std::size_t w = 0; w < words.size(); ++w)
-        for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
-      std::uint64_t best = 0;
-      std::int64_t best_count = 0;
-      for (const auto& [k, c] : pairs)
-        if (c > best_count || (c == best_count && k < best)) { best = k; best_count = c; }
-      if (best_count == 0) break;
-      const std::int32_t a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
-      const std::int32_t id = static_cast<std::int32_t>(t.tokens_.size());
-      t.add_merge(a, b, t.tokens_[a] + t.tokens_[b]);
-      for (auto& w : words) {
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) { w[o++] = id; ++i; }
-          else w[o++] = w[i];
-        }
-        w.resize(o);
-      }
-    }
-    return t;
   }
-
-  /// Reads an HF tokenizer.json with a byte-level BPE model.
-  static ByteLevelBPE from_json(const ojson& j, const std::string& source = "tokenizer.json") {
-    auto fail = [&](const std::string& field, const std::string& msg) {
-      ::edl::detail::raise(errc::format, source + " field " + field, msg);
-    };
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("model", "missing or not an object");
-    const ojson& m = j["model"];
-    if (!m.contains("type") || m["type"] != "BPE")
-      fail("model.type", "expected \"BPE\", found " + (m.contains("type") ? m["type"].dump() : std::string("nothing")));
-    if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
-    // The pre-tokenizer must be byte-level (alone or inside a Sequence).
-    bool byte_level = false;
-    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
-      const ojson& p = j["pre_tokenizer"];
-      if (p.value("type", "") == "ByteLevel") byte_level = true;
-      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
-        for (const auto& q : p["pretokenizers"])
-          if (q.value("type", "") == "ByteLevel") byte_level = true;
-    }
-    if (!byte_level) fail("pre_tokenizer", "expected a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
-
-    ByteLevelBPE t;
-    std::map<std::int64_t, std::pair<std::string, bool>> by_id;  // id -> (bytes or content, special)
-    std::unordered_map<std::string, std::int64_t> vocab;         // byte-level string -> id
-    if (j.contains("added_tokens") && j["added_tokens"].is_array())
-      for (const auto& a : j["added_tokens"]) {
-        if (!a.is_object() || !a.contains("id") || !a.contains("content")) fail("added_tokens", "entry without id/content");
-        by_id[a["id"].get<std::int64_t>()] = {a["content"].get<std::string>(), true};
+  std::unordered_map<std::uint64_t, std::int64_t> pairs;
+  auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
+  while (static_cast<std::int64_t>(tokens.size()) < vocab_size) {
+    pairs.clear();
+    for (std::size_t w = 0; w < words.size(); ++w)
+      for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
+    std::uint64_t best = 0;
+    std::int64_t best_count = 0;
+    for (const auto& [k, c] : pairs)
+      if (c > best_count || (c == best_count && k < best)) {
+        best = k;
+        best_count = c;
       }
-    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
-        fail("model.vocab", "id of \"" + it.key() + "\" must be a non-negative integer");
-      const std::int64_t id = it.value().get<std::int64_t>();
-      vocab[it.key()] = id;
-      if (by_id.count(id)) continue;  // an added (special) token also listed in the vocab
-      auto bytes = detail::unicode_to_bytes(it.key());
-      if (!bytes) fail("model.vocab", "token \"" + it.key() + "\" is not in the byte-level alphabet");
-      by_id[id] = {*bytes, false};
-    }
-    if (by_id.empty()) fail("model.vocab", "is empty");
-    const std::int64_t n = by_id.rbegin()->first + 1;
-    t.tokens_.assign(static_cast<std::size_t>(n), std::string());
-    t.special_.assign(static_cast<std::size_t>(n), false);
-    t.present_.assign(static_cast<std::size_t>(n), false);
-    for (const auto& [id, e] : by_id) {
-      t.tokens_[static_cast<std::size_t>(id)] = e.first;
-      t.special_[static_cast<std::size_t>(id)] = e.second;
-      t.present_[static_cast<std::size_t>(id)] = true;
-    }
-    for (int b = 0; b < 256; ++b) {  // a byte missing from the vocab is an error only when encoded
-      auto it = vocab.find(detail::bytes_to_unicode(std::string(1, static_cast<char>(b))));
-      t.byte_id_[b] = it == vocab.end() ? -1 : it->second;
-    }
-    if (m.contains("merges") && m["merges"].is_array()) {
-      std::size_t rank = 0;
-      for (const auto& e : m["merges"]) {
-        std::string l, r;
-        if (e.is_string()) {
-          const std::string s = e.get<std::string>();
-          const auto sp = s.find(' ');
-          if (sp == std::string::npos) fail("model.merges", "entry \"" + s + "\" is not \"left right\"");
-          l = s.substr(0, sp);
-          r = s.substr(sp + 1);
-        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-          l = e[0].get<std::string>();
-          r = e[1].get<std::string>();
+    if (best_count == 0) break;
+    const auto a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
+    const auto id = static_cast<std::int32_t>(tokens.size());
+    tokens.push_back(tokens[static_cast<std::size_t>(a)] + tokens[static_cast<std::size_t>(b)]);
+    merges.emplace_back(a, b);
+    for (auto& w : words) {
+      std::size_t o = 0;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) {
+          w[o++] = id;
+          ++i;
         } else {
-          fail("model.merges", "entry " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
+          w[o++] = w[i];
         }
-        auto il = vocab.find(l), ir = vocab.find(r), im = vocab.find(l + r);
-        if (il == vocab.end() || ir == vocab.end() || im == vocab.end())
-          fail("model.merges", "merge " + std::to_string(rank) + " (\"" + l + "\", \"" + r +
-                                   "\") uses a token missing from the vocab");
-        t.merges_[key(il->second, ir->second)] = {static_cast<std::int64_t>(rank), im->second};
-        t.merge_list_.emplace_back(il->second, ir->second);
-        ++rank;
+      }
+      w.resize(o);
+    }
+  }
+  return Tokenizer::from_json(detail::byte_level_bpe_json(tokens, merges), nullptr, "train_byte_level_bpe");
+}
+
+}  // namespace edl::tokenizer
+// end of edl/tokenizer/bpe_trainer.hpp
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
+// end of edl/tokenizer/all.hpp
+// #include <edl/chat/all.hpp>
+// edl/chat/all.hpp: umbrella of the chat layer (Jinja chat templates, conversations).
+// #include <edl/chat/chat_template.hpp>
+// edl/chat/chat_template.hpp
+// A model's chat template (tokenizer_config.json "chat_template") applied to a conversation,
+// producing the same prompt text as transformers' tokenizer.apply_chat_template(...,
+// tokenize=False).
+//
+// The variables match what transformers passes: `messages`, `tools` (None when absent, so
+// `tools is defined` holds as in Python), `documents` (None), `add_generation_prompt`, the
+// special tokens that are set, then any extra keys (enable_thinking, date_string, ...), which
+// override earlier ones. The globals `raise_exception(msg)` (an edl::Error carrying msg) and
+// `strftime_now(fmt)` (local time, like datetime.now().strftime) are provided as transformers
+// does.
+//
+//   edl::chat::ChatTemplate tmpl(config["chat_template"].get<std::string>());
+//   edl::chat::ChatOptions opts;
+//   opts.add_generation_prompt = true;
+//   opts.bos_token = "<|begin_of_text|>";
+//   std::string prompt = tmpl.apply(messages, opts);
+
+// // #include <edl/chat/jinja.hpp> (inlined above)
+// edl/chat/jinja.hpp
+// A Jinja2 template engine that renders chat templates exactly as Python jinja2 does inside
+// Hugging Face transformers (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+// loopcontrols, and transformers' own tojson).
+//
+// Debian ships no C++ Jinja library, and a prompt that differs from the one the model was
+// trained on by a single space changes its tokens, so this is our own implementation, checked
+// byte for byte against Python jinja2 (tests/data/chat_templates/, written by
+// scripts/chat_template_reference.py). Parsing happens once, in the constructor; every syntax
+// error, unknown tag, filter or test is an edl::Error there, naming the line. Rendering errors
+// (undefined misuse, type errors, sandbox violations, raise_exception) are edl::Errors too.
+//
+//   edl::chat::jinja::Template t("{% for m in messages %}{{ m.content }}{% endfor %}");
+//   std::string s = t.render({{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+
+// #include <edl/chat/jinja/builtins.hpp>
+// edl/chat/jinja/builtins.hpp
+// jinja2's built-in filters and tests, and the Python str/dict/list methods templates call.
+//
+// Each one follows jinja2 3.1 (filters.py, tests.py) and CPython, including their corners:
+// `|sort`, `|unique`, `|min` ignore case unless told otherwise, `|title` splits words at
+// -({[< and whitespace while str.title() splits at any non-letter, `|first` of an empty list
+// is Undefined, `|length` of a generator is a TypeError. `tojson` is transformers' override
+// (json.dumps with ensure_ascii=False), not jinja2's HTML-safe one. Filters jinja2 has but
+// chat templates do not use (groupby, truncate, wordwrap, urlize, ...) are not provided, so a
+// template naming one fails at construction instead of rendering differently.
+
+// // #include <edl/chat/jinja/evaluator.hpp> (inlined above)
+// edl/chat/jinja/evaluator.hpp
+// Renders a parsed template: scopes, operators, filters, tests and Python methods.
+//
+// Everything here mirrors what jinja2 does inside transformers' ImmutableSandboxedEnvironment:
+//  - scopes: a for loop body gets a fresh scope per iteration (assignments do not survive the
+//    iteration, let alone the loop), `if` does not open a scope, macros see the variables of
+//    the scope that defined them as they are when called, and `namespace()` objects are the
+//    only way to carry state out of a loop;
+//  - the sandbox: no method that mutates a list or dict may be called (`xs.append` is an
+//    "unsafe" Undefined whose call is a SecurityError), ranges are capped at 100000;
+//  - filters that return Python generators (select, map, items, unique, batch ...) return
+//    one-shot generators here too: always true, no len(), exhausted after one pass.
+// Bounded work: macro recursion depth, nesting of values and the number of executed steps are
+// limited so that no input can crash or hang the process.
+
+// // #include <edl/chat/jinja/parser.hpp> (inlined above)
+// edl/chat/jinja/parser.hpp
+// Tokens to a syntax tree, following jinja2's grammar and operator precedence.
+//
+// The precedence climb mirrors jinja2's parser function for function (condexpr, or, and, not,
+// compare, + -, ~, * / // %, **, unary, postfix, filters and tests), because templates rely on
+// its quirks: a filter binds tighter than any operator (`'a' + x|trim` trims only x), `-2 ** 2`
+// is 4, and `for x in xs if cond` parses the `if` as a loop filter, not a conditional.
+// Unknown tags, unclosed blocks and malformed expressions are errors here, at construction,
+// naming the line; so are tags that need a loader (include, import, extends) or call blocks.
+
+// // #include <edl/chat/jinja/lexer.hpp> (inlined above)
+// edl/chat/jinja/lexer.hpp
+// Template source to tokens, with jinja2's whitespace rules as transformers configures them.
+//
+// transformers renders chat templates with trim_blocks=True and lstrip_blocks=True, and the
+// exact whitespace of a prompt decides its tokens, so this follows jinja2's lexer rule by rule:
+//  - newlines are normalised to '\n' and one trailing newline of the source is dropped
+//    (keep_trailing_newline=False);
+//  - `{%-`, `{{-`, `{#-` strip all whitespace before the tag, `-%}`, `-}}`, `-#}` all after it;
+//  - lstrip_blocks removes spaces and tabs between a line start and `{%` or `{#` (not `{{`),
+//    unless the tag is written `{%+`;
+//  - trim_blocks removes the single newline right after `%}` or `#}` (not `}}`, not
+//    `{% raw %}`), unless the tag ends `+%}`.
+// `{% raw %}...{% endraw %}` is resolved here, as jinja2 does, and comments are dropped.
+
+// // // // #include <edl/chat/jinja/value.hpp> (inlined above) (inlined above) (inlined above)
+// edl/chat/jinja/value.hpp
+// The values a chat template computes with, with Python's semantics.
+//
+// Chat templates are Python jinja2 programs, so every value here behaves as the Python object
+// jinja2 would hold: `str(1.0)` is "1.0", `[1, 'a']` prints as "[1, 'a']", empty containers
+// are false, `1 == 1.0 == True`, and a missing variable is jinja2's default `Undefined`
+// (prints as "", is false and iterates as empty, but raises on arithmetic, attributes and
+// calls). Strings are UTF-8 but measured, indexed and sliced in code points as Python does.
+// Containers are shared and never mutated once built, which is all the immutable sandbox of
+// transformers allows; the only mutable objects are namespaces and one-shot generators.
+
+// // // // // #include <edl/core/error.hpp> (inlined above) (inlined above) (inlined above) (inlined above) (inlined above)
+
+#include <nlohmann/json.hpp>
+#include <unicode/uchar.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace edl::chat::jinja {
+
+class Value;
+struct Object;
+
+namespace detail {
+
+/// What went wrong while rendering, before the renderer adds the template line. `kind` is the
+/// Python exception jinja2 would raise, so messages read like the Python ones.
+struct RenderFailure {
+  enum Kind { type_error, undefined_error, security_error, value_error, raised, limit } kind;
+  std::string message;
+};
+
+[[noreturn]] inline void fail(RenderFailure::Kind kind, std::string message) {
+  throw RenderFailure{kind, std::move(message)};
+}
+[[noreturn]] inline void type_error(std::string message) {
+  fail(RenderFailure::type_error, std::move(message));
+}
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8 <-> code points. Invalid bytes decode to U+DC80..U+DCFF (Python's surrogateescape) and
+// encode back to the same byte, so a template never loses or invents bytes.
+
+inline std::u32string decode_utf8(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    char32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    bool ok = len > 0 && i + len <= s.size();
+    for (int k = 1; ok && k < len; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+               cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)))
+      ok = false;
+    if (!ok) {
+      out.push_back(0xDC00 + c);
+      ++i;
+    } else {
+      out.push_back(cp);
+      i += static_cast<std::size_t>(len);
+    }
+  }
+  return out;
+}
+
+inline void append_utf8(std::string& out, char32_t cp) {
+  if (cp >= 0xDC80 && cp <= 0xDCFF) {
+    out.push_back(static_cast<char>(cp - 0xDC00));
+  } else if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+inline std::string encode_utf8(std::u32string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char32_t c : s) append_utf8(out, c);
+  return out;
+}
+
+/// Number of code points, Python's len(str).
+inline std::size_t utf8_length(std::string_view s) {
+  for (char ch : s)
+    if (static_cast<unsigned char>(ch) >= 0x80) return decode_utf8(s).size();
+  return s.size();
+}
+
+/// Python's str.isspace for one code point.
+inline bool is_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// Case mapping is ICU's (Unicode's simple mappings, code point by code point), as Python's
+// str methods use the Unicode database.
+inline char32_t to_upper(char32_t c) { return static_cast<char32_t>(u_toupper(static_cast<UChar32>(c))); }
+inline char32_t to_lower(char32_t c) { return static_cast<char32_t>(u_tolower(static_cast<UChar32>(c))); }
+
+inline bool is_upper(char32_t c) { return to_lower(c) != c; }
+inline bool is_lower(char32_t c) { return to_upper(c) != c; }
+inline bool is_alpha(char32_t c) { return u_isalpha(static_cast<UChar32>(c)) != 0; }  // Python: categories L*
+inline bool is_digit(char32_t c) { return c >= '0' && c <= '9'; }
+/// Python's \w in a str pattern (letters, digits, '_'), for `wordcount`.
+inline bool is_word(char32_t c) { return c == '_' || u_isalnum(static_cast<UChar32>(c)) != 0; }
+
+/// Python's str.isprintable for one code point (used by repr): control, format and separator
+/// characters other than the space are escaped.
+inline bool is_printable(char32_t c) {
+  if (c < 0x20 || c == 0x7F) return false;
+  if (c >= 0x80 && c <= 0xA0) return false;
+  if (c == 0xAD || c == 0x1680 || (c >= 0x2000 && c <= 0x200F) || (c >= 0x2028 && c <= 0x202F) ||
+      (c >= 0x205F && c <= 0x2064) || (c >= 0x2066 && c <= 0x206F) || c == 0x3000 ||
+      c == 0xFEFF || (c >= 0xD800 && c <= 0xDFFF) || (c >= 0xE000 && c <= 0xF8FF) ||
+      (c >= 0xFFF9 && c <= 0xFFFB) || c == 0x61C || c == 0x180E)
+    return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers printed as Python prints them.
+
+/// repr(float): the shortest digits that round-trip, in fixed notation for 1e-4 <= |x| < 1e16
+/// and scientific otherwise, always with a '.0' or an exponent so it reads as a float.
+inline std::string float_repr(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (x == 0) return std::signbit(x) ? "-0.0" : "0.0";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // e.g. "-1.2345e+02"
+  bool neg = sci[0] == '-';
+  if (neg) sci.erase(0, 1);
+  auto epos = sci.find('e');
+  std::string digits = sci.substr(0, epos);
+  int exp = std::stoi(sci.substr(epos + 1));
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  std::string out = neg ? "-" : "";
+  if (exp >= -5 + 1 && exp < 16) {  // Python uses fixed notation for -4 <= exp < 16
+    if (exp < 0) {
+      out += "0.";
+      out.append(static_cast<std::size_t>(-exp - 1), '0');
+      out += digits;
+    } else if (static_cast<int>(digits.size()) <= exp + 1) {
+      out += digits;
+      out.append(static_cast<std::size_t>(exp + 1 - static_cast<int>(digits.size())), '0');
+      out += ".0";
+    } else {
+      out += digits.substr(0, static_cast<std::size_t>(exp + 1));
+      out += '.';
+      out += digits.substr(static_cast<std::size_t>(exp + 1));
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) {
+    out += '.';
+    out += digits.substr(1);
+  }
+  char eb[16];
+  std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+  return out + eb;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+
+enum class Kind : std::uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Iterator, Object };
+
+/// Which Python sequence a List value stands for: they differ in repr and equality only.
+enum class SeqKind : std::uint8_t { List, Tuple, DictKeys, DictValues, DictItems };
+
+struct ListData;
+struct DictData;
+struct IterData;
+
+/// One value of a template. Copies are cheap: payloads are shared, and shared payloads are
+/// never changed (except a Namespace's attributes and a generator's position, as in Python).
+class Value {
+ public:
+  Value() = default;  // Undefined with no hint
+  Value(std::nullptr_t) : kind_(Kind::None) {}
+  Value(bool b) : kind_(Kind::Bool) { num_.b = b; }
+  Value(int v) : Value(static_cast<std::int64_t>(v)) {}
+  Value(std::int64_t v) : kind_(Kind::Int) { num_.i = v; }
+  Value(double v) : kind_(Kind::Float) { num_.f = v; }
+  Value(std::string s, bool markup = false)
+      : kind_(Kind::String), markup_(markup), ptr_(std::make_shared<std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
+  Value(std::vector<Value> items, SeqKind kind = SeqKind::List);
+  Value(std::shared_ptr<DictData> d) : kind_(Kind::Dict), ptr_(std::move(d)) {}
+  Value(std::shared_ptr<IterData> it) : kind_(Kind::Iterator), ptr_(std::move(it)) {}
+  Value(std::shared_ptr<Object> o) : kind_(Kind::Object), ptr_(std::move(o)) {}
+
+  /// jinja2's Undefined. `hint` is the error message used when the value is misused; an
+  /// `unsafe` one stands for an attribute the sandbox refused (calling it is a SecurityError).
+  static Value undefined(std::string hint, bool unsafe = false) {
+    Value v;
+    v.ptr_ = std::make_shared<std::string>(std::move(hint));
+    v.markup_ = unsafe;
+    return v;
+  }
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::Undefined; }
+  bool is_none() const { return kind_ == Kind::None; }
+  bool is_bool() const { return kind_ == Kind::Bool; }
+  bool is_int() const { return kind_ == Kind::Int; }
+  bool is_float() const { return kind_ == Kind::Float; }
+  /// Python's numbers include bool.
+  bool is_number() const { return kind_ == Kind::Bool || kind_ == Kind::Int || kind_ == Kind::Float; }
+  /// int or bool, Python's `isinstance(x, int)`.
+  bool is_integral() const { return kind_ == Kind::Bool || kind_ == Kind::Int; }
+  bool is_string() const { return kind_ == Kind::String; }
+  bool is_list() const { return kind_ == Kind::List; }
+  bool is_dict() const { return kind_ == Kind::Dict; }
+  bool is_iterator() const { return kind_ == Kind::Iterator; }
+  bool is_object() const { return kind_ == Kind::Object; }
+  bool is_markup() const { return kind_ == Kind::String && markup_; }
+  bool is_unsafe() const { return kind_ == Kind::Undefined && markup_; }
+
+  bool as_bool() const { return num_.b; }
+  std::int64_t as_int() const { return kind_ == Kind::Bool ? (num_.b ? 1 : 0) : num_.i; }
+  double as_float() const { return kind_ == Kind::Float ? num_.f : static_cast<double>(as_int()); }
+  const std::string& str() const { return *static_cast<const std::string*>(ptr_.get()); }
+  const std::string& undefined_hint() const {
+    static const std::string none;
+    return ptr_ ? *static_cast<const std::string*>(ptr_.get()) : none;
+  }
+  const ListData& list() const { return *static_cast<const ListData*>(ptr_.get()); }
+  const DictData& dict() const { return *static_cast<const DictData*>(ptr_.get()); }
+  IterData& iter() const { return *static_cast<IterData*>(ptr_.get()); }
+  Object& object() const { return *static_cast<Object*>(ptr_.get()); }
+  const void* identity() const { return ptr_.get(); }
+
+ private:
+  Kind kind_ = Kind::Undefined;
+  bool markup_ = false;  // String: a markupsafe.Markup; Undefined: refused by the sandbox
+  union {
+    bool b;
+    std::int64_t i;
+    double f;
+  } num_{};
+  std::shared_ptr<void> ptr_;  // payload by kind; shared payloads are treated as immutable
+};
+
+struct ListData {
+  std::vector<Value> items;
+  SeqKind kind = SeqKind::List;
+};
+
+/// A Python dict: insertion-ordered; keys compare with Python's == (so 1, 1.0 and True are
+/// one key). Lookup is linear, which is fastest for the few keys a message or tool has.
+struct DictData {
+  std::vector<std::pair<Value, Value>> items;
+  const Value* find(const Value& key) const;
+  void set(Value key, Value value);
+};
+
+/// A one-shot Python generator (what select, map, items ... return): truthy even when empty,
+/// without len(), and exhausted once iterated.
+struct IterData {
+  std::vector<Value> items;
+  std::size_t pos = 0;
+  std::string type_name = "generator";
+};
+
+inline Value::Value(std::vector<Value> items, SeqKind kind)
+    : kind_(Kind::List), ptr_(std::make_shared<ListData>(ListData{std::move(items), kind})) {}
+
+inline Value make_dict(std::vector<std::pair<Value, Value>> items = {}) {
+  auto d = std::make_shared<DictData>();
+  for (auto& [k, v] : items) d->set(std::move(k), std::move(v));
+  return Value(std::move(d));
+}
+
+inline Value make_generator(std::vector<Value> items, std::string type_name = "generator") {
+  auto it = std::make_shared<IterData>();
+  it->items = std::move(items);
+  it->type_name = std::move(type_name);
+  return Value(std::move(it));
+}
+
+/// Positional and keyword arguments of one call, with the template line for messages.
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  int line = 0;
+
+  /// Argument `i` or keyword `name`, else `def`; a name given both ways is a TypeError.
+  Value get(std::size_t i, std::string_view name, Value def = Value()) {
+    for (auto& [k, v] : kw)
+      if (k == name) {
+        if (i < pos.size())
+          detail::type_error("got multiple values for argument '" + std::string(name) + "'");
+        used_kw.push_back(k);
+        return v;
+      }
+    if (i < pos.size()) return pos[i];
+    return def;
+  }
+  bool has(std::size_t i, std::string_view name) const {
+    if (i < pos.size()) return true;
+    for (auto& [k, v] : kw)
+      if (k == name) return true;
+    return false;
+  }
+  /// Refuses extra positional or unknown keyword arguments, as Python would.
+  void check(std::string_view fn, std::size_t max_pos) const {
+    if (pos.size() > max_pos)
+      detail::type_error(std::string(fn) + "() takes at most " + std::to_string(max_pos) +
+                         " positional argument(s) (" + std::to_string(pos.size()) + " given)");
+    for (auto& [k, v] : kw)
+      if (std::find(used_kw.begin(), used_kw.end(), k) == used_kw.end())
+        detail::type_error(std::string(fn) + "() got an unexpected keyword argument '" + k + "'");
+  }
+  std::vector<std::string> used_kw;
+};
+
+/// Objects with attributes or a call: namespaces, loop contexts, functions, methods, macros.
+struct Object {
+  virtual ~Object() = default;
+  virtual std::string type_name() const = 0;
+  virtual std::string repr(int /*depth*/) const { return "<" + type_name() + " object>"; }
+  /// The attribute, or nullopt when there is none (the caller makes the Undefined).
+  virtual std::optional<Value> attr(std::string_view) const { return std::nullopt; }
+  virtual bool callable() const { return false; }
+  virtual Value call(Args&) { detail::type_error("'" + type_name() + "' object is not callable"); }
+};
+
+namespace detail {
+
+/// Python's repr of a str (single quotes unless the text has ' and no ").
+inline std::string py_str_repr(std::string_view s) {
+  bool has_sq = s.find('\'') != std::string_view::npos;
+  bool has_dq = s.find('"') != std::string_view::npos;
+  char q = (has_sq && !has_dq) ? '"' : '\'';
+  std::string out(1, q);
+  for (char32_t c : decode_utf8(s)) {
+    if (c == static_cast<char32_t>(q) || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (!is_printable(c) || (c >= 0xDC80 && c <= 0xDCFF)) {
+      char buf[16];
+      if (c < 0x100) std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
+      else if (c < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      else std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      append_utf8(out, c);
+    }
+  }
+  out += q;
+  return out;
+}
+
+inline constexpr int max_nesting = 512;  // deeper values are refused rather than recursed into
+
+}  // namespace detail
+
+/// Python's type name of a value, for messages ("'int' object is not iterable").
+inline std::string type_name(const Value& v) {
+  switch (v.kind()) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::None: return "NoneType";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::String: return v.is_markup() ? "Markup" : "str";
+    case Kind::List:
+      switch (v.list().kind) {
+        case SeqKind::List: return "list";
+        case SeqKind::Tuple: return "tuple";
+        case SeqKind::DictKeys: return "dict_keys";
+        case SeqKind::DictValues: return "dict_values";
+        case SeqKind::DictItems: return "dict_items";
+      }
+      return "list";
+    case Kind::Dict: return "dict";
+    case Kind::Iterator: return v.iter().type_name;
+    case Kind::Object: return v.object().type_name();
+  }
+  return "object";
+}
+
+inline std::string repr(const Value& v, int depth = 0);
+
+/// str(v): what `{{ v }}` prints.
+inline std::string to_str(const Value& v) {
+  switch (v.kind()) {
+    case Kind::Undefined: return "";
+    case Kind::None: return "None";
+    case Kind::Bool: return v.as_bool() ? "True" : "False";
+    case Kind::Int: return std::to_string(v.as_int());
+    case Kind::Float: return detail::float_repr(v.as_float());
+    case Kind::String: return v.str();
+    default: return repr(v);
+  }
+}
+
+/// repr(v): how a value prints inside a container.
+inline std::string repr(const Value& v, int depth) {
+  if (depth > detail::max_nesting) detail::fail(detail::RenderFailure::limit, "value nested too deeply to print");
+  switch (v.kind()) {
+    case Kind::Undefined: return "Undefined";
+    case Kind::String:
+      return v.is_markup() ? "Markup(" + detail::py_str_repr(v.str()) + ")" : detail::py_str_repr(v.str());
+    case Kind::List: {
+      const auto& l = v.list();
+      std::string open = "[", close = "]";
+      switch (l.kind) {
+        case SeqKind::List: break;
+        case SeqKind::Tuple: open = "(", close = l.items.size() == 1 ? ",)" : ")"; break;
+        case SeqKind::DictKeys: open = "dict_keys([", close = "])"; break;
+        case SeqKind::DictValues: open = "dict_values([", close = "])"; break;
+        case SeqKind::DictItems: open = "dict_items([", close = "])"; break;
+      }
+      std::string out = open;
+      for (std::size_t i = 0; i < l.items.size(); ++i) {
+        if (i) out += ", ";
+        out += repr(l.items[i], depth + 1);
+      }
+      return out + close;
+    }
+    case Kind::Dict: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, val] : v.dict().items) {
+        if (!first) out += ", ";
+        first = false;
+        out += repr(k, depth + 1) + ": " + repr(val, depth + 1);
+      }
+      return out + "}";
+    }
+    case Kind::Iterator: return "<" + v.iter().type_name + " object>";
+    case Kind::Object: return v.object().repr(depth + 1);
+    default: return to_str(v);
+  }
+}
+
+/// Python truthiness.
+inline bool truthy(const Value& v) {
+  switch (v.kind()) {
+    case Kind::Undefined:
+    case Kind::None: return false;
+    case Kind::Bool: return v.as_bool();
+    case Kind::Int: return v.as_int() != 0;
+    case Kind::Float: return v.as_float() != 0.0;
+    case Kind::String: return !v.str().empty();
+    case Kind::List: return !v.list().items.empty();
+    case Kind::Dict: return !v.dict().items.empty();
+    default: return true;  // generators, namespaces, functions
+  }
+}
+
+/// Python's ==: numbers by value across bool/int/float, sequences of the same type element-wise,
+/// dicts regardless of order. Undefined equals only Undefined.
+inline bool equals(const Value& a, const Value& b, int depth = 0) {
+  if (depth > detail::max_nesting) detail::fail(detail::RenderFailure::limit, "value nested too deeply to compare");
+  if (a.is_number() && b.is_number()) {
+    if (a.is_float() || b.is_float()) return a.as_float() == b.as_float();
+    return a.as_int() == b.as_int();
+  }
+  if (a.kind() != b.kind()) return false;
+  switch (a.kind()) {
+    case Kind::Undefined:
+    case Kind::None: return true;
+    case Kind::String: return a.str() == b.str();
+    case Kind::List: {
+      const auto &x = a.list(), &y = b.list();
+      bool seq_a = x.kind == SeqKind::List || x.kind == SeqKind::Tuple;
+      if (x.kind != y.kind && !(x.kind == SeqKind::DictItems && y.kind == SeqKind::DictItems)) return false;
+      if (!seq_a && x.kind == SeqKind::DictValues) return a.identity() == b.identity();
+      if (x.items.size() != y.items.size()) return false;
+      for (std::size_t i = 0; i < x.items.size(); ++i)
+        if (!equals(x.items[i], y.items[i], depth + 1)) return false;
+      return true;
+    }
+    case Kind::Dict: {
+      const auto &x = a.dict(), &y = b.dict();
+      if (x.items.size() != y.items.size()) return false;
+      for (const auto& [k, v] : x.items) {
+        const Value* o = y.find(k);
+        if (!o || !equals(v, *o, depth + 1)) return false;
+      }
+      return true;
+    }
+    default: return a.identity() == b.identity();
+  }
+}
+
+inline const Value* DictData::find(const Value& key) const {
+  for (const auto& kv : items)
+    if (equals(kv.first, key)) return &kv.second;
+  return nullptr;
+}
+
+inline void DictData::set(Value key, Value value) {
+  for (auto& kv : items)
+    if (equals(kv.first, key)) {
+      kv.second = std::move(value);
+      return;
+    }
+  items.emplace_back(std::move(key), std::move(value));
+}
+
+/// Python's ordering (<): numbers, strings (by code point, which UTF-8 byte order preserves)
+/// and lists/tuples element by element. Anything else is a TypeError, as in Python.
+inline int compare(const Value& a, const Value& b, std::string_view op = "<") {
+  if (a.is_number() && b.is_number()) {
+    if (a.is_float() || b.is_float()) {
+      double x = a.as_float(), y = b.as_float();
+      return x < y ? -1 : (x > y ? 1 : 0);
+    }
+    return a.as_int() < b.as_int() ? -1 : (a.as_int() > b.as_int() ? 1 : 0);
+  }
+  if (a.is_string() && b.is_string()) {
+    int c = a.str().compare(b.str());
+    return c < 0 ? -1 : (c > 0 ? 1 : 0);
+  }
+  if (a.is_list() && b.is_list() && a.list().kind == b.list().kind &&
+      (a.list().kind == SeqKind::List || a.list().kind == SeqKind::Tuple)) {
+    const auto &x = a.list().items, &y = b.list().items;
+    for (std::size_t i = 0; i < x.size() && i < y.size(); ++i)
+      if (!equals(x[i], y[i])) return compare(x[i], y[i], op);
+    return x.size() < y.size() ? -1 : (x.size() > y.size() ? 1 : 0);
+  }
+  if (a.is_undefined()) detail::fail(detail::RenderFailure::undefined_error, a.undefined_hint());
+  if (b.is_undefined()) detail::fail(detail::RenderFailure::undefined_error, b.undefined_hint());
+  detail::type_error("'" + std::string(op) + "' not supported between instances of '" + type_name(a) +
+                     "' and '" + type_name(b) + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON in and out.
+
+/// Message, tool and context JSON as template values (objects keep their key order).
+inline Value from_json(const nlohmann::ordered_json& j, int depth = 0) {
+  if (depth > detail::max_nesting)
+    throw Error(errc::invalid_argument, "chat.jinja", "input JSON nested deeper than 512 levels");
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value(nullptr);
+    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<std::int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      auto u = j.get<std::uint64_t>();
+      if (u <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        return Value(static_cast<std::int64_t>(u));
+      return Value(static_cast<double>(u));
+    }
+    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      std::vector<Value> items;
+      items.reserve(j.size());
+      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
+      return Value(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      auto d = std::make_shared<DictData>();
+      d->items.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d->items.emplace_back(Value(it.key()), from_json(it.value(), depth + 1));
+      return Value(std::move(d));
+    }
+    default:
+      throw Error(errc::invalid_argument, "chat.jinja", "binary or discarded JSON values cannot be template data");
+  }
+}
+
+namespace detail {
+
+/// json.dumps's string escaping with ensure_ascii=False.
+inline void json_escape(std::string& out, std::string_view s) {
+  out += '"';
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+struct JsonStyle {
+  bool pretty = false;      // indent given (even 0 or "")
+  std::string indent;       // one level
+  std::string item_sep = ", ";
+  std::string key_sep = ": ";
+  bool sort_keys = false;
+};
+
+inline std::string json_float(double x) {
+  if (std::isnan(x)) return "NaN";
+  if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";
+  return float_repr(x);
+}
+
+inline std::string json_key(const Value& k) {
+  switch (k.kind()) {
+    case Kind::String: return k.str();
+    case Kind::Bool: return k.as_bool() ? "true" : "false";
+    case Kind::None: return "null";
+    case Kind::Int: return std::to_string(k.as_int());
+    case Kind::Float: return json_float(k.as_float());
+    default: type_error("keys must be str, int, float, bool or None, not " + type_name(k));
+  }
+}
+
+inline void dump_json(std::string& out, const Value& v, const JsonStyle& st, int level) {
+  if (level > max_nesting) fail(RenderFailure::limit, "value nested too deeply for tojson");
+  auto newline = [&](int l) {
+    out += '\n';
+    for (int i = 0; i < l; ++i) out += st.indent;
+  };
+  switch (v.kind()) {
+    case Kind::None: out += "null"; return;
+    case Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
+    case Kind::Int: out += std::to_string(v.as_int()); return;
+    case Kind::Float: out += json_float(v.as_float()); return;
+    case Kind::String: json_escape(out, v.str()); return;
+    case Kind::List: {
+      const auto& l = v.list();
+      if (l.kind != SeqKind::List && l.kind != SeqKind::Tuple) break;
+      if (l.items.empty()) {
+        out += "[]";
+        return;
+      }
+      out += '[';
+      for (std::size_t i = 0; i < l.items.size(); ++i) {
+        if (i) out += st.item_sep;
+        if (st.pretty) newline(level + 1);
+        dump_json(out, l.items[i], st, level + 1);
+      }
+      if (st.pretty) newline(level);
+      out += ']';
+      return;
+    }
+    case Kind::Dict: {
+      const auto& d = v.dict();
+      if (d.items.empty()) {
+        out += "{}";
+        return;
+      }
+      std::vector<std::pair<std::string, const Value*>> entries;
+      for (const auto& [k, val] : d.items) entries.emplace_back(json_key(k), &val);
+      if (st.sort_keys) {
+        for (const auto& [k, val] : d.items)
+          if (!k.is_string()) type_error("'<' not supported between dict keys of different types");
+        std::stable_sort(entries.begin(), entries.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+      }
+      out += '{';
+      bool first = true;
+      for (const auto& [k, val] : entries) {
+        if (!first) out += st.item_sep;
+        first = false;
+        if (st.pretty) newline(level + 1);
+        json_escape(out, k);
+        out += st.key_sep;
+        dump_json(out, *val, st, level + 1);
+      }
+      if (st.pretty) newline(level);
+      out += '}';
+      return;
+    }
+    case Kind::Undefined:
+      // json.dumps(Undefined) is a TypeError in Python; jinja2 reports what was undefined.
+      fail(RenderFailure::type_error, "Object of type Undefined is not JSON serializable");
+    default: break;
+  }
+  type_error("Object of type " + type_name(v) + " is not JSON serializable");
+}
+
+}  // namespace detail
+
+/// transformers' tojson: json.dumps(x, ensure_ascii=False, indent, separators, sort_keys).
+inline std::string to_json(const Value& v, const Value& indent = Value(nullptr),
+                           const Value& separators = Value(nullptr), bool sort_keys = false) {
+  detail::JsonStyle st;
+  if (!indent.is_none() && !indent.is_undefined()) {
+    st.pretty = true;
+    if (indent.is_string()) st.indent = indent.str();
+    else if (indent.is_integral()) st.indent.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, std::min<std::int64_t>(indent.as_int(), 256))), ' ');
+    else detail::type_error("tojson indent must be an int or a str, not " + type_name(indent));
+    st.item_sep = ",";
+  }
+  if (!separators.is_none() && !separators.is_undefined()) {
+    if (!separators.is_list() || separators.list().items.size() != 2 ||
+        !separators.list().items[0].is_string() || !separators.list().items[1].is_string())
+      detail::type_error("tojson separators must be a pair of strings");
+    st.item_sep = separators.list().items[0].str();
+    st.key_sep = separators.list().items[1].str();
+  }
+  st.sort_keys = sort_keys;
+  std::string out;
+  detail::dump_json(out, v, st, 0);
+  return out;
+}
+
+}  // namespace edl::chat::jinja
+// end of edl/chat/jinja/value.hpp
+// // // // #include <edl/core/error.hpp> (inlined above) (inlined above) (inlined above) (inlined above)
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace edl::chat::jinja {
+
+/// A template error found before rendering: bad syntax, an unknown tag, filter or test.
+[[noreturn]] inline void syntax_error(int line, const std::string& what, errc code = errc::format) {
+  throw Error(code, "chat.jinja line " + std::to_string(line), what);
+}
+
+namespace detail {
+
+struct Token {
+  enum Type { data, var_begin, var_end, block_begin, block_end, name, string, integer, floating, op, eof };
+  Type type = eof;
+  std::string text;  // data, name, decoded string, operator
+  std::int64_t ival = 0;
+  double fval = 0;
+  int line = 1;
+
+  bool is_op(std::string_view o) const { return type == op && text == o; }
+  bool is_name(std::string_view n) const { return type == name && text == n; }
+};
+
+inline std::string describe(const Token& t) {
+  switch (t.type) {
+    case Token::data: return "template data";
+    case Token::var_begin: return "'{{'";
+    case Token::var_end: return "end of print statement '}}'";
+    case Token::block_begin: return "'{%'";
+    case Token::block_end: return "end of statement block '%}'";
+    case Token::name: return "'" + t.text + "'";
+    case Token::string: return "string";
+    case Token::integer: return "integer";
+    case Token::floating: return "float";
+    case Token::op: return "'" + t.text + "'";
+    case Token::eof: return "end of template";
+  }
+  return "token";
+}
+
+class Lexer {
+ public:
+  explicit Lexer(std::string_view source) {
+    // jinja2 splits on \r\n, \r and \n and rejoins with \n, dropping one final empty line.
+    src_.reserve(source.size());
+    for (std::size_t i = 0; i < source.size(); ++i) {
+      if (source[i] == '\r') {
+        src_ += '\n';
+        if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+      } else {
+        src_ += source[i];
       }
     }
-    t.find_specials();
+    if (!src_.empty() && src_.back() == '\n') src_.pop_back();
+    for (std::size_t i = 0; i < src_.size(); ++i)
+      if (src_[i] == '\n') newlines_.push_back(i);
+  }
+
+  std::vector<Token> run() {
+    std::size_t pos = 0, n = src_.size();
+    bool line_starting = true;
+    while (pos < n) {
+      std::size_t p = pos;
+      while (p + 1 < n && !(src_[p] == '{' && (src_[p + 1] == '{' || src_[p + 1] == '%' || src_[p + 1] == '#'))) ++p;
+      if (p + 1 >= n) {
+        emit_data(src_.substr(pos), pos);
+        break;
+      }
+      char kind = src_[p + 1];
+      std::size_t q = p + 2;
+      char sign = 0;
+      if (q < n && (src_[q] == '-' || src_[q] == '+')) sign = src_[q++];
+
+      std::size_t raw_after = 0;  // end of `{% raw %}` when this tag is one
+      if (kind == '%') raw_after = match_raw_begin(q);
+
+      std::string text = src_.substr(pos, p - pos);
+      text = strip_before(text, sign, kind != '{', line_starting);
+      emit_data(std::move(text), pos);
+
+      if (kind == '#') {
+        pos = lex_comment(p, q, line_starting);
+      } else if (raw_after) {
+        pos = lex_raw(raw_after, line_starting);
+      } else {
+        pos = lex_tag(p, q, kind == '%', line_starting);
+      }
+    }
+    tokens_.push_back(Token{Token::eof, "", 0, 0, line_at(n)});
+    return std::move(tokens_);
+  }
+
+ private:
+  std::string src_;
+  std::vector<std::size_t> newlines_;  // positions of '\n', for line numbers
+  std::vector<Token> tokens_;
+
+  int line_at(std::size_t pos) const {
+    return 1 + static_cast<int>(std::lower_bound(newlines_.begin(), newlines_.end(), pos) - newlines_.begin());
+  }
+
+  void emit_data(std::string text, std::size_t pos) {
+    if (text.empty()) return;
+    tokens_.push_back(Token{Token::data, std::move(text), 0, 0, line_at(pos)});
+  }
+
+  bool ws_at(std::size_t i) const { return i < src_.size() && is_ws_byte(src_[i]); }
+  static bool is_ws_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+  /// Python's `\s*` from `i` (Unicode whitespace, as jinja2's patterns are str patterns).
+  std::size_t skip_ws(std::size_t i) const {
+    while (i < src_.size()) {
+      auto c = static_cast<unsigned char>(src_[i]);
+      if (c < 0x80) {
+        if (!is_space(c)) break;
+        ++i;
+        continue;
+      }
+      std::size_t len = (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      auto cps = decode_utf8(std::string_view(src_).substr(i, len));
+      if (cps.size() != 1 || !is_space(cps[0])) break;
+      i += len;
+    }
+    return i;
+  }
+
+  bool starts(std::size_t i, std::string_view s) const { return src_.compare(i, s.size(), s) == 0; }
+
+  /// The text before a tag after `-` (strip all whitespace) or lstrip_blocks (strip spaces
+  /// between the line start and a block or comment tag).
+  static std::string strip_before(const std::string& text, char sign, bool lstrip, bool line_starting) {
+    if (sign == '-') {
+      auto cps = decode_utf8(text);
+      std::size_t e = cps.size();
+      while (e > 0 && is_space(cps[e - 1])) --e;
+      return encode_utf8(std::u32string_view(cps).substr(0, e));
+    }
+    if (sign == '+' || !lstrip) return text;
+    std::size_t nl = text.rfind('\n');
+    std::size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
+    if (l_pos == 0 && !line_starting) return text;
+    if (l_pos >= text.size()) return text;  // `\s+` needs at least one character
+    for (char32_t c : decode_utf8(std::string_view(text).substr(l_pos)))
+      if (!is_space(c)) return text;
+    return text.substr(0, l_pos);
+  }
+
+  /// `{%(-|+|)\s*raw\s*(-%}\s*|%})`: returns the position after it, or 0.
+  std::size_t match_raw_begin(std::size_t q) const {
+    std::size_t r = skip_ws(q);
+    if (!starts(r, "raw")) return 0;
+    r = skip_ws(r + 3);
+    if (starts(r, "-%}")) return skip_ws(r + 3);
+    if (starts(r, "%}")) return r + 2;
+    return 0;
+  }
+
+  std::size_t lex_comment(std::size_t p, std::size_t q, bool& line_starting) {
+    std::size_t e = src_.find("#}", q);
+    if (e == std::string::npos) syntax_error(line_at(p), "missing end of comment tag '#}'");
+    std::size_t after = e + 2;
+    if (e > q && src_[e - 1] == '-') after = skip_ws(after);
+    else if (e > q && src_[e - 1] == '+') {
+    } else if (after < src_.size() && src_[after] == '\n') ++after;
+    line_starting = src_[after - 1] == '\n';
+    return after;
+  }
+
+  std::size_t lex_raw(std::size_t start, bool& line_starting) {
+    line_starting = src_[start - 1] == '\n';
+    for (std::size_t m = src_.find("{%", start); m != std::string::npos; m = src_.find("{%", m + 1)) {
+      std::size_t r = m + 2;
+      char sign = 0;
+      if (r < src_.size() && (src_[r] == '-' || src_[r] == '+')) sign = src_[r++];
+      r = skip_ws(r);
+      if (!starts(r, "endraw")) continue;
+      r = skip_ws(r + 6);
+      std::size_t after;
+      if (starts(r, "+%}")) after = r + 3;
+      else if (starts(r, "-%}")) after = skip_ws(r + 3);
+      else if (starts(r, "%}")) after = (r + 2 < src_.size() && src_[r + 2] == '\n') ? r + 3 : r + 2;
+      else continue;
+      emit_data(strip_before(src_.substr(start, m - start), sign, true, line_starting), start);
+      line_starting = src_[after - 1] == '\n';
+      return after;
+    }
+    syntax_error(line_at(start), "missing end of raw directive '{% endraw %}'");
+  }
+
+  std::size_t lex_tag(std::size_t p, std::size_t q, bool block, bool& line_starting) {
+    tokens_.push_back(Token{block ? Token::block_begin : Token::var_begin, "", 0, 0, line_at(p)});
+    std::string stack;  // open brackets; the tag cannot end inside them (as in jinja2)
+    std::size_t i = q, n = src_.size();
+    while (true) {
+      i = skip_ws(i);
+      if (i >= n)
+        syntax_error(line_at(p), block ? "unexpected end of template, expected end of statement block '%}'"
+                                       : "unexpected end of template, expected end of print statement '}}'");
+      int line = line_at(i);
+      if (stack.empty()) {
+        std::size_t after = 0;
+        if (block) {
+          if (starts(i, "-%}")) after = skip_ws(i + 3);
+          else if (starts(i, "+%}")) after = i + 3;
+          else if (starts(i, "%}")) after = (i + 2 < n && src_[i + 2] == '\n') ? i + 3 : i + 2;
+        } else {
+          if (starts(i, "-}}")) after = skip_ws(i + 3);
+          else if (starts(i, "}}")) after = i + 2;
+        }
+        if (after) {
+          tokens_.push_back(Token{block ? Token::block_end : Token::var_end, "", 0, 0, line});
+          line_starting = src_[after - 1] == '\n';
+          return after;
+        }
+      }
+      char c = src_[i];
+      if (c >= '0' && c <= '9') {
+        i = lex_number(i, line);
+      } else if (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+        std::size_t s = i;
+        while (i < n && (src_[i] == '_' || std::isalnum(static_cast<unsigned char>(src_[i])))) ++i;
+        tokens_.push_back(Token{Token::name, src_.substr(s, i - s), 0, 0, line});
+      } else if (c == '\'' || c == '"') {
+        i = lex_string(i, line);
+      } else {
+        static const char* two[] = {"//", "**", "==", "!=", ">=", "<="};
+        std::string op;
+        for (const char* t : two)
+          if (starts(i, t)) op = t;
+        if (op.empty()) {
+          if (std::string_view("+-/*%~[](){}><=.:|,;").find(c) == std::string_view::npos)
+            syntax_error(line, std::string("unexpected char '") + c + "'");
+          op = std::string(1, c);
+        }
+        if (op == "(" || op == "[" || op == "{") {
+          stack += op[0];
+        } else if (op == ")" || op == "]" || op == "}") {
+          char want = op == ")" ? '(' : op == "]" ? '[' : '{';
+          if (stack.empty()) syntax_error(line, "unexpected '" + op + "'");
+          if (stack.back() != want) {
+            char open = stack.back();
+            syntax_error(line, "unexpected '" + op + "', expected '" + (open == '(' ? ")" : open == '[' ? "]" : "}") + "'");
+          }
+          stack.pop_back();
+        }
+        tokens_.push_back(Token{Token::op, op, 0, 0, line});
+        i += op.size();
+      }
+    }
+  }
+
+  std::size_t lex_number(std::size_t i, int line) {
+    std::size_t n = src_.size(), s = i;
+    auto digits = [&](std::size_t j, auto pred) {
+      // (\d+_)*\d+ style runs: digits with single underscores between them
+      std::size_t k = j;
+      while (k < n && (pred(src_[k]) || (src_[k] == '_' && k + 1 < n && pred(src_[k + 1]) && k > j))) ++k;
+      return k;
+    };
+    auto dec = [](char ch) { return ch >= '0' && ch <= '9'; };
+    if (src_[i] == '0' && i + 1 < n && std::string_view("xXoObB").find(src_[i + 1]) != std::string_view::npos) {
+      int base = (src_[i + 1] == 'x' || src_[i + 1] == 'X') ? 16 : (src_[i + 1] == 'o' || src_[i + 1] == 'O') ? 8 : 2;
+      std::size_t k = i + 2;
+      std::string ds;
+      while (k < n) {
+        char ch = src_[k];
+        int d = dec(ch) ? ch - '0' : (ch >= 'a' && ch <= 'f') ? ch - 'a' + 10 : (ch >= 'A' && ch <= 'F') ? ch - 'A' + 10 : 99;
+        if (ch == '_') { ++k; continue; }
+        if (d >= base) break;
+        ds += ch;
+        ++k;
+      }
+      if (!ds.empty()) {
+        std::int64_t v = 0;
+        auto r = std::from_chars(ds.data(), ds.data() + ds.size(), v, base);
+        if (r.ec != std::errc()) syntax_error(line, "integer literal too large");
+        tokens_.push_back(Token{Token::integer, "", v, 0, line});
+        return k;
+      }
+    }
+    std::size_t k = digits(i, dec);
+    bool is_float = false;
+    bool after_dot = s > 0 && src_[s - 1] == '.';  // jinja2's (?<!\.): `x.1.2` is x[1][2]
+    if (!after_dot && k + 1 < n && src_[k] == '.' && dec(src_[k + 1])) {
+      k = digits(k + 1, dec);
+      is_float = true;
+    }
+    if (!after_dot && k < n && (src_[k] == 'e' || src_[k] == 'E')) {
+      std::size_t e = k + 1;
+      if (e < n && (src_[e] == '+' || src_[e] == '-')) ++e;
+      if (e < n && dec(src_[e])) {
+        k = digits(e, dec);
+        is_float = true;
+      }
+    }
+    std::string text;
+    for (std::size_t j = s; j < k; ++j)
+      if (src_[j] != '_') text += src_[j];
+    if (is_float) {
+      tokens_.push_back(Token{Token::floating, "", 0, std::strtod(text.c_str(), nullptr), line});
+    } else {
+      std::int64_t v = 0;
+      auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (r.ec != std::errc()) syntax_error(line, "integer literal too large: " + text);
+      tokens_.push_back(Token{Token::integer, "", v, 0, line});
+    }
+    return k;
+  }
+
+  /// A quoted string, decoded the way jinja2 does (Python's unicode-escape).
+  std::size_t lex_string(std::size_t i, int line) {
+    char q = src_[i];
+    std::size_t k = i + 1, n = src_.size();
+    while (k < n && src_[k] != q) k += src_[k] == '\\' ? 2 : 1;
+    if (k >= n) syntax_error(line, "unexpected end of string");
+    tokens_.push_back(Token{Token::string, unescape(std::string_view(src_).substr(i + 1, k - i - 1), line), 0, 0, line});
+    return k + 1;
+  }
+
+  static std::string unescape(std::string_view raw, int line) {
+    auto cps = decode_utf8(raw);
+    std::string out;
+    auto hex = [&](std::size_t at, int count) -> long {
+      long v = 0;
+      for (int d = 0; d < count; ++d) {
+        if (at + d >= cps.size()) return -1;
+        char32_t c = cps[at + d];
+        int x = (c >= '0' && c <= '9') ? int(c - '0') : (c >= 'a' && c <= 'f') ? int(c - 'a' + 10) : (c >= 'A' && c <= 'F') ? int(c - 'A' + 10) : -1;
+        if (x < 0) return -1;
+        v = v * 16 + x;
+      }
+      return v;
+    };
+    for (std::size_t i = 0; i < cps.size(); ++i) {
+      char32_t c = cps[i];
+      if (c != '\\') {
+        append_utf8(out, c);
+        continue;
+      }
+      if (i + 1 >= cps.size()) syntax_error(line, "string literal ends with a backslash");
+      char32_t e = cps[++i];
+      switch (e) {
+        case '\n': break;
+        case '\\': out += '\\'; break;
+        case '\'': out += '\''; break;
+        case '"': out += '"'; break;
+        case 'a': out += '\a'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'v': out += '\v'; break;
+        case 'x':
+        case 'u':
+        case 'U': {
+          int count = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          long v = hex(i + 1, count);
+          if (v < 0 || v > 0x10FFFF) syntax_error(line, "truncated or invalid \\" + std::string(1, char(e)) + " escape in string literal");
+          append_utf8(out, static_cast<char32_t>(v));
+          i += static_cast<std::size_t>(count);
+          break;
+        }
+        case 'N': syntax_error(line, "\\N{...} escapes in string literals are not supported", errc::unsupported);
+        default:
+          if (e >= '0' && e <= '7') {
+            int v = int(e - '0');
+            for (int d = 0; d < 2 && i + 1 < cps.size() && cps[i + 1] >= '0' && cps[i + 1] <= '7'; ++d) v = v * 8 + int(cps[++i] - '0');
+            append_utf8(out, static_cast<char32_t>(v));
+          } else if (e >= 0x80) {
+            // jinja2 first applies backslashreplace, so `\é` becomes the text `\xe9`.
+            char buf[16];
+            if (e < 0x100) std::snprintf(buf, sizeof buf, "\\x%02x", unsigned(e));
+            else if (e < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(e));
+            else std::snprintf(buf, sizeof buf, "\\U%08x", unsigned(e));
+            out += buf;
+          } else {
+            out += '\\';
+            append_utf8(out, e);
+          }
+      }
+    }
+    return out;
+  }
+};
+
+}  // namespace detail
+}  // namespace edl::chat::jinja
+// end of edl/chat/jinja/lexer.hpp
+// // // #include <edl/chat/jinja/value.hpp> (inlined above) (inlined above) (inlined above)
+// // // #include <edl/core/error.hpp> (inlined above) (inlined above) (inlined above)
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace edl::chat::jinja::detail {
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct Expr {
+  enum class K { Const, Name, List, Tuple, Dict, Getattr, Getitem, Slice, Call, Filter, Test,
+                 Neg, Pos, Not, Binary, Compare, And, Or, Concat, Cond };
+  K k;
+  int line = 0;
+  Value value;                  // Const
+  std::string name;             // Name, Getattr, Filter, Test, Binary operator
+  ExprPtr a, b, c;              // operands; Cond: a = then, b = condition, c = else
+  std::vector<ExprPtr> args;    // items, call arguments, Concat parts, Compare operands,
+                                // Dict keys and values interleaved, Slice start/stop/step
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  std::vector<std::string> ops;  // Compare: "==", "in", "notin", ...
+};
+
+/// An assignment target: `x`, `ns.attr` or a (nested) tuple of names.
+struct Target {
+  std::string name, attr;
+  std::vector<Target> items;
+  bool is_tuple = false;
+};
+
+struct Node;
+using Body = std::vector<std::unique_ptr<Node>>;
+
+struct Node {
+  enum class K { Text, Print, If, For, Set, SetBlock, Macro, FilterBlock, With, Break, Continue, Generation };
+  K k;
+  int line = 0;
+  std::string text;                                   // Text; Macro name
+  ExprPtr expr;                                       // Print, Set value, For iterable
+  ExprPtr cond;                                       // For filter (`for x in xs if cond`)
+  ExprPtr filter;                                     // SetBlock, FilterBlock: filter chain on the body
+  std::vector<std::pair<ExprPtr, Body>> branches;     // If/elif
+  Body body, else_body;
+  Target target;                                      // For, Set, SetBlock
+  std::vector<std::pair<std::string, ExprPtr>> params;  // Macro parameters (default or null); With
+  bool recursive = false;
+  bool uses_varargs = false, uses_kwargs = false;
+};
+
+/// A filter or test the template names, checked against the built-in tables after parsing.
+struct NameRef {
+  std::string name;
+  int line;
+  bool is_test;
+};
+
+struct Program {
+  Body body;
+  std::vector<NameRef> refs;
+};
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
+
+  Program parse() {
+    Program p;
+    p.body = subparse({});
+    p.refs = std::move(refs_);
+    return p;
+  }
+
+ private:
+  static constexpr int max_depth = 200;  // nested expressions or blocks; deeper is refused
+
+  std::vector<Token> t_;
+  std::size_t i_ = 0;
+  int depth_ = 0;
+  int loop_depth_ = 0;
+  std::vector<NameRef> refs_;
+  std::vector<std::string> names_seen_;
+  struct Open { std::string tag; int line; std::vector<std::string> ends; };
+  std::vector<Open> open_;
+
+  struct DepthGuard {
+    Parser& p;
+    explicit DepthGuard(Parser& pp, int line) : p(pp) {
+      if (++p.depth_ > max_depth) syntax_error(line, "template nested too deeply (more than 200 levels)");
+    }
+    ~DepthGuard() { --p.depth_; }
+  };
+
+  const Token& cur() const { return t_[i_]; }
+  const Token& look(std::size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
+  const Token& next() {
+    const Token& t = t_[i_];
+    if (i_ + 1 < t_.size()) ++i_;
     return t;
   }
-
-  static ByteLevelBPE from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ojson j;
-    try {
-      j = ojson::parse(ss.str());
-    } catch (const std::exception& e) {
-      ::edl::detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
-    }
-    return from_json(j, path);
+  bool skip_op(std::string_view o) {
+    if (cur().is_op(o)) { next(); return true; }
+    return false;
+  }
+  bool skip_name(std::string_view n) {
+    if (cur().is_name(n)) { next(); return true; }
+    return false;
+  }
+  [[noreturn]] void fail(const std::string& what) const { syntax_error(cur().line, what); }
+  void expect_op(std::string_view o) {
+    if (!skip_op(o)) fail("expected '" + std::string(o) + "', got " + describe(cur()));
+  }
+  std::string expect_name() {
+    if (cur().type != Token::name) fail("expected a name, got " + describe(cur()));
+    return next().text;
+  }
+  void expect_block_end() {
+    if (cur().type != Token::block_end) fail("expected end of statement block '%}', got " + describe(cur()));
+    next();
   }
 
-  /// HF tokenizer.json (model BPE, byte-level pre-tokenizer and decoder).
-  ojson to_json() const {
-    ojson added = ojson::array();
-    ojson vocab = ojson::object();
-    for (std::size_t id = 0; id < tokens_.size(); ++id) {
-      if (!present_[id]) continue;
-      if (special_[id]) {
-        added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
-                         {"rstrip", false}, {"normalized", false}, {"special", true}});
-        vocab[tokens_[id]] = id;
+  static ExprPtr make(Expr::K k, int line) {
+    auto e = std::make_unique<Expr>();
+    e->k = k;
+    e->line = line;
+    return e;
+  }
+  static std::unique_ptr<Node> node(Node::K k, int line) {
+    auto n = std::make_unique<Node>();
+    n->k = k;
+    n->line = line;
+    return n;
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Statements
+
+  /// Parses until a block tag whose name is in `ends` (left as the current token) or the end.
+  Body subparse(const std::vector<std::string>& ends) {
+    Body body;
+    while (true) {
+      const Token& tok = cur();
+      if (tok.type == Token::data) {
+        auto n = node(Node::K::Text, tok.line);
+        n->text = tok.text;
+        next();
+        body.push_back(std::move(n));
+      } else if (tok.type == Token::var_begin) {
+        int line = next().line;
+        auto n = node(Node::K::Print, line);
+        n->expr = parse_tuple(false, true, {}, false);
+        if (cur().type != Token::var_end) fail("expected end of print statement '}}', got " + describe(cur()));
+        next();
+        body.push_back(std::move(n));
+      } else if (tok.type == Token::block_begin) {
+        next();
+        if (cur().type == Token::name)
+          for (const auto& e : ends)
+            if (cur().text == e) return body;
+        body.push_back(parse_statement());
+        expect_block_end();
       } else {
-        vocab[detail::bytes_to_unicode(tokens_[id])] = id;
+        if (!ends.empty()) {
+          const Open& o = open_.back();
+          syntax_error(tok.line, "unexpected end of template: the '" + o.tag + "' block opened on line " +
+                                     std::to_string(o.line) + " is not closed (expected " + list_ends(o.ends) + ")");
+        }
+        return body;
       }
     }
-    ojson merges = ojson::array();
-    for (const auto& [a, b] : merge_list_)
-      merges.push_back(detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(a)]) + " " +
-                       detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(b)]));
-    ojson j = ojson::object();
-    j["version"] = "1.0";
-    j["truncation"] = nullptr;
-    j["padding"] = nullptr;
-    j["added_tokens"] = added;
-    j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    j["post_processor"] = nullptr;
-    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                  {"byte_fallback", false}, {"ignore_merges", false},
-                  {"vocab", vocab},         {"merges", merges}};
-    return j;
   }
-  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
-  /// Token ids of `text` (no bos/eos added).
-  std::vector<std::int64_t> encode(std::string_view text) const {
-    std::vector<std::int64_t> out;
-    out.reserve(text.size());
-    auto byte = [&](unsigned char b) {
-      EDL_CHECK(byte_id_[b] >= 0, errc::invalid_argument, "ByteLevelBPE::encode", "byte ", static_cast<int>(b),
-                " has no token in this vocabulary");
-      return byte_id_[b];
-    };
-    if (merges_.empty()) {
-      for (unsigned char b : text) out.push_back(byte(b));
-      return out;
+  static std::string list_ends(const std::vector<std::string>& ends) {
+    std::string s;
+    for (std::size_t k = 0; k < ends.size(); ++k) s += (k ? " or '" : "'") + ends[k] + "'";
+    return s;
+  }
+
+  /// Parses a block body after its opening tag's header; the closing name stays current.
+  Body parse_statements(const std::string& tag, int line, std::vector<std::string> ends, bool drop_needle) {
+    expect_block_end();
+    DepthGuard g(*this, line);
+    open_.push_back(Open{tag, line, ends});
+    Body b = subparse(ends);
+    open_.pop_back();
+    if (drop_needle) next();
+    return b;
+  }
+
+  std::unique_ptr<Node> parse_statement() {
+    const Token& tok = cur();
+    if (tok.type != Token::name) fail("tag name expected, got " + describe(tok));
+    const std::string tag = tok.text;
+    int line = tok.line;
+    if (tag == "if") return parse_if();
+    if (tag == "for") return parse_for();
+    if (tag == "set") return parse_set();
+    if (tag == "macro") return parse_macro();
+    if (tag == "filter") return parse_filter_block();
+    if (tag == "with") return parse_with();
+    if (tag == "generation") {  // transformers' AssistantTracker: renders its body unchanged
+      next();
+      auto n = node(Node::K::Generation, line);
+      n->body = parse_statements(tag, line, {"endgeneration"}, true);
+      return n;
     }
-    std::vector<std::int64_t> sym;
-    detail::pretokenize(text, [&](std::string_view piece) {
-      sym.clear();
-      for (unsigned char b : piece) sym.push_back(byte(b));
-      while (sym.size() >= 2) {  // merge the lowest-rank pair, leftmost first
-        std::int64_t best_rank = std::numeric_limits<std::int64_t>::max(), best_id = -1;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto it = merges_.find(key(sym[i], sym[i + 1]));
-          if (it != merges_.end() && it->second.first < best_rank) {
-            best_rank = it->second.first;
-            best_id = it->second.second;
-            at = i;
-          }
-        }
-        if (best_id < 0) break;
-        const std::int64_t a = sym[at], b = sym[at + 1];
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < sym.size(); ++i) {
-          if (i >= at && i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { sym[o++] = best_id; ++i; }
-          else sym[o++] = sym[i];
-        }
-        sym.resize(o);
+    if (tag == "print") {
+      next();
+      auto n = node(Node::K::Print, line);
+      n->expr = parse_tuple(false, true, {}, false);
+      return n;
+    }
+    if (tag == "break" || tag == "continue") {
+      if (loop_depth_ == 0) syntax_error(line, "'" + tag + "' outside loop");
+      next();
+      return node(tag == "break" ? Node::K::Break : Node::K::Continue, line);
+    }
+    if (tag == "include" || tag == "import" || tag == "from" || tag == "extends" || tag == "block" ||
+        tag == "call" || tag == "autoescape")
+      syntax_error(line, "tag '" + tag + "' is not supported by edl's chat template engine", errc::unsupported);
+    std::string msg = "unknown tag '" + tag + "'";
+    if (!open_.empty())
+      msg += " (the innermost open block is '" + open_.back().tag + "' from line " +
+             std::to_string(open_.back().line) + ", closed by " + list_ends(open_.back().ends) + ")";
+    syntax_error(line, msg);
+  }
+
+  std::unique_ptr<Node> parse_if() {
+    auto n = node(Node::K::If, next().line);
+    int line = n->line;
+    while (true) {
+      ExprPtr test = parse_tuple(false, false, {}, false);
+      Body b = parse_statements("if", line, {"elif", "else", "endif"}, false);
+      n->branches.emplace_back(std::move(test), std::move(b));
+      const Token& t = next();
+      if (t.text == "elif") {
+        line = t.line;
+        continue;
       }
-      out.insert(out.end(), sym.begin(), sym.end());
-    });
+      if (t.text == "else") n->else_body = parse_statements("if", line, {"endif"}, true);
+      break;
+    }
+    return n;
+  }
+
+  std::unique_ptr<Node> parse_for() {
+    auto n = node(Node::K::For, next().line);
+    n->target = parse_assign_target(true, false, {"in"}, false);
+    if (!skip_name("in")) fail("expected 'in' in for loop, got " + describe(cur()));
+    n->expr = parse_tuple(false, false, {"recursive"}, false);
+    if (skip_name("if")) n->cond = parse_expression(true);
+    if (cur().is_name("recursive"))
+      syntax_error(cur().line, "recursive for loops are not supported", errc::unsupported);
+    ++loop_depth_;
+    n->body = parse_statements("for", n->line, {"endfor", "else"}, false);
+    --loop_depth_;
+    if (next().text == "else") n->else_body = parse_statements("for", n->line, {"endfor"}, true);
+    return n;
+  }
+
+  std::unique_ptr<Node> parse_set() {
+    int line = next().line;
+    Target target = parse_assign_target(true, false, {}, true);
+    if (skip_op("=")) {
+      auto n = node(Node::K::Set, line);
+      n->target = std::move(target);
+      n->expr = parse_tuple(false, true, {}, false);
+      return n;
+    }
+    auto n = node(Node::K::SetBlock, line);
+    if (!target.attr.empty() || target.is_tuple) syntax_error(line, "a block set needs a single name as its target");
+    n->target = std::move(target);
+    if (cur().is_op("|")) n->filter = parse_filter(nullptr, false);
+    n->body = parse_statements("set", line, {"endset"}, true);
+    return n;
+  }
+
+  std::unique_ptr<Node> parse_macro() {
+    auto n = node(Node::K::Macro, next().line);
+    n->text = expect_name();
+    expect_op("(");
+    bool defaults = false;
+    while (!cur().is_op(")")) {
+      if (!n->params.empty()) expect_op(",");
+      std::string p = expect_name();
+      ExprPtr def;
+      if (skip_op("=")) {
+        def = parse_expression(true);
+        defaults = true;
+      } else if (defaults) {
+        fail("non-default argument follows default argument");
+      }
+      n->params.emplace_back(std::move(p), std::move(def));
+    }
+    expect_op(")");
+    std::size_t mark = names_seen_.size();
+    int saved_loops = loop_depth_;
+    loop_depth_ = 0;
+    n->body = parse_statements("macro", n->line, {"endmacro"}, true);
+    loop_depth_ = saved_loops;
+    for (std::size_t k = mark; k < names_seen_.size(); ++k) {
+      if (names_seen_[k] == "varargs") n->uses_varargs = true;
+      if (names_seen_[k] == "kwargs") n->uses_kwargs = true;
+      if (names_seen_[k] == "caller") syntax_error(n->line, "macros using 'caller' need call blocks, which are not supported", errc::unsupported);
+    }
+    return n;
+  }
+
+  std::unique_ptr<Node> parse_filter_block() {
+    auto n = node(Node::K::FilterBlock, next().line);
+    n->filter = parse_filter(nullptr, true);
+    n->body = parse_statements("filter", n->line, {"endfilter"}, true);
+    return n;
+  }
+
+  std::unique_ptr<Node> parse_with() {
+    auto n = node(Node::K::With, next().line);
+    while (cur().type != Token::block_end) {
+      if (!n->params.empty()) expect_op(",");
+      std::string name = expect_name();
+      expect_op("=");
+      n->params.emplace_back(std::move(name), parse_expression(true));
+    }
+    n->body = parse_statements("with", n->line, {"endwith"}, true);
+    return n;
+  }
+
+  Target parse_assign_target(bool with_tuple, bool name_only, const std::vector<std::string>& extra_end,
+                             bool with_namespace) {
+    Target t;
+    if (with_namespace && cur().type == Token::name && look().is_op(".")) {
+      t.name = next().text;
+      next();
+      t.attr = expect_name();
+      return t;
+    }
+    if (name_only) {
+      t.name = expect_name();
+      return t;
+    }
+    int line = cur().line;
+    ExprPtr e = with_tuple ? parse_tuple(true, false, extra_end, false) : parse_primary();
+    return to_target(*e, line);
+  }
+
+  static Target to_target(const Expr& e, int line) {
+    Target t;
+    if (e.k == Expr::K::Name) {
+      t.name = e.name;
+      return t;
+    }
+    if (e.k == Expr::K::Tuple) {
+      t.is_tuple = true;
+      for (const auto& item : e.args) t.items.push_back(to_target(*item, line));
+      return t;
+    }
+    syntax_error(line, "can't assign to this expression (expected a name or a tuple of names)");
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Expressions
+
+  bool is_tuple_end(const std::vector<std::string>& extra_end) const {
+    const Token& t = cur();
+    if (t.type == Token::var_end || t.type == Token::block_end || t.is_op(")")) return true;
+    if (t.type == Token::name)
+      for (const auto& e : extra_end)
+        if (t.text == e) return true;
+    return false;
+  }
+
+  ExprPtr parse_tuple(bool simplified, bool with_condexpr, const std::vector<std::string>& extra_end,
+                      bool explicit_parens) {
+    int line = cur().line;
+    std::vector<ExprPtr> args;
+    bool is_tuple = false;
+    while (true) {
+      if (!args.empty()) expect_op(",");
+      if (is_tuple_end(extra_end)) break;
+      args.push_back(simplified ? parse_primary() : with_condexpr ? parse_expression(true) : parse_or());
+      if (cur().is_op(",")) is_tuple = true;
+      else break;
+    }
+    if (!is_tuple) {
+      if (!args.empty()) return std::move(args[0]);
+      if (!explicit_parens) fail("expected an expression, got " + describe(cur()));
+    }
+    auto e = make(Expr::K::Tuple, line);
+    e->args = std::move(args);
+    return e;
+  }
+
+  ExprPtr parse_expression(bool with_condexpr) {
+    DepthGuard g(*this, cur().line);
+    if (!with_condexpr) return parse_or();
+    ExprPtr e = parse_or();
+    while (cur().is_name("if")) {
+      int line = next().line;
+      auto c = make(Expr::K::Cond, line);
+      c->b = parse_or();
+      if (skip_name("else")) c->c = parse_expression(true);
+      c->a = std::move(e);
+      e = std::move(c);
+    }
+    return e;
+  }
+
+  ExprPtr parse_or() {
+    ExprPtr l = parse_and();
+    while (cur().is_name("or")) {
+      auto e = make(Expr::K::Or, next().line);
+      e->a = std::move(l);
+      e->b = parse_and();
+      l = std::move(e);
+    }
+    return l;
+  }
+
+  ExprPtr parse_and() {
+    ExprPtr l = parse_not();
+    while (cur().is_name("and")) {
+      auto e = make(Expr::K::And, next().line);
+      e->a = std::move(l);
+      e->b = parse_not();
+      l = std::move(e);
+    }
+    return l;
+  }
+
+  ExprPtr parse_not() {
+    if (cur().is_name("not")) {
+      DepthGuard g(*this, cur().line);
+      auto e = make(Expr::K::Not, next().line);
+      e->a = parse_not();
+      return e;
+    }
+    return parse_compare();
+  }
+
+  ExprPtr parse_compare() {
+    int line = cur().line;
+    ExprPtr first = parse_math1();
+    std::vector<std::string> ops;
+    std::vector<ExprPtr> rest;
+    while (true) {
+      const Token& t = cur();
+      if (t.type == Token::op && (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" ||
+                                  t.text == "<=" || t.text == ">=")) {
+        ops.push_back(next().text);
+      } else if (t.is_name("in")) {
+        next();
+        ops.push_back("in");
+      } else if (t.is_name("not") && look().is_name("in")) {
+        next();
+        next();
+        ops.push_back("notin");
+      } else {
+        break;
+      }
+      rest.push_back(parse_math1());
+    }
+    if (ops.empty()) return first;
+    auto e = make(Expr::K::Compare, line);
+    e->args.push_back(std::move(first));
+    for (auto& r : rest) e->args.push_back(std::move(r));
+    e->ops = std::move(ops);
+    return e;
+  }
+
+  ExprPtr binary(std::string op, ExprPtr l, ExprPtr r, int line) {
+    auto e = make(Expr::K::Binary, line);
+    e->name = std::move(op);
+    e->a = std::move(l);
+    e->b = std::move(r);
+    return e;
+  }
+
+  ExprPtr parse_math1() {
+    ExprPtr l = parse_concat();
+    while (cur().is_op("+") || cur().is_op("-")) {
+      const Token& t = next();
+      std::string op = t.text;
+      l = binary(op, std::move(l), parse_concat(), t.line);
+    }
+    return l;
+  }
+
+  ExprPtr parse_concat() {
+    int line = cur().line;
+    ExprPtr first = parse_math2();
+    if (!cur().is_op("~")) return first;
+    auto e = make(Expr::K::Concat, line);
+    e->args.push_back(std::move(first));
+    while (skip_op("~")) e->args.push_back(parse_math2());
+    return e;
+  }
+
+  ExprPtr parse_math2() {
+    ExprPtr l = parse_pow();
+    while (cur().is_op("*") || cur().is_op("/") || cur().is_op("//") || cur().is_op("%")) {
+      const Token& t = next();
+      std::string op = t.text;
+      l = binary(op, std::move(l), parse_pow(), t.line);
+    }
+    return l;
+  }
+
+  ExprPtr parse_pow() {
+    ExprPtr l = parse_unary(true);
+    while (cur().is_op("**")) {
+      int line = next().line;
+      l = binary("**", std::move(l), parse_unary(true), line);
+    }
+    return l;
+  }
+
+  ExprPtr parse_unary(bool with_filter) {
+    DepthGuard g(*this, cur().line);
+    ExprPtr n;
+    if (cur().is_op("-") || cur().is_op("+")) {
+      const Token& t = next();
+      n = make(t.text == "-" ? Expr::K::Neg : Expr::K::Pos, t.line);
+      n->a = parse_unary(false);
+    } else {
+      n = parse_primary();
+    }
+    n = parse_postfix(std::move(n));
+    if (with_filter) n = parse_filter_expr(std::move(n));
+    return n;
+  }
+
+  ExprPtr parse_primary() {
+    DepthGuard g(*this, cur().line);
+    const Token& t = cur();
+    int line = t.line;
+    if (t.type == Token::name) {
+      next();
+      auto e = make(Expr::K::Const, line);
+      if (t.text == "true" || t.text == "True") e->value = Value(true);
+      else if (t.text == "false" || t.text == "False") e->value = Value(false);
+      else if (t.text == "none" || t.text == "None") e->value = Value(nullptr);
+      else {
+        e->k = Expr::K::Name;
+        e->name = t.text;
+        names_seen_.push_back(t.text);
+      }
+      return e;
+    }
+    if (t.type == Token::string) {
+      std::string s;
+      while (cur().type == Token::string) s += next().text;
+      auto e = make(Expr::K::Const, line);
+      e->value = Value(std::move(s));
+      return e;
+    }
+    if (t.type == Token::integer || t.type == Token::floating) {
+      next();
+      auto e = make(Expr::K::Const, line);
+      e->value = t.type == Token::integer ? Value(t.ival) : Value(t.fval);
+      return e;
+    }
+    if (t.is_op("(")) {
+      next();
+      ExprPtr e = parse_tuple(false, true, {}, true);
+      expect_op(")");
+      return e;
+    }
+    if (t.is_op("[")) {
+      next();
+      auto e = make(Expr::K::List, line);
+      while (!cur().is_op("]")) {
+        if (!e->args.empty()) expect_op(",");
+        if (cur().is_op("]")) break;
+        e->args.push_back(parse_expression(true));
+      }
+      expect_op("]");
+      return e;
+    }
+    if (t.is_op("{")) {
+      next();
+      auto e = make(Expr::K::Dict, line);
+      while (!cur().is_op("}")) {
+        if (!e->args.empty()) expect_op(",");
+        if (cur().is_op("}")) break;
+        e->args.push_back(parse_expression(true));
+        expect_op(":");
+        e->args.push_back(parse_expression(true));
+      }
+      expect_op("}");
+      return e;
+    }
+    fail("unexpected " + describe(t));
+  }
+
+  ExprPtr parse_postfix(ExprPtr n) {
+    while (true) {
+      if (cur().is_op(".") || cur().is_op("[")) n = parse_subscript(std::move(n));
+      else if (cur().is_op("(")) n = parse_call(std::move(n));
+      else return n;
+    }
+  }
+
+  ExprPtr parse_filter_expr(ExprPtr n) {
+    while (true) {
+      if (cur().is_op("|")) n = parse_filter(std::move(n), false);
+      else if (cur().is_name("is")) n = parse_test(std::move(n));
+      else if (cur().is_op("(")) n = parse_call(std::move(n));
+      else return n;
+    }
+  }
+
+  ExprPtr parse_subscript(ExprPtr n) {
+    const Token& t = next();
+    int line = t.line;
+    if (t.text == ".") {
+      const Token& a = next();
+      if (a.type == Token::name) {
+        auto e = make(Expr::K::Getattr, line);
+        e->a = std::move(n);
+        e->name = a.text;
+        return e;
+      }
+      if (a.type != Token::integer) syntax_error(a.line, "expected name or number after '.'");
+      auto e = make(Expr::K::Getitem, line);
+      e->a = std::move(n);
+      e->b = make(Expr::K::Const, line);
+      e->b->value = Value(a.ival);
+      return e;
+    }
+    std::vector<ExprPtr> args;
+    while (!cur().is_op("]")) {
+      if (!args.empty()) expect_op(",");
+      args.push_back(parse_subscribed());
+    }
+    expect_op("]");
+    if (args.size() == 1 && args[0]->k == Expr::K::Slice) {
+      args[0]->a = std::move(n);
+      return std::move(args[0]);
+    }
+    auto e = make(Expr::K::Getitem, line);
+    e->a = std::move(n);
+    if (args.size() == 1) {
+      e->b = std::move(args[0]);
+    } else {
+      for (auto& x : args)
+        if (x->k == Expr::K::Slice) syntax_error(line, "multi-dimensional slices are not supported", errc::unsupported);
+      e->b = make(Expr::K::Tuple, line);
+      e->b->args = std::move(args);
+    }
+    return e;
+  }
+
+  ExprPtr parse_subscribed() {
+    int line = cur().line;
+    std::vector<ExprPtr> args;
+    if (cur().is_op(":")) {
+      next();
+      args.push_back(nullptr);
+    } else {
+      ExprPtr e = parse_expression(true);
+      if (!cur().is_op(":")) return e;
+      next();
+      args.push_back(std::move(e));
+    }
+    if (cur().is_op(":") || cur().is_op("]") || cur().is_op(",")) args.push_back(nullptr);
+    else args.push_back(parse_expression(true));
+    if (cur().is_op(":")) {
+      next();
+      if (cur().is_op("]") || cur().is_op(",")) args.push_back(nullptr);
+      else args.push_back(parse_expression(true));
+    } else {
+      args.push_back(nullptr);
+    }
+    auto s = make(Expr::K::Slice, line);
+    s->args = std::move(args);
+    return s;
+  }
+
+  void parse_call_args(Expr& e) {
+    expect_op("(");
+    while (!cur().is_op(")")) {
+      if (!e.args.empty() || !e.kwargs.empty()) {
+        expect_op(",");
+        if (cur().is_op(")")) break;
+      }
+      if (cur().is_op("*") || cur().is_op("**"))
+        syntax_error(cur().line, "*args and **kwargs in calls are not supported", errc::unsupported);
+      if (cur().type == Token::name && look().is_op("=")) {
+        std::string key = next().text;
+        next();
+        e.kwargs.emplace_back(std::move(key), parse_expression(true));
+      } else {
+        if (!e.kwargs.empty()) fail("positional argument follows keyword argument");
+        e.args.push_back(parse_expression(true));
+      }
+    }
+    expect_op(")");
+  }
+
+  ExprPtr parse_call(ExprPtr n) {
+    auto e = make(Expr::K::Call, cur().line);
+    e->a = std::move(n);
+    parse_call_args(*e);
+    return e;
+  }
+
+  std::string dotted_name() {
+    std::string name = expect_name();
+    while (cur().is_op(".")) {
+      next();
+      name += "." + expect_name();
+    }
+    return name;
+  }
+
+  ExprPtr parse_filter(ExprPtr n, bool start_inline) {
+    while (cur().is_op("|") || start_inline) {
+      if (!start_inline) next();
+      start_inline = false;
+      auto e = make(Expr::K::Filter, cur().line);
+      e->name = dotted_name();
+      refs_.push_back(NameRef{e->name, e->line, false});
+      e->a = std::move(n);
+      if (cur().is_op("(")) parse_call_args(*e);
+      n = std::move(e);
+    }
+    return n;
+  }
+
+  ExprPtr parse_test(ExprPtr n) {
+    int line = next().line;
+    bool negated = skip_name("not");
+    auto e = make(Expr::K::Test, line);
+    e->name = dotted_name();
+    refs_.push_back(NameRef{e->name, line, true});
+    e->a = std::move(n);
+    const Token& t = cur();
+    if (t.is_op("(")) {
+      parse_call_args(*e);
+    } else if ((t.type == Token::name || t.type == Token::string || t.type == Token::integer ||
+                t.type == Token::floating || t.is_op("[") || t.is_op("{")) &&
+               !t.is_name("else") && !t.is_name("or") && !t.is_name("and")) {
+      if (t.is_name("is")) fail("you cannot chain multiple tests with 'is'");
+      e->args.push_back(parse_postfix(parse_primary()));
+    }
+    if (!negated) return e;
+    auto nn = make(Expr::K::Not, line);
+    nn->a = std::move(e);
+    return nn;
+  }
+};
+
+}  // namespace edl::chat::jinja::detail
+// end of edl/chat/jinja/parser.hpp
+// // #include <edl/chat/jinja/value.hpp> (inlined above) (inlined above)
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace edl::chat::jinja {
+
+/// A function callable from templates (globals such as raise_exception, bound methods).
+struct Function : Object {
+  std::string name;
+  std::function<Value(Args&)> fn;
+  Function(std::string n, std::function<Value(Args&)> f) : name(std::move(n)), fn(std::move(f)) {}
+  std::string type_name() const override { return "builtin_function_or_method"; }
+  std::string repr(int) const override { return "<built-in function " + name + ">"; }
+  bool callable() const override { return true; }
+  Value call(Args& a) override { return fn(a); }
+};
+
+inline Value make_function(std::string name, std::function<Value(Args&)> fn) {
+  return Value(std::static_pointer_cast<Object>(std::make_shared<Function>(std::move(name), std::move(fn))));
+}
+
+/// jinja2's namespace(): the one object templates may assign attributes on.
+struct Namespace : Object {
+  DictData attrs;
+  std::string type_name() const override { return "Namespace"; }
+  std::string repr(int depth) const override {
+    auto d = std::make_shared<DictData>(attrs);
+    return "<Namespace " + jinja::repr(Value(d), depth) + ">";
+  }
+  std::optional<Value> attr(std::string_view name) const override {
+    if (const Value* v = attrs.find(Value(std::string(name)))) return *v;
+    return std::nullopt;
+  }
+};
+
+namespace detail {
+
+using Step = std::int64_t;
+
+inline Value int_value(std::int64_t v) { return Value(v); }
+inline Value size_value(std::size_t v) { return Value(static_cast<std::int64_t>(v)); }
+
+[[noreturn]] inline void undefined_error(const Value& u) {
+  if (u.is_unsafe()) fail(RenderFailure::security_error, u.undefined_hint());
+  fail(RenderFailure::undefined_error, u.undefined_hint().empty() ? "value is undefined" : u.undefined_hint());
+}
+
+inline std::string object_desc(const Value& v) {
+  if (v.is_none()) return "None";
+  return "'" + type_name(v) + " object'";
+}
+
+inline Value missing_attr(const Value& obj, std::string_view name) {
+  return Value::undefined(object_desc(obj) + " has no attribute '" + std::string(name) + "'");
+}
+
+inline Value unsafe_attr(const Value& obj, std::string_view name) {
+  return Value::undefined("access to attribute '" + std::string(name) + "' of '" + type_name(obj) + "' object is unsafe.", true);
+}
+
+struct Scope : std::enable_shared_from_this<Scope> {
+  std::vector<std::pair<std::string, Value>> vars;
+  std::shared_ptr<Scope> parent;
+
+  explicit Scope(std::shared_ptr<Scope> p = nullptr) : parent(std::move(p)) {}
+  const Value* lookup(std::string_view name) const {
+    for (const Scope* s = this; s; s = s->parent.get())
+      for (auto it = s->vars.rbegin(); it != s->vars.rend(); ++it)
+        if (it->first == name) return &it->second;
+    return nullptr;
+  }
+  void set(const std::string& name, Value v) {
+    for (auto& kv : vars)
+      if (kv.first == name) {
+        kv.second = std::move(v);
+        return;
+      }
+    vars.emplace_back(name, std::move(v));
+  }
+};
+using ScopePtr = std::shared_ptr<Scope>;
+
+// ---------------------------------------------------------------------------------------------
+// Strings in code points
+
+inline std::u32string u32(const Value& v) { return decode_utf8(v.str()); }
+inline Value str_value(std::u32string_view s, bool markup = false) { return Value(encode_utf8(s), markup); }
+
+inline std::u32string strip_cps(std::u32string s, const Value& chars, bool left, bool right) {
+  std::u32string set;
+  bool ws = chars.is_none() || chars.is_undefined();
+  if (!ws) {
+    if (!chars.is_string()) type_error("strip arg must be None or str");
+    set = decode_utf8(chars.str());
+  }
+  auto in = [&](char32_t c) { return ws ? is_space(c) : set.find(c) != std::u32string::npos; };
+  std::size_t b = 0, e = s.size();
+  if (left)
+    while (b < e && in(s[b])) ++b;
+  if (right)
+    while (e > b && in(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+inline std::string html_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '\'': out += "&#39;"; break;
+      case '"': out += "&#34;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+/// markupsafe's rule: combining Markup with a plain str escapes the str.
+inline std::string as_markup_text(const Value& v) { return v.is_markup() ? v.str() : html_escape(to_str(v)); }
+
+/// Python's str.splitlines() boundaries.
+inline bool is_line_break(char32_t c) {
+  return c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E ||
+         c == 0x85 || c == 0x2028 || c == 0x2029;
+}
+
+inline std::vector<std::u32string> split_lines(const std::u32string& s, bool keepends = false) {
+  std::vector<std::u32string> out;
+  std::size_t i = 0, start = 0;
+  while (i < s.size()) {
+    if (is_line_break(s[i])) {
+      std::size_t end = i;
+      if (s[i] == '\r' && i + 1 < s.size() && s[i + 1] == '\n') ++i;
+      ++i;
+      out.push_back(s.substr(start, (keepends ? i : end) - start));
+      start = i;
+    } else {
+      ++i;
+    }
+  }
+  if (start < s.size()) out.push_back(s.substr(start));
+  return out;
+}
+
+inline std::u32string py_upper(const std::u32string& s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (char32_t c : s) {
+    if (c == 0xDF) out += U"SS";  // German sharp s upper-cases to two letters in Python
+    else out += to_upper(c);
+  }
+  return out;
+}
+inline std::u32string py_lower(std::u32string s) {
+  for (auto& c : s) c = to_lower(c);
+  return s;
+}
+inline std::u32string py_capitalize(std::u32string s) {
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = i == 0 ? to_upper(s[i]) : to_lower(s[i]);
+  return s;
+}
+/// str.title(): a letter after a non-letter starts a word.
+inline std::u32string py_title_method(std::u32string s) {
+  bool prev_cased = false;
+  for (auto& c : s) {
+    bool cased = is_upper(c) || is_lower(c);
+    c = prev_cased ? to_lower(c) : to_upper(c);
+    prev_cased = cased;
+  }
+  return s;
+}
+/// jinja2's |title: words are split at runs of [-\s({\[<]; each piece is capitalised.
+inline std::u32string jinja_title(const std::u32string& s) {
+  auto sep = [](char32_t c) { return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_space(c); };
+  std::u32string out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = i;
+    bool in_sep = sep(s[i]);
+    while (j < s.size() && sep(s[j]) == in_sep) ++j;
+    std::u32string piece = s.substr(i, j - i);
+    if (in_sep) out += piece;
+    else {
+      out += to_upper(piece[0]);
+      out += py_lower(piece.substr(1));
+    }
+    i = j;
+  }
+  return out;
+}
+
+inline std::size_t cp_find(const std::u32string& hay, const std::u32string& needle, std::size_t from = 0) {
+  return hay.find(needle, from);
+}
+
+inline std::vector<Value> py_split(const std::u32string& s, const Value& sep, std::int64_t maxsplit, bool from_right) {
+  std::vector<std::u32string> parts;
+  if (sep.is_none() || sep.is_undefined()) {
+    // Whitespace split: runs of whitespace separate, leading/trailing whitespace ignored.
+    if (!from_right) {
+      std::size_t i = 0, n = s.size();
+      std::int64_t splits = 0;
+      while (true) {
+        while (i < n && is_space(s[i])) ++i;
+        if (i >= n) break;
+        if (maxsplit >= 0 && splits >= maxsplit) {  // the rest, trailing whitespace included
+          parts.push_back(s.substr(i));
+          break;
+        }
+        std::size_t j = i;
+        while (j < n && !is_space(s[j])) ++j;
+        parts.push_back(s.substr(i, j - i));
+        ++splits;
+        i = j;
+      }
+    } else {
+      std::ptrdiff_t i = static_cast<std::ptrdiff_t>(s.size()) - 1;
+      std::int64_t splits = 0;
+      while (true) {
+        while (i >= 0 && is_space(s[static_cast<std::size_t>(i)])) --i;
+        if (i < 0) break;
+        if (maxsplit >= 0 && splits >= maxsplit) {  // the rest, leading whitespace included
+          parts.push_back(s.substr(0, static_cast<std::size_t>(i) + 1));
+          break;
+        }
+        std::ptrdiff_t j = i;
+        while (j >= 0 && !is_space(s[static_cast<std::size_t>(j)])) --j;
+        parts.push_back(s.substr(static_cast<std::size_t>(j + 1), static_cast<std::size_t>(i - j)));
+        ++splits;
+        i = j;
+      }
+      std::reverse(parts.begin(), parts.end());
+    }
+  } else {
+    if (!sep.is_string()) type_error("must be str or None, not " + type_name(sep));
+    std::u32string d = decode_utf8(sep.str());
+    if (d.empty()) fail(RenderFailure::value_error, "empty separator");
+    if (!from_right) {
+      std::size_t start = 0;
+      std::int64_t splits = 0;
+      while (maxsplit < 0 || splits < maxsplit) {
+        std::size_t p = s.find(d, start);
+        if (p == std::u32string::npos) break;
+        parts.push_back(s.substr(start, p - start));
+        start = p + d.size();
+        ++splits;
+      }
+      parts.push_back(s.substr(start));
+    } else {
+      std::size_t end = s.size();
+      std::int64_t splits = 0;
+      while (maxsplit < 0 || splits < maxsplit) {
+        if (end < d.size()) break;
+        std::size_t p = s.rfind(d, end - d.size());
+        if (p == std::u32string::npos) break;
+        parts.push_back(s.substr(p + d.size(), end - p - d.size()));
+        end = p;
+        ++splits;
+      }
+      parts.push_back(s.substr(0, end));
+      std::reverse(parts.begin(), parts.end());
+    }
+  }
+  std::vector<Value> out;
+  for (auto& p : parts) out.push_back(str_value(p));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers
+
+inline std::int64_t checked(bool overflow, std::int64_t v) {
+  if (overflow) fail(RenderFailure::limit, "integer overflow (edl's template integers are 64-bit)");
+  return v;
+}
+
+/// a op b on 64-bit integers, refusing overflow (Python ints are unbounded; ours are not).
+inline std::int64_t int_arith(char op, std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  bool o = op == '+' ? __builtin_add_overflow(a, b, &r) : op == '-' ? __builtin_sub_overflow(a, b, &r)
+                                                                    : __builtin_mul_overflow(a, b, &r);
+  return checked(o, r);
+}
+
+inline std::int64_t py_floordiv(std::int64_t a, std::int64_t b) {
+  if (b == 0) fail(RenderFailure::value_error, "integer division or modulo by zero");
+  if (a == std::numeric_limits<std::int64_t>::min() && b == -1) checked(true, 0);
+  std::int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+inline std::int64_t py_mod(std::int64_t a, std::int64_t b) {
+  if (b == 0) fail(RenderFailure::value_error, "integer division or modulo by zero");
+  if (b == -1) return 0;
+  std::int64_t m = a % b;
+  if (m != 0 && ((m < 0) != (b < 0))) m += b;
+  return m;
+}
+/// CPython's float divmod.
+inline std::pair<double, double> py_float_divmod(double vx, double wx) {
+  if (wx == 0.0) fail(RenderFailure::value_error, "float division by zero");
+  double mod = std::fmod(vx, wx);
+  double div = (vx - mod) / wx;
+  if (mod != 0.0) {
+    if ((wx < 0) != (mod < 0)) {
+      mod += wx;
+      div -= 1.0;
+    }
+  } else {
+    mod = std::copysign(0.0, wx);
+  }
+  double floordiv;
+  if (div != 0.0) {
+    floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+  } else {
+    floordiv = std::copysign(0.0, vx / wx);
+  }
+  return {floordiv, mod};
+}
+
+/// Python's float(str): surrounding whitespace, underscores between digits, inf and nan.
+inline std::optional<double> parse_py_float(std::string_view text) {
+  auto cps = strip_cps(decode_utf8(text), Value(nullptr), true, true);
+  std::string s;
+  for (std::size_t i = 0; i < cps.size(); ++i) {
+    char32_t c = cps[i];
+    if (c >= 0x80) return std::nullopt;
+    if (c == '_') {
+      if (i == 0 || i + 1 >= cps.size() || !is_digit(cps[i - 1]) || !is_digit(cps[i + 1])) return std::nullopt;
+      continue;
+    }
+    s += static_cast<char>(c);
+  }
+  if (s.empty()) return std::nullopt;
+  std::string low;
+  for (char c : s) low += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string body = (low[0] == '+' || low[0] == '-') ? low.substr(1) : low;
+  if (body == "inf" || body == "infinity") return low[0] == '-' ? -INFINITY : INFINITY;
+  if (body == "nan") return NAN;
+  for (char c : body)
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == '+' || c == '-')) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// Python's int(str, base): whitespace, sign, underscores between digits; base 0 reads prefixes.
+inline std::optional<std::int64_t> parse_py_int(std::string_view text, int base) {
+  auto cps = strip_cps(decode_utf8(text), Value(nullptr), true, true);
+  std::string s;
+  for (char32_t c : cps) {
+    if (c >= 0x80) return std::nullopt;
+    s += static_cast<char>(c);
+  }
+  std::size_t i = 0;
+  bool neg = false;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  if (i + 1 < s.size() && s[i] == '0') {
+    char p = lower(s[i + 1]);
+    int pb = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (pb && (base == 0 || base == pb)) {
+      base = pb;
+      i += 2;
+      if (i < s.size() && s[i] == '_') ++i;
+    }
+  }
+  if (base == 0) base = 10;
+  if (i >= s.size()) return std::nullopt;
+  std::int64_t v = 0;
+  bool prev_digit = false;
+  for (; i < s.size(); ++i) {
+    char c = lower(s[i]);
+    if (c == '_') {
+      if (!prev_digit || i + 1 >= s.size()) return std::nullopt;
+      prev_digit = false;
+      continue;
+    }
+    int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'z') ? c - 'a' + 10 : 99;
+    if (d >= base) return std::nullopt;
+    if (__builtin_mul_overflow(v, base, &v) || __builtin_add_overflow(v, d, &v)) checked(true, 0);
+    prev_digit = true;
+  }
+  return neg ? -v : v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// printf-style and str.format formatting (the subset templates use).
+
+struct Spec {
+  char fill = ' ';
+  char align = 0;
+  char sign = '-';
+  bool alt = false, zero = false;
+  int width = -1, precision = -1;
+  char type = 0;
+};
+
+inline std::string pad(std::string body, const Spec& sp, char default_align) {
+  std::size_t len = utf8_length(body);
+  if (sp.width < 0 || len >= static_cast<std::size_t>(sp.width)) return body;
+  std::size_t n = static_cast<std::size_t>(sp.width) - len;
+  char al = sp.align ? sp.align : default_align;
+  if (al == '<') return body + std::string(n, sp.fill);
+  if (al == '^') return std::string(n / 2, sp.fill) + body + std::string(n - n / 2, sp.fill);
+  if (al == '=' && !body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' '))
+    return body.substr(0, 1) + std::string(n, sp.fill) + body.substr(1);
+  return std::string(n, sp.fill) + body;
+}
+
+inline std::string format_number(const Value& v, const Spec& sp) {
+  char t = sp.type;
+  std::string body;
+  if (t == 'd' || t == 'i' || t == 'u' || t == 'x' || t == 'X' || t == 'o' || t == 'b' || (t == 0 && v.is_integral())) {
+    if (!v.is_number()) type_error("%d format: a real number is required, not " + type_name(v));
+    std::int64_t x = v.is_float() ? static_cast<std::int64_t>(v.as_float()) : v.as_int();
+    bool neg = x < 0;
+    std::uint64_t ux = neg ? 0 - static_cast<std::uint64_t>(x) : static_cast<std::uint64_t>(x);
+    int base = (t == 'x' || t == 'X') ? 16 : t == 'o' ? 8 : t == 'b' ? 2 : 10;
+    std::string digits;
+    do {
+      int d = static_cast<int>(ux % static_cast<std::uint64_t>(base));
+      digits += static_cast<char>(d < 10 ? '0' + d : (t == 'X' ? 'A' : 'a') + d - 10);
+      ux /= static_cast<std::uint64_t>(base);
+    } while (ux);
+    std::reverse(digits.begin(), digits.end());
+    body = digits;
+    if (neg) body = "-" + body;
+    else if (sp.sign == '+') body = "+" + body;
+    else if (sp.sign == ' ') body = " " + body;
+  } else {
+    if (!v.is_number()) type_error("must be real number, not " + type_name(v));
+    double x = v.as_float();
+    int prec = sp.precision < 0 ? 6 : std::min(sp.precision, 100);
+    char buf[512];
+    char ct = t == 0 ? 'r' : t;
+    if (ct == 'r') {
+      body = float_repr(x);
+    } else {
+      if (ct != 'f' && ct != 'F' && ct != 'e' && ct != 'E' && ct != 'g' && ct != 'G' && ct != '%')
+        fail(RenderFailure::value_error, std::string("unsupported format character '") + ct + "'");
+      if (ct == '%') {
+        std::snprintf(buf, sizeof buf, "%.*f%%", prec, x * 100);
+      } else {
+        char fmt[8] = {'%', '.', '*', ct, 0};
+        std::snprintf(buf, sizeof buf, fmt, prec, x);
+      }
+      body = buf;
+    }
+    if (x >= 0 && sp.sign == '+') body = "+" + body;
+    else if (x >= 0 && sp.sign == ' ') body = " " + body;
+  }
+  if (sp.zero && sp.width > 0 && !sp.align) {
+    Spec z = sp;
+    z.fill = '0';
+    z.align = '=';
+    return pad(body, z, '>');
+  }
+  return pad(body, sp, '>');
+}
+
+/// printf-style `str % args` as Python's str.__mod__ (s r d i u f F e E g G x X o c %).
+inline std::string percent_format(const std::string& fmt, const Value& arg) {
+  std::vector<Value> args;
+  const DictData* mapping = nullptr;
+  if (arg.is_list() && arg.list().kind == SeqKind::Tuple) args = arg.list().items;
+  else if (arg.is_dict()) mapping = &arg.dict(), args.push_back(arg);
+  else args.push_back(arg);
+  std::size_t next = 0;
+  std::string out;
+  for (std::size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out += fmt[i];
+      continue;
+    }
+    if (++i >= fmt.size()) fail(RenderFailure::value_error, "incomplete format");
+    Value v;
+    bool have = false;
+    if (fmt[i] == '(') {
+      std::size_t e = fmt.find(')', i);
+      if (e == std::string::npos || !mapping) fail(RenderFailure::type_error, "format requires a mapping");
+      const Value* f = mapping->find(Value(fmt.substr(i + 1, e - i - 1)));
+      if (!f) fail(RenderFailure::value_error, "KeyError: '" + fmt.substr(i + 1, e - i - 1) + "'");
+      v = *f;
+      have = true;
+      i = e + 1;
+    }
+    Spec sp;
+    for (; i < fmt.size() && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos; ++i) {
+      if (fmt[i] == '-') sp.align = '<';
+      else if (fmt[i] == '+') sp.sign = '+';
+      else if (fmt[i] == ' ' && sp.sign != '+') sp.sign = ' ';
+      else if (fmt[i] == '#') sp.alt = true;
+      else if (fmt[i] == '0') sp.zero = true;
+    }
+    if (sp.align == '<') sp.zero = false;
+    auto read_int = [&]() {
+      int n = 0;
+      while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) n = std::min(n * 10 + (fmt[i++] - '0'), 100000);
+      return n;
+    };
+    if (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) sp.width = read_int();
+    if (i < fmt.size() && fmt[i] == '.') {
+      ++i;
+      sp.precision = read_int();
+    }
+    if (i >= fmt.size()) fail(RenderFailure::value_error, "incomplete format");
+    char t = fmt[i];
+    if (t == '%') {
+      out += '%';
+      continue;
+    }
+    if (!have) {
+      if (mapping) v = args[0];
+      else if (next >= args.size()) type_error("not enough arguments for format string");
+      else v = args[next++];
+    }
+    if (t == 's' || t == 'r' || t == 'a') {
+      std::string s = t == 's' ? to_str(v) : repr(v);
+      if (sp.precision >= 0) s = encode_utf8(decode_utf8(s).substr(0, static_cast<std::size_t>(sp.precision)));
+      out += pad(s, sp, '>');
+    } else if (t == 'c') {
+      out += pad(v.is_string() ? v.str() : encode_utf8(std::u32string(1, static_cast<char32_t>(v.as_int()))), sp, '>');
+    } else {
+      sp.type = t == 'F' ? 'F' : t;
+      if (v.is_string() || !v.is_number()) type_error("%" + std::string(1, t) + " format: a real number is required, not " + type_name(v));
+      out += format_number(v, sp);
+    }
+  }
+  if (!mapping && next < args.size()) type_error("not all arguments converted during string formatting");
+  return out;
+}
+
+inline Spec parse_spec(const std::string& s) {
+  Spec sp;
+  std::size_t i = 0;
+  auto is_align = [](char c) { return c == '<' || c == '>' || c == '^' || c == '='; };
+  if (s.size() >= 2 && is_align(s[1])) {
+    sp.fill = s[0];
+    sp.align = s[1];
+    i = 2;
+  } else if (!s.empty() && is_align(s[0])) {
+    sp.align = s[0];
+    i = 1;
+  }
+  if (i < s.size() && (s[i] == '+' || s[i] == '-' || s[i] == ' ')) sp.sign = s[i++];
+  if (i < s.size() && s[i] == '#') sp.alt = true, ++i;
+  if (i < s.size() && s[i] == '0') sp.zero = true, ++i;
+  int w = 0;
+  bool hw = false;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) w = std::min(w * 10 + (s[i++] - '0'), 100000), hw = true;
+  if (hw) sp.width = w;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    int p = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) p = std::min(p * 10 + (s[i++] - '0'), 100);
+    sp.precision = p;
+  }
+  if (i < s.size()) sp.type = s[i++];
+  if (i != s.size()) fail(RenderFailure::value_error, "Invalid format specifier '" + s + "'");
+  return sp;
+}
+
+inline std::string apply_spec(const Value& v, const std::string& spec) {
+  if (spec.empty()) return to_str(v);
+  Spec sp = parse_spec(spec);
+  if (v.is_string() || (sp.type == 's')) {
+    if (!v.is_string()) type_error("Unknown format code 's' for object of type '" + type_name(v) + "'");
+    std::string s = v.str();
+    if (sp.precision >= 0) s = encode_utf8(decode_utf8(s).substr(0, static_cast<std::size_t>(sp.precision)));
+    return pad(s, sp, '<');
+  }
+  if (v.is_number()) {
+    if (sp.zero && !sp.align) sp.fill = '0', sp.align = '=';
+    Spec z = sp;
+    z.zero = false;
+    if (sp.type == 0 && v.is_float() && sp.precision >= 0) z.type = 'g';
+    return format_number(v, z);
+  }
+  type_error("unsupported format string passed to " + type_name(v) + ".__format__");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slicing (Python's PySlice_AdjustIndices)
+
+inline std::vector<std::size_t> slice_indices(std::size_t len, const Value& start, const Value& stop, const Value& step) {
+  auto arg = [](const Value& v) -> std::optional<std::int64_t> {
+    if (v.is_none()) return std::nullopt;
+    if (!v.is_integral()) type_error("slice indices must be integers or None");
+    return v.as_int();
+  };
+  auto L = static_cast<std::int64_t>(len);
+  std::int64_t st = arg(step).value_or(1);
+  if (st == 0) fail(RenderFailure::value_error, "slice step cannot be zero");
+  auto adjust = [&](std::optional<std::int64_t> x, std::int64_t def) {
+    if (!x) return def;
+    std::int64_t v = *x;
+    if (v < 0) {
+      v += L;
+      if (v < 0) v = st < 0 ? -1 : 0;
+    } else if (v >= L) {
+      v = st < 0 ? L - 1 : L;
+    }
+    return v;
+  };
+  std::int64_t b = adjust(arg(start), st < 0 ? L - 1 : 0);
+  std::int64_t e = adjust(arg(stop), st < 0 ? -1 : L);
+  std::vector<std::size_t> out;
+  for (std::int64_t i = b; st > 0 ? i < e : i > e; i += st) out.push_back(static_cast<std::size_t>(i));
+  return out;
+}
+
+}  // namespace detail
+
+// =============================================================================================
+
+class Renderer;
+
+namespace detail {
+
+using FilterFn = Value (*)(Renderer&, const Value&, Args&);
+using TestFn = bool (*)(Renderer&, const Value&, Args&);
+
+inline const std::map<std::string, FilterFn, std::less<>>& filter_table();
+inline const std::map<std::string, TestFn, std::less<>>& test_table();
+
+struct LoopState {
+  std::vector<Value> items;
+  std::size_t index0 = 0;
+  Value last_changed;
+  bool has_changed = false;
+};
+
+/// The `loop` variable of a for loop.
+struct LoopContext : Object {
+  std::shared_ptr<LoopState> st = std::make_shared<LoopState>();
+  std::string type_name() const override { return "LoopContext"; }
+  std::string repr(int) const override {
+    return "<LoopContext " + std::to_string(st->index0 + 1) + "/" + std::to_string(st->items.size()) + ">";
+  }
+  bool callable() const override { return true; }
+  Value call(Args&) override { fail(RenderFailure::type_error, "Tried to call non recursive loop. Maybe you forgot the 'recursive' modifier."); }
+  std::optional<Value> attr(std::string_view n) const override {
+    auto i = static_cast<std::int64_t>(st->index0);
+    auto len = static_cast<std::int64_t>(st->items.size());
+    if (n == "index") return Value(i + 1);
+    if (n == "index0") return Value(i);
+    if (n == "revindex") return Value(len - i);
+    if (n == "revindex0") return Value(len - i - 1);
+    if (n == "first") return Value(i == 0);
+    if (n == "last") return Value(i == len - 1);
+    if (n == "length") return Value(len);
+    if (n == "depth") return Value(std::int64_t{1});
+    if (n == "depth0") return Value(std::int64_t{0});
+    if (n == "previtem")
+      return i > 0 ? st->items[static_cast<std::size_t>(i - 1)] : Value::undefined("there is no previous item");
+    if (n == "nextitem")
+      return i + 1 < len ? st->items[static_cast<std::size_t>(i + 1)] : Value::undefined("there is no next item");
+    if (n == "cycle") {
+      auto s = st;
+      return make_function("cycle", [s](Args& a) -> Value {
+        if (a.pos.empty()) type_error("no items for cycling given");
+        return a.pos[s->index0 % a.pos.size()];
+      });
+    }
+    if (n == "changed") {
+      auto s = st;
+      return make_function("changed", [s](Args& a) -> Value {
+        Value v(a.pos, SeqKind::Tuple);
+        if (!s->has_changed || !equals(v, s->last_changed)) {
+          s->has_changed = true;
+          s->last_changed = v;
+          return Value(true);
+        }
+        return Value(false);
+      });
+    }
+    return std::nullopt;
+  }
+};
+
+}  // namespace detail
+
+/// Executes a parsed template against a root scope. One Renderer per render call.
+class Renderer {
+ public:
+  using ScopePtr = detail::ScopePtr;
+
+  Renderer(const detail::Program& prog, ScopePtr root) : prog_(prog), root_(std::move(root)) {}
+
+  std::string render() {
+    std::string out;
+    exec(prog_.body, root_, out);
     return out;
   }
 
-  /// Text of `ids`; special tokens are dropped unless keep_special.
-  std::string decode(std::span<const std::int64_t> ids, bool keep_special = false) const {
-    std::string s;
-    for (auto id : ids) {
-      EDL_CHECK(id >= 0 && id < vocab_size() && present_[static_cast<std::size_t>(id)], errc::invalid_argument,
-                "ByteLevelBPE::decode", "id ", id, " is not in the vocabulary (size ", vocab_size(), ")");
-      if (special_[static_cast<std::size_t>(id)] && !keep_special) continue;
-      s += tokens_[static_cast<std::size_t>(id)];
+  int line() const { return line_; }
+
+  // ---- value operations shared with the filters ------------------------------------------
+
+  /// The items a for loop (or list()) visits: list items, dict keys, string characters.
+  std::vector<Value> iterate(const Value& v) {
+    switch (v.kind()) {
+      case Kind::Undefined: return {};
+      case Kind::List: return v.list().items;
+      case Kind::Dict: {
+        std::vector<Value> keys;
+        for (const auto& kv : v.dict().items) keys.push_back(kv.first);
+        return keys;
+      }
+      case Kind::String: {
+        std::vector<Value> chars;
+        for (char32_t c : detail::u32(v)) chars.push_back(detail::str_value(std::u32string(1, c), v.is_markup()));
+        return chars;
+      }
+      case Kind::Iterator: {
+        auto& it = v.iter();
+        std::vector<Value> rest(it.items.begin() + static_cast<std::ptrdiff_t>(it.pos), it.items.end());
+        it.pos = it.items.size();
+        return rest;
+      }
+      case Kind::Object:
+        if (auto* loop = dynamic_cast<detail::LoopContext*>(&v.object())) return loop->st->items;
+        break;
+      default: break;
     }
-    return s;
-  }
-  std::string decode(const std::vector<std::int64_t>& ids, bool keep_special = false) const {
-    return decode(std::span<const std::int64_t>(ids), keep_special);
+    detail::type_error("'" + type_name(v) + "' object is not iterable");
   }
 
-  /// Largest id + 1.
-  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
-  std::size_t num_merges() const noexcept { return merge_list_.size(); }
-  std::optional<std::int64_t> bos_id() const { return bos_; }
-  std::optional<std::int64_t> eos_id() const { return eos_; }
-  std::optional<std::int64_t> pad_id() const { return pad_; }
-  /// Id of a special token by its content.
-  std::optional<std::int64_t> special_id(std::string_view content) const {
-    for (std::size_t i = 0; i < tokens_.size(); ++i)
-      if (special_[i] && tokens_[i] == content) return static_cast<std::int64_t>(i);
-    return std::nullopt;
+  std::int64_t length(const Value& v) {
+    switch (v.kind()) {
+      case Kind::Undefined: return 0;
+      case Kind::String: return static_cast<std::int64_t>(detail::utf8_length(v.str()));
+      case Kind::List: return static_cast<std::int64_t>(v.list().items.size());
+      case Kind::Dict: return static_cast<std::int64_t>(v.dict().items.size());
+      default: detail::type_error("object of type '" + type_name(v) + "' has no len()");
+    }
   }
-  /// Raw bytes of a (non-special) token.
-  const std::string& token_bytes(std::int64_t id) const { return tokens_.at(static_cast<std::size_t>(id)); }
+
+  /// environment.getattr: attribute first (methods), then item.
+  Value getattr(const Value& obj, const std::string& name) {
+    if (obj.is_undefined()) detail::undefined_error(obj);
+    if (name.size() > 1 && name[0] == '_' && name[1] == '_') return detail::unsafe_attr(obj, name);
+    if (auto m = method(obj, name)) return *m;
+    switch (obj.kind()) {
+      case Kind::Dict:
+        if (const Value* v = obj.dict().find(Value(name))) return *v;
+        break;
+      case Kind::Object:
+        if (auto v = obj.object().attr(name)) return *v;
+        break;
+      default: break;
+    }
+    return detail::missing_attr(obj, name);
+  }
+
+  /// environment.getitem: item first, then attribute for string keys.
+  Value getitem(const Value& obj, const Value& key) {
+    if (obj.is_undefined()) detail::undefined_error(obj);
+    switch (obj.kind()) {
+      case Kind::Dict:
+        if (const Value* v = obj.dict().find(key)) return *v;
+        break;
+      case Kind::List: {
+        const auto& l = obj.list();
+        if ((l.kind == SeqKind::List || l.kind == SeqKind::Tuple) && key.is_integral()) {
+          auto n = static_cast<std::int64_t>(l.items.size());
+          std::int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
+          if (i >= 0 && i < n) return l.items[static_cast<std::size_t>(i)];
+          return Value::undefined(detail::object_desc(obj) + " has no element " + to_str(key));
+        }
+        break;
+      }
+      case Kind::String:
+        if (key.is_integral()) {
+          auto cps = detail::u32(obj);
+          auto n = static_cast<std::int64_t>(cps.size());
+          std::int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
+          if (i >= 0 && i < n) return detail::str_value(std::u32string(1, cps[static_cast<std::size_t>(i)]), obj.is_markup());
+          return Value::undefined(detail::object_desc(obj) + " has no element " + to_str(key));
+        }
+        break;
+      default: break;
+    }
+    if (key.is_string()) {
+      if (key.str().size() > 1 && key.str()[0] == '_' && key.str()[1] == '_') return detail::unsafe_attr(obj, key.str());
+      if (auto m = method(obj, key.str())) return *m;
+      if (obj.is_object())
+        if (auto v = obj.object().attr(key.str())) return *v;
+      return detail::missing_attr(obj, key.str());
+    }
+    return Value::undefined(detail::object_desc(obj) + " has no element " + repr(key));
+  }
+
+  Value call(const Value& fn, Args& args) {
+    if (fn.is_undefined()) detail::undefined_error(fn);
+    if (fn.is_object() && fn.object().callable()) return fn.object().call(args);
+    detail::type_error("'" + type_name(fn) + "' object is not callable");
+  }
+
+  Value apply_filter(const std::string& name, const Value& v, Args& args) {
+    const auto& t = detail::filter_table();
+    auto it = t.find(name);
+    if (it == t.end()) detail::fail(detail::RenderFailure::type_error, "no filter named '" + name + "'");
+    return it->second(*this, v, args);
+  }
+
+  bool apply_test(const std::string& name, const Value& v, Args& args) {
+    const auto& t = detail::test_table();
+    auto it = t.find(name);
+    if (it == t.end()) detail::fail(detail::RenderFailure::type_error, "no test named '" + name + "'");
+    return it->second(*this, v, args);
+  }
+
+  Value binop(const std::string& op, const Value& a, const Value& b) {
+    using detail::checked;
+    if (a.is_undefined()) detail::undefined_error(a);
+    if (b.is_undefined()) detail::undefined_error(b);
+    if (a.is_number() && b.is_number()) {
+      bool fl = a.is_float() || b.is_float();
+      double x = a.as_float(), y = b.as_float();
+      std::int64_t i = a.as_int(), j = b.as_int();
+      if (op == "+") return fl ? Value(x + y) : Value(detail::int_arith('+', i, j));
+      if (op == "-") return fl ? Value(x - y) : Value(detail::int_arith('-', i, j));
+      if (op == "*") return fl ? Value(x * y) : Value(detail::int_arith('*', i, j));
+      if (op == "/") {
+        if (y == 0) detail::fail(detail::RenderFailure::value_error, "division by zero");
+        return Value(x / y);
+      }
+      if (op == "//") return fl ? Value(detail::py_float_divmod(x, y).first) : Value(detail::py_floordiv(i, j));
+      if (op == "%") return fl ? Value(detail::py_float_divmod(x, y).second) : Value(detail::py_mod(i, j));
+      if (op == "**") {
+        if (!fl && j >= 0) {
+          std::int64_t acc = 1, base = i;
+          for (std::int64_t e = j; e > 0; e >>= 1) {
+            if (e & 1) acc = detail::int_arith('*', acc, base);
+            if (e > 1) base = detail::int_arith('*', base, base);
+          }
+          return Value(acc);
+        }
+        if (x == 0 && y < 0) detail::fail(detail::RenderFailure::value_error, "0.0 cannot be raised to a negative power");
+        if (x < 0 && std::floor(y) != y) detail::fail(detail::RenderFailure::value_error, "complex results are not supported");
+        return Value(std::pow(x, y));
+      }
+    }
+    if (op == "+") {
+      if (a.is_string() && b.is_string()) {
+        if (a.is_markup() || b.is_markup()) return Value(detail::as_markup_text(a) + detail::as_markup_text(b), true);
+        return Value(a.str() + b.str());
+      }
+      if (a.is_list() && b.is_list() && a.list().kind == b.list().kind &&
+          (a.list().kind == SeqKind::List || a.list().kind == SeqKind::Tuple)) {
+        std::vector<Value> items = a.list().items;
+        items.insert(items.end(), b.list().items.begin(), b.list().items.end());
+        return Value(std::move(items), a.list().kind);
+      }
+    }
+    if (op == "*") {
+      const Value* seq = a.is_integral() ? &b : &a;
+      const Value* cnt = a.is_integral() ? &a : &b;
+      if (cnt->is_integral() && (seq->is_string() || (seq->is_list() && (seq->list().kind == SeqKind::List || seq->list().kind == SeqKind::Tuple)))) {
+        std::int64_t n = std::max<std::int64_t>(0, cnt->as_int());
+        std::size_t unit = seq->is_string() ? seq->str().size() : seq->list().items.size();
+        if (unit && static_cast<double>(n) * static_cast<double>(unit) > 64.0 * 1024 * 1024)
+          detail::fail(detail::RenderFailure::limit, "sequence repetition result too large");
+        if (seq->is_string()) {
+          std::string s;
+          for (std::int64_t k = 0; k < n; ++k) s += seq->str();
+          return Value(std::move(s), seq->is_markup());
+        }
+        std::vector<Value> items;
+        for (std::int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list().items.begin(), seq->list().items.end());
+        return Value(std::move(items), seq->list().kind);
+      }
+    }
+    if (op == "%" && a.is_string()) return Value(detail::percent_format(a.str(), b), a.is_markup());
+    detail::type_error("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
+  }
+
+  bool contains(const Value& container, const Value& item) {
+    switch (container.kind()) {
+      case Kind::String:
+        if (!item.is_string()) detail::type_error("'in <string>' requires string as left operand, not " + type_name(item));
+        return container.str().find(item.str()) != std::string::npos;
+      case Kind::List:
+        for (const auto& x : container.list().items)
+          if (equals(x, item)) return true;
+        return false;
+      case Kind::Dict: return container.dict().find(item) != nullptr;
+      case Kind::Undefined: return false;
+      case Kind::Iterator: {
+        auto& it = container.iter();
+        while (it.pos < it.items.size())
+          if (equals(it.items[it.pos++], item)) return true;
+        return false;
+      }
+      default: detail::type_error("argument of type '" + type_name(container) + "' is not iterable");
+    }
+  }
+
+  std::optional<Value> method(const Value& obj, const std::string& name);
 
  private:
-  static std::uint64_t key(std::int64_t a, std::int64_t b) {
-    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b);
-  }
-  void add_special(const std::string& s) {
-    tokens_.push_back(s);
-    special_.push_back(true);
-    present_.resize(tokens_.size(), true);
-  }
-  void add_merge(std::int64_t a, std::int64_t b, std::string bytes) {
-    const std::int64_t id = vocab_size();
-    tokens_.push_back(std::move(bytes));
-    special_.push_back(false);
-    present_.resize(tokens_.size(), true);
-    merges_[key(a, b)] = {static_cast<std::int64_t>(merge_list_.size()), id};
-    merge_list_.emplace_back(a, b);
-  }
-  void find_specials() {
-    present_.resize(tokens_.size(), true);
-    auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::int64_t> {
-      for (const char* n : names)
-        if (auto id = special_id(n)) return id;
-      return std::nullopt;
-    };
-    bos_ = first({"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
-    eos_ = first({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
-    pad_ = first({"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+  enum class Flow { normal, brk, cont };
+
+  const detail::Program& prog_;
+  ScopePtr root_;
+  int line_ = 1;
+  int macro_depth_ = 0;
+  detail::Step steps_ = 0;
+  const Value* block_input_ = nullptr;  // the rendered body a block filter applies to
+  std::vector<ScopePtr> macro_scopes_;  // scopes that define macros, kept for the whole render
+
+  static constexpr int max_macro_depth = 100;
+  static constexpr detail::Step max_steps = 10'000'000;
+
+  void step() {
+    if (++steps_ > max_steps) detail::fail(detail::RenderFailure::limit, "template exceeded 10000000 execution steps");
   }
 
-  std::vector<std::string> tokens_;  // raw bytes (specials: their content)
-  std::vector<bool> special_, present_;
-  std::array<std::int64_t, 256> byte_id_ = [] {
-    std::array<std::int64_t, 256> a{};
-    a.fill(-1);
+  /// A macro refers to its defining scope without owning it: the scope owns the macro, and
+  /// the Renderer keeps every defining scope alive until the render ends (no cycle to leak).
+  struct Macro : Object {
+    Renderer* r;
+    const detail::Node* def;
+    detail::Scope* closure;
+    Macro(Renderer* rr, const detail::Node* d, detail::Scope* c) : r(rr), def(d), closure(c) {}
+    std::string type_name() const override { return "Macro"; }
+    std::string repr(int) const override { return "<Macro '" + def->text + "'>"; }
+    bool callable() const override { return true; }
+    Value call(Args& a) override { return r->call_macro(*def, closure, a); }
+  };
+
+  Value call_macro(const detail::Node& def, detail::Scope* closure, Args& args) {
+    struct Depth {
+      int& d;
+      explicit Depth(int& dd) : d(dd) {
+        if (++d > max_macro_depth) detail::fail(detail::RenderFailure::limit, "maximum macro recursion depth (100) exceeded");
+      }
+      ~Depth() { --d; }
+    } guard(macro_depth_);
+    auto scope = std::make_shared<detail::Scope>(closure->shared_from_this());
+    const auto& params = def.params;
+    if (args.pos.size() > params.size() && !def.uses_varargs)
+      detail::type_error("macro '" + def.text + "' takes not more than " + std::to_string(params.size()) + " argument(s)");
+    std::vector<bool> used_kw(args.kw.size(), false);
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const auto& [pname, pdef] = params[k];
+      std::optional<Value> v;
+      if (k < args.pos.size()) v = args.pos[k];
+      for (std::size_t w = 0; w < args.kw.size(); ++w)
+        if (args.kw[w].first == pname) {
+          if (v) detail::type_error("macro '" + def.text + "' got multiple values for argument '" + pname + "'");
+          v = args.kw[w].second;
+          used_kw[w] = true;
+        }
+      if (!v) v = pdef ? eval(*pdef, scope) : Value::undefined("parameter '" + pname + "' was not provided");
+      scope->set(pname, *v);
+    }
+    auto kwargs = std::make_shared<DictData>();
+    for (std::size_t w = 0; w < args.kw.size(); ++w)
+      if (!used_kw[w]) {
+        if (!def.uses_kwargs) detail::type_error("macro '" + def.text + "' takes no keyword argument '" + args.kw[w].first + "'");
+        kwargs->set(Value(args.kw[w].first), args.kw[w].second);
+      }
+    if (def.uses_varargs) {
+      std::vector<Value> extra;
+      for (std::size_t k = params.size(); k < args.pos.size(); ++k) extra.push_back(args.pos[k]);
+      scope->set("varargs", Value(std::move(extra), SeqKind::Tuple));
+    }
+    if (def.uses_kwargs) scope->set("kwargs", Value(kwargs));
+    std::string out;
+    int saved = line_;
+    exec(def.body, scope, out);
+    line_ = saved;
+    return Value(std::move(out));
+  }
+
+  // ---- statements ---------------------------------------------------------------------------
+
+  Flow exec(const detail::Body& body, const ScopePtr& scope, std::string& out) {
+    for (const auto& n : body) {
+      Flow f = exec_node(*n, scope, out);
+      if (f != Flow::normal) return f;
+    }
+    return Flow::normal;
+  }
+
+  void assign(const detail::Target& t, const Value& v, const ScopePtr& scope) {
+    if (!t.attr.empty()) {
+      const Value* ns = scope->lookup(t.name);
+      auto* obj = ns && ns->is_object() ? dynamic_cast<Namespace*>(&ns->object()) : nullptr;
+      if (!obj) detail::fail(detail::RenderFailure::type_error, "cannot assign attribute on non-namespace object");
+      obj->attrs.set(Value(t.attr), v);
+      return;
+    }
+    if (!t.is_tuple) {
+      scope->set(t.name, v);
+      return;
+    }
+    std::vector<Value> items = iterate(v);
+    if (items.size() != t.items.size()) {
+      if (items.size() > t.items.size())
+        detail::fail(detail::RenderFailure::value_error, "too many values to unpack (expected " + std::to_string(t.items.size()) + ")");
+      detail::fail(detail::RenderFailure::value_error, "not enough values to unpack (expected " + std::to_string(t.items.size()) +
+                                                           ", got " + std::to_string(items.size()) + ")");
+    }
+    for (std::size_t k = 0; k < items.size(); ++k) assign(t.items[k], items[k], scope);
+  }
+
+  Value filtered_block(const detail::Expr& filter, Value input, const ScopePtr& scope) {
+    const Value* saved = block_input_;
+    block_input_ = &input;
+    Value r = eval(filter, scope);
+    block_input_ = saved;
+    return r;
+  }
+
+  Flow exec_node(const detail::Node& n, const ScopePtr& scope, std::string& out) {
+    using K = detail::Node::K;
+    line_ = n.line;
+    step();
+    switch (n.k) {
+      case K::Text: out += n.text; break;
+      case K::Print: out += to_str(eval(*n.expr, scope)); break;
+      case K::If: {
+        for (const auto& [cond, body] : n.branches)
+          if (truthy(eval(*cond, scope))) return exec(body, scope, out);
+        return exec(n.else_body, scope, out);
+      }
+      case K::For: return exec_for(n, scope, out);
+      case K::Set: assign(n.target, eval(*n.expr, scope), scope); break;
+      case K::SetBlock: {
+        std::string body;
+        exec(n.body, scope, body);
+        Value v(std::move(body));
+        if (n.filter) v = filtered_block(*n.filter, v, scope);
+        assign(n.target, v, scope);
+        break;
+      }
+      case K::Macro:
+        macro_scopes_.push_back(scope);
+        scope->set(n.text, Value(std::static_pointer_cast<Object>(std::make_shared<Macro>(this, &n, scope.get()))));
+        break;
+      case K::FilterBlock: {
+        std::string body;
+        exec(n.body, scope, body);
+        out += to_str(filtered_block(*n.filter, Value(std::move(body)), scope));
+        break;
+      }
+      case K::With: {
+        auto inner = std::make_shared<detail::Scope>(scope);
+        std::vector<Value> vals;
+        for (const auto& p : n.params) vals.push_back(eval(*p.second, scope));
+        for (std::size_t k = 0; k < vals.size(); ++k) inner->set(n.params[k].first, vals[k]);
+        return exec(n.body, inner, out);
+      }
+      case K::Generation: return exec(n.body, scope, out);
+      case K::Break: return Flow::brk;
+      case K::Continue: return Flow::cont;
+    }
+    if (out.size() > (std::size_t{1} << 28)) detail::fail(detail::RenderFailure::limit, "rendered output exceeds 256 MiB");
+    return Flow::normal;
+  }
+
+  Flow exec_for(const detail::Node& n, const ScopePtr& scope, std::string& out) {
+    std::vector<Value> items = iterate(eval(*n.expr, scope));
+    if (n.cond) {
+      std::vector<Value> kept;
+      for (auto& item : items) {
+        step();
+        auto probe = std::make_shared<detail::Scope>(scope);
+        assign(n.target, item, probe);
+        if (truthy(eval(*n.cond, probe))) kept.push_back(std::move(item));
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) return exec(n.else_body, scope, out);
+    auto loop = std::make_shared<detail::LoopContext>();
+    loop->st->items = items;
+    Value loop_value(std::static_pointer_cast<Object>(loop));
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      step();
+      loop->st->index0 = k;
+      auto iter_scope = std::make_shared<detail::Scope>(scope);
+      iter_scope->set("loop", loop_value);
+      assign(n.target, items[k], iter_scope);
+      Flow f = exec(n.body, iter_scope, out);
+      if (f == Flow::brk) break;
+    }
+    return Flow::normal;
+  }
+
+  // ---- expressions --------------------------------------------------------------------------
+
+  Args eval_args(const detail::Expr& e, const ScopePtr& scope) {
+    Args a;
+    a.line = e.line;
+    for (const auto& x : e.args) a.pos.push_back(eval(*x, scope));
+    for (const auto& [k, x] : e.kwargs) a.kw.emplace_back(k, eval(*x, scope));
     return a;
-  }();
-  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, id)
-  std::vector<std::pair<std::int64_t, std::int64_t>> merge_list_;
-  std::optional<std::int64_t> bos_, eos_, pad_;
+  }
+
+ public:
+  Value eval(const detail::Expr& e, const ScopePtr& scope) {
+    using K = detail::Expr::K;
+    line_ = e.line;
+    step();
+    switch (e.k) {
+      case K::Const: return e.value;
+      case K::Name: {
+        if (const Value* v = scope->lookup(e.name)) return *v;
+        return Value::undefined("'" + e.name + "' is undefined");
+      }
+      case K::List:
+      case K::Tuple: {
+        std::vector<Value> items;
+        for (const auto& x : e.args) items.push_back(eval(*x, scope));
+        return Value(std::move(items), e.k == K::Tuple ? SeqKind::Tuple : SeqKind::List);
+      }
+      case K::Dict: {
+        auto d = std::make_shared<DictData>();
+        for (std::size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          Value key = eval(*e.args[k], scope);
+          if (key.is_list() && key.list().kind == SeqKind::List) detail::type_error("unhashable type: 'list'");
+          if (key.is_dict()) detail::type_error("unhashable type: 'dict'");
+          d->set(std::move(key), eval(*e.args[k + 1], scope));
+        }
+        return Value(std::move(d));
+      }
+      case K::Getattr: return getattr(eval(*e.a, scope), e.name);
+      case K::Getitem: {
+        Value obj = eval(*e.a, scope);
+        return getitem(obj, eval(*e.b, scope));
+      }
+      case K::Slice: {
+        Value obj = eval(*e.a, scope);
+        Value parts[3];
+        for (int k = 0; k < 3; ++k) parts[k] = e.args[static_cast<std::size_t>(k)] ? eval(*e.args[static_cast<std::size_t>(k)], scope) : Value(nullptr);
+        if (obj.is_undefined()) detail::undefined_error(obj);
+        if (obj.is_string()) {
+          auto cps = detail::u32(obj);
+          std::u32string r;
+          for (auto i : detail::slice_indices(cps.size(), parts[0], parts[1], parts[2])) r += cps[i];
+          return detail::str_value(r, obj.is_markup());
+        }
+        if (obj.is_list() && (obj.list().kind == SeqKind::List || obj.list().kind == SeqKind::Tuple)) {
+          const auto& items = obj.list().items;
+          std::vector<Value> r;
+          for (auto i : detail::slice_indices(items.size(), parts[0], parts[1], parts[2])) r.push_back(items[i]);
+          return Value(std::move(r), obj.list().kind);
+        }
+        return Value::undefined(detail::object_desc(obj) + " has no element slice");
+      }
+      case K::Call: {
+        Value fn = eval(*e.a, scope);
+        Args a = eval_args(e, scope);
+        return call(fn, a);
+      }
+      case K::Filter: {
+        Value v = e.a ? eval(*e.a, scope) : (block_input_ ? *block_input_ : Value());
+        Args a = eval_args(e, scope);
+        line_ = e.line;
+        return apply_filter(e.name, v, a);
+      }
+      case K::Test: {
+        Value v = eval(*e.a, scope);
+        Args a = eval_args(e, scope);
+        line_ = e.line;
+        return Value(apply_test(e.name, v, a));
+      }
+      case K::Neg:
+      case K::Pos: {
+        Value v = eval(*e.a, scope);
+        if (v.is_undefined()) detail::undefined_error(v);
+        if (v.is_float()) return Value(e.k == K::Neg ? -v.as_float() : v.as_float());
+        if (v.is_integral()) {
+          if (e.k == K::Pos) return Value(v.as_int());
+          return Value(detail::int_arith('-', 0, v.as_int()));
+        }
+        detail::type_error(std::string("bad operand type for unary ") + (e.k == K::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
+      }
+      case K::Not: return Value(!truthy(eval(*e.a, scope)));
+      case K::Binary: {
+        Value a = eval(*e.a, scope);
+        Value b = eval(*e.b, scope);
+        line_ = e.line;
+        return binop(e.name, a, b);
+      }
+      case K::Concat: {
+        std::string s;
+        for (const auto& x : e.args) s += to_str(eval(*x, scope));
+        return Value(std::move(s));
+      }
+      case K::Compare: {
+        Value left = eval(*e.args[0], scope);
+        for (std::size_t k = 0; k < e.ops.size(); ++k) {
+          Value right = eval(*e.args[k + 1], scope);
+          const std::string& op = e.ops[k];
+          bool r;
+          if (op == "==") r = equals(left, right);
+          else if (op == "!=") r = !equals(left, right);
+          else if (op == "in") r = contains(right, left);
+          else if (op == "notin") r = !contains(right, left);
+          else {
+            int c = compare(left, right, op);
+            r = op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
+          }
+          if (!r) return Value(false);
+          left = std::move(right);
+        }
+        return Value(true);
+      }
+      case K::And: {
+        Value a = eval(*e.a, scope);
+        return truthy(a) ? eval(*e.b, scope) : a;
+      }
+      case K::Or: {
+        Value a = eval(*e.a, scope);
+        return truthy(a) ? a : eval(*e.b, scope);
+      }
+      case K::Cond: {
+        if (truthy(eval(*e.b, scope))) return eval(*e.a, scope);
+        if (e.c) return eval(*e.c, scope);
+        return Value::undefined("the inline if-expression on line " + std::to_string(e.line) +
+                                " evaluated to false and no else section was defined.");
+      }
+    }
+    return Value();
+  }
 };
 
-/// The byte-level tokenizer: ids 0-255 are bytes, 256 <s>, 257 </s>, 258 <pad>.
-struct ByteTokenizer : ByteLevelBPE {
-  ByteTokenizer() : ByteLevelBPE(ByteLevelBPE::byte_level()) {}
+}  // namespace edl::chat::jinja
+
+// #include <edl/chat/jinja/builtins.hpp> (inlined above)
+// end of edl/chat/jinja/evaluator.hpp
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace edl::chat::jinja {
+namespace detail {
+
+inline std::string need_str(const Value& v, std::string_view what) {
+  if (!v.is_string()) type_error(std::string(what) + " must be str, not " + type_name(v));
+  return v.str();
+}
+
+inline std::int64_t need_int(const Value& v, std::string_view what) {
+  if (!v.is_integral()) type_error(std::string(what) + " must be an integer, not " + type_name(v));
+  return v.as_int();
+}
+
+/// jinja2's make_attrgetter: "a.b.0" walks items (environment.getitem), digits become ints;
+/// with a `def`ault, an Undefined step is replaced by it and the walk goes on from there.
+inline Value get_path(Renderer& r, const Value& item, const Value& attribute, const Value& def = Value()) {
+  auto fallback = [&](Value v) { return v.is_undefined() && !def.is_undefined() && !def.is_none() ? def : v; };
+  if (attribute.is_integral()) return fallback(r.getitem(item, attribute));
+  std::string path = need_str(attribute, "attribute");
+  Value cur = item;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    cur = fallback(digits ? r.getitem(cur, Value(static_cast<std::int64_t>(std::stoll(part.substr(0, 18))))) : r.getitem(cur, Value(part)));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return cur;
+}
+
+/// Sort and comparison key: lower-cased strings unless case_sensitive (jinja2's ignore_case).
+inline Value sort_key(const Value& v, bool case_sensitive) {
+  if (!case_sensitive && v.is_string()) return str_value(py_lower(u32(v)));
+  return v;
+}
+
+inline std::vector<Value> sort_values(Renderer& r, std::vector<Value> items, bool reverse, bool case_sensitive,
+                                      const Value& attribute) {
+  std::vector<std::string> attrs;
+  if (attribute.is_string()) {
+    std::size_t s = 0;
+    const std::string& a = attribute.str();
+    while (true) {
+      std::size_t c = a.find(',', s);
+      attrs.push_back(a.substr(s, c == std::string::npos ? std::string::npos : c - s));
+      if (c == std::string::npos) break;
+      s = c + 1;
+    }
+  }
+  std::vector<std::pair<Value, Value>> keyed;
+  for (auto& it : items) {
+    Value key;
+    if (attribute.is_none() || attribute.is_undefined()) key = sort_key(it, case_sensitive);
+    else if (attribute.is_integral()) key = sort_key(get_path(r, it, attribute), case_sensitive);
+    else {
+      std::vector<Value> parts;
+      for (const auto& a : attrs) parts.push_back(sort_key(get_path(r, it, Value(a)), case_sensitive));
+      key = parts.size() == 1 ? parts[0] : Value(std::move(parts), SeqKind::Tuple);
+    }
+    keyed.emplace_back(std::move(key), std::move(it));
+  }
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+    return reverse ? compare(y.first, x.first) < 0 : compare(x.first, y.first) < 0;
+  });
+  std::vector<Value> out;
+  for (auto& kv : keyed) out.push_back(std::move(kv.second));
+  return out;
+}
+
+inline Value make_tuple2(Value a, Value b) { return Value(std::vector<Value>{std::move(a), std::move(b)}, SeqKind::Tuple); }
+
+inline bool bool_arg(Args& a, std::size_t i, std::string_view name, bool def) {
+  Value v = a.get(i, name, Value(def));
+  return truthy(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Filters
+
+inline Value f_abs(Renderer&, const Value& v, Args& a) {
+  a.check("abs", 0);
+  if (v.is_float()) return Value(std::fabs(v.as_float()));
+  if (v.is_integral()) {
+    if (v.as_int() == std::numeric_limits<std::int64_t>::min()) checked(true, 0);
+    return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  }
+  if (v.is_undefined()) undefined_error(v);
+  type_error("bad operand type for abs(): '" + type_name(v) + "'");
+}
+
+inline Value f_attr(Renderer& r, const Value& v, Args& a) {
+  Value name = a.get(0, "name");
+  a.check("attr", 1);
+  std::string n = need_str(name, "attribute name");
+  if (v.is_undefined()) undefined_error(v);
+  if (n.rfind("__", 0) == 0) return unsafe_attr(v, n);
+  if (auto m = r.method(v, n)) return *m;
+  if (v.is_object())
+    if (auto x = v.object().attr(n)) return *x;
+  return missing_attr(v, n);
+}
+
+inline Value f_batch(Renderer& r, const Value& v, Args& a) {
+  std::int64_t n = need_int(a.get(0, "linecount"), "linecount");
+  Value fill = a.get(1, "fill_with", Value(nullptr));
+  a.check("batch", 2);
+  if (n <= 0) fail(RenderFailure::value_error, "batch size must be positive");
+  std::vector<Value> rows, cur;
+  for (auto& x : r.iterate(v)) {
+    if (static_cast<std::int64_t>(cur.size()) == n) rows.emplace_back(std::move(cur)), cur.clear();
+    cur.push_back(x);
+  }
+  if (!cur.empty()) {
+    if (!fill.is_none())
+      while (static_cast<std::int64_t>(cur.size()) < n) cur.push_back(fill);
+    rows.emplace_back(std::move(cur));
+  }
+  return make_generator(std::move(rows));
+}
+
+inline Value f_capitalize(Renderer&, const Value& v, Args& a) {
+  a.check("capitalize", 0);
+  return str_value(py_capitalize(decode_utf8(to_str(v))), v.is_markup());
+}
+
+inline Value f_center(Renderer&, const Value& v, Args& a) {
+  std::int64_t width = need_int(a.get(0, "width", Value(std::int64_t{80})), "width");
+  a.check("center", 1);
+  auto s = decode_utf8(to_str(v));
+  if (width <= static_cast<std::int64_t>(s.size())) return Value(to_str(v), v.is_markup());
+  std::size_t marg = static_cast<std::size_t>(width) - s.size();
+  std::size_t left = marg / 2 + (marg & static_cast<std::size_t>(width) & 1);
+  return Value(std::string(left, ' ') + to_str(v) + std::string(marg - left, ' '), v.is_markup());
+}
+
+inline Value f_length(Renderer& r, const Value& v, Args& a) {
+  a.check("length", 0);
+  return Value(r.length(v));
+}
+
+inline Value f_default(Renderer&, const Value& v, Args& a) {
+  Value def = a.get(0, "default_value", Value(""));
+  bool boolean = bool_arg(a, 1, "boolean", false);
+  a.check("default", 2);
+  if (v.is_undefined() || (boolean && !truthy(v))) return def;
+  return v;
+}
+
+inline Value f_dictsort(Renderer& r, const Value& v, Args& a) {
+  bool cs = bool_arg(a, 0, "case_sensitive", false);
+  Value by = a.get(1, "by", Value("key"));
+  bool reverse = bool_arg(a, 2, "reverse", false);
+  a.check("dictsort", 3);
+  if (!v.is_dict()) type_error("dictsort needs a mapping, not " + type_name(v));
+  std::string b = need_str(by, "by");
+  if (b != "key" && b != "value") fail(RenderFailure::value_error, "You can only sort by either 'key' or 'value'");
+  std::vector<Value> items;
+  for (const auto& [k, x] : v.dict().items) items.push_back(make_tuple2(k, x));
+  return Value(sort_values(r, std::move(items), reverse, cs, Value(std::int64_t{b == "key" ? 0 : 1})));
+}
+
+inline Value f_escape(Renderer&, const Value& v, Args& a) {
+  a.check("escape", 0);
+  if (v.is_markup()) return v;
+  return Value(html_escape(to_str(v)), true);
+}
+
+inline Value f_forceescape(Renderer&, const Value& v, Args& a) {
+  a.check("forceescape", 0);
+  return Value(html_escape(to_str(v)), true);
+}
+
+inline Value f_first(Renderer& r, const Value& v, Args& a) {
+  a.check("first", 0);
+  if (v.is_iterator()) {
+    auto& it = v.iter();
+    if (it.pos < it.items.size()) return it.items[it.pos++];
+  } else {
+    auto items = r.iterate(v);
+    if (!items.empty()) return items.front();
+  }
+  return Value::undefined("No first item, sequence was empty.");
+}
+
+inline Value f_last(Renderer& r, const Value& v, Args& a) {
+  a.check("last", 0);
+  if (v.is_iterator() || v.is_undefined()) type_error("'" + type_name(v) + "' object is not reversible");
+  auto items = r.iterate(v);
+  if (!items.empty()) return items.back();
+  return Value::undefined("No last item, sequence was empty.");
+}
+
+inline Value f_float(Renderer&, const Value& v, Args& a) {
+  Value def = a.get(0, "default", Value(0.0));
+  a.check("float", 1);
+  if (v.is_number()) return Value(v.as_float());
+  if (v.is_string())
+    if (auto d = parse_py_float(v.str())) return Value(*d);
+  return def;
+}
+
+inline Value f_format(Renderer&, const Value& v, Args& a) {
+  if (!a.pos.empty() && !a.kw.empty()) fail(RenderFailure::value_error, "can't handle positional and keyword arguments at the same time");
+  Value arg;
+  if (!a.kw.empty()) {
+    auto d = std::make_shared<DictData>();
+    for (auto& [k, x] : a.kw) d->set(Value(k), x);
+    arg = Value(d);
+  } else {
+    arg = Value(a.pos, SeqKind::Tuple);
+  }
+  return Value(percent_format(to_str(v), arg), v.is_markup());
+}
+
+inline Value f_indent(Renderer&, const Value& v, Args& a) {
+  Value width = a.get(0, "width", Value(std::int64_t{4}));
+  bool first = bool_arg(a, 1, "first", false);
+  bool blank = bool_arg(a, 2, "blank", false);
+  a.check("indent", 3);
+  std::u32string ind = width.is_string() ? u32(width) : std::u32string(static_cast<std::size_t>(std::max<std::int64_t>(0, std::min<std::int64_t>(need_int(width, "width"), 10000))), U' ');
+  std::u32string s = decode_utf8(to_str(v)) + U"\n";
+  auto lines = split_lines(s);
+  std::u32string rv;
+  if (blank) {
+    for (std::size_t k = 0; k < lines.size(); ++k) rv += (k ? U"\n" + ind : U"") + lines[k];
+  } else {
+    rv = lines.empty() ? U"" : lines[0];
+    if (lines.size() > 1) {
+      rv += U"\n";
+      for (std::size_t k = 1; k < lines.size(); ++k) rv += (k > 1 ? U"\n" : U"") + (lines[k].empty() ? lines[k] : ind + lines[k]);
+    }
+  }
+  if (first) rv = ind + rv;
+  return str_value(rv, v.is_markup());
+}
+
+inline Value f_int(Renderer&, const Value& v, Args& a) {
+  Value def = a.get(0, "default", Value(std::int64_t{0}));
+  std::int64_t base = need_int(a.get(1, "base", Value(std::int64_t{10})), "base");
+  a.check("int", 2);
+  if (v.is_integral()) return Value(v.as_int());
+  if (v.is_float()) {
+    double d = v.as_float();
+    if (std::isnan(d)) return def;
+    if (std::isinf(d) || std::fabs(d) >= 9.2e18) fail(RenderFailure::limit, "cannot convert float to a 64-bit integer");
+    return Value(static_cast<std::int64_t>(d));
+  }
+  if (v.is_string()) {
+    if (base != 0 && (base < 2 || base > 36)) fail(RenderFailure::value_error, "int() base must be >= 2 and <= 36, or 0");
+    if (auto i = parse_py_int(v.str(), static_cast<int>(base))) return Value(*i);
+    if (auto d = parse_py_float(v.str())) {
+      if (std::isnan(*d)) return def;
+      if (std::isinf(*d) || std::fabs(*d) >= 9.2e18) fail(RenderFailure::limit, "cannot convert float to a 64-bit integer");
+      return Value(static_cast<std::int64_t>(*d));
+    }
+  }
+  return def;
+}
+
+inline Value f_items(Renderer&, const Value& v, Args& a) {
+  a.check("items", 0);
+  if (v.is_undefined()) return make_generator({});
+  if (!v.is_dict()) type_error("Can only get item pairs from a mapping.");
+  std::vector<Value> items;
+  for (const auto& [k, x] : v.dict().items) items.push_back(make_tuple2(k, x));
+  return make_generator(std::move(items));
+}
+
+inline Value f_join(Renderer& r, const Value& v, Args& a) {
+  Value d = a.get(0, "d", Value(""));
+  Value attribute = a.get(1, "attribute", Value(nullptr));
+  a.check("join", 2);
+  std::string sep = to_str(d), out;
+  bool first = true;
+  for (auto& x : r.iterate(v)) {
+    if (!first) out += sep;
+    first = false;
+    out += to_str(attribute.is_none() ? x : get_path(r, x, attribute));
+  }
+  return Value(std::move(out));
+}
+
+inline Value f_list(Renderer& r, const Value& v, Args& a) {
+  a.check("list", 0);
+  return Value(r.iterate(v));
+}
+
+inline Value f_lower(Renderer&, const Value& v, Args& a) {
+  a.check("lower", 0);
+  return str_value(py_lower(decode_utf8(to_str(v))), v.is_markup());
+}
+
+inline Value f_upper(Renderer&, const Value& v, Args& a) {
+  a.check("upper", 0);
+  return str_value(py_upper(decode_utf8(to_str(v))), v.is_markup());
+}
+
+inline Value f_map(Renderer& r, const Value& v, Args& a) {
+  std::vector<Value> items = r.iterate(v), out;
+  bool by_attr = false;
+  Value attribute, def;
+  for (auto& [k, x] : a.kw)
+    if (k == "attribute") by_attr = true, attribute = x;
+  if (by_attr) {
+    for (auto& [k, x] : a.kw) {
+      if (k == "default") def = x;
+      else if (k != "attribute") type_error("Unexpected keyword argument '" + k + "'");
+    }
+    if (!a.pos.empty()) type_error("map() with attribute= takes no positional arguments");
+    for (auto& x : items) out.push_back(get_path(r, x, attribute, def));
+    return make_generator(std::move(out));
+  }
+  if (a.pos.empty()) type_error("map requires a filter argument");
+  std::string name = need_str(a.pos[0], "filter name");
+  Args rest;
+  rest.line = a.line;
+  rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+  rest.kw = a.kw;
+  for (auto& x : items) {
+    Args copy = rest;
+    out.push_back(r.apply_filter(name, x, copy));
+  }
+  return make_generator(std::move(out));
+}
+
+inline Value min_max(Renderer& r, const Value& v, Args& a, bool want_max, const char* name) {
+  bool cs = bool_arg(a, 0, "case_sensitive", false);
+  Value attribute = a.get(1, "attribute", Value(nullptr));
+  a.check(name, 2);
+  std::vector<Value> items = r.iterate(v);
+  if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+  std::size_t best = 0;
+  auto key = [&](const Value& x) { return sort_key(attribute.is_none() ? x : get_path(r, x, attribute), cs); };
+  Value bk = key(items[0]);
+  for (std::size_t k = 1; k < items.size(); ++k) {
+    Value kk = key(items[k]);
+    int c = compare(kk, bk);
+    if (want_max ? c > 0 : c < 0) best = k, bk = kk;
+  }
+  return items[best];
+}
+inline Value f_max(Renderer& r, const Value& v, Args& a) { return min_max(r, v, a, true, "max"); }
+inline Value f_min(Renderer& r, const Value& v, Args& a) { return min_max(r, v, a, false, "min"); }
+
+inline Value f_replace(Renderer&, const Value& v, Args& a) {
+  Value old_v = a.get(0, "old"), new_v = a.get(1, "new"), count = a.get(2, "count", Value(nullptr));
+  a.check("replace", 3);
+  std::u32string s = decode_utf8(to_str(v));
+  std::u32string o = decode_utf8(to_str(old_v)), n = decode_utf8(v.is_markup() ? as_markup_text(new_v) : to_str(new_v));
+  std::int64_t maxc = count.is_none() ? -1 : need_int(count, "count");
+  std::u32string out;
+  std::int64_t done = 0;
+  if (o.empty()) {
+    for (std::size_t k = 0; k <= s.size(); ++k) {
+      if (maxc < 0 || done < maxc) out += n, ++done;
+      if (k < s.size()) out += s[k];
+    }
+    return str_value(out, v.is_markup());
+  }
+  std::size_t pos = 0;
+  while (maxc < 0 || done < maxc) {
+    std::size_t p = s.find(o, pos);
+    if (p == std::u32string::npos) break;
+    out += s.substr(pos, p - pos) + n;
+    pos = p + o.size();
+    ++done;
+  }
+  out += s.substr(pos);
+  return str_value(out, v.is_markup());
+}
+
+inline Value f_reverse(Renderer& r, const Value& v, Args& a) {
+  a.check("reverse", 0);
+  if (v.is_string()) {
+    auto s = u32(v);
+    std::reverse(s.begin(), s.end());
+    return str_value(s, v.is_markup());
+  }
+  if (v.is_iterator()) {
+    auto items = r.iterate(v);
+    std::reverse(items.begin(), items.end());
+    return Value(std::move(items));
+  }
+  if (v.is_list() || v.is_dict()) {
+    auto items = r.iterate(v);
+    std::reverse(items.begin(), items.end());
+    return make_generator(std::move(items), v.is_dict() ? "dict_reversekeyiterator" : "list_reverseiterator");
+  }
+  if (v.is_undefined()) return Value(std::vector<Value>{});
+  type_error("argument to reversed() must be a sequence");
+}
+
+inline Value f_round(Renderer&, const Value& v, Args& a) {
+  std::int64_t precision = need_int(a.get(0, "precision", Value(std::int64_t{0})), "precision");
+  std::string method = need_str(a.get(1, "method", Value("common")), "method");
+  a.check("round", 2);
+  if (method != "common" && method != "ceil" && method != "floor")
+    type_error("method must be 'common', 'ceil' or 'floor'");
+  if (!v.is_number()) {
+    if (v.is_undefined()) undefined_error(v);
+    type_error("type " + type_name(v) + " doesn't define __round__ method");
+  }
+  precision = std::max<std::int64_t>(-300, std::min<std::int64_t>(precision, 300));
+  if (method == "common") {
+    if (v.is_integral()) {
+      if (precision >= 0) return Value(v.as_int());
+      double p = std::pow(10.0, static_cast<double>(-precision));
+      return Value(static_cast<std::int64_t>(std::nearbyint(static_cast<double>(v.as_int()) / p) * p));
+    }
+    double x = v.as_float();
+    if (!std::isfinite(x)) return Value(x);
+    if (precision == 0) return Value(std::nearbyint(x));
+    if (precision > 0) {
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<std::int64_t>(precision, 300)), x);
+      return Value(std::strtod(buf, nullptr));
+    }
+    double p = std::pow(10.0, static_cast<double>(-precision));
+    return Value(std::nearbyint(x / p) * p);
+  }
+  double p = std::pow(10.0, static_cast<double>(precision));
+  double y = v.as_float() * p;
+  return Value((method == "ceil" ? std::ceil(y) : std::floor(y)) / p);
+}
+
+inline Value f_safe(Renderer&, const Value& v, Args& a) {
+  a.check("safe", 0);
+  return Value(to_str(v), true);
+}
+
+inline Value select_impl(Renderer& r, const Value& v, Args& a, bool by_attr, bool keep) {
+  std::vector<Value> out;
+  std::size_t off = 0;
+  Value attribute;
+  if (by_attr) {
+    if (a.pos.empty()) type_error("Missing parameter for attribute name");
+    attribute = a.pos[0];
+    off = 1;
+  }
+  std::string test;
+  bool has_test = a.pos.size() > off;
+  if (has_test) test = need_str(a.pos[off], "test name");
+  Args rest;
+  rest.line = a.line;
+  if (has_test) rest.pos.assign(a.pos.begin() + static_cast<std::ptrdiff_t>(off + 1), a.pos.end());
+  rest.kw = a.kw;
+  for (auto& x : r.iterate(v)) {
+    Value y = by_attr ? get_path(r, x, attribute) : x;
+    bool ok;
+    if (has_test) {
+      Args copy = rest;
+      ok = r.apply_test(test, y, copy);
+    } else {
+      ok = truthy(y);
+    }
+    if (ok == keep) out.push_back(x);
+  }
+  return make_generator(std::move(out));
+}
+inline Value f_select(Renderer& r, const Value& v, Args& a) { return select_impl(r, v, a, false, true); }
+inline Value f_reject(Renderer& r, const Value& v, Args& a) { return select_impl(r, v, a, false, false); }
+inline Value f_selectattr(Renderer& r, const Value& v, Args& a) { return select_impl(r, v, a, true, true); }
+inline Value f_rejectattr(Renderer& r, const Value& v, Args& a) { return select_impl(r, v, a, true, false); }
+
+inline Value f_sort(Renderer& r, const Value& v, Args& a) {
+  bool reverse = bool_arg(a, 0, "reverse", false);
+  bool cs = bool_arg(a, 1, "case_sensitive", false);
+  Value attribute = a.get(2, "attribute", Value(nullptr));
+  a.check("sort", 3);
+  return Value(sort_values(r, r.iterate(v), reverse, cs, attribute));
+}
+
+inline Value f_string(Renderer&, const Value& v, Args& a) {
+  a.check("string", 0);
+  if (v.is_string()) return v;
+  return Value(to_str(v));
+}
+
+inline Value f_sum(Renderer& r, const Value& v, Args& a) {
+  Value attribute = a.get(0, "attribute", Value(nullptr));
+  Value acc = a.get(1, "start", Value(std::int64_t{0}));
+  a.check("sum", 2);
+  for (auto& x : r.iterate(v)) acc = r.binop("+", acc, attribute.is_none() ? x : get_path(r, x, attribute));
+  return acc;
+}
+
+inline Value f_title(Renderer&, const Value& v, Args& a) {
+  a.check("title", 0);
+  return str_value(jinja_title(decode_utf8(to_str(v))), v.is_markup());
+}
+
+inline Value f_tojson(Renderer&, const Value& v, Args& a) {
+  bool ensure_ascii = bool_arg(a, 0, "ensure_ascii", false);
+  Value indent = a.get(1, "indent", Value(nullptr));
+  Value separators = a.get(2, "separators", Value(nullptr));
+  bool sort_keys = bool_arg(a, 3, "sort_keys", false);
+  a.check("tojson", 4);
+  std::string s = to_json(v, indent, separators, sort_keys);
+  if (!ensure_ascii) return Value(std::move(s));
+  std::string out;
+  for (char32_t c : decode_utf8(s)) {
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      continue;
+    }
+    auto put = [&](unsigned u) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    };
+    if (c >= 0x10000) {
+      put(0xD800 + ((c - 0x10000) >> 10));
+      put(0xDC00 + ((c - 0x10000) & 0x3FF));
+    } else {
+      put(static_cast<unsigned>(c));
+    }
+  }
+  return Value(std::move(out));
+}
+
+inline Value f_trim(Renderer&, const Value& v, Args& a) {
+  Value chars = a.get(0, "chars", Value(nullptr));
+  a.check("trim", 1);
+  return str_value(strip_cps(decode_utf8(to_str(v)), chars, true, true), v.is_markup());
+}
+
+inline Value f_unique(Renderer& r, const Value& v, Args& a) {
+  bool cs = bool_arg(a, 0, "case_sensitive", false);
+  Value attribute = a.get(1, "attribute", Value(nullptr));
+  a.check("unique", 2);
+  std::vector<Value> out, seen;
+  for (auto& x : r.iterate(v)) {
+    Value k = sort_key(attribute.is_none() ? x : get_path(r, x, attribute), cs);
+    if (k.is_list() && k.list().kind == SeqKind::List) type_error("unhashable type: 'list'");
+    if (k.is_dict()) type_error("unhashable type: 'dict'");
+    bool dup = false;
+    for (const auto& s : seen)
+      if (equals(s, k)) dup = true;
+    if (!dup) seen.push_back(k), out.push_back(x);
+  }
+  return make_generator(std::move(out));
+}
+
+inline Value f_wordcount(Renderer&, const Value& v, Args& a) {
+  a.check("wordcount", 0);
+  std::int64_t n = 0;
+  bool in = false;
+  for (char32_t c : decode_utf8(to_str(v))) {
+    bool w = is_word(c);
+    if (w && !in) ++n;
+    in = w;
+  }
+  return Value(n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+inline bool t_defined(Renderer&, const Value& v, Args&) { return !v.is_undefined(); }
+inline bool t_undefined(Renderer&, const Value& v, Args&) { return v.is_undefined(); }
+inline bool t_none(Renderer&, const Value& v, Args&) { return v.is_none(); }
+inline bool t_boolean(Renderer&, const Value& v, Args&) { return v.is_bool(); }
+inline bool t_false(Renderer&, const Value& v, Args&) { return v.is_bool() && !v.as_bool(); }
+inline bool t_true(Renderer&, const Value& v, Args&) { return v.is_bool() && v.as_bool(); }
+inline bool t_integer(Renderer&, const Value& v, Args&) { return v.is_int(); }
+inline bool t_float(Renderer&, const Value& v, Args&) { return v.is_float(); }
+inline bool t_number(Renderer&, const Value& v, Args&) { return v.is_number(); }
+inline bool t_string(Renderer&, const Value& v, Args&) { return v.is_string(); }
+inline bool t_mapping(Renderer&, const Value& v, Args&) { return v.is_dict(); }
+inline bool t_iterable(Renderer&, const Value& v, Args&) {
+  return v.is_string() || v.is_list() || v.is_dict() || v.is_iterator() || v.is_undefined() ||
+         (v.is_object() && dynamic_cast<LoopContext*>(&v.object()));
+}
+inline bool t_sequence(Renderer&, const Value& v, Args&) {
+  return v.is_string() || v.is_dict() || v.is_undefined() ||
+         (v.is_list() && (v.list().kind == SeqKind::List || v.list().kind == SeqKind::Tuple));
+}
+inline bool t_callable(Renderer&, const Value& v, Args&) {
+  return v.is_undefined() || (v.is_object() && v.object().callable());
+}
+inline bool t_escaped(Renderer&, const Value& v, Args&) { return v.is_markup(); }
+inline bool t_lower(Renderer&, const Value& v, Args&) {
+  auto s = decode_utf8(to_str(v));
+  bool cased = false;
+  for (char32_t c : s) {
+    if (is_upper(c)) return false;
+    if (is_lower(c)) cased = true;
+  }
+  return cased;
+}
+inline bool t_upper(Renderer&, const Value& v, Args&) {
+  auto s = decode_utf8(to_str(v));
+  bool cased = false;
+  for (char32_t c : s) {
+    if (is_lower(c)) return false;
+    if (is_upper(c)) cased = true;
+  }
+  return cased;
+}
+inline Value test_arg(Args& a, const char* name) {
+  if (a.pos.empty() && a.kw.empty()) type_error(std::string("test '") + name + "' takes one argument");
+  return a.pos.empty() ? a.kw[0].second : a.pos[0];
+}
+inline bool t_even(Renderer& r, const Value& v, Args&) { return equals(r.binop("%", v, Value(std::int64_t{2})), Value(std::int64_t{0})); }
+inline bool t_odd(Renderer& r, const Value& v, Args&) { return equals(r.binop("%", v, Value(std::int64_t{2})), Value(std::int64_t{1})); }
+inline bool t_divisibleby(Renderer& r, const Value& v, Args& a) {
+  return equals(r.binop("%", v, test_arg(a, "divisibleby")), Value(std::int64_t{0}));
+}
+inline bool t_eq(Renderer&, const Value& v, Args& a) { return equals(v, test_arg(a, "eq")); }
+inline bool t_ne(Renderer&, const Value& v, Args& a) { return !equals(v, test_arg(a, "ne")); }
+inline bool t_lt(Renderer&, const Value& v, Args& a) { return compare(v, test_arg(a, "lt"), "<") < 0; }
+inline bool t_le(Renderer&, const Value& v, Args& a) { return compare(v, test_arg(a, "le"), "<=") <= 0; }
+inline bool t_gt(Renderer&, const Value& v, Args& a) { return compare(v, test_arg(a, "gt"), ">") > 0; }
+inline bool t_ge(Renderer&, const Value& v, Args& a) { return compare(v, test_arg(a, "ge"), ">=") >= 0; }
+inline bool t_in(Renderer& r, const Value& v, Args& a) { return r.contains(test_arg(a, "in"), v); }
+inline bool t_sameas(Renderer&, const Value& v, Args& a) {
+  Value o = test_arg(a, "sameas");
+  if (v.kind() != o.kind()) return false;
+  switch (v.kind()) {
+    case Kind::None:
+    case Kind::Undefined: return v.is_none() || v.identity() == o.identity();
+    case Kind::Bool:
+    case Kind::Int: return v.as_int() == o.as_int();
+    case Kind::Float: return false;
+    default: return v.identity() == o.identity();
+  }
+}
+inline bool t_filter(Renderer&, const Value& v, Args&) { return v.is_string() && filter_table().count(v.str()); }
+inline bool t_test(Renderer&, const Value& v, Args&) { return v.is_string() && test_table().count(v.str()); }
+
+inline const std::map<std::string, FilterFn, std::less<>>& filter_table() {
+  static const std::map<std::string, FilterFn, std::less<>> t = {
+      {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize},
+      {"center", f_center}, {"count", f_length}, {"d", f_default}, {"default", f_default},
+      {"dictsort", f_dictsort}, {"e", f_escape}, {"escape", f_escape}, {"first", f_first},
+      {"float", f_float}, {"forceescape", f_forceescape}, {"format", f_format}, {"indent", f_indent},
+      {"int", f_int}, {"items", f_items}, {"join", f_join}, {"last", f_last}, {"length", f_length},
+      {"list", f_list}, {"lower", f_lower}, {"map", f_map}, {"max", f_max}, {"min", f_min},
+      {"reject", f_reject}, {"rejectattr", f_rejectattr}, {"replace", f_replace}, {"reverse", f_reverse},
+      {"round", f_round}, {"safe", f_safe}, {"select", f_select}, {"selectattr", f_selectattr},
+      {"sort", f_sort}, {"string", f_string}, {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson},
+      {"trim", f_trim}, {"unique", f_unique}, {"upper", f_upper}, {"wordcount", f_wordcount},
+  };
+  return t;
+}
+
+inline const std::map<std::string, TestFn, std::less<>>& test_table() {
+  static const std::map<std::string, TestFn, std::less<>> t = {
+      {"!=", t_ne}, {"<", t_lt}, {"<=", t_le}, {"==", t_eq}, {">", t_gt}, {">=", t_ge},
+      {"boolean", t_boolean}, {"callable", t_callable}, {"defined", t_defined},
+      {"divisibleby", t_divisibleby}, {"eq", t_eq}, {"equalto", t_eq}, {"escaped", t_escaped},
+      {"even", t_even}, {"false", t_false}, {"filter", t_filter}, {"float", t_float}, {"ge", t_ge},
+      {"greaterthan", t_gt}, {"gt", t_gt}, {"in", t_in}, {"integer", t_integer}, {"iterable", t_iterable},
+      {"le", t_le}, {"lessthan", t_lt}, {"lower", t_lower}, {"lt", t_lt}, {"mapping", t_mapping},
+      {"ne", t_ne}, {"none", t_none}, {"number", t_number}, {"odd", t_odd}, {"sameas", t_sameas},
+      {"sequence", t_sequence}, {"string", t_string}, {"test", t_test}, {"true", t_true},
+      {"undefined", t_undefined}, {"upper", t_upper},
+  };
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python methods
+
+/// str.format with auto/explicit positions, names, .attr and [key] and simple format specs.
+inline std::string str_format(Renderer& r, const std::string& fmt, Args& a) {
+  std::string out;
+  std::size_t auto_idx = 0;
+  for (std::size_t i = 0; i < fmt.size(); ++i) {
+    char c = fmt[i];
+    if (c == '}') {
+      if (i + 1 < fmt.size() && fmt[i + 1] == '}') {
+        out += '}';
+        ++i;
+        continue;
+      }
+      fail(RenderFailure::value_error, "Single '}' encountered in format string");
+    }
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    if (i + 1 < fmt.size() && fmt[i + 1] == '{') {
+      out += '{';
+      ++i;
+      continue;
+    }
+    std::size_t e = fmt.find('}', i);
+    if (e == std::string::npos) fail(RenderFailure::value_error, "Single '{' encountered in format string");
+    std::string field = fmt.substr(i + 1, e - i - 1);
+    i = e;
+    std::string spec, conv;
+    if (auto colon = field.find(':'); colon != std::string::npos) spec = field.substr(colon + 1), field.resize(colon);
+    if (auto bang = field.find('!'); bang != std::string::npos) conv = field.substr(bang + 1), field.resize(bang);
+    std::size_t k = 0;
+    while (k < field.size() && field[k] != '.' && field[k] != '[') ++k;
+    std::string head = field.substr(0, k);
+    Value v;
+    if (head.empty()) {
+      if (auto_idx >= a.pos.size()) fail(RenderFailure::value_error, "Replacement index " + std::to_string(auto_idx) + " out of range for positional args tuple");
+      v = a.pos[auto_idx++];
+    } else if (std::all_of(head.begin(), head.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      std::size_t idx = static_cast<std::size_t>(std::stoul(head.substr(0, 9)));
+      if (idx >= a.pos.size()) fail(RenderFailure::value_error, "Replacement index " + head + " out of range for positional args tuple");
+      v = a.pos[idx];
+    } else {
+      bool found = false;
+      for (auto& [kk, x] : a.kw)
+        if (kk == head) v = x, found = true;
+      if (!found) fail(RenderFailure::value_error, "KeyError: '" + head + "'");
+    }
+    while (k < field.size()) {
+      if (field[k] == '.') {
+        std::size_t s = ++k;
+        while (k < field.size() && field[k] != '.' && field[k] != '[') ++k;
+        v = r.getattr(v, field.substr(s, k - s));
+      } else {
+        std::size_t close = field.find(']', k);
+        if (close == std::string::npos) fail(RenderFailure::value_error, "Missing ']' in format string");
+        std::string key = field.substr(k + 1, close - k - 1);
+        bool digits = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+        v = r.getitem(v, digits ? Value(static_cast<std::int64_t>(std::stoll(key.substr(0, 18)))) : Value(key));
+        k = close + 1;
+      }
+    }
+    if (conv == "r" || conv == "a") v = Value(repr(v));
+    else if (conv == "s") v = Value(to_str(v));
+    else if (!conv.empty()) fail(RenderFailure::value_error, "Unknown conversion specifier " + conv);
+    out += apply_spec(v, spec);
+  }
+  return out;
+}
+
+inline Value str_method(Renderer& r, const Value& self, const std::string& name, Args& a) {
+  bool mk = self.is_markup();
+  auto s = [&] { return u32(self); };
+  auto opt_int = [&](std::size_t i, const char* n, std::int64_t def) {
+    Value v = a.get(i, n, Value(nullptr));
+    return v.is_none() ? def : need_int(v, n);
+  };
+  if (name == "strip" || name == "lstrip" || name == "rstrip") {
+    Value chars = a.get(0, "chars", Value(nullptr));
+    a.check(name, 1);
+    return str_value(strip_cps(s(), chars, name != "rstrip", name != "lstrip"), mk);
+  }
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize" || name == "swapcase" || name == "casefold") {
+    a.check(name, 0);
+    auto x = s();
+    if (name == "upper") x = py_upper(x);
+    else if (name == "lower" || name == "casefold") x = py_lower(x);
+    else if (name == "title") x = py_title_method(x);
+    else if (name == "capitalize") x = py_capitalize(x);
+    else
+      for (auto& c : x) c = is_upper(c) ? to_lower(c) : to_upper(c);
+    return str_value(x, mk);
+  }
+  if (name == "split" || name == "rsplit") {
+    Value sep = a.get(0, "sep", Value(nullptr));
+    std::int64_t maxsplit = need_int(a.get(1, "maxsplit", Value(std::int64_t{-1})), "maxsplit");
+    a.check(name, 2);
+    return Value(py_split(s(), sep, maxsplit, name == "rsplit"));
+  }
+  if (name == "splitlines") {
+    bool keep = bool_arg(a, 0, "keepends", false);
+    a.check(name, 1);
+    std::vector<Value> out;
+    for (auto& l : split_lines(s(), keep)) out.push_back(str_value(l, mk));
+    return Value(std::move(out));
+  }
+  if (name == "startswith" || name == "endswith") {
+    Value prefix = a.get(0, "prefix");
+    a.check(name, 3);
+    auto x = s();
+    auto n = static_cast<std::int64_t>(x.size());
+    std::int64_t b = opt_int(1, "start", 0), e = opt_int(2, "end", n);
+    if (b < 0) b = std::max<std::int64_t>(0, b + n);
+    if (e < 0) e = std::max<std::int64_t>(0, e + n);
+    e = std::min(e, n);
+    std::vector<Value> cands = prefix.is_list() && prefix.list().kind == SeqKind::Tuple ? prefix.list().items : std::vector<Value>{prefix};
+    for (const auto& c : cands) {
+      if (!c.is_string()) type_error(name + " first arg must be str or a tuple of str, not " + type_name(c));
+      auto p = u32(c);
+      auto len = static_cast<std::int64_t>(p.size());
+      if (b > n || e - b < len) continue;
+      std::size_t at = static_cast<std::size_t>(name == "startswith" ? b : e - len);
+      if (x.compare(at, p.size(), p) == 0) return Value(true);
+    }
+    return Value(false);
+  }
+  if (name == "replace") {
+    Args b;
+    b.pos = a.pos;
+    b.kw = a.kw;
+    if (b.pos.size() > 3) type_error("replace expected at most 3 arguments");
+    return f_replace(r, self, b);
+  }
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+    std::string sub = need_str(a.get(0, "sub"), "substring");
+    a.check(name, 3);
+    auto x = s();
+    auto n = static_cast<std::int64_t>(x.size());
+    std::int64_t b = opt_int(1, "start", 0), e = opt_int(2, "end", n);
+    if (b < 0) b = std::max<std::int64_t>(0, b + n);
+    if (e < 0) e = std::max<std::int64_t>(0, e + n);
+    e = std::min(e, n);
+    auto p = decode_utf8(sub);
+    if (name == "count") {
+      if (b > e) return Value(std::int64_t{0});
+      auto hay = x.substr(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
+      if (p.empty()) return Value(static_cast<std::int64_t>(hay.size() + 1));
+      std::int64_t cnt = 0;
+      for (std::size_t at = hay.find(p); at != std::u32string::npos; at = hay.find(p, at + p.size())) ++cnt;
+      return Value(cnt);
+    }
+    std::int64_t found = -1;
+    if (b <= e && e - b >= static_cast<std::int64_t>(p.size())) {
+      auto hay = x.substr(static_cast<std::size_t>(b), static_cast<std::size_t>(e - b));
+      std::size_t at = (name == "find" || name == "index") ? hay.find(p) : hay.rfind(p);
+      if (at != std::u32string::npos) found = b + static_cast<std::int64_t>(at);
+    }
+    if (found < 0 && (name == "index" || name == "rindex")) fail(RenderFailure::value_error, "substring not found");
+    return Value(found);
+  }
+  if (name == "join") {
+    Value it = a.get(0, "iterable");
+    a.check(name, 1);
+    std::string out;
+    bool first = true;
+    for (auto& x : r.iterate(it)) {
+      if (!x.is_string()) type_error("sequence item: expected str instance, " + type_name(x) + " found");
+      if (!first) out += self.str();
+      first = false;
+      out += mk ? as_markup_text(x) : x.str();
+    }
+    return Value(std::move(out), mk);
+  }
+  if (name == "format") return Value(str_format(r, self.str(), a), mk);
+  if (name == "partition" || name == "rpartition") {
+    std::string sep = need_str(a.get(0, "sep"), "separator");
+    a.check(name, 1);
+    if (sep.empty()) fail(RenderFailure::value_error, "empty separator");
+    const std::string& x = self.str();
+    std::size_t at = name == "partition" ? x.find(sep) : x.rfind(sep);
+    if (at == std::string::npos)
+      return name == "partition" ? Value(std::vector<Value>{self, Value(""), Value("")}, SeqKind::Tuple)
+                                 : Value(std::vector<Value>{Value(""), Value(""), self}, SeqKind::Tuple);
+    return Value(std::vector<Value>{Value(x.substr(0, at)), Value(sep), Value(x.substr(at + sep.size()))}, SeqKind::Tuple);
+  }
+  if (name == "removeprefix" || name == "removesuffix") {
+    std::string fix = need_str(a.get(0, "prefix"), "prefix");
+    a.check(name, 1);
+    const std::string& x = self.str();
+    if (name == "removeprefix" && x.compare(0, fix.size(), fix) == 0) return Value(x.substr(fix.size()), mk);
+    if (name == "removesuffix" && !fix.empty() && x.size() >= fix.size() && x.compare(x.size() - fix.size(), fix.size(), fix) == 0)
+      return Value(x.substr(0, x.size() - fix.size()), mk);
+    return self;
+  }
+  if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill") {
+    std::int64_t width = need_int(a.get(0, "width"), "width");
+    std::string fill = name == "zfill" ? "0" : to_str(a.get(1, "fillchar", Value(" ")));
+    a.check(name, name == "zfill" ? 1 : 2);
+    auto x = s();
+    if (decode_utf8(fill).size() != 1) type_error("The fill character must be exactly one character long");
+    char32_t f = decode_utf8(fill)[0];
+    if (width <= static_cast<std::int64_t>(x.size())) return self;
+    std::size_t marg = static_cast<std::size_t>(std::min<std::int64_t>(width, 1 << 24)) - x.size();
+    if (name == "ljust") return str_value(x + std::u32string(marg, f), mk);
+    if (name == "rjust") return str_value(std::u32string(marg, f) + x, mk);
+    if (name == "zfill") {
+      if (!x.empty() && (x[0] == '-' || x[0] == '+')) return str_value(x.substr(0, 1) + std::u32string(marg, U'0') + x.substr(1), mk);
+      return str_value(std::u32string(marg, U'0') + x, mk);
+    }
+    std::size_t left = marg / 2 + (marg & static_cast<std::size_t>(width) & 1);
+    return str_value(std::u32string(left, f) + x + std::u32string(marg - left, f), mk);
+  }
+  if (name.rfind("is", 0) == 0) {
+    a.check(name, 0);
+    auto x = s();
+    if (name == "isupper") return Value(t_upper(r, self, a));
+    if (name == "islower") return Value(t_lower(r, self, a));
+    if (x.empty()) return Value(false);
+    auto all = [&](auto pred) { return std::all_of(x.begin(), x.end(), pred); };
+    if (name == "isdigit" || name == "isdecimal" || name == "isnumeric") return Value(all(is_digit));
+    if (name == "isalpha") return Value(all(is_alpha));
+    if (name == "isalnum") return Value(all([](char32_t c) { return is_alpha(c) || is_digit(c); }));
+    if (name == "isspace") return Value(all(is_space));
+    if (name == "istitle") return Value(py_title_method(x) == x && std::any_of(x.begin(), x.end(), is_upper));
+  }
+  fail(RenderFailure::type_error, "str method '" + name + "' is not supported");
+}
+
+inline bool is_str_method(std::string_view n) {
+  static const char* names[] = {"strip", "lstrip", "rstrip", "upper", "lower", "title", "capitalize", "swapcase",
+                                "casefold", "split", "rsplit", "splitlines", "startswith", "endswith", "replace",
+                                "find", "rfind", "index", "rindex", "count", "join", "format", "partition",
+                                "rpartition", "removeprefix", "removesuffix", "center", "ljust", "rjust", "zfill",
+                                "isupper", "islower", "isdigit", "isdecimal", "isnumeric", "isalpha", "isalnum",
+                                "isspace", "istitle"};
+  for (const char* m : names)
+    if (n == m) return true;
+  return false;
+}
+
+}  // namespace detail
+
+inline std::optional<Value> Renderer::method(const Value& obj, const std::string& name) {
+  using namespace detail;
+  Renderer* self = this;
+  auto bind = [&](auto impl) {
+    Value recv = obj;
+    return make_function(name, [self, recv, impl, n = name](Args& a) -> Value { return impl(*self, recv, n, a); });
+  };
+  switch (obj.kind()) {
+    case Kind::String:
+      if (is_str_method(name)) return bind(str_method);
+      if (name == "encode" || name == "format_map" || name == "expandtabs" || name == "translate" || name == "maketrans")
+        return bind([](Renderer&, const Value&, const std::string& n, Args&) -> Value {
+          fail(RenderFailure::type_error, "str method '" + n + "' is not supported");
+        });
+      return std::nullopt;
+    case Kind::Dict:
+      if (name == "get")
+        return bind([](Renderer&, const Value& d, const std::string&, Args& a) -> Value {
+          Value key = a.get(0, "key"), def = a.get(1, "default", Value(nullptr));
+          a.check("get", 2);
+          if (const Value* v = d.dict().find(key)) return *v;
+          return def;
+        });
+      if (name == "items" || name == "keys" || name == "values")
+        return bind([](Renderer&, const Value& d, const std::string& n, Args& a) -> Value {
+          a.check(n, 0);
+          std::vector<Value> out;
+          for (const auto& [k, v] : d.dict().items) out.push_back(n == "items" ? make_tuple2(k, v) : n == "keys" ? k : v);
+          return Value(std::move(out), n == "items" ? SeqKind::DictItems : n == "keys" ? SeqKind::DictKeys : SeqKind::DictValues);
+        });
+      if (name == "copy")
+        return bind([](Renderer&, const Value& d, const std::string&, Args& a) -> Value {
+          a.check("copy", 0);
+          return Value(std::make_shared<DictData>(d.dict()));
+        });
+      if (name == "clear" || name == "pop" || name == "popitem" || name == "setdefault" || name == "update")
+        return unsafe_attr(obj, name);
+      return std::nullopt;
+    case Kind::List: {
+      SeqKind k = obj.list().kind;
+      if (k != SeqKind::List && k != SeqKind::Tuple) return std::nullopt;
+      if (name == "index" || name == "count")
+        return bind([](Renderer&, const Value& l, const std::string& n, Args& a) -> Value {
+          Value x = a.get(0, "value");
+          a.check(n, 1);
+          std::int64_t cnt = 0, i = 0;
+          for (const auto& y : l.list().items) {
+            if (equals(x, y)) {
+              if (n == "index") return Value(i);
+              ++cnt;
+            }
+            ++i;
+          }
+          if (n == "index") fail(RenderFailure::value_error, repr(x) + " is not in list");
+          return Value(cnt);
+        });
+      if (k == SeqKind::List && name == "copy")
+        return bind([](Renderer&, const Value& l, const std::string&, Args& a) -> Value {
+          a.check("copy", 0);
+          return Value(l.list().items);
+        });
+      if (k == SeqKind::List && (name == "append" || name == "extend" || name == "insert" || name == "pop" ||
+                                 name == "remove" || name == "reverse" || name == "sort" || name == "clear"))
+        return unsafe_attr(obj, name);
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace edl::chat::jinja
+// end of edl/chat/jinja/builtins.hpp
+// #include <edl/chat/jinja/evaluator.hpp> (inlined above)
+// #include <edl/chat/jinja/lexer.hpp> (inlined above)
+// #include <edl/chat/jinja/parser.hpp> (inlined above)
+// #include <edl/chat/jinja/value.hpp> (inlined above)
+// // #include <edl/core/error.hpp> (inlined above) (inlined above)
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace edl::chat::jinja {
+
+/// Variables of one render, in the order they are bound (later ones win).
+using Context = std::vector<std::pair<std::string, Value>>;
+
+class Template {
+ public:
+  /// Parses `source`; throws edl::Error (errc::format, or errc::unsupported for constructs
+  /// this engine refuses) naming the line of the first problem.
+  explicit Template(std::string_view source) {
+    detail::Lexer lexer(source);
+    detail::Parser parser(lexer.run());
+    auto prog = std::make_shared<detail::Program>(parser.parse());
+    for (const auto& ref : prog->refs) {
+      bool known = ref.is_test ? detail::test_table().count(ref.name) > 0 : detail::filter_table().count(ref.name) > 0;
+      if (!known) syntax_error(ref.line, std::string("unknown ") + (ref.is_test ? "test '" : "filter '") + ref.name + "'");
+    }
+    prog_ = std::move(prog);
+  }
+
+  /// Renders with the variables of `context` (a JSON object) and the built-in globals.
+  std::string render(const nlohmann::ordered_json& context) const {
+    if (!context.is_object()) throw Error(errc::invalid_argument, "chat.jinja", "the render context must be a JSON object");
+    Context vars;
+    for (auto it = context.begin(); it != context.end(); ++it) vars.emplace_back(it.key(), from_json(it.value()));
+    return render(vars);
+  }
+
+  /// Renders with template values; `globals` are bound below the variables (like jinja2's
+  /// environment globals), e.g. functions such as raise_exception.
+  std::string render(const Context& vars, const Context& globals = {}) const {
+    auto global_scope = std::make_shared<detail::Scope>();
+    // Namespaces are the only mutable values, so the only way to build a reference cycle
+    // (`{% set ns.me = ns %}`); emptying them after the render frees any such cycle.
+    auto namespaces = std::make_shared<std::vector<std::weak_ptr<Namespace>>>();
+    struct ClearNamespaces {
+      std::shared_ptr<std::vector<std::weak_ptr<Namespace>>> list;
+      ~ClearNamespaces() {
+        for (auto& w : *list)
+          if (auto ns = w.lock()) ns->attrs.items.clear();
+      }
+    } clear_namespaces{namespaces};
+    add_builtin_globals(*global_scope, namespaces);
+    for (const auto& [k, v] : globals) global_scope->set(k, v);
+    auto root = std::make_shared<detail::Scope>(global_scope);
+    for (const auto& [k, v] : vars) root->set(k, v);
+    Renderer r(*prog_, root);
+    try {
+      return r.render();
+    } catch (const detail::RenderFailure& f) {
+      const std::string where = "chat.jinja line " + std::to_string(r.line());
+      static const char* names[] = {"TypeError: ", "UndefinedError: ", "SecurityError: ", "ValueError: ", "", "limit exceeded: "};
+      throw Error(errc::invalid_argument, where, names[f.kind] + f.message);
+    }
+  }
+
+ private:
+  std::shared_ptr<const detail::Program> prog_;
+
+  /// jinja2's default globals that chat templates use: range, dict, namespace.
+  static void add_builtin_globals(detail::Scope& s, std::shared_ptr<std::vector<std::weak_ptr<Namespace>>> namespaces) {
+    s.set("range", make_function("range", [](Args& a) -> Value {
+      if (!a.kw.empty()) detail::type_error("range() takes no keyword arguments");
+      if (a.pos.empty() || a.pos.size() > 3) detail::type_error("range expected 1 to 3 arguments");
+      for (const auto& p : a.pos)
+        if (!p.is_integral()) detail::type_error("'" + type_name(p) + "' object cannot be interpreted as an integer");
+      std::int64_t start = 0, stop, step = 1;
+      if (a.pos.size() == 1) stop = a.pos[0].as_int();
+      else start = a.pos[0].as_int(), stop = a.pos[1].as_int();
+      if (a.pos.size() == 3) step = a.pos[2].as_int();
+      if (step == 0) detail::fail(detail::RenderFailure::value_error, "range() arg 3 must not be zero");
+      std::vector<Value> items;
+      for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+        if (items.size() >= 100000)
+          detail::fail(detail::RenderFailure::limit, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+        items.push_back(Value(i));
+      }
+      return Value(std::move(items));
+    }));
+    s.set("dict", make_function("dict", [](Args& a) -> Value {
+      auto d = std::make_shared<DictData>();
+      if (a.pos.size() > 1) detail::type_error("dict expected at most 1 argument");
+      if (!a.pos.empty()) {
+        if (a.pos[0].is_dict()) *d = a.pos[0].dict();
+        else detail::type_error("dict() from a sequence of pairs is not supported");
+      }
+      for (auto& [k, v] : a.kw) d->set(Value(k), v);
+      return Value(d);
+    }));
+    s.set("namespace", make_function("namespace", [namespaces](Args& a) -> Value {
+      auto ns = std::make_shared<Namespace>();
+      namespaces->push_back(ns);
+      if (a.pos.size() > 1) detail::type_error("namespace expected at most 1 positional argument");
+      if (!a.pos.empty()) {
+        if (!a.pos[0].is_dict()) detail::type_error("namespace() positional argument must be a mapping");
+        ns->attrs = a.pos[0].dict();
+      }
+      for (auto& [k, v] : a.kw) ns->attrs.set(Value(k), v);
+      return Value(std::static_pointer_cast<Object>(ns));
+    }));
+  }
 };
 
-using Tokenizer = ByteLevelBPE;
+}  // namespace edl::chat::jinja
+// end of edl/chat/jinja.hpp
+// #include <edl/core/error.hpp> (inlined above)
 
-}  // namespace edl::tokenizer
-// end of edl/tokenizer/tokenizer.hpp
-// end of edl/tokenizer/all.hpp
+#include <nlohmann/json.hpp>
+
+#include <ctime>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace edl::chat {
+
+struct ChatOptions {
+  bool add_generation_prompt = false;
+  /// JSON tool schemas (an array); unset passes `tools = None` as transformers does.
+  std::optional<nlohmann::ordered_json> tools;
+  /// Unset tokens are left undefined, as transformers leaves out special tokens a tokenizer
+  /// does not have (Qwen3 has no bos_token, and its template may test `bos_token is defined`).
+  std::optional<std::string> bos_token;
+  std::optional<std::string> eos_token;
+  /// Further variables (a JSON object): enable_thinking, date_string, builtin_tools, ...
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+};
+
+class ChatTemplate {
+ public:
+  /// Parses the template once; a template that does not parse is an edl::Error here.
+  explicit ChatTemplate(std::string_view source) : source_(source), tmpl_(source) {}
+
+  const std::string& source() const { return source_; }
+
+  /// Renders the conversation `messages` (a JSON array of message objects).
+  std::string apply(const nlohmann::ordered_json& messages, const ChatOptions& opts = {}) const {
+    EDL_CHECK(messages.is_array(), errc::invalid_argument, "chat.apply", "messages must be a JSON array, got ",
+              messages.type_name());
+    EDL_CHECK(opts.extra.is_object() || opts.extra.is_null(), errc::invalid_argument, "chat.apply",
+              "ChatOptions::extra must be a JSON object, got ", opts.extra.type_name());
+    using jinja::Value;
+    jinja::Context vars;
+    vars.emplace_back("messages", jinja::from_json(messages));
+    vars.emplace_back("tools", opts.tools ? jinja::from_json(*opts.tools) : Value(nullptr));
+    vars.emplace_back("documents", Value(nullptr));
+    vars.emplace_back("add_generation_prompt", Value(opts.add_generation_prompt));
+    if (opts.bos_token) vars.emplace_back("bos_token", Value(*opts.bos_token));
+    if (opts.eos_token) vars.emplace_back("eos_token", Value(*opts.eos_token));
+    if (opts.extra.is_object())
+      for (auto it = opts.extra.begin(); it != opts.extra.end(); ++it)
+        vars.emplace_back(it.key(), jinja::from_json(it.value()));
+    return tmpl_.render(vars, globals());
+  }
+
+ private:
+  std::string source_;
+  jinja::Template tmpl_;
+
+  static jinja::Context globals() {
+    using jinja::Args;
+    using jinja::Value;
+    jinja::Context g;
+    g.emplace_back("raise_exception", jinja::make_function("raise_exception", [](Args& a) -> Value {
+      std::string msg = a.pos.empty() ? (a.kw.empty() ? "" : jinja::to_str(a.kw[0].second)) : jinja::to_str(a.pos[0]);
+      jinja::detail::fail(jinja::detail::RenderFailure::raised, msg);
+    }));
+    g.emplace_back("strftime_now", jinja::make_function("strftime_now", [](Args& a) -> Value {
+      Value fmt = a.get(0, "format");
+      a.check("strftime_now", 1);
+      if (!fmt.is_string()) jinja::detail::type_error("strftime_now() argument must be str");
+      std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      if (fmt.str().empty()) return Value("");
+      for (std::size_t cap = 256; cap <= 65536; cap *= 4) {
+        std::string buf(cap, '\0');
+        std::size_t n = std::strftime(buf.data(), cap, fmt.str().c_str(), &tm);
+        if (n > 0) return Value(buf.substr(0, n));
+      }
+      return Value("");
+    }));
+    return g;
+  }
+};
+
+}  // namespace edl::chat
+// end of edl/chat/chat_template.hpp
+// #include <edl/chat/conversation.hpp>
+// edl/chat/conversation.hpp
+// A conversation rendered with a tokenizer's own chat template, as transformers'
+// tokenizer.apply_chat_template(conversation, tokenize=False) does:
+//
+//   auto tok = tokenizer::Tokenizer::from_file("Qwen3-0.6B");
+//   std::string prompt = chat::render_conversation(tok, messages, {.add_generation_prompt = true});
+//   auto ids = tok.encode(prompt);   // no add_special_tokens: the template wrote BOS if the model wants one
+//
+// `conversation` is a JSON array of messages, or an object {"messages": [...], "tools": [...],
+// other keys...}: the other keys become template variables (enable_thinking, date_string, ...).
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/chat/chat_template.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
+
+namespace edl::chat {
+
+struct ConversationOptions {
+  bool add_generation_prompt = false;
+};
+
+/// Messages, tools and extra variables of a conversation document (array or object).
+inline ChatOptions options_of(const nlohmann::ordered_json& conversation, nlohmann::ordered_json& messages,
+                              const std::string& where) {
+  ChatOptions o;
+  if (conversation.is_array()) {
+    messages = conversation;
+    return o;
+  }
+  EDL_CHECK(conversation.is_object() && conversation.contains("messages") && conversation["messages"].is_array(),
+            errc::invalid_argument, where, "expected a JSON array of messages or an object with a \"messages\" array; found ",
+            conversation.dump().substr(0, 120));
+  for (auto it = conversation.begin(); it != conversation.end(); ++it) {
+    if (it.key() == "messages") messages = it.value();
+    else if (it.key() == "tools" && !it.value().is_null()) o.tools = it.value();
+    else o.extra[it.key()] = it.value();
+  }
+  return o;
+}
+
+/// A conversation file: a JSON array of messages or an object with "messages".
+inline nlohmann::ordered_json read_conversation(const std::string& path) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(io::read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
+  }
+  EDL_CHECK(j.is_array() || (j.is_object() && j.contains("messages")), errc::invalid_argument, path,
+            "expected a JSON array of messages or an object with a \"messages\" array");
+  return j;
+}
+
+/// Renders `conversation` with tok's chat_template (tokenizer_config.json); an error when the
+/// tokenizer has none.
+inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nlohmann::ordered_json& conversation,
+                                       ConversationOptions opts = {}, const std::string& where = "chat template") {
+  EDL_CHECK(tok.chat_template().has_value(), errc::invalid_argument, where,
+            "the tokenizer has no chat_template (tokenizer_config.json has no \"chat_template\")");
+  nlohmann::ordered_json messages;
+  ChatOptions o = options_of(conversation, messages, where);
+  for (std::size_t i = 0; i < messages.size(); ++i)
+    EDL_CHECK(messages[i].is_object() && messages[i].contains("role"), errc::invalid_argument,
+              where + " messages[" + std::to_string(i) + "]", "a message is an object with a \"role\"; found ",
+              messages[i].dump().substr(0, 120));
+  o.add_generation_prompt = opts.add_generation_prompt;
+  o.bos_token = tok.bos_token();
+  o.eos_token = tok.eos_token();
+  return ChatTemplate(*tok.chat_template()).apply(messages, o);
+}
+
+}  // namespace edl::chat
+// end of edl/chat/conversation.hpp
+// #include <edl/chat/jinja.hpp> (inlined above)
+// end of edl/chat/all.hpp
 // #include <edl/optim/all.hpp>
 // edl/optim/all.hpp: optimizers, learning-rate schedules, gradient clipping.
 // #include <edl/optim/clip.hpp>
@@ -19090,7 +24933,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 /// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                 const ProcessGroup& processes = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
@@ -19131,7 +24974,7 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
     after(opt_file);
     if (primary && tokenizer) {
-      tokenizer->save((tmp / "tokenizer.json").string());
+      tokenizer->save(tmp.string());
       after("tokenizer.json");
     }
   });
@@ -19255,7 +25098,7 @@ class CheckpointManager {
   /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                    const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
     save_state(p, model, opt, state, tokenizer, hooks, processes);
@@ -19475,7 +25318,7 @@ struct DataOptions {
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
 /// (2-D .npy rows keep their length).
-inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::ByteLevelBPE* tokenizer,
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer* tokenizer,
                                  const DataOptions& opt) {
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;
@@ -19487,7 +25330,8 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
   auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
     EDL_CHECK(tokenizer != nullptr, errc::invalid_argument, path, "text data needs a tokenizer");
     for (const auto& d : docs) {
-      for (auto id : tokenizer->encode(d)) stream.push_back(static_cast<std::int32_t>(id));
+      // A stray non-UTF-8 byte becomes U+FFFD (as Python's open(errors="replace")).
+      for (auto id : tokenizer->encode(tokenizer::utf8_lossy(d))) stream.push_back(static_cast<std::int32_t>(id));
       if (opt.eos_id >= 0) stream.push_back(static_cast<std::int32_t>(opt.eos_id));
     }
   };
@@ -20600,7 +26444,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/schedule.hpp> (inlined above)
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
-// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
+// #include <edl/tokenizer/all.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/sharded_load.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
@@ -21229,7 +27073,7 @@ class BasicTrainer {
   }
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
-  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::ByteLevelBPE> tokenizer,
+  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::Tokenizer> tokenizer,
           TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
@@ -21281,7 +27125,7 @@ class BasicTrainer {
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
-  const std::optional<tokenizer::ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
+  const std::optional<tokenizer::Tokenizer>& tokenizer() const noexcept { return tok_; }
   const TokenDataset& train_dataset() const noexcept { return train_; }
   const std::optional<TokenDataset>& eval_dataset() const noexcept { return eval_; }
   std::int64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
@@ -21585,13 +27429,13 @@ class BasicTrainer {
     const std::string w = args_.where("tokenizer");
     if (t.is_null() || (t.is_string() && t.get<std::string>() == "none")) return;
     if (t.is_string() && t.get<std::string>() == "byte") {
-      tok_ = tokenizer::ByteLevelBPE::byte_level();
+      tok_ = tokenizer::byte_level_tokenizer();
     } else if (t.is_string()) {
-      tok_ = tokenizer::ByteLevelBPE::from_file(t.get<std::string>());
+      tok_ = tokenizer::Tokenizer::from_file(t.get<std::string>());
     } else {  // {"train_bpe": vocab_size}: trained on the text of train_data, saved next to the checkpoints
       const std::string saved = (fs::path(args_.save_directory) / "tokenizer.json").string();
       if (args_.resume_if_possible && fs::exists(saved)) {
-        tok_ = tokenizer::ByteLevelBPE::from_file(saved);
+        tok_ = tokenizer::Tokenizer::from_file(saved);
         return;
       }
       std::vector<std::string> docs;
@@ -21601,7 +27445,7 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = tokenizer::ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
+      tok_ = tokenizer::train_byte_level_bpe(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
       if (processes_.is_primary()) tok_->save(saved);
     }
@@ -21707,7 +27551,7 @@ class BasicTrainer {
   }
 
   TrainingArguments args_;
-  std::optional<tokenizer::ByteLevelBPE> tok_;
+  std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
   TokenDataset train_;
   std::optional<TokenDataset> eval_;

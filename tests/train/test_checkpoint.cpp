@@ -9,6 +9,7 @@
 
 #include <edl/models/llama/llama.hpp>
 #include <edl/optim/all.hpp>
+#include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/checkpoint.hpp>
 
 namespace edl::train {
@@ -67,7 +68,7 @@ TEST(Checkpoint, SaveLoadRoundTrip) {
   s.data_key = Key{5, 6};
   s.tokens_seen = 99;
   s.eval_loss = 1.5;
-  tokenizer::ByteTokenizer tok;
+  const auto tok = tokenizer::byte_level_tokenizer();
   const std::string dir = (t.p / "checkpoint-2").string();
   save_state(dir, m, opt, s, &tok);
   for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "state.json", "tokenizer.json"})

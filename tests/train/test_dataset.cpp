@@ -8,6 +8,7 @@
 #include <set>
 
 #include <edl/io/npy.hpp>
+#include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/dataset.hpp>
 
 namespace edl::train {
@@ -42,7 +43,7 @@ TEST(Dataset, FortuneFilesArePackedWithEos) {
   EXPECT_EQ(docs[0], "ab\n");
   EXPECT_EQ(docs[1], "cd\r\n");
   EXPECT_EQ(docs[2], "xyz\n");
-  tokenizer::ByteTokenizer tok;
+  const auto tok = tokenizer::byte_level_tokenizer();
   auto d = load_dataset({f}, &tok, {4, 257, 259});
   // stream: a b \n 257 c d \r \n 257 x y z \n 257  (14 tokens) -> pieces of 4, 4, 4, 2
   ASSERT_EQ(d.size(), 4);
@@ -57,7 +58,7 @@ TEST(Dataset, FortuneFilesArePackedWithEos) {
 TEST(Dataset, JsonLinesBinAndNpy) {
   TempDir t("formats");
   const auto j = t.file("d.jsonl", "{\"text\": \"hi\"}\n\n{\"text\": \"yo\", \"id\": 3}\n");
-  tokenizer::ByteTokenizer tok;
+  const auto tok = tokenizer::byte_level_tokenizer();
   auto d = load_dataset({j}, &tok, {100, 257, 0});
   ASSERT_EQ(d.size(), 1);
   EXPECT_EQ(seq(d, 0), (std::vector<std::int32_t>{'h', 'i', 257, 'y', 'o', 257}));

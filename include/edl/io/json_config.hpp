@@ -59,12 +59,7 @@ class JsonConfig {
   }
 
   static JsonConfig from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    EDL_CHECK(!in.bad(), errc::io, path, "read failed: ", detail::errno_text());
-    return parse(ss.str(), path);
+    return parse(read_text_file(path), path);
   }
 
   const ojson& json() const noexcept { return j_; }

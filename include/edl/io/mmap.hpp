@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -30,6 +32,16 @@ inline std::string errno_text(int err = errno) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 }  // namespace detail
+
+/// The whole file as a string (errors name the file).
+inline std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EDL_CHECK(!in.bad(), errc::io, path, "read failed: ", detail::errno_text());
+  return ss.str();
+}
 
 class MappedFile {
  public:

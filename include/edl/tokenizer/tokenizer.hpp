@@ -1,483 +1,336 @@
 // edl/tokenizer/tokenizer.hpp
-// Byte-level tokenizers, saved and loaded as HuggingFace tokenizer.json:
+// A tokenizer as the hub ships it: tokenizer.json (HF `tokenizers`' format) plus, when present,
+// tokenizer_config.json (bos/eos/pad tokens, add_bos_token, chat_template, clean-up flag).
 //
-//   ByteLevelBPE   GPT-2 style byte-level BPE: text -> pre-tokens (GPT-2's split pattern) ->
-//                  bytes -> merges applied by rank. train() learns merges on a corpus;
-//                  from_file() loads an HF tokenizer.json (model.type "BPE", byte-level
-//                  pre-tokenizer); save() writes one that HF `tokenizers` loads.
-//   ByteTokenizer  the same with no merges: ids 0-255 are the bytes, then the specials
-//                  <s> (256, bos), </s> (257, eos), <pad> (258): vocab 259.
+//   auto tok = tokenizer::Tokenizer::from_file("Llama-3.2-1B-Instruct");   // folder or tokenizer.json
+//   auto ids = tok.encode("Hello <|eot_id|>", /*add_special_tokens=*/true);
+//   std::string text = tok.decode(ids, /*skip_special_tokens=*/true);
 //
-//   auto tok = tokenizer::ByteLevelBPE::train(docs, 1024);  // merges of the most frequent pairs
-//   auto ids = tok.encode("héllo");                         // decode(encode(s)) == s for any bytes
-//   tok.save("out/tokenizer.json");
-//
-// Pre-tokenization follows GPT-2's pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
-// ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  with one approximation: without Unicode tables, every byte
-// >= 0x80 counts as a letter (exact on ASCII; non-ASCII letters, the common case, agree).
-// Special tokens are not recognized inside text passed to encode() (they are ids the data
-// pipeline inserts).
-//
-// Its own layer (after io/, before train/ and generate/) so that serving loads a tokenizer
-// without the trainer.
+// encode runs HF's pipeline: added tokens are found in the raw text first (special tokens
+// written in the text become their ids), each remaining piece is normalized, pre-tokenized
+// and tokenized by the model, and the post-processor adds BOS/EOS when asked. decode maps ids
+// back to tokens and runs the decoder chain. Every component kind edl does not implement is
+// refused at load, naming it: a tokenizer that loads encodes exactly.
 #pragma once
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
-#include <fstream>
-#include <limits>
-#include <map>
+#include <filesystem>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <utility>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
 #include <edl/io/atomic_file.hpp>
-#include <edl/io/mmap.hpp>
+#include <edl/io/json_config.hpp>
+#include <edl/tokenizer/added_tokens.hpp>
+#include <edl/tokenizer/decoder.hpp>
+#include <edl/tokenizer/model.hpp>
+#include <edl/tokenizer/normalizer.hpp>
+#include <edl/tokenizer/post_processor.hpp>
+#include <edl/tokenizer/pre_tokenizer.hpp>
 
 namespace edl::tokenizer {
 
-using ojson = nlohmann::ordered_json;
-
-namespace detail {
-
-/// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to 256 + n.
-inline const std::array<std::uint32_t, 256>& byte_to_codepoint() {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    std::array<bool, 256> direct{};
-    for (int b = '!'; b <= '~'; ++b) direct[b] = true;
-    for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
-    for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
-    std::uint32_t n = 0;
-    for (int b = 0; b < 256; ++b) t[b] = direct[b] ? static_cast<std::uint32_t>(b) : 256 + n++;
-    return t;
-  }();
-  return table;
-}
-
-inline void append_utf8(std::string& s, std::uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-/// Code points of a UTF-8 string; nullopt when it is not valid UTF-8.
-inline std::optional<std::vector<std::uint32_t>> utf8_codepoints(std::string_view s) {
-  std::vector<std::uint32_t> out;
-  for (std::size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return std::nullopt;
-    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) {
-      const unsigned char d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return std::nullopt;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    out.push_back(cp);
-    i += static_cast<std::size_t>(len);
-  }
-  return out;
-}
-
-/// The byte-level form of raw bytes (each byte -> its GPT-2 code point, UTF-8 encoded).
-inline std::string bytes_to_unicode(std::string_view bytes) {
-  std::string s;
-  for (unsigned char b : bytes) append_utf8(s, byte_to_codepoint()[b]);
-  return s;
-}
-
-/// Inverse of bytes_to_unicode; nullopt when a code point is not one of the 256.
-inline std::optional<std::string> unicode_to_bytes(std::string_view u) {
-  static const std::unordered_map<std::uint32_t, unsigned char> inv = [] {
-    std::unordered_map<std::uint32_t, unsigned char> m;
-    for (int b = 0; b < 256; ++b) m[byte_to_codepoint()[b]] = static_cast<unsigned char>(b);
-    return m;
-  }();
-  auto cps = utf8_codepoints(u);
-  if (!cps) return std::nullopt;
-  std::string out;
-  for (auto cp : *cps) {
-    auto it = inv.find(cp);
-    if (it == inv.end()) return std::nullopt;
-    out += static_cast<char>(it->second);
-  }
-  return out;
-}
-
-enum class CharClass { letter, number, space, other };
-inline CharClass char_class(unsigned char c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) return CharClass::letter;
-  if (c >= '0' && c <= '9') return CharClass::number;
-  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::space;
-  return CharClass::other;
-}
-
-/// GPT-2 pre-tokenization (see the header comment): calls f(piece) for each piece, in order.
-template <class F>
-void pretokenize(std::string_view s, F&& f) {
-  const std::size_t n = s.size();
-  std::size_t i = 0;
-  auto cls = [&](std::size_t k) { return char_class(static_cast<unsigned char>(s[k])); };
-  while (i < n) {
-    if (s[i] == '\'') {  // contractions (case-sensitive, as GPT-2)
-      std::size_t len = 0;
-      for (std::string_view c : {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d"})
-        if (s.substr(i, c.size()) == c) { len = c.size(); break; }
-      if (len) { f(s.substr(i, len)); i += len; continue; }
-    }
-    std::size_t j = i;
-    if (s[i] == ' ' && i + 1 < n && cls(i + 1) != CharClass::space) j = i + 1;
-    const CharClass c = cls(j);
-    if (c != CharClass::space) {
-      std::size_t k = j + 1;
-      while (k < n && cls(k) == c) ++k;
-      f(s.substr(i, k - i));
-      i = k;
-      continue;
-    }
-    std::size_t k = i;
-    while (k < n && cls(k) == CharClass::space) ++k;
-    if (k < n && k - i >= 2) k -= 1;  // \s+(?!\S): leave the last space to the next word
-    f(s.substr(i, k - i));
-    i = k;
-  }
-}
-
-}  // namespace detail
-
-class ByteLevelBPE {
+class Tokenizer {
  public:
-  static constexpr const char* kBos = "<s>";
-  static constexpr const char* kEos = "</s>";
-  static constexpr const char* kPad = "<pad>";
+  using json = nlohmann::json;
+  using ojson = nlohmann::ordered_json;
 
-  /// Bytes 0-255 as ids 0-255, then <s>, </s>, <pad>; no merges.
-  static ByteLevelBPE byte_level() {
-    ByteLevelBPE t;
-    for (int b = 0; b < 256; ++b) {
-      t.tokens_.push_back(std::string(1, static_cast<char>(b)));
-      t.special_.push_back(false);
-      t.byte_id_[b] = b;
-    }
-    for (const char* s : {kBos, kEos, kPad}) t.add_special(s);
-    t.find_specials();
-    return t;
-  }
-
-  /// Learns merges on `docs` until the vocabulary holds `vocab_size` tokens (259 + merges):
-  /// each round merges the adjacent pair with the highest count over all pre-tokens; ties go
-  /// to the smallest (left id, right id). Stops early when no pair is left.
-  static ByteLevelBPE train(const std::vector<std::string>& docs, std::int64_t vocab_size) {
-    ByteLevelBPE t = byte_level();
-    EDL_CHECK(vocab_size >= t.vocab_size(), errc::invalid_argument, "ByteLevelBPE::train",
-              "vocab_size must be at least ", t.vocab_size(), " (bytes and specials), found ", vocab_size);
-    std::map<std::string, std::int64_t> counts;
-    for (const auto& d : docs) detail::pretokenize(d, [&](std::string_view p) { ++counts[std::string(p)]; });
-    std::vector<std::vector<std::int32_t>> words;
-    std::vector<std::int64_t> freq;
-    for (const auto& [w, c] : counts) {
-      std::vector<std::int32_t> ids;
-      for (unsigned char b : w) ids.push_back(b);
-      if (ids.size() >= 2) { words.push_back(std::move(ids)); freq.push_back(c); }
-    }
-    std::unordered_map<std::uint64_t, std::int64_t> pairs;
-    auto key = [](std::int32_t a, std::int32_t b) { return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b); };
-    while (t.vocab_size() < vocab_size) {
-      pairs.clear();
-      for (std::size_t w = 0; w < words.size(); ++w)
-        for (std::size_t i = 0; i + 1 < words[w].size(); ++i) pairs[key(words[w][i], words[w][i + 1])] += freq[w];
-      std::uint64_t best = 0;
-      std::int64_t best_count = 0;
-      for (const auto& [k, c] : pairs)
-        if (c > best_count || (c == best_count && k < best)) { best = k; best_count = c; }
-      if (best_count == 0) break;
-      const std::int32_t a = static_cast<std::int32_t>(best >> 32), b = static_cast<std::int32_t>(best & 0xffffffffu);
-      const std::int32_t id = static_cast<std::int32_t>(t.tokens_.size());
-      t.add_merge(a, b, t.tokens_[a] + t.tokens_[b]);
-      for (auto& w : words) {
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) { w[o++] = id; ++i; }
-          else w[o++] = w[i];
-        }
-        w.resize(o);
-      }
-    }
-    return t;
-  }
-
-  /// Reads an HF tokenizer.json with a byte-level BPE model.
-  static ByteLevelBPE from_json(const ojson& j, const std::string& source = "tokenizer.json") {
-    auto fail = [&](const std::string& field, const std::string& msg) {
-      ::edl::detail::raise(errc::format, source + " field " + field, msg);
-    };
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail("model", "missing or not an object");
-    const ojson& m = j["model"];
-    if (!m.contains("type") || m["type"] != "BPE")
-      fail("model.type", "expected \"BPE\", found " + (m.contains("type") ? m["type"].dump() : std::string("nothing")));
-    if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
-    // The pre-tokenizer must be byte-level (alone or inside a Sequence).
-    bool byte_level = false;
-    if (j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object()) {
-      const ojson& p = j["pre_tokenizer"];
-      if (p.value("type", "") == "ByteLevel") byte_level = true;
-      if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
-        for (const auto& q : p["pretokenizers"])
-          if (q.value("type", "") == "ByteLevel") byte_level = true;
-    }
-    if (!byte_level) fail("pre_tokenizer", "expected a ByteLevel pre-tokenizer (only byte-level BPE is supported)");
-
-    ByteLevelBPE t;
-    std::map<std::int64_t, std::pair<std::string, bool>> by_id;  // id -> (bytes or content, special)
-    std::unordered_map<std::string, std::int64_t> vocab;         // byte-level string -> id
-    if (j.contains("added_tokens") && j["added_tokens"].is_array())
-      for (const auto& a : j["added_tokens"]) {
-        if (!a.is_object() || !a.contains("id") || !a.contains("content")) fail("added_tokens", "entry without id/content");
-        by_id[a["id"].get<std::int64_t>()] = {a["content"].get<std::string>(), true};
-      }
-    for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0)
-        fail("model.vocab", "id of \"" + it.key() + "\" must be a non-negative integer");
-      const std::int64_t id = it.value().get<std::int64_t>();
-      vocab[it.key()] = id;
-      if (by_id.count(id)) continue;  // an added (special) token also listed in the vocab
-      auto bytes = detail::unicode_to_bytes(it.key());
-      if (!bytes) fail("model.vocab", "token \"" + it.key() + "\" is not in the byte-level alphabet");
-      by_id[id] = {*bytes, false};
-    }
-    if (by_id.empty()) fail("model.vocab", "is empty");
-    const std::int64_t n = by_id.rbegin()->first + 1;
-    t.tokens_.assign(static_cast<std::size_t>(n), std::string());
-    t.special_.assign(static_cast<std::size_t>(n), false);
-    t.present_.assign(static_cast<std::size_t>(n), false);
-    for (const auto& [id, e] : by_id) {
-      t.tokens_[static_cast<std::size_t>(id)] = e.first;
-      t.special_[static_cast<std::size_t>(id)] = e.second;
-      t.present_[static_cast<std::size_t>(id)] = true;
-    }
-    for (int b = 0; b < 256; ++b) {  // a byte missing from the vocab is an error only when encoded
-      auto it = vocab.find(detail::bytes_to_unicode(std::string(1, static_cast<char>(b))));
-      t.byte_id_[b] = it == vocab.end() ? -1 : it->second;
-    }
-    if (m.contains("merges") && m["merges"].is_array()) {
-      std::size_t rank = 0;
-      for (const auto& e : m["merges"]) {
-        std::string l, r;
-        if (e.is_string()) {
-          const std::string s = e.get<std::string>();
-          const auto sp = s.find(' ');
-          if (sp == std::string::npos) fail("model.merges", "entry \"" + s + "\" is not \"left right\"");
-          l = s.substr(0, sp);
-          r = s.substr(sp + 1);
-        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-          l = e[0].get<std::string>();
-          r = e[1].get<std::string>();
-        } else {
-          fail("model.merges", "entry " + e.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
-        }
-        auto il = vocab.find(l), ir = vocab.find(r), im = vocab.find(l + r);
-        if (il == vocab.end() || ir == vocab.end() || im == vocab.end())
-          fail("model.merges", "merge " + std::to_string(rank) + " (\"" + l + "\", \"" + r +
-                                   "\") uses a token missing from the vocab");
-        t.merges_[key(il->second, ir->second)] = {static_cast<std::int64_t>(rank), im->second};
-        t.merge_list_.emplace_back(il->second, ir->second);
-        ++rank;
-      }
-    }
-    t.find_specials();
-    return t;
-  }
-
-  static ByteLevelBPE from_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ojson j;
+  /// From the text of a tokenizer.json and, optionally, a tokenizer_config.json document.
+  /// (The text is parsed into an unordered document: nlohmann's ordered_json inserts in
+  /// quadratic time, minutes for a 262k-token vocabulary; the text itself is what save() writes.)
+  static Tokenizer from_text(std::string text, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
+    json j;
     try {
-      j = ojson::parse(ss.str());
-    } catch (const std::exception& e) {
-      ::edl::detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      detail::raise(errc::format, source, std::string("not valid JSON: ") + e.what());
     }
-    return from_json(j, path);
+    Tokenizer t = build(j, config, source);
+    t.text_ = std::move(text);
+    return t;
   }
 
-  /// HF tokenizer.json (model BPE, byte-level pre-tokenizer and decoder).
-  ojson to_json() const {
-    ojson added = ojson::array();
-    ojson vocab = ojson::object();
-    for (std::size_t id = 0; id < tokens_.size(); ++id) {
-      if (!present_[id]) continue;
-      if (special_[id]) {
-        added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
-                         {"rstrip", false}, {"normalized", false}, {"special", true}});
-        vocab[tokens_[id]] = id;
-      } else {
-        vocab[detail::bytes_to_unicode(tokens_[id])] = id;
+  /// From a tokenizer.json document and, optionally, a tokenizer_config.json document.
+  static Tokenizer from_json(const json& j, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
+    Tokenizer t = build(j, config, source);
+    t.text_ = j.dump(2) + "\n";
+    return t;
+  }
+
+ private:
+  static Tokenizer build(const json& j, const ojson& config, const std::string& source) {
+    if (!j.is_object()) detail::raise(errc::format, source, "expected a JSON object");
+    Tokenizer t;
+    t.config_ = config.is_object() ? config : ojson(nullptr);
+    t.source_ = source;
+    if (!j.contains("model")) detail::raise(errc::format, source, "has no \"model\"");
+    t.model_ = Model::from_json(j["model"], source);
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer_ = Normalizer::from_json(j["normalizer"], source);
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
+      t.pre_tokenizer_ = PreTokenizer::from_json(j["pre_tokenizer"], source);
+    if (j.contains("post_processor") && !j["post_processor"].is_null())
+      t.post_processor_ = PostProcessor::from_json(j["post_processor"], source);
+    if (j.contains("decoder") && !j["decoder"].is_null()) t.decoder_ = Decoder::from_json(j["decoder"], source);
+
+    if (j.contains("added_tokens")) {
+      if (!j["added_tokens"].is_array()) detail::raise(errc::format, source + ": added_tokens", "expected an array");
+      for (std::size_t i = 0; i < j["added_tokens"].size(); ++i)
+        t.added_.push_back(AddedToken::from_json(j["added_tokens"][i], source + ": added_tokens[" + std::to_string(i) + "]"));
+    }
+    for (std::size_t i = 0; i < t.added_.size(); ++i) {
+      auto& a = t.added_[i];
+      t.added_by_id_[a.id] = i;
+      t.added_by_content_[a.content] = i;
+      if (a.normalized && t.normalizer_) t.normalized_matcher_.add(t.normalizer_->normalize(a.content), i);
+      else if (a.normalized) t.normalized_matcher_.add(a.content, i);
+      else t.raw_matcher_.add(a.content, i);
+    }
+    t.vocab_size_ = t.model_.size();
+    for (const auto& a : t.added_) t.vocab_size_ = std::max(t.vocab_size_, a.id + 1);
+    t.read_config();
+    return t;
+  }
+
+ public:
+
+  /// From a folder (tokenizer.json and, if present, tokenizer_config.json) or a tokenizer.json.
+  static Tokenizer from_file(const std::string& path) {
+    namespace fs = std::filesystem;
+    fs::path file = path, dir = fs::path(path).parent_path();
+    if (fs::is_directory(path)) {
+      dir = path;
+      file = dir / "tokenizer.json";
+      if (!fs::exists(file))
+        detail::raise(errc::io, path, "no tokenizer.json in this folder (edl reads HF tokenizer.json files; a "
+                                      "SentencePiece tokenizer.model alone is not supported)");
+    }
+    ojson config = nullptr;
+    if (auto c = dir / "tokenizer_config.json"; fs::exists(c)) config = io::JsonConfig::from_file(c.string()).json();
+    return from_text(io::read_text_file(file.string()), config, file.string());
+  }
+
+  // ---------------------------------------------------------------- encode
+
+  /// Token ids of `text` (valid UTF-8). add_special_tokens: the post-processor's BOS/EOS.
+  /// Special tokens written in the text are matched either way.
+  std::vector<std::int64_t> encode(std::string_view text, bool add_special_tokens = false) const {
+    if (auto bad = invalid_utf8_at(text))
+      detail::raise(errc::invalid_argument, source_ + ": encode",
+                    detail::concat("text is not valid UTF-8 (byte offset ", *bad, ")"));
+    std::vector<std::int64_t> ids;
+    ids.reserve(text.size() / 3 + 4);
+    std::vector<TextSplit> splits = split_on_added({std::string(text), std::nullopt, true}, raw_matcher_, added_);
+    std::vector<Piece> words;
+    for (auto& s : splits) {
+      if (s.id) {
+        ids.push_back(*s.id);
+        continue;
+      }
+      if (normalizer_) s.text = normalizer_->normalize(std::move(s.text));
+      for (auto& n : split_on_added(s, normalized_matcher_, added_)) {
+        if (n.id) {
+          ids.push_back(*n.id);
+          continue;
+        }
+        words.assign(1, Piece{std::move(n.text), n.at_start});
+        if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(words);
+        for (const auto& w : words) model_.tokenize(w.text, ids, source_);
       }
     }
-    ojson merges = ojson::array();
-    for (const auto& [a, b] : merge_list_)
-      merges.push_back(detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(a)]) + " " +
-                       detail::bytes_to_unicode(tokens_[static_cast<std::size_t>(b)]));
-    ojson j = ojson::object();
-    j["version"] = "1.0";
-    j["truncation"] = nullptr;
-    j["padding"] = nullptr;
-    j["added_tokens"] = added;
-    j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-    j["post_processor"] = nullptr;
-    j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                  {"byte_fallback", false}, {"ignore_merges", false},
-                  {"vocab", vocab},         {"merges", merges}};
-    return j;
-  }
-  void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
-
-  /// Token ids of `text` (no bos/eos added).
-  std::vector<std::int64_t> encode(std::string_view text) const {
-    std::vector<std::int64_t> out;
-    out.reserve(text.size());
-    auto byte = [&](unsigned char b) {
-      EDL_CHECK(byte_id_[b] >= 0, errc::invalid_argument, "ByteLevelBPE::encode", "byte ", static_cast<int>(b),
-                " has no token in this vocabulary");
-      return byte_id_[b];
-    };
-    if (merges_.empty()) {
-      for (unsigned char b : text) out.push_back(byte(b));
-      return out;
-    }
-    std::vector<std::int64_t> sym;
-    detail::pretokenize(text, [&](std::string_view piece) {
-      sym.clear();
-      for (unsigned char b : piece) sym.push_back(byte(b));
-      while (sym.size() >= 2) {  // merge the lowest-rank pair, leftmost first
-        std::int64_t best_rank = std::numeric_limits<std::int64_t>::max(), best_id = -1;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto it = merges_.find(key(sym[i], sym[i + 1]));
-          if (it != merges_.end() && it->second.first < best_rank) {
-            best_rank = it->second.first;
-            best_id = it->second.second;
-            at = i;
-          }
-        }
-        if (best_id < 0) break;
-        const std::int64_t a = sym[at], b = sym[at + 1];
-        std::size_t o = 0;
-        for (std::size_t i = 0; i < sym.size(); ++i) {
-          if (i >= at && i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { sym[o++] = best_id; ++i; }
-          else sym[o++] = sym[i];
-        }
-        sym.resize(o);
-      }
-      out.insert(out.end(), sym.begin(), sym.end());
-    });
-    return out;
+    if (add_special_tokens && post_processor_) return post_processor_->process(std::move(ids));
+    return ids;
   }
 
-  /// Text of `ids`; special tokens are dropped unless keep_special.
-  std::string decode(std::span<const std::int64_t> ids, bool keep_special = false) const {
-    std::string s;
+  // ---------------------------------------------------------------- decode
+
+  /// The text of `ids`; skip_special_tokens drops special added tokens. The clean-up of
+  /// tokenizer_config.json's clean_up_tokenization_spaces applies as in transformers.
+  std::string decode(std::span<const std::int64_t> ids, bool skip_special_tokens = false) const {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
     for (auto id : ids) {
-      EDL_CHECK(id >= 0 && id < vocab_size() && present_[static_cast<std::size_t>(id)], errc::invalid_argument,
-                "ByteLevelBPE::decode", "id ", id, " is not in the vocabulary (size ", vocab_size(), ")");
-      if (special_[static_cast<std::size_t>(id)] && !keep_special) continue;
-      s += tokens_[static_cast<std::size_t>(id)];
+      if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+        if (!(skip_special_tokens && added_[it->second].special)) tokens.push_back(added_[it->second].content);
+        continue;
+      }
+      const std::string* t = model_.id_to_token(id);
+      if (!t)
+        detail::raise(errc::invalid_argument, source_ + ": decode",
+                      detail::concat("id ", id, " is not in the vocabulary (size ", vocab_size_, ")"));
+      tokens.push_back(*t);
     }
-    return s;
+    std::string s;
+    if (decoder_) {
+      s = decoder_->decode(std::move(tokens));
+    } else {
+      for (std::size_t i = 0; i < tokens.size(); ++i) s += (i ? " " : "") + tokens[i];
+    }
+    return clean_up_spaces_ ? Decoder::cleanup(std::move(s)) : s;
   }
-  std::string decode(const std::vector<std::int64_t>& ids, bool keep_special = false) const {
-    return decode(std::span<const std::int64_t>(ids), keep_special);
+  std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens = false) const {
+    return decode(std::span<const std::int64_t>(ids), skip_special_tokens);
   }
 
-  /// Largest id + 1.
-  std::int64_t vocab_size() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
-  std::size_t num_merges() const noexcept { return merge_list_.size(); }
+  // ---------------------------------------------------------------- vocabulary
+
+  /// Largest id + 1 (model vocabulary and added tokens).
+  std::int64_t vocab_size() const noexcept { return vocab_size_; }
   std::optional<std::int64_t> bos_id() const { return bos_; }
   std::optional<std::int64_t> eos_id() const { return eos_; }
   std::optional<std::int64_t> pad_id() const { return pad_; }
-  /// Id of a special token by its content.
-  std::optional<std::int64_t> special_id(std::string_view content) const {
-    for (std::size_t i = 0; i < tokens_.size(); ++i)
-      if (special_[i] && tokens_[i] == content) return static_cast<std::int64_t>(i);
+  std::optional<std::int64_t> token_to_id(std::string_view token) const {
+    if (auto it = added_by_content_.find(std::string(token)); it != added_by_content_.end()) return added_[it->second].id;
+    return model_.token_to_id(token);
+  }
+  /// The token string of an id (the vocabulary's form: byte-level or ▁ characters), if any.
+  std::optional<std::string> id_to_token(std::int64_t id) const {
+    if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return added_[it->second].content;
+    if (const std::string* t = model_.id_to_token(id)) return *t;
     return std::nullopt;
   }
-  /// Raw bytes of a (non-special) token.
-  const std::string& token_bytes(std::int64_t id) const { return tokens_.at(static_cast<std::size_t>(id)); }
+  bool is_special(std::int64_t id) const {
+    auto it = added_by_id_.find(id);
+    return it != added_by_id_.end() && added_[it->second].special;
+  }
+  const std::vector<AddedToken>& added_tokens() const noexcept { return added_; }
+
+  /// tokenizer_config.json's chat_template (the "default" one when it is a named list).
+  const std::optional<std::string>& chat_template() const noexcept { return chat_template_; }
+  /// tokenizer_config.json's bos_token / eos_token (what chat templates print); unset when the
+  /// config does not name one.
+  const std::optional<std::string>& bos_token() const noexcept { return bos_token_; }
+  const std::optional<std::string>& eos_token() const noexcept { return eos_token_; }
+  const ojson& config() const noexcept { return config_; }
+  /// The tokenizer.json text (as read, or as built by from_json).
+  const std::string& to_text() const noexcept { return text_; }
+
+  /// Writes tokenizer.json and, when the tokenizer came with one, tokenizer_config.json into
+  /// `dir`, each atomically.
+  void save(const std::string& dir) const {
+    namespace fs = std::filesystem;
+    fs::path d = dir;
+    if (d.extension() == ".json") d = d.parent_path();  // a tokenizer.json path names its folder
+    io::write_file_atomic((d / "tokenizer.json").string(), text_);
+    if (config_.is_object()) io::write_file_atomic((d / "tokenizer_config.json").string(), config_.dump(2) + "\n");
+  }
 
  private:
-  static std::uint64_t key(std::int64_t a, std::int64_t b) {
-    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint32_t>(b);
-  }
-  void add_special(const std::string& s) {
-    tokens_.push_back(s);
-    special_.push_back(true);
-    present_.resize(tokens_.size(), true);
-  }
-  void add_merge(std::int64_t a, std::int64_t b, std::string bytes) {
-    const std::int64_t id = vocab_size();
-    tokens_.push_back(std::move(bytes));
-    special_.push_back(false);
-    present_.resize(tokens_.size(), true);
-    merges_[key(a, b)] = {static_cast<std::int64_t>(merge_list_.size()), id};
-    merge_list_.emplace_back(a, b);
-  }
-  void find_specials() {
-    present_.resize(tokens_.size(), true);
-    auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::int64_t> {
-      for (const char* n : names)
-        if (auto id = special_id(n)) return id;
+  /// bos/eos/pad from tokenizer_config.json (strings or {"content": ...} objects); without one,
+  /// the usual names among the special tokens. transformers' Llama and Gemma tokenizers rebuild
+  /// the post-processor from add_bos_token/add_eos_token: so does edl.
+  void read_config() {
+    auto token_of = [&](const char* key) -> std::optional<std::string> {
+      if (!config_.is_object() || !config_.contains(key) || config_[key].is_null()) return std::nullopt;
+      const auto& v = config_[key];
+      if (v.is_string()) return v.get<std::string>();
+      if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+      detail::raise(errc::format, source_ + ": tokenizer_config.json " + key, "expected a string or {\"content\": ...}; found " + v.dump());
+    };
+    auto id_of = [&](const char* key, std::initializer_list<const char*> fallback) -> std::optional<std::int64_t> {
+      if (auto name = token_of(key)) {
+        auto id = token_to_id(*name);
+        if (!id) detail::raise(errc::format, source_ + ": tokenizer_config.json " + key, "token '" + *name + "' is not in the vocabulary");
+        return id;
+      }
+      if (config_.is_object()) return std::nullopt;
+      for (const char* n : fallback)
+        if (auto it = added_by_content_.find(n); it != added_by_content_.end()) return added_[it->second].id;
       return std::nullopt;
     };
-    bos_ = first({"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
-    eos_ = first({"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
-    pad_ = first({"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+    bos_ = id_of("bos_token", {"<s>", "<|begin_of_text|>", "<bos>", "<|bos|>", "<|startoftext|>"});
+    eos_ = id_of("eos_token", {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "<|im_end|>"});
+    pad_ = id_of("pad_token", {"<pad>", "<|pad|>", "[PAD]", "<|padding|>"});
+    bos_token_ = token_of("bos_token");
+    eos_token_ = token_of("eos_token");
+    if (!config_.is_object()) return;
+    clean_up_spaces_ = config_.value("clean_up_tokenization_spaces", false);
+    const std::string cls = config_.value("tokenizer_class", std::string());
+    const bool rebuilds = cls.rfind("LlamaTokenizer", 0) == 0 || cls.rfind("GemmaTokenizer", 0) == 0 ||
+                          cls.rfind("CodeLlamaTokenizer", 0) == 0;
+    if (rebuilds && (config_.contains("add_bos_token") || config_.contains("add_eos_token"))) {
+      const bool add_bos = config_.value("add_bos_token", true), add_eos = config_.value("add_eos_token", false);
+      post_processor_ = PostProcessor::bos_eos(add_bos ? bos_ : std::nullopt, add_eos ? eos_ : std::nullopt);
+    }
+    if (config_.contains("chat_template")) {
+      const auto& ct = config_["chat_template"];
+      if (ct.is_string()) {
+        chat_template_ = ct.get<std::string>();
+      } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        for (const auto& e : ct)
+          if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template"))
+            chat_template_ = e["template"].get<std::string>();
+      }
+    }
   }
 
-  std::vector<std::string> tokens_;  // raw bytes (specials: their content)
-  std::vector<bool> special_, present_;
-  std::array<std::int64_t, 256> byte_id_ = [] {
-    std::array<std::int64_t, 256> a{};
-    a.fill(-1);
-    return a;
-  }();
-  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> (rank, id)
-  std::vector<std::pair<std::int64_t, std::int64_t>> merge_list_;
+  std::string text_;  // the tokenizer.json as read (save() writes it back unchanged)
+  ojson config_;
+  std::string source_;
+  Model model_;
+  std::optional<Normalizer> normalizer_;
+  std::optional<PreTokenizer> pre_tokenizer_;
+  std::optional<PostProcessor> post_processor_;
+  std::optional<Decoder> decoder_;
+  std::vector<AddedToken> added_;
+  std::unordered_map<std::int64_t, std::size_t> added_by_id_;
+  std::unordered_map<std::string, std::size_t> added_by_content_;
+  AddedTokenMatcher raw_matcher_, normalized_matcher_;
+  std::int64_t vocab_size_ = 0;
   std::optional<std::int64_t> bos_, eos_, pad_;
+  std::optional<std::string> bos_token_, eos_token_;
+  std::optional<std::string> chat_template_;
+  bool clean_up_spaces_ = false;
 };
 
-/// The byte-level tokenizer: ids 0-255 are bytes, 256 <s>, 257 </s>, 258 <pad>.
-struct ByteTokenizer : ByteLevelBPE {
-  ByteTokenizer() : ByteLevelBPE(ByteLevelBPE::byte_level()) {}
-};
+/// Text that grows token by token (HF's DecodeStream): step() returns the new text once it
+/// is complete (a multi-byte character split across tokens waits for its last byte), and what
+/// the decoder does at a word's start (Metaspace, Strip) is decided with the previous tokens in
+/// view, so the pieces concatenate to decode(all ids).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special_tokens = false)
+      : tok_(&tok), skip_(skip_special_tokens) {}
 
-using Tokenizer = ByteLevelBPE;
+  std::string step(std::int64_t id) {
+    if (prefix_.empty() && !ids_.empty()) {
+      std::string p = tok_->decode(ids_, skip_);
+      if (!ends_with_replacement(p)) {
+        prefix_ = std::move(p);
+        prefix_index_ = ids_.size();
+      }
+    }
+    ids_.push_back(id);
+    std::string s = tok_->decode(ids_, skip_);
+    if (s.size() > prefix_.size() && !ends_with_replacement(s)) {
+      if (s.compare(0, prefix_.size(), prefix_) != 0)
+        detail::raise(errc::invalid_argument, "StreamDecoder",
+                      detail::concat("token ", id, " changed text already streamed ('", prefix_, "' -> '", s, "')"));
+      std::string added = s.substr(prefix_.size());
+      const std::size_t new_prefix_index = ids_.size() - prefix_index_;
+      ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
+      prefix_ = tok_->decode(ids_, skip_);
+      prefix_index_ = new_prefix_index;
+      return added;
+    }
+    return {};
+  }
+
+ private:
+  static bool ends_with_replacement(const std::string& s) {
+    return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+  }
+  const Tokenizer* tok_;
+  bool skip_;
+  std::vector<std::int64_t> ids_;
+  std::string prefix_;
+  std::size_t prefix_index_ = 0;
+};
 
 }  // namespace edl::tokenizer

@@ -237,7 +237,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 /// that save together (every one of them calls this); the default is this process alone.
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                 const ProcessGroup& processes = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
@@ -278,7 +278,7 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
     detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
     after(opt_file);
     if (primary && tokenizer) {
-      tokenizer->save((tmp / "tokenizer.json").string());
+      tokenizer->save(tmp.string());
       after("tokenizer.json");
     }
   });
@@ -402,7 +402,7 @@ class CheckpointManager {
   /// With several processes every one calls it; rank 0 prunes.
   template <class Model>
   std::string save(Model& model, const optim::Optimizer& opt, const TrainState& state,
-                   const tokenizer::ByteLevelBPE* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                   const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
                    const ProcessGroup& processes = {}) {
     const std::string p = path_for(state.step);
     save_state(p, model, opt, state, tokenizer, hooks, processes);

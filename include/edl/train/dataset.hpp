@@ -173,7 +173,7 @@ struct DataOptions {
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
 /// (2-D .npy rows keep their length).
-inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::ByteLevelBPE* tokenizer,
+inline TokenDataset load_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer* tokenizer,
                                  const DataOptions& opt) {
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;
@@ -185,7 +185,8 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
   auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
     EDL_CHECK(tokenizer != nullptr, errc::invalid_argument, path, "text data needs a tokenizer");
     for (const auto& d : docs) {
-      for (auto id : tokenizer->encode(d)) stream.push_back(static_cast<std::int32_t>(id));
+      // A stray non-UTF-8 byte becomes U+FFFD (as Python's open(errors="replace")).
+      for (auto id : tokenizer->encode(tokenizer::utf8_lossy(d))) stream.push_back(static_cast<std::int32_t>(id));
       if (opt.eos_id >= 0) stream.push_back(static_cast<std::int32_t>(opt.eos_id));
     }
   };

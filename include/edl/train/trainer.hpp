@@ -81,7 +81,7 @@
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/schedule.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
-#include <edl/tokenizer/tokenizer.hpp>
+#include <edl/tokenizer/all.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/dataset.hpp>
@@ -158,7 +158,7 @@ class BasicTrainer {
   }
 
   /// Explicit parts (programs and tests); `model` is used as given (no init, no loading).
-  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::ByteLevelBPE> tokenizer,
+  BasicTrainer(TrainingArguments args, Model model, std::optional<tokenizer::Tokenizer> tokenizer,
           TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
       : args_(std::move(args)),
         tok_(std::move(tokenizer)),
@@ -210,7 +210,7 @@ class BasicTrainer {
   optim::ShardedOptimizer<models::ShardedLlama<Pol>>* sharded_optimizer() noexcept { return sopt_.get(); }
   const TrainState& state() const noexcept { return state_; }
   const TrainingArguments& args() const noexcept { return args_; }
-  const std::optional<tokenizer::ByteLevelBPE>& tokenizer() const noexcept { return tok_; }
+  const std::optional<tokenizer::Tokenizer>& tokenizer() const noexcept { return tok_; }
   const TokenDataset& train_dataset() const noexcept { return train_; }
   const std::optional<TokenDataset>& eval_dataset() const noexcept { return eval_; }
   std::int64_t steps_per_epoch() const noexcept { return steps_per_epoch_; }
@@ -514,13 +514,13 @@ class BasicTrainer {
     const std::string w = args_.where("tokenizer");
     if (t.is_null() || (t.is_string() && t.get<std::string>() == "none")) return;
     if (t.is_string() && t.get<std::string>() == "byte") {
-      tok_ = tokenizer::ByteLevelBPE::byte_level();
+      tok_ = tokenizer::byte_level_tokenizer();
     } else if (t.is_string()) {
-      tok_ = tokenizer::ByteLevelBPE::from_file(t.get<std::string>());
+      tok_ = tokenizer::Tokenizer::from_file(t.get<std::string>());
     } else {  // {"train_bpe": vocab_size}: trained on the text of train_data, saved next to the checkpoints
       const std::string saved = (fs::path(args_.save_directory) / "tokenizer.json").string();
       if (args_.resume_if_possible && fs::exists(saved)) {
-        tok_ = tokenizer::ByteLevelBPE::from_file(saved);
+        tok_ = tokenizer::Tokenizer::from_file(saved);
         return;
       }
       std::vector<std::string> docs;
@@ -530,7 +530,7 @@ class BasicTrainer {
         docs.insert(docs.end(), d.begin(), d.end());
       }
       EDL_CHECK(!docs.empty(), errc::config, w, "train_bpe needs text train_data (.jsonl or text files)");
-      tok_ = tokenizer::ByteLevelBPE::train(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
+      tok_ = tokenizer::train_byte_level_bpe(docs, t["train_bpe"].get<std::int64_t>());  // the same on every process
       fs::create_directories(args_.save_directory);
       if (processes_.is_primary()) tok_->save(saved);
     }
@@ -636,7 +636,7 @@ class BasicTrainer {
   }
 
   TrainingArguments args_;
-  std::optional<tokenizer::ByteLevelBPE> tok_;
+  std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
   TokenDataset train_;
   std::optional<TokenDataset> eval_;

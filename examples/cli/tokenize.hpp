@@ -1,0 +1,106 @@
+// examples/cli/tokenize.hpp: the tokenizer of a model folder (or a tokenizer.json) from the
+// command line.
+//
+//   edl tokenize   --tokenizer DIR|tokenizer.json (--text S | --text-file F) [--add-special-tokens]
+//                  -> {"ids": [...]}   (special tokens written in the text are matched either way)
+//   edl detokenize --tokenizer DIR|tokenizer.json --ids 1,2,3 [--skip-special-tokens]
+//                  -> {"text": "..."}
+//   edl bench tokenize --tokenizer DIR --text-file F [--repeat N]
+//                  -> {"bytes", "tokens", "seconds", "mb_per_s", "tokens_per_s"} (median of N runs)
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/io/mmap.hpp>
+#include <edl/tokenizer/tokenizer.hpp>
+#include "args.hpp"
+
+namespace edl::cli {
+
+namespace tokenize_detail {
+
+inline std::string text_argument(Args& args, const std::string& command) {
+  const bool text = args.has("--text"), file = args.has("--text-file");
+  EDL_CHECK(text != file, errc::invalid_argument, command, "give exactly one of --text S and --text-file F");
+  return text ? args.str("--text", "") : io::read_text_file(args.str("--text-file", ""));
+}
+
+inline std::vector<std::int64_t> id_list(const std::string& s, const std::string& flag) {
+  std::vector<std::int64_t> ids;
+  std::size_t at = 0;
+  while (at <= s.size() && !s.empty()) {
+    const auto comma = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, comma - at);
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    EDL_CHECK(used == item.size() && !item.empty() && v >= 0, errc::invalid_argument, flag,
+              "expected comma-separated non-negative integers; found '", item, "'");
+    ids.push_back(v);
+    at = comma + 1;
+  }
+  return ids;
+}
+
+}  // namespace tokenize_detail
+
+inline int cmd_tokenize(Args& args) {
+  const std::string path = args.required("--tokenizer");
+  const std::string text = tokenize_detail::text_argument(args, "edl tokenize");
+  const bool special = args.has("--add-special-tokens");
+  args.finish();
+  const auto tok = tokenizer::Tokenizer::from_file(path);
+  nlohmann::ordered_json j;
+  j["ids"] = tok.encode(text, special);
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+inline int cmd_detokenize(Args& args) {
+  const std::string path = args.required("--tokenizer");
+  const auto ids = tokenize_detail::id_list(args.required("--ids"), "edl detokenize --ids");
+  const bool skip = args.has("--skip-special-tokens");
+  args.finish();
+  const auto tok = tokenizer::Tokenizer::from_file(path);
+  nlohmann::ordered_json j;
+  j["text"] = tok.decode(ids, skip);
+  std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
+inline int cmd_bench_tokenize(Args& args) {
+  const std::string path = args.required("--tokenizer");
+  const std::string text = io::read_text_file(args.required("--text-file"));
+  const auto repeat = std::max<std::int64_t>(1, args.integer("--repeat", 3));
+  args.finish();
+  const auto tok = tokenizer::Tokenizer::from_file(path);
+  std::size_t tokens = tok.encode(text).size();  // warm-up (and the word cache, as in real use)
+  std::vector<double> seconds;
+  for (std::int64_t r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tokens = tok.encode(text).size();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double s = seconds[seconds.size() / 2];
+  nlohmann::ordered_json j;
+  j["bytes"] = text.size();
+  j["tokens"] = tokens;
+  j["seconds"] = s;
+  j["mb_per_s"] = static_cast<double>(text.size()) / 1e6 / s;
+  j["tokens_per_s"] = static_cast<double>(tokens) / s;
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace edl::cli
