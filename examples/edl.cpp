@@ -23,6 +23,7 @@
 #include "cli/plan.hpp"
 #include "cli/quantize.hpp"
 #include "cli/report.hpp"
+#include "cli/chat.hpp"
 #include "cli/chat_template.hpp"
 #include "cli/tokenize.hpp"
 #include "cli/train.hpp"
@@ -52,6 +53,7 @@ const std::map<std::string, Command>& commands() {
       {"train", edl::cli::cmd_train},
       {"tokenize", edl::cli::cmd_tokenize},
       {"chat-template", edl::cli::cmd_chat_template},
+      {"chat", edl::cli::cmd_chat},
       {"detokenize", edl::cli::cmd_detokenize},
       {"bench tokenize", edl::cli::cmd_bench_tokenize},
   };

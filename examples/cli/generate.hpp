@@ -158,6 +158,39 @@ inline void cache_flags(Args& args, generate::GenerateOptions& o) {
   o.paged.utilization = args.number("--cache-utilization", o.paged.utilization);
 }
 
+/// The folder's generation_config.json over the model config's defaults.
+inline generate::GenerationConfig folder_generation_config(const std::filesystem::path& d, const models::LlamaConfig& cfg) {
+  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
+  if (std::filesystem::exists(d / "generation_config.json")) {
+    g = generate::GenerationConfig::from_file((d / "generation_config.json").string());
+    if (g.eos_token_id.empty()) g.eos_token_id = cfg.eos_token_id;
+  }
+  return g;
+}
+
+/// --max-new-tokens, --greedy or the sampling flags, penalties and --num-beams.
+inline void sampling_flags(Args& args, generate::GenerationConfig& g, const std::string& command) {
+  g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
+  const bool greedy = args.has("--greedy");
+  bool sampling = false;
+  for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--seed"}) sampling = args.has(f) || sampling;
+  EDL_CHECK(!(greedy && sampling), errc::invalid_argument, command,
+            "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
+  if (greedy) g.do_sample = false;
+  if (sampling) {
+    g.do_sample = true;
+    g.temperature = static_cast<float>(args.number("--temperature", g.temperature));
+    g.top_k = args.integer("--top-k", g.top_k);
+    g.top_p = static_cast<float>(args.number("--top-p", g.top_p));
+    g.min_p = static_cast<float>(args.number("--min-p", g.min_p));
+    g.seed = static_cast<std::uint64_t>(args.integer("--seed", static_cast<std::int64_t>(g.seed)));
+  }
+  g.repetition_penalty = static_cast<float>(args.number("--repetition-penalty", g.repetition_penalty));
+  g.presence_penalty = static_cast<float>(args.number("--presence-penalty", g.presence_penalty));
+  g.num_beams = args.integer("--num-beams", g.num_beams);
+  if (g.num_beams > 1 && !sampling) g.do_sample = false;
+}
+
 }  // namespace gen_detail
 
 inline int cmd_generate(Args& args) {
@@ -178,30 +211,8 @@ inline int cmd_generate(Args& args) {
   const bool gguf = d.extension() == ".gguf";  // a llama.cpp file: its config, no tokenizer here
   EDL_CHECK(gguf || std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory or a .gguf file");
   const auto cfg = gguf ? models::gguf_config(d) : models::LlamaConfig::from_file((d / "config.json").string());
-  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
-  if (std::filesystem::exists(d / "generation_config.json")) {
-    g = generate::GenerationConfig::from_file((d / "generation_config.json").string());
-    if (g.eos_token_id.empty()) g.eos_token_id = cfg.eos_token_id;
-  }
-  g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
-  const bool greedy = args.has("--greedy");
-  bool sampling = false;
-  for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--seed"}) sampling = args.has(f) || sampling;
-  EDL_CHECK(!(greedy && sampling), errc::invalid_argument, "edl generate",
-            "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
-  if (greedy) g.do_sample = false;
-  if (sampling) {
-    g.do_sample = true;
-    g.temperature = static_cast<float>(args.number("--temperature", g.temperature));
-    g.top_k = args.integer("--top-k", g.top_k);
-    g.top_p = static_cast<float>(args.number("--top-p", g.top_p));
-    g.min_p = static_cast<float>(args.number("--min-p", g.min_p));
-    g.seed = static_cast<std::uint64_t>(args.integer("--seed", static_cast<std::int64_t>(g.seed)));
-  }
-  g.repetition_penalty = static_cast<float>(args.number("--repetition-penalty", g.repetition_penalty));
-  g.presence_penalty = static_cast<float>(args.number("--presence-penalty", g.presence_penalty));
-  g.num_beams = args.integer("--num-beams", g.num_beams);
-  if (g.num_beams > 1 && !sampling) g.do_sample = false;
+  generate::GenerationConfig g = gen_detail::folder_generation_config(d, cfg);
+  gen_detail::sampling_flags(args, g, "edl generate");
   args.finish();
   g.validate("edl generate");
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));

@@ -11494,10 +11494,14 @@ class Decoder {
 // The "model" of a tokenizer.json: a word -> token ids. BPE as HF `tokenizers` runs it
 // (merges by rank, byte_fallback to <0xXX> tokens, unk_token with fuse_unk, ignore_merges,
 // continuing_subword_prefix / end_of_word_suffix; merges written as "a b" strings or
-// ["a", "b"] pairs) and WordLevel. Other model types are refused at load.
+// ["a", "b"] pairs), Unigram (SentencePiece's: the segmentation of highest total score by
+// Viterbi, unknown characters at the lowest score minus 10 and fused, byte_fallback) and
+// WordLevel. Other model types are refused at load.
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <queue>
@@ -11522,7 +11526,7 @@ using Vocab = std::unordered_map<std::string, std::int64_t, StringHash, std::equ
 
 class Model {
  public:
-  enum class Kind { bpe, word_level };
+  enum class Kind { bpe, unigram, word_level };
 
   static Model from_json(const nlohmann::json& j, const std::string& where = "tokenizer.json") {
     const std::string at = where + ": model";
@@ -11535,8 +11539,10 @@ class Model {
       m.kind_ = Kind::bpe;
     } else if (type == "WordLevel") {
       m.kind_ = Kind::word_level;
+    } else if (type == "Unigram") {
+      return unigram_from_json(j, at);
     } else {
-      detail::raise(errc::unsupported, at, "model type '" + type + "' is not supported (supported: BPE, WordLevel)");
+      detail::raise(errc::unsupported, at, "model type '" + type + "' is not supported (supported: BPE, Unigram, WordLevel)");
     }
     if (!j.contains("vocab") || !j["vocab"].is_object()) detail::raise(errc::format, at, "needs a \"vocab\" object");
     for (const auto& [tok, id] : j["vocab"].items()) {
@@ -11616,6 +11622,7 @@ class Model {
   /// Appends the ids of one pre-tokenized word.
   void tokenize(std::string_view word, std::vector<std::int64_t>& out, const std::string& where) const {
     if (word.empty()) return;
+    if (kind_ == Kind::unigram) return unigram_tokenize(word, out, where);
     if (kind_ == Kind::word_level) {
       if (auto id = token_to_id(word)) return out.push_back(*id);
       if (!unk_token_) detail::raise(errc::invalid_argument, where, "word '" + std::string(word) + "' is not in the vocab and there is no unk_token");
@@ -11740,6 +11747,99 @@ class Model {
       if (s.alive) out.push_back(s.id);
   }
 
+  static Model unigram_from_json(const nlohmann::json& j, const std::string& at) {
+    Model m;
+    m.kind_ = Kind::unigram;
+    if (!j.contains("vocab") || !j["vocab"].is_array() || j["vocab"].empty())
+      detail::raise(errc::format, at, "Unigram needs a non-empty \"vocab\" array of [piece, score]");
+    double min_score = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < j["vocab"].size(); ++i) {
+      const auto& e = j["vocab"][i];
+      if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
+        detail::raise(errc::format, at + ".vocab[" + std::to_string(i) + "]", "expected [piece, score]; found " + e.dump().substr(0, 100));
+      const auto piece = e[0].get<std::string>();
+      m.add_token(piece, static_cast<std::int64_t>(i));
+      m.scores_.push_back(e[1].get<double>());
+      min_score = std::min(min_score, m.scores_.back());
+      m.max_piece_bytes_ = std::max(m.max_piece_bytes_, piece.size());
+    }
+    if (j.contains("unk_id") && !j["unk_id"].is_null()) {
+      const auto u = j["unk_id"].get<std::int64_t>();
+      if (u < 0 || u >= m.size()) detail::raise(errc::format, at + ".unk_id", "is not an id of the vocab: " + std::to_string(u));
+      m.unk_id_ = u;
+    }
+    m.unk_score_ = min_score - 10.0;  // SentencePiece's kUnkPenalty
+    m.byte_fallback_ = j.value("byte_fallback", false);
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      auto it = m.vocab_.find(std::string_view(name));
+      m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
+    }
+    return m;
+  }
+
+  /// HF's Unigram::encode_optimized: the best-scoring path over the lattice of vocabulary
+  /// pieces (ties keep the first path found), a character no piece covers costs unk_score;
+  /// consecutive unknowns fuse, then an unknown piece becomes byte tokens when byte_fallback
+  /// has them all.
+  void unigram_tokenize(std::string_view w, std::vector<std::int64_t>& out, const std::string& where) const {
+    struct Best {
+      std::int64_t id = -1;
+      double score = 0;
+      std::size_t start = 0;
+      bool set = false;
+    };
+    std::vector<Best> best(w.size() + 1);
+    best[0].set = true;
+    for (std::size_t start = 0; start < w.size();) {
+      const std::size_t ch = std::min(utf8_length(static_cast<unsigned char>(w[start])), w.size() - start);
+      if (best[start].set) {
+        bool single = false;
+        for (std::size_t end = start + 1; end <= w.size() && end - start <= max_piece_bytes_; ++end) {
+          if (end < w.size() && (static_cast<unsigned char>(w[end]) >> 6) == 2) continue;  // not a character boundary
+          auto it = vocab_.find(w.substr(start, end - start));
+          if (it == vocab_.end()) continue;
+          const double cand = best[start].score + scores_[static_cast<std::size_t>(it->second)];
+          if (!best[end].set || cand > best[end].score) best[end] = {it->second, cand, start, true};
+          if (end - start == ch) single = true;
+        }
+        if (!single) {
+          const double cand = best[start].score + unk_score_;
+          if (!best[start + ch].set || cand > best[start + ch].score) best[start + ch] = {-1, cand, start, true};
+        }
+      }
+      start += ch;
+    }
+    // Back from the end: pieces in reverse, unknown runs fused.
+    std::vector<std::pair<std::size_t, std::size_t>> spans;  // [start, end) of each piece
+    std::vector<bool> unknown;
+    for (std::size_t end = w.size(); end > 0;) {
+      const Best& b = best[end];
+      const bool unk = b.id < 0 || (unk_id_ && b.id == *unk_id_);
+      if (unk && !unknown.empty() && unknown.back()) spans.back().first = b.start;
+      else spans.emplace_back(b.start, end), unknown.push_back(unk);
+      end = b.start;
+    }
+    for (std::size_t k = spans.size(); k-- > 0;) {
+      const auto piece = w.substr(spans[k].first, spans[k].second - spans[k].first);
+      if (auto it = vocab_.find(piece); it != vocab_.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+      if (byte_fallback_) {
+        bool all = true;
+        for (unsigned char b : piece) all = all && byte_ids_[b] >= 0;
+        if (all) {
+          for (unsigned char b : piece) out.push_back(byte_ids_[b]);
+          continue;
+        }
+      }
+      if (!unk_id_) detail::raise(errc::invalid_argument, where, "'" + std::string(piece) + "' is not in the vocab and the Unigram model has no unk_id");
+      out.push_back(*unk_id_);
+    }
+  }
+
   struct Cache {
     std::mutex mutex;
     std::unordered_map<std::string, std::vector<std::int64_t>, StringHash, std::equal_to<>> words;
@@ -11754,6 +11854,10 @@ class Model {
   std::string continuing_prefix_, end_suffix_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   std::array<std::int64_t, 256> byte_ids_{};
+  std::vector<double> scores_;  // Unigram: log-probability of each piece
+  double unk_score_ = 0;
+  std::size_t max_piece_bytes_ = 0;
+  std::optional<std::int64_t> unk_id_;
   std::shared_ptr<Cache> cache_ = std::make_shared<Cache>();
 };
 
@@ -25153,7 +25257,9 @@ class CheckpointManager {
 //   *.npy, 1-D                 one token stream, cut into max_sequence_length pieces
 //   *.bin                      one token stream of little-endian int32 (no header; what
 //                              `np.array(ids, dtype="<i4").tofile(path)` writes), cut likewise
-//   *.jsonl                    one JSON object per line; its "text" field is a document
+//   *.jsonl                    one JSON object per line; its "text" field is a document, or its
+//                              "messages" (a conversation, rendered with the tokenizer's chat
+//                              template as transformers' apply_chat_template(tokenize=False))
 //   anything else              plain text; lines holding only "%" separate documents
 //                              (Debian's fortunes format); no such line: the file is one document
 // .npy element types: int32, int64, uint16, uint32. Documents are tokenized, each followed by
@@ -25181,6 +25287,7 @@ class CheckpointManager {
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/npy.hpp> (inlined above)
+// #include <edl/chat/conversation.hpp> (inlined above)
 // #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 
 namespace edl::train {
@@ -25245,7 +25352,9 @@ inline std::vector<std::string> read_text_documents(const std::string& path) {
 }
 
 /// The "text" fields of a JSON-lines file (blank lines skipped).
-inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
+/// The documents of a JSON-lines file: each line's "text", or its "messages" rendered with
+/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template).
+inline std::vector<std::string> read_jsonl_documents(const std::string& path, const tokenizer::Tokenizer* tokenizer = nullptr) {
   std::ifstream in(path, std::ios::binary);
   EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
   std::vector<std::string> docs;
@@ -25260,8 +25369,16 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
     } catch (const std::exception& e) {
       ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
     }
-    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format,
-              path + " line " + std::to_string(n), "expected an object with a string field \"text\"");
+    const std::string where = path + " line " + std::to_string(n);
+    if (j.is_object() && j.contains("messages")) {
+      EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
+                "a \"messages\" record is rendered with the tokenizer's chat template, and ",
+                tokenizer ? "the tokenizer has none (tokenizer_config.json \"chat_template\")" : "there is no tokenizer");
+      docs.push_back(chat::render_conversation(*tokenizer, nlohmann::ordered_json::parse(line), {}, where));
+      continue;
+    }
+    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format, where,
+              "expected an object with a string field \"text\" or a \"messages\" array");
     docs.push_back(j["text"].get<std::string>());
   }
   return docs;
@@ -25353,7 +25470,7 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
       auto v = detail::load_token_bin(f);
       stream.insert(stream.end(), v.begin(), v.end());
     } else if (detail::ends_with(f, ".jsonl")) {
-      add_docs(read_jsonl_documents(f), f);
+      add_docs(read_jsonl_documents(f, tokenizer), f);
     } else {
       add_docs(read_text_documents(f), f);
     }

@@ -4,7 +4,7 @@
 # tests/data/hub_tokenizers), `edl chat-template` prints exactly what Python's jinja2 rendered
 # (tests/data/chat_templates) for the templates shipped in those tokenizer_config.json files, and
 # `edl generate --chat` on a trained checkpoint gives the tokens of --prompt-tokens with the
-# rendered prompt's ids. Bad input is refused by name.
+# rendered prompt's ids, and `edl chat` replies with that text. Bad input is refused by name.
 #   usage: tokenizer.sh EDL TEST_DATA HUB_DIR WORKDIR
 set -euo pipefail
 EDL=$1
@@ -99,6 +99,17 @@ $PY - "$W" <<'PY' || fail "generate --chat differs from --prompt-tokens of the r
 import json, sys
 a = json.load(open(sys.argv[1] + "/chat_out.json")); b = json.load(open(sys.argv[1] + "/ids_out.json"))
 assert a["tokens"] == b["tokens"] and len(a["tokens"]) > 0, (a, b)
+PY
+
+# edl chat from a pipe: a turn, /reset, the same turn: both replies are generate --chat's text.
+printf 'what does the user ask?\n/reset\nwhat does the user ask?\n' |
+  "$EDL" chat --model "$C" --max-new-tokens 6 --greedy >"$W/chat_session.txt"
+$PY - "$W" <<'PY' || fail "edl chat replies differ from generate --chat"
+import json, sys
+w = sys.argv[1]
+got = open(w + "/chat_session.txt", encoding="utf-8", errors="replace").read()
+want = json.load(open(w + "/chat_out.json"))["text"]
+assert got == want + "\n" + want + "\n", (got, want)
 PY
 
 # 4. Refusals name what is wrong.

@@ -10,6 +10,7 @@
 //   - every unsupported component and malformed field is refused, naming it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -249,6 +250,69 @@ TEST(PostProcessor, TemplateAddsSpecialsOnlyWhenAsked) {
   EXPECT_EQ(t.vocab_size(), 13);
 }
 
+/// Unigram against a brute force over every segmentation (SentencePiece's rule: a character
+/// with no one-character piece is unknown at min score - 10), on random strings and scores.
+TEST(Unigram, BestSegmentationAsBruteForce) {
+  const std::vector<std::string> pieces = {"<unk>", "a", "b", "c", "ab", "bc", "abc", "ca", "é", "éa", "bé", "aa", "<0x7A>"};
+  std::uint64_t state = 12345;
+  auto next = [&] { return state = state * 6364136223846793005ULL + 1442695040888963407ULL; };
+  for (int trial = 0; trial < 20; ++trial) {
+    json vocab = json::array();
+    std::vector<double> score;
+    for (const auto& p : pieces) {
+      score.push_back(-1.0 - static_cast<double>(next() >> 40) / double(1 << 22));
+      vocab.push_back({p, score.back()});
+    }
+    const double unk_score = *std::min_element(score.begin(), score.end()) - 10.0;
+    const auto tok = make({{"type", "Unigram"}, {"unk_id", 0}, {"vocab", vocab}});
+    for (int k = 0; k < 30; ++k) {
+      std::vector<std::string> chars;
+      const int n = 1 + static_cast<int>(next() % 7);
+      for (int i = 0; i < n; ++i) chars.push_back(std::vector<std::string>{"a", "b", "c", "é", "z", "q"}[next() % 6]);
+      // Brute force over every way to cut the characters.
+      double best = -1e300;
+      std::vector<std::string> best_cut;
+      std::vector<bool> best_unk;
+      for (std::uint32_t mask = 0; mask < (1u << (n - 1)); ++mask) {
+        std::vector<std::string> cut(1, chars[0]);
+        for (int i = 1; i < n; ++i) {
+          if (mask & (1u << (i - 1))) cut.push_back(chars[i]);
+          else cut.back() += chars[i];
+        }
+        double total = 0;
+        std::vector<bool> unk;
+        bool ok = true;
+        for (const auto& c : cut) {
+          auto it = std::find(pieces.begin(), pieces.end(), c);
+          const bool one_char = c == "a" || c == "b" || c == "c" || c == "é" || c == "z" || c == "q";
+          if (it != pieces.end()) total += score[static_cast<std::size_t>(it - pieces.begin())], unk.push_back(false);
+          else if (one_char) total += unk_score, unk.push_back(true);  // "z" and "q" have no piece
+          else ok = false;
+        }
+        if (ok && total > best) best = total, best_cut = cut, best_unk = unk;
+      }
+      Ids expected;
+      for (std::size_t i = 0; i < best_cut.size(); ++i) {
+        if (best_unk[i]) {
+          if (i > 0 && best_unk[i - 1]) continue;  // consecutive unknowns fuse into one
+          expected.push_back(0);
+        } else {
+          expected.push_back(std::find(pieces.begin(), pieces.end(), best_cut[i]) - pieces.begin());
+        }
+      }
+      std::string text;
+      for (const auto& c : chars) text += c;
+      EXPECT_EQ(tok.encode(text), expected) << text;
+    }
+  }
+  // byte_fallback: an unknown run becomes its bytes when all have tokens ("z" is <0x7A>).
+  json vocab = json::array();
+  for (const auto& p : pieces) vocab.push_back({p, -2.0});
+  const auto bf = make({{"type", "Unigram"}, {"unk_id", 0}, {"vocab", vocab}, {"byte_fallback", true}});
+  EXPECT_EQ(bf.encode("az"), (Ids{1, 12}));
+  EXPECT_EQ(bf.encode("aq"), (Ids{1, 0}));
+}
+
 // ---------------------------------------------------------------- refusals
 
 void expect_refused(const json& j, const std::string& needle) {
@@ -263,8 +327,8 @@ void expect_refused(const json& j, const std::string& needle) {
 TEST(Tokenizer, RefusesWhatItCannotHonour) {
   const json base = {{"model", letters_bpe()}};
   json j = base;
-  j["model"]["type"] = "Unigram";
-  expect_refused(j, "model type 'Unigram'");
+  j["model"]["type"] = "WordPiece";
+  expect_refused(j, "model type 'WordPiece'");
   j = base;
   j["normalizer"] = {{"type", "Precompiled"}};
   expect_refused(j, "normalizer type 'Precompiled'");

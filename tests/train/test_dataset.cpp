@@ -55,6 +55,28 @@ TEST(Dataset, FortuneFilesArePackedWithEos) {
   EXPECT_EQ(read_text_documents(g).size(), 1u);
 }
 
+TEST(Dataset, ChatRecordsRenderWithTheTemplate) {
+  TempDir t("chat");
+  const auto j = t.file("c.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+                                   "{\"role\": \"assistant\", \"content\": \"yo\"}]}\n{\"text\": \"ok\"}\n");
+  nlohmann::ordered_json config = {
+      {"bos_token", "<s>"}, {"eos_token", "</s>"},
+      {"chat_template", "{% for m in messages %}{{ bos_token + m['role'][0] + ':' + m['content'] + eos_token }}{% endfor %}"}};
+  const auto base = tokenizer::byte_level_tokenizer();
+  const auto tok = tokenizer::Tokenizer::from_text(base.to_text(), config);
+  auto d = load_dataset({j}, &tok, {100, 257, 0});
+  ASSERT_EQ(d.size(), 1);
+  // "<s>u:hi</s><s>a:yo</s>" with <s> = 256 and </s> = 257 as single ids, then eos; then "ok", eos.
+  EXPECT_EQ(seq(d, 0), (std::vector<std::int32_t>{256, 'u', ':', 'h', 'i', 257, 256, 'a', ':', 'y', 'o', 257, 257, 'o', 'k', 257}));
+  // Without a template, a "messages" record is an error naming the line.
+  try {
+    load_dataset({j}, &base, {100, 257, 0});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("c.jsonl line 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Dataset, JsonLinesBinAndNpy) {
   TempDir t("formats");
   const auto j = t.file("d.jsonl", "{\"text\": \"hi\"}\n\n{\"text\": \"yo\", \"id\": 3}\n");

@@ -7,7 +7,9 @@
 //   *.npy, 1-D                 one token stream, cut into max_sequence_length pieces
 //   *.bin                      one token stream of little-endian int32 (no header; what
 //                              `np.array(ids, dtype="<i4").tofile(path)` writes), cut likewise
-//   *.jsonl                    one JSON object per line; its "text" field is a document
+//   *.jsonl                    one JSON object per line; its "text" field is a document, or its
+//                              "messages" (a conversation, rendered with the tokenizer's chat
+//                              template as transformers' apply_chat_template(tokenize=False))
 //   anything else              plain text; lines holding only "%" separate documents
 //                              (Debian's fortunes format); no such line: the file is one document
 // .npy element types: int32, int64, uint16, uint32. Documents are tokenized, each followed by
@@ -36,6 +38,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
+#include <edl/chat/conversation.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 
 namespace edl::train {
@@ -100,7 +103,9 @@ inline std::vector<std::string> read_text_documents(const std::string& path) {
 }
 
 /// The "text" fields of a JSON-lines file (blank lines skipped).
-inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
+/// The documents of a JSON-lines file: each line's "text", or its "messages" rendered with
+/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template).
+inline std::vector<std::string> read_jsonl_documents(const std::string& path, const tokenizer::Tokenizer* tokenizer = nullptr) {
   std::ifstream in(path, std::ios::binary);
   EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
   std::vector<std::string> docs;
@@ -115,8 +120,16 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path) {
     } catch (const std::exception& e) {
       ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
     }
-    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format,
-              path + " line " + std::to_string(n), "expected an object with a string field \"text\"");
+    const std::string where = path + " line " + std::to_string(n);
+    if (j.is_object() && j.contains("messages")) {
+      EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
+                "a \"messages\" record is rendered with the tokenizer's chat template, and ",
+                tokenizer ? "the tokenizer has none (tokenizer_config.json \"chat_template\")" : "there is no tokenizer");
+      docs.push_back(chat::render_conversation(*tokenizer, nlohmann::ordered_json::parse(line), {}, where));
+      continue;
+    }
+    EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format, where,
+              "expected an object with a string field \"text\" or a \"messages\" array");
     docs.push_back(j["text"].get<std::string>());
   }
   return docs;
@@ -208,7 +221,7 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
       auto v = detail::load_token_bin(f);
       stream.insert(stream.end(), v.begin(), v.end());
     } else if (detail::ends_with(f, ".jsonl")) {
-      add_docs(read_jsonl_documents(f), f);
+      add_docs(read_jsonl_documents(f, tokenizer), f);
     } else {
       add_docs(read_text_documents(f), f);
     }
