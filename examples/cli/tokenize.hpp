@@ -6,7 +6,8 @@
 //   edl detokenize --tokenizer DIR|tokenizer.json --ids 1,2,3 [--skip-special-tokens]
 //                  -> {"text": "..."}
 //   edl bench tokenize --tokenizer DIR --text-file F [--repeat N]
-//                  -> {"bytes", "tokens", "seconds", "mb_per_s", "tokens_per_s"} (median of N runs)
+//                  -> {"bytes", "tokens", "seconds", "mb_per_s", "tokens_per_s"} (median of N runs;
+//                  invalid UTF-8 in F read as U+FFFD)
 #pragma once
 
 #include <algorithm>
@@ -80,7 +81,8 @@ inline int cmd_detokenize(Args& args) {
 
 inline int cmd_bench_tokenize(Args& args) {
   const std::string path = args.required("--tokenizer");
-  const std::string text = io::read_text_file(args.required("--text-file"));
+  // A stray non-UTF-8 byte becomes U+FFFD, as Node's and Python's text readers do.
+  const std::string text = tokenizer::utf8_lossy(io::read_text_file(args.required("--text-file")));
   const auto repeat = std::max<std::int64_t>(1, args.integer("--repeat", 3));
   args.finish();
   const auto tok = tokenizer::Tokenizer::from_file(path);
