@@ -3,6 +3,7 @@
 // (examples/cli/{logits,loss,mesh_flag}.hpp), checked against the PyTorch oracle fixture.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <edl/io/npy.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/generate/generate.hpp>
 #include <edl/models/llama/pretrained.hpp>
 
 #include "../../examples/cli/logits.hpp"
@@ -184,6 +186,60 @@ TEST(Pretrained, CliLossAndGradsMatchOracle) {
   cli::TokenBatch labels = t;
   labels.ids[3] = -100;
   EXPECT_EQ(cli::compute_loss(m, t, &labels, false).tokens, 13);
+}
+
+/// Qwen2 (biases on q, k and v) against its PyTorch reference (scripts/qwen2_reference.py):
+/// logits, loss and every gradient, biases included; greedy decoding with the KV cache gives
+/// the argmax of full forwards at each step.
+TEST(Pretrained, Qwen2MatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_qwen2";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  EXPECT_EQ(m.config().model_type, "qwen2");
+  EXPECT_TRUE(m.config().qkv_bias());
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
+  const std::vector<float> got = cli::compute_logits(m, t);
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - want.data()[i])));
+  EXPECT_LT(worst, 1e-4);
+
+  nlohmann::json lj;
+  std::ifstream((dir / "oracle" / "loss.json").string()) >> lj;
+  EXPECT_NEAR(cli::compute_loss(m, t, nullptr, true).loss, lj["loss"].get<double>(), 1e-5);
+  TempDir tmp("qwen2");
+  const std::string gpath = (tmp.path / "g.safetensors").string();
+  cli::save_grads(gpath, m);
+  const auto g = io::SafeTensorsFile::open(gpath);
+  const auto w = io::SafeTensorsFile::open((dir / "oracle" / "grads.safetensors").string());
+  ASSERT_EQ(g.size(), w.size());
+  for (const auto& name : w.names()) {
+    ASSERT_TRUE(g.contains(name)) << name;
+    const auto a = g.read_vector<float>(name), b = w.read_vector<float>(name);
+    const double scale = edl_nn_test::max_abs(b.data(), b.size());
+    double err = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, double(std::fabs(a[i] - b[i])));
+    EXPECT_LE(err, 1e-4 * scale + 1e-7) << name;
+  }
+
+  // Greedy decode (prefill + cached one-row steps) == argmax of a full forward per step.
+  std::vector<std::int64_t> seq(t.ids.begin(), t.ids.begin() + 4);
+  generate::GenerationConfig gc;
+  gc.do_sample = false;
+  gc.max_new_tokens = 6;
+  gc.eos_token_id.clear();
+  const auto r = generate::generate(m, {seq}, gc);
+  ASSERT_EQ(r.tokens[0].size(), 6u);
+  const std::int64_t V = m.config().vocab_size;
+  for (std::size_t k = 0; k < 6; ++k) {
+    const cli::TokenBatch b{seq, 1, static_cast<std::int64_t>(seq.size())};
+    const auto l = cli::compute_logits(m, b);
+    const float* last = l.data() + (seq.size() - 1) * static_cast<std::size_t>(V);
+    const auto next = std::max_element(last, last + V) - last;
+    EXPECT_EQ(r.tokens[0][k], next) << "step " << k;
+    seq.push_back(next);
+  }
 }
 
 TEST(Pretrained, CliChecksTokenIds) {
