@@ -67,10 +67,8 @@ inline int cmd_chat(Args& args) {
   g.validate("edl chat");
   if (threads > 0) exec::set_num_threads(static_cast<int>(threads));
   const auto tok = tokenizer::Tokenizer::from_file(dir);
-  EDL_CHECK(tok.chat_template().has_value(), errc::invalid_argument, "edl chat --model " + dir,
-            "the tokenizer has no chat_template (tokenizer_config.json); use edl generate --prompt");
-  if (tok.eos_id() && std::find(g.eos_token_id.begin(), g.eos_token_id.end(), *tok.eos_id()) == g.eos_token_id.end())
-    g.eos_token_id.push_back(*tok.eos_id());
+  const chat::ChatTemplate chat_template = chat::chat_template_of(tok, "edl chat --model " + dir);
+  gen_detail::stop_at_tokenizer_eos(g, tok);
   auto model = gen_detail::load_model(dir);
   apply_adapter(model, af);
   const DefaultMesh mesh = make_mesh({1, 1, 1, 1});
@@ -94,7 +92,7 @@ inline int cmd_chat(Args& args) {
     }
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    const auto prompt = tok.encode(chat::render_conversation(tok, messages, {.add_generation_prompt = true}));
+    const auto prompt = tok.encode(chat::render_conversation(chat_template, tok, messages, {.add_generation_prompt = true}));
     tokenizer::StreamDecoder stream(tok, /*skip_special_tokens=*/true);
     std::string reply;
     generate::GenerateOptions o;

@@ -168,6 +168,13 @@ inline generate::GenerationConfig folder_generation_config(const std::filesystem
   return g;
 }
 
+/// A chat reply also ends at the tokenizer's eos token (a chat model's end-of-turn token, which
+/// generation_config.json may not list).
+inline void stop_at_tokenizer_eos(generate::GenerationConfig& g, const tokenizer::Tokenizer& tok) {
+  if (tok.eos_id() && std::find(g.eos_token_id.begin(), g.eos_token_id.end(), *tok.eos_id()) == g.eos_token_id.end())
+    g.eos_token_id.push_back(*tok.eos_id());
+}
+
 /// --max-new-tokens, --greedy or the sampling flags, penalties and --num-beams.
 inline void sampling_flags(Args& args, generate::GenerationConfig& g, const std::string& command) {
   g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
@@ -235,8 +242,7 @@ inline int cmd_generate(Args& args) {
     // tokenizer's eos (the end-of-turn token of chat models) as well as the model's.
     const auto conversation = chat::read_conversation(chat_file);
     prompt = tok->encode(chat::render_conversation(*tok, conversation, {.add_generation_prompt = true}, "--chat " + chat_file));
-    if (tok->eos_id() && std::find(g.eos_token_id.begin(), g.eos_token_id.end(), *tok->eos_id()) == g.eos_token_id.end())
-      g.eos_token_id.push_back(*tok->eos_id());
+    gen_detail::stop_at_tokenizer_eos(g, *tok);
   } else {
     prompt = gen_detail::parse_token_list(prompt_ids, "--prompt-tokens");
   }

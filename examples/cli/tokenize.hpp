@@ -21,6 +21,7 @@
 #include <edl/io/mmap.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 #include "args.hpp"
+#include "generate.hpp"
 
 namespace edl::cli {
 
@@ -30,27 +31,6 @@ inline std::string text_argument(Args& args, const std::string& command) {
   const bool text = args.has("--text"), file = args.has("--text-file");
   EDL_CHECK(text != file, errc::invalid_argument, command, "give exactly one of --text S and --text-file F");
   return text ? args.str("--text", "") : io::read_text_file(args.str("--text-file", ""));
-}
-
-inline std::vector<std::int64_t> id_list(const std::string& s, const std::string& flag) {
-  std::vector<std::int64_t> ids;
-  std::size_t at = 0;
-  while (at <= s.size() && !s.empty()) {
-    const auto comma = std::min(s.find(',', at), s.size());
-    const std::string item = s.substr(at, comma - at);
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    EDL_CHECK(used == item.size() && !item.empty() && v >= 0, errc::invalid_argument, flag,
-              "expected comma-separated non-negative integers; found '", item, "'");
-    ids.push_back(v);
-    at = comma + 1;
-  }
-  return ids;
 }
 
 }  // namespace tokenize_detail
@@ -69,7 +49,7 @@ inline int cmd_tokenize(Args& args) {
 
 inline int cmd_detokenize(Args& args) {
   const std::string path = args.required("--tokenizer");
-  const auto ids = tokenize_detail::id_list(args.required("--ids"), "edl detokenize --ids");
+  const auto ids = gen_detail::parse_int_list(args.required("--ids"), "edl detokenize --ids");
   const bool skip = args.has("--skip-special-tokens");
   args.finish();
   const auto tok = tokenizer::Tokenizer::from_file(path);

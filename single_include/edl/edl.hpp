@@ -10838,6 +10838,13 @@ inline std::uint32_t codepoint_at(std::string_view s, std::size_t i, std::size_t
   return cp;
 }
 
+/// Offset of the character that ends at `end` (end > 0; valid UTF-8): scanning backwards.
+inline std::size_t char_start_before(std::string_view s, std::size_t end) noexcept {
+  std::size_t k = end - 1;
+  while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+  return k;
+}
+
 /// Byte offset of the first invalid UTF-8 sequence, or nullopt when s is valid.
 inline std::optional<std::size_t> invalid_utf8_at(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {
@@ -11104,12 +11111,7 @@ inline std::vector<TextSplit> split_on_added(const TextSplit& piece, const Added
                                              const std::vector<AddedToken>& tokens) {
   const std::string_view s = piece.text;
   if (matcher.empty() || s.empty()) return {piece};
-  auto ends_with_word = [&](std::size_t end) {
-    if (end == 0) return false;
-    std::size_t k = end - 1;
-    while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
-    return is_word_char(codepoint_at(s, k));
-  };
+  auto ends_with_word = [&](std::size_t end) { return end > 0 && is_word_char(codepoint_at(s, char_start_before(s, end))); };
   auto starts_with_word = [&](std::size_t b) { return b < s.size() && is_word_char(codepoint_at(s, b)); };
 
   std::vector<TextSplit> out;
@@ -11127,8 +11129,7 @@ inline std::vector<TextSplit> split_on_added(const TextSplit& piece, const Added
     if (t.lstrip) {
       std::size_t b = start;
       while (b > start_offset) {
-        std::size_t k = b - 1;
-        while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        const std::size_t k = char_start_before(s, b);
         if (!is_whitespace(codepoint_at(s, k))) break;
         b = k;
       }
@@ -11206,6 +11207,12 @@ struct Pattern {
   std::string literal;
   Regex regex;
   bool is_regex = false;
+
+  static Pattern of_string(std::string s) {
+    Pattern p;
+    p.literal = std::move(s);
+    return p;
+  }
 
   static Pattern from_json(const nlohmann::json& j, const std::string& where) {
     Pattern p;
@@ -11313,8 +11320,7 @@ class Normalizer {
       }
     if (right_)
       while (e > b) {
-        std::size_t k = e - 1;
-        while (k > b && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        const std::size_t k = char_start_before(s, e);
         if (!is_whitespace(codepoint_at(s, k))) break;
         e = k;
       }
@@ -11350,6 +11356,7 @@ class Decoder {
     } else if (type == "Metaspace") {
       d.kind_ = Kind::metaspace;
       d.content_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      d.pattern_ = std::make_shared<Pattern>(Pattern::of_string(d.content_));
       std::string scheme = j.value("prepend_scheme", std::string());
       if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";
       d.strip_first_ = scheme != "never";
@@ -11373,6 +11380,7 @@ class Decoder {
     } else if (type == "BPEDecoder") {
       d.kind_ = Kind::bpe;
       d.content_ = j.value("suffix", std::string("</w>"));
+      d.pattern_ = std::make_shared<Pattern>(Pattern::of_string(d.content_));
     } else {
       detail::raise(errc::unsupported, at,
                     "decoder type '" + type +
@@ -11403,7 +11411,7 @@ class Decoder {
       }
       case Kind::metaspace:
         for (std::size_t i = 0; i < tokens.size(); ++i)
-          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i == 0 && strip_first_ ? "" : " ");
+          tokens[i] = pattern_->replace_all(tokens[i], i == 0 && strip_first_ ? "" : " ");
         return tokens;
       case Kind::byte_fallback: {
         std::vector<std::string> out;
@@ -11462,7 +11470,7 @@ class Decoder {
         return tokens;
       case Kind::bpe:
         for (std::size_t i = 0; i < tokens.size(); ++i)
-          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i + 1 == tokens.size() ? "" : " ");
+          tokens[i] = pattern_->replace_all(tokens[i], i + 1 == tokens.size() ? "" : " ");
         return tokens;
     }
     return tokens;
@@ -11471,10 +11479,14 @@ class Decoder {
   /// transformers' clean_up_tokenization: the spaces an English word tokenizer put before
   /// punctuation and contractions.
   static std::string cleanup(std::string s) {
-    static const std::pair<const char*, const char*> rules[] = {
-        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
-        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-    for (auto [from, to] : rules) s = Pattern{from, {}, false}.replace_all(s, to);
+    static const std::vector<std::pair<Pattern, std::string>> rules = [] {
+      std::vector<std::pair<Pattern, std::string>> r;
+      for (auto [from, to] : {std::pair{" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+                              {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}})
+        r.emplace_back(Pattern::of_string(from), to);
+      return r;
+    }();
+    for (const auto& [from, to] : rules) s = from.replace_all(s, to);
     return s;
   }
 
@@ -11567,14 +11579,7 @@ class Model {
     m.fuse_unk_ = j.value("fuse_unk", false);
     m.byte_fallback_ = j.value("byte_fallback", false);
     m.ignore_merges_ = j.value("ignore_merges", false);
-    if (m.byte_fallback_) {
-      for (int b = 0; b < 256; ++b) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", b);
-        auto it = m.vocab_.find(std::string_view(name));
-        m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
-      }
-    }
+    if (m.byte_fallback_) m.find_byte_tokens();
     if (!j.contains("merges") || !j["merges"].is_array()) detail::raise(errc::format, at, "BPE needs a \"merges\" array");
     std::int64_t rank = 0;
     for (const auto& mj : j["merges"]) {
@@ -11595,8 +11600,9 @@ class Model {
                       "expected \"left right\" or [\"left\", \"right\"]; found " + mj.dump());
       }
       const auto ia = m.vocab_.find(a), ib = m.vocab_.find(b);
-      std::string merged = a + b.substr(std::min(m.continuing_prefix_.size(), b.size()) *
-                                        (b.compare(0, m.continuing_prefix_.size(), m.continuing_prefix_) == 0));
+      // The merged token drops the right side's continuing_subword_prefix (HF's BPE does).
+      const bool prefixed = !m.continuing_prefix_.empty() && b.rfind(m.continuing_prefix_, 0) == 0;
+      const std::string merged = a + (prefixed ? b.substr(m.continuing_prefix_.size()) : b);
       const auto im = m.vocab_.find(merged);
       if (ia == m.vocab_.end() || ib == m.vocab_.end() || im == m.vocab_.end())
         detail::raise(errc::format, at + ".merges[" + std::to_string(rank) + "]",
@@ -11695,13 +11701,9 @@ class Model {
         push(it->second);
         continue;
       }
-      if (byte_fallback_) {
-        bool all = true;
-        for (unsigned char b : ch) all = all && byte_ids_[b] >= 0;
-        if (all) {
-          for (unsigned char b : ch) push(byte_ids_[b]);
-          continue;
-        }
+      if (has_byte_tokens(ch)) {
+        for (unsigned char b : ch) push(byte_ids_[b]);
+        continue;
       }
       if (unk_token_) {
         auto u = vocab_.find(*unk_token_);
@@ -11747,6 +11749,24 @@ class Model {
       if (s.alive) out.push_back(s.id);
   }
 
+  /// byte_fallback's tokens <0x00> ... <0xFF> (-1 where the vocab lacks one).
+  void find_byte_tokens() {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      auto it = vocab_.find(std::string_view(name));
+      byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    }
+  }
+
+  /// Whether byte_fallback can spell `piece` as byte tokens (every byte has one).
+  bool has_byte_tokens(std::string_view piece) const {
+    if (!byte_fallback_) return false;
+    for (unsigned char b : piece)
+      if (byte_ids_[b] < 0) return false;
+    return true;
+  }
+
   static Model unigram_from_json(const nlohmann::json& j, const std::string& at) {
     Model m;
     m.kind_ = Kind::unigram;
@@ -11770,12 +11790,7 @@ class Model {
     }
     m.unk_score_ = min_score - 10.0;  // SentencePiece's kUnkPenalty
     m.byte_fallback_ = j.value("byte_fallback", false);
-    for (int b = 0; b < 256; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      auto it = m.vocab_.find(std::string_view(name));
-      m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
-    }
+    if (m.byte_fallback_) m.find_byte_tokens();
     return m;
   }
 
@@ -11827,13 +11842,9 @@ class Model {
         out.push_back(it->second);
         continue;
       }
-      if (byte_fallback_) {
-        bool all = true;
-        for (unsigned char b : piece) all = all && byte_ids_[b] >= 0;
-        if (all) {
-          for (unsigned char b : piece) out.push_back(byte_ids_[b]);
-          continue;
-        }
+      if (has_byte_tokens(piece)) {
+        for (unsigned char b : piece) out.push_back(byte_ids_[b]);
+        continue;
       }
       if (!unk_id_) detail::raise(errc::invalid_argument, where, "'" + std::string(piece) + "' is not in the vocab and the Unigram model has no unk_id");
       out.push_back(*unk_id_);
@@ -12063,6 +12074,7 @@ class PreTokenizer {
     } else if (type == "Metaspace") {
       t.kind_ = Kind::metaspace;
       t.replacement_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      t.pattern_ = std::make_shared<Pattern>(Pattern::of_string(t.replacement_));
       t.split_ = j.value("split", true);
       std::string scheme = j.value("prepend_scheme", std::string());
       if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";  // older files
@@ -12113,13 +12125,6 @@ class PreTokenizer {
     pieces = std::move(out);
   }
 
-  bool is_byte_level() const {
-    if (kind_ == Kind::byte_level) return true;
-    for (const auto& c : children_)
-      if (c.is_byte_level()) return true;
-    return false;
-  }
-
  private:
   static SplitBehavior behavior_from(const std::string& b, const std::string& at) {
     if (b == "Removed") return SplitBehavior::removed;
@@ -12152,11 +12157,12 @@ class PreTokenizer {
         return words;
       }
       case Kind::metaspace: {
-        Piece q{Pattern{" ", {}, false}.replace_all(p.text, replacement_), p.at_start};
+        static const Pattern space = Pattern::of_string(" ");
+        Piece q{space.replace_all(p.text, replacement_), p.at_start};
         const bool starts = q.text.compare(0, replacement_.size(), replacement_) == 0;
         if (!starts && (prepend_ == "always" || (prepend_ == "first" && p.at_start))) q.text = replacement_ + q.text;
         if (!split_) return {q};
-        return split_pieces(q, Pattern{replacement_, {}, false}.find_all(q.text), SplitBehavior::merged_with_next, false);
+        return split_pieces(q, pattern_->find_all(q.text), SplitBehavior::merged_with_next, false);
       }
       case Kind::digits: {
         auto m = char_matches(p.text, [](std::uint32_t c) {
@@ -17095,12 +17101,18 @@ inline nlohmann::ordered_json read_conversation(const std::string& path) {
   return j;
 }
 
-/// Renders `conversation` with tok's chat_template (tokenizer_config.json); an error when the
-/// tokenizer has none.
-inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nlohmann::ordered_json& conversation,
-                                       ConversationOptions opts = {}, const std::string& where = "chat template") {
+/// tok's chat_template (tokenizer_config.json), parsed; an error when the tokenizer has none.
+inline ChatTemplate chat_template_of(const tokenizer::Tokenizer& tok, const std::string& where = "chat template") {
   EDL_CHECK(tok.chat_template().has_value(), errc::invalid_argument, where,
             "the tokenizer has no chat_template (tokenizer_config.json has no \"chat_template\")");
+  return ChatTemplate(*tok.chat_template());
+}
+
+/// Renders `conversation` with `tmpl` (parsed once by the caller that renders many) and tok's
+/// bos/eos tokens.
+inline std::string render_conversation(const ChatTemplate& tmpl, const tokenizer::Tokenizer& tok,
+                                       const nlohmann::ordered_json& conversation, ConversationOptions opts = {},
+                                       const std::string& where = "chat template") {
   nlohmann::ordered_json messages;
   ChatOptions o = options_of(conversation, messages, where);
   for (std::size_t i = 0; i < messages.size(); ++i)
@@ -17110,7 +17122,13 @@ inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nl
   o.add_generation_prompt = opts.add_generation_prompt;
   o.bos_token = tok.bos_token();
   o.eos_token = tok.eos_token();
-  return ChatTemplate(*tok.chat_template()).apply(messages, o);
+  return tmpl.apply(messages, o);
+}
+
+/// Renders `conversation` with tok's chat_template.
+inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nlohmann::ordered_json& conversation,
+                                       ConversationOptions opts = {}, const std::string& where = "chat template") {
+  return render_conversation(chat_template_of(tok, where), tok, conversation, opts, where);
 }
 
 }  // namespace edl::chat
@@ -25276,6 +25294,7 @@ class CheckpointManager {
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -25351,21 +25370,22 @@ inline std::vector<std::string> read_text_documents(const std::string& path) {
   return docs;
 }
 
-/// The "text" fields of a JSON-lines file (blank lines skipped).
 /// The documents of a JSON-lines file: each line's "text", or its "messages" rendered with
-/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template).
+/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template);
+/// blank lines skipped.
 inline std::vector<std::string> read_jsonl_documents(const std::string& path, const tokenizer::Tokenizer* tokenizer = nullptr) {
   std::ifstream in(path, std::ios::binary);
   EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
   std::vector<std::string> docs;
   std::string line;
   std::int64_t n = 0;
+  std::optional<chat::ChatTemplate> chat_template;  // parsed at the first "messages" record
   while (std::getline(in, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
+    nlohmann::ordered_json j;  // ordered: a conversation's keys reach the template as written
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::ordered_json::parse(line);
     } catch (const std::exception& e) {
       ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
     }
@@ -25374,7 +25394,8 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path, co
       EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
                 "a \"messages\" record is rendered with the tokenizer's chat template, and ",
                 tokenizer ? "the tokenizer has none (tokenizer_config.json \"chat_template\")" : "there is no tokenizer");
-      docs.push_back(chat::render_conversation(*tokenizer, nlohmann::ordered_json::parse(line), {}, where));
+      if (!chat_template) chat_template = chat::chat_template_of(*tokenizer, where);
+      docs.push_back(chat::render_conversation(*chat_template, *tokenizer, j, {}, where));
       continue;
     }
     EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format, where,

@@ -119,7 +119,8 @@ expect_error() {  # pattern command...
   grep -q -- "$pattern" "$W/err" || fail "error for '$*' does not say '$pattern': $(cat "$W/err")"
 }
 expect_error "not in the vocabulary" "$EDL" detokenize --tokenizer "$HUB/tokenizer-qwen3/models" --ids 1,999999
-expect_error "non-negative integers" "$EDL" detokenize --tokenizer "$HUB/tokenizer-qwen3/models" --ids 1,x
+expect_error "comma-separated integer token ids" "$EDL" detokenize --tokenizer "$HUB/tokenizer-qwen3/models" --ids 1,x
+expect_error "not in the vocabulary" "$EDL" detokenize --tokenizer "$HUB/tokenizer-qwen3/models" --ids 1,-1
 expect_error "exactly one of --text" "$EDL" tokenize --tokenizer "$HUB/tokenizer-qwen3/models"
 mkdir -p "$W/bad"
 $PY - "$C/tokenizer.json" "$W/bad/tokenizer.json" <<'PY'

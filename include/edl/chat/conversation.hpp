@@ -57,12 +57,18 @@ inline nlohmann::ordered_json read_conversation(const std::string& path) {
   return j;
 }
 
-/// Renders `conversation` with tok's chat_template (tokenizer_config.json); an error when the
-/// tokenizer has none.
-inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nlohmann::ordered_json& conversation,
-                                       ConversationOptions opts = {}, const std::string& where = "chat template") {
+/// tok's chat_template (tokenizer_config.json), parsed; an error when the tokenizer has none.
+inline ChatTemplate chat_template_of(const tokenizer::Tokenizer& tok, const std::string& where = "chat template") {
   EDL_CHECK(tok.chat_template().has_value(), errc::invalid_argument, where,
             "the tokenizer has no chat_template (tokenizer_config.json has no \"chat_template\")");
+  return ChatTemplate(*tok.chat_template());
+}
+
+/// Renders `conversation` with `tmpl` (parsed once by the caller that renders many) and tok's
+/// bos/eos tokens.
+inline std::string render_conversation(const ChatTemplate& tmpl, const tokenizer::Tokenizer& tok,
+                                       const nlohmann::ordered_json& conversation, ConversationOptions opts = {},
+                                       const std::string& where = "chat template") {
   nlohmann::ordered_json messages;
   ChatOptions o = options_of(conversation, messages, where);
   for (std::size_t i = 0; i < messages.size(); ++i)
@@ -72,7 +78,13 @@ inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nl
   o.add_generation_prompt = opts.add_generation_prompt;
   o.bos_token = tok.bos_token();
   o.eos_token = tok.eos_token();
-  return ChatTemplate(*tok.chat_template()).apply(messages, o);
+  return tmpl.apply(messages, o);
+}
+
+/// Renders `conversation` with tok's chat_template.
+inline std::string render_conversation(const tokenizer::Tokenizer& tok, const nlohmann::ordered_json& conversation,
+                                       ConversationOptions opts = {}, const std::string& where = "chat template") {
+  return render_conversation(chat_template_of(tok, where), tok, conversation, opts, where);
 }
 
 }  // namespace edl::chat

@@ -96,12 +96,7 @@ inline std::vector<TextSplit> split_on_added(const TextSplit& piece, const Added
                                              const std::vector<AddedToken>& tokens) {
   const std::string_view s = piece.text;
   if (matcher.empty() || s.empty()) return {piece};
-  auto ends_with_word = [&](std::size_t end) {
-    if (end == 0) return false;
-    std::size_t k = end - 1;
-    while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
-    return is_word_char(codepoint_at(s, k));
-  };
+  auto ends_with_word = [&](std::size_t end) { return end > 0 && is_word_char(codepoint_at(s, char_start_before(s, end))); };
   auto starts_with_word = [&](std::size_t b) { return b < s.size() && is_word_char(codepoint_at(s, b)); };
 
   std::vector<TextSplit> out;
@@ -119,8 +114,7 @@ inline std::vector<TextSplit> split_on_added(const TextSplit& piece, const Added
     if (t.lstrip) {
       std::size_t b = start;
       while (b > start_offset) {
-        std::size_t k = b - 1;
-        while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        const std::size_t k = char_start_before(s, b);
         if (!is_whitespace(codepoint_at(s, k))) break;
         b = k;
       }

@@ -32,6 +32,7 @@ class Decoder {
     } else if (type == "Metaspace") {
       d.kind_ = Kind::metaspace;
       d.content_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      d.pattern_ = std::make_shared<Pattern>(Pattern::of_string(d.content_));
       std::string scheme = j.value("prepend_scheme", std::string());
       if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";
       d.strip_first_ = scheme != "never";
@@ -55,6 +56,7 @@ class Decoder {
     } else if (type == "BPEDecoder") {
       d.kind_ = Kind::bpe;
       d.content_ = j.value("suffix", std::string("</w>"));
+      d.pattern_ = std::make_shared<Pattern>(Pattern::of_string(d.content_));
     } else {
       detail::raise(errc::unsupported, at,
                     "decoder type '" + type +
@@ -85,7 +87,7 @@ class Decoder {
       }
       case Kind::metaspace:
         for (std::size_t i = 0; i < tokens.size(); ++i)
-          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i == 0 && strip_first_ ? "" : " ");
+          tokens[i] = pattern_->replace_all(tokens[i], i == 0 && strip_first_ ? "" : " ");
         return tokens;
       case Kind::byte_fallback: {
         std::vector<std::string> out;
@@ -144,7 +146,7 @@ class Decoder {
         return tokens;
       case Kind::bpe:
         for (std::size_t i = 0; i < tokens.size(); ++i)
-          tokens[i] = Pattern{content_, {}, false}.replace_all(tokens[i], i + 1 == tokens.size() ? "" : " ");
+          tokens[i] = pattern_->replace_all(tokens[i], i + 1 == tokens.size() ? "" : " ");
         return tokens;
     }
     return tokens;
@@ -153,10 +155,14 @@ class Decoder {
   /// transformers' clean_up_tokenization: the spaces an English word tokenizer put before
   /// punctuation and contractions.
   static std::string cleanup(std::string s) {
-    static const std::pair<const char*, const char*> rules[] = {
-        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
-        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-    for (auto [from, to] : rules) s = Pattern{from, {}, false}.replace_all(s, to);
+    static const std::vector<std::pair<Pattern, std::string>> rules = [] {
+      std::vector<std::pair<Pattern, std::string>> r;
+      for (auto [from, to] : {std::pair{" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+                              {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}})
+        r.emplace_back(Pattern::of_string(from), to);
+      return r;
+    }();
+    for (const auto& [from, to] : rules) s = from.replace_all(s, to);
     return s;
   }
 

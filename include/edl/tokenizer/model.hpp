@@ -76,14 +76,7 @@ class Model {
     m.fuse_unk_ = j.value("fuse_unk", false);
     m.byte_fallback_ = j.value("byte_fallback", false);
     m.ignore_merges_ = j.value("ignore_merges", false);
-    if (m.byte_fallback_) {
-      for (int b = 0; b < 256; ++b) {
-        char name[8];
-        std::snprintf(name, sizeof name, "<0x%02X>", b);
-        auto it = m.vocab_.find(std::string_view(name));
-        m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
-      }
-    }
+    if (m.byte_fallback_) m.find_byte_tokens();
     if (!j.contains("merges") || !j["merges"].is_array()) detail::raise(errc::format, at, "BPE needs a \"merges\" array");
     std::int64_t rank = 0;
     for (const auto& mj : j["merges"]) {
@@ -104,8 +97,9 @@ class Model {
                       "expected \"left right\" or [\"left\", \"right\"]; found " + mj.dump());
       }
       const auto ia = m.vocab_.find(a), ib = m.vocab_.find(b);
-      std::string merged = a + b.substr(std::min(m.continuing_prefix_.size(), b.size()) *
-                                        (b.compare(0, m.continuing_prefix_.size(), m.continuing_prefix_) == 0));
+      // The merged token drops the right side's continuing_subword_prefix (HF's BPE does).
+      const bool prefixed = !m.continuing_prefix_.empty() && b.rfind(m.continuing_prefix_, 0) == 0;
+      const std::string merged = a + (prefixed ? b.substr(m.continuing_prefix_.size()) : b);
       const auto im = m.vocab_.find(merged);
       if (ia == m.vocab_.end() || ib == m.vocab_.end() || im == m.vocab_.end())
         detail::raise(errc::format, at + ".merges[" + std::to_string(rank) + "]",
@@ -204,13 +198,9 @@ class Model {
         push(it->second);
         continue;
       }
-      if (byte_fallback_) {
-        bool all = true;
-        for (unsigned char b : ch) all = all && byte_ids_[b] >= 0;
-        if (all) {
-          for (unsigned char b : ch) push(byte_ids_[b]);
-          continue;
-        }
+      if (has_byte_tokens(ch)) {
+        for (unsigned char b : ch) push(byte_ids_[b]);
+        continue;
       }
       if (unk_token_) {
         auto u = vocab_.find(*unk_token_);
@@ -256,6 +246,24 @@ class Model {
       if (s.alive) out.push_back(s.id);
   }
 
+  /// byte_fallback's tokens <0x00> ... <0xFF> (-1 where the vocab lacks one).
+  void find_byte_tokens() {
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      auto it = vocab_.find(std::string_view(name));
+      byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    }
+  }
+
+  /// Whether byte_fallback can spell `piece` as byte tokens (every byte has one).
+  bool has_byte_tokens(std::string_view piece) const {
+    if (!byte_fallback_) return false;
+    for (unsigned char b : piece)
+      if (byte_ids_[b] < 0) return false;
+    return true;
+  }
+
   static Model unigram_from_json(const nlohmann::json& j, const std::string& at) {
     Model m;
     m.kind_ = Kind::unigram;
@@ -279,12 +287,7 @@ class Model {
     }
     m.unk_score_ = min_score - 10.0;  // SentencePiece's kUnkPenalty
     m.byte_fallback_ = j.value("byte_fallback", false);
-    for (int b = 0; b < 256; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      auto it = m.vocab_.find(std::string_view(name));
-      m.byte_ids_[b] = it == m.vocab_.end() ? -1 : it->second;
-    }
+    if (m.byte_fallback_) m.find_byte_tokens();
     return m;
   }
 
@@ -336,13 +339,9 @@ class Model {
         out.push_back(it->second);
         continue;
       }
-      if (byte_fallback_) {
-        bool all = true;
-        for (unsigned char b : piece) all = all && byte_ids_[b] >= 0;
-        if (all) {
-          for (unsigned char b : piece) out.push_back(byte_ids_[b]);
-          continue;
-        }
+      if (has_byte_tokens(piece)) {
+        for (unsigned char b : piece) out.push_back(byte_ids_[b]);
+        continue;
       }
       if (!unk_id_) detail::raise(errc::invalid_argument, where, "'" + std::string(piece) + "' is not in the vocab and the Unigram model has no unk_id");
       out.push_back(*unk_id_);

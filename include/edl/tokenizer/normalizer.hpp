@@ -38,6 +38,12 @@ struct Pattern {
   Regex regex;
   bool is_regex = false;
 
+  static Pattern of_string(std::string s) {
+    Pattern p;
+    p.literal = std::move(s);
+    return p;
+  }
+
   static Pattern from_json(const nlohmann::json& j, const std::string& where) {
     Pattern p;
     if (j.is_object() && j.contains("String") && j["String"].is_string()) {
@@ -144,8 +150,7 @@ class Normalizer {
       }
     if (right_)
       while (e > b) {
-        std::size_t k = e - 1;
-        while (k > b && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+        const std::size_t k = char_start_before(s, e);
         if (!is_whitespace(codepoint_at(s, k))) break;
         e = k;
       }

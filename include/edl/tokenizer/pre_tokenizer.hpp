@@ -104,6 +104,7 @@ class PreTokenizer {
     } else if (type == "Metaspace") {
       t.kind_ = Kind::metaspace;
       t.replacement_ = j.value("replacement", std::string("\xE2\x96\x81"));
+      t.pattern_ = std::make_shared<Pattern>(Pattern::of_string(t.replacement_));
       t.split_ = j.value("split", true);
       std::string scheme = j.value("prepend_scheme", std::string());
       if (scheme.empty()) scheme = j.value("add_prefix_space", true) ? "always" : "never";  // older files
@@ -154,13 +155,6 @@ class PreTokenizer {
     pieces = std::move(out);
   }
 
-  bool is_byte_level() const {
-    if (kind_ == Kind::byte_level) return true;
-    for (const auto& c : children_)
-      if (c.is_byte_level()) return true;
-    return false;
-  }
-
  private:
   static SplitBehavior behavior_from(const std::string& b, const std::string& at) {
     if (b == "Removed") return SplitBehavior::removed;
@@ -193,11 +187,12 @@ class PreTokenizer {
         return words;
       }
       case Kind::metaspace: {
-        Piece q{Pattern{" ", {}, false}.replace_all(p.text, replacement_), p.at_start};
+        static const Pattern space = Pattern::of_string(" ");
+        Piece q{space.replace_all(p.text, replacement_), p.at_start};
         const bool starts = q.text.compare(0, replacement_.size(), replacement_) == 0;
         if (!starts && (prepend_ == "always" || (prepend_ == "first" && p.at_start))) q.text = replacement_ + q.text;
         if (!split_) return {q};
-        return split_pieces(q, Pattern{replacement_, {}, false}.find_all(q.text), SplitBehavior::merged_with_next, false);
+        return split_pieces(q, pattern_->find_all(q.text), SplitBehavior::merged_with_next, false);
       }
       case Kind::digits: {
         auto m = char_matches(p.text, [](std::uint32_t c) {

@@ -72,6 +72,13 @@ inline std::uint32_t codepoint_at(std::string_view s, std::size_t i, std::size_t
   return cp;
 }
 
+/// Offset of the character that ends at `end` (end > 0; valid UTF-8): scanning backwards.
+inline std::size_t char_start_before(std::string_view s, std::size_t end) noexcept {
+  std::size_t k = end - 1;
+  while (k > 0 && (static_cast<unsigned char>(s[k]) >> 6) == 2) --k;
+  return k;
+}
+
 /// Byte offset of the first invalid UTF-8 sequence, or nullopt when s is valid.
 inline std::optional<std::size_t> invalid_utf8_at(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {

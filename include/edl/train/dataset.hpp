@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -102,21 +103,22 @@ inline std::vector<std::string> read_text_documents(const std::string& path) {
   return docs;
 }
 
-/// The "text" fields of a JSON-lines file (blank lines skipped).
 /// The documents of a JSON-lines file: each line's "text", or its "messages" rendered with
-/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template).
+/// `tokenizer`'s chat template (an error naming the line when there is no tokenizer or template);
+/// blank lines skipped.
 inline std::vector<std::string> read_jsonl_documents(const std::string& path, const tokenizer::Tokenizer* tokenizer = nullptr) {
   std::ifstream in(path, std::ios::binary);
   EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", io::detail::errno_text());
   std::vector<std::string> docs;
   std::string line;
   std::int64_t n = 0;
+  std::optional<chat::ChatTemplate> chat_template;  // parsed at the first "messages" record
   while (std::getline(in, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
+    nlohmann::ordered_json j;  // ordered: a conversation's keys reach the template as written
     try {
-      j = nlohmann::json::parse(line);
+      j = nlohmann::ordered_json::parse(line);
     } catch (const std::exception& e) {
       ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
     }
@@ -125,7 +127,8 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path, co
       EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
                 "a \"messages\" record is rendered with the tokenizer's chat template, and ",
                 tokenizer ? "the tokenizer has none (tokenizer_config.json \"chat_template\")" : "there is no tokenizer");
-      docs.push_back(chat::render_conversation(*tokenizer, nlohmann::ordered_json::parse(line), {}, where));
+      if (!chat_template) chat_template = chat::chat_template_of(*tokenizer, where);
+      docs.push_back(chat::render_conversation(*chat_template, *tokenizer, j, {}, where));
       continue;
     }
     EDL_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), errc::format, where,
