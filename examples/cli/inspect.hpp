@@ -80,7 +80,7 @@ inline int cmd_inspect(Args& args) {
     const auto cfg_json = io::JsonConfig::from_file(config_path.string());
     out["config"] = cfg_json.json();
     const std::string mt = cfg_json.get<std::string>("model_type", "");
-    if (mt == "llama" || mt == "mistral" || mt == "qwen2") {
+    if (mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3") {
       nlohmann::ordered_json check;
       try {
         const auto cfg = models::LlamaConfig::from_json(cfg_json.json(), config_path.string());

@@ -69,6 +69,7 @@ TEST_P(DecoderVariants, IncrementalEqualsFullForward) {
   const auto cfg = small_config(GetParam());
   LlamaForCausalLM<> m(cfg);
   m.init(Key::from_seed(7), 0.2f);
+  test_support::spread_norm_weights(m, 8);
   const auto ids = random_ids(20, cfg.vocab_size, 3);
   for (std::int64_t p : {1, 6, 20}) {
     StandardKVCache cache(kv_cache_shape(cfg, 1, 24));
@@ -145,7 +146,7 @@ TEST_P(DecoderVariants, DecodeIsTheSameOnAnyThreadCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Generate, DecoderVariants,
-                         ::testing::Values("", "bias", "llama3", "window", "tied", "mha"));
+                         ::testing::Values("", "bias", "llama3", "window", "tied", "mha", "qwen3"));
 
 TEST(Decoder, ChunkedPrefillEqualsOneChunk) {
   const auto cfg = small_config();

@@ -64,6 +64,7 @@ TEST_P(ShardedDecoderMeshes, LogitsAndGreedyTokensEqualOneDevice) {
   const auto cfg = config(variant);
   LlamaForCausalLM<> m(cfg);
   m.init(Key::from_seed(7), 0.2f);
+  test_support::spread_norm_weights(m, 8);
   const std::int64_t V = cfg.vocab_size, B = 2, S = 12, steps = 9, len = S + steps;
   const std::vector<std::vector<std::int64_t>> prompts = {random_ids(12, V, 11), random_ids(4, V, 12)};
   static_assert(generate::detail::kGemmAttentionRows <= 12 && generate::detail::kGemmAttentionRows > 4);
@@ -102,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{{1, 1, 2, 1}, ""}, Case{{1, 1, 1, 2}, ""}, Case{{1, 1, 2, 2}, ""}, Case{{2, 1, 1, 1}, ""},
                       Case{{1, 2, 1, 1}, ""}, Case{{2, 1, 2, 1}, ""}, Case{{1, 1, 1, 3}, ""}, Case{{1, 1, 2, 2}, "bias"},
                       Case{{1, 1, 2, 2}, "window"}, Case{{1, 1, 1, 3}, "window"}, Case{{1, 1, 2, 2}, "tied"},
-                      Case{{1, 1, 4, 1}, "mha"}),
+                      Case{{1, 1, 4, 1}, "mha"}, Case{{1, 1, 2, 2}, "qwen3"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return mesh_name(i.param.dims) + (i.param.variant.empty() ? "" : "_" + i.param.variant);
     });

@@ -591,6 +591,22 @@ TEST(GgufLlama, ErrorsNameTheFileAndTheTensorOrKey) {
     EXPECT_NE(msg.find("q5_k"), std::string::npos) << msg;
     EXPECT_FALSE(fs::exists(dir / "x.gguf"));
   }
+  {  // a qwen3 model: its per-head q/k norms have no place in a llama file
+    LlamaConfig c = small_config();
+    c.model_type = "qwen3";
+    LlamaForCausalLM<> q3(c);
+    q3.init(Key::from_seed(12));
+    try {
+      models::save_gguf(dir / "qwen3.gguf", q3, {});
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(e.code(), errc::unsupported) << msg;
+      EXPECT_NE(msg.find("q_norm"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("\"qwen3\""), std::string::npos) << msg;
+    }
+    EXPECT_FALSE(fs::exists(dir / "qwen3.gguf"));
+  }
 }
 
 }  // namespace

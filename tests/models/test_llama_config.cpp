@@ -162,7 +162,7 @@ TEST(LlamaConfig, ValidationNamesTheField) {
   expect_error([] { (void)parse(R"({"hidden_act": "gelu"})"); }, errc::unsupported, "config.json field hidden_act",
                "only \"silu\" is supported, found \"gelu\"");
   expect_error([] { (void)parse(R"({"model_type": "gpt2"})"); }, errc::unsupported, "config.json field model_type",
-               "expected llama, mistral or qwen2");
+               "expected llama, mistral, qwen2 or qwen3, found \"gpt2\"");
   expect_error([] { (void)parse(R"({"hidden_size": "4096"})"); }, errc::config, "config.json field hidden_size",
                "expected an integer, found \"4096\"");
   expect_error([] { (void)parse(R"({"rms_norm_eps": -1e-6})"); }, errc::config, "config.json field rms_norm_eps",
@@ -172,6 +172,57 @@ TEST(LlamaConfig, ValidationNamesTheField) {
   LlamaConfig c = LlamaConfig::preset("tiny");
   c.num_key_value_heads = 4;
   expect_error([&] { c.validate(); }, errc::config, "field num_key_value_heads", "(6) must be divisible");
+}
+
+// A Qwen3 config.json as HF writes it: explicit head_dim (not hidden / heads), per-head q/k
+// norms, sliding window fields that apply only with use_sliding_window; it reads, validates and
+// writes back equal, and the Qwen3-only fields stay.
+TEST(LlamaConfig, Qwen3ParsesAndRoundTrips) {
+  const std::string text = R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+    "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  const auto c = parse(text);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.head_size(), 128);
+  EXPECT_NE(c.head_size() * c.num_attention_heads, c.hidden_size);
+  EXPECT_EQ(c.q_size(), 2048);
+  EXPECT_TRUE(c.qk_norm());
+  EXPECT_FALSE(c.qkv_bias());
+  EXPECT_FALSE(c.o_bias());
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_window().has_value());
+  // Qwen3-0.6B: the tied embedding 151936 x 1024, 28 layers of 15,730,944 (256 of them the q/k
+  // norms), the final norm.
+  EXPECT_EQ(c.parameter_count(), 596049920);
+
+  const std::string path =
+      (fs::temp_directory_path() / ("edl_qwen3_cfg_" + std::to_string(::getpid()) + ".json")).string();
+  c.save(path);
+  const auto back = LlamaConfig::from_file(path);
+  fs::remove(path);
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_EQ(back.model_type, "qwen3");
+  EXPECT_EQ(back.head_size(), 128);
+  EXPECT_TRUE(back.qk_norm());
+  const ojson j = back.to_json();
+  EXPECT_EQ(j["architectures"], ojson::parse(R"(["Qwen3ForCausalLM"])"));
+  EXPECT_EQ(j["max_window_layers"], 28);
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_EQ(j["head_dim"], 128);
+
+  // The window applies only with use_sliding_window, as for qwen2.
+  const auto w = parse(R"({"model_type": "qwen3", "sliding_window": 16, "use_sliding_window": true})");
+  EXPECT_EQ(w.attention_window(), 16);
+  EXPECT_FALSE(parse(R"({"model_type": "qwen3", "sliding_window": 16})").attention_window().has_value());
+  // Other model types have no q/k norms.
+  EXPECT_FALSE(parse(R"({"model_type": "qwen2"})").qk_norm());
+  EXPECT_FALSE(parse(R"({})").qk_norm());
 }
 
 TEST(LlamaConfig, PresetsMatchTheAnchors) {
@@ -255,6 +306,21 @@ TEST(LlamaConfig, ParameterShapesInHfOrder) {
   EXPECT_EQ(biases, 3);
   EXPECT_FALSE(q.attention_window().has_value());
   EXPECT_EQ(q.sliding_window, 32);
+
+  // qwen3: q_norm and k_norm of head_dim after o_proj, no biases unless attention_bias.
+  auto q3 = parse(R"({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12,
+                      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6})");
+  p = q3.parameter_shapes();
+  ASSERT_EQ(p.size(), 1u + 11u + 2u);
+  EXPECT_EQ(p[4], (std::pair<std::string, std::vector<std::int64_t>>{"model.layers.0.self_attn.v_proj.weight", {12, 8}}));
+  EXPECT_EQ(p[5], (std::pair<std::string, std::vector<std::int64_t>>{"model.layers.0.self_attn.o_proj.weight", {8, 24}}));
+  EXPECT_EQ(p[6], (std::pair<std::string, std::vector<std::int64_t>>{"model.layers.0.self_attn.q_norm.weight", {6}}));
+  EXPECT_EQ(p[7], (std::pair<std::string, std::vector<std::int64_t>>{"model.layers.0.self_attn.k_norm.weight", {6}}));
+  EXPECT_EQ(p[8].first, "model.layers.0.post_attention_layernorm.weight");
+  q3.attention_bias = true;  // then on q, k, v and o, as Qwen3Attention
+  biases = 0;
+  for (const auto& [name, shape] : q3.parameter_shapes()) biases += name.ends_with(".bias");
+  EXPECT_EQ(biases, 4);
 
   // Sequence classification: score.weight [num_labels, hidden] instead of lm_head.
   const auto s = parse(R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 1,

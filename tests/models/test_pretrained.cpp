@@ -188,15 +188,12 @@ TEST(Pretrained, CliLossAndGradsMatchOracle) {
   EXPECT_EQ(cli::compute_loss(m, t, &labels, false).tokens, 13);
 }
 
-/// Qwen2 (biases on q, k and v) against its PyTorch reference (scripts/qwen2_reference.py):
-/// logits, loss and every gradient, biases included; greedy decoding with the KV cache gives
-/// the argmax of full forwards at each step.
-TEST(Pretrained, Qwen2MatchesItsReference) {
-  const fs::path dir = fixture().parent_path() / "tiny_qwen2";
-  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
-  auto m = models::from_pretrained(dir.string());
-  EXPECT_EQ(m.config().model_type, "qwen2");
-  EXPECT_TRUE(m.config().qkv_bias());
+namespace {
+
+/// A model read from a folder of scripts/qwen{2,3}_reference.py against the reference's numbers
+/// there: logits, loss and every gradient; greedy decoding with the KV cache (prefill, then
+/// one-row steps) gives the argmax of full forwards at each step.
+void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
   const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
   const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
   const std::vector<float> got = cli::compute_logits(m, t);
@@ -208,7 +205,7 @@ TEST(Pretrained, Qwen2MatchesItsReference) {
   nlohmann::json lj;
   std::ifstream((dir / "oracle" / "loss.json").string()) >> lj;
   EXPECT_NEAR(cli::compute_loss(m, t, nullptr, true).loss, lj["loss"].get<double>(), 1e-5);
-  TempDir tmp("qwen2");
+  TempDir tmp(dir.filename().string());
   const std::string gpath = (tmp.path / "g.safetensors").string();
   cli::save_grads(gpath, m);
   const auto g = io::SafeTensorsFile::open(gpath);
@@ -240,6 +237,81 @@ TEST(Pretrained, Qwen2MatchesItsReference) {
     EXPECT_EQ(r.tokens[0][k], next) << "step " << k;
     seq.push_back(next);
   }
+}
+
+}  // namespace
+
+/// Qwen2 (biases on q, k and v) against its PyTorch reference (scripts/qwen2_reference.py):
+/// logits, loss and every gradient, biases included; greedy decoding with the KV cache gives
+/// the argmax of full forwards at each step.
+TEST(Pretrained, Qwen2MatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_qwen2";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  EXPECT_EQ(m.config().model_type, "qwen2");
+  EXPECT_TRUE(m.config().qkv_bias());
+  expect_matches_reference(m, dir);
+}
+
+/// Qwen3 (an RMSNorm over head_dim on each query and key head before rope; head_dim 8 while
+/// hidden / heads is 4; tied embeddings) against its PyTorch reference
+/// (scripts/qwen3_reference.py): logits, loss and every gradient, q_norm and k_norm included,
+/// and greedy decoding as for Qwen2; the cached forward (a prefill of 8 rows attends on the
+/// GEMM, decode steps one row at a time) gives the reference's logits; saved, it has HF's
+/// names and loads back bit for bit.
+TEST(Pretrained, Qwen3MatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_qwen3";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  const LlamaConfig& c = m.config();
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_TRUE(c.qk_norm());
+  EXPECT_FALSE(c.qkv_bias());
+  EXPECT_TRUE(m.tied());
+  EXPECT_EQ(c.head_size(), 8);
+  EXPECT_NE(c.head_size() * c.num_attention_heads, c.hidden_size);
+  EXPECT_TRUE(m.model.layers[1].self_attn.has_qk_norm());
+  EXPECT_EQ(models::parameter_count(m), c.parameter_count());
+  expect_matches_reference(m, dir);
+
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
+  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size;
+  static_assert(generate::detail::kGemmAttentionRows <= 8);
+  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
+    double w = 0;
+    const float* ref = want.data() + (b * S + s0) * V;
+    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
+    return w;
+  };
+  {  // both rows prefilled at once, every position's logits
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
+    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
+    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
+  }
+  {  // row 0: 5 tokens prefilled, then one at a time
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> last(static_cast<std::size_t>(V));
+    dec.prefill(t.ids.data(), 5, nullptr, last.data());
+    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
+    for (std::int64_t s = 5; s < S; ++s) {
+      dec.decode(t.ids.data() + s, last.data());
+      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
+    }
+  }
+
+  TempDir tmp("qwen3_resaved");
+  models::save_pretrained(tmp.path, m);
+  const auto f = io::SafeTensorsFile::open((tmp.path / "model.safetensors").string());
+  EXPECT_TRUE(f.contains("model.layers.1.self_attn.q_norm.weight"));
+  EXPECT_TRUE(f.contains("model.layers.1.self_attn.k_norm.weight"));
+  EXPECT_FALSE(f.contains("lm_head.weight"));
+  auto back = models::from_pretrained(tmp.path);
+  EXPECT_EQ(back.config().model_type, "qwen3");
+  EXPECT_EQ(param_bytes(back), param_bytes(m));
 }
 
 TEST(Pretrained, CliChecksTokenIds) {

@@ -144,6 +144,24 @@ TEST(ShardedLlama, TinyHfFixtureMatchesOneDevice) {
   std::printf("  worst relative error so far: %.3g\n", g_worst);
 }
 
+// Qwen3's per-head q/k norms on a mesh: their weights are replicated while tp splits the heads,
+// so each tp rank normalises its own heads and the norms' gradients are summed over tp (and the
+// data axes); head_dim 8 != hidden 16 / 4 heads, tied embeddings.
+TEST(ShardedLlama, TinyQwen3FixtureMatchesOneDevice) {
+  const auto dir = tiny_hf_dir().parent_path() / "tiny_qwen3";
+  const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  ASSERT_TRUE(cfg.qk_norm());
+  LlamaForCausalLM<> m(cfg);
+  nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, cfg.vocab_size, 5);
+  auto labels = ids;
+  labels[6] = -100;
+  const Reference ref = reference(m, ids, labels, B, S);
+  for (const auto& d : kMeshes) check_mesh(m, ref, ids, labels, B, S, d);
+  std::printf("  worst relative error so far: %.3g\n", g_worst);
+}
+
 TEST(ShardedLlama, SmallGqaMatchesOneDevice) {
   LlamaForCausalLM<> m(small_gqa_config());
   m.init(Key::from_seed(7), 0.2f);

@@ -13,7 +13,8 @@ namespace {
 
 using Attn = nn::Attention<DefaultPolicy>;
 
-/// HF eager attention in double: projections, rope, repeat_kv, masks, softmax, o_proj.
+/// HF eager attention in double: projections, q/k head norms (Qwen3), rope, repeat_kv, masks,
+/// softmax, o_proj.
 std::vector<double> naive_attention(Attn& a, const std::vector<float>& x, const nn::TokenLayout& lay,
                                     std::int64_t hidden, std::int64_t window, double theta) {
   const std::int64_t B = lay.batch, S = lay.seq, T = B * S, nh = a.num_heads(), nkv = a.num_kv_heads(),
@@ -29,6 +30,18 @@ std::vector<double> naive_attention(Attn& a, const std::vector<float>& x, const 
     return y;
   };
   auto q = proj(a.q_proj, nh * D), k = proj(a.k_proj, nkv * D), v = proj(a.v_proj, nkv * D);
+  auto head_norm = [&](std::vector<double>& z, std::int64_t heads, auto& norm) {  // Qwen3RMSNorm per head
+    for (std::int64_t r = 0; r < T * heads; ++r) {
+      double ms = 0;
+      for (std::int64_t d = 0; d < D; ++d) ms += z[r * D + d] * z[r * D + d];
+      const double inv = 1.0 / std::sqrt(ms / double(D) + norm.eps());
+      for (std::int64_t d = 0; d < D; ++d) z[r * D + d] *= inv * norm.weight.value(d);
+    }
+  };
+  if (a.has_qk_norm()) {
+    head_norm(q, nh, a.q_norm);
+    head_norm(k, nkv, a.k_norm);
+  }
   auto rope = [&](std::vector<double>& z, std::int64_t heads) {
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t h = 0; h < heads; ++h)
@@ -83,6 +96,7 @@ struct Case {
   std::int64_t nh, nkv, window;
   bool mask, bias;
   std::int64_t seq = 6;  // > 64 crosses the query blocks of the blocked kernel
+  bool qk_norm = false;  // Qwen3's per-head q/k RMSNorm
 };
 
 }  // namespace
@@ -96,8 +110,15 @@ TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
                           .qkv_bias = cs.bias, .o_bias = cs.bias, .sliding_window = {}, .rope = {}};
   if (cs.window) cfg.sliding_window = cs.window;
   cfg.rope.theta = 10000.0;
+  cfg.qk_norm = cs.qk_norm;
+  cfg.qk_norm_eps = 1e-5;
   Attn a(cfg);
   a.init(Key::from_seed(11), 0.4f);
+  if (cs.qk_norm) {  // weights near 1, different per position within the head
+    fill_randn(a.q_norm.weight.data(), D, 23, 0.3f);
+    fill_randn(a.k_norm.weight.data(), D, 24, 0.3f);
+    for (std::int64_t d = 0; d < D; ++d) a.q_norm.weight.data()[d] += 1.0f, a.k_norm.weight.data()[d] += 1.0f;
+  }
   if (cs.bias) {
     fill_randn(a.q_proj.bias.data(), a.q_proj.out_features(), 21, 0.3f);
     fill_randn(a.k_proj.bias.data(), a.k_proj.out_features(), 22, 0.3f);
@@ -140,7 +161,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, NnAttention,
                                            Case{"mqa_mask", 4, 1, 0, true, false},
                                            Case{"gqa_window_mask", 4, 2, 3, true, false},
                                            Case{"mha_blocks", 4, 4, 0, false, true, 150},
-                                           Case{"gqa_window_mask_blocks", 4, 2, 70, true, false, 140}),
+                                           Case{"gqa_window_mask_blocks", 4, 2, 70, true, false, 140},
+                                           Case{"gqa_qk_norm_mask", 4, 2, 0, true, true, 6, true},
+                                           Case{"mqa_qk_norm_blocks", 4, 1, 0, false, false, 80, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NnAttentionMisc, FlopsAndNames) {
@@ -152,5 +175,17 @@ TEST(NnAttentionMisc, FlopsAndNames) {
   a.visit_params("self_attn", [&](std::string_view p, auto&) { names.emplace_back(p); });
   EXPECT_EQ(names, (std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                              "self_attn.v_proj.weight", "self_attn.o_proj.weight"}));
+  // Qwen3: q_norm and k_norm of head_dim values after o_proj, HF's order.
+  nn::AttentionConfig q3{.hidden = 16, .num_heads = 4, .num_kv_heads = 2, .head_dim = 6, .qkv_bias = false,
+                         .o_bias = false, .sliding_window = {}, .rope = {}, .qk_norm = true, .qk_norm_eps = 1e-6};
+  Attn b(q3);
+  EXPECT_TRUE(b.has_qk_norm());
+  EXPECT_FALSE(a.has_qk_norm());
+  EXPECT_EQ(b.param_count(), 24 * 16 + 2 * 12 * 16 + 16 * 24 + 2 * 6);
+  names.clear();
+  b.visit_params("self_attn", [&](std::string_view p, auto&) { names.emplace_back(p); });
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                             "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                             "self_attn.q_norm.weight", "self_attn.k_norm.weight"}));
   EXPECT_THROW(Attn({.hidden = 16, .num_heads = 4, .num_kv_heads = 3, .head_dim = 4, .qkv_bias = false, .o_bias = false, .sliding_window = {}, .rope = {}}), Error);
 }

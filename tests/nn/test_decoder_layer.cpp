@@ -50,9 +50,11 @@ TEST(NnDecoderLayer, BackwardMatchesFiniteDifferences) {
 
 namespace {
 
-nn::DecoderLayerConfig remat_layer_config() {
+nn::DecoderLayerConfig remat_layer_config(bool qk_norm = false) {
   nn::DecoderLayerConfig cfg;
   cfg.attention = {.hidden = 16, .num_heads = 4, .num_kv_heads = 2, .head_dim = 4, .qkv_bias = true, .o_bias = false, .sliding_window = {}, .rope = {}};
+  cfg.attention.qk_norm = qk_norm;
+  cfg.attention.qk_norm_eps = 1e-5;
   cfg.intermediate = 24;
   cfg.rms_norm_eps = 1e-5;
   return cfg;
@@ -66,10 +68,14 @@ struct LayerRun {
 // Forward and backward of one GQA layer with a padding mask under policy R (the compile-time
 // slot), then a second backward on the same Saved: it must be left as forward left it.
 template <class R>
-LayerRun run_layer(std::vector<std::uint32_t>* dropped = nullptr) {
+LayerRun run_layer(std::vector<std::uint32_t>* dropped = nullptr, bool qk_norm = false) {
   using Pol = with_remat<DefaultPolicy, R>;
-  nn::DecoderLayer<Pol> layer(remat_layer_config());
+  nn::DecoderLayer<Pol> layer(remat_layer_config(qk_norm));
   layer.init(Key::from_seed(4), 0.3f);
+  if (qk_norm) {
+    fill_randn(layer.self_attn.q_norm.weight.data(), 4, 5, 0.3f);
+    fill_randn(layer.self_attn.k_norm.weight.data(), 4, 6, 0.3f);
+  }
   const std::int64_t B = 2, S = 6, T = B * S, H = 16;
   const std::vector<std::int64_t> mask = {0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};  // left and right padding
   nn::TokenLayout lay{B, S, nullptr, mask.data()};
@@ -134,6 +140,23 @@ TEST(NnDecoderLayer, RematPoliciesGiveBitwiseEqualGradients) {
   same(run_layer<remat::save_only_these_names<"q", "ctx", "act">>(&dropped), "save_only q ctx act");
   same(run_layer<remat::save_only_these_names<"norm1", "k", "norm2">>(&dropped), "save_only norm1 k norm2");
   EXPECT_EQ(dropped, (std::vector<std::uint32_t>{0x3ffu, 0x241u, 0x251u, 0x25fu, 0x1edu, 0x3bau}));
+}
+
+// Qwen3's q/k head norms: a dropped q or k is recomputed with its norm (the norm's input and
+// 1/rms with it), bit for bit; the norms' gradients too.
+TEST(NnDecoderLayer, RematPoliciesGiveBitwiseEqualGradientsWithQkNorm) {
+  const LayerRun ref = run_layer<remat::everything_saveable>(nullptr, true);
+  ASSERT_EQ(ref.grads.size(), 14u);  // the 9 of a Llama layer, the q/k/v biases, q_norm, k_norm
+  const auto same = [&](const LayerRun& r, const char* what) {
+    EXPECT_EQ(r.y, ref.y) << what;
+    EXPECT_EQ(r.dx, ref.dx) << what;
+    EXPECT_EQ(r.dx_again, ref.dx) << what << ": second backward";
+    ASSERT_EQ(r.grads.size(), ref.grads.size()) << what;
+    for (std::size_t i = 0; i < ref.grads.size(); ++i) EXPECT_EQ(r.grads[i], ref.grads[i]) << what << " parameter " << i;
+  };
+  same(run_layer<remat::nothing_saveable>(nullptr, true), "nothing_saveable");
+  same(run_layer<remat::save_only_these_names<"q", "ctx", "act">>(nullptr, true), "save_only q ctx act");
+  same(run_layer<remat::save_only_these_names<"norm1", "k", "norm2">>(nullptr, true), "save_only norm1 k norm2");
 }
 
 TEST(NnDecoderLayer, RematPoliciesGiveBitwiseEqualLlamaLossAndGradients) {

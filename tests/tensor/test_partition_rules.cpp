@@ -69,6 +69,8 @@ TEST(PartitionRules, DefaultLlamaRulesShardEveryTinyParameter) {
       {"model.layers.11.mlp.down_proj.weight", {H, F}, row},
       {"model.layers.3.input_layernorm.weight", {H}, rep},
       {"model.layers.3.post_attention_layernorm.weight", {H}, rep},
+      {"model.layers.3.self_attn.q_norm.weight", {H / 4}, rep},
+      {"model.layers.3.self_attn.k_norm.weight", {H / 4}, rep},
       {"model.norm.weight", {H}, rep},
       {"lm_head.weight", {V, H}, col},
       {"model.layers.0.self_attn.q_proj.bias", {H}, SpecValue{{{"tp"}}}},

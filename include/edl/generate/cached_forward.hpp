@@ -7,8 +7,9 @@
 //   CachedForward<Pol, Cache> fw(local_model, cache, rope, DeviceShard{...});
 //   fw.run(rows, need, collectives, logits_last, logits_all);
 //
-// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> rope and the cache
-// store -> attention -> o_proj (+ residual) -> norm -> gate/up -> SwiGLU -> down (+ residual).
+// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> (Qwen3: per-head
+// q/k norms) -> rope and the cache store -> attention -> o_proj (+ residual) -> norm -> gate/up
+// -> SwiGLU -> down (+ residual).
 // What differs between uses is the `steps` it runs on:
 //  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
 //    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
@@ -268,7 +269,7 @@ class CachedForward {
     st.norm_products(L.input_layernorm.weight.data(),
                      std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
                                          part(A.v_proj, v_.data(), kw)},
-                     [&](std::int64_t n) { rope_and_store(layer, n); });
+                     [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
     st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
@@ -422,9 +423,24 @@ class CachedForward {
     }
   }
 
-  /// Rotates the rows' q and k to their positions and stores k, v of the positions this
-  /// device's cache holds.
-  void rope_and_store(std::int64_t layer, std::int64_t n) {
+  /// Normalises the rows' q and k heads (qk_norm), rotates them to their positions and stores
+  /// k, v of the positions this device's cache holds.
+  template <class Attn>
+  void rope_and_store(std::int64_t layer, std::int64_t n, const Attn& attn) {
+    // The norms are per head, so a tp shard of heads normalises its own. One head per call, so
+    // no call forks: the one-row path runs this as a phase's `after`, on one thread while the
+    // rest of the team waits.
+    if (attn.has_qk_norm())
+      for (std::int64_t r = 0; r < n; ++r) {
+        for (std::int64_t h = 0; h < nh_; ++h) {
+          float* q = q_.data() + (r * nh_ + h) * D_;
+          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_);
+        }
+        for (std::int64_t g = 0; g < nkv_; ++g) {
+          float* k = k_.data() + (r * nkv_ + g) * D_;
+          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_);
+        }
+      }
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);

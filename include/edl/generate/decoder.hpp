@@ -8,7 +8,8 @@
 //
 // Compute is f32 whatever the parameter dtype (bf16 weights are widened as they are read).
 // Per layer, for the rows (tokens) of a call:
-//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); rope(q, k) at each token's position;
+//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); q, k per head rms_norm-ed (Qwen3's q_norm,
+//   k_norm); rope(q, k) at each token's position;
 //   k, v -> cache slot = position; ctx = softmax(q k^T / sqrt(D)) v over the sequence's slots
 //   0 .. position (causal within a chunk, GQA: query head h reads kv head h / (nh / nkv),
 //   sliding window if configured); x += ctx Wo^T (+ b); x += down(silu(gate n2) * up n2).

@@ -2,6 +2,8 @@
 // Multi-head causal self-attention as HF LlamaAttention (eager), with grouped-query attention.
 //
 //   q = x Wq^T [T, nh*D], k = x Wk^T [T, nkv*D], v = x Wv^T [T, nkv*D]   (+ bias if configured)
+//   with qk_norm (Qwen3): q <- q_norm(q), k <- k_norm(k), an RMSNorm over each head's D values
+//     (weights [D], shared by the heads)
 //   q, k <- rope(q, k) at each token's position
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0
@@ -13,6 +15,7 @@
 // Saved (documented choice): q and k after rope, v, ctx and the per-row log-sum-exp of the
 // scores, [batch, nh, seq] -- not the [batch, nh, seq, seq] probabilities: backward recomputes
 // p_j = exp(s_j - lse_i) (one extra q.k per pair), so activation memory stays linear in seq.
+// With qk_norm also q and k as projected (the norms' input) and one 1/rms per head and token.
 //
 // Both directions are blocked over query rows and run on the GEMM (gemm_serial inside one
 // task per head), so the O(seq^2) part runs at matrix-product speed.
@@ -20,7 +23,8 @@
 // over its query heads in order):
 //   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
-//   then dq, dk go through the inverse rotation and the projections' backward.
+//   then dq, dk go through the inverse rotation, the q/k norms' backward (qk_norm) and the
+//   projections' backward.
 #pragma once
 
 #include <cmath>
@@ -38,6 +42,7 @@
 #include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/module.hpp>
+#include <edl/nn/rms_norm.hpp>
 #include <edl/nn/rotary.hpp>
 
 namespace edl::nn {
@@ -51,6 +56,8 @@ struct AttentionConfig {
   bool o_bias = false;
   std::optional<std::int64_t> sliding_window;
   RopeConfig rope;
+  bool qk_norm = false;       // Qwen3: RMSNorm of each q and k head (over head_dim) before rope
+  double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
 };
 
 template <class Pol>
@@ -65,6 +72,8 @@ class Attention {
     std::vector<std::int64_t> mask;  // [batch * seq] copy of the attention mask (empty: none)
     std::vector<float> cos, sin;     // [T, D/2]
     std::vector<float> q, k, v;      // after rope: [T, nh*D], [T, nkv*D], [T, nkv*D]
+    std::vector<float> q_proj_out, k_proj_out;  // qk_norm: q, k before the norms (their input); else empty
+    typename RMSNorm<Pol>::Saved q_norm_s, k_norm_s;
     std::vector<float> ctx;          // [T, nh*D], input of o_proj
     std::vector<float> lse;          // [batch, nh, seq]
   };
@@ -75,7 +84,8 @@ class Attention {
         nh_(c.num_heads),
         nkv_(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads),
         D_(c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden / c.num_heads : 0)),
-        window_(c.sliding_window.value_or(0)) {
+        window_(c.sliding_window.value_or(0)),
+        qk_norm_(c.qk_norm) {
     const char* w = "nn.Attention";
     EDL_CHECK(hidden_ > 0 && nh_ > 0 && D_ > 0, errc::invalid_argument, w,
               "hidden, num_heads and head_dim must be positive, found ", hidden_, ", ", nh_, ", ", D_);
@@ -87,17 +97,23 @@ class Attention {
     k_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     v_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     o_proj = RowLinear<Pol>(nh_ * D_, hidden_, c.o_bias);
+    if (qk_norm_) {
+      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+    }
     rope = RotaryEmbedding(D_, c.rope);
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
   RowLinear<Pol> o_proj;
+  RMSNorm<Pol> q_norm, k_norm;  // rows of head_dim values; empty (no parameter) unless has_qk_norm()
   RotaryEmbedding rope;
 
   std::int64_t num_heads() const noexcept { return nh_; }
   std::int64_t num_kv_heads() const noexcept { return nkv_; }
   std::int64_t head_dim() const noexcept { return D_; }
   std::int64_t sliding_window() const noexcept { return window_; }
+  bool has_qk_norm() const noexcept { return qk_norm_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -105,6 +121,10 @@ class Attention {
     k_proj.visit_params(join_path(prefix, "k_proj"), f);
     v_proj.visit_params(join_path(prefix, "v_proj"), f);
     o_proj.visit_params(join_path(prefix, "o_proj"), f);
+    if (qk_norm_) {  // after o_proj: HF's order
+      q_norm.visit_params(join_path(prefix, "q_norm"), f);
+      k_norm.visit_params(join_path(prefix, "k_norm"), f);
+    }
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
@@ -114,7 +134,8 @@ class Attention {
     o_proj.visit_linears(join_path(prefix, "o_proj"), f);
   }
   std::int64_t param_count() const noexcept {
-    return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count();
+    return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count() +
+           (qk_norm_ ? q_norm.param_count() + k_norm.param_count() : 0);
   }
   /// Projections plus q.k and p.v over the causal (and windowed) pairs, without padding.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
@@ -144,10 +165,18 @@ class Attention {
   // kernels, so the rebuilt values are bitwise those of forward. The rope tables and the
   // mask stay in Saved (small: [T, D] and [T]).
 
-  /// Frees q, k, v, and ctx with lse (`core`), as asked.
+  /// Frees q, k (each with its norm's input and 1/rms), v, and ctx with lse (`core`), as asked.
   static void release(Saved& s, bool q, bool k, bool v, bool core) {
-    if (q) std::vector<float>().swap(s.q);
-    if (k) std::vector<float>().swap(s.k);
+    if (q) {
+      std::vector<float>().swap(s.q);
+      std::vector<float>().swap(s.q_proj_out);
+      std::vector<float>().swap(s.q_norm_s.inv_rms);
+    }
+    if (k) {
+      std::vector<float>().swap(s.k);
+      std::vector<float>().swap(s.k_proj_out);
+      std::vector<float>().swap(s.k_norm_s.inv_rms);
+    }
     if (v) std::vector<float>().swap(s.v);
     if (core) {
       std::vector<float>().swap(s.ctx);
@@ -181,6 +210,10 @@ class Attention {
     core_backward(s, dctx.data(), dq.data(), dk.data(), dv.data());
     rope.backward(dq.data(), T, nh_, s.cos.data(), s.sin.data());
     rope.backward(dk.data(), T, nkv_, s.cos.data(), s.sin.data());
+    if (qk_norm_) {  // in place: the norms' input gradient overwrites their output gradient
+      q_norm.backward(dq.data(), s.q_norm_s, dq.data());
+      k_norm.backward(dk.data(), s.k_norm_s, dk.data());
+    }
     q_proj.backward(dq.data(), s.q_s, dx, false);
     k_proj.backward(dk.data(), s.k_s, dx, true);
     v_proj.backward(dv.data(), s.v_s, dx, true);
@@ -202,24 +235,34 @@ class Attention {
       if (mrow[j] == 0) row[j - j0] = ninf;
   }
 
-  /// The chosen projections of x into s (q and k rotated with s's rope tables).
+  /// The chosen projections of x into s (q and k normalised per head with qk_norm, then
+  /// rotated with s's rope tables).
   void forward_projections(const float* x, Saved& s, bool q, bool k, bool v) const {
     const std::int64_t T = s.batch * s.seq;
-    if (q) {
-      s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
-      q_proj.forward(x, T, s.q.data(), s.q_s);
-      rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
-    }
-    if (k) {
-      s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
-      k_proj.forward(x, T, s.k.data(), s.k_s);
-      rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
-    }
+    if (q) project_rotated(x, T, nh_, q_proj, q_norm, s.q, s.q_proj_out, s.q_s, s.q_norm_s, s);
+    if (k) project_rotated(x, T, nkv_, k_proj, k_norm, s.k, s.k_proj_out, s.k_s, s.k_norm_s, s);
     if (v) {
       s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
       v_proj.forward(x, T, s.v.data(), s.v_s);
     }
   }
+  /// out [T, heads*D] = rope(norm(x W^T)) for q or k; with qk_norm the projection is kept in
+  /// proj_out, the norm's input that its backward reads.
+  void project_rotated(const float* x, std::int64_t T, std::int64_t heads, const ColumnLinear<Pol>& proj,
+                       const RMSNorm<Pol>& norm, std::vector<float>& out, std::vector<float>& proj_out,
+                       typename ColumnLinear<Pol>::Saved& proj_s, typename RMSNorm<Pol>::Saved& norm_s,
+                       const Saved& s) const {
+    out.resize(static_cast<std::size_t>(T * heads * D_));
+    if (qk_norm_) {
+      proj_out.resize(out.size());
+      proj.forward(x, T, proj_out.data(), proj_s);
+      norm.forward(proj_out.data(), T * heads, out.data(), norm_s);  // one row per (token, head)
+    } else {
+      proj.forward(x, T, out.data(), proj_s);
+    }
+    rope.apply(out.data(), T, heads, s.cos.data(), s.sin.data());
+  }
+
   /// ctx and lse from q, k, v.
   void forward_core(Saved& s) const {
     s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
@@ -311,6 +354,7 @@ class Attention {
   }
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
+  bool qk_norm_ = false;
 };
 
 }  // namespace edl::nn

@@ -92,7 +92,7 @@ class PartitionRules {
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
 /// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
 /// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
-/// and anything else 1-D) replicated.
+/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated.
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -105,6 +105,7 @@ inline PartitionRules llama_partition_rules() {
       {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
+      {"self_attn/(q_norm|k_norm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},
       {"lm_head/weight", col},
       {"score/weight", SpecValue{{{}, {"fsdp", "sp"}}}},

@@ -1,5 +1,5 @@
 // edl/models/llama/config.hpp
-// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2), with
+// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2, qwen3), with
 // HF field names and HF defaults, validation naming the field at fault, the benchmark presets of
 // shared/ANCHORS.md, and the parameter names and shapes in HF order.
 //
@@ -13,7 +13,7 @@
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3).
 #pragma once
 
 #include <algorithm>
@@ -64,7 +64,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -103,10 +103,13 @@ struct LlamaConfig {
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
   bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
   bool o_bias() const { return attention_bias; }
-  /// Sliding attention window in effect (qwen2 uses it only with use_sliding_window: true).
+  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
+  bool qk_norm() const { return model_type == "qwen3"; }
+  /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
-    if (model_type == "qwen2" && !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
-                                   extra["use_sliding_window"].get<bool>()))
+    if ((model_type == "qwen2" || model_type == "qwen3") &&
+        !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
+          extra["use_sliding_window"].get<bool>()))
       return std::nullopt;
     return sliding_window;
   }
@@ -119,8 +122,9 @@ struct LlamaConfig {
     auto positive = [&](const char* name, std::int64_t v) {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
-    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", errc::unsupported,
-              where("model_type"), "expected llama, mistral or qwen2, found \"", model_type, "\"");
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3",
+              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2 or qwen3, found \"", model_type,
+              "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -364,6 +368,10 @@ struct LlamaConfig {
       }
       p.push_back({pre + "self_attn.o_proj.weight", {H, Q}});
       if (o_bias()) p.push_back({pre + "self_attn.o_proj.bias", {H}});
+      if (qk_norm()) {  // one weight per head_dim, shared by the heads
+        p.push_back({pre + "self_attn.q_norm.weight", {head_size()}});
+        p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
+      }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
       const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
           {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};

@@ -782,6 +782,9 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
+  EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
+            " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
+            "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
   EDL_CHECK(c.head_size() * c.num_attention_heads == c.hidden_size || !c.attention_bias, errc::unsupported, where,
             "llama.cpp's llama graph takes q/k biases of hidden_size values, so it cannot run this model (head_dim ",
             c.head_size(), " x ", c.num_attention_heads, " heads != hidden_size ", c.hidden_size, ")");

@@ -61,6 +61,8 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.attention.o_bias = c.o_bias();
   d.attention.sliding_window = c.attention_window();
   d.attention.rope = rope_config(c);
+  d.attention.qk_norm = c.qk_norm();
+  d.attention.qk_norm_eps = c.rms_norm_eps;
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;

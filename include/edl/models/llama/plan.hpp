@@ -20,6 +20,8 @@
 //     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
 //     RMSNorm inv_rms x 2                          2 Tl
 //     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
+//     qk_norm (Qwen3): q, k before the norms and
+//       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
 //     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
@@ -206,8 +208,9 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.local_seq = Sl;
   r.local_tokens = Tl;
   const std::int64_t f = 4, i64 = 8;
+  const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
   const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + 3 * Tl * Fl);
+                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl);
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;

@@ -38,7 +38,9 @@
 //    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
 //  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
 //    reduce_scattered over the data axes that shard it and psummed over the data axes that do
-//    not, so each device's block equals the block of the one-device gradient.
+//    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
+//    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
+//    heads only, so theirs is psummed over tp as well.
 // Collectives reduce in group order, so results are deterministic for a given mesh.
 #pragma once
 
@@ -151,7 +153,7 @@ inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, st
 struct ShardedParamPlan {
   ShardLayout layout;   // the stored blocks
   ShardLayout compute;  // the tensor the local model uses (tp block or full)
-  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
+  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
 };
 
@@ -196,10 +198,17 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
     for (const auto& a : ms.names())
       if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
-    for (const auto& a : sharded_detail::data_axes()) {
+    // A per-head norm's weight is whole on every tp rank while its gradient sums over the
+    // rank's heads only: the full gradient is the sum over tp.
+    const bool partial_over_tp = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
+    for (const auto& a : ms.names()) {
       if (ms.axis_size(a) == 1) continue;
-      if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
-      else p.sum_axes.push_back(a);
+      if (a == "tp") {
+        if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
+      } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
+        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+        else p.sum_axes.push_back(a);
+      }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
     plans.emplace_back(name, std::move(p));
