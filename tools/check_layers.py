@@ -26,6 +26,8 @@ ALLOWED["kernels"] = {"core", "quant"}
 # generate (serving) and train are peers: each may include every layer before them, not each other.
 ALLOWED["generate"] = set(ORDER)
 ALLOWED["train"] = set(ORDER)
+# serve (HTTP over the continuous batching engine) sits on generate.
+ALLOWED["serve"] = set(ORDER) | {"generate"}
 
 # Layers whose headers must leave SIMD to kernels/ (rule 3): all but kernels and core, whose
 # exec helpers need _mm_setcsr / _mm_pause.

@@ -3487,7 +3487,7 @@ class PartitionRules {
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
 /// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
 /// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
-/// and anything else 1-D) replicated.
+/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated.
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -3500,6 +3500,7 @@ inline PartitionRules llama_partition_rules() {
       {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
+      {"self_attn/(q_norm|k_norm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},
       {"lm_head/weight", col},
       {"score/weight", SpecValue{{{}, {"fsdp", "sp"}}}},
@@ -6509,6 +6510,8 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // Multi-head causal self-attention as HF LlamaAttention (eager), with grouped-query attention.
 //
 //   q = x Wq^T [T, nh*D], k = x Wk^T [T, nkv*D], v = x Wv^T [T, nkv*D]   (+ bias if configured)
+//   with qk_norm (Qwen3): q <- q_norm(q), k <- k_norm(k), an RMSNorm over each head's D values
+//     (weights [D], shared by the heads)
 //   q, k <- rope(q, k) at each token's position
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0
@@ -6520,6 +6523,7 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // Saved (documented choice): q and k after rope, v, ctx and the per-row log-sum-exp of the
 // scores, [batch, nh, seq] -- not the [batch, nh, seq, seq] probabilities: backward recomputes
 // p_j = exp(s_j - lse_i) (one extra q.k per pair), so activation memory stays linear in seq.
+// With qk_norm also q and k as projected (the norms' input) and one 1/rms per head and token.
 //
 // Both directions are blocked over query rows and run on the GEMM (gemm_serial inside one
 // task per head), so the O(seq^2) part runs at matrix-product speed.
@@ -6527,7 +6531,8 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // over its query heads in order):
 //   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
-//   then dq, dk go through the inverse rotation and the projections' backward.
+//   then dq, dk go through the inverse rotation, the q/k norms' backward (qk_norm) and the
+//   projections' backward.
 
 #include <cmath>
 #include <cstdint>
@@ -7466,6 +7471,80 @@ using RowLinear = Linear<Pol, RowParallel>;
 }  // namespace edl::nn
 // end of edl/nn/linear.hpp
 // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/rms_norm.hpp> (inlined above)
+// edl/nn/rms_norm.hpp
+// RMSNorm as HF LlamaRMSNorm: y = weight * x / sqrt(mean(x^2) + eps); weight [hidden], P<none>.
+// Saved: a pointer to x and 1/rms per row; backward via kernels::rms_norm_backward.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/rms_norm.hpp> (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/param.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+template <class Pol>
+class RMSNorm {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  using T = typename Pol::param_t;
+  using WeightParam = Param<T, P<none>>;
+
+  struct Saved {
+    const float* x = nullptr;  // owned by the caller
+    std::vector<float> inv_rms;
+  };
+
+  RMSNorm() = default;
+  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6) : hidden_(hidden), eps_(eps) {
+    EDL_CHECK(hidden > 0, errc::invalid_argument, "nn.RMSNorm", "hidden must be positive, found ", hidden);
+    EDL_CHECK(eps >= 0, errc::invalid_argument, "nn.RMSNorm", "eps must be >= 0, found ", eps);
+    weight = WeightParam({static_cast<std::size_t>(hidden)}, Init::ones);
+    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(1.0f));
+  }
+
+  WeightParam weight;
+  std::int64_t hidden_size() const noexcept { return hidden_; }
+  double eps() const noexcept { return eps_; }
+
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    f(join_path(prefix, "weight"), weight);
+  }
+  std::int64_t param_count() const noexcept { return hidden_; }
+  double flops_forward(std::int64_t) const noexcept { return 0.0; }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void apply(const float* x, std::int64_t rows, float* y) const {
+    kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
+                              static_cast<float>(eps_));
+  }
+  void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
+    s.x = x;
+    s.inv_rms.resize(static_cast<std::size_t>(rows));
+    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_));
+  }
+  /// Writes dx (may equal dy), accumulates dweight.
+  void backward(const float* dy, const Saved& s, float* dx) {
+    std::vector<float> scratch;
+    const float* w = as_f32(weight, scratch);
+    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
+                               static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
+  }
+
+ private:
+  std::int64_t hidden_ = 0;
+  double eps_ = 1e-6;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/rms_norm.hpp
 // // #include <edl/nn/rotary.hpp> (inlined above)
 // edl/nn/rotary.hpp
 // Rotary position embeddings, HF convention (rotate_half, not interleaved pairs):
@@ -7605,6 +7684,8 @@ struct AttentionConfig {
   bool o_bias = false;
   std::optional<std::int64_t> sliding_window;
   RopeConfig rope;
+  bool qk_norm = false;       // Qwen3: RMSNorm of each q and k head (over head_dim) before rope
+  double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
 };
 
 template <class Pol>
@@ -7619,6 +7700,8 @@ class Attention {
     std::vector<std::int64_t> mask;  // [batch * seq] copy of the attention mask (empty: none)
     std::vector<float> cos, sin;     // [T, D/2]
     std::vector<float> q, k, v;      // after rope: [T, nh*D], [T, nkv*D], [T, nkv*D]
+    std::vector<float> q_proj_out, k_proj_out;  // qk_norm: q, k before the norms (their input); else empty
+    typename RMSNorm<Pol>::Saved q_norm_s, k_norm_s;
     std::vector<float> ctx;          // [T, nh*D], input of o_proj
     std::vector<float> lse;          // [batch, nh, seq]
   };
@@ -7629,7 +7712,8 @@ class Attention {
         nh_(c.num_heads),
         nkv_(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads),
         D_(c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.hidden / c.num_heads : 0)),
-        window_(c.sliding_window.value_or(0)) {
+        window_(c.sliding_window.value_or(0)),
+        qk_norm_(c.qk_norm) {
     const char* w = "nn.Attention";
     EDL_CHECK(hidden_ > 0 && nh_ > 0 && D_ > 0, errc::invalid_argument, w,
               "hidden, num_heads and head_dim must be positive, found ", hidden_, ", ", nh_, ", ", D_);
@@ -7641,17 +7725,23 @@ class Attention {
     k_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     v_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     o_proj = RowLinear<Pol>(nh_ * D_, hidden_, c.o_bias);
+    if (qk_norm_) {
+      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+    }
     rope = RotaryEmbedding(D_, c.rope);
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
   RowLinear<Pol> o_proj;
+  RMSNorm<Pol> q_norm, k_norm;  // rows of head_dim values; empty (no parameter) unless has_qk_norm()
   RotaryEmbedding rope;
 
   std::int64_t num_heads() const noexcept { return nh_; }
   std::int64_t num_kv_heads() const noexcept { return nkv_; }
   std::int64_t head_dim() const noexcept { return D_; }
   std::int64_t sliding_window() const noexcept { return window_; }
+  bool has_qk_norm() const noexcept { return qk_norm_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -7659,6 +7749,10 @@ class Attention {
     k_proj.visit_params(join_path(prefix, "k_proj"), f);
     v_proj.visit_params(join_path(prefix, "v_proj"), f);
     o_proj.visit_params(join_path(prefix, "o_proj"), f);
+    if (qk_norm_) {  // after o_proj: HF's order
+      q_norm.visit_params(join_path(prefix, "q_norm"), f);
+      k_norm.visit_params(join_path(prefix, "k_norm"), f);
+    }
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
@@ -7668,7 +7762,8 @@ class Attention {
     o_proj.visit_linears(join_path(prefix, "o_proj"), f);
   }
   std::int64_t param_count() const noexcept {
-    return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count();
+    return q_proj.param_count() + k_proj.param_count() + v_proj.param_count() + o_proj.param_count() +
+           (qk_norm_ ? q_norm.param_count() + k_norm.param_count() : 0);
   }
   /// Projections plus q.k and p.v over the causal (and windowed) pairs, without padding.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
@@ -7698,10 +7793,18 @@ class Attention {
   // kernels, so the rebuilt values are bitwise those of forward. The rope tables and the
   // mask stay in Saved (small: [T, D] and [T]).
 
-  /// Frees q, k, v, and ctx with lse (`core`), as asked.
+  /// Frees q, k (each with its norm's input and 1/rms), v, and ctx with lse (`core`), as asked.
   static void release(Saved& s, bool q, bool k, bool v, bool core) {
-    if (q) std::vector<float>().swap(s.q);
-    if (k) std::vector<float>().swap(s.k);
+    if (q) {
+      std::vector<float>().swap(s.q);
+      std::vector<float>().swap(s.q_proj_out);
+      std::vector<float>().swap(s.q_norm_s.inv_rms);
+    }
+    if (k) {
+      std::vector<float>().swap(s.k);
+      std::vector<float>().swap(s.k_proj_out);
+      std::vector<float>().swap(s.k_norm_s.inv_rms);
+    }
     if (v) std::vector<float>().swap(s.v);
     if (core) {
       std::vector<float>().swap(s.ctx);
@@ -7735,6 +7838,10 @@ class Attention {
     core_backward(s, dctx.data(), dq.data(), dk.data(), dv.data());
     rope.backward(dq.data(), T, nh_, s.cos.data(), s.sin.data());
     rope.backward(dk.data(), T, nkv_, s.cos.data(), s.sin.data());
+    if (qk_norm_) {  // in place: the norms' input gradient overwrites their output gradient
+      q_norm.backward(dq.data(), s.q_norm_s, dq.data());
+      k_norm.backward(dk.data(), s.k_norm_s, dk.data());
+    }
     q_proj.backward(dq.data(), s.q_s, dx, false);
     k_proj.backward(dk.data(), s.k_s, dx, true);
     v_proj.backward(dv.data(), s.v_s, dx, true);
@@ -7756,24 +7863,34 @@ class Attention {
       if (mrow[j] == 0) row[j - j0] = ninf;
   }
 
-  /// The chosen projections of x into s (q and k rotated with s's rope tables).
+  /// The chosen projections of x into s (q and k normalised per head with qk_norm, then
+  /// rotated with s's rope tables).
   void forward_projections(const float* x, Saved& s, bool q, bool k, bool v) const {
     const std::int64_t T = s.batch * s.seq;
-    if (q) {
-      s.q.resize(static_cast<std::size_t>(T * nh_ * D_));
-      q_proj.forward(x, T, s.q.data(), s.q_s);
-      rope.apply(s.q.data(), T, nh_, s.cos.data(), s.sin.data());
-    }
-    if (k) {
-      s.k.resize(static_cast<std::size_t>(T * nkv_ * D_));
-      k_proj.forward(x, T, s.k.data(), s.k_s);
-      rope.apply(s.k.data(), T, nkv_, s.cos.data(), s.sin.data());
-    }
+    if (q) project_rotated(x, T, nh_, q_proj, q_norm, s.q, s.q_proj_out, s.q_s, s.q_norm_s, s);
+    if (k) project_rotated(x, T, nkv_, k_proj, k_norm, s.k, s.k_proj_out, s.k_s, s.k_norm_s, s);
     if (v) {
       s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
       v_proj.forward(x, T, s.v.data(), s.v_s);
     }
   }
+  /// out [T, heads*D] = rope(norm(x W^T)) for q or k; with qk_norm the projection is kept in
+  /// proj_out, the norm's input that its backward reads.
+  void project_rotated(const float* x, std::int64_t T, std::int64_t heads, const ColumnLinear<Pol>& proj,
+                       const RMSNorm<Pol>& norm, std::vector<float>& out, std::vector<float>& proj_out,
+                       typename ColumnLinear<Pol>::Saved& proj_s, typename RMSNorm<Pol>::Saved& norm_s,
+                       const Saved& s) const {
+    out.resize(static_cast<std::size_t>(T * heads * D_));
+    if (qk_norm_) {
+      proj_out.resize(out.size());
+      proj.forward(x, T, proj_out.data(), proj_s);
+      norm.forward(proj_out.data(), T * heads, out.data(), norm_s);  // one row per (token, head)
+    } else {
+      proj.forward(x, T, out.data(), proj_s);
+    }
+    rope.apply(out.data(), T, heads, s.cos.data(), s.sin.data());
+  }
+
   /// ctx and lse from q, k, v.
   void forward_core(Saved& s) const {
     s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
@@ -7865,6 +7982,7 @@ class Attention {
   }
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
+  bool qk_norm_ = false;
 };
 
 }  // namespace edl::nn
@@ -8009,80 +8127,7 @@ class MLP {
 }  // namespace edl::nn
 // end of edl/nn/mlp.hpp
 // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
-// // #include <edl/nn/rms_norm.hpp> (inlined above)
-// edl/nn/rms_norm.hpp
-// RMSNorm as HF LlamaRMSNorm: y = weight * x / sqrt(mean(x^2) + eps); weight [hidden], P<none>.
-// Saved: a pointer to x and 1/rms per row; backward via kernels::rms_norm_backward.
-
-#include <cstdint>
-#include <string_view>
-#include <vector>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/rng.hpp> (inlined above)
-// #include <edl/kernels/rms_norm.hpp> (inlined above)
-// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
-// // #include <edl/nn/param.hpp> (inlined above) (inlined above)
-
-namespace edl::nn {
-
-template <class Pol>
-class RMSNorm {
-  EDL_NN_CHECK_POLICY(Pol);
-
- public:
-  using T = typename Pol::param_t;
-  using WeightParam = Param<T, P<none>>;
-
-  struct Saved {
-    const float* x = nullptr;  // owned by the caller
-    std::vector<float> inv_rms;
-  };
-
-  RMSNorm() = default;
-  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6) : hidden_(hidden), eps_(eps) {
-    EDL_CHECK(hidden > 0, errc::invalid_argument, "nn.RMSNorm", "hidden must be positive, found ", hidden);
-    EDL_CHECK(eps >= 0, errc::invalid_argument, "nn.RMSNorm", "eps must be >= 0, found ", eps);
-    weight = WeightParam({static_cast<std::size_t>(hidden)}, Init::ones);
-    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(1.0f));
-  }
-
-  WeightParam weight;
-  std::int64_t hidden_size() const noexcept { return hidden_; }
-  double eps() const noexcept { return eps_; }
-
-  template <class F>
-  void visit_params(std::string_view prefix, F&& f) {
-    f(join_path(prefix, "weight"), weight);
-  }
-  std::int64_t param_count() const noexcept { return hidden_; }
-  double flops_forward(std::int64_t) const noexcept { return 0.0; }
-  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
-
-  void apply(const float* x, std::int64_t rows, float* y) const {
-    kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
-                              static_cast<float>(eps_));
-  }
-  void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
-    s.x = x;
-    s.inv_rms.resize(static_cast<std::size_t>(rows));
-    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_));
-  }
-  /// Writes dx (may equal dy), accumulates dweight.
-  void backward(const float* dy, const Saved& s, float* dx) {
-    std::vector<float> scratch;
-    const float* w = as_f32(weight, scratch);
-    kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
-                               static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
-  }
-
- private:
-  std::int64_t hidden_ = 0;
-  double eps_ = 1e-6;
-};
-
-}  // namespace edl::nn
-// end of edl/nn/rms_norm.hpp
+// // #include <edl/nn/rms_norm.hpp> (inlined above) (inlined above)
 
 namespace edl::nn {
 
@@ -18277,7 +18322,7 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
 // #include <edl/models/llama/config.hpp>
 // edl/models/llama/config.hpp
-// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2), with
+// LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2, qwen3), with
 // HF field names and HF defaults, validation naming the field at fault, the benchmark presets of
 // shared/ANCHORS.md, and the parameter names and shapes in HF order.
 //
@@ -18291,7 +18336,7 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3).
 
 #include <algorithm>
 #include <cstdint>
@@ -18341,7 +18386,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -18380,10 +18425,13 @@ struct LlamaConfig {
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
   bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
   bool o_bias() const { return attention_bias; }
-  /// Sliding attention window in effect (qwen2 uses it only with use_sliding_window: true).
+  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
+  bool qk_norm() const { return model_type == "qwen3"; }
+  /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
-    if (model_type == "qwen2" && !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
-                                   extra["use_sliding_window"].get<bool>()))
+    if ((model_type == "qwen2" || model_type == "qwen3") &&
+        !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
+          extra["use_sliding_window"].get<bool>()))
       return std::nullopt;
     return sliding_window;
   }
@@ -18396,8 +18444,9 @@ struct LlamaConfig {
     auto positive = [&](const char* name, std::int64_t v) {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
-    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", errc::unsupported,
-              where("model_type"), "expected llama, mistral or qwen2, found \"", model_type, "\"");
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3",
+              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2 or qwen3, found \"", model_type,
+              "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -18641,6 +18690,10 @@ struct LlamaConfig {
       }
       p.push_back({pre + "self_attn.o_proj.weight", {H, Q}});
       if (o_bias()) p.push_back({pre + "self_attn.o_proj.bias", {H}});
+      if (qk_norm()) {  // one weight per head_dim, shared by the heads
+        p.push_back({pre + "self_attn.q_norm.weight", {head_size()}});
+        p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
+      }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
       const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
           {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};
@@ -18734,6 +18787,8 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.attention.o_bias = c.o_bias();
   d.attention.sliding_window = c.attention_window();
   d.attention.rope = rope_config(c);
+  d.attention.qk_norm = c.qk_norm();
+  d.attention.qk_norm_eps = c.rms_norm_eps;
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
@@ -18966,6 +19021,8 @@ class LlamaForCausalLM {
 //     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
 //     RMSNorm inv_rms x 2                          2 Tl
 //     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
+//     qk_norm (Qwen3): q, k before the norms and
+//       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
 //     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
@@ -19031,7 +19088,9 @@ class LlamaForCausalLM {
 //    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
 //  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
 //    reduce_scattered over the data axes that shard it and psummed over the data axes that do
-//    not, so each device's block equals the block of the one-device gradient.
+//    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
+//    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
+//    heads only, so theirs is psummed over tp as well.
 // Collectives reduce in group order, so results are deterministic for a given mesh.
 
 #include <algorithm>
@@ -19143,7 +19202,7 @@ inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, st
 struct ShardedParamPlan {
   ShardLayout layout;   // the stored blocks
   ShardLayout compute;  // the tensor the local model uses (tp block or full)
-  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only
+  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
 };
 
@@ -19188,10 +19247,17 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
     for (const auto& a : ms.names())
       if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
-    for (const auto& a : sharded_detail::data_axes()) {
+    // A per-head norm's weight is whole on every tp rank while its gradient sums over the
+    // rank's heads only: the full gradient is the sum over tp.
+    const bool partial_over_tp = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
+    for (const auto& a : ms.names()) {
       if (ms.axis_size(a) == 1) continue;
-      if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
-      else p.sum_axes.push_back(a);
+      if (a == "tp") {
+        if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
+      } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
+        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+        else p.sum_axes.push_back(a);
+      }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
     plans.emplace_back(name, std::move(p));
@@ -19945,8 +20011,9 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.local_seq = Sl;
   r.local_tokens = Tl;
   const std::int64_t f = 4, i64 = 8;
+  const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
   const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + 3 * Tl * Fl);
+                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl);
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
@@ -20821,6 +20888,9 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
+  EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
+            " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
+            "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
   EDL_CHECK(c.head_size() * c.num_attention_heads == c.hidden_size || !c.attention_bias, errc::unsupported, where,
             "llama.cpp's llama graph takes q/k biases of hidden_size values, so it cannot run this model (head_dim ",
             c.head_size(), " x ", c.num_attention_heads, " heads != hidden_size ", c.hidden_size, ")");
@@ -21659,7 +21729,8 @@ class LlamaForSequenceClassification {
 //
 // Compute is f32 whatever the parameter dtype (bf16 weights are widened as they are read).
 // Per layer, for the rows (tokens) of a call:
-//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); rope(q, k) at each token's position;
+//   n1 = rms_norm(x); q, k, v = n1 W^T (+ b); q, k per head rms_norm-ed (Qwen3's q_norm,
+//   k_norm); rope(q, k) at each token's position;
 //   k, v -> cache slot = position; ctx = softmax(q k^T / sqrt(D)) v over the sequence's slots
 //   0 .. position (causal within a chunk, GQA: query head h reads kv head h / (nh / nkv),
 //   sliding window if configured); x += ctx Wo^T (+ b); x += down(silu(gate n2) * up n2).
@@ -21688,8 +21759,9 @@ class LlamaForSequenceClassification {
 //   CachedForward<Pol, Cache> fw(local_model, cache, rope, DeviceShard{...});
 //   fw.run(rows, need, collectives, logits_last, logits_all);
 //
-// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> rope and the cache
-// store -> attention -> o_proj (+ residual) -> norm -> gate/up -> SwiGLU -> down (+ residual).
+// A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> (Qwen3: per-head
+// q/k norms) -> rope and the cache store -> attention -> o_proj (+ residual) -> norm -> gate/up
+// -> SwiGLU -> down (+ residual).
 // What differs between uses is the `steps` it runs on:
 //  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
 //    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
@@ -22820,7 +22892,7 @@ class CachedForward {
     st.norm_products(L.input_layernorm.weight.data(),
                      std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
                                          part(A.v_proj, v_.data(), kw)},
-                     [&](std::int64_t n) { rope_and_store(layer, n); });
+                     [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
     st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
@@ -22974,9 +23046,24 @@ class CachedForward {
     }
   }
 
-  /// Rotates the rows' q and k to their positions and stores k, v of the positions this
-  /// device's cache holds.
-  void rope_and_store(std::int64_t layer, std::int64_t n) {
+  /// Normalises the rows' q and k heads (qk_norm), rotates them to their positions and stores
+  /// k, v of the positions this device's cache holds.
+  template <class Attn>
+  void rope_and_store(std::int64_t layer, std::int64_t n, const Attn& attn) {
+    // The norms are per head, so a tp shard of heads normalises its own. One head per call, so
+    // no call forks: the one-row path runs this as a phase's `after`, on one thread while the
+    // rest of the team waits.
+    if (attn.has_qk_norm())
+      for (std::int64_t r = 0; r < n; ++r) {
+        for (std::int64_t h = 0; h < nh_; ++h) {
+          float* q = q_.data() + (r * nh_ + h) * D_;
+          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_);
+        }
+        for (std::int64_t g = 0; g < nkv_; ++g) {
+          float* k = k_.data() + (r * nkv_ + g) * D_;
+          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_);
+        }
+      }
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);
@@ -23224,6 +23311,7 @@ class Decoder {
 // Unknown fields are ignored (HF writes many: transformers_version, ...). A mistyped or out of
 // range value is errc::config naming the field.
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23246,6 +23334,7 @@ struct GenerationConfig {
   float min_p = 0.0f;           // 0: off
   float repetition_penalty = 1.0f;  // 1: off (HF CTRL penalty over prompt + generated tokens)
   float presence_penalty = 0.0f;    // 0: off (OpenAI / vLLM: minus this for every generated token seen)
+  float frequency_penalty = 0.0f;   // 0: off (OpenAI / vLLM: minus this times the token's count in the output)
   std::int64_t max_new_tokens = 20;
   std::vector<std::int64_t> eos_token_id;  // stop tokens from the model (int or list in JSON)
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
@@ -23274,6 +23363,10 @@ struct GenerationConfig {
     EDL_CHECK(min_p >= 0 && min_p <= 1, errc::config, where("min_p"), "must be in [0, 1], found ", min_p);
     EDL_CHECK(repetition_penalty > 0, errc::config, where("repetition_penalty"), "must be positive, found ",
               repetition_penalty);
+    EDL_CHECK(std::isfinite(presence_penalty), errc::config, where("presence_penalty"), "must be finite, found ",
+              presence_penalty);
+    EDL_CHECK(std::isfinite(frequency_penalty), errc::config, where("frequency_penalty"), "must be finite, found ",
+              frequency_penalty);
     EDL_CHECK(max_new_tokens >= 0, errc::config, where("max_new_tokens"), "must be >= 0, found ", max_new_tokens);
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
     EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
@@ -23291,6 +23384,7 @@ struct GenerationConfig {
     g.min_p = static_cast<float>(c.get<double>("min_p", g.min_p));
     g.repetition_penalty = static_cast<float>(c.get<double>("repetition_penalty", g.repetition_penalty));
     g.presence_penalty = static_cast<float>(c.get<double>("presence_penalty", g.presence_penalty));
+    g.frequency_penalty = static_cast<float>(c.get<double>("frequency_penalty", g.frequency_penalty));
     g.max_new_tokens = c.get<std::int64_t>("max_new_tokens", g.max_new_tokens);
     if (c.has_value("eos_token_id")) {
       if (j["eos_token_id"].is_array()) g.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
@@ -23336,7 +23430,8 @@ struct GenerationConfig {
 //   processors (greedy and sampling):
 //     repetition_penalty p != 1: for every distinct token of prompt + generated:
 //                                logit < 0 ? logit * p : logit / p          (HF, CTRL)
-//     presence_penalty a != 0:   logit -= a for every distinct generated token (OpenAI / vLLM)
+//     presence_penalty a, frequency_penalty f (OpenAI / vLLM), for every distinct generated
+//                                token seen c times: logit -= a + f * c
 //   greedy: argmax (the first index on ties)
 //   sampling warpers, HF order: temperature (logit / T), top_k (keep logits >= the k-th largest),
 //     top_p (keep a token when the probability of the tokens ranked before it is < top_p,
@@ -23434,19 +23529,22 @@ class Penalties {
       for (auto t : context)
         if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
     }
-    if (c.presence_penalty != 0.0f) {
-      for (auto t : generated) {
-        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
-        seen_[static_cast<std::size_t>(t)] = 1;
-        logits[t] -= c.presence_penalty;
-      }
+    if (c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
+      if (static_cast<std::int64_t>(count_.size()) < V) count_.assign(static_cast<std::size_t>(V), 0);
       for (auto t : generated)
-        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+        if (t >= 0 && t < V) ++count_[static_cast<std::size_t>(t)];
+      for (auto t : generated) {  // each distinct token once: its count is zeroed after use
+        if (t < 0 || t >= V || count_[static_cast<std::size_t>(t)] == 0) continue;
+        auto& n = count_[static_cast<std::size_t>(t)];
+        logits[t] -= c.presence_penalty + c.frequency_penalty * static_cast<float>(n);
+        n = 0;
+      }
     }
   }
 
  private:
   std::vector<std::uint8_t> seen_;
+  std::vector<std::int32_t> count_;
 };
 
 /// The sampling distribution after temperature, top-k, top-p and min-p: probs[V] sums to 1,
@@ -23746,6 +23844,12 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
 //      finishes on a stop token (eos_token_id / stop_token_ids, included in the output, as
 //      HF), after max_new_tokens, or when prompt + output reaches max_model_length; a
 //      finished request frees its slot's pages at once.
+// cancel(id) between steps ends a request at once (finish_reason "cancelled") and frees its
+// pages; forget(id) drops a done request's token buffers (a server calls it once it has sent
+// the answer, so memory does not grow with the number of requests served).
+// A request submitted with want_logprobs gets, with each token, the log-softmax of the model's
+// logits for that step (before penalties and warpers: the model's own distribution, as vLLM
+// reports by default).
 // Errors (edl::Error, at submit, naming the request): an empty prompt, a token id outside the
 // vocabulary, a prompt longer than max_model_length, and a request whose prompt +
 // max_new_tokens - 1 tokens (the last token is never fed back) need more pages than the whole
@@ -23753,6 +23857,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -23782,10 +23887,20 @@ struct RequestResult {
   std::int64_t id = -1;
   RequestState state = RequestState::waiting;
   std::vector<std::int64_t> tokens;   // new tokens
-  std::string finish_reason;          // "stop" | "length" once done
+  std::string finish_reason;          // "stop" | "length" | "cancelled" once done
   double time_to_first_token_s = -1;  // from submit to the first new token (-1: none yet)
   double total_s = -1;                // from submit to done
   std::int64_t preemptions = 0;       // times the request was sent back to the queue
+};
+
+/// One generated token, as the per-request callback sees it.
+struct TokenEvent {
+  std::int64_t id = -1;     // request
+  std::int64_t token = -1;  // the token just sampled
+  std::int64_t index = 0;   // its position among the request's new tokens (0 for the first)
+  /// log-softmax of the step's logits over the vocabulary (only with want_logprobs; valid
+  /// during the callback only).
+  std::span<const float> logprobs;
 };
 
 struct EngineStats {
@@ -23807,6 +23922,7 @@ class Engine {
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using Callback = std::function<void(std::int64_t id, std::int64_t token)>;
+  using EventCallback = std::function<void(const TokenEvent&)>;
   using Clock = std::chrono::steady_clock;
 
   Engine(const Model& model, const EngineOptions& o)
@@ -23826,6 +23942,13 @@ class Engine {
   /// Queues a request; returns its id (0, 1, 2, ... in submission order). See the header
   /// comment for the errors.
   std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, Callback on_token = {}) {
+    EventCallback ev;
+    if (on_token) ev = [cb = std::move(on_token)](const TokenEvent& e) { cb(e.id, e.token); };
+    return submit(std::move(prompt), g, std::move(ev), false);
+  }
+  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs.
+  std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, EventCallback on_token,
+                      bool want_logprobs) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
     g.validate(w + " GenerationConfig");
@@ -23848,6 +23971,7 @@ class Engine {
     r.res.id = id;
     r.g = g;
     r.cb = std::move(on_token);
+    r.want_logprobs = want_logprobs;
     r.limit = limit;
     r.most = most;
     r.ctx = std::move(prompt);
@@ -23882,6 +24006,29 @@ class Engine {
     }
   }
 
+  /// Ends a waiting or running request now (finish_reason "cancelled"), freeing its pages;
+  /// a done request is left as it is. Call between steps, not from a token callback.
+  void cancel(std::int64_t id) {
+    (void)result(id);  // checks the id
+    Request& r = req(id);
+    if (r.res.state == RequestState::done) return;
+    if (r.res.state == RequestState::waiting) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+    finish(r, "cancelled");
+  }
+
+  /// Drops a done request's buffers (its result keeps id, state, finish_reason and timings;
+  /// tokens become empty).
+  void forget(std::int64_t id) {
+    (void)result(id);
+    Request& r = req(id);
+    EDL_CHECK(r.res.state == RequestState::done, errc::invalid_argument, "generate.Engine.forget", "request ", id,
+              " is not done");
+    std::vector<std::int64_t>().swap(r.res.tokens);
+    std::vector<std::int64_t>().swap(r.ctx);
+    r.g = GenerationConfig{};
+    r.cb = nullptr;
+  }
+
   bool idle() const noexcept { return waiting_.empty() && running() == 0; }
   std::int64_t running() const noexcept {
     return std::count_if(slots_.begin(), slots_.end(), [](std::int64_t s) { return s >= 0; });
@@ -23903,7 +24050,8 @@ class Engine {
   struct Request {
     RequestResult res;
     GenerationConfig g;
-    Callback cb;
+    EventCallback cb;
+    bool want_logprobs = false;
     std::int64_t limit = 0;         // most new tokens
     std::vector<std::int64_t> ctx;  // prompt + generated
     std::int64_t fed = 0;           // tokens of ctx in the cache
@@ -24050,6 +24198,7 @@ class Engine {
       r.fed += k;
       if (pending(r) != 0) continue;  // still prefilling
       float* row = logits_.data() + r.slot * V_;
+      if (r.want_logprobs) log_softmax(row);  // before the sampler's penalties change the row
       const std::int64_t t = static_cast<std::int64_t>(r.res.tokens.size());
       const std::int64_t P = static_cast<std::int64_t>(r.ctx.size()) - t;
       const std::int64_t tok = sampler_.next(row, V_, r.g, r.ctx,
@@ -24060,13 +24209,31 @@ class Engine {
       r.decoding = true;
       ++stats_.generated_tokens;
       if (t == 0) r.res.time_to_first_token_s = std::chrono::duration<double>(Clock::now() - r.t0).count();
-      if (r.cb) r.cb(r.res.id, tok);
+      if (r.cb) {
+        TokenEvent e;
+        e.id = r.res.id;
+        e.token = tok;
+        e.index = t;
+        if (r.want_logprobs) e.logprobs = std::span<const float>(logprobs_.data(), static_cast<std::size_t>(V_));
+        r.cb(e);
+      }
       if (r.g.is_stop(tok)) {
         finish(r, "stop");
       } else if (static_cast<std::int64_t>(r.res.tokens.size()) >= r.limit) {
         finish(r, "length");
       }
     }
+  }
+
+  /// logprobs_ = log-softmax of one row of logits (f64 sum, as the sampler's softmax).
+  void log_softmax(const float* row) {
+    logprobs_.resize(static_cast<std::size_t>(V_));
+    const float mx = *std::max_element(row, row + V_);
+    double sum = 0;
+    for (std::int64_t i = 0; i < V_; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+    const double lse = static_cast<double>(mx) + std::log(sum);
+    for (std::int64_t i = 0; i < V_; ++i)
+      logprobs_[static_cast<std::size_t>(i)] = static_cast<float>(static_cast<double>(row[i]) - lse);
   }
 
   void finish(Request& r, const char* reason) {
@@ -24090,7 +24257,7 @@ class Engine {
   std::vector<Request> reqs_;
   std::deque<std::int64_t> waiting_;
   std::vector<std::int64_t> slots_;  // request id per slot, -1 when free
-  std::vector<float> logits_;
+  std::vector<float> logits_, logprobs_;
   std::vector<std::int64_t> ids_, mask_;              // the step's batch [max_batch, S]
   std::vector<std::int64_t> grow_ids_, run_ids_, take_;  // per-step scratch
   EngineStats stats_;

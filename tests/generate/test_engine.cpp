@@ -2,6 +2,8 @@
 // generate() gives its prompt alone, however requests join, leave, chunk and get preempted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -263,4 +265,59 @@ TEST(Engine, TinyFixtureGivesTheOracleTokens) {
   e.run();
   EXPECT_EQ(e.result(0).tokens, want);
   EXPECT_EQ(e.result(1).tokens, want);
+}
+
+TEST(Engine, CancelFreesTheRequestsPagesAndTheOthersGoOn) {
+  Engine<> e(engine_model(), small_options(2, 4));
+  const auto a = e.submit(make_prompt(9, 1), greedy_n(12));
+  const auto b = e.submit(make_prompt(6, 2), greedy_n(10));
+  const auto c = e.submit(make_prompt(5, 3), greedy_n(4));  // waits: two slots
+  for (int s = 0; s < 4; ++s) e.step();
+  ASSERT_EQ(e.result(a).state, RequestState::running);
+  ASSERT_EQ(e.result(c).state, RequestState::waiting);
+  e.cancel(c);  // from the queue
+  e.cancel(a);  // running: its pages go back at once
+  EXPECT_EQ(e.result(a).finish_reason, "cancelled");
+  EXPECT_EQ(e.result(c).finish_reason, "cancelled");
+  EXPECT_EQ(e.result(c).state, RequestState::done);
+  e.run();
+  EXPECT_EQ(e.result(b).tokens, reference(make_prompt(6, 2), greedy_n(10), e.max_model_length()).tokens[0]);
+  EXPECT_EQ(e.pages_in_use(), 0);
+  e.cancel(b);  // done: unchanged
+  EXPECT_EQ(e.result(b).finish_reason, "length");
+  e.forget(b);
+  EXPECT_TRUE(e.result(b).tokens.empty());
+  EXPECT_EQ(e.result(b).finish_reason, "length");
+  EXPECT_THROW(e.cancel(99), edl::Error);
+}
+
+TEST(Engine, LogprobsAreTheLogSoftmaxOfTheFullForward) {
+  // Independent path: the training forward over prompt + generated tokens, log-softmax by hand.
+  const auto& m = engine_model();
+  const std::int64_t V = engine_config().vocab_size;
+  auto g = sampled_n(5, 3);
+  g.repetition_penalty = 1.5f;  // penalties change the sampled row, not the reported logprobs
+  Engine<> e(m, small_options(2, 4));
+  std::vector<std::vector<float>> rows;
+  const auto prompt = make_prompt(7, 4);
+  e.submit(prompt, g, [&](const TokenEvent& ev) {
+    EXPECT_EQ(ev.index, static_cast<std::int64_t>(rows.size()));
+    ASSERT_EQ(static_cast<std::int64_t>(ev.logprobs.size()), V);
+    rows.emplace_back(ev.logprobs.begin(), ev.logprobs.end());
+  }, true);
+  e.submit(make_prompt(3, 5), greedy_n(6));  // a neighbour in the batch
+  e.run();
+  const auto& out = e.result(0).tokens;
+  ASSERT_EQ(rows.size(), out.size());
+  std::vector<std::int64_t> ids = prompt;
+  ids.insert(ids.end(), out.begin(), out.end());
+  std::vector<float> l(ids.size() * static_cast<std::size_t>(V));
+  m.logits(ids.data(), edl::nn::TokenLayout{1, static_cast<std::int64_t>(ids.size())}, l.data());
+  for (std::size_t t = 0; t < out.size(); ++t) {
+    const float* row = l.data() + (prompt.size() - 1 + t) * static_cast<std::size_t>(V);
+    double mx = -INFINITY, s = 0;
+    for (std::int64_t i = 0; i < V; ++i) mx = std::max(mx, double(row[i]));
+    for (std::int64_t i = 0; i < V; ++i) s += std::exp(row[i] - mx);
+    for (std::int64_t i = 0; i < V; ++i) EXPECT_NEAR(rows[t][i], row[i] - mx - std::log(s), 1e-4) << t << " " << i;
+  }
 }

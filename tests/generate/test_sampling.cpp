@@ -144,6 +144,22 @@ TEST(Sampling, RepetitionAndPresencePenaltiesFollowHf) {
   EXPECT_FLOAT_EQ(l[3], 1.5f);   // 4 / 2 - 0.5
 }
 
+TEST(Sampling, FrequencyPenaltyCountsEachGeneratedToken) {
+  GenerationConfig c;
+  c.presence_penalty = 0.25f;
+  c.frequency_penalty = 0.5f;
+  std::vector<float> l = {1.0f, 1.0f, 1.0f, 1.0f};
+  const std::vector<std::int64_t> ctx = {0, 2, 2, 2, 1}, gen = {2, 2, 2, 1};  // OpenAI: prompt tokens not counted
+  Penalties p;
+  p.apply(l.data(), 4, ctx, gen, c);
+  EXPECT_FLOAT_EQ(l[0], 1.0f);
+  EXPECT_FLOAT_EQ(l[1], 1.0f - 0.25f - 0.5f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f - 0.25f - 1.5f);
+  EXPECT_FLOAT_EQ(l[3], 1.0f);
+  p.apply(l.data(), 4, ctx, gen, c);  // counts reset between calls
+  EXPECT_FLOAT_EQ(l[2], 1.0f - 2 * (0.25f + 1.5f));
+}
+
 TEST(Sampling, SameSeedSameDrawsOtherSeedOtherDraws) {
   GenerationConfig c;
   c.do_sample = true;

@@ -31,6 +31,12 @@
 //      finishes on a stop token (eos_token_id / stop_token_ids, included in the output, as
 //      HF), after max_new_tokens, or when prompt + output reaches max_model_length; a
 //      finished request frees its slot's pages at once.
+// cancel(id) between steps ends a request at once (finish_reason "cancelled") and frees its
+// pages; forget(id) drops a done request's token buffers (a server calls it once it has sent
+// the answer, so memory does not grow with the number of requests served).
+// A request submitted with want_logprobs gets, with each token, the log-softmax of the model's
+// logits for that step (before penalties and warpers: the model's own distribution, as vLLM
+// reports by default).
 // Errors (edl::Error, at submit, naming the request): an empty prompt, a token id outside the
 // vocabulary, a prompt longer than max_model_length, and a request whose prompt +
 // max_new_tokens - 1 tokens (the last token is never fed back) need more pages than the whole
@@ -39,6 +45,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -68,10 +75,20 @@ struct RequestResult {
   std::int64_t id = -1;
   RequestState state = RequestState::waiting;
   std::vector<std::int64_t> tokens;   // new tokens
-  std::string finish_reason;          // "stop" | "length" once done
+  std::string finish_reason;          // "stop" | "length" | "cancelled" once done
   double time_to_first_token_s = -1;  // from submit to the first new token (-1: none yet)
   double total_s = -1;                // from submit to done
   std::int64_t preemptions = 0;       // times the request was sent back to the queue
+};
+
+/// One generated token, as the per-request callback sees it.
+struct TokenEvent {
+  std::int64_t id = -1;     // request
+  std::int64_t token = -1;  // the token just sampled
+  std::int64_t index = 0;   // its position among the request's new tokens (0 for the first)
+  /// log-softmax of the step's logits over the vocabulary (only with want_logprobs; valid
+  /// during the callback only).
+  std::span<const float> logprobs;
 };
 
 struct EngineStats {
@@ -93,6 +110,7 @@ class Engine {
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using Callback = std::function<void(std::int64_t id, std::int64_t token)>;
+  using EventCallback = std::function<void(const TokenEvent&)>;
   using Clock = std::chrono::steady_clock;
 
   Engine(const Model& model, const EngineOptions& o)
@@ -112,6 +130,13 @@ class Engine {
   /// Queues a request; returns its id (0, 1, 2, ... in submission order). See the header
   /// comment for the errors.
   std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, Callback on_token = {}) {
+    EventCallback ev;
+    if (on_token) ev = [cb = std::move(on_token)](const TokenEvent& e) { cb(e.id, e.token); };
+    return submit(std::move(prompt), g, std::move(ev), false);
+  }
+  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs.
+  std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, EventCallback on_token,
+                      bool want_logprobs) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
     g.validate(w + " GenerationConfig");
@@ -134,6 +159,7 @@ class Engine {
     r.res.id = id;
     r.g = g;
     r.cb = std::move(on_token);
+    r.want_logprobs = want_logprobs;
     r.limit = limit;
     r.most = most;
     r.ctx = std::move(prompt);
@@ -168,6 +194,29 @@ class Engine {
     }
   }
 
+  /// Ends a waiting or running request now (finish_reason "cancelled"), freeing its pages;
+  /// a done request is left as it is. Call between steps, not from a token callback.
+  void cancel(std::int64_t id) {
+    (void)result(id);  // checks the id
+    Request& r = req(id);
+    if (r.res.state == RequestState::done) return;
+    if (r.res.state == RequestState::waiting) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+    finish(r, "cancelled");
+  }
+
+  /// Drops a done request's buffers (its result keeps id, state, finish_reason and timings;
+  /// tokens become empty).
+  void forget(std::int64_t id) {
+    (void)result(id);
+    Request& r = req(id);
+    EDL_CHECK(r.res.state == RequestState::done, errc::invalid_argument, "generate.Engine.forget", "request ", id,
+              " is not done");
+    std::vector<std::int64_t>().swap(r.res.tokens);
+    std::vector<std::int64_t>().swap(r.ctx);
+    r.g = GenerationConfig{};
+    r.cb = nullptr;
+  }
+
   bool idle() const noexcept { return waiting_.empty() && running() == 0; }
   std::int64_t running() const noexcept {
     return std::count_if(slots_.begin(), slots_.end(), [](std::int64_t s) { return s >= 0; });
@@ -189,7 +238,8 @@ class Engine {
   struct Request {
     RequestResult res;
     GenerationConfig g;
-    Callback cb;
+    EventCallback cb;
+    bool want_logprobs = false;
     std::int64_t limit = 0;         // most new tokens
     std::vector<std::int64_t> ctx;  // prompt + generated
     std::int64_t fed = 0;           // tokens of ctx in the cache
@@ -336,6 +386,7 @@ class Engine {
       r.fed += k;
       if (pending(r) != 0) continue;  // still prefilling
       float* row = logits_.data() + r.slot * V_;
+      if (r.want_logprobs) log_softmax(row);  // before the sampler's penalties change the row
       const std::int64_t t = static_cast<std::int64_t>(r.res.tokens.size());
       const std::int64_t P = static_cast<std::int64_t>(r.ctx.size()) - t;
       const std::int64_t tok = sampler_.next(row, V_, r.g, r.ctx,
@@ -346,13 +397,31 @@ class Engine {
       r.decoding = true;
       ++stats_.generated_tokens;
       if (t == 0) r.res.time_to_first_token_s = std::chrono::duration<double>(Clock::now() - r.t0).count();
-      if (r.cb) r.cb(r.res.id, tok);
+      if (r.cb) {
+        TokenEvent e;
+        e.id = r.res.id;
+        e.token = tok;
+        e.index = t;
+        if (r.want_logprobs) e.logprobs = std::span<const float>(logprobs_.data(), static_cast<std::size_t>(V_));
+        r.cb(e);
+      }
       if (r.g.is_stop(tok)) {
         finish(r, "stop");
       } else if (static_cast<std::int64_t>(r.res.tokens.size()) >= r.limit) {
         finish(r, "length");
       }
     }
+  }
+
+  /// logprobs_ = log-softmax of one row of logits (f64 sum, as the sampler's softmax).
+  void log_softmax(const float* row) {
+    logprobs_.resize(static_cast<std::size_t>(V_));
+    const float mx = *std::max_element(row, row + V_);
+    double sum = 0;
+    for (std::int64_t i = 0; i < V_; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+    const double lse = static_cast<double>(mx) + std::log(sum);
+    for (std::int64_t i = 0; i < V_; ++i)
+      logprobs_[static_cast<std::size_t>(i)] = static_cast<float>(static_cast<double>(row[i]) - lse);
   }
 
   void finish(Request& r, const char* reason) {
@@ -376,7 +445,7 @@ class Engine {
   std::vector<Request> reqs_;
   std::deque<std::int64_t> waiting_;
   std::vector<std::int64_t> slots_;  // request id per slot, -1 when free
-  std::vector<float> logits_;
+  std::vector<float> logits_, logprobs_;
   std::vector<std::int64_t> ids_, mask_;              // the step's batch [max_batch, S]
   std::vector<std::int64_t> grow_ids_, run_ids_, take_;  // per-step scratch
   EngineStats stats_;

@@ -9,6 +9,7 @@
 // range value is errc::config naming the field.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@ struct GenerationConfig {
   float min_p = 0.0f;           // 0: off
   float repetition_penalty = 1.0f;  // 1: off (HF CTRL penalty over prompt + generated tokens)
   float presence_penalty = 0.0f;    // 0: off (OpenAI / vLLM: minus this for every generated token seen)
+  float frequency_penalty = 0.0f;   // 0: off (OpenAI / vLLM: minus this times the token's count in the output)
   std::int64_t max_new_tokens = 20;
   std::vector<std::int64_t> eos_token_id;  // stop tokens from the model (int or list in JSON)
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
@@ -59,6 +61,10 @@ struct GenerationConfig {
     EDL_CHECK(min_p >= 0 && min_p <= 1, errc::config, where("min_p"), "must be in [0, 1], found ", min_p);
     EDL_CHECK(repetition_penalty > 0, errc::config, where("repetition_penalty"), "must be positive, found ",
               repetition_penalty);
+    EDL_CHECK(std::isfinite(presence_penalty), errc::config, where("presence_penalty"), "must be finite, found ",
+              presence_penalty);
+    EDL_CHECK(std::isfinite(frequency_penalty), errc::config, where("frequency_penalty"), "must be finite, found ",
+              frequency_penalty);
     EDL_CHECK(max_new_tokens >= 0, errc::config, where("max_new_tokens"), "must be >= 0, found ", max_new_tokens);
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
     EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
@@ -76,6 +82,7 @@ struct GenerationConfig {
     g.min_p = static_cast<float>(c.get<double>("min_p", g.min_p));
     g.repetition_penalty = static_cast<float>(c.get<double>("repetition_penalty", g.repetition_penalty));
     g.presence_penalty = static_cast<float>(c.get<double>("presence_penalty", g.presence_penalty));
+    g.frequency_penalty = static_cast<float>(c.get<double>("frequency_penalty", g.frequency_penalty));
     g.max_new_tokens = c.get<std::int64_t>("max_new_tokens", g.max_new_tokens);
     if (c.has_value("eos_token_id")) {
       if (j["eos_token_id"].is_array()) g.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");

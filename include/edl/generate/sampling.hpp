@@ -4,7 +4,8 @@
 //   processors (greedy and sampling):
 //     repetition_penalty p != 1: for every distinct token of prompt + generated:
 //                                logit < 0 ? logit * p : logit / p          (HF, CTRL)
-//     presence_penalty a != 0:   logit -= a for every distinct generated token (OpenAI / vLLM)
+//     presence_penalty a, frequency_penalty f (OpenAI / vLLM), for every distinct generated
+//                                token seen c times: logit -= a + f * c
 //   greedy: argmax (the first index on ties)
 //   sampling warpers, HF order: temperature (logit / T), top_k (keep logits >= the k-th largest),
 //     top_p (keep a token when the probability of the tokens ranked before it is < top_p,
@@ -56,19 +57,22 @@ class Penalties {
       for (auto t : context)
         if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
     }
-    if (c.presence_penalty != 0.0f) {
-      for (auto t : generated) {
-        if (t < 0 || t >= V || seen_[static_cast<std::size_t>(t)]) continue;
-        seen_[static_cast<std::size_t>(t)] = 1;
-        logits[t] -= c.presence_penalty;
-      }
+    if (c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
+      if (static_cast<std::int64_t>(count_.size()) < V) count_.assign(static_cast<std::size_t>(V), 0);
       for (auto t : generated)
-        if (t >= 0 && t < V) seen_[static_cast<std::size_t>(t)] = 0;
+        if (t >= 0 && t < V) ++count_[static_cast<std::size_t>(t)];
+      for (auto t : generated) {  // each distinct token once: its count is zeroed after use
+        if (t < 0 || t >= V || count_[static_cast<std::size_t>(t)] == 0) continue;
+        auto& n = count_[static_cast<std::size_t>(t)];
+        logits[t] -= c.presence_penalty + c.frequency_penalty * static_cast<float>(n);
+        n = 0;
+      }
     }
   }
 
  private:
   std::vector<std::uint8_t> seen_;
+  std::vector<std::int32_t> count_;
 };
 
 /// The sampling distribution after temperature, top-k, top-p and min-p: probs[V] sums to 1,

@@ -1,0 +1,134 @@
+// examples/cli/serve.hpp: `edl serve`, an OpenAI-compatible HTTP server (docs/serving.md).
+//
+//   edl serve --model DIR [--adapter DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+//             [--max-batch N] [--max-queue N] [--threads N] [--mesh dp=1,...]
+//             [--tokenizer DIR] [--served-model-name NAME] [--max-model-len N]
+//             [--page-size N] [--cache-bytes N] [--prefill-chunk N] [--max-body-bytes N]
+//             [--timeout S] [--shutdown-grace S]
+//
+// --model may name a preset (tiny, small, gqa1b: random weights) for benchmarks; it then needs
+// --tokenizer DIR. Prints {"listening": "http://HOST:PORT"} on stdout once it accepts connections (--port 0:
+// a free port). SIGTERM or SIGINT: new requests get 503, in-flight ones finish within
+// --shutdown-grace seconds (then are cancelled), and the process exits 0.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <cerrno>
+#include <unistd.h>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include <edl/serve/server.hpp>
+#include "adapter_flags.hpp"
+#include "args.hpp"
+#include "generate.hpp"
+#include "mesh_flag.hpp"
+
+namespace edl::cli {
+
+namespace serve_detail {
+inline int signal_pipe[2] = {-1, -1};
+/// Async-signal-safe: one write.
+inline void on_stop_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  (void)!::write(signal_pipe[1], &b, 1);
+}
+}  // namespace serve_detail
+
+inline int cmd_serve(Args& args) {
+  std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
+  const std::string where = "edl serve";
+  const AdapterFlags af = adapter_flags(args, args.required("--model"), "serve");
+  const std::string dir = af.model;
+  const bool args_tokenizer_given = args.has("--tokenizer");
+  const std::string tok_dir = args.str("--tokenizer", dir);
+  serve::ServerOptions so;
+  so.host = args.str("--host", so.host);
+  so.port = static_cast<int>(args.integer("--port", so.port));
+  so.api_key = args.str("--api-key", "");
+  so.model_name = args.str("--served-model-name", std::filesystem::path(dir).filename().string());
+  so.max_body_bytes = static_cast<std::size_t>(args.integer("--max-body-bytes", static_cast<std::int64_t>(so.max_body_bytes)));
+  so.read_timeout_s = so.write_timeout_s = static_cast<int>(args.integer("--timeout", so.read_timeout_s));
+  serve::ServiceOptions svc;
+  svc.engine.max_batch = args.integer("--max-batch", 8);
+  svc.max_queue = args.integer("--max-queue", 64);
+  svc.engine.prefill_chunk = args.integer("--prefill-chunk", svc.engine.prefill_chunk);
+  svc.engine.paged.page_size = args.integer("--page-size", svc.engine.paged.page_size);
+  svc.engine.max_model_length = args.integer("--max-model-len", 0);
+  const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
+  const double grace = args.number("--shutdown-grace", 10);
+  const std::int64_t threads = args.integer("--threads", 0);
+  const MeshDims dims = mesh_flag(args);
+  args.finish();
+  EDL_CHECK(dims == MeshDims({1, 1, 1, 1}), errc::unsupported, "--mesh " + mesh_str(dims),
+            "the serving engine runs on one device; serve without --mesh (edl generate --mesh runs a mesh)");
+  EDL_CHECK(so.port >= 0 && so.port <= 65535, errc::invalid_argument, "--port", "expected 0..65535, found ", so.port);
+  EDL_CHECK(svc.engine.max_batch >= 1, errc::invalid_argument, "--max-batch", "must be >= 1, found ", svc.engine.max_batch);
+  EDL_CHECK(svc.max_queue >= 0, errc::invalid_argument, "--max-queue", "must be >= 0, found ", svc.max_queue);
+  EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
+  EDL_CHECK(grace >= 0, errc::invalid_argument, "--shutdown-grace", "must be >= 0, found ", grace);
+
+  // A preset name (tiny, small, gqa1b: random weights, for benchmarks) with --tokenizer, or
+  // an HF folder.
+  const auto preset = gen_detail::preset_config(dir);
+  const std::filesystem::path d(dir);
+  EDL_CHECK(preset || std::filesystem::is_directory(d), errc::io, "--model " + dir,
+            "not a directory (or a preset: tiny, small, gqa1b)");
+  EDL_CHECK(!preset || args_tokenizer_given, errc::invalid_argument, "--model " + dir,
+            "a preset model has no tokenizer: give --tokenizer DIR");
+  const auto cfg = preset ? *preset : models::LlamaConfig::from_file((d / "config.json").string());
+  // Fields a request leaves out: the folder's generation_config.json (as vLLM), or OpenAI's
+  // defaults (temperature 1, no top-k) when it has none.
+  generate::GenerationConfig defaults = preset ? generate::GenerationConfig::from_model_config(cfg)
+                                               : gen_detail::folder_generation_config(d, cfg);
+  if (preset || !std::filesystem::exists(d / "generation_config.json")) {
+    defaults.do_sample = true;
+    defaults.top_k = 0;
+  }
+  const auto tok = tokenizer::Tokenizer::from_file(tok_dir);
+  EDL_CHECK(tok.vocab_size() <= cfg.vocab_size, errc::invalid_argument, "--tokenizer " + tok_dir, "its vocabulary (",
+            tok.vocab_size(), " tokens) is larger than the model's (", cfg.vocab_size, ")");
+  gen_detail::stop_at_tokenizer_eos(defaults, tok);
+  auto model = gen_detail::load_then_limit_threads(dir, 0, threads);
+  apply_adapter(model, af);
+  if (cache_bytes > 0) svc.engine.paged.budget_bytes = cache_bytes;
+
+
+  serve::Metrics metrics;
+  serve::Service<> service(model, svc, &metrics);
+  serve::Server<> server(service, tok, defaults, so, metrics);
+  const int port = server.bind();
+  // SIGTERM / SIGINT may land on any thread (the MPI runtime and the kernels' pool start
+  // theirs before this point): the handler only writes the signal number to a pipe, and one
+  // watcher thread reads it and shuts down.
+  EDL_CHECK(::pipe(serve_detail::signal_pipe) == 0, errc::io, where, "cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = serve_detail::on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::thread watcher([&] {
+    unsigned char sig = 0;
+    while (::read(serve_detail::signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig == 0) return;  // woken to leave: listen() ended by itself
+    std::cerr << "edl serve: signal " << int(sig) << ", shutting down (up to " << grace << " s for in-flight requests)\n";
+    server.shutdown(std::chrono::duration<double>(grace));
+  });
+  nlohmann::ordered_json j;
+  j["listening"] = "http://" + so.host + ":" + std::to_string(port);
+  std::cout << j.dump() << std::endl;
+  server.listen();
+  const unsigned char leave = 0;  // wakes the watcher if no signal came (unread if one did)
+  (void)!::write(serve_detail::signal_pipe[1], &leave, 1);
+  watcher.join();
+  service.shutdown(std::chrono::seconds(0));
+  return 0;
+}
+
+}  // namespace edl::cli

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# `edl serve` end to end: a model trained by `edl train` (with a chat template), served on a
+# loopback port and driven by the official `openai` npm client (tests/cli/serve_client.mjs:
+# greedy answers equal `edl generate`'s tokens, streaming, concurrency, seeds, logprobs, stop
+# strings, errors, a soak), then curl: health, the API key, a slow half-sent request, the
+# listening line, and SIGTERM during a streamed answer (exit 0, the answer ends).
+#   usage: serve.sh EDL WORKDIR NODE_MODULES
+set -euo pipefail
+EDL=$1
+W=$2
+NM=$3
+PY=/usr/bin/python3
+command -v "$PY" >/dev/null || PY=python3
+rm -rf "$W"
+mkdir -p "$W"
+fail() { echo "FAIL: $*" >&2; [ -f "$W/server.err" ] && tail -20 "$W/server.err" >&2; exit 1; }
+[ -f "$NM/openai/package.json" ] || fail "$NM has no openai client: run scripts/fetch_hub_tokenizers.sh"
+command -v curl >/dev/null || fail "curl is missing"
+
+for i in $(seq 1 60); do printf 'user asks %d and the assistant answers %d\n%%\n' "$i" "$i"; done >"$W/train.txt"
+cat >"$W/train.json" <<JSON
+{"model": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "max_position_embeddings": 128},
+ "tokenizer": {"type": "bpe", "vocab_size": 300}, "train_data": "$W/train.txt",
+ "max_sequence_length": 32, "total_batch_size": 4, "max_training_steps": 2, "log_steps": 1,
+ "learning_rate": 0.003, "progress": false, "peak_gflops": 10, "write_report": false,
+ "save_directory": "$W/run"}
+JSON
+"$EDL" train --config "$W/train.json" >/dev/null
+C="$W/run/checkpoint-2"
+cat >"$C/tokenizer_config.json" <<'JSON'
+{"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+ "chat_template": "{% for message in messages %}{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"}
+JSON
+
+# What the server must answer: `edl generate` on the same prompts, greedy, 8 new tokens.
+echo '[{"role": "user", "content": "what does the user ask?"}]' >"$W/chat.json"
+"$EDL" generate --model "$C" --chat "$W/chat.json" --max-new-tokens 8 --greedy >"$W/chat_out.json"
+for k in 0 1 2; do
+  text=("the user asks 1" "and the assistant" "answers 42 and")
+  ids=$("$EDL" tokenize --tokenizer "$C" --text "${text[$k]}" --add-special-tokens |
+        $PY -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
+  "$EDL" generate --model "$C" --prompt-tokens "$ids" --max-new-tokens 8 --greedy >"$W/c$k.json"
+  echo "$ids" >"$W/c$k.ids"
+done
+$PY - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+chat = json.load(open(w + "/chat_out.json"))
+comps = []
+for k in range(3):
+    g = json.load(open(f"{w}/c{k}.json"))
+    ids = [int(x) for x in open(f"{w}/c{k}.ids").read().strip().split(",")]
+    comps.append({"prompt_ids": ids, "tokens": g["tokens"], "text": g["text"]})
+json.dump({"model": "served", "max_tokens": 8,
+           "chat": {"messages": json.load(open(w + "/chat.json")), "tokens": chat["tokens"], "text": chat["text"]},
+           "completions": comps}, open(w + "/expect.json", "w"))
+PY
+
+# The server: a free port, a key, a small body limit, short timeouts.
+start_server() {
+  "$EDL" serve --model "$C" --served-model-name served --port 0 --api-key sekret --max-batch 4 --max-queue 16 \
+    --max-body-bytes 200000 --timeout 2 --threads 1 --shutdown-grace 5 "$@" >"$W/server.out" 2>"$W/server.err" &
+  PID=$!
+  for _ in $(seq 1 200); do
+    URL=$($PY -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["listening"])' "$W/server.out" 2>/dev/null) && break
+    kill -0 $PID 2>/dev/null || fail "edl serve exited before listening"
+    sleep 0.1
+  done
+  [ -n "${URL:-}" ] || fail "no listening line"
+  case "$URL" in http://127.0.0.1:[0-9]*) ;; *) fail "listening line: $URL" ;; esac
+}
+URL=
+start_server
+trap 'kill $PID 2>/dev/null || true' EXIT
+
+# curl: health without a key, /v1 without a key is 401 with an OpenAI error object.
+[ "$(curl -s "$URL/health")" = '{"status":"ok"}' ] || fail "/health"
+code=$(curl -s -o "$W/401.json" -w '%{http_code}' "$URL/v1/models")
+[ "$code" = 401 ] && grep -q '"code":"invalid_api_key"' "$W/401.json" || fail "no key: $code $(cat "$W/401.json")"
+# A slow client that never finishes its request is dropped after --timeout; others are served.
+exec 3<>"/dev/tcp/127.0.0.1/${URL##*:}"
+printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"prompt": ' >&3
+curl -s -H 'Authorization: Bearer sekret' "$URL/v1/models" | grep -q '"id":"served"' || fail "served while a request is half-sent"
+sleep 3
+exec 3>&-
+
+node "$(dirname "$0")/serve_client.mjs" "$NM" "$URL" sekret "$W/expect.json" | tee "$W/client.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || fail "the openai client checks failed"
+
+# SIGTERM while an answer streams: the stream ends (its last event is [DONE]) and edl serve
+# exits 0 within the grace period.
+curl -sN -H 'Authorization: Bearer sekret' -H 'Content-Type: application/json' "$URL/v1/completions" \
+  -d '{"prompt": "the user", "max_tokens": 100, "temperature": 1.0, "stream": true}' >"$W/sigterm_stream.txt" &
+CURL=$!
+sleep 0.5
+kill -TERM $PID
+t0=$(date +%s)
+wait $PID || fail "edl serve exited with $? after SIGTERM"
+[ $(( $(date +%s) - t0 )) -le 10 ] || fail "shutdown took more than 10 s"
+wait $CURL || true
+tail -c 200 "$W/sigterm_stream.txt" | grep -q 'data: \[DONE\]' || fail "the stream in flight at SIGTERM did not end: $(tail -c 200 "$W/sigterm_stream.txt")"
+trap - EXIT
+echo "serve: all checks passed"
