@@ -10,6 +10,7 @@
 #include "cli/bench_collectives.hpp"
 #include "cli/bench_train.hpp"
 #include "cli/bench_gemm.hpp"
+#include "cli/bench_peak.hpp"
 #include "cli/bench_serve.hpp"
 #include "cli/convert.hpp"
 #include "cli/eval.hpp"
@@ -41,6 +42,7 @@ const std::map<std::string, Command>& commands() {
       {"bench collectives", edl::cli::cmd_bench_collectives},
       {"bench decode", edl::cli::cmd_bench_decode},
       {"bench gemm", edl::cli::cmd_bench_gemm},
+      {"bench peak", edl::cli::cmd_bench_peak},
       {"bench serve", edl::cli::cmd_bench_serve},
       {"convert", edl::cli::cmd_convert},
       {"eval", edl::cli::cmd_eval},

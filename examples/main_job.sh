@@ -87,7 +87,8 @@ if [ -d "$HUB/tokenizer-qwen3" ]; then
 Und auf Deutsch? 日本語でも。<|im_end|>"
 fi
 echo "== edl inspect $CKPT (HF layout)"; "$EDL" inspect "$CKPT" | cut -c1-300; echo " ..."
-echo "== GEMM against OpenBLAS"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5
+echo "== GEMM against OpenBLAS, each in processes of its own"; "$EDL" bench gemm --m 2048 --n 768 --k 768 --threads "$(nproc)" --repeat 5 --rounds 3
+echo "== FMA peak (the denominator of the GFLOP/s above and of the trainer's MFU)"; "$EDL" bench peak --threads "$(nproc)"
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"
 "$EDL" loss --model "$CKPT" --tokens tests/data/tiny_hf/oracle/tokens.npy
 "$EDL" loss --model "$CKPT" --tokens tests/data/tiny_hf/oracle/tokens.npy --mesh fsdp=2

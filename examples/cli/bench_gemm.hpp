@@ -1,21 +1,42 @@
-// examples/cli/bench_gemm.hpp: `edl bench gemm` times edl::gemm (and OpenBLAS's cblas_sgemm
-// when built with EDL_HAVE_OPENBLAS) on one shape and prints one JSON line per implementation:
-//   {"op":"gemm","m":2048,"n":768,"k":768,"threads":2,"dtype":"f32","impl":"edl","gflops":140.2}
-// gflops is the median of --repeat timed runs after one warm-up run. Implementations run
-// interleaved (edl, openblas, edl, ...) so both see the same machine load.
+// examples/cli/bench_gemm.hpp: `edl bench gemm` times edl::gemm and OpenBLAS's cblas_sgemm
+// (when built with EDL_HAVE_OPENBLAS) on one shape and prints one JSON line per implementation:
+//   {"op":"gemm","m":2048,"n":768,"k":768,"threads":2,"dtype":"f32","impl":"edl","gflops":140.2,
+//    "runs":[139.8,140.2,141.0]}
+// --impl edl|openblas runs that library alone in this process: a warm-up (>= 0.3 s), then --repeat
+// timed runs; gflops is their median and runs holds it alone.
+// --impl both (the default) runs each library in processes of its own, --rounds of them per
+// library, alternating (edl, openblas, edl, openblas, ...) so that both see the same machine
+// load: each is this program exec'd anew as `bench gemm ... --impl X`, its line read from a
+// pipe; runs lists the per-process medians, gflops is their median. Why processes: OpenBLAS's
+// worker threads start when the library is loaded and spin (about 0.1 s) after that and after
+// every call before they sleep, so in a process shared with edl they take a core from TBB's
+// workers. Each edl process therefore gets OPENBLAS_NUM_THREADS=1 (OpenBLAS, linked but never
+// called there, starts no worker), each OpenBLAS one OPENBLAS_NUM_THREADS=--threads; and a
+// single-impl run warms up for at least 0.3 s, past that spin, before it times anything
+// (docs/notes/2026-11-27-gemm-side-by-side.md). Without OpenBLAS in the build, both means edl
+// alone.
 // For --dtype bf16, edl multiplies the bf16 matrices; OpenBLAS has no bf16 sgemm, so it runs
 // on f32 copies of the same values and its line carries a "note" saying so.
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +49,8 @@
 #ifdef EDL_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+
+extern "C" char** environ;
 
 namespace edl::cli {
 
@@ -45,15 +68,174 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+inline double round2(double x) { return std::round(x * 100.0) / 100.0; }
+
+struct Setup {
+  std::int64_t m, n, k, threads, repeat;
+  std::string dtype;
+};
+
+inline constexpr bool have_openblas =
+#ifdef EDL_HAVE_OPENBLAS
+    true;
+#else
+    false;
+#endif
+
+/// The JSON line of one implementation: today's fields, gflops the median of runs.
+inline nlohmann::ordered_json line(const Setup& s, const std::string& impl, const std::vector<double>& runs) {
+  nlohmann::ordered_json j;
+  j["op"] = "gemm";
+  j["m"] = s.m;
+  j["n"] = s.n;
+  j["k"] = s.k;
+  j["threads"] = s.threads;
+  j["dtype"] = s.dtype;
+  j["impl"] = impl;
+  if (impl == "openblas" && s.dtype == "bf16") j["note"] = "cblas_sgemm on f32 copies of the bf16 values";
+  j["gflops"] = round2(median(runs));
+  j["runs"] = runs;
+  return j;
+}
+
+/// GFLOP/s of `impl` in this process: a warm-up, then the median of s.repeat timed runs.
+inline double run_here(const Setup& s, const std::string& impl) {
+  const std::int64_t m = s.m, n = s.n, k = s.k;
+  // Values in [-1, 1); for bf16 the f32 copies hold exactly the bf16-rounded values.
+  std::mt19937 gen(42);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const bool bf = s.dtype == "bf16";
+  std::vector<float> A(static_cast<std::size_t>(m * k)), B(static_cast<std::size_t>(k * n));
+  for (auto& x : A) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
+  for (auto& x : B) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
+  std::vector<bf16> Ab, Bb;
+  if (bf && impl == "edl") {
+    Ab.reserve(A.size());
+    Bb.reserve(B.size());
+    for (float x : A) Ab.push_back(bf16(x));
+    for (float x : B) Bb.push_back(bf16(x));
+  }
+  std::vector<float> C(static_cast<std::size_t>(m * n));
+
+  std::function<void()> run;
+  if (impl == "edl") {
+    exec::set_num_threads(static_cast<int>(s.threads));
+    run = [&] {
+      if (bf)
+        gemm(Trans::no, Trans::no, m, n, k, 1.f, Ab.data(), k, Bb.data(), n, 0.f, C.data(), n);
+      else
+        gemm(Trans::no, Trans::no, m, n, k, 1.f, A.data(), k, B.data(), n, 0.f, C.data(), n);
+    };
+  }
+#ifdef EDL_HAVE_OPENBLAS
+  if (impl == "openblas") {
+    openblas_set_num_threads(static_cast<int>(s.threads));
+    run = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), 1.f, A.data(), static_cast<int>(k), B.data(), static_cast<int>(n), 0.f,
+                  C.data(), static_cast<int>(n));
+    };
+  }
+#endif
+  // Warm-up: thread pools, packing buffers, page faults, and at least 0.3 s so that OpenBLAS's
+  // worker threads (started when the library loads, spinning ~0.1 s before they sleep) are idle
+  // before the first timed run, whatever OPENBLAS_NUM_THREADS says.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  do run();
+  while (std::chrono::steady_clock::now() < warm_until);
+  std::vector<double> times;
+  for (std::int64_t r = 0; r < s.repeat; ++r) times.push_back(seconds(run));
+  if (impl == "edl") exec::set_num_threads(0);
+  const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return round2(flop / median(times) / 1e9);
+}
+
+/// GFLOP/s of `impl` measured by a child process: this executable exec'd anew (so it inherits
+/// no thread pool) as `bench gemm ... --impl impl`, its JSON line read from a pipe.
+inline double run_child(const Setup& s, const std::string& impl) {
+  const std::string where = "edl bench gemm";
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::vector<std::string> arg_strings = {self.empty() ? std::string("edl") : self,
+                                          "bench", "gemm",
+                                          "--m", std::to_string(s.m),
+                                          "--n", std::to_string(s.n),
+                                          "--k", std::to_string(s.k),
+                                          "--threads", std::to_string(s.threads),
+                                          "--dtype", s.dtype,
+                                          "--repeat", std::to_string(s.repeat),
+                                          "--impl", impl};
+  // The environment, without a launcher's rank count (the child is no MPI rank) and with
+  // OpenBLAS's pool sized for the child: none in an edl process, --threads in an OpenBLAS one.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view v(*e);
+    bool drop = false;
+    for (std::string_view name : {"OMPI_COMM_WORLD_SIZE=", "PMI_SIZE=", "PMIX_SIZE=", "OPENBLAS_NUM_THREADS="})
+      drop = drop || v.substr(0, name.size()) == name;
+    if (!drop) env_strings.emplace_back(v);
+  }
+  env_strings.push_back("OPENBLAS_NUM_THREADS=" + (impl == "edl" ? std::string("1") : std::to_string(s.threads)));
+  std::vector<char*> argv, envp;
+  for (auto& a : arg_strings) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  int fds[2];
+  EDL_CHECK(::pipe2(fds, O_CLOEXEC) == 0, errc::io, where, "cannot create a pipe: ", std::strerror(errno));
+  std::cout.flush();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::execve("/proc/self/exe", argv.data(), envp.data());
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    EDL_CHECK(false, errc::io, where, "cannot start a process for --impl ", impl, ": ", std::strerror(fork_errno));
+  }
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t got = ::read(fds[0], buf, sizeof buf);
+    if (got > 0) out.append(buf, static_cast<std::size_t>(got));
+    else if (got == 0 || errno != EINTR) break;
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  EDL_CHECK(!WIFSIGNALED(status), errc::io, where, "the --impl ", impl, " process was killed by signal ",
+            WTERMSIG(status));
+  EDL_CHECK(WEXITSTATUS(status) != 127, errc::io, where, "the --impl ", impl, " process could not start ",
+            self.empty() ? std::string("/proc/self/exe") : self);
+  EDL_CHECK(WEXITSTATUS(status) == 0, errc::io, where, "the --impl ", impl, " process failed with exit code ",
+            WEXITSTATUS(status), " (its error is above)");
+  // Its last non-empty line.
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  const std::string last = out.substr(out.find_last_of('\n') == std::string::npos ? 0 : out.find_last_of('\n') + 1);
+  const auto j = nlohmann::json::parse(last, nullptr, false);
+  EDL_CHECK(!j.is_discarded() && j.is_object() && j.contains("gflops") && j["gflops"].is_number(), errc::format,
+            where, "the --impl ", impl, " process printed no JSON line with \"gflops\": \"", last, "\"");
+  return j["gflops"].get<double>();
+}
+
 }  // namespace bench_gemm_detail
 
 /// edl bench gemm --m M --n N --k K [--threads T] [--dtype f32|bf16] [--repeat R]
+///                [--impl edl|openblas|both] [--rounds N]
 inline int cmd_bench_gemm(Args& args) {
   namespace d = bench_gemm_detail;
   const std::int64_t m = args.integer("--m", 1024), n = args.integer("--n", 1024), k = args.integer("--k", 1024);
   const std::int64_t threads = args.integer("--threads", exec::num_threads());
   const std::string dtype = args.str("--dtype", "f32");
   const std::int64_t repeat = args.integer("--repeat", 5);
+  const std::string impl = args.str("--impl", "both");
+  const bool rounds_given = args.has("--rounds");
+  const std::int64_t rounds = args.integer("--rounds", 3);
   args.finish();
   const std::string where = "edl bench gemm";
   EDL_CHECK(m > 0 && n > 0 && k > 0, errc::invalid_argument, where, "--m, --n and --k must be > 0, found m = ", m,
@@ -62,64 +244,26 @@ inline int cmd_bench_gemm(Args& args) {
   EDL_CHECK(repeat > 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat);
   EDL_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where,
             "--dtype must be f32 or bf16, found \"", dtype, "\"");
+  EDL_CHECK(impl == "edl" || impl == "openblas" || impl == "both", errc::invalid_argument, where,
+            "--impl must be edl, openblas or both, found \"", impl, "\"");
+  EDL_CHECK(impl != "openblas" || d::have_openblas, errc::unsupported, where,
+            "--impl openblas: this edl was built without OpenBLAS (libopenblas-dev was not found at build time); "
+            "use --impl edl");
+  EDL_CHECK(rounds > 0, errc::invalid_argument, where, "--rounds must be > 0, found ", rounds);
+  EDL_CHECK(impl == "both" || !rounds_given, errc::invalid_argument, where,
+            "--rounds counts the processes of --impl both; --impl ", impl, " runs in this process, once");
+  const d::Setup s{m, n, k, threads, repeat, dtype};
 
-  // Values in [-1, 1); for bf16 the f32 copies hold exactly the bf16-rounded values.
-  std::mt19937 gen(42);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  const bool bf = dtype == "bf16";
-  std::vector<float> A(static_cast<std::size_t>(m * k)), B(static_cast<std::size_t>(k * n));
-  for (auto& x : A) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
-  for (auto& x : B) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
-  std::vector<bf16> Ab, Bb;
-  if (bf) {
-    Ab.reserve(A.size());
-    Bb.reserve(B.size());
-    for (float x : A) Ab.push_back(bf16(x));
-    for (float x : B) Bb.push_back(bf16(x));
+  if (impl != "both") {
+    std::cout << d::line(s, impl, {d::run_here(s, impl)}).dump() << "\n";
+    return 0;
   }
-  std::vector<float> C(static_cast<std::size_t>(m * n));
-
-  struct Impl {
-    std::string name, note;
-    std::function<void()> run;
-    std::vector<double> times;
-  };
-  std::vector<Impl> impls;
-  impls.push_back({"edl", "", [&] {
-                     if (bf)
-                       gemm(Trans::no, Trans::no, m, n, k, 1.f, Ab.data(), k, Bb.data(), n, 0.f, C.data(), n);
-                     else
-                       gemm(Trans::no, Trans::no, m, n, k, 1.f, A.data(), k, B.data(), n, 0.f, C.data(), n);
-                   }, {}});
-#ifdef EDL_HAVE_OPENBLAS
-  openblas_set_num_threads(static_cast<int>(threads));
-  impls.push_back({"openblas", bf ? "cblas_sgemm on f32 copies of the bf16 values" : "", [&] {
-                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                                 static_cast<int>(n), static_cast<int>(k), 1.f, A.data(), static_cast<int>(k),
-                                 B.data(), static_cast<int>(n), 0.f, C.data(), static_cast<int>(n));
-                   }, {}});
-#endif
-
-  exec::set_num_threads(static_cast<int>(threads));
-  for (auto& impl : impls) impl.run();  // warm-up: thread pools, packing buffers, page faults
-  for (std::int64_t r = 0; r < repeat; ++r)
-    for (auto& impl : impls) impl.times.push_back(d::seconds(impl.run));
-  exec::set_num_threads(0);
-
-  const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  for (const auto& impl : impls) {
-    nlohmann::ordered_json j;
-    j["op"] = "gemm";
-    j["m"] = m;
-    j["n"] = n;
-    j["k"] = k;
-    j["threads"] = threads;
-    j["dtype"] = dtype;
-    j["impl"] = impl.name;
-    if (!impl.note.empty()) j["note"] = impl.note;
-    j["gflops"] = std::round(flop / d::median(impl.times) / 1e9 * 100.0) / 100.0;
-    std::cout << j.dump() << "\n";
-  }
+  std::vector<std::string> impls = {"edl"};
+  if (d::have_openblas) impls.push_back("openblas");
+  std::vector<std::vector<double>> runs(impls.size());
+  for (std::int64_t r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < impls.size(); ++i) runs[i].push_back(d::run_child(s, impls[i]));
+  for (std::size_t i = 0; i < impls.size(); ++i) std::cout << d::line(s, impls[i], runs[i]).dump() << "\n";
   return 0;
 }
 

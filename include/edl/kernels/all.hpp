@@ -2,6 +2,7 @@
 #pragma once
 #include <edl/kernels/activations.hpp>
 #include <edl/kernels/elementwise.hpp>
+#include <edl/kernels/peak.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/quant_dot.hpp>
 #include <edl/kernels/quant_matvec.hpp>

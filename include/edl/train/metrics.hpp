@@ -5,16 +5,17 @@
 //   - ProgressLine: "step 120/400 | loss 2.314 | lr 2.9e-03 | 31.2k tok/s | MFU 21.3% | ETA 1m32s"
 //     on stderr; on a terminal it is preceded by a bar ("[######--------------]  30%") and
 //     redrawn in place (\r), otherwise it is one plain line per update (logs stay readable);
-//   - measure_peak_gflops(): the machine's f32 GEMM rate (the MFU denominator).
+//   - measure_peak_gflops(): the machine's f32 FMA peak (the MFU denominator).
 //
 // MFU = (3 x model.flops_forward(batch, seq) per step, i.e. forward + backward ~ 6 x params per
-// token plus attention) x steps/s / peak. The peak is measured with edl's own GEMM on
-// 512 x 512 x 512 f32 (best of 5, every thread) unless TrainingArguments::peak_gflops gives it,
-// so the MFU reads "fraction of what this machine's best kernel reaches", not of a datasheet.
+// token plus attention) x steps/s / peak. The peak is measured, unless
+// TrainingArguments::peak_gflops gives it, by kernels::measure_peak (kernels/peak.hpp): register-
+// only chains of f32 fused multiply-adds on every kernel thread, best of several trials. So the
+// MFU reads "fraction of the f32 multiply-adds this machine can issue", not of a datasheet, and
+// not of a GEMM's rate either (a GEMM is itself a workload below that peak).
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -26,27 +27,14 @@
 #include <unistd.h>
 
 #include <edl/core/error.hpp>
-#include <edl/core/rng.hpp>
+#include <edl/core/exec.hpp>
 #include <edl/io/mmap.hpp>
-#include <edl/kernels/gemm.hpp>
+#include <edl/kernels/peak.hpp>
 
 namespace edl::train {
 
-/// Best-of-5 f32 GEMM rate (GFLOP/s) on n x n x n with every kernel thread.
-inline double measure_peak_gflops(std::int64_t n = 512, int repeats = 5) {
-  std::vector<float> a(static_cast<std::size_t>(n * n)), b(a.size()), c(a.size());
-  fill_uniform(Key::from_seed(1), 0, a, -1.f, 1.f);
-  fill_uniform(Key::from_seed(2), 0, b, -1.f, 1.f);
-  kernels::matmul(a.data(), b.data(), c.data(), n, n, n);  // warm-up
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    kernels::matmul(a.data(), b.data(), c.data(), n, n, n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(n) * n * n / s / 1e9);
-  }
-  return best;
-}
+/// The f32 FMA peak (GFLOP/s) of every kernel thread: kernels::measure_peak, about a second.
+inline double measure_peak_gflops() { return kernels::measure_peak(exec::num_threads()).f32_gflops; }
 
 /// Appends JSON lines to a file.
 class MetricsWriter {
