@@ -14,7 +14,7 @@ JOBS=${JOBS:-$(nproc)}
 PACKAGES=(g++ cmake ninja-build lld ccache pkg-config python3
           libxtensor-dev xtl-dev libxsimd-dev libtbb-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev fortunes
-          libopenmpi-dev openmpi-bin libpcre2-dev libicu-dev libedit-dev libcpp-httplib-dev curl)
+          libopenmpi-dev openmpi-bin libpcre2-dev libicu-dev libedit-dev libcpp-httplib-dev libcli11-dev curl clang libclang-rt-14-dev)
 
 install_deps() {
   local missing=()

@@ -10060,6 +10060,122 @@ class GgufWriter {
 
 }  // namespace edl::io
 // end of edl/io/gguf.hpp
+// #include <edl/io/json.hpp>
+// edl/io/json.hpp
+// parse_json: the one way edl reads a JSON document that comes from outside (config.json, a
+// safetensors header, an index, tokenizer.json, adapter_config.json, a request body).
+// nlohmann's parser alone accepts two things edl must refuse:
+//   - any nesting depth: parsing is iterative, but dumping (error snippets) and destroying a
+//     value recurse, so a header of a million '[' overflows the stack later, far from the read;
+//   - duplicate keys, the last one winning silently: the safetensors specification forbids
+//     them, and in a config a second "hidden_size" hides a mistake.
+// Both become an errc::format error naming the document, the key (as a JSON pointer) and the
+// position. Syntax errors name line and column.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::io {
+
+/// Deeper documents are refused: the deepest that edl reads (chat messages with tool calls,
+/// tokenizer.json's pre-tokenizer sequences) are under 10 levels.
+inline constexpr int kMaxJsonDepth = 128;
+
+namespace detail {
+
+/// "line L, column C" of byte `pos` of `text`.
+inline std::string json_position(std::string_view text, std::size_t pos) {
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < pos && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return ::edl::detail::concat("line ", line, ", column ", col, " (byte ", pos, ")");
+}
+
+/// A JSON pointer escape of one key ("~" -> "~0", "/" -> "~1").
+inline std::string pointer_token(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Parses `text` as one JSON value (ordered_json keeps the keys' order; json sorts them).
+/// Errors (errc::format, where = `source`): not valid JSON (line, column), nesting deeper than
+/// `max_depth`, or a key given twice in one object.
+template <class Json = nlohmann::ordered_json>
+Json parse_json(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth) {
+  // Per open object: the keys seen so far, and the path to it for messages.
+  struct Open {
+    bool object;
+    std::unordered_set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Open> open;
+  const auto path = [&] {
+    std::string p;
+    for (const auto& o : open)
+      if (o.object && !o.last_key.empty()) p += "/" + detail::pointer_token(o.last_key);
+    return p.empty() ? std::string("/") : p;
+  };
+  using Event = typename Json::parse_event_t;
+  auto callback = [&](int depth, Event event, Json& parsed) -> bool {
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        EDL_CHECK(depth < max_depth, errc::format, source, "JSON nested deeper than ", max_depth, " levels (at ",
+                  path(), ")");
+        open.push_back({event == Event::object_start, {}, {}});
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case Event::key: {
+        if (open.empty() || !open.back().object) break;
+        const std::string& key = parsed.template get_ref<const std::string&>();
+        EDL_CHECK(open.back().keys.insert(key).second, errc::format, source, "duplicate key \"", key, "\" in the object at ",
+                  path());
+        open.back().last_key = key;
+        break;
+      }
+      case Event::value:
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), callback);
+  } catch (const nlohmann::json::parse_error& e) {
+    ::edl::detail::raise(errc::format, source,
+                         ::edl::detail::concat("not valid JSON at ",
+                                               detail::json_position(text, e.byte > 0 ? e.byte - 1 : 0), ": ",
+                                               e.what()));
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number beyond a double (1e309)
+    ::edl::detail::raise(errc::format, source, ::edl::detail::concat("not valid JSON: ", e.what()));
+  }
+}
+
+}  // namespace edl::io
+// end of edl/io/json.hpp
 // #include <edl/io/json_config.hpp>
 // edl/io/json_config.hpp
 // A small wrapper over a JSON object (config.json and friends) with typed getters whose errors
@@ -10072,7 +10188,7 @@ class GgufWriter {
 //
 // Unknown fields are kept as they are, in their order, so writing back preserves them.
 // Errors: errc::io (file cannot be read/written), errc::format (not valid JSON: the message gives
-// line, column and byte), errc::config (missing field or wrong type; where = "<source> field <key>").
+// line, column and byte; a duplicate key; nesting too deep: io/json.hpp), errc::config (missing field or wrong type; where = "<source> field <key>").
 
 #include <cmath>
 #include <cstdint>
@@ -10088,6 +10204,7 @@ class GgufWriter {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
 // // #include <edl/io/mmap.hpp> (inlined above) (inlined above)
 
 namespace edl::io {
@@ -10103,19 +10220,7 @@ class JsonConfig {
   }
 
   static JsonConfig parse(const std::string& text, const std::string& source = "config") {
-    ojson j;
-    try {
-      j = ojson::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      const std::size_t byte = e.byte > 0 ? e.byte - 1 : 0;
-      std::size_t line = 1, col = 1;
-      for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-        if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-      }
-      ::edl::detail::raise(errc::format, source,
-                           ::edl::detail::concat("not valid JSON at line ", line, ", column ", col, " (byte ", byte,
-                                                 "): ", e.what()));
-    }
+    ojson j = parse_json(text, source);
     EDL_CHECK(j.is_object(), errc::format, source, "expected a JSON object, found ", j.type_name());
     return JsonConfig(std::move(j), source);
   }
@@ -10190,15 +10295,19 @@ class JsonConfig {
       }
       if (v.is_number_float()) {  // 2048.0 is accepted as 2048, 0.5 is not an integer
         const double d = v.get<double>();
+        // max() + 1 is a power of two, exact in a double: d < 2^63 (not d <= 2^63 - 1, which
+        // rounds to 2^63 and would let 2^63 through to an undefined conversion).
         if (std::floor(d) != d || d < static_cast<double>(std::numeric_limits<T>::min()) ||
-            d > static_cast<double>(std::numeric_limits<T>::max()))
+            d >= static_cast<double>(std::numeric_limits<T>::max()) + 1.0)
           fail();
         return static_cast<T>(d);
       }
       fail();
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) fail();
-      return v.get<T>();
+      const double d = v.get<double>();
+      if (std::fabs(d) > static_cast<double>(std::numeric_limits<T>::max())) fail();  // 1e300 into a float
+      return static_cast<T>(d);
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v.is_string()) fail();
       return v.get<std::string>();
@@ -10238,13 +10347,22 @@ class JsonConfig {
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/npy.hpp>
 // edl/io/npy.hpp
-// NumPy .npy files, thinly over xtensor's xt::load_npy / xt::dump_npy, with edl::Error:
-// errc::io when the file cannot be opened, errc::dtype_mismatch when its element type is not T
-// (no implicit conversion: an int64 tokens.npy is read as std::int64_t), errc::format otherwise.
+// NumPy .npy files. Reading is edl's own strict parser (a file from outside is checked whole
+// before anything is allocated; xtensor's reader trusted the header's shape); writing is
+// xtensor's xt::dump_npy. Errors: errc::io when the file cannot be opened,
+// errc::dtype_mismatch when its element type is not T (no implicit conversion: an int64
+// tokens.npy is read as std::int64_t), errc::format otherwise.
 
+#include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnpy.hpp>
@@ -10254,20 +10372,186 @@ class JsonConfig {
 
 namespace edl::io {
 
+namespace detail::npy {
+
+/// The numpy descr ('<i8', '|u1', ...) of T; the byte order is little-endian (the only one
+/// edl reads, as every x86 and ARM numpy writes).
+template <class T>
+constexpr std::string_view descr_of() {
+  if constexpr (std::is_same_v<T, float>) return "f4";
+  else if constexpr (std::is_same_v<T, double>) return "f8";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "i8";
+  else if constexpr (std::is_same_v<T, std::int32_t>) return "i4";
+  else if constexpr (std::is_same_v<T, std::int16_t>) return "i2";
+  else if constexpr (std::is_same_v<T, std::int8_t>) return "i1";
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return "u8";
+  else if constexpr (std::is_same_v<T, std::uint32_t>) return "u4";
+  else if constexpr (std::is_same_v<T, std::uint16_t>) return "u2";
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return "u1";
+  else static_assert(sizeof(T) == 0, "load_npy: unsupported element type");
+}
+
+/// The header dictionary: {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }.
+struct Header {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<std::int64_t> shape;
+};
+
+/// A small parser for the one Python literal numpy writes: a dict of a string, a bool and a
+/// tuple of non-negative integers. Anything else is an error naming the byte.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view text, const std::string& where) : t_(text), where_(where) {}
+
+  Header parse() {
+    Header h;
+    bool descr = false, order = false, shape = false;
+    expect('{');
+    while (true) {
+      skip();
+      if (peek() == '}') break;
+      const std::string key = quoted();
+      expect(':');
+      skip();
+      if (key == "descr") {
+        EDL_CHECK(!descr, errc::format, where_, "the header gives 'descr' twice");
+        h.descr = quoted(), descr = true;
+      } else if (key == "fortran_order") {
+        EDL_CHECK(!order, errc::format, where_, "the header gives 'fortran_order' twice");
+        h.fortran_order = boolean(), order = true;
+      } else if (key == "shape") {
+        EDL_CHECK(!shape, errc::format, where_, "the header gives 'shape' twice");
+        h.shape = tuple(), shape = true;
+      } else {
+        fail(::edl::detail::concat("unknown header key '", key, "'"));
+      }
+      skip();
+      if (peek() == ',') ++i_;
+      else if (peek() != '}') fail("expected ',' or '}'");
+    }
+    ++i_;
+    skip();
+    EDL_CHECK(i_ == t_.size(), errc::format, where_, "unexpected bytes after the header dictionary at byte ", i_);
+    EDL_CHECK(descr && order && shape, errc::format, where_,
+              "the header must give 'descr', 'fortran_order' and 'shape'");
+    return h;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    ::edl::detail::raise(errc::format, where_, ::edl::detail::concat("not a valid .npy header at byte ", i_, ": ", what));
+  }
+  char peek() const { return i_ < t_.size() ? t_[i_] : '\0'; }
+  void skip() {
+    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\n' || t_[i_] == '\t')) ++i_;
+  }
+  void expect(char c) {
+    skip();
+    if (peek() != c) fail(::edl::detail::concat("expected '", c, "'"));
+    ++i_;
+  }
+  std::string quoted() {
+    skip();
+    const char q = peek();
+    if (q != '\'' && q != '"') fail("expected a quoted string");
+    const std::size_t end = t_.find(q, i_ + 1);
+    if (end == std::string_view::npos) fail("unterminated string");
+    std::string s(t_.substr(i_ + 1, end - i_ - 1));
+    i_ = end + 1;
+    return s;
+  }
+  bool boolean() {
+    if (t_.substr(i_, 4) == "True") return i_ += 4, true;
+    if (t_.substr(i_, 5) == "False") return i_ += 5, false;
+    fail("expected True or False");
+  }
+  std::vector<std::int64_t> tuple() {
+    std::vector<std::int64_t> dims;
+    expect('(');
+    while (true) {
+      skip();
+      if (peek() == ')') break;
+      if (peek() < '0' || peek() > '9') fail("expected a non-negative integer");
+      std::int64_t v = 0;
+      while (peek() >= '0' && peek() <= '9') {
+        if (v > (std::numeric_limits<std::int64_t>::max() - 9) / 10) fail("dimension too large");
+        v = v * 10 + (peek() - '0');
+        ++i_;
+      }
+      if (dims.size() == 32) fail("more than 32 dimensions");
+      dims.push_back(v);
+      skip();
+      if (peek() == ',') ++i_;
+      else if (peek() != ')') fail("expected ',' or ')'");
+    }
+    ++i_;
+    return dims;
+  }
+
+  std::string_view t_;
+  const std::string& where_;
+  std::size_t i_ = 0;
+};
+
+}  // namespace detail::npy
+
+/// Parses the bytes of a C-order .npy file of element type T (versions 1.0, 2.0, 3.0).
+/// Everything is checked before anything is allocated: the data must be exactly what the shape
+/// needs, so no header can ask for more memory than the file holds.
+template <class T>
+xt::xarray<T> parse_npy(std::span<const std::byte> file, const std::string& where) {
+  const auto* p = reinterpret_cast<const unsigned char*>(file.data());
+  const std::size_t size = file.size();
+  EDL_CHECK(size >= 10 && std::memcmp(p, "\x93NUMPY", 6) == 0, errc::format, where,
+            "not a .npy file (it starts with the magic \\x93NUMPY and a version)");
+  const unsigned major = p[6];
+  EDL_CHECK(major >= 1 && major <= 3, errc::format, where, ".npy version ", major, ".", unsigned(p[7]),
+            " is not supported (1.0, 2.0 and 3.0 are)");
+  std::size_t header_len = 0, offset = 0;
+  if (major == 1) {
+    header_len = std::size_t(p[8]) | std::size_t(p[9]) << 8;
+    offset = 10;
+  } else {
+    EDL_CHECK(size >= 12, errc::format, where, "the file ends inside the header length");
+    header_len = std::size_t(p[8]) | std::size_t(p[9]) << 8 | std::size_t(p[10]) << 16 | std::size_t(p[11]) << 24;
+    offset = 12;
+  }
+  EDL_CHECK(header_len <= size - offset, errc::format, where, "the header length ", header_len,
+            " reaches beyond the end of the file (", size, " bytes)");
+  const std::string_view text(reinterpret_cast<const char*>(p) + offset, header_len);
+  const detail::npy::Header h = detail::npy::HeaderParser(text, where).parse();
+  EDL_CHECK(!h.fortran_order, errc::format, where, "only C-order arrays are read (fortran_order is True)");
+  const std::string_view want = detail::npy::descr_of<T>();
+  const bool little = !h.descr.empty() && (h.descr[0] == '<' || h.descr[0] == '|' || h.descr[0] == '=');
+  EDL_CHECK(h.descr.size() >= 2 && (little || h.descr[0] == '>'), errc::format, where, "descr '", h.descr,
+            "' is not a numpy type string such as '<f4'");
+  EDL_CHECK(std::string_view(h.descr).substr(1) == want && (little || sizeof(T) == 1), errc::dtype_mismatch, where,
+            "element type '", h.descr, "' differs from the one requested ('<", want, "')");
+  // The product of the non-zero extents must fit too (an empty array's strides are still
+  // products of its other extents).
+  std::uint64_t numel = 1, nonzero = 1;
+  for (const std::int64_t d : h.shape) {
+    const auto u = static_cast<std::uint64_t>(d);
+    EDL_CHECK(d == 0 || nonzero <= (std::uint64_t{1} << 62) / sizeof(T) / u, errc::format, where, "shape ",
+              ::edl::detail::shape_str(h.shape), " overflows a 64-bit byte count");
+    if (d != 0) nonzero *= u;
+    numel *= u;
+  }
+  const std::uint64_t data = size - offset - header_len;
+  EDL_CHECK(numel * sizeof(T) == data, errc::format, where, "shape ", ::edl::detail::shape_str(h.shape), " of ",
+            sizeof(T), "-byte elements needs ", numel * sizeof(T), " data bytes, the file holds ", data);
+  std::vector<std::size_t> shape(h.shape.begin(), h.shape.end());
+  xt::xarray<T> a = xt::xarray<T>::from_shape(shape);
+  if (numel) std::memcpy(a.data(), p + offset + header_len, numel * sizeof(T));
+  return a;
+}
+
 /// Reads a C-order .npy file of element type T.
 template <class T>
 xt::xarray<T> load_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
-  try {
-    xt::xarray<T> a = xt::load_npy<T, xt::layout_type::row_major>(in);
-    return a;
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    if (what.find("formats not matching") != std::string::npos)
-      ::edl::detail::raise(errc::dtype_mismatch, path, "element type differs from the one requested: " + what);
-    ::edl::detail::raise(errc::format, path, "not a valid C-order .npy file: " + what);
-  }
+  const MappedFile f(path);
+  return parse_npy<T>(f.bytes(), path);
 }
 
 /// Writes `a` as a .npy file.
@@ -10340,6 +10624,7 @@ void save_npy(const std::string& path, const E& a) {
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 
 namespace edl::io {
@@ -10369,15 +10654,6 @@ namespace detail {
 
 inline std::string tensor_where(const std::string& path, const std::string& name) {
   return path + " tensor " + name;
-}
-
-/// byte offset -> "line L, column C" in `text`.
-inline std::string text_position(std::string_view text, std::size_t byte) {
-  std::size_t line = 1, col = 1;
-  for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-  }
-  return "line " + std::to_string(line) + ", column " + std::to_string(col) + " (byte " + std::to_string(byte) + ")";
 }
 
 template <class T>
@@ -10480,14 +10756,10 @@ inline ParsedHeader parse_header(std::span<const std::byte> file, const std::str
             "the header must be a JSON object starting with '{', found ",
             text.empty() ? std::string("an empty header") : concat("'", text.front(), "'"));
 
-  nlohmann::ordered_json h;
-  try {
-    h = nlohmann::ordered_json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    const std::size_t pos = e.byte > 0 ? e.byte - 1 : 0;
-    ::edl::detail::raise(errc::format, path,
-                         concat("header is not valid JSON at ", text_position(text, pos), ": ", e.what()));
-  }
+  // The specification pads the header with spaces; a NUL byte is no JSON and no padding.
+  EDL_CHECK(text.find('\0') == std::string_view::npos, errc::format, path, "the header holds a NUL byte at byte ",
+            8 + text.find('\0'), " (only spaces may pad it)");
+  const nlohmann::ordered_json h = parse_json(text, path + " header");
   EDL_CHECK(h.is_object(), errc::format, path, "the header must be a JSON object, found ", h.type_name());
 
   ParsedHeader out;
@@ -10511,6 +10783,7 @@ inline ParsedHeader parse_header(std::span<const std::byte> file, const std::str
       continue;
     }
     const std::string where = tensor_where(path, name);
+    EDL_CHECK(!name.empty(), errc::format, path, "a tensor has an empty name");
     EDL_CHECK(v.is_object(), errc::format, where, "expected an object {dtype, shape, data_offsets}, found ",
               json_snippet(v));
     for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -10863,15 +11136,7 @@ class ShardedCheckpoint {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      ::edl::detail::raise(errc::format, index,
-                           ::edl::detail::concat("not valid JSON at ",
-                                                 detail::text_position(text, e.byte > 0 ? e.byte - 1 : 0), ": ",
-                                                 e.what()));
-    }
+    nlohmann::ordered_json j = parse_json(text, index);
     EDL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), errc::format, index,
               "expected an object with a \"weight_map\" object {tensor name: file name}");
     if (j.contains("metadata")) index_metadata_ = j["metadata"];
@@ -10882,7 +11147,7 @@ class ShardedCheckpoint {
                 "weight_map value must be a file name, found ", detail::json_snippet(it.value()));
       const std::string file = it.value().get<std::string>();
       EDL_CHECK(!file.empty() && file.find('/') == std::string::npos && file.find('\\') == std::string::npos &&
-                    file != "." && file != "..",
+                    file.find('\0') == std::string::npos && file != "." && file != "..",
                 errc::format, index + " tensor " + it.key(),
                 "weight_map file must be a plain file name in the index's folder, found \"", file, "\"");
       by_file[file].push_back(it.key());
@@ -11042,6 +11307,7 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/tokenizer/added_tokens.hpp>
 // edl/tokenizer/added_tokens.hpp
@@ -12501,12 +12767,7 @@ class Tokenizer {
   /// (The text is parsed into an unordered document: nlohmann's ordered_json inserts in
   /// quadratic time, minutes for a 262k-token vocabulary; the text itself is what save() writes.)
   static Tokenizer from_text(std::string text, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      detail::raise(errc::format, source, std::string("not valid JSON: ") + e.what());
-    }
+    const json j = io::parse_json<json>(text, source);
     Tokenizer t = build(j, config, source);
     t.text_ = std::move(text);
     return t;
@@ -17356,6 +17617,7 @@ class ChatTemplate {
 
 // #include <edl/chat/chat_template.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 
@@ -17386,12 +17648,7 @@ inline ChatOptions options_of(const nlohmann::ordered_json& conversation, nlohma
 
 /// A conversation file: a JSON array of messages or an object with "messages".
 inline nlohmann::ordered_json read_conversation(const std::string& path) {
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(io::read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
-  }
+  const nlohmann::ordered_json j = io::parse_json(io::read_text_file(path), path);
   EDL_CHECK(j.is_array() || (j.is_object() && j.contains("messages")), errc::invalid_argument, path,
             "expected a JSON array of messages or an object with a \"messages\" array");
   return j;
@@ -18074,6 +18331,7 @@ class ShardedOptimizer {
 #include <nlohmann/json.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/json_config.hpp> (inlined above)
 
 namespace edl::lora {
 
@@ -18184,7 +18442,8 @@ LoraConfig from_peft_json(const Json& j, const std::string& where) {
   const auto number = [&](const char* key, auto& out) {
     if (!j.contains(key) || j[key].is_null()) return;
     EDL_CHECK(j[key].is_number(), errc::config, where, "\"", key, "\" must be a number, found ", j[key].dump());
-    out = j[key].template get<std::remove_reference_t<decltype(out)>>();
+    // Range-checked: an r of 1e20 is an error, not an undefined conversion (found by fuzzing).
+    out = io::JsonConfig::convert<std::remove_reference_t<decltype(out)>>(io::ojson(j[key]), where + " field " + key);
   };
   const auto refuse_if = [&](const char* key, bool bad, const char* expected) {
     EDL_CHECK(!bad, errc::unsupported, where, "\"", key, "\" is ", j[key].dump(), ": edl supports only ", expected);
@@ -18446,6 +18705,8 @@ LoraConfig config_of(M& m) {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/atomic_file.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/lora/apply.hpp> (inlined above)
 // #include <edl/lora/config.hpp> (inlined above)
@@ -18497,12 +18758,7 @@ inline nlohmann::json read_adapter_json(const std::filesystem::path& dir) {
   const std::filesystem::path p = dir / kAdapterConfigFile;
   EDL_CHECK(std::filesystem::is_regular_file(p), errc::io, dir.string(),
             "not a PEFT adapter folder: adapter_config.json is missing");
-  std::ifstream in(p);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    ::edl::detail::raise(errc::format, p.string(), ::edl::detail::concat("is not valid JSON: ", e.what()));
-  }
+  return io::parse_json<nlohmann::json>(io::read_text_file(p.string()), p.string());
 }
 
 /// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.
@@ -18705,8 +18961,23 @@ struct LlamaConfig {
     positive("num_attention_heads", num_attention_heads);
     positive("num_key_value_heads", num_key_value_heads);
     positive("max_position_embeddings", max_position_embeddings);
+    // Bounds far above any released model, so that sizes from a stranger's config.json can be
+    // multiplied without overflow (parameter_count stays below 2^63) and never reach an
+    // allocation of exabytes: the loader compares them with the tensors before allocating.
+    auto bounded = [&](const char* name, std::int64_t v, std::int64_t limit) {
+      EDL_CHECK(v <= limit, errc::config, where(name), "is ", v, ", above the largest edl accepts (", limit, ")");
+    };
+    bounded("vocab_size", vocab_size, std::int64_t{1} << 24);
+    bounded("hidden_size", hidden_size, std::int64_t{1} << 20);
+    bounded("intermediate_size", intermediate_size, std::int64_t{1} << 22);
+    bounded("num_hidden_layers", num_hidden_layers, std::int64_t{1} << 12);
+    bounded("num_attention_heads", num_attention_heads, std::int64_t{1} << 14);
+    bounded("num_key_value_heads", num_key_value_heads, std::int64_t{1} << 14);
+    bounded("max_position_embeddings", max_position_embeddings, std::int64_t{1} << 26);
+    bounded("num_labels", num_labels, std::int64_t{1} << 24);
     if (head_dim) {
       positive("head_dim", *head_dim);
+      bounded("head_dim", *head_dim, std::int64_t{1} << 14);
     } else {
       EDL_CHECK(hidden_size % num_attention_heads == 0, errc::config, where("num_attention_heads"),
                 "hidden_size (", hidden_size, ") must be divisible by num_attention_heads (", num_attention_heads,
@@ -21523,6 +21794,32 @@ LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {})
   return rep;
 }
 
+namespace detail {
+
+/// The config's parameter shapes against the checkpoint's tensors, before the model is built: a
+/// config.json whose sizes disagree with the weights beside it (or a huge one over a small
+/// file) is an error naming the tensor, not an allocation the size of the config's claim.
+inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
+                                           const LoadOptions& opt) {
+  for (const auto& [name, want] : cfg.parameter_shapes()) {
+    if (!ckpt.contains(name)) {
+      EDL_CHECK(opt.allow_missing || (name == "lm_head.weight" && cfg.tie_word_embeddings), errc::format,
+                checkpoint_source(ckpt) + " tensor " + name,
+                "the model needs this parameter, but the checkpoint does not hold it");
+      continue;
+    }
+    const auto& info = ckpt.info(name);
+    const bool quantized = info.dtype == DType::u8;  // block rows: only the row count is the config's
+    const bool same = quantized ? !info.shape.empty() && info.shape[0] == want[0]
+                                : std::equal(info.shape.begin(), info.shape.end(), want.begin(), want.end());
+    EDL_CHECK(same, errc::shape_mismatch, file_of(ckpt, name) + " tensor " + name, "has shape ",
+              ::edl::detail::shape_str(info.shape), ", but ", cfg.source, " gives the model a parameter of shape ",
+              ::edl::detail::shape_str(want));
+  }
+}
+
+}  // namespace detail
+
 /// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
 /// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype. A path ending in .gguf
 /// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks).
@@ -21530,8 +21827,9 @@ template <class Pol = DefaultPolicy>
 LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
   if (dir.extension() == ".gguf") return from_gguf<Pol>(dir);
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
-  LlamaForCausalLM<Pol> m(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  LlamaForCausalLM<Pol> m(cfg);
   load_weights(m, ckpt, opt);
   m.quantize_as_policy();
   return m;
@@ -25722,6 +26020,7 @@ class CheckpointManager {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/npy.hpp> (inlined above)
 // #include <edl/chat/conversation.hpp> (inlined above)
@@ -25801,13 +26100,9 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path, co
   while (std::getline(in, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::ordered_json j;  // ordered: a conversation's keys reach the template as written
-    try {
-      j = nlohmann::ordered_json::parse(line);
-    } catch (const std::exception& e) {
-      ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
-    }
     const std::string where = path + " line " + std::to_string(n);
+    // ordered: a conversation's keys reach the template as written
+    const nlohmann::ordered_json j = io::parse_json(line, where);
     if (j.is_object() && j.contains("messages")) {
       EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
                 "a \"messages\" record is rendered with the tokenizer's chat template, and ",

@@ -71,6 +71,20 @@ TEST(JsonConfig, ErrorsNameFieldExpectedTypeAndFoundValue) {
                "missing required field (expected an integer)");
 }
 
+// Found by fuzzing (adapter_config.json's "r": 9.3e18): a float at or beyond an integer type's
+// range, or a double beyond a float's, was converted with undefined behaviour.
+TEST(JsonConfig, OutOfRangeNumbersAreErrorsNotConversions) {
+  const auto c = JsonConfig::parse(R"({"at": 9223372036854775808.0, "below": 9223372036854774784.0,
+                                       "i32": 2147483648.0, "huge": 1e300, "small": 1e-300})",
+                                   "c.json");
+  expect_error([&] { (void)c.get<std::int64_t>("at"); }, errc::config, "c.json field at", "expected an integer");
+  EXPECT_EQ(c.get<std::int64_t>("below"), 9223372036854774784LL);
+  expect_error([&] { (void)c.get<std::int32_t>("i32"); }, errc::config, "c.json field i32", "expected an integer");
+  expect_error([&] { (void)c.get<float>("huge"); }, errc::config, "c.json field huge", "expected");
+  EXPECT_EQ(c.get<double>("huge"), 1e300);
+  EXPECT_EQ(c.get<float>("small"), 0.0f);
+}
+
 TEST(JsonConfig, ParseErrorsGiveLineAndColumn) {
   expect_error([] { (void)JsonConfig::parse("{\n  \"a\": 1,\n  \"b\": }\n", "c.json"); }, errc::format, "c.json",
                "line 3, column 8");

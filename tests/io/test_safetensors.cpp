@@ -338,6 +338,16 @@ TEST(SafeTensorsHeader, EveryRuleViolationIsAFormatErrorNamingFileAndTensor) {
   expect_format_error(file(R"({"a":{"dtype":"F32",)", 0), "", "not valid JSON");        // truncated JSON
   expect_format_error(file(R"({"a":{"dtype":"F32" "shape":[]}})", 0), "", "line 1, column");  // bad JSON
   expect_format_error(file(R"({"a":[1,2]})", 0), "a", "expected an object");
+  // Found by fuzzing or by hand, each once accepted: duplicate tensor names (the last one won),
+  // a tensor named "", NUL bytes as padding, deep nesting (a stack overflow when dumped), and a
+  // number beyond a double (an uncaught nlohmann::out_of_range).
+  expect_format_error(file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+                      "", "duplicate key \"a\"");
+  expect_format_error(file(R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4), "", "empty name");
+  expect_format_error(file(ok + std::string("\0\0", 2), 8), "", "NUL byte");
+  expect_format_error(file("{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", 0), "", "nested deeper");
+  expect_format_error(file(R"({"__metadata__":{"x":"1"},"a":{"dtype":"F32","shape":[1e309],"data_offsets":[0,4]}})", 4), "",
+                      "not valid JSON");
   expect_format_error(file(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "a", "missing \"data_offsets\"");
   expect_format_error(file(R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", 2), "a",
                       "unknown dtype \"F8\"");
@@ -587,6 +597,21 @@ TEST(ShardedCheckpoint, IndexErrorsNameTensorAndFile) {
   } catch (const edl::Error& e) {
     EXPECT_EQ(e.code(), errc::format);
     EXPECT_EQ(e.where(), index + " tensor a");
+  }
+  write_index(R"({"weight_map":{"a":"model-00001-of-00002.safetensors\u0000x"}})");
+  try {  // a NUL inside a file name (which the OS would cut there)
+    (void)ShardedCheckpoint::open(dir.path().string());
+    FAIL();
+  } catch (const edl::Error& e) {
+    EXPECT_EQ(e.code(), errc::format);
+  }
+  write_index(R"({"weight_map":{"a":"model-00001-of-00002.safetensors","a":"model-00002-of-00002.safetensors"}})");
+  try {
+    (void)ShardedCheckpoint::open(dir.path().string());
+    FAIL();
+  } catch (const edl::Error& e) {
+    EXPECT_EQ(e.code(), errc::format);
+    EXPECT_NE(std::string(e.what()).find("duplicate key \"a\" in the object at /weight_map"), std::string::npos) << e.what();
   }
   write_index(R"({"weight_map": )");
   try {

@@ -36,7 +36,7 @@ void expect_error(F&& f, errc code, const std::string& where_suffix, const std::
   }
 }
 
-LlamaConfig parse(const std::string& s) { return LlamaConfig::from_json(ojson::parse(s), "config.json"); }
+LlamaConfig parse(const std::string& s) { return LlamaConfig::from_json(edl::io::parse_json(s, "config.json"), "config.json"); }
 
 TEST(LlamaConfig, ReadsTheTinyFixture) {
   const std::string path = data_dir() + "/tiny_hf/config.json";
@@ -169,6 +169,16 @@ TEST(LlamaConfig, ValidationNamesTheField) {
                "must be positive");
   expect_error([] { (void)parse(R"({"hidden_size": 24, "num_attention_heads": 8})"); }, errc::config,
                "config.json field head_dim", "even head_dim, found 3");
+  // Sizes beyond any model (so that products cannot overflow and nothing allocates exabytes).
+  expect_error([] { (void)parse(R"({"vocab_size": 99999999999})"); }, errc::config, "config.json field vocab_size",
+               "above the largest edl accepts (16777216)");
+  expect_error([] { (void)parse(R"({"num_hidden_layers": 100000})"); }, errc::config,
+               "config.json field num_hidden_layers", "above the largest");
+  expect_error([] { (void)parse(R"({"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 1000000})"); },
+               errc::config, "config.json field head_dim", "above the largest");
+  // Duplicate keys hid a mistake (the last one won).
+  expect_error([] { (void)parse(R"({"hidden_size": 64, "hidden_size": 4096})"); }, errc::format, "config.json",
+               "duplicate key \"hidden_size\"");
   LlamaConfig c = LlamaConfig::preset("tiny");
   c.num_key_value_heads = 4;
   expect_error([&] { c.validate(); }, errc::config, "field num_key_value_heads", "(6) must be divisible");

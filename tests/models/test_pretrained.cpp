@@ -551,6 +551,29 @@ TEST(Pretrained, MissingUnexpectedAndWrongShapeTensorsAreNamed) {
     EXPECT_NE(e.find("-of-"), std::string::npos) << e;
   }
   {
+    // A config.json that claims sizes far beyond the weights beside it (found by fuzzing and by
+    // hand: once a std::bad_alloc while the model was built) is refused before allocating,
+    // naming the tensor; sizes beyond any model are refused by the config itself.
+    auto cfg = LlamaConfig::from_file((fixture() / "config.json").string());
+    cfg.vocab_size = 1 << 23;
+    cfg.intermediate_size = 1 << 21;
+    fs::create_directories(tmp.path / "huge");
+    cfg.save((tmp.path / "huge" / "config.json").string());
+    io::save_safetensors((tmp.path / "huge" / "model.safetensors").string(), fixture_tensors().list());
+    try {
+      models::from_pretrained(tmp.path / "huge");
+      ADD_FAILURE() << "a 2^23-token vocabulary over the fixture's weights loaded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), errc::shape_mismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
+    }
+    cfg.hidden_size = std::int64_t{1} << 40;
+    cfg.save((tmp.path / "huge" / "config.json").string());
+    const std::string e = error_of([&] { models::from_pretrained(tmp.path / "huge"); });
+    EXPECT_NE(e.find("hidden_size"), std::string::npos) << e;
+    EXPECT_NE(e.find("above the largest"), std::string::npos) << e;
+  }
+  {
     // HF's rotary buffers are ignored.
     auto t = fixture_tensors();
     t.add("model.layers.0.self_attn.rotary_emb.inv_freq", {2});

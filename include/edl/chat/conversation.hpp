@@ -16,6 +16,7 @@
 
 #include <edl/chat/chat_template.hpp>
 #include <edl/core/error.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 
@@ -46,12 +47,7 @@ inline ChatOptions options_of(const nlohmann::ordered_json& conversation, nlohma
 
 /// A conversation file: a JSON array of messages or an object with "messages".
 inline nlohmann::ordered_json read_conversation(const std::string& path) {
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(io::read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    detail::raise(errc::format, path, std::string("not valid JSON: ") + e.what());
-  }
+  const nlohmann::ordered_json j = io::parse_json(io::read_text_file(path), path);
   EDL_CHECK(j.is_array() || (j.is_object() && j.contains("messages")), errc::invalid_argument, path,
             "expected a JSON array of messages or an object with a \"messages\" array");
   return j;

@@ -2,6 +2,7 @@
 #pragma once
 #include <edl/io/atomic_file.hpp>
 #include <edl/io/gguf.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>

@@ -9,7 +9,7 @@
 //
 // Unknown fields are kept as they are, in their order, so writing back preserves them.
 // Errors: errc::io (file cannot be read/written), errc::format (not valid JSON: the message gives
-// line, column and byte), errc::config (missing field or wrong type; where = "<source> field <key>").
+// line, column and byte; a duplicate key; nesting too deep: io/json.hpp), errc::config (missing field or wrong type; where = "<source> field <key>").
 #pragma once
 
 #include <cmath>
@@ -26,6 +26,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/io/atomic_file.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/mmap.hpp>
 
 namespace edl::io {
@@ -41,19 +42,7 @@ class JsonConfig {
   }
 
   static JsonConfig parse(const std::string& text, const std::string& source = "config") {
-    ojson j;
-    try {
-      j = ojson::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      const std::size_t byte = e.byte > 0 ? e.byte - 1 : 0;
-      std::size_t line = 1, col = 1;
-      for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-        if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-      }
-      ::edl::detail::raise(errc::format, source,
-                           ::edl::detail::concat("not valid JSON at line ", line, ", column ", col, " (byte ", byte,
-                                                 "): ", e.what()));
-    }
+    ojson j = parse_json(text, source);
     EDL_CHECK(j.is_object(), errc::format, source, "expected a JSON object, found ", j.type_name());
     return JsonConfig(std::move(j), source);
   }
@@ -128,15 +117,19 @@ class JsonConfig {
       }
       if (v.is_number_float()) {  // 2048.0 is accepted as 2048, 0.5 is not an integer
         const double d = v.get<double>();
+        // max() + 1 is a power of two, exact in a double: d < 2^63 (not d <= 2^63 - 1, which
+        // rounds to 2^63 and would let 2^63 through to an undefined conversion).
         if (std::floor(d) != d || d < static_cast<double>(std::numeric_limits<T>::min()) ||
-            d > static_cast<double>(std::numeric_limits<T>::max()))
+            d >= static_cast<double>(std::numeric_limits<T>::max()) + 1.0)
           fail();
         return static_cast<T>(d);
       }
       fail();
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) fail();
-      return v.get<T>();
+      const double d = v.get<double>();
+      if (std::fabs(d) > static_cast<double>(std::numeric_limits<T>::max())) fail();  // 1e300 into a float
+      return static_cast<T>(d);
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v.is_string()) fail();
       return v.get<std::string>();

@@ -56,6 +56,7 @@
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/io/atomic_file.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/mmap.hpp>
 
 namespace edl::io {
@@ -85,15 +86,6 @@ namespace detail {
 
 inline std::string tensor_where(const std::string& path, const std::string& name) {
   return path + " tensor " + name;
-}
-
-/// byte offset -> "line L, column C" in `text`.
-inline std::string text_position(std::string_view text, std::size_t byte) {
-  std::size_t line = 1, col = 1;
-  for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
-  }
-  return "line " + std::to_string(line) + ", column " + std::to_string(col) + " (byte " + std::to_string(byte) + ")";
 }
 
 template <class T>
@@ -196,14 +188,10 @@ inline ParsedHeader parse_header(std::span<const std::byte> file, const std::str
             "the header must be a JSON object starting with '{', found ",
             text.empty() ? std::string("an empty header") : concat("'", text.front(), "'"));
 
-  nlohmann::ordered_json h;
-  try {
-    h = nlohmann::ordered_json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    const std::size_t pos = e.byte > 0 ? e.byte - 1 : 0;
-    ::edl::detail::raise(errc::format, path,
-                         concat("header is not valid JSON at ", text_position(text, pos), ": ", e.what()));
-  }
+  // The specification pads the header with spaces; a NUL byte is no JSON and no padding.
+  EDL_CHECK(text.find('\0') == std::string_view::npos, errc::format, path, "the header holds a NUL byte at byte ",
+            8 + text.find('\0'), " (only spaces may pad it)");
+  const nlohmann::ordered_json h = parse_json(text, path + " header");
   EDL_CHECK(h.is_object(), errc::format, path, "the header must be a JSON object, found ", h.type_name());
 
   ParsedHeader out;
@@ -227,6 +215,7 @@ inline ParsedHeader parse_header(std::span<const std::byte> file, const std::str
       continue;
     }
     const std::string where = tensor_where(path, name);
+    EDL_CHECK(!name.empty(), errc::format, path, "a tensor has an empty name");
     EDL_CHECK(v.is_object(), errc::format, where, "expected an object {dtype, shape, data_offsets}, found ",
               json_snippet(v));
     for (const char* key : {"dtype", "shape", "data_offsets"})
@@ -579,15 +568,7 @@ class ShardedCheckpoint {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      ::edl::detail::raise(errc::format, index,
-                           ::edl::detail::concat("not valid JSON at ",
-                                                 detail::text_position(text, e.byte > 0 ? e.byte - 1 : 0), ": ",
-                                                 e.what()));
-    }
+    nlohmann::ordered_json j = parse_json(text, index);
     EDL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), errc::format, index,
               "expected an object with a \"weight_map\" object {tensor name: file name}");
     if (j.contains("metadata")) index_metadata_ = j["metadata"];
@@ -598,7 +579,7 @@ class ShardedCheckpoint {
                 "weight_map value must be a file name, found ", detail::json_snippet(it.value()));
       const std::string file = it.value().get<std::string>();
       EDL_CHECK(!file.empty() && file.find('/') == std::string::npos && file.find('\\') == std::string::npos &&
-                    file != "." && file != "..",
+                    file.find('\0') == std::string::npos && file != "." && file != "..",
                 errc::format, index + " tensor " + it.key(),
                 "weight_map file must be a plain file name in the index's folder, found \"", file, "\"");
       by_file[file].push_back(it.key());

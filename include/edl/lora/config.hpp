@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
+#include <edl/io/json_config.hpp>
 
 namespace edl::lora {
 
@@ -132,7 +133,8 @@ LoraConfig from_peft_json(const Json& j, const std::string& where) {
   const auto number = [&](const char* key, auto& out) {
     if (!j.contains(key) || j[key].is_null()) return;
     EDL_CHECK(j[key].is_number(), errc::config, where, "\"", key, "\" must be a number, found ", j[key].dump());
-    out = j[key].template get<std::remove_reference_t<decltype(out)>>();
+    // Range-checked: an r of 1e20 is an error, not an undefined conversion (found by fuzzing).
+    out = io::JsonConfig::convert<std::remove_reference_t<decltype(out)>>(io::ojson(j[key]), where + " field " + key);
   };
   const auto refuse_if = [&](const char* key, bool bad, const char* expected) {
     EDL_CHECK(!bad, errc::unsupported, where, "\"", key, "\" is ", j[key].dump(), ": edl supports only ", expected);

@@ -26,6 +26,8 @@
 
 #include <edl/core/error.hpp>
 #include <edl/io/atomic_file.hpp>
+#include <edl/io/json.hpp>
+#include <edl/io/mmap.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/lora/apply.hpp>
 #include <edl/lora/config.hpp>
@@ -77,12 +79,7 @@ inline nlohmann::json read_adapter_json(const std::filesystem::path& dir) {
   const std::filesystem::path p = dir / kAdapterConfigFile;
   EDL_CHECK(std::filesystem::is_regular_file(p), errc::io, dir.string(),
             "not a PEFT adapter folder: adapter_config.json is missing");
-  std::ifstream in(p);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    ::edl::detail::raise(errc::format, p.string(), ::edl::detail::concat("is not valid JSON: ", e.what()));
-  }
+  return io::parse_json<nlohmann::json>(io::read_text_file(p.string()), p.string());
 }
 
 /// The LoraConfig of adapter folder `dir` (adapter_config.json), refusing what edl does not support.

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/generate/generation_config.hpp>
+#include <edl/io/json.hpp>
 #include <edl/tokenizer/unicode.hpp>
 
 namespace edl::serve {
@@ -159,10 +160,9 @@ inline CompletionRequest parse_completion_request(const std::string& body, Endpo
   using openai_detail::Fields;
   ojson j;
   try {
-    j = ojson::parse(body);
-  } catch (const ojson::exception& e) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "invalid_request_error", {},
-                   "invalid_json");
+    j = io::parse_json(body, "the body");
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", {}, "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the body must be a JSON object", "invalid_request_error", {}, "invalid_json");
   const Fields f(j);

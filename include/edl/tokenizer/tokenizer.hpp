@@ -27,6 +27,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/io/atomic_file.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/tokenizer/added_tokens.hpp>
 #include <edl/tokenizer/decoder.hpp>
@@ -46,12 +47,7 @@ class Tokenizer {
   /// (The text is parsed into an unordered document: nlohmann's ordered_json inserts in
   /// quadratic time, minutes for a 262k-token vocabulary; the text itself is what save() writes.)
   static Tokenizer from_text(std::string text, const ojson& config = nullptr, const std::string& source = "tokenizer.json") {
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      detail::raise(errc::format, source, std::string("not valid JSON: ") + e.what());
-    }
+    const json j = io::parse_json<json>(text, source);
     Tokenizer t = build(j, config, source);
     t.text_ = std::move(text);
     return t;

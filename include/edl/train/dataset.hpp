@@ -37,6 +37,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/io/json.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
 #include <edl/chat/conversation.hpp>
@@ -116,13 +117,9 @@ inline std::vector<std::string> read_jsonl_documents(const std::string& path, co
   while (std::getline(in, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::ordered_json j;  // ordered: a conversation's keys reach the template as written
-    try {
-      j = nlohmann::ordered_json::parse(line);
-    } catch (const std::exception& e) {
-      ::edl::detail::raise(errc::format, path + " line " + std::to_string(n), std::string("not valid JSON: ") + e.what());
-    }
     const std::string where = path + " line " + std::to_string(n);
+    // ordered: a conversation's keys reach the template as written
+    const nlohmann::ordered_json j = io::parse_json(line, where);
     if (j.is_object() && j.contains("messages")) {
       EDL_CHECK(tokenizer != nullptr && tokenizer->chat_template(), errc::invalid_argument, where,
                 "a \"messages\" record is rendered with the tokenizer's chat template, and ",

@@ -132,8 +132,23 @@ struct LlamaConfig {
     positive("num_attention_heads", num_attention_heads);
     positive("num_key_value_heads", num_key_value_heads);
     positive("max_position_embeddings", max_position_embeddings);
+    // Bounds far above any released model, so that sizes from a stranger's config.json can be
+    // multiplied without overflow (parameter_count stays below 2^63) and never reach an
+    // allocation of exabytes: the loader compares them with the tensors before allocating.
+    auto bounded = [&](const char* name, std::int64_t v, std::int64_t limit) {
+      EDL_CHECK(v <= limit, errc::config, where(name), "is ", v, ", above the largest edl accepts (", limit, ")");
+    };
+    bounded("vocab_size", vocab_size, std::int64_t{1} << 24);
+    bounded("hidden_size", hidden_size, std::int64_t{1} << 20);
+    bounded("intermediate_size", intermediate_size, std::int64_t{1} << 22);
+    bounded("num_hidden_layers", num_hidden_layers, std::int64_t{1} << 12);
+    bounded("num_attention_heads", num_attention_heads, std::int64_t{1} << 14);
+    bounded("num_key_value_heads", num_key_value_heads, std::int64_t{1} << 14);
+    bounded("max_position_embeddings", max_position_embeddings, std::int64_t{1} << 26);
+    bounded("num_labels", num_labels, std::int64_t{1} << 24);
     if (head_dim) {
       positive("head_dim", *head_dim);
+      bounded("head_dim", *head_dim, std::int64_t{1} << 14);
     } else {
       EDL_CHECK(hidden_size % num_attention_heads == 0, errc::config, where("num_attention_heads"),
                 "hidden_size (", hidden_size, ") must be divisible by num_attention_heads (", num_attention_heads,

@@ -312,6 +312,32 @@ LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {})
   return rep;
 }
 
+namespace detail {
+
+/// The config's parameter shapes against the checkpoint's tensors, before the model is built: a
+/// config.json whose sizes disagree with the weights beside it (or a huge one over a small
+/// file) is an error naming the tensor, not an allocation the size of the config's claim.
+inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
+                                           const LoadOptions& opt) {
+  for (const auto& [name, want] : cfg.parameter_shapes()) {
+    if (!ckpt.contains(name)) {
+      EDL_CHECK(opt.allow_missing || (name == "lm_head.weight" && cfg.tie_word_embeddings), errc::format,
+                checkpoint_source(ckpt) + " tensor " + name,
+                "the model needs this parameter, but the checkpoint does not hold it");
+      continue;
+    }
+    const auto& info = ckpt.info(name);
+    const bool quantized = info.dtype == DType::u8;  // block rows: only the row count is the config's
+    const bool same = quantized ? !info.shape.empty() && info.shape[0] == want[0]
+                                : std::equal(info.shape.begin(), info.shape.end(), want.begin(), want.end());
+    EDL_CHECK(same, errc::shape_mismatch, file_of(ckpt, name) + " tensor " + name, "has shape ",
+              ::edl::detail::shape_str(info.shape), ", but ", cfg.source, " gives the model a parameter of shape ",
+              ::edl::detail::shape_str(want));
+  }
+}
+
+}  // namespace detail
+
 /// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
 /// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype. A path ending in .gguf
 /// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks).
@@ -319,8 +345,9 @@ template <class Pol = DefaultPolicy>
 LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
   if (dir.extension() == ".gguf") return from_gguf<Pol>(dir);
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
-  LlamaForCausalLM<Pol> m(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  LlamaForCausalLM<Pol> m(cfg);
   load_weights(m, ckpt, opt);
   m.quantize_as_policy();
   return m;
