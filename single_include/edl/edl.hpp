@@ -8788,6 +8788,313 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 // end of edl/nn/loss.hpp
 // #include <edl/nn/low_rank_adapter.hpp> (inlined above)
 // #include <edl/nn/mlp.hpp> (inlined above)
+// #include <edl/nn/moe.hpp>
+// edl/nn/moe.hpp
+// Sparse mixture-of-experts feed-forward, as HF MixtralSparseMoeBlock (and Qwen2-MoE's routing):
+//
+//   logits = x Wr^T                         router "gate": [E, hidden], no bias, f32
+//   p      = softmax(logits)                over the E experts, f32
+//   top    = the k largest p per token      (ties: the lower expert index first)
+//   w      = p[top] / sum p[top]            renormalised (Mixtral; Qwen2-MoE: norm_topk_prob)
+//   y      = sum_k w_k * expert_{top_k}(x)  each expert a SwiGLU MLP (w1 gate, w3 up, w2 down)
+//
+// Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
+// is at most all tokens), so an expert's three GEMMs run once over its own rows.
+//
+// Backward runs through the renormalisation and the softmax; the top-k choice itself is
+// piecewise constant (no gradient), as in PyTorch.
+//
+// The auxiliary load-balancing loss (transformers' load_balancing_loss_func over one layer's
+// tokens) is E * sum_e f_e * P_e with f_e the fraction of (token, slot) routings to expert e
+// and P_e the mean router probability of e; only P carries a gradient. aux_loss() gives it and
+// aux_loss_backward() adds its gradient (times a coefficient) to the router's logits gradient
+// before backward. The router z-loss (mean over tokens of logsumexp(logits)^2) likewise.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/nn/linear.hpp> (inlined above)
+// #include <edl/nn/mlp.hpp> (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+struct MoeConfig {
+  std::int64_t hidden = 0, intermediate = 0;
+  std::int64_t num_experts = 8;   // num_local_experts
+  std::int64_t top_k = 2;         // num_experts_per_tok
+  bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
+};
+
+template <class Pol>
+class MoE {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    std::int64_t tokens = 0;
+    typename ColumnLinear<Pol>::Saved router_s;
+    std::vector<float> logits, probs;        // [T, E]
+    std::vector<std::int64_t> top;           // [T, k] expert of each slot
+    std::vector<float> weight;               // [T, k] renormalised routing weight
+    // Per expert: its rows (token index, slot), the gathered inputs, outputs and MLP state.
+    std::vector<std::vector<std::int64_t>> rows;
+    std::vector<std::vector<float>> xs, ys;
+    std::vector<typename MLP<Pol>::Saved> mlp_s;
+    std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+  };
+
+  MoE() = default;
+  explicit MoE(const MoeConfig& c)
+      : gate(c.hidden, c.num_experts, false), c_(c) {
+    EDL_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0, errc::invalid_argument, "nn::MoE",
+              "hidden, intermediate and num_experts must be positive, found ", c.hidden, ", ", c.intermediate, ", ",
+              c.num_experts);
+    EDL_CHECK(c.top_k > 0 && c.top_k <= c.num_experts, errc::invalid_argument, "nn::MoE top_k",
+              "must be in [1, num_experts = ", c.num_experts, "], found ", c.top_k);
+    experts.reserve(static_cast<std::size_t>(c.num_experts));
+    for (std::int64_t e = 0; e < c.num_experts; ++e) experts.emplace_back(c.hidden, c.intermediate);
+  }
+
+  ColumnLinear<Pol> gate;          // the router (HF: block_sparse_moe.gate)
+  std::vector<MLP<Pol>> experts;   // HF: block_sparse_moe.experts.J.{w1,w2,w3}
+
+  const MoeConfig& config() const noexcept { return c_; }
+
+  /// HF Mixtral names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj).
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    gate.visit_params(join_path(prefix, "gate"), f);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      experts[e].gate_proj.visit_params(join_path(p, "w1"), f);
+      experts[e].down_proj.visit_params(join_path(p, "w2"), f);
+      experts[e].up_proj.visit_params(join_path(p, "w3"), f);
+    }
+  }
+  std::int64_t param_count() const noexcept {
+    std::int64_t n = gate.param_count();
+    for (const auto& e : experts) n += e.param_count();
+    return n;
+  }
+  /// Forward flops per token: the router and k experts (what runs, not what is stored).
+  double flops_forward(std::int64_t tokens) const noexcept {
+    return gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
+    const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
+    s.tokens = tokens;
+    s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
+    gate.forward(x, tokens, s.logits.data(), s.router_s);
+    route(s);
+    // Group (token, slot) pairs by expert, gather, run each expert once over its rows.
+    s.rows.assign(static_cast<std::size_t>(E), {});
+    for (std::int64_t t = 0; t < tokens; ++t)
+      for (std::int64_t k = 0; k < K; ++k) s.rows[static_cast<std::size_t>(s.top[t * K + k])].push_back(t * K + k);
+    s.xs.assign(static_cast<std::size_t>(E), {});
+    s.ys.assign(static_cast<std::size_t>(E), {});
+    s.mlp_s.assign(static_cast<std::size_t>(E), {});
+    std::fill(y, y + tokens * H, 0.f);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(rows.size());
+      if (n == 0) continue;
+      auto& xe = s.xs[static_cast<std::size_t>(e)];
+      auto& ye = s.ys[static_cast<std::size_t>(e)];
+      xe.resize(static_cast<std::size_t>(n * H));
+      ye.resize(static_cast<std::size_t>(n * H));
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+        std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
+      }
+      experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+        const float w = s.weight[static_cast<std::size_t>(slot)];
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
+      }
+    }
+    s.dlogits_extra.clear();
+  }
+
+  void apply(const float* x, std::int64_t tokens, float* y) const {
+    Saved s;
+    forward(x, tokens, y, s);
+  }
+
+  /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
+  /// one layer and no padding mask): E * sum_e f_e * P_e.
+  double aux_loss(const Saved& s) const {
+    const auto [f, P] = balance_terms(s);
+    double l = 0;
+    for (std::int64_t e = 0; e < c_.num_experts; ++e) l += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
+    return l * static_cast<double>(c_.num_experts);
+  }
+  /// Adds coef * d aux_loss / d logits to what backward adds to the router's gradient.
+  void aux_loss_backward(Saved& s, float coef) const {
+    const std::int64_t T = s.tokens, E = c_.num_experts;
+    const auto [f, P] = balance_terms(s);
+    (void)P;
+    // d/dp_{t,e} = E * f_e / T, then through the softmax.
+    std::vector<float> dp(static_cast<std::size_t>(E));
+    for (std::int64_t e = 0; e < E; ++e)
+      dp[static_cast<std::size_t>(e)] = static_cast<float>(coef * static_cast<double>(E) * f[static_cast<std::size_t>(e)] /
+                                                           static_cast<double>(T));
+    extra(s);
+    for (std::int64_t t = 0; t < T; ++t) softmax_backward_add(s.probs.data() + t * E, dp.data(), s.dlogits_extra.data() + t * E);
+  }
+  /// Router z-loss: mean over tokens of logsumexp(logits)^2 (ST-MoE; Qwen2-MoE's and
+  /// DeepSeek's routers use it).
+  double z_loss(const Saved& s) const {
+    double l = 0;
+    const std::int64_t E = c_.num_experts;
+    for (std::int64_t t = 0; t < s.tokens; ++t) {
+      const double z = logsumexp(s.logits.data() + t * E);
+      l += z * z;
+    }
+    return l / static_cast<double>(s.tokens);
+  }
+  /// Adds coef * d z_loss / d logits (= coef * 2 z_t p_{t,e} / T).
+  void z_loss_backward(Saved& s, float coef) const {
+    const std::int64_t E = c_.num_experts, T = s.tokens;
+    extra(s);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const double z = logsumexp(s.logits.data() + t * E);
+      for (std::int64_t e = 0; e < E; ++e)
+        s.dlogits_extra[static_cast<std::size_t>(t * E + e)] +=
+            static_cast<float>(coef * 2.0 * z * s.probs[static_cast<std::size_t>(t * E + e)] / static_cast<double>(T));
+    }
+  }
+
+  /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
+  void backward(const float* dy, Saved& s, float* dx) {
+    const std::int64_t T = s.tokens, H = c_.hidden, E = c_.num_experts, K = c_.top_k;
+    std::vector<float> dw(static_cast<std::size_t>(T * K), 0.f);
+    std::fill(dx, dx + T * H, 0.f);
+    std::vector<float> dye, dxe;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(rows.size());
+      if (n == 0) continue;
+      const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      dye.resize(static_cast<std::size_t>(n * H));
+      dxe.resize(static_cast<std::size_t>(n * H));
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+        const float w = s.weight[static_cast<std::size_t>(slot)];
+        double d = 0;  // d loss / d w_slot = dy_t . expert output
+        for (std::int64_t j = 0; j < H; ++j) {
+          const float g = dy[t * H + j];
+          dye[static_cast<std::size_t>(r * H + j)] = w * g;
+          d += static_cast<double>(g) * ye[static_cast<std::size_t>(r * H + j)];
+        }
+        dw[static_cast<std::size_t>(slot)] = static_cast<float>(d);
+      }
+      experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[static_cast<std::size_t>(r * H + j)];
+      }
+    }
+    // Through the renormalisation and the softmax to the router's logits.
+    std::vector<float> dlogits(static_cast<std::size_t>(T * E), 0.f), dp(static_cast<std::size_t>(E));
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::fill(dp.begin(), dp.end(), 0.f);
+      const float* p = s.probs.data() + t * E;
+      const std::int64_t* top = s.top.data() + t * K;
+      const float* w = s.weight.data() + t * K;
+      const float* g = dw.data() + t * K;
+      if (c_.norm_topk_prob) {
+        // w_k = p_k / S: dp_k = (g_k - sum_j g_j w_j) / S for the chosen k.
+        double S = 0, gw = 0;
+        for (std::int64_t k = 0; k < K; ++k) S += p[top[k]], gw += static_cast<double>(g[k]) * w[k];
+        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = static_cast<float>((g[k] - gw) / S);
+      } else {
+        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = g[k];
+      }
+      softmax_backward_add(p, dp.data(), dlogits.data() + t * E);
+    }
+    if (!s.dlogits_extra.empty())
+      for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
+    gate.backward(dlogits.data(), s.router_s, dx, true);
+  }
+
+ private:
+  /// probs = softmax(logits); top-k per token (stable: lower index on ties); weights.
+  void route(Saved& s) const {
+    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
+    s.probs.resize(static_cast<std::size_t>(T * E));
+    s.top.resize(static_cast<std::size_t>(T * K));
+    s.weight.resize(static_cast<std::size_t>(T * K));
+    std::vector<std::int64_t> order(static_cast<std::size_t>(E));
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* l = s.logits.data() + t * E;
+      float* p = s.probs.data() + t * E;
+      const float m = *std::max_element(l, l + E);
+      double sum = 0;
+      for (std::int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(l[e] - m);
+      for (std::int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](std::int64_t a, std::int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      double S = 0;
+      for (std::int64_t k = 0; k < K; ++k) S += p[order[static_cast<std::size_t>(k)]];
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t e = order[static_cast<std::size_t>(k)];
+        s.top[static_cast<std::size_t>(t * K + k)] = e;
+        s.weight[static_cast<std::size_t>(t * K + k)] = c_.norm_topk_prob ? static_cast<float>(p[e] / S) : p[e];
+      }
+    }
+  }
+
+  /// f_e: fraction of (token, slot) routings to e (per slot, averaged over slots, as
+  /// transformers' mean over the one-hot mask); P_e: mean probability of e over tokens.
+  std::pair<std::vector<double>, std::vector<double>> balance_terms(const Saved& s) const {
+    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
+    std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s.top[static_cast<std::size_t>(t * K + k)])] += 1.0;
+      for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s.probs[static_cast<std::size_t>(t * E + e)];
+    }
+    // transformers: tokens_per_expert = mean over tokens of the [T, k, E] mask -> [k, E], then
+    // sum(tokens_per_expert * P) sums over the k slots: f_e = count_e / T.
+    for (auto& v : f) v /= static_cast<double>(T);
+    for (auto& v : P) v /= static_cast<double>(T);
+    return {f, P};
+  }
+
+  void extra(Saved& s) const {
+    if (s.dlogits_extra.empty()) s.dlogits_extra.assign(static_cast<std::size_t>(s.tokens * c_.num_experts), 0.f);
+  }
+
+  double logsumexp(const float* l) const {
+    const std::int64_t E = c_.num_experts;
+    const float m = *std::max_element(l, l + E);
+    double sum = 0;
+    for (std::int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - m));
+    return m + std::log(sum);
+  }
+
+  /// dl += p * (dp - sum_i dp_i p_i): the softmax's Jacobian-vector product.
+  void softmax_backward_add(const float* p, const float* dp, float* dl) const {
+    const std::int64_t E = c_.num_experts;
+    double dot = 0;
+    for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(dp[e]) * p[e];
+    for (std::int64_t e = 0; e < E; ++e) dl[e] += static_cast<float>(p[e] * (dp[e] - dot));
+  }
+
+  MoeConfig c_;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/moe.hpp
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/nn/param.hpp> (inlined above)
 // #include <edl/nn/quantize.hpp>

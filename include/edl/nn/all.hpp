@@ -8,6 +8,7 @@
 #include <edl/nn/loss.hpp>
 #include <edl/nn/low_rank_adapter.hpp>
 #include <edl/nn/mlp.hpp>
+#include <edl/nn/moe.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/param.hpp>
 #include <edl/nn/quantize.hpp>
