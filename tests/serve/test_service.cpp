@@ -120,13 +120,24 @@ TEST(Service, CancelledTicketEndsAndFreesItsSlot) {
   Service<> s(model(), options(1, 4));
   auto long_one = s.submit(prompt(6, 1), {config(50, false, 0)});
   auto next = s.submit(prompt(4, 2), {config(3, false, 0)});  // waits for the only slot
-  // The first token, then the client leaves.
+  // The first token, then the client leaves. (On a loaded machine this thread may wake only
+  // after all 50 tokens and the end came in the same batch: then there is nothing to cancel.)
+  std::size_t before = 0;
+  bool ended = false;
   for (bool got = false; !got;)
-    for (const auto& e : long_one->wait(std::chrono::milliseconds(100))) got = got || e.kind == ChoiceEvent::Kind::token;
+    for (const auto& e : long_one->wait(std::chrono::milliseconds(100))) {
+      got = got || e.kind == ChoiceEvent::Kind::token;
+      before += e.kind == ChoiceEvent::Kind::token;
+      ended = ended || e.kind == ChoiceEvent::Kind::finished;
+    }
   long_one->cancel();
-  const auto a = drain(*long_one);
-  EXPECT_EQ(a.finish[0], "cancelled");
-  EXPECT_LT(a.tokens[0].size(), 50u);
+  if (!ended) {
+    const auto a = drain(*long_one);
+    EXPECT_EQ(a.finish[0], "cancelled");
+    EXPECT_LT(before + a.tokens[0].size(), 50u);
+  } else {
+    EXPECT_EQ(before, 50u);
+  }
   const auto b = drain(*next);
   EXPECT_EQ(b.tokens[0], edl::generate::generate(model(), {prompt(4, 2)}, config(3, false, 0)).tokens[0]);
   EXPECT_EQ(s.in_flight(), 0);
