@@ -1,9 +1,12 @@
-// The `edl` command-line tool. Every subcommand prints JSON (one object, or one per line for
-// benchmarks) so that other programs can parse it; errors go to stderr with exit code 1.
+// The `edl` command-line tool. Every command prints JSON (one object, or one per line for
+// benchmarks) so that other programs can parse it; errors go to stderr. Exit codes: 0 ok,
+// 1 runtime error, 2 usage error (unknown command or flag, missing flag, bad value).
+// Each command declares its flags in its header (examples/cli/*.hpp); command_line.hpp parses
+// argv with CLI11 against those tables and gives `edl --help`, `edl CMD --help`, `edl --version`
+// and `edl completion bash` from them.
 #include <cstdio>
-#include <functional>
-#include <map>
-#include <string>
+#include <exception>
+#include <vector>
 
 #include <edl/core/allocator.hpp>
 #include "cli/args.hpp"
@@ -12,6 +15,7 @@
 #include "cli/bench_gemm.hpp"
 #include "cli/bench_peak.hpp"
 #include "cli/bench_serve.hpp"
+#include "cli/command_line.hpp"
 #include "cli/convert.hpp"
 #include "cli/eval.hpp"
 #include "cli/generate.hpp"
@@ -34,75 +38,59 @@
 
 namespace {
 
-using Command = std::function<int(edl::cli::Args&)>;
-
-const std::map<std::string, Command>& commands() {
-  static const std::map<std::string, Command> table = {
-      {"info", edl::cli::cmd_info},
-      {"bench collectives", edl::cli::cmd_bench_collectives},
-      {"bench decode", edl::cli::cmd_bench_decode},
-      {"bench gemm", edl::cli::cmd_bench_gemm},
-      {"bench peak", edl::cli::cmd_bench_peak},
-      {"bench serve", edl::cli::cmd_bench_serve},
-      {"convert", edl::cli::cmd_convert},
-      {"eval", edl::cli::cmd_eval},
-      {"generate", edl::cli::cmd_generate},
-      {"bench train", edl::cli::cmd_bench_train},
-      {"inspect", edl::cli::cmd_inspect},
-      {"logits", edl::cli::cmd_logits},
-      {"loss", edl::cli::cmd_loss},
-      {"merge-lora", edl::cli::cmd_merge_lora},
-      {"plan", edl::cli::cmd_plan},
-      {"quantize", edl::cli::cmd_quantize},
-      {"report", edl::cli::cmd_report},
-      {"train", edl::cli::cmd_train},
-      {"tokenize", edl::cli::cmd_tokenize},
-      {"chat-template", edl::cli::cmd_chat_template},
-      {"chat", edl::cli::cmd_chat},
-      {"detokenize", edl::cli::cmd_detokenize},
-      {"bench tokenize", edl::cli::cmd_bench_tokenize},
+/// Every command, in the order `edl --help` lists them (grouped by their group).
+const std::vector<edl::cli::Command>& commands() {
+  using namespace edl::cli;
+  static const std::vector<Command> table = {
+      logits_command(),
+      loss_command(),
+      eval_command(),
+      generate_command(),
+      chat_command(),
+      inspect_command(),
+      quantize_command(),
+      convert_command(),
+      merge_lora_command(),
+      tokenize_command(),
+      detokenize_command(),
+      chat_template_command(),
+      train_command(),
+      report_command(),
+      plan_command(),
 #ifdef EDL_CLI_HAVE_SERVE
-      {"serve", edl::cli::cmd_serve},
+      serve_command(),
 #endif
+      bench_collectives_command(),
+      bench_decode_command(),
+      bench_gemm_command(),
+      bench_peak_command(),
+      bench_serve_command(),
+      bench_tokenize_command(),
+      bench_train_command(),
+      info_command(),
+      completion_command(),
   };
   return table;
-}
-
-void usage() {
-  std::fprintf(stderr, "usage: edl <command> [flags]\ncommands:");
-  for (const auto& [name, fn] : commands()) std::fprintf(stderr, " %s", name.c_str());
-  std::fprintf(stderr, "\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    usage();
-    return 2;
-  }
+  edl::cli::CommandLine cl = edl::cli::parse_command_line(argc, argv, commands());
+  if (!cl.command) return cl.exit_code;  // help or version printed, or a usage error reported
+  const std::string& name = cl.command->name;
   edl::keep_freed_memory();  // training steps reuse their pages instead of faulting them in anew
-  // Two-word commands ("bench gemm") are looked up first.
-  std::string name = argv[1];
-  int first = 2;
-  if (argc > 2 && commands().count(name + " " + argv[2])) {
-    name = name + " " + argv[2];
-    first = 3;
-  }
-  auto it = commands().find(name);
-  if (it == commands().end()) {
-    std::fprintf(stderr, "edl: unknown command \"%s\"\n", name.c_str());
-    usage();
-    return 2;
-  }
   try {
     edl::cli::init_launch(argc, argv);  // mpirun: one rank per process, rank 0 reports
     if (!edl::cli::is_primary()) std::freopen("/dev/null", "w", stdout);
-    edl::cli::Args args(argc, argv, first, name);
-    return it->second(args);
+    return cl.command->run(*cl.args);
+  } catch (const edl::cli::UsageError& e) {
+    edl::cli::print_error(name, e, /*usage=*/true);
+    edl::cli::end_launch_after_error(2);  // under mpirun: end every rank, none is left waiting
+    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "edl %s: %s\n", name.c_str(), e.what());
-    edl::cli::end_launch_after_error(1);  // under mpirun: end every rank, none is left waiting
+    edl::cli::print_error(name, e, /*usage=*/false);
+    edl::cli::end_launch_after_error(1);
     return 1;
   }
 }

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,13 @@
 #include "args.hpp"
 
 namespace edl::cli {
+
+/// --adapter and --merge-adapter, as the flag table of each of those commands declares them.
+inline std::vector<Flag> declare_adapter_flags() {
+  return {text_flag("--adapter", "DIR",
+                    "a PEFT LoRA adapter folder, applied unmerged (a --model that is an adapter folder loads its base)"),
+          switch_flag("--merge-adapter", "fold the adapter into the weights at load: decode at the base's speed")};
+}
 
 struct AdapterFlags {
   std::string model;    // the base model folder (or a preset name, for benchmarks)
@@ -43,8 +51,8 @@ inline AdapterFlags adapter_flags(Args& args, const std::string& model, const st
     f.adapter = model;
     f.model = j["base_model_name_or_path"].get<std::string>();
   }
-  EDL_CHECK(!f.merge || !f.adapter.empty(), errc::invalid_argument, "edl " + command + " --merge-adapter",
-            "needs --adapter DIR");
+  EDL_CLI_USAGE_CHECK(!f.merge || !f.adapter.empty(), errc::invalid_argument, "edl " + command + " --merge-adapter",
+                      "needs --adapter DIR");
   return f;
 }
 

@@ -37,15 +37,16 @@ inline std::int64_t parse_bytes(const std::string& s, const std::string& where) 
   std::size_t pos = 0;
   long long v = 0;
   try { v = std::stoll(s, &pos); } catch (...) { pos = 0; }
-  EDL_CHECK(pos > 0, errc::invalid_argument, where, "--bytes expects a size like 1024, 1K, 1M or 64MiB, found \"", s, "\"");
+  EDL_CLI_USAGE_CHECK(pos > 0, errc::invalid_argument, where, "--bytes expects a size like 1024, 1K, 1M or 64MiB, found \"",
+                      s, "\"");
   std::string unit = s.substr(pos);
   if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
   std::int64_t mul = 1;
   if (unit == "K" || unit == "k") mul = 1024;
   else if (unit == "M" || unit == "m") mul = 1024 * 1024;
   else if (unit == "G" || unit == "g") mul = 1024 * 1024 * 1024;
-  else EDL_CHECK(unit.empty() || unit == "B", errc::invalid_argument, where, "--bytes: unknown unit \"", unit,
-                 "\" in \"", s, "\", expected K, M or G");
+  else EDL_CLI_USAGE_CHECK(unit.empty() || unit == "B", errc::invalid_argument, where, "--bytes: unknown unit \"", unit,
+                           "\" in \"", s, "\", expected K, M or G");
   return v * mul;
 }
 
@@ -63,8 +64,8 @@ std::vector<nlohmann::ordered_json> run_all(std::int64_t devices, std::int64_t b
   const std::size_t es = sizeof(T);
   // Element count of the op's buffer S, rounded down to a multiple of the device count.
   const std::size_t count = static_cast<std::size_t>(bytes) / es / n * n;
-  EDL_CHECK(count > 0, errc::invalid_argument, "edl bench collectives", "--bytes ", bytes, " is less than one ", dtype,
-            " element per device (", n * es, " bytes)");
+  EDL_CLI_USAGE_CHECK(count > 0, errc::invalid_argument, "edl bench collectives", "--bytes ", bytes, " is less than one ", dtype,
+                      " element per device (", n * es, " bytes)");
   const std::size_t chunk = count / n;
   const auto ring = shift_pairs(devices, 1);
 
@@ -126,17 +127,30 @@ inline int cmd_bench_collectives(Args& args) {
   const std::int64_t repeat_flag = args.integer("--repeat", 0);
   const std::string dtype = args.str("--dtype", "f32");
   args.finish();
-  EDL_CHECK(devices > 0 && devices <= 256, errc::invalid_argument, where, "--devices must be in 1..256, found ", devices);
-  EDL_CHECK(bytes > 0, errc::invalid_argument, where, "--bytes must be > 0, found ", bytes);
-  EDL_CHECK(repeat_flag >= 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat_flag);
-  EDL_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where, "--dtype must be f32 or bf16, found \"",
-            dtype, "\"");
+  EDL_CLI_USAGE_CHECK(devices > 0 && devices <= 256, errc::invalid_argument, where, "--devices must be in 1..256, found ", devices);
+  EDL_CLI_USAGE_CHECK(bytes > 0, errc::invalid_argument, where, "--bytes must be > 0, found ", bytes);
+  EDL_CLI_USAGE_CHECK(repeat_flag >= 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat_flag);
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where, "--dtype must be f32 or bf16, found \"",
+                      dtype, "\"");
   // Default: about 256 MiB moved per op, between 5 and 1000 calls.
   const std::int64_t repeat = repeat_flag > 0 ? repeat_flag : std::clamp<std::int64_t>((std::int64_t{1} << 28) / bytes, 5, 1000);
   const auto lines = dtype == "f32" ? d::run_all<float>(devices, bytes, repeat, dtype)
                                     : d::run_all<bf16>(devices, bytes, repeat, dtype);
   for (const auto& j : lines) std::cout << j.dump() << std::endl;
   return 0;
+}
+
+inline Command bench_collectives_command() {
+  return {.name = "bench collectives",
+          .group = "measuring",
+          .summary = "time each collective of the simulated mesh backend: bus bandwidth as nccl-tests reports it",
+          .synopsis = "[--devices D] [--bytes B] [--repeat R] [--dtype f32|bf16]",
+          .flags = {integer_flag("--devices", "D", "devices of the 1-D mesh (threads of this process), 1..256").defaults("8"),
+                    text_flag("--bytes", "B", "the buffer size of each op: 1024, 64K, 1M, 1G or 64MiB").defaults("1M"),
+                    integer_flag("--repeat", "R", "timed calls per op").defaults("about 256 MiB moved, 5..1000 calls"),
+                    text_flag("--dtype", "", "element type").one_of({"f32", "bf16"}).defaults("f32")},
+          .examples = {"edl bench collectives --devices 8 --bytes 1M", "edl bench collectives --devices 4 --bytes 64M --repeat 20"},
+          .run = cmd_bench_collectives};
 }
 
 }  // namespace edl::cli

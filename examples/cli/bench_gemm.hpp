@@ -238,20 +238,20 @@ inline int cmd_bench_gemm(Args& args) {
   const std::int64_t rounds = args.integer("--rounds", 3);
   args.finish();
   const std::string where = "edl bench gemm";
-  EDL_CHECK(m > 0 && n > 0 && k > 0, errc::invalid_argument, where, "--m, --n and --k must be > 0, found m = ", m,
-            ", n = ", n, ", k = ", k);
-  EDL_CHECK(threads > 0, errc::invalid_argument, where, "--threads must be > 0, found ", threads);
-  EDL_CHECK(repeat > 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat);
-  EDL_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where,
-            "--dtype must be f32 or bf16, found \"", dtype, "\"");
-  EDL_CHECK(impl == "edl" || impl == "openblas" || impl == "both", errc::invalid_argument, where,
-            "--impl must be edl, openblas or both, found \"", impl, "\"");
+  EDL_CLI_USAGE_CHECK(m > 0 && n > 0 && k > 0, errc::invalid_argument, where, "--m, --n and --k must be > 0, found m = ", m,
+                      ", n = ", n, ", k = ", k);
+  EDL_CLI_USAGE_CHECK(threads > 0, errc::invalid_argument, where, "--threads must be > 0, found ", threads);
+  EDL_CLI_USAGE_CHECK(repeat > 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat);
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where,
+                      "--dtype must be f32 or bf16, found \"", dtype, "\"");
+  EDL_CLI_USAGE_CHECK(impl == "edl" || impl == "openblas" || impl == "both", errc::invalid_argument, where,
+                      "--impl must be edl, openblas or both, found \"", impl, "\"");
   EDL_CHECK(impl != "openblas" || d::have_openblas, errc::unsupported, where,
             "--impl openblas: this edl was built without OpenBLAS (libopenblas-dev was not found at build time); "
             "use --impl edl");
-  EDL_CHECK(rounds > 0, errc::invalid_argument, where, "--rounds must be > 0, found ", rounds);
-  EDL_CHECK(impl == "both" || !rounds_given, errc::invalid_argument, where,
-            "--rounds counts the processes of --impl both; --impl ", impl, " runs in this process, once");
+  EDL_CLI_USAGE_CHECK(rounds > 0, errc::invalid_argument, where, "--rounds must be > 0, found ", rounds);
+  EDL_CLI_USAGE_CHECK(impl == "both" || !rounds_given, errc::invalid_argument, where,
+                      "--rounds counts the processes of --impl both; --impl ", impl, " runs in this process, once");
   const d::Setup s{m, n, k, threads, repeat, dtype};
 
   if (impl != "both") {
@@ -265,6 +265,26 @@ inline int cmd_bench_gemm(Args& args) {
     for (std::size_t i = 0; i < impls.size(); ++i) runs[i].push_back(d::run_child(s, impls[i]));
   for (std::size_t i = 0; i < impls.size(); ++i) std::cout << d::line(s, impls[i], runs[i]).dump() << "\n";
   return 0;
+}
+
+inline Command bench_gemm_command() {
+  return {.name = "bench gemm",
+          .group = "measuring",
+          .summary = "time edl::gemm (and OpenBLAS's sgemm beside it when built with it) on one shape: GFLOP/s",
+          .synopsis = "[--m M] [--n N] [--k K] [--threads T] [--dtype f32|bf16] [--impl edl|openblas|both] [flags]",
+          .flags = {integer_flag("--m", "M", "rows of A and C").defaults("1024"),
+                    integer_flag("--n", "N", "columns of B and C").defaults("1024"),
+                    integer_flag("--k", "K", "columns of A, rows of B").defaults("1024"),
+                    integer_flag("--threads", "T", "threads of the product").defaults("all cores"),
+                    text_flag("--dtype", "", "element type of A and B").one_of({"f32", "bf16"}).defaults("f32"),
+                    integer_flag("--repeat", "R", "timed runs after the warm-up, in each process").defaults("5"),
+                    text_flag("--impl", "", "the library timed; both: each in processes of its own, alternating")
+                        .one_of({"edl", "openblas", "both"})
+                        .defaults("both"),
+                    integer_flag("--rounds", "N", "processes per library of --impl both").defaults("3")},
+          .examples = {"edl bench gemm --m 2048 --n 768 --k 768 --threads 2",
+                       "edl bench gemm --m 1024 --n 1024 --k 1024 --dtype bf16 --impl edl"},
+          .run = cmd_bench_gemm};
 }
 
 }  // namespace edl::cli

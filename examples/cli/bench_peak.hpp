@@ -26,8 +26,8 @@ namespace edl::cli {
 inline int cmd_bench_peak(Args& args) {
   const std::int64_t threads = args.integer("--threads", exec::num_threads());
   args.finish();
-  EDL_CHECK(threads > 0 && threads <= 4096, errc::invalid_argument, "edl bench peak",
-            "--threads must be between 1 and 4096, found ", threads);
+  EDL_CLI_USAGE_CHECK(threads > 0 && threads <= 4096, errc::invalid_argument, "edl bench peak",
+                      "--threads must be between 1 and 4096, found ", threads);
   const kernels::PeakResult r = kernels::measure_peak(static_cast<int>(threads));
   auto rounded = [](double x) { return std::round(x * 10.0) / 10.0; };
   auto optional = [&](const std::optional<double>& x) { return x ? nlohmann::json(rounded(*x)) : nlohmann::json(nullptr); };
@@ -38,6 +38,16 @@ inline int cmd_bench_peak(Args& args) {
   j["int8_gops"] = optional(r.int8_gops);
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command bench_peak_command() {
+  return {.name = "bench peak",
+          .group = "measuring",
+          .summary = "the machine's f32, bf16 and int8 fused multiply-add peak (the ceiling of the other figures)",
+          .synopsis = "[--threads T]",
+          .flags = {integer_flag("--threads", "T", "threads measured together").defaults("all cores")},
+          .examples = {"edl bench peak", "edl bench peak --threads 1"},
+          .run = cmd_bench_peak};
 }
 
 }  // namespace edl::cli

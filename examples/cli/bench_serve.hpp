@@ -55,8 +55,8 @@ inline bool reset_peak_rss() {
 inline int cmd_bench_serve(Args& args) {
   const std::string where = "edl bench serve";
   const bool has_model = args.has("--model"), has_config = args.has("--config");
-  EDL_CHECK(has_model != has_config, errc::invalid_argument, where,
-            "give exactly one of --model DIR|tiny|small|gqa1b and --config tiny|small|gqa1b|DIR");
+  EDL_CLI_USAGE_CHECK(has_model != has_config, errc::invalid_argument, where,
+                      "give exactly one of --model DIR|tiny|small|gqa1b and --config tiny|small|gqa1b|DIR");
   const AdapterFlags af = adapter_flags(args, has_model ? args.required("--model") : args.required("--config"),
                                         "bench serve");
   const std::string name = af.model;
@@ -70,11 +70,11 @@ inline int cmd_bench_serve(Args& args) {
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   args.finish();
   for (auto n : requests)
-    EDL_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
-  EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, where, "--prompt-len and --gen-len must be >= 1, found ", P,
-            " and ", G);
-  EDL_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
-  EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
+    EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
+  EDL_CLI_USAGE_CHECK(P >= 1 && G >= 1, errc::invalid_argument, where, "--prompt-len and --gen-len must be >= 1, found ", P,
+                      " and ", G);
+  EDL_CLI_USAGE_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
+  EDL_CLI_USAGE_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
   models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads);
   apply_adapter(model, af);
   const auto& cfg = model.config();
@@ -146,6 +146,29 @@ inline int cmd_bench_serve(Args& args) {
     std::cout << j.dump() << std::endl;
   }
   return 0;
+}
+
+inline Command bench_serve_command() {
+  return {
+      .name = "bench serve",
+      .group = "measuring",
+      .summary = "time the continuous batching engine at each concurrency (tokens/s, time to first token, memory)",
+      .synopsis = "(--model DIR|tiny|small|gqa1b | --config tiny|small|gqa1b|DIR) [--requests 1,4,16] [flags]",
+      .flags = flags({{text_flag("--model", "DIR|tiny|small|gqa1b", "an HF folder, or a preset with random weights (or --config)"),
+                       text_flag("--config", "tiny|small|gqa1b|DIR", "another name for --model")},
+                      declare_adapter_flags(),
+                      {text_flag("--requests", "1,4,16", "the concurrencies, one JSON line each").defaults("1,4,16"),
+                       integer_flag("--prompt-len", "P", "prompt tokens of each request (random ids)").defaults("64"),
+                       integer_flag("--gen-len", "G", "tokens each request generates").defaults("64"),
+                       integer_flag("--threads", "T", "threads of the engine measured").defaults("all cores"),
+                       integer_flag("--seed", "S", "seed of the preset's weights and the prompts").defaults("0"),
+                       integer_flag("--page-size", "N", "tokens per page of the KV cache").defaults("16"),
+                       integer_flag("--prefill-chunk", "C", "prompt tokens per step").defaults("256"),
+                       integer_flag("--cache-bytes", "N", "the page pool's budget (requests may wait or be preempted)")
+                           .defaults("exactly every request's pages")}}),
+      .examples = {"edl bench serve --config tiny --requests 1,4 --prompt-len 20 --gen-len 3 --threads 2",
+                   "edl bench serve --model gqa1b --requests 1,8 --prompt-len 128 --gen-len 64"},
+      .run = cmd_bench_serve};
 }
 
 }  // namespace edl::cli

@@ -97,22 +97,22 @@ inline int cmd_bench_train(Args& args) {
   const std::string quantize_base = args.str("--quantize-base", "");
   const bool optimizer_step = args.has("--optimizer-step");
   args.finish();
-  EDL_CHECK(lora_r >= 0, errc::invalid_argument, "--lora", "must be >= 0, found ", lora_r);
-  EDL_CHECK(quantize_base.empty() || lora_r > 0, errc::invalid_argument, "--quantize-base",
-            "a quantized base is frozen: add --lora R");
+  EDL_CLI_USAGE_CHECK(lora_r >= 0, errc::invalid_argument, "--lora", "must be >= 0, found ", lora_r);
+  EDL_CLI_USAGE_CHECK(quantize_base.empty() || lora_r > 0, errc::invalid_argument, "--quantize-base",
+                      "a quantized base is frozen: add --lora R");
   const bool bf16 = param_dtype == "bfloat16" || param_dtype == "bf16";
-  EDL_CHECK(bf16 || param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::invalid_argument,
-            "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
+  EDL_CLI_USAGE_CHECK(bf16 || param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::invalid_argument,
+                      "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
   {
     std::string valid;
     for (const char* n : remat::runtime_names) valid += (valid.empty() ? "" : ", ") + std::string(n);
-    EDL_CHECK(remat_name != "" && remat::dispatch(remat_name, []<class>() {}), errc::invalid_argument, "--remat",
-              "expected one of ", valid, " (save_only_these_names is compile-time only); found \"", remat_name, "\"");
+    EDL_CLI_USAGE_CHECK(remat_name != "" && remat::dispatch(remat_name, []<class>() {}), errc::invalid_argument, "--remat",
+                        "expected one of ", valid, " (save_only_these_names is compile-time only); found \"", remat_name, "\"");
   }
-  EDL_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
-  EDL_CHECK(seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", seq);
-  EDL_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
-  EDL_CHECK(steps > 0, errc::invalid_argument, "--steps", "must be > 0, found ", steps);
+  EDL_CLI_USAGE_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
+  EDL_CLI_USAGE_CHECK(seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", seq);
+  EDL_CLI_USAGE_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
+  EDL_CLI_USAGE_CHECK(steps > 0, errc::invalid_argument, "--steps", "must be > 0, found ", steps);
   create_mesh(mesh);  // invalid mesh sizes fail before the model is built
 
   exec::set_num_threads(static_cast<int>(threads));
@@ -202,6 +202,42 @@ inline int cmd_bench_train(Args& args) {
   j["gflops"] = round2(flops_per_token * tps / 1e9);
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command bench_train_command() {
+  std::vector<std::string> remat_names(std::begin(remat::runtime_names), std::end(remat::runtime_names));
+  const std::string remat_value = [&] {
+    std::string v;
+    for (const auto& n : remat_names) v += (v.empty() ? "" : "|") + n;
+    return v;
+  }();
+  remat_names.push_back("none");  // everything_saveable's other name
+  return {
+      .name = "bench train",
+      .group = "measuring",
+      .summary = "time Llama training steps (forward + loss + backward): tokens/s, ms/step, GFLOP/s, peak memory",
+      .synopsis = "--config tiny|small|gqa1b|DIR [--batch B] [--seq S] [--threads T] [--mesh ...] [--steps N] [flags]",
+      .flags = {text_flag("--config", "tiny|small|gqa1b|DIR", "a preset (random weights) or an HF folder (weights loaded)")
+                    .required(),
+                integer_flag("--batch", "B", "sequences per step").defaults("8"),
+                integer_flag("--seq", "S", "tokens per sequence").defaults("256"),
+                integer_flag("--threads", "T", "threads of the step").defaults("all cores"),
+                integer_flag("--steps", "N", "timed steps after one warm-up step").defaults("3"),
+                text_flag("--remat", remat_value, "the gradient-checkpointing policy (none: everything_saveable)")
+                    .one_of(remat_names)
+                    .defaults("everything_saveable"),
+                declare_mesh_flag("the mesh the step runs on (simulated devices)"),
+                text_flag("--param-dtype", "float32|bfloat16", "parameter storage (bfloat16: the trainer's mixed precision)")
+                    .one_of({"float32", "bfloat16", "f32", "fp32", "bf16"})
+                    .defaults("float32"),
+                integer_flag("--lora", "R", "train LoRA adapters of rank R on every projection, the rest frozen")
+                    .defaults("0 (off)"),
+                text_flag("--quantize-base", "", "quantize the base's decoder Linears first (QLoRA; needs --lora)")
+                    .one_of({"nf4", "q4_0", "q8_0"}),
+                switch_flag("--optimizer-step", "add an AdamW update to every step")},
+      .examples = {"edl bench train --config tiny --batch 8 --seq 256 --threads 2",
+                   "edl bench train --config small --lora 8 --quantize-base nf4 --param-dtype bfloat16"},
+      .run = cmd_bench_train};
 }
 
 }  // namespace edl::cli

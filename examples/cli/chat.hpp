@@ -114,4 +114,19 @@ inline int cmd_chat(Args& args) {
   return 0;
 }
 
+inline Command chat_command() {
+  return {.name = "chat",
+          .group = "models",
+          .summary = "talk with a model in the terminal (its chat template; replies stream; not JSON)",
+          .synopsis = "--model DIR [--system TEXT] [--max-new-tokens N] [--greedy | --temperature T ...] [flags]",
+          .flags = flags({{text_flag("--model", "DIR", "an HF folder with tokenizer.json and a chat template").required(),
+                           text_flag("--system", "TEXT", "a system message opening the conversation"),
+                           integer_flag("--threads", "T", "threads of the kernels").defaults("all cores")},
+                          gen_detail::declare_sampling_flags(),
+                          declare_adapter_flags()}),
+          .examples = {"edl chat --model Qwen3-0.6B --system \"Answer briefly.\"",
+                       "printf 'hello\\n' | edl chat --model ckpt --greedy --max-new-tokens 16"},
+          .run = cmd_chat};
+}
+
 }  // namespace edl::cli

@@ -26,4 +26,16 @@ inline int cmd_chat_template(Args& args) {
   return 0;
 }
 
+inline Command chat_template_command() {
+  return {.name = "chat-template",
+          .group = "tokenizers",
+          .summary = "print a conversation rendered with a tokenizer's chat template, exactly",
+          .synopsis = "--tokenizer DIR --messages M.json [--add-generation-prompt]",
+          .flags = {text_flag("--tokenizer", "DIR", "a folder with tokenizer.json and tokenizer_config.json").required(),
+                    text_flag("--messages", "M.json", "an array of messages, or {\"messages\", \"tools\", ...}").required(),
+                    switch_flag("--add-generation-prompt", "end with the template's prompt for the assistant's turn")},
+          .examples = {"edl chat-template --tokenizer Qwen3-0.6B --messages chat.json --add-generation-prompt"},
+          .run = cmd_chat_template};
+}
+
 }  // namespace edl::cli

@@ -47,4 +47,22 @@ inline int cmd_convert(Args& args) {
   return 0;
 }
 
+inline Command convert_command() {
+  return {.name = "convert",
+          .group = "models",
+          .summary = "write a model as a llama.cpp GGUF file",
+          .synopsis = "--model DIR --out FILE.gguf [--type f32|f16|q8_0|q4_0] [--tokenizer DIR] [--name NAME] [flags]",
+          .flags = {text_flag("--model", "DIR", "an HF folder (config.json + safetensors, quantized or not)").required(),
+                    text_flag("--out", "FILE.gguf", "the GGUF file written").required(),
+                    text_flag("--type", "", "storage of the 2-D weights").one_of({"f32", "f16", "q8_0", "q4_0"}).defaults("f32"),
+                    text_flag("--name", "NAME", "general.name of the file").defaults("the file name"),
+                    text_flag("--embeddings", "", "storage of token_embd and output")
+                        .one_of({"f32", "f16", "q8_0", "q4_0"})
+                        .defaults("q8_0 in q8_0 and q4_0 files, else --type"),
+                    text_flag("--tokenizer", "DIR", "the folder whose tokenizer.json gives the vocabulary")
+                        .defaults("the model folder's, else a placeholder")},
+          .examples = {"edl convert --model ckpt --out model-q8_0.gguf --type q8_0"},
+          .run = cmd_convert};
+}
+
 }  // namespace edl::cli

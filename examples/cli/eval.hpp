@@ -66,9 +66,10 @@ inline int cmd_eval(Args& args) {
   const std::string unigram_flag = args.has("--unigram-data") ? args.required("--unigram-data") : "";
   const bool no_unigram = args.has("--no-unigram");
   args.finish();
-  EDL_CHECK(batch > 0, errc::invalid_argument, "edl eval", "--batch must be positive, found ", batch);
-  EDL_CHECK(max_seq_flag >= 0, errc::invalid_argument, "edl eval", "--max-seq must be positive, found ", max_seq_flag);
-  EDL_CHECK(!data.empty(), errc::invalid_argument, "edl eval", "--data names no file");
+  EDL_CLI_USAGE_CHECK(batch > 0, errc::invalid_argument, "edl eval", "--batch must be positive, found ", batch);
+  EDL_CLI_USAGE_CHECK(max_seq_flag >= 0, errc::invalid_argument, "edl eval", "--max-seq must be positive, found ",
+                      max_seq_flag);
+  EDL_CLI_USAGE_CHECK(!data.empty(), errc::invalid_argument, "edl eval", "--data names no file");
   EDL_CHECK(fs::exists(fs::path(dir) / "config.json"), errc::io, dir,
             "--model expects a checkpoint folder with config.json and model.safetensors");
 
@@ -143,6 +144,28 @@ inline int cmd_eval(Args& args) {
     std::fprintf(stderr, "edl eval: held-out loss %.4f nats/token (perplexity %.2f) over %lld tokens\n", e.loss,
                  e.perplexity, static_cast<long long>(e.tokens));
   return 0;
+}
+
+inline Command eval_command() {
+  return {
+      .name = "eval",
+      .group = "models",
+      .summary = "score a checkpoint on held-out data: loss, perplexity, accuracy, unigram baseline",
+      .synopsis = "--model DIR --data FILE[,FILE...] [--max-seq N] [--batch N] [--max-batches N] [flags]",
+      .flags = flags(
+          {{text_flag("--model", "DIR", "a checkpoint folder, or any HF folder with config.json").required(),
+            text_flag("--data", "FILE[,FILE...]", "held-out data, read as the trainer reads train_data").required(),
+            integer_flag("--max-seq", "N", "packing length of text, truncation limit of longer sequences")
+                .defaults("the run's max_sequence_length, else max_position_embeddings"),
+            integer_flag("--batch", "N", "sequences per forward pass").defaults("8"),
+            integer_flag("--max-batches", "N", "score only the first N batches").defaults("all"),
+            text_flag("--unigram-data", "FILE[,FILE...]", "text the unigram baseline's frequencies are counted on")
+                .defaults("the run's train_data"),
+            switch_flag("--no-unigram", "skip the unigram baseline (unigram_* are null)")},
+           declare_adapter_flags()}),
+      .examples = {"edl eval --model run/checkpoint-400 --data heldout.txt",
+                   "edl eval --model base --adapter run/adapter --data heldout.jsonl --batch 4 --no-unigram"},
+      .run = cmd_eval};
 }
 
 }  // namespace edl::cli

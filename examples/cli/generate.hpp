@@ -72,8 +72,8 @@ inline std::vector<std::int64_t> parse_int_list(const std::string& s, const std:
     std::size_t pos = 0;
     long long v = 0;
     try { v = std::stoll(item, &pos); } catch (...) { pos = 0; }
-    EDL_CHECK(!item.empty() && pos == item.size(), errc::invalid_argument, flag,
-              "expected comma-separated integer ", what, " such as 1,2,3, found \"", item, "\" in \"", s, "\"");
+    EDL_CLI_USAGE_CHECK(!item.empty() && pos == item.size(), errc::invalid_argument, flag,
+                        "expected comma-separated integer ", what, " such as 1,2,3, found \"", item, "\" in \"", s, "\"");
     out.push_back(v);
   }
   return out;
@@ -151,6 +151,16 @@ inline std::int64_t peak_rss_bytes() {
   return -1;
 }
 
+/// --cache and the paged cache's sizes, as cache_flags reads them.
+inline std::vector<Flag> declare_cache_flags() {
+  return {text_flag("--cache", "", "the decoder's KV cache: standard (f32), int8 (a quarter of the bytes) or paged")
+              .one_of({"standard", "int8", "paged"})
+              .defaults("standard"),
+          integer_flag("--page-size", "N", "tokens per page of --cache paged").defaults("16"),
+          integer_flag("--cache-bytes", "N", "memory the pages of --cache paged may use").defaults("256 MiB"),
+          number_flag("--cache-utilization", "F", "the fraction of --cache-bytes the pages fill").defaults("0.9")};
+}
+
 inline void cache_flags(Args& args, generate::GenerateOptions& o) {
   o.cache = generate::parse_cache_kind(args.str("--cache", "standard"));
   o.paged.page_size = args.integer("--page-size", o.paged.page_size);
@@ -175,14 +185,32 @@ inline void stop_at_tokenizer_eos(generate::GenerationConfig& g, const tokenizer
     g.eos_token_id.push_back(*tok.eos_id());
 }
 
+/// --max-new-tokens, --greedy, the sampling flags, penalties and --num-beams, as sampling_flags
+/// reads them. Their defaults are the model folder's generation_config.json where it has one.
+inline std::vector<Flag> declare_sampling_flags() {
+  return {integer_flag("--max-new-tokens", "N", "the most tokens to generate").defaults("generation_config.json's, else 20"),
+          switch_flag("--greedy", "always take the most likely token (no sampling)"),
+          number_flag("--temperature", "T", "sample, dividing the logits by T").defaults("1 when sampling"),
+          integer_flag("--top-k", "K", "sample among the K most likely tokens (0: all)").defaults("50 when sampling"),
+          number_flag("--top-p", "P", "sample among the most likely tokens holding probability P").defaults("1 (off)"),
+          number_flag("--min-p", "M", "drop tokens less likely than M times the most likely one").defaults("0 (off)"),
+          integer_flag("--seed", "S", "seed of the sampler (turns sampling on, as the flags above)").defaults("0"),
+          number_flag("--repetition-penalty", "R", "divide the logits of tokens seen so far by R (HF's CTRL penalty)")
+              .defaults("1 (off)"),
+          number_flag("--presence-penalty", "A", "subtract A from the logits of tokens generated so far")
+              .defaults("0 (off)"),
+          integer_flag("--num-beams", "B", "beam search with B beams (greedy unless a sampling flag is given)")
+              .defaults("1")};
+}
+
 /// --max-new-tokens, --greedy or the sampling flags, penalties and --num-beams.
 inline void sampling_flags(Args& args, generate::GenerationConfig& g, const std::string& command) {
   g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
   const bool greedy = args.has("--greedy");
   bool sampling = false;
   for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--seed"}) sampling = args.has(f) || sampling;
-  EDL_CHECK(!(greedy && sampling), errc::invalid_argument, command,
-            "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
+  EDL_CLI_USAGE_CHECK(!(greedy && sampling), errc::invalid_argument, command,
+                      "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
   if (greedy) g.do_sample = false;
   if (sampling) {
     g.do_sample = true;
@@ -204,8 +232,8 @@ inline int cmd_generate(Args& args) {
   const AdapterFlags af = adapter_flags(args, args.required("--model"), "generate");
   const std::string dir = af.model;
   const bool has_text = args.has("--prompt"), has_ids = args.has("--prompt-tokens"), has_chat = args.has("--chat");
-  EDL_CHECK(int(has_text) + int(has_ids) + int(has_chat) == 1, errc::invalid_argument, "edl generate",
-            "give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 and --chat MESSAGES.json");
+  EDL_CLI_USAGE_CHECK(int(has_text) + int(has_ids) + int(has_chat) == 1, errc::invalid_argument, "edl generate",
+                      "give exactly one of --prompt TEXT, --prompt-tokens 1,2,3 and --chat MESSAGES.json");
   const std::string chat_file = args.str("--chat", "");
   const MeshDims dims = mesh_flag(args);
   const std::int64_t threads = args.integer("--threads", 0);
@@ -261,6 +289,28 @@ inline int cmd_generate(Args& args) {
   // Tokens may split a UTF-8 character: invalid bytes print as U+FFFD.
   std::cout << j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   return 0;
+}
+
+inline Command generate_command() {
+  return {
+      .name = "generate",
+      .group = "models",
+      .summary = "generate tokens from a prompt, token ids or a chat; prints {\"tokens\", \"text\", \"finish_reason\"}",
+      .synopsis = "--model DIR|F.gguf (--prompt TEXT | --prompt-tokens 1,2,3 | --chat M.json) [flags]",
+      .flags = flags(
+          {{text_flag("--model", "DIR|F.gguf", "the model: an HF folder, a LoRA run's adapter folder or a llama.cpp .gguf file")
+                .required()},
+           declare_adapter_flags(),
+           {text_flag("--prompt", "TEXT", "the prompt, encoded with the folder's tokenizer.json"),
+            text_flag("--prompt-tokens", "1,2,3", "the prompt as token ids (a .gguf model needs these)"),
+            text_flag("--chat", "M.json", "a conversation rendered with the folder's chat template (generation prompt on)")},
+           gen_detail::declare_sampling_flags(),
+           gen_detail::declare_cache_flags(),
+           {integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
+            declare_mesh_flag("the mesh the decoder runs on (tp: heads, sp: cache positions, dp/fsdp: prompts)")}}),
+      .examples = {"edl generate --model run/checkpoint-400 --prompt \"Once upon a time\" --max-new-tokens 32",
+                   "edl generate --model m.gguf --prompt-tokens 1,2,3 --temperature 0.8 --top-p 0.95 --seed 1"},
+      .run = cmd_generate};
 }
 
 namespace gen_detail {
@@ -481,15 +531,15 @@ inline int cmd_bench_decode(Args& args) {
   const std::int64_t reps = args.integer("--repetitions", 1);
   const quant::Format quant = quant::parse_format(args.str("--quant", "none"), "edl bench decode --quant");
   args.finish();
-  EDL_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
-  EDL_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode", "--prompt-len and --gen-len must be >= 1, found ",
-            P, " and ", G);
-  EDL_CHECK(!paired || G >= gen_detail::kReadPatterns, errc::invalid_argument, "edl bench decode",
-            "--paired-bandwidth pairs the steps with the ", gen_detail::kReadPatterns,
-            " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
+  EDL_CLI_USAGE_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
+  EDL_CLI_USAGE_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode",
+                      "--prompt-len and --gen-len must be >= 1, found ", P, " and ", G);
+  EDL_CLI_USAGE_CHECK(!paired || G >= gen_detail::kReadPatterns, errc::invalid_argument, "edl bench decode",
+                      "--paired-bandwidth pairs the steps with the ", gen_detail::kReadPatterns,
+                      " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
   const DefaultMesh mesh = make_mesh(dims);
-  EDL_CHECK(!phase_times || mesh.size() == 1, errc::unsupported, "edl bench decode",
-            "--phase-times times the one-device decoder's steps: drop --mesh ", mesh_str(dims));
+  EDL_CLI_USAGE_CHECK(!phase_times || mesh.size() == 1, errc::unsupported, "edl bench decode",
+                      "--phase-times times the one-device decoder's steps: drop --mesh ", mesh_str(dims));
 
   const std::int64_t L = P + G;
   const auto check_length = [&](const models::LlamaConfig& c) {
@@ -708,8 +758,8 @@ inline int cmd_bench_decode(Args& args) {
   };
   const auto on_mesh = [&](auto& dec) { run(dec, [&] { dec.reset(); }, dec.cache_bytes()); };
   if (mesh.size() > 1) {
-    EDL_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
-              "--cache paged with --mesh: use standard or int8");
+    EDL_CLI_USAGE_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
+                        "--cache paged with --mesh: use standard or int8");
     if (o.cache == generate::CacheKind::standard) {
       generate::ShardedDecoder<DefaultPolicy, generate::StandardKVCache> dec(model, mesh, 1, L);
       on_mesh(dec);
@@ -733,6 +783,34 @@ inline int cmd_bench_decode(Args& args) {
   j["peak_bytes"] = gen_detail::peak_rss_bytes();
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command bench_decode_command() {
+  return {
+      .name = "bench decode",
+      .group = "measuring",
+      .summary = "time prefill and decode (tokens/s, bytes per step, optional roofline against memory bandwidth)",
+      .synopsis = "--model DIR|tiny|small|gqa1b [--prompt-len P] [--gen-len G] [--threads T] [flags]",
+      .flags = flags(
+          {{text_flag("--model", "DIR|tiny|small|gqa1b", "an HF folder, or a preset drawn with random weights").required()},
+           declare_adapter_flags(),
+           {integer_flag("--prompt-len", "P", "prompt tokens (random ids)").defaults("128"),
+            integer_flag("--gen-len", "G", "tokens decoded after the prompt").defaults("128"),
+            integer_flag("--threads", "T", "threads of the prefill and decode measured").defaults("all cores"),
+            integer_flag("--seed", "S", "seed of the preset's weights and the prompt").defaults("0")},
+           gen_detail::declare_cache_flags(),
+           {declare_mesh_flag("the mesh the decoder runs on (tp, sp; simulated devices)"),
+            switch_flag("--bandwidth", "also measure this machine's read bandwidth after each decode pass (roofline)"),
+            switch_flag("--paired-bandwidth", "follow every decode step with a read of its bytes (implies --bandwidth)"),
+            switch_flag("--phase-times", "add where a one-device decode step's time goes (phase_seconds_per_token)"),
+            switch_flag("--no-huge-pages", "leave the weights on the pages the allocator gave (no transparent huge pages)"),
+            integer_flag("--repetitions", "N", "prefill and decode N times; the figures are medians").defaults("1"),
+            text_flag("--quant", "", "quantize the decoder's Linears and lm_head first")
+                .one_of({"none", "q8_0", "q4_0", "nf4"})
+                .defaults("none")}}),
+      .examples = {"edl bench decode --model tiny --prompt-len 128 --gen-len 64 --threads 2",
+                   "edl bench decode --model gqa1b --cache int8 --repetitions 3 --bandwidth"},
+      .run = cmd_bench_decode};
 }
 
 }  // namespace edl::cli

@@ -6,9 +6,11 @@
 // Prints one JSON object: {"path", "files": [...], "index" (sharded only), "metadata",
 // "tensors": [{"name", "dtype", "shape", "bytes", "file"}], "num_tensors", "total_params",
 // "total_bytes", and, when the folder has a config.json, "config" (the file as is) and
-// "config_check" (for Llama-family configs: the parameters the config implies vs the
-// checkpoint: missing, unexpected and mismatched tensors). A file that breaks the safetensors
-// rules is an error on stderr naming the file and tensor (exit 1).
+// "config_check": {"ok", ...}: for Llama-family configs, the config validated (an invalid one
+// gives ok false and the error naming the field) and the parameters it implies vs the
+// checkpoint (missing, unexpected and mismatched tensors); any other or no model_type gives ok
+// false saying so. A config.json that is no JSON object, or gives a key twice, and a file that
+// breaks the safetensors rules are errors on stderr naming the file (exit 1).
 #pragma once
 
 #include <filesystem>
@@ -30,13 +32,14 @@ inline int cmd_inspect(Args& args) {
   namespace fs = std::filesystem;
   const auto& pos = args.positional();
   const bool flag = args.has("--path");
-  EDL_CHECK(pos.size() <= 1, errc::invalid_argument, "edl inspect", "expected one checkpoint path, found ", pos.size());
-  EDL_CHECK(!(flag && !pos.empty()), errc::invalid_argument, "edl inspect",
-            "give the checkpoint either as --path or as an argument, not both");
+  EDL_CLI_USAGE_CHECK(pos.size() <= 1, errc::invalid_argument, "edl inspect", "expected one checkpoint path, found ",
+                      pos.size());
+  EDL_CLI_USAGE_CHECK(!(flag && !pos.empty()), errc::invalid_argument, "edl inspect",
+                      "give the checkpoint either as --path or as an argument, not both");
   const std::string path = flag ? args.required("--path") : (pos.empty() ? std::string() : pos[0]);
   args.finish();
-  EDL_CHECK(!path.empty(), errc::invalid_argument, "edl inspect",
-            "missing checkpoint: edl inspect --path FILE.safetensors|DIR (or edl inspect FILE)");
+  EDL_CLI_USAGE_CHECK(!path.empty(), errc::invalid_argument, "edl inspect",
+                      "missing checkpoint: edl inspect --path FILE.safetensors|DIR (or edl inspect FILE)");
   std::error_code ec;
   EDL_CHECK(fs::exists(path, ec), errc::io, path, "no such file or folder");
 
@@ -79,9 +82,16 @@ inline int cmd_inspect(Args& args) {
   if (fs::exists(config_path, ec)) {
     const auto cfg_json = io::JsonConfig::from_file(config_path.string());
     out["config"] = cfg_json.json();
-    const std::string mt = cfg_json.get<std::string>("model_type", "");
-    if (mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3") {
-      nlohmann::ordered_json check;
+    nlohmann::ordered_json check;
+    const auto& mt_json = cfg_json.json().contains("model_type") ? cfg_json.json()["model_type"] : nlohmann::ordered_json();
+    const std::string mt = mt_json.is_string() ? mt_json.get<std::string>() : std::string();
+    if (!(mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3")) {
+      // A config edl cannot check is not reported valid: say why.
+      check["ok"] = false;
+      check["error"] = mt_json.is_null() ? std::string("config.json has no model_type")
+                                         : "model_type " + mt_json.dump() + " is not one edl reads (llama, mistral, qwen2, qwen3)";
+      out["config_check"] = check;
+    } else {
       try {
         const auto cfg = models::LlamaConfig::from_json(cfg_json.json(), config_path.string());
         nlohmann::ordered_json missing = nlohmann::ordered_json::array(), mismatched = nlohmann::ordered_json::array(),
@@ -109,6 +119,18 @@ inline int cmd_inspect(Args& args) {
   }
   std::cout << out.dump() << "\n";
   return 0;
+}
+
+inline Command inspect_command() {
+  return {.name = "inspect",
+          .group = "models",
+          .summary = "validate a safetensors checkpoint and list its tensors (and its config check)",
+          .synopsis = "FILE.safetensors|DIR   (or --path FILE.safetensors|DIR)",
+          .flags = {text_flag("--path", "FILE|DIR", "a .safetensors file, or a folder with model.safetensors or its index")},
+          .positional = "PATH",
+          .positional_help = "the checkpoint, as --path",
+          .examples = {"edl inspect ckpt/model.safetensors", "edl inspect --path ckpt"},
+          .run = cmd_inspect};
 }
 
 }  // namespace edl::cli

@@ -102,4 +102,19 @@ inline int cmd_logits(Args& args) {
   return 0;
 }
 
+inline Command logits_command() {
+  return {.name = "logits",
+          .group = "models",
+          .summary = "run a model on token ids and write its float32 logits [batch, seq, vocab] as .npy",
+          .synopsis = "--model DIR --tokens T.npy --out L.npy [--mesh dp=1,fsdp=1,tp=1,sp=1] [--adapter DIR]",
+          .flags = flags({{text_flag("--model", "DIR", "an HF folder (config.json + safetensors) or a .gguf file").required(),
+                           text_flag("--tokens", "T.npy", "int32 or int64 token ids [batch, seq] or [seq]").required(),
+                           text_flag("--out", "L.npy", "where the logits are written").required(),
+                           declare_mesh_flag()},
+                          declare_adapter_flags()}),
+          .examples = {"edl logits --model ckpt --tokens tokens.npy --out logits.npy",
+                       "edl logits --model ckpt --tokens tokens.npy --out logits.npy --mesh fsdp=2,tp=2"},
+          .run = cmd_logits};
+}
+
 }  // namespace edl::cli

@@ -82,4 +82,21 @@ inline int cmd_loss(Args& args) {
   return 0;
 }
 
+inline Command loss_command() {
+  return {.name = "loss",
+          .group = "models",
+          .summary = "HF LlamaForCausalLM's loss on token ids, and optionally every parameter's gradient",
+          .synopsis = "--model DIR --tokens T.npy [--labels Y.npy] [--grads G.safetensors] [--mesh ...] [--adapter DIR]",
+          .flags = flags({{text_flag("--model", "DIR", "an HF folder (config.json + safetensors) or a .gguf file").required(),
+                           text_flag("--tokens", "T.npy", "int32 or int64 token ids [batch, seq] or [seq]").required(),
+                           text_flag("--labels", "Y.npy", "labels of the shape of the tokens (-100: ignored)")
+                               .defaults("the tokens (HF shift)"),
+                           text_flag("--grads", "G.safetensors", "also write d loss / d parameter under HF names"),
+                           declare_mesh_flag()},
+                          declare_adapter_flags()}),
+          .examples = {"edl loss --model ckpt --tokens tokens.npy",
+                       "edl loss --model ckpt --tokens tokens.npy --grads grads.safetensors --mesh fsdp=2"},
+          .run = cmd_loss};
+}
+
 }  // namespace edl::cli

@@ -28,8 +28,8 @@ inline int cmd_merge_lora(Args& args) {
   namespace fs = std::filesystem;
   const std::string dir = args.required("--model"), adapter = args.required("--adapter"), out = args.required("--out");
   args.finish();
-  EDL_CHECK(fs::weakly_canonical(dir) != fs::weakly_canonical(out), errc::invalid_argument, "edl merge-lora --out " + out,
-            "must differ from --model (the base stays as it is)");
+  EDL_CLI_USAGE_CHECK(fs::weakly_canonical(dir) != fs::weakly_canonical(out), errc::invalid_argument,
+                      "edl merge-lora --out " + out, "must differ from --model (the base stays as it is)");
   auto model = models::from_pretrained<>(dir);
   const bool was_quantized = nn::is_quantized(model);
   const lora::LoraConfig c = lora::load_adapter(adapter, model);
@@ -49,6 +49,18 @@ inline int cmd_merge_lora(Args& args) {
   j["files"] = files;
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command merge_lora_command() {
+  return {.name = "merge-lora",
+          .group = "models",
+          .summary = "fold a LoRA adapter into its base and write a plain HF folder",
+          .synopsis = "--model DIR --adapter DIR --out DIR",
+          .flags = {text_flag("--model", "DIR", "the base model folder (a quantized base is dequantized)").required(),
+                    text_flag("--adapter", "DIR", "the PEFT LoRA adapter folder").required(),
+                    text_flag("--out", "DIR", "the merged folder written (not --model)").required()},
+          .examples = {"edl merge-lora --model base --adapter run/adapter --out merged"},
+          .run = cmd_merge_lora};
 }
 
 }  // namespace edl::cli

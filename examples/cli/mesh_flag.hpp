@@ -4,7 +4,8 @@
 //
 // Syntax: comma-separated name=size items, any subset of dp, fsdp, tp, sp in any order; axes
 // not named have size 1. An unknown axis name, an axis named twice, an empty item, a size that
-// is not a positive integer is an edl::Error (invalid_argument) whose where() is the flag.
+// is not a positive integer is an edl::Error (invalid_argument; a UsageError, exit code 2)
+// whose where() is the flag.
 // The result is the std::array<int64_t, 4> {dp, fsdp, tp, sp} that edl::create_mesh takes.
 #pragma once
 
@@ -99,26 +100,26 @@ inline const std::array<const char*, 4>& mesh_axis_names() {
 inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "--mesh") {
   MeshDims dims = {1, 1, 1, 1};
   std::array<bool, 4> seen = {false, false, false, false};
-  EDL_CHECK(!text.empty(), errc::invalid_argument, flag,
-            "expected name=size items such as dp=1,fsdp=2,tp=2,sp=1, found an empty value");
+  EDL_CLI_USAGE_CHECK(!text.empty(), errc::invalid_argument, flag,
+                      "expected name=size items such as dp=1,fsdp=2,tp=2,sp=1, found an empty value");
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = text.find(',', start);
     const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     start = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    EDL_CHECK(!item.empty(), errc::invalid_argument, flag, "empty item in \"", text,
-              "\": expected name=size items separated by commas");
+    EDL_CLI_USAGE_CHECK(!item.empty(), errc::invalid_argument, flag, "empty item in \"", text,
+                        "\": expected name=size items separated by commas");
     const std::size_t eq = item.find('=');
-    EDL_CHECK(eq != std::string::npos, errc::invalid_argument, flag, "item \"", item,
-              "\" is not name=size (axes: dp, fsdp, tp, sp)");
+    EDL_CLI_USAGE_CHECK(eq != std::string::npos, errc::invalid_argument, flag, "item \"", item,
+                        "\" is not name=size (axes: dp, fsdp, tp, sp)");
     const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
     int axis = -1;
     for (int a = 0; a < 4; ++a)
       if (name == mesh_axis_names()[static_cast<std::size_t>(a)]) axis = a;
-    EDL_CHECK(axis >= 0, errc::invalid_argument, flag, "unknown mesh axis \"", name,
-              "\", expected one of dp, fsdp, tp, sp");
-    EDL_CHECK(!seen[static_cast<std::size_t>(axis)], errc::invalid_argument, flag, "axis ", name,
-              " is given twice in \"", text, "\"");
+    EDL_CLI_USAGE_CHECK(axis >= 0, errc::invalid_argument, flag, "unknown mesh axis \"", name,
+                        "\", expected one of dp, fsdp, tp, sp");
+    EDL_CLI_USAGE_CHECK(!seen[static_cast<std::size_t>(axis)], errc::invalid_argument, flag, "axis ", name,
+                        " is given twice in \"", text, "\"");
     seen[static_cast<std::size_t>(axis)] = true;
     std::size_t pos = 0;
     long long v = 0;
@@ -130,9 +131,9 @@ inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "-
         ok = false;
       }
     }
-    EDL_CHECK(ok && pos == value.size(), errc::invalid_argument, flag, "size of axis ", name,
-              " must be a positive integer, found \"", value, "\"");
-    EDL_CHECK(v > 0, errc::invalid_argument, flag, "size of axis ", name, " must be a positive integer, found ", v);
+    EDL_CLI_USAGE_CHECK(ok && pos == value.size(), errc::invalid_argument, flag, "size of axis ", name,
+                        " must be a positive integer, found \"", value, "\"");
+    EDL_CLI_USAGE_CHECK(v > 0, errc::invalid_argument, flag, "size of axis ", name, " must be a positive integer, found ", v);
     dims[static_cast<std::size_t>(axis)] = v;
   }
   return dims;
@@ -150,6 +151,11 @@ inline nlohmann::ordered_json mesh_json(const MeshDims& d) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (std::size_t a = 0; a < 4; ++a) j[mesh_axis_names()[a]] = d[a];
   return j;
+}
+
+/// The --mesh flag of a command's table; `help` says what the mesh runs.
+inline Flag declare_mesh_flag(std::string help = "the device mesh the model runs on: any of dp, fsdp, tp, sp with their sizes") {
+  return text_flag("--mesh", "dp=1,fsdp=1,tp=1,sp=1", std::move(help)).defaults("one device");
 }
 
 /// Reads --mesh (default: one device).

@@ -43,19 +43,17 @@ inline int cmd_plan(Args& args) {
   const bool has_batch = args.has("--batch"), has_seq = args.has("--seq");
   const std::int64_t batch_flag = args.integer("--batch", 0), seq_flag = args.integer("--seq", 0);
   args.finish();
-  EDL_CHECK(has_model != has_config, errc::invalid_argument, where,
-            "give exactly one of --model DIR (its config.json) or --config tiny|small|gqa1b");
-  EDL_CHECK(!train || args.str("--train", "").empty(), errc::invalid_argument, "--train",
-            "is a switch and takes no value");
+  EDL_CLI_USAGE_CHECK(has_model != has_config, errc::invalid_argument, where,
+                      "give exactly one of --model DIR (its config.json) or --config tiny|small|gqa1b");
 
   models::LlamaConfig cfg;
   std::string name;
   if (has_model) {
-    EDL_CHECK(!model_dir.empty(), errc::invalid_argument, "--model", "expected a checkpoint folder");
+    EDL_CLI_USAGE_CHECK(!model_dir.empty(), errc::invalid_argument, "--model", "expected a checkpoint folder");
     cfg = models::LlamaConfig::from_file((std::filesystem::path(model_dir) / "config.json").string());
     name = model_dir;
   } else {
-    EDL_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected tiny, small or gqa1b");
+    EDL_CLI_USAGE_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected tiny, small or gqa1b");
     cfg = models::LlamaConfig::preset(config);
     name = config;
   }
@@ -64,15 +62,15 @@ inline int cmd_plan(Args& args) {
   models::PlanOptions o;
   o.batch = has_batch ? batch_flag : dims[0] * dims[1];
   o.seq = has_seq ? seq_flag : cfg.max_position_embeddings;
-  EDL_CHECK(o.batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", o.batch);
-  EDL_CHECK(o.seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", o.seq);
-  EDL_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
-  EDL_CHECK(momentum >= 0, errc::invalid_argument, "--momentum", "must be >= 0, found ", momentum);
+  EDL_CLI_USAGE_CHECK(o.batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", o.batch);
+  EDL_CLI_USAGE_CHECK(o.seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", o.seq);
+  EDL_CLI_USAGE_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
+  EDL_CLI_USAGE_CHECK(momentum >= 0, errc::invalid_argument, "--momentum", "must be >= 0, found ", momentum);
   o.train = train;
   o.optimizer.kind = optim::optimizer_from_name(optimizer);
   o.optimizer.momentum = momentum;
-  EDL_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, "--dtype",
-            "parameters are stored as f32 or bf16, found \"", dtype, "\"");
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, "--dtype",
+                      "parameters are stored as f32 or bf16, found \"", dtype, "\"");
   o.param_dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
   o.threads = threads;
   o.chunk_rows = chunk_rows;
@@ -122,6 +120,30 @@ inline int cmd_plan(Args& args) {
   j["per_step"] = step;
   std::cout << j.dump(2) << "\n";
   return 0;
+}
+
+inline Command plan_command() {
+  return {
+      .name = "plan",
+      .group = "training",
+      .summary = "the memory and collectives of a Llama step on a mesh, from the config alone (no tensor allocated)",
+      .synopsis = "(--model DIR | --config tiny|small|gqa1b) --mesh dp=..,fsdp=..,tp=..,sp=.. [--batch B] [--seq S] [--train] [flags]",
+      .flags = {text_flag("--model", "DIR", "a folder whose config.json is planned (or --config)"),
+                text_flag("--config", "tiny|small|gqa1b", "a preset config (or --model)"),
+                declare_mesh_flag("the mesh planned: any of dp, fsdp, tp, sp with their sizes"),
+                integer_flag("--batch", "B", "sequences per step").defaults("dp x fsdp"),
+                integer_flag("--seq", "S", "tokens per sequence").defaults("max_position_embeddings"),
+                switch_flag("--train", "plan a training step (gradients, optimizer state), not the loss-only forward"),
+                text_flag("--optimizer", "", "the optimizer of --train")
+                    .one_of({"adamw", "sgd", "lion", "adafactor"})
+                    .defaults("adamw"),
+                number_flag("--momentum", "M", "sgd's momentum (> 0 keeps a momentum buffer)").defaults("0"),
+                text_flag("--dtype", "", "storage of the parameters").one_of({"f32", "bf16"}).defaults("f32"),
+                integer_flag("--threads", "T", "threads per device, for the per-thread scratch").defaults("all cores"),
+                integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024")},
+      .examples = {"edl plan --config gqa1b --mesh fsdp=2,tp=2 --batch 4 --seq 1024 --train",
+                   "edl plan --model ckpt --mesh dp=2"},
+      .run = cmd_plan};
 }
 
 }  // namespace edl::cli

@@ -26,10 +26,10 @@ inline int cmd_quantize(Args& args) {
   q.method = quant::parse_format(args.required("--method"), "edl quantize --method");
   q.pattern = args.str("--pattern", q.pattern);
   args.finish();
-  EDL_CHECK(q.method != quant::Format::none, errc::invalid_argument, "edl quantize --method",
-            "expected q8_0, q4_0 or nf4, found none");
-  EDL_CHECK(fs::weakly_canonical(dir) != fs::weakly_canonical(out), errc::invalid_argument, "edl quantize --out " + out,
-            "must differ from --model (the source folder stays as it is)");
+  EDL_CLI_USAGE_CHECK(q.method != quant::Format::none, errc::invalid_argument, "edl quantize --method",
+                      "expected q8_0, q4_0 or nf4, found none");
+  EDL_CLI_USAGE_CHECK(fs::weakly_canonical(dir) != fs::weakly_canonical(out), errc::invalid_argument,
+                      "edl quantize --out " + out, "must differ from --model (the source folder stays as it is)");
   auto model = models::from_pretrained<>(dir);
   const std::int64_t before = nn::storage_bytes(model);
   const std::int64_t n = nn::quantize(model, q);
@@ -50,6 +50,20 @@ inline int cmd_quantize(Args& args) {
   j["files"] = files;
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command quantize_command() {
+  return {.name = "quantize",
+          .group = "models",
+          .summary = "write a model folder whose Linears are quantized (q8_0, q4_0 or nf4)",
+          .synopsis = "--model DIR --method q8_0|q4_0|nf4 --out DIR [--pattern REGEX]",
+          .flags = {text_flag("--model", "DIR", "the source HF folder").required(),
+                    text_flag("--method", "", "the quantization format").one_of({"q8_0", "q4_0", "nf4"}).required(),
+                    text_flag("--out", "DIR", "the quantized folder written (not --model)").required(),
+                    text_flag("--pattern", "REGEX", "the weight paths quantized")
+                        .defaults("every Linear of the decoder layers")},
+          .examples = {"edl quantize --model ckpt --method q4_0 --out ckpt-q4_0"},
+          .run = cmd_quantize};
 }
 
 }  // namespace edl::cli

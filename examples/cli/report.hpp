@@ -24,8 +24,8 @@ namespace edl::cli {
 inline int cmd_report(Args& args) {
   namespace fs = std::filesystem;
   const auto& pos = args.positional();
-  EDL_CHECK(pos.size() == 1, errc::invalid_argument, "edl report", "expected one run folder (the save_directory), found ",
-            pos.size(), " arguments");
+  EDL_CLI_USAGE_CHECK(pos.size() == 1, errc::invalid_argument, "edl report",
+                      "expected one run folder (the save_directory), found ", pos.size(), " arguments");
   args.finish();
   const std::string dir = pos.front();
   const std::string metrics = (fs::path(dir) / "metrics.jsonl").string();
@@ -51,6 +51,17 @@ inline int cmd_report(Args& args) {
   j["eval_points"] = rep.eval_loss.size();
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command report_command() {
+  return {.name = "report",
+          .group = "training",
+          .summary = "(re)write a training run's report (report.md, report.html, loss and learning-rate charts)",
+          .synopsis = "DIR",
+          .positional = "DIR",
+          .positional_help = "the run's save_directory (with metrics.jsonl)",
+          .examples = {"edl report build/fortunes-run"},
+          .run = cmd_report};
 }
 
 }  // namespace edl::cli

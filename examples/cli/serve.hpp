@@ -65,13 +65,13 @@ inline int cmd_serve(Args& args) {
   const std::int64_t threads = args.integer("--threads", 0);
   const MeshDims dims = mesh_flag(args);
   args.finish();
-  EDL_CHECK(dims == MeshDims({1, 1, 1, 1}), errc::unsupported, "--mesh " + mesh_str(dims),
-            "the serving engine runs on one device; serve without --mesh (edl generate --mesh runs a mesh)");
-  EDL_CHECK(so.port >= 0 && so.port <= 65535, errc::invalid_argument, "--port", "expected 0..65535, found ", so.port);
-  EDL_CHECK(svc.engine.max_batch >= 1, errc::invalid_argument, "--max-batch", "must be >= 1, found ", svc.engine.max_batch);
-  EDL_CHECK(svc.max_queue >= 0, errc::invalid_argument, "--max-queue", "must be >= 0, found ", svc.max_queue);
-  EDL_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
-  EDL_CHECK(grace >= 0, errc::invalid_argument, "--shutdown-grace", "must be >= 0, found ", grace);
+  EDL_CLI_USAGE_CHECK(dims == MeshDims({1, 1, 1, 1}), errc::unsupported, "--mesh " + mesh_str(dims),
+                      "the serving engine runs on one device; serve without --mesh (edl generate --mesh runs a mesh)");
+  EDL_CLI_USAGE_CHECK(so.port >= 0 && so.port <= 65535, errc::invalid_argument, "--port", "expected 0..65535, found ", so.port);
+  EDL_CLI_USAGE_CHECK(svc.engine.max_batch >= 1, errc::invalid_argument, "--max-batch", "must be >= 1, found ", svc.engine.max_batch);
+  EDL_CLI_USAGE_CHECK(svc.max_queue >= 0, errc::invalid_argument, "--max-queue", "must be >= 0, found ", svc.max_queue);
+  EDL_CLI_USAGE_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
+  EDL_CLI_USAGE_CHECK(grace >= 0, errc::invalid_argument, "--shutdown-grace", "must be >= 0, found ", grace);
 
   // A preset name (tiny, small, gqa1b: random weights, for benchmarks) with --tokenizer, or
   // an HF folder.
@@ -79,8 +79,8 @@ inline int cmd_serve(Args& args) {
   const std::filesystem::path d(dir);
   EDL_CHECK(preset || std::filesystem::is_directory(d), errc::io, "--model " + dir,
             "not a directory (or a preset: tiny, small, gqa1b)");
-  EDL_CHECK(!preset || args_tokenizer_given, errc::invalid_argument, "--model " + dir,
-            "a preset model has no tokenizer: give --tokenizer DIR");
+  EDL_CLI_USAGE_CHECK(!preset || args_tokenizer_given, errc::invalid_argument, "--model " + dir,
+                      "a preset model has no tokenizer: give --tokenizer DIR");
   const auto cfg = preset ? *preset : models::LlamaConfig::from_file((d / "config.json").string());
   // Fields a request leaves out: the folder's generation_config.json (as vLLM), or OpenAI's
   // defaults (temperature 1, no top-k) when it has none.
@@ -129,6 +129,37 @@ inline int cmd_serve(Args& args) {
   watcher.join();
   service.shutdown(std::chrono::seconds(0));
   return 0;
+}
+
+inline Command serve_command() {
+  return {
+      .name = "serve",
+      .group = "serving",
+      .summary = "an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /metrics)",
+      .synopsis = "--model DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--max-batch N] [flags]",
+      .flags = flags(
+          {{text_flag("--model", "DIR|tiny|small|gqa1b", "an HF folder, or a preset with random weights (needs --tokenizer)")
+                .required()},
+           declare_adapter_flags(),
+           {text_flag("--tokenizer", "DIR", "the folder whose tokenizer.json encodes the requests").defaults("the --model folder"),
+            text_flag("--host", "HOST", "the address listened on").defaults("127.0.0.1"),
+            integer_flag("--port", "PORT", "the port listened on (0: a free port, printed)").defaults("8080"),
+            text_flag("--api-key", "KEY", "requests must send Authorization: Bearer KEY").defaults("none needed"),
+            text_flag("--served-model-name", "NAME", "the model id /v1/models lists").defaults("the folder's name"),
+            integer_flag("--max-batch", "N", "requests decoded at once").defaults("8"),
+            integer_flag("--max-queue", "N", "requests waiting beyond --max-batch (more get 429)").defaults("64"),
+            integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
+            integer_flag("--max-model-len", "N", "the longest prompt + completion").defaults("max_position_embeddings"),
+            integer_flag("--page-size", "N", "tokens per page of the KV cache").defaults("16"),
+            integer_flag("--cache-bytes", "N", "memory the KV cache pages may use").defaults("256 MiB"),
+            integer_flag("--prefill-chunk", "N", "prompt tokens per step, shared by the prefilling requests").defaults("256"),
+            integer_flag("--max-body-bytes", "N", "larger request bodies get 413").defaults("4 MiB"),
+            integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
+            number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
+            declare_mesh_flag("refused: the serving engine runs on one device")}}),
+      .examples = {"edl serve --model Qwen3-0.6B --port 8080",
+                   "edl serve --model run/checkpoint-400 --port 0 --api-key sekret --max-batch 4"},
+      .run = cmd_serve};
 }
 
 }  // namespace edl::cli

@@ -29,7 +29,7 @@ namespace tokenize_detail {
 
 inline std::string text_argument(Args& args, const std::string& command) {
   const bool text = args.has("--text"), file = args.has("--text-file");
-  EDL_CHECK(text != file, errc::invalid_argument, command, "give exactly one of --text S and --text-file F");
+  EDL_CLI_USAGE_CHECK(text != file, errc::invalid_argument, command, "give exactly one of --text S and --text-file F");
   return text ? args.str("--text", "") : io::read_text_file(args.str("--text-file", ""));
 }
 
@@ -83,6 +83,43 @@ inline int cmd_bench_tokenize(Args& args) {
   j["tokens_per_s"] = static_cast<double>(tokens) / s;
   std::cout << j.dump() << "\n";
   return 0;
+}
+
+inline Command tokenize_command() {
+  return {.name = "tokenize",
+          .group = "tokenizers",
+          .summary = "encode text with a tokenizer; prints {\"ids\": [...]}",
+          .synopsis = "--tokenizer DIR|tokenizer.json (--text S | --text-file F) [--add-special-tokens]",
+          .flags = {text_flag("--tokenizer", "DIR|tokenizer.json", "a model folder or its tokenizer.json").required(),
+                    text_flag("--text", "S", "the text (or --text-file)"),
+                    text_flag("--text-file", "F", "a file holding the text (or --text)"),
+                    switch_flag("--add-special-tokens", "add the tokenizer's BOS/EOS (special tokens in the text match either way)")},
+          .examples = {"edl tokenize --tokenizer Qwen3-0.6B --text \"Hello, world\""},
+          .run = cmd_tokenize};
+}
+
+inline Command detokenize_command() {
+  return {.name = "detokenize",
+          .group = "tokenizers",
+          .summary = "decode token ids with a tokenizer; prints {\"text\": \"...\"}",
+          .synopsis = "--tokenizer DIR|tokenizer.json --ids 1,2,3 [--skip-special-tokens]",
+          .flags = {text_flag("--tokenizer", "DIR|tokenizer.json", "a model folder or its tokenizer.json").required(),
+                    text_flag("--ids", "1,2,3", "the token ids, comma-separated").required(),
+                    switch_flag("--skip-special-tokens", "leave special tokens out of the text")},
+          .examples = {"edl detokenize --tokenizer Qwen3-0.6B --ids 9707,11,1879"},
+          .run = cmd_detokenize};
+}
+
+inline Command bench_tokenize_command() {
+  return {.name = "bench tokenize",
+          .group = "measuring",
+          .summary = "time a tokenizer's encode of a file (MB/s, tokens/s; median of N runs)",
+          .synopsis = "--tokenizer DIR --text-file F [--repeat N]",
+          .flags = {text_flag("--tokenizer", "DIR|tokenizer.json", "a model folder or its tokenizer.json").required(),
+                    text_flag("--text-file", "F", "the text encoded (invalid UTF-8 read as U+FFFD)").required(),
+                    integer_flag("--repeat", "N", "timed encodes after a warm-up").defaults("3")},
+          .examples = {"edl bench tokenize --tokenizer Qwen3-0.6B --text-file /usr/share/games/fortunes/fortunes"},
+          .run = cmd_bench_tokenize};
 }
 
 }  // namespace edl::cli

@@ -62,8 +62,8 @@ int run_training(const train::TrainingArguments& ta, const std::string& resume) 
 }
 
 inline int cmd_train(Args& args) {
-  EDL_CHECK(!(args.has("--config") && args.has("--args")), errc::invalid_argument, "edl train",
-            "--args is another name for --config: give one of them");
+  EDL_CLI_USAGE_CHECK(!(args.has("--config") && args.has("--args")), errc::invalid_argument, "edl train",
+                      "--args is another name for --config: give one of them");
   const std::string path = args.has("--args") ? args.required("--args") : args.required("--config");
   const std::string resume = args.has("--resume") ? args.required("--resume") : "";
   std::vector<std::string> overrides;
@@ -87,5 +87,22 @@ inline int cmd_train(Args& args) {
   return run_training<train::Trainer>(ta, resume);
 }
 
+
+inline Command train_command() {
+  return {
+      .name = "train",
+      .group = "training",
+      .summary = "train a causal LM from TrainingArguments JSON (checkpoints, metrics.jsonl, report)",
+      .synopsis = "--config ARGS.json [--resume DIR] [--set key=value [key=value ...]]",
+      .flags = {text_flag("--config", "ARGS.json", "the TrainingArguments (docs/training.md); required unless --args"),
+                text_flag("--args", "ARGS.json", "the older name of --config"),
+                text_flag("--resume", "DIR", "continue from this checkpoint folder").defaults("the newest in save_directory"),
+                text_flag("--set", "key=value", "override a field (JSON value, or a plain string)").repeatable()},
+      .positional = "OVERRIDES",
+      .positional_help = "more key=value overrides, as --set",
+      .examples = {"edl train --config examples/train_fortunes.json",
+                   "edl train --config args.json --set max_training_steps=100 learning_rate=0.001"},
+      .run = cmd_train};
+}
 
 }  // namespace edl::cli
