@@ -15,7 +15,7 @@ BIN=${BUILD_DIR:-build}/examples
 EDL=$BIN/edl
 OUT=${OUT:-${BUILD_DIR:-build}/fortunes-run}
 HELDOUT=/usr/share/games/fortunes/fortunes
-echo "== edl info";  "$EDL" info
+echo "== edl --version and edl info (edl --help lists every command; edl CMD --help explains one)"; "$EDL" --version; "$EDL" info
 echo "== edl train --config examples/train_fortunes.json (400 steps on a simulated fsdp=2 mesh; metrics in $OUT/metrics.jsonl)"
 "$EDL" train --config examples/train_fortunes.json --set "save_directory=$OUT"
 CKPT=$(ls -d "$OUT"/checkpoint-* | sort -t- -k2 -n | tail -1)

@@ -17,24 +17,9 @@ fail() { echo "FAIL: $*" >&2; [ -f "$W/server.err" ] && tail -20 "$W/server.err"
 [ -f "$NM/openai/package.json" ] || fail "$NM has no openai client: run scripts/fetch_hub_tokenizers.sh"
 command -v curl >/dev/null || fail "curl is missing"
 
-for i in $(seq 1 60); do printf 'user asks %d and the assistant answers %d\n%%\n' "$i" "$i"; done >"$W/train.txt"
-cat >"$W/train.json" <<JSON
-{"model": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "max_position_embeddings": 128},
- "tokenizer": {"type": "bpe", "vocab_size": 300}, "train_data": "$W/train.txt",
- "max_sequence_length": 32, "total_batch_size": 4, "max_training_steps": 2, "log_steps": 1,
- "learning_rate": 0.003, "progress": false, "peak_gflops": 10, "write_report": false,
- "save_directory": "$W/run"}
-JSON
-"$EDL" train --config "$W/train.json" >/dev/null
-C="$W/run/checkpoint-2"
-cat >"$C/tokenizer_config.json" <<'JSON'
-{"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
- "chat_template": "{% for message in messages %}{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"}
-JSON
-
+source "$(dirname "$0")/tiny_chat_model.sh"
+make_tiny_chat_model "$EDL" "$W"
 # What the server must answer: `edl generate` on the same prompts, greedy, 8 new tokens.
-echo '[{"role": "user", "content": "what does the user ask?"}]' >"$W/chat.json"
 "$EDL" generate --model "$C" --chat "$W/chat.json" --max-new-tokens 8 --greedy >"$W/chat_out.json"
 for k in 0 1 2; do
   text=("the user asks 1" "and the assistant" "answers 42 and")

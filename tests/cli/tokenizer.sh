@@ -73,22 +73,8 @@ PY
 done
 
 # 3. generate --chat on a trained checkpoint whose tokenizer carries a ChatML template.
-for i in $(seq 1 60); do printf 'user asks %d and the assistant answers %d\n%%\n' "$i" "$i"; done >"$W/train.txt"
-cat >"$W/train.json" <<JSON
-{"model": {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "max_position_embeddings": 128},
- "tokenizer": {"type": "bpe", "vocab_size": 300}, "train_data": "$W/train.txt",
- "max_sequence_length": 32, "total_batch_size": 4, "max_training_steps": 2, "log_steps": 1,
- "learning_rate": 0.003, "progress": false, "peak_gflops": 10, "write_report": false,
- "save_directory": "$W/run"}
-JSON
-"$EDL" train --config "$W/train.json" >/dev/null
-C="$W/run/checkpoint-2"
-cat >"$C/tokenizer_config.json" <<'JSON'
-{"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
- "chat_template": "{% for message in messages %}{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"}
-JSON
-echo '[{"role": "user", "content": "what does the user ask?"}]' >"$W/chat.json"
+source "$(dirname "$0")/tiny_chat_model.sh"
+make_tiny_chat_model "$EDL" "$W"
 "$EDL" chat-template --tokenizer "$C" --messages "$W/chat.json" --add-generation-prompt >"$W/prompt.txt"
 grep -q '^<s>assistant$' "$W/prompt.txt" || fail "generation prompt missing"
 ids=$("$EDL" tokenize --tokenizer "$C" --text-file "$W/prompt.txt" | $PY -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
