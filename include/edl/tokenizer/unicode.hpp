@@ -79,14 +79,47 @@ inline std::size_t char_start_before(std::string_view s, std::size_t end) noexce
   return k;
 }
 
+/// Length of the well-formed UTF-8 sequence at s[i] (i < s.size()), or 0 when none starts
+/// there. Well-formed as Unicode's Table 3-7 defines it: no overlong forms (C0, C1, E0 80-9F,
+/// F0 80-8F), no surrogates (ED A0-BF), nothing above U+10FFFF (F4 90-, F5-FF). When 0,
+/// `prefix` gets the length of the longest start of a well-formed sequence there (at least 1:
+/// the "maximal subpart" that one U+FFFD replaces). PCRE2 matches with PCRE2_NO_UTF_CHECK
+/// after this check, so it must be exactly PCRE2's own notion of valid UTF-8 (a lead byte F6
+/// once passed it and crashed the JIT-compiled matcher; found by fuzzing).
+inline std::size_t utf8_sequence_at(std::string_view s, std::size_t i, std::size_t* prefix = nullptr) noexcept {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    if (prefix) *prefix = 1;
+    return 0;
+  }
+  std::size_t k = 1;
+  for (; k < n && i + k < s.size(); ++k) {
+    const auto x = static_cast<unsigned char>(s[i + k]);
+    if (k == 1 ? (x < lo || x > hi) : (x < 0x80 || x > 0xBF)) break;
+  }
+  if (k == n) return n;
+  if (prefix) *prefix = k;
+  return 0;
+}
+
 /// Byte offset of the first invalid UTF-8 sequence, or nullopt when s is valid.
 inline std::optional<std::size_t> invalid_utf8_at(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return i;
-    for (std::size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return i;
+    const std::size_t n = utf8_sequence_at(s, i);
+    if (n == 0) return i;
     i += n;
   }
   return std::nullopt;
@@ -98,16 +131,13 @@ inline std::string utf8_lossy(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    std::size_t ok = n == 0 ? 0 : 1;
-    while (ok && ok < n && i + ok < s.size() && (static_cast<unsigned char>(s[i + ok]) >> 6) == 2) ++ok;
-    if (n != 0 && ok == n) {
+    std::size_t bad = 1;
+    if (const std::size_t n = utf8_sequence_at(s, i, &bad)) {
       out.append(s.substr(i, n));
       i += n;
     } else {
       out += "\xEF\xBF\xBD";
-      i += ok == 0 ? 1 : ok;
+      i += bad;
     }
   }
   return out;
