@@ -8818,6 +8818,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/kernels/softmax.hpp> (inlined above)
 // #include <edl/nn/linear.hpp> (inlined above)
 // #include <edl/nn/mlp.hpp> (inlined above)
 // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
@@ -9033,14 +9034,10 @@ class MoE {
     s.probs.resize(static_cast<std::size_t>(T * E));
     s.top.resize(static_cast<std::size_t>(T * K));
     s.weight.resize(static_cast<std::size_t>(T * K));
+    kernels::softmax_rows(s.logits.data(), s.probs.data(), T, E);
     std::vector<std::int64_t> order(static_cast<std::size_t>(E));
     for (std::int64_t t = 0; t < T; ++t) {
-      const float* l = s.logits.data() + t * E;
-      float* p = s.probs.data() + t * E;
-      const float m = *std::max_element(l, l + E);
-      double sum = 0;
-      for (std::int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(l[e] - m);
-      for (std::int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(p[e] / sum);
+      const float* p = s.probs.data() + t * E;
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + K, order.end(),
                         [&](std::int64_t a, std::int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });

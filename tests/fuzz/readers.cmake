@@ -1,7 +1,10 @@
 # The readers with a fuzz target (tests/fuzz/fuzz_<reader>.cpp -> edl_fuzz_<reader>), shared by
 # the fuzz build (tests/fuzz/CMakeLists.txt) and the main build's ctest (tests/CMakeLists.txt).
 set(EDL_FUZZ_READERS safetensors index config generation_config npy training_args gguf tokenizer chat_template
-    adapter http)
+    adapter)
+if(EDL_HAVE_SERVE)  # the request-body target needs edl::serve
+  list(APPEND EDL_FUZZ_READERS http)
+endif()
 
 # edl_fuzz_command(out reader exe_dir corpus_dir seconds): the command line of one bounded run
 # (run_fuzz.sh: new inputs go to corpus_dir, the committed seeds are read after it).
