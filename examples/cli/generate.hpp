@@ -573,7 +573,15 @@ inline int cmd_bench_decode(Args& args) {
     // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
     // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
     const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
-    const double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(float);
+    double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(float);
+    // A mixture-of-experts layer reads its router and k of its E experts per token.
+    for (auto& layer : model.model.layers)
+      if (layer.is_sparse()) {
+        double experts = 0;
+        for (auto& e : layer.block_sparse_moe.experts) experts += static_cast<double>(nn::storage_bytes(e));
+        wbytes -= experts * static_cast<double>(cfg.num_local_experts - cfg.num_experts_per_tok) /
+                  static_cast<double>(cfg.num_local_experts);
+      }
     const double kv_per_tok = o.cache == generate::CacheKind::int8
                                   ? 2.0 * static_cast<double>(cfg.num_hidden_layers * (cfg.kv_size() + 4 * cfg.num_key_value_heads))
                                   : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);

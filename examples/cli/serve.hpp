@@ -78,7 +78,7 @@ inline int cmd_serve(Args& args) {
   const auto preset = gen_detail::preset_config(dir);
   const std::filesystem::path d(dir);
   EDL_CHECK(preset || std::filesystem::is_directory(d), errc::io, "--model " + dir,
-            "not a directory (or a preset: tiny, small, gqa1b)");
+            "not a directory (or a preset: tiny, small, gqa1b, small_moe, small_wide)");
   EDL_CLI_USAGE_CHECK(!preset || args_tokenizer_given, errc::invalid_argument, "--model " + dir,
                       "a preset model has no tokenizer: give --tokenizer DIR");
   const auto cfg = preset ? *preset : models::LlamaConfig::from_file((d / "config.json").string());

@@ -4651,6 +4651,15 @@ inline void add_range(float* y, const float* x, std::int64_t lo, std::int64_t hi
                     static_cast<const float*>(y), x);
 }
 
+/// y[lo, hi) += a * x[lo, hi) on the calling thread (a part of an exec::PhasedRegion); the
+/// same bits as axpy.
+inline void axpy_range(float a, const float* x, float* y, std::int64_t lo, std::int64_t hi) noexcept {
+  const detail::fbatch ab(a);
+  detail::map_range(
+      lo, hi, [&](const detail::fbatch& u, const detail::fbatch& v) { return kernels::detail::fmadd(ab, v, u); }, y,
+      static_cast<const float*>(y), x);
+}
+
 /// y *= a, in place.
 template <FloatStorage T>
 inline void scale(T* y, float a, std::ptrdiff_t n) {
@@ -6627,6 +6636,9 @@ inline void for_rows(std::ptrdiff_t rows, std::ptrdiff_t cols, F&& row) {
 
 }  // namespace detail
 
+/// y = softmax(x) over one row of n, on the calling thread (softmax_rows' row, bit for bit).
+inline void softmax_row(const float* x, float* y, std::ptrdiff_t n) noexcept { detail::softmax_row(x, y, n); }
+
 /// y[r, :] = softmax(x[r, :]). A fully -Inf row gives zeros. y may equal x.
 inline void softmax_rows(const float* x, float* y, std::ptrdiff_t rows, std::ptrdiff_t cols) {
   const std::ptrdiff_t n = detail::checked_area(rows, cols, "softmax_rows");
@@ -8243,6 +8255,8 @@ class Attention {
 // One pre-norm Llama decoder layer (HF LlamaDecoderLayer):
 //   h = x + attn(input_layernorm(x))
 //   y = h + mlp(post_attention_layernorm(h))
+// or, for a mixture-of-experts layer (HF MixtralDecoderLayer, DecoderLayerConfig::moe set),
+//   y = h + block_sparse_moe(post_attention_layernorm(h))
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
 //
 // Gradient checkpointing: forward keeps only the activations the remat policy saves
@@ -8250,9 +8264,12 @@ class Attention {
 // recomputes the others from x with forward's kernels -- bitwise the same values -- then runs
 // the layer's backward, then frees the recomputed ones again, so at most one layer's full set
 // of activations is alive at a time. everything_saveable keeps all and recomputes nothing.
+// A mixture-of-experts block keeps its routing and its experts' activations under every
+// policy (the gate/up/act names are the dense MLP's); the norms and attention follow it.
 
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -8378,6 +8395,358 @@ class MLP {
 }  // namespace edl::nn
 // end of edl/nn/mlp.hpp
 // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/moe.hpp> (inlined above)
+// edl/nn/moe.hpp
+// Sparse mixture-of-experts feed-forward, as HF MixtralSparseMoeBlock (and Qwen2-MoE's routing):
+//
+//   logits = x Wr^T                         router "gate": [E, hidden], no bias, f32
+//   p      = softmax(logits)                over the E experts, f32
+//   top    = the k largest p per token      (ties: the lower expert index first)
+//   w      = p[top] / sum p[top]            renormalised (Mixtral; Qwen2-MoE: norm_topk_prob)
+//   y      = sum_k w_k * expert_{top_k}(x)  each expert a SwiGLU MLP (w1 gate, w3 up, w2 down)
+//
+// Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
+// is at most all tokens), so an expert's three GEMMs run once over its own rows.
+//
+// Backward runs through the renormalisation and the softmax; the top-k choice itself is
+// piecewise constant (no gradient), as in PyTorch.
+//
+// The auxiliary load-balancing loss (transformers' load_balancing_loss_func over one layer's
+// tokens) is E * sum_e f_e * P_e with f_e the fraction of (token, slot) routings to expert e
+// and P_e the mean router probability of e; only P carries a gradient. aux_loss() gives it and
+// aux_loss_backward() adds its gradient (times a coefficient) to the router's logits gradient
+// before backward. The router z-loss (mean over tokens of logsumexp(logits)^2) likewise.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/kernels/softmax.hpp> (inlined above)
+// // #include <edl/nn/linear.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/mlp.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+struct MoeConfig {
+  std::int64_t hidden = 0, intermediate = 0;
+  std::int64_t num_experts = 8;   // num_local_experts
+  std::int64_t top_k = 2;         // num_experts_per_tok
+  bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
+};
+
+template <class Pol>
+class MoE {
+  EDL_NN_CHECK_POLICY(Pol);
+
+ public:
+  struct Saved {
+    std::int64_t tokens = 0;
+    typename ColumnLinear<Pol>::Saved router_s;
+    std::vector<float> logits, probs;        // [T, E]
+    std::vector<std::int64_t> top;           // [T, k] expert of each slot
+    std::vector<float> weight;               // [T, k] renormalised routing weight
+    // Per expert: its rows (token index, slot), the gathered inputs, outputs and MLP state.
+    std::vector<std::vector<std::int64_t>> rows;
+    std::vector<std::vector<float>> xs, ys;
+    std::vector<typename MLP<Pol>::Saved> mlp_s;
+    std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+  };
+
+  MoE() = default;
+  explicit MoE(const MoeConfig& c)
+      : gate(c.hidden, c.num_experts, false), c_(c) {
+    EDL_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0, errc::invalid_argument, "nn::MoE",
+              "hidden, intermediate and num_experts must be positive, found ", c.hidden, ", ", c.intermediate, ", ",
+              c.num_experts);
+    EDL_CHECK(c.top_k > 0 && c.top_k <= c.num_experts, errc::invalid_argument, "nn::MoE top_k",
+              "must be in [1, num_experts = ", c.num_experts, "], found ", c.top_k);
+    experts.reserve(static_cast<std::size_t>(c.num_experts));
+    for (std::int64_t e = 0; e < c.num_experts; ++e) experts.emplace_back(c.hidden, c.intermediate);
+  }
+
+  ColumnLinear<Pol> gate;          // the router (HF: block_sparse_moe.gate)
+  std::vector<MLP<Pol>> experts;   // HF: block_sparse_moe.experts.J.{w1,w2,w3}
+
+  const MoeConfig& config() const noexcept { return c_; }
+
+  /// HF Mixtral names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj).
+  template <class F>
+  void visit_params(std::string_view prefix, F&& f) {
+    gate.visit_params(join_path(prefix, "gate"), f);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      experts[e].gate_proj.visit_params(join_path(p, "w1"), f);
+      experts[e].down_proj.visit_params(join_path(p, "w2"), f);
+      experts[e].up_proj.visit_params(join_path(p, "w3"), f);
+    }
+  }
+  /// The router and every expert's projections, as Linears (quantization, LoRA targets).
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    gate.visit_linears(join_path(prefix, "gate"), f);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      experts[e].gate_proj.visit_linears(join_path(p, "w1"), f);
+      experts[e].down_proj.visit_linears(join_path(p, "w2"), f);
+      experts[e].up_proj.visit_linears(join_path(p, "w3"), f);
+    }
+  }
+  std::int64_t param_count() const noexcept {
+    std::int64_t n = gate.param_count();
+    for (const auto& e : experts) n += e.param_count();
+    return n;
+  }
+  /// Forward flops per token: the router and k experts (what runs, not what is stored).
+  double flops_forward(std::int64_t tokens) const noexcept {
+    return gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+  }
+  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
+
+  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
+    const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
+    s.tokens = tokens;
+    s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
+    gate.forward(x, tokens, s.logits.data(), s.router_s);
+    route(s);
+    // Group (token, slot) pairs by expert, gather, run each expert once over its rows.
+    s.rows.assign(static_cast<std::size_t>(E), {});
+    for (std::int64_t t = 0; t < tokens; ++t)
+      for (std::int64_t k = 0; k < K; ++k) s.rows[static_cast<std::size_t>(s.top[t * K + k])].push_back(t * K + k);
+    s.xs.assign(static_cast<std::size_t>(E), {});
+    s.ys.assign(static_cast<std::size_t>(E), {});
+    s.mlp_s.assign(static_cast<std::size_t>(E), {});
+    std::fill(y, y + tokens * H, 0.f);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(rows.size());
+      if (n == 0) continue;
+      auto& xe = s.xs[static_cast<std::size_t>(e)];
+      auto& ye = s.ys[static_cast<std::size_t>(e)];
+      xe.resize(static_cast<std::size_t>(n * H));
+      ye.resize(static_cast<std::size_t>(n * H));
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+        std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
+      }
+      experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+        const float w = s.weight[static_cast<std::size_t>(slot)];
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
+      }
+    }
+    s.dlogits_extra.clear();
+  }
+
+  void apply(const float* x, std::int64_t tokens, float* y) const {
+    Saved s;
+    forward(x, tokens, y, s);
+  }
+
+  /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
+  /// one layer and no padding mask): E * sum_e f_e * P_e.
+  double aux_loss(Saved& s) const {
+    Saved* one[] = {&s};
+    return load_balancing_loss(one, c_, nullptr, 0.0f);
+  }
+  /// Adds coef * d aux_loss / d logits to what backward adds to the router's gradient.
+  void aux_loss_backward(Saved& s, float coef) const {
+    Saved* one[] = {&s};
+    load_balancing_loss(one, c_, nullptr, coef);
+  }
+  /// Router z-loss: mean over tokens of logsumexp(logits)^2 (ST-MoE; Qwen2-MoE's and
+  /// DeepSeek's routers use it).
+  double z_loss(Saved& s) const {
+    Saved* one[] = {&s};
+    return router_z_loss(one, c_, nullptr, 0.0f);
+  }
+  /// Adds coef * d z_loss / d logits (= coef * 2 z_t p_{t,e} / T).
+  void z_loss_backward(Saved& s, float coef) const {
+    Saved* one[] = {&s};
+    router_z_loss(one, c_, nullptr, coef);
+  }
+
+  /// transformers' load_balancing_loss_func over the routing of several layers (their tokens
+  /// concatenated, as MixtralForCausalLM passes every layer's router logits), counting only
+  /// tokens with mask[t] != 0 (the attention mask; null: all):
+  ///   f_e = (routings of valid tokens to e, over all layers and slots) / (layers x valid)
+  ///   P_e = (sum of p_e over valid tokens and layers) / (layers x valid)
+  ///   aux = E * sum_e f_e P_e
+  /// With coef != 0, adds coef * d aux / d logits to each layer's router gradient (only P
+  /// carries one: d aux / d p_{t,e} = E f_e / (layers x valid) for a valid token).
+  static double load_balancing_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask,
+                                    float coef) {
+    const std::int64_t E = c.num_experts, K = c.top_k;
+    std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
+    double n = 0;
+    for (const Saved* s : layers)
+      for (std::int64_t t = 0; t < s->tokens; ++t) {
+        if (mask && mask[t] == 0) continue;
+        n += 1;
+        for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s->top[static_cast<std::size_t>(t * K + k)])] += 1.0;
+        for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s->probs[static_cast<std::size_t>(t * E + e)];
+      }
+    if (n == 0) return 0.0;
+    double aux = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      f[static_cast<std::size_t>(e)] /= n;
+      P[static_cast<std::size_t>(e)] /= n;
+      aux += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
+    }
+    if (coef != 0.0f) {
+      std::vector<float> dp(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e)
+        dp[static_cast<std::size_t>(e)] = static_cast<float>(coef * static_cast<double>(E) * f[static_cast<std::size_t>(e)] / n);
+      for (Saved* s : layers) {
+        extra(*s, E);
+        for (std::int64_t t = 0; t < s->tokens; ++t)
+          if (!mask || mask[t] != 0)
+            softmax_backward_add(s->probs.data() + t * E, dp.data(), s->dlogits_extra.data() + t * E, E);
+      }
+    }
+    return aux * static_cast<double>(E);
+  }
+
+  /// The router z-loss over several layers' valid tokens: the mean of logsumexp(logits)^2;
+  /// with coef != 0 adds coef * its gradient (coef * 2 z p_e / count) to each layer's router.
+  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef) {
+    const std::int64_t E = c.num_experts;
+    double sum = 0, n = 0;
+    for (const Saved* s : layers)
+      for (std::int64_t t = 0; t < s->tokens; ++t)
+        if (!mask || mask[t] != 0) {
+          const double z = logsumexp(s->logits.data() + t * E, E);
+          sum += z * z;
+          n += 1;
+        }
+    if (n == 0) return 0.0;
+    if (coef != 0.0f)
+      for (Saved* s : layers) {
+        extra(*s, E);
+        for (std::int64_t t = 0; t < s->tokens; ++t) {
+          if (mask && mask[t] == 0) continue;
+          const double z = logsumexp(s->logits.data() + t * E, E);
+          for (std::int64_t e = 0; e < E; ++e)
+            s->dlogits_extra[static_cast<std::size_t>(t * E + e)] +=
+                static_cast<float>(coef * 2.0 * z * s->probs[static_cast<std::size_t>(t * E + e)] / n);
+        }
+      }
+    return sum / n;
+  }
+
+  /// One token's routing, on the calling thread (training and the cached forward share it):
+  /// probs [E] = softmax(logits [E]) in f32; top [k]: the experts of the k largest, largest
+  /// first (ties: the lower index first, as a stable sort); weight [k]: their probabilities,
+  /// divided by their sum when norm_topk_prob.
+  static void route_token(const float* logits, float* probs, const MoeConfig& c, std::int64_t* top, float* weight) {
+    const std::int64_t E = c.num_experts, K = c.top_k;
+    kernels::softmax_row(logits, probs, E);
+    double S = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      std::int64_t best = -1;
+      for (std::int64_t e = 0; e < E; ++e) {
+        if (std::find(top, top + k, e) != top + k) continue;
+        if (best < 0 || probs[e] > probs[best]) best = e;
+      }
+      top[k] = best;
+      S += probs[best];
+    }
+    for (std::int64_t k = 0; k < K; ++k)
+      weight[k] = c.norm_topk_prob ? static_cast<float>(probs[top[k]] / S) : probs[top[k]];
+  }
+
+  /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
+  void backward(const float* dy, Saved& s, float* dx) {
+    const std::int64_t T = s.tokens, H = c_.hidden, E = c_.num_experts, K = c_.top_k;
+    std::vector<float> dw(static_cast<std::size_t>(T * K), 0.f);
+    std::fill(dx, dx + T * H, 0.f);
+    std::vector<float> dye, dxe;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto n = static_cast<std::int64_t>(rows.size());
+      if (n == 0) continue;
+      const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      dye.resize(static_cast<std::size_t>(n * H));
+      dxe.resize(static_cast<std::size_t>(n * H));
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+        const float w = s.weight[static_cast<std::size_t>(slot)];
+        double d = 0;  // d loss / d w_slot = dy_t . expert output
+        for (std::int64_t j = 0; j < H; ++j) {
+          const float g = dy[t * H + j];
+          dye[static_cast<std::size_t>(r * H + j)] = w * g;
+          d += static_cast<double>(g) * ye[static_cast<std::size_t>(r * H + j)];
+        }
+        dw[static_cast<std::size_t>(slot)] = static_cast<float>(d);
+      }
+      experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[static_cast<std::size_t>(r * H + j)];
+      }
+    }
+    // Through the renormalisation and the softmax to the router's logits.
+    std::vector<float> dlogits(static_cast<std::size_t>(T * E), 0.f), dp(static_cast<std::size_t>(E));
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::fill(dp.begin(), dp.end(), 0.f);
+      const float* p = s.probs.data() + t * E;
+      const std::int64_t* top = s.top.data() + t * K;
+      const float* w = s.weight.data() + t * K;
+      const float* g = dw.data() + t * K;
+      if (c_.norm_topk_prob) {
+        // w_k = p_k / S: dp_k = (g_k - sum_j g_j w_j) / S for the chosen k.
+        double S = 0, gw = 0;
+        for (std::int64_t k = 0; k < K; ++k) S += p[top[k]], gw += static_cast<double>(g[k]) * w[k];
+        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = static_cast<float>((g[k] - gw) / S);
+      } else {
+        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = g[k];
+      }
+      softmax_backward_add(p, dp.data(), dlogits.data() + t * E, E);
+    }
+    if (!s.dlogits_extra.empty())
+      for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
+    gate.backward(dlogits.data(), s.router_s, dx, true);
+  }
+
+ private:
+  /// probs = softmax(logits), the top k and their weights, token by token.
+  void route(Saved& s) const {
+    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
+    s.probs.resize(static_cast<std::size_t>(T * E));
+    s.top.resize(static_cast<std::size_t>(T * K));
+    s.weight.resize(static_cast<std::size_t>(T * K));
+    for (std::int64_t t = 0; t < T; ++t)
+      route_token(s.logits.data() + t * E, s.probs.data() + t * E, c_, s.top.data() + t * K, s.weight.data() + t * K);
+  }
+
+  static void extra(Saved& s, std::int64_t E) {
+    if (s.dlogits_extra.empty()) s.dlogits_extra.assign(static_cast<std::size_t>(s.tokens * E), 0.f);
+  }
+
+  static double logsumexp(const float* l, std::int64_t E) {
+    const float m = *std::max_element(l, l + E);
+    double sum = 0;
+    for (std::int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - m));
+    return m + std::log(sum);
+  }
+
+  /// dl += p * (dp - sum_i dp_i p_i): the softmax's Jacobian-vector product.
+  static void softmax_backward_add(const float* p, const float* dp, float* dl, std::int64_t E) {
+    double dot = 0;
+    for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(dp[e]) * p[e];
+    for (std::int64_t e = 0; e < E; ++e) dl[e] += static_cast<float>(p[e] * (dp[e] - dot));
+  }
+
+  MoeConfig c_;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/moe.hpp
 // // #include <edl/nn/rms_norm.hpp> (inlined above) (inlined above)
 
 namespace edl::nn {
@@ -8387,6 +8756,7 @@ struct DecoderLayerConfig {
   std::int64_t intermediate = 0;
   bool mlp_bias = false;
   double rms_norm_eps = 1e-6;
+  std::optional<MoeConfig> moe;  // set: a sparse mixture-of-experts block instead of the MLP
 };
 
 template <class Pol>
@@ -8398,6 +8768,7 @@ class DecoderLayer {
     typename RMSNorm<Pol>::Saved norm1_s, norm2_s;
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
+    typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
@@ -8418,32 +8789,43 @@ class DecoderLayer {
       : input_layernorm(c.attention.hidden, c.rms_norm_eps),
         self_attn(c.attention),
         post_attention_layernorm(c.attention.hidden, c.rms_norm_eps),
-        mlp(c.attention.hidden, c.intermediate, c.mlp_bias),
-        hidden_(c.attention.hidden) {}
+        hidden_(c.attention.hidden) {
+    if (c.moe) block_sparse_moe = MoE<Pol>(*c.moe);
+    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias);
+    sparse_ = c.moe.has_value();
+  }
 
   RMSNorm<Pol> input_layernorm;
   Attention<Pol> self_attn;
   RMSNorm<Pol> post_attention_layernorm;
-  MLP<Pol> mlp;
+  MLP<Pol> mlp;                 // empty in a mixture-of-experts layer
+  MoE<Pol> block_sparse_moe;    // empty in a dense layer
+
+  /// A mixture-of-experts layer (block_sparse_moe in place of mlp).
+  bool is_sparse() const noexcept { return sparse_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
-    mlp.visit_params(join_path(prefix, "mlp"), f);
+    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, "block_sparse_moe"), f);
+    else mlp.visit_params(join_path(prefix, "mlp"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
     self_attn.visit_linears(join_path(prefix, "self_attn"), f);
-    mlp.visit_linears(join_path(prefix, "mlp"), f);
+    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, "block_sparse_moe"), f);
+    else mlp.visit_linears(join_path(prefix, "mlp"), f);
   }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
-           mlp.param_count();
+           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count());
   }
+  /// What runs: with experts, the router and k experts per token.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
-    return self_attn.flops_forward(batch, seq) + mlp.flops_forward(batch * seq);
+    return self_attn.flops_forward(batch, seq) +
+           (sparse_ ? block_sparse_moe.flops_forward(batch * seq) : mlp.flops_forward(batch * seq));
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
@@ -8462,7 +8844,8 @@ class DecoderLayer {
     self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+    else mlp.forward(s.n2.data(), T, y, s.mlp_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped_by<R>());
   }
@@ -8479,7 +8862,8 @@ class DecoderLayer {
     rematerialize(s);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n);
-    mlp.backward(dy, s.mlp_s, a.data());                       // d n2
+    if (sparse_) block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+    else mlp.backward(dy, s.mlp_s, a.data());
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
     self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
@@ -8531,11 +8915,13 @@ class DecoderLayer {
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
-    mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    if (sparse_) s.moe_s.router_s.point_at(s.n2.data(), T);  // the experts keep their own inputs
+    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
     s.dropped = 0;
   }
 
   std::int64_t hidden_ = 0;
+  bool sparse_ = false;
 };
 
 }  // namespace edl::nn
@@ -8680,6 +9066,9 @@ struct LossMetrics {
   double accuracy = 0.0;
   std::int64_t tokens = 0;
   double perplexity = 1.0;
+  // Mixture-of-experts models (unscaled; `loss` holds them times their coefficients):
+  double aux_loss = 0.0;       // load balancing (transformers' load_balancing_loss_func)
+  double router_z_loss = 0.0;  // mean logsumexp(router logits)^2
 };
 
 /// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],
@@ -8788,310 +9177,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 // end of edl/nn/loss.hpp
 // #include <edl/nn/low_rank_adapter.hpp> (inlined above)
 // #include <edl/nn/mlp.hpp> (inlined above)
-// #include <edl/nn/moe.hpp>
-// edl/nn/moe.hpp
-// Sparse mixture-of-experts feed-forward, as HF MixtralSparseMoeBlock (and Qwen2-MoE's routing):
-//
-//   logits = x Wr^T                         router "gate": [E, hidden], no bias, f32
-//   p      = softmax(logits)                over the E experts, f32
-//   top    = the k largest p per token      (ties: the lower expert index first)
-//   w      = p[top] / sum p[top]            renormalised (Mixtral; Qwen2-MoE: norm_topk_prob)
-//   y      = sum_k w_k * expert_{top_k}(x)  each expert a SwiGLU MLP (w1 gate, w3 up, w2 down)
-//
-// Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
-// is at most all tokens), so an expert's three GEMMs run once over its own rows.
-//
-// Backward runs through the renormalisation and the softmax; the top-k choice itself is
-// piecewise constant (no gradient), as in PyTorch.
-//
-// The auxiliary load-balancing loss (transformers' load_balancing_loss_func over one layer's
-// tokens) is E * sum_e f_e * P_e with f_e the fraction of (token, slot) routings to expert e
-// and P_e the mean router probability of e; only P carries a gradient. aux_loss() gives it and
-// aux_loss_backward() adds its gradient (times a coefficient) to the router's logits gradient
-// before backward. The router z-loss (mean over tokens of logsumexp(logits)^2) likewise.
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <numeric>
-#include <string_view>
-#include <vector>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/kernels/softmax.hpp> (inlined above)
-// #include <edl/nn/linear.hpp> (inlined above)
-// #include <edl/nn/mlp.hpp> (inlined above)
-// // #include <edl/nn/module.hpp> (inlined above) (inlined above)
-
-namespace edl::nn {
-
-struct MoeConfig {
-  std::int64_t hidden = 0, intermediate = 0;
-  std::int64_t num_experts = 8;   // num_local_experts
-  std::int64_t top_k = 2;         // num_experts_per_tok
-  bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
-};
-
-template <class Pol>
-class MoE {
-  EDL_NN_CHECK_POLICY(Pol);
-
- public:
-  struct Saved {
-    std::int64_t tokens = 0;
-    typename ColumnLinear<Pol>::Saved router_s;
-    std::vector<float> logits, probs;        // [T, E]
-    std::vector<std::int64_t> top;           // [T, k] expert of each slot
-    std::vector<float> weight;               // [T, k] renormalised routing weight
-    // Per expert: its rows (token index, slot), the gathered inputs, outputs and MLP state.
-    std::vector<std::vector<std::int64_t>> rows;
-    std::vector<std::vector<float>> xs, ys;
-    std::vector<typename MLP<Pol>::Saved> mlp_s;
-    std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
-  };
-
-  MoE() = default;
-  explicit MoE(const MoeConfig& c)
-      : gate(c.hidden, c.num_experts, false), c_(c) {
-    EDL_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0, errc::invalid_argument, "nn::MoE",
-              "hidden, intermediate and num_experts must be positive, found ", c.hidden, ", ", c.intermediate, ", ",
-              c.num_experts);
-    EDL_CHECK(c.top_k > 0 && c.top_k <= c.num_experts, errc::invalid_argument, "nn::MoE top_k",
-              "must be in [1, num_experts = ", c.num_experts, "], found ", c.top_k);
-    experts.reserve(static_cast<std::size_t>(c.num_experts));
-    for (std::int64_t e = 0; e < c.num_experts; ++e) experts.emplace_back(c.hidden, c.intermediate);
-  }
-
-  ColumnLinear<Pol> gate;          // the router (HF: block_sparse_moe.gate)
-  std::vector<MLP<Pol>> experts;   // HF: block_sparse_moe.experts.J.{w1,w2,w3}
-
-  const MoeConfig& config() const noexcept { return c_; }
-
-  /// HF Mixtral names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj).
-  template <class F>
-  void visit_params(std::string_view prefix, F&& f) {
-    gate.visit_params(join_path(prefix, "gate"), f);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      const std::string p = join_path(prefix, "experts." + std::to_string(e));
-      experts[e].gate_proj.visit_params(join_path(p, "w1"), f);
-      experts[e].down_proj.visit_params(join_path(p, "w2"), f);
-      experts[e].up_proj.visit_params(join_path(p, "w3"), f);
-    }
-  }
-  std::int64_t param_count() const noexcept {
-    std::int64_t n = gate.param_count();
-    for (const auto& e : experts) n += e.param_count();
-    return n;
-  }
-  /// Forward flops per token: the router and k experts (what runs, not what is stored).
-  double flops_forward(std::int64_t tokens) const noexcept {
-    return gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
-  }
-  void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
-
-  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
-    const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
-    s.tokens = tokens;
-    s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
-    gate.forward(x, tokens, s.logits.data(), s.router_s);
-    route(s);
-    // Group (token, slot) pairs by expert, gather, run each expert once over its rows.
-    s.rows.assign(static_cast<std::size_t>(E), {});
-    for (std::int64_t t = 0; t < tokens; ++t)
-      for (std::int64_t k = 0; k < K; ++k) s.rows[static_cast<std::size_t>(s.top[t * K + k])].push_back(t * K + k);
-    s.xs.assign(static_cast<std::size_t>(E), {});
-    s.ys.assign(static_cast<std::size_t>(E), {});
-    s.mlp_s.assign(static_cast<std::size_t>(E), {});
-    std::fill(y, y + tokens * H, 0.f);
-    for (std::int64_t e = 0; e < E; ++e) {
-      const auto& rows = s.rows[static_cast<std::size_t>(e)];
-      const auto n = static_cast<std::int64_t>(rows.size());
-      if (n == 0) continue;
-      auto& xe = s.xs[static_cast<std::size_t>(e)];
-      auto& ye = s.ys[static_cast<std::size_t>(e)];
-      xe.resize(static_cast<std::size_t>(n * H));
-      ye.resize(static_cast<std::size_t>(n * H));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
-      }
-      experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
-        const float w = s.weight[static_cast<std::size_t>(slot)];
-        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
-      }
-    }
-    s.dlogits_extra.clear();
-  }
-
-  void apply(const float* x, std::int64_t tokens, float* y) const {
-    Saved s;
-    forward(x, tokens, y, s);
-  }
-
-  /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
-  /// one layer and no padding mask): E * sum_e f_e * P_e.
-  double aux_loss(const Saved& s) const {
-    const auto [f, P] = balance_terms(s);
-    double l = 0;
-    for (std::int64_t e = 0; e < c_.num_experts; ++e) l += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
-    return l * static_cast<double>(c_.num_experts);
-  }
-  /// Adds coef * d aux_loss / d logits to what backward adds to the router's gradient.
-  void aux_loss_backward(Saved& s, float coef) const {
-    const std::int64_t T = s.tokens, E = c_.num_experts;
-    const auto [f, P] = balance_terms(s);
-    (void)P;
-    // d/dp_{t,e} = E * f_e / T, then through the softmax.
-    std::vector<float> dp(static_cast<std::size_t>(E));
-    for (std::int64_t e = 0; e < E; ++e)
-      dp[static_cast<std::size_t>(e)] = static_cast<float>(coef * static_cast<double>(E) * f[static_cast<std::size_t>(e)] /
-                                                           static_cast<double>(T));
-    extra(s);
-    for (std::int64_t t = 0; t < T; ++t) softmax_backward_add(s.probs.data() + t * E, dp.data(), s.dlogits_extra.data() + t * E);
-  }
-  /// Router z-loss: mean over tokens of logsumexp(logits)^2 (ST-MoE; Qwen2-MoE's and
-  /// DeepSeek's routers use it).
-  double z_loss(const Saved& s) const {
-    double l = 0;
-    const std::int64_t E = c_.num_experts;
-    for (std::int64_t t = 0; t < s.tokens; ++t) {
-      const double z = logsumexp(s.logits.data() + t * E);
-      l += z * z;
-    }
-    return l / static_cast<double>(s.tokens);
-  }
-  /// Adds coef * d z_loss / d logits (= coef * 2 z_t p_{t,e} / T).
-  void z_loss_backward(Saved& s, float coef) const {
-    const std::int64_t E = c_.num_experts, T = s.tokens;
-    extra(s);
-    for (std::int64_t t = 0; t < T; ++t) {
-      const double z = logsumexp(s.logits.data() + t * E);
-      for (std::int64_t e = 0; e < E; ++e)
-        s.dlogits_extra[static_cast<std::size_t>(t * E + e)] +=
-            static_cast<float>(coef * 2.0 * z * s.probs[static_cast<std::size_t>(t * E + e)] / static_cast<double>(T));
-    }
-  }
-
-  /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
-  void backward(const float* dy, Saved& s, float* dx) {
-    const std::int64_t T = s.tokens, H = c_.hidden, E = c_.num_experts, K = c_.top_k;
-    std::vector<float> dw(static_cast<std::size_t>(T * K), 0.f);
-    std::fill(dx, dx + T * H, 0.f);
-    std::vector<float> dye, dxe;
-    for (std::int64_t e = 0; e < E; ++e) {
-      const auto& rows = s.rows[static_cast<std::size_t>(e)];
-      const auto n = static_cast<std::int64_t>(rows.size());
-      if (n == 0) continue;
-      const auto& ye = s.ys[static_cast<std::size_t>(e)];
-      dye.resize(static_cast<std::size_t>(n * H));
-      dxe.resize(static_cast<std::size_t>(n * H));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
-        const float w = s.weight[static_cast<std::size_t>(slot)];
-        double d = 0;  // d loss / d w_slot = dy_t . expert output
-        for (std::int64_t j = 0; j < H; ++j) {
-          const float g = dy[t * H + j];
-          dye[static_cast<std::size_t>(r * H + j)] = w * g;
-          d += static_cast<double>(g) * ye[static_cast<std::size_t>(r * H + j)];
-        }
-        dw[static_cast<std::size_t>(slot)] = static_cast<float>(d);
-      }
-      experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[static_cast<std::size_t>(r * H + j)];
-      }
-    }
-    // Through the renormalisation and the softmax to the router's logits.
-    std::vector<float> dlogits(static_cast<std::size_t>(T * E), 0.f), dp(static_cast<std::size_t>(E));
-    for (std::int64_t t = 0; t < T; ++t) {
-      std::fill(dp.begin(), dp.end(), 0.f);
-      const float* p = s.probs.data() + t * E;
-      const std::int64_t* top = s.top.data() + t * K;
-      const float* w = s.weight.data() + t * K;
-      const float* g = dw.data() + t * K;
-      if (c_.norm_topk_prob) {
-        // w_k = p_k / S: dp_k = (g_k - sum_j g_j w_j) / S for the chosen k.
-        double S = 0, gw = 0;
-        for (std::int64_t k = 0; k < K; ++k) S += p[top[k]], gw += static_cast<double>(g[k]) * w[k];
-        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = static_cast<float>((g[k] - gw) / S);
-      } else {
-        for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = g[k];
-      }
-      softmax_backward_add(p, dp.data(), dlogits.data() + t * E);
-    }
-    if (!s.dlogits_extra.empty())
-      for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
-    gate.backward(dlogits.data(), s.router_s, dx, true);
-  }
-
- private:
-  /// probs = softmax(logits); top-k per token (stable: lower index on ties); weights.
-  void route(Saved& s) const {
-    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
-    s.probs.resize(static_cast<std::size_t>(T * E));
-    s.top.resize(static_cast<std::size_t>(T * K));
-    s.weight.resize(static_cast<std::size_t>(T * K));
-    kernels::softmax_rows(s.logits.data(), s.probs.data(), T, E);
-    std::vector<std::int64_t> order(static_cast<std::size_t>(E));
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* p = s.probs.data() + t * E;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [&](std::int64_t a, std::int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      double S = 0;
-      for (std::int64_t k = 0; k < K; ++k) S += p[order[static_cast<std::size_t>(k)]];
-      for (std::int64_t k = 0; k < K; ++k) {
-        const std::int64_t e = order[static_cast<std::size_t>(k)];
-        s.top[static_cast<std::size_t>(t * K + k)] = e;
-        s.weight[static_cast<std::size_t>(t * K + k)] = c_.norm_topk_prob ? static_cast<float>(p[e] / S) : p[e];
-      }
-    }
-  }
-
-  /// f_e: fraction of (token, slot) routings to e (per slot, averaged over slots, as
-  /// transformers' mean over the one-hot mask); P_e: mean probability of e over tokens.
-  std::pair<std::vector<double>, std::vector<double>> balance_terms(const Saved& s) const {
-    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
-    std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
-    for (std::int64_t t = 0; t < T; ++t) {
-      for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s.top[static_cast<std::size_t>(t * K + k)])] += 1.0;
-      for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s.probs[static_cast<std::size_t>(t * E + e)];
-    }
-    // transformers: tokens_per_expert = mean over tokens of the [T, k, E] mask -> [k, E], then
-    // sum(tokens_per_expert * P) sums over the k slots: f_e = count_e / T.
-    for (auto& v : f) v /= static_cast<double>(T);
-    for (auto& v : P) v /= static_cast<double>(T);
-    return {f, P};
-  }
-
-  void extra(Saved& s) const {
-    if (s.dlogits_extra.empty()) s.dlogits_extra.assign(static_cast<std::size_t>(s.tokens * c_.num_experts), 0.f);
-  }
-
-  double logsumexp(const float* l) const {
-    const std::int64_t E = c_.num_experts;
-    const float m = *std::max_element(l, l + E);
-    double sum = 0;
-    for (std::int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - m));
-    return m + std::log(sum);
-  }
-
-  /// dl += p * (dp - sum_i dp_i p_i): the softmax's Jacobian-vector product.
-  void softmax_backward_add(const float* p, const float* dp, float* dl) const {
-    const std::int64_t E = c_.num_experts;
-    double dot = 0;
-    for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(dp[e]) * p[e];
-    for (std::int64_t e = 0; e < E; ++e) dl[e] += static_cast<float>(p[e] * (dp[e] - dot));
-  }
-
-  MoeConfig c_;
-};
-
-}  // namespace edl::nn
-// end of edl/nn/moe.hpp
+// #include <edl/nn/moe.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/nn/param.hpp> (inlined above)
 // #include <edl/nn/quantize.hpp>
@@ -9124,9 +9210,13 @@ struct QuantizationConfig {
   std::int64_t block_size = 0;  // 0: the format's own (32 for q8_0 / q4_0, 64 for nf4)
   std::string pattern = kDefaultPattern;
 
-  static constexpr const char* kDefaultPattern = R"(\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$)";
+  /// The decoder's projections: attention, MLP and experts (a router, block_sparse_moe.gate,
+  /// stays in the policy's dtype, as llama.cpp keeps ffn_gate_inp in f32).
+  static constexpr const char* kDefaultPattern =
+      R"(\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$)";
   /// The decoder's Linears and lm_head (what llama.cpp's q8_0 / q4_0 files quantize).
-  static constexpr const char* kWithHeadPattern = R"((\.layers\.\d+\.(self_attn|mlp)\.\w+_proj|^lm_head)\.weight$)";
+  static constexpr const char* kWithHeadPattern =
+      R"((\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])|^lm_head)\.weight$)";
 };
 
 /// Quantizes every Linear of `m` whose weight path matches cfg.pattern and is not quantized
@@ -19177,7 +19267,12 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3/mixtral).
+//
+// Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
+// num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
+// output_router_logits the training loss adds router_aux_loss_coef x the load-balancing loss
+// (and router_z_loss_coef x the router z-loss, a field of other MoE configs, 0 by default).
 
 #include <algorithm>
 #include <cstdint>
@@ -19227,7 +19322,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -19252,6 +19347,13 @@ struct LlamaConfig {
   double initializer_range = 0.02;
   std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
   std::optional<std::string> problem_type;  // "single_label_classification", ...
+  // Mixture of experts (mixtral; HF MixtralConfig names and defaults).
+  std::int64_t num_local_experts = 8;
+  std::int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;  // HF: the aux loss joins the loss only when set
+  double router_jitter_noise = 0.0;   // HF: multiplicative noise on the block's input in training
+  double router_z_loss_coef = 0.0;
   /// Fields edl does not interpret, kept verbatim.
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
@@ -19268,6 +19370,8 @@ struct LlamaConfig {
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
   bool qk_norm() const { return model_type == "qwen3"; }
+  /// Every layer's MLP is a sparse mixture of experts (block_sparse_moe).
+  bool is_moe() const { return model_type == "mixtral"; }
   /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
     if ((model_type == "qwen2" || model_type == "qwen3") &&
@@ -19285,9 +19389,10 @@ struct LlamaConfig {
     auto positive = [&](const char* name, std::int64_t v) {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
-    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3",
-              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2 or qwen3, found \"", model_type,
-              "\"");
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
+                  model_type == "mixtral",
+              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2, qwen3 or mixtral, found \"",
+              model_type, "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -19328,6 +19433,19 @@ struct LlamaConfig {
               hidden_act, "\"");
     if (sliding_window) positive("sliding_window", *sliding_window);
     EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
+    if (is_moe()) {
+      positive("num_local_experts", num_local_experts);
+      bounded("num_local_experts", num_local_experts, std::int64_t{1} << 12);
+      EDL_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= num_local_experts, errc::config,
+                where("num_experts_per_tok"), "must be in [1, num_local_experts = ", num_local_experts, "], found ",
+                num_experts_per_tok);
+      EDL_CHECK(router_aux_loss_coef >= 0, errc::config, where("router_aux_loss_coef"),
+                "must be non-negative, found ", router_aux_loss_coef);
+      EDL_CHECK(router_z_loss_coef >= 0, errc::config, where("router_z_loss_coef"), "must be non-negative, found ",
+                router_z_loss_coef);
+      EDL_CHECK(router_jitter_noise >= 0 && router_jitter_noise < 1, errc::config, where("router_jitter_noise"),
+                "must be in [0, 1), found ", router_jitter_noise);
+    }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
       EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
@@ -19353,7 +19471,8 @@ struct LlamaConfig {
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
         "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
         "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
-        "num_labels", "problem_type"};
+        "num_labels", "problem_type", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+        "output_router_logits", "router_jitter_noise", "router_z_loss_coef"};
     return k;
   }
 
@@ -19393,6 +19512,12 @@ struct LlamaConfig {
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
     else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
     cfg.problem_type = c.optional<std::string>("problem_type");
+    cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
+    cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
+    cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
+    cfg.output_router_logits = c.get<bool>("output_router_logits", false);
+    cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
+    cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
 
     if (c.has_value("rope_scaling")) {
       const ojson& r = j["rope_scaling"];
@@ -19469,6 +19594,14 @@ struct LlamaConfig {
     k["torch_dtype"] = torch_dtype;
     k["initializer_range"] = initializer_range;
     if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
+    if (is_moe()) {
+      k["num_local_experts"] = num_local_experts;
+      k["num_experts_per_tok"] = num_experts_per_tok;
+      k["router_aux_loss_coef"] = router_aux_loss_coef;
+      k["output_router_logits"] = output_router_logits;
+      k["router_jitter_noise"] = router_jitter_noise;
+    }
+    if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
     if (problem_type || was_present("problem_type"))
       k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
 
@@ -19496,14 +19629,19 @@ struct LlamaConfig {
   void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
   // ------------------------------------------------------------------ presets
-  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }
+  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b", "small_moe", "small_wide"}; }
 
-  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4).
+  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4),
+  /// and a mixture-of-experts pair: small_moe, small with 8 experts of small's MLP, 2 per token
+  /// (Mixtral-shaped), and small_wide, the dense model with the same active parameters per
+  /// token (one MLP twice as wide).
   static LlamaConfig preset(const std::string& name) {
-    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos; };
-    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256},
-                                {"small", 768, 2048, 12, 12, 12, 32000, 1024},
-                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048}};
+    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos, experts, per_tok; };
+    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256, 0, 0},
+                                {"small", 768, 2048, 12, 12, 12, 32000, 1024, 0, 0},
+                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048, 0, 0},
+                                {"small_moe", 768, 2048, 12, 12, 12, 32000, 1024, 8, 2},
+                                {"small_wide", 768, 4096, 12, 12, 12, 32000, 1024, 0, 0}};
     for (const P& p : presets) {
       if (name != p.name) continue;
       LlamaConfig c;
@@ -19519,6 +19657,12 @@ struct LlamaConfig {
       c.rope_theta = 10000.0;
       c.tie_word_embeddings = false;
       c.extra["architectures"] = {"LlamaForCausalLM"};
+      if (p.experts > 0) {
+        c.model_type = "mixtral";
+        c.num_local_experts = p.experts;
+        c.num_experts_per_tok = p.per_tok;
+        c.extra["architectures"] = {"MixtralForCausalLM"};
+      }
       c.validate();
       return c;
     }
@@ -19551,6 +19695,16 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      if (is_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
+        p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
+        for (std::int64_t e = 0; e < num_local_experts; ++e) {
+          const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          p.push_back({ex + "w1.weight", {I, H}});
+          p.push_back({ex + "w2.weight", {H, I}});
+          p.push_back({ex + "w3.weight", {I, H}});
+        }
+        continue;
+      }
       const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
           {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};
       for (const auto& [n, out, in] : mlp) {
@@ -19596,6 +19750,13 @@ struct LlamaConfig {
 // for backward, e.g. LlamaForCausalLM<with_remat<DefaultPolicy, remat::nothing_saveable>>;
 // forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
 // from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
+//
+// Mixtral (config().is_moe()): with output_router_logits, loss() and forward_backward() add
+// router_aux_loss_coef x the load-balancing loss over every layer's routing (padding excluded
+// through the layout's attention_mask) and router_z_loss_coef x the router z-loss, as
+// MixtralForCausalLM does when given labels; LossMetrics::aux_loss and router_z_loss report
+// them unscaled. With LossOptions::normalizer (micro-batches of one step), a micro-batch's
+// router terms weigh valid / normalizer, so the step's sum is their token-weighted mean.
 //
 // With tied embeddings there is no lm_head parameter: the head reads
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
@@ -19648,6 +19809,9 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
+  if (c.is_moe())
+    d.moe = nn::MoeConfig{.hidden = c.hidden_size, .intermediate = c.intermediate_size,
+                          .num_experts = c.num_local_experts, .top_k = c.num_experts_per_tok, .norm_topk_prob = true};
   return d;
 }
 
@@ -19827,10 +19991,12 @@ class LlamaForCausalLM {
                        const nn::LossOptions& opt = {}) const {
     Saved s;
     forward(ids, layout, s);
-    return const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
+    nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
                                 labels ? labels : ids, opt);
     });
+    router_losses(s, layout, opt, m, false);
+    return m;
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
@@ -19840,12 +20006,38 @@ class LlamaForCausalLM {
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
-    const nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
+    nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
                                 labels ? labels : ids, opt, dhidden.data(), grad);
     });
+    router_losses(s, layout, opt, m, true);
     model.backward(dhidden.data(), s.model_s);
     return m;
+  }
+
+  /// The router losses of a mixture-of-experts forward (config().output_router_logits) added
+  /// to m, and with `backward` their gradients to the routers' (before model.backward).
+  void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
+                     bool backward) const {
+    const LlamaConfig& c = config();
+    if (!c.is_moe() || !c.output_router_logits) return;
+    if (backward)
+      EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
+                "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
+                " (set it to 0)");
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;
+    for (auto& ls : s.model_s.layer_s) routed.push_back(&ls.moe_s);
+    // A micro-batch's share of the step (normalizer: the step's target tokens).
+    double weight = 1.0;
+    if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
+    const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
+    const nn::MoeConfig& mc = model.layers.front().block_sparse_moe.config();
+    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
+    m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
+    if (c.router_z_loss_coef > 0) {
+      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, layout.attention_mask, coef(c.router_z_loss_coef));
+      m.loss += weight * c.router_z_loss_coef * m.router_z_loss;
+    }
   }
 
  private:
@@ -20130,6 +20322,9 @@ class ShardedLlama {
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
+    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
+              "a mixture-of-experts model (", cfg_.model_type,
+              ") runs on one device for now: its experts are not split over a mesh axis yet");
     setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -21744,6 +21939,8 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
+  EDL_CHECK(!c.is_moe(), errc::unsupported, where, "a ", c.model_type,
+            " model's experts are not written to GGUF yet (llama.cpp's ffn_*_exps tensors)");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
@@ -22644,7 +22841,9 @@ class LlamaForSequenceClassification {
 //
 // A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> (Qwen3: per-head
 // q/k norms) -> rope and the cache store -> attention -> o_proj (+ residual) -> norm -> gate/up
-// -> SwiGLU -> down (+ residual).
+// -> SwiGLU -> down (+ residual); in a mixture-of-experts layer (Mixtral) the last steps are
+// norm -> router -> for each expert chosen by some row: gate/up -> SwiGLU -> down over those
+// rows only (+ the weighted sum into the residual), so decode reads only the chosen experts.
 // What differs between uses is the `steps` it runs on:
 //  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
 //    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
@@ -23698,7 +23897,7 @@ class CachedForward {
   using Part = kernels::MatvecPart<T>;
 
   /// The phases run_one_row runs per layer, in order: q/k/v, attention, o_proj, gate/up, down
-  /// (then one for the lm_head).
+  /// (then one for the lm_head); a mixture-of-experts layer has one more (the router).
   static constexpr std::size_t kPhasesPerLayer = 5;
 
   /// `model` is this device's model (tp-local sizes on a mesh), `vocab` the whole vocabulary
@@ -23713,6 +23912,10 @@ class CachedForward {
     D_ = c.head_size();
     window_ = c.attention_window().value_or(0);
     eps_ = static_cast<float>(c.rms_norm_eps);
+    if (c.is_moe()) {
+      E_ = c.num_local_experts;
+      K_ = c.num_experts_per_tok;
+    }
   }
 
   /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
@@ -23759,7 +23962,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -23778,6 +23981,7 @@ class CachedForward {
                      [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
     st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
+    if (L.is_sparse()) return st.norm_experts(L.post_attention_layernorm.weight.data(), L.block_sparse_moe);
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
                    std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
     st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
@@ -23807,6 +24011,33 @@ class CachedForward {
     void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
       norm_products(norm_w, gate_up, [](std::int64_t) {});
       kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    }
+    // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
+    // products once over its own rows (one row: matrix-vector products over that expert alone).
+    template <class Moe>
+    void norm_experts(const T* norm_w, const Moe& moe) {
+      EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
+                "mixture-of-experts layers run on one device");
+      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
+      f.route_rows(n, moe);
+      for (std::int64_t e = 0; e < f.E_; ++e) {
+        const auto& rows = f.expert_rows_[static_cast<std::size_t>(e)];
+        const auto ne = static_cast<std::int64_t>(rows.size());
+        if (ne == 0) continue;
+        for (std::int64_t i = 0; i < ne; ++i)
+          std::memcpy(f.expert_x_.data() + i * f.H_, f.normed_.data() + rows[static_cast<std::size_t>(i)].first * f.H_,
+                      static_cast<std::size_t>(f.H_) * sizeof(float));
+        const auto& ex = moe.experts[static_cast<std::size_t>(e)];
+        kernels::linear_group<T, 2>(f.expert_x_.data(), ne,
+                                    {part(ex.gate_proj, f.gate_.data(), f.I_), part(ex.up_proj, f.up_.data(), f.I_)}, f.H_);
+        kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(ne * f.I_));
+        kernels::linear_part(f.gate_.data(), ne, part(ex.down_proj, f.out_.data(), f.H_), f.I_);
+        for (std::int64_t i = 0; i < ne; ++i) {
+          const auto [r, w] = rows[static_cast<std::size_t>(i)];
+          kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
+        }
+      }
     }
   };
 
@@ -23851,6 +24082,40 @@ class CachedForward {
           },
           [] {});
     }
+    // One row through a mixture of experts: a serial phase normalises x and routes it, one
+    // phase runs the gate/up products of the k chosen experts, one their down products and
+    // the weighted sum into x (each task its range of rows of every expert, experts in index
+    // order, as RowSteps sums them).
+    template <class Moe>
+    void norm_experts(const T* norm_w, const Moe& moe) {
+      const std::int64_t H = f.H_, I = f.I_, K = f.K_;
+      team.phase(1, [&](std::int64_t) {
+        kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
+        const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
+        kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
+        f.route_rows(1, moe);
+      });
+      const std::int64_t up_tasks = kernels::matvec_tasks(2 * K * I, H, threads);
+      team.phase(up_tasks, [&](std::int64_t t) {
+        for (std::int64_t k = 0; k < K; ++k) {
+          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
+          const std::array<Part, 2> gate_up{part(ex.gate_proj, f.gate_.data() + k * I, I),
+                                            part(ex.up_proj, f.up_.data() + k * I, I)};
+          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
+          kernels::silu_mul_range(f.gate_.data() + k * I, f.up_.data() + k * I, I * t / up_tasks, I * (t + 1) / up_tasks);
+        }
+      });
+      const std::int64_t down_tasks = kernels::matvec_tasks(K * H, I, threads);
+      team.phase(down_tasks, [&](std::int64_t t) {
+        const std::int64_t lo = H * t / down_tasks, hi = H * (t + 1) / down_tasks;
+        for (std::int64_t k = 0; k < K; ++k) {
+          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
+          const std::array<Part, 1> down{part(ex.down_proj, f.out_.data() + k * H, H)};
+          kernels::matvec_group_task(f.gate_.data() + k * I, down, I, t, down_tasks);
+          kernels::axpy_range(f.chosen_[static_cast<std::size_t>(k)].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
+        }
+      });
+    }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
       norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
@@ -23888,7 +24153,8 @@ class CachedForward {
       thread_normed_.resize(static_cast<std::size_t>(threads * H_));
     const std::size_t layers = m_->model.layers.size();
     float* logits = last_out ? last_out + rows_[0].b * V_ : nullptr;
-    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
+    const std::size_t phases = (kPhasesPerLayer + (E_ > 0 ? 1 : 0)) * layers + 1;
+    region_->run(static_cast<int>(threads), phases, [&](exec::PhasedRegion::Team& team) {
       PhasedSteps steps{*this, team, threads, thread_normed_.data() + team.thread() * H_};
       for (std::size_t l = 0; l < layers; ++l) layer(steps, l);
       steps.head(logits);
@@ -23910,6 +24176,14 @@ class CachedForward {
     grow(up_, n * I_);
     grow(out_, n * H_);
     grow(last_x_, n * H_);
+    if (E_ > 0) {  // the one-row path keeps the k experts' gate, up and out side by side
+      grow(gate_, std::max(n, K_) * I_);
+      grow(up_, std::max(n, K_) * I_);
+      grow(out_, std::max(n, K_) * H_);
+      grow(expert_x_, n * H_);
+      grow(router_, n * E_);
+      grow(probs_, n * E_);
+    }
     if (shard_.sp > 1) {
       grow(records_, n * nh_ * (D_ + 2));
       grow(gathered_, n * nh_ * (D_ + 2) * shard_.sp);
@@ -23974,6 +24248,27 @@ class CachedForward {
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
     kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
+  }
+
+  /// Routes rows [0, n) by their router logits (router_): each expert's (row, weight) pairs in
+  /// row order, and for one row its k (expert, weight) pairs in expert order.
+  template <class Moe>
+  void route_rows(std::int64_t n, const Moe& moe) {
+    expert_rows_.resize(static_cast<std::size_t>(E_));
+    for (auto& r : expert_rows_) r.clear();
+    top_.resize(static_cast<std::size_t>(K_));
+    weight_.resize(static_cast<std::size_t>(K_));
+    for (std::int64_t r = 0; r < n; ++r) {
+      Moe::route_token(router_.data() + r * E_, probs_.data() + r * E_, moe.config(), top_.data(), weight_.data());
+      for (std::int64_t k = 0; k < K_; ++k)
+        expert_rows_[static_cast<std::size_t>(top_[static_cast<std::size_t>(k)])].push_back(
+            {r, weight_[static_cast<std::size_t>(k)]});
+    }
+    chosen_.clear();
+    if (n == 1)
+      for (std::int64_t e = 0; e < E_; ++e)
+        if (!expert_rows_[static_cast<std::size_t>(e)].empty())
+          chosen_.push_back({e, expert_rows_[static_cast<std::size_t>(e)][0].second});
   }
 
   void set_lengths() {
@@ -24063,6 +24358,15 @@ class CachedForward {
   aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
+  // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
+  // and, for one row, its k (expert, weight) pairs in expert order.
+  std::int64_t E_ = 0, K_ = 0;
+  aligned_vector<float> expert_x_, router_, probs_;
+  std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
+  std::vector<std::pair<std::int64_t, float>> chosen_;
+  std::vector<std::int64_t> top_;
+  std::vector<float> weight_;
   std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // stays movable
   std::vector<CachedRow> rows_;
   std::vector<std::int64_t> local_need_, single_;
@@ -25601,6 +25905,8 @@ class ShardedDecoder {
   void init(std::int64_t batch, std::int64_t max_length) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
+    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
+              ") decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;
@@ -26699,6 +27005,7 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   nn::LossMetrics m;
   if constexpr (requires { model.with_head(backward, loss_with); }) m = model.with_head(backward, loss_with);
   else m = loss_with(model.head_weight(), backward ? model.head_grad() : nullptr);
+  if constexpr (requires { model.router_losses(s, lay, lo, m, backward); }) model.router_losses(s, lay, lo, m, backward);
   if (backward) model.model.backward(dhidden.data(), s.model_s);
   return m;
 }
@@ -28400,7 +28707,7 @@ class BasicTrainer {
     std::int64_t order_epoch = -1;
     const std::int64_t B = args_.total_batch_size, A = args_.gradient_accumulation_steps, mb = args_.micro_batch_size();
     // Log window.
-    double win_loss = 0, win_s = 0, win_flops = 0;
+    double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
     std::vector<std::span<const std::int32_t>> seqs;
 
@@ -28428,16 +28735,22 @@ class BasicTrainer {
       else optim::zero_grad(*model_);
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
-      double loss = 0, flops = 0;
+      double loss = 0, flops = 0, aux = 0;
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
-                                                    b.attention_mask.data())
-                               .loss
-                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing).loss;
+        if (sharded_) {
+          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                           b.attention_mask.data())
+                      .loss;
+        } else {
+          const nn::LossMetrics lm =
+              guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing);
+          loss += lm.loss;
+          aux += lm.aux_loss * static_cast<double>(lm.tokens) / lo.normalizer;  // the step's token-weighted mean
+        }
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -28480,6 +28793,7 @@ class BasicTrainer {
       r.final_loss = loss;
       session_tokens += input_tokens;
       win_loss += loss;
+      win_aux += aux;
       win_s += sm.step_seconds;
       win_flops += flops;
       win_tokens += input_tokens;
@@ -28502,6 +28816,8 @@ class BasicTrainer {
           j["loss"] = win_loss / static_cast<double>(win_steps);
           j["learning_rate"] = lr;
           j["grad_norm"] = gnorm;
+          if (model_->config().is_moe() && model_->config().output_router_logits)
+            j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
           j["elapsed_s"] = state_.elapsed_s;
@@ -28511,7 +28827,7 @@ class BasicTrainer {
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
         if (log_now) {
-          win_loss = win_s = win_flops = 0;
+          win_loss = win_s = win_flops = win_aux = 0;
           win_steps = win_tokens = 0;
         }
       }

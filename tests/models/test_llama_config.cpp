@@ -162,7 +162,7 @@ TEST(LlamaConfig, ValidationNamesTheField) {
   expect_error([] { (void)parse(R"({"hidden_act": "gelu"})"); }, errc::unsupported, "config.json field hidden_act",
                "only \"silu\" is supported, found \"gelu\"");
   expect_error([] { (void)parse(R"({"model_type": "gpt2"})"); }, errc::unsupported, "config.json field model_type",
-               "expected llama, mistral, qwen2 or qwen3, found \"gpt2\"");
+               "expected llama, mistral, qwen2, qwen3 or mixtral, found \"gpt2\"");
   expect_error([] { (void)parse(R"({"hidden_size": "4096"})"); }, errc::config, "config.json field hidden_size",
                "expected an integer, found \"4096\"");
   expect_error([] { (void)parse(R"({"rms_norm_eps": -1e-6})"); }, errc::config, "config.json field rms_norm_eps",
@@ -262,7 +262,7 @@ TEST(LlamaConfig, PresetsMatchTheAnchors) {
   EXPECT_EQ(g.max_position_embeddings, 2048);
   EXPECT_EQ(g.parameter_count(), 1100048384);  // "1.1B"
   expect_error([] { (void)LlamaConfig::preset("huge"); }, errc::invalid_argument, "LlamaConfig::preset",
-               "unknown preset \"huge\", expected one of tiny, small, gqa1b");
+               "unknown preset \"huge\", expected one of tiny, small, gqa1b, small_moe, small_wide");
   // A preset written out reads back equal.
   const auto back = LlamaConfig::from_json(tiny.to_json());
   EXPECT_EQ(back.to_json(), tiny.to_json());

@@ -25,6 +25,8 @@
 #include <edl/models/llama/llama.hpp>
 #include <edl/generate/generate.hpp>
 #include <edl/models/llama/pretrained.hpp>
+#include <edl/lora/apply.hpp>
+#include <edl/core/rng.hpp>
 
 #include "../../examples/cli/logits.hpp"
 #include "../../examples/cli/loss.hpp"
@@ -193,6 +195,22 @@ namespace {
 /// A model read from a folder of scripts/qwen{2,3}_reference.py against the reference's numbers
 /// there: logits, loss and every gradient; greedy decoding with the KV cache (prefill, then
 /// one-row steps) gives the argmax of full forwards at each step.
+/// Every gradient in `got` (saved by cli::save_grads) equals the reference's within 1e-4 of the
+/// tensor's largest value.
+void expect_grads_match(const std::string& got, const fs::path& reference) {
+  const auto g = io::SafeTensorsFile::open(got);
+  const auto w = io::SafeTensorsFile::open(reference.string());
+  ASSERT_EQ(g.size(), w.size());
+  for (const auto& name : w.names()) {
+    ASSERT_TRUE(g.contains(name)) << name;
+    const auto a = g.read_vector<float>(name), b = w.read_vector<float>(name);
+    const double scale = edl_nn_test::max_abs(b.data(), b.size());
+    double err = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, double(std::fabs(a[i] - b[i])));
+    EXPECT_LE(err, 1e-4 * scale + 1e-7) << name;
+  }
+}
+
 void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
   const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
   const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
@@ -208,17 +226,7 @@ void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
   TempDir tmp(dir.filename().string());
   const std::string gpath = (tmp.path / "g.safetensors").string();
   cli::save_grads(gpath, m);
-  const auto g = io::SafeTensorsFile::open(gpath);
-  const auto w = io::SafeTensorsFile::open((dir / "oracle" / "grads.safetensors").string());
-  ASSERT_EQ(g.size(), w.size());
-  for (const auto& name : w.names()) {
-    ASSERT_TRUE(g.contains(name)) << name;
-    const auto a = g.read_vector<float>(name), b = w.read_vector<float>(name);
-    const double scale = edl_nn_test::max_abs(b.data(), b.size());
-    double err = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, double(std::fabs(a[i] - b[i])));
-    EXPECT_LE(err, 1e-4 * scale + 1e-7) << name;
-  }
+  expect_grads_match(gpath, dir / "oracle" / "grads.safetensors");
 
   // Greedy decode (prefill + cached one-row steps) == argmax of a full forward per step.
   std::vector<std::int64_t> seq(t.ids.begin(), t.ids.begin() + 4);
@@ -311,6 +319,152 @@ TEST(Pretrained, Qwen3MatchesItsReference) {
   EXPECT_FALSE(f.contains("lm_head.weight"));
   auto back = models::from_pretrained(tmp.path);
   EXPECT_EQ(back.config().model_type, "qwen3");
+  EXPECT_EQ(param_bytes(back), param_bytes(m));
+}
+
+/// Mixtral (every MLP a sparse mixture of 4 experts, top 2) from its HF folder against its
+/// PyTorch reference (scripts/mixtral_reference.py): logits; on a right-padded batch the loss
+/// MixtralForCausalLM computes with output_router_logits (cross-entropy + router_aux_loss_coef x
+/// the load-balancing loss over both layers, padding excluded) and every gradient, routers and
+/// experts included; gradient checkpointing gives the same gradients bit for bit; the cached
+/// forward (a batch prefill grouped by expert, one-row decode steps reading only the chosen
+/// experts, a two-row decode step) gives the reference's logits; saved, it has HF's names.
+TEST(Pretrained, MixtralMatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_mixtral";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  const LlamaConfig& c = m.config();
+  EXPECT_EQ(c.model_type, "mixtral");
+  ASSERT_TRUE(c.is_moe());
+  EXPECT_EQ(c.num_local_experts, 4);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_TRUE(c.output_router_logits);
+  EXPECT_TRUE(m.model.layers[0].is_sparse());
+  EXPECT_EQ(models::parameter_count(m), c.parameter_count());
+
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
+  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size;
+  {
+    const std::vector<float> got = cli::compute_logits(m, t);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - want.data()[i])));
+    EXPECT_LT(worst, 1e-4);
+  }
+
+  const auto mask = io::load_npy<std::int64_t>((dir / "oracle" / "attention_mask.npy").string());
+  const auto labels = io::load_npy<std::int64_t>((dir / "oracle" / "labels.npy").string());
+  nlohmann::json lj;
+  std::ifstream((dir / "oracle" / "loss.json").string()) >> lj;
+  const nn::TokenLayout lay{B, S, nullptr, mask.data()};
+  const nn::LossMetrics lm = m.forward_backward(t.ids.data(), lay, labels.data());
+  EXPECT_NEAR(lm.loss, lj["loss"].get<double>(), 1e-5);
+  EXPECT_NEAR(lm.aux_loss, lj["aux_loss"].get<double>(), 1e-5);
+  EXPECT_EQ(lm.tokens, lj["n_target_tokens"].get<std::int64_t>());
+  EXPECT_NEAR(m.loss(t.ids.data(), lay, labels.data()).loss, lm.loss, 1e-12);
+  TempDir tmp("mixtral");
+  const std::string gpath = (tmp.path / "g.safetensors").string();
+  cli::save_grads(gpath, m);
+  expect_grads_match(gpath, dir / "oracle" / "grads.safetensors");
+  {  // remat: the layers recompute what they dropped, the experts keep theirs: same gradients
+    nn::zero_grad(m);
+    m.forward_backward<remat::nothing_saveable>(t.ids.data(), lay, labels.data());
+    const std::string rpath = (tmp.path / "r.safetensors").string();
+    cli::save_grads(rpath, m);
+    const auto a = io::SafeTensorsFile::open(gpath), b = io::SafeTensorsFile::open(rpath);
+    for (const auto& name : a.names()) EXPECT_EQ(a.read_vector<float>(name), b.read_vector<float>(name)) << name;
+  }
+  {  // without output_router_logits the loss is the cross-entropy alone, as in transformers
+    LlamaConfig plain = c;
+    plain.output_router_logits = false;
+    fs::create_directories(tmp.path / "plain");
+    plain.save((tmp.path / "plain" / "config.json").string());
+    fs::copy_file(dir / "model.safetensors", tmp.path / "plain" / "model.safetensors");
+    auto p = models::from_pretrained(tmp.path / "plain");
+    const nn::LossMetrics pm = p.loss(t.ids.data(), lay, labels.data());
+    EXPECT_NEAR(pm.loss, lj["ce"].get<double>(), 1e-5);
+    EXPECT_EQ(pm.aux_loss, 0.0);
+  }
+
+  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
+    double w = 0;
+    const float* ref = want.data() + (b * S + s0) * V;
+    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
+    return w;
+  };
+  {  // both rows prefilled at once (16 rows grouped by expert), every position's logits
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
+    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
+    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
+  }
+  {  // row 0: 5 tokens prefilled, then one at a time (the phased one-row path)
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> last(static_cast<std::size_t>(V));
+    dec.prefill(t.ids.data(), 5, nullptr, last.data());
+    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
+    for (std::int64_t s = 5; s < S; ++s) {
+      dec.decode(t.ids.data() + s, last.data());
+      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
+    }
+  }
+  {  // both rows: 5 prefilled, then both rows decode together (two rows grouped by expert)
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+    generate::Decoder dec(m, cache);
+    std::vector<std::int64_t> head(static_cast<std::size_t>(B * 5));
+    for (std::int64_t b = 0; b < B; ++b)
+      std::copy_n(t.ids.begin() + b * S, 5, head.begin() + b * 5);
+    std::vector<float> last(static_cast<std::size_t>(B * V));
+    dec.prefill(head.data(), 5, nullptr, last.data());
+    for (std::int64_t s = 5; s < S; ++s) {
+      const std::int64_t step[2] = {t.ids[static_cast<std::size_t>(s)], t.ids[static_cast<std::size_t>(S + s)]};
+      dec.decode(step, last.data());
+      for (std::int64_t b = 0; b < B; ++b)
+        EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
+    }
+  }
+
+  {  // LoRA on the experts: a fresh adapter changes nothing; a trained one decodes as it scores
+    auto adapted = models::from_pretrained(dir.string());
+    lora::LoraConfig lc;
+    lc.r = 2;
+    lc.target_modules = {"w1", "w2", "q_proj"};
+    EXPECT_EQ(lora::apply_lora(adapted, lc), c.num_hidden_layers * (2 * c.num_local_experts + 1));
+    EXPECT_EQ(cli::compute_logits(adapted, t), cli::compute_logits(m, t));
+    std::uint32_t i = 0;
+    adapted.visit_linears("", [&](const std::string&, auto& lin) {
+      if (lin.lora)
+        fill_normal(fold_in(Key::from_seed(5), i++), 0, std::span<float>(lin.lora->B.data(), lin.lora->B.value.size()),
+                    0.0f, 0.2f);
+    });
+    const std::vector<float> full = cli::compute_logits(adapted, t);
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
+    generate::Decoder dec(adapted, cache);
+    std::vector<float> last(static_cast<std::size_t>(V));
+    dec.prefill(t.ids.data(), 5, nullptr, last.data());
+    double worst = 0, moved = 0;
+    for (std::int64_t s = 5; s < S; ++s) {
+      dec.decode(t.ids.data() + s, last.data());
+      for (std::int64_t v = 0; v < V; ++v) {
+        worst = std::max(worst, double(std::fabs(last[v] - full[s * V + v])));
+        moved = std::max(moved, double(std::fabs(last[v] - want.data()[s * V + v])));
+      }
+    }
+    EXPECT_LT(worst, 1e-4);
+    EXPECT_GT(moved, 1e-2);  // the adapters do change the logits
+  }
+
+  models::save_pretrained(tmp.path / "resaved", m);
+  const auto f = io::SafeTensorsFile::open((tmp.path / "resaved" / "model.safetensors").string());
+  EXPECT_TRUE(f.contains("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_TRUE(f.contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+  EXPECT_FALSE(f.contains("model.layers.1.mlp.up_proj.weight"));
+  auto back = models::from_pretrained(tmp.path / "resaved");
+  EXPECT_EQ(back.config().num_local_experts, 4);
+  EXPECT_TRUE(back.config().output_router_logits);
   EXPECT_EQ(param_bytes(back), param_bytes(m));
 }
 

@@ -9,7 +9,9 @@
 //
 // A layer is one function, CachedForward::layer(steps, l): norm -> q/k/v -> (Qwen3: per-head
 // q/k norms) -> rope and the cache store -> attention -> o_proj (+ residual) -> norm -> gate/up
-// -> SwiGLU -> down (+ residual).
+// -> SwiGLU -> down (+ residual); in a mixture-of-experts layer (Mixtral) the last steps are
+// norm -> router -> for each expert chosen by some row: gate/up -> SwiGLU -> down over those
+// rows only (+ the weighted sum into the residual), so decode reads only the chosen experts.
 // What differs between uses is the `steps` it runs on:
 //  - RowSteps: every step over all rows of the call, each a parallel kernel (kernels::linear_nt
 //    and friends, GEMM attention for prefill runs), with the collectives a mesh needs after the
@@ -192,7 +194,7 @@ class CachedForward {
   using Part = kernels::MatvecPart<T>;
 
   /// The phases run_one_row runs per layer, in order: q/k/v, attention, o_proj, gate/up, down
-  /// (then one for the lm_head).
+  /// (then one for the lm_head); a mixture-of-experts layer has one more (the router).
   static constexpr std::size_t kPhasesPerLayer = 5;
 
   /// `model` is this device's model (tp-local sizes on a mesh), `vocab` the whole vocabulary
@@ -207,6 +209,10 @@ class CachedForward {
     D_ = c.head_size();
     window_ = c.attention_window().value_or(0);
     eps_ = static_cast<float>(c.rms_norm_eps);
+    if (c.is_moe()) {
+      E_ = c.num_local_experts;
+      K_ = c.num_experts_per_tok;
+    }
   }
 
   /// Runs `rows` (sorted by sequence; the whole batch's, this device takes its sequences'):
@@ -253,7 +259,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -272,6 +278,7 @@ class CachedForward {
                      [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
     st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
+    if (L.is_sparse()) return st.norm_experts(L.post_attention_layernorm.weight.data(), L.block_sparse_moe);
     st.norm_swiglu(L.post_attention_layernorm.weight.data(),
                    std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
     st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
@@ -301,6 +308,33 @@ class CachedForward {
     void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
       norm_products(norm_w, gate_up, [](std::int64_t) {});
       kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    }
+    // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
+    // products once over its own rows (one row: matrix-vector products over that expert alone).
+    template <class Moe>
+    void norm_experts(const T* norm_w, const Moe& moe) {
+      EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
+                "mixture-of-experts layers run on one device");
+      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
+      f.route_rows(n, moe);
+      for (std::int64_t e = 0; e < f.E_; ++e) {
+        const auto& rows = f.expert_rows_[static_cast<std::size_t>(e)];
+        const auto ne = static_cast<std::int64_t>(rows.size());
+        if (ne == 0) continue;
+        for (std::int64_t i = 0; i < ne; ++i)
+          std::memcpy(f.expert_x_.data() + i * f.H_, f.normed_.data() + rows[static_cast<std::size_t>(i)].first * f.H_,
+                      static_cast<std::size_t>(f.H_) * sizeof(float));
+        const auto& ex = moe.experts[static_cast<std::size_t>(e)];
+        kernels::linear_group<T, 2>(f.expert_x_.data(), ne,
+                                    {part(ex.gate_proj, f.gate_.data(), f.I_), part(ex.up_proj, f.up_.data(), f.I_)}, f.H_);
+        kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(ne * f.I_));
+        kernels::linear_part(f.gate_.data(), ne, part(ex.down_proj, f.out_.data(), f.H_), f.I_);
+        for (std::int64_t i = 0; i < ne; ++i) {
+          const auto [r, w] = rows[static_cast<std::size_t>(i)];
+          kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
+        }
+      }
     }
   };
 
@@ -345,6 +379,40 @@ class CachedForward {
           },
           [] {});
     }
+    // One row through a mixture of experts: a serial phase normalises x and routes it, one
+    // phase runs the gate/up products of the k chosen experts, one their down products and
+    // the weighted sum into x (each task its range of rows of every expert, experts in index
+    // order, as RowSteps sums them).
+    template <class Moe>
+    void norm_experts(const T* norm_w, const Moe& moe) {
+      const std::int64_t H = f.H_, I = f.I_, K = f.K_;
+      team.phase(1, [&](std::int64_t) {
+        kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
+        const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
+        kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
+        f.route_rows(1, moe);
+      });
+      const std::int64_t up_tasks = kernels::matvec_tasks(2 * K * I, H, threads);
+      team.phase(up_tasks, [&](std::int64_t t) {
+        for (std::int64_t k = 0; k < K; ++k) {
+          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
+          const std::array<Part, 2> gate_up{part(ex.gate_proj, f.gate_.data() + k * I, I),
+                                            part(ex.up_proj, f.up_.data() + k * I, I)};
+          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
+          kernels::silu_mul_range(f.gate_.data() + k * I, f.up_.data() + k * I, I * t / up_tasks, I * (t + 1) / up_tasks);
+        }
+      });
+      const std::int64_t down_tasks = kernels::matvec_tasks(K * H, I, threads);
+      team.phase(down_tasks, [&](std::int64_t t) {
+        const std::int64_t lo = H * t / down_tasks, hi = H * (t + 1) / down_tasks;
+        for (std::int64_t k = 0; k < K; ++k) {
+          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
+          const std::array<Part, 1> down{part(ex.down_proj, f.out_.data() + k * H, H)};
+          kernels::matvec_group_task(f.gate_.data() + k * I, down, I, t, down_tasks);
+          kernels::axpy_range(f.chosen_[static_cast<std::size_t>(k)].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
+        }
+      });
+    }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
       norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
@@ -382,7 +450,8 @@ class CachedForward {
       thread_normed_.resize(static_cast<std::size_t>(threads * H_));
     const std::size_t layers = m_->model.layers.size();
     float* logits = last_out ? last_out + rows_[0].b * V_ : nullptr;
-    region_->run(static_cast<int>(threads), kPhasesPerLayer * layers + 1, [&](exec::PhasedRegion::Team& team) {
+    const std::size_t phases = (kPhasesPerLayer + (E_ > 0 ? 1 : 0)) * layers + 1;
+    region_->run(static_cast<int>(threads), phases, [&](exec::PhasedRegion::Team& team) {
       PhasedSteps steps{*this, team, threads, thread_normed_.data() + team.thread() * H_};
       for (std::size_t l = 0; l < layers; ++l) layer(steps, l);
       steps.head(logits);
@@ -404,6 +473,14 @@ class CachedForward {
     grow(up_, n * I_);
     grow(out_, n * H_);
     grow(last_x_, n * H_);
+    if (E_ > 0) {  // the one-row path keeps the k experts' gate, up and out side by side
+      grow(gate_, std::max(n, K_) * I_);
+      grow(up_, std::max(n, K_) * I_);
+      grow(out_, std::max(n, K_) * H_);
+      grow(expert_x_, n * H_);
+      grow(router_, n * E_);
+      grow(probs_, n * E_);
+    }
     if (shard_.sp > 1) {
       grow(records_, n * nh_ * (D_ + 2));
       grow(gathered_, n * nh_ * (D_ + 2) * shard_.sp);
@@ -468,6 +545,27 @@ class CachedForward {
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
     kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
+  }
+
+  /// Routes rows [0, n) by their router logits (router_): each expert's (row, weight) pairs in
+  /// row order, and for one row its k (expert, weight) pairs in expert order.
+  template <class Moe>
+  void route_rows(std::int64_t n, const Moe& moe) {
+    expert_rows_.resize(static_cast<std::size_t>(E_));
+    for (auto& r : expert_rows_) r.clear();
+    top_.resize(static_cast<std::size_t>(K_));
+    weight_.resize(static_cast<std::size_t>(K_));
+    for (std::int64_t r = 0; r < n; ++r) {
+      Moe::route_token(router_.data() + r * E_, probs_.data() + r * E_, moe.config(), top_.data(), weight_.data());
+      for (std::int64_t k = 0; k < K_; ++k)
+        expert_rows_[static_cast<std::size_t>(top_[static_cast<std::size_t>(k)])].push_back(
+            {r, weight_[static_cast<std::size_t>(k)]});
+    }
+    chosen_.clear();
+    if (n == 1)
+      for (std::int64_t e = 0; e < E_; ++e)
+        if (!expert_rows_[static_cast<std::size_t>(e)].empty())
+          chosen_.push_back({e, expert_rows_[static_cast<std::size_t>(e)][0].second});
   }
 
   void set_lengths() {
@@ -557,6 +655,15 @@ class CachedForward {
   aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
+  // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
+  // and, for one row, its k (expert, weight) pairs in expert order.
+  std::int64_t E_ = 0, K_ = 0;
+  aligned_vector<float> expert_x_, router_, probs_;
+  std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
+  std::vector<std::pair<std::int64_t, float>> chosen_;
+  std::vector<std::int64_t> top_;
+  std::vector<float> weight_;
   std::unique_ptr<exec::PhasedRegion> region_ = std::make_unique<exec::PhasedRegion>();  // stays movable
   std::vector<CachedRow> rows_;
   std::vector<std::int64_t> local_need_, single_;

@@ -207,6 +207,8 @@ class ShardedDecoder {
   void init(std::int64_t batch, std::int64_t max_length) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
+    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
+              ") decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;

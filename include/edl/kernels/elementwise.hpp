@@ -101,6 +101,15 @@ inline void add_range(float* y, const float* x, std::int64_t lo, std::int64_t hi
                     static_cast<const float*>(y), x);
 }
 
+/// y[lo, hi) += a * x[lo, hi) on the calling thread (a part of an exec::PhasedRegion); the
+/// same bits as axpy.
+inline void axpy_range(float a, const float* x, float* y, std::int64_t lo, std::int64_t hi) noexcept {
+  const detail::fbatch ab(a);
+  detail::map_range(
+      lo, hi, [&](const detail::fbatch& u, const detail::fbatch& v) { return kernels::detail::fmadd(ab, v, u); }, y,
+      static_cast<const float*>(y), x);
+}
+
 /// y *= a, in place.
 template <FloatStorage T>
 inline void scale(T* y, float a, std::ptrdiff_t n) {

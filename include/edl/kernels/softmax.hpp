@@ -122,6 +122,9 @@ inline void for_rows(std::ptrdiff_t rows, std::ptrdiff_t cols, F&& row) {
 
 }  // namespace detail
 
+/// y = softmax(x) over one row of n, on the calling thread (softmax_rows' row, bit for bit).
+inline void softmax_row(const float* x, float* y, std::ptrdiff_t n) noexcept { detail::softmax_row(x, y, n); }
+
 /// y[r, :] = softmax(x[r, :]). A fully -Inf row gives zeros. y may equal x.
 inline void softmax_rows(const float* x, float* y, std::ptrdiff_t rows, std::ptrdiff_t cols) {
   const std::ptrdiff_t n = detail::checked_area(rows, cols, "softmax_rows");

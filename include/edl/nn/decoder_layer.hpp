@@ -2,6 +2,8 @@
 // One pre-norm Llama decoder layer (HF LlamaDecoderLayer):
 //   h = x + attn(input_layernorm(x))
 //   y = h + mlp(post_attention_layernorm(h))
+// or, for a mixture-of-experts layer (HF MixtralDecoderLayer, DecoderLayerConfig::moe set),
+//   y = h + block_sparse_moe(post_attention_layernorm(h))
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
 //
 // Gradient checkpointing: forward keeps only the activations the remat policy saves
@@ -9,10 +11,13 @@
 // recomputes the others from x with forward's kernels -- bitwise the same values -- then runs
 // the layer's backward, then frees the recomputed ones again, so at most one layer's full set
 // of activations is alive at a time. everything_saveable keeps all and recomputes nothing.
+// A mixture-of-experts block keeps its routing and its experts' activations under every
+// policy (the gate/up/act names are the dense MLP's); the norms and attention follow it.
 #pragma once
 
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -23,6 +28,7 @@
 #include <edl/nn/attention.hpp>
 #include <edl/nn/mlp.hpp>
 #include <edl/nn/module.hpp>
+#include <edl/nn/moe.hpp>
 #include <edl/nn/rms_norm.hpp>
 
 namespace edl::nn {
@@ -32,6 +38,7 @@ struct DecoderLayerConfig {
   std::int64_t intermediate = 0;
   bool mlp_bias = false;
   double rms_norm_eps = 1e-6;
+  std::optional<MoeConfig> moe;  // set: a sparse mixture-of-experts block instead of the MLP
 };
 
 template <class Pol>
@@ -43,6 +50,7 @@ class DecoderLayer {
     typename RMSNorm<Pol>::Saved norm1_s, norm2_s;
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
+    typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
@@ -63,32 +71,43 @@ class DecoderLayer {
       : input_layernorm(c.attention.hidden, c.rms_norm_eps),
         self_attn(c.attention),
         post_attention_layernorm(c.attention.hidden, c.rms_norm_eps),
-        mlp(c.attention.hidden, c.intermediate, c.mlp_bias),
-        hidden_(c.attention.hidden) {}
+        hidden_(c.attention.hidden) {
+    if (c.moe) block_sparse_moe = MoE<Pol>(*c.moe);
+    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias);
+    sparse_ = c.moe.has_value();
+  }
 
   RMSNorm<Pol> input_layernorm;
   Attention<Pol> self_attn;
   RMSNorm<Pol> post_attention_layernorm;
-  MLP<Pol> mlp;
+  MLP<Pol> mlp;                 // empty in a mixture-of-experts layer
+  MoE<Pol> block_sparse_moe;    // empty in a dense layer
+
+  /// A mixture-of-experts layer (block_sparse_moe in place of mlp).
+  bool is_sparse() const noexcept { return sparse_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
-    mlp.visit_params(join_path(prefix, "mlp"), f);
+    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, "block_sparse_moe"), f);
+    else mlp.visit_params(join_path(prefix, "mlp"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
     self_attn.visit_linears(join_path(prefix, "self_attn"), f);
-    mlp.visit_linears(join_path(prefix, "mlp"), f);
+    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, "block_sparse_moe"), f);
+    else mlp.visit_linears(join_path(prefix, "mlp"), f);
   }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
-           mlp.param_count();
+           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count());
   }
+  /// What runs: with experts, the router and k experts per token.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
-    return self_attn.flops_forward(batch, seq) + mlp.flops_forward(batch * seq);
+    return self_attn.flops_forward(batch, seq) +
+           (sparse_ ? block_sparse_moe.flops_forward(batch * seq) : mlp.flops_forward(batch * seq));
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
@@ -107,7 +126,8 @@ class DecoderLayer {
     self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+    else mlp.forward(s.n2.data(), T, y, s.mlp_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped_by<R>());
   }
@@ -124,7 +144,8 @@ class DecoderLayer {
     rematerialize(s);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n);
-    mlp.backward(dy, s.mlp_s, a.data());                       // d n2
+    if (sparse_) block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+    else mlp.backward(dy, s.mlp_s, a.data());
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
     self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
@@ -176,11 +197,13 @@ class DecoderLayer {
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
-    mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    if (sparse_) s.moe_s.router_s.point_at(s.n2.data(), T);  // the experts keep their own inputs
+    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
     s.dropped = 0;
   }
 
   std::int64_t hidden_ = 0;
+  bool sparse_ = false;
 };
 
 }  // namespace edl::nn

@@ -46,6 +46,9 @@ struct LossMetrics {
   double accuracy = 0.0;
   std::int64_t tokens = 0;
   double perplexity = 1.0;
+  // Mixture-of-experts models (unscaled; `loss` holds them times their coefficients):
+  double aux_loss = 0.0;       // load balancing (transformers' load_balancing_loss_func)
+  double router_z_loss = 0.0;  // mean logsumexp(router logits)^2
 };
 
 /// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],

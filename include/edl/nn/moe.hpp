@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -88,6 +88,17 @@ class MoE {
       experts[e].up_proj.visit_params(join_path(p, "w3"), f);
     }
   }
+  /// The router and every expert's projections, as Linears (quantization, LoRA targets).
+  template <class F>
+  void visit_linears(std::string_view prefix, F&& f) {
+    gate.visit_linears(join_path(prefix, "gate"), f);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      experts[e].gate_proj.visit_linears(join_path(p, "w1"), f);
+      experts[e].down_proj.visit_linears(join_path(p, "w2"), f);
+      experts[e].up_proj.visit_linears(join_path(p, "w3"), f);
+    }
+  }
   std::int64_t param_count() const noexcept {
     std::int64_t n = gate.param_count();
     for (const auto& e : experts) n += e.param_count();
@@ -142,46 +153,114 @@ class MoE {
 
   /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
   /// one layer and no padding mask): E * sum_e f_e * P_e.
-  double aux_loss(const Saved& s) const {
-    const auto [f, P] = balance_terms(s);
-    double l = 0;
-    for (std::int64_t e = 0; e < c_.num_experts; ++e) l += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
-    return l * static_cast<double>(c_.num_experts);
+  double aux_loss(Saved& s) const {
+    Saved* one[] = {&s};
+    return load_balancing_loss(one, c_, nullptr, 0.0f);
   }
   /// Adds coef * d aux_loss / d logits to what backward adds to the router's gradient.
   void aux_loss_backward(Saved& s, float coef) const {
-    const std::int64_t T = s.tokens, E = c_.num_experts;
-    const auto [f, P] = balance_terms(s);
-    (void)P;
-    // d/dp_{t,e} = E * f_e / T, then through the softmax.
-    std::vector<float> dp(static_cast<std::size_t>(E));
-    for (std::int64_t e = 0; e < E; ++e)
-      dp[static_cast<std::size_t>(e)] = static_cast<float>(coef * static_cast<double>(E) * f[static_cast<std::size_t>(e)] /
-                                                           static_cast<double>(T));
-    extra(s);
-    for (std::int64_t t = 0; t < T; ++t) softmax_backward_add(s.probs.data() + t * E, dp.data(), s.dlogits_extra.data() + t * E);
+    Saved* one[] = {&s};
+    load_balancing_loss(one, c_, nullptr, coef);
   }
   /// Router z-loss: mean over tokens of logsumexp(logits)^2 (ST-MoE; Qwen2-MoE's and
   /// DeepSeek's routers use it).
-  double z_loss(const Saved& s) const {
-    double l = 0;
-    const std::int64_t E = c_.num_experts;
-    for (std::int64_t t = 0; t < s.tokens; ++t) {
-      const double z = logsumexp(s.logits.data() + t * E);
-      l += z * z;
-    }
-    return l / static_cast<double>(s.tokens);
+  double z_loss(Saved& s) const {
+    Saved* one[] = {&s};
+    return router_z_loss(one, c_, nullptr, 0.0f);
   }
   /// Adds coef * d z_loss / d logits (= coef * 2 z_t p_{t,e} / T).
   void z_loss_backward(Saved& s, float coef) const {
-    const std::int64_t E = c_.num_experts, T = s.tokens;
-    extra(s);
-    for (std::int64_t t = 0; t < T; ++t) {
-      const double z = logsumexp(s.logits.data() + t * E);
-      for (std::int64_t e = 0; e < E; ++e)
-        s.dlogits_extra[static_cast<std::size_t>(t * E + e)] +=
-            static_cast<float>(coef * 2.0 * z * s.probs[static_cast<std::size_t>(t * E + e)] / static_cast<double>(T));
+    Saved* one[] = {&s};
+    router_z_loss(one, c_, nullptr, coef);
+  }
+
+  /// transformers' load_balancing_loss_func over the routing of several layers (their tokens
+  /// concatenated, as MixtralForCausalLM passes every layer's router logits), counting only
+  /// tokens with mask[t] != 0 (the attention mask; null: all):
+  ///   f_e = (routings of valid tokens to e, over all layers and slots) / (layers x valid)
+  ///   P_e = (sum of p_e over valid tokens and layers) / (layers x valid)
+  ///   aux = E * sum_e f_e P_e
+  /// With coef != 0, adds coef * d aux / d logits to each layer's router gradient (only P
+  /// carries one: d aux / d p_{t,e} = E f_e / (layers x valid) for a valid token).
+  static double load_balancing_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask,
+                                    float coef) {
+    const std::int64_t E = c.num_experts, K = c.top_k;
+    std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
+    double n = 0;
+    for (const Saved* s : layers)
+      for (std::int64_t t = 0; t < s->tokens; ++t) {
+        if (mask && mask[t] == 0) continue;
+        n += 1;
+        for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s->top[static_cast<std::size_t>(t * K + k)])] += 1.0;
+        for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s->probs[static_cast<std::size_t>(t * E + e)];
+      }
+    if (n == 0) return 0.0;
+    double aux = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      f[static_cast<std::size_t>(e)] /= n;
+      P[static_cast<std::size_t>(e)] /= n;
+      aux += f[static_cast<std::size_t>(e)] * P[static_cast<std::size_t>(e)];
     }
+    if (coef != 0.0f) {
+      std::vector<float> dp(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e)
+        dp[static_cast<std::size_t>(e)] = static_cast<float>(coef * static_cast<double>(E) * f[static_cast<std::size_t>(e)] / n);
+      for (Saved* s : layers) {
+        extra(*s, E);
+        for (std::int64_t t = 0; t < s->tokens; ++t)
+          if (!mask || mask[t] != 0)
+            softmax_backward_add(s->probs.data() + t * E, dp.data(), s->dlogits_extra.data() + t * E, E);
+      }
+    }
+    return aux * static_cast<double>(E);
+  }
+
+  /// The router z-loss over several layers' valid tokens: the mean of logsumexp(logits)^2;
+  /// with coef != 0 adds coef * its gradient (coef * 2 z p_e / count) to each layer's router.
+  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef) {
+    const std::int64_t E = c.num_experts;
+    double sum = 0, n = 0;
+    for (const Saved* s : layers)
+      for (std::int64_t t = 0; t < s->tokens; ++t)
+        if (!mask || mask[t] != 0) {
+          const double z = logsumexp(s->logits.data() + t * E, E);
+          sum += z * z;
+          n += 1;
+        }
+    if (n == 0) return 0.0;
+    if (coef != 0.0f)
+      for (Saved* s : layers) {
+        extra(*s, E);
+        for (std::int64_t t = 0; t < s->tokens; ++t) {
+          if (mask && mask[t] == 0) continue;
+          const double z = logsumexp(s->logits.data() + t * E, E);
+          for (std::int64_t e = 0; e < E; ++e)
+            s->dlogits_extra[static_cast<std::size_t>(t * E + e)] +=
+                static_cast<float>(coef * 2.0 * z * s->probs[static_cast<std::size_t>(t * E + e)] / n);
+        }
+      }
+    return sum / n;
+  }
+
+  /// One token's routing, on the calling thread (training and the cached forward share it):
+  /// probs [E] = softmax(logits [E]) in f32; top [k]: the experts of the k largest, largest
+  /// first (ties: the lower index first, as a stable sort); weight [k]: their probabilities,
+  /// divided by their sum when norm_topk_prob.
+  static void route_token(const float* logits, float* probs, const MoeConfig& c, std::int64_t* top, float* weight) {
+    const std::int64_t E = c.num_experts, K = c.top_k;
+    kernels::softmax_row(logits, probs, E);
+    double S = 0;
+    for (std::int64_t k = 0; k < K; ++k) {
+      std::int64_t best = -1;
+      for (std::int64_t e = 0; e < E; ++e) {
+        if (std::find(top, top + k, e) != top + k) continue;
+        if (best < 0 || probs[e] > probs[best]) best = e;
+      }
+      top[k] = best;
+      S += probs[best];
+    }
+    for (std::int64_t k = 0; k < K; ++k)
+      weight[k] = c.norm_topk_prob ? static_cast<float>(probs[top[k]] / S) : probs[top[k]];
   }
 
   /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
@@ -230,7 +309,7 @@ class MoE {
       } else {
         for (std::int64_t k = 0; k < K; ++k) dp[static_cast<std::size_t>(top[k])] = g[k];
       }
-      softmax_backward_add(p, dp.data(), dlogits.data() + t * E);
+      softmax_backward_add(p, dp.data(), dlogits.data() + t * E, E);
     }
     if (!s.dlogits_extra.empty())
       for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
@@ -238,51 +317,21 @@ class MoE {
   }
 
  private:
-  /// probs = softmax(logits); top-k per token (stable: lower index on ties); weights.
+  /// probs = softmax(logits), the top k and their weights, token by token.
   void route(Saved& s) const {
     const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
     s.probs.resize(static_cast<std::size_t>(T * E));
     s.top.resize(static_cast<std::size_t>(T * K));
     s.weight.resize(static_cast<std::size_t>(T * K));
-    kernels::softmax_rows(s.logits.data(), s.probs.data(), T, E);
-    std::vector<std::int64_t> order(static_cast<std::size_t>(E));
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* p = s.probs.data() + t * E;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [&](std::int64_t a, std::int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      double S = 0;
-      for (std::int64_t k = 0; k < K; ++k) S += p[order[static_cast<std::size_t>(k)]];
-      for (std::int64_t k = 0; k < K; ++k) {
-        const std::int64_t e = order[static_cast<std::size_t>(k)];
-        s.top[static_cast<std::size_t>(t * K + k)] = e;
-        s.weight[static_cast<std::size_t>(t * K + k)] = c_.norm_topk_prob ? static_cast<float>(p[e] / S) : p[e];
-      }
-    }
+    for (std::int64_t t = 0; t < T; ++t)
+      route_token(s.logits.data() + t * E, s.probs.data() + t * E, c_, s.top.data() + t * K, s.weight.data() + t * K);
   }
 
-  /// f_e: fraction of (token, slot) routings to e (per slot, averaged over slots, as
-  /// transformers' mean over the one-hot mask); P_e: mean probability of e over tokens.
-  std::pair<std::vector<double>, std::vector<double>> balance_terms(const Saved& s) const {
-    const std::int64_t T = s.tokens, E = c_.num_experts, K = c_.top_k;
-    std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
-    for (std::int64_t t = 0; t < T; ++t) {
-      for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s.top[static_cast<std::size_t>(t * K + k)])] += 1.0;
-      for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s.probs[static_cast<std::size_t>(t * E + e)];
-    }
-    // transformers: tokens_per_expert = mean over tokens of the [T, k, E] mask -> [k, E], then
-    // sum(tokens_per_expert * P) sums over the k slots: f_e = count_e / T.
-    for (auto& v : f) v /= static_cast<double>(T);
-    for (auto& v : P) v /= static_cast<double>(T);
-    return {f, P};
+  static void extra(Saved& s, std::int64_t E) {
+    if (s.dlogits_extra.empty()) s.dlogits_extra.assign(static_cast<std::size_t>(s.tokens * E), 0.f);
   }
 
-  void extra(Saved& s) const {
-    if (s.dlogits_extra.empty()) s.dlogits_extra.assign(static_cast<std::size_t>(s.tokens * c_.num_experts), 0.f);
-  }
-
-  double logsumexp(const float* l) const {
-    const std::int64_t E = c_.num_experts;
+  static double logsumexp(const float* l, std::int64_t E) {
     const float m = *std::max_element(l, l + E);
     double sum = 0;
     for (std::int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(l[e] - m));
@@ -290,8 +339,7 @@ class MoE {
   }
 
   /// dl += p * (dp - sum_i dp_i p_i): the softmax's Jacobian-vector product.
-  void softmax_backward_add(const float* p, const float* dp, float* dl) const {
-    const std::int64_t E = c_.num_experts;
+  static void softmax_backward_add(const float* p, const float* dp, float* dl, std::int64_t E) {
     double dot = 0;
     for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(dp[e]) * p[e];
     for (std::int64_t e = 0; e < E; ++e) dl[e] += static_cast<float>(p[e] * (dp[e] - dot));

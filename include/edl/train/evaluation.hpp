@@ -80,6 +80,7 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   nn::LossMetrics m;
   if constexpr (requires { model.with_head(backward, loss_with); }) m = model.with_head(backward, loss_with);
   else m = loss_with(model.head_weight(), backward ? model.head_grad() : nullptr);
+  if constexpr (requires { model.router_losses(s, lay, lo, m, backward); }) model.router_losses(s, lay, lo, m, backward);
   if (backward) model.model.backward(dhidden.data(), s.model_s);
   return m;
 }

@@ -312,7 +312,7 @@ class BasicTrainer {
     std::int64_t order_epoch = -1;
     const std::int64_t B = args_.total_batch_size, A = args_.gradient_accumulation_steps, mb = args_.micro_batch_size();
     // Log window.
-    double win_loss = 0, win_s = 0, win_flops = 0;
+    double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
     std::vector<std::span<const std::int32_t>> seqs;
 
@@ -340,16 +340,22 @@ class BasicTrainer {
       else optim::zero_grad(*model_);
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
-      double loss = 0, flops = 0;
+      double loss = 0, flops = 0, aux = 0;
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        loss += sharded_ ? sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
-                                                    b.attention_mask.data())
-                               .loss
-                         : guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing).loss;
+        if (sharded_) {
+          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                           b.attention_mask.data())
+                      .loss;
+        } else {
+          const nn::LossMetrics lm =
+              guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing);
+          loss += lm.loss;
+          aux += lm.aux_loss * static_cast<double>(lm.tokens) / lo.normalizer;  // the step's token-weighted mean
+        }
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
@@ -392,6 +398,7 @@ class BasicTrainer {
       r.final_loss = loss;
       session_tokens += input_tokens;
       win_loss += loss;
+      win_aux += aux;
       win_s += sm.step_seconds;
       win_flops += flops;
       win_tokens += input_tokens;
@@ -414,6 +421,8 @@ class BasicTrainer {
           j["loss"] = win_loss / static_cast<double>(win_steps);
           j["learning_rate"] = lr;
           j["grad_norm"] = gnorm;
+          if (model_->config().is_moe() && model_->config().output_router_logits)
+            j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
           j["elapsed_s"] = state_.elapsed_s;
@@ -423,7 +432,7 @@ class BasicTrainer {
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
         if (log_now) {
-          win_loss = win_s = win_flops = 0;
+          win_loss = win_s = win_flops = win_aux = 0;
           win_steps = win_tokens = 0;
         }
       }

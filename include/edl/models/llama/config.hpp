@@ -13,7 +13,12 @@
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3/mixtral).
+//
+// Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
+// num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
+// output_router_logits the training loss adds router_aux_loss_coef x the load-balancing loss
+// (and router_z_loss_coef x the router z-loss, a field of other MoE configs, 0 by default).
 #pragma once
 
 #include <algorithm>
@@ -64,7 +69,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -89,6 +94,13 @@ struct LlamaConfig {
   double initializer_range = 0.02;
   std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
   std::optional<std::string> problem_type;  // "single_label_classification", ...
+  // Mixture of experts (mixtral; HF MixtralConfig names and defaults).
+  std::int64_t num_local_experts = 8;
+  std::int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;  // HF: the aux loss joins the loss only when set
+  double router_jitter_noise = 0.0;   // HF: multiplicative noise on the block's input in training
+  double router_z_loss_coef = 0.0;
   /// Fields edl does not interpret, kept verbatim.
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
@@ -105,6 +117,8 @@ struct LlamaConfig {
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
   bool qk_norm() const { return model_type == "qwen3"; }
+  /// Every layer's MLP is a sparse mixture of experts (block_sparse_moe).
+  bool is_moe() const { return model_type == "mixtral"; }
   /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
     if ((model_type == "qwen2" || model_type == "qwen3") &&
@@ -122,9 +136,10 @@ struct LlamaConfig {
     auto positive = [&](const char* name, std::int64_t v) {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
-    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3",
-              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2 or qwen3, found \"", model_type,
-              "\"");
+    EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
+                  model_type == "mixtral",
+              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2, qwen3 or mixtral, found \"",
+              model_type, "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -165,6 +180,19 @@ struct LlamaConfig {
               hidden_act, "\"");
     if (sliding_window) positive("sliding_window", *sliding_window);
     EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
+    if (is_moe()) {
+      positive("num_local_experts", num_local_experts);
+      bounded("num_local_experts", num_local_experts, std::int64_t{1} << 12);
+      EDL_CHECK(num_experts_per_tok > 0 && num_experts_per_tok <= num_local_experts, errc::config,
+                where("num_experts_per_tok"), "must be in [1, num_local_experts = ", num_local_experts, "], found ",
+                num_experts_per_tok);
+      EDL_CHECK(router_aux_loss_coef >= 0, errc::config, where("router_aux_loss_coef"),
+                "must be non-negative, found ", router_aux_loss_coef);
+      EDL_CHECK(router_z_loss_coef >= 0, errc::config, where("router_z_loss_coef"), "must be non-negative, found ",
+                router_z_loss_coef);
+      EDL_CHECK(router_jitter_noise >= 0 && router_jitter_noise < 1, errc::config, where("router_jitter_noise"),
+                "must be in [0, 1), found ", router_jitter_noise);
+    }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
       EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
@@ -190,7 +218,8 @@ struct LlamaConfig {
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
         "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
         "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
-        "num_labels", "problem_type"};
+        "num_labels", "problem_type", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
+        "output_router_logits", "router_jitter_noise", "router_z_loss_coef"};
     return k;
   }
 
@@ -230,6 +259,12 @@ struct LlamaConfig {
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
     else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
     cfg.problem_type = c.optional<std::string>("problem_type");
+    cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
+    cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
+    cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
+    cfg.output_router_logits = c.get<bool>("output_router_logits", false);
+    cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
+    cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
 
     if (c.has_value("rope_scaling")) {
       const ojson& r = j["rope_scaling"];
@@ -306,6 +341,14 @@ struct LlamaConfig {
     k["torch_dtype"] = torch_dtype;
     k["initializer_range"] = initializer_range;
     if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
+    if (is_moe()) {
+      k["num_local_experts"] = num_local_experts;
+      k["num_experts_per_tok"] = num_experts_per_tok;
+      k["router_aux_loss_coef"] = router_aux_loss_coef;
+      k["output_router_logits"] = output_router_logits;
+      k["router_jitter_noise"] = router_jitter_noise;
+    }
+    if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
     if (problem_type || was_present("problem_type"))
       k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
 
@@ -333,14 +376,19 @@ struct LlamaConfig {
   void save(const std::string& path) const { io::write_file_atomic(path, to_json().dump(2) + "\n"); }
 
   // ------------------------------------------------------------------ presets
-  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b"}; }
+  static std::vector<std::string> preset_names() { return {"tiny", "small", "gqa1b", "small_moe", "small_wide"}; }
 
-  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4).
+  /// The benchmark configs of shared/ANCHORS.md (HF LlamaForCausalLM, untied, eps 1e-5, theta 1e4),
+  /// and a mixture-of-experts pair: small_moe, small with 8 experts of small's MLP, 2 per token
+  /// (Mixtral-shaped), and small_wide, the dense model with the same active parameters per
+  /// token (one MLP twice as wide).
   static LlamaConfig preset(const std::string& name) {
-    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos; };
-    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256},
-                                {"small", 768, 2048, 12, 12, 12, 32000, 1024},
-                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048}};
+    struct P { const char* name; std::int64_t h, i, l, nh, nkv, v, pos, experts, per_tok; };
+    static const P presets[] = {{"tiny", 288, 768, 6, 6, 6, 32000, 256, 0, 0},
+                                {"small", 768, 2048, 12, 12, 12, 32000, 1024, 0, 0},
+                                {"gqa1b", 2048, 5632, 22, 32, 4, 32000, 2048, 0, 0},
+                                {"small_moe", 768, 2048, 12, 12, 12, 32000, 1024, 8, 2},
+                                {"small_wide", 768, 4096, 12, 12, 12, 32000, 1024, 0, 0}};
     for (const P& p : presets) {
       if (name != p.name) continue;
       LlamaConfig c;
@@ -356,6 +404,12 @@ struct LlamaConfig {
       c.rope_theta = 10000.0;
       c.tie_word_embeddings = false;
       c.extra["architectures"] = {"LlamaForCausalLM"};
+      if (p.experts > 0) {
+        c.model_type = "mixtral";
+        c.num_local_experts = p.experts;
+        c.num_experts_per_tok = p.per_tok;
+        c.extra["architectures"] = {"MixtralForCausalLM"};
+      }
       c.validate();
       return c;
     }
@@ -388,6 +442,16 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      if (is_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
+        p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
+        for (std::int64_t e = 0; e < num_local_experts; ++e) {
+          const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          p.push_back({ex + "w1.weight", {I, H}});
+          p.push_back({ex + "w2.weight", {H, I}});
+          p.push_back({ex + "w3.weight", {I, H}});
+        }
+        continue;
+      }
       const std::tuple<const char*, std::int64_t, std::int64_t> mlp[] = {
           {"gate_proj", I, H}, {"up_proj", I, H}, {"down_proj", H, I}};
       for (const auto& [n, out, in] : mlp) {

@@ -782,6 +782,8 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
+  EDL_CHECK(!c.is_moe(), errc::unsupported, where, "a ", c.model_type,
+            " model's experts are not written to GGUF yet (llama.cpp's ffn_*_exps tensors)");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");

@@ -14,6 +14,13 @@
 // forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
 // from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
 //
+// Mixtral (config().is_moe()): with output_router_logits, loss() and forward_backward() add
+// router_aux_loss_coef x the load-balancing loss over every layer's routing (padding excluded
+// through the layout's attention_mask) and router_z_loss_coef x the router z-loss, as
+// MixtralForCausalLM does when given labels; LossMetrics::aux_loss and router_z_loss report
+// them unscaled. With LossOptions::normalizer (micro-batches of one step), a micro-batch's
+// router terms weigh valid / normalizer, so the step's sum is their token-weighted mean.
+//
 // With tied embeddings there is no lm_head parameter: the head reads
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 #pragma once
@@ -66,6 +73,9 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
+  if (c.is_moe())
+    d.moe = nn::MoeConfig{.hidden = c.hidden_size, .intermediate = c.intermediate_size,
+                          .num_experts = c.num_local_experts, .top_k = c.num_experts_per_tok, .norm_topk_prob = true};
   return d;
 }
 
@@ -245,10 +255,12 @@ class LlamaForCausalLM {
                        const nn::LossOptions& opt = {}) const {
     Saved s;
     forward(ids, layout, s);
-    return const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
+    nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
                                 labels ? labels : ids, opt);
     });
+    router_losses(s, layout, opt, m, false);
+    return m;
   }
 
   /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
@@ -258,12 +270,38 @@ class LlamaForCausalLM {
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
-    const nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
+    nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
                                 labels ? labels : ids, opt, dhidden.data(), grad);
     });
+    router_losses(s, layout, opt, m, true);
     model.backward(dhidden.data(), s.model_s);
     return m;
+  }
+
+  /// The router losses of a mixture-of-experts forward (config().output_router_logits) added
+  /// to m, and with `backward` their gradients to the routers' (before model.backward).
+  void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
+                     bool backward) const {
+    const LlamaConfig& c = config();
+    if (!c.is_moe() || !c.output_router_logits) return;
+    if (backward)
+      EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
+                "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
+                " (set it to 0)");
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;
+    for (auto& ls : s.model_s.layer_s) routed.push_back(&ls.moe_s);
+    // A micro-batch's share of the step (normalizer: the step's target tokens).
+    double weight = 1.0;
+    if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
+    const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
+    const nn::MoeConfig& mc = model.layers.front().block_sparse_moe.config();
+    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
+    m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
+    if (c.router_z_loss_coef > 0) {
+      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, layout.attention_mask, coef(c.router_z_loss_coef));
+      m.loss += weight * c.router_z_loss_coef * m.router_z_loss;
+    }
   }
 
  private:

@@ -225,6 +225,9 @@ class ShardedLlama {
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
+    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
+              "a mixture-of-experts model (", cfg_.model_type,
+              ") runs on one device for now: its experts are not split over a mesh axis yet");
     setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     m.visit_linears("", [&](const std::string& path, auto& lin) {
