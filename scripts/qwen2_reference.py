@@ -27,6 +27,9 @@ sys.path.insert(0, args.oracle)
 import ref_llama  # noqa: E402
 import st_np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_parts import add_qkv_biases  # noqa: E402
+
 config = ref_llama.make_config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=4,
                                max_position_embeddings=64, rope_theta=1000000.0, rms_norm_eps=1e-6)
@@ -37,10 +40,7 @@ config.pop("mlp_bias", None)
 
 model = ref_llama.LlamaForCausalLM(config)
 for layer in model.model.layers:  # Qwen2: biases on q, k, v (not o)
-    a = layer.self_attn
-    a.q_proj = nn.Linear(a.q_proj.in_features, a.q_proj.out_features, bias=True)
-    a.k_proj = nn.Linear(a.k_proj.in_features, a.k_proj.out_features, bias=True)
-    a.v_proj = nn.Linear(a.v_proj.in_features, a.v_proj.out_features, bias=True)
+    add_qkv_biases(layer.self_attn)
 g = torch.Generator().manual_seed(args.seed)
 with torch.no_grad():
     for name, p in sorted(model.named_parameters()):

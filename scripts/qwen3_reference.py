@@ -28,6 +28,9 @@ sys.path.insert(0, args.oracle)
 import ref_llama  # noqa: E402
 import st_np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_parts import add_head_norms  # noqa: E402
+
 config = ref_llama.make_config(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                max_position_embeddings=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -36,26 +39,9 @@ config.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "at
                "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2})
 
 
-def add_head_norms(attn, eps):
-    """Qwen3Attention: q = q_norm(q_proj(x) per head), k likewise, before rope. The oracle's
-    attention reshapes the projections' outputs to heads itself, so the norms run as forward
-    hooks on q_proj and k_proj: parameter names stay HF's (self_attn.q_norm.weight, registered
-    after o_proj as in HF), and the oracle's forward, cache and decoding are used unchanged."""
-    attn.q_norm = ref_llama.RMSNorm(attn.hd, eps)
-    attn.k_norm = ref_llama.RMSNorm(attn.hd, eps)
-
-    def per_head(norm):
-        def hook(_module, _inputs, out):
-            return norm(out.view(*out.shape[:-1], -1, attn.hd)).reshape(out.shape)
-        return hook
-
-    attn.q_proj.register_forward_hook(per_head(attn.q_norm))
-    attn.k_proj.register_forward_hook(per_head(attn.k_norm))
-
-
 model = ref_llama.LlamaForCausalLM(config)
 for layer in model.model.layers:
-    add_head_norms(layer.self_attn, config["rms_norm_eps"])
+    add_head_norms(ref_llama, layer.self_attn, config["rms_norm_eps"])
 g = torch.Generator().manual_seed(args.seed)
 with torch.no_grad():
     for name, p in sorted(model.named_parameters()):

@@ -8404,6 +8404,11 @@ class MLP {
 //   top    = the k largest p per token      (ties: the lower expert index first)
 //   w      = p[top] / sum p[top]            renormalised (Mixtral; Qwen2-MoE: norm_topk_prob)
 //   y      = sum_k w_k * expert_{top_k}(x)  each expert a SwiGLU MLP (w1 gate, w3 up, w2 down)
+//   y     += sigmoid(x Ws^T) * shared(x)     Qwen2-MoE's shared expert and its gate, when present
+//
+// Parameter names: Mixtral's (gate, experts.J.w1|w2|w3) or, with MoeConfig::names = qwen,
+// Qwen2-MoE's and Qwen3-MoE's (gate, experts.J.gate_proj|up_proj|down_proj, shared_expert.*,
+// shared_expert_gate).
 //
 // Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
 // is at most all tokens), so an expert's three GEMMs run once over its own rows.
@@ -8425,6 +8430,7 @@ class MLP {
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/softmax.hpp> (inlined above)
 // // #include <edl/nn/linear.hpp> (inlined above) (inlined above)
 // // #include <edl/nn/mlp.hpp> (inlined above) (inlined above)
@@ -8437,6 +8443,8 @@ struct MoeConfig {
   std::int64_t num_experts = 8;   // num_local_experts
   std::int64_t top_k = 2;         // num_experts_per_tok
   bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
+  std::int64_t shared_intermediate = 0;  // > 0: Qwen2-MoE's shared expert of this width
+  enum class Names { mixtral, qwen } names = Names::mixtral;
 };
 
 template <class Pol>
@@ -8455,6 +8463,10 @@ class MoE {
     std::vector<std::vector<float>> xs, ys;
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+    // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
+    typename MLP<Pol>::Saved shared_s;
+    typename ColumnLinear<Pol>::Saved shared_gate_s;
+    std::vector<float> shared_y, shared_g;
   };
 
   MoE() = default;
@@ -8467,43 +8479,43 @@ class MoE {
               "must be in [1, num_experts = ", c.num_experts, "], found ", c.top_k);
     experts.reserve(static_cast<std::size_t>(c.num_experts));
     for (std::int64_t e = 0; e < c.num_experts; ++e) experts.emplace_back(c.hidden, c.intermediate);
+    if (c.shared_intermediate > 0) {
+      shared_expert = MLP<Pol>(c.hidden, c.shared_intermediate);
+      shared_expert_gate = ColumnLinear<Pol>(c.hidden, 1, false);
+    }
   }
 
   ColumnLinear<Pol> gate;          // the router (HF: block_sparse_moe.gate)
   std::vector<MLP<Pol>> experts;   // HF: block_sparse_moe.experts.J.{w1,w2,w3}
+  MLP<Pol> shared_expert;          // Qwen2-MoE (empty without one)
+  ColumnLinear<Pol> shared_expert_gate;  // [1, hidden]
+
+  bool has_shared_expert() const noexcept { return c_.shared_intermediate > 0; }
 
   const MoeConfig& config() const noexcept { return c_; }
 
-  /// HF Mixtral names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj).
+  /// HF names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj) for
+  /// Mixtral; experts.J.gate_proj.weight, ..., shared_expert.*, shared_expert_gate.weight for Qwen.
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
-    gate.visit_params(join_path(prefix, "gate"), f);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      const std::string p = join_path(prefix, "experts." + std::to_string(e));
-      experts[e].gate_proj.visit_params(join_path(p, "w1"), f);
-      experts[e].down_proj.visit_params(join_path(p, "w2"), f);
-      experts[e].up_proj.visit_params(join_path(p, "w3"), f);
-    }
+    visit_parts(prefix, [&](const std::string& path, auto& m) { m.visit_params(path, f); });
   }
   /// The router and every expert's projections, as Linears (quantization, LoRA targets).
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
-    gate.visit_linears(join_path(prefix, "gate"), f);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      const std::string p = join_path(prefix, "experts." + std::to_string(e));
-      experts[e].gate_proj.visit_linears(join_path(p, "w1"), f);
-      experts[e].down_proj.visit_linears(join_path(p, "w2"), f);
-      experts[e].up_proj.visit_linears(join_path(p, "w3"), f);
-    }
+    visit_parts(prefix, [&](const std::string& path, auto& m) { m.visit_linears(path, f); });
   }
   std::int64_t param_count() const noexcept {
     std::int64_t n = gate.param_count();
     for (const auto& e : experts) n += e.param_count();
+    if (has_shared_expert()) n += shared_expert.param_count() + shared_expert_gate.param_count();
     return n;
   }
   /// Forward flops per token: the router and k experts (what runs, not what is stored).
   double flops_forward(std::int64_t tokens) const noexcept {
-    return gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+    double f = gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+    if (has_shared_expert()) f += shared_expert.flops_forward(tokens) + shared_expert_gate.flops_forward(tokens);
+    return f;
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
@@ -8540,12 +8552,32 @@ class MoE {
         for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
       }
     }
+    if (has_shared_expert()) {  // y += sigmoid(x Ws^T) * shared(x)
+      s.shared_y.resize(static_cast<std::size_t>(tokens * H));
+      s.shared_g.resize(static_cast<std::size_t>(tokens));
+      shared_expert.forward(x, tokens, s.shared_y.data(), s.shared_s);
+      shared_expert_gate.forward(x, tokens, s.shared_g.data(), s.shared_gate_s);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        float& g = s.shared_g[static_cast<std::size_t>(t)];
+        g = 1.0f / (1.0f + std::exp(-g));
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += g * s.shared_y[static_cast<std::size_t>(t * H + j)];
+      }
+    }
     s.dlogits_extra.clear();
   }
 
   void apply(const float* x, std::int64_t tokens, float* y) const {
     Saved s;
     forward(x, tokens, y, s);
+  }
+
+  /// Re-points what reads the block's input at x, a recomputed copy with forward's values
+  /// (rematerialization); the experts keep their own gathered rows.
+  static void point_at(Saved& s, const float* x) noexcept {
+    s.router_s.point_at(x, s.tokens);
+    s.shared_gate_s.point_at(x, s.tokens);
+    s.shared_s.gate_s.point_at(x, s.tokens);
+    s.shared_s.up_s.point_at(x, s.tokens);
   }
 
   /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
@@ -8711,6 +8743,22 @@ class MoE {
     if (!s.dlogits_extra.empty())
       for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
     gate.backward(dlogits.data(), s.router_s, dx, true);
+    if (has_shared_expert()) {
+      // d shared = g dy; d g = dy . shared; through the sigmoid: d logit = d g * g (1 - g).
+      std::vector<float> dys(static_cast<std::size_t>(T * H)), dlogit(static_cast<std::size_t>(T)), dxs(dys.size());
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float g = s.shared_g[static_cast<std::size_t>(t)];
+        double dg = 0;
+        for (std::int64_t j = 0; j < H; ++j) {
+          dys[static_cast<std::size_t>(t * H + j)] = g * dy[t * H + j];
+          dg += static_cast<double>(dy[t * H + j]) * s.shared_y[static_cast<std::size_t>(t * H + j)];
+        }
+        dlogit[static_cast<std::size_t>(t)] = static_cast<float>(dg * g * (1.0f - g));
+      }
+      shared_expert.backward(dys.data(), s.shared_s, dxs.data());
+      kernels::add_inplace(dx, dxs.data(), static_cast<std::ptrdiff_t>(T * H));
+      shared_expert_gate.backward(dlogit.data(), s.shared_gate_s, dx, true);
+    }
   }
 
  private:
@@ -8722,6 +8770,25 @@ class MoE {
     s.weight.resize(static_cast<std::size_t>(T * K));
     for (std::int64_t t = 0; t < T; ++t)
       route_token(s.logits.data() + t * E, s.probs.data() + t * E, c_, s.top.data() + t * K, s.weight.data() + t * K);
+  }
+
+  /// f(path, module) for the router, each expert's projections and the shared expert, by the
+  /// config's names.
+  template <class F>
+  void visit_parts(std::string_view prefix, F&& f) {
+    const bool qwen = c_.names == MoeConfig::Names::qwen;
+    f(join_path(prefix, "gate"), gate);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      f(join_path(p, qwen ? "gate_proj" : "w1"), experts[e].gate_proj);
+      if (qwen) f(join_path(p, "up_proj"), experts[e].up_proj);
+      f(join_path(p, qwen ? "down_proj" : "w2"), experts[e].down_proj);
+      if (!qwen) f(join_path(p, "w3"), experts[e].up_proj);
+    }
+    if (has_shared_expert()) {
+      f(join_path(prefix, "shared_expert"), shared_expert);
+      f(join_path(prefix, "shared_expert_gate"), shared_expert_gate);
+    }
   }
 
   static void extra(Saved& s, std::int64_t E) {
@@ -8809,13 +8876,13 @@ class DecoderLayer {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
-    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, "block_sparse_moe"), f);
+    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, moe_name()), f);
     else mlp.visit_params(join_path(prefix, "mlp"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
     self_attn.visit_linears(join_path(prefix, "self_attn"), f);
-    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, "block_sparse_moe"), f);
+    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, moe_name()), f);
     else mlp.visit_linears(join_path(prefix, "mlp"), f);
   }
   std::int64_t param_count() const noexcept {
@@ -8915,9 +8982,14 @@ class DecoderLayer {
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
-    if (sparse_) s.moe_s.router_s.point_at(s.n2.data(), T);  // the experts keep their own inputs
+    if (sparse_) MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
     else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
     s.dropped = 0;
+  }
+
+  /// HF's module name of the block: Mixtral's block_sparse_moe, Qwen-MoE's mlp.
+  const char* moe_name() const noexcept {
+    return block_sparse_moe.config().names == MoeConfig::Names::qwen ? "mlp" : "block_sparse_moe";
   }
 
   std::int64_t hidden_ = 0;
@@ -9210,13 +9282,14 @@ struct QuantizationConfig {
   std::int64_t block_size = 0;  // 0: the format's own (32 for q8_0 / q4_0, 64 for nf4)
   std::string pattern = kDefaultPattern;
 
-  /// The decoder's projections: attention, MLP and experts (a router, block_sparse_moe.gate,
-  /// stays in the policy's dtype, as llama.cpp keeps ffn_gate_inp in f32).
+  /// The decoder's projections: attention, MLP, experts and shared experts (a router,
+  /// block_sparse_moe.gate or mlp.gate, and the shared expert's gate stay in the policy's dtype,
+  /// as llama.cpp keeps ffn_gate_inp in f32).
   static constexpr const char* kDefaultPattern =
-      R"(\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$)";
+      R"(\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|mlp\.(experts\.\d+|shared_expert)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$)";
   /// The decoder's Linears and lm_head (what llama.cpp's q8_0 / q4_0 files quantize).
   static constexpr const char* kWithHeadPattern =
-      R"((\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])|^lm_head)\.weight$)";
+      R"((\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|mlp\.(experts\.\d+|shared_expert)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])|^lm_head)\.weight$)";
 };
 
 /// Quantizes every Linear of `m` whose weight path matches cfg.pattern and is not quantized
@@ -19267,12 +19340,17 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3/mixtral).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3 and the
+// mixtures of experts mixtral/qwen2_moe/qwen3_moe).
 //
 // Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
 // num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
 // output_router_logits the training loss adds router_aux_loss_coef x the load-balancing loss
 // (and router_z_loss_coef x the router z-loss, a field of other MoE configs, 0 by default).
+// Qwen2-MoE / Qwen3-MoE (qwen2_moe, qwen3_moe) are Qwen2 / Qwen3 with the same kind of block
+// (num_experts of moe_intermediate_size; Qwen2-MoE adds a gated shared expert of
+// shared_expert_intermediate_size) in layers l with (l + 1) % decoder_sparse_step == 0 that
+// mlp_only_layers does not list; norm_topk_prob picks Mixtral's renormalised weights.
 
 #include <algorithm>
 #include <cstdint>
@@ -19322,7 +19400,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -19347,13 +19425,19 @@ struct LlamaConfig {
   double initializer_range = 0.02;
   std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
   std::optional<std::string> problem_type;  // "single_label_classification", ...
-  // Mixture of experts (mixtral; HF MixtralConfig names and defaults).
+  // Mixture of experts (HF MixtralConfig names and defaults; Qwen-MoE's num_experts is
+  // num_local_experts here and written back under its own name).
   std::int64_t num_local_experts = 8;
   std::int64_t num_experts_per_tok = 2;
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;  // HF: the aux loss joins the loss only when set
   double router_jitter_noise = 0.0;   // HF: multiplicative noise on the block's input in training
   double router_z_loss_coef = 0.0;
+  std::int64_t moe_intermediate_size = 0;            // qwen2_moe / qwen3_moe: each expert's width
+  std::int64_t shared_expert_intermediate_size = 0;  // qwen2_moe: the shared expert's width
+  bool norm_topk_prob = true;                        // mixtral: always; Qwen's flag (HF default false)
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;
   /// Fields edl does not interpret, kept verbatim.
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
@@ -19366,15 +19450,26 @@ struct LlamaConfig {
   std::int64_t q_size() const { return num_attention_heads * head_size(); }
   std::int64_t kv_size() const { return num_key_value_heads * head_size(); }
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
-  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
+  bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
-  bool qk_norm() const { return model_type == "qwen3"; }
-  /// Every layer's MLP is a sparse mixture of experts (block_sparse_moe).
-  bool is_moe() const { return model_type == "mixtral"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
+  bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
+  bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
+  /// Layer l's MLP is a mixture of experts.
+  bool layer_is_sparse(std::int64_t l) const {
+    if (!is_moe()) return false;
+    if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) != mlp_only_layers.end()) return false;
+    return (l + 1) % decoder_sparse_step == 0;
+  }
+  /// Each expert's intermediate size.
+  std::int64_t expert_intermediate_size() const { return qwen_moe() ? moe_intermediate_size : intermediate_size; }
+  /// The shared expert's intermediate size (0: none; qwen2_moe only).
+  std::int64_t shared_expert_size() const { return model_type == "qwen2_moe" ? shared_expert_intermediate_size : 0; }
   /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
-    if ((model_type == "qwen2" || model_type == "qwen3") &&
+    if ((model_type == "qwen2" || model_type == "qwen3" || qwen_moe()) &&
         !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
           extra["use_sliding_window"].get<bool>()))
       return std::nullopt;
@@ -19390,9 +19485,9 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  model_type == "mixtral",
-              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2, qwen3 or mixtral, found \"",
-              model_type, "\"");
+                  is_moe(),
+              errc::unsupported, where("model_type"),
+              "expected llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -19445,6 +19540,17 @@ struct LlamaConfig {
                 router_z_loss_coef);
       EDL_CHECK(router_jitter_noise >= 0 && router_jitter_noise < 1, errc::config, where("router_jitter_noise"),
                 "must be in [0, 1), found ", router_jitter_noise);
+      if (qwen_moe()) {
+        positive("moe_intermediate_size", moe_intermediate_size);
+        bounded("moe_intermediate_size", moe_intermediate_size, std::int64_t{1} << 22);
+        EDL_CHECK(shared_expert_intermediate_size >= 0, errc::config, where("shared_expert_intermediate_size"),
+                  "must be non-negative, found ", shared_expert_intermediate_size);
+        bounded("shared_expert_intermediate_size", shared_expert_intermediate_size, std::int64_t{1} << 22);
+      }
+      positive("decoder_sparse_step", decoder_sparse_step);
+      for (const std::int64_t l : mlp_only_layers)
+        EDL_CHECK(l >= 0 && l < num_hidden_layers, errc::config, where("mlp_only_layers"),
+                  "lists layer ", l, ", outside [0, num_hidden_layers = ", num_hidden_layers, ")");
     }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
@@ -19471,8 +19577,15 @@ struct LlamaConfig {
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
         "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
         "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
-        "num_labels", "problem_type", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
-        "output_router_logits", "router_jitter_noise", "router_z_loss_coef"};
+        "num_labels", "problem_type"};
+    return k;
+  }
+  /// Fields read only for a mixture-of-experts model (kept in `extra` for the others).
+  static const std::vector<std::string>& moe_fields() {
+    static const std::vector<std::string> k = {
+        "num_local_experts", "num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+        "router_jitter_noise", "router_z_loss_coef", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"};
     return k;
   }
 
@@ -19512,12 +19625,25 @@ struct LlamaConfig {
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
     else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
     cfg.problem_type = c.optional<std::string>("problem_type");
-    cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
-    cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
-    cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
-    cfg.output_router_logits = c.get<bool>("output_router_logits", false);
-    cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
-    cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
+    if (cfg.is_moe()) {
+      if (cfg.qwen_moe()) {  // Qwen2MoeConfig / Qwen3MoeConfig defaults
+        const bool q2 = cfg.model_type == "qwen2_moe";
+        cfg.num_local_experts = c.get<std::int64_t>("num_experts", q2 ? 60 : 128);
+        cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", q2 ? 4 : 8);
+        cfg.moe_intermediate_size = c.get<std::int64_t>("moe_intermediate_size", q2 ? 1408 : 768);
+        if (q2) cfg.shared_expert_intermediate_size = c.get<std::int64_t>("shared_expert_intermediate_size", 5632);
+        cfg.norm_topk_prob = c.get<bool>("norm_topk_prob", false);
+        cfg.decoder_sparse_step = c.get<std::int64_t>("decoder_sparse_step", 1);
+        if (c.has_value("mlp_only_layers")) cfg.mlp_only_layers = c.get<std::vector<std::int64_t>>("mlp_only_layers");
+      } else {
+        cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
+        cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
+      }
+      cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
+      cfg.output_router_logits = c.get<bool>("output_router_logits", false);
+      cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
+      cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
+    }
 
     if (c.has_value("rope_scaling")) {
       const ojson& r = j["rope_scaling"];
@@ -19547,9 +19673,12 @@ struct LlamaConfig {
     }
 
     const auto& known = known_fields();
+    const auto& moe = moe_fields();
     for (auto it = j.begin(); it != j.end(); ++it) {
       cfg.key_order_.push_back(it.key());
-      if (std::find(known.begin(), known.end(), it.key()) == known.end()) cfg.extra[it.key()] = it.value();
+      if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+      if (cfg.is_moe() && std::find(moe.begin(), moe.end(), it.key()) != moe.end()) continue;
+      cfg.extra[it.key()] = it.value();
     }
     cfg.validate();
     return cfg;
@@ -19595,13 +19724,20 @@ struct LlamaConfig {
     k["initializer_range"] = initializer_range;
     if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
     if (is_moe()) {
-      k["num_local_experts"] = num_local_experts;
+      k[qwen_moe() ? "num_experts" : "num_local_experts"] = num_local_experts;
       k["num_experts_per_tok"] = num_experts_per_tok;
       k["router_aux_loss_coef"] = router_aux_loss_coef;
       k["output_router_logits"] = output_router_logits;
       k["router_jitter_noise"] = router_jitter_noise;
+      if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
+      if (qwen_moe()) {
+        k["moe_intermediate_size"] = moe_intermediate_size;
+        if (model_type == "qwen2_moe") k["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+        k["norm_topk_prob"] = norm_topk_prob;
+        k["decoder_sparse_step"] = decoder_sparse_step;
+        k["mlp_only_layers"] = mlp_only_layers;
+      }
     }
-    if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
     if (problem_type || was_present("problem_type"))
       k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
 
@@ -19695,13 +19831,30 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
-      if (is_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
+      if (layer_is_sparse(l) && !qwen_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
         p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
         for (std::int64_t e = 0; e < num_local_experts; ++e) {
           const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
           p.push_back({ex + "w1.weight", {I, H}});
           p.push_back({ex + "w2.weight", {H, I}});
           p.push_back({ex + "w3.weight", {I, H}});
+        }
+        continue;
+      }
+      if (layer_is_sparse(l)) {  // HF Qwen-MoE: mlp.gate, mlp.experts.J.*_proj, mlp.shared_expert*
+        const std::int64_t Ie = moe_intermediate_size, Is = shared_expert_size();
+        p.push_back({pre + "mlp.gate.weight", {num_local_experts, H}});
+        for (std::int64_t e = 0; e < num_local_experts; ++e) {
+          const std::string ex = pre + "mlp.experts." + std::to_string(e) + ".";
+          p.push_back({ex + "gate_proj.weight", {Ie, H}});
+          p.push_back({ex + "up_proj.weight", {Ie, H}});
+          p.push_back({ex + "down_proj.weight", {H, Ie}});
+        }
+        if (Is > 0) {
+          p.push_back({pre + "mlp.shared_expert.gate_proj.weight", {Is, H}});
+          p.push_back({pre + "mlp.shared_expert.up_proj.weight", {Is, H}});
+          p.push_back({pre + "mlp.shared_expert.down_proj.weight", {H, Is}});
+          p.push_back({pre + "mlp.shared_expert_gate.weight", {1, H}});
         }
         continue;
       }
@@ -19794,7 +19947,8 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c) {
   return r;
 }
 
-inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
+/// Layer l's config (a mixture-of-experts block where c.layer_is_sparse(l)).
+inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
   nn::DecoderLayerConfig d;
   d.attention.hidden = c.hidden_size;
   d.attention.num_heads = c.num_attention_heads;
@@ -19809,9 +19963,14 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
-  if (c.is_moe())
-    d.moe = nn::MoeConfig{.hidden = c.hidden_size, .intermediate = c.intermediate_size,
-                          .num_experts = c.num_local_experts, .top_k = c.num_experts_per_tok, .norm_topk_prob = true};
+  if (c.layer_is_sparse(l))
+    d.moe = nn::MoeConfig{.hidden = c.hidden_size,
+                          .intermediate = c.expert_intermediate_size(),
+                          .num_experts = c.num_local_experts,
+                          .top_k = c.num_experts_per_tok,
+                          .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
+                          .shared_intermediate = c.shared_expert_size(),
+                          .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
   return d;
 }
 
@@ -19832,9 +19991,8 @@ class LlamaModel {
   explicit LlamaModel(const LlamaConfig& c)
       : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
     c.validate();
-    const nn::DecoderLayerConfig d = decoder_layer_config(c);
     layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
-    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(d);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(decoder_layer_config(c, l));
   }
 
   nn::Embedding<Pol> embed_tokens;
@@ -20025,13 +20183,19 @@ class LlamaForCausalLM {
       EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
                 "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
                 " (set it to 0)");
-    std::vector<typename nn::MoE<Pol>::Saved*> routed;
-    for (auto& ls : s.model_s.layer_s) routed.push_back(&ls.moe_s);
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
+    std::size_t first = 0;
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      if (model.layers[l].is_sparse()) {
+        if (routed.empty()) first = l;
+        routed.push_back(&s.model_s.layer_s[l].moe_s);
+      }
+    if (routed.empty()) return;
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
     const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
-    const nn::MoeConfig& mc = model.layers.front().block_sparse_moe.config();
+    const nn::MoeConfig& mc = model.layers[first].block_sparse_moe.config();
     m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
     m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
     if (c.router_z_loss_coef > 0) {
@@ -22855,6 +23019,7 @@ class LlamaForSequenceClassification {
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -23915,6 +24080,8 @@ class CachedForward {
     if (c.is_moe()) {
       E_ = c.num_local_experts;
       K_ = c.num_experts_per_tok;
+      Ie_ = c.expert_intermediate_size();
+      Is_ = c.shared_expert_size();
     }
   }
 
@@ -23962,7 +24129,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -24028,16 +24195,27 @@ class CachedForward {
         for (std::int64_t i = 0; i < ne; ++i)
           std::memcpy(f.expert_x_.data() + i * f.H_, f.normed_.data() + rows[static_cast<std::size_t>(i)].first * f.H_,
                       static_cast<std::size_t>(f.H_) * sizeof(float));
-        const auto& ex = moe.experts[static_cast<std::size_t>(e)];
-        kernels::linear_group<T, 2>(f.expert_x_.data(), ne,
-                                    {part(ex.gate_proj, f.gate_.data(), f.I_), part(ex.up_proj, f.up_.data(), f.I_)}, f.H_);
-        kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(ne * f.I_));
-        kernels::linear_part(f.gate_.data(), ne, part(ex.down_proj, f.out_.data(), f.H_), f.I_);
+        swiglu_rows(f.expert_x_.data(), ne, moe.experts[static_cast<std::size_t>(e)], f.Ie_);
         for (std::int64_t i = 0; i < ne; ++i) {
           const auto [r, w] = rows[static_cast<std::size_t>(i)];
           kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
         }
       }
+      if (!moe.has_shared_expert()) return;
+      // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
+      kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
+      swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
+      for (std::int64_t r = 0; r < n; ++r)
+        kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
+                      f.x_.data() + r * f.H_, f.H_);
+    }
+    // out_ = down(silu(gate x) * up x) of an MLP of width I over rows x [rows, H].
+    template <class Mlp>
+    void swiglu_rows(const float* x, std::int64_t rows, const Mlp& mlp, std::int64_t I) {
+      kernels::linear_group<T, 2>(x, rows, {part(mlp.gate_proj, f.gate_.data(), I), part(mlp.up_proj, f.up_.data(), I)},
+                                  f.H_);
+      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(rows * I));
+      kernels::linear_part(f.gate_.data(), rows, part(mlp.down_proj, f.out_.data(), f.H_), I);
     }
   };
 
@@ -24083,36 +24261,49 @@ class CachedForward {
           [] {});
     }
     // One row through a mixture of experts: a serial phase normalises x and routes it, one
-    // phase runs the gate/up products of the k chosen experts, one their down products and
-    // the weighted sum into x (each task its range of rows of every expert, experts in index
-    // order, as RowSteps sums them).
+    // phase runs the gate/up products of the k chosen experts (and of the shared expert), one
+    // their down products and the weighted sum into x (each task its range of rows of every
+    // expert, experts in index order and the shared expert last, as RowSteps sums them).
     template <class Moe>
     void norm_experts(const T* norm_w, const Moe& moe) {
-      const std::int64_t H = f.H_, I = f.I_, K = f.K_;
+      const std::int64_t H = f.H_, K = f.K_;
+      const bool shared = moe.has_shared_expert();
       team.phase(1, [&](std::int64_t) {
         kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
         const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
         kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
         f.route_rows(1, moe);
-      });
-      const std::int64_t up_tasks = kernels::matvec_tasks(2 * K * I, H, threads);
-      team.phase(up_tasks, [&](std::int64_t t) {
-        for (std::int64_t k = 0; k < K; ++k) {
-          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
-          const std::array<Part, 2> gate_up{part(ex.gate_proj, f.gate_.data() + k * I, I),
-                                            part(ex.up_proj, f.up_.data() + k * I, I)};
-          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
-          kernels::silu_mul_range(f.gate_.data() + k * I, f.up_.data() + k * I, I * t / up_tasks, I * (t + 1) / up_tasks);
+        if (shared) {
+          const std::array<Part, 1> g{part(moe.shared_expert_gate, f.shared_gate_.data(), 1)};
+          kernels::matvec_group_task(f.normed_.data(), g, H, 0, 1);
+          f.chosen_.push_back({-1, sigmoid(f.shared_gate_[0])});
         }
       });
-      const std::int64_t down_tasks = kernels::matvec_tasks(K * H, I, threads);
+      // Slot k: a chosen expert (width Ie), or the shared expert last (width Is).
+      const auto mlp_of = [&](std::size_t k) -> const auto& {
+        const std::int64_t e = f.chosen_[k].first;
+        return e < 0 ? moe.shared_expert : moe.experts[static_cast<std::size_t>(e)];
+      };
+      const std::size_t slots = f.chosen_.size();
+      const auto width = [&](std::size_t k) { return f.chosen_[k].first < 0 ? f.Is_ : f.Ie_; };
+      const std::int64_t up_tasks = kernels::matvec_tasks(2 * (K * f.Ie_ + (shared ? f.Is_ : 0)), H, threads);
+      team.phase(up_tasks, [&](std::int64_t t) {
+        for (std::size_t k = 0; k < slots; ++k) {
+          const std::int64_t I = width(k), off = static_cast<std::int64_t>(k) * f.Ie_;
+          const std::array<Part, 2> gate_up{part(mlp_of(k).gate_proj, f.gate_.data() + off, I),
+                                            part(mlp_of(k).up_proj, f.up_.data() + off, I)};
+          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
+          kernels::silu_mul_range(f.gate_.data() + off, f.up_.data() + off, I * t / up_tasks, I * (t + 1) / up_tasks);
+        }
+      });
+      const std::int64_t down_tasks = kernels::matvec_tasks(static_cast<std::int64_t>(slots) * H, f.Ie_, threads);
       team.phase(down_tasks, [&](std::int64_t t) {
         const std::int64_t lo = H * t / down_tasks, hi = H * (t + 1) / down_tasks;
-        for (std::int64_t k = 0; k < K; ++k) {
-          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
-          const std::array<Part, 1> down{part(ex.down_proj, f.out_.data() + k * H, H)};
-          kernels::matvec_group_task(f.gate_.data() + k * I, down, I, t, down_tasks);
-          kernels::axpy_range(f.chosen_[static_cast<std::size_t>(k)].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
+        for (std::size_t k = 0; k < slots; ++k) {
+          const std::int64_t I = width(k), off = static_cast<std::int64_t>(k) * f.Ie_;
+          const std::array<Part, 1> down{part(mlp_of(k).down_proj, f.out_.data() + k * H, H)};
+          kernels::matvec_group_task(f.gate_.data() + off, down, I, t, down_tasks);
+          kernels::axpy_range(f.chosen_[k].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
         }
       });
     }
@@ -24176,13 +24367,15 @@ class CachedForward {
     grow(up_, n * I_);
     grow(out_, n * H_);
     grow(last_x_, n * H_);
-    if (E_ > 0) {  // the one-row path keeps the k experts' gate, up and out side by side
-      grow(gate_, std::max(n, K_) * I_);
-      grow(up_, std::max(n, K_) * I_);
-      grow(out_, std::max(n, K_) * H_);
+    if (E_ > 0) {  // the one-row path keeps the k experts' (and the shared expert's) side by side
+      const std::int64_t wide = std::max({n * I_, n * Ie_, n * Is_, K_ * Ie_ + Is_});
+      grow(gate_, wide);
+      grow(up_, wide);
+      grow(out_, std::max(n, K_ + 1) * H_);
       grow(expert_x_, n * H_);
       grow(router_, n * E_);
       grow(probs_, n * E_);
+      grow(shared_gate_, n);
     }
     if (shard_.sp > 1) {
       grow(records_, n * nh_ * (D_ + 2));
@@ -24249,6 +24442,8 @@ class CachedForward {
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
     kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
   }
+
+  static float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }  // nn::MoE's, bit for bit
 
   /// Routes rows [0, n) by their router logits (router_): each expert's (row, weight) pairs in
   /// row order, and for one row its k (expert, weight) pairs in expert order.
@@ -24361,8 +24556,9 @@ class CachedForward {
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
   // and, for one row, its k (expert, weight) pairs in expert order.
-  std::int64_t E_ = 0, K_ = 0;
-  aligned_vector<float> expert_x_, router_, probs_;
+  // Ie_, Is_: an expert's and the shared expert's (Qwen2-MoE; 0: none) intermediate sizes.
+  std::int64_t E_ = 0, K_ = 0, Ie_ = 0, Is_ = 0;
+  aligned_vector<float> expert_x_, router_, probs_, shared_gate_;
   std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
   std::vector<std::pair<std::int64_t, float>> chosen_;
   std::vector<std::int64_t> top_;

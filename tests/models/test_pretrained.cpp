@@ -322,24 +322,27 @@ TEST(Pretrained, Qwen3MatchesItsReference) {
   EXPECT_EQ(param_bytes(back), param_bytes(m));
 }
 
-/// Mixtral (every MLP a sparse mixture of 4 experts, top 2) from its HF folder against its
-/// PyTorch reference (scripts/mixtral_reference.py): logits; on a right-padded batch the loss
-/// MixtralForCausalLM computes with output_router_logits (cross-entropy + router_aux_loss_coef x
-/// the load-balancing loss over both layers, padding excluded) and every gradient, routers and
-/// experts included; gradient checkpointing gives the same gradients bit for bit; the cached
-/// forward (a batch prefill grouped by expert, one-row decode steps reading only the chosen
-/// experts, a two-row decode step) gives the reference's logits; saved, it has HF's names.
-TEST(Pretrained, MixtralMatchesItsReference) {
-  const fs::path dir = fixture().parent_path() / "tiny_mixtral";
+namespace {
+
+/// A mixture-of-experts model from its HF folder `name` against its PyTorch reference
+/// (scripts/moe_model_reference.py): logits; on a right-padded batch the loss the HF model
+/// computes with output_router_logits (cross-entropy + router_aux_loss_coef x the
+/// load-balancing loss over the sparse layers, padding excluded) and every gradient, routers,
+/// experts and shared experts included; gradient checkpointing gives the same gradients bit for
+/// bit; the cached forward (a batch prefill grouped by expert, one-row decode steps reading only
+/// the chosen experts, two-row decode steps) gives the reference's logits; LoRA on the experts
+/// decodes as it scores; saved, it has the HF file's names and loads back bit for bit.
+void expect_moe_matches_reference(const std::string& name, const std::vector<std::string>& lora_targets) {
+  const fs::path dir = fixture().parent_path() / name;
   ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
   auto m = models::from_pretrained(dir.string());
   const LlamaConfig& c = m.config();
-  EXPECT_EQ(c.model_type, "mixtral");
   ASSERT_TRUE(c.is_moe());
   EXPECT_EQ(c.num_local_experts, 4);
   EXPECT_EQ(c.num_experts_per_tok, 2);
   EXPECT_TRUE(c.output_router_logits);
-  EXPECT_TRUE(m.model.layers[0].is_sparse());
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    EXPECT_EQ(m.model.layers[static_cast<std::size_t>(l)].is_sparse(), c.layer_is_sparse(l)) << "layer " << l;
   EXPECT_EQ(models::parameter_count(m), c.parameter_count());
 
   const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
@@ -363,7 +366,7 @@ TEST(Pretrained, MixtralMatchesItsReference) {
   EXPECT_NEAR(lm.aux_loss, lj["aux_loss"].get<double>(), 1e-5);
   EXPECT_EQ(lm.tokens, lj["n_target_tokens"].get<std::int64_t>());
   EXPECT_NEAR(m.loss(t.ids.data(), lay, labels.data()).loss, lm.loss, 1e-12);
-  TempDir tmp("mixtral");
+  TempDir tmp(name);
   const std::string gpath = (tmp.path / "g.safetensors").string();
   cli::save_grads(gpath, m);
   expect_grads_match(gpath, dir / "oracle" / "grads.safetensors");
@@ -431,8 +434,8 @@ TEST(Pretrained, MixtralMatchesItsReference) {
     auto adapted = models::from_pretrained(dir.string());
     lora::LoraConfig lc;
     lc.r = 2;
-    lc.target_modules = {"w1", "w2", "q_proj"};
-    EXPECT_EQ(lora::apply_lora(adapted, lc), c.num_hidden_layers * (2 * c.num_local_experts + 1));
+    lc.target_modules = lora_targets;
+    EXPECT_GT(lora::apply_lora(adapted, lc), 2 * c.num_local_experts);
     EXPECT_EQ(cli::compute_logits(adapted, t), cli::compute_logits(m, t));
     std::uint32_t i = 0;
     adapted.visit_linears("", [&](const std::string&, auto& lin) {
@@ -459,13 +462,42 @@ TEST(Pretrained, MixtralMatchesItsReference) {
 
   models::save_pretrained(tmp.path / "resaved", m);
   const auto f = io::SafeTensorsFile::open((tmp.path / "resaved" / "model.safetensors").string());
-  EXPECT_TRUE(f.contains("model.layers.1.block_sparse_moe.gate.weight"));
-  EXPECT_TRUE(f.contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
-  EXPECT_FALSE(f.contains("model.layers.1.mlp.up_proj.weight"));
+  const auto hf = io::SafeTensorsFile::open((dir / "model.safetensors").string());
+  auto names = f.names(), hf_names = hf.names();
+  std::sort(names.begin(), names.end());
+  std::sort(hf_names.begin(), hf_names.end());
+  EXPECT_EQ(names, hf_names);
   auto back = models::from_pretrained(tmp.path / "resaved");
-  EXPECT_EQ(back.config().num_local_experts, 4);
-  EXPECT_TRUE(back.config().output_router_logits);
+  EXPECT_EQ(back.config().num_local_experts, c.num_local_experts);
+  EXPECT_EQ(back.config().to_json(), c.to_json());
   EXPECT_EQ(param_bytes(back), param_bytes(m));
+}
+
+}  // namespace
+
+/// Mixtral: block_sparse_moe (w1/w2/w3 experts) in every layer, renormalised top-2 weights.
+TEST(Pretrained, MixtralMatchesItsReference) {
+  expect_moe_matches_reference("tiny_mixtral", {"w1", "w2", "q_proj"});
+}
+
+/// Qwen2-MoE: q/k/v biases, a dense middle layer (mlp_only_layers), a shared expert gated by a
+/// sigmoid, top-2 weights not renormalised (norm_topk_prob false).
+TEST(Pretrained, Qwen2MoeMatchesItsReference) {
+  expect_moe_matches_reference("tiny_qwen2_moe", {"gate_proj", "down_proj", "q_proj"});
+  const auto c = LlamaConfig::from_file((fixture().parent_path() / "tiny_qwen2_moe" / "config.json").string());
+  EXPECT_TRUE(c.qkv_bias());
+  EXPECT_FALSE(c.layer_is_sparse(1));
+  EXPECT_EQ(c.shared_expert_size(), 24);
+  EXPECT_FALSE(c.norm_topk_prob);
+}
+
+/// Qwen3-MoE: per-head q/k norms, head_dim 8 (not hidden / heads), renormalised top-2 weights.
+TEST(Pretrained, Qwen3MoeMatchesItsReference) {
+  expect_moe_matches_reference("tiny_qwen3_moe", {"up_proj", "o_proj"});
+  const auto c = LlamaConfig::from_file((fixture().parent_path() / "tiny_qwen3_moe" / "config.json").string());
+  EXPECT_TRUE(c.qk_norm());
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_expert_size(), 0);
 }
 
 TEST(Pretrained, CliChecksTokenIds) {

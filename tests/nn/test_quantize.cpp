@@ -5,6 +5,7 @@
 // bad patterns and shapes fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +14,8 @@
 
 #include <unistd.h>
 
+#include <edl/generate/decoder.hpp>
+#include <edl/generate/kv_cache.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/nn/quantize.hpp>
@@ -88,6 +91,44 @@ TEST(QuantizeModel, DefaultPatternTakesTheDecoderLinearsOnly) {
   // Already quantized Linears are left alone.
   EXPECT_EQ(nn::quantize(m, {quant::Format::q4_0}), 0);
   EXPECT_EQ(nn::quantized_format(m), quant::Format::q8_0);
+}
+
+// Mixture-of-experts models: the experts' and the shared expert's projections are quantized,
+// the routers and the shared expert's gate are not; the quantized model decodes as it scores.
+TEST(QuantizeModel, DefaultPatternTakesTheExpertsButNotTheRouters) {
+  for (const char* type : {"mixtral", "qwen2_moe"}) {
+    LlamaConfig c = quant_config();
+    c.model_type = type;
+    c.num_local_experts = 3;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 64;
+    c.shared_expert_intermediate_size = std::string(type) == "qwen2_moe" ? 128 : 0;
+    c.validate();
+    LlamaForCausalLM<> m(c);
+    m.init(Key::from_seed(2));
+    const LlamaForCausalLM<> f32 = m;
+    const std::int64_t per_layer = 4 + 3 * 3 + (c.shared_expert_size() > 0 ? 3 : 0);
+    EXPECT_EQ(nn::quantize(m, {quant::Format::q8_0}), 2 * per_layer) << type;
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      const bool router = path.ends_with(".gate") || path.ends_with("shared_expert_gate");
+      EXPECT_EQ(lin.is_quantized(), !router && path != "lm_head") << path;
+    });
+    // The cached forward (prefill, then one-row steps) gives the full forward's logits.
+    const auto ids = ids_of(12, c.vocab_size);
+    const std::vector<float> full = logits_of(m, ids, 1);
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, 12));
+    generate::Decoder dec(m, cache);
+    std::vector<float> last(static_cast<std::size_t>(c.vocab_size));
+    dec.prefill(ids.data(), 6, nullptr, last.data());
+    double worst = 0;
+    for (std::int64_t s = 6; s < 12; ++s) {
+      dec.decode(ids.data() + s, last.data());
+      for (std::int64_t v = 0; v < c.vocab_size; ++v)
+        worst = std::max(worst, double(std::fabs(last[v] - full[static_cast<std::size_t>(s * c.vocab_size + v)])));
+    }
+    EXPECT_LT(worst, 1e-4) << type;
+    EXPECT_NE(full, logits_of(f32, ids, 1)) << type;  // quantization did change the weights
+  }
 }
 
 TEST(QuantizeModel, ForwardStaysWithinTheActivationsRoundingOfTheDequantizedModel) {

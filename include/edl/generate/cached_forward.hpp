@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -212,6 +213,8 @@ class CachedForward {
     if (c.is_moe()) {
       E_ = c.num_local_experts;
       K_ = c.num_experts_per_tok;
+      Ie_ = c.expert_intermediate_size();
+      Is_ = c.shared_expert_size();
     }
   }
 
@@ -259,7 +262,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -325,16 +328,27 @@ class CachedForward {
         for (std::int64_t i = 0; i < ne; ++i)
           std::memcpy(f.expert_x_.data() + i * f.H_, f.normed_.data() + rows[static_cast<std::size_t>(i)].first * f.H_,
                       static_cast<std::size_t>(f.H_) * sizeof(float));
-        const auto& ex = moe.experts[static_cast<std::size_t>(e)];
-        kernels::linear_group<T, 2>(f.expert_x_.data(), ne,
-                                    {part(ex.gate_proj, f.gate_.data(), f.I_), part(ex.up_proj, f.up_.data(), f.I_)}, f.H_);
-        kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(ne * f.I_));
-        kernels::linear_part(f.gate_.data(), ne, part(ex.down_proj, f.out_.data(), f.H_), f.I_);
+        swiglu_rows(f.expert_x_.data(), ne, moe.experts[static_cast<std::size_t>(e)], f.Ie_);
         for (std::int64_t i = 0; i < ne; ++i) {
           const auto [r, w] = rows[static_cast<std::size_t>(i)];
           kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
         }
       }
+      if (!moe.has_shared_expert()) return;
+      // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
+      kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
+      swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
+      for (std::int64_t r = 0; r < n; ++r)
+        kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
+                      f.x_.data() + r * f.H_, f.H_);
+    }
+    // out_ = down(silu(gate x) * up x) of an MLP of width I over rows x [rows, H].
+    template <class Mlp>
+    void swiglu_rows(const float* x, std::int64_t rows, const Mlp& mlp, std::int64_t I) {
+      kernels::linear_group<T, 2>(x, rows, {part(mlp.gate_proj, f.gate_.data(), I), part(mlp.up_proj, f.up_.data(), I)},
+                                  f.H_);
+      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(rows * I));
+      kernels::linear_part(f.gate_.data(), rows, part(mlp.down_proj, f.out_.data(), f.H_), I);
     }
   };
 
@@ -380,36 +394,49 @@ class CachedForward {
           [] {});
     }
     // One row through a mixture of experts: a serial phase normalises x and routes it, one
-    // phase runs the gate/up products of the k chosen experts, one their down products and
-    // the weighted sum into x (each task its range of rows of every expert, experts in index
-    // order, as RowSteps sums them).
+    // phase runs the gate/up products of the k chosen experts (and of the shared expert), one
+    // their down products and the weighted sum into x (each task its range of rows of every
+    // expert, experts in index order and the shared expert last, as RowSteps sums them).
     template <class Moe>
     void norm_experts(const T* norm_w, const Moe& moe) {
-      const std::int64_t H = f.H_, I = f.I_, K = f.K_;
+      const std::int64_t H = f.H_, K = f.K_;
+      const bool shared = moe.has_shared_expert();
       team.phase(1, [&](std::int64_t) {
         kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
         const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
         kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
         f.route_rows(1, moe);
-      });
-      const std::int64_t up_tasks = kernels::matvec_tasks(2 * K * I, H, threads);
-      team.phase(up_tasks, [&](std::int64_t t) {
-        for (std::int64_t k = 0; k < K; ++k) {
-          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
-          const std::array<Part, 2> gate_up{part(ex.gate_proj, f.gate_.data() + k * I, I),
-                                            part(ex.up_proj, f.up_.data() + k * I, I)};
-          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
-          kernels::silu_mul_range(f.gate_.data() + k * I, f.up_.data() + k * I, I * t / up_tasks, I * (t + 1) / up_tasks);
+        if (shared) {
+          const std::array<Part, 1> g{part(moe.shared_expert_gate, f.shared_gate_.data(), 1)};
+          kernels::matvec_group_task(f.normed_.data(), g, H, 0, 1);
+          f.chosen_.push_back({-1, sigmoid(f.shared_gate_[0])});
         }
       });
-      const std::int64_t down_tasks = kernels::matvec_tasks(K * H, I, threads);
+      // Slot k: a chosen expert (width Ie), or the shared expert last (width Is).
+      const auto mlp_of = [&](std::size_t k) -> const auto& {
+        const std::int64_t e = f.chosen_[k].first;
+        return e < 0 ? moe.shared_expert : moe.experts[static_cast<std::size_t>(e)];
+      };
+      const std::size_t slots = f.chosen_.size();
+      const auto width = [&](std::size_t k) { return f.chosen_[k].first < 0 ? f.Is_ : f.Ie_; };
+      const std::int64_t up_tasks = kernels::matvec_tasks(2 * (K * f.Ie_ + (shared ? f.Is_ : 0)), H, threads);
+      team.phase(up_tasks, [&](std::int64_t t) {
+        for (std::size_t k = 0; k < slots; ++k) {
+          const std::int64_t I = width(k), off = static_cast<std::int64_t>(k) * f.Ie_;
+          const std::array<Part, 2> gate_up{part(mlp_of(k).gate_proj, f.gate_.data() + off, I),
+                                            part(mlp_of(k).up_proj, f.up_.data() + off, I)};
+          kernels::matvec_group_task(f.normed_.data(), gate_up, H, t, up_tasks);
+          kernels::silu_mul_range(f.gate_.data() + off, f.up_.data() + off, I * t / up_tasks, I * (t + 1) / up_tasks);
+        }
+      });
+      const std::int64_t down_tasks = kernels::matvec_tasks(static_cast<std::int64_t>(slots) * H, f.Ie_, threads);
       team.phase(down_tasks, [&](std::int64_t t) {
         const std::int64_t lo = H * t / down_tasks, hi = H * (t + 1) / down_tasks;
-        for (std::int64_t k = 0; k < K; ++k) {
-          const auto& ex = moe.experts[static_cast<std::size_t>(f.chosen_[static_cast<std::size_t>(k)].first)];
-          const std::array<Part, 1> down{part(ex.down_proj, f.out_.data() + k * H, H)};
-          kernels::matvec_group_task(f.gate_.data() + k * I, down, I, t, down_tasks);
-          kernels::axpy_range(f.chosen_[static_cast<std::size_t>(k)].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
+        for (std::size_t k = 0; k < slots; ++k) {
+          const std::int64_t I = width(k), off = static_cast<std::int64_t>(k) * f.Ie_;
+          const std::array<Part, 1> down{part(mlp_of(k).down_proj, f.out_.data() + k * H, H)};
+          kernels::matvec_group_task(f.gate_.data() + off, down, I, t, down_tasks);
+          kernels::axpy_range(f.chosen_[k].second, f.out_.data() + k * H, f.x_.data(), lo, hi);
         }
       });
     }
@@ -473,13 +500,15 @@ class CachedForward {
     grow(up_, n * I_);
     grow(out_, n * H_);
     grow(last_x_, n * H_);
-    if (E_ > 0) {  // the one-row path keeps the k experts' gate, up and out side by side
-      grow(gate_, std::max(n, K_) * I_);
-      grow(up_, std::max(n, K_) * I_);
-      grow(out_, std::max(n, K_) * H_);
+    if (E_ > 0) {  // the one-row path keeps the k experts' (and the shared expert's) side by side
+      const std::int64_t wide = std::max({n * I_, n * Ie_, n * Is_, K_ * Ie_ + Is_});
+      grow(gate_, wide);
+      grow(up_, wide);
+      grow(out_, std::max(n, K_ + 1) * H_);
       grow(expert_x_, n * H_);
       grow(router_, n * E_);
       grow(probs_, n * E_);
+      grow(shared_gate_, n);
     }
     if (shard_.sp > 1) {
       grow(records_, n * nh_ * (D_ + 2));
@@ -546,6 +575,8 @@ class CachedForward {
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
     kernels::combine_attention_records(gathered_.data(), sp, static_cast<std::int64_t>(rec), n * nh_, D_, ctx_.data());
   }
+
+  static float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }  // nn::MoE's, bit for bit
 
   /// Routes rows [0, n) by their router logits (router_): each expert's (row, weight) pairs in
   /// row order, and for one row its k (expert, weight) pairs in expert order.
@@ -658,8 +689,9 @@ class CachedForward {
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
   // and, for one row, its k (expert, weight) pairs in expert order.
-  std::int64_t E_ = 0, K_ = 0;
-  aligned_vector<float> expert_x_, router_, probs_;
+  // Ie_, Is_: an expert's and the shared expert's (Qwen2-MoE; 0: none) intermediate sizes.
+  std::int64_t E_ = 0, K_ = 0, Ie_ = 0, Is_ = 0;
+  aligned_vector<float> expert_x_, router_, probs_, shared_gate_;
   std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
   std::vector<std::pair<std::int64_t, float>> chosen_;
   std::vector<std::int64_t> top_;

@@ -91,13 +91,13 @@ class DecoderLayer {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
     post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
-    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, "block_sparse_moe"), f);
+    if (sparse_) block_sparse_moe.visit_params(join_path(prefix, moe_name()), f);
     else mlp.visit_params(join_path(prefix, "mlp"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
     self_attn.visit_linears(join_path(prefix, "self_attn"), f);
-    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, "block_sparse_moe"), f);
+    if (sparse_) block_sparse_moe.visit_linears(join_path(prefix, moe_name()), f);
     else mlp.visit_linears(join_path(prefix, "mlp"), f);
   }
   std::int64_t param_count() const noexcept {
@@ -197,9 +197,14 @@ class DecoderLayer {
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
-    if (sparse_) s.moe_s.router_s.point_at(s.n2.data(), T);  // the experts keep their own inputs
+    if (sparse_) MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
     else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
     s.dropped = 0;
+  }
+
+  /// HF's module name of the block: Mixtral's block_sparse_moe, Qwen-MoE's mlp.
+  const char* moe_name() const noexcept {
+    return block_sparse_moe.config().names == MoeConfig::Names::qwen ? "mlp" : "block_sparse_moe";
   }
 
   std::int64_t hidden_ = 0;

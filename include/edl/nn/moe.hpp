@@ -6,6 +6,11 @@
 //   top    = the k largest p per token      (ties: the lower expert index first)
 //   w      = p[top] / sum p[top]            renormalised (Mixtral; Qwen2-MoE: norm_topk_prob)
 //   y      = sum_k w_k * expert_{top_k}(x)  each expert a SwiGLU MLP (w1 gate, w3 up, w2 down)
+//   y     += sigmoid(x Ws^T) * shared(x)     Qwen2-MoE's shared expert and its gate, when present
+//
+// Parameter names: Mixtral's (gate, experts.J.w1|w2|w3) or, with MoeConfig::names = qwen,
+// Qwen2-MoE's and Qwen3-MoE's (gate, experts.J.gate_proj|up_proj|down_proj, shared_expert.*,
+// shared_expert_gate).
 //
 // Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
 // is at most all tokens), so an expert's three GEMMs run once over its own rows.
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include <edl/core/error.hpp>
+#include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/mlp.hpp>
@@ -40,6 +46,8 @@ struct MoeConfig {
   std::int64_t num_experts = 8;   // num_local_experts
   std::int64_t top_k = 2;         // num_experts_per_tok
   bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
+  std::int64_t shared_intermediate = 0;  // > 0: Qwen2-MoE's shared expert of this width
+  enum class Names { mixtral, qwen } names = Names::mixtral;
 };
 
 template <class Pol>
@@ -58,6 +66,10 @@ class MoE {
     std::vector<std::vector<float>> xs, ys;
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+    // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
+    typename MLP<Pol>::Saved shared_s;
+    typename ColumnLinear<Pol>::Saved shared_gate_s;
+    std::vector<float> shared_y, shared_g;
   };
 
   MoE() = default;
@@ -70,43 +82,43 @@ class MoE {
               "must be in [1, num_experts = ", c.num_experts, "], found ", c.top_k);
     experts.reserve(static_cast<std::size_t>(c.num_experts));
     for (std::int64_t e = 0; e < c.num_experts; ++e) experts.emplace_back(c.hidden, c.intermediate);
+    if (c.shared_intermediate > 0) {
+      shared_expert = MLP<Pol>(c.hidden, c.shared_intermediate);
+      shared_expert_gate = ColumnLinear<Pol>(c.hidden, 1, false);
+    }
   }
 
   ColumnLinear<Pol> gate;          // the router (HF: block_sparse_moe.gate)
   std::vector<MLP<Pol>> experts;   // HF: block_sparse_moe.experts.J.{w1,w2,w3}
+  MLP<Pol> shared_expert;          // Qwen2-MoE (empty without one)
+  ColumnLinear<Pol> shared_expert_gate;  // [1, hidden]
+
+  bool has_shared_expert() const noexcept { return c_.shared_intermediate > 0; }
 
   const MoeConfig& config() const noexcept { return c_; }
 
-  /// HF Mixtral names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj).
+  /// HF names: gate.weight, experts.J.w1.weight (gate_proj), w2 (down_proj), w3 (up_proj) for
+  /// Mixtral; experts.J.gate_proj.weight, ..., shared_expert.*, shared_expert_gate.weight for Qwen.
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
-    gate.visit_params(join_path(prefix, "gate"), f);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      const std::string p = join_path(prefix, "experts." + std::to_string(e));
-      experts[e].gate_proj.visit_params(join_path(p, "w1"), f);
-      experts[e].down_proj.visit_params(join_path(p, "w2"), f);
-      experts[e].up_proj.visit_params(join_path(p, "w3"), f);
-    }
+    visit_parts(prefix, [&](const std::string& path, auto& m) { m.visit_params(path, f); });
   }
   /// The router and every expert's projections, as Linears (quantization, LoRA targets).
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
-    gate.visit_linears(join_path(prefix, "gate"), f);
-    for (std::size_t e = 0; e < experts.size(); ++e) {
-      const std::string p = join_path(prefix, "experts." + std::to_string(e));
-      experts[e].gate_proj.visit_linears(join_path(p, "w1"), f);
-      experts[e].down_proj.visit_linears(join_path(p, "w2"), f);
-      experts[e].up_proj.visit_linears(join_path(p, "w3"), f);
-    }
+    visit_parts(prefix, [&](const std::string& path, auto& m) { m.visit_linears(path, f); });
   }
   std::int64_t param_count() const noexcept {
     std::int64_t n = gate.param_count();
     for (const auto& e : experts) n += e.param_count();
+    if (has_shared_expert()) n += shared_expert.param_count() + shared_expert_gate.param_count();
     return n;
   }
   /// Forward flops per token: the router and k experts (what runs, not what is stored).
   double flops_forward(std::int64_t tokens) const noexcept {
-    return gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+    double f = gate.flops_forward(tokens) + static_cast<double>(c_.top_k) * experts.front().flops_forward(tokens);
+    if (has_shared_expert()) f += shared_expert.flops_forward(tokens) + shared_expert_gate.flops_forward(tokens);
+    return f;
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
@@ -143,12 +155,32 @@ class MoE {
         for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
       }
     }
+    if (has_shared_expert()) {  // y += sigmoid(x Ws^T) * shared(x)
+      s.shared_y.resize(static_cast<std::size_t>(tokens * H));
+      s.shared_g.resize(static_cast<std::size_t>(tokens));
+      shared_expert.forward(x, tokens, s.shared_y.data(), s.shared_s);
+      shared_expert_gate.forward(x, tokens, s.shared_g.data(), s.shared_gate_s);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        float& g = s.shared_g[static_cast<std::size_t>(t)];
+        g = 1.0f / (1.0f + std::exp(-g));
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += g * s.shared_y[static_cast<std::size_t>(t * H + j)];
+      }
+    }
     s.dlogits_extra.clear();
   }
 
   void apply(const float* x, std::int64_t tokens, float* y) const {
     Saved s;
     forward(x, tokens, y, s);
+  }
+
+  /// Re-points what reads the block's input at x, a recomputed copy with forward's values
+  /// (rematerialization); the experts keep their own gathered rows.
+  static void point_at(Saved& s, const float* x) noexcept {
+    s.router_s.point_at(x, s.tokens);
+    s.shared_gate_s.point_at(x, s.tokens);
+    s.shared_s.gate_s.point_at(x, s.tokens);
+    s.shared_s.up_s.point_at(x, s.tokens);
   }
 
   /// Load-balancing loss of this forward's routing (transformers' load_balancing_loss_func with
@@ -314,6 +346,22 @@ class MoE {
     if (!s.dlogits_extra.empty())
       for (std::size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += s.dlogits_extra[i];
     gate.backward(dlogits.data(), s.router_s, dx, true);
+    if (has_shared_expert()) {
+      // d shared = g dy; d g = dy . shared; through the sigmoid: d logit = d g * g (1 - g).
+      std::vector<float> dys(static_cast<std::size_t>(T * H)), dlogit(static_cast<std::size_t>(T)), dxs(dys.size());
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float g = s.shared_g[static_cast<std::size_t>(t)];
+        double dg = 0;
+        for (std::int64_t j = 0; j < H; ++j) {
+          dys[static_cast<std::size_t>(t * H + j)] = g * dy[t * H + j];
+          dg += static_cast<double>(dy[t * H + j]) * s.shared_y[static_cast<std::size_t>(t * H + j)];
+        }
+        dlogit[static_cast<std::size_t>(t)] = static_cast<float>(dg * g * (1.0f - g));
+      }
+      shared_expert.backward(dys.data(), s.shared_s, dxs.data());
+      kernels::add_inplace(dx, dxs.data(), static_cast<std::ptrdiff_t>(T * H));
+      shared_expert_gate.backward(dlogit.data(), s.shared_gate_s, dx, true);
+    }
   }
 
  private:
@@ -325,6 +373,25 @@ class MoE {
     s.weight.resize(static_cast<std::size_t>(T * K));
     for (std::int64_t t = 0; t < T; ++t)
       route_token(s.logits.data() + t * E, s.probs.data() + t * E, c_, s.top.data() + t * K, s.weight.data() + t * K);
+  }
+
+  /// f(path, module) for the router, each expert's projections and the shared expert, by the
+  /// config's names.
+  template <class F>
+  void visit_parts(std::string_view prefix, F&& f) {
+    const bool qwen = c_.names == MoeConfig::Names::qwen;
+    f(join_path(prefix, "gate"), gate);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const std::string p = join_path(prefix, "experts." + std::to_string(e));
+      f(join_path(p, qwen ? "gate_proj" : "w1"), experts[e].gate_proj);
+      if (qwen) f(join_path(p, "up_proj"), experts[e].up_proj);
+      f(join_path(p, qwen ? "down_proj" : "w2"), experts[e].down_proj);
+      if (!qwen) f(join_path(p, "w3"), experts[e].up_proj);
+    }
+    if (has_shared_expert()) {
+      f(join_path(prefix, "shared_expert"), shared_expert);
+      f(join_path(prefix, "shared_expert_gate"), shared_expert_gate);
+    }
   }
 
   static void extra(Saved& s, std::int64_t E) {

@@ -28,13 +28,14 @@ struct QuantizationConfig {
   std::int64_t block_size = 0;  // 0: the format's own (32 for q8_0 / q4_0, 64 for nf4)
   std::string pattern = kDefaultPattern;
 
-  /// The decoder's projections: attention, MLP and experts (a router, block_sparse_moe.gate,
-  /// stays in the policy's dtype, as llama.cpp keeps ffn_gate_inp in f32).
+  /// The decoder's projections: attention, MLP, experts and shared experts (a router,
+  /// block_sparse_moe.gate or mlp.gate, and the shared expert's gate stay in the policy's dtype,
+  /// as llama.cpp keeps ffn_gate_inp in f32).
   static constexpr const char* kDefaultPattern =
-      R"(\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$)";
+      R"(\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|mlp\.(experts\.\d+|shared_expert)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$)";
   /// The decoder's Linears and lm_head (what llama.cpp's q8_0 / q4_0 files quantize).
   static constexpr const char* kWithHeadPattern =
-      R"((\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])|^lm_head)\.weight$)";
+      R"((\.layers\.\d+\.((self_attn|mlp)\.\w+_proj|mlp\.(experts\.\d+|shared_expert)\.\w+_proj|block_sparse_moe\.experts\.\d+\.w[123])|^lm_head)\.weight$)";
 };
 
 /// Quantizes every Linear of `m` whose weight path matches cfg.pattern and is not quantized

@@ -13,12 +13,17 @@
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3/mixtral).
+// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3 and the
+// mixtures of experts mixtral/qwen2_moe/qwen3_moe).
 //
 // Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
 // num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
 // output_router_logits the training loss adds router_aux_loss_coef x the load-balancing loss
 // (and router_z_loss_coef x the router z-loss, a field of other MoE configs, 0 by default).
+// Qwen2-MoE / Qwen3-MoE (qwen2_moe, qwen3_moe) are Qwen2 / Qwen3 with the same kind of block
+// (num_experts of moe_intermediate_size; Qwen2-MoE adds a gated shared expert of
+// shared_expert_intermediate_size) in layers l with (l + 1) % decoder_sparse_step == 0 that
+// mlp_only_layers does not list; norm_topk_prob picks Mixtral's renormalised weights.
 #pragma once
 
 #include <algorithm>
@@ -69,7 +74,7 @@ struct RopeScaling {
 enum class LlamaHead { causal_lm, sequence_classification, none };
 
 struct LlamaConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -94,13 +99,19 @@ struct LlamaConfig {
   double initializer_range = 0.02;
   std::int64_t num_labels = 2;               // sequence classification (HF: len(id2label))
   std::optional<std::string> problem_type;  // "single_label_classification", ...
-  // Mixture of experts (mixtral; HF MixtralConfig names and defaults).
+  // Mixture of experts (HF MixtralConfig names and defaults; Qwen-MoE's num_experts is
+  // num_local_experts here and written back under its own name).
   std::int64_t num_local_experts = 8;
   std::int64_t num_experts_per_tok = 2;
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;  // HF: the aux loss joins the loss only when set
   double router_jitter_noise = 0.0;   // HF: multiplicative noise on the block's input in training
   double router_z_loss_coef = 0.0;
+  std::int64_t moe_intermediate_size = 0;            // qwen2_moe / qwen3_moe: each expert's width
+  std::int64_t shared_expert_intermediate_size = 0;  // qwen2_moe: the shared expert's width
+  bool norm_topk_prob = true;                        // mixtral: always; Qwen's flag (HF default false)
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;
   /// Fields edl does not interpret, kept verbatim.
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
@@ -113,15 +124,26 @@ struct LlamaConfig {
   std::int64_t q_size() const { return num_attention_heads * head_size(); }
   std::int64_t kv_size() const { return num_key_value_heads * head_size(); }
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
-  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
+  bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
-  bool qk_norm() const { return model_type == "qwen3"; }
-  /// Every layer's MLP is a sparse mixture of experts (block_sparse_moe).
-  bool is_moe() const { return model_type == "mixtral"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
+  bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
+  bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
+  /// Layer l's MLP is a mixture of experts.
+  bool layer_is_sparse(std::int64_t l) const {
+    if (!is_moe()) return false;
+    if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) != mlp_only_layers.end()) return false;
+    return (l + 1) % decoder_sparse_step == 0;
+  }
+  /// Each expert's intermediate size.
+  std::int64_t expert_intermediate_size() const { return qwen_moe() ? moe_intermediate_size : intermediate_size; }
+  /// The shared expert's intermediate size (0: none; qwen2_moe only).
+  std::int64_t shared_expert_size() const { return model_type == "qwen2_moe" ? shared_expert_intermediate_size : 0; }
   /// Sliding attention window in effect (qwen2 and qwen3 use it only with use_sliding_window: true).
   std::optional<std::int64_t> attention_window() const {
-    if ((model_type == "qwen2" || model_type == "qwen3") &&
+    if ((model_type == "qwen2" || model_type == "qwen3" || qwen_moe()) &&
         !(extra.contains("use_sliding_window") && extra["use_sliding_window"].is_boolean() &&
           extra["use_sliding_window"].get<bool>()))
       return std::nullopt;
@@ -137,9 +159,9 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  model_type == "mixtral",
-              errc::unsupported, where("model_type"), "expected llama, mistral, qwen2, qwen3 or mixtral, found \"",
-              model_type, "\"");
+                  is_moe(),
+              errc::unsupported, where("model_type"),
+              "expected llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -192,6 +214,17 @@ struct LlamaConfig {
                 router_z_loss_coef);
       EDL_CHECK(router_jitter_noise >= 0 && router_jitter_noise < 1, errc::config, where("router_jitter_noise"),
                 "must be in [0, 1), found ", router_jitter_noise);
+      if (qwen_moe()) {
+        positive("moe_intermediate_size", moe_intermediate_size);
+        bounded("moe_intermediate_size", moe_intermediate_size, std::int64_t{1} << 22);
+        EDL_CHECK(shared_expert_intermediate_size >= 0, errc::config, where("shared_expert_intermediate_size"),
+                  "must be non-negative, found ", shared_expert_intermediate_size);
+        bounded("shared_expert_intermediate_size", shared_expert_intermediate_size, std::int64_t{1} << 22);
+      }
+      positive("decoder_sparse_step", decoder_sparse_step);
+      for (const std::int64_t l : mlp_only_layers)
+        EDL_CHECK(l >= 0 && l < num_hidden_layers, errc::config, where("mlp_only_layers"),
+                  "lists layer ", l, ", outside [0, num_hidden_layers = ", num_hidden_layers, ")");
     }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
@@ -218,8 +251,15 @@ struct LlamaConfig {
         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
         "rope_theta", "rope_scaling", "attention_bias", "mlp_bias", "tie_word_embeddings", "sliding_window",
         "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "initializer_range",
-        "num_labels", "problem_type", "num_local_experts", "num_experts_per_tok", "router_aux_loss_coef",
-        "output_router_logits", "router_jitter_noise", "router_z_loss_coef"};
+        "num_labels", "problem_type"};
+    return k;
+  }
+  /// Fields read only for a mixture-of-experts model (kept in `extra` for the others).
+  static const std::vector<std::string>& moe_fields() {
+    static const std::vector<std::string> k = {
+        "num_local_experts", "num_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+        "router_jitter_noise", "router_z_loss_coef", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"};
     return k;
   }
 
@@ -259,12 +299,25 @@ struct LlamaConfig {
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
     else cfg.num_labels = c.get<std::int64_t>("num_labels", 2);
     cfg.problem_type = c.optional<std::string>("problem_type");
-    cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
-    cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
-    cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
-    cfg.output_router_logits = c.get<bool>("output_router_logits", false);
-    cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
-    cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
+    if (cfg.is_moe()) {
+      if (cfg.qwen_moe()) {  // Qwen2MoeConfig / Qwen3MoeConfig defaults
+        const bool q2 = cfg.model_type == "qwen2_moe";
+        cfg.num_local_experts = c.get<std::int64_t>("num_experts", q2 ? 60 : 128);
+        cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", q2 ? 4 : 8);
+        cfg.moe_intermediate_size = c.get<std::int64_t>("moe_intermediate_size", q2 ? 1408 : 768);
+        if (q2) cfg.shared_expert_intermediate_size = c.get<std::int64_t>("shared_expert_intermediate_size", 5632);
+        cfg.norm_topk_prob = c.get<bool>("norm_topk_prob", false);
+        cfg.decoder_sparse_step = c.get<std::int64_t>("decoder_sparse_step", 1);
+        if (c.has_value("mlp_only_layers")) cfg.mlp_only_layers = c.get<std::vector<std::int64_t>>("mlp_only_layers");
+      } else {
+        cfg.num_local_experts = c.get<std::int64_t>("num_local_experts", cfg.num_local_experts);
+        cfg.num_experts_per_tok = c.get<std::int64_t>("num_experts_per_tok", cfg.num_experts_per_tok);
+      }
+      cfg.router_aux_loss_coef = c.get<double>("router_aux_loss_coef", cfg.router_aux_loss_coef);
+      cfg.output_router_logits = c.get<bool>("output_router_logits", false);
+      cfg.router_jitter_noise = c.get<double>("router_jitter_noise", 0.0);
+      cfg.router_z_loss_coef = c.get<double>("router_z_loss_coef", 0.0);
+    }
 
     if (c.has_value("rope_scaling")) {
       const ojson& r = j["rope_scaling"];
@@ -294,9 +347,12 @@ struct LlamaConfig {
     }
 
     const auto& known = known_fields();
+    const auto& moe = moe_fields();
     for (auto it = j.begin(); it != j.end(); ++it) {
       cfg.key_order_.push_back(it.key());
-      if (std::find(known.begin(), known.end(), it.key()) == known.end()) cfg.extra[it.key()] = it.value();
+      if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+      if (cfg.is_moe() && std::find(moe.begin(), moe.end(), it.key()) != moe.end()) continue;
+      cfg.extra[it.key()] = it.value();
     }
     cfg.validate();
     return cfg;
@@ -342,13 +398,20 @@ struct LlamaConfig {
     k["initializer_range"] = initializer_range;
     if (num_labels != 2 || was_present("num_labels")) k["num_labels"] = num_labels;
     if (is_moe()) {
-      k["num_local_experts"] = num_local_experts;
+      k[qwen_moe() ? "num_experts" : "num_local_experts"] = num_local_experts;
       k["num_experts_per_tok"] = num_experts_per_tok;
       k["router_aux_loss_coef"] = router_aux_loss_coef;
       k["output_router_logits"] = output_router_logits;
       k["router_jitter_noise"] = router_jitter_noise;
+      if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
+      if (qwen_moe()) {
+        k["moe_intermediate_size"] = moe_intermediate_size;
+        if (model_type == "qwen2_moe") k["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+        k["norm_topk_prob"] = norm_topk_prob;
+        k["decoder_sparse_step"] = decoder_sparse_step;
+        k["mlp_only_layers"] = mlp_only_layers;
+      }
     }
-    if (router_z_loss_coef != 0 || was_present("router_z_loss_coef")) k["router_z_loss_coef"] = router_z_loss_coef;
     if (problem_type || was_present("problem_type"))
       k["problem_type"] = problem_type ? ojson(*problem_type) : ojson(nullptr);
 
@@ -442,13 +505,30 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
-      if (is_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
+      if (layer_is_sparse(l) && !qwen_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
         p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
         for (std::int64_t e = 0; e < num_local_experts; ++e) {
           const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
           p.push_back({ex + "w1.weight", {I, H}});
           p.push_back({ex + "w2.weight", {H, I}});
           p.push_back({ex + "w3.weight", {I, H}});
+        }
+        continue;
+      }
+      if (layer_is_sparse(l)) {  // HF Qwen-MoE: mlp.gate, mlp.experts.J.*_proj, mlp.shared_expert*
+        const std::int64_t Ie = moe_intermediate_size, Is = shared_expert_size();
+        p.push_back({pre + "mlp.gate.weight", {num_local_experts, H}});
+        for (std::int64_t e = 0; e < num_local_experts; ++e) {
+          const std::string ex = pre + "mlp.experts." + std::to_string(e) + ".";
+          p.push_back({ex + "gate_proj.weight", {Ie, H}});
+          p.push_back({ex + "up_proj.weight", {Ie, H}});
+          p.push_back({ex + "down_proj.weight", {H, Ie}});
+        }
+        if (Is > 0) {
+          p.push_back({pre + "mlp.shared_expert.gate_proj.weight", {Is, H}});
+          p.push_back({pre + "mlp.shared_expert.up_proj.weight", {Is, H}});
+          p.push_back({pre + "mlp.shared_expert.down_proj.weight", {H, Is}});
+          p.push_back({pre + "mlp.shared_expert_gate.weight", {1, H}});
         }
         continue;
       }

@@ -58,7 +58,8 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c) {
   return r;
 }
 
-inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
+/// Layer l's config (a mixture-of-experts block where c.layer_is_sparse(l)).
+inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
   nn::DecoderLayerConfig d;
   d.attention.hidden = c.hidden_size;
   d.attention.num_heads = c.num_attention_heads;
@@ -73,9 +74,14 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c) {
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
-  if (c.is_moe())
-    d.moe = nn::MoeConfig{.hidden = c.hidden_size, .intermediate = c.intermediate_size,
-                          .num_experts = c.num_local_experts, .top_k = c.num_experts_per_tok, .norm_topk_prob = true};
+  if (c.layer_is_sparse(l))
+    d.moe = nn::MoeConfig{.hidden = c.hidden_size,
+                          .intermediate = c.expert_intermediate_size(),
+                          .num_experts = c.num_local_experts,
+                          .top_k = c.num_experts_per_tok,
+                          .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
+                          .shared_intermediate = c.shared_expert_size(),
+                          .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
   return d;
 }
 
@@ -96,9 +102,8 @@ class LlamaModel {
   explicit LlamaModel(const LlamaConfig& c)
       : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
     c.validate();
-    const nn::DecoderLayerConfig d = decoder_layer_config(c);
     layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
-    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(d);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(decoder_layer_config(c, l));
   }
 
   nn::Embedding<Pol> embed_tokens;
@@ -289,13 +294,19 @@ class LlamaForCausalLM {
       EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
                 "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
                 " (set it to 0)");
-    std::vector<typename nn::MoE<Pol>::Saved*> routed;
-    for (auto& ls : s.model_s.layer_s) routed.push_back(&ls.moe_s);
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
+    std::size_t first = 0;
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      if (model.layers[l].is_sparse()) {
+        if (routed.empty()) first = l;
+        routed.push_back(&s.model_s.layer_s[l].moe_s);
+      }
+    if (routed.empty()) return;
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
     const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
-    const nn::MoeConfig& mc = model.layers.front().block_sparse_moe.config();
+    const nn::MoeConfig& mc = model.layers[first].block_sparse_moe.config();
     m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
     m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
     if (c.router_z_loss_coef > 0) {

@@ -1,0 +1,102 @@
+"""Pieces the model references share (imported by the scripts beside it): Qwen3's per-head
+q/k norms on the shared oracle's attention, and the sparse mixture-of-experts block of Mixtral
+and Qwen-MoE with transformers' load-balancing loss."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def add_head_norms(ref_llama, attn, eps):
+    """Qwen3Attention: q = q_norm(q_proj(x) per head), k likewise, before rope. The oracle's
+    attention reshapes the projections' outputs to heads itself, so the norms run as forward
+    hooks on q_proj and k_proj: parameter names stay HF's (self_attn.q_norm.weight, registered
+    after o_proj as in HF), and the oracle's forward, cache and decoding are used unchanged."""
+    attn.q_norm = ref_llama.RMSNorm(attn.hd, eps)
+    attn.k_norm = ref_llama.RMSNorm(attn.hd, eps)
+
+    def per_head(norm):
+        def hook(_module, _inputs, out):
+            return norm(out.view(*out.shape[:-1], -1, attn.hd)).reshape(out.shape)
+        return hook
+
+    attn.q_proj.register_forward_hook(per_head(attn.q_norm))
+    attn.k_proj.register_forward_hook(per_head(attn.k_norm))
+
+
+class SparseMoeBlock(nn.Module):
+    """MixtralSparseMoeBlock (names "mixtral": experts.J.w1/w2/w3) or Qwen2MoeSparseMoeBlock /
+    Qwen3MoeSparseMoeBlock (names "qwen": experts.J.gate_proj/up_proj/down_proj, and with
+    shared > 0 a shared expert gated by sigmoid(shared_expert_gate(x))). Softmax over the
+    router's logits, top-k, renormalised when norm_topk_prob. Returns (y, router logits)."""
+
+    def __init__(self, H, I, E, K, norm_topk_prob, names, shared=0):
+        super().__init__()
+        self.E, self.K, self.norm, self.names = E, K, norm_topk_prob, names
+        self.gate = nn.Linear(H, E, bias=False)
+        self.experts = nn.ModuleList([self._mlp(H, I) for _ in range(E)])
+        if shared:
+            self.shared_expert = self._mlp(H, shared)
+            self.shared_expert_gate = nn.Linear(H, 1, bias=False)
+        self.has_shared = bool(shared)
+
+    def _mlp(self, H, I):
+        m = nn.Module()
+        if self.names == "mixtral":
+            m.w1, m.w2, m.w3 = nn.Linear(H, I, bias=False), nn.Linear(I, H, bias=False), nn.Linear(H, I, bias=False)
+        else:
+            m.gate_proj, m.up_proj = nn.Linear(H, I, bias=False), nn.Linear(H, I, bias=False)
+            m.down_proj = nn.Linear(I, H, bias=False)
+        return m
+
+    def _run(self, m, h):
+        if self.names == "mixtral":
+            return m.w2(F.silu(m.w1(h)) * m.w3(h))
+        return m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+    def forward(self, x):
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        logits = self.gate(h)
+        probs = F.softmax(logits, dim=-1)
+        w, sel = torch.topk(probs, self.K, dim=-1)
+        if self.norm:
+            w = w / w.sum(dim=-1, keepdim=True)
+        y = torch.zeros_like(h)
+        for j, ex in enumerate(self.experts):
+            tok, slot = torch.where(sel == j)
+            if tok.numel() == 0:
+                continue
+            y = y.index_add(0, tok, self._run(ex, h[tok]) * w[tok, slot, None])
+        if self.has_shared:
+            y = y + torch.sigmoid(self.shared_expert_gate(h)) * self._run(self.shared_expert, h)
+        return y.reshape(shape), logits
+
+
+def load_balancing_loss_func(gate_logits, num_experts, top_k, attention_mask):
+    """transformers.models.mixtral.modeling_mixtral.load_balancing_loss_func (Qwen2-MoE's and
+    Qwen3-MoE's are the same function)."""
+    cat = torch.cat(list(gate_logits), dim=0)
+    routing_weights = F.softmax(cat, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts)
+    batch_size, sequence_length = attention_mask.shape
+    num_hidden_layers = cat.shape[0] // (batch_size * sequence_length)
+    expert_attention_mask = (attention_mask[None, :, :, None, None]
+                             .expand((num_hidden_layers, batch_size, sequence_length, top_k, num_experts))
+                             .reshape(-1, top_k, num_experts))
+    tokens_per_expert = torch.sum(expert_mask.double() * expert_attention_mask, dim=0) / torch.sum(
+        expert_attention_mask, dim=0)
+    router_per_expert_attention_mask = (attention_mask[None, :, :, None]
+                                        .expand((num_hidden_layers, batch_size, sequence_length, num_experts))
+                                        .reshape(-1, num_experts))
+    router_prob_per_expert = torch.sum(routing_weights * router_per_expert_attention_mask, dim=0) / torch.sum(
+        router_per_expert_attention_mask, dim=0)
+    overall_loss = torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0))
+    return overall_loss * num_experts
+
+
+def add_qkv_biases(attn):
+    """Qwen2Attention: biases on q, k and v (not o)."""
+    attn.q_proj = nn.Linear(attn.q_proj.in_features, attn.q_proj.out_features, bias=True)
+    attn.k_proj = nn.Linear(attn.k_proj.in_features, attn.k_proj.out_features, bias=True)
+    attn.v_proj = nn.Linear(attn.v_proj.in_features, attn.v_proj.out_features, bias=True)
