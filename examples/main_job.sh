@@ -3,7 +3,8 @@
 # EasyDeL-style arguments (examples/train_fortunes.json: the run first trains its byte-level BPE
 # tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
-# text, quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
+# text, fine-tune it on the corpus's Q:/A: riddles with supervised fine-tuning (loss on the
+# answers only), quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
 # domain with QLoRA (examples/lora_licenses.json), merge and quantize the result and use it,
 # load real hub tokenizers (Llama 3, Qwen3, Gemma 3) and render a chat template, then show what
 # the checkpoint holds and how fast the kernels are.
@@ -27,6 +28,22 @@ echo "== edl generate from $CKPT, greedy"
 "$EDL" generate --model "$CKPT" --prompt "Q: " --greedy --max-new-tokens 120
 echo "== edl generate from $CKPT, sampled"
 "$EDL" generate --model "$CKPT" --prompt "Q: " --temperature 0.8 --top-k 20 --seed 0 --max-new-tokens 150
+echo "== supervised fine-tuning (\"trainer\": \"sft\", examples/sft_fortunes.json): the Q:/A: riddles of the corpus as prompt/completion records, loss on the answers only"
+SFT=$OUT-sft
+mkdir -p "$SFT"
+# Each fortune that starts with "Q:" and has an "A:" line: the prompt runs through "A:", the answer is the completion.
+awk 'BEGIN { RS = "\n%\n" }
+  function esc(s) { gsub(/\\/, "\\\\", s); gsub(/"/, "\\\"", s); gsub(/\t/, "\\t", s); gsub(/\n/, "\\n", s); return s }
+  /^Q:/ && /\nA:/ { i = index($0, "\nA:"); printf "{\"prompt\": \"%s\", \"completion\": \"%s\"}\n", esc(substr($0, 1, i + 2)), esc(substr($0, i + 3)) }' \
+  /usr/share/games/fortunes/riddles /usr/share/games/fortunes/law /usr/share/games/fortunes/cookie > "$SFT/fortunes-qa.jsonl"
+echo "$(wc -l < "$SFT/fortunes-qa.jsonl") records, e.g. $(head -1 "$SFT/fortunes-qa.jsonl")"
+"$EDL" train --config examples/sft_fortunes.json --set "save_directory=$SFT/run" --set "model=$CKPT" \
+  --set "tokenizer=$CKPT/tokenizer.json" --set "train_data=$SFT/fortunes-qa.jsonl"
+SFT_CKPT=$(ls -d "$SFT"/run/checkpoint-* | sort -t- -k2 -n | tail -1)
+echo "-- a riddle's answer, greedy, before (the base) and after (the SFT checkpoint)"
+RIDDLE=$(printf 'Q:\tWhat do you call a boomerang that does not come back?\nA:')
+"$EDL" generate --model "$CKPT" --prompt "$RIDDLE" --greedy --max-new-tokens 40
+"$EDL" generate --model "$SFT_CKPT" --prompt "$RIDDLE" --greedy --max-new-tokens 40
 echo "== edl quantize: the checkpoint's decoder Linears to q8_0, q4_0 and nf4, each scored on the held-out text"
 for q in q8_0 q4_0 nf4; do
   "$EDL" quantize --model "$CKPT" --method $q --out "$OUT/quantized-$q"

@@ -26864,7 +26864,9 @@ class CheckpointManager {
 
 namespace edl::train {
 
-/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]).
+/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]). A sequence
+/// may say which of its tokens the loss scores (`scored`, 1 = a target; supervised fine-tuning
+/// scores completions only); without one, every token is scored.
 class TokenDataset {
  public:
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
@@ -26877,6 +26879,31 @@ class TokenDataset {
   void add(std::span<const std::int32_t> seq) {
     tokens_.insert(tokens_.end(), seq.begin(), seq.end());
     offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+    if (!scored_.empty() || masked_) scored_.resize(tokens_.size(), 1);
+  }
+  /// A sequence with its scored mask (scored.size() == seq.size()).
+  void add(std::span<const std::int32_t> seq, std::span<const std::uint8_t> scored) {
+    EDL_CHECK(scored.size() == seq.size(), errc::shape_mismatch, "TokenDataset::add", "the mask has ", scored.size(),
+              " entries for ", seq.size(), " tokens");
+    if (!masked_) scored_.assign(tokens_.size(), 1);
+    masked_ = true;
+    tokens_.insert(tokens_.end(), seq.begin(), seq.end());
+    scored_.insert(scored_.end(), scored.begin(), scored.end());
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  /// Sequence i's mask of scored tokens, or empty when every token is scored.
+  std::span<const std::uint8_t> scored(std::int64_t i) const {
+    if (!masked_) return {};
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    return {scored_.data() + a, b - a};
+  }
+  /// Tokens the loss scores (as targets) in all sequences.
+  std::int64_t num_scored() const noexcept {
+    if (!masked_) return num_tokens();
+    std::int64_t n = 0;
+    for (auto v : scored_) n += v;
+    return n;
   }
   template <class T>
   void add(const std::vector<T>& seq) {
@@ -26894,6 +26921,8 @@ class TokenDataset {
  private:
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_{0};
+  std::vector<std::uint8_t> scored_;  // per token when masked_
+  bool masked_ = false;
 };
 
 /// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
@@ -27092,9 +27121,11 @@ struct Batch {
 
 /// Pads (right) to the longest sequence, truncating sequences longer than max_length by
 /// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
-/// attention_mask 0 and label -100.
+/// attention_mask 0 and label -100; so has every token whose `scored` entry is 0 (scored[r]
+/// empty, or no `scored`: every token of row r is a label).
 inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
-                     std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+                     std::int64_t pad_id, Truncation mode = Truncation::keep_end,
+                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
   Batch b;
   b.batch = static_cast<std::int64_t>(seqs.size());
   for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
@@ -27104,14 +27135,17 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
   b.labels.assign(n, -100);
   for (std::int64_t r = 0; r < b.batch; ++r) {
     auto s = seqs[static_cast<std::size_t>(r)];
-    if (static_cast<std::int64_t>(s.size()) > max_length)
-      s = mode == Truncation::keep_start ? s.first(static_cast<std::size_t>(max_length))
-                                         : s.last(static_cast<std::size_t>(max_length));
+    std::span<const std::uint8_t> m = scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
+    if (static_cast<std::int64_t>(s.size()) > max_length) {
+      const auto keep = static_cast<std::size_t>(max_length);
+      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
+      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+    }
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
       b.input_ids[at] = s[i];
       b.attention_mask[at] = 1;
-      b.labels[at] = s[i];
+      b.labels[at] = m.empty() || m[i] ? s[i] : -100;
     }
   }
   return b;
@@ -27212,11 +27246,16 @@ void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
   std::int64_t batches = 0;
   std::vector<std::span<const std::int32_t>> seqs;
+  std::vector<std::span<const std::uint8_t>> scored;
   for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
     seqs.clear();
-    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) seqs.push_back(ds[i]);
-    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation));
+    scored.clear();
+    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) {
+      seqs.push_back(ds[i]);
+      scored.push_back(ds.scored(i));
+    }
+    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation, &scored));
     ++batches;
   }
 }
@@ -27738,6 +27777,178 @@ inline void write_report(const std::string& dir, const RunReport& r) {
 
 }  // namespace edl::train
 // end of edl/train/report.hpp
+// #include <edl/train/sft_data.hpp>
+// edl/train/sft_data.hpp
+// Supervised fine-tuning data: JSON-lines records as TRL's SFTTrainer reads them, each one
+// sequence whose scored mask says which tokens the loss targets (TokenDataset::scored).
+//
+//   {"text": "..."}                                  language modelling: every token scored
+//   {"prompt": "...", "completion": "..."}           text + EOS; the completion (and EOS) scored
+//   {"prompt": [messages], "completion": [messages]} rendered with the chat template; the
+//                                                    completion's tokens scored
+//   {"messages": [...], "tools": ..., other keys}    rendered with the chat template; the
+//                                                    assistant turns' tokens scored
+//
+// Which tokens a part owns: the whole record is tokenized once, and the text before a part
+// (the prompt; a conversation up to an assistant turn, with the generation prompt) is tokenized
+// too; the part starts where the two token lists stop agreeing and ends where the text through
+// it (tokenized the same way) stops agreeing with the whole. So a BPE merge across a boundary
+// never makes a token half prompt, half completion: it goes to the prompt, as in TRL (which
+// masks the prompt's tokens where they are a prefix of the whole).
+// With completion_only_loss false every token is scored. Records are not packed: one sequence
+// per record, truncated at collate by max_sequence_length and truncation_mode.
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// #include <edl/chat/conversation.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/json.hpp> (inlined above)
+// #include <edl/tokenizer/tokenizer.hpp> (inlined above)
+// #include <edl/train/dataset.hpp> (inlined above)
+
+namespace edl::train {
+
+struct SftOptions {
+  bool completion_only_loss = true;
+  std::int64_t eos_id = -1;  // appended after a text completion (and a "text" record); < 0: nothing
+};
+
+/// One record's tokens and scored mask.
+struct SftExample {
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> scored;
+};
+
+namespace sft_detail {
+
+inline std::vector<std::int64_t> encode(const tokenizer::Tokenizer& tok, const std::string& text) {
+  return tok.encode(tokenizer::utf8_lossy(text));  // a stray non-UTF-8 byte becomes U+FFFD
+}
+
+/// How many leading tokens `part` shares with `whole`.
+inline std::size_t agreeing(const std::vector<std::int64_t>& part, const std::vector<std::int64_t>& whole) {
+  const std::size_t n = std::min(part.size(), whole.size());
+  std::size_t i = 0;
+  while (i < n && part[i] == whole[i]) ++i;
+  return i;
+}
+
+/// `record` with its messages replaced by messages[0, n) (tools and other keys kept).
+inline nlohmann::ordered_json first_messages(const nlohmann::ordered_json& record, const nlohmann::ordered_json& messages,
+                                             std::size_t n) {
+  nlohmann::ordered_json c = record.is_object() ? record : nlohmann::ordered_json::object();
+  c.erase("prompt");
+  c.erase("completion");
+  c["messages"] = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < n; ++i) c["messages"].push_back(messages[i]);
+  return c;
+}
+
+}  // namespace sft_detail
+
+/// Tokens and scored mask of one record (see the header comment); `tmpl` renders messages
+/// (null: a record with messages is an error naming `where`).
+inline SftExample sft_example(const nlohmann::ordered_json& record, const tokenizer::Tokenizer& tok,
+                              const chat::ChatTemplate* tmpl, const SftOptions& o, const std::string& where) {
+  namespace d = sft_detail;
+  EDL_CHECK(record.is_object(), errc::format, where, "expected a JSON object, found ", record.type_name());
+  std::vector<std::int64_t> whole;
+  std::vector<std::pair<std::size_t, std::size_t>> parts;  // scored token ranges
+  const auto need_template = [&](const char* what) {
+    EDL_CHECK(tmpl != nullptr, errc::invalid_argument, where, "a record with ", what,
+              " is rendered with the tokenizer's chat template, and the tokenizer has none "
+              "(tokenizer_config.json \"chat_template\")");
+  };
+  const auto render = [&](const nlohmann::ordered_json& conversation, bool generation_prompt) {
+    return chat::render_conversation(*tmpl, tok, conversation, {.add_generation_prompt = generation_prompt}, where);
+  };
+  if (record.contains("messages")) {
+    need_template("\"messages\"");
+    const auto& msgs = record["messages"];
+    EDL_CHECK(msgs.is_array() && !msgs.empty(), errc::format, where, "\"messages\" must be a non-empty array");
+    whole = d::encode(tok, render(record, false));
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+      EDL_CHECK(msgs[i].is_object() && msgs[i].contains("role") && msgs[i]["role"].is_string(), errc::format,
+                where + " messages[" + std::to_string(i) + "]", "expected an object with a string \"role\"");
+      if (msgs[i]["role"] != "assistant") continue;
+      const std::size_t a = d::agreeing(d::encode(tok, render(d::first_messages(record, msgs, i), true)), whole);
+      const std::size_t b = d::agreeing(d::encode(tok, render(d::first_messages(record, msgs, i + 1), false)), whole);
+      if (b > a) parts.push_back({a, b});
+    }
+  } else if (record.contains("prompt") || record.contains("completion")) {
+    EDL_CHECK(record.contains("prompt") && record.contains("completion"), errc::format, where,
+              "a prompt-completion record needs both \"prompt\" and \"completion\"");
+    const auto& p = record["prompt"];
+    const auto& c = record["completion"];
+    std::vector<std::int64_t> prompt;
+    if (p.is_string() && c.is_string()) {
+      prompt = d::encode(tok, p.get<std::string>());
+      whole = d::encode(tok, p.get<std::string>() + c.get<std::string>());
+      if (o.eos_id >= 0) whole.push_back(o.eos_id);
+    } else {
+      EDL_CHECK(p.is_array() && c.is_array(), errc::format, where,
+                "\"prompt\" and \"completion\" must both be strings or both be message lists");
+      need_template("message lists");
+      nlohmann::ordered_json all = p;
+      for (const auto& m : c) all.push_back(m);
+      prompt = d::encode(tok, render(d::first_messages(record, p, p.size()), true));
+      whole = d::encode(tok, render(d::first_messages(record, all, all.size()), false));
+    }
+    parts.push_back({d::agreeing(prompt, whole), whole.size()});
+  } else {
+    EDL_CHECK(record.contains("text") && record["text"].is_string(), errc::format, where,
+              "expected \"text\", \"prompt\" and \"completion\", or \"messages\"");
+    whole = d::encode(tok, record["text"].get<std::string>());
+    if (o.eos_id >= 0) whole.push_back(o.eos_id);
+    parts.push_back({0, whole.size()});
+  }
+  SftExample ex;
+  ex.ids.assign(whole.begin(), whole.end());
+  ex.scored.assign(whole.size(), o.completion_only_loss ? 0 : 1);
+  for (const auto& [a, b] : parts) std::fill(ex.scored.begin() + static_cast<std::ptrdiff_t>(a), ex.scored.begin() + static_cast<std::ptrdiff_t>(b), 1);
+  return ex;
+}
+
+/// Every record of the JSON-lines `files` (blank lines skipped), one sequence each; errors name
+/// the file and line. Token ids must be below vocab_size (when > 0).
+inline TokenDataset load_sft_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
+                                     const SftOptions& o, std::int64_t vocab_size = 0) {
+  TokenDataset ds;
+  std::optional<chat::ChatTemplate> tmpl;
+  if (tok.chat_template()) tmpl = chat::chat_template_of(tok);
+  for (const auto& f : files) {
+    EDL_CHECK(std::filesystem::is_regular_file(f), errc::io, f, "no such file");
+    EDL_CHECK(f.size() >= 6 && f.compare(f.size() - 6, 6, ".jsonl") == 0, errc::invalid_argument, f,
+              "supervised fine-tuning reads JSON-lines records (a .jsonl file)");
+    std::ifstream in(f, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, f, "cannot open for reading: ", io::detail::errno_text());
+    std::string line;
+    std::int64_t n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = f + " line " + std::to_string(n);
+      const SftExample ex = sft_example(io::parse_json<nlohmann::ordered_json>(line, where), tok, tmpl ? &*tmpl : nullptr, o, where);
+      if (vocab_size > 0)
+        for (auto t : ex.ids)
+          EDL_CHECK(t < vocab_size, errc::invalid_argument, where, "token ", t,
+                    " is outside the model's vocabulary (vocab_size ", vocab_size, ")");
+      ds.add(std::span<const std::int32_t>(ex.ids), std::span<const std::uint8_t>(ex.scored));
+    }
+  }
+  return ds;
+}
+
+}  // namespace edl::train
+// end of edl/train/sft_data.hpp
 // #include <edl/train/sharded_load.hpp>
 // edl/train/sharded_load.hpp
 // Loading a training checkpoint straight into a sharded model and its ZeRO optimizer: each
@@ -28124,6 +28335,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/sharded_load.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
+// #include <edl/train/sft_data.hpp> (inlined above)
 // #include <edl/train/evaluation.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
 // #include <edl/train/report.hpp> (inlined above)
@@ -28249,6 +28461,12 @@ struct TrainingArguments {
   std::optional<lora::LoraConfig> lora;
   /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
   std::string quantize_base;
+  /// "causal_lm" (every token of the documents is a target) or "sft" (supervised fine-tuning
+  /// on prompt/completion or conversation records, docs/fine_tuning.md); "dpo" and "orpo" are
+  /// refused as not implemented yet.
+  std::string trainer = "causal_lm";
+  /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
+  bool completion_only_loss = true;
 
   std::string source = "TrainingArguments";
 
@@ -28261,7 +28479,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base"};
+        "lora", "quantize_base", "trainer", "completion_only_loss"};
     return n;
   }
 
@@ -28356,6 +28574,8 @@ struct TrainingArguments {
                 v.type_name(), ")");
       model = v;
     }
+    else if (key == "trainer") str(trainer);
+    else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
@@ -28478,6 +28698,10 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+    EDL_CHECK(trainer != "dpo" && trainer != "orpo", errc::unsupported, where("trainer"), "\"", trainer,
+              "\" (preference optimisation) is not implemented yet; expected causal_lm or sft");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft", errc::config, where("trainer"),
+              "expected causal_lm or sft, found \"", trainer, "\"");
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
@@ -28572,6 +28796,8 @@ struct TrainingArguments {
     j["tokenizer"] = tokenizer;
     j["lora"] = lora ? lora::to_json(*lora) : ojson(nullptr);
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
+    j["trainer"] = trainer;
+    j["completion_only_loss"] = completion_only_loss;
     return j;
   }
 };
@@ -28743,8 +28969,16 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
-    if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
+    if (args_.trainer == "sft") {  // one sequence per record, completions scored (sft_data.hpp)
+      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"),
+                "supervised fine-tuning reads text records and needs a tokenizer");
+      const SftOptions so{args_.completion_only_loss, eos_or(-1)};
+      train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
+      if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+    } else {
+      train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
+      if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
+    }
     finish_setup();
   }
 
@@ -28906,6 +29140,7 @@ class BasicTrainer {
     double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
     std::vector<std::span<const std::int32_t>> seqs;
+    std::vector<std::span<const std::uint8_t>> scored;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
       on_step_start(state_.step);
@@ -28921,9 +29156,13 @@ class BasicTrainer {
       std::int64_t targets = 0, input_tokens = 0;
       for (std::int64_t a = 0; a < A; ++a) {
         seqs.clear();
-        for (std::int64_t i = 0; i < mb; ++i)
-          seqs.push_back(train_[order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)]]);
-        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_));
+        scored.clear();
+        for (std::int64_t i = 0; i < mb; ++i) {
+          const std::int64_t row = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
+          seqs.push_back(train_[row]);
+          scored.push_back(train_.scored(row));  // SFT: completions only
+        }
+        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }

@@ -7,6 +7,7 @@
 #include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
 #include <edl/train/report.hpp>
+#include <edl/train/sft_data.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/state.hpp>
 #include <edl/train/trainer.hpp>

@@ -45,7 +45,9 @@
 
 namespace edl::train {
 
-/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]).
+/// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]). A sequence
+/// may say which of its tokens the loss scores (`scored`, 1 = a target; supervised fine-tuning
+/// scores completions only); without one, every token is scored.
 class TokenDataset {
  public:
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
@@ -58,6 +60,31 @@ class TokenDataset {
   void add(std::span<const std::int32_t> seq) {
     tokens_.insert(tokens_.end(), seq.begin(), seq.end());
     offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+    if (!scored_.empty() || masked_) scored_.resize(tokens_.size(), 1);
+  }
+  /// A sequence with its scored mask (scored.size() == seq.size()).
+  void add(std::span<const std::int32_t> seq, std::span<const std::uint8_t> scored) {
+    EDL_CHECK(scored.size() == seq.size(), errc::shape_mismatch, "TokenDataset::add", "the mask has ", scored.size(),
+              " entries for ", seq.size(), " tokens");
+    if (!masked_) scored_.assign(tokens_.size(), 1);
+    masked_ = true;
+    tokens_.insert(tokens_.end(), seq.begin(), seq.end());
+    scored_.insert(scored_.end(), scored.begin(), scored.end());
+    offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
+  }
+  /// Sequence i's mask of scored tokens, or empty when every token is scored.
+  std::span<const std::uint8_t> scored(std::int64_t i) const {
+    if (!masked_) return {};
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    return {scored_.data() + a, b - a};
+  }
+  /// Tokens the loss scores (as targets) in all sequences.
+  std::int64_t num_scored() const noexcept {
+    if (!masked_) return num_tokens();
+    std::int64_t n = 0;
+    for (auto v : scored_) n += v;
+    return n;
   }
   template <class T>
   void add(const std::vector<T>& seq) {
@@ -75,6 +102,8 @@ class TokenDataset {
  private:
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_{0};
+  std::vector<std::uint8_t> scored_;  // per token when masked_
+  bool masked_ = false;
 };
 
 /// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
@@ -273,9 +302,11 @@ struct Batch {
 
 /// Pads (right) to the longest sequence, truncating sequences longer than max_length by
 /// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
-/// attention_mask 0 and label -100.
+/// attention_mask 0 and label -100; so has every token whose `scored` entry is 0 (scored[r]
+/// empty, or no `scored`: every token of row r is a label).
 inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
-                     std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+                     std::int64_t pad_id, Truncation mode = Truncation::keep_end,
+                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
   Batch b;
   b.batch = static_cast<std::int64_t>(seqs.size());
   for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
@@ -285,14 +316,17 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
   b.labels.assign(n, -100);
   for (std::int64_t r = 0; r < b.batch; ++r) {
     auto s = seqs[static_cast<std::size_t>(r)];
-    if (static_cast<std::int64_t>(s.size()) > max_length)
-      s = mode == Truncation::keep_start ? s.first(static_cast<std::size_t>(max_length))
-                                         : s.last(static_cast<std::size_t>(max_length));
+    std::span<const std::uint8_t> m = scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
+    if (static_cast<std::int64_t>(s.size()) > max_length) {
+      const auto keep = static_cast<std::size_t>(max_length);
+      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
+      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+    }
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
       b.input_ids[at] = s[i];
       b.attention_mask[at] = 1;
-      b.labels[at] = s[i];
+      b.labels[at] = m.empty() || m[i] ? s[i] : -100;
     }
   }
   return b;

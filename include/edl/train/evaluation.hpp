@@ -91,11 +91,16 @@ void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
   std::int64_t batches = 0;
   std::vector<std::span<const std::int32_t>> seqs;
+  std::vector<std::span<const std::uint8_t>> scored;
   for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
     seqs.clear();
-    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) seqs.push_back(ds[i]);
-    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation));
+    scored.clear();
+    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) {
+      seqs.push_back(ds[i]);
+      scored.push_back(ds.scored(i));
+    }
+    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation, &scored));
     ++batches;
   }
 }

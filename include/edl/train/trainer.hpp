@@ -85,6 +85,7 @@
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/dataset.hpp>
+#include <edl/train/sft_data.hpp>
 #include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
 #include <edl/train/report.hpp>
@@ -152,8 +153,16 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
-    if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
+    if (args_.trainer == "sft") {  // one sequence per record, completions scored (sft_data.hpp)
+      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"),
+                "supervised fine-tuning reads text records and needs a tokenizer");
+      const SftOptions so{args_.completion_only_loss, eos_or(-1)};
+      train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
+      if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+    } else {
+      train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
+      if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
+    }
     finish_setup();
   }
 
@@ -315,6 +324,7 @@ class BasicTrainer {
     double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
     std::vector<std::span<const std::int32_t>> seqs;
+    std::vector<std::span<const std::uint8_t>> scored;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
       on_step_start(state_.step);
@@ -330,9 +340,13 @@ class BasicTrainer {
       std::int64_t targets = 0, input_tokens = 0;
       for (std::int64_t a = 0; a < A; ++a) {
         seqs.clear();
-        for (std::int64_t i = 0; i < mb; ++i)
-          seqs.push_back(train_[order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)]]);
-        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_));
+        scored.clear();
+        for (std::int64_t i = 0; i < mb; ++i) {
+          const std::int64_t row = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
+          seqs.push_back(train_[row]);
+          scored.push_back(train_.scored(row));  // SFT: completions only
+        }
+        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }

@@ -120,6 +120,12 @@ struct TrainingArguments {
   std::optional<lora::LoraConfig> lora;
   /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
   std::string quantize_base;
+  /// "causal_lm" (every token of the documents is a target) or "sft" (supervised fine-tuning
+  /// on prompt/completion or conversation records, docs/fine_tuning.md); "dpo" and "orpo" are
+  /// refused as not implemented yet.
+  std::string trainer = "causal_lm";
+  /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
+  bool completion_only_loss = true;
 
   std::string source = "TrainingArguments";
 
@@ -132,7 +138,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base"};
+        "lora", "quantize_base", "trainer", "completion_only_loss"};
     return n;
   }
 
@@ -227,6 +233,8 @@ struct TrainingArguments {
                 v.type_name(), ")");
       model = v;
     }
+    else if (key == "trainer") str(trainer);
+    else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
@@ -349,6 +357,10 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
+    EDL_CHECK(trainer != "dpo" && trainer != "orpo", errc::unsupported, where("trainer"), "\"", trainer,
+              "\" (preference optimisation) is not implemented yet; expected causal_lm or sft");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft", errc::config, where("trainer"),
+              "expected causal_lm or sft, found \"", trainer, "\"");
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
@@ -443,6 +455,8 @@ struct TrainingArguments {
     j["tokenizer"] = tokenizer;
     j["lora"] = lora ? lora::to_json(*lora) : ojson(nullptr);
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
+    j["trainer"] = trainer;
+    j["completion_only_loss"] = completion_only_loss;
     return j;
   }
 };

@@ -1,0 +1,187 @@
+// Tests for edl/train/sft_data.hpp: which tokens of each record kind the loss scores (with a
+// byte-level tokenizer every boundary is exact, so the scored bytes are the completion's text),
+// the masks through collate and truncation, errors naming the line, and SFT through the trainer
+// (the targets it counts are the scored tokens).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <edl/tokenizer/bpe_trainer.hpp>
+#include <edl/train/sft_data.hpp>
+#include <edl/train/trainer.hpp>
+
+namespace edl::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+const char* kChatml =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Bytes as tokens, with a ChatML template.
+tokenizer::Tokenizer byte_chat_tokenizer() {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  ojson config = {{"chat_template", kChatml}};
+  return tokenizer::Tokenizer::from_json(tokenizer::detail::byte_level_bpe_json(bytes, {}), config, "byte+chatml");
+}
+
+/// The scored tokens of `ex` as text, runs separated by "|".
+std::string scored_text(const tokenizer::Tokenizer& tok, const SftExample& ex) {
+  std::string out;
+  std::vector<std::int64_t> run;
+  for (std::size_t i = 0; i <= ex.ids.size(); ++i) {
+    if (i < ex.ids.size() && ex.scored[i]) {
+      run.push_back(ex.ids[i]);
+      continue;
+    }
+    if (!run.empty()) out += (out.empty() ? "" : "|") + tok.decode(run);
+    run.clear();
+  }
+  return out;
+}
+
+SftExample example(const std::string& line, const tokenizer::Tokenizer& tok, SftOptions o = {}) {
+  const chat::ChatTemplate tmpl(kChatml);
+  return sft_example(ojson::parse(line), tok, &tmpl, o, "record");
+}
+
+struct TempDir {
+  fs::path p;
+  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / ("edl_sft_" + name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+};
+
+}  // namespace
+
+TEST(SftData, PromptCompletionScoresTheCompletionAndEos) {
+  const auto tok = byte_chat_tokenizer();
+  const SftExample ex = example(R"({"prompt": "Q: 2+2?\nA:", "completion": " 4"})", tok, {true, 300});
+  const std::string whole = "Q: 2+2?\nA: 4";
+  ASSERT_EQ(ex.ids.size(), whole.size() + 1);
+  EXPECT_EQ(ex.ids.back(), 300);
+  for (std::size_t i = 0; i < ex.ids.size(); ++i) EXPECT_EQ(ex.scored[i], i >= 10 ? 1 : 0) << i;
+  // Every token scored without completion_only_loss.
+  const SftExample all = example(R"({"prompt": "Q: 2+2?\nA:", "completion": " 4"})", tok, {false, 300});
+  EXPECT_EQ(all.ids, ex.ids);
+  EXPECT_EQ(std::count(all.scored.begin(), all.scored.end(), 1), static_cast<std::ptrdiff_t>(all.ids.size()));
+  // A text record is language modelling: all of it.
+  const SftExample text = example(R"({"text": "abc"})", tok, {true, 300});
+  EXPECT_EQ(text.scored, (std::vector<std::uint8_t>{1, 1, 1, 1}));
+}
+
+TEST(SftData, ConversationsScoreTheAssistantTurnsOnly) {
+  const auto tok = byte_chat_tokenizer();
+  const SftExample ex = example(R"({"messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello."},
+      {"role": "user", "content": "2+2?"},
+      {"role": "assistant", "content": "4"}]})",
+                                tok);
+  EXPECT_EQ(tok.decode(std::vector<std::int64_t>(ex.ids.begin(), ex.ids.end())),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+            "Hello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n");
+  EXPECT_EQ(scored_text(tok, ex), "Hello.<|im_end|>\n|4<|im_end|>\n");
+  // Conversational prompt and completion: the completion's turn.
+  const SftExample pc = example(
+      R"({"prompt": [{"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Yo"}]})", tok);
+  EXPECT_EQ(scored_text(tok, pc), "Yo<|im_end|>\n");
+}
+
+TEST(SftData, CollateMasksWhatIsNotScoredAndTruncatesTheMaskWithTheTokens) {
+  TokenDataset ds;
+  const std::vector<std::int32_t> a{5, 6, 7, 8, 9}, b{1, 2};
+  const std::vector<std::uint8_t> ma{0, 0, 1, 1, 0};
+  ds.add(std::span<const std::int32_t>(a), std::span<const std::uint8_t>(ma));
+  ds.add(std::span<const std::int32_t>(b));  // unmasked: every token
+  EXPECT_EQ(ds.num_scored(), 4);
+  std::vector<std::span<const std::int32_t>> seqs{ds[0], ds[1]};
+  std::vector<std::span<const std::uint8_t>> scored{ds.scored(0), ds.scored(1)};
+  const Batch full = collate(seqs, 8, 0, Truncation::keep_end, &scored);
+  EXPECT_EQ(full.labels, (std::vector<std::int64_t>{-100, -100, 7, 8, -100, 1, 2, -100, -100, -100}));
+  EXPECT_EQ(full.target_tokens(), 3);  // the HF shift never scores position 0
+  const Batch end = collate(seqs, 3, 0, Truncation::keep_end, &scored);
+  EXPECT_EQ(end.input_ids, (std::vector<std::int64_t>{7, 8, 9, 1, 2, 0}));
+  EXPECT_EQ(end.labels, (std::vector<std::int64_t>{7, 8, -100, 1, 2, -100}));
+  const Batch start = collate(seqs, 3, 0, Truncation::keep_start, &scored);
+  EXPECT_EQ(start.labels, (std::vector<std::int64_t>{-100, -100, 7, 1, 2, -100}));
+}
+
+TEST(SftData, BadRecordsNameTheLine) {
+  TempDir d("bad");
+  const auto tok = byte_chat_tokenizer();
+  const auto write = [&](const std::string& body) {
+    std::ofstream((d.p / "data.jsonl").string()) << body;
+    return (d.p / "data.jsonl").string();
+  };
+  const auto error_of = [&](const std::string& body, const tokenizer::Tokenizer& t) -> std::string {
+    try {
+      (void)load_sft_dataset({write(body)}, t, {});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of("{\"text\": \"ok\"}\n{\"prompt\": \"no completion\"}\n", tok).find("line 2"), std::string::npos);
+  EXPECT_NE(error_of("{\"text\": \"ok\"}\n\n{\"prompt\": \"a\", \"completion\": [1]}\n", tok).find("line 3"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"nothing\": 1}\n", tok).find("expected \"text\""), std::string::npos);
+  const std::string no_template =
+      error_of("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", tokenizer::byte_level_tokenizer());
+  EXPECT_NE(no_template.find("chat template"), std::string::npos) << no_template;
+  EXPECT_NE(error_of("{\"text\": \"ok\"\n", tok).find("line 1"), std::string::npos);
+}
+
+// SFT through the trainer: one epoch's targets are exactly the scored tokens after each
+// record's first, and the loss falls on a small memorisation task.
+TEST(SftData, TheTrainerCountsOnlyScoredTargets) {
+  TempDir d("trainer");
+  const auto tok = byte_chat_tokenizer();
+  std::vector<std::string> lines;
+  for (int i = 0; i < 8; ++i)
+    lines.push_back(ojson{{"messages",
+                           {{{"role", "user"}, {"content", "count " + std::to_string(i)}},
+                            {{"role", "assistant"}, {"content", std::to_string(i) + " " + std::to_string(i + 1)}}}}}
+                        .dump());
+  {
+    std::ofstream out((d.p / "chat.jsonl").string());
+    for (const auto& l : lines) out << l << "\n";
+  }
+  tok.save(d.p.string());  // tokenizer.json and tokenizer_config.json (the template)
+  const TokenDataset ds = load_sft_dataset({(d.p / "chat.jsonl").string()}, tok, {});
+  std::int64_t want = 0;
+  for (std::int64_t i = 0; i < ds.size(); ++i) {
+    const auto m = ds.scored(i);
+    for (std::size_t t = 1; t < m.size(); ++t) want += m[t];
+  }
+  ojson args = {{"trainer", "sft"},
+                {"model", {{"vocab_size", 259}, {"hidden_size", 32}, {"intermediate_size", 64},
+                           {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"max_position_embeddings", 64}}},
+                {"tokenizer", d.p.string()},
+                {"train_data", (d.p / "chat.jsonl").string()},
+                {"save_directory", (d.p / "run").string()},
+                {"total_batch_size", 4},
+                {"max_sequence_length", 64},
+                {"num_train_epochs", 10},
+                {"learning_rate", 1e-2},
+                {"log_steps", 1},
+                {"progress", false},
+                {"write_report", false},
+                {"peak_gflops", 100},
+                {"sharding_axis_dims", {1, 1, 1, 1}}};
+  Trainer t(TrainingArguments::from_json(args));
+  const auto r = t.train();
+  EXPECT_EQ(t.state().tokens_seen, 10 * want);
+  EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
+}
+
+}  // namespace edl::train
