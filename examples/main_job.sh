@@ -4,7 +4,7 @@
 # tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
 # text, fine-tune it on the corpus's Q:/A: riddles with supervised fine-tuning (loss on the
-# answers only), quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
+# answers only) and then DPO (each riddle's answer preferred to another's), quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
 # domain with QLoRA (examples/lora_licenses.json), merge and quantize the result and use it,
 # load real hub tokenizers (Llama 3, Qwen3, Gemma 3) and render a chat template, then show what
 # the checkpoint holds and how fast the kernels are.
@@ -44,6 +44,19 @@ echo "-- a riddle's answer, greedy, before (the base) and after (the SFT checkpo
 RIDDLE=$(printf 'Q:\tWhat do you call a boomerang that does not come back?\nA:')
 "$EDL" generate --model "$CKPT" --prompt "$RIDDLE" --greedy --max-new-tokens 40
 "$EDL" generate --model "$SFT_CKPT" --prompt "$RIDDLE" --greedy --max-new-tokens 40
+echo "== preference optimisation (\"trainer\": \"dpo\", examples/dpo_fortunes.json) from the SFT checkpoint: each riddle's own answer chosen, the next riddle's answer rejected"
+# The same records, each paired with the completion of the record after it (the last with the first).
+awk 'NR == 1 { first = $0 } { rec[NR] = $0 } END {
+    for (i = 1; i <= NR; i++) {
+      cur = rec[i]; nxt = (i < NR) ? rec[i + 1] : first
+      p = index(cur, "\", \"completion\": "); q = index(nxt, "\", \"completion\": ")
+      printf "%s\", \"chosen\": %s, \"rejected\": %s\n", substr(cur, 1, p - 1), substr(cur, p + 17, length(cur) - p - 17), substr(nxt, q + 17, length(nxt) - q - 17) "}"
+    } }' "$SFT/fortunes-qa.jsonl" > "$SFT/fortunes-qa-pairs.jsonl"
+head -1 "$SFT/fortunes-qa-pairs.jsonl"
+"$EDL" train --config examples/dpo_fortunes.json --set "save_directory=$SFT/dpo" --set "model=$SFT_CKPT" \
+  --set "tokenizer=$CKPT/tokenizer.json" --set "train_data=$SFT/fortunes-qa-pairs.jsonl"
+echo "-- reward margins (beta x (log pi - log ref) of chosen minus rejected) and accuracies, every 20 steps"
+grep '"rewards/margins"' "$SFT/dpo/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*"rewards\/accuracies":\([-0-9.e]*\).*"rewards\/margins":\([-0-9.e]*\).*/step \1: accuracy \2, margin \3/'
 echo "== edl quantize: the checkpoint's decoder Linears to q8_0, q4_0 and nf4, each scored on the held-out text"
 for q in q8_0 q4_0 nf4; do
   "$EDL" quantize --model "$CKPT" --method $q --out "$OUT/quantized-$q"

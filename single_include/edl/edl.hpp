@@ -9103,6 +9103,7 @@ class Embedding {
 //   z_r    = z_coef * lse^2                                    (PaLM z-loss)
 //   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
 //   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
+// With row_weights w, row r's terms (in loss and gradient) are multiplied by w_r.
 // then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
 // Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
 // wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
@@ -9130,6 +9131,11 @@ struct LossOptions {
   double normalizer = 0.0;          // > 0: divide by this instead of the number of valid targets
                                     // (gradient accumulation over micro-batches)
   bool shift = true;                // HF causal shift; false: labels are per-row targets already
+  /// [batch * seq] or null: row r's loss and gradient are scaled by row_weights[r] (after the
+  /// shift; preference losses weigh each sequence's tokens by d loss / d log p(sequence)).
+  const float* row_weights = nullptr;
+  /// Out, [batch * seq] or null: each row's -log p(target) (0 where ignored), unweighted.
+  double* row_nll = nullptr;
 };
 
 struct LossMetrics {
@@ -9181,6 +9187,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
   m.tokens = valid;
   const bool want_grad = dhidden || lm_grad;
   if (dhidden) std::fill(dhidden, dhidden + T * H, 0.0f);
+  if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + T, 0.0);
   if (valid == 0) return m;
 
   const double N = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(valid);
@@ -9204,6 +9211,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         float* x = logits.data() + r * V;
         const std::int64_t l = tg[r];
         const std::size_t ri = static_cast<std::size_t>(r);
+        const float w = opt.row_weights ? opt.row_weights[r0 + r] : 1.0f;
         if (l == opt.ignore_index) {
           ce[ri] = zl[ri] = nll[ri] = 0.0;
           correct[ri] = 0;
@@ -9219,17 +9227,19 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         const float s = kd::row_exp_sum(x, want_grad ? x : nullptr, V, mx);
         const float lse = mx + std::log(s);
         nll[ri] = static_cast<double>(lse - xl);
-        ce[ri] = (1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x);
-        zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
+        ce[ri] = w * ((1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x));
+        zl[ri] = w * static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
         if (want_grad) {
-          const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
+          const float gw = gscale * w;
+          const float a = gw * (1.0f + 2.0f * zc * lse) / s, b = gw * eps / static_cast<float>(V);
           kernels::mul_sub_inplace(x, V, a, b);
-          x[l] -= gscale * (1.0f - eps);
+          x[l] -= gw * (1.0f - eps);
         }
       }
     });
     for (std::int64_t r = 0; r < c; ++r) {
       const std::size_t ri = static_cast<std::size_t>(r);
+      if (opt.row_nll) opt.row_nll[r0 + r] = nll[ri];
       ce_sum += ce[ri];
       z_sum += zl[ri];
       nll_sum += nll[ri];
@@ -27917,33 +27927,74 @@ inline SftExample sft_example(const nlohmann::ordered_json& record, const tokeni
   return ex;
 }
 
-/// Every record of the JSON-lines `files` (blank lines skipped), one sequence each; errors name
-/// the file and line. Token ids must be below vocab_size (when > 0).
-inline TokenDataset load_sft_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
-                                     const SftOptions& o, std::int64_t vocab_size = 0) {
-  TokenDataset ds;
+namespace sft_detail {
+
+/// f(record, where) for every record of the JSON-lines `files` (blank lines skipped), where =
+/// "<file> line <n>"; `tok`'s chat template (or null) is parsed once for all.
+template <class F>
+void for_each_record(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok, F&& f) {
   std::optional<chat::ChatTemplate> tmpl;
   if (tok.chat_template()) tmpl = chat::chat_template_of(tok);
-  for (const auto& f : files) {
-    EDL_CHECK(std::filesystem::is_regular_file(f), errc::io, f, "no such file");
-    EDL_CHECK(f.size() >= 6 && f.compare(f.size() - 6, 6, ".jsonl") == 0, errc::invalid_argument, f,
-              "supervised fine-tuning reads JSON-lines records (a .jsonl file)");
-    std::ifstream in(f, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, f, "cannot open for reading: ", io::detail::errno_text());
+  for (const auto& file : files) {
+    EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, file, "no such file");
+    EDL_CHECK(file.size() >= 6 && file.compare(file.size() - 6, 6, ".jsonl") == 0, errc::invalid_argument, file,
+              "fine-tuning reads JSON-lines records (a .jsonl file)");
+    std::ifstream in(file, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, file, "cannot open for reading: ", io::detail::errno_text());
     std::string line;
     std::int64_t n = 0;
     while (std::getline(in, line)) {
       ++n;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = f + " line " + std::to_string(n);
-      const SftExample ex = sft_example(io::parse_json<nlohmann::ordered_json>(line, where), tok, tmpl ? &*tmpl : nullptr, o, where);
-      if (vocab_size > 0)
-        for (auto t : ex.ids)
-          EDL_CHECK(t < vocab_size, errc::invalid_argument, where, "token ", t,
-                    " is outside the model's vocabulary (vocab_size ", vocab_size, ")");
-      ds.add(std::span<const std::int32_t>(ex.ids), std::span<const std::uint8_t>(ex.scored));
+      const std::string where = file + " line " + std::to_string(n);
+      f(io::parse_json<nlohmann::ordered_json>(line, where), tmpl ? &*tmpl : nullptr, where);
     }
   }
+}
+
+/// Adds `ex` to `ds` after checking its ids against the vocabulary (vocab_size > 0).
+inline void add_example(TokenDataset& ds, const SftExample& ex, std::int64_t vocab_size, const std::string& where) {
+  if (vocab_size > 0)
+    for (auto t : ex.ids)
+      EDL_CHECK(t < vocab_size, errc::invalid_argument, where, "token ", t, " is outside the model's vocabulary (vocab_size ",
+                vocab_size, ")");
+  ds.add(std::span<const std::int32_t>(ex.ids), std::span<const std::uint8_t>(ex.scored));
+}
+
+}  // namespace sft_detail
+
+/// Every record of the JSON-lines `files` (blank lines skipped), one sequence each; errors name
+/// the file and line. Token ids must be below vocab_size (when > 0).
+inline TokenDataset load_sft_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
+                                     const SftOptions& o, std::int64_t vocab_size = 0) {
+  TokenDataset ds;
+  sft_detail::for_each_record(files, tok, [&](const nlohmann::ordered_json& r, const chat::ChatTemplate* tmpl,
+                                              const std::string& where) {
+    sft_detail::add_example(ds, sft_example(r, tok, tmpl, o, where), vocab_size, where);
+  });
+  return ds;
+}
+
+/// Preference pairs for DPO: each record {"prompt", "chosen", "rejected"} (strings, or message
+/// lists rendered with the chat template) becomes two sequences, prompt + chosen at 2i and
+/// prompt + rejected at 2i + 1, each scoring its completion only (as sft_example's
+/// prompt-completion records; completion_only_loss is ignored). Errors name the file and line.
+inline TokenDataset load_preference_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
+                                            SftOptions o, std::int64_t vocab_size = 0) {
+  o.completion_only_loss = true;
+  TokenDataset ds;
+  sft_detail::for_each_record(files, tok, [&](const nlohmann::ordered_json& j, const chat::ChatTemplate* tmpl,
+                                              const std::string& where) {
+    EDL_CHECK(j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"), errc::format,
+              where, "a preference record needs \"prompt\", \"chosen\" and \"rejected\"");
+    for (const char* side : {"chosen", "rejected"}) {
+      nlohmann::ordered_json r = j;
+      r.erase("chosen");
+      r.erase("rejected");
+      r["completion"] = j[side];
+      sft_detail::add_example(ds, sft_example(r, tok, tmpl, o, where + " (" + side + ")"), vocab_size, where);
+    }
+  });
   return ds;
 }
 
@@ -28336,6 +28387,188 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/train/sharded_load.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/sft_data.hpp> (inlined above)
+// #include <edl/train/preference.hpp>
+// edl/train/preference.hpp
+// Direct preference optimisation (DPO, Rafailov et al.; TRL's DPOTrainer losses) on a batch of
+// preference pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt + rejected) of a Batch whose
+// labels are -100 except on the completions (preference_batch builds one).
+//
+//   log p(row)  = sum over the row's scored targets of log p(target)   (the HF shift applies)
+//   h_i         = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
+//   sigmoid:      loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
+//   ipo:          loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
+//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches)
+//   rewards     = beta (log pi - log ref) of the chosen and of the rejected completion
+//
+// The gradient reaches the policy through one weighted cross-entropy backward: d loss / d log p
+// of each row weighs its tokens' -log p (nn::LossOptions::row_weights), so the policy runs one
+// forward and one backward; the reference runs one forward and no backward. With the reference
+// equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/train/dataset.hpp> (inlined above)
+// #include <edl/train/preference_options.hpp>
+// edl/train/preference_options.hpp
+// The options of the preference losses (train/preference.hpp), with TRL's DPOConfig names; a
+// header of its own so that TrainingArguments can hold them without the loss code.
+
+#include <string>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl::train {
+
+struct PreferenceOptions {
+  std::string loss_type = "sigmoid";  // sigmoid | ipo
+  double beta = 0.1;
+  double label_smoothing = 0.0;       // sigmoid only (conservative DPO)
+
+  void validate(const std::string& where) const {
+    EDL_CHECK(loss_type == "sigmoid" || loss_type == "ipo", errc::config, where + " loss_type",
+              "expected sigmoid or ipo, found \"", loss_type, "\"");
+    EDL_CHECK(beta > 0, errc::config, where + " beta", "must be positive, found ", beta);
+    EDL_CHECK(label_smoothing >= 0 && label_smoothing < 0.5, errc::config, where + " label_smoothing",
+              "must be in [0, 0.5), found ", label_smoothing);
+  }
+};
+
+}  // namespace edl::train
+// end of edl/train/preference_options.hpp
+
+namespace edl::train {
+
+/// The batch's means, with TRL's metric names (rewards/chosen, ...).
+struct PreferenceMetrics {
+  double loss = 0.0;              // this batch's share of the step's loss
+  double rewards_chosen = 0.0, rewards_rejected = 0.0, rewards_accuracies = 0.0, rewards_margins = 0.0;
+  double logps_chosen = 0.0, logps_rejected = 0.0;
+  std::int64_t pairs = 0;
+};
+
+/// Rows 2i and 2i + 1 of a preference batch from sequences and their scored masks, as collate
+/// pads and truncates them.
+inline Batch preference_batch(const std::vector<std::span<const std::int32_t>>& seqs,
+                              const std::vector<std::span<const std::uint8_t>>& scored, std::int64_t max_length,
+                              std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+  EDL_CHECK(seqs.size() % 2 == 0, errc::invalid_argument, "preference_batch",
+            "expected (chosen, rejected) pairs of rows, found ", seqs.size(), " rows");
+  return collate(seqs, max_length, pad_id, mode, &scored);
+}
+
+namespace preference_detail {
+
+/// Per row of `b`: the sum of log p over its scored targets, and their count.
+template <class Model>
+void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
+               std::vector<std::int64_t>& count) {
+  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  m.forward(b.input_ids.data(), lay, s);
+  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+  nn::LossOptions o;
+  o.row_nll = nll.data();
+  const auto& c = m.config();
+  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+  });
+  logp.assign(static_cast<std::size_t>(b.batch), 0.0);
+  count.assign(static_cast<std::size_t>(b.batch), 0);
+  for (std::int64_t r = 0; r < b.batch; ++r)
+    for (std::int64_t t = 0; t + 1 < b.seq; ++t)
+      if (b.labels[static_cast<std::size_t>(r * b.seq + t + 1)] != -100) {
+        logp[static_cast<std::size_t>(r)] -= nll[static_cast<std::size_t>(r * b.seq + t)];
+        ++count[static_cast<std::size_t>(r)];
+      }
+}
+
+inline double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+}  // namespace preference_detail
+
+/// The preference loss of batch `b` (pairs of rows) for `policy` against `reference`, and with
+/// `backward` its gradient ACCUMULATED into the policy's parameters. `step_pairs` > 0: the
+/// pairs of the whole optimizer step (micro-batches), the loss's denominator.
+template <class Model, class Reference>
+PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
+                                  bool backward, std::int64_t step_pairs = 0) {
+  namespace d = preference_detail;
+  EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
+            "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
+  const std::int64_t P = b.batch / 2, S = b.seq;
+  const double denom = static_cast<double>(step_pairs > 0 ? step_pairs : P);
+  std::vector<double> ref, pol;
+  std::vector<std::int64_t> n;
+  {
+    typename Reference::Saved rs;
+    d::row_logps(reference, b, rs, ref, n);
+  }
+  typename Model::Saved s;
+  d::row_logps(policy, b, s, pol, n);
+  const bool ipo = o.loss_type == "ipo";
+  if (ipo)  // average log p per token
+    for (std::size_t r = 0; r < pol.size(); ++r) {
+      const double k = static_cast<double>(std::max<std::int64_t>(1, n[r]));
+      pol[r] /= k;
+      ref[r] /= k;
+    }
+  PreferenceMetrics m;
+  m.pairs = P;
+  std::vector<double> dlogp(static_cast<std::size_t>(b.batch), 0.0);  // d loss / d log pi(row)
+  const double beta = o.beta, eps = o.label_smoothing;
+  for (std::int64_t i = 0; i < P; ++i) {
+    const std::size_t c = static_cast<std::size_t>(2 * i), r = c + 1;
+    const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
+    double loss, dh;
+    if (ipo) {
+      const double e = h - 1.0 / (2.0 * beta);
+      loss = e * e;
+      dh = 2.0 * e;
+    } else {
+      const double z = beta * h;
+      loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
+      dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+    }
+    m.loss += loss / denom;
+    dlogp[c] = dh / denom;
+    dlogp[r] = -dh / denom;
+    const double rc = beta * (pol[c] - ref[c]), rr = beta * (pol[r] - ref[r]);
+    m.rewards_chosen += rc / static_cast<double>(P);
+    m.rewards_rejected += rr / static_cast<double>(P);
+    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / static_cast<double>(P);
+    m.rewards_margins += (rc - rr) / static_cast<double>(P);
+    m.logps_chosen += pol[c] / static_cast<double>(P);
+    m.logps_rejected += pol[r] / static_cast<double>(P);
+  }
+  if (!backward) return m;
+  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (IPO: / count).
+  std::vector<float> w(static_cast<std::size_t>(b.batch * S), 0.0f);
+  for (std::int64_t row = 0; row < b.batch; ++row) {
+    double g = -dlogp[static_cast<std::size_t>(row)];
+    if (ipo) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
+  }
+  nn::LossOptions lo;
+  lo.normalizer = 1.0;
+  lo.row_weights = w.data();
+  const auto& cfg = policy.config();
+  std::vector<float> dhidden(s.hidden.size());
+  policy.with_head(true, [&](const auto* wt, float* grad) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, S, cfg.hidden_size, wt, cfg.vocab_size, b.labels.data(), lo,
+                              dhidden.data(), grad);
+  });
+  policy.model.backward(dhidden.data(), s.model_s);
+  return m;
+}
+
+}  // namespace edl::train
+// end of edl/train/preference.hpp
 // #include <edl/train/evaluation.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
 // #include <edl/train/report.hpp> (inlined above)
@@ -28370,6 +28603,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/lora/config.hpp> (inlined above)
+// #include <edl/train/preference_options.hpp> (inlined above)
 
 namespace edl::train {
 
@@ -28467,6 +28701,12 @@ struct TrainingArguments {
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
+  /// DPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing, and the
+  /// frozen reference model (a folder; empty: a copy of the initial policy).
+  std::string loss_type = "sigmoid";
+  double beta = 0.1;
+  double label_smoothing = 0.0;
+  std::string reference_model;
 
   std::string source = "TrainingArguments";
 
@@ -28479,7 +28719,8 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss"};
+        "lora", "quantize_base", "trainer", "completion_only_loss", "loss_type", "beta", "label_smoothing",
+        "reference_model"};
     return n;
   }
 
@@ -28576,6 +28817,10 @@ struct TrainingArguments {
     }
     else if (key == "trainer") str(trainer);
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
+    else if (key == "loss_type") str(loss_type);
+    else if (key == "beta") f64(beta);
+    else if (key == "label_smoothing") f64(label_smoothing);
+    else if (key == "reference_model") { if (v.is_null()) reference_model.clear(); else str(reference_model); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
@@ -28698,10 +28943,18 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
-    EDL_CHECK(trainer != "dpo" && trainer != "orpo", errc::unsupported, where("trainer"), "\"", trainer,
-              "\" (preference optimisation) is not implemented yet; expected causal_lm or sft");
-    EDL_CHECK(trainer == "causal_lm" || trainer == "sft", errc::config, where("trainer"),
-              "expected causal_lm or sft, found \"", trainer, "\"");
+    EDL_CHECK(trainer != "orpo", errc::unsupported, where("trainer"),
+              "\"orpo\" is not implemented yet; expected causal_lm, sft or dpo");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo", errc::config, where("trainer"),
+              "expected causal_lm, sft or dpo, found \"", trainer, "\"");
+    if (trainer == "dpo") {
+      PreferenceOptions{loss_type, beta, label_smoothing}.validate(source + " field");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"),
+                "dpo runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(),
+                " devices");
+      EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
+                "evaluation of preference pairs is not implemented yet: leave eval_data empty with dpo");
+    }
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
@@ -28798,6 +29051,10 @@ struct TrainingArguments {
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     j["trainer"] = trainer;
     j["completion_only_loss"] = completion_only_loss;
+    j["loss_type"] = loss_type;
+    j["beta"] = beta;
+    j["label_smoothing"] = label_smoothing;
+    j["reference_model"] = reference_model.empty() ? ojson(nullptr) : ojson(reference_model);
     return j;
   }
 };
@@ -28969,12 +29226,16 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    if (args_.trainer == "sft") {  // one sequence per record, completions scored (sft_data.hpp)
-      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"),
-                "supervised fine-tuning reads text records and needs a tokenizer");
+    if (args_.trainer == "sft" || args_.trainer == "dpo") {  // records, completions scored (sft_data.hpp)
+      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
+                " reads text records and needs a tokenizer");
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
-      train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
-      if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+      if (args_.trainer == "dpo") {
+        train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
+      } else {
+        train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
+        if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+      }
     } else {
       train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
       if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
@@ -29147,7 +29408,7 @@ class BasicTrainer {
       if (!stop_reason_.empty()) break;
       const auto t0 = std::chrono::steady_clock::now();
       if (order_epoch != state_.epoch) {
-        order = epoch_order(train_.size(), state_.data_key, state_.epoch, args_.shuffle_train_dataset);
+        order = epoch_order(examples(), state_.data_key, state_.epoch, args_.shuffle_train_dataset);
         order_epoch = state_.epoch;
       }
       // The step's micro-batches, then the step's number of target tokens.
@@ -29158,9 +29419,11 @@ class BasicTrainer {
         seqs.clear();
         scored.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
-          const std::int64_t row = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          seqs.push_back(train_[row]);
-          scored.push_back(train_.scored(row));  // SFT: completions only
+          const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
+          for (std::int64_t row : dpo() ? std::vector<std::int64_t>{2 * ex, 2 * ex + 1} : std::vector<std::int64_t>{ex}) {
+            seqs.push_back(train_[row]);
+            scored.push_back(train_.scored(row));  // SFT and DPO: completions only
+          }
         }
         micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
@@ -29171,12 +29434,23 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
+      PreferenceMetrics pref;  // dpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        if (sharded_) {
+        if (dpo()) {
+          const PreferenceMetrics pm = preference_loss(*model_, *reference_, b, preference_options(), true, B);
+          loss += pm.loss;
+          const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
+          pref.rewards_chosen += share * pm.rewards_chosen;
+          pref.rewards_rejected += share * pm.rewards_rejected;
+          pref.rewards_accuracies += share * pm.rewards_accuracies;
+          pref.rewards_margins += share * pm.rewards_margins;
+          pref.logps_chosen += share * pm.logps_chosen;
+          pref.logps_rejected += share * pm.logps_rejected;
+        } else if (sharded_) {
           loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                            b.attention_mask.data())
                       .loss;
@@ -29253,6 +29527,14 @@ class BasicTrainer {
           j["grad_norm"] = gnorm;
           if (model_->config().is_moe() && model_->config().output_router_logits)
             j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
+          if (dpo()) {  // TRL's names, of the logged step
+            j["rewards/chosen"] = pref.rewards_chosen;
+            j["rewards/rejected"] = pref.rewards_rejected;
+            j["rewards/accuracies"] = pref.rewards_accuracies;
+            j["rewards/margins"] = pref.rewards_margins;
+            j["logps/chosen"] = pref.logps_chosen;
+            j["logps/rejected"] = pref.logps_rejected;
+          }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
           j["elapsed_s"] = state_.elapsed_s;
@@ -29413,11 +29695,26 @@ class BasicTrainer {
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
 
+  /// Direct preference optimisation: the data holds (chosen, rejected) pairs of sequences.
+  bool dpo() const noexcept { return args_.trainer == "dpo"; }
+  /// Training examples: sequences, or preference pairs.
+  std::int64_t examples() const noexcept { return dpo() ? train_.size() / 2 : train_.size(); }
+  PreferenceOptions preference_options() const { return {args_.loss_type, args_.beta, args_.label_smoothing}; }
+
   void finish_setup() {
-    EDL_CHECK(train_.size() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
-              "the training data has ", train_.size(), " sequences of at most ", args_.max_sequence_length,
-              " tokens, fewer than one batch of ", args_.total_batch_size);
-    steps_per_epoch_ = train_.size() / args_.total_batch_size;  // the last partial batch is dropped
+    EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
+              "the training data has ", examples(), dpo() ? " preference pairs" : " sequences", " of at most ",
+              args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
+    steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
+    if (dpo()) {  // the frozen reference: a folder, or the policy as it starts (before adapters)
+      if (args_.reference_model.empty()) {
+        reference_ = std::make_unique<Model>(*model_);
+      } else {
+        const auto rc = models::LlamaConfig::from_file((fs::path(args_.reference_model) / "config.json").string());
+        reference_ = std::make_unique<Model>(rc);
+        load_model_weights(args_.reference_model, *reference_);
+      }
+    }
     total_steps_ = args_.max_training_steps ? *args_.max_training_steps : args_.num_train_epochs * steps_per_epoch_;
     trunc_ = truncation_from_name(args_.truncation_mode);
     pad_id_ = tok_ && tok_->pad_id() ? *tok_->pad_id() : (tok_ && tok_->eos_id() ? *tok_->eos_id() : 0);
@@ -29477,6 +29774,7 @@ class BasicTrainer {
   TrainingArguments args_;
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> reference_;  // dpo: frozen
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;

@@ -10,6 +10,7 @@
 //   z_r    = z_coef * lse^2                                    (PaLM z-loss)
 //   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
 //   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
+// With row_weights w, row r's terms (in loss and gradient) are multiplied by w_r.
 // then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
 // Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
 // wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
@@ -38,6 +39,11 @@ struct LossOptions {
   double normalizer = 0.0;          // > 0: divide by this instead of the number of valid targets
                                     // (gradient accumulation over micro-batches)
   bool shift = true;                // HF causal shift; false: labels are per-row targets already
+  /// [batch * seq] or null: row r's loss and gradient are scaled by row_weights[r] (after the
+  /// shift; preference losses weigh each sequence's tokens by d loss / d log p(sequence)).
+  const float* row_weights = nullptr;
+  /// Out, [batch * seq] or null: each row's -log p(target) (0 where ignored), unweighted.
+  double* row_nll = nullptr;
 };
 
 struct LossMetrics {
@@ -89,6 +95,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
   m.tokens = valid;
   const bool want_grad = dhidden || lm_grad;
   if (dhidden) std::fill(dhidden, dhidden + T * H, 0.0f);
+  if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + T, 0.0);
   if (valid == 0) return m;
 
   const double N = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(valid);
@@ -112,6 +119,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         float* x = logits.data() + r * V;
         const std::int64_t l = tg[r];
         const std::size_t ri = static_cast<std::size_t>(r);
+        const float w = opt.row_weights ? opt.row_weights[r0 + r] : 1.0f;
         if (l == opt.ignore_index) {
           ce[ri] = zl[ri] = nll[ri] = 0.0;
           correct[ri] = 0;
@@ -127,17 +135,19 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         const float s = kd::row_exp_sum(x, want_grad ? x : nullptr, V, mx);
         const float lse = mx + std::log(s);
         nll[ri] = static_cast<double>(lse - xl);
-        ce[ri] = (1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x);
-        zl[ri] = static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
+        ce[ri] = w * ((1.0 - eps) * nll[ri] + eps * static_cast<double>(lse - mean_x));
+        zl[ri] = w * static_cast<double>(zc) * static_cast<double>(lse) * static_cast<double>(lse);
         if (want_grad) {
-          const float a = gscale * (1.0f + 2.0f * zc * lse) / s, b = gscale * eps / static_cast<float>(V);
+          const float gw = gscale * w;
+          const float a = gw * (1.0f + 2.0f * zc * lse) / s, b = gw * eps / static_cast<float>(V);
           kernels::mul_sub_inplace(x, V, a, b);
-          x[l] -= gscale * (1.0f - eps);
+          x[l] -= gw * (1.0f - eps);
         }
       }
     });
     for (std::int64_t r = 0; r < c; ++r) {
       const std::size_t ri = static_cast<std::size_t>(r);
+      if (opt.row_nll) opt.row_nll[r0 + r] = nll[ri];
       ce_sum += ce[ri];
       z_sum += zl[ri];
       nll_sum += nll[ri];

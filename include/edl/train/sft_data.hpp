@@ -138,33 +138,74 @@ inline SftExample sft_example(const nlohmann::ordered_json& record, const tokeni
   return ex;
 }
 
-/// Every record of the JSON-lines `files` (blank lines skipped), one sequence each; errors name
-/// the file and line. Token ids must be below vocab_size (when > 0).
-inline TokenDataset load_sft_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
-                                     const SftOptions& o, std::int64_t vocab_size = 0) {
-  TokenDataset ds;
+namespace sft_detail {
+
+/// f(record, where) for every record of the JSON-lines `files` (blank lines skipped), where =
+/// "<file> line <n>"; `tok`'s chat template (or null) is parsed once for all.
+template <class F>
+void for_each_record(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok, F&& f) {
   std::optional<chat::ChatTemplate> tmpl;
   if (tok.chat_template()) tmpl = chat::chat_template_of(tok);
-  for (const auto& f : files) {
-    EDL_CHECK(std::filesystem::is_regular_file(f), errc::io, f, "no such file");
-    EDL_CHECK(f.size() >= 6 && f.compare(f.size() - 6, 6, ".jsonl") == 0, errc::invalid_argument, f,
-              "supervised fine-tuning reads JSON-lines records (a .jsonl file)");
-    std::ifstream in(f, std::ios::binary);
-    EDL_CHECK(in.good(), errc::io, f, "cannot open for reading: ", io::detail::errno_text());
+  for (const auto& file : files) {
+    EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, file, "no such file");
+    EDL_CHECK(file.size() >= 6 && file.compare(file.size() - 6, 6, ".jsonl") == 0, errc::invalid_argument, file,
+              "fine-tuning reads JSON-lines records (a .jsonl file)");
+    std::ifstream in(file, std::ios::binary);
+    EDL_CHECK(in.good(), errc::io, file, "cannot open for reading: ", io::detail::errno_text());
     std::string line;
     std::int64_t n = 0;
     while (std::getline(in, line)) {
       ++n;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = f + " line " + std::to_string(n);
-      const SftExample ex = sft_example(io::parse_json<nlohmann::ordered_json>(line, where), tok, tmpl ? &*tmpl : nullptr, o, where);
-      if (vocab_size > 0)
-        for (auto t : ex.ids)
-          EDL_CHECK(t < vocab_size, errc::invalid_argument, where, "token ", t,
-                    " is outside the model's vocabulary (vocab_size ", vocab_size, ")");
-      ds.add(std::span<const std::int32_t>(ex.ids), std::span<const std::uint8_t>(ex.scored));
+      const std::string where = file + " line " + std::to_string(n);
+      f(io::parse_json<nlohmann::ordered_json>(line, where), tmpl ? &*tmpl : nullptr, where);
     }
   }
+}
+
+/// Adds `ex` to `ds` after checking its ids against the vocabulary (vocab_size > 0).
+inline void add_example(TokenDataset& ds, const SftExample& ex, std::int64_t vocab_size, const std::string& where) {
+  if (vocab_size > 0)
+    for (auto t : ex.ids)
+      EDL_CHECK(t < vocab_size, errc::invalid_argument, where, "token ", t, " is outside the model's vocabulary (vocab_size ",
+                vocab_size, ")");
+  ds.add(std::span<const std::int32_t>(ex.ids), std::span<const std::uint8_t>(ex.scored));
+}
+
+}  // namespace sft_detail
+
+/// Every record of the JSON-lines `files` (blank lines skipped), one sequence each; errors name
+/// the file and line. Token ids must be below vocab_size (when > 0).
+inline TokenDataset load_sft_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
+                                     const SftOptions& o, std::int64_t vocab_size = 0) {
+  TokenDataset ds;
+  sft_detail::for_each_record(files, tok, [&](const nlohmann::ordered_json& r, const chat::ChatTemplate* tmpl,
+                                              const std::string& where) {
+    sft_detail::add_example(ds, sft_example(r, tok, tmpl, o, where), vocab_size, where);
+  });
+  return ds;
+}
+
+/// Preference pairs for DPO: each record {"prompt", "chosen", "rejected"} (strings, or message
+/// lists rendered with the chat template) becomes two sequences, prompt + chosen at 2i and
+/// prompt + rejected at 2i + 1, each scoring its completion only (as sft_example's
+/// prompt-completion records; completion_only_loss is ignored). Errors name the file and line.
+inline TokenDataset load_preference_dataset(const std::vector<std::string>& files, const tokenizer::Tokenizer& tok,
+                                            SftOptions o, std::int64_t vocab_size = 0) {
+  o.completion_only_loss = true;
+  TokenDataset ds;
+  sft_detail::for_each_record(files, tok, [&](const nlohmann::ordered_json& j, const chat::ChatTemplate* tmpl,
+                                              const std::string& where) {
+    EDL_CHECK(j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"), errc::format,
+              where, "a preference record needs \"prompt\", \"chosen\" and \"rejected\"");
+    for (const char* side : {"chosen", "rejected"}) {
+      nlohmann::ordered_json r = j;
+      r.erase("chosen");
+      r.erase("rejected");
+      r["completion"] = j[side];
+      sft_detail::add_example(ds, sft_example(r, tok, tmpl, o, where + " (" + side + ")"), vocab_size, where);
+    }
+  });
   return ds;
 }
 

@@ -86,6 +86,7 @@
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/sft_data.hpp>
+#include <edl/train/preference.hpp>
 #include <edl/train/evaluation.hpp>
 #include <edl/train/metrics.hpp>
 #include <edl/train/report.hpp>
@@ -153,12 +154,16 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    if (args_.trainer == "sft") {  // one sequence per record, completions scored (sft_data.hpp)
-      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"),
-                "supervised fine-tuning reads text records and needs a tokenizer");
+    if (args_.trainer == "sft" || args_.trainer == "dpo") {  // records, completions scored (sft_data.hpp)
+      EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
+                " reads text records and needs a tokenizer");
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
-      train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
-      if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+      if (args_.trainer == "dpo") {
+        train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
+      } else {
+        train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
+        if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+      }
     } else {
       train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
       if (!args_.eval_data.empty()) eval_ = load_dataset(args_.eval_data, tok_ ? &*tok_ : nullptr, d);
@@ -331,7 +336,7 @@ class BasicTrainer {
       if (!stop_reason_.empty()) break;
       const auto t0 = std::chrono::steady_clock::now();
       if (order_epoch != state_.epoch) {
-        order = epoch_order(train_.size(), state_.data_key, state_.epoch, args_.shuffle_train_dataset);
+        order = epoch_order(examples(), state_.data_key, state_.epoch, args_.shuffle_train_dataset);
         order_epoch = state_.epoch;
       }
       // The step's micro-batches, then the step's number of target tokens.
@@ -342,9 +347,11 @@ class BasicTrainer {
         seqs.clear();
         scored.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
-          const std::int64_t row = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          seqs.push_back(train_[row]);
-          scored.push_back(train_.scored(row));  // SFT: completions only
+          const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
+          for (std::int64_t row : dpo() ? std::vector<std::int64_t>{2 * ex, 2 * ex + 1} : std::vector<std::int64_t>{ex}) {
+            seqs.push_back(train_[row]);
+            scored.push_back(train_.scored(row));  // SFT and DPO: completions only
+          }
         }
         micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
@@ -355,12 +362,23 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
+      PreferenceMetrics pref;  // dpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        if (sharded_) {
+        if (dpo()) {
+          const PreferenceMetrics pm = preference_loss(*model_, *reference_, b, preference_options(), true, B);
+          loss += pm.loss;
+          const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
+          pref.rewards_chosen += share * pm.rewards_chosen;
+          pref.rewards_rejected += share * pm.rewards_rejected;
+          pref.rewards_accuracies += share * pm.rewards_accuracies;
+          pref.rewards_margins += share * pm.rewards_margins;
+          pref.logps_chosen += share * pm.logps_chosen;
+          pref.logps_rejected += share * pm.logps_rejected;
+        } else if (sharded_) {
           loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
                                            b.attention_mask.data())
                       .loss;
@@ -437,6 +455,14 @@ class BasicTrainer {
           j["grad_norm"] = gnorm;
           if (model_->config().is_moe() && model_->config().output_router_logits)
             j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
+          if (dpo()) {  // TRL's names, of the logged step
+            j["rewards/chosen"] = pref.rewards_chosen;
+            j["rewards/rejected"] = pref.rewards_rejected;
+            j["rewards/accuracies"] = pref.rewards_accuracies;
+            j["rewards/margins"] = pref.rewards_margins;
+            j["logps/chosen"] = pref.logps_chosen;
+            j["logps/rejected"] = pref.logps_rejected;
+          }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
           j["elapsed_s"] = state_.elapsed_s;
@@ -597,11 +623,26 @@ class BasicTrainer {
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
 
+  /// Direct preference optimisation: the data holds (chosen, rejected) pairs of sequences.
+  bool dpo() const noexcept { return args_.trainer == "dpo"; }
+  /// Training examples: sequences, or preference pairs.
+  std::int64_t examples() const noexcept { return dpo() ? train_.size() / 2 : train_.size(); }
+  PreferenceOptions preference_options() const { return {args_.loss_type, args_.beta, args_.label_smoothing}; }
+
   void finish_setup() {
-    EDL_CHECK(train_.size() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
-              "the training data has ", train_.size(), " sequences of at most ", args_.max_sequence_length,
-              " tokens, fewer than one batch of ", args_.total_batch_size);
-    steps_per_epoch_ = train_.size() / args_.total_batch_size;  // the last partial batch is dropped
+    EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
+              "the training data has ", examples(), dpo() ? " preference pairs" : " sequences", " of at most ",
+              args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
+    steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
+    if (dpo()) {  // the frozen reference: a folder, or the policy as it starts (before adapters)
+      if (args_.reference_model.empty()) {
+        reference_ = std::make_unique<Model>(*model_);
+      } else {
+        const auto rc = models::LlamaConfig::from_file((fs::path(args_.reference_model) / "config.json").string());
+        reference_ = std::make_unique<Model>(rc);
+        load_model_weights(args_.reference_model, *reference_);
+      }
+    }
     total_steps_ = args_.max_training_steps ? *args_.max_training_steps : args_.num_train_epochs * steps_per_epoch_;
     trunc_ = truncation_from_name(args_.truncation_mode);
     pad_id_ = tok_ && tok_->pad_id() ? *tok_->pad_id() : (tok_ && tok_->eos_id() ? *tok_->eos_id() : 0);
@@ -661,6 +702,7 @@ class BasicTrainer {
   TrainingArguments args_;
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> reference_;  // dpo: frozen
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;

@@ -29,6 +29,7 @@
 #include <edl/core/policy.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/lora/config.hpp>
+#include <edl/train/preference_options.hpp>
 
 namespace edl::train {
 
@@ -126,6 +127,12 @@ struct TrainingArguments {
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
+  /// DPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing, and the
+  /// frozen reference model (a folder; empty: a copy of the initial policy).
+  std::string loss_type = "sigmoid";
+  double beta = 0.1;
+  double label_smoothing = 0.0;
+  std::string reference_model;
 
   std::string source = "TrainingArguments";
 
@@ -138,7 +145,8 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss"};
+        "lora", "quantize_base", "trainer", "completion_only_loss", "loss_type", "beta", "label_smoothing",
+        "reference_model"};
     return n;
   }
 
@@ -235,6 +243,10 @@ struct TrainingArguments {
     }
     else if (key == "trainer") str(trainer);
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
+    else if (key == "loss_type") str(loss_type);
+    else if (key == "beta") f64(beta);
+    else if (key == "label_smoothing") f64(label_smoothing);
+    else if (key == "reference_model") { if (v.is_null()) reference_model.clear(); else str(reference_model); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
     else if (key == "tokenizer") {
@@ -357,10 +369,18 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
-    EDL_CHECK(trainer != "dpo" && trainer != "orpo", errc::unsupported, where("trainer"), "\"", trainer,
-              "\" (preference optimisation) is not implemented yet; expected causal_lm or sft");
-    EDL_CHECK(trainer == "causal_lm" || trainer == "sft", errc::config, where("trainer"),
-              "expected causal_lm or sft, found \"", trainer, "\"");
+    EDL_CHECK(trainer != "orpo", errc::unsupported, where("trainer"),
+              "\"orpo\" is not implemented yet; expected causal_lm, sft or dpo");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo", errc::config, where("trainer"),
+              "expected causal_lm, sft or dpo, found \"", trainer, "\"");
+    if (trainer == "dpo") {
+      PreferenceOptions{loss_type, beta, label_smoothing}.validate(source + " field");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"),
+                "dpo runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(),
+                " devices");
+      EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
+                "evaluation of preference pairs is not implemented yet: leave eval_data empty with dpo");
+    }
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
@@ -457,6 +477,10 @@ struct TrainingArguments {
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     j["trainer"] = trainer;
     j["completion_only_loss"] = completion_only_loss;
+    j["loss_type"] = loss_type;
+    j["beta"] = beta;
+    j["label_smoothing"] = label_smoothing;
+    j["reference_model"] = reference_model.empty() ? ojson(nullptr) : ojson(reference_model);
     return j;
   }
 };

@@ -1,0 +1,155 @@
+// edl/train/preference.hpp
+// Direct preference optimisation (DPO, Rafailov et al.; TRL's DPOTrainer losses) on a batch of
+// preference pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt + rejected) of a Batch whose
+// labels are -100 except on the completions (preference_batch builds one).
+//
+//   log p(row)  = sum over the row's scored targets of log p(target)   (the HF shift applies)
+//   h_i         = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
+//   sigmoid:      loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
+//   ipo:          loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
+//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches)
+//   rewards     = beta (log pi - log ref) of the chosen and of the rejected completion
+//
+// The gradient reaches the policy through one weighted cross-entropy backward: d loss / d log p
+// of each row weighs its tokens' -log p (nn::LossOptions::row_weights), so the policy runs one
+// forward and one backward; the reference runs one forward and no backward. With the reference
+// equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/nn/loss.hpp>
+#include <edl/nn/module.hpp>
+#include <edl/train/dataset.hpp>
+#include <edl/train/preference_options.hpp>
+
+namespace edl::train {
+
+/// The batch's means, with TRL's metric names (rewards/chosen, ...).
+struct PreferenceMetrics {
+  double loss = 0.0;              // this batch's share of the step's loss
+  double rewards_chosen = 0.0, rewards_rejected = 0.0, rewards_accuracies = 0.0, rewards_margins = 0.0;
+  double logps_chosen = 0.0, logps_rejected = 0.0;
+  std::int64_t pairs = 0;
+};
+
+/// Rows 2i and 2i + 1 of a preference batch from sequences and their scored masks, as collate
+/// pads and truncates them.
+inline Batch preference_batch(const std::vector<std::span<const std::int32_t>>& seqs,
+                              const std::vector<std::span<const std::uint8_t>>& scored, std::int64_t max_length,
+                              std::int64_t pad_id, Truncation mode = Truncation::keep_end) {
+  EDL_CHECK(seqs.size() % 2 == 0, errc::invalid_argument, "preference_batch",
+            "expected (chosen, rejected) pairs of rows, found ", seqs.size(), " rows");
+  return collate(seqs, max_length, pad_id, mode, &scored);
+}
+
+namespace preference_detail {
+
+/// Per row of `b`: the sum of log p over its scored targets, and their count.
+template <class Model>
+void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
+               std::vector<std::int64_t>& count) {
+  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  m.forward(b.input_ids.data(), lay, s);
+  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+  nn::LossOptions o;
+  o.row_nll = nll.data();
+  const auto& c = m.config();
+  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+  });
+  logp.assign(static_cast<std::size_t>(b.batch), 0.0);
+  count.assign(static_cast<std::size_t>(b.batch), 0);
+  for (std::int64_t r = 0; r < b.batch; ++r)
+    for (std::int64_t t = 0; t + 1 < b.seq; ++t)
+      if (b.labels[static_cast<std::size_t>(r * b.seq + t + 1)] != -100) {
+        logp[static_cast<std::size_t>(r)] -= nll[static_cast<std::size_t>(r * b.seq + t)];
+        ++count[static_cast<std::size_t>(r)];
+      }
+}
+
+inline double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+}  // namespace preference_detail
+
+/// The preference loss of batch `b` (pairs of rows) for `policy` against `reference`, and with
+/// `backward` its gradient ACCUMULATED into the policy's parameters. `step_pairs` > 0: the
+/// pairs of the whole optimizer step (micro-batches), the loss's denominator.
+template <class Model, class Reference>
+PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
+                                  bool backward, std::int64_t step_pairs = 0) {
+  namespace d = preference_detail;
+  EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
+            "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
+  const std::int64_t P = b.batch / 2, S = b.seq;
+  const double denom = static_cast<double>(step_pairs > 0 ? step_pairs : P);
+  std::vector<double> ref, pol;
+  std::vector<std::int64_t> n;
+  {
+    typename Reference::Saved rs;
+    d::row_logps(reference, b, rs, ref, n);
+  }
+  typename Model::Saved s;
+  d::row_logps(policy, b, s, pol, n);
+  const bool ipo = o.loss_type == "ipo";
+  if (ipo)  // average log p per token
+    for (std::size_t r = 0; r < pol.size(); ++r) {
+      const double k = static_cast<double>(std::max<std::int64_t>(1, n[r]));
+      pol[r] /= k;
+      ref[r] /= k;
+    }
+  PreferenceMetrics m;
+  m.pairs = P;
+  std::vector<double> dlogp(static_cast<std::size_t>(b.batch), 0.0);  // d loss / d log pi(row)
+  const double beta = o.beta, eps = o.label_smoothing;
+  for (std::int64_t i = 0; i < P; ++i) {
+    const std::size_t c = static_cast<std::size_t>(2 * i), r = c + 1;
+    const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
+    double loss, dh;
+    if (ipo) {
+      const double e = h - 1.0 / (2.0 * beta);
+      loss = e * e;
+      dh = 2.0 * e;
+    } else {
+      const double z = beta * h;
+      loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
+      dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+    }
+    m.loss += loss / denom;
+    dlogp[c] = dh / denom;
+    dlogp[r] = -dh / denom;
+    const double rc = beta * (pol[c] - ref[c]), rr = beta * (pol[r] - ref[r]);
+    m.rewards_chosen += rc / static_cast<double>(P);
+    m.rewards_rejected += rr / static_cast<double>(P);
+    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / static_cast<double>(P);
+    m.rewards_margins += (rc - rr) / static_cast<double>(P);
+    m.logps_chosen += pol[c] / static_cast<double>(P);
+    m.logps_rejected += pol[r] / static_cast<double>(P);
+  }
+  if (!backward) return m;
+  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (IPO: / count).
+  std::vector<float> w(static_cast<std::size_t>(b.batch * S), 0.0f);
+  for (std::int64_t row = 0; row < b.batch; ++row) {
+    double g = -dlogp[static_cast<std::size_t>(row)];
+    if (ipo) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
+  }
+  nn::LossOptions lo;
+  lo.normalizer = 1.0;
+  lo.row_weights = w.data();
+  const auto& cfg = policy.config();
+  std::vector<float> dhidden(s.hidden.size());
+  policy.with_head(true, [&](const auto* wt, float* grad) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, S, cfg.hidden_size, wt, cfg.vocab_size, b.labels.data(), lo,
+                              dhidden.data(), grad);
+  });
+  policy.model.backward(dhidden.data(), s.model_s);
+  return m;
+}
+
+}  // namespace edl::train

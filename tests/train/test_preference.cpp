@@ -1,0 +1,238 @@
+// Tests for edl/train/preference.hpp: DPO's sigmoid and IPO losses against the formulas
+// evaluated on log-probabilities computed one sequence at a time (an independent path through
+// LlamaForCausalLM::loss), the step-0 invariants (reference == policy: loss log 2, rewards 0),
+// and the gradient against central finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <edl/core/rng.hpp>
+#include <edl/models/llama/llama.hpp>
+#include <edl/tokenizer/bpe_trainer.hpp>
+#include <edl/train/preference.hpp>
+#include <edl/train/sft_data.hpp>
+#include <edl/train/trainer.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+namespace edl::train {
+namespace {
+
+using Model = models::LlamaForCausalLM<>;
+
+models::LlamaConfig tiny() {
+  models::LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 32;
+  return c;
+}
+
+Model model(std::uint64_t seed) {
+  Model m(tiny());
+  m.init(Key::from_seed(seed), 0.3f);
+  return m;
+}
+
+/// Three pairs: a shared prompt, then chosen / rejected completions of different lengths.
+struct Pairs {
+  std::vector<std::vector<std::int32_t>> seqs;
+  std::vector<std::vector<std::uint8_t>> masks;
+  Batch batch() const {
+    std::vector<std::span<const std::int32_t>> s;
+    std::vector<std::span<const std::uint8_t>> m;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      s.emplace_back(seqs[i]);
+      m.emplace_back(masks[i]);
+    }
+    return preference_batch(s, m, 64, 0);
+  }
+};
+
+Pairs pairs() {
+  Pairs p;
+  for (int i = 0; i < 3; ++i)
+    for (int side = 0; side < 2; ++side) {
+      const int prompt = 3 + i, completion = 2 + side + i;
+      std::vector<std::int32_t> ids;
+      std::vector<std::uint8_t> mask;
+      for (int t = 0; t < prompt + completion; ++t) {
+        ids.push_back(static_cast<std::int32_t>((7 * t + 11 * i + 5 * side * (t >= prompt)) % 40));
+        mask.push_back(t >= prompt);
+      }
+      p.seqs.push_back(ids);
+      p.masks.push_back(mask);
+    }
+  return p;
+}
+
+/// log p of sequence k's completion, one sequence at a time through Model::loss.
+double logp_alone(const Model& m, const Pairs& p, std::size_t k) {
+  const auto& ids = p.seqs[k];
+  std::vector<std::int64_t> in(ids.begin(), ids.end()), labels(ids.size());
+  std::int64_t n = 0;
+  for (std::size_t t = 0; t < ids.size(); ++t) {
+    labels[t] = p.masks[k][t] ? ids[t] : -100;
+    n += t > 0 && p.masks[k][t];
+  }
+  const nn::LossMetrics l = m.loss(in.data(), nn::TokenLayout{1, static_cast<std::int64_t>(ids.size())}, labels.data());
+  return -l.loss * static_cast<double>(n);
+}
+
+std::int64_t completion_targets(const Pairs& p, std::size_t k) {
+  std::int64_t n = 0;
+  for (std::size_t t = 1; t < p.masks[k].size(); ++t) n += p.masks[k][t];
+  return n;
+}
+
+}  // namespace
+
+TEST(Preference, WithTheReferenceEqualToThePolicyTheLossIsLog2AndTheRewardsZero) {
+  const Model ref = model(1);
+  Model pol = ref;
+  const Batch b = pairs().batch();
+  for (double eps : {0.0, 0.1}) {
+    PreferenceOptions o;
+    o.beta = 0.5;
+    o.label_smoothing = eps;
+    const PreferenceMetrics m = preference_loss(pol, ref, b, o, false);
+    EXPECT_NEAR(m.loss, std::log(2.0), 1e-12);
+    EXPECT_EQ(m.rewards_chosen, 0.0);
+    EXPECT_EQ(m.rewards_rejected, 0.0);
+    EXPECT_EQ(m.rewards_margins, 0.0);
+    EXPECT_EQ(m.pairs, 3);
+  }
+  PreferenceOptions ipo;
+  ipo.loss_type = "ipo";
+  ipo.beta = 0.5;
+  EXPECT_NEAR(preference_loss(pol, ref, b, ipo, false).loss, 1.0, 1e-12);  // (0 - 1 / (2 beta))^2
+}
+
+TEST(Preference, LossesAndRewardsEqualTheFormulasOnSequenceLogProbabilities) {
+  const Model ref = model(1);
+  Model pol = model(2);
+  const Pairs p = pairs();
+  const Batch b = p.batch();
+  for (const char* type : {"sigmoid", "ipo"}) {
+    PreferenceOptions o;
+    o.loss_type = type;
+    o.beta = 0.3;
+    o.label_smoothing = std::string(type) == "sigmoid" ? 0.1 : 0.0;
+    double want = 0, chosen = 0, rejected = 0, lc = 0, acc = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const std::size_t c = 2 * i, r = c + 1;
+      double pc = logp_alone(pol, p, c), rc = logp_alone(ref, p, c), pr = logp_alone(pol, p, r), rr = logp_alone(ref, p, r);
+      chosen += o.beta * (pc - rc) / 3;
+      rejected += o.beta * (pr - rr) / 3;
+      lc += pc / 3;
+      acc += (pc - rc > pr - rr) / 3.0;
+      if (std::string(type) == "ipo") {
+        const double kc = static_cast<double>(completion_targets(p, c)), kr = static_cast<double>(completion_targets(p, r));
+        pc /= kc, rc /= kc, pr /= kr, rr /= kr;
+        const double e = (pc - rc) - (pr - rr) - 1 / (2 * o.beta);
+        want += e * e / 3;
+      } else {
+        const double z = o.beta * ((pc - rc) - (pr - rr));
+        want += (-(1 - o.label_smoothing) * std::log(1 / (1 + std::exp(-z))) -
+                 o.label_smoothing * std::log(1 / (1 + std::exp(z)))) / 3;
+      }
+    }
+    const PreferenceMetrics m = preference_loss(pol, ref, b, o, false);
+    EXPECT_NEAR(m.loss, want, 1e-5 * std::fabs(want) + 1e-6) << type;
+    if (std::string(type) == "sigmoid") {
+      EXPECT_NEAR(m.rewards_chosen, chosen, 1e-5);
+      EXPECT_NEAR(m.rewards_rejected, rejected, 1e-5);
+      EXPECT_NEAR(m.rewards_margins, chosen - rejected, 1e-5);
+      EXPECT_NEAR(m.logps_chosen, lc, 1e-4);
+      EXPECT_EQ(m.rewards_accuracies, acc);
+    }
+  }
+}
+
+TEST(Preference, GradientsEqualFiniteDifferences) {
+  const Model ref = model(1);
+  for (const char* type : {"sigmoid", "ipo"}) {
+    Model pol = model(2);
+    PreferenceOptions o;
+    o.loss_type = type;
+    o.beta = 0.3;
+    o.label_smoothing = std::string(type) == "sigmoid" ? 0.1 : 0.0;
+    const Batch b = pairs().batch();
+    nn::zero_grad(pol);
+    preference_loss(pol, ref, b, o, true);
+    int checked = 0;
+    pol.visit_params("", [&](std::string_view name, auto& prm) {
+      // A few entries of each kind of parameter: embedding, attention, MLP, norms, head.
+      for (std::int64_t i : {std::int64_t{3}, prm.numel() / 2, prm.numel() - 1}) {
+        float* v = prm.data() + i;
+        const float keep = *v, h = 4e-3f;
+        *v = keep + h;
+        const double up = preference_loss(pol, ref, b, o, false).loss;
+        *v = keep - h;
+        const double down = preference_loss(pol, ref, b, o, false).loss;
+        *v = keep;
+        const double fd = (up - down) / (2.0 * h), g = prm.grad_data()[i];
+        EXPECT_NEAR(g, fd, 2e-3 * std::fabs(fd) + 2e-4) << type << " " << name << "[" << i << "]";
+        ++checked;
+      }
+    });
+    EXPECT_GT(checked, 30);
+  }
+}
+
+// DPO through the trainer ("trainer": "dpo"): pairs from {"prompt", "chosen", "rejected"}
+// records, the reference is the starting policy, so the first step's loss is log 2 and its
+// rewards 0; TRL's metric names in metrics.jsonl; the margins grow and the loss falls.
+TEST(Preference, TheTrainerOptimisesPreferencePairs) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("edl_dpo_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream out((dir / "pairs.jsonl").string());
+    for (int i = 0; i < 8; ++i)
+      out << nlohmann::json{{"prompt", "say " + std::to_string(i) + ":"},
+                            {"chosen", " yes " + std::to_string(i)},
+                            {"rejected", " no"}}.dump()
+          << "\n";
+  }
+  tokenizer::byte_level_tokenizer().save(dir.string());
+  const TokenDataset ds = load_preference_dataset({(dir / "pairs.jsonl").string()}, tokenizer::byte_level_tokenizer(), {});
+  ASSERT_EQ(ds.size(), 16);
+  EXPECT_EQ(ds.scored(1).size(), std::string("say 0: no").size());
+  nlohmann::ordered_json args = {
+      {"trainer", "dpo"}, {"beta", 0.5},
+      {"model", {{"vocab_size", 259}, {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
+                 {"num_attention_heads", 2}, {"max_position_embeddings", 64}}},
+      {"tokenizer", (dir / "tokenizer.json").string()}, {"train_data", (dir / "pairs.jsonl").string()},
+      {"save_directory", (dir / "run").string()}, {"total_batch_size", 4}, {"max_sequence_length", 32},
+      {"max_training_steps", 30}, {"learning_rate", 3e-3}, {"log_steps", 1}, {"progress", false},
+      {"write_report", false}, {"peak_gflops", 100}, {"sharding_axis_dims", {1, 1, 1, 1}}};
+  Trainer t(TrainingArguments::from_json(args));
+  const auto r = t.train();
+  std::vector<nlohmann::json> lines;
+  {
+    std::ifstream in((dir / "run" / "metrics.jsonl").string());
+    std::string l;
+    while (std::getline(in, l)) lines.push_back(nlohmann::json::parse(l));
+  }
+  ASSERT_GE(lines.size(), 30u);
+  EXPECT_NEAR(lines.front()["loss"].get<double>(), std::log(2.0), 1e-9);
+  for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                        "logps/rejected"})
+    ASSERT_TRUE(lines.front().contains(k)) << k;
+  EXPECT_EQ(lines.front()["rewards/margins"].get<double>(), 0.0);
+  EXPECT_GT(lines[29]["rewards/margins"].get<double>(), 0.5);
+  EXPECT_LT(r.final_loss, 0.5 * std::log(2.0));
+  fs::remove_all(dir);
+}
+
+}  // namespace edl::train
