@@ -36,11 +36,15 @@ int run_training(const train::TrainingArguments& ta, const std::string& resume) 
   TrainerT t(ta, [](const MeshDims& dims) { return make_mesh(dims, "sharding_axis_dims"); });
   install_fault_injection(t);
   if (!resume.empty()) t.resume_from(resume);
+  const bool pairs = ta.trainer == "dpo";  // preference pairs: two sequences each
+  const char* unit = pairs ? "preference pairs" : "sequences";
   if (ta.progress && is_primary())
-    std::fprintf(stderr, "edl train: %lld parameters, %lld training sequences (%lld tokens), %lld steps of %lld sequences x %lld tokens, %lld steps per epoch%s%s\n",
-                 static_cast<long long>(t.model().param_count()), static_cast<long long>(t.train_dataset().size()),
-                 static_cast<long long>(t.train_dataset().num_tokens()), static_cast<long long>(t.total_steps()),
-                 static_cast<long long>(ta.total_batch_size), static_cast<long long>(ta.max_sequence_length),
+    std::fprintf(stderr, "edl train (%s): %lld parameters, %lld training %s (%lld tokens, %lld scored), %lld steps of %lld %s x %lld tokens, %lld steps per epoch%s%s\n",
+                 ta.trainer.c_str(), static_cast<long long>(t.model().param_count()),
+                 static_cast<long long>(t.train_dataset().size() / (pairs ? 2 : 1)), unit,
+                 static_cast<long long>(t.train_dataset().num_tokens()), static_cast<long long>(t.train_dataset().num_scored()),
+                 static_cast<long long>(t.total_steps()),
+                 static_cast<long long>(ta.total_batch_size), unit, static_cast<long long>(ta.max_sequence_length),
                  static_cast<long long>(t.steps_per_epoch()), resume.empty() ? "" : ", resuming from ",
                  resume.c_str());
   const train::TrainResult r = t.train();
