@@ -218,12 +218,14 @@ TEST(Preference, TheTrainerOptimisesPreferencePairs) {
       {"write_report", false}, {"peak_gflops", 100}, {"sharding_axis_dims", {1, 1, 1, 1}}};
   Trainer t(TrainingArguments::from_json(args));
   const auto r = t.train();
-  std::vector<nlohmann::json> lines;
-  {
-    std::ifstream in((dir / "run" / "metrics.jsonl").string());
+  const auto read = [&](const fs::path& run) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in((run / "metrics.jsonl").string());
     std::string l;
-    while (std::getline(in, l)) lines.push_back(nlohmann::json::parse(l));
-  }
+    while (std::getline(in, l)) out.push_back(nlohmann::json::parse(l));
+    return out;
+  };
+  const std::vector<nlohmann::json> lines = read(dir / "run");
   ASSERT_GE(lines.size(), 30u);
   EXPECT_NEAR(lines.front()["loss"].get<double>(), std::log(2.0), 1e-9);
   for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -232,6 +234,25 @@ TEST(Preference, TheTrainerOptimisesPreferencePairs) {
   EXPECT_EQ(lines.front()["rewards/margins"].get<double>(), 0.0);
   EXPECT_GT(lines[29]["rewards/margins"].get<double>(), 0.5);
   EXPECT_LT(r.final_loss, 0.5 * std::log(2.0));
+
+  // Stopped after 10 steps and resumed: the reference is the starting policy again (not the
+  // checkpoint), so the resumed run's losses and margins are the uninterrupted run's, exactly.
+  args["save_directory"] = (dir / "resumed").string();
+  {
+    Trainer first(TrainingArguments::from_json(args));
+    TrainerCallback stop;
+    stop.on_step_end = [](Trainer&, const StepMetrics& m) { return m.step < 10; };
+    first.callbacks.push_back(stop);
+    EXPECT_EQ(first.train().steps, 10);
+  }
+  Trainer second(TrainingArguments::from_json(args));
+  EXPECT_TRUE(second.train().resumed);
+  const std::vector<nlohmann::json> again = read(dir / "resumed");
+  ASSERT_EQ(again.size(), lines.size());
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(again[i]["loss"], lines[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(again[i]["rewards/margins"], lines[i]["rewards/margins"]) << "step " << i + 1;
+  }
   fs::remove_all(dir);
 }
 

@@ -182,6 +182,16 @@ TEST(SftData, TheTrainerCountsOnlyScoredTargets) {
   const auto r = t.train();
   EXPECT_EQ(t.state().tokens_seen, 10 * want);
   EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
+
+  // The same run on a 2-device fsdp mesh: the same losses within f32 rounding.
+  args["sharding_axis_dims"] = {1, 2, 1, 1};
+  args["save_directory"] = (d.p / "run_fsdp2").string();
+  Trainer tm(TrainingArguments::from_json(args));
+  EXPECT_EQ(tm.mesh_devices(), 2);
+  const auto rm = tm.train();
+  EXPECT_EQ(tm.state().tokens_seen, 10 * want);
+  EXPECT_NEAR(rm.first_loss, r.first_loss, 1e-5 * r.first_loss);
+  EXPECT_NEAR(rm.final_loss, r.final_loss, 1e-4 * r.final_loss);
 }
 
 }  // namespace edl::train
