@@ -247,6 +247,57 @@ void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
   }
 }
 
+/// The cached forward against the reference's logits (oracle/logits.npy of `dir`): both rows
+/// prefilled at once (a prefill of 8 rows attends on the GEMM), row 0 prefilled with 5 tokens
+/// then decoded one at a time (the phased one-row step), and both rows decoded together after
+/// 5 (a step of two rows).
+void expect_cached_forward_matches(const LlamaForCausalLM<>& m, const fs::path& dir) {
+  const LlamaConfig& c = m.config();
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
+  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size;
+  static_assert(generate::detail::kGemmAttentionRows <= 8);
+  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
+    double w = 0;
+    const float* ref = want.data() + (b * S + s0) * V;
+    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
+    return w;
+  };
+  {  // both rows prefilled at once, every position's logits
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
+    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
+    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
+  }
+  {  // row 0: 5 tokens prefilled, then one at a time
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
+    generate::Decoder dec(m, cache);
+    std::vector<float> last(static_cast<std::size_t>(V));
+    dec.prefill(t.ids.data(), 5, nullptr, last.data());
+    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
+    for (std::int64_t s = 5; s < S; ++s) {
+      dec.decode(t.ids.data() + s, last.data());
+      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
+    }
+  }
+  {  // both rows: 5 prefilled, then both rows decode together
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+    generate::Decoder dec(m, cache);
+    std::vector<std::int64_t> head(static_cast<std::size_t>(B * 5));
+    for (std::int64_t b = 0; b < B; ++b) std::copy_n(t.ids.begin() + b * S, 5, head.begin() + b * 5);
+    std::vector<float> last(static_cast<std::size_t>(B * V));
+    dec.prefill(head.data(), 5, nullptr, last.data());
+    for (std::int64_t s = 5; s < S; ++s) {
+      std::vector<std::int64_t> step(static_cast<std::size_t>(B));
+      for (std::int64_t b = 0; b < B; ++b) step[static_cast<std::size_t>(b)] = t.ids[static_cast<std::size_t>(b * S + s)];
+      dec.decode(step.data(), last.data());
+      for (std::int64_t b = 0; b < B; ++b)
+        EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
+    }
+  }
+}
+
 }  // namespace
 
 /// Qwen2 (biases on q, k and v) against its PyTorch reference (scripts/qwen2_reference.py):
@@ -282,34 +333,7 @@ TEST(Pretrained, Qwen3MatchesItsReference) {
   EXPECT_EQ(models::parameter_count(m), c.parameter_count());
   expect_matches_reference(m, dir);
 
-  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
-  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
-  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size;
-  static_assert(generate::detail::kGemmAttentionRows <= 8);
-  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
-    double w = 0;
-    const float* ref = want.data() + (b * S + s0) * V;
-    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
-    return w;
-  };
-  {  // both rows prefilled at once, every position's logits
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
-    generate::Decoder dec(m, cache);
-    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
-    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
-    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
-  }
-  {  // row 0: 5 tokens prefilled, then one at a time
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
-    generate::Decoder dec(m, cache);
-    std::vector<float> last(static_cast<std::size_t>(V));
-    dec.prefill(t.ids.data(), 5, nullptr, last.data());
-    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
-    for (std::int64_t s = 5; s < S; ++s) {
-      dec.decode(t.ids.data() + s, last.data());
-      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
-    }
-  }
+  expect_cached_forward_matches(m, dir);
 
   TempDir tmp("qwen3_resaved");
   models::save_pretrained(tmp.path, m);
@@ -390,45 +414,7 @@ void expect_moe_matches_reference(const std::string& name, const std::vector<std
     EXPECT_EQ(pm.aux_loss, 0.0);
   }
 
-  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
-    double w = 0;
-    const float* ref = want.data() + (b * S + s0) * V;
-    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
-    return w;
-  };
-  {  // both rows prefilled at once (16 rows grouped by expert), every position's logits
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
-    generate::Decoder dec(m, cache);
-    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
-    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
-    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
-  }
-  {  // row 0: 5 tokens prefilled, then one at a time (the phased one-row path)
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
-    generate::Decoder dec(m, cache);
-    std::vector<float> last(static_cast<std::size_t>(V));
-    dec.prefill(t.ids.data(), 5, nullptr, last.data());
-    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
-    for (std::int64_t s = 5; s < S; ++s) {
-      dec.decode(t.ids.data() + s, last.data());
-      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
-    }
-  }
-  {  // both rows: 5 prefilled, then both rows decode together (two rows grouped by expert)
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
-    generate::Decoder dec(m, cache);
-    std::vector<std::int64_t> head(static_cast<std::size_t>(B * 5));
-    for (std::int64_t b = 0; b < B; ++b)
-      std::copy_n(t.ids.begin() + b * S, 5, head.begin() + b * 5);
-    std::vector<float> last(static_cast<std::size_t>(B * V));
-    dec.prefill(head.data(), 5, nullptr, last.data());
-    for (std::int64_t s = 5; s < S; ++s) {
-      const std::int64_t step[2] = {t.ids[static_cast<std::size_t>(s)], t.ids[static_cast<std::size_t>(S + s)]};
-      dec.decode(step, last.data());
-      for (std::int64_t b = 0; b < B; ++b)
-        EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
-    }
-  }
+  expect_cached_forward_matches(m, dir);  // prefills grouped by expert, decode reading only the chosen
 
   {  // LoRA on the experts: a fresh adapter changes nothing; a trained one decodes as it scores
     auto adapted = models::from_pretrained(dir.string());
