@@ -29420,7 +29420,8 @@ class BasicTrainer {
         scored.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
           const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          for (std::int64_t row : dpo() ? std::vector<std::int64_t>{2 * ex, 2 * ex + 1} : std::vector<std::int64_t>{ex}) {
+          const std::int64_t rows = dpo() ? 2 : 1;  // dpo: the pair's chosen and rejected sequences
+          for (std::int64_t row = ex * rows; row < (ex + 1) * rows; ++row) {
             seqs.push_back(train_[row]);
             scored.push_back(train_.scored(row));  // SFT and DPO: completions only
           }
