@@ -36,7 +36,7 @@ int run_training(const train::TrainingArguments& ta, const std::string& resume) 
   TrainerT t(ta, [](const MeshDims& dims) { return make_mesh(dims, "sharding_axis_dims"); });
   install_fault_injection(t);
   if (!resume.empty()) t.resume_from(resume);
-  const bool pairs = ta.trainer == "dpo";  // preference pairs: two sequences each
+  const bool pairs = ta.preference();  // preference pairs: two sequences each
   const char* unit = pairs ? "preference pairs" : "sequences";
   if (ta.progress && is_primary())
     std::fprintf(stderr, "edl train (%s): %lld parameters, %lld training %s (%lld tokens, %lld scored), %lld steps of %lld %s x %lld tokens, %lld steps per epoch%s%s\n",

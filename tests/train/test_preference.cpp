@@ -1,7 +1,8 @@
-// Tests for edl/train/preference.hpp: DPO's sigmoid and IPO losses against the formulas
-// evaluated on log-probabilities computed one sequence at a time (an independent path through
-// LlamaForCausalLM::loss), the step-0 invariants (reference == policy: loss log 2, rewards 0),
-// and the gradient against central finite differences.
+// Tests for edl/train/preference.hpp: DPO's sigmoid and IPO losses and ORPO's odds-ratio loss
+// against the formulas evaluated on log-probabilities computed one sequence at a time (an
+// independent path through LlamaForCausalLM::loss), the step-0 invariants (reference ==
+// policy: loss log 2, rewards 0), the gradient against central finite differences, and the
+// LoRA reference (the policy with its adapters switched off) against an explicit base copy.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include <edl/core/rng.hpp>
+#include <edl/lora/apply.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/preference.hpp>
@@ -157,12 +159,93 @@ TEST(Preference, LossesAndRewardsEqualTheFormulasOnSequenceLogProbabilities) {
   }
 }
 
+// ORPO (TRL's ORPOTrainer): the chosen completions' NLL averaged over their tokens, minus beta
+// times the mean log sigmoid of the log odds ratio of the token-averaged log-probabilities.
+TEST(Preference, OrpoEqualsTheOddsRatioFormula) {
+  const Model pol = model(2);
+  const Pairs p = pairs();
+  const Batch b = p.batch();
+  PreferenceOptions o;
+  o.orpo = true;
+  o.beta = 0.25;
+  double nll = 0, tokens = 0, ratio = 0, odds = 0, chosen = 0, rejected = 0, acc = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::size_t c = 2 * i, r = c + 1;
+    nll -= logp_alone(pol, p, c);
+    tokens += static_cast<double>(completion_targets(p, c));
+    const double a = logp_alone(pol, p, c) / static_cast<double>(completion_targets(p, c));
+    const double bb = logp_alone(pol, p, r) / static_cast<double>(completion_targets(p, r));
+    const double lo = (a - bb) - (std::log1p(-std::exp(a)) - std::log1p(-std::exp(bb)));
+    ratio += std::log(1 / (1 + std::exp(-lo))) / 3;
+    odds += lo / 3;
+    chosen += o.beta * a / 3;
+    rejected += o.beta * bb / 3;
+    acc += (a > bb) / 3.0;
+  }
+  Model policy = pol;
+  const PreferenceMetrics m = preference_loss(policy, b, o, false);
+  EXPECT_NEAR(m.nll_loss, nll / tokens, 1e-5);
+  EXPECT_NEAR(m.log_odds_ratio, ratio, 1e-5);
+  EXPECT_NEAR(m.log_odds_chosen, odds, 1e-5);
+  EXPECT_NEAR(m.loss, nll / tokens - o.beta * ratio, 1e-5);
+  EXPECT_NEAR(m.rewards_chosen, chosen, 1e-6);
+  EXPECT_NEAR(m.rewards_rejected, rejected, 1e-6);
+  EXPECT_NEAR(m.logps_chosen, chosen / o.beta, 1e-5);
+  EXPECT_EQ(m.rewards_accuracies, acc);
+  // Without adapters, DPO has no reference to take from the policy: a clear error.
+  PreferenceOptions dpo;
+  EXPECT_THROW(preference_loss(policy, b, dpo, false), Error);
+}
+
+// DPO with LoRA: the reference is the policy with its adapters switched off, which computes
+// exactly what an explicit copy of the base does (loss, rewards and every gradient).
+TEST(Preference, TheLoraReferenceIsTheBaseWithoutACopy) {
+  Model pol = model(2);
+  const Model base = pol;
+  lora::LoraConfig lc;
+  lc.r = 4;
+  lc.lora_alpha = 8;
+  lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+  lora::apply_lora(pol, lc);
+  // Non-zero B, so the adapted policy differs from its base.
+  std::uint64_t k = 0;
+  pol.visit_params("", [&](std::string_view name, auto& prm) {
+    if (name.find("lora_B") == std::string_view::npos) return;
+    for (std::int64_t i = 0; i < prm.numel(); ++i) prm.data()[i] = 0.05f * static_cast<float>(((k++ * 37) % 11)) - 0.25f;
+  });
+  Model twin = pol;
+  const Batch b = pairs().batch();
+  PreferenceOptions o;
+  o.beta = 0.3;
+  nn::zero_grad(pol);
+  nn::zero_grad(twin);
+  const PreferenceMetrics off = preference_loss(pol, b, o, true);
+  const PreferenceMetrics copy = preference_loss(twin, base, b, o, true);
+  EXPECT_NE(off.rewards_margins, 0.0);
+  EXPECT_EQ(off.loss, copy.loss);
+  EXPECT_EQ(off.rewards_chosen, copy.rewards_chosen);
+  EXPECT_EQ(off.rewards_rejected, copy.rewards_rejected);
+  std::vector<float> g1, g2;
+  pol.visit_params("", [&](std::string_view, auto& prm) {
+    if (const float* g = prm.trainable_grad()) g1.insert(g1.end(), g, g + prm.numel());
+  });
+  twin.visit_params("", [&](std::string_view, auto& prm) {
+    if (const float* g = prm.trainable_grad()) g2.insert(g2.end(), g, g + prm.numel());
+  });
+  ASSERT_FALSE(g1.empty());
+  EXPECT_EQ(g1, g2);
+  // The adapters are back on after the reference's forward.
+  EXPECT_TRUE(lora::lora_is_enabled(pol));
+  EXPECT_EQ(preference_loss(pol, b, o, false).loss, off.loss);
+}
+
 TEST(Preference, GradientsEqualFiniteDifferences) {
   const Model ref = model(1);
-  for (const char* type : {"sigmoid", "ipo"}) {
+  for (const char* type : {"sigmoid", "ipo", "orpo"}) {
     Model pol = model(2);
     PreferenceOptions o;
-    o.loss_type = type;
+    o.loss_type = std::string(type) == "orpo" ? "sigmoid" : type;
+    o.orpo = std::string(type) == "orpo";
     o.beta = 0.3;
     o.label_smoothing = std::string(type) == "sigmoid" ? 0.1 : 0.0;
     const Batch b = pairs().batch();
@@ -188,44 +271,59 @@ TEST(Preference, GradientsEqualFiniteDifferences) {
   }
 }
 
-// DPO through the trainer ("trainer": "dpo"): pairs from {"prompt", "chosen", "rejected"}
-// records, the reference is the starting policy, so the first step's loss is log 2 and its
-// rewards 0; TRL's metric names in metrics.jsonl; the margins grow and the loss falls.
-TEST(Preference, TheTrainerOptimisesPreferencePairs) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("edl_dpo_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
+namespace {
+namespace fs = std::filesystem;
+
+/// A folder with eight {"prompt", "chosen", "rejected"} records, a byte-level tokenizer, and
+/// training arguments for a tiny model on them.
+struct PairsRun {
+  fs::path dir;
+  nlohmann::ordered_json args;
+  explicit PairsRun(const std::string& trainer) {
+    dir = fs::temp_directory_path() / ("edl_" + trainer + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
     std::ofstream out((dir / "pairs.jsonl").string());
     for (int i = 0; i < 8; ++i)
       out << nlohmann::json{{"prompt", "say " + std::to_string(i) + ":"},
                             {"chosen", " yes " + std::to_string(i)},
                             {"rejected", " no"}}.dump()
           << "\n";
+    out.close();
+    tokenizer::byte_level_tokenizer().save(dir.string());
+    args = {{"trainer", trainer}, {"beta", 0.5},
+            {"model", {{"vocab_size", 259}, {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 2}, {"max_position_embeddings", 64}}},
+            {"tokenizer", (dir / "tokenizer.json").string()}, {"train_data", (dir / "pairs.jsonl").string()},
+            {"save_directory", (dir / "run").string()}, {"total_batch_size", 4}, {"max_sequence_length", 32},
+            {"max_training_steps", 30}, {"learning_rate", 3e-3}, {"log_steps", 1}, {"progress", false},
+            {"write_report", false}, {"peak_gflops", 100}, {"sharding_axis_dims", {1, 1, 1, 1}}};
   }
-  tokenizer::byte_level_tokenizer().save(dir.string());
-  const TokenDataset ds = load_preference_dataset({(dir / "pairs.jsonl").string()}, tokenizer::byte_level_tokenizer(), {});
-  ASSERT_EQ(ds.size(), 16);
-  EXPECT_EQ(ds.scored(1).size(), std::string("say 0: no").size());
-  nlohmann::ordered_json args = {
-      {"trainer", "dpo"}, {"beta", 0.5},
-      {"model", {{"vocab_size", 259}, {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
-                 {"num_attention_heads", 2}, {"max_position_embeddings", 64}}},
-      {"tokenizer", (dir / "tokenizer.json").string()}, {"train_data", (dir / "pairs.jsonl").string()},
-      {"save_directory", (dir / "run").string()}, {"total_batch_size", 4}, {"max_sequence_length", 32},
-      {"max_training_steps", 30}, {"learning_rate", 3e-3}, {"log_steps", 1}, {"progress", false},
-      {"write_report", false}, {"peak_gflops", 100}, {"sharding_axis_dims", {1, 1, 1, 1}}};
-  Trainer t(TrainingArguments::from_json(args));
-  const auto r = t.train();
-  const auto read = [&](const fs::path& run) {
+  ~PairsRun() { fs::remove_all(dir); }
+  std::vector<nlohmann::json> metrics(const std::string& run = "run") const {
     std::vector<nlohmann::json> out;
-    std::ifstream in((run / "metrics.jsonl").string());
+    std::ifstream in((dir / run / "metrics.jsonl").string());
     std::string l;
     while (std::getline(in, l)) out.push_back(nlohmann::json::parse(l));
     return out;
-  };
-  const std::vector<nlohmann::json> lines = read(dir / "run");
+  }
+};
+
+}  // namespace
+
+// DPO through the trainer ("trainer": "dpo"): pairs from {"prompt", "chosen", "rejected"}
+// records, the reference is the starting policy, so the first step's loss is log 2 and its
+// rewards 0; TRL's metric names in metrics.jsonl; the margins grow and the loss falls.
+TEST(Preference, TheTrainerOptimisesPreferencePairs) {
+  PairsRun run("dpo");
+  const fs::path dir = run.dir;
+  auto& args = run.args;
+  const TokenDataset ds = load_preference_dataset({(dir / "pairs.jsonl").string()}, tokenizer::byte_level_tokenizer(), {});
+  ASSERT_EQ(ds.size(), 16);
+  EXPECT_EQ(ds.scored(1).size(), std::string("say 0: no").size());
+  Trainer t(TrainingArguments::from_json(args));
+  const auto r = t.train();
+  const std::vector<nlohmann::json> lines = run.metrics();
   ASSERT_GE(lines.size(), 30u);
   EXPECT_NEAR(lines.front()["loss"].get<double>(), std::log(2.0), 1e-9);
   for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -247,13 +345,46 @@ TEST(Preference, TheTrainerOptimisesPreferencePairs) {
   }
   Trainer second(TrainingArguments::from_json(args));
   EXPECT_TRUE(second.train().resumed);
-  const std::vector<nlohmann::json> again = read(dir / "resumed");
+  const std::vector<nlohmann::json> again = run.metrics("resumed");
   ASSERT_EQ(again.size(), lines.size());
   for (std::size_t i = 0; i < lines.size(); ++i) {
     EXPECT_EQ(again[i]["loss"], lines[i]["loss"]) << "step " << i + 1;
     EXPECT_EQ(again[i]["rewards/margins"], lines[i]["rewards/margins"]) << "step " << i + 1;
   }
-  fs::remove_all(dir);
+}
+
+// ORPO through the trainer: no reference model, TRL's ORPO metrics; the log odds of the chosen
+// completion rise and the loss falls.
+TEST(Preference, TheTrainerRunsOrpo) {
+  PairsRun run("orpo");
+  run.args["beta"] = 0.2;
+  const auto r = Trainer(TrainingArguments::from_json(run.args)).train();
+  const std::vector<nlohmann::json> lines = run.metrics();
+  ASSERT_GE(lines.size(), 30u);
+  for (const char* k : {"rewards/chosen", "rewards/margins", "logps/chosen", "nll_loss", "log_odds_ratio",
+                        "log_odds_chosen"})
+    ASSERT_TRUE(lines.front().contains(k)) << k;
+  EXPECT_NEAR(lines.front()["loss"].get<double>(),
+              lines.front()["nll_loss"].get<double>() - 0.2 * lines.front()["log_odds_ratio"].get<double>(), 1e-9);
+  EXPECT_GT(lines[29]["log_odds_chosen"].get<double>(), lines.front()["log_odds_chosen"].get<double>() + 1.0);
+  EXPECT_LT(r.final_loss, 0.5 * r.first_loss);
+  run.args["reference_model"] = run.dir.string();  // ORPO has none
+  EXPECT_THROW(TrainingArguments::from_json(run.args).validate(), Error);
+}
+
+// DPO with LoRA adapters: the reference is the base (adapters switched off), so the first step
+// is log 2 as with a copy, and the adapters learn the preference.
+TEST(Preference, TheTrainerRunsDpoOnLoraAdapters) {
+  PairsRun run("dpo");
+  run.args["lora"] = {{"r", 4}, {"lora_alpha", 16}, {"target_modules", {"q_proj", "v_proj", "up_proj", "down_proj"}}};
+  run.args["learning_rate"] = 1e-2;
+  const auto r = Trainer(TrainingArguments::from_json(run.args)).train();
+  const std::vector<nlohmann::json> lines = run.metrics();
+  ASSERT_GE(lines.size(), 30u);
+  EXPECT_NEAR(lines.front()["loss"].get<double>(), std::log(2.0), 1e-9);
+  EXPECT_EQ(lines.front()["rewards/margins"].get<double>(), 0.0);
+  EXPECT_GT(lines[29]["rewards/margins"].get<double>(), 0.2);
+  EXPECT_LT(r.final_loss, std::log(2.0));
 }
 
 }  // namespace edl::train

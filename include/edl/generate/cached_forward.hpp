@@ -669,7 +669,7 @@ class CachedForward {
   static Part part(const Lin& lin, float* y, std::int64_t N) {
     const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
     Part p = lin.is_quantized() ? Part{nullptr, bias, y, N, lin.qweight.view()} : Part{lin.weight.data(), bias, y, N};
-    if (lin.lora) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
+    if (lin.adapts()) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
     return p;
   }
 

@@ -93,6 +93,28 @@ void set_dropout(M& m, std::optional<Key> key) {
   });
 }
 
+/// Switches every adapter of `m` on or off; off, each Linear computes its base alone (PEFT's
+/// disable_adapter), which is how DPO's reference model is the base without a second copy.
+template <class M>
+void set_adapters_active(M& m, bool active) {
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (lin.lora) lin.lora->active = active;
+  });
+}
+
+/// The adapters of a model switched off for a scope (and back on when it ends).
+template <class M>
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(M& m) : m_(m) { set_adapters_active(m_, false); }
+  ~AdaptersOff() { set_adapters_active(m_, true); }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  M& m_;
+};
+
 namespace detail {
 template <class M>
 void unfreeze(M& m) {

@@ -106,6 +106,8 @@ class Linear {
   std::optional<Adapter> lora;  // a LoRA adapter, or none
 
   bool is_quantized() const noexcept { return !qweight.empty(); }
+  /// Whether the adapter takes part in the forward (one exists and is not switched off).
+  bool adapts() const noexcept { return lora.has_value() && lora->active; }
 
   /// Replaces the weight by its quantization to `f` (`path` names it in errors).
   void quantize(quant::Format f, const std::string& path) {
@@ -156,13 +158,14 @@ class Linear {
   /// y[rows, out] = x[rows, in] W^T + b (+ the adapter's term). Saves a pointer to x.
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     apply_base(x, rows, y);
-    if (lora) add_adapter(x, rows, y, s.adapter_u);
+    if (adapts()) add_adapter(x, rows, y, s.adapter_u);
+    else s.adapter_u.clear();
     s.point_at(x, rows);
   }
   /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
     apply_base(x, rows, y);
-    if (lora) {
+    if (adapts()) {
       std::vector<float> u;
       add_adapter(x, rows, y, u);
     }
@@ -186,7 +189,7 @@ class Linear {
     }
     if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
     else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
-    if (lora) adapter_backward(dy, s, dx);
+    if (adapts()) adapter_backward(dy, s, dx);
   }
 
  private:

@@ -53,6 +53,7 @@ struct LowRankAdapter {
   float scale = 1.0f;
   float dropout = 0.0f;             // probability of dropping an input element in training
   std::optional<Key> dropout_key;   // set while training (lora::set_dropout); none: no dropout
+  bool active = true;               // false: the Linear computes its base alone (lora::AdaptersOff)
 
   LowRankAdapter() = default;
   LowRankAdapter(std::int64_t in, std::int64_t out, std::int64_t r, double alpha_, bool rslora_, float dropout_)

@@ -1,27 +1,36 @@
 // edl/train/preference.hpp
-// Direct preference optimisation (DPO, Rafailov et al.; TRL's DPOTrainer losses) on a batch of
-// preference pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt + rejected) of a Batch whose
-// labels are -100 except on the completions (preference_batch builds one).
+// Preference optimisation on a batch of pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt +
+// rejected) of a Batch whose labels are -100 except on the completions (preference_batch).
+// DPO (Rafailov et al.) and IPO as TRL's DPOTrainer computes them, and ORPO (Hong et al.) as
+// TRL's ORPOTrainer does.
 //
 //   log p(row)  = sum over the row's scored targets of log p(target)   (the HF shift applies)
-//   h_i         = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
-//   sigmoid:      loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
-//   ipo:          loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
-//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches)
-//   rewards     = beta (log pi - log ref) of the chosen and of the rejected completion
+//   DPO:  h_i   = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
+//     sigmoid:    loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
+//     ipo:        loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
+//     rewards   = beta (log pi - log ref) of the chosen and of the rejected completion
+//   ORPO: with a, b the chosen and rejected log p averaged over their tokens (no reference),
+//     log_odds_i  = (a - b) - (log(1 - e^a) - log(1 - e^b))
+//     loss        = NLL of the chosen completions (mean over their tokens) - beta mean_i log sigmoid(log_odds_i)
+//     rewards     = beta a and beta b
+//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches; ORPO's NLL
+//                                            divides by the step's chosen tokens)
 //
 // The gradient reaches the policy through one weighted cross-entropy backward: d loss / d log p
 // of each row weighs its tokens' -log p (nn::LossOptions::row_weights), so the policy runs one
-// forward and one backward; the reference runs one forward and no backward. With the reference
-// equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
+// forward and one backward; DPO's reference runs one forward and no backward. The reference is
+// a model, or the policy itself with its LoRA adapters switched off (no second copy). With the
+// reference equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <edl/core/error.hpp>
+#include <edl/lora/apply.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/train/dataset.hpp>
@@ -33,7 +42,9 @@ namespace edl::train {
 struct PreferenceMetrics {
   double loss = 0.0;              // this batch's share of the step's loss
   double rewards_chosen = 0.0, rewards_rejected = 0.0, rewards_accuracies = 0.0, rewards_margins = 0.0;
-  double logps_chosen = 0.0, logps_rejected = 0.0;
+  double logps_chosen = 0.0, logps_rejected = 0.0;  // DPO: sums over the tokens; ORPO: means
+  double nll_loss = 0.0;          // ORPO: this batch's share of the step's chosen NLL
+  double log_odds_ratio = 0.0, log_odds_chosen = 0.0;  // ORPO: means of log sigmoid(log_odds), log_odds
   std::int64_t pairs = 0;
 };
 
@@ -72,71 +83,100 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
       }
 }
 
+/// The scored targets of the chosen rows (the even ones) of a preference batch: ORPO's NLL
+/// denominator.
+inline std::int64_t chosen_targets(const Batch& b) {
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < b.batch; r += 2)
+    for (std::int64_t t = 1; t < b.seq; ++t) n += b.labels[static_cast<std::size_t>(r * b.seq + t)] != -100;
+  return n;
+}
+
 inline double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace preference_detail
 
-/// The preference loss of batch `b` (pairs of rows) for `policy` against `reference`, and with
-/// `backward` its gradient ACCUMULATED into the policy's parameters. `step_pairs` > 0: the
-/// pairs of the whole optimizer step (micro-batches), the loss's denominator.
-template <class Model, class Reference>
-PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
-                                  bool backward, std::int64_t step_pairs = 0) {
+/// The preference loss of batch `b` for `policy`, with `reference_logps(logp, count)` giving
+/// DPO's reference log-probabilities per row; with `backward` its gradient ACCUMULATED into the
+/// policy's parameters. `step_pairs` > 0: the pairs of the whole optimizer step (micro-batches),
+/// the loss's denominator; `step_chosen` > 0: the step's chosen targets (ORPO's NLL).
+template <class Model, class ReferenceLogps>
+PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
+                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
+                                       std::int64_t step_chosen) {
   namespace d = preference_detail;
   EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
             "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
   const std::int64_t P = b.batch / 2, S = b.seq;
   const double denom = static_cast<double>(step_pairs > 0 ? step_pairs : P);
+  const double nll_denom = static_cast<double>(std::max<std::int64_t>(1, step_chosen > 0 ? step_chosen : d::chosen_targets(b)));
   std::vector<double> ref, pol;
   std::vector<std::int64_t> n;
-  {
-    typename Reference::Saved rs;
-    d::row_logps(reference, b, rs, ref, n);
-  }
+  if (!o.orpo) reference_logps(ref, n);
   typename Model::Saved s;
   d::row_logps(policy, b, s, pol, n);
-  const bool ipo = o.loss_type == "ipo";
-  if (ipo)  // average log p per token
+  const bool ipo = o.loss_type == "ipo" && !o.orpo, averaged = ipo || o.orpo;
+  PreferenceMetrics m;
+  m.pairs = P;
+  if (o.orpo) {  // the chosen completions' NLL, before averaging
+    for (std::int64_t i = 0; i < P; ++i) m.nll_loss -= pol[static_cast<std::size_t>(2 * i)] / nll_denom;
+    ref.assign(pol.size(), 0.0);
+  }
+  if (averaged)  // log p per token
     for (std::size_t r = 0; r < pol.size(); ++r) {
       const double k = static_cast<double>(std::max<std::int64_t>(1, n[r]));
       pol[r] /= k;
       ref[r] /= k;
     }
-  PreferenceMetrics m;
-  m.pairs = P;
   std::vector<double> dlogp(static_cast<std::size_t>(b.batch), 0.0);  // d loss / d log pi(row)
-  const double beta = o.beta, eps = o.label_smoothing;
+  const double beta = o.beta, eps = o.label_smoothing, Pd = static_cast<double>(P);
   for (std::int64_t i = 0; i < P; ++i) {
     const std::size_t c = static_cast<std::size_t>(2 * i), r = c + 1;
-    const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
-    double loss, dh;
-    if (ipo) {
-      const double e = h - 1.0 / (2.0 * beta);
-      loss = e * e;
-      dh = 2.0 * e;
+    double loss;
+    if (o.orpo) {
+      // A certain completion (log p = 0) would make log(1 - e^a) infinite: a stays below -1e-9.
+      const double a = std::min(pol[c], -1e-9), bb = std::min(pol[r], -1e-9);
+      const double lo = (a - bb) - (std::log(-std::expm1(a)) - std::log(-std::expm1(bb)));
+      loss = -beta * d::log_sigmoid(lo);
+      const double dlo = -beta * d::sigmoid(-lo) / denom;  // d loss / d log_odds
+      dlogp[c] = dlo / -std::expm1(a);                      // d log_odds / da = 1 / (1 - e^a)
+      dlogp[r] = -dlo / -std::expm1(bb);
+      m.log_odds_ratio += d::log_sigmoid(lo) / Pd;
+      m.log_odds_chosen += lo / Pd;
     } else {
-      const double z = beta * h;
-      loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
-      dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+      const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
+      double dh;
+      if (ipo) {
+        const double e = h - 1.0 / (2.0 * beta);
+        loss = e * e;
+        dh = 2.0 * e;
+      } else {
+        const double z = beta * h;
+        loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
+        dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+      }
+      dlogp[c] = dh / denom;
+      dlogp[r] = -dh / denom;
     }
     m.loss += loss / denom;
-    dlogp[c] = dh / denom;
-    dlogp[r] = -dh / denom;
     const double rc = beta * (pol[c] - ref[c]), rr = beta * (pol[r] - ref[r]);
-    m.rewards_chosen += rc / static_cast<double>(P);
-    m.rewards_rejected += rr / static_cast<double>(P);
-    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / static_cast<double>(P);
-    m.rewards_margins += (rc - rr) / static_cast<double>(P);
-    m.logps_chosen += pol[c] / static_cast<double>(P);
-    m.logps_rejected += pol[r] / static_cast<double>(P);
+    m.rewards_chosen += rc / Pd;
+    m.rewards_rejected += rr / Pd;
+    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / Pd;
+    m.rewards_margins += (rc - rr) / Pd;
+    m.logps_chosen += pol[c] / Pd;
+    m.logps_rejected += pol[r] / Pd;
   }
+  m.loss += m.nll_loss;
   if (!backward) return m;
-  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (IPO: / count).
+  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (averaged: / count),
+  // and ORPO's chosen tokens 1 / (the step's chosen targets) more.
   std::vector<float> w(static_cast<std::size_t>(b.batch * S), 0.0f);
   for (std::int64_t row = 0; row < b.batch; ++row) {
     double g = -dlogp[static_cast<std::size_t>(row)];
-    if (ipo) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    if (averaged) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    if (o.orpo && row % 2 == 0) g += 1.0 / nll_denom;
     for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
   }
   nn::LossOptions lo;
@@ -150,6 +190,36 @@ PreferenceMetrics preference_loss(Model& policy, const Reference& reference, con
   });
   policy.model.backward(dhidden.data(), s.model_s);
   return m;
+}
+
+/// DPO against a frozen `reference` model (see preference_loss_with; ORPO ignores it).
+template <class Model, class Reference>
+PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
+                                  bool backward, std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+  return preference_loss_with(
+      policy,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        typename Reference::Saved rs;
+        preference_detail::row_logps(reference, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
+}
+
+/// ORPO, or DPO against the policy with its LoRA adapters switched off (the base it adapts).
+template <class Model>
+PreferenceMetrics preference_loss(Model& policy, const Batch& b, const PreferenceOptions& o, bool backward,
+                                  std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+  EDL_CHECK(o.orpo || lora::lora_is_enabled(policy), errc::invalid_argument, "preference_loss",
+            "DPO without a reference model needs LoRA adapters on the policy (the reference is its base); "
+            "found a policy without adapters");
+  return preference_loss_with(
+      policy,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        const lora::AdaptersOff<Model> off(policy);
+        typename Model::Saved rs;
+        preference_detail::row_logps(policy, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
 }
 
 }  // namespace edl::train

@@ -1,6 +1,7 @@
 // edl/train/preference_options.hpp
-// The options of the preference losses (train/preference.hpp), with TRL's DPOConfig names; a
-// header of its own so that TrainingArguments can hold them without the loss code.
+// The options of the preference losses (train/preference.hpp), with TRL's DPOConfig and
+// ORPOConfig names; a header of its own so that TrainingArguments can hold them without the
+// loss code.
 #pragma once
 
 #include <string>
@@ -10,9 +11,10 @@
 namespace edl::train {
 
 struct PreferenceOptions {
-  std::string loss_type = "sigmoid";  // sigmoid | ipo
+  std::string loss_type = "sigmoid";  // DPO: sigmoid | ipo
   double beta = 0.1;
-  double label_smoothing = 0.0;       // sigmoid only (conservative DPO)
+  double label_smoothing = 0.0;       // DPO's sigmoid only (conservative DPO)
+  bool orpo = false;                  // ORPO's odds-ratio loss instead of DPO (no reference model)
 
   void validate(const std::string& where) const {
     EDL_CHECK(loss_type == "sigmoid" || loss_type == "ipo", errc::config, where + " loss_type",

@@ -154,11 +154,11 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    if (args_.trainer == "sft" || args_.trainer == "dpo") {  // records, completions scored (sft_data.hpp)
+    if (args_.trainer == "sft" || args_.preference()) {  // records, completions scored (sft_data.hpp)
       EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
                 " reads text records and needs a tokenizer");
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
-      if (args_.trainer == "dpo") {
+      if (args_.preference()) {
         train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
@@ -342,20 +342,21 @@ class BasicTrainer {
       // The step's micro-batches, then the step's number of target tokens.
       std::vector<Batch> micro;
       micro.reserve(static_cast<std::size_t>(A));
-      std::int64_t targets = 0, input_tokens = 0;
+      std::int64_t targets = 0, input_tokens = 0, chosen = 0;
       for (std::int64_t a = 0; a < A; ++a) {
         seqs.clear();
         scored.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
           const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          const std::int64_t rows = dpo() ? 2 : 1;  // dpo: the pair's chosen and rejected sequences
+          const std::int64_t rows = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
           for (std::int64_t row = ex * rows; row < (ex + 1) * rows; ++row) {
             seqs.push_back(train_[row]);
-            scored.push_back(train_.scored(row));  // SFT and DPO: completions only
+            scored.push_back(train_.scored(row));  // SFT and preferences: completions only
           }
         }
         micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
+        if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }
       if (sharded_) sharded_->zero_grad();
@@ -363,16 +364,21 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
-      PreferenceMetrics pref;  // dpo: the step's sums over micro-batches
+      PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        if (dpo()) {
-          const PreferenceMetrics pm = preference_loss(*model_, *reference_, b, preference_options(), true, B);
+        if (pairs()) {
+          const PreferenceOptions po = args_.preference_options();
+          const PreferenceMetrics pm = reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
+                                                  : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
+          pref.nll_loss += pm.nll_loss;
           const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
+          pref.log_odds_ratio += share * pm.log_odds_ratio;
+          pref.log_odds_chosen += share * pm.log_odds_chosen;
           pref.rewards_chosen += share * pm.rewards_chosen;
           pref.rewards_rejected += share * pm.rewards_rejected;
           pref.rewards_accuracies += share * pm.rewards_accuracies;
@@ -456,13 +462,18 @@ class BasicTrainer {
           j["grad_norm"] = gnorm;
           if (model_->config().is_moe() && model_->config().output_router_logits)
             j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
-          if (dpo()) {  // TRL's names, of the logged step
+          if (pairs()) {  // TRL's names, of the logged step
             j["rewards/chosen"] = pref.rewards_chosen;
             j["rewards/rejected"] = pref.rewards_rejected;
             j["rewards/accuracies"] = pref.rewards_accuracies;
             j["rewards/margins"] = pref.rewards_margins;
             j["logps/chosen"] = pref.logps_chosen;
             j["logps/rejected"] = pref.logps_rejected;
+            if (args_.trainer == "orpo") {
+              j["nll_loss"] = pref.nll_loss;
+              j["log_odds_ratio"] = pref.log_odds_ratio;
+              j["log_odds_chosen"] = pref.log_odds_chosen;
+            }
           }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
@@ -624,20 +635,21 @@ class BasicTrainer {
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
 
-  /// Direct preference optimisation: the data holds (chosen, rejected) pairs of sequences.
-  bool dpo() const noexcept { return args_.trainer == "dpo"; }
+  /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
+  bool pairs() const noexcept { return args_.preference(); }
   /// Training examples: sequences, or preference pairs.
-  std::int64_t examples() const noexcept { return dpo() ? train_.size() / 2 : train_.size(); }
-  PreferenceOptions preference_options() const { return {args_.loss_type, args_.beta, args_.label_smoothing}; }
+  std::int64_t examples() const noexcept { return pairs() ? train_.size() / 2 : train_.size(); }
 
   void finish_setup() {
     EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
-              "the training data has ", examples(), dpo() ? " preference pairs" : " sequences", " of at most ",
+              "the training data has ", examples(), pairs() ? " preference pairs" : " sequences", " of at most ",
               args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
     steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
-    if (dpo()) {  // the frozen reference: a folder, or the policy as it starts (before adapters)
+    // DPO's frozen reference: a folder; the policy's base when it trains adapters (switched
+    // off for the reference's forward: no second copy); else the policy as it starts.
+    if (args_.trainer == "dpo") {
       if (args_.reference_model.empty()) {
-        reference_ = std::make_unique<Model>(*model_);
+        if (!args_.lora && !lora::lora_is_enabled(*model_)) reference_ = std::make_unique<Model>(*model_);
       } else {
         const auto rc = models::LlamaConfig::from_file((fs::path(args_.reference_model) / "config.json").string());
         reference_ = std::make_unique<Model>(rc);
@@ -703,7 +715,7 @@ class BasicTrainer {
   TrainingArguments args_;
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Model> reference_;  // dpo: frozen
+  std::unique_ptr<Model> reference_;  // dpo: frozen (none: the policy without its adapters)
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;

@@ -122,19 +122,24 @@ struct TrainingArguments {
   /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
   std::string quantize_base;
   /// "causal_lm" (every token of the documents is a target) or "sft" (supervised fine-tuning
-  /// on prompt/completion or conversation records, docs/fine_tuning.md); "dpo" and "orpo" are
-  /// refused as not implemented yet.
+  /// on prompt/completion or conversation records, docs/fine_tuning.md), "dpo" or "orpo"
+  /// (preference pairs, train/preference.hpp).
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
-  /// DPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing, and the
-  /// frozen reference model (a folder; empty: a copy of the initial policy).
+  /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
+  /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
+  /// adapters, else a copy of the initial policy).
   std::string loss_type = "sigmoid";
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string reference_model;
 
   std::string source = "TrainingArguments";
+
+  /// A preference trainer (dpo or orpo): the data holds (chosen, rejected) pairs.
+  bool preference() const noexcept { return trainer == "dpo" || trainer == "orpo"; }
+  PreferenceOptions preference_options() const { return {loss_type, beta, label_smoothing, trainer == "orpo"}; }
 
   static const std::vector<std::string>& field_names() {
     static const std::vector<std::string> n = {
@@ -369,17 +374,16 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
-    EDL_CHECK(trainer != "orpo", errc::unsupported, where("trainer"),
-              "\"orpo\" is not implemented yet; expected causal_lm, sft or dpo");
-    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo", errc::config, where("trainer"),
-              "expected causal_lm, sft or dpo, found \"", trainer, "\"");
-    if (trainer == "dpo") {
-      PreferenceOptions{loss_type, beta, label_smoothing}.validate(source + " field");
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"),
-                "dpo runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(),
-                " devices");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
+              where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    if (preference()) {
+      preference_options().validate(source + " field");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
+                " runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(), " devices");
       EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
-                "evaluation of preference pairs is not implemented yet: leave eval_data empty with dpo");
+                "evaluation of preference pairs is not implemented yet: leave eval_data empty with ", trainer);
+      EDL_CHECK(trainer != "orpo" || reference_model.empty(), errc::config, where("reference_model"),
+                "orpo uses no reference model; found \"", reference_model, "\"");
     }
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
