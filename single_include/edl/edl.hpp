@@ -7459,6 +7459,7 @@ struct LowRankAdapter {
   float scale = 1.0f;
   float dropout = 0.0f;             // probability of dropping an input element in training
   std::optional<Key> dropout_key;   // set while training (lora::set_dropout); none: no dropout
+  bool active = true;               // false: the Linear computes its base alone (lora::AdaptersOff)
 
   LowRankAdapter() = default;
   LowRankAdapter(std::int64_t in, std::int64_t out, std::int64_t r, double alpha_, bool rslora_, float dropout_)
@@ -7581,6 +7582,8 @@ class Linear {
   std::optional<Adapter> lora;  // a LoRA adapter, or none
 
   bool is_quantized() const noexcept { return !qweight.empty(); }
+  /// Whether the adapter takes part in the forward (one exists and is not switched off).
+  bool adapts() const noexcept { return lora.has_value() && lora->active; }
 
   /// Replaces the weight by its quantization to `f` (`path` names it in errors).
   void quantize(quant::Format f, const std::string& path) {
@@ -7631,13 +7634,14 @@ class Linear {
   /// y[rows, out] = x[rows, in] W^T + b (+ the adapter's term). Saves a pointer to x.
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     apply_base(x, rows, y);
-    if (lora) add_adapter(x, rows, y, s.adapter_u);
+    if (adapts()) add_adapter(x, rows, y, s.adapter_u);
+    else s.adapter_u.clear();
     s.point_at(x, rows);
   }
   /// Inference: y = x W^T + b (+ the adapter's term), nothing saved.
   void apply(const float* x, std::int64_t rows, float* y) const {
     apply_base(x, rows, y);
-    if (lora) {
+    if (adapts()) {
       std::vector<float> u;
       add_adapter(x, rows, y, u);
     }
@@ -7661,7 +7665,7 @@ class Linear {
     }
     if (dx && is_quantized()) kernels::matmul_dequantized(dy, s.rows, qweight.view(), dx, accumulate_dx);
     else if (dx) nn::gemm_ops::mm(dy, weight.data(), dx, s.rows, in_, out_, accumulate_dx);
-    if (lora) adapter_backward(dy, s, dx);
+    if (adapts()) adapter_backward(dy, s, dx);
   }
 
  private:
@@ -19064,6 +19068,28 @@ void set_dropout(M& m, std::optional<Key> key) {
   });
 }
 
+/// Switches every adapter of `m` on or off; off, each Linear computes its base alone (PEFT's
+/// disable_adapter), which is how DPO's reference model is the base without a second copy.
+template <class M>
+void set_adapters_active(M& m, bool active) {
+  m.visit_linears("", [&](const std::string&, auto& lin) {
+    if (lin.lora) lin.lora->active = active;
+  });
+}
+
+/// The adapters of a model switched off for a scope (and back on when it ends).
+template <class M>
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(M& m) : m_(m) { set_adapters_active(m_, false); }
+  ~AdaptersOff() { set_adapters_active(m_, true); }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  M& m_;
+};
+
 namespace detail {
 template <class M>
 void unfreeze(M& m) {
@@ -24546,7 +24572,7 @@ class CachedForward {
   static Part part(const Lin& lin, float* y, std::int64_t N) {
     const T* bias = lin.has_bias() ? lin.bias.data() : nullptr;
     Part p = lin.is_quantized() ? Part{nullptr, bias, y, N, lin.qweight.view()} : Part{lin.weight.data(), bias, y, N};
-    if (lin.lora) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
+    if (lin.adapts()) p.lora = {lin.lora->A.data(), lin.lora->B.data(), lin.lora->rank(), lin.lora->scale};
     return p;
   }
 
@@ -28389,35 +28415,45 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/train/sft_data.hpp> (inlined above)
 // #include <edl/train/preference.hpp>
 // edl/train/preference.hpp
-// Direct preference optimisation (DPO, Rafailov et al.; TRL's DPOTrainer losses) on a batch of
-// preference pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt + rejected) of a Batch whose
-// labels are -100 except on the completions (preference_batch builds one).
+// Preference optimisation on a batch of pairs: rows 2i (prompt + chosen) and 2i + 1 (prompt +
+// rejected) of a Batch whose labels are -100 except on the completions (preference_batch).
+// DPO (Rafailov et al.) and IPO as TRL's DPOTrainer computes them, and ORPO (Hong et al.) as
+// TRL's ORPOTrainer does.
 //
 //   log p(row)  = sum over the row's scored targets of log p(target)   (the HF shift applies)
-//   h_i         = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
-//   sigmoid:      loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
-//   ipo:          loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
-//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches)
-//   rewards     = beta (log pi - log ref) of the chosen and of the rejected completion
+//   DPO:  h_i   = (log pi(c_i) - log ref(c_i)) - (log pi(r_i) - log ref(r_i))
+//     sigmoid:    loss_i = -(1 - eps) log sigmoid(beta h_i) - eps log sigmoid(-beta h_i)
+//     ipo:        loss_i = (h_i - 1 / (2 beta))^2, with each log p averaged over its tokens
+//     rewards   = beta (log pi - log ref) of the chosen and of the rejected completion
+//   ORPO: with a, b the chosen and rejected log p averaged over their tokens (no reference),
+//     log_odds_i  = (a - b) - (log(1 - e^a) - log(1 - e^b))
+//     loss        = NLL of the chosen completions (mean over their tokens) - beta mean_i log sigmoid(log_odds_i)
+//     rewards     = beta a and beta b
+//   loss        = sum_i loss_i / pairs      (pairs: the step's, over its micro-batches; ORPO's NLL
+//                                            divides by the step's chosen tokens)
 //
 // The gradient reaches the policy through one weighted cross-entropy backward: d loss / d log p
 // of each row weighs its tokens' -log p (nn::LossOptions::row_weights), so the policy runs one
-// forward and one backward; the reference runs one forward and no backward. With the reference
-// equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
+// forward and one backward; DPO's reference runs one forward and no backward. The reference is
+// a model, or the policy itself with its LoRA adapters switched off (no second copy). With the
+// reference equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/lora/apply.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/preference_options.hpp>
 // edl/train/preference_options.hpp
-// The options of the preference losses (train/preference.hpp), with TRL's DPOConfig names; a
-// header of its own so that TrainingArguments can hold them without the loss code.
+// The options of the preference losses (train/preference.hpp), with TRL's DPOConfig and
+// ORPOConfig names; a header of its own so that TrainingArguments can hold them without the
+// loss code.
 
 #include <string>
 
@@ -28426,9 +28462,10 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 namespace edl::train {
 
 struct PreferenceOptions {
-  std::string loss_type = "sigmoid";  // sigmoid | ipo
+  std::string loss_type = "sigmoid";  // DPO: sigmoid | ipo
   double beta = 0.1;
-  double label_smoothing = 0.0;       // sigmoid only (conservative DPO)
+  double label_smoothing = 0.0;       // DPO's sigmoid only (conservative DPO)
+  bool orpo = false;                  // ORPO's odds-ratio loss instead of DPO (no reference model)
 
   void validate(const std::string& where) const {
     EDL_CHECK(loss_type == "sigmoid" || loss_type == "ipo", errc::config, where + " loss_type",
@@ -28448,7 +28485,9 @@ namespace edl::train {
 struct PreferenceMetrics {
   double loss = 0.0;              // this batch's share of the step's loss
   double rewards_chosen = 0.0, rewards_rejected = 0.0, rewards_accuracies = 0.0, rewards_margins = 0.0;
-  double logps_chosen = 0.0, logps_rejected = 0.0;
+  double logps_chosen = 0.0, logps_rejected = 0.0;  // DPO: sums over the tokens; ORPO: means
+  double nll_loss = 0.0;          // ORPO: this batch's share of the step's chosen NLL
+  double log_odds_ratio = 0.0, log_odds_chosen = 0.0;  // ORPO: means of log sigmoid(log_odds), log_odds
   std::int64_t pairs = 0;
 };
 
@@ -28487,71 +28526,100 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
       }
 }
 
+/// The scored targets of the chosen rows (the even ones) of a preference batch: ORPO's NLL
+/// denominator.
+inline std::int64_t chosen_targets(const Batch& b) {
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < b.batch; r += 2)
+    for (std::int64_t t = 1; t < b.seq; ++t) n += b.labels[static_cast<std::size_t>(r * b.seq + t)] != -100;
+  return n;
+}
+
 inline double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace preference_detail
 
-/// The preference loss of batch `b` (pairs of rows) for `policy` against `reference`, and with
-/// `backward` its gradient ACCUMULATED into the policy's parameters. `step_pairs` > 0: the
-/// pairs of the whole optimizer step (micro-batches), the loss's denominator.
-template <class Model, class Reference>
-PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
-                                  bool backward, std::int64_t step_pairs = 0) {
+/// The preference loss of batch `b` for `policy`, with `reference_logps(logp, count)` giving
+/// DPO's reference log-probabilities per row; with `backward` its gradient ACCUMULATED into the
+/// policy's parameters. `step_pairs` > 0: the pairs of the whole optimizer step (micro-batches),
+/// the loss's denominator; `step_chosen` > 0: the step's chosen targets (ORPO's NLL).
+template <class Model, class ReferenceLogps>
+PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
+                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
+                                       std::int64_t step_chosen) {
   namespace d = preference_detail;
   EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
             "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
   const std::int64_t P = b.batch / 2, S = b.seq;
   const double denom = static_cast<double>(step_pairs > 0 ? step_pairs : P);
+  const double nll_denom = static_cast<double>(std::max<std::int64_t>(1, step_chosen > 0 ? step_chosen : d::chosen_targets(b)));
   std::vector<double> ref, pol;
   std::vector<std::int64_t> n;
-  {
-    typename Reference::Saved rs;
-    d::row_logps(reference, b, rs, ref, n);
-  }
+  if (!o.orpo) reference_logps(ref, n);
   typename Model::Saved s;
   d::row_logps(policy, b, s, pol, n);
-  const bool ipo = o.loss_type == "ipo";
-  if (ipo)  // average log p per token
+  const bool ipo = o.loss_type == "ipo" && !o.orpo, averaged = ipo || o.orpo;
+  PreferenceMetrics m;
+  m.pairs = P;
+  if (o.orpo) {  // the chosen completions' NLL, before averaging
+    for (std::int64_t i = 0; i < P; ++i) m.nll_loss -= pol[static_cast<std::size_t>(2 * i)] / nll_denom;
+    ref.assign(pol.size(), 0.0);
+  }
+  if (averaged)  // log p per token
     for (std::size_t r = 0; r < pol.size(); ++r) {
       const double k = static_cast<double>(std::max<std::int64_t>(1, n[r]));
       pol[r] /= k;
       ref[r] /= k;
     }
-  PreferenceMetrics m;
-  m.pairs = P;
   std::vector<double> dlogp(static_cast<std::size_t>(b.batch), 0.0);  // d loss / d log pi(row)
-  const double beta = o.beta, eps = o.label_smoothing;
+  const double beta = o.beta, eps = o.label_smoothing, Pd = static_cast<double>(P);
   for (std::int64_t i = 0; i < P; ++i) {
     const std::size_t c = static_cast<std::size_t>(2 * i), r = c + 1;
-    const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
-    double loss, dh;
-    if (ipo) {
-      const double e = h - 1.0 / (2.0 * beta);
-      loss = e * e;
-      dh = 2.0 * e;
+    double loss;
+    if (o.orpo) {
+      // A certain completion (log p = 0) would make log(1 - e^a) infinite: a stays below -1e-9.
+      const double a = std::min(pol[c], -1e-9), bb = std::min(pol[r], -1e-9);
+      const double lo = (a - bb) - (std::log(-std::expm1(a)) - std::log(-std::expm1(bb)));
+      loss = -beta * d::log_sigmoid(lo);
+      const double dlo = -beta * d::sigmoid(-lo) / denom;  // d loss / d log_odds
+      dlogp[c] = dlo / -std::expm1(a);                      // d log_odds / da = 1 / (1 - e^a)
+      dlogp[r] = -dlo / -std::expm1(bb);
+      m.log_odds_ratio += d::log_sigmoid(lo) / Pd;
+      m.log_odds_chosen += lo / Pd;
     } else {
-      const double z = beta * h;
-      loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
-      dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+      const double h = (pol[c] - ref[c]) - (pol[r] - ref[r]);
+      double dh;
+      if (ipo) {
+        const double e = h - 1.0 / (2.0 * beta);
+        loss = e * e;
+        dh = 2.0 * e;
+      } else {
+        const double z = beta * h;
+        loss = -(1.0 - eps) * d::log_sigmoid(z) - eps * d::log_sigmoid(-z);
+        dh = beta * (-(1.0 - eps) * d::sigmoid(-z) + eps * d::sigmoid(z));
+      }
+      dlogp[c] = dh / denom;
+      dlogp[r] = -dh / denom;
     }
     m.loss += loss / denom;
-    dlogp[c] = dh / denom;
-    dlogp[r] = -dh / denom;
     const double rc = beta * (pol[c] - ref[c]), rr = beta * (pol[r] - ref[r]);
-    m.rewards_chosen += rc / static_cast<double>(P);
-    m.rewards_rejected += rr / static_cast<double>(P);
-    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / static_cast<double>(P);
-    m.rewards_margins += (rc - rr) / static_cast<double>(P);
-    m.logps_chosen += pol[c] / static_cast<double>(P);
-    m.logps_rejected += pol[r] / static_cast<double>(P);
+    m.rewards_chosen += rc / Pd;
+    m.rewards_rejected += rr / Pd;
+    m.rewards_accuracies += (rc > rr ? 1.0 : 0.0) / Pd;
+    m.rewards_margins += (rc - rr) / Pd;
+    m.logps_chosen += pol[c] / Pd;
+    m.logps_rejected += pol[r] / Pd;
   }
+  m.loss += m.nll_loss;
   if (!backward) return m;
-  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (IPO: / count).
+  // log pi(row) = -sum nll: its tokens' cross-entropy weighs -d loss / d log pi (averaged: / count),
+  // and ORPO's chosen tokens 1 / (the step's chosen targets) more.
   std::vector<float> w(static_cast<std::size_t>(b.batch * S), 0.0f);
   for (std::int64_t row = 0; row < b.batch; ++row) {
     double g = -dlogp[static_cast<std::size_t>(row)];
-    if (ipo) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    if (averaged) g /= static_cast<double>(std::max<std::int64_t>(1, n[static_cast<std::size_t>(row)]));
+    if (o.orpo && row % 2 == 0) g += 1.0 / nll_denom;
     for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
   }
   nn::LossOptions lo;
@@ -28565,6 +28633,36 @@ PreferenceMetrics preference_loss(Model& policy, const Reference& reference, con
   });
   policy.model.backward(dhidden.data(), s.model_s);
   return m;
+}
+
+/// DPO against a frozen `reference` model (see preference_loss_with; ORPO ignores it).
+template <class Model, class Reference>
+PreferenceMetrics preference_loss(Model& policy, const Reference& reference, const Batch& b, const PreferenceOptions& o,
+                                  bool backward, std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+  return preference_loss_with(
+      policy,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        typename Reference::Saved rs;
+        preference_detail::row_logps(reference, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
+}
+
+/// ORPO, or DPO against the policy with its LoRA adapters switched off (the base it adapts).
+template <class Model>
+PreferenceMetrics preference_loss(Model& policy, const Batch& b, const PreferenceOptions& o, bool backward,
+                                  std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+  EDL_CHECK(o.orpo || lora::lora_is_enabled(policy), errc::invalid_argument, "preference_loss",
+            "DPO without a reference model needs LoRA adapters on the policy (the reference is its base); "
+            "found a policy without adapters");
+  return preference_loss_with(
+      policy,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        const lora::AdaptersOff<Model> off(policy);
+        typename Model::Saved rs;
+        preference_detail::row_logps(policy, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
 }
 
 }  // namespace edl::train
@@ -28696,19 +28794,24 @@ struct TrainingArguments {
   /// QLoRA: the base's Linears quantized (nf4, q4_0 or q8_0) before the adapters are added.
   std::string quantize_base;
   /// "causal_lm" (every token of the documents is a target) or "sft" (supervised fine-tuning
-  /// on prompt/completion or conversation records, docs/fine_tuning.md); "dpo" and "orpo" are
-  /// refused as not implemented yet.
+  /// on prompt/completion or conversation records, docs/fine_tuning.md), "dpo" or "orpo"
+  /// (preference pairs, train/preference.hpp).
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
-  /// DPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing, and the
-  /// frozen reference model (a folder; empty: a copy of the initial policy).
+  /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
+  /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
+  /// adapters, else a copy of the initial policy).
   std::string loss_type = "sigmoid";
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string reference_model;
 
   std::string source = "TrainingArguments";
+
+  /// A preference trainer (dpo or orpo): the data holds (chosen, rejected) pairs.
+  bool preference() const noexcept { return trainer == "dpo" || trainer == "orpo"; }
+  PreferenceOptions preference_options() const { return {loss_type, beta, label_smoothing, trainer == "orpo"}; }
 
   static const std::vector<std::string>& field_names() {
     static const std::vector<std::string> n = {
@@ -28943,17 +29046,16 @@ struct TrainingArguments {
               errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
               "\"");
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
-    EDL_CHECK(trainer != "orpo", errc::unsupported, where("trainer"),
-              "\"orpo\" is not implemented yet; expected causal_lm, sft or dpo");
-    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo", errc::config, where("trainer"),
-              "expected causal_lm, sft or dpo, found \"", trainer, "\"");
-    if (trainer == "dpo") {
-      PreferenceOptions{loss_type, beta, label_smoothing}.validate(source + " field");
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"),
-                "dpo runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(),
-                " devices");
+    EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
+              where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    if (preference()) {
+      preference_options().validate(source + " field");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
+                " runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(), " devices");
       EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
-                "evaluation of preference pairs is not implemented yet: leave eval_data empty with dpo");
+                "evaluation of preference pairs is not implemented yet: leave eval_data empty with ", trainer);
+      EDL_CHECK(trainer != "orpo" || reference_model.empty(), errc::config, where("reference_model"),
+                "orpo uses no reference model; found \"", reference_model, "\"");
     }
     if (!quantize_base.empty()) {
       EDL_CHECK(quantize_base == "nf4" || quantize_base == "q4_0" || quantize_base == "q8_0", errc::config,
@@ -29226,11 +29328,11 @@ class BasicTrainer {
     build_tokenizer();
     build_model();
     DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
-    if (args_.trainer == "sft" || args_.trainer == "dpo") {  // records, completions scored (sft_data.hpp)
+    if (args_.trainer == "sft" || args_.preference()) {  // records, completions scored (sft_data.hpp)
       EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
                 " reads text records and needs a tokenizer");
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
-      if (args_.trainer == "dpo") {
+      if (args_.preference()) {
         train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
@@ -29414,20 +29516,21 @@ class BasicTrainer {
       // The step's micro-batches, then the step's number of target tokens.
       std::vector<Batch> micro;
       micro.reserve(static_cast<std::size_t>(A));
-      std::int64_t targets = 0, input_tokens = 0;
+      std::int64_t targets = 0, input_tokens = 0, chosen = 0;
       for (std::int64_t a = 0; a < A; ++a) {
         seqs.clear();
         scored.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
           const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          const std::int64_t rows = dpo() ? 2 : 1;  // dpo: the pair's chosen and rejected sequences
+          const std::int64_t rows = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
           for (std::int64_t row = ex * rows; row < (ex + 1) * rows; ++row) {
             seqs.push_back(train_[row]);
-            scored.push_back(train_.scored(row));  // SFT and DPO: completions only
+            scored.push_back(train_.scored(row));  // SFT and preferences: completions only
           }
         }
         micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
         targets += micro.back().target_tokens();
+        if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
       }
       if (sharded_) sharded_->zero_grad();
@@ -29435,16 +29538,21 @@ class BasicTrainer {
       nn::LossOptions lo;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
-      PreferenceMetrics pref;  // dpo: the step's sums over micro-batches
+      PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run
           lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
-        if (dpo()) {
-          const PreferenceMetrics pm = preference_loss(*model_, *reference_, b, preference_options(), true, B);
+        if (pairs()) {
+          const PreferenceOptions po = args_.preference_options();
+          const PreferenceMetrics pm = reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
+                                                  : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
+          pref.nll_loss += pm.nll_loss;
           const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
+          pref.log_odds_ratio += share * pm.log_odds_ratio;
+          pref.log_odds_chosen += share * pm.log_odds_chosen;
           pref.rewards_chosen += share * pm.rewards_chosen;
           pref.rewards_rejected += share * pm.rewards_rejected;
           pref.rewards_accuracies += share * pm.rewards_accuracies;
@@ -29528,13 +29636,18 @@ class BasicTrainer {
           j["grad_norm"] = gnorm;
           if (model_->config().is_moe() && model_->config().output_router_logits)
             j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
-          if (dpo()) {  // TRL's names, of the logged step
+          if (pairs()) {  // TRL's names, of the logged step
             j["rewards/chosen"] = pref.rewards_chosen;
             j["rewards/rejected"] = pref.rewards_rejected;
             j["rewards/accuracies"] = pref.rewards_accuracies;
             j["rewards/margins"] = pref.rewards_margins;
             j["logps/chosen"] = pref.logps_chosen;
             j["logps/rejected"] = pref.logps_rejected;
+            if (args_.trainer == "orpo") {
+              j["nll_loss"] = pref.nll_loss;
+              j["log_odds_ratio"] = pref.log_odds_ratio;
+              j["log_odds_chosen"] = pref.log_odds_chosen;
+            }
           }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
@@ -29696,20 +29809,21 @@ class BasicTrainer {
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
 
-  /// Direct preference optimisation: the data holds (chosen, rejected) pairs of sequences.
-  bool dpo() const noexcept { return args_.trainer == "dpo"; }
+  /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
+  bool pairs() const noexcept { return args_.preference(); }
   /// Training examples: sequences, or preference pairs.
-  std::int64_t examples() const noexcept { return dpo() ? train_.size() / 2 : train_.size(); }
-  PreferenceOptions preference_options() const { return {args_.loss_type, args_.beta, args_.label_smoothing}; }
+  std::int64_t examples() const noexcept { return pairs() ? train_.size() / 2 : train_.size(); }
 
   void finish_setup() {
     EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
-              "the training data has ", examples(), dpo() ? " preference pairs" : " sequences", " of at most ",
+              "the training data has ", examples(), pairs() ? " preference pairs" : " sequences", " of at most ",
               args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
     steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
-    if (dpo()) {  // the frozen reference: a folder, or the policy as it starts (before adapters)
+    // DPO's frozen reference: a folder; the policy's base when it trains adapters (switched
+    // off for the reference's forward: no second copy); else the policy as it starts.
+    if (args_.trainer == "dpo") {
       if (args_.reference_model.empty()) {
-        reference_ = std::make_unique<Model>(*model_);
+        if (!args_.lora && !lora::lora_is_enabled(*model_)) reference_ = std::make_unique<Model>(*model_);
       } else {
         const auto rc = models::LlamaConfig::from_file((fs::path(args_.reference_model) / "config.json").string());
         reference_ = std::make_unique<Model>(rc);
@@ -29775,7 +29889,7 @@ class BasicTrainer {
   TrainingArguments args_;
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Model> reference_;  // dpo: frozen
+  std::unique_ptr<Model> reference_;  // dpo: frozen (none: the policy without its adapters)
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;
