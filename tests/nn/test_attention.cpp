@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <edl/nn/attention.hpp>
@@ -63,7 +64,8 @@ std::vector<double> naive_attention(Attn& a, const std::vector<float>& x, const 
         std::vector<double> sc(S, -INFINITY);
         double m = -INFINITY;
         for (std::int64_t j = 0; j < S; ++j) {
-          const bool ok = j <= i && (window == 0 || i - j < window) && lay.attends(b * S + j);
+          const bool same_doc = !lay.segment_ids || lay.segment_ids[b * S + j] == lay.segment_ids[b * S + i];
+          const bool ok = j <= i && (window == 0 || i - j < window) && lay.attends(b * S + j) && same_doc;
           if (!ok) continue;
           double s = 0;
           for (std::int64_t d = 0; d < D; ++d)
@@ -97,6 +99,7 @@ struct Case {
   bool mask, bias;
   std::int64_t seq = 6;  // > 64 crosses the query blocks of the blocked kernel
   bool qk_norm = false;  // Qwen3's per-head q/k RMSNorm
+  bool packed = false;   // rows of several documents (segment_ids, positions restarting)
 };
 
 }  // namespace
@@ -135,6 +138,22 @@ TEST_P(NnAttention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
     lay.attention_mask = mask.data();
     lay.position_ids = pos.data();
   }
+  // Packed rows: row 0 holds documents of S/3 and S - S/3 tokens, row 1 of 1, S/2 - 1 and
+  // S - S/2 tokens (a one-token document too); positions restart at each.
+  std::vector<std::int64_t> seg(static_cast<std::size_t>(T));
+  if (cs.packed) {
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::vector<std::int64_t> starts = b == 0 ? std::vector<std::int64_t>{0, S / 3} : std::vector<std::int64_t>{0, 1, S / 2};
+      std::int64_t id = 10 * b, p = 0;
+      for (std::int64_t j = 0; j < S; ++j) {
+        if (std::find(starts.begin(), starts.end(), j) != starts.end()) ++id, p = 0;
+        seg[static_cast<std::size_t>(b * S + j)] = id;
+        pos[static_cast<std::size_t>(b * S + j)] = p++;
+      }
+    }
+    lay.segment_ids = seg.data();
+    lay.position_ids = pos.data();
+  }
   auto x = randn(T * hidden, 1);
   std::vector<float> y(T * hidden);
   Attn::Saved s;
@@ -163,7 +182,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, NnAttention,
                                            Case{"mha_blocks", 4, 4, 0, false, true, 150},
                                            Case{"gqa_window_mask_blocks", 4, 2, 70, true, false, 140},
                                            Case{"gqa_qk_norm_mask", 4, 2, 0, true, true, 6, true},
-                                           Case{"mqa_qk_norm_blocks", 4, 1, 0, false, false, 80, true}),
+                                           Case{"mqa_qk_norm_blocks", 4, 1, 0, false, false, 80, true},
+                                           Case{"gqa_packed", 4, 2, 0, false, true, 7, false, true},
+                                           Case{"gqa_window_packed_blocks", 4, 2, 40, false, false, 150, false, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NnAttentionMisc, FlopsAndNames) {

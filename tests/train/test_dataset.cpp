@@ -146,5 +146,66 @@ TEST(Dataset, CollatePadsAndTruncates) {
   EXPECT_EQ(collate(short_seqs, 100, 0).seq, 2);
 }
 
+// Best-fit decreasing: longest first, each into the fullest row it fits; every document once,
+// rows within max_length, documents marked.
+TEST(Dataset, PackDocumentsBestFitDecreasing) {
+  TokenDataset ds;
+  const std::vector<std::int64_t> lengths = {5, 3, 4, 2, 6};
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(lengths[i]), static_cast<std::int32_t>(10 * (i + 1)));
+    ds.add(seq);
+  }
+  const TokenDataset p = pack_documents(ds, 8);
+  ASSERT_EQ(p.size(), 3);
+  // 6 -> new row 0; 5 -> new row 1; 4 fits neither (2, 3 left) -> row 2; 3 -> row 1; 2 -> row 0.
+  const auto row = [&](std::int64_t r) { return std::vector<std::int32_t>(p[r].begin(), p[r].end()); };
+  EXPECT_EQ(row(0), (std::vector<std::int32_t>{50, 50, 50, 50, 50, 50, 40, 40}));
+  EXPECT_EQ(row(1), (std::vector<std::int32_t>{10, 10, 10, 10, 10, 20, 20, 20}));
+  EXPECT_EQ(row(2), (std::vector<std::int32_t>{30, 30, 30, 30}));
+  const auto st = p.document_starts(1);
+  EXPECT_EQ(std::vector<std::uint8_t>(st.begin(), st.end()), (std::vector<std::uint8_t>{1, 0, 0, 0, 0, 1, 0, 0}));
+  EXPECT_EQ(p.num_tokens(), ds.num_tokens());
+  // A document longer than a row keeps its first max_length tokens.
+  EXPECT_EQ(pack_documents(ds, 4).num_tokens(), 4 + 3 + 4 + 2 + 4);
+}
+
+// Packed rows collate to segment ids, positions restarting at each document, and no target
+// at a document's first token; padding-free puts a batch's sequences side by side the same way.
+TEST(Dataset, CollateKeepsDocumentsApart) {
+  std::vector<std::int32_t> a = {1, 2, 3, 4, 5}, b = {6, 7};
+  std::vector<std::uint8_t> a_starts = {1, 0, 1, 0, 0};
+  const std::vector<std::span<const std::int32_t>> seqs = {a, b};
+  const std::vector<std::span<const std::uint8_t>> starts = {a_starts, {}};
+  const Batch x = collate(seqs, 8, 0, Truncation::keep_end, nullptr, &starts);
+  EXPECT_EQ(x.segment_ids, (std::vector<std::int64_t>{1, 1, 2, 2, 2, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(x.position_ids, (std::vector<std::int64_t>{0, 1, 0, 1, 2, 0, 1, 0, 0, 0}));
+  EXPECT_EQ(x.labels, (std::vector<std::int64_t>{1, 2, -100, 4, 5, 6, 7, -100, -100, -100}));
+  EXPECT_EQ(x.layout().segment_ids, x.segment_ids.data());
+  // Without starts: no segments, HF's layout.
+  EXPECT_TRUE(collate(seqs, 8, 0).segment_ids.empty());
+  EXPECT_EQ(collate(seqs, 8, 0).layout().position_ids, nullptr);
+
+  const Batch f = collate_padding_free(seqs, 4, 0, Truncation::keep_start);
+  EXPECT_EQ(f.batch, 1);
+  EXPECT_EQ(f.input_ids, (std::vector<std::int64_t>{1, 2, 3, 4, 6, 7}));
+  EXPECT_EQ(f.segment_ids, (std::vector<std::int64_t>{1, 1, 1, 1, 2, 2}));
+  EXPECT_EQ(f.position_ids, (std::vector<std::int64_t>{0, 1, 2, 3, 0, 1}));
+  EXPECT_EQ(f.labels, (std::vector<std::int64_t>{1, 2, 3, 4, -100, 7}));
+  EXPECT_EQ(f.target_tokens(), collate(seqs, 4, 0, Truncation::keep_start).target_tokens());
+}
+
+// A stream's documents end at eos: with boundaries each piece marks where the next one starts.
+TEST(Dataset, StreamDocumentsStartAfterEos) {
+  TokenDataset ds;
+  ds.add_stream({5, 6, 0, 7, 0, 8, 9, 1}, 4, /*eos=*/0);
+  ASSERT_EQ(ds.size(), 2);
+  const auto s0 = ds.document_starts(0), s1 = ds.document_starts(1);
+  EXPECT_EQ(std::vector<std::uint8_t>(s0.begin(), s0.end()), (std::vector<std::uint8_t>{1, 0, 0, 1}));
+  EXPECT_EQ(std::vector<std::uint8_t>(s1.begin(), s1.end()), (std::vector<std::uint8_t>{1, 1, 0, 0}));
+  TokenDataset plain;
+  plain.add_stream({5, 6, 0, 7}, 4);
+  EXPECT_TRUE(plain.document_starts(0).empty());
+}
+
 }  // namespace
 }  // namespace edl::train

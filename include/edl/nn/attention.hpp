@@ -6,7 +6,8 @@
 //     (weights [D], shared by the heads)
 //   q, k <- rope(q, k) at each token's position
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
-//     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0
+//     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
+//                j in i's document (packed rows: segment_ids)
 //     s_j = (q_i . k_j) / sqrt(D);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
@@ -70,6 +71,7 @@ class Attention {
     typename RowLinear<Pol>::Saved o_s;
     std::int64_t batch = 0, seq = 0;
     std::vector<std::int64_t> mask;  // [batch * seq] copy of the attention mask (empty: none)
+    std::vector<std::int64_t> doc_start;  // [batch * seq] first position of each token's document (empty: 0)
     std::vector<float> cos, sin;     // [T, D/2]
     std::vector<float> q, k, v;      // after rope: [T, nh*D], [T, nkv*D], [T, nkv*D]
     std::vector<float> q_proj_out, k_proj_out;  // qk_norm: q, k before the norms (their input); else empty
@@ -154,6 +156,7 @@ class Attention {
     s.seq = layout.seq;
     if (layout.attention_mask) s.mask.assign(layout.attention_mask, layout.attention_mask + T);
     else s.mask.clear();
+    document_starts(layout, s.doc_start);
     rope.tables(layout, s.cos, s.sin);
     forward_projections(x, s, true, true, true);
     forward_core(s);
@@ -220,13 +223,31 @@ class Attention {
   }
 
  private:
-  /// First key position that may be allowed for query i.
-  std::int64_t first_key(std::int64_t i) const noexcept { return kernels::window_start(i, window_); }
+  /// Per token, the position in its row where its document starts (segment_ids: a new
+  /// document wherever the id changes); empty without segment ids.
+  static void document_starts(const TokenLayout& layout, std::vector<std::int64_t>& start) {
+    start.clear();
+    if (!layout.segment_ids) return;
+    start.resize(static_cast<std::size_t>(layout.tokens()));
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t i = 0; i < layout.seq; ++i) {
+        const std::int64_t t = b * layout.seq + i;
+        start[static_cast<std::size_t>(t)] =
+            i == 0 || layout.segment_ids[t] != layout.segment_ids[t - 1] ? i : start[static_cast<std::size_t>(t - 1)];
+      }
+  }
+
+  /// First key position that may be allowed for query i of row b: the window's start, or its
+  /// document's. Non-decreasing in i, so a block of queries starting at i0 needs no earlier key.
+  std::int64_t first_key(const Saved& s, std::int64_t b, std::int64_t i) const noexcept {
+    const std::int64_t w = kernels::window_start(i, window_);
+    return s.doc_start.empty() ? w : std::max(w, s.doc_start[static_cast<std::size_t>(b * s.seq + i)]);
+  }
 
   /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
   void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
     const float ninf = -std::numeric_limits<float>::infinity();
-    const std::int64_t lo = std::max(j0, first_key(i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window
+    const std::int64_t lo = std::max(j0, first_key(s, b, i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window, document
     for (std::int64_t j = j0; j < lo; ++j) row[j - j0] = ninf;
     for (std::int64_t j = std::max(hi, j0); j < j0 + n; ++j) row[j - j0] = ninf;
     if (s.mask.empty()) return;
@@ -283,7 +304,7 @@ class Attention {
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
         const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
         for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
-          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(s, b, i0), n = i1 - j0;
           const float* q = s.q.data() + (b * S + i0) * qw + h * D;
           const float* k = s.k.data() + (b * S + j0) * kw + g * D;
           const float* v = s.v.data() + (b * S + j0) * kw + g * D;
@@ -324,7 +345,7 @@ class Attention {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
           for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
-            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(s, b, i0), n = i1 - j0;
             const std::int64_t qoff = (b * S + i0) * qw + h * D, koff = (b * S + j0) * kw + g * D;
             gemm_serial(Trans::no, Trans::yes, m, n, D, scale, s.q.data() + qoff, qw, s.k.data() + koff, kw, 0.0f,
                         p.data(), S);

@@ -49,11 +49,15 @@ inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typen
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
 ///  attention_mask: [batch * seq] of 0/1 (HF padding mask: 0 = padding key) or null (all 1)
+///  segment_ids:    [batch * seq] document ids of packed rows, or null (one document per row):
+///                  a token attends only to keys of its own document, the contiguous run of
+///                  equal ids it is in (the positions restart there through position_ids)
 struct TokenLayout {
   std::int64_t batch = 1;
   std::int64_t seq = 0;
   const std::int64_t* position_ids = nullptr;
   const std::int64_t* attention_mask = nullptr;
+  const std::int64_t* segment_ids = nullptr;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -40,6 +41,7 @@
 #include <edl/io/json.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
+#include <edl/nn/module.hpp>
 #include <edl/chat/conversation.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 
@@ -47,7 +49,9 @@ namespace edl::train {
 
 /// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]). A sequence
 /// may say which of its tokens the loss scores (`scored`, 1 = a target; supervised fine-tuning
-/// scores completions only); without one, every token is scored.
+/// scores completions only); without one, every token is scored. A packed sequence also says
+/// where its documents start (`document_starts`, 1 = a document's first token): collate then
+/// keeps attention inside each document and restarts the positions there.
 class TokenDataset {
  public:
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
@@ -79,6 +83,22 @@ class TokenDataset {
     const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
     return {scored_.data() + a, b - a};
   }
+  /// Marks the documents of the last sequence added: starts[k] = 1 where a document begins.
+  void set_document_starts(std::span<const std::uint8_t> starts) {
+    EDL_CHECK(size() > 0 && static_cast<std::int64_t>(starts.size()) == static_cast<std::int64_t>((*this)[size() - 1].size()),
+              errc::shape_mismatch, "TokenDataset::set_document_starts", "expected one entry per token of the last sequence, found ",
+              starts.size());
+    starts_.resize(tokens_.size() - starts.size(), 0);
+    starts_.insert(starts_.end(), starts.begin(), starts.end());
+  }
+  /// Sequence i's document starts, or empty when it is one document.
+  std::span<const std::uint8_t> document_starts(std::int64_t i) const {
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    if (starts_.size() < b) return {};
+    return {starts_.data() + a, b - a};
+  }
+  bool packed() const noexcept { return !starts_.empty(); }
   /// Tokens the loss scores (as targets) in all sequences.
   std::int64_t num_scored() const noexcept {
     if (!masked_) return num_tokens();
@@ -91,11 +111,17 @@ class TokenDataset {
     for (auto v : seq) tokens_.push_back(static_cast<std::int32_t>(v));
     offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
   }
-  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them.
-  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len) {
+  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them; with
+  /// `eos` >= 0 the documents are marked (a document starts after each eos).
+  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len, std::int64_t eos = -1) {
+    std::vector<std::uint8_t> starts;
     for (std::size_t lo = 0; lo < stream.size(); lo += static_cast<std::size_t>(len)) {
       const std::size_t hi = std::min(stream.size(), lo + static_cast<std::size_t>(len));
       add(std::span<const std::int32_t>(stream.data() + lo, hi - lo));
+      if (eos < 0) continue;
+      starts.assign(hi - lo, 0);
+      for (std::size_t t = lo; t < hi; ++t) starts[t - lo] = t == lo || stream[t - 1] == eos;
+      set_document_starts(starts);
     }
   }
 
@@ -103,8 +129,61 @@ class TokenDataset {
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_{0};
   std::vector<std::uint8_t> scored_;  // per token when masked_
+  std::vector<std::uint8_t> starts_;  // per token of the packed sequences (a prefix of tokens_)
   bool masked_ = false;
 };
+
+/// Packs the sequences of `ds` into rows of at most `max_length` tokens (TRL's best-fit
+/// decreasing: longest first, each into the fullest row it fits), marking where each row's
+/// documents start so that they never attend to each other. A sequence longer than
+/// max_length is cut to its first max_length tokens. Deterministic: ties keep dataset order.
+inline TokenDataset pack_documents(const TokenDataset& ds, std::int64_t max_length) {
+  EDL_CHECK(max_length > 0, errc::invalid_argument, "pack_documents", "max_length must be positive, found ", max_length);
+  const auto len = [&](std::int64_t i) { return std::min<std::int64_t>(static_cast<std::int64_t>(ds[i].size()), max_length); };
+  std::vector<std::int64_t> order(static_cast<std::size_t>(ds.size()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+  std::vector<std::vector<std::int64_t>> rows;
+  std::multimap<std::int64_t, std::size_t> room;  // space left -> row (equal space: the earlier row)
+  for (std::int64_t i : order) {
+    if (len(i) == 0) continue;
+    auto it = room.lower_bound(len(i));
+    std::size_t r;
+    std::int64_t left;
+    if (it == room.end()) {
+      r = rows.size();
+      rows.emplace_back();
+      left = max_length;
+    } else {
+      r = it->second;
+      left = it->first;
+      room.erase(it);
+    }
+    rows[r].push_back(i);
+    if (left - len(i) > 0) room.emplace(left - len(i), r);
+  }
+  TokenDataset out;
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> scored, starts;
+  for (const auto& row : rows) {
+    ids.clear();
+    scored.clear();
+    starts.clear();
+    for (std::int64_t i : row) {
+      const auto n = static_cast<std::size_t>(len(i));
+      const auto seq = ds[i].first(n);
+      const auto m = ds.scored(i);
+      ids.insert(ids.end(), seq.begin(), seq.end());
+      for (std::size_t t = 0; t < n; ++t) {
+        scored.push_back(m.empty() ? 1 : m[t]);
+        starts.push_back(t == 0);
+      }
+    }
+    out.add(ids, scored);
+    out.set_document_starts(starts);
+  }
+  return out;
+}
 
 /// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
 inline std::vector<std::string> read_text_documents(const std::string& path) {
@@ -211,6 +290,7 @@ struct DataOptions {
   std::int64_t max_sequence_length = 2048;
   std::int64_t eos_id = -1;  // appended after each text document; < 0: nothing
   std::int64_t vocab_size = 0;  // > 0: every token must be below it
+  bool document_boundaries = false;  // streams: documents (ending at eos) do not attend to each other
 };
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
@@ -220,8 +300,10 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;
   std::vector<std::int32_t> stream;
+  EDL_CHECK(!opt.document_boundaries || opt.eos_id >= 0, errc::invalid_argument, "load_dataset",
+            "document boundaries in a token stream are found at eos: give an eos id");
   auto flush = [&] {
-    ds.add_stream(stream, opt.max_sequence_length);
+    ds.add_stream(stream, opt.max_sequence_length, opt.document_boundaries ? opt.eos_id : -1);
     stream.clear();
   };
   auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
@@ -291,6 +373,12 @@ inline Truncation truncation_from_name(const std::string& s) {
 struct Batch {
   std::int64_t batch = 0, seq = 0;
   std::vector<std::int64_t> input_ids, attention_mask, labels;
+  std::vector<std::int64_t> position_ids, segment_ids;  // packed rows (documents); else empty
+  /// The layout the model's forward takes.
+  nn::TokenLayout layout() const noexcept {
+    return {batch, seq, position_ids.empty() ? nullptr : position_ids.data(), attention_mask.data(),
+            segment_ids.empty() ? nullptr : segment_ids.data()};
+  }
   /// Targets the loss scores (HF shift: label[s + 1] for s < seq - 1, not ignore_index).
   std::int64_t target_tokens(std::int64_t ignore_index = -100) const {
     std::int64_t n = 0;
@@ -303,10 +391,14 @@ struct Batch {
 /// Pads (right) to the longest sequence, truncating sequences longer than max_length by
 /// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
 /// attention_mask 0 and label -100; so has every token whose `scored` entry is 0 (scored[r]
-/// empty, or no `scored`: every token of row r is a label).
+/// empty, or no `scored`: every token of row r is a label). With `starts` (document starts
+/// per row, as TokenDataset::document_starts; any row may have none) the batch has segment_ids
+/// (1, 2, ... per document of a row; padding 0) and position_ids restarting at each document,
+/// and a document's first token is no target (as transformers' DataCollatorWithFlattening).
 inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
                      std::int64_t pad_id, Truncation mode = Truncation::keep_end,
-                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
+                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr,
+                     const std::vector<std::span<const std::uint8_t>>* starts = nullptr) {
   Batch b;
   b.batch = static_cast<std::int64_t>(seqs.size());
   for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
@@ -314,22 +406,84 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
   b.input_ids.assign(n, pad_id);
   b.attention_mask.assign(n, 0);
   b.labels.assign(n, -100);
+  bool documents = false;
+  if (starts)
+    for (const auto& st : *starts) documents = documents || !st.empty();
+  if (documents) {
+    b.position_ids.assign(n, 0);
+    b.segment_ids.assign(n, 0);
+  }
   for (std::int64_t r = 0; r < b.batch; ++r) {
     auto s = seqs[static_cast<std::size_t>(r)];
     std::span<const std::uint8_t> m = scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
+    std::span<const std::uint8_t> st = documents ? (*starts)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
     if (static_cast<std::int64_t>(s.size()) > max_length) {
       const auto keep = static_cast<std::size_t>(max_length);
       s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
       if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+      if (!st.empty()) st = mode == Truncation::keep_start ? st.first(keep) : st.last(keep);
     }
+    std::int64_t segment = 0, pos = 0;
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
       b.input_ids[at] = s[i];
       b.attention_mask[at] = 1;
       b.labels[at] = m.empty() || m[i] ? s[i] : -100;
+      if (!documents) continue;
+      const bool start = i == 0 || (!st.empty() && st[i]);
+      if (start) {
+        ++segment;
+        pos = 0;
+        if (i > 0) b.labels[at] = -100;  // not predicted from the previous document
+      }
+      b.segment_ids[at] = segment;
+      b.position_ids[at] = pos++;
     }
   }
   return b;
+}
+
+/// Padding-free: the sequences side by side in one row (each truncated to max_length by
+/// `mode`), as documents that do not attend to each other (TRL's padding_free, transformers'
+/// DataCollatorWithFlattening): no padding is computed, and each sequence's loss is what it
+/// would be in a padded batch.
+inline Batch collate_padding_free(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
+                                  std::int64_t pad_id, Truncation mode = Truncation::keep_end,
+                                  const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> mask, starts;
+  for (std::size_t r = 0; r < seqs.size(); ++r) {
+    auto s = seqs[r];
+    std::span<const std::uint8_t> m = scored ? (*scored)[r] : std::span<const std::uint8_t>{};
+    if (static_cast<std::int64_t>(s.size()) > max_length) {
+      const auto keep = static_cast<std::size_t>(max_length);
+      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
+      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+    }
+    ids.insert(ids.end(), s.begin(), s.end());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      mask.push_back(m.empty() ? 1 : m[i]);
+      starts.push_back(i == 0);
+    }
+  }
+  const std::vector<std::span<const std::int32_t>> row{ids};
+  const std::vector<std::span<const std::uint8_t>> row_mask{mask}, row_starts{starts};
+  return collate(row, static_cast<std::int64_t>(ids.size()), pad_id, mode, &row_mask, &row_starts);
+}
+
+/// The batch of dataset rows `rows` (in that order): collate with their scored masks and
+/// document starts, or collate_padding_free.
+inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> rows, std::int64_t max_length,
+                          std::int64_t pad_id, Truncation mode = Truncation::keep_end, bool padding_free = false) {
+  std::vector<std::span<const std::int32_t>> seqs;
+  std::vector<std::span<const std::uint8_t>> scored, starts;
+  for (std::int64_t i : rows) {
+    seqs.push_back(ds[i]);
+    scored.push_back(ds.scored(i));
+    starts.push_back(ds.document_starts(i));
+  }
+  if (padding_free) return collate_padding_free(seqs, max_length, pad_id, mode, &scored);
+  return collate(seqs, max_length, pad_id, mode, &scored, &starts);
 }
 
 }  // namespace edl::train

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <limits>
 #include <optional>
 #include <span>
@@ -59,7 +60,7 @@ struct EvalOptions {
 template <class Model>
 nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward,
                                        std::string_view remat = {}) {
-  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  const nn::TokenLayout lay = b.layout();
   typename Model::Saved s;
   if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
   else
@@ -90,17 +91,12 @@ template <class F>
 void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
   std::int64_t batches = 0;
-  std::vector<std::span<const std::int32_t>> seqs;
-  std::vector<std::span<const std::uint8_t>> scored;
+  std::vector<std::int64_t> rows;
   for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
-    seqs.clear();
-    scored.clear();
-    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) {
-      seqs.push_back(ds[i]);
-      scored.push_back(ds.scored(i));
-    }
-    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation, &scored));
+    rows.resize(static_cast<std::size_t>(std::min(ds.size(), lo + o.batch_size) - lo));
+    std::iota(rows.begin(), rows.end(), lo);
+    f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
     ++batches;
   }
 }

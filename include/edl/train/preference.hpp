@@ -64,7 +64,7 @@ namespace preference_detail {
 template <class Model>
 void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
                std::vector<std::int64_t>& count) {
-  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  const nn::TokenLayout lay = b.layout();
   m.forward(b.input_ids.data(), lay, s);
   std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
   nn::LossOptions o;

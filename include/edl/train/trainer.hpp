@@ -153,7 +153,7 @@ class BasicTrainer {
     build_mesh(make_mesh);
     build_tokenizer();
     build_model();
-    DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
+    DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size, args_.packing};
     if (args_.trainer == "sft" || args_.preference()) {  // records, completions scored (sft_data.hpp)
       EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
                 " reads text records and needs a tokenizer");
@@ -163,6 +163,10 @@ class BasicTrainer {
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
         if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+        if (args_.packing) {  // records packed into full rows, kept apart by document boundaries
+          train_ = pack_documents(train_, args_.max_sequence_length);
+          if (eval_) eval_ = pack_documents(*eval_, args_.max_sequence_length);
+        }
       }
     } else {
       train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
@@ -328,8 +332,7 @@ class BasicTrainer {
     // Log window.
     double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
-    std::vector<std::span<const std::int32_t>> seqs;
-    std::vector<std::span<const std::uint8_t>> scored;
+    std::vector<std::int64_t> rows;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
       on_step_start(state_.step);
@@ -344,17 +347,14 @@ class BasicTrainer {
       micro.reserve(static_cast<std::size_t>(A));
       std::int64_t targets = 0, input_tokens = 0, chosen = 0;
       for (std::int64_t a = 0; a < A; ++a) {
-        seqs.clear();
-        scored.clear();
+        rows.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
           const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          const std::int64_t rows = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
-          for (std::int64_t row = ex * rows; row < (ex + 1) * rows; ++row) {
-            seqs.push_back(train_[row]);
-            scored.push_back(train_.scored(row));  // SFT and preferences: completions only
-          }
+          const std::int64_t per = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
+          for (std::int64_t row = ex * per; row < (ex + 1) * per; ++row) rows.push_back(row);
         }
-        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
+        // SFT and preferences score completions only; packed rows keep their documents apart.
+        micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
@@ -386,8 +386,9 @@ class BasicTrainer {
           pref.logps_chosen += share * pm.logps_chosen;
           pref.logps_rejected += share * pm.logps_rejected;
         } else if (sharded_) {
-          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
-                                           b.attention_mask.data())
+          const nn::TokenLayout lay = b.layout();
+          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
+                                           lay.position_ids, lay.segment_ids)
                       .loss;
         } else {
           const nn::LossMetrics lm =

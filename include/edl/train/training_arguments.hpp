@@ -127,6 +127,15 @@ struct TrainingArguments {
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
+  /// Packing with document boundaries (TRL's names): sft packs its records into full rows of
+  /// max_sequence_length (best-fit decreasing), causal_lm keeps the documents of its packed
+  /// stream apart (they end at eos); either way attention never crosses a document and the
+  /// positions restart at each. false: sft has one record per row, causal_lm's documents
+  /// attend to the ones before them in the stream.
+  bool packing = false;
+  /// Each micro-batch's sequences side by side in one row, no padding (sft and causal_lm,
+  /// with packing off): the same losses as a padded batch without computing the padding.
+  bool padding_free = false;
   /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
   /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
   /// adapters, else a copy of the initial policy).
@@ -150,7 +159,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss", "loss_type", "beta", "label_smoothing",
+        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
   }
@@ -248,6 +257,8 @@ struct TrainingArguments {
     }
     else if (key == "trainer") str(trainer);
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
+    else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
+    else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
@@ -351,6 +362,9 @@ struct TrainingArguments {
                 ") must divide by the data-parallel size dp x fsdp = ", data);
       EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
                 " must divide by the sequence-parallel size sp = ", m[3]);
+      EDL_CHECK(!padding_free || (data == 1 && m[3] == 1), errc::unsupported, where("padding_free"),
+                "a padding-free micro-batch is one row of any length, which the dp, fsdp and sp axes cannot split; "
+                "use packing on such a mesh");
     }
     {
       std::string valid = "\"\", none";
@@ -376,6 +390,10 @@ struct TrainingArguments {
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    EDL_CHECK(!(packing && padding_free), errc::config, where("padding_free"),
+              "packing already fills each row; padding_free applies with packing off");
+    EDL_CHECK(!preference() || (!packing && !padding_free), errc::unsupported, where(packing ? "packing" : "padding_free"),
+              trainer, " keeps each pair's rows apart: packing and padding_free apply to causal_lm and sft");
     if (preference()) {
       preference_options().validate(source + " field");
       EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
@@ -481,6 +499,8 @@ struct TrainingArguments {
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     j["trainer"] = trainer;
     j["completion_only_loss"] = completion_only_loss;
+    j["packing"] = packing;
+    j["padding_free"] = padding_free;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;

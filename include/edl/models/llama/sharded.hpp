@@ -284,12 +284,15 @@ class ShardedLlama {
   }
 
   /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
-  /// attention_mask and position_ids are [B, S] as in nn::TokenLayout (HF padding mask).
+  /// attention_mask, position_ids and segment_ids are [B, S] as in nn::TokenLayout (HF padding
+  /// mask; packed documents).
   xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                               const std::int64_t* segment_ids = nullptr) {
     xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
         {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids);
+    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids,
+             segment_ids);
     return out;
   }
   xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
@@ -299,16 +302,17 @@ class ShardedLlama {
   /// Loss only. labels [B, S] (null: tokens), HF shift applied.
   nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
                        const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
-                       const std::int64_t* position_ids = nullptr) {
-    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids);
+                       const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
+    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids, segment_ids);
   }
 
   /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
   nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
                                  std::int64_t seq, const nn::LossOptions& opt = {},
-                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                                 const std::int64_t* segment_ids = nullptr) {
     ensure_grads();
-    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids);
+    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids, segment_ids);
   }
   nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
                                  const nn::LossOptions& opt = {}) {
@@ -572,7 +576,7 @@ class ShardedLlama {
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
-                           const std::int64_t* pos) {
+                           const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
     const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
     check_data_split(B, S, dp, fsdp, sp, w);
@@ -595,7 +599,7 @@ class ShardedLlama {
     if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
       std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
     mesh_.run([&](Device& dev) {
-      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
+      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos, seg);
       std::lock_guard<std::mutex> lock(mu);
       if (from < 0 || dev.id() < from) {
         result = m;
@@ -609,7 +613,7 @@ class ShardedLlama {
 
   nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
                               std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              const std::int64_t* mask, const std::int64_t* pos) {
+                              const std::int64_t* mask, const std::int64_t* pos, const std::int64_t* seg) {
     Local& lm = local_model(dev.id());
     auto& model = lm.model;
     Ctx c;
@@ -624,11 +628,14 @@ class ShardedLlama {
     c.H = cfg_.hidden_size;
     const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
     const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
-    // Attention runs on the local batch rows over the whole sequence: their mask and positions.
-    std::vector<std::int64_t> mask_l(mask ? c.Bl * S : 0), pos_l(pos ? c.Bl * S : 0);
-    if (mask) std::copy(mask + b0 * S, mask + (b0 + c.Bl) * S, mask_l.begin());
-    if (pos) std::copy(pos + b0 * S, pos + (b0 + c.Bl) * S, pos_l.begin());
-    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr};
+    // Attention runs on the local batch rows over the whole sequence: their mask, positions
+    // and documents.
+    const auto rows_of = [&](const std::int64_t* v) {
+      return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
+    };
+    const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
+    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
+                             seg ? seg_l.data() : nullptr};
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
     std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
