@@ -6777,7 +6777,8 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 //     (weights [D], shared by the heads)
 //   q, k <- rope(q, k) at each token's position
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
-//     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0
+//     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
+//                j in i's document (packed rows: segment_ids)
 //     s_j = (q_i . k_j) / sqrt(D);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
@@ -7307,11 +7308,15 @@ inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typen
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
 ///  attention_mask: [batch * seq] of 0/1 (HF padding mask: 0 = padding key) or null (all 1)
+///  segment_ids:    [batch * seq] document ids of packed rows, or null (one document per row):
+///                  a token attends only to keys of its own document, the contiguous run of
+///                  equal ids it is in (the positions restart there through position_ids)
 struct TokenLayout {
   std::int64_t batch = 1;
   std::int64_t seq = 0;
   const std::int64_t* position_ids = nullptr;
   const std::int64_t* attention_mask = nullptr;
+  const std::int64_t* segment_ids = nullptr;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }
@@ -7965,6 +7970,7 @@ class Attention {
     typename RowLinear<Pol>::Saved o_s;
     std::int64_t batch = 0, seq = 0;
     std::vector<std::int64_t> mask;  // [batch * seq] copy of the attention mask (empty: none)
+    std::vector<std::int64_t> doc_start;  // [batch * seq] first position of each token's document (empty: 0)
     std::vector<float> cos, sin;     // [T, D/2]
     std::vector<float> q, k, v;      // after rope: [T, nh*D], [T, nkv*D], [T, nkv*D]
     std::vector<float> q_proj_out, k_proj_out;  // qk_norm: q, k before the norms (their input); else empty
@@ -8049,6 +8055,7 @@ class Attention {
     s.seq = layout.seq;
     if (layout.attention_mask) s.mask.assign(layout.attention_mask, layout.attention_mask + T);
     else s.mask.clear();
+    document_starts(layout, s.doc_start);
     rope.tables(layout, s.cos, s.sin);
     forward_projections(x, s, true, true, true);
     forward_core(s);
@@ -8115,13 +8122,31 @@ class Attention {
   }
 
  private:
-  /// First key position that may be allowed for query i.
-  std::int64_t first_key(std::int64_t i) const noexcept { return kernels::window_start(i, window_); }
+  /// Per token, the position in its row where its document starts (segment_ids: a new
+  /// document wherever the id changes); empty without segment ids.
+  static void document_starts(const TokenLayout& layout, std::vector<std::int64_t>& start) {
+    start.clear();
+    if (!layout.segment_ids) return;
+    start.resize(static_cast<std::size_t>(layout.tokens()));
+    for (std::int64_t b = 0; b < layout.batch; ++b)
+      for (std::int64_t i = 0; i < layout.seq; ++i) {
+        const std::int64_t t = b * layout.seq + i;
+        start[static_cast<std::size_t>(t)] =
+            i == 0 || layout.segment_ids[t] != layout.segment_ids[t - 1] ? i : start[static_cast<std::size_t>(t - 1)];
+      }
+  }
+
+  /// First key position that may be allowed for query i of row b: the window's start, or its
+  /// document's. Non-decreasing in i, so a block of queries starting at i0 needs no earlier key.
+  std::int64_t first_key(const Saved& s, std::int64_t b, std::int64_t i) const noexcept {
+    const std::int64_t w = kernels::window_start(i, window_);
+    return s.doc_start.empty() ? w : std::max(w, s.doc_start[static_cast<std::size_t>(b * s.seq + i)]);
+  }
 
   /// Sets the disallowed scores of query row i (keys j0 .. j0 + n - 1) to -Inf.
   void mask_row(const Saved& s, std::int64_t b, std::int64_t i, std::int64_t j0, float* row, std::int64_t n) const {
     const float ninf = -std::numeric_limits<float>::infinity();
-    const std::int64_t lo = std::max(j0, first_key(i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window
+    const std::int64_t lo = std::max(j0, first_key(s, b, i)), hi = std::min(j0 + n, i + 1);  // [lo, hi): causal, window, document
     for (std::int64_t j = j0; j < lo; ++j) row[j - j0] = ninf;
     for (std::int64_t j = std::max(hi, j0); j < j0 + n; ++j) row[j - j0] = ninf;
     if (s.mask.empty()) return;
@@ -8178,7 +8203,7 @@ class Attention {
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
         const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
         for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
-          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+          const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(s, b, i0), n = i1 - j0;
           const float* q = s.q.data() + (b * S + i0) * qw + h * D;
           const float* k = s.k.data() + (b * S + j0) * kw + g * D;
           const float* v = s.v.data() + (b * S + j0) * kw + g * D;
@@ -8219,7 +8244,7 @@ class Attention {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
           for (std::int64_t i0 = 0; i0 < S; i0 += QB) {
-            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(i0), n = i1 - j0;
+            const std::int64_t i1 = std::min(S, i0 + QB), m = i1 - i0, j0 = first_key(s, b, i0), n = i1 - j0;
             const std::int64_t qoff = (b * S + i0) * qw + h * D, koff = (b * S + j0) * kw + g * D;
             gemm_serial(Trans::no, Trans::yes, m, n, D, scale, s.q.data() + qoff, qw, s.k.data() + koff, kw, 0.0f,
                         p.data(), S);
@@ -20581,12 +20606,15 @@ class ShardedLlama {
   }
 
   /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
-  /// attention_mask and position_ids are [B, S] as in nn::TokenLayout (HF padding mask).
+  /// attention_mask, position_ids and segment_ids are [B, S] as in nn::TokenLayout (HF padding
+  /// mask; packed documents).
   xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                               const std::int64_t* segment_ids = nullptr) {
     xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
         {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids);
+    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids,
+             segment_ids);
     return out;
   }
   xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
@@ -20596,16 +20624,17 @@ class ShardedLlama {
   /// Loss only. labels [B, S] (null: tokens), HF shift applied.
   nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
                        const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
-                       const std::int64_t* position_ids = nullptr) {
-    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids);
+                       const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
+    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids, segment_ids);
   }
 
   /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
   nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
                                  std::int64_t seq, const nn::LossOptions& opt = {},
-                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr) {
+                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                                 const std::int64_t* segment_ids = nullptr) {
     ensure_grads();
-    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids);
+    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids, segment_ids);
   }
   nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
                                  const nn::LossOptions& opt = {}) {
@@ -20869,7 +20898,7 @@ class ShardedLlama {
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
-                           const std::int64_t* pos) {
+                           const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
     const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
     check_data_split(B, S, dp, fsdp, sp, w);
@@ -20892,7 +20921,7 @@ class ShardedLlama {
     if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
       std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
     mesh_.run([&](Device& dev) {
-      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos);
+      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos, seg);
       std::lock_guard<std::mutex> lock(mu);
       if (from < 0 || dev.id() < from) {
         result = m;
@@ -20906,7 +20935,7 @@ class ShardedLlama {
 
   nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
                               std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              const std::int64_t* mask, const std::int64_t* pos) {
+                              const std::int64_t* mask, const std::int64_t* pos, const std::int64_t* seg) {
     Local& lm = local_model(dev.id());
     auto& model = lm.model;
     Ctx c;
@@ -20921,11 +20950,14 @@ class ShardedLlama {
     c.H = cfg_.hidden_size;
     const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
     const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
-    // Attention runs on the local batch rows over the whole sequence: their mask and positions.
-    std::vector<std::int64_t> mask_l(mask ? c.Bl * S : 0), pos_l(pos ? c.Bl * S : 0);
-    if (mask) std::copy(mask + b0 * S, mask + (b0 + c.Bl) * S, mask_l.begin());
-    if (pos) std::copy(pos + b0 * S, pos + (b0 + c.Bl) * S, pos_l.begin());
-    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr};
+    // Attention runs on the local batch rows over the whole sequence: their mask, positions
+    // and documents.
+    const auto rows_of = [&](const std::int64_t* v) {
+      return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
+    };
+    const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
+    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
+                             seg ? seg_l.data() : nullptr};
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
     std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
@@ -21368,6 +21400,10 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
 // ffn_down}, output_norm and output (absent when the embeddings are tied), each 2-D weight
 // stored [out, in] row-major, which is GGUF dims {in, out}. Norms and biases are F32.
+// Mixtral (convert_hf_to_gguf.py's MixtralModel, still architecture "llama"): llama.expert_count
+// and llama.expert_used_count, the router as blk.N.ffn_gate_inp (F32) and each expert Linear
+// merged into one 3-D tensor, blk.N.ffn_{gate,up,down}_exps with dims {in, out, experts}
+// (w1, w3, w2 of expert 0, then 1, ...).
 //
 // The rope permutation: HF rotates the two halves of each head (x_i with x_{i + D/2});
 // llama.cpp rotates adjacent pairs (x_{2i} with x_{2i+1}). So the rows of q_proj (n_head
@@ -21568,14 +21604,17 @@ inline void decode_row(GgmlType t, const std::byte* in, std::int64_t n, float* o
 // ---------------------------------------------------------------------------- writing
 
 /// A weight to write: `rows` rows of `cols` values, read as f32 by row_f32 (HF row order), or
-/// copied as blocks from `q` when the file stores its format. rope_heads > 0 writes the rows
-/// in llama.cpp's rope order for that many heads. vector: a 1-D tensor (rows values, cols 1).
+/// copied as blocks from `q` when the file stores its format (q: one matrix, or one per expert
+/// of `experts`, each rows / q.size() rows). rope_heads > 0 writes the rows in llama.cpp's rope
+/// order for that many heads. vector: a 1-D tensor (rows values, cols 1). experts > 0: a 3-D
+/// tensor of that many [rows / experts, cols] matrices (llama.cpp's ffn_*_exps).
 struct Source {
   std::int64_t rows = 0, cols = 0;
   std::function<void(std::int64_t, float*)> row_f32;
-  const quant::Matrix* q = nullptr;
+  std::vector<const quant::Matrix*> q;
   std::int64_t rope_heads = 0;
   bool vector = false;
+  std::int64_t experts = 0;
 };
 
 template <class T, class Spec>
@@ -21604,18 +21643,39 @@ Source linear_source(const Lin& lin) {
   s.rows = q.rows();
   s.cols = q.cols();
   s.row_f32 = [&q](std::int64_t r, float* out) { quant::Matrix::dequantize_row(q.view(), r, out); };
-  s.q = &q;
+  s.q = {&q};
+  return s;
+}
+/// The same Linear of each of `n` experts (`lin(e)`) as one 3-D tensor, expert after expert.
+template <class LinOf>
+Source experts_source(std::int64_t n, LinOf&& lin) {
+  std::vector<Source> parts;
+  for (std::int64_t e = 0; e < n; ++e) parts.push_back(linear_source(lin(e)));
+  Source s;
+  s.experts = n;
+  s.rows = n * parts.front().rows;
+  s.cols = parts.front().cols;
+  const std::int64_t per = parts.front().rows;
+  bool blocks = true;
+  for (const Source& p : parts) blocks = blocks && p.q.size() == 1 && p.q[0]->format() == parts.front().q[0]->format();
+  if (blocks)
+    for (const Source& p : parts) s.q.push_back(p.q[0]);
+  s.row_f32 = [parts = std::move(parts), per](std::int64_t r, float* out) {
+    parts[static_cast<std::size_t>(r / per)].row_f32(r % per, out);
+  };
   return s;
 }
 
 /// Adds tensor `name` of type t, streamed row block by row block when the file is written.
 inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, Source src) {
-  std::vector<std::int64_t> dims = src.vector ? std::vector<std::int64_t>{src.rows}
-                                              : std::vector<std::int64_t>{src.cols, src.rows};
+  std::vector<std::int64_t> dims = src.vector    ? std::vector<std::int64_t>{src.rows}
+                                  : src.experts ? std::vector<std::int64_t>{src.cols, src.rows / src.experts, src.experts}
+                                                : std::vector<std::int64_t>{src.cols, src.rows};
   w.add_tensor(name, t, std::move(dims), [src = std::move(src), t](io::GgufSink& sink) {
     const std::int64_t rb = row_bytes(t, src.cols);
     const std::int64_t chunk = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / rb);
-    const bool copy_blocks = src.q != nullptr && ggml_of(src.q->format()) == t;
+    const bool copy_blocks = !src.q.empty() && ggml_of(src.q.front()->format()) == t;
+    const std::int64_t per_matrix = src.q.empty() ? src.rows : src.rows / static_cast<std::int64_t>(src.q.size());
     const std::int64_t D = src.rope_heads > 0 ? src.rows / src.rope_heads : 0;
     std::vector<std::byte> buf(static_cast<std::size_t>(std::min(chunk, src.rows) * rb));
     for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk) {
@@ -21626,7 +21686,8 @@ inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, S
           const std::int64_t g = r0 + i, r = D > 0 ? hf_rope_row(g, D) : g;  // file row g holds HF row r
           std::byte* dst = buf.data() + i * rb;
           if (copy_blocks) {
-            std::memcpy(dst, src.q->view().row(r), static_cast<std::size_t>(rb));
+            std::memcpy(dst, src.q[static_cast<std::size_t>(r / per_matrix)]->view().row(r % per_matrix),
+                        static_cast<std::size_t>(rb));
           } else {
             src.row_f32(r, x.data());
             encode_row(t, x.data(), src.cols, dst);
@@ -21957,11 +22018,20 @@ inline LlamaConfig config_of(const io::GgufFile& f) {
   EDL_CHECK(arch == "llama", errc::unsupported, src, "key 'general.architecture': \"", arch,
             "\"; edl reads GGUF files of the \"llama\" architecture");
   const auto key = [](const char* k) { return std::string("llama.") + k; };
-  EDL_CHECK(!f.has(key("expert_count")) || f.get_u32(key("expert_count")) == 0, errc::unsupported, src,
-            "key 'llama.expert_count': a mixture of experts; edl reads dense llama models");
   LlamaConfig c;
   c.source = src;
   c.model_type = "llama";
+  if (f.has(key("expert_count")) && f.get_i64(key("expert_count")) > 0) {  // Mixtral: merged ffn_*_exps tensors
+    c.model_type = "mixtral";
+    c.num_local_experts = f.get_i64(key("expert_count"));
+    EDL_CHECK(f.has(key("expert_used_count")), errc::format, src,
+              "key 'llama.expert_used_count': missing; a mixture of experts (llama.expert_count ", c.num_local_experts,
+              ") needs it");
+    c.num_experts_per_tok = f.get_i64(key("expert_used_count"));
+    EDL_CHECK(f.has_tensor("blk.0.ffn_gate_exps.weight"), errc::unsupported, src,
+              "tensor 'blk.0.ffn_gate_exps.weight': missing; edl reads experts merged into ffn_{gate,up,down}_exps "
+              "(the layout of llama.cpp's converter since 2024), not one tensor per expert");
+  }
   c.hidden_size = f.get_i64(key("embedding_length"));
   c.num_hidden_layers = f.get_i64(key("block_count"));
   c.intermediate_size = f.get_i64(key("feed_forward_length"));
@@ -22022,7 +22092,7 @@ inline LlamaConfig config_of(const io::GgufFile& f) {
   const auto eos = id("tokenizer.ggml.eos_token_id", spm ? std::optional<std::int64_t>(2) : std::nullopt);
   c.eos_token_id = eos ? std::vector<std::int64_t>{*eos} : std::vector<std::int64_t>{};
   c.pad_token_id = id("tokenizer.ggml.padding_token_id", std::nullopt);
-  c.extra["architectures"] = {"LlamaForCausalLM"};
+  c.extra["architectures"] = {c.model_type == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM"};
   c.validate();
   return c;
 }
@@ -22087,18 +22157,44 @@ class Loader {
     const std::string w = name + ".weight", hw = hf + ".weight";
     const std::int64_t rows = lin.out_features(), cols = lin.in_features();
     const io::GgufTensorInfo& t = get(w, hw, {cols, rows});
-    if (is_block_type(t.type)) {
-      const std::int64_t rb = row_bytes(t.type, cols), D = rope_heads > 0 ? rows / rope_heads : 0;
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
-      for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(bytes.data() + r * rb, t.data + (D > 0 ? gguf_rope_row(r, D) : r) * rb, static_cast<std::size_t>(rb));
-      const quant::Format fmt = t.type == GgmlType::Q8_0 ? quant::Format::q8_0 : quant::Format::q4_0;
-      const std::string where = concat(src_, " tensor '", w, "' (", hw, ")");
-      lin.set_quantized(quant::Matrix::from_bytes(fmt, rows, cols, bytes, nullptr, where), where);
-    } else {
-      param(lin.weight, w, hw, rope_heads);
-    }
+    if (is_block_type(t.type)) rows_into(lin, t, 0, w, hw, rope_heads);
+    else param(lin.weight, w, hw, rope_heads);
     if (lin.has_bias()) param(lin.bias, name + ".bias", hf + ".bias", rope_heads);
+  }
+
+  /// Expert e's Linear of `experts` from the 3-D tensor `name` (llama.cpp's ffn_*_exps: dims
+  /// {in, out, experts}, expert after expert).
+  template <class Lin>
+  void expert_linear(Lin& lin, const std::string& name, const std::string& hf, std::int64_t e, std::int64_t experts) {
+    const std::int64_t rows = lin.out_features(), cols = lin.in_features();
+    rows_into(lin, get(name, hf, {cols, rows, experts}), e * rows, name, hf, 0);
+  }
+
+  /// Lin's weight from rows [first, first + out) of tensor t: block types as the file's bytes
+  /// (a quantized Linear), others decoded into the weight parameter.
+  template <class Lin>
+  void rows_into(Lin& lin, const io::GgufTensorInfo& t, std::int64_t first, const std::string& name,
+                 const std::string& hf, std::int64_t rope_heads) {
+    const std::int64_t rows = lin.out_features(), cols = lin.in_features();
+    const std::int64_t rb = row_bytes(t.type, cols), D = rope_heads > 0 ? rows / rope_heads : 0;
+    const auto file_row = [&](std::int64_t r) { return t.data + (first + (D > 0 ? gguf_rope_row(r, D) : r)) * rb; };
+    if (is_block_type(t.type)) {
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
+      for (std::int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, file_row(r), static_cast<std::size_t>(rb));
+      const quant::Format fmt = t.type == GgmlType::Q8_0 ? quant::Format::q8_0 : quant::Format::q4_0;
+      const std::string where = concat(src_, " tensor '", name, "' (", hf, ")");
+      lin.set_quantized(quant::Matrix::from_bytes(fmt, rows, cols, bytes, nullptr, where), where);
+      return;
+    }
+    using T = typename std::remove_reference_t<decltype(lin)>::T;
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 16384 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> x(static_cast<std::size_t>(cols));
+      for (std::ptrdiff_t r = lo; r < hi; ++r) {
+        decode_row(t.type, file_row(r), cols, x.data());
+        T* out = lin.weight.data() + r * cols;
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = from_f32<T>(x[static_cast<std::size_t>(j)]);
+      }
+    });
   }
 
   /// Tensors of the file that no parameter took (rope_freqs.weight is the config's).
@@ -22139,8 +22235,9 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
-  EDL_CHECK(!c.is_moe(), errc::unsupported, where, "a ", c.model_type,
-            " model's experts are not written to GGUF yet (llama.cpp's ffn_*_exps tensors)");
+  EDL_CHECK(!c.qwen_moe(), errc::unsupported, where, "a ", c.model_type,
+            " model (its router and shared expert) has its own GGUF architecture (\"qwen2moe\", \"qwen3moe\"); edl "
+            "writes \"llama\" files, whose experts are Mixtral's");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
@@ -22164,6 +22261,10 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   w.add_u32("llama.feed_forward_length", u32("intermediate_size", c.intermediate_size));
   w.add_u32("llama.attention.head_count", u32("num_attention_heads", c.num_attention_heads));
   w.add_u32("llama.attention.head_count_kv", u32("num_key_value_heads", c.num_key_value_heads));
+  if (c.is_moe()) {  // Mixtral: llama.cpp's llama graph with a routed FFN (softmax, top-k, renormalised)
+    w.add_u32("llama.expert_count", u32("num_local_experts", c.num_local_experts));
+    w.add_u32("llama.expert_used_count", u32("num_experts_per_tok", c.num_experts_per_tok));
+  }
   w.add_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
   w.add_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   if (c.head_size() * c.num_attention_heads != c.hidden_size) {
@@ -22221,6 +22322,16 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
     linear("attn_v", L.self_attn.v_proj, 0);
     linear("attn_output", L.self_attn.o_proj, 0);
     g::add_source(w, b + "ffn_norm.weight", GgmlType::F32, g::vector_source(L.post_attention_layernorm.weight));
+    if (L.is_sparse()) {  // the router in F32 (as convert_hf_to_gguf.py), each expert Linear as one 3-D tensor
+      auto& moe = L.block_sparse_moe;
+      const auto E = static_cast<std::int64_t>(moe.experts.size());
+      g::add_source(w, b + "ffn_gate_inp.weight", GgmlType::F32, g::linear_source(moe.gate));
+      const auto at = [&](std::int64_t e) -> auto& { return moe.experts[static_cast<std::size_t>(e)]; };
+      weight(b + "ffn_gate_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).gate_proj; }));
+      weight(b + "ffn_down_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).down_proj; }));
+      weight(b + "ffn_up_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).up_proj; }));
+      continue;
+    }
     linear("ffn_gate", L.mlp.gate_proj, 0);
     linear("ffn_up", L.mlp.up_proj, 0);
     linear("ffn_down", L.mlp.down_proj, 0);
@@ -22254,6 +22365,20 @@ LlamaForCausalLM<Pol> from_gguf(const std::filesystem::path& file) {
     ld.linear(L.self_attn.v_proj, b + "attn_v", hb + "self_attn.v_proj");
     ld.linear(L.self_attn.o_proj, b + "attn_output", hb + "self_attn.o_proj");
     ld.param(L.post_attention_layernorm.weight, b + "ffn_norm.weight", hb + "post_attention_layernorm.weight");
+    if (L.is_sparse()) {
+      auto& moe = L.block_sparse_moe;
+      const auto E = static_cast<std::int64_t>(moe.experts.size());
+      const std::string hm = hb + "block_sparse_moe.";
+      ld.param(moe.gate.weight, b + "ffn_gate_inp.weight", hm + "gate.weight");
+      for (std::int64_t e = 0; e < E; ++e) {
+        auto& ex = moe.experts[static_cast<std::size_t>(e)];
+        const std::string he = hm + "experts." + std::to_string(e) + ".";
+        ld.expert_linear(ex.gate_proj, b + "ffn_gate_exps.weight", he + "w1.weight", e, E);
+        ld.expert_linear(ex.down_proj, b + "ffn_down_exps.weight", he + "w2.weight", e, E);
+        ld.expert_linear(ex.up_proj, b + "ffn_up_exps.weight", he + "w3.weight", e, E);
+      }
+      continue;
+    }
     ld.linear(L.mlp.gate_proj, b + "ffn_gate", hb + "mlp.gate_proj");
     ld.linear(L.mlp.up_proj, b + "ffn_up", hb + "mlp.up_proj");
     ld.linear(L.mlp.down_proj, b + "ffn_down", hb + "mlp.down_proj");
@@ -26881,6 +27006,7 @@ class CheckpointManager {
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -26895,6 +27021,7 @@ class CheckpointManager {
 // #include <edl/io/json.hpp> (inlined above)
 // #include <edl/io/mmap.hpp> (inlined above)
 // #include <edl/io/npy.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/chat/conversation.hpp> (inlined above)
 // #include <edl/tokenizer/tokenizer.hpp> (inlined above)
 
@@ -26902,7 +27029,9 @@ namespace edl::train {
 
 /// Sequences stored back to back: sequence i is tokens[offsets[i], offsets[i+1]). A sequence
 /// may say which of its tokens the loss scores (`scored`, 1 = a target; supervised fine-tuning
-/// scores completions only); without one, every token is scored.
+/// scores completions only); without one, every token is scored. A packed sequence also says
+/// where its documents start (`document_starts`, 1 = a document's first token): collate then
+/// keeps attention inside each document and restarts the positions there.
 class TokenDataset {
  public:
   std::int64_t size() const noexcept { return static_cast<std::int64_t>(offsets_.size()) - 1; }
@@ -26934,6 +27063,22 @@ class TokenDataset {
     const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
     return {scored_.data() + a, b - a};
   }
+  /// Marks the documents of the last sequence added: starts[k] = 1 where a document begins.
+  void set_document_starts(std::span<const std::uint8_t> starts) {
+    EDL_CHECK(size() > 0 && static_cast<std::int64_t>(starts.size()) == static_cast<std::int64_t>((*this)[size() - 1].size()),
+              errc::shape_mismatch, "TokenDataset::set_document_starts", "expected one entry per token of the last sequence, found ",
+              starts.size());
+    starts_.resize(tokens_.size() - starts.size(), 0);
+    starts_.insert(starts_.end(), starts.begin(), starts.end());
+  }
+  /// Sequence i's document starts, or empty when it is one document.
+  std::span<const std::uint8_t> document_starts(std::int64_t i) const {
+    const auto a = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i)]);
+    const auto b = static_cast<std::size_t>(offsets_[static_cast<std::size_t>(i) + 1]);
+    if (starts_.size() < b) return {};
+    return {starts_.data() + a, b - a};
+  }
+  bool packed() const noexcept { return !starts_.empty(); }
   /// Tokens the loss scores (as targets) in all sequences.
   std::int64_t num_scored() const noexcept {
     if (!masked_) return num_tokens();
@@ -26946,11 +27091,17 @@ class TokenDataset {
     for (auto v : seq) tokens_.push_back(static_cast<std::int32_t>(v));
     offsets_.push_back(static_cast<std::int64_t>(tokens_.size()));
   }
-  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them.
-  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len) {
+  /// Cuts `stream` into pieces of `len` tokens (the last may be shorter) and adds them; with
+  /// `eos` >= 0 the documents are marked (a document starts after each eos).
+  void add_stream(const std::vector<std::int32_t>& stream, std::int64_t len, std::int64_t eos = -1) {
+    std::vector<std::uint8_t> starts;
     for (std::size_t lo = 0; lo < stream.size(); lo += static_cast<std::size_t>(len)) {
       const std::size_t hi = std::min(stream.size(), lo + static_cast<std::size_t>(len));
       add(std::span<const std::int32_t>(stream.data() + lo, hi - lo));
+      if (eos < 0) continue;
+      starts.assign(hi - lo, 0);
+      for (std::size_t t = lo; t < hi; ++t) starts[t - lo] = t == lo || stream[t - 1] == eos;
+      set_document_starts(starts);
     }
   }
 
@@ -26958,8 +27109,61 @@ class TokenDataset {
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_{0};
   std::vector<std::uint8_t> scored_;  // per token when masked_
+  std::vector<std::uint8_t> starts_;  // per token of the packed sequences (a prefix of tokens_)
   bool masked_ = false;
 };
+
+/// Packs the sequences of `ds` into rows of at most `max_length` tokens (TRL's best-fit
+/// decreasing: longest first, each into the fullest row it fits), marking where each row's
+/// documents start so that they never attend to each other. A sequence longer than
+/// max_length is cut to its first max_length tokens. Deterministic: ties keep dataset order.
+inline TokenDataset pack_documents(const TokenDataset& ds, std::int64_t max_length) {
+  EDL_CHECK(max_length > 0, errc::invalid_argument, "pack_documents", "max_length must be positive, found ", max_length);
+  const auto len = [&](std::int64_t i) { return std::min<std::int64_t>(static_cast<std::int64_t>(ds[i].size()), max_length); };
+  std::vector<std::int64_t> order(static_cast<std::size_t>(ds.size()));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+  std::vector<std::vector<std::int64_t>> rows;
+  std::multimap<std::int64_t, std::size_t> room;  // space left -> row (equal space: the earlier row)
+  for (std::int64_t i : order) {
+    if (len(i) == 0) continue;
+    auto it = room.lower_bound(len(i));
+    std::size_t r;
+    std::int64_t left;
+    if (it == room.end()) {
+      r = rows.size();
+      rows.emplace_back();
+      left = max_length;
+    } else {
+      r = it->second;
+      left = it->first;
+      room.erase(it);
+    }
+    rows[r].push_back(i);
+    if (left - len(i) > 0) room.emplace(left - len(i), r);
+  }
+  TokenDataset out;
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> scored, starts;
+  for (const auto& row : rows) {
+    ids.clear();
+    scored.clear();
+    starts.clear();
+    for (std::int64_t i : row) {
+      const auto n = static_cast<std::size_t>(len(i));
+      const auto seq = ds[i].first(n);
+      const auto m = ds.scored(i);
+      ids.insert(ids.end(), seq.begin(), seq.end());
+      for (std::size_t t = 0; t < n; ++t) {
+        scored.push_back(m.empty() ? 1 : m[t]);
+        starts.push_back(t == 0);
+      }
+    }
+    out.add(ids, scored);
+    out.set_document_starts(starts);
+  }
+  return out;
+}
 
 /// Documents of a text file: split on lines holding only "%" (fortunes), else the whole file.
 inline std::vector<std::string> read_text_documents(const std::string& path) {
@@ -27066,6 +27270,7 @@ struct DataOptions {
   std::int64_t max_sequence_length = 2048;
   std::int64_t eos_id = -1;  // appended after each text document; < 0: nothing
   std::int64_t vocab_size = 0;  // > 0: every token must be below it
+  bool document_boundaries = false;  // streams: documents (ending at eos) do not attend to each other
 };
 
 /// Loads `files` (see the header comment) into sequences of at most max_sequence_length tokens
@@ -27075,8 +27280,10 @@ inline TokenDataset load_dataset(const std::vector<std::string>& files, const to
   EDL_CHECK(opt.max_sequence_length > 0, errc::invalid_argument, "load_dataset", "max_sequence_length must be positive");
   TokenDataset ds;
   std::vector<std::int32_t> stream;
+  EDL_CHECK(!opt.document_boundaries || opt.eos_id >= 0, errc::invalid_argument, "load_dataset",
+            "document boundaries in a token stream are found at eos: give an eos id");
   auto flush = [&] {
-    ds.add_stream(stream, opt.max_sequence_length);
+    ds.add_stream(stream, opt.max_sequence_length, opt.document_boundaries ? opt.eos_id : -1);
     stream.clear();
   };
   auto add_docs = [&](const std::vector<std::string>& docs, const std::string& path) {
@@ -27146,6 +27353,12 @@ inline Truncation truncation_from_name(const std::string& s) {
 struct Batch {
   std::int64_t batch = 0, seq = 0;
   std::vector<std::int64_t> input_ids, attention_mask, labels;
+  std::vector<std::int64_t> position_ids, segment_ids;  // packed rows (documents); else empty
+  /// The layout the model's forward takes.
+  nn::TokenLayout layout() const noexcept {
+    return {batch, seq, position_ids.empty() ? nullptr : position_ids.data(), attention_mask.data(),
+            segment_ids.empty() ? nullptr : segment_ids.data()};
+  }
   /// Targets the loss scores (HF shift: label[s + 1] for s < seq - 1, not ignore_index).
   std::int64_t target_tokens(std::int64_t ignore_index = -100) const {
     std::int64_t n = 0;
@@ -27158,10 +27371,14 @@ struct Batch {
 /// Pads (right) to the longest sequence, truncating sequences longer than max_length by
 /// `mode` (keep_start: the first max_length tokens, keep_end: the last). Padding has pad_id,
 /// attention_mask 0 and label -100; so has every token whose `scored` entry is 0 (scored[r]
-/// empty, or no `scored`: every token of row r is a label).
+/// empty, or no `scored`: every token of row r is a label). With `starts` (document starts
+/// per row, as TokenDataset::document_starts; any row may have none) the batch has segment_ids
+/// (1, 2, ... per document of a row; padding 0) and position_ids restarting at each document,
+/// and a document's first token is no target (as transformers' DataCollatorWithFlattening).
 inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
                      std::int64_t pad_id, Truncation mode = Truncation::keep_end,
-                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
+                     const std::vector<std::span<const std::uint8_t>>* scored = nullptr,
+                     const std::vector<std::span<const std::uint8_t>>* starts = nullptr) {
   Batch b;
   b.batch = static_cast<std::int64_t>(seqs.size());
   for (const auto& s : seqs) b.seq = std::max<std::int64_t>(b.seq, std::min<std::int64_t>(static_cast<std::int64_t>(s.size()), max_length));
@@ -27169,22 +27386,84 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
   b.input_ids.assign(n, pad_id);
   b.attention_mask.assign(n, 0);
   b.labels.assign(n, -100);
+  bool documents = false;
+  if (starts)
+    for (const auto& st : *starts) documents = documents || !st.empty();
+  if (documents) {
+    b.position_ids.assign(n, 0);
+    b.segment_ids.assign(n, 0);
+  }
   for (std::int64_t r = 0; r < b.batch; ++r) {
     auto s = seqs[static_cast<std::size_t>(r)];
     std::span<const std::uint8_t> m = scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
+    std::span<const std::uint8_t> st = documents ? (*starts)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
     if (static_cast<std::int64_t>(s.size()) > max_length) {
       const auto keep = static_cast<std::size_t>(max_length);
       s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
       if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+      if (!st.empty()) st = mode == Truncation::keep_start ? st.first(keep) : st.last(keep);
     }
+    std::int64_t segment = 0, pos = 0;
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
       b.input_ids[at] = s[i];
       b.attention_mask[at] = 1;
       b.labels[at] = m.empty() || m[i] ? s[i] : -100;
+      if (!documents) continue;
+      const bool start = i == 0 || (!st.empty() && st[i]);
+      if (start) {
+        ++segment;
+        pos = 0;
+        if (i > 0) b.labels[at] = -100;  // not predicted from the previous document
+      }
+      b.segment_ids[at] = segment;
+      b.position_ids[at] = pos++;
     }
   }
   return b;
+}
+
+/// Padding-free: the sequences side by side in one row (each truncated to max_length by
+/// `mode`), as documents that do not attend to each other (TRL's padding_free, transformers'
+/// DataCollatorWithFlattening): no padding is computed, and each sequence's loss is what it
+/// would be in a padded batch.
+inline Batch collate_padding_free(const std::vector<std::span<const std::int32_t>>& seqs, std::int64_t max_length,
+                                  std::int64_t pad_id, Truncation mode = Truncation::keep_end,
+                                  const std::vector<std::span<const std::uint8_t>>* scored = nullptr) {
+  std::vector<std::int32_t> ids;
+  std::vector<std::uint8_t> mask, starts;
+  for (std::size_t r = 0; r < seqs.size(); ++r) {
+    auto s = seqs[r];
+    std::span<const std::uint8_t> m = scored ? (*scored)[r] : std::span<const std::uint8_t>{};
+    if (static_cast<std::int64_t>(s.size()) > max_length) {
+      const auto keep = static_cast<std::size_t>(max_length);
+      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
+      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
+    }
+    ids.insert(ids.end(), s.begin(), s.end());
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      mask.push_back(m.empty() ? 1 : m[i]);
+      starts.push_back(i == 0);
+    }
+  }
+  const std::vector<std::span<const std::int32_t>> row{ids};
+  const std::vector<std::span<const std::uint8_t>> row_mask{mask}, row_starts{starts};
+  return collate(row, static_cast<std::int64_t>(ids.size()), pad_id, mode, &row_mask, &row_starts);
+}
+
+/// The batch of dataset rows `rows` (in that order): collate with their scored masks and
+/// document starts, or collate_padding_free.
+inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> rows, std::int64_t max_length,
+                          std::int64_t pad_id, Truncation mode = Truncation::keep_end, bool padding_free = false) {
+  std::vector<std::span<const std::int32_t>> seqs;
+  std::vector<std::span<const std::uint8_t>> scored, starts;
+  for (std::int64_t i : rows) {
+    seqs.push_back(ds[i]);
+    scored.push_back(ds.scored(i));
+    starts.push_back(ds.document_starts(i));
+  }
+  if (padding_free) return collate_padding_free(seqs, max_length, pad_id, mode, &scored);
+  return collate(seqs, max_length, pad_id, mode, &scored, &starts);
 }
 
 }  // namespace edl::train
@@ -27212,6 +27491,7 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <limits>
 #include <optional>
 #include <span>
@@ -27250,7 +27530,7 @@ struct EvalOptions {
 template <class Model>
 nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::LossOptions& lo, bool backward,
                                        std::string_view remat = {}) {
-  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  const nn::TokenLayout lay = b.layout();
   typename Model::Saved s;
   if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
   else
@@ -27281,17 +27561,12 @@ template <class F>
 void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
   std::int64_t batches = 0;
-  std::vector<std::span<const std::int32_t>> seqs;
-  std::vector<std::span<const std::uint8_t>> scored;
+  std::vector<std::int64_t> rows;
   for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
-    seqs.clear();
-    scored.clear();
-    for (std::int64_t i = lo; i < std::min(ds.size(), lo + o.batch_size); ++i) {
-      seqs.push_back(ds[i]);
-      scored.push_back(ds.scored(i));
-    }
-    f(collate(seqs, o.max_sequence_length, o.pad_id, o.truncation, &scored));
+    rows.resize(static_cast<std::size_t>(std::min(ds.size(), lo + o.batch_size) - lo));
+    std::iota(rows.begin(), rows.end(), lo);
+    f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
     ++batches;
   }
 }
@@ -28507,7 +28782,7 @@ namespace preference_detail {
 template <class Model>
 void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
                std::vector<std::int64_t>& count) {
-  const nn::TokenLayout lay{b.batch, b.seq, nullptr, b.attention_mask.data()};
+  const nn::TokenLayout lay = b.layout();
   m.forward(b.input_ids.data(), lay, s);
   std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
   nn::LossOptions o;
@@ -28799,6 +29074,15 @@ struct TrainingArguments {
   std::string trainer = "causal_lm";
   /// SFT: the loss scores completions / assistant turns only (TRL's default); false: every token.
   bool completion_only_loss = true;
+  /// Packing with document boundaries (TRL's names): sft packs its records into full rows of
+  /// max_sequence_length (best-fit decreasing), causal_lm keeps the documents of its packed
+  /// stream apart (they end at eos); either way attention never crosses a document and the
+  /// positions restart at each. false: sft has one record per row, causal_lm's documents
+  /// attend to the ones before them in the stream.
+  bool packing = false;
+  /// Each micro-batch's sequences side by side in one row, no padding (sft and causal_lm,
+  /// with packing off): the same losses as a padded batch without computing the padding.
+  bool padding_free = false;
   /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
   /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
   /// adapters, else a copy of the initial policy).
@@ -28822,7 +29106,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss", "loss_type", "beta", "label_smoothing",
+        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
   }
@@ -28920,6 +29204,8 @@ struct TrainingArguments {
     }
     else if (key == "trainer") str(trainer);
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
+    else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
+    else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
@@ -29023,6 +29309,9 @@ struct TrainingArguments {
                 ") must divide by the data-parallel size dp x fsdp = ", data);
       EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
                 " must divide by the sequence-parallel size sp = ", m[3]);
+      EDL_CHECK(!padding_free || (data == 1 && m[3] == 1), errc::unsupported, where("padding_free"),
+                "a padding-free micro-batch is one row of any length, which the dp, fsdp and sp axes cannot split; "
+                "use packing on such a mesh");
     }
     {
       std::string valid = "\"\", none";
@@ -29048,6 +29337,10 @@ struct TrainingArguments {
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    EDL_CHECK(!(packing && padding_free), errc::config, where("padding_free"),
+              "packing already fills each row; padding_free applies with packing off");
+    EDL_CHECK(!preference() || (!packing && !padding_free), errc::unsupported, where(packing ? "packing" : "padding_free"),
+              trainer, " keeps each pair's rows apart: packing and padding_free apply to causal_lm and sft");
     if (preference()) {
       preference_options().validate(source + " field");
       EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
@@ -29153,6 +29446,8 @@ struct TrainingArguments {
     j["quantize_base"] = quantize_base.empty() ? ojson(nullptr) : ojson(quantize_base);
     j["trainer"] = trainer;
     j["completion_only_loss"] = completion_only_loss;
+    j["packing"] = packing;
+    j["padding_free"] = padding_free;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;
@@ -29327,7 +29622,7 @@ class BasicTrainer {
     build_mesh(make_mesh);
     build_tokenizer();
     build_model();
-    DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size};
+    DataOptions d{args_.max_sequence_length, eos_or(-1), model_->config().vocab_size, args_.packing};
     if (args_.trainer == "sft" || args_.preference()) {  // records, completions scored (sft_data.hpp)
       EDL_CHECK(tok_.has_value(), errc::invalid_argument, args_.where("trainer"), args_.trainer,
                 " reads text records and needs a tokenizer");
@@ -29337,6 +29632,10 @@ class BasicTrainer {
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
         if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
+        if (args_.packing) {  // records packed into full rows, kept apart by document boundaries
+          train_ = pack_documents(train_, args_.max_sequence_length);
+          if (eval_) eval_ = pack_documents(*eval_, args_.max_sequence_length);
+        }
       }
     } else {
       train_ = load_dataset(args_.train_data, tok_ ? &*tok_ : nullptr, d);
@@ -29502,8 +29801,7 @@ class BasicTrainer {
     // Log window.
     double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
     std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
-    std::vector<std::span<const std::int32_t>> seqs;
-    std::vector<std::span<const std::uint8_t>> scored;
+    std::vector<std::int64_t> rows;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
       on_step_start(state_.step);
@@ -29518,17 +29816,14 @@ class BasicTrainer {
       micro.reserve(static_cast<std::size_t>(A));
       std::int64_t targets = 0, input_tokens = 0, chosen = 0;
       for (std::int64_t a = 0; a < A; ++a) {
-        seqs.clear();
-        scored.clear();
+        rows.clear();
         for (std::int64_t i = 0; i < mb; ++i) {
           const std::int64_t ex = order[static_cast<std::size_t>(state_.batch_in_epoch * B + a * mb + i)];
-          const std::int64_t rows = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
-          for (std::int64_t row = ex * rows; row < (ex + 1) * rows; ++row) {
-            seqs.push_back(train_[row]);
-            scored.push_back(train_.scored(row));  // SFT and preferences: completions only
-          }
+          const std::int64_t per = pairs() ? 2 : 1;  // the pair's chosen and rejected sequences
+          for (std::int64_t row = ex * per; row < (ex + 1) * per; ++row) rows.push_back(row);
         }
-        micro.push_back(collate(seqs, args_.max_sequence_length, pad_id_, trunc_, &scored));
+        // SFT and preferences score completions only; packed rows keep their documents apart.
+        micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
@@ -29560,8 +29855,9 @@ class BasicTrainer {
           pref.logps_chosen += share * pm.logps_chosen;
           pref.logps_rejected += share * pm.logps_rejected;
         } else if (sharded_) {
-          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
-                                           b.attention_mask.data())
+          const nn::TokenLayout lay = b.layout();
+          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
+                                           lay.position_ids, lay.segment_ids)
                       .loss;
         } else {
           const nn::LossMetrics lm =

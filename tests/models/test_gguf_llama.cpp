@@ -378,6 +378,70 @@ TEST(GgufLlama, LoadsIntoBf16Parameters) {
   EXPECT_EQ(b.model.layers[1].self_attn.k_proj.weight.data()[5 * 64 + 3], bf16(x));
 }
 
+// Mixtral: llama.cpp's llama graph with experts (llama.expert_count / expert_used_count), the
+// router as ffn_gate_inp (F32) and each expert Linear merged into one 3-D ffn_*_exps tensor.
+TEST(GgufLlama, MixtralExpertsRoundTrip) {
+  TempDir dir;
+  LlamaConfig c = small_config();
+  c.model_type = "mixtral";
+  c.num_local_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.validate();
+  LlamaForCausalLM<> m(c);
+  m.init(Key::from_seed(7), 0.1f);
+  const fs::path file = dir / "mixtral.gguf";
+  models::save_gguf(file, m, {});
+  const auto f = GgufFile::open(file.string());
+  EXPECT_EQ(f.get_u32("llama.expert_count"), 4u);
+  EXPECT_EQ(f.get_u32("llama.expert_used_count"), 2u);
+  EXPECT_EQ(f.tensors().size(), 1u + 2 * 10 + 2);
+  EXPECT_FALSE(f.has_tensor("blk.0.ffn_gate.weight"));
+  EXPECT_EQ(f.tensor("blk.0.ffn_gate_inp.weight").dims, (std::vector<std::int64_t>{64, 4}));
+  EXPECT_EQ(f.tensor("blk.0.ffn_gate_exps.weight").dims, (std::vector<std::int64_t>{64, 128, 4}));
+  EXPECT_EQ(f.tensor("blk.1.ffn_up_exps.weight").dims, (std::vector<std::int64_t>{64, 128, 4}));
+  EXPECT_EQ(f.tensor("blk.1.ffn_down_exps.weight").dims, (std::vector<std::int64_t>{128, 64, 4}));
+  // Expert 2's w2 (down_proj) is the third [64, 128] matrix of ffn_down_exps.
+  const auto& down = m.model.layers[1].block_sparse_moe.experts[2].down_proj.weight;
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const float*>(f.tensor("blk.1.ffn_down_exps.weight").data) + 2 * 64 * 128,
+                        down.data(), 64 * 128 * sizeof(float)),
+            0);
+  const auto back = models::from_gguf<>(file);
+  EXPECT_EQ(back.config().model_type, "mixtral");
+  EXPECT_EQ(back.config().num_local_experts, 4);
+  EXPECT_EQ(back.config().num_experts_per_tok, 2);
+  expect_same_bits(logits_of(back), logits_of(m));
+
+  // q8_0: the experts (not the router) as blocks; loads as the in-memory quantized model and
+  // writes back the same bytes.
+  auto ref = m;
+  nn::quantize(ref, nn::QuantizationConfig{quant::Format::q8_0});
+  const fs::path q8 = dir / "mixtral-q8_0.gguf";
+  models::save_gguf(q8, m, options("q8_0", "f32"));
+  const auto fq = GgufFile::open(q8.string());
+  EXPECT_EQ(fq.tensor("blk.0.ffn_gate_exps.weight").type, GgmlType::Q8_0);
+  EXPECT_EQ(fq.tensor("blk.0.ffn_gate_inp.weight").type, GgmlType::F32);
+  auto qback = models::from_gguf<>(q8);
+  EXPECT_TRUE(qback.model.layers[0].block_sparse_moe.experts[3].up_proj.is_quantized());
+  expect_same_bits(logits_of(qback), logits_of(ref));
+  const fs::path again = dir / "again.gguf";
+  models::save_gguf(again, qback, options("q8_0", "f32"));
+  const auto g = GgufFile::open(again.string());
+  for (const auto& t : fq.tensors()) {
+    const auto a = t.bytes(), b = g.data_of(t.name);
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << t.name;
+  }
+
+  // Qwen2-MoE has llama.cpp's qwen2moe architecture: refused with a clear error.
+  LlamaConfig qc = small_config();
+  qc.model_type = "qwen2_moe";
+  qc.num_local_experts = 4;
+  qc.num_experts_per_tok = 2;
+  qc.moe_intermediate_size = 32;
+  qc.validate();
+  LlamaForCausalLM<> qm(qc);
+  EXPECT_NE(error_of([&] { models::save_gguf(dir / "q.gguf", qm, {}); }).find("qwen2moe"), std::string::npos);
+}
+
 TEST(GgufLlama, RopeScalingRoundTrips) {
   TempDir dir;
   for (const char* type : {"linear", "llama3"}) {

@@ -10,6 +10,10 @@
 // blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
 // ffn_down}, output_norm and output (absent when the embeddings are tied), each 2-D weight
 // stored [out, in] row-major, which is GGUF dims {in, out}. Norms and biases are F32.
+// Mixtral (convert_hf_to_gguf.py's MixtralModel, still architecture "llama"): llama.expert_count
+// and llama.expert_used_count, the router as blk.N.ffn_gate_inp (F32) and each expert Linear
+// merged into one 3-D tensor, blk.N.ffn_{gate,up,down}_exps with dims {in, out, experts}
+// (w1, w3, w2 of expert 0, then 1, ...).
 //
 // The rope permutation: HF rotates the two halves of each head (x_i with x_{i + D/2});
 // llama.cpp rotates adjacent pairs (x_{2i} with x_{2i+1}). So the rows of q_proj (n_head
@@ -211,14 +215,17 @@ inline void decode_row(GgmlType t, const std::byte* in, std::int64_t n, float* o
 // ---------------------------------------------------------------------------- writing
 
 /// A weight to write: `rows` rows of `cols` values, read as f32 by row_f32 (HF row order), or
-/// copied as blocks from `q` when the file stores its format. rope_heads > 0 writes the rows
-/// in llama.cpp's rope order for that many heads. vector: a 1-D tensor (rows values, cols 1).
+/// copied as blocks from `q` when the file stores its format (q: one matrix, or one per expert
+/// of `experts`, each rows / q.size() rows). rope_heads > 0 writes the rows in llama.cpp's rope
+/// order for that many heads. vector: a 1-D tensor (rows values, cols 1). experts > 0: a 3-D
+/// tensor of that many [rows / experts, cols] matrices (llama.cpp's ffn_*_exps).
 struct Source {
   std::int64_t rows = 0, cols = 0;
   std::function<void(std::int64_t, float*)> row_f32;
-  const quant::Matrix* q = nullptr;
+  std::vector<const quant::Matrix*> q;
   std::int64_t rope_heads = 0;
   bool vector = false;
+  std::int64_t experts = 0;
 };
 
 template <class T, class Spec>
@@ -247,18 +254,39 @@ Source linear_source(const Lin& lin) {
   s.rows = q.rows();
   s.cols = q.cols();
   s.row_f32 = [&q](std::int64_t r, float* out) { quant::Matrix::dequantize_row(q.view(), r, out); };
-  s.q = &q;
+  s.q = {&q};
+  return s;
+}
+/// The same Linear of each of `n` experts (`lin(e)`) as one 3-D tensor, expert after expert.
+template <class LinOf>
+Source experts_source(std::int64_t n, LinOf&& lin) {
+  std::vector<Source> parts;
+  for (std::int64_t e = 0; e < n; ++e) parts.push_back(linear_source(lin(e)));
+  Source s;
+  s.experts = n;
+  s.rows = n * parts.front().rows;
+  s.cols = parts.front().cols;
+  const std::int64_t per = parts.front().rows;
+  bool blocks = true;
+  for (const Source& p : parts) blocks = blocks && p.q.size() == 1 && p.q[0]->format() == parts.front().q[0]->format();
+  if (blocks)
+    for (const Source& p : parts) s.q.push_back(p.q[0]);
+  s.row_f32 = [parts = std::move(parts), per](std::int64_t r, float* out) {
+    parts[static_cast<std::size_t>(r / per)].row_f32(r % per, out);
+  };
   return s;
 }
 
 /// Adds tensor `name` of type t, streamed row block by row block when the file is written.
 inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, Source src) {
-  std::vector<std::int64_t> dims = src.vector ? std::vector<std::int64_t>{src.rows}
-                                              : std::vector<std::int64_t>{src.cols, src.rows};
+  std::vector<std::int64_t> dims = src.vector    ? std::vector<std::int64_t>{src.rows}
+                                  : src.experts ? std::vector<std::int64_t>{src.cols, src.rows / src.experts, src.experts}
+                                                : std::vector<std::int64_t>{src.cols, src.rows};
   w.add_tensor(name, t, std::move(dims), [src = std::move(src), t](io::GgufSink& sink) {
     const std::int64_t rb = row_bytes(t, src.cols);
     const std::int64_t chunk = std::max<std::int64_t>(1, (std::int64_t{1} << 22) / rb);
-    const bool copy_blocks = src.q != nullptr && ggml_of(src.q->format()) == t;
+    const bool copy_blocks = !src.q.empty() && ggml_of(src.q.front()->format()) == t;
+    const std::int64_t per_matrix = src.q.empty() ? src.rows : src.rows / static_cast<std::int64_t>(src.q.size());
     const std::int64_t D = src.rope_heads > 0 ? src.rows / src.rope_heads : 0;
     std::vector<std::byte> buf(static_cast<std::size_t>(std::min(chunk, src.rows) * rb));
     for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk) {
@@ -269,7 +297,8 @@ inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, S
           const std::int64_t g = r0 + i, r = D > 0 ? hf_rope_row(g, D) : g;  // file row g holds HF row r
           std::byte* dst = buf.data() + i * rb;
           if (copy_blocks) {
-            std::memcpy(dst, src.q->view().row(r), static_cast<std::size_t>(rb));
+            std::memcpy(dst, src.q[static_cast<std::size_t>(r / per_matrix)]->view().row(r % per_matrix),
+                        static_cast<std::size_t>(rb));
           } else {
             src.row_f32(r, x.data());
             encode_row(t, x.data(), src.cols, dst);
@@ -600,11 +629,20 @@ inline LlamaConfig config_of(const io::GgufFile& f) {
   EDL_CHECK(arch == "llama", errc::unsupported, src, "key 'general.architecture': \"", arch,
             "\"; edl reads GGUF files of the \"llama\" architecture");
   const auto key = [](const char* k) { return std::string("llama.") + k; };
-  EDL_CHECK(!f.has(key("expert_count")) || f.get_u32(key("expert_count")) == 0, errc::unsupported, src,
-            "key 'llama.expert_count': a mixture of experts; edl reads dense llama models");
   LlamaConfig c;
   c.source = src;
   c.model_type = "llama";
+  if (f.has(key("expert_count")) && f.get_i64(key("expert_count")) > 0) {  // Mixtral: merged ffn_*_exps tensors
+    c.model_type = "mixtral";
+    c.num_local_experts = f.get_i64(key("expert_count"));
+    EDL_CHECK(f.has(key("expert_used_count")), errc::format, src,
+              "key 'llama.expert_used_count': missing; a mixture of experts (llama.expert_count ", c.num_local_experts,
+              ") needs it");
+    c.num_experts_per_tok = f.get_i64(key("expert_used_count"));
+    EDL_CHECK(f.has_tensor("blk.0.ffn_gate_exps.weight"), errc::unsupported, src,
+              "tensor 'blk.0.ffn_gate_exps.weight': missing; edl reads experts merged into ffn_{gate,up,down}_exps "
+              "(the layout of llama.cpp's converter since 2024), not one tensor per expert");
+  }
   c.hidden_size = f.get_i64(key("embedding_length"));
   c.num_hidden_layers = f.get_i64(key("block_count"));
   c.intermediate_size = f.get_i64(key("feed_forward_length"));
@@ -665,7 +703,7 @@ inline LlamaConfig config_of(const io::GgufFile& f) {
   const auto eos = id("tokenizer.ggml.eos_token_id", spm ? std::optional<std::int64_t>(2) : std::nullopt);
   c.eos_token_id = eos ? std::vector<std::int64_t>{*eos} : std::vector<std::int64_t>{};
   c.pad_token_id = id("tokenizer.ggml.padding_token_id", std::nullopt);
-  c.extra["architectures"] = {"LlamaForCausalLM"};
+  c.extra["architectures"] = {c.model_type == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM"};
   c.validate();
   return c;
 }
@@ -730,18 +768,44 @@ class Loader {
     const std::string w = name + ".weight", hw = hf + ".weight";
     const std::int64_t rows = lin.out_features(), cols = lin.in_features();
     const io::GgufTensorInfo& t = get(w, hw, {cols, rows});
-    if (is_block_type(t.type)) {
-      const std::int64_t rb = row_bytes(t.type, cols), D = rope_heads > 0 ? rows / rope_heads : 0;
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
-      for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(bytes.data() + r * rb, t.data + (D > 0 ? gguf_rope_row(r, D) : r) * rb, static_cast<std::size_t>(rb));
-      const quant::Format fmt = t.type == GgmlType::Q8_0 ? quant::Format::q8_0 : quant::Format::q4_0;
-      const std::string where = concat(src_, " tensor '", w, "' (", hw, ")");
-      lin.set_quantized(quant::Matrix::from_bytes(fmt, rows, cols, bytes, nullptr, where), where);
-    } else {
-      param(lin.weight, w, hw, rope_heads);
-    }
+    if (is_block_type(t.type)) rows_into(lin, t, 0, w, hw, rope_heads);
+    else param(lin.weight, w, hw, rope_heads);
     if (lin.has_bias()) param(lin.bias, name + ".bias", hf + ".bias", rope_heads);
+  }
+
+  /// Expert e's Linear of `experts` from the 3-D tensor `name` (llama.cpp's ffn_*_exps: dims
+  /// {in, out, experts}, expert after expert).
+  template <class Lin>
+  void expert_linear(Lin& lin, const std::string& name, const std::string& hf, std::int64_t e, std::int64_t experts) {
+    const std::int64_t rows = lin.out_features(), cols = lin.in_features();
+    rows_into(lin, get(name, hf, {cols, rows, experts}), e * rows, name, hf, 0);
+  }
+
+  /// Lin's weight from rows [first, first + out) of tensor t: block types as the file's bytes
+  /// (a quantized Linear), others decoded into the weight parameter.
+  template <class Lin>
+  void rows_into(Lin& lin, const io::GgufTensorInfo& t, std::int64_t first, const std::string& name,
+                 const std::string& hf, std::int64_t rope_heads) {
+    const std::int64_t rows = lin.out_features(), cols = lin.in_features();
+    const std::int64_t rb = row_bytes(t.type, cols), D = rope_heads > 0 ? rows / rope_heads : 0;
+    const auto file_row = [&](std::int64_t r) { return t.data + (first + (D > 0 ? gguf_rope_row(r, D) : r)) * rb; };
+    if (is_block_type(t.type)) {
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
+      for (std::int64_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + r * rb, file_row(r), static_cast<std::size_t>(rb));
+      const quant::Format fmt = t.type == GgmlType::Q8_0 ? quant::Format::q8_0 : quant::Format::q4_0;
+      const std::string where = concat(src_, " tensor '", name, "' (", hf, ")");
+      lin.set_quantized(quant::Matrix::from_bytes(fmt, rows, cols, bytes, nullptr, where), where);
+      return;
+    }
+    using T = typename std::remove_reference_t<decltype(lin)>::T;
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 16384 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> x(static_cast<std::size_t>(cols));
+      for (std::ptrdiff_t r = lo; r < hi; ++r) {
+        decode_row(t.type, file_row(r), cols, x.data());
+        T* out = lin.weight.data() + r * cols;
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = from_f32<T>(x[static_cast<std::size_t>(j)]);
+      }
+    });
   }
 
   /// Tensors of the file that no parameter took (rope_freqs.weight is the config's).
@@ -782,8 +846,9 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   const LlamaConfig& c = m.config();
   EDL_CHECK(c.model_type != "qwen2", errc::unsupported, where,
             "a qwen2 model has its own GGUF architecture (\"qwen2\"); edl writes \"llama\" files");
-  EDL_CHECK(!c.is_moe(), errc::unsupported, where, "a ", c.model_type,
-            " model's experts are not written to GGUF yet (llama.cpp's ffn_*_exps tensors)");
+  EDL_CHECK(!c.qwen_moe(), errc::unsupported, where, "a ", c.model_type,
+            " model (its router and shared expert) has its own GGUF architecture (\"qwen2moe\", \"qwen3moe\"); edl "
+            "writes \"llama\" files, whose experts are Mixtral's");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
@@ -807,6 +872,10 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   w.add_u32("llama.feed_forward_length", u32("intermediate_size", c.intermediate_size));
   w.add_u32("llama.attention.head_count", u32("num_attention_heads", c.num_attention_heads));
   w.add_u32("llama.attention.head_count_kv", u32("num_key_value_heads", c.num_key_value_heads));
+  if (c.is_moe()) {  // Mixtral: llama.cpp's llama graph with a routed FFN (softmax, top-k, renormalised)
+    w.add_u32("llama.expert_count", u32("num_local_experts", c.num_local_experts));
+    w.add_u32("llama.expert_used_count", u32("num_experts_per_tok", c.num_experts_per_tok));
+  }
   w.add_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
   w.add_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   if (c.head_size() * c.num_attention_heads != c.hidden_size) {
@@ -864,6 +933,16 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
     linear("attn_v", L.self_attn.v_proj, 0);
     linear("attn_output", L.self_attn.o_proj, 0);
     g::add_source(w, b + "ffn_norm.weight", GgmlType::F32, g::vector_source(L.post_attention_layernorm.weight));
+    if (L.is_sparse()) {  // the router in F32 (as convert_hf_to_gguf.py), each expert Linear as one 3-D tensor
+      auto& moe = L.block_sparse_moe;
+      const auto E = static_cast<std::int64_t>(moe.experts.size());
+      g::add_source(w, b + "ffn_gate_inp.weight", GgmlType::F32, g::linear_source(moe.gate));
+      const auto at = [&](std::int64_t e) -> auto& { return moe.experts[static_cast<std::size_t>(e)]; };
+      weight(b + "ffn_gate_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).gate_proj; }));
+      weight(b + "ffn_down_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).down_proj; }));
+      weight(b + "ffn_up_exps.weight", type, g::experts_source(E, [&](std::int64_t e) -> auto& { return at(e).up_proj; }));
+      continue;
+    }
     linear("ffn_gate", L.mlp.gate_proj, 0);
     linear("ffn_up", L.mlp.up_proj, 0);
     linear("ffn_down", L.mlp.down_proj, 0);
@@ -897,6 +976,20 @@ LlamaForCausalLM<Pol> from_gguf(const std::filesystem::path& file) {
     ld.linear(L.self_attn.v_proj, b + "attn_v", hb + "self_attn.v_proj");
     ld.linear(L.self_attn.o_proj, b + "attn_output", hb + "self_attn.o_proj");
     ld.param(L.post_attention_layernorm.weight, b + "ffn_norm.weight", hb + "post_attention_layernorm.weight");
+    if (L.is_sparse()) {
+      auto& moe = L.block_sparse_moe;
+      const auto E = static_cast<std::int64_t>(moe.experts.size());
+      const std::string hm = hb + "block_sparse_moe.";
+      ld.param(moe.gate.weight, b + "ffn_gate_inp.weight", hm + "gate.weight");
+      for (std::int64_t e = 0; e < E; ++e) {
+        auto& ex = moe.experts[static_cast<std::size_t>(e)];
+        const std::string he = hm + "experts." + std::to_string(e) + ".";
+        ld.expert_linear(ex.gate_proj, b + "ffn_gate_exps.weight", he + "w1.weight", e, E);
+        ld.expert_linear(ex.down_proj, b + "ffn_down_exps.weight", he + "w2.weight", e, E);
+        ld.expert_linear(ex.up_proj, b + "ffn_up_exps.weight", he + "w3.weight", e, E);
+      }
+      continue;
+    }
     ld.linear(L.mlp.gate_proj, b + "ffn_gate", hb + "mlp.gate_proj");
     ld.linear(L.mlp.up_proj, b + "ffn_up", hb + "mlp.up_proj");
     ld.linear(L.mlp.down_proj, b + "ffn_down", hb + "mlp.down_proj");
