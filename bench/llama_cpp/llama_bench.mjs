@@ -3,6 +3,8 @@
 //
 //   node llama_bench.mjs --model tiny|small|gqa1b --prompt-len P --gen-len G --threads T [--dir D] [--mmap 0|1]
 //                        [--type f32|q8_0|q4_0]
+//   node llama_bench.mjs --model F.gguf --prompt-len P --gen-len G --threads T [--vocab N]
+//                        (a GGUF file as it is, e.g. one `edl convert` wrote; prompt ids below --vocab, 32000)
 //
 // llama.cpp comes from the npm package node-llama-cpp (prebuilt CPU libraries that pick the
 // best kernels for the CPU at load time: AVX2 "haswell", AVX-512 "skylakex", ...). The model is
@@ -33,7 +35,8 @@ function args() {
   }
   for (const k of ["model", "prompt-len", "gen-len", "threads"])
     if (!(k in o)) throw new Error(`llama_bench: --${k} is required`);
-  if (!(o.model in PRESETS)) throw new Error(`llama_bench: --model must be tiny, small or gqa1b, found '${o.model}'`);
+  if (!(o.model in PRESETS) && !o.model.endsWith(".gguf"))
+    throw new Error(`llama_bench: --model must be tiny, small, gqa1b or a .gguf file, found '${o.model}'`);
   return o;
 }
 
@@ -184,15 +187,19 @@ function writeGguf(file, c, type) {
 }
 
 const o = args();
-const c = PRESETS[o.model];
+const given = o.model.endsWith(".gguf");
+const c = given ? { vocab: Number(o.vocab ?? 32000), ctx: Infinity } : PRESETS[o.model];
 const P = Number(o["prompt-len"]), G = Number(o["gen-len"]), threads = Number(o.threads);
 if (P + G > c.ctx) throw new Error(`llama_bench: --prompt-len + --gen-len = ${P + G} exceeds ${o.model}'s ${c.ctx} positions`);
 const dir = o.dir ?? path.join(path.dirname(new URL(import.meta.url).pathname), "models");
-fs.mkdirSync(dir, { recursive: true });
-const type = o.type ?? "f32";
-if (!(type in GGML)) throw new Error(`llama_bench: --type must be f32, q8_0 or q4_0, found '${type}'`);
-const file = path.join(dir, `${o.model}-${type}.gguf`);
-if (!fs.existsSync(file)) writeGguf(file, c, type);
+const type = given ? "file" : (o.type ?? "f32");
+let file = o.model;
+if (!given) {
+  fs.mkdirSync(dir, { recursive: true });
+  if (!(type in GGML)) throw new Error(`llama_bench: --type must be f32, q8_0 or q4_0, found '${type}'`);
+  file = path.join(dir, `${o.model}-${type}.gguf`);
+  if (!fs.existsSync(file)) writeGguf(file, c, type);
+}
 
 const llama = await getLlama({ gpu: false, build: "never", logLevel: process.env.LLAMA_LOG ?? "error", maxThreads: 0 });
 const model = await llama.loadModel({ modelPath: file, gpuLayers: 0, useMmap: (o.mmap ?? "1") !== "0" });
@@ -210,7 +217,7 @@ for await (const tok of seq.evaluate([prompt[P - 1]], { temperature: 0 })) {
 }
 const t3 = performance.now();
 const out = {
-  model: o.model, quant: type === "f32" ? "none" : type, engine: "llama.cpp", llama_cpp: "node-llama-cpp 3.22.1", threads, prompt_len: P, gen_len: G,
+  model: given ? path.basename(o.model) : o.model, quant: given ? "file" : type === "f32" ? "none" : type, engine: "llama.cpp", llama_cpp: "node-llama-cpp 3.22.1", threads, prompt_len: P, gen_len: G,
   prefill_seconds: (t1 - t0) / 1e3, decode_seconds: (t3 - t2) / 1e3,
   prefill_tokens_per_s: (P - 1) / ((t1 - t0) / 1e3), decode_tokens_per_s: n / ((t3 - t2) / 1e3),
 };
