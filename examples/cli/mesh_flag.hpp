@@ -194,14 +194,17 @@ enum class MeshOp {
 /// one device to f32 rounding. The mesh is built from `dims` first, so invalid sizes fail
 /// before any work. (position_ids / attention_mask of `layout` are one-device only for now.)
 /// `remat` names the gradient-checkpointing policy of loss_and_grads (remat::runtime_names;
-/// "" = the model's own); the sharded path keeps every activation, so it takes none.
+/// "" = the model's own); the sharded path keeps every activation, or with nothing_saveable
+/// runs each layer again in its backward.
 template <class Model>
 nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const std::int64_t* ids,
                             const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
                             float* logits_out = nullptr, std::string_view remat = {}) {
   const DefaultMesh mesh = make_mesh(dims);
-  EDL_CHECK(remat.empty() || mesh.size() == 1 || remat == "everything_saveable", errc::unsupported, "--remat",
-            "gradient checkpointing runs on one device only for now (the sharded step keeps every activation)");
+  EDL_CHECK(remat.empty() || mesh.size() == 1 || remat == "everything_saveable" || remat == "nothing_saveable",
+            errc::unsupported, "--remat",
+            "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
+            "(everything_saveable); found \"", remat, "\"");
   if (mesh.size() == 1) {
     switch (op) {
       case MeshOp::logits:
@@ -229,7 +232,8 @@ nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const
   }
   const std::span<const std::int64_t> lab =
       labels ? std::span<const std::int64_t>(labels, tokens.size()) : std::span<const std::int64_t>();
-  auto r = models::sharded_loss_and_grads(model, mesh, tokens, lab, layout.batch, layout.seq);
+  auto r = models::sharded_loss_and_grads(model, mesh, tokens, lab, layout.batch, layout.seq, {},
+                                          llama_partition_rules(), remat == "nothing_saveable");
   if (op == MeshOp::loss_and_grads) {
     nn::zero_grad(model);
     model.visit_params("", [&](std::string_view path, auto& p) {

@@ -1021,7 +1021,9 @@ concept RematPolicy = requires(const Name& n) {
   { R::saves(n) } -> std::same_as<bool>;
 };
 
-/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat).
+/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
+/// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
+/// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
 inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
                                                 "dots_with_no_batch_dims_saveable"};
 
@@ -1031,8 +1033,9 @@ template <class F>
 bool dispatch(std::string_view name, F&& f) {
   if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
   else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
-  else if (name == "dots_saveable") f.template operator()<dots_saveable>();
-  else if (name == "dots_with_no_batch_dims_saveable") f.template operator()<dots_with_no_batch_dims_saveable>();
+  else if (name == "dots_saveable" || name == "checkpoint_dots") f.template operator()<dots_saveable>();
+  else if (name == "dots_with_no_batch_dims_saveable" || name == "checkpoint_dots_with_no_batch_dims")
+    f.template operator()<dots_with_no_batch_dims_saveable>();
   else return false;
   return true;
 }
@@ -20544,6 +20547,13 @@ class ShardedLlama {
   using T = typename Pol::param_t;
   using Local = LlamaForCausalLM<Pol>;
 
+  /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
+  /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
+  /// layer again, collectives included, before its backward; losses and gradients are bitwise
+  /// those without it.
+  void set_remat(bool on) noexcept { remat_ = on; }
+  bool remat() const noexcept { return remat_; }
+
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
@@ -20920,6 +20930,7 @@ class ShardedLlama {
     const bool multi = be.processes() > 1;
     if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
       std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
+    if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + B * S, 0.0);  // likewise: each position from one device
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos, seg);
       std::lock_guard<std::mutex> lock(mu);
@@ -20930,6 +20941,8 @@ class ShardedLlama {
     });
     if (multi && mode == Mode::logits)
       be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
+    if (multi && opt.row_nll && mode != Mode::logits)
+      be.sum_over_processes(opt.row_nll, static_cast<std::size_t>(B * S), DType::f64);
     return result;
   }
 
@@ -20980,10 +20993,14 @@ class ShardedLlama {
     std::vector<LayerSaved> saved(L);
     typename nn::Embedding<Pol>::Saved embed_s;
     model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    // A layer's activations are kept for its backward, unless the step has none or remat is
+    // on: then only its input (xs) is, and the backward runs the layer again first.
+    const bool keep = mode == Mode::train && !remat_;
     for (std::size_t l = 0; l < L; ++l) {
       const std::string pre = "model.layers." + std::to_string(l);
       gather_module(dev, model.layers[l], pre);
       layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      if (!keep) saved[l] = LayerSaved{};
       release_module(dev, model.layers[l]);
     }
     std::vector<float> hidden(n);
@@ -21006,6 +21023,13 @@ class ShardedLlama {
       nn::LossOptions o = opt;
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+      // Per-position weights and NLLs ([B, S], global) for the local tokens.
+      const auto global_at = [&](std::int64_t t) { return (b0 + t / c.Sl) * S + s0 + t % c.Sl; };
+      std::vector<float> w_l(opt.row_weights ? Tl : 0);
+      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
+      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[global_at(t)];
+      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
+      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
       const bool train = mode == Mode::train;
       std::vector<float> dhidden(train ? n : 0);
       if (train) {
@@ -21016,6 +21040,8 @@ class ShardedLlama {
       const nn::LossMetrics lm_m =
           nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
                              train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
+      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
+        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[global_at(t)] = nll_l[static_cast<std::size_t>(t)];
       // Combine the metrics: sums over the data axes (tp ranks hold identical values).
       double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
                         valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
@@ -21034,6 +21060,10 @@ class ShardedLlama {
           const std::string pre = "model.layers." + std::to_string(l);
           gather_module(dev, model.layers[l], pre);
           open_module_grads(dev, model.layers[l]);
+          if (remat_) {  // the same kernels and collectives again: bitwise the activations forward had
+            std::vector<float> again(n);
+            layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
+          }
           layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
           saved[l] = LayerSaved{};
           reduce_module(dev, model.layers[l], pre);
@@ -21058,6 +21088,7 @@ class ShardedLlama {
   DefaultMesh mesh_;
   PartitionRules rules_;
   bool tied_ = false;
+  bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
   std::vector<std::string> names_;
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
@@ -21108,7 +21139,7 @@ template <class Pol>
 ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
                                            std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
                                            std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
-                                           const PartitionRules& rules = llama_partition_rules()) {
+                                           const PartitionRules& rules = llama_partition_rules(), bool remat = false) {
   EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
             "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
   EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
@@ -21127,6 +21158,7 @@ ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const D
     return r;
   }
   ShardedLlama<Pol> sm(model, mesh, rules);
+  sm.set_remat(remat);
   r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
   r.grads = sm.gather_grads();
   return r;
@@ -27466,6 +27498,27 @@ inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> 
   return collate(seqs, max_length, pad_id, mode, &scored, &starts);
 }
 
+/// Pads (right) the rows of `b` to a multiple of `multiple` positions (transformers'
+/// pad_to_multiple_of): what a sequence-parallel mesh axis splits. Padding has pad_id,
+/// attention_mask 0, label -100 (and segment 0, position 0 in packed batches).
+inline void pad_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id) {
+  if (multiple <= 1 || b.seq % multiple == 0) return;
+  const std::int64_t S = (b.seq + multiple - 1) / multiple * multiple;
+  const auto widen = [&](std::vector<std::int64_t>& v, std::int64_t fill) {
+    if (v.empty()) return;
+    std::vector<std::int64_t> w(static_cast<std::size_t>(b.batch * S), fill);
+    for (std::int64_t r = 0; r < b.batch; ++r)
+      std::copy(v.begin() + r * b.seq, v.begin() + (r + 1) * b.seq, w.begin() + r * S);
+    v = std::move(w);
+  };
+  widen(b.input_ids, pad_id);
+  widen(b.attention_mask, 0);
+  widen(b.labels, -100);
+  widen(b.position_ids, 0);
+  widen(b.segment_ids, 0);
+  b.seq = S;
+}
+
 }  // namespace edl::train
 // end of edl/train/dataset.hpp
 // #include <edl/train/evaluation.hpp>
@@ -28628,7 +28681,8 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
 // picks the remat policy of the step at run time (forward<R> of the one model type, Model):
 // nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
-// every activation is kept (gradient_checkpointing must be empty or everything_saveable).
+// the sharded step keeps every activation or, with nothing_saveable, runs each layer again in
+// its backward (ShardedLlama::set_remat).
 //
 // With a "lora" section (LoRA; with "quantize_base" too, QLoRA over a quantized base): the
 // adapters are added after the model is built or loaded, every other parameter is frozen (no
@@ -28778,19 +28832,10 @@ inline Batch preference_batch(const std::vector<std::span<const std::int32_t>>& 
 
 namespace preference_detail {
 
-/// Per row of `b`: the sum of log p over its scored targets, and their count.
-template <class Model>
-void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
-               std::vector<std::int64_t>& count) {
-  const nn::TokenLayout lay = b.layout();
-  m.forward(b.input_ids.data(), lay, s);
-  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-  nn::LossOptions o;
-  o.row_nll = nll.data();
-  const auto& c = m.config();
-  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
-  });
+/// Per row of `b`: the sum of log p over its scored targets (from the per-position NLLs
+/// nn::LossOptions::row_nll gives), and their count.
+inline void logps_from_nll(const Batch& b, const std::vector<double>& nll, std::vector<double>& logp,
+                           std::vector<std::int64_t>& count) {
   logp.assign(static_cast<std::size_t>(b.batch), 0.0);
   count.assign(static_cast<std::size_t>(b.batch), 0);
   for (std::int64_t r = 0; r < b.batch; ++r)
@@ -28799,6 +28844,22 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
         logp[static_cast<std::size_t>(r)] -= nll[static_cast<std::size_t>(r * b.seq + t)];
         ++count[static_cast<std::size_t>(r)];
       }
+}
+
+/// Per row of `b`: the sum of log p over its scored targets, and their count; `s` keeps the
+/// forward for a backward.
+template <class Model>
+void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
+               std::vector<std::int64_t>& count) {
+  m.forward(b.input_ids.data(), b.layout(), s);
+  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+  nn::LossOptions o;
+  o.row_nll = nll.data();
+  const auto& c = m.config();
+  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+  });
+  logps_from_nll(b, nll, logp, count);
 }
 
 /// The scored targets of the chosen rows (the even ones) of a preference batch: ORPO's NLL
@@ -28815,14 +28876,17 @@ inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace preference_detail
 
-/// The preference loss of batch `b` for `policy`, with `reference_logps(logp, count)` giving
-/// DPO's reference log-probabilities per row; with `backward` its gradient ACCUMULATED into the
-/// policy's parameters. `step_pairs` > 0: the pairs of the whole optimizer step (micro-batches),
-/// the loss's denominator; `step_chosen` > 0: the step's chosen targets (ORPO's NLL).
-template <class Model, class ReferenceLogps>
-PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
-                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
-                                       std::int64_t step_chosen) {
+/// The preference loss of batch `b` from the rows' log-probabilities: `policy_logps(logp,
+/// count)` and DPO's `reference_logps(logp, count)` give them per row; with `backward`,
+/// `policy_backward(weights)` ACCUMULATES the gradient of sum over positions of weights x NLL
+/// into the policy (weights [batch * seq]: -d loss / d log p of the position's row). The model
+/// behind them may be one device or a mesh. `step_pairs` > 0: the pairs of the whole optimizer
+/// step (micro-batches), the loss's denominator; `step_chosen` > 0: the step's chosen targets
+/// (ORPO's NLL).
+template <class PolicyLogps, class PolicyBackward, class ReferenceLogps>
+PreferenceMetrics preference_objective(PolicyLogps&& policy_logps, PolicyBackward&& policy_backward,
+                                       ReferenceLogps&& reference_logps, const Batch& b, const PreferenceOptions& o,
+                                       bool backward, std::int64_t step_pairs, std::int64_t step_chosen) {
   namespace d = preference_detail;
   EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
             "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
@@ -28832,8 +28896,7 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
   std::vector<double> ref, pol;
   std::vector<std::int64_t> n;
   if (!o.orpo) reference_logps(ref, n);
-  typename Model::Saved s;
-  d::row_logps(policy, b, s, pol, n);
+  policy_logps(pol, n);
   const bool ipo = o.loss_type == "ipo" && !o.orpo, averaged = ipo || o.orpo;
   PreferenceMetrics m;
   m.pairs = P;
@@ -28897,17 +28960,34 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
     if (o.orpo && row % 2 == 0) g += 1.0 / nll_denom;
     for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
   }
-  nn::LossOptions lo;
-  lo.normalizer = 1.0;
-  lo.row_weights = w.data();
-  const auto& cfg = policy.config();
-  std::vector<float> dhidden(s.hidden.size());
-  policy.with_head(true, [&](const auto* wt, float* grad) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, S, cfg.hidden_size, wt, cfg.vocab_size, b.labels.data(), lo,
-                              dhidden.data(), grad);
-  });
-  policy.model.backward(dhidden.data(), s.model_s);
+  policy_backward(w);
   return m;
+}
+
+/// preference_objective for a one-device model: one forward for the log-probabilities, kept for
+/// the weighted cross-entropy backward.
+template <class Model, class ReferenceLogps>
+PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
+                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
+                                       std::int64_t step_chosen) {
+  typename Model::Saved s;
+  return preference_objective(
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        preference_detail::row_logps(policy, b, s, logp, count);
+      },
+      [&](const std::vector<float>& w) {
+        nn::LossOptions lo;
+        lo.normalizer = 1.0;
+        lo.row_weights = w.data();
+        const auto& cfg = policy.config();
+        std::vector<float> dhidden(s.hidden.size());
+        policy.with_head(true, [&](const auto* wt, float* grad) {
+          return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, cfg.hidden_size, wt, cfg.vocab_size,
+                                    b.labels.data(), lo, dhidden.data(), grad);
+        });
+        policy.model.backward(dhidden.data(), s.model_s);
+      },
+      reference_logps, b, o, backward, step_pairs, step_chosen);
 }
 
 /// DPO against a frozen `reference` model (see preference_loss_with; ORPO ignores it).
@@ -28936,6 +29016,40 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
         const lora::AdaptersOff<Model> off(policy);
         typename Model::Saved rs;
         preference_detail::row_logps(policy, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
+}
+
+/// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
+/// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
+/// ORPO). The policy runs one forward for the log-probabilities and one forward and backward
+/// for the gradient; the result equals the one-device loss within f32 rounding.
+template <class Sharded, class Reference>
+PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
+                                          const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
+                                          std::int64_t step_chosen = 0) {
+  EDL_CHECK(o.orpo || reference != nullptr, errc::invalid_argument, "sharded_preference_loss",
+            "DPO needs a reference model");
+  const nn::TokenLayout lay = b.layout();
+  return preference_objective(
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+        nn::LossOptions lo;
+        lo.row_nll = nll.data();
+        policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
+                    lay.segment_ids);
+        preference_detail::logps_from_nll(b, nll, logp, count);
+      },
+      [&](const std::vector<float>& w) {
+        nn::LossOptions lo;
+        lo.normalizer = 1.0;
+        lo.row_weights = w.data();
+        policy.loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
+                              lay.position_ids, lay.segment_ids);
+      },
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        typename Reference::Saved rs;
+        preference_detail::row_logps(*reference, b, rs, logp, count);
       },
       b, o, backward, step_pairs, step_chosen);
 }
@@ -29322,10 +29436,10 @@ struct TrainingArguments {
       EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
                 "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
       EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                    gradient_checkpointing == "everything_saveable",
-                errc::unsupported, where("gradient_checkpointing"), "rematerialization runs on one device for now "
-                "(the sharded step keeps every activation); found \"", gradient_checkpointing, "\" on a mesh of ",
-                mesh_devices(), " devices");
+                    gradient_checkpointing == "everything_saveable" || gradient_checkpointing == "nothing_saveable",
+                errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
+                "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
+                gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
@@ -29343,10 +29457,6 @@ struct TrainingArguments {
               trainer, " keeps each pair's rows apart: packing and padding_free apply to causal_lm and sft");
     if (preference()) {
       preference_options().validate(source + " field");
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
-                " runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(), " devices");
-      EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
-                "evaluation of preference pairs is not implemented yet: leave eval_data empty with ", trainer);
       EDL_CHECK(trainer != "orpo" || reference_model.empty(), errc::config, where("reference_model"),
                 "orpo uses no reference model; found \"", reference_model, "\"");
     }
@@ -29629,6 +29739,7 @@ class BasicTrainer {
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
       if (args_.preference()) {
         train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
+        if (!args_.eval_data.empty()) eval_ = load_preference_dataset(args_.eval_data, *tok_, so, d.vocab_size);
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
         if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
@@ -29714,15 +29825,32 @@ class BasicTrainer {
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
     // On a mesh the host model is gathered first (evaluation is rare next to training steps).
     sync_host();
-    e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+    ojson j = ojson::object();
+    if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
+      const PreferenceMetrics pm = evaluate_pairs();
+      e.loss = pm.loss;
+      e.perplexity = std::exp(pm.loss);
+      e.accuracy = pm.rewards_accuracies;
+      e.tokens = pm.pairs;
+      j["step"] = state_.step;
+      j["eval_loss"] = pm.loss;
+      j["eval_rewards/chosen"] = pm.rewards_chosen;
+      j["eval_rewards/rejected"] = pm.rewards_rejected;
+      j["eval_rewards/accuracies"] = pm.rewards_accuracies;
+      j["eval_rewards/margins"] = pm.rewards_margins;
+      j["eval_logps/chosen"] = pm.logps_chosen;
+      j["eval_logps/rejected"] = pm.logps_rejected;
+      j["eval_pairs"] = pm.pairs;
+    } else {
+      e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+      j["step"] = state_.step;
+      j["eval_loss"] = e.loss;
+      j["eval_perplexity"] = e.perplexity;
+      j["eval_accuracy"] = e.accuracy;
+      j["eval_tokens"] = e.tokens;
+    }
     e.step = state_.step;
     last_eval_ = e;
-    ojson j = ojson::object();
-    j["step"] = e.step;
-    j["eval_loss"] = e.loss;
-    j["eval_perplexity"] = e.perplexity;
-    j["eval_accuracy"] = e.accuracy;
-    j["eval_tokens"] = e.tokens;
     metrics_->write(j);
     char buf[160];
     std::snprintf(buf, sizeof buf, "eval at step %lld: loss %.4f, perplexity %.2f, accuracy %.3f",
@@ -29746,6 +29874,38 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_save) c.on_save(*this, p);
     return p;
+  }
+
+  /// The preference loss and metrics over eval_data's pairs (micro_batch_size pairs a batch,
+  /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
+  PreferenceMetrics evaluate_pairs() {
+    PreferenceMetrics sum;
+    const PreferenceOptions po = args_.preference_options();
+    const std::int64_t n = eval_->size() / 2, mb = args_.micro_batch_size();
+    std::vector<std::int64_t> rows;
+    std::int64_t batches = 0;
+    for (std::int64_t lo = 0; lo < n; lo += mb) {
+      if (args_.max_evaluation_steps && batches++ >= *args_.max_evaluation_steps) break;
+      rows.clear();
+      for (std::int64_t i = lo; i < std::min(n, lo + mb); ++i) rows.insert(rows.end(), {2 * i, 2 * i + 1});
+      const Batch b = collate_rows(*eval_, rows, args_.max_sequence_length, pad_id_, trunc_);
+      const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
+                                             : preference_loss(*model_, b, po, false);
+      const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
+      sum.loss += k * m.loss;
+      sum.rewards_chosen += k * m.rewards_chosen;
+      sum.rewards_rejected += k * m.rewards_rejected;
+      sum.rewards_accuracies += k * m.rewards_accuracies;
+      sum.rewards_margins += k * m.rewards_margins;
+      sum.logps_chosen += k * m.logps_chosen;
+      sum.logps_rejected += k * m.logps_rejected;
+      sum.pairs += m.pairs;
+    }
+    const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
+    for (double* v : {&sum.loss, &sum.rewards_chosen, &sum.rewards_rejected, &sum.rewards_accuracies,
+                      &sum.rewards_margins, &sum.logps_chosen, &sum.logps_rejected})
+      *v /= total;
+    return sum;
   }
 
   /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
@@ -29824,6 +29984,7 @@ class BasicTrainer {
         }
         // SFT and preferences score completions only; packed rows keep their documents apart.
         micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
+        if (mesh_) pad_to_multiple(micro.back(), mesh_->axis_size("sp"), pad_id_);  // sp splits the sequence
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
@@ -29841,8 +30002,9 @@ class BasicTrainer {
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
-          const PreferenceMetrics pm = reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
-                                                  : preference_loss(*model_, b, po, true, B, chosen);
+          const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
+                                       : reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
+                                                    : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
           const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
@@ -29996,6 +30158,7 @@ class BasicTrainer {
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
+    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     sopt_->load(opt_, *sharded_);
     host_stale_ = false;

@@ -261,6 +261,26 @@ TEST(ShardedLlama, RepeatedRunsAreBitIdentical) {
   }
 }
 
+// Remat on meshes: each layer runs again (its collectives too) before its backward; the loss
+// and every gradient are bitwise those of the step that keeps its activations, on every shape.
+TEST(ShardedLlama, RematGivesBitIdenticalGradients) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(23), 0.2f);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 24);
+  for (const auto& d : std::vector<Dims>{{1, 2, 1, 1}, {2, 1, 2, 2}, {1, 2, 2, 1}, {1, 1, 1, 4}}) {
+    SCOPED_TRACE(dims_str(d));
+    auto keep = models::shard_model(m, create_mesh(d));
+    auto remat = models::shard_model(m, create_mesh(d));
+    remat.set_remat(true);
+    const auto a = keep.loss_and_grads(ids.data(), nullptr, B, S);
+    const auto b = remat.loss_and_grads(ids.data(), nullptr, B, S);
+    EXPECT_EQ(a.loss, b.loss);
+    const auto ga = keep.gather_grads(), gb = remat.gather_grads();
+    for (const auto& [name, g] : ga) EXPECT_TRUE(g == gb.at(name)) << name;
+  }
+}
+
 TEST(ShardedLlama, GradientsAccumulateAndZero) {
   LlamaForCausalLM<> m(small_gqa_config());
   m.init(Key::from_seed(9), 0.2f);

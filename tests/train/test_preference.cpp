@@ -5,6 +5,7 @@
 // LoRA reference (the policy with its adapters switched off) against an explicit base copy.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/lora/apply.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sharded.hpp>
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/preference.hpp>
 #include <edl/train/sft_data.hpp>
@@ -239,6 +241,49 @@ TEST(Preference, TheLoraReferenceIsTheBaseWithoutACopy) {
   EXPECT_EQ(preference_loss(pol, b, o, false).loss, off.loss);
 }
 
+// On a mesh (fsdp=2, tp=2, dp x sp): the policy's per-position NLLs and weighted backward come
+// from models::ShardedLlama; the loss, metrics and every gathered gradient equal one device's.
+TEST(Preference, OnAMeshTheLossAndGradientsEqualOneDevice) {
+  const Model ref = model(1);
+  const Batch b = [] {
+    Batch x = pairs().batch();
+    pad_to_multiple(x, 2, 0);  // sp=2 splits the sequence
+    return x;
+  }();
+  for (const bool orpo : {false, true})
+    for (const std::array<std::int64_t, 4> dims : {std::array<std::int64_t, 4>{1, 2, 1, 1}, {1, 1, 2, 1}, {2, 1, 1, 2}}) {
+      PreferenceOptions o;
+      o.beta = 0.3;
+      o.orpo = orpo;
+      Model one = model(2);
+      nn::zero_grad(one);
+      const PreferenceMetrics want = preference_loss(one, ref, b, o, true);
+      Model host = model(2);
+      auto sm = models::shard_model(host, create_mesh(dims));
+      sm.zero_grad();
+      const PreferenceMetrics got = sharded_preference_loss(sm, orpo ? nullptr : &ref, b, o, true);
+      const std::string what = std::string(orpo ? "orpo" : "dpo") + " mesh " + std::to_string(dims[0]) +
+                               std::to_string(dims[1]) + std::to_string(dims[2]) + std::to_string(dims[3]);
+      EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::fabs(want.loss)) << what;
+      EXPECT_NEAR(got.rewards_margins, want.rewards_margins, 1e-5) << what;
+      EXPECT_NEAR(got.logps_chosen, want.logps_chosen, 1e-4) << what;
+      int checked = 0;
+      one.visit_params("", [&](std::string_view name, auto& p) {
+        const auto g = sm.gather_grad(std::string(name));
+        ASSERT_EQ(static_cast<std::int64_t>(g.size()), p.numel()) << name;
+        double num = 0, den = 0;
+        for (std::int64_t i = 0; i < p.numel(); ++i) {
+          const double d = g.data()[i] - p.grad_data()[i];
+          num += d * d;
+          den += static_cast<double>(p.grad_data()[i]) * p.grad_data()[i];
+        }
+        EXPECT_LE(std::sqrt(num), 1e-4 * std::sqrt(den) + 1e-9) << what << " " << name;
+        ++checked;
+      });
+      EXPECT_GT(checked, 10);
+    }
+}
+
 TEST(Preference, GradientsEqualFiniteDifferences) {
   const Model ref = model(1);
   for (const char* type : {"sigmoid", "ipo", "orpo"}) {
@@ -351,6 +396,35 @@ TEST(Preference, TheTrainerOptimisesPreferencePairs) {
     EXPECT_EQ(again[i]["loss"], lines[i]["loss"]) << "step " << i + 1;
     EXPECT_EQ(again[i]["rewards/margins"], lines[i]["rewards/margins"]) << "step " << i + 1;
   }
+}
+
+// DPO through the trainer on a 2-device fsdp mesh: the one-device losses within f32 rounding;
+// with eval_data, TRL's eval_ metrics at each evaluation (at step 0 the reference is the policy:
+// eval loss log 2).
+TEST(Preference, TheTrainerRunsDpoOnAMeshAndEvaluatesPairs) {
+  PairsRun run("dpo_mesh");
+  run.args["max_training_steps"] = 10;
+  run.args["trainer"] = "dpo";
+  const auto one = Trainer(TrainingArguments::from_json(run.args)).train();
+  run.args["sharding_axis_dims"] = {1, 2, 1, 1};
+  run.args["save_directory"] = (run.dir / "mesh").string();
+  run.args["eval_data"] = (run.dir / "pairs.jsonl").string();
+  run.args["evaluation_steps"] = 5;
+  Trainer t(TrainingArguments::from_json(run.args));
+  EXPECT_EQ(t.mesh_devices(), 2);
+  const EvalMetrics before = t.evaluate();
+  EXPECT_NEAR(before.loss, std::log(2.0), 1e-9);
+  const auto mesh = t.train();
+  EXPECT_NEAR(mesh.first_loss, one.first_loss, 1e-9);
+  EXPECT_NEAR(mesh.final_loss, one.final_loss, 1e-3 * one.final_loss);
+  int evals = 0;
+  for (const auto& j : run.metrics("mesh"))
+    if (j.contains("eval_rewards/margins") && j["step"].get<int>() > 0) {
+      ++evals;
+      EXPECT_TRUE(j.contains("eval_loss") && j.contains("eval_logps/chosen")) << j.dump();
+      EXPECT_GT(j["eval_rewards/margins"].get<double>(), 0.0);
+    }
+  EXPECT_GE(evals, 2);
 }
 
 // ORPO through the trainer: no reference model, TRL's ORPO metrics; the log odds of the chosen

@@ -158,15 +158,27 @@ TEST(TrainingArguments, GradientCheckpointingNamesTheRematPolicies) {
     return TrainingArguments::from_json(j, "a.json");
   };
   for (const char* ok : {"", "none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                         "everything_saveable"})
+                         "everything_saveable", "checkpoint_dots", "checkpoint_dots_with_no_batch_dims"})
     EXPECT_NO_THROW(make(ok).validate()) << ok;
+  // JAX's other names dispatch to the same policies.
+  const auto policy_of = [](std::string_view name) {
+    std::string got;
+    remat::dispatch(name, [&]<class R>() {
+      got = std::is_same_v<R, remat::dots_saveable>                     ? "dots_saveable"
+            : std::is_same_v<R, remat::dots_with_no_batch_dims_saveable> ? "dots_with_no_batch_dims_saveable"
+                                                                         : "other";
+    });
+    return got;
+  };
+  EXPECT_EQ(policy_of("checkpoint_dots"), "dots_saveable");
+  EXPECT_EQ(policy_of("checkpoint_dots_with_no_batch_dims"), "dots_with_no_batch_dims_saveable");
   EXPECT_EQ(make(true).gradient_checkpointing, "nothing_saveable");  // HF: true recomputes each layer
   EXPECT_EQ(make(false).gradient_checkpointing, "");
   auto e = error_of([&] { make("save_only_these_names").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);
   EXPECT_EQ(e.where(), "a.json field gradient_checkpointing");
   EXPECT_NE(std::string(e.what()).find("compile time"), std::string::npos) << e.what();
-  e = error_of([&] { make("checkpoint_dots").validate(); });
+  e = error_of([&] { make("checkpoint_everything").validate(); });
   EXPECT_EQ(e.code(), errc::config);
   EXPECT_NE(std::string(e.what()).find("dots_with_no_batch_dims_saveable"), std::string::npos) << e.what();
 }

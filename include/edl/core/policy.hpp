@@ -104,7 +104,9 @@ concept RematPolicy = requires(const Name& n) {
   { R::saves(n) } -> std::same_as<bool>;
 };
 
-/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat).
+/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
+/// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
+/// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
 inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
                                                 "dots_with_no_batch_dims_saveable"};
 
@@ -114,8 +116,9 @@ template <class F>
 bool dispatch(std::string_view name, F&& f) {
   if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
   else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
-  else if (name == "dots_saveable") f.template operator()<dots_saveable>();
-  else if (name == "dots_with_no_batch_dims_saveable") f.template operator()<dots_with_no_batch_dims_saveable>();
+  else if (name == "dots_saveable" || name == "checkpoint_dots") f.template operator()<dots_saveable>();
+  else if (name == "dots_with_no_batch_dims_saveable" || name == "checkpoint_dots_with_no_batch_dims")
+    f.template operator()<dots_with_no_batch_dims_saveable>();
   else return false;
   return true;
 }

@@ -486,4 +486,25 @@ inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> 
   return collate(seqs, max_length, pad_id, mode, &scored, &starts);
 }
 
+/// Pads (right) the rows of `b` to a multiple of `multiple` positions (transformers'
+/// pad_to_multiple_of): what a sequence-parallel mesh axis splits. Padding has pad_id,
+/// attention_mask 0, label -100 (and segment 0, position 0 in packed batches).
+inline void pad_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id) {
+  if (multiple <= 1 || b.seq % multiple == 0) return;
+  const std::int64_t S = (b.seq + multiple - 1) / multiple * multiple;
+  const auto widen = [&](std::vector<std::int64_t>& v, std::int64_t fill) {
+    if (v.empty()) return;
+    std::vector<std::int64_t> w(static_cast<std::size_t>(b.batch * S), fill);
+    for (std::int64_t r = 0; r < b.batch; ++r)
+      std::copy(v.begin() + r * b.seq, v.begin() + (r + 1) * b.seq, w.begin() + r * S);
+    v = std::move(w);
+  };
+  widen(b.input_ids, pad_id);
+  widen(b.attention_mask, 0);
+  widen(b.labels, -100);
+  widen(b.position_ids, 0);
+  widen(b.segment_ids, 0);
+  b.seq = S;
+}
+
 }  // namespace edl::train

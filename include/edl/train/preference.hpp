@@ -60,19 +60,10 @@ inline Batch preference_batch(const std::vector<std::span<const std::int32_t>>& 
 
 namespace preference_detail {
 
-/// Per row of `b`: the sum of log p over its scored targets, and their count.
-template <class Model>
-void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
-               std::vector<std::int64_t>& count) {
-  const nn::TokenLayout lay = b.layout();
-  m.forward(b.input_ids.data(), lay, s);
-  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-  nn::LossOptions o;
-  o.row_nll = nll.data();
-  const auto& c = m.config();
-  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
-  });
+/// Per row of `b`: the sum of log p over its scored targets (from the per-position NLLs
+/// nn::LossOptions::row_nll gives), and their count.
+inline void logps_from_nll(const Batch& b, const std::vector<double>& nll, std::vector<double>& logp,
+                           std::vector<std::int64_t>& count) {
   logp.assign(static_cast<std::size_t>(b.batch), 0.0);
   count.assign(static_cast<std::size_t>(b.batch), 0);
   for (std::int64_t r = 0; r < b.batch; ++r)
@@ -81,6 +72,22 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
         logp[static_cast<std::size_t>(r)] -= nll[static_cast<std::size_t>(r * b.seq + t)];
         ++count[static_cast<std::size_t>(r)];
       }
+}
+
+/// Per row of `b`: the sum of log p over its scored targets, and their count; `s` keeps the
+/// forward for a backward.
+template <class Model>
+void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::vector<double>& logp,
+               std::vector<std::int64_t>& count) {
+  m.forward(b.input_ids.data(), b.layout(), s);
+  std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+  nn::LossOptions o;
+  o.row_nll = nll.data();
+  const auto& c = m.config();
+  const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+  });
+  logps_from_nll(b, nll, logp, count);
 }
 
 /// The scored targets of the chosen rows (the even ones) of a preference batch: ORPO's NLL
@@ -97,14 +104,17 @@ inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace preference_detail
 
-/// The preference loss of batch `b` for `policy`, with `reference_logps(logp, count)` giving
-/// DPO's reference log-probabilities per row; with `backward` its gradient ACCUMULATED into the
-/// policy's parameters. `step_pairs` > 0: the pairs of the whole optimizer step (micro-batches),
-/// the loss's denominator; `step_chosen` > 0: the step's chosen targets (ORPO's NLL).
-template <class Model, class ReferenceLogps>
-PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
-                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
-                                       std::int64_t step_chosen) {
+/// The preference loss of batch `b` from the rows' log-probabilities: `policy_logps(logp,
+/// count)` and DPO's `reference_logps(logp, count)` give them per row; with `backward`,
+/// `policy_backward(weights)` ACCUMULATES the gradient of sum over positions of weights x NLL
+/// into the policy (weights [batch * seq]: -d loss / d log p of the position's row). The model
+/// behind them may be one device or a mesh. `step_pairs` > 0: the pairs of the whole optimizer
+/// step (micro-batches), the loss's denominator; `step_chosen` > 0: the step's chosen targets
+/// (ORPO's NLL).
+template <class PolicyLogps, class PolicyBackward, class ReferenceLogps>
+PreferenceMetrics preference_objective(PolicyLogps&& policy_logps, PolicyBackward&& policy_backward,
+                                       ReferenceLogps&& reference_logps, const Batch& b, const PreferenceOptions& o,
+                                       bool backward, std::int64_t step_pairs, std::int64_t step_chosen) {
   namespace d = preference_detail;
   EDL_CHECK(b.batch % 2 == 0 && b.batch > 0, errc::invalid_argument, "preference_loss",
             "expected (chosen, rejected) pairs of rows, found ", b.batch, " rows");
@@ -114,8 +124,7 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
   std::vector<double> ref, pol;
   std::vector<std::int64_t> n;
   if (!o.orpo) reference_logps(ref, n);
-  typename Model::Saved s;
-  d::row_logps(policy, b, s, pol, n);
+  policy_logps(pol, n);
   const bool ipo = o.loss_type == "ipo" && !o.orpo, averaged = ipo || o.orpo;
   PreferenceMetrics m;
   m.pairs = P;
@@ -179,17 +188,34 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
     if (o.orpo && row % 2 == 0) g += 1.0 / nll_denom;
     for (std::int64_t t = 0; t < S; ++t) w[static_cast<std::size_t>(row * S + t)] = static_cast<float>(g);
   }
-  nn::LossOptions lo;
-  lo.normalizer = 1.0;
-  lo.row_weights = w.data();
-  const auto& cfg = policy.config();
-  std::vector<float> dhidden(s.hidden.size());
-  policy.with_head(true, [&](const auto* wt, float* grad) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, S, cfg.hidden_size, wt, cfg.vocab_size, b.labels.data(), lo,
-                              dhidden.data(), grad);
-  });
-  policy.model.backward(dhidden.data(), s.model_s);
+  policy_backward(w);
   return m;
+}
+
+/// preference_objective for a one-device model: one forward for the log-probabilities, kept for
+/// the weighted cross-entropy backward.
+template <class Model, class ReferenceLogps>
+PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference_logps, const Batch& b,
+                                       const PreferenceOptions& o, bool backward, std::int64_t step_pairs,
+                                       std::int64_t step_chosen) {
+  typename Model::Saved s;
+  return preference_objective(
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        preference_detail::row_logps(policy, b, s, logp, count);
+      },
+      [&](const std::vector<float>& w) {
+        nn::LossOptions lo;
+        lo.normalizer = 1.0;
+        lo.row_weights = w.data();
+        const auto& cfg = policy.config();
+        std::vector<float> dhidden(s.hidden.size());
+        policy.with_head(true, [&](const auto* wt, float* grad) {
+          return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, cfg.hidden_size, wt, cfg.vocab_size,
+                                    b.labels.data(), lo, dhidden.data(), grad);
+        });
+        policy.model.backward(dhidden.data(), s.model_s);
+      },
+      reference_logps, b, o, backward, step_pairs, step_chosen);
 }
 
 /// DPO against a frozen `reference` model (see preference_loss_with; ORPO ignores it).
@@ -218,6 +244,40 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
         const lora::AdaptersOff<Model> off(policy);
         typename Model::Saved rs;
         preference_detail::row_logps(policy, b, rs, logp, count);
+      },
+      b, o, backward, step_pairs, step_chosen);
+}
+
+/// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
+/// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
+/// ORPO). The policy runs one forward for the log-probabilities and one forward and backward
+/// for the gradient; the result equals the one-device loss within f32 rounding.
+template <class Sharded, class Reference>
+PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
+                                          const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
+                                          std::int64_t step_chosen = 0) {
+  EDL_CHECK(o.orpo || reference != nullptr, errc::invalid_argument, "sharded_preference_loss",
+            "DPO needs a reference model");
+  const nn::TokenLayout lay = b.layout();
+  return preference_objective(
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+        nn::LossOptions lo;
+        lo.row_nll = nll.data();
+        policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
+                    lay.segment_ids);
+        preference_detail::logps_from_nll(b, nll, logp, count);
+      },
+      [&](const std::vector<float>& w) {
+        nn::LossOptions lo;
+        lo.normalizer = 1.0;
+        lo.row_weights = w.data();
+        policy.loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
+                              lay.position_ids, lay.segment_ids);
+      },
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        typename Reference::Saved rs;
+        preference_detail::row_logps(*reference, b, rs, logp, count);
       },
       b, o, backward, step_pairs, step_chosen);
 }

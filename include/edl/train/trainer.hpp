@@ -25,7 +25,8 @@
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
 // picks the remat policy of the step at run time (forward<R> of the one model type, Model):
 // nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
-// every activation is kept (gradient_checkpointing must be empty or everything_saveable).
+// the sharded step keeps every activation or, with nothing_saveable, runs each layer again in
+// its backward (ShardedLlama::set_remat).
 //
 // With a "lora" section (LoRA; with "quantize_base" too, QLoRA over a quantized base): the
 // adapters are added after the model is built or loaded, every other parameter is frozen (no
@@ -160,6 +161,7 @@ class BasicTrainer {
       const SftOptions so{args_.completion_only_loss, eos_or(-1)};
       if (args_.preference()) {
         train_ = load_preference_dataset(args_.train_data, *tok_, so, d.vocab_size);
+        if (!args_.eval_data.empty()) eval_ = load_preference_dataset(args_.eval_data, *tok_, so, d.vocab_size);
       } else {
         train_ = load_sft_dataset(args_.train_data, *tok_, so, d.vocab_size);
         if (!args_.eval_data.empty()) eval_ = load_sft_dataset(args_.eval_data, *tok_, so, d.vocab_size);
@@ -245,15 +247,32 @@ class BasicTrainer {
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
     // On a mesh the host model is gathered first (evaluation is rare next to training steps).
     sync_host();
-    e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+    ojson j = ojson::object();
+    if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
+      const PreferenceMetrics pm = evaluate_pairs();
+      e.loss = pm.loss;
+      e.perplexity = std::exp(pm.loss);
+      e.accuracy = pm.rewards_accuracies;
+      e.tokens = pm.pairs;
+      j["step"] = state_.step;
+      j["eval_loss"] = pm.loss;
+      j["eval_rewards/chosen"] = pm.rewards_chosen;
+      j["eval_rewards/rejected"] = pm.rewards_rejected;
+      j["eval_rewards/accuracies"] = pm.rewards_accuracies;
+      j["eval_rewards/margins"] = pm.rewards_margins;
+      j["eval_logps/chosen"] = pm.logps_chosen;
+      j["eval_logps/rejected"] = pm.logps_rejected;
+      j["eval_pairs"] = pm.pairs;
+    } else {
+      e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+      j["step"] = state_.step;
+      j["eval_loss"] = e.loss;
+      j["eval_perplexity"] = e.perplexity;
+      j["eval_accuracy"] = e.accuracy;
+      j["eval_tokens"] = e.tokens;
+    }
     e.step = state_.step;
     last_eval_ = e;
-    ojson j = ojson::object();
-    j["step"] = e.step;
-    j["eval_loss"] = e.loss;
-    j["eval_perplexity"] = e.perplexity;
-    j["eval_accuracy"] = e.accuracy;
-    j["eval_tokens"] = e.tokens;
     metrics_->write(j);
     char buf[160];
     std::snprintf(buf, sizeof buf, "eval at step %lld: loss %.4f, perplexity %.2f, accuracy %.3f",
@@ -277,6 +296,38 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_save) c.on_save(*this, p);
     return p;
+  }
+
+  /// The preference loss and metrics over eval_data's pairs (micro_batch_size pairs a batch,
+  /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
+  PreferenceMetrics evaluate_pairs() {
+    PreferenceMetrics sum;
+    const PreferenceOptions po = args_.preference_options();
+    const std::int64_t n = eval_->size() / 2, mb = args_.micro_batch_size();
+    std::vector<std::int64_t> rows;
+    std::int64_t batches = 0;
+    for (std::int64_t lo = 0; lo < n; lo += mb) {
+      if (args_.max_evaluation_steps && batches++ >= *args_.max_evaluation_steps) break;
+      rows.clear();
+      for (std::int64_t i = lo; i < std::min(n, lo + mb); ++i) rows.insert(rows.end(), {2 * i, 2 * i + 1});
+      const Batch b = collate_rows(*eval_, rows, args_.max_sequence_length, pad_id_, trunc_);
+      const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
+                                             : preference_loss(*model_, b, po, false);
+      const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
+      sum.loss += k * m.loss;
+      sum.rewards_chosen += k * m.rewards_chosen;
+      sum.rewards_rejected += k * m.rewards_rejected;
+      sum.rewards_accuracies += k * m.rewards_accuracies;
+      sum.rewards_margins += k * m.rewards_margins;
+      sum.logps_chosen += k * m.logps_chosen;
+      sum.logps_rejected += k * m.logps_rejected;
+      sum.pairs += m.pairs;
+    }
+    const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
+    for (double* v : {&sum.loss, &sum.rewards_chosen, &sum.rewards_rejected, &sum.rewards_accuracies,
+                      &sum.rewards_margins, &sum.logps_chosen, &sum.logps_rejected})
+      *v /= total;
+    return sum;
   }
 
   /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
@@ -355,6 +406,7 @@ class BasicTrainer {
         }
         // SFT and preferences score completions only; packed rows keep their documents apart.
         micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
+        if (mesh_) pad_to_multiple(micro.back(), mesh_->axis_size("sp"), pad_id_);  // sp splits the sequence
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
         for (auto m : micro.back().attention_mask) input_tokens += m;
@@ -372,8 +424,9 @@ class BasicTrainer {
                                              static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
-          const PreferenceMetrics pm = reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
-                                                  : preference_loss(*model_, b, po, true, B, chosen);
+          const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
+                                       : reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
+                                                    : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
           const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
@@ -527,6 +580,7 @@ class BasicTrainer {
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
+    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     sopt_->load(opt_, *sharded_);
     host_stale_ = false;

@@ -375,10 +375,10 @@ struct TrainingArguments {
       EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
                 "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
       EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                    gradient_checkpointing == "everything_saveable",
-                errc::unsupported, where("gradient_checkpointing"), "rematerialization runs on one device for now "
-                "(the sharded step keeps every activation); found \"", gradient_checkpointing, "\" on a mesh of ",
-                mesh_devices(), " devices");
+                    gradient_checkpointing == "everything_saveable" || gradient_checkpointing == "nothing_saveable",
+                errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
+                "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
+                gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
@@ -396,10 +396,6 @@ struct TrainingArguments {
               trainer, " keeps each pair's rows apart: packing and padding_free apply to causal_lm and sft");
     if (preference()) {
       preference_options().validate(source + " field");
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("trainer"), trainer,
-                " runs on one device for now (sharding_axis_dims of 1); found a mesh of ", mesh_devices(), " devices");
-      EDL_CHECK(eval_data.empty(), errc::unsupported, where("eval_data"),
-                "evaluation of preference pairs is not implemented yet: leave eval_data empty with ", trainer);
       EDL_CHECK(trainer != "orpo" || reference_model.empty(), errc::config, where("reference_model"),
                 "orpo uses no reference model; found \"", reference_model, "\"");
     }

@@ -222,6 +222,13 @@ class ShardedLlama {
   using T = typename Pol::param_t;
   using Local = LlamaForCausalLM<Pol>;
 
+  /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
+  /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
+  /// layer again, collectives included, before its backward; losses and gradients are bitwise
+  /// those without it.
+  void set_remat(bool on) noexcept { remat_ = on; }
+  bool remat() const noexcept { return remat_; }
+
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
@@ -598,6 +605,7 @@ class ShardedLlama {
     const bool multi = be.processes() > 1;
     if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
       std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
+    if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + B * S, 0.0);  // likewise: each position from one device
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos, seg);
       std::lock_guard<std::mutex> lock(mu);
@@ -608,6 +616,8 @@ class ShardedLlama {
     });
     if (multi && mode == Mode::logits)
       be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
+    if (multi && opt.row_nll && mode != Mode::logits)
+      be.sum_over_processes(opt.row_nll, static_cast<std::size_t>(B * S), DType::f64);
     return result;
   }
 
@@ -658,10 +668,14 @@ class ShardedLlama {
     std::vector<LayerSaved> saved(L);
     typename nn::Embedding<Pol>::Saved embed_s;
     model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    // A layer's activations are kept for its backward, unless the step has none or remat is
+    // on: then only its input (xs) is, and the backward runs the layer again first.
+    const bool keep = mode == Mode::train && !remat_;
     for (std::size_t l = 0; l < L; ++l) {
       const std::string pre = "model.layers." + std::to_string(l);
       gather_module(dev, model.layers[l], pre);
       layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      if (!keep) saved[l] = LayerSaved{};
       release_module(dev, model.layers[l]);
     }
     std::vector<float> hidden(n);
@@ -684,6 +698,13 @@ class ShardedLlama {
       nn::LossOptions o = opt;
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+      // Per-position weights and NLLs ([B, S], global) for the local tokens.
+      const auto global_at = [&](std::int64_t t) { return (b0 + t / c.Sl) * S + s0 + t % c.Sl; };
+      std::vector<float> w_l(opt.row_weights ? Tl : 0);
+      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
+      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[global_at(t)];
+      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
+      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
       const bool train = mode == Mode::train;
       std::vector<float> dhidden(train ? n : 0);
       if (train) {
@@ -694,6 +715,8 @@ class ShardedLlama {
       const nn::LossMetrics lm_m =
           nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
                              train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
+      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
+        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[global_at(t)] = nll_l[static_cast<std::size_t>(t)];
       // Combine the metrics: sums over the data axes (tp ranks hold identical values).
       double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
                         valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
@@ -712,6 +735,10 @@ class ShardedLlama {
           const std::string pre = "model.layers." + std::to_string(l);
           gather_module(dev, model.layers[l], pre);
           open_module_grads(dev, model.layers[l]);
+          if (remat_) {  // the same kernels and collectives again: bitwise the activations forward had
+            std::vector<float> again(n);
+            layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
+          }
           layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
           saved[l] = LayerSaved{};
           reduce_module(dev, model.layers[l], pre);
@@ -736,6 +763,7 @@ class ShardedLlama {
   DefaultMesh mesh_;
   PartitionRules rules_;
   bool tied_ = false;
+  bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
   std::vector<std::string> names_;
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
@@ -786,7 +814,7 @@ template <class Pol>
 ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
                                            std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
                                            std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
-                                           const PartitionRules& rules = llama_partition_rules()) {
+                                           const PartitionRules& rules = llama_partition_rules(), bool remat = false) {
   EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
             "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
   EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
@@ -805,6 +833,7 @@ ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const D
     return r;
   }
   ShardedLlama<Pol> sm(model, mesh, rules);
+  sm.set_remat(remat);
   r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
   r.grads = sm.gather_grads();
   return r;
