@@ -10,27 +10,15 @@ logits, HF causal-LM loss and every gradient of a token batch:
 
     /usr/bin/python3 scripts/qwen3_reference.py --oracle ../shared/oracle --out tests/data/tiny_qwen3
 """
-import argparse
-import json
 import os
 import sys
 
-import numpy as np
 import torch
-import torch.nn as nn
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--oracle", required=True)
-ap.add_argument("--out", required=True)
-ap.add_argument("--seed", type=int, default=11)
-args = ap.parse_args()
-sys.path.insert(0, args.oracle)
-import ref_llama  # noqa: E402
-import st_np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_parts import add_head_norms  # noqa: E402
+from reference_parts import add_head_norms, family_setup, write_family_fixture  # noqa: E402
 
+args, ref_llama, st_np = family_setup(default_seed=11)
 config = ref_llama.make_config(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                                max_position_embeddings=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -52,20 +40,12 @@ with torch.no_grad():
         else:
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.2)
 
-os.makedirs(os.path.join(args.out, "oracle"), exist_ok=True)
-with open(os.path.join(args.out, "config.json"), "w") as f:
-    json.dump(config, f, indent=2)
-state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-state.pop("lm_head.weight")  # tied: HF writes the embedding only
-st_np.save_file(state, os.path.join(args.out, "model.safetensors"))
 
-# The reference runs in float64 on the float32 weights as saved.
-model = model.double()
-tokens = torch.randint(0, config["vocab_size"], (2, 8), generator=g)
-logits = model(tokens)
-shift = logits[:, :-1].reshape(-1, config["vocab_size"])
-loss = nn.functional.cross_entropy(shift, tokens[:, 1:].reshape(-1))
-loss.backward()
+def drop_tied_head(tensors):  # tied: HF writes the embedding only
+    return {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+
+
+model, tokens, logits = write_family_fixture(model, config, args.out, g, st_np, to_file=drop_tied_head)
 
 # The oracle's KV-cache decoding (prefill, then one token at a time) gives the full forward's logits.
 with torch.no_grad():
@@ -74,11 +54,3 @@ with torch.no_grad():
     for t in range(5, 8):
         steps.append(model(tokens[:, t:t + 1], cache, t)[:, -1])
     assert torch.allclose(torch.stack(steps, 1), logits[:, 4:].detach(), atol=1e-10), "cached decoding differs"
-
-np.save(os.path.join(args.out, "oracle", "tokens.npy"), tokens.numpy().astype(np.int64))
-np.save(os.path.join(args.out, "oracle", "logits.npy"), logits.detach().numpy().astype(np.float32))
-with open(os.path.join(args.out, "oracle", "loss.json"), "w") as f:
-    json.dump({"loss": loss.item(), "n_target_tokens": int(tokens[:, 1:].numel())}, f, indent=2)
-st_np.save_file({k: p.grad.numpy().astype(np.float32) for k, p in model.named_parameters()},
-                os.path.join(args.out, "oracle", "grads.safetensors"))
-print("wrote", args.out, "loss", loss.item())

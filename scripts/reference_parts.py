@@ -100,3 +100,54 @@ def add_qkv_biases(attn):
     attn.q_proj = nn.Linear(attn.q_proj.in_features, attn.q_proj.out_features, bias=True)
     attn.k_proj = nn.Linear(attn.k_proj.in_features, attn.k_proj.out_features, bias=True)
     attn.v_proj = nn.Linear(attn.v_proj.in_features, attn.v_proj.out_features, bias=True)
+
+
+def family_setup(default_seed):
+    """The command line of every family reference (--oracle, --out, --seed): parses it and puts
+    the shared oracle on the path; returns (args, ref_llama, st_np)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--oracle", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=default_seed)
+    args = ap.parse_args()
+    sys.path.insert(0, args.oracle)
+    import ref_llama
+    import st_np
+    return args, ref_llama, st_np
+
+
+def write_family_fixture(model, config, out, generator, st_np, to_file=lambda tensors: tensors):
+    """Writes a family's fixture: OUT/config.json, OUT/model.safetensors (the float32 weights,
+    through `to_file`: the family's names and layout), and, with the model in float64, the
+    logits, HF causal-LM loss and every gradient (through `to_file` too) of a [2, 8] token batch
+    drawn from `generator`: OUT/oracle/tokens.npy, logits.npy, loss.json, grads.safetensors.
+    Returns (the float64 model, tokens, logits) for a family's further checks."""
+    import json
+    import os
+
+    import numpy as np
+
+    os.makedirs(os.path.join(out, "oracle"), exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    state = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    st_np.save_file(to_file(state), os.path.join(out, "model.safetensors"))
+
+    # The reference runs in float64 on the float32 weights as saved.
+    model = model.double()
+    tokens = torch.randint(0, config["vocab_size"], (2, 8), generator=generator)
+    logits = model(tokens)
+    shift = logits[:, :-1].reshape(-1, config["vocab_size"])
+    loss = nn.functional.cross_entropy(shift, tokens[:, 1:].reshape(-1))
+    loss.backward()
+    np.save(os.path.join(out, "oracle", "tokens.npy"), tokens.numpy().astype(np.int64))
+    np.save(os.path.join(out, "oracle", "logits.npy"), logits.detach().numpy().astype(np.float32))
+    with open(os.path.join(out, "oracle", "loss.json"), "w") as f:
+        json.dump({"loss": loss.item(), "n_target_tokens": int(tokens[:, 1:].numel())}, f, indent=2)
+    grads = {k: p.grad.numpy().astype(np.float32) for k, p in model.named_parameters()}
+    st_np.save_file(to_file(grads), os.path.join(out, "oracle", "grads.safetensors"))
+    print("wrote", out, "loss", loss.item())
+    return model, tokens, logits

@@ -13,6 +13,7 @@
 // breaks the safetensors rules are errors on stderr naming the file (exit 1).
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -24,6 +25,7 @@
 #include <edl/io/json_config.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/fused_checkpoint.hpp>
 #include "args.hpp"
 
 namespace edl::cli {
@@ -85,11 +87,14 @@ inline int cmd_inspect(Args& args) {
     nlohmann::ordered_json check;
     const auto& mt_json = cfg_json.json().contains("model_type") ? cfg_json.json()["model_type"] : nlohmann::ordered_json();
     const std::string mt = mt_json.is_string() ? mt_json.get<std::string>() : std::string();
-    if (!(mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3")) {
+    const char* known[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"};
+    if (std::find(std::begin(known), std::end(known), mt) == std::end(known)) {
       // A config edl cannot check is not reported valid: say why.
       check["ok"] = false;
       check["error"] = mt_json.is_null() ? std::string("config.json has no model_type")
-                                         : "model_type " + mt_json.dump() + " is not one edl reads (llama, mistral, qwen2, qwen3)";
+                                         : "model_type " + mt_json.dump() +
+                                               " is not one edl reads (llama, mistral, qwen2, qwen3, phi3, mixtral, "
+                                               "qwen2_moe, qwen3_moe)";
       out["config_check"] = check;
     } else {
       try {
@@ -97,14 +102,24 @@ inline int cmd_inspect(Args& args) {
         nlohmann::ordered_json missing = nlohmann::ordered_json::array(), mismatched = nlohmann::ordered_json::array(),
                                unexpected = nlohmann::ordered_json::array();
         std::set<std::string> expected;
-        for (const auto& [name, shape] : cfg.parameter_shapes()) {
-          expected.insert(name);
-          if (!ckpt.contains(name)) missing.push_back(name);
-          else if (ckpt.info(name).shape != shape)
-            mismatched.push_back({{"name", name}, {"expected", shape}, {"found", ckpt.info(name).shape}});
+        // Against edl's parameter names; a Phi-3 folder's fused tensors are seen as their parts.
+        const auto check_against = [&](const auto& ck) {
+          for (const auto& [name, shape] : cfg.parameter_shapes()) {
+            expected.insert(name);
+            if (!ck.contains(name)) missing.push_back(name);
+            else if (ck.info(name).shape != shape)
+              mismatched.push_back({{"name", name}, {"expected", shape}, {"found", ck.info(name).shape}});
+          }
+          for (const auto& name : ck.names())
+            if (!expected.count(name)) unexpected.push_back(name);
+        };
+        if (cfg.fused_projections()) {
+          std::vector<std::string> names;
+          for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
+          check_against(models::FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names));
+        } else {
+          check_against(ckpt);
         }
-        for (const auto& name : ckpt.names())
-          if (!expected.count(name)) unexpected.push_back(name);
         check["ok"] = missing.empty() && mismatched.empty() && unexpected.empty();
         check["parameter_count"] = cfg.parameter_count();
         check["missing"] = missing;

@@ -56,6 +56,9 @@ void save_grads(const std::string& path, Model& model) {
                       io::TensorRef(DType::f32, p.shape(),
                                     std::as_bytes(std::span<const float>(g, p.value.size()))));
   });
+  std::vector<std::vector<std::byte>> fused;
+  if constexpr (requires { model.config().fused_projections(); })
+    models::fuse_tensors(model.config(), list, fused);  // Phi-3: the checkpoint's qkv_proj / gate_up_proj
   io::save_safetensors(path, list, {{"format", "pt"}});
 }
 

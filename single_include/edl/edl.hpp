@@ -19521,6 +19521,8 @@ struct LlamaConfig {
   /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
   bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
+  /// Phi-3: q/k/v and gate/up stored fused in checkpoints (models/llama/fused_checkpoint.hpp).
+  bool fused_projections() const { return model_type == "phi3"; }
   /// Layer l's MLP is a mixture of experts.
   bool layer_is_sparse(std::int64_t l) const {
     if (!is_moe()) return false;
@@ -19549,9 +19551,15 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  is_moe(),
+                  model_type == "phi3" || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+              "expected llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+    // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
+    EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
+                  extra["partial_rotary_factor"].get<double>() == 1.0,
+              errc::unsupported, where("partial_rotary_factor"), "rotary embeddings over part of each head are not "
+              "supported (edl rotates the whole head); found ", extra.contains("partial_rotary_factor") ?
+              extra["partial_rotary_factor"].dump() : std::string());
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);
@@ -21419,6 +21427,197 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/fused_checkpoint.hpp>
+// edl/models/llama/fused_checkpoint.hpp
+// Checkpoints that store some Linears fused, read and written under edl's names. Phi-3
+// (model_type "phi3") keeps the attention's q, k and v projections in one tensor and the MLP's
+// gate and up projections in another, row blocks one after the other:
+//
+//   model.layers.N.self_attn.qkv_proj.weight   [q; k; v]   (heads*D + 2*kv_heads*D, hidden)
+//   model.layers.N.mlp.gate_up_proj.weight     [gate; up]  (2*intermediate, hidden)
+//
+// Phi-3's math is Llama's otherwise, so edl's layers hold the parts as separate Linears
+// (q_proj, ..., up_proj): loading reads each part's rows of the fused tensor (FusedCheckpointView,
+// the checkpoint seen with edl's names), saving joins them back (fuse_tensors), so a folder edl
+// writes loads in transformers' Phi3ForCausalLM unchanged. Quantized Linears (U8 block rows) are
+// fused and split the same way: rows stay whole.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+
+namespace edl::models {
+
+/// Where a parameter lives inside a fused tensor: its name and the parameter's rows there.
+struct FusedSlice {
+  std::string tensor;
+  std::int64_t row0 = 0, rows = 0;
+};
+
+/// The fused tensor holding parameter `name` of a model of `c`, or none (stored as it is).
+inline std::optional<FusedSlice> fused_slice(const LlamaConfig& c, std::string_view name) {
+  if (!c.fused_projections()) return std::nullopt;
+  const std::int64_t D = c.head_size(), q = c.num_attention_heads * D, kv = c.num_key_value_heads * D,
+                     I = c.intermediate_size;
+  struct Part {
+    std::string_view name, fused;
+    std::int64_t row0, rows;
+  };
+  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q},
+                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q, kv},
+                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q + kv, kv},
+                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, I},
+                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", I, I}};
+  for (const Part& p : parts)
+    if (name.size() > p.name.size() && name.substr(name.size() - p.name.size()) == p.name)
+      return FusedSlice{std::string(name.substr(0, name.size() - p.name.size())) + std::string(p.fused), p.row0, p.rows};
+  return std::nullopt;
+}
+
+/// A checkpoint (io::ShardedCheckpoint or io::SafeTensorsFile) seen with edl's parameter
+/// names: each part of a fused tensor is a tensor of its own (its rows), read from the fused
+/// one; every other tensor is the checkpoint's. What load_weights reads a Phi-3 folder through.
+template <class Ckpt>
+class FusedCheckpointView {
+ public:
+  FusedCheckpointView(const Ckpt& ckpt, const LlamaConfig& cfg, const std::vector<std::string>& parameter_names)
+      : ckpt_(ckpt) {
+    std::map<std::string, bool> fused_seen;
+    for (const std::string& p : parameter_names) {
+      const auto s = fused_slice(cfg, p);
+      if (!s || !ckpt.contains(s->tensor)) continue;
+      io::TensorInfo info = ckpt.info(s->tensor);
+      const std::string where = file_of(s->tensor) + " tensor " + s->tensor;
+      EDL_CHECK(info.shape.size() == 2, errc::shape_mismatch, where, "a fused weight must be 2-D, found ",
+                ::edl::detail::shape_str(info.shape));
+      EDL_CHECK(s->row0 + s->rows <= info.shape[0], errc::shape_mismatch, where, "has ", info.shape[0],
+                " rows, but ", cfg.source, " puts ", p, " at rows ", s->row0, "..", s->row0 + s->rows - 1);
+      info.shape[0] = s->rows;
+      parts_.emplace(p, Part{*s, info});
+      fused_seen[s->tensor] = true;
+    }
+    for (const std::string& n : ckpt.names()) {
+      if (fused_seen.count(n) == 0) names_.push_back(n);
+      else if (fused_seen[n]) {  // the parts, in place of the fused tensor
+        for (const std::string& p : parameter_names)
+          if (parts_.count(p) && parts_.at(p).slice.tensor == n) names_.push_back(p);
+        fused_seen[n] = false;
+      }
+    }
+    for (const auto& [p, part] : parts_) {
+      EDL_CHECK(part.info.shape[0] > 0, errc::shape_mismatch, p, "has no rows in ", part.slice.tensor);
+      covered_[part.slice.tensor] += part.slice.rows;
+    }
+    for (const auto& [t, rows] : covered_)
+      EDL_CHECK(rows == ckpt.info(t).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
+                ckpt.info(t).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
+  }
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (ckpt_.contains(name) && !covered_.count(name)); }
+  const io::TensorInfo& info(const std::string& name) const {
+    const auto it = parts_.find(name);
+    return it != parts_.end() ? it->second.info : ckpt_.info(name);
+  }
+  std::string file_of(const std::string& name) const {
+    const auto it = parts_.find(name);
+    const std::string& t = it != parts_.end() ? it->second.slice.tensor : name;
+    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
+    else return ckpt_.path();
+  }
+  std::string path() const {
+    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
+      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
+    else return ckpt_.path();
+  }
+
+  /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
+  template <class T>
+  void read_into(const std::string& name, std::span<T> out) const {
+    const auto it = parts_.find(name);
+    if (it == parts_.end()) return ckpt_.template read_into<T>(name, out);
+    const FusedSlice& s = it->second.slice;
+    const auto& full = ckpt_.info(s.tensor).shape;
+    const std::vector<std::int64_t> offset{s.row0, 0}, block{s.rows, full[1]};
+    file_holding(s.tensor).template read_block<T>(s.tensor, full, offset, block, out);
+  }
+
+ private:
+  struct Part {
+    FusedSlice slice;
+    io::TensorInfo info;  // the part's shape, the fused tensor's dtype
+  };
+  const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
+    if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
+    else return ckpt_;
+  }
+
+  const Ckpt& ckpt_;
+  std::map<std::string, Part> parts_;
+  std::map<std::string, std::int64_t> covered_;  // fused tensor -> rows its parts take
+  std::vector<std::string> names_;
+};
+
+/// Joins the parts of each fused tensor of `list` (edl's names, as named_tensors gives them) into
+/// the tensor a checkpoint of `cfg` stores (rows in order); `storage` owns the joined bytes.
+/// Nothing changes for a model without fused projections.
+template <class TensorList>
+void fuse_tensors(const LlamaConfig& cfg, TensorList& list, std::vector<std::vector<std::byte>>& storage) {
+  if (!cfg.fused_projections()) return;
+  TensorList out;
+  std::map<std::string, std::vector<std::size_t>> parts;  // fused name -> indices into list
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (const auto s = fused_slice(cfg, list[i].first)) parts[s->tensor].push_back(i);
+  std::map<std::string, bool> written;
+  storage.reserve(storage.size() + parts.size());  // keep earlier buffers' addresses stable
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const auto s = fused_slice(cfg, list[i].first);
+    if (!s) {
+      out.push_back(list[i]);
+      continue;
+    }
+    if (written[s->tensor]) continue;
+    written[s->tensor] = true;
+    // Parts in row order; all of one dtype and width (a quantized part's rows are blocks).
+    auto idx = parts.at(s->tensor);
+    std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      return fused_slice(cfg, list[a].first)->row0 < fused_slice(cfg, list[b].first)->row0;
+    });
+    const auto& first = list[idx.front()].second;
+    std::int64_t rows = 0;
+    std::size_t bytes = 0;
+    for (std::size_t k : idx) {
+      const auto& t = list[k].second;
+      EDL_CHECK(t.dtype == first.dtype && t.shape.size() == 2 && t.shape[1] == first.shape[1], errc::invalid_argument,
+                list[k].first, "cannot be fused into ", s->tensor, ": its dtype or width differs from ",
+                list[idx.front()].first, "'s (a fused tensor's parts must be stored alike)");
+      rows += t.shape[0];
+      bytes += t.data.size();
+    }
+    auto& buf = storage.emplace_back(bytes);
+    std::size_t at = 0;
+    for (std::size_t k : idx) {
+      std::memcpy(buf.data() + at, list[k].second.data.data(), list[k].second.data.size());
+      at += list[k].second.data.size();
+    }
+    out.emplace_back(s->tensor, typename TensorList::value_type::second_type(first.dtype, {rows, first.shape[1]},
+                                                                             std::span<const std::byte>(buf)));
+  }
+  list = std::move(out);
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/fused_checkpoint.hpp
 // #include <edl/models/llama/gguf.hpp>
 // edl/models/llama/gguf.hpp
 // Llama models as llama.cpp GGUF files (architecture "llama"), both ways (docs/gguf.md):
@@ -22600,11 +22799,31 @@ std::string file_of(const Ckpt& c, const std::string& name) {
 
 }  // namespace detail
 
+namespace detail {
+template <class M, class Ckpt>
+LoadReport load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt);
+}  // namespace detail
+
 /// Loads every parameter of `model` (any class with visit_params: LlamaForCausalLM,
 /// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
 /// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
+/// A model whose config stores projections fused (Phi-3) reads them through
+/// FusedCheckpointView (fused_checkpoint.hpp).
 template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
+  if constexpr (requires { model.config().fused_projections(); }) {
+    if (model.config().fused_projections()) {
+      std::vector<std::string> names;
+      model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
+      return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+    }
+  }
+  return detail::load_named_weights(model, ckpt, opt);
+}
+
+/// load_weights with the checkpoint's names taken as they are.
+template <class M, class Ckpt>
+LoadReport detail::load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt) {
   const std::string source = detail::checkpoint_source(ckpt);
   LoadReport rep;
   std::set<std::string> wanted;
@@ -22687,8 +22906,8 @@ namespace detail {
 /// The config's parameter shapes against the checkpoint's tensors, before the model is built: a
 /// config.json whose sizes disagree with the weights beside it (or a huge one over a small
 /// file) is an error naming the tensor, not an allocation the size of the config's claim.
-inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
-                                           const LoadOptions& opt) {
+template <class Ckpt>
+void check_named_shapes(const LlamaConfig& cfg, const Ckpt& ckpt, const LoadOptions& opt) {
   for (const auto& [name, want] : cfg.parameter_shapes()) {
     if (!ckpt.contains(name)) {
       EDL_CHECK(opt.allow_missing || (name == "lm_head.weight" && cfg.tie_word_embeddings), errc::format,
@@ -22704,6 +22923,14 @@ inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::Sha
               ::edl::detail::shape_str(info.shape), ", but ", cfg.source, " gives the model a parameter of shape ",
               ::edl::detail::shape_str(want));
   }
+}
+
+inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
+                                           const LoadOptions& opt) {
+  if (!cfg.fused_projections()) return check_named_shapes(cfg, ckpt, opt);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
+  check_named_shapes(cfg, FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names), opt);
 }
 
 }  // namespace detail
@@ -22817,7 +23044,8 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
     if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
   }
   std::vector<std::vector<std::byte>> storage;
-  const io::TensorList tensors = named_tensors(m, dtype, storage);
+  io::TensorList tensors = named_tensors(m, dtype, storage);
+  fuse_tensors(cfg, tensors, storage);  // Phi-3: q/k/v and gate/up joined as the checkpoint stores them
   std::error_code ec;
   fs::create_directories(dir, ec);
   EDL_CHECK(fs::is_directory(dir), errc::io, dir.string(), "cannot create folder: ", ec.message());
@@ -28400,12 +28628,15 @@ namespace detail {
 
 /// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
 /// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+/// A fused part (Phi-3's q_proj in qkv_proj, ...) is rows [row0, ...) of the file's tensor of
+/// shape `fused_shape`; otherwise the tensor has the layout's global shape.
 template <class T, class Model>
 std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::string& name,
                                const ShardLayout& layout, const Model& m, T* const* block_data,
-                               std::int64_t* blocks_read) {
+                               std::int64_t* blocks_read, const std::vector<std::int64_t>* fused_shape = nullptr,
+                               std::int64_t row0 = 0) {
   const auto& be = m.mesh().backend();
-  const auto& gs = layout.global_shape();
+  const auto& gs = fused_shape ? *fused_shape : layout.global_shape();
   const auto& bs = layout.local_shape();
   const std::size_t esize = dtype_size(file.info(name).dtype);
   const std::int64_t n = layout.local_elements();
@@ -28416,7 +28647,8 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
       std::fill(out, out + n, T{});
       continue;
     }
-    const auto off = layout.offset(d);
+    auto off = layout.offset(d);
+    off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
     bytes += n * static_cast<std::int64_t>(esize);
     ++*blocks_read;
@@ -28445,18 +28677,24 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
 
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
-    EDL_CHECK(weights.contains(name), errc::format, dir + " tensor " + name,
-              "missing: the model being loaded has this parameter");
+    // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
+    const auto fused = models::fused_slice(model.config(), name);
+    const std::string tensor = fused ? fused->tensor : name;
+    EDL_CHECK(weights.contains(tensor), errc::format, dir + " tensor " + tensor,
+              "missing: the model being loaded has this parameter", fused ? " (" + name + " is part of it)" : "");
     auto& arr = model.param(name);
     const ShardLayout& layout = arr.layout();
-    const auto& info = weights.info(name);
-    EDL_CHECK(info.shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(name) + " tensor " + name,
-              "has shape ", ::edl::detail::shape_str(info.shape), ", the model's parameter is ",
-              ::edl::detail::shape_str(layout.global_shape()));
+    auto shape = weights.info(tensor).shape;
+    if (fused && shape.size() == 2 && shape[0] >= fused->row0 + fused->rows) shape[0] = fused->rows;
+    EDL_CHECK(shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(tensor) + " tensor " + tensor,
+              "has shape ", ::edl::detail::shape_str(weights.info(tensor).shape), ", the model's parameter ", name, " is ",
+              ::edl::detail::shape_str(layout.global_shape()), fused ? " (rows of the fused tensor)" : "");
     std::vector<T*> blocks(static_cast<std::size_t>(D));
     for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    const std::vector<std::int64_t>& file_shape = weights.info(tensor).shape;
     st.parameter_bytes_read +=
-        detail::read_local_blocks<T>(weights.shard_of(name), name, layout, model, blocks.data(), &st.blocks_read);
+        detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
+                                     fused ? &file_shape : nullptr, fused ? fused->row0 : 0);
   }
 
   opt.reset();

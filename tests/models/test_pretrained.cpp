@@ -346,6 +346,51 @@ TEST(Pretrained, Qwen3MatchesItsReference) {
   EXPECT_EQ(param_bytes(back), param_bytes(m));
 }
 
+/// Phi-3 (q, k, v fused into self_attn.qkv_proj and gate, up into mlp.gate_up_proj in the
+/// checkpoint; Llama's math otherwise) against its PyTorch reference (scripts/phi3_reference.py):
+/// logits, loss and every gradient (written fused, as HF names them), greedy decoding and the
+/// cached forward; saved, the folder holds the fused tensors again, loads back bit for bit, and
+/// resumes on a mesh (each rank reads its blocks out of the fused tensors).
+TEST(Pretrained, Phi3MatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_phi3";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  EXPECT_EQ(m.config().model_type, "phi3");
+  EXPECT_TRUE(m.config().fused_projections());
+  EXPECT_EQ(m.config().attention_window(), std::optional<std::int64_t>(2047));
+  expect_matches_reference(m, dir);
+  expect_cached_forward_matches(m, dir);
+
+  TempDir tmp("phi3_resaved");
+  models::save_pretrained(tmp.path, m);
+  const auto f = io::SafeTensorsFile::open((tmp.path / "model.safetensors").string());
+  const auto src = io::SafeTensorsFile::open((dir / "model.safetensors").string());
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(f.names()), sorted(src.names()));  // HF's names: qkv_proj, gate_up_proj
+  EXPECT_EQ(f.info("model.layers.1.self_attn.qkv_proj.weight").shape, (std::vector<std::int64_t>{32, 16}));
+  EXPECT_FALSE(f.contains("model.layers.0.self_attn.q_proj.weight"));
+  for (const auto& name : src.names()) EXPECT_EQ(f.read_vector<float>(name), src.read_vector<float>(name)) << name;
+  auto back = models::from_pretrained(tmp.path);
+  std::vector<float> a, b;
+  m.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });
+  back.visit_params("", [&](std::string_view, auto& p) { b.insert(b.end(), p.data(), p.data() + p.numel()); });
+  EXPECT_EQ(a, b);
+
+  // A fused tensor of the wrong height is named.
+  LlamaConfig wrong = m.config();
+  wrong.intermediate_size = 20;
+  LlamaForCausalLM<> small(wrong);
+  try {
+    models::load_weights(small, io::ShardedCheckpoint::open(dir.string()));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gate_up_proj"), std::string::npos) << e.what();
+  }
+}
+
 namespace {
 
 /// A mixture-of-experts model from its HF folder `name` against its PyTorch reference

@@ -44,12 +44,15 @@ namespace detail {
 
 /// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
 /// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+/// A fused part (Phi-3's q_proj in qkv_proj, ...) is rows [row0, ...) of the file's tensor of
+/// shape `fused_shape`; otherwise the tensor has the layout's global shape.
 template <class T, class Model>
 std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::string& name,
                                const ShardLayout& layout, const Model& m, T* const* block_data,
-                               std::int64_t* blocks_read) {
+                               std::int64_t* blocks_read, const std::vector<std::int64_t>* fused_shape = nullptr,
+                               std::int64_t row0 = 0) {
   const auto& be = m.mesh().backend();
-  const auto& gs = layout.global_shape();
+  const auto& gs = fused_shape ? *fused_shape : layout.global_shape();
   const auto& bs = layout.local_shape();
   const std::size_t esize = dtype_size(file.info(name).dtype);
   const std::int64_t n = layout.local_elements();
@@ -60,7 +63,8 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
       std::fill(out, out + n, T{});
       continue;
     }
-    const auto off = layout.offset(d);
+    auto off = layout.offset(d);
+    off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
     bytes += n * static_cast<std::int64_t>(esize);
     ++*blocks_read;
@@ -89,18 +93,24 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
 
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
-    EDL_CHECK(weights.contains(name), errc::format, dir + " tensor " + name,
-              "missing: the model being loaded has this parameter");
+    // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
+    const auto fused = models::fused_slice(model.config(), name);
+    const std::string tensor = fused ? fused->tensor : name;
+    EDL_CHECK(weights.contains(tensor), errc::format, dir + " tensor " + tensor,
+              "missing: the model being loaded has this parameter", fused ? " (" + name + " is part of it)" : "");
     auto& arr = model.param(name);
     const ShardLayout& layout = arr.layout();
-    const auto& info = weights.info(name);
-    EDL_CHECK(info.shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(name) + " tensor " + name,
-              "has shape ", ::edl::detail::shape_str(info.shape), ", the model's parameter is ",
-              ::edl::detail::shape_str(layout.global_shape()));
+    auto shape = weights.info(tensor).shape;
+    if (fused && shape.size() == 2 && shape[0] >= fused->row0 + fused->rows) shape[0] = fused->rows;
+    EDL_CHECK(shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(tensor) + " tensor " + tensor,
+              "has shape ", ::edl::detail::shape_str(weights.info(tensor).shape), ", the model's parameter ", name, " is ",
+              ::edl::detail::shape_str(layout.global_shape()), fused ? " (rows of the fused tensor)" : "");
     std::vector<T*> blocks(static_cast<std::size_t>(D));
     for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    const std::vector<std::int64_t>& file_shape = weights.info(tensor).shape;
     st.parameter_bytes_read +=
-        detail::read_local_blocks<T>(weights.shard_of(name), name, layout, model, blocks.data(), &st.blocks_read);
+        detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
+                                     fused ? &file_shape : nullptr, fused ? fused->row0 : 0);
   }
 
   opt.reset();

@@ -131,6 +131,8 @@ struct LlamaConfig {
   /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
   bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
+  /// Phi-3: q/k/v and gate/up stored fused in checkpoints (models/llama/fused_checkpoint.hpp).
+  bool fused_projections() const { return model_type == "phi3"; }
   /// Layer l's MLP is a mixture of experts.
   bool layer_is_sparse(std::int64_t l) const {
     if (!is_moe()) return false;
@@ -159,9 +161,15 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  is_moe(),
+                  model_type == "phi3" || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+              "expected llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+    // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
+    EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
+                  extra["partial_rotary_factor"].get<double>() == 1.0,
+              errc::unsupported, where("partial_rotary_factor"), "rotary embeddings over part of each head are not "
+              "supported (edl rotates the whole head); found ", extra.contains("partial_rotary_factor") ?
+              extra["partial_rotary_factor"].dump() : std::string());
     positive("vocab_size", vocab_size);
     positive("hidden_size", hidden_size);
     positive("intermediate_size", intermediate_size);

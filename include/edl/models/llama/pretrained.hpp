@@ -53,6 +53,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/fused_checkpoint.hpp>
 #include <edl/models/llama/gguf.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
@@ -230,11 +231,31 @@ std::string file_of(const Ckpt& c, const std::string& name) {
 
 }  // namespace detail
 
+namespace detail {
+template <class M, class Ckpt>
+LoadReport load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt);
+}  // namespace detail
+
 /// Loads every parameter of `model` (any class with visit_params: LlamaForCausalLM,
 /// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
 /// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
+/// A model whose config stores projections fused (Phi-3) reads them through
+/// FusedCheckpointView (fused_checkpoint.hpp).
 template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
+  if constexpr (requires { model.config().fused_projections(); }) {
+    if (model.config().fused_projections()) {
+      std::vector<std::string> names;
+      model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
+      return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+    }
+  }
+  return detail::load_named_weights(model, ckpt, opt);
+}
+
+/// load_weights with the checkpoint's names taken as they are.
+template <class M, class Ckpt>
+LoadReport detail::load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt) {
   const std::string source = detail::checkpoint_source(ckpt);
   LoadReport rep;
   std::set<std::string> wanted;
@@ -317,8 +338,8 @@ namespace detail {
 /// The config's parameter shapes against the checkpoint's tensors, before the model is built: a
 /// config.json whose sizes disagree with the weights beside it (or a huge one over a small
 /// file) is an error naming the tensor, not an allocation the size of the config's claim.
-inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
-                                           const LoadOptions& opt) {
+template <class Ckpt>
+void check_named_shapes(const LlamaConfig& cfg, const Ckpt& ckpt, const LoadOptions& opt) {
   for (const auto& [name, want] : cfg.parameter_shapes()) {
     if (!ckpt.contains(name)) {
       EDL_CHECK(opt.allow_missing || (name == "lm_head.weight" && cfg.tie_word_embeddings), errc::format,
@@ -334,6 +355,14 @@ inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::Sha
               ::edl::detail::shape_str(info.shape), ", but ", cfg.source, " gives the model a parameter of shape ",
               ::edl::detail::shape_str(want));
   }
+}
+
+inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
+                                           const LoadOptions& opt) {
+  if (!cfg.fused_projections()) return check_named_shapes(cfg, ckpt, opt);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
+  check_named_shapes(cfg, FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names), opt);
 }
 
 }  // namespace detail
@@ -447,7 +476,8 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
     if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
   }
   std::vector<std::vector<std::byte>> storage;
-  const io::TensorList tensors = named_tensors(m, dtype, storage);
+  io::TensorList tensors = named_tensors(m, dtype, storage);
+  fuse_tensors(cfg, tensors, storage);  // Phi-3: q/k/v and gate/up joined as the checkpoint stores them
   std::error_code ec;
   fs::create_directories(dir, ec);
   EDL_CHECK(fs::is_directory(dir), errc::io, dir.string(), "cannot create folder: ", ec.message());

@@ -1,0 +1,190 @@
+// edl/models/llama/fused_checkpoint.hpp
+// Checkpoints that store some Linears fused, read and written under edl's names. Phi-3
+// (model_type "phi3") keeps the attention's q, k and v projections in one tensor and the MLP's
+// gate and up projections in another, row blocks one after the other:
+//
+//   model.layers.N.self_attn.qkv_proj.weight   [q; k; v]   (heads*D + 2*kv_heads*D, hidden)
+//   model.layers.N.mlp.gate_up_proj.weight     [gate; up]  (2*intermediate, hidden)
+//
+// Phi-3's math is Llama's otherwise, so edl's layers hold the parts as separate Linears
+// (q_proj, ..., up_proj): loading reads each part's rows of the fused tensor (FusedCheckpointView,
+// the checkpoint seen with edl's names), saving joins them back (fuse_tensors), so a folder edl
+// writes loads in transformers' Phi3ForCausalLM unchanged. Quantized Linears (U8 block rows) are
+// fused and split the same way: rows stay whole.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <edl/core/error.hpp>
+#include <edl/io/safetensors.hpp>
+#include <edl/models/llama/config.hpp>
+
+namespace edl::models {
+
+/// Where a parameter lives inside a fused tensor: its name and the parameter's rows there.
+struct FusedSlice {
+  std::string tensor;
+  std::int64_t row0 = 0, rows = 0;
+};
+
+/// The fused tensor holding parameter `name` of a model of `c`, or none (stored as it is).
+inline std::optional<FusedSlice> fused_slice(const LlamaConfig& c, std::string_view name) {
+  if (!c.fused_projections()) return std::nullopt;
+  const std::int64_t D = c.head_size(), q = c.num_attention_heads * D, kv = c.num_key_value_heads * D,
+                     I = c.intermediate_size;
+  struct Part {
+    std::string_view name, fused;
+    std::int64_t row0, rows;
+  };
+  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q},
+                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q, kv},
+                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q + kv, kv},
+                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, I},
+                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", I, I}};
+  for (const Part& p : parts)
+    if (name.size() > p.name.size() && name.substr(name.size() - p.name.size()) == p.name)
+      return FusedSlice{std::string(name.substr(0, name.size() - p.name.size())) + std::string(p.fused), p.row0, p.rows};
+  return std::nullopt;
+}
+
+/// A checkpoint (io::ShardedCheckpoint or io::SafeTensorsFile) seen with edl's parameter
+/// names: each part of a fused tensor is a tensor of its own (its rows), read from the fused
+/// one; every other tensor is the checkpoint's. What load_weights reads a Phi-3 folder through.
+template <class Ckpt>
+class FusedCheckpointView {
+ public:
+  FusedCheckpointView(const Ckpt& ckpt, const LlamaConfig& cfg, const std::vector<std::string>& parameter_names)
+      : ckpt_(ckpt) {
+    std::map<std::string, bool> fused_seen;
+    for (const std::string& p : parameter_names) {
+      const auto s = fused_slice(cfg, p);
+      if (!s || !ckpt.contains(s->tensor)) continue;
+      io::TensorInfo info = ckpt.info(s->tensor);
+      const std::string where = file_of(s->tensor) + " tensor " + s->tensor;
+      EDL_CHECK(info.shape.size() == 2, errc::shape_mismatch, where, "a fused weight must be 2-D, found ",
+                ::edl::detail::shape_str(info.shape));
+      EDL_CHECK(s->row0 + s->rows <= info.shape[0], errc::shape_mismatch, where, "has ", info.shape[0],
+                " rows, but ", cfg.source, " puts ", p, " at rows ", s->row0, "..", s->row0 + s->rows - 1);
+      info.shape[0] = s->rows;
+      parts_.emplace(p, Part{*s, info});
+      fused_seen[s->tensor] = true;
+    }
+    for (const std::string& n : ckpt.names()) {
+      if (fused_seen.count(n) == 0) names_.push_back(n);
+      else if (fused_seen[n]) {  // the parts, in place of the fused tensor
+        for (const std::string& p : parameter_names)
+          if (parts_.count(p) && parts_.at(p).slice.tensor == n) names_.push_back(p);
+        fused_seen[n] = false;
+      }
+    }
+    for (const auto& [p, part] : parts_) {
+      EDL_CHECK(part.info.shape[0] > 0, errc::shape_mismatch, p, "has no rows in ", part.slice.tensor);
+      covered_[part.slice.tensor] += part.slice.rows;
+    }
+    for (const auto& [t, rows] : covered_)
+      EDL_CHECK(rows == ckpt.info(t).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
+                ckpt.info(t).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
+  }
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (ckpt_.contains(name) && !covered_.count(name)); }
+  const io::TensorInfo& info(const std::string& name) const {
+    const auto it = parts_.find(name);
+    return it != parts_.end() ? it->second.info : ckpt_.info(name);
+  }
+  std::string file_of(const std::string& name) const {
+    const auto it = parts_.find(name);
+    const std::string& t = it != parts_.end() ? it->second.slice.tensor : name;
+    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
+    else return ckpt_.path();
+  }
+  std::string path() const {
+    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
+      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
+    else return ckpt_.path();
+  }
+
+  /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
+  template <class T>
+  void read_into(const std::string& name, std::span<T> out) const {
+    const auto it = parts_.find(name);
+    if (it == parts_.end()) return ckpt_.template read_into<T>(name, out);
+    const FusedSlice& s = it->second.slice;
+    const auto& full = ckpt_.info(s.tensor).shape;
+    const std::vector<std::int64_t> offset{s.row0, 0}, block{s.rows, full[1]};
+    file_holding(s.tensor).template read_block<T>(s.tensor, full, offset, block, out);
+  }
+
+ private:
+  struct Part {
+    FusedSlice slice;
+    io::TensorInfo info;  // the part's shape, the fused tensor's dtype
+  };
+  const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
+    if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
+    else return ckpt_;
+  }
+
+  const Ckpt& ckpt_;
+  std::map<std::string, Part> parts_;
+  std::map<std::string, std::int64_t> covered_;  // fused tensor -> rows its parts take
+  std::vector<std::string> names_;
+};
+
+/// Joins the parts of each fused tensor of `list` (edl's names, as named_tensors gives them) into
+/// the tensor a checkpoint of `cfg` stores (rows in order); `storage` owns the joined bytes.
+/// Nothing changes for a model without fused projections.
+template <class TensorList>
+void fuse_tensors(const LlamaConfig& cfg, TensorList& list, std::vector<std::vector<std::byte>>& storage) {
+  if (!cfg.fused_projections()) return;
+  TensorList out;
+  std::map<std::string, std::vector<std::size_t>> parts;  // fused name -> indices into list
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (const auto s = fused_slice(cfg, list[i].first)) parts[s->tensor].push_back(i);
+  std::map<std::string, bool> written;
+  storage.reserve(storage.size() + parts.size());  // keep earlier buffers' addresses stable
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const auto s = fused_slice(cfg, list[i].first);
+    if (!s) {
+      out.push_back(list[i]);
+      continue;
+    }
+    if (written[s->tensor]) continue;
+    written[s->tensor] = true;
+    // Parts in row order; all of one dtype and width (a quantized part's rows are blocks).
+    auto idx = parts.at(s->tensor);
+    std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      return fused_slice(cfg, list[a].first)->row0 < fused_slice(cfg, list[b].first)->row0;
+    });
+    const auto& first = list[idx.front()].second;
+    std::int64_t rows = 0;
+    std::size_t bytes = 0;
+    for (std::size_t k : idx) {
+      const auto& t = list[k].second;
+      EDL_CHECK(t.dtype == first.dtype && t.shape.size() == 2 && t.shape[1] == first.shape[1], errc::invalid_argument,
+                list[k].first, "cannot be fused into ", s->tensor, ": its dtype or width differs from ",
+                list[idx.front()].first, "'s (a fused tensor's parts must be stored alike)");
+      rows += t.shape[0];
+      bytes += t.data.size();
+    }
+    auto& buf = storage.emplace_back(bytes);
+    std::size_t at = 0;
+    for (std::size_t k : idx) {
+      std::memcpy(buf.data() + at, list[k].second.data.data(), list[k].second.data.size());
+      at += list[k].second.data.size();
+    }
+    out.emplace_back(s->tensor, typename TensorList::value_type::second_type(first.dtype, {rows, first.shape[1]},
+                                                                             std::span<const std::byte>(buf)));
+  }
+  list = std::move(out);
+}
+
+}  // namespace edl::models
