@@ -7,13 +7,17 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
 #include <edl/core/rng.hpp>
 #include <edl/lora/apply.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/io/npy.hpp>
+#include <edl/io/safetensors.hpp>
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/preference.hpp>
 #include <edl/train/sft_data.hpp>
@@ -282,6 +286,59 @@ TEST(Preference, OnAMeshTheLossAndGradientsEqualOneDevice) {
       });
       EXPECT_GT(checked, 10);
     }
+}
+
+// Against PyTorch (scripts/preference_reference.py, tests/data/preference): the tiny_hf policy
+// against a reference of moved weights on three pairs; DPO's sigmoid loss with label
+// smoothing, IPO and ORPO, as TRL computes them in float64: loss, rewards and every gradient.
+TEST(Preference, LossesAndGradientsEqualThePyTorchReference) {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  const std::filesystem::path data = env ? env : "tests/data";
+  const std::filesystem::path dir = data / "preference";
+  ASSERT_TRUE(std::filesystem::exists(dir / "orpo_grads.safetensors")) << "no fixture at " << dir;
+  const auto reference = models::from_pretrained((dir / "reference").string());
+  const auto tokens = io::load_npy<std::int64_t>((dir / "tokens.npy").string());
+  const auto labels = io::load_npy<std::int64_t>((dir / "labels.npy").string());
+  Batch b;
+  b.batch = static_cast<std::int64_t>(tokens.shape()[0]);
+  b.seq = static_cast<std::int64_t>(tokens.shape()[1]);
+  b.input_ids.assign(tokens.begin(), tokens.end());
+  b.labels.assign(labels.begin(), labels.end());
+  b.attention_mask.assign(b.input_ids.size(), 1);
+  for (const char* name : {"dpo_sigmoid", "ipo", "orpo"}) {
+    nlohmann::json want;
+    std::ifstream((dir / (std::string(name) + ".json")).string()) >> want;
+    PreferenceOptions o;
+    o.beta = want["beta"].get<double>();
+    o.label_smoothing = want["label_smoothing"].get<double>();
+    o.loss_type = std::string(name) == "ipo" ? "ipo" : "sigmoid";
+    o.orpo = std::string(name) == "orpo";
+    auto policy = models::from_pretrained((data / "tiny_hf").string());
+    nn::zero_grad(policy);
+    const PreferenceMetrics m = o.orpo ? preference_loss(policy, b, o, true) : preference_loss(policy, reference, b, o, true);
+    EXPECT_NEAR(m.loss, want["loss"].get<double>(), 1e-5 * std::fabs(want["loss"].get<double>())) << name;
+    EXPECT_NEAR(m.rewards_chosen, want["rewards/chosen"].get<double>(), 1e-5) << name;
+    EXPECT_NEAR(m.rewards_margins, want["rewards/margins"].get<double>(), 1e-5) << name;
+    EXPECT_EQ(m.rewards_accuracies, want["rewards/accuracies"].get<double>()) << name;
+    if (o.orpo) {
+      EXPECT_NEAR(m.nll_loss, want["nll_loss"].get<double>(), 1e-5) << name;
+      EXPECT_NEAR(m.log_odds_ratio, want["log_odds_ratio"].get<double>(), 1e-5) << name;
+    }
+    const auto grads = io::SafeTensorsFile::open((dir / (std::string(name) + "_grads.safetensors")).string());
+    int checked = 0;
+    policy.visit_params("", [&](std::string_view pname, auto& p) {
+      const auto w = grads.read_vector<float>(std::string(pname));
+      ASSERT_EQ(static_cast<std::int64_t>(w.size()), p.numel()) << pname;
+      float scale = 0, err = 0;
+      for (std::int64_t i = 0; i < p.numel(); ++i) {
+        scale = std::max(scale, std::fabs(w[static_cast<std::size_t>(i)]));
+        err = std::max(err, std::fabs(w[static_cast<std::size_t>(i)] - p.grad_data()[i]));
+      }
+      EXPECT_LE(err, 1e-4f * scale + 1e-7f) << name << " " << pname;
+      ++checked;
+    });
+    EXPECT_EQ(checked, 21);
+  }
 }
 
 TEST(Preference, GradientsEqualFiniteDifferences) {
