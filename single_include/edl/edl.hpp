@@ -20211,10 +20211,18 @@ class LlamaForCausalLM {
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
-    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(s.hidden.data(), layout.tokens(), out);
-    nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
-                       config().hidden_size);
+    apply_lm_head(s.hidden.data(), layout.tokens(), out);
   }
+
+  /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
+  /// the final norm, as Saved::hidden holds them): the head, or the tied embedding.
+  void apply_lm_head(const float* hidden, std::int64_t rows, float* out) const {
+    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(hidden, rows, out);
+    nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, config().vocab_size, config().hidden_size);
+  }
+
+  /// The seeds' can_generate(): a causal LM generates (generate/ takes it).
+  static constexpr bool can_generate() noexcept { return true; }
 
   /// Loss only (no gradients). labels [batch, seq] (null: ids), HF shift applied.
   nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
@@ -23157,6 +23165,8 @@ class LlamaForSequenceClassification {
 
  public:
   static constexpr const char* hf_architecture = "LlamaForSequenceClassification";
+  /// The seeds' can_generate(): a classification head has no next-token logits.
+  static constexpr bool can_generate() noexcept { return false; }
   using T = typename Pol::param_t;
   using ScoreLinear = nn::Linear<Pol, P<none, none>>;  // [num_labels, hidden], replicated
 
@@ -29435,6 +29445,8 @@ struct TrainingArguments {
   /// Each micro-batch's sequences side by side in one row, no padding (sft and causal_lm,
   /// with packing off): the same losses as a padded batch without computing the padding.
   bool padding_free = false;
+  /// Sequences (or preference pairs) per evaluation batch; 0: the training micro-batch.
+  std::int64_t eval_batch_size = 0;
   /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
   /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
   /// adapters, else a copy of the initial policy).
@@ -29458,7 +29470,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "loss_type", "beta", "label_smoothing",
+        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
   }
@@ -29558,6 +29570,7 @@ struct TrainingArguments {
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
     else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
+    else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
@@ -29689,6 +29702,8 @@ struct TrainingArguments {
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    EDL_CHECK(eval_batch_size >= 0, errc::config, where("eval_batch_size"), "must be 0 (the micro-batch) or positive, found ",
+              eval_batch_size);
     EDL_CHECK(!(packing && padding_free), errc::config, where("padding_free"),
               "packing already fills each row; padding_free applies with packing off");
     EDL_CHECK(!preference() || (!packing && !padding_free), errc::unsupported, where(packing ? "packing" : "padding_free"),
@@ -29745,6 +29760,8 @@ struct TrainingArguments {
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
   std::int64_t micro_batch_size() const { return total_batch_size / gradient_accumulation_steps; }
+  /// Sequences (pairs) per evaluation batch: eval_batch_size, else the micro-batch.
+  std::int64_t eval_batch() const { return eval_batch_size > 0 ? eval_batch_size : micro_batch_size(); }
 
   ojson to_json() const {
     ojson j = ojson::object();
@@ -29796,6 +29813,7 @@ struct TrainingArguments {
     j["completion_only_loss"] = completion_only_loss;
     j["packing"] = packing;
     j["padding_free"] = padding_free;
+    j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;
@@ -30114,12 +30132,12 @@ class BasicTrainer {
     return p;
   }
 
-  /// The preference loss and metrics over eval_data's pairs (micro_batch_size pairs a batch,
+  /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
   /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
     const PreferenceOptions po = args_.preference_options();
-    const std::int64_t n = eval_->size() / 2, mb = args_.micro_batch_size();
+    const std::int64_t n = eval_->size() / 2, mb = args_.eval_batch();
     std::vector<std::int64_t> rows;
     std::int64_t batches = 0;
     for (std::int64_t lo = 0; lo < n; lo += mb) {
@@ -30146,11 +30164,12 @@ class BasicTrainer {
     return sum;
   }
 
-  /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
+  /// How evaluate() batches eval_data (eval_batch_size sequences, or the micro-batch;
+  /// max_evaluation_steps batches).
   EvalOptions eval_options() const {
     EvalOptions o;
     o.max_sequence_length = args_.max_sequence_length;
-    o.batch_size = args_.micro_batch_size();
+    o.batch_size = args_.eval_batch();
     o.max_batches = args_.max_evaluation_steps;
     o.pad_id = pad_id_;
     o.truncation = trunc_;

@@ -11,6 +11,7 @@
 #include <edl/io/npy.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/sequence_classification.hpp>
 
 #include "../nn/nn_test_util.hpp"
 
@@ -57,6 +58,25 @@ TEST(Llama, ParamNamesMatchConfigShapes) {
       EXPECT_EQ(got[i].second, want[i].second) << got[i].first;
     }
     EXPECT_EQ(m.param_count(), c.parameter_count());
+  }
+}
+
+// apply_lm_head on the final hidden states gives logits() (tied or not), and can_generate()
+// tells a causal LM from a classification head.
+TEST(Llama, ApplyLmHeadGivesTheLogits) {
+  static_assert(LlamaForCausalLM<>::can_generate());
+  static_assert(!models::LlamaForSequenceClassification<>::can_generate());
+  for (bool tied : {false, true}) {
+    LlamaForCausalLM<> m(tiny_config(tied));
+    m.init(Key::from_seed(4), 0.2f);
+    const auto ids = tokens(2 * 6, 32, 9);
+    const nn::TokenLayout lay{2, 6};
+    std::vector<float> want(static_cast<std::size_t>(12 * 32)), got(want.size());
+    m.logits(ids.data(), lay, want.data());
+    LlamaForCausalLM<>::Saved s;
+    m.forward(ids.data(), lay, s);
+    m.apply_lm_head(s.hidden.data(), 12, got.data());
+    EXPECT_EQ(got, want) << (tied ? "tied" : "untied");
   }
 }
 

@@ -3,6 +3,7 @@
 // every gradient_checkpointing policy trains bit-identically, the loss falls on a memorization task, the time limit stops with a checkpoint, metrics.jsonl
 // holds the documented fields, a Trainer built from JSON arguments trains, the same run on
 // meshes gives the same losses, and bf16 mixed precision follows f32 training.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -95,6 +96,41 @@ std::vector<double> losses(const std::vector<ojson>& m, std::vector<double>* gno
       if (gnorms) gnorms->push_back(j["grad_norm"].get<double>());
     }
   return l;
+}
+
+// The callbacks see every evaluation and every save; save_total_limit keeps the newest
+// checkpoints only; eval_batch_size batches evaluation differently with the same mean loss.
+TEST(Trainer, CallbacksSaveTotalLimitAndEvalBatchSize) {
+  TempDir d("callbacks");
+  auto data = random_data(10, 16, 64, 5, true);
+  auto eval = random_data(6, 16, 64, 6, true);
+  auto args = base_args(d.str());
+  args.save_steps = 2;
+  args.save_total_limit = 2;
+  args.evaluation_steps = 3;
+  Trainer t(args, make_model(), std::nullopt, data, eval);
+  std::vector<std::int64_t> evaluated;
+  std::vector<std::string> saved;
+  TrainerCallback cb;
+  cb.on_evaluate = [&](Trainer&, const EvalMetrics& e) { evaluated.push_back(e.step); };
+  cb.on_save = [&](Trainer&, const std::string& p) { saved.push_back(fs::path(p).filename().string()); };
+  t.callbacks.push_back(cb);
+  t.train();
+  EXPECT_EQ(evaluated, (std::vector<std::int64_t>{3, 6}));
+  EXPECT_EQ(saved, (std::vector<std::string>{"checkpoint-2", "checkpoint-4", "checkpoint-6"}));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d.str()))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"checkpoint-4", "checkpoint-6"}));
+
+  const double by_micro = t.evaluate().loss;  // micro-batches of 2 sequences
+  TempDir d2("eval_batch");
+  auto args2 = base_args(d2.str());
+  args2.eval_batch_size = 5;
+  Trainer t2(args2, t.model(), std::nullopt, data, eval);
+  EXPECT_EQ(t2.eval_options().batch_size, 5);
+  EXPECT_NEAR(t2.evaluate().loss, by_micro, 1e-6 * by_micro);
 }
 
 TEST(Trainer, ResumeIsBitIdentical) {

@@ -298,12 +298,12 @@ class BasicTrainer {
     return p;
   }
 
-  /// The preference loss and metrics over eval_data's pairs (micro_batch_size pairs a batch,
+  /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
   /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
     const PreferenceOptions po = args_.preference_options();
-    const std::int64_t n = eval_->size() / 2, mb = args_.micro_batch_size();
+    const std::int64_t n = eval_->size() / 2, mb = args_.eval_batch();
     std::vector<std::int64_t> rows;
     std::int64_t batches = 0;
     for (std::int64_t lo = 0; lo < n; lo += mb) {
@@ -330,11 +330,12 @@ class BasicTrainer {
     return sum;
   }
 
-  /// How evaluate() batches eval_data (micro_batch_size sequences, max_evaluation_steps batches).
+  /// How evaluate() batches eval_data (eval_batch_size sequences, or the micro-batch;
+  /// max_evaluation_steps batches).
   EvalOptions eval_options() const {
     EvalOptions o;
     o.max_sequence_length = args_.max_sequence_length;
-    o.batch_size = args_.micro_batch_size();
+    o.batch_size = args_.eval_batch();
     o.max_batches = args_.max_evaluation_steps;
     o.pad_id = pad_id_;
     o.truncation = trunc_;

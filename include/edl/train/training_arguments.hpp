@@ -136,6 +136,8 @@ struct TrainingArguments {
   /// Each micro-batch's sequences side by side in one row, no padding (sft and causal_lm,
   /// with packing off): the same losses as a padded batch without computing the padding.
   bool padding_free = false;
+  /// Sequences (or preference pairs) per evaluation batch; 0: the training micro-batch.
+  std::int64_t eval_batch_size = 0;
   /// DPO and ORPO (train/preference.hpp, TRL's names): the loss, its beta and label smoothing,
   /// and DPO's frozen reference model (a folder; empty: the policy's base when it trains LoRA
   /// adapters, else a copy of the initial policy).
@@ -159,7 +161,7 @@ struct TrainingArguments {
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
-        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "loss_type", "beta", "label_smoothing",
+        "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
   }
@@ -259,6 +261,7 @@ struct TrainingArguments {
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
     else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
+    else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
@@ -390,6 +393,8 @@ struct TrainingArguments {
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
+    EDL_CHECK(eval_batch_size >= 0, errc::config, where("eval_batch_size"), "must be 0 (the micro-batch) or positive, found ",
+              eval_batch_size);
     EDL_CHECK(!(packing && padding_free), errc::config, where("padding_free"),
               "packing already fills each row; padding_free applies with packing off");
     EDL_CHECK(!preference() || (!packing && !padding_free), errc::unsupported, where(packing ? "packing" : "padding_free"),
@@ -446,6 +451,8 @@ struct TrainingArguments {
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
   std::int64_t micro_batch_size() const { return total_batch_size / gradient_accumulation_steps; }
+  /// Sequences (pairs) per evaluation batch: eval_batch_size, else the micro-batch.
+  std::int64_t eval_batch() const { return eval_batch_size > 0 ? eval_batch_size : micro_batch_size(); }
 
   ojson to_json() const {
     ojson j = ojson::object();
@@ -497,6 +504,7 @@ struct TrainingArguments {
     j["completion_only_loss"] = completion_only_loss;
     j["packing"] = packing;
     j["padding_free"] = padding_free;
+    j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;

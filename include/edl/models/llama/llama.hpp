@@ -250,10 +250,18 @@ class LlamaForCausalLM {
   void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) const {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
-    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(s.hidden.data(), layout.tokens(), out);
-    nn::gemm_ops::mm_nt(s.hidden.data(), head_weight(), out, layout.tokens(), config().vocab_size,
-                       config().hidden_size);
+    apply_lm_head(s.hidden.data(), layout.tokens(), out);
   }
+
+  /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
+  /// the final norm, as Saved::hidden holds them): the head, or the tied embedding.
+  void apply_lm_head(const float* hidden, std::int64_t rows, float* out) const {
+    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(hidden, rows, out);
+    nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, config().vocab_size, config().hidden_size);
+  }
+
+  /// The seeds' can_generate(): a causal LM generates (generate/ takes it).
+  static constexpr bool can_generate() noexcept { return true; }
 
   /// Loss only (no gradients). labels [batch, seq] (null: ids), HF shift applied.
   nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,

@@ -89,6 +89,8 @@ class LlamaForSequenceClassification {
 
  public:
   static constexpr const char* hf_architecture = "LlamaForSequenceClassification";
+  /// The seeds' can_generate(): a classification head has no next-token logits.
+  static constexpr bool can_generate() noexcept { return false; }
   using T = typename Pol::param_t;
   using ScoreLinear = nn::Linear<Pol, P<none, none>>;  // [num_labels, hidden], replicated
 
