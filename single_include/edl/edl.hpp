@@ -29016,9 +29016,11 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // reference equal to the policy, h = 0: the sigmoid loss is exactly log 2 and every reward 0.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
@@ -29066,6 +29068,23 @@ struct PreferenceMetrics {
   double nll_loss = 0.0;          // ORPO: this batch's share of the step's chosen NLL
   double log_odds_ratio = 0.0, log_odds_chosen = 0.0;  // ORPO: means of log sigmoid(log_odds), log_odds
   std::int64_t pairs = 0;
+
+  /// Adds w x each of m's means (rewards, logps, log odds): a weighted mean over batches.
+  void add_means(const PreferenceMetrics& m, double w) {
+    for (auto [dst, src] : means_with(m)) *dst += w * *src;
+  }
+  /// Multiplies every mean by s.
+  void scale_means(double s) {
+    for (auto [dst, src] : means_with(*this)) *dst *= s;
+  }
+
+ private:
+  std::array<std::pair<double*, const double*>, 8> means_with(const PreferenceMetrics& m) {
+    return {{{&rewards_chosen, &m.rewards_chosen}, {&rewards_rejected, &m.rewards_rejected},
+             {&rewards_accuracies, &m.rewards_accuracies}, {&rewards_margins, &m.rewards_margins},
+             {&logps_chosen, &m.logps_chosen}, {&logps_rejected, &m.logps_rejected},
+             {&log_odds_ratio, &m.log_odds_ratio}, {&log_odds_chosen, &m.log_odds_chosen}}};
+  }
 };
 
 /// Rows 2i and 2i + 1 of a preference batch from sequences and their scored masks, as collate
@@ -30149,18 +30168,12 @@ class BasicTrainer {
                                              : preference_loss(*model_, b, po, false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
-      sum.rewards_chosen += k * m.rewards_chosen;
-      sum.rewards_rejected += k * m.rewards_rejected;
-      sum.rewards_accuracies += k * m.rewards_accuracies;
-      sum.rewards_margins += k * m.rewards_margins;
-      sum.logps_chosen += k * m.logps_chosen;
-      sum.logps_rejected += k * m.logps_rejected;
+      sum.add_means(m, k);
       sum.pairs += m.pairs;
     }
     const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
-    for (double* v : {&sum.loss, &sum.rewards_chosen, &sum.rewards_rejected, &sum.rewards_accuracies,
-                      &sum.rewards_margins, &sum.logps_chosen, &sum.logps_rejected})
-      *v /= total;
+    sum.loss /= total;
+    sum.scale_means(1.0 / total);
     return sum;
   }
 
@@ -30264,15 +30277,7 @@ class BasicTrainer {
                                                     : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
-          const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
-          pref.log_odds_ratio += share * pm.log_odds_ratio;
-          pref.log_odds_chosen += share * pm.log_odds_chosen;
-          pref.rewards_chosen += share * pm.rewards_chosen;
-          pref.rewards_rejected += share * pm.rewards_rejected;
-          pref.rewards_accuracies += share * pm.rewards_accuracies;
-          pref.rewards_margins += share * pm.rewards_margins;
-          pref.logps_chosen += share * pm.logps_chosen;
-          pref.logps_rejected += share * pm.logps_rejected;
+          pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
         } else if (sharded_) {
           const nn::TokenLayout lay = b.layout();
           loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,

@@ -24,9 +24,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <edl/core/error.hpp>
@@ -46,6 +48,23 @@ struct PreferenceMetrics {
   double nll_loss = 0.0;          // ORPO: this batch's share of the step's chosen NLL
   double log_odds_ratio = 0.0, log_odds_chosen = 0.0;  // ORPO: means of log sigmoid(log_odds), log_odds
   std::int64_t pairs = 0;
+
+  /// Adds w x each of m's means (rewards, logps, log odds): a weighted mean over batches.
+  void add_means(const PreferenceMetrics& m, double w) {
+    for (auto [dst, src] : means_with(m)) *dst += w * *src;
+  }
+  /// Multiplies every mean by s.
+  void scale_means(double s) {
+    for (auto [dst, src] : means_with(*this)) *dst *= s;
+  }
+
+ private:
+  std::array<std::pair<double*, const double*>, 8> means_with(const PreferenceMetrics& m) {
+    return {{{&rewards_chosen, &m.rewards_chosen}, {&rewards_rejected, &m.rewards_rejected},
+             {&rewards_accuracies, &m.rewards_accuracies}, {&rewards_margins, &m.rewards_margins},
+             {&logps_chosen, &m.logps_chosen}, {&logps_rejected, &m.logps_rejected},
+             {&log_odds_ratio, &m.log_odds_ratio}, {&log_odds_chosen, &m.log_odds_chosen}}};
+  }
 };
 
 /// Rows 2i and 2i + 1 of a preference batch from sequences and their scored masks, as collate

@@ -315,18 +315,12 @@ class BasicTrainer {
                                              : preference_loss(*model_, b, po, false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
-      sum.rewards_chosen += k * m.rewards_chosen;
-      sum.rewards_rejected += k * m.rewards_rejected;
-      sum.rewards_accuracies += k * m.rewards_accuracies;
-      sum.rewards_margins += k * m.rewards_margins;
-      sum.logps_chosen += k * m.logps_chosen;
-      sum.logps_rejected += k * m.logps_rejected;
+      sum.add_means(m, k);
       sum.pairs += m.pairs;
     }
     const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
-    for (double* v : {&sum.loss, &sum.rewards_chosen, &sum.rewards_rejected, &sum.rewards_accuracies,
-                      &sum.rewards_margins, &sum.logps_chosen, &sum.logps_rejected})
-      *v /= total;
+    sum.loss /= total;
+    sum.scale_means(1.0 / total);
     return sum;
   }
 
@@ -430,15 +424,7 @@ class BasicTrainer {
                                                     : preference_loss(*model_, b, po, true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
-          const double share = static_cast<double>(pm.pairs) / static_cast<double>(B);
-          pref.log_odds_ratio += share * pm.log_odds_ratio;
-          pref.log_odds_chosen += share * pm.log_odds_chosen;
-          pref.rewards_chosen += share * pm.rewards_chosen;
-          pref.rewards_rejected += share * pm.rewards_rejected;
-          pref.rewards_accuracies += share * pm.rewards_accuracies;
-          pref.rewards_margins += share * pm.rewards_margins;
-          pref.logps_chosen += share * pm.logps_chosen;
-          pref.logps_rejected += share * pm.logps_rejected;
+          pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
         } else if (sharded_) {
           const nn::TokenLayout lay = b.layout();
           loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
