@@ -4,7 +4,7 @@
 # tokenizer on the training text), evaluate the last checkpoint on the held-out fortunes file
 # next to the unigram baseline, show the end-of-training report, generate greedy and sampled
 # text, fine-tune it on the corpus's Q:/A: riddles with supervised fine-tuning (loss on the
-# answers only) and then DPO (each riddle's answer preferred to another's), quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
+# answers only) and then DPO and ORPO (each riddle's answer preferred to another's), quantize the checkpoint (q8_0, q4_0, nf4) and score and use it, adapt it to another
 # domain with QLoRA (examples/lora_licenses.json), merge and quantize the result and use it,
 # load real hub tokenizers (Llama 3, Qwen3, Gemma 3) and render a chat template, then show what
 # the checkpoint holds and how fast the kernels are.
@@ -57,6 +57,12 @@ head -1 "$SFT/fortunes-qa-pairs.jsonl"
   --set "tokenizer=$CKPT/tokenizer.json" --set "train_data=$SFT/fortunes-qa-pairs.jsonl"
 echo "-- reward margins (beta x (log pi - log ref) of chosen minus rejected) and accuracies, every 20 steps"
 grep '"rewards/margins"' "$SFT/dpo/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*"rewards\/accuracies":\([-0-9.e]*\).*"rewards\/margins":\([-0-9.e]*\).*/step \1: accuracy \2, margin \3/'
+echo "== ORPO (\"trainer\": \"orpo\", no reference model) on the same pairs from the SFT checkpoint: the answers' NLL plus an odds-ratio term"
+"$EDL" train --config examples/dpo_fortunes.json --set "save_directory=$SFT/orpo" --set "model=$SFT_CKPT" \
+  --set "tokenizer=$CKPT/tokenizer.json" --set "train_data=$SFT/fortunes-qa-pairs.jsonl" \
+  --set trainer=orpo --set beta=0.5 --set max_training_steps=60
+echo "-- the chosen answers' NLL and the mean log odds ratio of chosen over rejected, every 20 steps"
+grep '"log_odds_chosen"' "$SFT/orpo/metrics.jsonl" | sed 's/.*"step":\([0-9]*\).*"nll_loss":\([-0-9.e]*\).*"log_odds_chosen":\([-0-9.e]*\).*/step \1: nll \2, log odds \3/'
 echo "== edl quantize: the checkpoint's decoder Linears to q8_0, q4_0 and nf4, each scored on the held-out text"
 for q in q8_0 q4_0 nf4; do
   "$EDL" quantize --model "$CKPT" --method $q --out "$OUT/quantized-$q"
