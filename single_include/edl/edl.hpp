@@ -27348,7 +27348,6 @@ class TokenDataset {
     if (starts_.size() < b) return {};
     return {starts_.data() + a, b - a};
   }
-  bool packed() const noexcept { return !starts_.empty(); }
   /// Tokens the loss scores (as targets) in all sequences.
   std::int64_t num_scored() const noexcept {
     if (!masked_) return num_tokens();
@@ -27619,6 +27618,15 @@ inline Truncation truncation_from_name(const std::string& s) {
   ::edl::detail::raise(errc::config, "truncation_mode", "expected keep_start or keep_end, found \"" + s + "\"");
 }
 
+/// The part of a row's values (tokens, or a per-token mask) that truncation to max_length by
+/// `mode` keeps: the first or the last max_length (an empty mask stays empty).
+template <class T>
+std::span<const T> truncated(std::span<const T> v, std::int64_t max_length, Truncation mode) {
+  if (static_cast<std::int64_t>(v.size()) <= max_length) return v;
+  const auto keep = static_cast<std::size_t>(max_length);
+  return mode == Truncation::keep_start ? v.first(keep) : v.last(keep);
+}
+
 /// A padded batch [batch, seq], row-major.
 struct Batch {
   std::int64_t batch = 0, seq = 0;
@@ -27664,15 +27672,10 @@ inline Batch collate(const std::vector<std::span<const std::int32_t>>& seqs, std
     b.segment_ids.assign(n, 0);
   }
   for (std::int64_t r = 0; r < b.batch; ++r) {
-    auto s = seqs[static_cast<std::size_t>(r)];
-    std::span<const std::uint8_t> m = scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
-    std::span<const std::uint8_t> st = documents ? (*starts)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{};
-    if (static_cast<std::int64_t>(s.size()) > max_length) {
-      const auto keep = static_cast<std::size_t>(max_length);
-      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
-      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
-      if (!st.empty()) st = mode == Truncation::keep_start ? st.first(keep) : st.last(keep);
-    }
+    const auto s = truncated(seqs[static_cast<std::size_t>(r)], max_length, mode);
+    const auto m = truncated(scored ? (*scored)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{}, max_length, mode);
+    const auto st = truncated(documents ? (*starts)[static_cast<std::size_t>(r)] : std::span<const std::uint8_t>{},
+                              max_length, mode);
     std::int64_t segment = 0, pos = 0;
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::size_t at = static_cast<std::size_t>(r * b.seq) + i;
@@ -27703,13 +27706,8 @@ inline Batch collate_padding_free(const std::vector<std::span<const std::int32_t
   std::vector<std::int32_t> ids;
   std::vector<std::uint8_t> mask, starts;
   for (std::size_t r = 0; r < seqs.size(); ++r) {
-    auto s = seqs[r];
-    std::span<const std::uint8_t> m = scored ? (*scored)[r] : std::span<const std::uint8_t>{};
-    if (static_cast<std::int64_t>(s.size()) > max_length) {
-      const auto keep = static_cast<std::size_t>(max_length);
-      s = mode == Truncation::keep_start ? s.first(keep) : s.last(keep);
-      if (!m.empty()) m = mode == Truncation::keep_start ? m.first(keep) : m.last(keep);
-    }
+    const auto s = truncated(seqs[r], max_length, mode);
+    const auto m = truncated(scored ? (*scored)[r] : std::span<const std::uint8_t>{}, max_length, mode);
     ids.insert(ids.end(), s.begin(), s.end());
     for (std::size_t i = 0; i < s.size(); ++i) {
       mask.push_back(m.empty() ? 1 : m[i]);
