@@ -7158,7 +7158,9 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // Dropout (lora_dropout) is a pure function of (dropout key, row, column): the trainer gives
 // each micro-batch a key (lora::set_dropout), so a rematerialized forward and the backward
 // see the mask the forward saw, and the same seed drops the same elements on every run.
-// Without a key (inference, evaluation) nothing is dropped.
+// Without a key (inference, evaluation) nothing is dropped. On a mesh a device holds a block of
+// the rows and, under a row-parallel base, of the input columns: its DropoutIndex places them
+// in the whole batch, so every device draws the mask one device would.
 
 #include <cmath>
 #include <cstdint>
@@ -7458,6 +7460,22 @@ template <> struct adapter_specs<P<none, "tp">> {
 };
 }  // namespace detail
 
+/// Where the rows and input columns a Linear sees sit in the whole batch, for dropout's
+/// (row, column) counter. The default is the whole batch: row r of the call is row r of
+/// [batch * seq], column c is column c of the input.
+struct DropoutIndex {
+  std::int64_t row_block = 0;  // rows per batch row in a call (0: the rows are the batch's)
+  std::int64_t seq = 0;        // the batch's sequence length
+  std::int64_t first_row = 0;  // the batch row of the call's first row block
+  std::int64_t first_pos = 0;  // the sequence position of each row block's first row
+  std::int64_t first_col = 0;  // the input column of the call's first column
+  std::int64_t cols = 0;       // the batch's input columns (0: the adapter's in())
+
+  std::int64_t row(std::int64_t r) const noexcept {
+    return row_block ? (first_row + r / row_block) * seq + first_pos + r % row_block : r;
+  }
+};
+
 template <FloatStorage T, PartitionSpecType WSpec>
 struct LowRankAdapter {
   Param<T, typename detail::adapter_specs<WSpec>::a> A;  // lora_A.weight [r, in]
@@ -7468,6 +7486,7 @@ struct LowRankAdapter {
   float dropout = 0.0f;             // probability of dropping an input element in training
   std::optional<Key> dropout_key;   // set while training (lora::set_dropout); none: no dropout
   bool active = true;               // false: the Linear computes its base alone (lora::AdaptersOff)
+  DropoutIndex index;               // the whole batch, unless a mesh device sets its block
 
   LowRankAdapter() = default;
   LowRankAdapter(std::int64_t in, std::int64_t out, std::int64_t r, double alpha_, bool rslora_, float dropout_)
@@ -7500,8 +7519,9 @@ struct LowRankAdapter {
 
   /// Whether input element (row, col) is kept under the current key (drops() must hold).
   bool keeps(std::int64_t row, std::int64_t col) const noexcept {
-    const std::uint64_t counter = static_cast<std::uint64_t>(row) * static_cast<std::uint64_t>(in()) +
-                                  static_cast<std::uint64_t>(col);
+    const std::uint64_t counter = static_cast<std::uint64_t>(index.row(row)) *
+                                      static_cast<std::uint64_t>(index.cols ? index.cols : in()) +
+                                  static_cast<std::uint64_t>(index.first_col + col);
     return bits_to_unit_float(random_bits_at(*dropout_key, counter)) >= dropout;
   }
   /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero (h may
@@ -18625,8 +18645,9 @@ struct Schedule {
 // Adafactor factors its second moment over the rows and columns of the whole matrix, which a
 // block does not have: it is refused on a mesh of more than one device.
 //
-// The model type needs: mesh(), names(), param(name) and grad(name) returning ShardedArrays,
-// and has_grads() (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
+// The model type needs: mesh(), trainable_names() (the parameters with gradients: all, or a
+// LoRA model's adapters), param(name) and grad(name) returning ShardedArrays, and has_grads()
+// (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
 // multi-process mesh each process updates the blocks of its own devices.
 
 #include <cmath>
@@ -18652,7 +18673,7 @@ class ShardedOptimizer {
     EDL_CHECK(o.kind != OptimizerKind::adafactor || devices_ == 1, errc::unsupported, "ShardedOptimizer",
               "adafactor factors its second moment over whole matrices, which a shard does not hold; on a mesh of ",
               devices_, " devices use adamw, sgd or lion");
-    for (const auto& name : model.names()) {
+    for (const auto& name : model.trainable_names()) {
       std::vector<char> own(static_cast<std::size_t>(devices_), 0);
       for (std::int64_t d : model.param(name).layout().block_owners()) own[static_cast<std::size_t>(d)] = 1;
       owner_.emplace(name, std::move(own));
@@ -18691,7 +18712,7 @@ class ShardedOptimizer {
     mesh.run([&](Device& dev) {
       const std::int64_t d = dev.id();
       double sq = 0.0;
-      for (const auto& name : m.names()) {
+      for (const auto& name : m.trainable_names()) {
         if (!owner_.at(name)[static_cast<std::size_t>(d)]) continue;
         const auto g = m.grad(name).local_span(d);
         double s = 0.0;
@@ -18712,7 +18733,7 @@ class ShardedOptimizer {
     if (max_norm > 0 && norm > max_norm) {
       const float s = static_cast<float>(max_norm / (norm + 1e-6));
       m.mesh().run([&](Device& dev) {
-        for (const auto& name : m.names()) {
+        for (const auto& name : m.trainable_names()) {
           auto g = m.grad(name).local_span(dev.id());
           kernels::scale(g.data(), s, static_cast<std::int64_t>(g.size()));
         }
@@ -18729,7 +18750,7 @@ class ShardedOptimizer {
       Optimizer& o = per_device_[static_cast<std::size_t>(d)];
       o.begin_step();
       if (dev.id() == first_local(m)) step_count_ = o.step_count();
-      for (const auto& name : m.names()) {
+      for (const auto& name : m.trainable_names()) {
         auto& p = m.param(name);
         const auto w = p.local_span(d);
         const auto g = m.grad(name).local_span(d);
@@ -20383,6 +20404,13 @@ class LlamaForCausalLM {
 //    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
 //    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
 //    heads only, so theirs is psummed over tp as well.
+//  - LoRA: a model with adapters (lora::apply_lora) shards them with their base: lora_B takes
+//    the base's split of the output rows, lora_A its split of the input columns, r is never
+//    split. Only the adapters are trainable (gradients, optimizer state); the base is frozen.
+//    On a column-parallel base every tp rank computes the same u = x A^T, so the gradient of
+//    A is a sum over tp; on a row-parallel base each rank adds its partial u_r B^T before the
+//    psum, so the gradient of B is. Dropout draws each element's mask from its place in the
+//    whole batch (nn::DropoutIndex), so a mesh drops what one device drops.
 // Collectives reduce in group order, so results are deterministic for a given mesh.
 
 #include <algorithm>
@@ -20392,6 +20420,7 @@ class LlamaForCausalLM {
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -20405,6 +20434,7 @@ class LlamaForCausalLM {
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/lora/apply.hpp> (inlined above)
 // #include <edl/mesh/collectives.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
@@ -20496,15 +20526,22 @@ struct ShardedParamPlan {
   ShardLayout compute;  // the tensor the local model uses (tp block or full)
   std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
+  bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
 };
 
-/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding).
-/// Validates the config against the mesh (heads, kv heads, intermediate size by tp; each
-/// rule's dimensions by its axes) with the errors of tp_local_config and PartitionRules.
+/// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
+using AdapterRanks = std::map<std::string, std::int64_t>;
+
+/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
+/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight and bias, and every
+/// other parameter is frozen. Validates the config against the mesh (heads, kv heads,
+/// intermediate size by tp; each rule's dimensions by its axes) with the errors of
+/// tp_local_config and PartitionRules.
 inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
                                                                                 const MeshShape& ms,
                                                                                 const PartitionRules& rules,
-                                                                                bool tied) {
+                                                                                bool tied,
+                                                                                const AdapterRanks& adapters = {}) {
   cfg.validate();
   const std::int64_t tp = ms.axis_size("tp");
   const LlamaConfig local_cfg = tp_local_config(cfg, tp);
@@ -20512,13 +20549,13 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   const auto local = local_cfg.parameter_shapes();
   EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
   std::vector<std::pair<std::string, ShardedParamPlan>> plans;
-  std::vector<std::string> kept_tp{"tp"};
-  for (std::size_t i = 0; i < global.size(); ++i) {
-    const auto& [name, gshape] = global[i];
-    const auto& lshape = local[i].second;
-    if (tied && name == "lm_head.weight") continue;
+  const std::vector<std::string> kept_tp{"tp"};
+  // partial_over_tp: the parameter is whole on every tp rank while each rank's gradient is a
+  // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
+  // tp-split base), so the gradient sums over tp.
+  const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
+                        const std::vector<std::int64_t>& lshape, bool partial_over_tp) {
     ShardedParamPlan p;
-    const SpecValue spec = rules.spec_for(name, gshape, ms);
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
     p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
@@ -20539,9 +20576,6 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
     for (const auto& a : ms.names())
       if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
-    // A per-head norm's weight is whole on every tp rank while its gradient sums over the
-    // rank's heads only: the full gradient is the sum over tp.
-    const bool partial_over_tp = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
     for (const auto& a : ms.names()) {
       if (ms.axis_size(a) == 1) continue;
       if (a == "tp") {
@@ -20552,8 +20586,38 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    p.frozen = !adapters.empty();
     plans.emplace_back(name, std::move(p));
+  };
+  std::size_t adapted = 0;
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const auto& [name, gshape] = global[i];
+    const auto& lshape = local[i].second;
+    if (tied && name == "lm_head.weight") continue;
+    const SpecValue spec = rules.spec_for(name, gshape, ms);
+    plan(name, spec, gshape, lshape,
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"));
+    if (!name.ends_with(".weight")) continue;
+    const std::string linear = name.substr(0, name.size() - 7);
+    const auto it = adapters.find(linear);
+    if (it == adapters.end()) continue;
+    ++adapted;
+    // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
+    const std::int64_t r = it->second;
+    const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
+    const bool has_bias = i + 1 < global.size() && global[i + 1].first == linear + ".bias";
+    if (has_bias) {  // the bias first, as Linear::visit_params lists it
+      ++i;
+      plan(global[i].first, rules.spec_for(global[i].first, global[i].second, ms), global[i].second, local[i].second,
+           false);
+    }
+    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel);
+    plans.back().second.frozen = false;
+    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel);
+    plans.back().second.frozen = false;
   }
+  EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
+            " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
   return plans;
 }
 
@@ -20576,12 +20640,16 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
-    setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
-      EDL_CHECK(!lin.lora, errc::unsupported, path,
-                "has a LoRA adapter: LoRA training runs on one device for now (sharding_axis_dims of 1)");
+      EDL_CHECK(!lin.is_quantized(), errc::unsupported, path,
+                "is quantized (", quant::format_name(lin.qweight.format()),
+                "): a model on a mesh holds float weights; quantized models and QLoRA run on one device");
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
     });
+    if (!adapters.empty()) lora_ = lora::config_of(m);
+    setup(adapters);
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
@@ -20595,8 +20663,20 @@ class ShardedLlama {
   const LlamaConfig& config() const noexcept { return cfg_; }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order.
+  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after it).
   const std::vector<std::string>& names() const noexcept { return names_; }
+  /// The parameters that get gradients and optimizer state: all of them, or with LoRA
+  /// adapters the adapters alone.
+  const std::vector<std::string>& trainable_names() const noexcept { return trainable_; }
+  bool trainable(const std::string& name) const { return !plans_.at(checked(name)).frozen; }
+
+  /// Whether the model carries LoRA adapters, and their config (lora::config_of).
+  bool has_adapters() const noexcept { return lora_.has_value(); }
+  const std::optional<lora::LoraConfig>& adapter_config() const noexcept { return lora_; }
+  /// The adapters' dropout key for the next steps (lora::set_dropout's; none: no dropout).
+  void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
+  /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
+  void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
 
   const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
   ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
@@ -20604,19 +20684,19 @@ class ShardedLlama {
 
   bool has_grads() const noexcept { return !grads_.empty(); }
   const ShardedArray<float>& grad(const std::string& name) const {
-    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
+    return const_cast<ShardedLlama*>(this)->grad(name);
   }
   ShardedArray<float>& grad(const std::string& name) {
     EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
+    EDL_CHECK(trainable(name), errc::invalid_argument, name, "is frozen (the base of a LoRA model): it has no gradient");
+    return grads_.at(name);
   }
   /// The full gradient of one parameter (gathered from the devices' blocks).
   xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
-  /// Every gradient, gathered, by HF name.
+  /// Every gradient (of the trainable parameters), gathered, by HF name.
   std::map<std::string, xt::xarray<float>> gather_grads() const {
     std::map<std::string, xt::xarray<float>> g;
-    for (const auto& n : names_) g.emplace(n, gather_grad(n));
+    for (const auto& n : trainable_) g.emplace(n, gather_grad(n));
     return g;
   }
   void zero_grad() {
@@ -20673,6 +20753,7 @@ class ShardedLlama {
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
+    if (lora_) lora::apply_lora(m, *lora_, "ShardedLlama");  // the same adapters, values below
     m.visit_params("", [&](std::string_view path, auto& p) {
       const xt::xarray<T> full = gather(params_.at(std::string(path)));
       std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
@@ -20713,11 +20794,12 @@ class ShardedLlama {
 
   std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
 
-  void setup() {
+  void setup(const AdapterRanks& adapters) {
     cfg_.validate();
     local_cfg_ = tp_local_config(cfg_, axis("tp"));
-    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_)) {
+    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_, adapters)) {
       names_.push_back(name);
+      if (!p.frozen) trainable_.push_back(name);
       plans_.emplace(name, std::move(p));
     }
     for (const auto& a : sharded_detail::data_axes())
@@ -20727,7 +20809,7 @@ class ShardedLlama {
 
   void ensure_grads() {
     if (!grads_.empty()) return;
-    for (const auto& n : names_) {
+    for (const auto& n : trainable_) {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
@@ -20744,6 +20826,7 @@ class ShardedLlama {
     auto& slot = locals_[static_cast<std::size_t>(d)];
     if (!slot) {
       slot = std::make_unique<Local>(local_cfg_);
+      if (lora_) lora::apply_lora(*slot, *lora_, "ShardedLlama");  // the device's block of each adapter
       slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
     }
     return *slot;
@@ -20783,6 +20866,7 @@ class ShardedLlama {
   /// Allocates (zeroed) the local gradient before a backward.
   template <class Prm>
   void open_grad(Device& dev, Prm& p) {
+    if (p.frozen) return;
     p.grad_data();
     dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
   }
@@ -20790,6 +20874,7 @@ class ShardedLlama {
   /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
   template <class Prm>
   void reduce_grad(Device& dev, const std::string& name, Prm& p) {
+    if (p.frozen) return;
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
     const auto& cshape = pl.compute.local_shape();
@@ -20985,6 +21070,7 @@ class ShardedLlama {
       return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
     };
     const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
+    if (lora_) place_adapters(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
     const std::size_t n = static_cast<std::size_t>(Tl * H);
@@ -21100,12 +21186,39 @@ class ShardedLlama {
 
   const std::vector<std::string>& data_axes_present() const { return data_axes_; }
 
+  /// Gives the device's adapters this step's dropout key and switch, and places their rows and
+  /// columns in the whole batch: attention's projections see the local batch rows over the
+  /// whole sequence, the MLP's the local tokens, and a row-parallel base the rank's block of
+  /// input columns.
+  void place_adapters(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+    lora::set_dropout(lm, dropout_key_);
+    lora::set_adapters_active(lm, adapters_active_);
+    const std::int64_t tp_rank = c.dev->axis_index("tp");
+    lm.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      using Lin = std::remove_cvref_t<decltype(lin)>;
+      const bool attention = path.find(".self_attn.") != std::string::npos;
+      nn::DropoutIndex& ix = lin.lora->index;
+      ix.row_block = attention ? c.S : c.Sl;
+      ix.seq = c.S;
+      ix.first_row = b0;
+      ix.first_pos = attention ? 0 : s0;
+      if constexpr (std::is_same_v<typename Lin::WeightParam::spec, nn::RowParallel>) {
+        ix.first_col = tp_rank * lin.in_features();
+        ix.cols = c.tp * lin.in_features();
+      }
+    });
+  }
+
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
   bool tied_ = false;
   bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
-  std::vector<std::string> names_;
+  std::vector<std::string> names_, trainable_;
+  std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
+  std::optional<Key> dropout_key_;         // set_adapter_dropout
+  bool adapters_active_ = true;           // set_adapters_active
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
   std::map<std::string, ShardedArray<float>> grads_;
@@ -26439,6 +26552,9 @@ class ShardedDecoder {
   ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
                  CacheFactory make_cache = {})
       : mesh_(sm.mesh()), cfg_(sm.config()) {
+    EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
+              "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
+              "to decode on a mesh");
     init(batch, max_length);
     std::map<std::string, xt::xarray<T>> full;
     for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));
@@ -28609,6 +28725,9 @@ inline TokenDataset load_preference_dataset(const std::vector<std::string>& file
 // reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
 // they are never read there.
 //
+// A LoRA run's checkpoint (a PEFT adapter folder) holds the adapters alone: they are read into
+// their blocks and the base the model holds stays as it is, as load_state does on one device.
+//
 // load_state (checkpoint.hpp) is the one-device form: the whole model and optimizer state.
 
 #include <cstdint>
@@ -28619,6 +28738,7 @@ inline TokenDataset load_preference_dataset(const std::vector<std::string>& file
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/lora/peft.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
@@ -28666,23 +28786,11 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
 
 }  // namespace detail
 
-/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
-/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
-/// with the model's shape, and every optimizer slot must belong to a parameter of the model
-/// and have its element count; errors name the file and tensor. Every process of a
-/// multi-process mesh calls it with the same arguments (no collective runs).
+/// Reads every parameter's local blocks from the model files of checkpoint `dir`.
 template <class Pol>
-TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
-                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
-                              ShardedLoadStats* stats = nullptr) {
-  namespace fs = std::filesystem;
+void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
-  const std::string state_path = (fs::path(dir) / "state.json").string();
-  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
-  TrainState s = TrainState::from_file(state_path);
-  ShardedLoadStats st;
   const std::int64_t D = model.mesh().size();
-
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
@@ -28704,6 +28812,51 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
         detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
                                      fused ? &file_shape : nullptr, fused ? fused->row0 : 0);
   }
+}
+
+/// Reads every adapter's local blocks from the PEFT files of a LoRA run's checkpoint `dir`.
+template <class Pol>
+void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
+  namespace fs = std::filesystem;
+  using T = typename Pol::param_t;
+  EDL_CHECK(model.has_adapters(), errc::config, dir,
+            "is a LoRA checkpoint (adapter_config.json) but the model has no adapters: resume with the run's "
+            "\"lora\" section");
+  const std::string file = (fs::path(dir) / lora::kAdapterWeightsFile).string();
+  EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
+  const auto f = io::SafeTensorsFile::open(file);
+  for (const auto& name : model.trainable_names()) {
+    const std::string tensor = lora::kPeftPrefix + name;
+    EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
+              "\" is missing: the model being loaded has this adapter");
+    auto& arr = model.param(name);
+    EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
+              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
+              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
+    std::vector<T*> blocks(static_cast<std::size_t>(model.mesh().size()));
+    for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
+  }
+}
+
+/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
+/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
+/// with the model's shape, and every optimizer slot must belong to a parameter of the model
+/// and have its element count; errors name the file and tensor. Every process of a
+/// multi-process mesh calls it with the same arguments (no collective runs).
+template <class Pol>
+TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
+                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                              ShardedLoadStats* stats = nullptr) {
+  namespace fs = std::filesystem;
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  ShardedLoadStats st;
+  const std::int64_t D = model.mesh().size();
+  // A LoRA run's checkpoint holds the adapters alone: the base is the run's model, already in place.
+  if (lora::is_adapter_folder(dir)) load_adapter_blocks(dir, model, st);
+  else load_parameter_blocks(dir, model, st);
 
   opt.reset();
   for (const std::string& path : optimizer_files(dir)) {
@@ -28713,10 +28866,10 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
       EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name,
                 "\" is not named <path>.<slot>");
       const std::string param = name.substr(0, dot), slot = name.substr(dot + 1);
-      const auto& names = model.names();
+      const auto& names = model.trainable_names();
       EDL_CHECK(std::find(names.begin(), names.end(), param) != names.end(), errc::format,
                 io::detail::tensor_where(path, name), "is the state of \"", param,
-                "\", which is not a parameter of the model being loaded");
+                "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
       std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
                                         std::vector<float>(static_cast<std::size_t>(layout.local_elements())));
@@ -28875,7 +29028,7 @@ struct ShardedTrainingState {
     StateBytes b;
     b.parameters = model->param_bytes(d);
     if (model->has_grads())
-      for (const auto& n : model->names())
+      for (const auto& n : model->trainable_names())
         b.gradients += static_cast<std::int64_t>(model->grad(n).local(d).size() * sizeof(float));
     b.optimizer = optimizer->state_bytes(d);
     return b;
@@ -29287,24 +29440,27 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
 
 /// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
 /// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
-/// ORPO). The policy runs one forward for the log-probabilities and one forward and backward
+/// ORPO, or DPO against the base of a policy with LoRA adapters, run on the mesh with them
+/// switched off). The policy runs one forward for the log-probabilities and one forward and backward
 /// for the gradient; the result equals the one-device loss within f32 rounding.
 template <class Sharded, class Reference>
 PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
                                           const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
                                           std::int64_t step_chosen = 0) {
-  EDL_CHECK(o.orpo || reference != nullptr, errc::invalid_argument, "sharded_preference_loss",
-            "DPO needs a reference model");
+  EDL_CHECK(o.orpo || reference != nullptr || policy.has_adapters(), errc::invalid_argument, "sharded_preference_loss",
+            "DPO needs a reference model, or LoRA adapters on the policy (the reference is its base)");
   const nn::TokenLayout lay = b.layout();
+  // Log-probabilities of the sharded policy; with adapters off, those of its base.
+  const auto sharded_logps = [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+    std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+    nn::LossOptions lo;
+    lo.row_nll = nll.data();
+    policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
+                lay.segment_ids);
+    preference_detail::logps_from_nll(b, nll, logp, count);
+  };
   return preference_objective(
-      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
-        std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-        nn::LossOptions lo;
-        lo.row_nll = nll.data();
-        policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
-                    lay.segment_ids);
-        preference_detail::logps_from_nll(b, nll, logp, count);
-      },
+      sharded_logps,
       [&](const std::vector<float>& w) {
         nn::LossOptions lo;
         lo.normalizer = 1.0;
@@ -29313,6 +29469,14 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
                               lay.position_ids, lay.segment_ids);
       },
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        if (!reference) {  // the policy's base: its adapters switched off for this forward
+          struct BackOn {
+            Sharded& p;
+            ~BackOn() { p.set_adapters_active(true); }
+          } back_on{policy};
+          policy.set_adapters_active(false);
+          return sharded_logps(logp, count);
+        }
         typename Reference::Saved rs;
         preference_detail::row_logps(*reference, b, rs, logp, count);
       },
@@ -29735,12 +29899,11 @@ struct TrainingArguments {
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
       EDL_CHECK(lora.has_value(), errc::config, where("quantize_base"),
                 "a quantized base is frozen: QLoRA needs a \"lora\" section to train adapters over it");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("quantize_base"),
+                "QLoRA runs on one device for now (a model on a mesh holds float weights; LoRA over a float base "
+                "runs on any mesh); found a mesh of ", mesh_devices(), " devices");
     }
-    if (lora) {
-      lora->validate(where("lora"));
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("lora"),
-                "LoRA training runs on one device for now; found a mesh of ", mesh_devices(), " devices");
-    }
+    if (lora) lora->validate(where("lora"));
   }
 
   /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
@@ -30265,9 +30428,9 @@ class BasicTrainer {
       PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
-        if (adapters_)  // each micro-batch its own dropout mask, the same on every run
-          lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
-                                             static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
+        if (adapters_)  // each micro-batch its own dropout mask, the same on every run and mesh
+          set_adapter_dropout(fold_in(fold_in(Key::from_seed(args_.seed), 2),
+                                      static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
           const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
@@ -30290,7 +30453,7 @@ class BasicTrainer {
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
-      if (adapters_) lora::set_dropout(*model_, std::nullopt);  // evaluation and inference: no dropout
+      if (adapters_) set_adapter_dropout(std::nullopt);  // evaluation and inference: no dropout
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -30398,6 +30561,7 @@ class BasicTrainer {
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
+    if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
     if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
       const fs::path dir = fs::path(args_.save_directory) / "adapter";
       lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
@@ -30423,6 +30587,11 @@ class BasicTrainer {
     sopt_->load(opt_, *sharded_);
     host_stale_ = false;
   }
+  /// The adapters' dropout key for the next forward and backward, wherever the model runs.
+  void set_adapter_dropout(std::optional<Key> key) {
+    if (sharded_) sharded_->set_adapter_dropout(key);
+    else lora::set_dropout(*model_, key);
+  }
   /// Gathers the sharded model and optimizer state into the host copies when they moved on.
   void sync_host() {
     if (!sharded_ || !host_stale_) return;
@@ -30440,6 +30609,7 @@ class BasicTrainer {
     std::vector<TensorStats> stats = weight_stats(*model_);
     if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
       for (auto& t : stats) {
+        if (!sharded_->trainable(t.name)) continue;  // a LoRA base has no gradient
         const xt::xarray<float> g = gather(sharded_->grad(t.name));
         double sq = 0;
         for (float v : g) sq += static_cast<double>(v) * v;

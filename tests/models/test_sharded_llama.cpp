@@ -91,7 +91,7 @@ Reference reference(LlamaForCausalLM<>& m, const std::vector<std::int64_t>& ids,
   nn::zero_grad(m);
   r.metrics = m.forward_backward(ids.data(), lay, labels.data(), opt);
   m.visit_params("", [&](std::string_view path, auto& p) {
-    r.grads[std::string(path)] = std::vector<float>(p.grad.begin(), p.grad.end());
+    if (!p.frozen) r.grads[std::string(path)] = std::vector<float>(p.grad.begin(), p.grad.end());
   });
   return r;
 }
@@ -113,7 +113,7 @@ void check_mesh(LlamaForCausalLM<>& m, const Reference& ref, const std::vector<s
   EXPECT_NEAR(metrics.z_loss, ref.metrics.z_loss, 1e-5 * std::abs(ref.metrics.z_loss) + 1e-12) << where;
   EXPECT_NEAR(metrics.accuracy, ref.metrics.accuracy, 1e-12) << where;
   EXPECT_NEAR(metrics.perplexity, ref.metrics.perplexity, 1e-5 * ref.metrics.perplexity) << where;
-  ASSERT_EQ(sm.names().size(), ref.grads.size());
+  ASSERT_EQ(sm.trainable_names().size(), ref.grads.size());
   for (const auto& [name, g] : ref.grads) {
     const auto got = sm.gather_grad(name);
     ASSERT_EQ(got.size(), g.size()) << name;
@@ -414,4 +414,76 @@ TEST(ShardedLlama, ForwardTrafficMatchesTheDocumentedTable) {
     for (auto v : t.at("fsdp")) EXPECT_EQ(v, L * W / 2 + 2 * V * H * f4 / 2);
     EXPECT_EQ(t.size(), 1u);
   }
+}
+
+// LoRA on a mesh: lora_A / lora_B shard with their base (B with a column-parallel base's output
+// rows, A with a row-parallel base's input columns), only they get gradients (summed over tp
+// where a rank holds a share), and dropout draws each element's mask from its place in the
+// whole batch, so logits, loss and the adapters' gradients equal one device's on every mesh.
+TEST(ShardedLlama, LoraAdaptersWithDropoutMatchOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config(/*tied=*/false, /*bias=*/true));
+  m.init(Key::from_seed(31), 0.2f);
+  lora::LoraConfig lc;
+  lc.r = 4;
+  lc.lora_alpha = 8;
+  lc.lora_dropout = 0.25f;
+  lc.target_modules = {"all-linear"};
+  ASSERT_EQ(lora::apply_lora(m, lc), 14);
+  std::uint64_t k = 0;  // non-zero B, so every adapter term and gradient shows
+  m.visit_params("", [&](std::string_view name, auto& p) {
+    if (name.ends_with("lora_B.weight"))
+      for (std::int64_t i = 0; i < p.numel(); ++i) p.data()[i] = 0.02f * static_cast<float>((k++ * 37) % 11) - 0.1f;
+  });
+  const Key drop = Key::from_seed(77);
+  lora::set_dropout(m, drop);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 32);
+  auto labels = ids;
+  labels[3] = labels[20] = -100;
+  const Reference ref = reference(m, ids, labels, B, S);
+  ASSERT_EQ(ref.grads.size(), 28u);  // the adapters alone
+  {  // dropout changes the logits, so a mask drawn at the wrong (row, column) would show
+    lora::set_dropout(m, std::nullopt);
+    std::vector<float> undropped(ref.logits.size());
+    m.logits(ids.data(), nn::TokenLayout{B, S}, undropped.data());
+    EXPECT_NE(undropped, ref.logits);
+    lora::set_dropout(m, drop);
+  }
+  for (const auto& d : kMeshes) {
+    SCOPED_TRACE(dims_str(d));
+    auto mesh = create_mesh(d);
+    auto sm = models::shard_model(m, mesh);
+    ASSERT_TRUE(sm.has_adapters());
+    sm.set_adapter_dropout(drop);
+    const auto logits = sm.logits(ids.data(), B, S);
+    expect_close(ref.logits.data(), logits.data(), logits.size(), dims_str(d) + " logits");
+    const auto metrics = sm.loss_and_grads(ids.data(), labels.data(), B, S);
+    EXPECT_NEAR(metrics.loss, ref.metrics.loss, 1e-5 * ref.metrics.loss);
+    ASSERT_EQ(sm.trainable_names().size(), ref.grads.size());
+    for (const auto& [name, g] : ref.grads) {
+      const auto got = sm.gather_grad(name);
+      ASSERT_EQ(got.size(), g.size()) << name;
+      expect_close(g.data(), got.data(), g.size(), dims_str(d) + " grad " + name, 2e-5);
+    }
+    EXPECT_THROW(sm.grad("model.layers.0.mlp.up_proj.weight"), Error);  // the base is frozen
+    // Gathered back: the same adapters and base, bit for bit.
+    auto back = sm.gather_model();
+    ASSERT_TRUE(lora::lora_is_enabled(back));
+    std::vector<float> a, b;
+    const auto bits = [](auto& model, std::vector<float>& out) {
+      model.visit_params("", [&](std::string_view, auto& p) { out.insert(out.end(), p.data(), p.data() + p.numel()); });
+    };
+    bits(m, a);
+    bits(back, b);
+    EXPECT_EQ(a, b);
+  }
+  // Switched off, the adapters leave the base's logits.
+  auto sm = models::shard_model(m, create_mesh({1, 1, 2, 1}));
+  sm.set_adapters_active(false);
+  auto base = m;
+  lora::unwrap_lora(base);
+  std::vector<float> want(static_cast<std::size_t>(B * S * 64));
+  base.logits(ids.data(), nn::TokenLayout{B, S}, want.data());
+  const auto got = sm.logits(ids.data(), B, S);
+  expect_close(want.data(), got.data(), want.size(), "adapters off");
 }

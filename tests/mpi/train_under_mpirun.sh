@@ -7,6 +7,7 @@
 # rounding. Faults (EDL_FAULT_INJECTION, deadline EDL_MPI_TIMEOUT=5): a rank killed or hung
 # mid-training ends the run with an error within a bound, a save failing on one rank commits
 # nothing, and in every case the newest checkpoint with state.json is a complete, loadable one.
+# LoRA runs the same way: mpirun's losses and adapter file are the simulated mesh's.
 #   usage: train_under_mpirun.sh EDL WORKDIR
 set -euo pipefail
 EDL=$1; W=$2
@@ -55,6 +56,23 @@ for mesh in "[1,2,1,1]" "[1,1,2,1]"; do
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1 } END { exit bad }' ||
     fail "mesh $mesh: the one-device resume drifted beyond f32 rounding"
   echo "mesh $mesh: mpirun losses, checkpoint and resume equal one process"
+done
+
+# LoRA (dropout on) on tp=2 and fsdp=2: mpirun gives the simulated mesh's losses and adapter
+# bytes; the checkpoint is a PEFT adapter folder that resumes under mpirun to the same losses.
+LORA='lora={"r":4,"lora_alpha":8,"lora_dropout":0.1,"target_modules":["q_proj","o_proj","up_proj","down_proj"]}'
+for mesh in "[1,1,2,1]" "[1,2,1,1]"; do
+  D=$W/lora$(echo "$mesh" | tr -d '[],'); mkdir -p "$D"
+  "$EDL" train --config "$W/args.json" --set "sharding_axis_dims=$mesh" "$LORA" "save_directory=$D/one" >/dev/null
+  "${MPIRUN[@]}" "$EDL" train --config "$W/args.json" --set "sharding_axis_dims=$mesh" "$LORA" "save_directory=$D/mpi" >/dev/null
+  [ "$(losses "$D/one/metrics.jsonl")" = "$(losses "$D/mpi/metrics.jsonl")" ] || fail "lora mesh $mesh: losses differ under mpirun"
+  cmp "$D/one/adapter/adapter_model.safetensors" "$D/mpi/adapter/adapter_model.safetensors"
+  [ -s "$D/mpi/checkpoint-3/adapter_config.json" ] || fail "lora mesh $mesh: checkpoint-3 is not an adapter folder"
+  "${MPIRUN[@]}" "$EDL" train --config "$W/args.json" --resume "$D/mpi/checkpoint-3" \
+    --set "sharding_axis_dims=$mesh" "$LORA" "save_directory=$D/resumed" >/dev/null
+  [ "$(late_losses "$D/one/metrics.jsonl")" = "$(late_losses "$D/resumed/metrics.jsonl")" ] || fail "lora mesh $mesh: resumed losses differ"
+  cmp "$D/one/adapter/adapter_model.safetensors" "$D/resumed/adapter/adapter_model.safetensors"
+  echo "lora mesh $mesh: mpirun losses, adapter and resume equal one process"
 done
 
 export EDL_MPI_TIMEOUT=5

@@ -3,6 +3,7 @@
 // adapter folders that load back to the same model.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -220,7 +221,75 @@ TEST(LoraTraining, ArgumentsAreChecked) {
   auto mesh = a;
   mesh.sharding_axis_dims = {1, 2, 1, 1};
   mesh.total_batch_size = 2;
-  EXPECT_THROW(mesh.validate(), Error);
+  EXPECT_NO_THROW(mesh.validate());  // LoRA runs on meshes
+  mesh.quantize_base = "nf4";
+  EXPECT_THROW(mesh.validate(), Error);  // QLoRA on one device only
+}
+
+// LoRA on a mesh: fsdp=2 and tp=2 (dropout on) train as one device does, within f32 rounding;
+// the base keeps its bits, the optimizer holds the adapters' state alone, and the checkpoint
+// and adapter folders are PEFT's, as on one device.
+TEST(LoraTraining, OnAMeshTrainsAsOneDevice) {
+  const auto data = repeated_data(8, 16);
+  TempDir one("mesh_one");
+  Trainer t1(lora_args(one.str(), 4), make_model(), std::nullopt, data);
+  t1.train();
+  const auto want = losses(one.str());
+  ASSERT_EQ(want.size(), 4u);
+  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {1, 1, 2, 1}}) {
+    TempDir d("mesh_" + std::to_string(dims[1]) + std::to_string(dims[2]));
+    auto args = lora_args(d.str(), 4);
+    args.sharding_axis_dims = dims;
+    auto start = make_model();
+    const auto before = base_bytes(start);
+    Trainer t(args, start, std::nullopt, data);
+    ASSERT_EQ(t.mesh_devices(), 2);
+    t.train();
+    const auto got = losses(d.str());
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    EXPECT_EQ(base_bytes(t.model()), before);
+    t.optimizer().visit_state([](const std::string& path, const std::string&, const std::vector<float>&) {
+      EXPECT_NE(path.find(".lora_"), std::string::npos) << path;
+    });
+    EXPECT_TRUE(fs::exists(d.p / "checkpoint-4" / lora::kAdapterWeightsFile));
+    const auto fa = io::SafeTensorsFile::open((one.p / "adapter" / lora::kAdapterWeightsFile).string());
+    const auto fb = io::SafeTensorsFile::open((d.p / "adapter" / lora::kAdapterWeightsFile).string());
+    ASSERT_EQ(fa.names(), fb.names());
+    for (const auto& n : fa.names()) {
+      const auto a = fa.read_vector<float>(n), b = fb.read_vector<float>(n);
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+      }
+      EXPECT_LE(worst, 1e-4 * scale + 1e-7) << n;
+    }
+  }
+}
+
+// A LoRA run on fsdp=2 stopped at step 3 resumes from its adapter checkpoint (each device's
+// blocks read from the PEFT file) to the uninterrupted run's losses, bit for bit.
+TEST(LoraTraining, OnAMeshResumeIsBitIdentical) {
+  const auto data = repeated_data(10, 16);
+  TempDir a("mesh_full"), b("mesh_resumed");
+  const auto args = [](const TempDir& d) {
+    auto x = lora_args(d.str());
+    x.sharding_axis_dims = {1, 2, 1, 1};
+    return x;
+  };
+  Trainer(args(a), make_model(), std::nullopt, data).train();
+  {
+    Trainer t(args(b), make_model(), std::nullopt, data);
+    TrainerCallback stop_at_3;
+    stop_at_3.on_step_end = [](Trainer&, const StepMetrics& m) { return m.step < 3; };
+    t.callbacks.push_back(stop_at_3);
+    EXPECT_EQ(t.train().steps, 3);
+  }
+  Trainer t(args(b), make_model(), std::nullopt, data);
+  const TrainResult r = t.train();
+  EXPECT_TRUE(r.resumed);
+  EXPECT_EQ(losses(a.str()), losses(b.str()));
 }
 
 }  // namespace edl::train

@@ -243,6 +243,29 @@ TEST(Preference, TheLoraReferenceIsTheBaseWithoutACopy) {
   // The adapters are back on after the reference's forward.
   EXPECT_TRUE(lora::lora_is_enabled(pol));
   EXPECT_EQ(preference_loss(pol, b, o, false).loss, off.loss);
+  // On a mesh the reference is the sharded policy with its adapters off: the same loss, rewards
+  // and adapter gradients within f32 rounding.
+  Batch even = b;
+  pad_to_multiple(even, 2, 0);
+  nn::zero_grad(pol);
+  const PreferenceMetrics want = preference_loss(pol, even, o, true);
+  for (const std::array<std::int64_t, 4> dims : {std::array<std::int64_t, 4>{1, 2, 1, 1}, {1, 1, 2, 1}, {1, 1, 1, 2}}) {
+    auto sm = models::shard_model(twin, create_mesh(dims));
+    sm.zero_grad();
+    const PreferenceMetrics got = sharded_preference_loss(sm, static_cast<const Model*>(nullptr), even, o, true);
+    EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::fabs(want.loss));
+    EXPECT_NEAR(got.rewards_margins, want.rewards_margins, 1e-5);
+    pol.visit_params("", [&](std::string_view name, auto& p) {
+      if (p.frozen) return;
+      const auto g = sm.gather_grad(std::string(name));
+      double num = 0, den = 0;
+      for (std::int64_t i = 0; i < p.numel(); ++i) {
+        num += (g.data()[i] - p.grad_data()[i]) * (g.data()[i] - p.grad_data()[i]);
+        den += static_cast<double>(p.grad_data()[i]) * p.grad_data()[i];
+      }
+      EXPECT_LE(std::sqrt(num), 1e-4 * std::sqrt(den) + 1e-9) << name;
+    });
+  }
 }
 
 // On a mesh (fsdp=2, tp=2, dp x sp): the policy's per-position NLLs and weighted backward come

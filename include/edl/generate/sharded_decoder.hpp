@@ -114,6 +114,9 @@ class ShardedDecoder {
   ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
                  CacheFactory make_cache = {})
       : mesh_(sm.mesh()), cfg_(sm.config()) {
+    EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
+              "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
+              "to decode on a mesh");
     init(batch, max_length);
     std::map<std::string, xt::xarray<T>> full;
     for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));

@@ -12,7 +12,9 @@
 // Dropout (lora_dropout) is a pure function of (dropout key, row, column): the trainer gives
 // each micro-batch a key (lora::set_dropout), so a rematerialized forward and the backward
 // see the mask the forward saw, and the same seed drops the same elements on every run.
-// Without a key (inference, evaluation) nothing is dropped.
+// Without a key (inference, evaluation) nothing is dropped. On a mesh a device holds a block of
+// the rows and, under a row-parallel base, of the input columns: its DropoutIndex places them
+// in the whole batch, so every device draws the mask one device would.
 #pragma once
 
 #include <cmath>
@@ -44,6 +46,22 @@ template <> struct adapter_specs<P<none, "tp">> {
 };
 }  // namespace detail
 
+/// Where the rows and input columns a Linear sees sit in the whole batch, for dropout's
+/// (row, column) counter. The default is the whole batch: row r of the call is row r of
+/// [batch * seq], column c is column c of the input.
+struct DropoutIndex {
+  std::int64_t row_block = 0;  // rows per batch row in a call (0: the rows are the batch's)
+  std::int64_t seq = 0;        // the batch's sequence length
+  std::int64_t first_row = 0;  // the batch row of the call's first row block
+  std::int64_t first_pos = 0;  // the sequence position of each row block's first row
+  std::int64_t first_col = 0;  // the input column of the call's first column
+  std::int64_t cols = 0;       // the batch's input columns (0: the adapter's in())
+
+  std::int64_t row(std::int64_t r) const noexcept {
+    return row_block ? (first_row + r / row_block) * seq + first_pos + r % row_block : r;
+  }
+};
+
 template <FloatStorage T, PartitionSpecType WSpec>
 struct LowRankAdapter {
   Param<T, typename detail::adapter_specs<WSpec>::a> A;  // lora_A.weight [r, in]
@@ -54,6 +72,7 @@ struct LowRankAdapter {
   float dropout = 0.0f;             // probability of dropping an input element in training
   std::optional<Key> dropout_key;   // set while training (lora::set_dropout); none: no dropout
   bool active = true;               // false: the Linear computes its base alone (lora::AdaptersOff)
+  DropoutIndex index;               // the whole batch, unless a mesh device sets its block
 
   LowRankAdapter() = default;
   LowRankAdapter(std::int64_t in, std::int64_t out, std::int64_t r, double alpha_, bool rslora_, float dropout_)
@@ -86,8 +105,9 @@ struct LowRankAdapter {
 
   /// Whether input element (row, col) is kept under the current key (drops() must hold).
   bool keeps(std::int64_t row, std::int64_t col) const noexcept {
-    const std::uint64_t counter = static_cast<std::uint64_t>(row) * static_cast<std::uint64_t>(in()) +
-                                  static_cast<std::uint64_t>(col);
+    const std::uint64_t counter = static_cast<std::uint64_t>(index.row(row)) *
+                                      static_cast<std::uint64_t>(index.cols ? index.cols : in()) +
+                                  static_cast<std::uint64_t>(index.first_col + col);
     return bits_to_unit_float(random_bits_at(*dropout_key, counter)) >= dropout;
   }
   /// h = dropout(x) [rows, in]: kept elements scaled by 1 / (1 - p), dropped ones zero (h may

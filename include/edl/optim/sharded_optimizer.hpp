@@ -19,8 +19,9 @@
 // Adafactor factors its second moment over the rows and columns of the whole matrix, which a
 // block does not have: it is refused on a mesh of more than one device.
 //
-// The model type needs: mesh(), names(), param(name) and grad(name) returning ShardedArrays,
-// and has_grads() (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
+// The model type needs: mesh(), trainable_names() (the parameters with gradients: all, or a
+// LoRA model's adapters), param(name) and grad(name) returning ShardedArrays, and has_grads()
+// (models::ShardedLlama has them). Device bodies run inside mesh.run, so on a
 // multi-process mesh each process updates the blocks of its own devices.
 #pragma once
 
@@ -47,7 +48,7 @@ class ShardedOptimizer {
     EDL_CHECK(o.kind != OptimizerKind::adafactor || devices_ == 1, errc::unsupported, "ShardedOptimizer",
               "adafactor factors its second moment over whole matrices, which a shard does not hold; on a mesh of ",
               devices_, " devices use adamw, sgd or lion");
-    for (const auto& name : model.names()) {
+    for (const auto& name : model.trainable_names()) {
       std::vector<char> own(static_cast<std::size_t>(devices_), 0);
       for (std::int64_t d : model.param(name).layout().block_owners()) own[static_cast<std::size_t>(d)] = 1;
       owner_.emplace(name, std::move(own));
@@ -86,7 +87,7 @@ class ShardedOptimizer {
     mesh.run([&](Device& dev) {
       const std::int64_t d = dev.id();
       double sq = 0.0;
-      for (const auto& name : m.names()) {
+      for (const auto& name : m.trainable_names()) {
         if (!owner_.at(name)[static_cast<std::size_t>(d)]) continue;
         const auto g = m.grad(name).local_span(d);
         double s = 0.0;
@@ -107,7 +108,7 @@ class ShardedOptimizer {
     if (max_norm > 0 && norm > max_norm) {
       const float s = static_cast<float>(max_norm / (norm + 1e-6));
       m.mesh().run([&](Device& dev) {
-        for (const auto& name : m.names()) {
+        for (const auto& name : m.trainable_names()) {
           auto g = m.grad(name).local_span(dev.id());
           kernels::scale(g.data(), s, static_cast<std::int64_t>(g.size()));
         }
@@ -124,7 +125,7 @@ class ShardedOptimizer {
       Optimizer& o = per_device_[static_cast<std::size_t>(d)];
       o.begin_step();
       if (dev.id() == first_local(m)) step_count_ = o.step_count();
-      for (const auto& name : m.names()) {
+      for (const auto& name : m.trainable_names()) {
         auto& p = m.param(name);
         const auto w = p.local_span(d);
         const auto g = m.grad(name).local_span(d);

@@ -269,24 +269,27 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
 
 /// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
 /// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
-/// ORPO). The policy runs one forward for the log-probabilities and one forward and backward
+/// ORPO, or DPO against the base of a policy with LoRA adapters, run on the mesh with them
+/// switched off). The policy runs one forward for the log-probabilities and one forward and backward
 /// for the gradient; the result equals the one-device loss within f32 rounding.
 template <class Sharded, class Reference>
 PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
                                           const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
                                           std::int64_t step_chosen = 0) {
-  EDL_CHECK(o.orpo || reference != nullptr, errc::invalid_argument, "sharded_preference_loss",
-            "DPO needs a reference model");
+  EDL_CHECK(o.orpo || reference != nullptr || policy.has_adapters(), errc::invalid_argument, "sharded_preference_loss",
+            "DPO needs a reference model, or LoRA adapters on the policy (the reference is its base)");
   const nn::TokenLayout lay = b.layout();
+  // Log-probabilities of the sharded policy; with adapters off, those of its base.
+  const auto sharded_logps = [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+    std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
+    nn::LossOptions lo;
+    lo.row_nll = nll.data();
+    policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
+                lay.segment_ids);
+    preference_detail::logps_from_nll(b, nll, logp, count);
+  };
   return preference_objective(
-      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
-        std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-        nn::LossOptions lo;
-        lo.row_nll = nll.data();
-        policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
-                    lay.segment_ids);
-        preference_detail::logps_from_nll(b, nll, logp, count);
-      },
+      sharded_logps,
       [&](const std::vector<float>& w) {
         nn::LossOptions lo;
         lo.normalizer = 1.0;
@@ -295,6 +298,14 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
                               lay.position_ids, lay.segment_ids);
       },
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
+        if (!reference) {  // the policy's base: its adapters switched off for this forward
+          struct BackOn {
+            Sharded& p;
+            ~BackOn() { p.set_adapters_active(true); }
+          } back_on{policy};
+          policy.set_adapters_active(false);
+          return sharded_logps(logp, count);
+        }
         typename Reference::Saved rs;
         preference_detail::row_logps(*reference, b, rs, logp, count);
       },

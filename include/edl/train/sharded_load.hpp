@@ -16,6 +16,9 @@
 // reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
 // they are never read there.
 //
+// A LoRA run's checkpoint (a PEFT adapter folder) holds the adapters alone: they are read into
+// their blocks and the base the model holds stays as it is, as load_state does on one device.
+//
 // load_state (checkpoint.hpp) is the one-device form: the whole model and optimizer state.
 #pragma once
 
@@ -27,6 +30,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/lora/peft.hpp>
 #include <edl/models/llama/sharded.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 #include <edl/train/checkpoint.hpp>
@@ -74,23 +78,11 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
 
 }  // namespace detail
 
-/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
-/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
-/// with the model's shape, and every optimizer slot must belong to a parameter of the model
-/// and have its element count; errors name the file and tensor. Every process of a
-/// multi-process mesh calls it with the same arguments (no collective runs).
+/// Reads every parameter's local blocks from the model files of checkpoint `dir`.
 template <class Pol>
-TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
-                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
-                              ShardedLoadStats* stats = nullptr) {
-  namespace fs = std::filesystem;
+void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
-  const std::string state_path = (fs::path(dir) / "state.json").string();
-  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
-  TrainState s = TrainState::from_file(state_path);
-  ShardedLoadStats st;
   const std::int64_t D = model.mesh().size();
-
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
@@ -112,6 +104,51 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
         detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
                                      fused ? &file_shape : nullptr, fused ? fused->row0 : 0);
   }
+}
+
+/// Reads every adapter's local blocks from the PEFT files of a LoRA run's checkpoint `dir`.
+template <class Pol>
+void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
+  namespace fs = std::filesystem;
+  using T = typename Pol::param_t;
+  EDL_CHECK(model.has_adapters(), errc::config, dir,
+            "is a LoRA checkpoint (adapter_config.json) but the model has no adapters: resume with the run's "
+            "\"lora\" section");
+  const std::string file = (fs::path(dir) / lora::kAdapterWeightsFile).string();
+  EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
+  const auto f = io::SafeTensorsFile::open(file);
+  for (const auto& name : model.trainable_names()) {
+    const std::string tensor = lora::kPeftPrefix + name;
+    EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
+              "\" is missing: the model being loaded has this adapter");
+    auto& arr = model.param(name);
+    EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
+              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
+              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
+    std::vector<T*> blocks(static_cast<std::size_t>(model.mesh().size()));
+    for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
+  }
+}
+
+/// Loads checkpoint folder `dir` into `model`'s blocks and `opt`'s per-device state (replacing
+/// what they held); returns its state.json. Every tensor of the model must be in the checkpoint
+/// with the model's shape, and every optimizer slot must belong to a parameter of the model
+/// and have its element count; errors name the file and tensor. Every process of a
+/// multi-process mesh calls it with the same arguments (no collective runs).
+template <class Pol>
+TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>& model,
+                              optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                              ShardedLoadStats* stats = nullptr) {
+  namespace fs = std::filesystem;
+  const std::string state_path = (fs::path(dir) / "state.json").string();
+  EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+  TrainState s = TrainState::from_file(state_path);
+  ShardedLoadStats st;
+  const std::int64_t D = model.mesh().size();
+  // A LoRA run's checkpoint holds the adapters alone: the base is the run's model, already in place.
+  if (lora::is_adapter_folder(dir)) load_adapter_blocks(dir, model, st);
+  else load_parameter_blocks(dir, model, st);
 
   opt.reset();
   for (const std::string& path : optimizer_files(dir)) {
@@ -121,10 +158,10 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
       EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name,
                 "\" is not named <path>.<slot>");
       const std::string param = name.substr(0, dot), slot = name.substr(dot + 1);
-      const auto& names = model.names();
+      const auto& names = model.trainable_names();
       EDL_CHECK(std::find(names.begin(), names.end(), param) != names.end(), errc::format,
                 io::detail::tensor_where(path, name), "is the state of \"", param,
-                "\", which is not a parameter of the model being loaded");
+                "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
       std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
                                         std::vector<float>(static_cast<std::size_t>(layout.local_elements())));

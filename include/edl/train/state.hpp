@@ -140,7 +140,7 @@ struct ShardedTrainingState {
     StateBytes b;
     b.parameters = model->param_bytes(d);
     if (model->has_grads())
-      for (const auto& n : model->names())
+      for (const auto& n : model->trainable_names())
         b.gradients += static_cast<std::int64_t>(model->grad(n).local(d).size() * sizeof(float));
     b.optimizer = optimizer->state_bytes(d);
     return b;

@@ -414,9 +414,9 @@ class BasicTrainer {
       PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
       for (std::size_t a = 0; a < micro.size(); ++a) {
         const Batch& b = micro[a];
-        if (adapters_)  // each micro-batch its own dropout mask, the same on every run
-          lora::set_dropout(*model_, fold_in(fold_in(Key::from_seed(args_.seed), 2),
-                                             static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
+        if (adapters_)  // each micro-batch its own dropout mask, the same on every run and mesh
+          set_adapter_dropout(fold_in(fold_in(Key::from_seed(args_.seed), 2),
+                                      static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
           const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
@@ -439,7 +439,7 @@ class BasicTrainer {
         flops += 3.0 * model_->flops_forward(b.batch, b.seq);
         if (!std::isfinite(loss)) break;
       }
-      if (adapters_) lora::set_dropout(*model_, std::nullopt);  // evaluation and inference: no dropout
+      if (adapters_) set_adapter_dropout(std::nullopt);  // evaluation and inference: no dropout
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -547,6 +547,7 @@ class BasicTrainer {
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
+    if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
     if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
       const fs::path dir = fs::path(args_.save_directory) / "adapter";
       lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
@@ -572,6 +573,11 @@ class BasicTrainer {
     sopt_->load(opt_, *sharded_);
     host_stale_ = false;
   }
+  /// The adapters' dropout key for the next forward and backward, wherever the model runs.
+  void set_adapter_dropout(std::optional<Key> key) {
+    if (sharded_) sharded_->set_adapter_dropout(key);
+    else lora::set_dropout(*model_, key);
+  }
   /// Gathers the sharded model and optimizer state into the host copies when they moved on.
   void sync_host() {
     if (!sharded_ || !host_stale_) return;
@@ -589,6 +595,7 @@ class BasicTrainer {
     std::vector<TensorStats> stats = weight_stats(*model_);
     if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
       for (auto& t : stats) {
+        if (!sharded_->trainable(t.name)) continue;  // a LoRA base has no gradient
         const xt::xarray<float> g = gather(sharded_->grad(t.name));
         double sq = 0;
         for (float v : g) sq += static_cast<double>(v) * v;

@@ -409,12 +409,11 @@ struct TrainingArguments {
                 where("quantize_base"), "expected nf4, q4_0 or q8_0, found \"", quantize_base, "\"");
       EDL_CHECK(lora.has_value(), errc::config, where("quantize_base"),
                 "a quantized base is frozen: QLoRA needs a \"lora\" section to train adapters over it");
+      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("quantize_base"),
+                "QLoRA runs on one device for now (a model on a mesh holds float weights; LoRA over a float base "
+                "runs on any mesh); found a mesh of ", mesh_devices(), " devices");
     }
-    if (lora) {
-      lora->validate(where("lora"));
-      EDL_CHECK(mesh_devices() == 1, errc::unsupported, where("lora"),
-                "LoRA training runs on one device for now; found a mesh of ", mesh_devices(), " devices");
-    }
+    if (lora) lora->validate(where("lora"));
   }
 
   /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are

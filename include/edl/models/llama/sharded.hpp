@@ -41,6 +41,13 @@
 //    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
 //    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
 //    heads only, so theirs is psummed over tp as well.
+//  - LoRA: a model with adapters (lora::apply_lora) shards them with their base: lora_B takes
+//    the base's split of the output rows, lora_A its split of the input columns, r is never
+//    split. Only the adapters are trainable (gradients, optimizer state); the base is frozen.
+//    On a column-parallel base every tp rank computes the same u = x A^T, so the gradient of
+//    A is a sum over tp; on a row-parallel base each rank adds its partial u_r B^T before the
+//    psum, so the gradient of B is. Dropout draws each element's mask from its place in the
+//    whole batch (nn::DropoutIndex), so a mesh drops what one device drops.
 // Collectives reduce in group order, so results are deterministic for a given mesh.
 #pragma once
 
@@ -51,6 +58,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -64,6 +72,7 @@
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/kernels/elementwise.hpp>
+#include <edl/lora/apply.hpp>
 #include <edl/mesh/collectives.hpp>
 #include <edl/mesh/mesh.hpp>
 #include <edl/models/llama/config.hpp>
@@ -155,15 +164,22 @@ struct ShardedParamPlan {
   ShardLayout compute;  // the tensor the local model uses (tp block or full)
   std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
+  bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
 };
 
-/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding).
-/// Validates the config against the mesh (heads, kv heads, intermediate size by tp; each
-/// rule's dimensions by its axes) with the errors of tp_local_config and PartitionRules.
+/// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
+using AdapterRanks = std::map<std::string, std::int64_t>;
+
+/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
+/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight and bias, and every
+/// other parameter is frozen. Validates the config against the mesh (heads, kv heads,
+/// intermediate size by tp; each rule's dimensions by its axes) with the errors of
+/// tp_local_config and PartitionRules.
 inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
                                                                                 const MeshShape& ms,
                                                                                 const PartitionRules& rules,
-                                                                                bool tied) {
+                                                                                bool tied,
+                                                                                const AdapterRanks& adapters = {}) {
   cfg.validate();
   const std::int64_t tp = ms.axis_size("tp");
   const LlamaConfig local_cfg = tp_local_config(cfg, tp);
@@ -171,13 +187,13 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   const auto local = local_cfg.parameter_shapes();
   EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
   std::vector<std::pair<std::string, ShardedParamPlan>> plans;
-  std::vector<std::string> kept_tp{"tp"};
-  for (std::size_t i = 0; i < global.size(); ++i) {
-    const auto& [name, gshape] = global[i];
-    const auto& lshape = local[i].second;
-    if (tied && name == "lm_head.weight") continue;
+  const std::vector<std::string> kept_tp{"tp"};
+  // partial_over_tp: the parameter is whole on every tp rank while each rank's gradient is a
+  // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
+  // tp-split base), so the gradient sums over tp.
+  const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
+                        const std::vector<std::int64_t>& lshape, bool partial_over_tp) {
     ShardedParamPlan p;
-    const SpecValue spec = rules.spec_for(name, gshape, ms);
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
     p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
@@ -198,9 +214,6 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
     for (const auto& a : ms.names())
       if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
-    // A per-head norm's weight is whole on every tp rank while its gradient sums over the
-    // rank's heads only: the full gradient is the sum over tp.
-    const bool partial_over_tp = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
     for (const auto& a : ms.names()) {
       if (ms.axis_size(a) == 1) continue;
       if (a == "tp") {
@@ -211,8 +224,38 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    p.frozen = !adapters.empty();
     plans.emplace_back(name, std::move(p));
+  };
+  std::size_t adapted = 0;
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const auto& [name, gshape] = global[i];
+    const auto& lshape = local[i].second;
+    if (tied && name == "lm_head.weight") continue;
+    const SpecValue spec = rules.spec_for(name, gshape, ms);
+    plan(name, spec, gshape, lshape,
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"));
+    if (!name.ends_with(".weight")) continue;
+    const std::string linear = name.substr(0, name.size() - 7);
+    const auto it = adapters.find(linear);
+    if (it == adapters.end()) continue;
+    ++adapted;
+    // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
+    const std::int64_t r = it->second;
+    const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
+    const bool has_bias = i + 1 < global.size() && global[i + 1].first == linear + ".bias";
+    if (has_bias) {  // the bias first, as Linear::visit_params lists it
+      ++i;
+      plan(global[i].first, rules.spec_for(global[i].first, global[i].second, ms), global[i].second, local[i].second,
+           false);
+    }
+    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel);
+    plans.back().second.frozen = false;
+    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel);
+    plans.back().second.frozen = false;
   }
+  EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
+            " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
   return plans;
 }
 
@@ -235,12 +278,16 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
-    setup();
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
-      EDL_CHECK(!lin.lora, errc::unsupported, path,
-                "has a LoRA adapter: LoRA training runs on one device for now (sharding_axis_dims of 1)");
+      EDL_CHECK(!lin.is_quantized(), errc::unsupported, path,
+                "is quantized (", quant::format_name(lin.qweight.format()),
+                "): a model on a mesh holds float weights; quantized models and QLoRA run on one device");
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
     });
+    if (!adapters.empty()) lora_ = lora::config_of(m);
+    setup(adapters);
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
@@ -254,8 +301,20 @@ class ShardedLlama {
   const LlamaConfig& config() const noexcept { return cfg_; }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order.
+  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after it).
   const std::vector<std::string>& names() const noexcept { return names_; }
+  /// The parameters that get gradients and optimizer state: all of them, or with LoRA
+  /// adapters the adapters alone.
+  const std::vector<std::string>& trainable_names() const noexcept { return trainable_; }
+  bool trainable(const std::string& name) const { return !plans_.at(checked(name)).frozen; }
+
+  /// Whether the model carries LoRA adapters, and their config (lora::config_of).
+  bool has_adapters() const noexcept { return lora_.has_value(); }
+  const std::optional<lora::LoraConfig>& adapter_config() const noexcept { return lora_; }
+  /// The adapters' dropout key for the next steps (lora::set_dropout's; none: no dropout).
+  void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
+  /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
+  void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
 
   const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
   ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
@@ -263,19 +322,19 @@ class ShardedLlama {
 
   bool has_grads() const noexcept { return !grads_.empty(); }
   const ShardedArray<float>& grad(const std::string& name) const {
-    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
+    return const_cast<ShardedLlama*>(this)->grad(name);
   }
   ShardedArray<float>& grad(const std::string& name) {
     EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    return grads_.at(checked(name));
+    EDL_CHECK(trainable(name), errc::invalid_argument, name, "is frozen (the base of a LoRA model): it has no gradient");
+    return grads_.at(name);
   }
   /// The full gradient of one parameter (gathered from the devices' blocks).
   xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
-  /// Every gradient, gathered, by HF name.
+  /// Every gradient (of the trainable parameters), gathered, by HF name.
   std::map<std::string, xt::xarray<float>> gather_grads() const {
     std::map<std::string, xt::xarray<float>> g;
-    for (const auto& n : names_) g.emplace(n, gather_grad(n));
+    for (const auto& n : trainable_) g.emplace(n, gather_grad(n));
     return g;
   }
   void zero_grad() {
@@ -332,6 +391,7 @@ class ShardedLlama {
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
+    if (lora_) lora::apply_lora(m, *lora_, "ShardedLlama");  // the same adapters, values below
     m.visit_params("", [&](std::string_view path, auto& p) {
       const xt::xarray<T> full = gather(params_.at(std::string(path)));
       std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
@@ -372,11 +432,12 @@ class ShardedLlama {
 
   std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
 
-  void setup() {
+  void setup(const AdapterRanks& adapters) {
     cfg_.validate();
     local_cfg_ = tp_local_config(cfg_, axis("tp"));
-    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_)) {
+    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_, adapters)) {
       names_.push_back(name);
+      if (!p.frozen) trainable_.push_back(name);
       plans_.emplace(name, std::move(p));
     }
     for (const auto& a : sharded_detail::data_axes())
@@ -386,7 +447,7 @@ class ShardedLlama {
 
   void ensure_grads() {
     if (!grads_.empty()) return;
-    for (const auto& n : names_) {
+    for (const auto& n : trainable_) {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
@@ -403,6 +464,7 @@ class ShardedLlama {
     auto& slot = locals_[static_cast<std::size_t>(d)];
     if (!slot) {
       slot = std::make_unique<Local>(local_cfg_);
+      if (lora_) lora::apply_lora(*slot, *lora_, "ShardedLlama");  // the device's block of each adapter
       slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
     }
     return *slot;
@@ -442,6 +504,7 @@ class ShardedLlama {
   /// Allocates (zeroed) the local gradient before a backward.
   template <class Prm>
   void open_grad(Device& dev, Prm& p) {
+    if (p.frozen) return;
     p.grad_data();
     dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
   }
@@ -449,6 +512,7 @@ class ShardedLlama {
   /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
   template <class Prm>
   void reduce_grad(Device& dev, const std::string& name, Prm& p) {
+    if (p.frozen) return;
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
     const auto& cshape = pl.compute.local_shape();
@@ -644,6 +708,7 @@ class ShardedLlama {
       return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
     };
     const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
+    if (lora_) place_adapters(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
     const std::size_t n = static_cast<std::size_t>(Tl * H);
@@ -759,12 +824,39 @@ class ShardedLlama {
 
   const std::vector<std::string>& data_axes_present() const { return data_axes_; }
 
+  /// Gives the device's adapters this step's dropout key and switch, and places their rows and
+  /// columns in the whole batch: attention's projections see the local batch rows over the
+  /// whole sequence, the MLP's the local tokens, and a row-parallel base the rank's block of
+  /// input columns.
+  void place_adapters(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+    lora::set_dropout(lm, dropout_key_);
+    lora::set_adapters_active(lm, adapters_active_);
+    const std::int64_t tp_rank = c.dev->axis_index("tp");
+    lm.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      using Lin = std::remove_cvref_t<decltype(lin)>;
+      const bool attention = path.find(".self_attn.") != std::string::npos;
+      nn::DropoutIndex& ix = lin.lora->index;
+      ix.row_block = attention ? c.S : c.Sl;
+      ix.seq = c.S;
+      ix.first_row = b0;
+      ix.first_pos = attention ? 0 : s0;
+      if constexpr (std::is_same_v<typename Lin::WeightParam::spec, nn::RowParallel>) {
+        ix.first_col = tp_rank * lin.in_features();
+        ix.cols = c.tp * lin.in_features();
+      }
+    });
+  }
+
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
   bool tied_ = false;
   bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
-  std::vector<std::string> names_;
+  std::vector<std::string> names_, trainable_;
+  std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
+  std::optional<Key> dropout_key_;         // set_adapter_dropout
+  bool adapters_active_ = true;           // set_adapters_active
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
   std::map<std::string, ShardedArray<float>> grads_;
