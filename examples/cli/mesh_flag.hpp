@@ -237,6 +237,7 @@ nn::LossMetrics run_on_mesh(const MeshDims& dims, Model& model, MeshOp op, const
   if (op == MeshOp::loss_and_grads) {
     nn::zero_grad(model);
     model.visit_params("", [&](std::string_view path, auto& p) {
+      if (p.frozen) return;  // a LoRA base: no gradient
       const auto& g = r.grads.at(std::string(path));
       std::copy(g.begin(), g.end(), p.grad_data());
     });
