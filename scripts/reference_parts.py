@@ -95,6 +95,33 @@ def load_balancing_loss_func(gate_logits, num_experts, top_k, attention_mask):
     return overall_loss * num_experts
 
 
+def add_sliding_window(attn, window):
+    """MistralAttention's sliding window (transformers' sliding-window causal mask): query i
+    attends to key j when j <= i and i - j < window. Replaces the oracle attention's forward
+    with the same computation under that mask (no cache: the fixture is a full forward)."""
+    import math
+    import types
+
+    def forward(self, x, cos, sin, layer_cache, start_pos):
+        assert layer_cache is None and start_pos == 0, "the sliding-window reference runs full forwards only"
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        rot = lambda t: torch.cat((-t[..., t.shape[-1] // 2:], t[..., : t.shape[-1] // 2]), dim=-1)
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
+        qpos = torch.arange(T).view(T, 1)
+        kpos = torch.arange(T).view(1, T)
+        scores = scores.masked_fill((kpos > qpos) | (qpos - kpos >= window), float("-inf"))
+        p = F.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32)).to(q.dtype)
+        return self.o_proj((p @ v).transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+    attn.forward = types.MethodType(forward, attn)
+
+
 def add_qkv_biases(attn):
     """Qwen2Attention: biases on q, k and v (not o)."""
     attn.q_proj = nn.Linear(attn.q_proj.in_features, attn.q_proj.out_features, bias=True)

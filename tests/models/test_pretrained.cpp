@@ -312,6 +312,21 @@ TEST(Pretrained, Qwen2MatchesItsReference) {
   expect_matches_reference(m, dir);
 }
 
+/// Mistral (a sliding window of 3 keys over 8-token rows: query i sees keys i-2..i) against its
+/// PyTorch reference (scripts/mistral_reference.py): logits, loss and every gradient, greedy
+/// decoding, and the cached forward (prefill on the GEMM and one-row decode steps, whose
+/// windows leave the cache's older positions out).
+TEST(Pretrained, MistralSlidingWindowMatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_mistral";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  EXPECT_EQ(m.config().model_type, "mistral");
+  EXPECT_EQ(m.config().attention_window(), std::optional<std::int64_t>(3));
+  EXPECT_EQ(m.model.layers[0].self_attn.sliding_window(), 3);
+  expect_matches_reference(m, dir);
+  expect_cached_forward_matches(m, dir);
+}
+
 /// Qwen3 (an RMSNorm over head_dim on each query and key head before rope; head_dim 8 while
 /// hidden / heads is 4; tied embeddings) against its PyTorch reference
 /// (scripts/qwen3_reference.py): logits, loss and every gradient, q_norm and k_norm included,
