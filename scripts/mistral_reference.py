@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_parts import add_sliding_window, family_setup, write_family_fixture  # noqa: E402
+from reference_parts import add_sliding_window, family_setup, randomize_weights, write_family_fixture  # noqa: E402
 
 WINDOW = 3
 args, ref_llama, st_np = family_setup(default_seed=17)
@@ -30,11 +30,6 @@ model = ref_llama.LlamaForCausalLM(config)
 for layer in model.model.layers:
     add_sliding_window(layer.self_attn, WINDOW)
 g = torch.Generator().manual_seed(args.seed)
-with torch.no_grad():
-    for name, p in sorted(model.named_parameters()):
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.2)
+randomize_weights(model, g, lambda name: (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.2))
 
 write_family_fixture(model, config, args.out, g, st_np)

@@ -38,7 +38,8 @@ sys.path.insert(0, args.oracle)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
 import st_np  # noqa: E402
-from reference_parts import SparseMoeBlock, add_head_norms, add_qkv_biases, load_balancing_loss_func  # noqa: E402
+from reference_parts import (SparseMoeBlock, add_head_norms, add_qkv_biases, load_balancing_loss_func,  # noqa: E402
+                             randomize_weights)
 
 E, K = 4, 2
 family = args.family
@@ -105,16 +106,10 @@ for i, layer in enumerate(model.model.layers):
     setattr(layer, block_name, block())
     layer.forward = types.MethodType(sparse_layer_forward, layer)
 g = torch.Generator().manual_seed(seed)
-with torch.no_grad():
-    for name, p in sorted(model.named_parameters()):
-        if name.endswith(("q_norm.weight", "k_norm.weight")):
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        elif name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        elif name.endswith(("block_sparse_moe.gate.weight", "mlp.gate.weight")):  # decisive routing
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.8)
-        else:
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.2)
+randomize_weights(model, g, lambda name: (1.0, 0.3) if name.endswith(("q_norm.weight", "k_norm.weight"))
+                  else (1.0, 0.1) if name.endswith("norm.weight")
+                  else (0.0, 0.8) if name.endswith(("block_sparse_moe.gate.weight", "mlp.gate.weight"))  # decisive routing
+                  else (0.0, 0.2))
 
 os.makedirs(os.path.join(args.out, "oracle"), exist_ok=True)
 with open(os.path.join(args.out, "config.json"), "w") as f:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_parts import family_setup, write_family_fixture  # noqa: E402
+from reference_parts import family_setup, randomize_weights, write_family_fixture  # noqa: E402
 
 args, ref_llama, st_np = family_setup(default_seed=13)
 config = ref_llama.make_config(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
@@ -32,12 +32,7 @@ config.update({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "atte
 
 model = ref_llama.LlamaForCausalLM(config)
 g = torch.Generator().manual_seed(args.seed)
-with torch.no_grad():
-    for name, p in sorted(model.named_parameters()):
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.2)
+randomize_weights(model, g, lambda name: (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.2))
 
 
 def fused(tensors):

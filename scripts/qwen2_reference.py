@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_parts import add_qkv_biases, family_setup, write_family_fixture  # noqa: E402
+from reference_parts import add_qkv_biases, family_setup, randomize_weights, write_family_fixture  # noqa: E402
 
 args, ref_llama, st_np = family_setup(default_seed=7)
 config = ref_llama.make_config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -30,11 +30,7 @@ model = ref_llama.LlamaForCausalLM(config)
 for layer in model.model.layers:  # Qwen2: biases on q, k, v (not o)
     add_qkv_biases(layer.self_attn)
 g = torch.Generator().manual_seed(args.seed)
-with torch.no_grad():
-    for name, p in sorted(model.named_parameters()):
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * (0.5 if name.endswith(".bias") else 0.1))
+randomize_weights(model, g, lambda name: (1.0, 0.1) if name.endswith("norm.weight")
+                  else (0.0, 0.5 if name.endswith(".bias") else 0.1))
 
 write_family_fixture(model, config, args.out, g, st_np)

@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_parts import add_head_norms, family_setup, write_family_fixture  # noqa: E402
+from reference_parts import add_head_norms, family_setup, randomize_weights, write_family_fixture  # noqa: E402
 
 args, ref_llama, st_np = family_setup(default_seed=11)
 config = ref_llama.make_config(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
@@ -31,14 +31,9 @@ model = ref_llama.LlamaForCausalLM(config)
 for layer in model.model.layers:
     add_head_norms(ref_llama, layer.self_attn, config["rms_norm_eps"])
 g = torch.Generator().manual_seed(args.seed)
-with torch.no_grad():
-    for name, p in sorted(model.named_parameters()):
-        if name.endswith(("q_norm.weight", "k_norm.weight")):  # spread, so a missing or swapped norm shows
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        elif name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float32))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.2)
+# The head norms spread more, so a missing or swapped norm shows.
+randomize_weights(model, g, lambda name: (1.0, 0.3) if name.endswith(("q_norm.weight", "k_norm.weight"))
+                  else (1.0, 0.1) if name.endswith("norm.weight") else (0.0, 0.2))
 
 
 def drop_tied_head(tensors):  # tied: HF writes the embedding only

@@ -129,6 +129,17 @@ def add_qkv_biases(attn):
     attn.v_proj = nn.Linear(attn.v_proj.in_features, attn.v_proj.out_features, bias=True)
 
 
+def randomize_weights(model, generator, spread):
+    """Fills every parameter of `model`, in name order, with mean + std * N(0, 1) drawn from
+    `generator`, (mean, std) = spread(name): the families' fixtures spread norms around 1 and
+    the rest around 0, so that every weight matters."""
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            mean, std = spread(name)
+            r = std * torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            p.copy_(mean + r if mean else r)
+
+
 def family_setup(default_seed):
     """The command line of every family reference (--oracle, --out, --seed): parses it and puts
     the shared oracle on the path; returns (args, ref_llama, st_np)."""
