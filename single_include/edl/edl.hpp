@@ -19118,12 +19118,17 @@ void set_dropout(M& m, std::optional<Key> key) {
 }
 
 /// Switches every adapter of `m` on or off; off, each Linear computes its base alone (PEFT's
-/// disable_adapter), which is how DPO's reference model is the base without a second copy.
+/// disable_adapter), which is how DPO's reference model is the base without a second copy. A
+/// model with a set_adapters_active(bool) of its own (a sharded model) switches itself.
 template <class M>
 void set_adapters_active(M& m, bool active) {
-  m.visit_linears("", [&](const std::string&, auto& lin) {
-    if (lin.lora) lin.lora->active = active;
-  });
+  if constexpr (requires { m.set_adapters_active(active); }) {
+    m.set_adapters_active(active);
+  } else {
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (lin.lora) lin.lora->active = active;
+    });
+  }
 }
 
 /// The adapters of a model switched off for a scope (and back on when it ends).
@@ -20533,8 +20538,8 @@ struct ShardedParamPlan {
 using AdapterRanks = std::map<std::string, std::int64_t>;
 
 /// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
-/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight and bias, and every
-/// other parameter is frozen. Validates the config against the mesh (heads, kv heads,
+/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight, and every other
+/// parameter is frozen. Validates the config against the mesh (heads, kv heads,
 /// intermediate size by tp; each rule's dimensions by its axes) with the errors of
 /// tp_local_config and PartitionRules.
 inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
@@ -20554,7 +20559,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
   // tp-split base), so the gradient sums over tp.
   const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
-                        const std::vector<std::int64_t>& lshape, bool partial_over_tp) {
+                        const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
     ShardedParamPlan p;
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
@@ -20586,7 +20591,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
-    p.frozen = !adapters.empty();
+    p.frozen = frozen;
     plans.emplace_back(name, std::move(p));
   };
   std::size_t adapted = 0;
@@ -20596,7 +20601,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     if (tied && name == "lm_head.weight") continue;
     const SpecValue spec = rules.spec_for(name, gshape, ms);
     plan(name, spec, gshape, lshape,
-         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"));
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"), !adapters.empty());
     if (!name.ends_with(".weight")) continue;
     const std::string linear = name.substr(0, name.size() - 7);
     const auto it = adapters.find(linear);
@@ -20605,16 +20610,9 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
     const std::int64_t r = it->second;
     const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
-    const bool has_bias = i + 1 < global.size() && global[i + 1].first == linear + ".bias";
-    if (has_bias) {  // the bias first, as Linear::visit_params lists it
-      ++i;
-      plan(global[i].first, rules.spec_for(global[i].first, global[i].second, ms), global[i].second, local[i].second,
-           false);
-    }
-    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel);
-    plans.back().second.frozen = false;
-    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel);
-    plans.back().second.frozen = false;
+    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel,
+         false);
+    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel, false);
   }
   EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
             " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
@@ -20663,7 +20661,7 @@ class ShardedLlama {
   const LlamaConfig& config() const noexcept { return cfg_; }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after it).
+  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
   const std::vector<std::string>& names() const noexcept { return names_; }
   /// The parameters that get gradients and optimizer state: all of them, or with LoRA
   /// adapters the adapters alone.
@@ -27961,16 +27959,19 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   return m;
 }
 
-/// Calls f(batch) for the batches evaluate_dataset scores.
+/// Calls f(batch) for the batches evaluate_dataset scores. An example is `rows_per_example`
+/// consecutive rows (2: a preference pair's chosen and rejected sequences); a batch holds
+/// o.batch_size examples.
 template <class F>
-void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
+void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f, std::int64_t rows_per_example = 1) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
+  const std::int64_t examples = ds.size() / rows_per_example;
   std::int64_t batches = 0;
   std::vector<std::int64_t> rows;
-  for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
+  for (std::int64_t lo = 0; lo < examples; lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
-    rows.resize(static_cast<std::size_t>(std::min(ds.size(), lo + o.batch_size) - lo));
-    std::iota(rows.begin(), rows.end(), lo);
+    rows.resize(static_cast<std::size_t>((std::min(examples, lo + o.batch_size) - lo) * rows_per_example));
+    std::iota(rows.begin(), rows.end(), lo * rows_per_example);
     f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
     ++batches;
   }
@@ -29470,11 +29471,7 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
       },
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
         if (!reference) {  // the policy's base: its adapters switched off for this forward
-          struct BackOn {
-            Sharded& p;
-            ~BackOn() { p.set_adapters_active(true); }
-          } back_on{policy};
-          policy.set_adapters_active(false);
+          const lora::AdaptersOff<Sharded> off(policy);
           return sharded_logps(logp, count);
         }
         typename Reference::Saved rs;
@@ -30317,21 +30314,14 @@ class BasicTrainer {
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
     const PreferenceOptions po = args_.preference_options();
-    const std::int64_t n = eval_->size() / 2, mb = args_.eval_batch();
-    std::vector<std::int64_t> rows;
-    std::int64_t batches = 0;
-    for (std::int64_t lo = 0; lo < n; lo += mb) {
-      if (args_.max_evaluation_steps && batches++ >= *args_.max_evaluation_steps) break;
-      rows.clear();
-      for (std::int64_t i = lo; i < std::min(n, lo + mb); ++i) rows.insert(rows.end(), {2 * i, 2 * i + 1});
-      const Batch b = collate_rows(*eval_, rows, args_.max_sequence_length, pad_id_, trunc_);
+    for_each_eval_batch(*eval_, eval_options(), [&](const Batch& b) {
       const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
                                              : preference_loss(*model_, b, po, false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
       sum.add_means(m, k);
       sum.pairs += m.pairs;
-    }
+    }, /*rows_per_example=*/2);
     const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
     sum.loss /= total;
     sum.scale_means(1.0 / total);

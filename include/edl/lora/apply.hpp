@@ -94,12 +94,17 @@ void set_dropout(M& m, std::optional<Key> key) {
 }
 
 /// Switches every adapter of `m` on or off; off, each Linear computes its base alone (PEFT's
-/// disable_adapter), which is how DPO's reference model is the base without a second copy.
+/// disable_adapter), which is how DPO's reference model is the base without a second copy. A
+/// model with a set_adapters_active(bool) of its own (a sharded model) switches itself.
 template <class M>
 void set_adapters_active(M& m, bool active) {
-  m.visit_linears("", [&](const std::string&, auto& lin) {
-    if (lin.lora) lin.lora->active = active;
-  });
+  if constexpr (requires { m.set_adapters_active(active); }) {
+    m.set_adapters_active(active);
+  } else {
+    m.visit_linears("", [&](const std::string&, auto& lin) {
+      if (lin.lora) lin.lora->active = active;
+    });
+  }
 }
 
 /// The adapters of a model switched off for a scope (and back on when it ends).

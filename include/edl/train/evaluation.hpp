@@ -86,16 +86,19 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   return m;
 }
 
-/// Calls f(batch) for the batches evaluate_dataset scores.
+/// Calls f(batch) for the batches evaluate_dataset scores. An example is `rows_per_example`
+/// consecutive rows (2: a preference pair's chosen and rejected sequences); a batch holds
+/// o.batch_size examples.
 template <class F>
-void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f) {
+void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f, std::int64_t rows_per_example = 1) {
   EDL_CHECK(o.batch_size > 0, errc::invalid_argument, "evaluation", "batch size must be positive, found ", o.batch_size);
+  const std::int64_t examples = ds.size() / rows_per_example;
   std::int64_t batches = 0;
   std::vector<std::int64_t> rows;
-  for (std::int64_t lo = 0; lo < ds.size(); lo += o.batch_size) {
+  for (std::int64_t lo = 0; lo < examples; lo += o.batch_size) {
     if (o.max_batches && batches >= *o.max_batches) break;
-    rows.resize(static_cast<std::size_t>(std::min(ds.size(), lo + o.batch_size) - lo));
-    std::iota(rows.begin(), rows.end(), lo);
+    rows.resize(static_cast<std::size_t>((std::min(examples, lo + o.batch_size) - lo) * rows_per_example));
+    std::iota(rows.begin(), rows.end(), lo * rows_per_example);
     f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
     ++batches;
   }

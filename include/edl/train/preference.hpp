@@ -299,11 +299,7 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
       },
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
         if (!reference) {  // the policy's base: its adapters switched off for this forward
-          struct BackOn {
-            Sharded& p;
-            ~BackOn() { p.set_adapters_active(true); }
-          } back_on{policy};
-          policy.set_adapters_active(false);
+          const lora::AdaptersOff<Sharded> off(policy);
           return sharded_logps(logp, count);
         }
         typename Reference::Saved rs;

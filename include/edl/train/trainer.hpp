@@ -303,21 +303,14 @@ class BasicTrainer {
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
     const PreferenceOptions po = args_.preference_options();
-    const std::int64_t n = eval_->size() / 2, mb = args_.eval_batch();
-    std::vector<std::int64_t> rows;
-    std::int64_t batches = 0;
-    for (std::int64_t lo = 0; lo < n; lo += mb) {
-      if (args_.max_evaluation_steps && batches++ >= *args_.max_evaluation_steps) break;
-      rows.clear();
-      for (std::int64_t i = lo; i < std::min(n, lo + mb); ++i) rows.insert(rows.end(), {2 * i, 2 * i + 1});
-      const Batch b = collate_rows(*eval_, rows, args_.max_sequence_length, pad_id_, trunc_);
+    for_each_eval_batch(*eval_, eval_options(), [&](const Batch& b) {
       const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
                                              : preference_loss(*model_, b, po, false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
       sum.add_means(m, k);
       sum.pairs += m.pairs;
-    }
+    }, /*rows_per_example=*/2);
     const double total = static_cast<double>(std::max<std::int64_t>(1, sum.pairs));
     sum.loss /= total;
     sum.scale_means(1.0 / total);

@@ -171,8 +171,8 @@ struct ShardedParamPlan {
 using AdapterRanks = std::map<std::string, std::int64_t>;
 
 /// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
-/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight and bias, and every
-/// other parameter is frozen. Validates the config against the mesh (heads, kv heads,
+/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight, and every other
+/// parameter is frozen. Validates the config against the mesh (heads, kv heads,
 /// intermediate size by tp; each rule's dimensions by its axes) with the errors of
 /// tp_local_config and PartitionRules.
 inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
@@ -192,7 +192,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
   // tp-split base), so the gradient sums over tp.
   const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
-                        const std::vector<std::int64_t>& lshape, bool partial_over_tp) {
+                        const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
     ShardedParamPlan p;
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
@@ -224,7 +224,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       }
     }
     p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
-    p.frozen = !adapters.empty();
+    p.frozen = frozen;
     plans.emplace_back(name, std::move(p));
   };
   std::size_t adapted = 0;
@@ -234,7 +234,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     if (tied && name == "lm_head.weight") continue;
     const SpecValue spec = rules.spec_for(name, gshape, ms);
     plan(name, spec, gshape, lshape,
-         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"));
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"), !adapters.empty());
     if (!name.ends_with(".weight")) continue;
     const std::string linear = name.substr(0, name.size() - 7);
     const auto it = adapters.find(linear);
@@ -243,16 +243,9 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
     // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
     const std::int64_t r = it->second;
     const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
-    const bool has_bias = i + 1 < global.size() && global[i + 1].first == linear + ".bias";
-    if (has_bias) {  // the bias first, as Linear::visit_params lists it
-      ++i;
-      plan(global[i].first, rules.spec_for(global[i].first, global[i].second, ms), global[i].second, local[i].second,
-           false);
-    }
-    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel);
-    plans.back().second.frozen = false;
-    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel);
-    plans.back().second.frozen = false;
+    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel,
+         false);
+    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel, false);
   }
   EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
             " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
@@ -301,7 +294,7 @@ class ShardedLlama {
   const LlamaConfig& config() const noexcept { return cfg_; }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after it).
+  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
   const std::vector<std::string>& names() const noexcept { return names_; }
   /// The parameters that get gradients and optimizer state: all of them, or with LoRA
   /// adapters the adapters alone.
