@@ -7322,6 +7322,9 @@ struct TokenLayout {
   const std::int64_t* position_ids = nullptr;
   const std::int64_t* attention_mask = nullptr;
   const std::int64_t* segment_ids = nullptr;
+  /// The sequence length rope scalings that depend on it (dynamic, longrope) see; 0: the
+  /// largest position + 1 (a mesh device passes the whole batch's, see nn/rotary.hpp).
+  std::int64_t context = 0;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }
@@ -7844,15 +7847,29 @@ class RMSNorm {
 // edl/nn/rotary.hpp
 // Rotary position embeddings, HF convention (rotate_half, not interleaved pairs):
 //   for a head vector x of dim d, half = d / 2, i < half, angle a_i = position * inv_freq_i:
-//     y_i        = x_i cos a_i - x_{i+half} sin a_i
-//     y_{i+half} = x_{i+half} cos a_i + x_i sin a_i
-//   inv_freq_i = 1 / theta^(2i / d)
-// Scaling (HF rope_scaling): "linear" divides inv_freq by factor (= positions / factor);
-// "llama3" applies HF _compute_llama3_parameters (wavelengths above original_max / low_freq_factor
-// divided by factor, below original_max / high_freq_factor kept, smooth interpolation in between).
-// Backward is the inverse rotation (angle -a). Angles and cos/sin are computed in double and
-// rounded once to f32. No parameters.
+//     y_i        = m (x_i cos a_i - x_{i+half} sin a_i)
+//     y_{i+half} = m (x_{i+half} cos a_i + x_i sin a_i)
+//   inv_freq_i = 1 / theta^(2i / d), m = 1 (the attention factor of yarn and longrope).
+// Scaling (HF rope_scaling, transformers' modeling_rope_utils):
+//   "linear"   divides inv_freq by factor (= positions / factor);
+//   "llama3"   _compute_llama3_parameters (wavelengths above original_max / low_freq_factor
+//              divided by factor, below original_max / high_freq_factor kept, smooth in between);
+//   "yarn"     _compute_yarn_parameters: a ramp between interpolated (/ factor) and original
+//              frequencies over the dimensions whose rotations in original_max positions lie
+//              between beta_slow and beta_fast; m = attention_factor, or 0.1 ln(factor) + 1
+//              (mscale / mscale_all_dim as DeepSeek writes them);
+//   "dynamic"  NTK: while a forward's sequence length L (its largest position + 1) exceeds
+//              max_position_embeddings, theta becomes theta (factor L / max - (factor - 1))^(d/(d-2));
+//   "longrope" per-dimension divisors: short_factor while L <= original_max, long_factor above;
+//              m = attention_factor, or sqrt(1 + ln(factor) / ln(original_max)).
+// dynamic and longrope depend on L, so their tables are a function of (position, L): a full forward
+// uses its own L for every token (TokenLayout::context, or its largest position + 1) as a freshly
+// loaded HF model does; a cached decoder uses each sequence's L at the step that wrote the token
+// (generate/rope_table.hpp), as HF generation does -- the cached keys keep the rotation they had.
+// Backward is the transpose (angle -a, same m). Angles and cos/sin are computed in double
+// and rounded once to f32. No parameters.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -7864,14 +7881,23 @@ class RMSNorm {
 
 namespace edl::nn {
 
-/// HF rope parameters (rope_theta and rope_scaling of config.json).
+/// HF rope parameters (rope_theta, max_position_embeddings and rope_scaling of config.json).
 struct RopeConfig {
   double theta = 10000.0;
-  std::string type = "default";  // "default" | "linear" | "llama3"
+  std::string type = "default";  // "default" | "linear" | "llama3" | "yarn" | "dynamic" | "longrope"
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  double original_max_position_embeddings = 8192;
+  double original_max_position_embeddings = 8192;  // llama3, yarn, longrope
+  double max_position_embeddings = 8192;           // dynamic: the length scaling starts beyond
+  double attention_factor = 0;                     // yarn, longrope: 0 = the formula's default
+  double beta_fast = 32, beta_slow = 1;            // yarn
+  double mscale = 0, mscale_all_dim = 0;           // yarn (DeepSeek): 0 = absent
+  bool truncate = true;                            // yarn: integer ramp bounds
+  std::vector<double> short_factor, long_factor;   // longrope: head_dim / 2 each
+
+  /// True when the frequencies depend on the forward's sequence length (dynamic, longrope).
+  bool length_dependent() const noexcept { return type == "dynamic" || type == "longrope"; }
 };
 
 class RotaryEmbedding {
@@ -7880,23 +7906,36 @@ class RotaryEmbedding {
   RotaryEmbedding(std::int64_t head_dim, RopeConfig cfg = {}) : head_dim_(head_dim), cfg_(std::move(cfg)) {
     EDL_CHECK(head_dim > 0 && head_dim % 2 == 0, errc::invalid_argument, "nn.RotaryEmbedding",
               "head_dim must be positive and even, found ", head_dim);
-    EDL_CHECK(cfg_.type == "default" || cfg_.type == "linear" || cfg_.type == "llama3", errc::unsupported,
-              "nn.RotaryEmbedding", "rope type \"", cfg_.type, "\" is not supported (default, linear, llama3)");
-    inv_freq_ = compute_inv_freq(head_dim, cfg_);
+    EDL_CHECK(cfg_.type == "default" || cfg_.type == "linear" || cfg_.type == "llama3" || cfg_.type == "yarn" ||
+                  cfg_.type == "dynamic" || cfg_.type == "longrope",
+              errc::unsupported, "nn.RotaryEmbedding", "rope type \"", cfg_.type,
+              "\" is not supported (default, linear, llama3, yarn, dynamic, longrope)");
+    if (cfg_.type == "longrope")
+      for (const auto* f : {&cfg_.short_factor, &cfg_.long_factor})
+        EDL_CHECK(static_cast<std::int64_t>(f->size()) == head_dim / 2, errc::config, "nn.RotaryEmbedding",
+                  "longrope ", f == &cfg_.short_factor ? "short_factor" : "long_factor", " needs head_dim / 2 = ",
+                  head_dim / 2, " values, found ", f->size());
+    inv_freq_ = compute_inv_freq(head_dim, cfg_, 0);
+    scale_ = attention_scaling(cfg_);
   }
 
-  /// inv_freq for head_dim and cfg, HF's formulas in double.
-  static std::vector<double> compute_inv_freq(std::int64_t head_dim, const RopeConfig& c) {
+  /// inv_freq for head_dim and cfg in a forward whose sequence length is `context` (read only
+  /// by dynamic and longrope; 0 = short), HF's formulas in double.
+  static std::vector<double> compute_inv_freq(std::int64_t head_dim, const RopeConfig& c, std::int64_t context) {
     const std::int64_t half = head_dim / 2;
+    const double d = static_cast<double>(head_dim);
+    double theta = c.theta;
+    if (c.type == "dynamic" && static_cast<double>(context) > c.max_position_embeddings)
+      theta *= std::pow(c.factor * static_cast<double>(context) / c.max_position_embeddings - (c.factor - 1), d / (d - 2));
     std::vector<double> f(static_cast<std::size_t>(half));
     for (std::int64_t i = 0; i < half; ++i)
-      f[static_cast<std::size_t>(i)] = 1.0 / std::pow(c.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+      f[static_cast<std::size_t>(i)] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / d);
+    const double pi = 3.14159265358979323846;
     if (c.type == "linear") {
       for (double& v : f) v /= c.factor;
     } else if (c.type == "llama3") {
       const double old_ctx = c.original_max_position_embeddings;
       const double low_wavelen = old_ctx / c.low_freq_factor, high_wavelen = old_ctx / c.high_freq_factor;
-      const double pi = 3.14159265358979323846;
       for (double& v : f) {
         const double wavelen = 2 * pi / v;
         if (wavelen > low_wavelen) {
@@ -7906,30 +7945,82 @@ class RotaryEmbedding {
           v = (1 - smooth) * v / c.factor + smooth * v;
         }  // high frequency: unchanged
       }
+    } else if (c.type == "yarn") {
+      // The dimension whose wavelength fits `rotations` times into the original context.
+      const auto correction_dim = [&](double rotations) {
+        return d * std::log(c.original_max_position_embeddings / (rotations * 2 * pi)) / (2 * std::log(c.theta));
+      };
+      double low = correction_dim(c.beta_fast), high = correction_dim(c.beta_slow);
+      if (c.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, d - 1);
+      if (low == high) high += 0.001;  // HF: avoids a zero-width ramp
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+        const double extrapolation = 1 - ramp;  // 1: keep the original frequency
+        double& v = f[static_cast<std::size_t>(i)];
+        v = v / c.factor * (1 - extrapolation) + v * extrapolation;
+      }
+    } else if (c.type == "longrope") {
+      const auto& ext = static_cast<double>(context) > c.original_max_position_embeddings ? c.long_factor : c.short_factor;
+      for (std::int64_t i = 0; i < half; ++i) f[static_cast<std::size_t>(i)] /= ext[static_cast<std::size_t>(i)];
     }
     return f;
+  }
+
+  /// m, the factor HF multiplies cos and sin by (1 but for yarn and longrope).
+  static double attention_scaling(const RopeConfig& c) {
+    if (c.attention_factor > 0) return c.attention_factor;
+    const auto mscale = [](double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; };
+    if (c.type == "yarn")
+      return c.mscale != 0 && c.mscale_all_dim != 0 ? mscale(c.factor, c.mscale) / mscale(c.factor, c.mscale_all_dim)
+                                                    : mscale(c.factor, 1.0);
+    if (c.type == "longrope")
+      return c.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(c.factor) / std::log(c.original_max_position_embeddings));
+    return 1.0;
   }
 
   std::int64_t head_dim() const noexcept { return head_dim_; }
   const std::vector<double>& inv_freq() const noexcept { return inv_freq_; }
   const RopeConfig& config() const noexcept { return cfg_; }
 
+  double scale() const noexcept { return scale_; }
+
+  /// A forward's sequence length as the length-dependent scalings see it: layout.context when
+  /// set (a mesh device's share of a batch passes the whole batch's), else the largest position + 1.
+  static std::int64_t context_of(const TokenLayout& layout) {
+    if (layout.context > 0) return layout.context;
+    std::int64_t L = 0;
+    for (std::int64_t t = 0; t < layout.tokens(); ++t) L = std::max(L, layout.position(t) + 1);
+    return L;
+  }
+
   /// cos and sin tables [tokens, head_dim / 2] for the tokens' positions.
   void tables(const TokenLayout& layout, std::vector<float>& cos, std::vector<float>& sin) const {
     const std::int64_t T = layout.tokens(), half = head_dim_ / 2;
     cos.resize(static_cast<std::size_t>(T * half));
     sin.resize(static_cast<std::size_t>(T * half));
-    for (std::int64_t t = 0; t < T; ++t) {
-      const double pos = static_cast<double>(layout.position(t));
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = pos * inv_freq_[static_cast<std::size_t>(i)];
-        cos[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::cos(a));
-        sin[static_cast<std::size_t>(t * half + i)] = static_cast<float>(std::sin(a));
-      }
+    std::vector<double> scaled;
+    const std::vector<double>& f =
+        cfg_.length_dependent() ? (scaled = compute_inv_freq(head_dim_, cfg_, context_of(layout))) : inv_freq_;
+    for (std::int64_t t = 0; t < T; ++t) angles(f, layout.position(t), cos.data() + t * half, sin.data() + t * half);
+  }
+
+  /// cos and sin [head_dim / 2] of one position under frequencies f (inv_freq, or those of a length).
+  void angles(const std::vector<double>& f, std::int64_t position, float* cos, float* sin) const {
+    const double pos = static_cast<double>(position);
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const double a = pos * f[i];
+      cos[i] = static_cast<float>(scale_ * std::cos(a));
+      sin[i] = static_cast<float>(scale_ * std::sin(a));
     }
   }
 
-  /// Rotates x [tokens, heads * head_dim] in place (inverse = the backward when `inverse`).
+  /// Rotates x [tokens, heads * head_dim] in place (inverse = the backward when `inverse`:
+  /// the transpose, which with m != 1 is m times the inverse rotation, as autograd computes).
   void rotate(float* x, std::int64_t tokens, std::int64_t heads, const float* cos, const float* sin,
               bool inverse = false) const {
     const std::int64_t D = head_dim_, half = D / 2, width = heads * D;
@@ -7963,6 +8054,7 @@ class RotaryEmbedding {
   std::int64_t head_dim_ = 0;
   RopeConfig cfg_;
   std::vector<double> inv_freq_;
+  double scale_ = 1.0;
 };
 
 }  // namespace edl::nn
@@ -19430,8 +19522,8 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3 and the
-// mixtures of experts mixtral/qwen2_moe/qwen3_moe).
+// than linear/llama3/yarn/dynamic/longrope/default, model types other than
+// llama/mistral/qwen2/qwen3/phi3 and the mixtures of experts mixtral/qwen2_moe/qwen3_moe).
 //
 // Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
 // num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
@@ -19443,6 +19535,7 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // mlp_only_layers does not list; norm_topk_prob picks Mixtral's renormalised weights.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -19459,15 +19552,28 @@ namespace edl::models {
 
 using ojson = nlohmann::ordered_json;
 
-/// rope_scaling: {"rope_type" (or legacy "type"): "linear", "factor"} or
-/// {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-///  "original_max_position_embeddings"}; "default" means no scaling.
+/// rope_scaling as transformers reads it: {"rope_type" (or legacy "type"), ...}:
+///   linear:   factor
+///   llama3:   factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+///   yarn:     factor, [original_max_position_embeddings (default max_position_embeddings),
+///             attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate]
+///   dynamic:  factor (scaling starts past max_position_embeddings)
+///   longrope: short_factor, long_factor, [factor (default max_position_embeddings /
+///             original_max_position_embeddings), attention_factor, original_max_position_embeddings
+///             (default the config's top-level field, as Phi-3 writes it, else max_position_embeddings)]
+/// "default" means no scaling. yarn's factor is used as written, as current transformers does
+/// (some releases replaced it by max_position_embeddings / original_max_position_embeddings).
 struct RopeScaling {
-  std::string rope_type = "linear";  // "linear" | "llama3" | "default"
+  std::string rope_type = "linear";  // linear | llama3 | yarn | dynamic | longrope | default
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3 only
   double high_freq_factor = 4.0;  // llama3 only
-  std::int64_t original_max_position_embeddings = 8192;  // llama3 only
+  std::int64_t original_max_position_embeddings = 8192;  // llama3 (yarn, longrope: when given)
+  bool has_original_max = false;                         // yarn / longrope: the field was given
+  bool has_factor = true;                                // longrope: the field was given
+  std::optional<double> attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim;  // yarn (longrope: the first)
+  bool truncate = true;                                  // yarn
+  std::vector<double> short_factor, long_factor;         // longrope
   /// The object as read (other keys, and whether "type" and/or "rope_type" named the type).
   ojson raw = ojson::object();
 
@@ -19476,11 +19582,22 @@ struct RopeScaling {
     const bool has_type = j.contains("type"), has_rope_type = j.contains("rope_type");
     if (has_rope_type || !has_type) j["rope_type"] = rope_type;
     if (has_type) j["type"] = rope_type;
-    if (rope_type != "default") j["factor"] = factor;
+    if (rope_type != "default" && (rope_type != "longrope" || has_factor)) j["factor"] = factor;
+    if (rope_type == "llama3" || has_original_max) j["original_max_position_embeddings"] = original_max_position_embeddings;
     if (rope_type == "llama3") {
       j["low_freq_factor"] = low_freq_factor;
       j["high_freq_factor"] = high_freq_factor;
-      j["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+    const auto put = [&](const char* k, const std::optional<double>& v) { if (v) j[k] = *v; };
+    put("attention_factor", attention_factor);
+    put("beta_fast", beta_fast);
+    put("beta_slow", beta_slow);
+    put("mscale", mscale);
+    put("mscale_all_dim", mscale_all_dim);
+    if (rope_type == "yarn" && (!truncate || j.contains("truncate"))) j["truncate"] = truncate;
+    if (rope_type == "longrope") {
+      j["short_factor"] = short_factor;
+      j["long_factor"] = long_factor;
     }
     return j;
   }
@@ -19652,8 +19769,10 @@ struct LlamaConfig {
     }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
-      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
-                where("rope_scaling.rope_type"), "expected linear, llama3 or default, found \"", r.rope_type, "\"");
+      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default" ||
+                    r.rope_type == "yarn" || r.rope_type == "dynamic" || r.rope_type == "longrope",
+                errc::unsupported, where("rope_scaling.rope_type"),
+                "expected linear, llama3, yarn, dynamic, longrope or default, found \"", r.rope_type, "\"");
       if (r.rope_type != "default")
         EDL_CHECK(r.factor > 0, errc::config, where("rope_scaling.factor"), "must be positive, found ", r.factor);
       if (r.rope_type == "llama3") {
@@ -19661,11 +19780,43 @@ struct LlamaConfig {
                   "must be positive, found ", r.low_freq_factor);
         EDL_CHECK(r.high_freq_factor > r.low_freq_factor, errc::config, where("rope_scaling.high_freq_factor"),
                   "must exceed low_freq_factor (", r.low_freq_factor, "), found ", r.high_freq_factor);
+      }
+      if (r.rope_type == "llama3" || r.has_original_max)
         EDL_CHECK(r.original_max_position_embeddings > 0, errc::config,
                   where("rope_scaling.original_max_position_embeddings"), "must be positive, found ",
                   r.original_max_position_embeddings);
+      if (r.rope_type == "yarn") {
+        EDL_CHECK(!r.attention_factor || *r.attention_factor > 0, errc::config, where("rope_scaling.attention_factor"),
+                  "must be positive, found ", r.attention_factor.value_or(0));
+        EDL_CHECK(r.beta_fast.value_or(32) > r.beta_slow.value_or(1) && r.beta_slow.value_or(1) > 0, errc::config,
+                  where("rope_scaling.beta_fast"), "expected beta_fast > beta_slow > 0, found ", r.beta_fast.value_or(32),
+                  " and ", r.beta_slow.value_or(1));
+      }
+      if (r.rope_type == "longrope") {
+        const std::size_t half = static_cast<std::size_t>(head_size() / 2);
+        for (const auto* f : {&r.short_factor, &r.long_factor}) {
+          const char* name = f == &r.short_factor ? "rope_scaling.short_factor" : "rope_scaling.long_factor";
+          EDL_CHECK(f->size() == half, errc::config, where(name), "expected head_dim / 2 = ", half, " values, found ",
+                    f->size());
+          for (const double v : *f) EDL_CHECK(v > 0 && std::isfinite(v), errc::config, where(name),
+                                              "values must be positive, found ", v);
+        }
+        EDL_CHECK(!r.attention_factor || *r.attention_factor > 0, errc::config, where("rope_scaling.attention_factor"),
+                  "must be positive, found ", r.attention_factor.value_or(0));
+        EDL_CHECK(rope_original_max() > 0, errc::config, where("original_max_position_embeddings"),
+                  "must be positive, found ", rope_original_max());
       }
     }
+  }
+
+  /// The context the rope scaling was pretrained on: rope_scaling's original_max_position_embeddings,
+  /// else (longrope) the top-level field Phi-3 writes, else max_position_embeddings.
+  std::int64_t rope_original_max() const {
+    if (rope_scaling && rope_scaling->has_original_max) return rope_scaling->original_max_position_embeddings;
+    if (rope_scaling && rope_scaling->rope_type == "llama3") return rope_scaling->original_max_position_embeddings;
+    if (extra.contains("original_max_position_embeddings") && extra["original_max_position_embeddings"].is_number_integer())
+      return extra["original_max_position_embeddings"].get<std::int64_t>();
+    return max_position_embeddings;
   }
 
   // ------------------------------------------------------------------ JSON
@@ -19758,14 +19909,50 @@ struct LlamaConfig {
       rs.raw = r;
       const char* type_key = r.contains("rope_type") && !r["rope_type"].is_null() ? "rope_type" : "type";
       EDL_CHECK(r.contains(type_key) && !r[type_key].is_null(), errc::config, cfg.where("rope_scaling.rope_type"),
-                "missing (expected \"rope_type\" or \"type\": linear | llama3)");
+                "missing (expected \"rope_type\" or \"type\": linear | llama3 | yarn | dynamic | longrope)");
       rs.rope_type = io::JsonConfig::convert<std::string>(r[type_key], cfg.where(std::string("rope_scaling.") + type_key));
-      if (rs.rope_type == "linear" || rs.rope_type == "llama3") rs.factor = num("factor");
+      const auto opt = [&](const char* key) -> std::optional<double> {
+        if (!r.contains(key) || r[key].is_null()) return std::nullopt;
+        return num(key);
+      };
+      const auto factors = [&](const char* key) {
+        const ojson& v = field(key);
+        const std::string at = cfg.where(std::string("rope_scaling.") + key);
+        EDL_CHECK(v.is_array(), errc::config, at, "expected a list of numbers, found ", v.dump());
+        std::vector<double> out;
+        for (const ojson& e : v) out.push_back(io::JsonConfig::convert<double>(e, at));
+        return out;
+      };
+      if (rs.rope_type == "linear" || rs.rope_type == "llama3" || rs.rope_type == "yarn" || rs.rope_type == "dynamic")
+        rs.factor = num("factor");
       if (rs.rope_type == "llama3") {
         rs.low_freq_factor = num("low_freq_factor");
         rs.high_freq_factor = num("high_freq_factor");
+      }
+      if (rs.rope_type == "llama3" ||
+          ((rs.rope_type == "yarn" || rs.rope_type == "longrope") && r.contains("original_max_position_embeddings") &&
+           !r["original_max_position_embeddings"].is_null())) {
         rs.original_max_position_embeddings = io::JsonConfig::convert<std::int64_t>(
             field("original_max_position_embeddings"), cfg.where("rope_scaling.original_max_position_embeddings"));
+        rs.has_original_max = rs.rope_type != "llama3";
+      }
+      if (rs.rope_type == "yarn" || rs.rope_type == "longrope") rs.attention_factor = opt("attention_factor");
+      if (rs.rope_type == "yarn") {
+        // HF reads `beta_fast or 32`: a 0 or null means the default.
+        rs.beta_fast = opt("beta_fast");
+        rs.beta_slow = opt("beta_slow");
+        if (rs.beta_fast && *rs.beta_fast == 0) rs.beta_fast.reset();
+        if (rs.beta_slow && *rs.beta_slow == 0) rs.beta_slow.reset();
+        rs.mscale = opt("mscale");
+        rs.mscale_all_dim = opt("mscale_all_dim");
+        if (r.contains("truncate") && !r["truncate"].is_null())
+          rs.truncate = io::JsonConfig::convert<bool>(r["truncate"], cfg.where("rope_scaling.truncate"));
+      }
+      if (rs.rope_type == "longrope") {
+        rs.short_factor = factors("short_factor");
+        rs.long_factor = factors("long_factor");
+        rs.has_factor = r.contains("factor") && !r["factor"].is_null();
+        if (rs.has_factor) rs.factor = num("factor");
       }
       cfg.rope_scaling = std::move(rs);
     }
@@ -20035,12 +20222,24 @@ namespace edl::models {
 inline nn::RopeConfig rope_config(const LlamaConfig& c) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
+  r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
   if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
-    r.type = c.rope_scaling->rope_type;
-    r.factor = c.rope_scaling->factor;
-    r.low_freq_factor = c.rope_scaling->low_freq_factor;
-    r.high_freq_factor = c.rope_scaling->high_freq_factor;
-    r.original_max_position_embeddings = static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+    const RopeScaling& s = *c.rope_scaling;
+    r.type = s.rope_type;
+    r.factor = s.factor;
+    r.low_freq_factor = s.low_freq_factor;
+    r.high_freq_factor = s.high_freq_factor;
+    r.original_max_position_embeddings = static_cast<double>(c.rope_original_max());
+    if (s.rope_type == "longrope" && !s.has_factor)  // Phi-3: the ratio of the two contexts
+      r.factor = r.max_position_embeddings / r.original_max_position_embeddings;
+    r.attention_factor = s.attention_factor.value_or(0.0);
+    r.beta_fast = s.beta_fast.value_or(32.0);
+    r.beta_slow = s.beta_slow.value_or(1.0);
+    r.mscale = s.mscale.value_or(0.0);
+    r.mscale_all_dim = s.mscale_all_dim.value_or(0.0);
+    r.truncate = s.truncate;
+    r.short_factor = s.short_factor;
+    r.long_factor = s.long_factor;
   }
   return r;
 }
@@ -21071,6 +21270,8 @@ class ShardedLlama {
     if (lora_) place_adapters(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
+    // The whole batch's length for rope scalings that depend on it, as one device sees it.
+    c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
     std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
@@ -22594,6 +22795,10 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   EDL_CHECK(c.head_size() * c.num_attention_heads == c.hidden_size || !c.attention_bias, errc::unsupported, where,
             "llama.cpp's llama graph takes q/k biases of hidden_size values, so it cannot run this model (head_dim ",
             c.head_size(), " x ", c.num_attention_heads, " heads != hidden_size ", c.hidden_size, ")");
+  EDL_CHECK(!c.rope_scaling || c.rope_scaling->rope_type == "linear" || c.rope_scaling->rope_type == "llama3" ||
+                c.rope_scaling->rope_type == "default",
+            errc::unsupported, where, "rope_scaling.rope_type \"", c.rope_scaling ? c.rope_scaling->rope_type : "",
+            "\": edl writes linear and llama3 rope scaling to GGUF, not yarn, dynamic or longrope");
   auto& mm = const_cast<LlamaForCausalLM<Pol>&>(m);  // members are read only
   const auto u32 = [&](const char* field, std::int64_t v) {
     EDL_CHECK(v >= 0 && v <= 0xffffffffLL, errc::invalid_argument, where, "config field ", field, " = ", v,
@@ -24031,7 +24236,14 @@ static_assert(KVCache<PagedKVCache>);
 // rope_theta and rope_scaling, angle = position x inv_freq in double, rounded to f32 once),
 // so a decoder's q and k equal the full forward's. Both decoders (generate/decoder.hpp on one device,
 // generate/sharded_decoder.hpp on a mesh) use this one table.
+//
+// Scalings that depend on the sequence length L (dynamic, longrope; nn/rotary.hpp) rotate a
+// token by the L of the forward that writes it, as HF generation does: a prefill by the prompt's
+// length, a decode step by its position + 1; the keys already cached keep their rotation.
+// longrope keeps a second table (long_factor) for L beyond original_max_position_embeddings;
+// dynamic computes the frequencies of an L beyond max_position_embeddings once per call.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -24043,22 +24255,55 @@ namespace edl::generate {
 
 class RopeTable {
  public:
+  /// The frequencies of the last length beyond the base table a caller asked for (dynamic).
+  struct Scratch {
+    std::int64_t context = -1;
+    std::vector<double> inv_freq;
+  };
+
   RopeTable() = default;
   /// Positions 0 .. positions-1 of the model described by `c`.
   RopeTable(const models::LlamaConfig& c, std::int64_t positions)
       : rot_(c.head_size(), models::rope_config(c)), half_(c.head_size() / 2) {
-    rot_.tables(nn::TokenLayout{1, positions}, cos_, sin_);
+    const nn::RopeConfig& rc = rot_.config();
+    rot_.tables(nn::TokenLayout{1, positions, nullptr, nullptr, nullptr, /*context=*/1}, cos_, sin_);
+    if (rc.type == "longrope")
+      rot_.tables(nn::TokenLayout{1, positions, nullptr, nullptr, nullptr,
+                                  static_cast<std::int64_t>(rc.original_max_position_embeddings) + 1},
+                  long_cos_, long_sin_);
   }
 
-  /// Rotates `heads` consecutive heads of head_dim floats at x, one token at position `pos`.
-  void rotate(float* x, std::int64_t pos, std::int64_t heads) const {
-    rot_.apply(x, 1, heads, cos_.data() + pos * half_, sin_.data() + pos * half_);
+  std::int64_t half() const noexcept { return half_; }
+
+  /// cos and sin [head_dim / 2] of position `pos` written by a forward whose sequence reaches
+  /// `context` tokens (its largest position + 1).
+  void angles(std::int64_t pos, std::int64_t context, float* cos, float* sin, Scratch& scratch) const {
+    const nn::RopeConfig& rc = rot_.config();
+    const std::size_t at = static_cast<std::size_t>(pos * half_);
+    if (rc.type == "longrope" && static_cast<double>(context) > rc.original_max_position_embeddings) {
+      std::copy_n(long_cos_.data() + at, half_, cos);
+      std::copy_n(long_sin_.data() + at, half_, sin);
+    } else if (rc.type == "dynamic" && static_cast<double>(context) > rc.max_position_embeddings) {
+      if (scratch.context != context) {
+        scratch.inv_freq = nn::RotaryEmbedding::compute_inv_freq(2 * half_, rc, context);
+        scratch.context = context;
+      }
+      rot_.angles(scratch.inv_freq, pos, cos, sin);
+    } else {
+      std::copy_n(cos_.data() + at, half_, cos);
+      std::copy_n(sin_.data() + at, half_, sin);
+    }
+  }
+
+  /// Rotates `heads` consecutive heads of head_dim floats at x, one token, by its angles.
+  void rotate(float* x, std::int64_t heads, const float* cos, const float* sin) const {
+    rot_.apply(x, 1, heads, cos, sin);
   }
 
  private:
   nn::RotaryEmbedding rot_;
   std::int64_t half_ = 0;
-  std::vector<float> cos_, sin_;
+  std::vector<float> cos_, sin_, long_cos_, long_sin_;
 };
 
 }  // namespace edl::generate
@@ -24649,6 +24894,7 @@ class CachedForward {
       if (local > 0) cache_->reserve(lb, local);
     }
     ensure_rows(n);
+    row_angles(n);
     embed(n);
     if constexpr (Collectives::one_device) {
       if (n == 1 && !all_out && shard_.sp == 1) {
@@ -24895,6 +25141,24 @@ class CachedForward {
   }
 
   // ---------------------------------------------------------------- pieces both steps share
+  /// Each row's rope cos and sin (angles_ [n, head_dim]: cos then sin), for the length its
+  /// sequence reaches in this call (its last row's position + 1; rows_ is sorted by sequence).
+  void row_angles(std::int64_t n) {
+    const std::int64_t half = D_ / 2;
+    if (static_cast<std::int64_t>(angles_.size()) < n * D_) angles_.resize(static_cast<std::size_t>(n * D_));
+    std::int64_t context = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      if (r == 0 || rows_[static_cast<std::size_t>(r - 1)].b != row.b) {
+        context = 0;
+        for (std::int64_t e = r; e < n && rows_[static_cast<std::size_t>(e)].b == row.b; ++e)
+          context = std::max(context, rows_[static_cast<std::size_t>(e)].pos + 1);
+      }
+      float* cos = angles_.data() + r * D_;
+      rope_->angles(row.pos, context, cos, cos + half, rope_scratch_);
+    }
+  }
+
   void ensure_rows(std::int64_t n) {
     const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
       if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
@@ -24957,9 +25221,10 @@ class CachedForward {
         }
       }
     for (std::int64_t r = 0; r < n; ++r) {
-      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
-      rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);
-      rope_->rotate(k_.data() + r * nkv_ * D_, row.pos, nkv_);
+      const float* cos = angles_.data() + r * D_;
+      const float* sin = cos + D_ / 2;
+      rope_->rotate(q_.data() + r * nh_ * D_, nh_, cos, sin);
+      rope_->rotate(k_.data() + r * nkv_ * D_, nkv_, cos, sin);
     }
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
@@ -25095,6 +25360,8 @@ class CachedForward {
   aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  aligned_vector<float> angles_;         // each row's rope cos and sin
+  RopeTable::Scratch rope_scratch_;
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
   // and, for one row, its k (expert, weight) pairs in expert order.

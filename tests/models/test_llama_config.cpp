@@ -137,8 +137,15 @@ TEST(LlamaConfig, RopeScalingForms) {
   EXPECT_DOUBLE_EQ(lin.rope_scaling->factor, 2.0);
   EXPECT_EQ(lin.to_json()["rope_scaling"], ojson::parse(R"({"type": "linear", "factor": 2.0})"));
   EXPECT_FALSE(parse(R"({"rope_scaling": null})").rope_scaling.has_value());
-  expect_error([] { (void)parse(R"({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})"); }, errc::unsupported,
-               "field rope_scaling.rope_type", "expected linear, llama3 or default, found \"yarn\"");
+  expect_error([] { (void)parse(R"({"rope_scaling": {"rope_type": "su", "factor": 4.0}})"); }, errc::unsupported,
+               "field rope_scaling.rope_type", "expected linear, llama3, yarn, dynamic, longrope or default, found \"su\"");
+  // yarn as Qwen2.5's model card writes it: read, and written back as read.
+  const auto yarn = parse(R"({"rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}})");
+  EXPECT_EQ(yarn.rope_scaling->rope_type, "yarn");
+  EXPECT_TRUE(yarn.rope_scaling->has_original_max);
+  EXPECT_EQ(yarn.rope_original_max(), 32768);
+  EXPECT_EQ(yarn.to_json()["rope_scaling"],
+            ojson::parse(R"({"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})"));
   expect_error([] { (void)parse(R"({"rope_scaling": {"rope_type": "linear"}})"); }, errc::config,
                "field rope_scaling.factor", "missing");
   expect_error([] { (void)parse(R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,

@@ -211,7 +211,10 @@ void expect_grads_match(const std::string& got, const fs::path& reference) {
   }
 }
 
-void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
+/// `greedy`: also check that greedy decoding with the KV cache gives the argmax of a full forward
+/// per step (not so for rope scalings that depend on the length, whose cached keys keep the
+/// rotation of the step that wrote them).
+void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir, bool greedy = true) {
   const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
   const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
   const std::vector<float> got = cli::compute_logits(m, t);
@@ -228,6 +231,7 @@ void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir) {
   cli::save_grads(gpath, m);
   expect_grads_match(gpath, dir / "oracle" / "grads.safetensors");
 
+  if (!greedy) return;
   // Greedy decode (prefill + cached one-row steps) == argmax of a full forward per step.
   std::vector<std::int64_t> seq(t.ids.begin(), t.ids.begin() + 4);
   generate::GenerationConfig gc;
@@ -325,6 +329,99 @@ TEST(Pretrained, MistralSlidingWindowMatchesItsReference) {
   EXPECT_EQ(m.model.layers[0].self_attn.sliding_window(), 3);
   expect_matches_reference(m, dir);
   expect_cached_forward_matches(m, dir);
+}
+
+namespace {
+
+/// KV-cache decoding against the reference's (oracle/cached_logits.npy of `dir`: both rows
+/// prefilled with 4 tokens, then decoded one token at a time): both rows together (the prefill's
+/// every row, then steps of two rows) and row 0 alone (the phased one-row step).
+void expect_cached_decoding_matches(const LlamaForCausalLM<>& m, const fs::path& dir) {
+  const LlamaConfig& c = m.config();
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  const auto want = io::load_npy<float>((dir / "oracle" / "cached_logits.npy").string());
+  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size, P = 4;
+  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
+    double w = 0;
+    const float* ref = want.data() + (b * S + s0) * V;
+    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
+    return w;
+  };
+  for (const std::int64_t rows : {B, std::int64_t{1}}) {
+    SCOPED_TRACE(rows == 1 ? "row 0 alone" : "both rows");
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, rows, S));
+    generate::Decoder dec(m, cache);
+    std::vector<std::int64_t> head(static_cast<std::size_t>(rows * P));
+    for (std::int64_t b = 0; b < rows; ++b) std::copy_n(t.ids.begin() + b * S, P, head.begin() + b * P);
+    std::vector<float> all(static_cast<std::size_t>(rows * P * V)), last(static_cast<std::size_t>(rows * V));
+    dec.prefill(head.data(), P, nullptr, last.data(), all.data());
+    for (std::int64_t b = 0; b < rows; ++b) EXPECT_LT(worst_diff(all.data() + b * P * V, b, 0, P), 1e-4) << "prefill";
+    for (std::int64_t s = P; s < S; ++s) {
+      std::vector<std::int64_t> step(static_cast<std::size_t>(rows));
+      for (std::int64_t b = 0; b < rows; ++b) step[static_cast<std::size_t>(b)] = t.ids[static_cast<std::size_t>(b * S + s)];
+      dec.decode(step.data(), last.data());
+      for (std::int64_t b = 0; b < rows; ++b)
+        EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
+    }
+  }
+}
+
+}  // namespace
+
+/// Rope scalings yarn, dynamic and longrope (Phi-3's form: the original context at the top level)
+/// against their PyTorch reference (scripts/rope_scaling_reference.py): logits, loss and every
+/// gradient of the full forward, and KV-cache decoding, where dynamic and longrope rotate each
+/// token by the length of the step that wrote it (they cross their threshold of 6 positions
+/// mid-way, so the cached logits differ from the full forward's). Saved, the config keeps its
+/// rope_scaling as read.
+TEST(Pretrained, RopeScalingsMatchTheirReference) {
+  for (const char* kind : {"yarn", "dynamic", "longrope"}) {
+    SCOPED_TRACE(kind);
+    const fs::path dir = fixture().parent_path() / "tiny_rope" / kind;
+    ASSERT_TRUE(fs::exists(dir / "oracle" / "cached_logits.npy")) << "no fixture at " << dir;
+    auto m = models::from_pretrained(dir.string());
+    ASSERT_TRUE(m.config().rope_scaling.has_value());
+    EXPECT_EQ(m.config().rope_scaling->rope_type, kind);
+    expect_matches_reference(m, dir, /*greedy=*/std::string(kind) == "yarn");
+    expect_cached_decoding_matches(m, dir);
+    if (std::string(kind) == "yarn") expect_cached_forward_matches(m, dir);  // static: cached == full
+
+    TempDir tmp(std::string("rope_") + kind);
+    models::save_pretrained(tmp.path, m);
+    std::ifstream a(dir / "config.json"), b(tmp.path / "config.json");
+    const auto read = nlohmann::json::parse(a), written = nlohmann::json::parse(b);
+    EXPECT_EQ(written["rope_scaling"], read["rope_scaling"]);
+    EXPECT_EQ(written.value("original_max_position_embeddings", nlohmann::json()),
+              read.value("original_max_position_embeddings", nlohmann::json()));
+  }
+}
+
+/// A rope_scaling edl cannot honour is refused naming the field.
+TEST(Pretrained, BadRopeScalingIsRefusedByName) {
+  const fs::path dir = fixture().parent_path() / "tiny_rope" / "longrope";
+  std::ifstream in(dir / "config.json");
+  const nlohmann::json good = nlohmann::json::parse(in);
+  const auto refused = [&](nlohmann::json cfg, const std::string& field) {
+    try {
+      models::LlamaConfig::from_json(cfg, "config.json");
+      ADD_FAILURE() << "accepted " << cfg["rope_scaling"].dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json c = good;
+  c["rope_scaling"]["short_factor"] = {1.0, 2.0};
+  refused(c, "rope_scaling.short_factor");
+  c = good;
+  c["rope_scaling"]["long_factor"][1] = -1.0;
+  refused(c, "rope_scaling.long_factor");
+  c = good;
+  c["rope_scaling"] = {{"rope_type", "yarn"}};
+  refused(c, "rope_scaling.factor");
+  c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1.0}, {"beta_slow", 2.0}};
+  refused(c, "rope_scaling.beta_fast");
+  c["rope_scaling"] = {{"rope_type", "su"}, {"factor", 4.0}};
+  refused(c, "rope_scaling.rope_type");
 }
 
 /// Qwen3 (an RMSNorm over head_dim on each query and key head before rope; head_dim 8 while

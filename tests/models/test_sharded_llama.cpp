@@ -206,12 +206,13 @@ TEST(ShardedLlama, SlidingWindowAndLossOptionsMatchOneDevice) {
   for (const auto& d : std::vector<Dims>{{2, 1, 1, 2}, {1, 1, 2, 4}}) check_mesh(m, ref, ids, labels, B, S, d, opt);
 }
 
-TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
-  LlamaForCausalLM<> m(small_gqa_config());
-  m.init(Key::from_seed(17), 0.2f);
-  const std::int64_t B = 4, S = 8, V = 64;
+namespace {
+
+/// A left-padded batch (row b has b + 1 pad tokens: mask 0, label -100, positions from 0 after
+/// them) on meshes against one device: logits, loss and every gradient.
+void expect_left_padded_batch_matches(LlamaForCausalLM<>& m, const std::vector<Dims>& meshes) {
+  const std::int64_t B = 4, S = 8, V = m.config().vocab_size;
   const auto ids = random_tokens(B * S, V, 18);
-  // Left padding: row b has b + 1 pad tokens (mask 0, label -100, positions from 0 after them).
   std::vector<std::int64_t> mask(B * S, 1), pos(B * S), labels = ids;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t s = 0; s < S; ++s) {
@@ -225,7 +226,7 @@ TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
   m.logits(ids.data(), lay, ref_logits.data());
   nn::zero_grad(m);
   const auto ref_m = m.forward_backward(ids.data(), lay, labels.data());
-  for (const auto& d : std::vector<Dims>{{2, 1, 2, 1}, {1, 2, 1, 2}, {1, 1, 2, 4}}) {
+  for (const auto& d : meshes) {
     SCOPED_TRACE(dims_str(d));
     auto sm = models::shard_model(m, create_mesh(d));
     const auto lg = sm.logits(ids.data(), B, S, mask.data(), pos.data());
@@ -237,6 +238,40 @@ TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
       const auto g = sm.gather_grad(std::string(path));
       expect_close(p.grad.data(), g.data(), g.size(), "masked grad " + std::string(path));
     });
+  }
+}
+
+}  // namespace
+
+TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
+  LlamaForCausalLM<> m(small_gqa_config());
+  m.init(Key::from_seed(17), 0.2f);
+  expect_left_padded_batch_matches(m, {{2, 1, 2, 1}, {1, 2, 1, 2}, {1, 1, 2, 4}});
+}
+
+/// Rope scalings that read the forward's length (dynamic, longrope) see the whole batch's on every
+/// device: with left padding the rows' largest positions differ (6 in row 0, 3 in row 3), and a
+/// threshold of 6 positions puts row 0's batch past it while rows 2 and 3 alone would not be.
+TEST(ShardedLlama, LengthDependentRopeScalingsMatchOneDevice) {
+  for (const char* kind : {"dynamic", "longrope"}) {
+    SCOPED_TRACE(kind);
+    LlamaConfig c = small_gqa_config();
+    models::RopeScaling r;
+    r.rope_type = kind;
+    r.factor = 2.0;
+    if (std::string(kind) == "dynamic") {
+      c.max_position_embeddings = 6;
+    } else {
+      r.has_original_max = true;
+      r.original_max_position_embeddings = 6;
+      r.short_factor = {1.0, 1.5, 2.0, 3.0};
+      r.long_factor = {1.0, 3.0, 7.0, 11.0};
+    }
+    c.rope_scaling = r;
+    c.validate();
+    LlamaForCausalLM<> m(c);
+    m.init(Key::from_seed(17), 0.2f);
+    expect_left_padded_batch_matches(m, {{2, 1, 1, 1}, {1, 2, 2, 1}, {1, 1, 1, 2}});
   }
 }
 

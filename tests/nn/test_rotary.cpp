@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include <edl/nn/rotary.hpp>
 
@@ -89,5 +91,71 @@ TEST(NnRotary, Llama3ScalingMatchesClosedForm) {
 
 TEST(NnRotary, RejectsOddHeadDimAndUnknownType) {
   EXPECT_THROW(nn::RotaryEmbedding(5), Error);
-  EXPECT_THROW(nn::RotaryEmbedding(4, {.type = "yarn"}), Error);
+  EXPECT_THROW(nn::RotaryEmbedding(4, {.type = "ntk"}), Error);
+  // longrope needs head_dim / 2 factors of each kind.
+  nn::RopeConfig lr{.type = "longrope"};
+  lr.short_factor = {1, 1};
+  lr.long_factor = {1, 1, 1};
+  EXPECT_THROW(nn::RotaryEmbedding(4, lr), Error);
+}
+
+// yarn's attention factor: 0.1 ln(factor) + 1, DeepSeek's ratio of two such terms when mscale and
+// mscale_all_dim are both given, 1 for a factor <= 1, and attention_factor as written when set.
+TEST(NnRotary, YarnAttentionFactor) {
+  nn::RopeConfig c{.theta = 10000.0, .type = "yarn", .factor = 40.0};
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(c), 0.1 * std::log(40.0) + 1);
+  c.mscale = 0.707;
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(c), 0.1 * std::log(40.0) + 1);  // needs both
+  c.mscale_all_dim = 1.0;
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(c),
+                   (0.1 * 0.707 * std::log(40.0) + 1) / (0.1 * 1.0 * std::log(40.0) + 1));
+  c.factor = 1.0;
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(c), 1.0);
+  c.attention_factor = 1.5;
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(c), 1.5);
+  // The rotation scales q (and k) by it: |rotated| = m |x|.
+  c.factor = 4.0;
+  c.attention_factor = 0;
+  nn::RotaryEmbedding r(8, c);
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8}, cos(4), sin(4);
+  r.angles(r.inv_freq(), 5, cos.data(), sin.data());
+  double before = 0, after = 0;
+  for (float v : x) before += v * v;
+  r.apply(x.data(), 1, 1, cos.data(), sin.data());
+  for (float v : x) after += v * v;
+  EXPECT_NEAR(std::sqrt(after / before), r.scale(), 1e-6);
+}
+
+// dynamic and longrope change with the forward's length L only past their threshold; yarn's ramp
+// keeps the fastest frequencies (more than beta_fast turns in the original context) and
+// interpolates the slowest (fewer than beta_slow), here without truncating the ramp's ends.
+TEST(NnRotary, LengthDependentScalings) {
+  nn::RopeConfig dyn{.theta = 10000.0, .type = "dynamic", .factor = 2.0};
+  dyn.max_position_embeddings = 16;
+  const auto plain = nn::RotaryEmbedding::compute_inv_freq(8, {.theta = 10000.0}, 0);
+  EXPECT_EQ(nn::RotaryEmbedding::compute_inv_freq(8, dyn, 16), plain);
+  const auto longer = nn::RotaryEmbedding::compute_inv_freq(8, dyn, 32);
+  const double theta = 10000.0 * std::pow(2.0 * 32 / 16 - 1, 8.0 / 6);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(longer[i], std::pow(theta, -2.0 * i / 8), 1e-15) << i;
+
+  nn::RopeConfig lr{.theta = 10000.0, .type = "longrope", .factor = 8.0, .original_max_position_embeddings = 16};
+  lr.short_factor = {1, 2, 3, 4};
+  lr.long_factor = {5, 6, 7, 8};
+  for (const std::int64_t L : {0, 16, 17}) {
+    const auto f = nn::RotaryEmbedding::compute_inv_freq(8, lr, L);
+    for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(f[i], plain[i] / (L > 16 ? lr.long_factor[i] : lr.short_factor[i]));
+  }
+  EXPECT_DOUBLE_EQ(nn::RotaryEmbedding::attention_scaling(lr), std::sqrt(1 + std::log(8.0) / std::log(16.0)));
+
+  nn::RopeConfig y{.theta = 10000.0, .type = "yarn", .factor = 4.0, .original_max_position_embeddings = 4096};
+  y.truncate = false;
+  const auto f = nn::RotaryEmbedding::compute_inv_freq(64, y, 0);
+  const auto base = nn::RotaryEmbedding::compute_inv_freq(64, {.theta = 10000.0}, 0);
+  const double pi = std::acos(-1.0);
+  for (int i = 0; i < 32; ++i) {
+    const double turns = 4096 * base[i] / (2 * pi);  // rotations in the original context
+    if (turns > 32) EXPECT_DOUBLE_EQ(f[i], base[i]) << i;
+    if (turns < 1) EXPECT_DOUBLE_EQ(f[i], base[i] / 4) << i;
+    if (turns < 32 && turns > 1) EXPECT_TRUE(f[i] < base[i] && f[i] > base[i] / 4) << i;
+  }
 }

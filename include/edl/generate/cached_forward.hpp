@@ -240,6 +240,7 @@ class CachedForward {
       if (local > 0) cache_->reserve(lb, local);
     }
     ensure_rows(n);
+    row_angles(n);
     embed(n);
     if constexpr (Collectives::one_device) {
       if (n == 1 && !all_out && shard_.sp == 1) {
@@ -486,6 +487,24 @@ class CachedForward {
   }
 
   // ---------------------------------------------------------------- pieces both steps share
+  /// Each row's rope cos and sin (angles_ [n, head_dim]: cos then sin), for the length its
+  /// sequence reaches in this call (its last row's position + 1; rows_ is sorted by sequence).
+  void row_angles(std::int64_t n) {
+    const std::int64_t half = D_ / 2;
+    if (static_cast<std::int64_t>(angles_.size()) < n * D_) angles_.resize(static_cast<std::size_t>(n * D_));
+    std::int64_t context = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
+      if (r == 0 || rows_[static_cast<std::size_t>(r - 1)].b != row.b) {
+        context = 0;
+        for (std::int64_t e = r; e < n && rows_[static_cast<std::size_t>(e)].b == row.b; ++e)
+          context = std::max(context, rows_[static_cast<std::size_t>(e)].pos + 1);
+      }
+      float* cos = angles_.data() + r * D_;
+      rope_->angles(row.pos, context, cos, cos + half, rope_scratch_);
+    }
+  }
+
   void ensure_rows(std::int64_t n) {
     const auto grow = [](aligned_vector<float>& v, std::int64_t size) {
       if (static_cast<std::int64_t>(v.size()) < size) v.resize(static_cast<std::size_t>(size));
@@ -548,9 +567,10 @@ class CachedForward {
         }
       }
     for (std::int64_t r = 0; r < n; ++r) {
-      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
-      rope_->rotate(q_.data() + r * nh_ * D_, row.pos, nh_);
-      rope_->rotate(k_.data() + r * nkv_ * D_, row.pos, nkv_);
+      const float* cos = angles_.data() + r * D_;
+      const float* sin = cos + D_ / 2;
+      rope_->rotate(q_.data() + r * nh_ * D_, nh_, cos, sin);
+      rope_->rotate(k_.data() + r * nkv_ * D_, nkv_, cos, sin);
     }
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
@@ -686,6 +706,8 @@ class CachedForward {
   aligned_vector<float> x_, normed_, q_, k_, v_, ctx_, gate_, up_, out_, last_x_, head_out_, scores_, records_,
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
+  aligned_vector<float> angles_;         // each row's rope cos and sin
+  RopeTable::Scratch rope_scratch_;
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
   // and, for one row, its k (expert, weight) pairs in expert order.

@@ -58,6 +58,9 @@ struct TokenLayout {
   const std::int64_t* position_ids = nullptr;
   const std::int64_t* attention_mask = nullptr;
   const std::int64_t* segment_ids = nullptr;
+  /// The sequence length rope scalings that depend on it (dynamic, longrope) see; 0: the
+  /// largest position + 1 (a mesh device passes the whole batch's, see nn/rotary.hpp).
+  std::int64_t context = 0;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }

@@ -13,8 +13,8 @@
 // fields keep the order of the file they came from. Errors: errc::config for a missing or
 // mistyped or out-of-range value (where = "<source> field <name>"), errc::unsupported for a
 // valid HF setting edl does not implement (hidden_act other than silu, rope_scaling types other
-// than linear/llama3/default, model types other than llama/mistral/qwen2/qwen3 and the
-// mixtures of experts mixtral/qwen2_moe/qwen3_moe).
+// than linear/llama3/yarn/dynamic/longrope/default, model types other than
+// llama/mistral/qwen2/qwen3/phi3 and the mixtures of experts mixtral/qwen2_moe/qwen3_moe).
 //
 // Mixtral (model_type "mixtral") is a Mistral whose every MLP is a sparse mixture of experts:
 // num_local_experts SwiGLU experts, num_experts_per_tok chosen per token by a router; with
@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -43,15 +44,28 @@ namespace edl::models {
 
 using ojson = nlohmann::ordered_json;
 
-/// rope_scaling: {"rope_type" (or legacy "type"): "linear", "factor"} or
-/// {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-///  "original_max_position_embeddings"}; "default" means no scaling.
+/// rope_scaling as transformers reads it: {"rope_type" (or legacy "type"), ...}:
+///   linear:   factor
+///   llama3:   factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+///   yarn:     factor, [original_max_position_embeddings (default max_position_embeddings),
+///             attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate]
+///   dynamic:  factor (scaling starts past max_position_embeddings)
+///   longrope: short_factor, long_factor, [factor (default max_position_embeddings /
+///             original_max_position_embeddings), attention_factor, original_max_position_embeddings
+///             (default the config's top-level field, as Phi-3 writes it, else max_position_embeddings)]
+/// "default" means no scaling. yarn's factor is used as written, as current transformers does
+/// (some releases replaced it by max_position_embeddings / original_max_position_embeddings).
 struct RopeScaling {
-  std::string rope_type = "linear";  // "linear" | "llama3" | "default"
+  std::string rope_type = "linear";  // linear | llama3 | yarn | dynamic | longrope | default
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3 only
   double high_freq_factor = 4.0;  // llama3 only
-  std::int64_t original_max_position_embeddings = 8192;  // llama3 only
+  std::int64_t original_max_position_embeddings = 8192;  // llama3 (yarn, longrope: when given)
+  bool has_original_max = false;                         // yarn / longrope: the field was given
+  bool has_factor = true;                                // longrope: the field was given
+  std::optional<double> attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim;  // yarn (longrope: the first)
+  bool truncate = true;                                  // yarn
+  std::vector<double> short_factor, long_factor;         // longrope
   /// The object as read (other keys, and whether "type" and/or "rope_type" named the type).
   ojson raw = ojson::object();
 
@@ -60,11 +74,22 @@ struct RopeScaling {
     const bool has_type = j.contains("type"), has_rope_type = j.contains("rope_type");
     if (has_rope_type || !has_type) j["rope_type"] = rope_type;
     if (has_type) j["type"] = rope_type;
-    if (rope_type != "default") j["factor"] = factor;
+    if (rope_type != "default" && (rope_type != "longrope" || has_factor)) j["factor"] = factor;
+    if (rope_type == "llama3" || has_original_max) j["original_max_position_embeddings"] = original_max_position_embeddings;
     if (rope_type == "llama3") {
       j["low_freq_factor"] = low_freq_factor;
       j["high_freq_factor"] = high_freq_factor;
-      j["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+    const auto put = [&](const char* k, const std::optional<double>& v) { if (v) j[k] = *v; };
+    put("attention_factor", attention_factor);
+    put("beta_fast", beta_fast);
+    put("beta_slow", beta_slow);
+    put("mscale", mscale);
+    put("mscale_all_dim", mscale_all_dim);
+    if (rope_type == "yarn" && (!truncate || j.contains("truncate"))) j["truncate"] = truncate;
+    if (rope_type == "longrope") {
+      j["short_factor"] = short_factor;
+      j["long_factor"] = long_factor;
     }
     return j;
   }
@@ -236,8 +261,10 @@ struct LlamaConfig {
     }
     if (rope_scaling) {
       const auto& r = *rope_scaling;
-      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default", errc::unsupported,
-                where("rope_scaling.rope_type"), "expected linear, llama3 or default, found \"", r.rope_type, "\"");
+      EDL_CHECK(r.rope_type == "linear" || r.rope_type == "llama3" || r.rope_type == "default" ||
+                    r.rope_type == "yarn" || r.rope_type == "dynamic" || r.rope_type == "longrope",
+                errc::unsupported, where("rope_scaling.rope_type"),
+                "expected linear, llama3, yarn, dynamic, longrope or default, found \"", r.rope_type, "\"");
       if (r.rope_type != "default")
         EDL_CHECK(r.factor > 0, errc::config, where("rope_scaling.factor"), "must be positive, found ", r.factor);
       if (r.rope_type == "llama3") {
@@ -245,11 +272,43 @@ struct LlamaConfig {
                   "must be positive, found ", r.low_freq_factor);
         EDL_CHECK(r.high_freq_factor > r.low_freq_factor, errc::config, where("rope_scaling.high_freq_factor"),
                   "must exceed low_freq_factor (", r.low_freq_factor, "), found ", r.high_freq_factor);
+      }
+      if (r.rope_type == "llama3" || r.has_original_max)
         EDL_CHECK(r.original_max_position_embeddings > 0, errc::config,
                   where("rope_scaling.original_max_position_embeddings"), "must be positive, found ",
                   r.original_max_position_embeddings);
+      if (r.rope_type == "yarn") {
+        EDL_CHECK(!r.attention_factor || *r.attention_factor > 0, errc::config, where("rope_scaling.attention_factor"),
+                  "must be positive, found ", r.attention_factor.value_or(0));
+        EDL_CHECK(r.beta_fast.value_or(32) > r.beta_slow.value_or(1) && r.beta_slow.value_or(1) > 0, errc::config,
+                  where("rope_scaling.beta_fast"), "expected beta_fast > beta_slow > 0, found ", r.beta_fast.value_or(32),
+                  " and ", r.beta_slow.value_or(1));
+      }
+      if (r.rope_type == "longrope") {
+        const std::size_t half = static_cast<std::size_t>(head_size() / 2);
+        for (const auto* f : {&r.short_factor, &r.long_factor}) {
+          const char* name = f == &r.short_factor ? "rope_scaling.short_factor" : "rope_scaling.long_factor";
+          EDL_CHECK(f->size() == half, errc::config, where(name), "expected head_dim / 2 = ", half, " values, found ",
+                    f->size());
+          for (const double v : *f) EDL_CHECK(v > 0 && std::isfinite(v), errc::config, where(name),
+                                              "values must be positive, found ", v);
+        }
+        EDL_CHECK(!r.attention_factor || *r.attention_factor > 0, errc::config, where("rope_scaling.attention_factor"),
+                  "must be positive, found ", r.attention_factor.value_or(0));
+        EDL_CHECK(rope_original_max() > 0, errc::config, where("original_max_position_embeddings"),
+                  "must be positive, found ", rope_original_max());
       }
     }
+  }
+
+  /// The context the rope scaling was pretrained on: rope_scaling's original_max_position_embeddings,
+  /// else (longrope) the top-level field Phi-3 writes, else max_position_embeddings.
+  std::int64_t rope_original_max() const {
+    if (rope_scaling && rope_scaling->has_original_max) return rope_scaling->original_max_position_embeddings;
+    if (rope_scaling && rope_scaling->rope_type == "llama3") return rope_scaling->original_max_position_embeddings;
+    if (extra.contains("original_max_position_embeddings") && extra["original_max_position_embeddings"].is_number_integer())
+      return extra["original_max_position_embeddings"].get<std::int64_t>();
+    return max_position_embeddings;
   }
 
   // ------------------------------------------------------------------ JSON
@@ -342,14 +401,50 @@ struct LlamaConfig {
       rs.raw = r;
       const char* type_key = r.contains("rope_type") && !r["rope_type"].is_null() ? "rope_type" : "type";
       EDL_CHECK(r.contains(type_key) && !r[type_key].is_null(), errc::config, cfg.where("rope_scaling.rope_type"),
-                "missing (expected \"rope_type\" or \"type\": linear | llama3)");
+                "missing (expected \"rope_type\" or \"type\": linear | llama3 | yarn | dynamic | longrope)");
       rs.rope_type = io::JsonConfig::convert<std::string>(r[type_key], cfg.where(std::string("rope_scaling.") + type_key));
-      if (rs.rope_type == "linear" || rs.rope_type == "llama3") rs.factor = num("factor");
+      const auto opt = [&](const char* key) -> std::optional<double> {
+        if (!r.contains(key) || r[key].is_null()) return std::nullopt;
+        return num(key);
+      };
+      const auto factors = [&](const char* key) {
+        const ojson& v = field(key);
+        const std::string at = cfg.where(std::string("rope_scaling.") + key);
+        EDL_CHECK(v.is_array(), errc::config, at, "expected a list of numbers, found ", v.dump());
+        std::vector<double> out;
+        for (const ojson& e : v) out.push_back(io::JsonConfig::convert<double>(e, at));
+        return out;
+      };
+      if (rs.rope_type == "linear" || rs.rope_type == "llama3" || rs.rope_type == "yarn" || rs.rope_type == "dynamic")
+        rs.factor = num("factor");
       if (rs.rope_type == "llama3") {
         rs.low_freq_factor = num("low_freq_factor");
         rs.high_freq_factor = num("high_freq_factor");
+      }
+      if (rs.rope_type == "llama3" ||
+          ((rs.rope_type == "yarn" || rs.rope_type == "longrope") && r.contains("original_max_position_embeddings") &&
+           !r["original_max_position_embeddings"].is_null())) {
         rs.original_max_position_embeddings = io::JsonConfig::convert<std::int64_t>(
             field("original_max_position_embeddings"), cfg.where("rope_scaling.original_max_position_embeddings"));
+        rs.has_original_max = rs.rope_type != "llama3";
+      }
+      if (rs.rope_type == "yarn" || rs.rope_type == "longrope") rs.attention_factor = opt("attention_factor");
+      if (rs.rope_type == "yarn") {
+        // HF reads `beta_fast or 32`: a 0 or null means the default.
+        rs.beta_fast = opt("beta_fast");
+        rs.beta_slow = opt("beta_slow");
+        if (rs.beta_fast && *rs.beta_fast == 0) rs.beta_fast.reset();
+        if (rs.beta_slow && *rs.beta_slow == 0) rs.beta_slow.reset();
+        rs.mscale = opt("mscale");
+        rs.mscale_all_dim = opt("mscale_all_dim");
+        if (r.contains("truncate") && !r["truncate"].is_null())
+          rs.truncate = io::JsonConfig::convert<bool>(r["truncate"], cfg.where("rope_scaling.truncate"));
+      }
+      if (rs.rope_type == "longrope") {
+        rs.short_factor = factors("short_factor");
+        rs.long_factor = factors("long_factor");
+        rs.has_factor = r.contains("factor") && !r["factor"].is_null();
+        if (rs.has_factor) rs.factor = num("factor");
       }
       cfg.rope_scaling = std::move(rs);
     }

@@ -855,6 +855,10 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   EDL_CHECK(c.head_size() * c.num_attention_heads == c.hidden_size || !c.attention_bias, errc::unsupported, where,
             "llama.cpp's llama graph takes q/k biases of hidden_size values, so it cannot run this model (head_dim ",
             c.head_size(), " x ", c.num_attention_heads, " heads != hidden_size ", c.hidden_size, ")");
+  EDL_CHECK(!c.rope_scaling || c.rope_scaling->rope_type == "linear" || c.rope_scaling->rope_type == "llama3" ||
+                c.rope_scaling->rope_type == "default",
+            errc::unsupported, where, "rope_scaling.rope_type \"", c.rope_scaling ? c.rope_scaling->rope_type : "",
+            "\": edl writes linear and llama3 rope scaling to GGUF, not yarn, dynamic or longrope");
   auto& mm = const_cast<LlamaForCausalLM<Pol>&>(m);  // members are read only
   const auto u32 = [&](const char* field, std::int64_t v) {
     EDL_CHECK(v >= 0 && v <= 0xffffffffLL, errc::invalid_argument, where, "config field ", field, " = ", v,

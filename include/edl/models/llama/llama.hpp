@@ -48,12 +48,24 @@ namespace edl::models {
 inline nn::RopeConfig rope_config(const LlamaConfig& c) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
+  r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
   if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
-    r.type = c.rope_scaling->rope_type;
-    r.factor = c.rope_scaling->factor;
-    r.low_freq_factor = c.rope_scaling->low_freq_factor;
-    r.high_freq_factor = c.rope_scaling->high_freq_factor;
-    r.original_max_position_embeddings = static_cast<double>(c.rope_scaling->original_max_position_embeddings);
+    const RopeScaling& s = *c.rope_scaling;
+    r.type = s.rope_type;
+    r.factor = s.factor;
+    r.low_freq_factor = s.low_freq_factor;
+    r.high_freq_factor = s.high_freq_factor;
+    r.original_max_position_embeddings = static_cast<double>(c.rope_original_max());
+    if (s.rope_type == "longrope" && !s.has_factor)  // Phi-3: the ratio of the two contexts
+      r.factor = r.max_position_embeddings / r.original_max_position_embeddings;
+    r.attention_factor = s.attention_factor.value_or(0.0);
+    r.beta_fast = s.beta_fast.value_or(32.0);
+    r.beta_slow = s.beta_slow.value_or(1.0);
+    r.mscale = s.mscale.value_or(0.0);
+    r.mscale_all_dim = s.mscale_all_dim.value_or(0.0);
+    r.truncate = s.truncate;
+    r.short_factor = s.short_factor;
+    r.long_factor = s.long_factor;
   }
   return r;
 }

@@ -704,6 +704,8 @@ class ShardedLlama {
     if (lora_) place_adapters(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
+    // The whole batch's length for rope scalings that depend on it, as one device sees it.
+    c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
     std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
