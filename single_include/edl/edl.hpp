@@ -3907,19 +3907,21 @@ ShardedTensor<T, OutSpec> shard_map(const Mesh<Axes...>& mesh, const std::array<
 // edl/kernels/all.hpp: the hot loops (raw spans in, xsimd inside, TBB across rows or tiles).
 // #include <edl/kernels/activations.hpp>
 // edl/kernels/activations.hpp
-// Activations of the Llama MLP (SiLU, fused SwiGLU) and GELU (tanh approximation), forward
-// and backward, lane-wise over flat arrays of n elements.
+// Activations of the gated MLPs (SiLU and fused SwiGLU for Llama; GELU, tanh approximation, and
+// fused GeGLU for Gemma), forward and backward, lane-wise over flat arrays of n elements.
 //
 //   silu(x)            = x * sigmoid(x),            sigmoid(x) = 1 / (1 + exp(-x))
 //   silu'(x)           = s * (1 + x * (1 - s)),     s = sigmoid(x)
 //   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
 //   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
+//   gated_mul(act, g, u) = act(g) * u            (silu: SwiGLU; gelu_tanh: GeGLU)
 //
 // Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
 // kernels are f32. Every output may alias any input of the same type (in place). Each
 // element is computed by the same lane-wise instructions wherever it sits, so results do
 // not depend on the thread count.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -4430,7 +4432,31 @@ struct SiluMulOp {
 };
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
+/// gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh(u)) = sigmoid(2u)
+/// has no cancellation for negative x.
+inline fbatch gelu_tanh(const fbatch& v) noexcept {
+  const fbatch u2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(kGeluA) * v, v * v, v);
+  return v * sigmoid(u2);
+}
+/// gelu_tanh'(x): with t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
+/// gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
+inline fbatch gelu_tanh_grad(const fbatch& v) noexcept {
+  const fbatch v2 = v * v;
+  const fbatch u2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(kGeluA) * v, v2, v);
+  fbatch s, oms;
+  sigmoid_pair(u2, s, oms);
+  const fbatch du2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(3.0f * kGeluA), v2, fbatch(1.0f));
+  return kernels::detail::fmadd(v * s * oms, du2, s);
+}
+/// gelu_tanh(g) * u, lane-wise (GeGLU, Gemma's MLP).
+struct GeluTanhMulOp {
+  fbatch operator()(const fbatch& g, const fbatch& u) const noexcept { return gelu_tanh(g) * u; }
+};
 }  // namespace detail
+
+/// The activation of a gated MLP: down(act(gate x) * up x). silu: SwiGLU (Llama, Mistral, Qwen,
+/// Phi-3); gelu_tanh: GeGLU with the tanh GELU (Gemma's gelu_pytorch_tanh).
+enum class GatedActivation { silu, gelu_tanh };
 
 /// y = silu(x), n elements.
 template <FloatStorage T>
@@ -4514,15 +4540,7 @@ inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
   detail::check_size(n, "gelu_tanh", "n");
   detail::check_ptr(x, n, "gelu_tanh", "x");
   detail::check_ptr(y, n, "gelu_tanh", "y");
-  detail::map(
-      n,
-      [](const detail::fbatch& v) {
-        using detail::fbatch;
-        // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v * v, v);
-        return v * detail::sigmoid(u2);
-      },
-      y, x);
+  detail::map(n, [](const detail::fbatch& v) { return detail::gelu_tanh(v); }, y, x);
 }
 
 /// dx = dy * gelu_tanh'(x).
@@ -4533,20 +4551,50 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
   detail::check_ptr(dy, n, k, "dy");
   detail::check_ptr(dx, n, k, "dx");
   detail::map(
-      n,
-      [](const detail::fbatch& v, const detail::fbatch& g) {
-        using detail::fbatch;
-        const fbatch v2 = v * v;
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v2, v);
-        // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
-        // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
-        fbatch s, oms;
-        detail::sigmoid_pair(u2, s, oms);
-        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
-        const fbatch d = kernels::detail::fmadd(v * s * oms, du2, s);
-        return g * d;
-      },
-      dx, x, dy);
+      n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::gelu_tanh_grad(v); }, dx, x, dy);
+}
+
+/// out = act(gate) * up: silu_mul, or GeGLU's gelu_tanh(gate) * up.
+template <FloatStorage T>
+inline void gated_mul(GatedActivation act, const T* gate, const T* up, T* out, std::ptrdiff_t n) {
+  if (act == GatedActivation::silu) return silu_mul(gate, up, out, n);
+  const char* k = "gated_mul";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(out, n, k, "out");
+  detail::map(n, detail::GeluTanhMulOp{}, out, gate, up);
+}
+
+/// gate[lo, hi) = act(gate) * up over that range, on the calling thread (silu_mul_range's twin).
+inline void gated_mul_range(GatedActivation act, float* gate, const float* up, std::int64_t lo, std::int64_t hi) noexcept {
+  if (act == GatedActivation::silu) return silu_mul_range(gate, up, lo, hi);
+  detail::map_range(lo, hi, detail::GeluTanhMulOp{}, gate, static_cast<const float*>(gate), up);
+}
+
+/// Backward of out = act(gate) * up: d_up = d_out act(gate), d_gate = d_out up act'(gate).
+/// d_gate may alias gate or d_out, d_up may alias up or d_out.
+inline void gated_mul_backward(GatedActivation act, const float* gate, const float* up, const float* d_out,
+                               float* d_gate, float* d_up, std::ptrdiff_t n) {
+  if (act == GatedActivation::silu) return silu_mul_backward(gate, up, d_out, d_gate, d_up, n);
+  using detail::fbatch;
+  const char* k = "gated_mul_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(d_out, n, k, "d_out");
+  detail::check_ptr(d_gate, n, k, "d_gate");
+  detail::check_ptr(d_up, n, k, "d_up");
+  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t i = lo; i < hi; i += detail::kLanes) {
+      const std::ptrdiff_t m = std::min<std::ptrdiff_t>(detail::kLanes, hi - i);
+      const fbatch g = detail::load_partial(gate + i, m, 0.0f), u = detail::load_partial(up + i, m, 0.0f);
+      const fbatch d = detail::load_partial(d_out + i, m, 0.0f);
+      const fbatch du = d * detail::gelu_tanh(g), dg = d * u * detail::gelu_tanh_grad(g);
+      detail::store_partial(d_gate + i, dg, m);
+      detail::store_partial(d_up + i, du, m);
+    }
+  });
 }
 
 }  // namespace edl::kernels
@@ -6408,9 +6456,10 @@ inline float row_sum_squares(const T* x, std::ptrdiff_t n) noexcept {
 
 /// RMSNorm forward. x, y: rows x cols; weight: cols; inv_rms: rows (saved for backward, may
 /// be null for inference). eps > 0 typical (Llama: 1e-5 or 1e-6). y may equal x.
+/// y = (offset + weight) * x / rms: offset 0 for Llama, 1 for Gemma (weights stored around 0).
 template <FloatStorage T, FloatStorage W>
 inline void rms_norm_forward(const T* x, const W* weight, T* y, float* inv_rms, std::ptrdiff_t rows,
-                             std::ptrdiff_t cols, float eps) {
+                             std::ptrdiff_t cols, float eps, float offset = 0.0f) {
   const char* k = "rms_norm_forward";
   const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
   detail::check_ptr(x, n, k, "x");
@@ -6424,9 +6473,15 @@ inline void rms_norm_forward(const T* x, const W* weight, T* y, float* inv_rms, 
       const float ir = 1.0f / std::sqrt(ms + eps);
       if (inv_rms) inv_rms[r] = ir;
       const detail::fbatch irb(ir);
-      detail::map_range(
-          0, cols, [&](const detail::fbatch& xv, const detail::fbatch& wv) { return wv * (xv * irb); }, y + r * cols,
-          xr, weight);
+      if (offset == 0.0f)
+        detail::map_range(
+            0, cols, [&](const detail::fbatch& xv, const detail::fbatch& wv) { return wv * (xv * irb); }, y + r * cols,
+            xr, weight);
+      else  // Gemma: (offset + w), in f32 as HF's (1.0 + weight.float())
+        detail::map_range(
+            0, cols,
+            [&](const detail::fbatch& xv, const detail::fbatch& wv) { return (wv + detail::fbatch(offset)) * (xv * irb); },
+            y + r * cols, xr, weight);
     }
   });
 }
@@ -6782,7 +6837,7 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
 //                j in i's document (packed rows: segment_ids)
-//     s_j = (q_i . k_j) / sqrt(D);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
+//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
 // (HF gives a finite but meaningless value there; such rows are padding and carry no loss).
@@ -7772,6 +7827,8 @@ using RowLinear = Linear<Pol, RowParallel>;
 // // #include <edl/nn/rms_norm.hpp> (inlined above)
 // edl/nn/rms_norm.hpp
 // RMSNorm as HF LlamaRMSNorm: y = weight * x / sqrt(mean(x^2) + eps); weight [hidden], P<none>.
+// With offset 1, HF GemmaRMSNorm: y = (1 + weight) * x / rms, weights stored (and initialised)
+// around 0; the gradient of weight is that of (1 + weight).
 // Saved: a pointer to x and 1/rms per row; backward via kernels::rms_norm_backward.
 
 #include <cstdint>
@@ -7800,16 +7857,19 @@ class RMSNorm {
   };
 
   RMSNorm() = default;
-  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6) : hidden_(hidden), eps_(eps) {
+  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6, float offset = 0.0f)
+      : hidden_(hidden), eps_(eps), offset_(offset) {
     EDL_CHECK(hidden > 0, errc::invalid_argument, "nn.RMSNorm", "hidden must be positive, found ", hidden);
     EDL_CHECK(eps >= 0, errc::invalid_argument, "nn.RMSNorm", "eps must be >= 0, found ", eps);
-    weight = WeightParam({static_cast<std::size_t>(hidden)}, Init::ones);
-    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(1.0f));
+    weight = WeightParam({static_cast<std::size_t>(hidden)}, offset == 0.0f ? Init::ones : Init::zeros);
+    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(offset == 0.0f ? 1.0f : 0.0f));
   }
 
   WeightParam weight;
   std::int64_t hidden_size() const noexcept { return hidden_; }
   double eps() const noexcept { return eps_; }
+  /// Added to the weight: 0 (Llama) or 1 (Gemma).
+  float offset() const noexcept { return offset_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -7821,17 +7881,22 @@ class RMSNorm {
 
   void apply(const float* x, std::int64_t rows, float* y) const {
     kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
-                              static_cast<float>(eps_));
+                              static_cast<float>(eps_), offset_);
   }
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     s.x = x;
     s.inv_rms.resize(static_cast<std::size_t>(rows));
-    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_));
+    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_), offset_);
   }
   /// Writes dx (may equal dy), accumulates dweight.
   void backward(const float* dy, const Saved& s, float* dx) {
     std::vector<float> scratch;
     const float* w = as_f32(weight, scratch);
+    if (offset_ != 0.0f) {  // the effective weight, offset + w, in f32
+      if (w != scratch.data()) scratch.assign(w, w + hidden_);
+      for (float& v : scratch) v += offset_;
+      w = scratch.data();
+    }
     kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
                                static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
   }
@@ -7839,6 +7904,7 @@ class RMSNorm {
  private:
   std::int64_t hidden_ = 0;
   double eps_ = 1e-6;
+  float offset_ = 0.0f;
 };
 
 }  // namespace edl::nn
@@ -8073,6 +8139,8 @@ struct AttentionConfig {
   RopeConfig rope;
   bool qk_norm = false;       // Qwen3: RMSNorm of each q and k head (over head_dim) before rope
   double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
+  float qk_norm_offset = 0;   // Gemma 3: the norms scale by (1 + w)
+  double query_scale = 0;     // the scores' scale: 0 = 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5
 };
 
 template <class Pol>
@@ -8114,10 +8182,11 @@ class Attention {
     v_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     o_proj = RowLinear<Pol>(nh_ * D_, hidden_, c.o_bias);
     if (qk_norm_) {
-      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
-      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps, c.qk_norm_offset);
+      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps, c.qk_norm_offset);
     }
     rope = RotaryEmbedding(D_, c.rope);
+    scale_ = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(D_));
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
@@ -8130,6 +8199,8 @@ class Attention {
   std::int64_t head_dim() const noexcept { return D_; }
   std::int64_t sliding_window() const noexcept { return window_; }
   bool has_qk_norm() const noexcept { return qk_norm_; }
+  /// The scores' scale (1 / sqrt(head_dim) unless the config sets query_scale).
+  float query_scale() const noexcept { return scale_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -8312,7 +8383,7 @@ class Attention {
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
     const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float scale = scale_;
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> sc(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
@@ -8352,7 +8423,7 @@ class Attention {
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
     const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float scale = scale_;
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
@@ -8390,6 +8461,7 @@ class Attention {
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
   bool qk_norm_ = false;
+  float scale_ = 1.0f;
 };
 
 }  // namespace edl::nn
@@ -8401,6 +8473,13 @@ class Attention {
 //   y = h + mlp(post_attention_layernorm(h))
 // or, for a mixture-of-experts layer (HF MixtralDecoderLayer, DecoderLayerConfig::moe set),
 //   y = h + block_sparse_moe(post_attention_layernorm(h))
+// or, with sandwich norms (HF Gemma2/Gemma3DecoderLayer, DecoderLayerConfig::sandwich_norms),
+//   h = x + attn_output_norm(attn(input_layernorm(x)))
+//   y = h + mlp_output_norm(mlp(post_attention_layernorm(h)))
+// where HF names the norms input_layernorm, post_attention_layernorm (attn_output_norm here),
+// pre_feedforward_layernorm (post_attention_layernorm here: the norm before the MLP in every
+// family) and post_feedforward_layernorm (mlp_output_norm); their outputs' inputs (the attention's
+// and the MLP's outputs) are kept under every remat policy.
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
 //
 // Gradient checkpointing: forward keeps only the activations the remat policy saves
@@ -8420,11 +8499,13 @@ class Attention {
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/nn/attention.hpp> (inlined above)
 // // #include <edl/nn/mlp.hpp> (inlined above)
 // edl/nn/mlp.hpp
-// SwiGLU feed-forward as HF LlamaMLP: y = down( silu(gate x) * up x ).
+// Gated feed-forward as HF LlamaMLP: y = down( act(gate x) * up x ), act = silu (SwiGLU) or,
+// for Gemma, the tanh GELU (GeGLU, kernels::GatedActivation).
 //   gate, up: [intermediate, hidden] column-parallel; down: [hidden, intermediate] row-parallel.
 // Saved: gate x, up x and a = silu(gate x) * up x ([T, intermediate] each).
 
@@ -8451,12 +8532,15 @@ class MLP {
   };
 
   MLP() = default;
-  MLP(std::int64_t hidden, std::int64_t intermediate, bool bias = false)
+  MLP(std::int64_t hidden, std::int64_t intermediate, bool bias = false,
+      kernels::GatedActivation act = kernels::GatedActivation::silu)
       : gate_proj(hidden, intermediate, bias), up_proj(hidden, intermediate, bias), down_proj(intermediate, hidden, bias),
-        hidden_(hidden), inter_(intermediate) {}
+        hidden_(hidden), inter_(intermediate), act_(act) {}
 
   ColumnLinear<Pol> gate_proj, up_proj;
   RowLinear<Pol> down_proj;
+
+  kernels::GatedActivation activation() const noexcept { return act_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -8511,7 +8595,8 @@ class MLP {
     const std::size_t n = s.a.size();
     std::vector<float> da(n), dg(n);
     down_proj.backward(dy, s.down_s, da.data());
-    kernels::silu_mul_backward(s.g.data(), s.u.data(), da.data(), dg.data(), da.data(), static_cast<std::ptrdiff_t>(n));
+    kernels::gated_mul_backward(act_, s.g.data(), s.u.data(), da.data(), dg.data(), da.data(),
+                                static_cast<std::ptrdiff_t>(n));
     gate_proj.backward(dg.data(), s.gate_s, dx, false);
     up_proj.backward(da.data(), s.up_s, dx, true);
   }
@@ -8529,11 +8614,12 @@ class MLP {
     }
     if (a) {
       s.a.resize(n);
-      kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+      kernels::gated_mul(act_, s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
     }
   }
 
   std::int64_t hidden_ = 0, inter_ = 0;
+  kernels::GatedActivation act_ = kernels::GatedActivation::silu;
 };
 
 }  // namespace edl::nn
@@ -8968,6 +9054,9 @@ struct DecoderLayerConfig {
   bool mlp_bias = false;
   double rms_norm_eps = 1e-6;
   std::optional<MoeConfig> moe;  // set: a sparse mixture-of-experts block instead of the MLP
+  bool sandwich_norms = false;   // Gemma: norms on the attention's and the MLP's outputs too
+  float norm_offset = 0;         // Gemma: every norm scales by (1 + w)
+  kernels::GatedActivation activation = kernels::GatedActivation::silu;
 };
 
 template <class Pol>
@@ -8976,11 +9065,12 @@ class DecoderLayer {
 
  public:
   struct Saved {
-    typename RMSNorm<Pol>::Saved norm1_s, norm2_s;
+    typename RMSNorm<Pol>::Saved norm1_s, norm2_s, attn_out_norm_s, mlp_out_norm_s;
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
     typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    std::vector<float> ao, mo;     // sandwich norms: the attention's and the MLP's outputs [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
     std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
@@ -8997,13 +9087,20 @@ class DecoderLayer {
 
   DecoderLayer() = default;
   explicit DecoderLayer(const DecoderLayerConfig& c)
-      : input_layernorm(c.attention.hidden, c.rms_norm_eps),
+      : input_layernorm(c.attention.hidden, c.rms_norm_eps, c.norm_offset),
         self_attn(c.attention),
-        post_attention_layernorm(c.attention.hidden, c.rms_norm_eps),
+        post_attention_layernorm(c.attention.hidden, c.rms_norm_eps, c.norm_offset),
         hidden_(c.attention.hidden) {
     if (c.moe) block_sparse_moe = MoE<Pol>(*c.moe);
-    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias);
+    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias, c.activation);
     sparse_ = c.moe.has_value();
+    sandwich_ = c.sandwich_norms;
+    EDL_CHECK(!(sandwich_ && sparse_), errc::unsupported, "nn.DecoderLayer",
+              "sandwich norms around a mixture-of-experts block are not supported");
+    if (sandwich_) {
+      attn_output_norm = RMSNorm<Pol>(c.attention.hidden, c.rms_norm_eps, c.norm_offset);
+      mlp_output_norm = RMSNorm<Pol>(c.attention.hidden, c.rms_norm_eps, c.norm_offset);
+    }
   }
 
   RMSNorm<Pol> input_layernorm;
@@ -9011,17 +9108,26 @@ class DecoderLayer {
   RMSNorm<Pol> post_attention_layernorm;
   MLP<Pol> mlp;                 // empty in a mixture-of-experts layer
   MoE<Pol> block_sparse_moe;    // empty in a dense layer
+  RMSNorm<Pol> attn_output_norm, mlp_output_norm;  // sandwich norms; empty without
 
   /// A mixture-of-experts layer (block_sparse_moe in place of mlp).
   bool is_sparse() const noexcept { return sparse_; }
+  /// Norms on the attention's and the MLP's outputs (Gemma).
+  bool has_sandwich_norms() const noexcept { return sandwich_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
-    post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+    if (sandwich_) {  // HF Gemma's names
+      attn_output_norm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+      post_attention_layernorm.visit_params(join_path(prefix, "pre_feedforward_layernorm"), f);
+    } else {
+      post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+    }
     if (sparse_) block_sparse_moe.visit_params(join_path(prefix, moe_name()), f);
     else mlp.visit_params(join_path(prefix, "mlp"), f);
+    if (sandwich_) mlp_output_norm.visit_params(join_path(prefix, "post_feedforward_layernorm"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
@@ -9031,7 +9137,8 @@ class DecoderLayer {
   }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
-           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count());
+           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count()) +
+           (sandwich_ ? attn_output_norm.param_count() + mlp_output_norm.param_count() : 0);
   }
   /// What runs: with experts, the router and k experts per token.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
@@ -9052,11 +9159,24 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
-    self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+    if (sandwich_) {
+      s.ao.resize(n);
+      s.mo.resize(n);
+      self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
+      attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
+    } else {
+      self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+    }
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
-    else mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    if (sparse_) {
+      block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+    } else if (sandwich_) {
+      mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
+      mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
+    } else {
+      mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped_by<R>());
   }
@@ -9072,12 +9192,24 @@ class DecoderLayer {
     const std::uint32_t dropped = s.dropped;
     rematerialize(s);
     const std::size_t n = s.h.size();
-    std::vector<float> a(n), dh(dy, dy + n);
-    if (sparse_) block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
-    else mlp.backward(dy, s.mlp_s, a.data());
+    std::vector<float> a(n), dh(dy, dy + n), b;
+    if (sparse_) {
+      block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+    } else if (sandwich_) {
+      b.resize(n);
+      mlp_output_norm.backward(dy, s.mlp_out_norm_s, b.data());  // d mo
+      mlp.backward(b.data(), s.mlp_s, a.data());
+    } else {
+      mlp.backward(dy, s.mlp_s, a.data());
+    }
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
-    self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
+    if (sandwich_) {
+      attn_output_norm.backward(dh.data(), s.attn_out_norm_s, b.data());  // d ao
+      self_attn.backward(b.data(), s.attn_s, a.data());                    // d n1
+    } else {
+      self_attn.backward(dh.data(), s.attn_s, a.data());  // d n1
+    }
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped);
@@ -9118,7 +9250,11 @@ class DecoderLayer {
     self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
     if (d & kAttnOut) {
       s.h.resize(n);
-      self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
+        attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
+      } else {
+        self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
     }
     if (d & kNorm2) {
@@ -9137,7 +9273,7 @@ class DecoderLayer {
   }
 
   std::int64_t hidden_ = 0;
-  bool sparse_ = false;
+  bool sparse_ = false, sandwich_ = false;
 };
 
 }  // namespace edl::nn
@@ -19659,8 +19795,35 @@ struct LlamaConfig {
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
   bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
-  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3, gemma 3.
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || is_gemma(); }
+  /// Gemma 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
+  bool is_gemma() const { return model_type == "gemma3_text"; }
+  /// Added to every RMSNorm weight: 1 for Gemma (HF GemmaRMSNorm), else 0.
+  float norm_offset() const { return is_gemma() ? 1.0f : 0.0f; }
+  /// Norms on the attention's and the MLP's outputs as well (Gemma).
+  bool sandwich_norms() const { return is_gemma(); }
+  /// The factor the embeddings are multiplied by: sqrt(hidden_size) for Gemma, else 1.
+  double embed_scale() const { return is_gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0; }
+  /// The scores' scale: query_pre_attn_scalar^-0.5 for Gemma; 0 = 1 / sqrt(head_dim).
+  double query_scale() const { return is_gemma() ? 1.0 / std::sqrt(extra_number("query_pre_attn_scalar", 256)) : 0.0; }
+  /// Gemma 3's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types)
+  /// every layer but the last of each group of sliding_window_pattern.
+  bool layer_is_sliding(std::int64_t l) const {
+    if (!is_gemma()) return attention_window().has_value();
+    if (extra.contains("layer_types") && extra["layer_types"].is_array())
+      return extra["layer_types"][static_cast<std::size_t>(l)] == "sliding_attention";
+    return (l + 1) % static_cast<std::int64_t>(extra_number("sliding_window_pattern", 6)) != 0;
+  }
+  /// Layer l's attention window (Gemma: the sliding layers'; others: every layer's).
+  std::optional<std::int64_t> layer_window(std::int64_t l) const {
+    if (!is_gemma()) return attention_window();
+    return layer_is_sliding(l) ? sliding_window : std::nullopt;
+  }
+  /// A number kept in `extra` (fields only some families read), or `fallback` when absent or null.
+  double extra_number(const char* name, double fallback) const {
+    return extra.contains(name) && extra[name].is_number() ? extra[name].get<double>() : fallback;
+  }
   /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
   bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
@@ -19694,9 +19857,10 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  model_type == "phi3" || is_moe(),
+                  model_type == "phi3" || is_gemma() || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+              "expected llama, mistral, qwen2, qwen3, phi3, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
+              model_type, "\"");
     // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
     EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
                   extra["partial_rotary_factor"].get<double>() == 1.0,
@@ -19739,8 +19903,12 @@ struct LlamaConfig {
               num_key_value_heads, ")");
     EDL_CHECK(rms_norm_eps > 0, errc::config, where("rms_norm_eps"), "must be positive, found ", rms_norm_eps);
     EDL_CHECK(rope_theta > 0, errc::config, where("rope_theta"), "must be positive, found ", rope_theta);
-    EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
-              hidden_act, "\"");
+    if (is_gemma()) {
+      validate_gemma();
+    } else {
+      EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
+                hidden_act, "\"");
+    }
     if (sliding_window) positive("sliding_window", *sliding_window);
     EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
     if (is_moe()) {
@@ -19809,6 +19977,33 @@ struct LlamaConfig {
     }
   }
 
+  /// Gemma 3's own fields (kept in `extra`): what edl runs, and what it refuses by name.
+  void validate_gemma() const {
+    const auto field = [&](const char* name) -> const ojson* { return extra.contains(name) ? &extra[name] : nullptr; };
+    const std::string act = field("hidden_activation") && field("hidden_activation")->is_string()
+                                ? field("hidden_activation")->get<std::string>() : hidden_act;
+    EDL_CHECK(act == "gelu_pytorch_tanh", errc::unsupported, where("hidden_activation"),
+              "Gemma's MLP runs the tanh GELU (\"gelu_pytorch_tanh\"), found \"", act, "\"");
+    for (const char* name : {"query_pre_attn_scalar", "sliding_window_pattern", "rope_local_base_freq"})
+      if (const ojson* v = field(name); v && !v->is_null())
+        EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name), "must be a positive number, found ",
+                  v->dump());
+    for (const char* name : {"final_logit_softcapping", "attn_logit_softcapping"})
+      EDL_CHECK(!field(name) || field(name)->is_null(), errc::unsupported, where(name),
+                "soft-capping (Gemma 2) is not supported; found ", field(name)->dump());
+    EDL_CHECK(!field("use_bidirectional_attention") || field("use_bidirectional_attention")->is_null() ||
+                  *field("use_bidirectional_attention") == false,
+              errc::unsupported, where("use_bidirectional_attention"), "edl runs causal attention only");
+    if (const ojson* t = field("layer_types")) {
+      EDL_CHECK(t->is_array() && static_cast<std::int64_t>(t->size()) == num_hidden_layers, errc::config,
+                where("layer_types"), "expected a list of num_hidden_layers = ", num_hidden_layers, " layer types");
+      for (const ojson& v : *t)
+        EDL_CHECK(v == "sliding_attention" || v == "full_attention", errc::unsupported, where("layer_types"),
+                  "expected sliding_attention or full_attention, found ", v.dump());
+    }
+    EDL_CHECK(sliding_window.has_value(), errc::config, where("sliding_window"), "Gemma's sliding layers need a window");
+  }
+
   /// The context the rope scaling was pretrained on: rope_scaling's original_max_position_embeddings,
   /// else (longrope) the top-level field Phi-3 writes, else max_position_embeddings.
   std::int64_t rope_original_max() const {
@@ -19856,10 +20051,12 @@ struct LlamaConfig {
     cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
-    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", false);
+    const bool gemma = cfg.model_type == "gemma3_text";
+    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", gemma);  // Gemma3TextConfig: tied
     if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
-    cfg.hidden_act = c.get<std::string>("hidden_act", "silu");
+    else if (gemma) cfg.sliding_window = 4096;                        // Gemma3TextConfig default
+    cfg.hidden_act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
     cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
     if (c.has("eos_token_id")) {
       const ojson& e = j["eos_token_id"];
@@ -19994,11 +20191,11 @@ struct LlamaConfig {
     k["rope_theta"] = rope_theta;
     k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
     k["attention_bias"] = attention_bias;
-    k["mlp_bias"] = mlp_bias;
+    if (!is_gemma() || mlp_bias || was_present("mlp_bias")) k["mlp_bias"] = mlp_bias;
     k["tie_word_embeddings"] = tie_word_embeddings;
     if (sliding_window || model_type != "llama" || was_present("sliding_window"))
       k["sliding_window"] = sliding_window ? ojson(*sliding_window) : ojson(nullptr);
-    k["hidden_act"] = hidden_act;
+    if (!is_gemma() || was_present("hidden_act")) k["hidden_act"] = hidden_act;
     k["bos_token_id"] = bos_token_id ? ojson(*bos_token_id) : ojson(nullptr);
     if (eos_token_id.empty() && !eos_token_id_is_list) k["eos_token_id"] = nullptr;
     else if (eos_token_id_is_list || eos_token_id.size() != 1) k["eos_token_id"] = eos_token_id;
@@ -20116,6 +20313,7 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      if (sandwich_norms()) p.push_back({pre + "pre_feedforward_layernorm.weight", {H}});
       if (layer_is_sparse(l) && !qwen_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
         p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
         for (std::int64_t e = 0; e < num_local_experts; ++e) {
@@ -20149,6 +20347,7 @@ struct LlamaConfig {
         p.push_back({pre + "mlp." + n + ".weight", {out, in}});
         if (mlp_bias) p.push_back({pre + "mlp." + n + ".bias", {out}});
       }
+      if (sandwich_norms()) p.push_back({pre + "post_feedforward_layernorm.weight", {H}});
     }
     p.push_back({"model.norm.weight", {H}});
     if (head == LlamaHead::causal_lm && !tie_word_embeddings) p.push_back({"lm_head.weight", {V, H}});
@@ -20206,6 +20405,7 @@ struct LlamaConfig {
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/nn/decoder_layer.hpp> (inlined above)
@@ -20218,11 +20418,16 @@ struct LlamaConfig {
 
 namespace edl::models {
 
-/// nn::RopeConfig from the HF fields.
-inline nn::RopeConfig rope_config(const LlamaConfig& c) {
+/// nn::RopeConfig from the HF fields; layer l's (Gemma's sliding layers rotate with
+/// rope_local_base_freq and no scaling; -1: the model's global rope).
+inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
   r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
+  if (c.is_gemma() && l >= 0 && c.layer_is_sliding(l)) {
+    r.theta = c.extra_number("rope_local_base_freq", 10000.0);
+    return r;
+  }
   if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
     const RopeScaling& s = *c.rope_scaling;
     r.type = s.rope_type;
@@ -20253,13 +20458,18 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.attention.head_dim = c.head_size();
   d.attention.qkv_bias = c.qkv_bias();
   d.attention.o_bias = c.o_bias();
-  d.attention.sliding_window = c.attention_window();
-  d.attention.rope = rope_config(c);
+  d.attention.sliding_window = c.layer_window(l);
+  d.attention.rope = rope_config(c, l);
   d.attention.qk_norm = c.qk_norm();
   d.attention.qk_norm_eps = c.rms_norm_eps;
+  d.attention.qk_norm_offset = c.norm_offset();
+  d.attention.query_scale = c.query_scale();
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
+  d.sandwich_norms = c.sandwich_norms();
+  d.norm_offset = c.norm_offset();
+  d.activation = c.is_gemma() ? kernels::GatedActivation::gelu_tanh : kernels::GatedActivation::silu;
   if (c.layer_is_sparse(l))
     d.moe = nn::MoeConfig{.hidden = c.hidden_size,
                           .intermediate = c.expert_intermediate_size(),
@@ -20286,7 +20496,7 @@ class LlamaModel {
 
   LlamaModel() = default;
   explicit LlamaModel(const LlamaConfig& c)
-      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
+      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps, c.norm_offset()), cfg_(c) {
     c.validate();
     layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(decoder_layer_config(c, l));
@@ -20297,6 +20507,12 @@ class LlamaModel {
   nn::RMSNorm<Pol> norm;
 
   const LlamaConfig& config() const noexcept { return cfg_; }
+
+  /// What the embeddings are multiplied by (Gemma: sqrt(hidden_size) rounded to the weights'
+  /// type, as HF casts it; else 1).
+  float embed_scale() const noexcept {
+    return to_f32(from_f32<typename Pol::param_t>(static_cast<float>(cfg_.embed_scale())));
+  }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -20334,6 +20550,7 @@ class LlamaModel {
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
     embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
     for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
@@ -20347,6 +20564,7 @@ class LlamaModel {
       layers[l].backward(a.data(), s.layer_s[l], b.data());
       std::swap(a, b);
     }
+    if (const float e = embed_scale(); e != 1.0f) kernels::scale(a.data(), e, static_cast<std::ptrdiff_t>(n));
     embed_tokens.backward(a.data(), s.embed_s);
   }
 
@@ -20541,6 +20759,8 @@ class LlamaForCausalLM {
 //     qk_norm (Qwen3): q, k before the norms and
 //       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
+//     sandwich norms (Gemma): attention and MLP
+//       outputs and their inv_rms                  2 Tl H + 2 Tl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
 //     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
 //   the peak adds the largest transient on top of all layers' saved state:
@@ -20837,6 +21057,9 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
+    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, "ShardedLlama",
+              "a Gemma model runs on one device for now (its sandwich norms and scaled embeddings are not in the "
+              "mesh step yet)");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -21655,8 +21878,9 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.local_tokens = Tl;
   const std::int64_t f = 4, i64 = 8;
   const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
+  const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
   const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl);
+                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl + sandwich);
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
@@ -22789,6 +23013,8 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
   EDL_CHECK(!c.qwen_moe(), errc::unsupported, where, "a ", c.model_type,
             " model (its router and shared expert) has its own GGUF architecture (\"qwen2moe\", \"qwen3moe\"); edl "
             "writes \"llama\" files, whose experts are Mixtral's");
+  EDL_CHECK(!c.is_gemma(), errc::unsupported, where, "a Gemma model ((1 + w) and sandwich norms, GeGLU, scaled "
+            "embeddings) has its own GGUF architecture (\"gemma3\"); edl writes \"llama\" files");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");
@@ -24242,9 +24468,11 @@ static_assert(KVCache<PagedKVCache>);
 // length, a decode step by its position + 1; the keys already cached keep their rotation.
 // longrope keeps a second table (long_factor) for L beyond original_max_position_embeddings;
 // dynamic computes the frequencies of an L beyond max_position_embeddings once per call.
+// Gemma's sliding layers rotate with their own base (rope_local_base_freq): local(), a second table.
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 // // // #include <edl/models/llama/config.hpp> (inlined above) (inlined above) (inlined above)
@@ -24264,7 +24492,14 @@ class RopeTable {
   RopeTable() = default;
   /// Positions 0 .. positions-1 of the model described by `c`.
   RopeTable(const models::LlamaConfig& c, std::int64_t positions)
-      : rot_(c.head_size(), models::rope_config(c)), half_(c.head_size() / 2) {
+      : RopeTable(c.head_size(), models::rope_config(c), positions) {
+    for (std::int64_t l = 0; l < c.num_hidden_layers && !local_; ++l)
+      if (c.is_gemma() && c.layer_is_sliding(l))
+        local_ = std::make_shared<const RopeTable>(c.head_size(), models::rope_config(c, l), positions);
+  }
+  /// Positions 0 .. positions-1 of one rope.
+  RopeTable(std::int64_t head_dim, const nn::RopeConfig& rope, std::int64_t positions)
+      : rot_(head_dim, rope), half_(head_dim / 2) {
     const nn::RopeConfig& rc = rot_.config();
     rot_.tables(nn::TokenLayout{1, positions, nullptr, nullptr, nullptr, /*context=*/1}, cos_, sin_);
     if (rc.type == "longrope")
@@ -24274,6 +24509,8 @@ class RopeTable {
   }
 
   std::int64_t half() const noexcept { return half_; }
+  /// The table of the local layers (Gemma's sliding layers), or null.
+  const RopeTable* local() const noexcept { return local_.get(); }
 
   /// cos and sin [head_dim / 2] of position `pos` written by a forward whose sequence reaches
   /// `context` tokens (its largest position + 1).
@@ -24304,6 +24541,7 @@ class RopeTable {
   nn::RotaryEmbedding rot_;
   std::int64_t half_ = 0;
   std::vector<float> cos_, sin_, long_cos_, long_sin_;
+  std::shared_ptr<const RopeTable> local_;
 };
 
 }  // namespace edl::generate
@@ -24862,8 +25100,13 @@ class CachedForward {
     nh_ = c.num_attention_heads;
     nkv_ = c.num_key_value_heads;
     D_ = c.head_size();
-    window_ = c.attention_window().value_or(0);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      windows_.push_back(c.layer_window(l).value_or(0));
+      local_rope_.push_back(c.is_gemma() && c.layer_is_sliding(l));
+    }
     eps_ = static_cast<float>(c.rms_norm_eps);
+    embed_scale_ = model.model.embed_scale();
+    if (c.query_scale() > 0) q_mult_ = static_cast<float>(c.query_scale() * std::sqrt(static_cast<double>(D_)));
     if (c.is_moe()) {
       E_ = c.num_local_experts;
       K_ = c.num_experts_per_tok;
@@ -24923,6 +25166,17 @@ class CachedForward {
   }
 
  private:
+  /// An RMSNorm as the steps apply it: its weight and the offset added to it (Gemma: 1).
+  struct Norm {
+    const T* w;
+    float offset;
+  };
+  template <class N>
+  static Norm norm_of(const N& n) {
+    return Norm{n.weight.data(), n.offset()};
+  }
+  std::int64_t window_of(std::int64_t layer) const { return windows_[static_cast<std::size_t>(layer)]; }
+
   // ---------------------------------------------------------------- the layer, once
   template <class Steps>
   void layer(Steps& st, std::size_t l) {
@@ -24930,16 +25184,18 @@ class CachedForward {
     const auto& A = L.self_attn;
     const auto& mlp = L.mlp;
     const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
-    st.norm_products(L.input_layernorm.weight.data(),
+    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the attention's and the MLP's outputs
+    st.norm_products(norm_of(L.input_layernorm),
                      std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
                                          part(A.v_proj, v_.data(), kw)},
                      [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
-    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
-    if (L.is_sparse()) return st.norm_experts(L.post_attention_layernorm.weight.data(), L.block_sparse_moe);
-    st.norm_swiglu(L.post_attention_layernorm.weight.data(),
-                   std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
-    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
+    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_), sandwich ? &L.attn_output_norm : nullptr);
+    if (L.is_sparse()) return st.norm_experts(norm_of(L.post_attention_layernorm), L.block_sparse_moe);
+    st.norm_gated(norm_of(L.post_attention_layernorm),
+                  std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)},
+                  mlp.activation());
+    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_), sandwich ? &L.mlp_output_norm : nullptr);
   }
 
   // ---------------------------------------------------------------- steps over many rows
@@ -24950,30 +25206,37 @@ class CachedForward {
     std::int64_t n;
 
     template <std::size_t P, class After>
-    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+    void norm_products(const Norm& norm, const std::array<Part, P>& parts, After&& after) {
+      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                norm.offset);
       kernels::linear_group<T, P>(f.normed_.data(), n, parts, f.H_);
       after(n);
     }
     void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
-    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
-    void product_add(const float* in, std::int64_t K, const Part& p) {
+    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh),
+    // through `post` first when given (a sandwich norm).
+    template <class PostNorm>
+    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
       kernels::linear_part(in, n, p, K);
       const std::size_t nH = static_cast<std::size_t>(n * f.H_);
       coll.psum_tp(std::span<float>(p.y, nH));
+      if (post)
+        kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                  post->offset());
       kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
     }
-    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
-      norm_products(norm_w, gate_up, [](std::int64_t) {});
-      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    void norm_gated(const Norm& norm, const std::array<Part, 2>& gate_up, kernels::GatedActivation act) {
+      norm_products(norm, gate_up, [](std::int64_t) {});
+      kernels::gated_mul(act, f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
     }
     // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
     // products once over its own rows (one row: matrix-vector products over that expert alone).
     template <class Moe>
-    void norm_experts(const T* norm_w, const Moe& moe) {
+    void norm_experts(const Norm& norm, const Moe& moe) {
       EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
                 "mixture-of-experts layers run on one device");
-      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                norm.offset);
       kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
       f.route_rows(n, moe);
       for (std::int64_t e = 0; e < f.E_; ++e) {
@@ -25019,32 +25282,43 @@ class CachedForward {
     float* nx;  // this thread's normalised x
 
     template <std::size_t P, class After>
-    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      norm_phase(norm_w, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
+    void norm_products(const Norm& norm, const std::array<Part, P>& parts, After&& after) {
+      norm_phase(norm, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
     }
     void attention(std::int64_t layer) {
       const CachedRow& row = f.rows_[0];
       const std::int64_t rep = f.nh_ / f.nkv_, score_len = f.cache_->shape().max_length;
       team.phase(f.nh_, [&](std::int64_t h) {
         kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
-                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_, f.shard_.slots(),
+                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_of(layer), f.shard_.slots(),
                                  f.scores_.data() + h * score_len);
       });
     }
-    void product_add(const float* in, std::int64_t K, const Part& p) {
+    template <class PostNorm>
+    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
       const std::int64_t tasks = kernels::matvec_tasks(p.N, K, threads);
       const std::array<Part, 1> one{p};
+      if (post) {  // the norm needs the whole row: it and the sum run once the product is done
+        team.phase(
+            tasks, [&](std::int64_t t) { kernels::matvec_group_task(in, one, K, t, tasks); },
+            [&] {
+              kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), 1, f.H_, f.eps_,
+                                        post->offset());
+              kernels::add_range(f.x_.data(), p.y, 0, f.H_);
+            });
+        return;
+      }
       team.phase(tasks, [&](std::int64_t t) {
         kernels::matvec_group_task(in, one, K, t, tasks);
         kernels::add_range(f.x_.data(), p.y, f.H_ * t / tasks, f.H_ * (t + 1) / tasks);
       });
     }
-    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+    void norm_gated(const Norm& norm, const std::array<Part, 2>& gate_up, kernels::GatedActivation act) {
       const std::int64_t tasks = tasks_of(gate_up);
       norm_phase(
-          norm_w, gate_up, tasks,
-          [&](std::int64_t t) {  // SwiGLU over the rows of gate and up this part wrote
-            kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+          norm, gate_up, tasks,
+          [&](std::int64_t t) {  // the activation over the rows of gate and up this part wrote
+            kernels::gated_mul_range(act, f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
           },
           [] {});
     }
@@ -25053,11 +25327,12 @@ class CachedForward {
     // their down products and the weighted sum into x (each task its range of rows of every
     // expert, experts in index order and the shared expert last, as RowSteps sums them).
     template <class Moe>
-    void norm_experts(const T* norm_w, const Moe& moe) {
+    void norm_experts(const Norm& norm, const Moe& moe) {
       const std::int64_t H = f.H_, K = f.K_;
       const bool shared = moe.has_shared_expert();
       team.phase(1, [&](std::int64_t) {
-        kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
+        kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_,
+                                  norm.offset);
         const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
         kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
         f.route_rows(1, moe);
@@ -25097,7 +25372,7 @@ class CachedForward {
     }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
-      norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+      norm_phase(norm_of(f.m_->model.norm), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
     }
 
    private:
@@ -25111,12 +25386,12 @@ class CachedForward {
     // One phase of `tasks` parts: part t normalises x into this thread's buffer, computes task
     // t of the grouped product, then runs epilogue(t); `after` runs once the parts are done.
     template <std::size_t P, class Epilogue, class After>
-    void norm_phase(const T* norm_w, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
+    void norm_phase(const Norm& norm, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
                     After&& after) {
       team.phase(
           tasks,
           [&](std::int64_t t) {
-            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::rms_norm_forward(f.x_.data(), norm.w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_, norm.offset);
             kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
             epilogue(t);
           },
@@ -25146,6 +25421,8 @@ class CachedForward {
   void row_angles(std::int64_t n) {
     const std::int64_t half = D_ / 2;
     if (static_cast<std::int64_t>(angles_.size()) < n * D_) angles_.resize(static_cast<std::size_t>(n * D_));
+    if (rope_->local() && static_cast<std::int64_t>(local_angles_.size()) < n * D_)
+      local_angles_.resize(static_cast<std::size_t>(n * D_));
     std::int64_t context = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
@@ -25156,6 +25433,10 @@ class CachedForward {
       }
       float* cos = angles_.data() + r * D_;
       rope_->angles(row.pos, context, cos, cos + half, rope_scratch_);
+      if (rope_->local()) {
+        float* lcos = local_angles_.data() + r * D_;
+        rope_->local()->angles(row.pos, context, lcos, lcos + half, rope_scratch_);
+      }
     }
   }
 
@@ -25198,7 +25479,7 @@ class CachedForward {
     for (std::int64_t r = 0; r < n; ++r) {
       const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
       float* xr = x_.data() + r * H_;
-      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]) * embed_scale_;
     }
   }
 
@@ -25213,19 +25494,25 @@ class CachedForward {
       for (std::int64_t r = 0; r < n; ++r) {
         for (std::int64_t h = 0; h < nh_; ++h) {
           float* q = q_.data() + (r * nh_ + h) * D_;
-          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_);
+          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_,
+                                    attn.q_norm.offset());
         }
         for (std::int64_t g = 0; g < nkv_; ++g) {
           float* k = k_.data() + (r * nkv_ + g) * D_;
-          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_);
+          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_,
+                                    attn.k_norm.offset());
         }
       }
+    const float* angles = (local_rope_[static_cast<std::size_t>(layer)] ? local_angles_ : angles_).data();
     for (std::int64_t r = 0; r < n; ++r) {
-      const float* cos = angles_.data() + r * D_;
+      const float* cos = angles + r * D_;
       const float* sin = cos + D_ / 2;
       rope_->rotate(q_.data() + r * nh_ * D_, nh_, cos, sin);
       rope_->rotate(k_.data() + r * nkv_ * D_, nkv_, cos, sin);
     }
+    // A scale other than 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar) goes into q: the
+    // attention kernels scale by 1 / sqrt(head_dim).
+    if (q_mult_ != 1.0f) kernels::scale(q_.data(), q_mult_, static_cast<std::ptrdiff_t>(n * nh_ * D_));
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       if (row.pos % shard_.sp != shard_.sp_rank) continue;  // another sp rank holds this position
@@ -25241,8 +25528,9 @@ class CachedForward {
     const kernels::AttentionOut out = sp == 1 ? kernels::AttentionOut{ctx_.data(), nh_ * D_, D_}
                                               : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
     const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, view_of);
-    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, scores_.data(),
+    const std::int64_t window = window_of(layer);
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, scores_.data(),
                         cache_->shape().max_length, attn_block_, view_of);
     if (sp == 1) return;
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
@@ -25310,7 +25598,7 @@ class CachedForward {
   void head_rows(std::int64_t nl) {
     const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
     kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
-                              nl, H_, eps_);
+                              nl, H_, eps_, m_->model.norm.offset());
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
@@ -25351,7 +25639,10 @@ class CachedForward {
   Cache* cache_;
   const RopeTable* rope_;
   DeviceShard shard_;
-  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, attn_block_ = 1;
+  std::vector<std::int64_t> windows_;  // each layer's attention window (0: none)
+  std::vector<bool> local_rope_;       // each layer rotates with the local table (Gemma's sliding layers)
+  float embed_scale_ = 1.0f, q_mult_ = 1.0f;
   float eps_ = 0.0f;
   // Scratch, on cache lines as the weights: the products read x in full vectors beside each
   // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,
@@ -25361,6 +25652,7 @@ class CachedForward {
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
   aligned_vector<float> angles_;         // each row's rope cos and sin
+  aligned_vector<float> local_angles_;   // and with the local table (Gemma's sliding layers)
   RopeTable::Scratch rope_scratch_;
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
@@ -26915,6 +27207,7 @@ class ShardedDecoder {
     cfg_.validate();
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
               ") decodes on one device for now");
+    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, w, "a Gemma model decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;

@@ -208,8 +208,13 @@ class CachedForward {
     nh_ = c.num_attention_heads;
     nkv_ = c.num_key_value_heads;
     D_ = c.head_size();
-    window_ = c.attention_window().value_or(0);
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      windows_.push_back(c.layer_window(l).value_or(0));
+      local_rope_.push_back(c.is_gemma() && c.layer_is_sliding(l));
+    }
     eps_ = static_cast<float>(c.rms_norm_eps);
+    embed_scale_ = model.model.embed_scale();
+    if (c.query_scale() > 0) q_mult_ = static_cast<float>(c.query_scale() * std::sqrt(static_cast<double>(D_)));
     if (c.is_moe()) {
       E_ = c.num_local_experts;
       K_ = c.num_experts_per_tok;
@@ -269,6 +274,17 @@ class CachedForward {
   }
 
  private:
+  /// An RMSNorm as the steps apply it: its weight and the offset added to it (Gemma: 1).
+  struct Norm {
+    const T* w;
+    float offset;
+  };
+  template <class N>
+  static Norm norm_of(const N& n) {
+    return Norm{n.weight.data(), n.offset()};
+  }
+  std::int64_t window_of(std::int64_t layer) const { return windows_[static_cast<std::size_t>(layer)]; }
+
   // ---------------------------------------------------------------- the layer, once
   template <class Steps>
   void layer(Steps& st, std::size_t l) {
@@ -276,16 +292,18 @@ class CachedForward {
     const auto& A = L.self_attn;
     const auto& mlp = L.mlp;
     const std::int64_t layer = static_cast<std::int64_t>(l), qw = nh_ * D_, kw = nkv_ * D_;
-    st.norm_products(L.input_layernorm.weight.data(),
+    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the attention's and the MLP's outputs
+    st.norm_products(norm_of(L.input_layernorm),
                      std::array<Part, 3>{part(A.q_proj, q_.data(), qw), part(A.k_proj, k_.data(), kw),
                                          part(A.v_proj, v_.data(), kw)},
                      [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
-    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_));
-    if (L.is_sparse()) return st.norm_experts(L.post_attention_layernorm.weight.data(), L.block_sparse_moe);
-    st.norm_swiglu(L.post_attention_layernorm.weight.data(),
-                   std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)});
-    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_));
+    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_), sandwich ? &L.attn_output_norm : nullptr);
+    if (L.is_sparse()) return st.norm_experts(norm_of(L.post_attention_layernorm), L.block_sparse_moe);
+    st.norm_gated(norm_of(L.post_attention_layernorm),
+                  std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)},
+                  mlp.activation());
+    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_), sandwich ? &L.mlp_output_norm : nullptr);
   }
 
   // ---------------------------------------------------------------- steps over many rows
@@ -296,30 +314,37 @@ class CachedForward {
     std::int64_t n;
 
     template <std::size_t P, class After>
-    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+    void norm_products(const Norm& norm, const std::array<Part, P>& parts, After&& after) {
+      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                norm.offset);
       kernels::linear_group<T, P>(f.normed_.data(), n, parts, f.H_);
       after(n);
     }
     void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
-    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh).
-    void product_add(const float* in, std::int64_t K, const Part& p) {
+    // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh),
+    // through `post` first when given (a sandwich norm).
+    template <class PostNorm>
+    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
       kernels::linear_part(in, n, p, K);
       const std::size_t nH = static_cast<std::size_t>(n * f.H_);
       coll.psum_tp(std::span<float>(p.y, nH));
+      if (post)
+        kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                  post->offset());
       kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
     }
-    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
-      norm_products(norm_w, gate_up, [](std::int64_t) {});
-      kernels::silu_mul(f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
+    void norm_gated(const Norm& norm, const std::array<Part, 2>& gate_up, kernels::GatedActivation act) {
+      norm_products(norm, gate_up, [](std::int64_t) {});
+      kernels::gated_mul(act, f.gate_.data(), f.up_.data(), f.gate_.data(), static_cast<std::ptrdiff_t>(n * f.I_));
     }
     // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
     // products once over its own rows (one row: matrix-vector products over that expert alone).
     template <class Moe>
-    void norm_experts(const T* norm_w, const Moe& moe) {
+    void norm_experts(const Norm& norm, const Moe& moe) {
       EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
                 "mixture-of-experts layers run on one device");
-      kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_);
+      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
+                                norm.offset);
       kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
       f.route_rows(n, moe);
       for (std::int64_t e = 0; e < f.E_; ++e) {
@@ -365,32 +390,43 @@ class CachedForward {
     float* nx;  // this thread's normalised x
 
     template <std::size_t P, class After>
-    void norm_products(const T* norm_w, const std::array<Part, P>& parts, After&& after) {
-      norm_phase(norm_w, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
+    void norm_products(const Norm& norm, const std::array<Part, P>& parts, After&& after) {
+      norm_phase(norm, parts, tasks_of(parts), [](std::int64_t) {}, [&] { after(1); });
     }
     void attention(std::int64_t layer) {
       const CachedRow& row = f.rows_[0];
       const std::int64_t rep = f.nh_ / f.nkv_, score_len = f.cache_->shape().max_length;
       team.phase(f.nh_, [&](std::int64_t h) {
         kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
-                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_, f.shard_.slots(),
+                                 f.ctx_.data() + h * f.D_, false, f.D_, f.window_of(layer), f.shard_.slots(),
                                  f.scores_.data() + h * score_len);
       });
     }
-    void product_add(const float* in, std::int64_t K, const Part& p) {
+    template <class PostNorm>
+    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
       const std::int64_t tasks = kernels::matvec_tasks(p.N, K, threads);
       const std::array<Part, 1> one{p};
+      if (post) {  // the norm needs the whole row: it and the sum run once the product is done
+        team.phase(
+            tasks, [&](std::int64_t t) { kernels::matvec_group_task(in, one, K, t, tasks); },
+            [&] {
+              kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), 1, f.H_, f.eps_,
+                                        post->offset());
+              kernels::add_range(f.x_.data(), p.y, 0, f.H_);
+            });
+        return;
+      }
       team.phase(tasks, [&](std::int64_t t) {
         kernels::matvec_group_task(in, one, K, t, tasks);
         kernels::add_range(f.x_.data(), p.y, f.H_ * t / tasks, f.H_ * (t + 1) / tasks);
       });
     }
-    void norm_swiglu(const T* norm_w, const std::array<Part, 2>& gate_up) {
+    void norm_gated(const Norm& norm, const std::array<Part, 2>& gate_up, kernels::GatedActivation act) {
       const std::int64_t tasks = tasks_of(gate_up);
       norm_phase(
-          norm_w, gate_up, tasks,
-          [&](std::int64_t t) {  // SwiGLU over the rows of gate and up this part wrote
-            kernels::silu_mul_range(f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
+          norm, gate_up, tasks,
+          [&](std::int64_t t) {  // the activation over the rows of gate and up this part wrote
+            kernels::gated_mul_range(act, f.gate_.data(), f.up_.data(), f.I_ * t / tasks, f.I_ * (t + 1) / tasks);
           },
           [] {});
     }
@@ -399,11 +435,12 @@ class CachedForward {
     // their down products and the weighted sum into x (each task its range of rows of every
     // expert, experts in index order and the shared expert last, as RowSteps sums them).
     template <class Moe>
-    void norm_experts(const T* norm_w, const Moe& moe) {
+    void norm_experts(const Norm& norm, const Moe& moe) {
       const std::int64_t H = f.H_, K = f.K_;
       const bool shared = moe.has_shared_expert();
       team.phase(1, [&](std::int64_t) {
-        kernels::rms_norm_forward(f.x_.data(), norm_w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_);
+        kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_,
+                                  norm.offset);
         const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
         kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
         f.route_rows(1, moe);
@@ -443,7 +480,7 @@ class CachedForward {
     }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
-      norm_phase(f.m_->model.norm.weight.data(), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+      norm_phase(norm_of(f.m_->model.norm), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
     }
 
    private:
@@ -457,12 +494,12 @@ class CachedForward {
     // One phase of `tasks` parts: part t normalises x into this thread's buffer, computes task
     // t of the grouped product, then runs epilogue(t); `after` runs once the parts are done.
     template <std::size_t P, class Epilogue, class After>
-    void norm_phase(const T* norm_w, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
+    void norm_phase(const Norm& norm, const std::array<Part, P>& parts, std::int64_t tasks, Epilogue&& epilogue,
                     After&& after) {
       team.phase(
           tasks,
           [&](std::int64_t t) {
-            kernels::rms_norm_forward(f.x_.data(), norm_w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_);
+            kernels::rms_norm_forward(f.x_.data(), norm.w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_, norm.offset);
             kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
             epilogue(t);
           },
@@ -492,6 +529,8 @@ class CachedForward {
   void row_angles(std::int64_t n) {
     const std::int64_t half = D_ / 2;
     if (static_cast<std::int64_t>(angles_.size()) < n * D_) angles_.resize(static_cast<std::size_t>(n * D_));
+    if (rope_->local() && static_cast<std::int64_t>(local_angles_.size()) < n * D_)
+      local_angles_.resize(static_cast<std::size_t>(n * D_));
     std::int64_t context = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
@@ -502,6 +541,10 @@ class CachedForward {
       }
       float* cos = angles_.data() + r * D_;
       rope_->angles(row.pos, context, cos, cos + half, rope_scratch_);
+      if (rope_->local()) {
+        float* lcos = local_angles_.data() + r * D_;
+        rope_->local()->angles(row.pos, context, lcos, lcos + half, rope_scratch_);
+      }
     }
   }
 
@@ -544,7 +587,7 @@ class CachedForward {
     for (std::int64_t r = 0; r < n; ++r) {
       const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
       float* xr = x_.data() + r * H_;
-      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]);
+      for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]) * embed_scale_;
     }
   }
 
@@ -559,19 +602,25 @@ class CachedForward {
       for (std::int64_t r = 0; r < n; ++r) {
         for (std::int64_t h = 0; h < nh_; ++h) {
           float* q = q_.data() + (r * nh_ + h) * D_;
-          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_);
+          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_,
+                                    attn.q_norm.offset());
         }
         for (std::int64_t g = 0; g < nkv_; ++g) {
           float* k = k_.data() + (r * nkv_ + g) * D_;
-          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_);
+          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_,
+                                    attn.k_norm.offset());
         }
       }
+    const float* angles = (local_rope_[static_cast<std::size_t>(layer)] ? local_angles_ : angles_).data();
     for (std::int64_t r = 0; r < n; ++r) {
-      const float* cos = angles_.data() + r * D_;
+      const float* cos = angles + r * D_;
       const float* sin = cos + D_ / 2;
       rope_->rotate(q_.data() + r * nh_ * D_, nh_, cos, sin);
       rope_->rotate(k_.data() + r * nkv_ * D_, nkv_, cos, sin);
     }
+    // A scale other than 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar) goes into q: the
+    // attention kernels scale by 1 / sqrt(head_dim).
+    if (q_mult_ != 1.0f) kernels::scale(q_.data(), q_mult_, static_cast<std::ptrdiff_t>(n * nh_ * D_));
     for (std::int64_t r = 0; r < n; ++r) {
       const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       if (row.pos % shard_.sp != shard_.sp_rank) continue;  // another sp rank holds this position
@@ -587,8 +636,9 @@ class CachedForward {
     const kernels::AttentionOut out = sp == 1 ? kernels::AttentionOut{ctx_.data(), nh_ * D_, D_}
                                               : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
     const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, view_of);
-    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window_, shard_.slots(), q_.data(), out, scores_.data(),
+    const std::int64_t window = window_of(layer);
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_rows(rows_, single_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, scores_.data(),
                         cache_->shape().max_length, attn_block_, view_of);
     if (sp == 1) return;
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
@@ -656,7 +706,7 @@ class CachedForward {
   void head_rows(std::int64_t nl) {
     const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
     kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
-                              nl, H_, eps_);
+                              nl, H_, eps_, m_->model.norm.offset());
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
@@ -697,7 +747,10 @@ class CachedForward {
   Cache* cache_;
   const RopeTable* rope_;
   DeviceShard shard_;
-  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0, attn_block_ = 1;
+  std::int64_t V_ = 0, H_ = 0, I_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, attn_block_ = 1;
+  std::vector<std::int64_t> windows_;  // each layer's attention window (0: none)
+  std::vector<bool> local_rope_;       // each layer rotates with the local table (Gemma's sliding layers)
+  float embed_scale_ = 1.0f, q_mult_ = 1.0f;
   float eps_ = 0.0f;
   // Scratch, on cache lines as the weights: the products read x in full vectors beside each
   // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,
@@ -707,6 +760,7 @@ class CachedForward {
       gathered_;
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
   aligned_vector<float> angles_;         // each row's rope cos and sin
+  aligned_vector<float> local_angles_;   // and with the local table (Gemma's sliding layers)
   RopeTable::Scratch rope_scratch_;
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs

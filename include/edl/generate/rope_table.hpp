@@ -11,10 +11,12 @@
 // length, a decode step by its position + 1; the keys already cached keep their rotation.
 // longrope keeps a second table (long_factor) for L beyond original_max_position_embeddings;
 // dynamic computes the frequencies of an L beyond max_position_embeddings once per call.
+// Gemma's sliding layers rotate with their own base (rope_local_base_freq): local(), a second table.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <edl/models/llama/config.hpp>
@@ -34,7 +36,14 @@ class RopeTable {
   RopeTable() = default;
   /// Positions 0 .. positions-1 of the model described by `c`.
   RopeTable(const models::LlamaConfig& c, std::int64_t positions)
-      : rot_(c.head_size(), models::rope_config(c)), half_(c.head_size() / 2) {
+      : RopeTable(c.head_size(), models::rope_config(c), positions) {
+    for (std::int64_t l = 0; l < c.num_hidden_layers && !local_; ++l)
+      if (c.is_gemma() && c.layer_is_sliding(l))
+        local_ = std::make_shared<const RopeTable>(c.head_size(), models::rope_config(c, l), positions);
+  }
+  /// Positions 0 .. positions-1 of one rope.
+  RopeTable(std::int64_t head_dim, const nn::RopeConfig& rope, std::int64_t positions)
+      : rot_(head_dim, rope), half_(head_dim / 2) {
     const nn::RopeConfig& rc = rot_.config();
     rot_.tables(nn::TokenLayout{1, positions, nullptr, nullptr, nullptr, /*context=*/1}, cos_, sin_);
     if (rc.type == "longrope")
@@ -44,6 +53,8 @@ class RopeTable {
   }
 
   std::int64_t half() const noexcept { return half_; }
+  /// The table of the local layers (Gemma's sliding layers), or null.
+  const RopeTable* local() const noexcept { return local_.get(); }
 
   /// cos and sin [head_dim / 2] of position `pos` written by a forward whose sequence reaches
   /// `context` tokens (its largest position + 1).
@@ -74,6 +85,7 @@ class RopeTable {
   nn::RotaryEmbedding rot_;
   std::int64_t half_ = 0;
   std::vector<float> cos_, sin_, long_cos_, long_sin_;
+  std::shared_ptr<const RopeTable> local_;
 };
 
 }  // namespace edl::generate

@@ -1,11 +1,12 @@
 // edl/kernels/activations.hpp
-// Activations of the Llama MLP (SiLU, fused SwiGLU) and GELU (tanh approximation), forward
-// and backward, lane-wise over flat arrays of n elements.
+// Activations of the gated MLPs (SiLU and fused SwiGLU for Llama; GELU, tanh approximation, and
+// fused GeGLU for Gemma), forward and backward, lane-wise over flat arrays of n elements.
 //
 //   silu(x)            = x * sigmoid(x),            sigmoid(x) = 1 / (1 + exp(-x))
 //   silu'(x)           = s * (1 + x * (1 - s)),     s = sigmoid(x)
 //   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
 //   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
+//   gated_mul(act, g, u) = act(g) * u            (silu: SwiGLU; gelu_tanh: GeGLU)
 //
 // Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
 // kernels are f32. Every output may alias any input of the same type (in place). Each
@@ -13,6 +14,7 @@
 // not depend on the thread count.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,7 +38,31 @@ struct SiluMulOp {
 };
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluA = 0.044715f;
+/// gelu_tanh(x) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh(u)) = sigmoid(2u)
+/// has no cancellation for negative x.
+inline fbatch gelu_tanh(const fbatch& v) noexcept {
+  const fbatch u2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(kGeluA) * v, v * v, v);
+  return v * sigmoid(u2);
+}
+/// gelu_tanh'(x): with t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
+/// gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
+inline fbatch gelu_tanh_grad(const fbatch& v) noexcept {
+  const fbatch v2 = v * v;
+  const fbatch u2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(kGeluA) * v, v2, v);
+  fbatch s, oms;
+  sigmoid_pair(u2, s, oms);
+  const fbatch du2 = fbatch(2.0f * kGeluC) * kernels::detail::fmadd(fbatch(3.0f * kGeluA), v2, fbatch(1.0f));
+  return kernels::detail::fmadd(v * s * oms, du2, s);
+}
+/// gelu_tanh(g) * u, lane-wise (GeGLU, Gemma's MLP).
+struct GeluTanhMulOp {
+  fbatch operator()(const fbatch& g, const fbatch& u) const noexcept { return gelu_tanh(g) * u; }
+};
 }  // namespace detail
+
+/// The activation of a gated MLP: down(act(gate x) * up x). silu: SwiGLU (Llama, Mistral, Qwen,
+/// Phi-3); gelu_tanh: GeGLU with the tanh GELU (Gemma's gelu_pytorch_tanh).
+enum class GatedActivation { silu, gelu_tanh };
 
 /// y = silu(x), n elements.
 template <FloatStorage T>
@@ -120,15 +146,7 @@ inline void gelu_tanh(const T* x, T* y, std::ptrdiff_t n) {
   detail::check_size(n, "gelu_tanh", "n");
   detail::check_ptr(x, n, "gelu_tanh", "x");
   detail::check_ptr(y, n, "gelu_tanh", "y");
-  detail::map(
-      n,
-      [](const detail::fbatch& v) {
-        using detail::fbatch;
-        // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x.
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v * v, v);
-        return v * detail::sigmoid(u2);
-      },
-      y, x);
+  detail::map(n, [](const detail::fbatch& v) { return detail::gelu_tanh(v); }, y, x);
 }
 
 /// dx = dy * gelu_tanh'(x).
@@ -139,20 +157,50 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
   detail::check_ptr(dy, n, k, "dy");
   detail::check_ptr(dx, n, k, "dx");
   detail::map(
-      n,
-      [](const detail::fbatch& v, const detail::fbatch& g) {
-        using detail::fbatch;
-        const fbatch v2 = v * v;
-        const fbatch u2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(detail::kGeluA) * v, v2, v);
-        // With t = tanh(u), s = sigmoid(2u): 0.5 (1 + t) = s and 1 - t^2 = 4 s (1 - s), so
-        // gelu' = s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 + 3 a x^2).
-        fbatch s, oms;
-        detail::sigmoid_pair(u2, s, oms);
-        const fbatch du2 = fbatch(2.0f * detail::kGeluC) * kernels::detail::fmadd(fbatch(3.0f * detail::kGeluA), v2, fbatch(1.0f));
-        const fbatch d = kernels::detail::fmadd(v * s * oms, du2, s);
-        return g * d;
-      },
-      dx, x, dy);
+      n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::gelu_tanh_grad(v); }, dx, x, dy);
+}
+
+/// out = act(gate) * up: silu_mul, or GeGLU's gelu_tanh(gate) * up.
+template <FloatStorage T>
+inline void gated_mul(GatedActivation act, const T* gate, const T* up, T* out, std::ptrdiff_t n) {
+  if (act == GatedActivation::silu) return silu_mul(gate, up, out, n);
+  const char* k = "gated_mul";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(out, n, k, "out");
+  detail::map(n, detail::GeluTanhMulOp{}, out, gate, up);
+}
+
+/// gate[lo, hi) = act(gate) * up over that range, on the calling thread (silu_mul_range's twin).
+inline void gated_mul_range(GatedActivation act, float* gate, const float* up, std::int64_t lo, std::int64_t hi) noexcept {
+  if (act == GatedActivation::silu) return silu_mul_range(gate, up, lo, hi);
+  detail::map_range(lo, hi, detail::GeluTanhMulOp{}, gate, static_cast<const float*>(gate), up);
+}
+
+/// Backward of out = act(gate) * up: d_up = d_out act(gate), d_gate = d_out up act'(gate).
+/// d_gate may alias gate or d_out, d_up may alias up or d_out.
+inline void gated_mul_backward(GatedActivation act, const float* gate, const float* up, const float* d_out,
+                               float* d_gate, float* d_up, std::ptrdiff_t n) {
+  if (act == GatedActivation::silu) return silu_mul_backward(gate, up, d_out, d_gate, d_up, n);
+  using detail::fbatch;
+  const char* k = "gated_mul_backward";
+  detail::check_size(n, k, "n");
+  detail::check_ptr(gate, n, k, "gate");
+  detail::check_ptr(up, n, k, "up");
+  detail::check_ptr(d_out, n, k, "d_out");
+  detail::check_ptr(d_gate, n, k, "d_gate");
+  detail::check_ptr(d_up, n, k, "d_up");
+  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t i = lo; i < hi; i += detail::kLanes) {
+      const std::ptrdiff_t m = std::min<std::ptrdiff_t>(detail::kLanes, hi - i);
+      const fbatch g = detail::load_partial(gate + i, m, 0.0f), u = detail::load_partial(up + i, m, 0.0f);
+      const fbatch d = detail::load_partial(d_out + i, m, 0.0f);
+      const fbatch du = d * detail::gelu_tanh(g), dg = d * u * detail::gelu_tanh_grad(g);
+      detail::store_partial(d_gate + i, dg, m);
+      detail::store_partial(d_up + i, du, m);
+    }
+  });
 }
 
 }  // namespace edl::kernels

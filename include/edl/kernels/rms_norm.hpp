@@ -52,9 +52,10 @@ inline float row_sum_squares(const T* x, std::ptrdiff_t n) noexcept {
 
 /// RMSNorm forward. x, y: rows x cols; weight: cols; inv_rms: rows (saved for backward, may
 /// be null for inference). eps > 0 typical (Llama: 1e-5 or 1e-6). y may equal x.
+/// y = (offset + weight) * x / rms: offset 0 for Llama, 1 for Gemma (weights stored around 0).
 template <FloatStorage T, FloatStorage W>
 inline void rms_norm_forward(const T* x, const W* weight, T* y, float* inv_rms, std::ptrdiff_t rows,
-                             std::ptrdiff_t cols, float eps) {
+                             std::ptrdiff_t cols, float eps, float offset = 0.0f) {
   const char* k = "rms_norm_forward";
   const std::ptrdiff_t n = detail::checked_area(rows, cols, k);
   detail::check_ptr(x, n, k, "x");
@@ -68,9 +69,15 @@ inline void rms_norm_forward(const T* x, const W* weight, T* y, float* inv_rms, 
       const float ir = 1.0f / std::sqrt(ms + eps);
       if (inv_rms) inv_rms[r] = ir;
       const detail::fbatch irb(ir);
-      detail::map_range(
-          0, cols, [&](const detail::fbatch& xv, const detail::fbatch& wv) { return wv * (xv * irb); }, y + r * cols,
-          xr, weight);
+      if (offset == 0.0f)
+        detail::map_range(
+            0, cols, [&](const detail::fbatch& xv, const detail::fbatch& wv) { return wv * (xv * irb); }, y + r * cols,
+            xr, weight);
+      else  // Gemma: (offset + w), in f32 as HF's (1.0 + weight.float())
+        detail::map_range(
+            0, cols,
+            [&](const detail::fbatch& xv, const detail::fbatch& wv) { return (wv + detail::fbatch(offset)) * (xv * irb); },
+            y + r * cols, xr, weight);
     }
   });
 }

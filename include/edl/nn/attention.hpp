@@ -8,7 +8,7 @@
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
 //                j in i's document (packed rows: segment_ids)
-//     s_j = (q_i . k_j) / sqrt(D);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
+//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
 // (HF gives a finite but meaningless value there; such rows are padding and carry no loss).
@@ -59,6 +59,8 @@ struct AttentionConfig {
   RopeConfig rope;
   bool qk_norm = false;       // Qwen3: RMSNorm of each q and k head (over head_dim) before rope
   double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
+  float qk_norm_offset = 0;   // Gemma 3: the norms scale by (1 + w)
+  double query_scale = 0;     // the scores' scale: 0 = 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5
 };
 
 template <class Pol>
@@ -100,10 +102,11 @@ class Attention {
     v_proj = ColumnLinear<Pol>(hidden_, nkv_ * D_, c.qkv_bias);
     o_proj = RowLinear<Pol>(nh_ * D_, hidden_, c.o_bias);
     if (qk_norm_) {
-      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
-      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps);
+      q_norm = RMSNorm<Pol>(D_, c.qk_norm_eps, c.qk_norm_offset);
+      k_norm = RMSNorm<Pol>(D_, c.qk_norm_eps, c.qk_norm_offset);
     }
     rope = RotaryEmbedding(D_, c.rope);
+    scale_ = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(D_));
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
@@ -116,6 +119,8 @@ class Attention {
   std::int64_t head_dim() const noexcept { return D_; }
   std::int64_t sliding_window() const noexcept { return window_; }
   bool has_qk_norm() const noexcept { return qk_norm_; }
+  /// The scores' scale (1 / sqrt(head_dim) unless the config sets query_scale).
+  float query_scale() const noexcept { return scale_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -298,7 +303,7 @@ class Attention {
   void core_forward(Saved& s) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
     const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float scale = scale_;
     exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> sc(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
@@ -338,7 +343,7 @@ class Attention {
   void core_backward(const Saved& s, const float* dctx, float* dq, float* dk, float* dv) const {
     const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_;
     const std::int64_t qw = nh_ * D, kw = nkv_ * D, QB = kernels::kAttentionQueryBlock;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float scale = scale_;
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
@@ -376,6 +381,7 @@ class Attention {
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
   bool qk_norm_ = false;
+  float scale_ = 1.0f;
 };
 
 }  // namespace edl::nn

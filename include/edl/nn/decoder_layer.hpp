@@ -4,6 +4,13 @@
 //   y = h + mlp(post_attention_layernorm(h))
 // or, for a mixture-of-experts layer (HF MixtralDecoderLayer, DecoderLayerConfig::moe set),
 //   y = h + block_sparse_moe(post_attention_layernorm(h))
+// or, with sandwich norms (HF Gemma2/Gemma3DecoderLayer, DecoderLayerConfig::sandwich_norms),
+//   h = x + attn_output_norm(attn(input_layernorm(x)))
+//   y = h + mlp_output_norm(mlp(post_attention_layernorm(h)))
+// where HF names the norms input_layernorm, post_attention_layernorm (attn_output_norm here),
+// pre_feedforward_layernorm (post_attention_layernorm here: the norm before the MLP in every
+// family) and post_feedforward_layernorm (mlp_output_norm); their outputs' inputs (the attention's
+// and the MLP's outputs) are kept under every remat policy.
 // Saved: norm outputs, h, and the sub-modules' Saved (x itself stays with the caller).
 //
 // Gradient checkpointing: forward keeps only the activations the remat policy saves
@@ -24,6 +31,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/activations.hpp>
 #include <edl/kernels/elementwise.hpp>
 #include <edl/nn/attention.hpp>
 #include <edl/nn/mlp.hpp>
@@ -39,6 +47,9 @@ struct DecoderLayerConfig {
   bool mlp_bias = false;
   double rms_norm_eps = 1e-6;
   std::optional<MoeConfig> moe;  // set: a sparse mixture-of-experts block instead of the MLP
+  bool sandwich_norms = false;   // Gemma: norms on the attention's and the MLP's outputs too
+  float norm_offset = 0;         // Gemma: every norm scales by (1 + w)
+  kernels::GatedActivation activation = kernels::GatedActivation::silu;
 };
 
 template <class Pol>
@@ -47,11 +58,12 @@ class DecoderLayer {
 
  public:
   struct Saved {
-    typename RMSNorm<Pol>::Saved norm1_s, norm2_s;
+    typename RMSNorm<Pol>::Saved norm1_s, norm2_s, attn_out_norm_s, mlp_out_norm_s;
     typename Attention<Pol>::Saved attn_s;
     typename MLP<Pol>::Saved mlp_s;
     typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    std::vector<float> ao, mo;     // sandwich norms: the attention's and the MLP's outputs [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
     std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
@@ -68,13 +80,20 @@ class DecoderLayer {
 
   DecoderLayer() = default;
   explicit DecoderLayer(const DecoderLayerConfig& c)
-      : input_layernorm(c.attention.hidden, c.rms_norm_eps),
+      : input_layernorm(c.attention.hidden, c.rms_norm_eps, c.norm_offset),
         self_attn(c.attention),
-        post_attention_layernorm(c.attention.hidden, c.rms_norm_eps),
+        post_attention_layernorm(c.attention.hidden, c.rms_norm_eps, c.norm_offset),
         hidden_(c.attention.hidden) {
     if (c.moe) block_sparse_moe = MoE<Pol>(*c.moe);
-    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias);
+    else mlp = MLP<Pol>(c.attention.hidden, c.intermediate, c.mlp_bias, c.activation);
     sparse_ = c.moe.has_value();
+    sandwich_ = c.sandwich_norms;
+    EDL_CHECK(!(sandwich_ && sparse_), errc::unsupported, "nn.DecoderLayer",
+              "sandwich norms around a mixture-of-experts block are not supported");
+    if (sandwich_) {
+      attn_output_norm = RMSNorm<Pol>(c.attention.hidden, c.rms_norm_eps, c.norm_offset);
+      mlp_output_norm = RMSNorm<Pol>(c.attention.hidden, c.rms_norm_eps, c.norm_offset);
+    }
   }
 
   RMSNorm<Pol> input_layernorm;
@@ -82,17 +101,26 @@ class DecoderLayer {
   RMSNorm<Pol> post_attention_layernorm;
   MLP<Pol> mlp;                 // empty in a mixture-of-experts layer
   MoE<Pol> block_sparse_moe;    // empty in a dense layer
+  RMSNorm<Pol> attn_output_norm, mlp_output_norm;  // sandwich norms; empty without
 
   /// A mixture-of-experts layer (block_sparse_moe in place of mlp).
   bool is_sparse() const noexcept { return sparse_; }
+  /// Norms on the attention's and the MLP's outputs (Gemma).
+  bool has_sandwich_norms() const noexcept { return sandwich_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
     input_layernorm.visit_params(join_path(prefix, "input_layernorm"), f);
     self_attn.visit_params(join_path(prefix, "self_attn"), f);
-    post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+    if (sandwich_) {  // HF Gemma's names
+      attn_output_norm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+      post_attention_layernorm.visit_params(join_path(prefix, "pre_feedforward_layernorm"), f);
+    } else {
+      post_attention_layernorm.visit_params(join_path(prefix, "post_attention_layernorm"), f);
+    }
     if (sparse_) block_sparse_moe.visit_params(join_path(prefix, moe_name()), f);
     else mlp.visit_params(join_path(prefix, "mlp"), f);
+    if (sandwich_) mlp_output_norm.visit_params(join_path(prefix, "post_feedforward_layernorm"), f);
   }
   template <class F>
   void visit_linears(std::string_view prefix, F&& f) {
@@ -102,7 +130,8 @@ class DecoderLayer {
   }
   std::int64_t param_count() const noexcept {
     return input_layernorm.param_count() + self_attn.param_count() + post_attention_layernorm.param_count() +
-           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count());
+           (sparse_ ? block_sparse_moe.param_count() : mlp.param_count()) +
+           (sandwich_ ? attn_output_norm.param_count() + mlp_output_norm.param_count() : 0);
   }
   /// What runs: with experts, the router and k experts per token.
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
@@ -123,11 +152,24 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
-    self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+    if (sandwich_) {
+      s.ao.resize(n);
+      s.mo.resize(n);
+      self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
+      attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
+    } else {
+      self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+    }
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
-    else mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    if (sparse_) {
+      block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+    } else if (sandwich_) {
+      mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
+      mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
+    } else {
+      mlp.forward(s.n2.data(), T, y, s.mlp_s);
+    }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped_by<R>());
   }
@@ -143,12 +185,24 @@ class DecoderLayer {
     const std::uint32_t dropped = s.dropped;
     rematerialize(s);
     const std::size_t n = s.h.size();
-    std::vector<float> a(n), dh(dy, dy + n);
-    if (sparse_) block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
-    else mlp.backward(dy, s.mlp_s, a.data());
+    std::vector<float> a(n), dh(dy, dy + n), b;
+    if (sparse_) {
+      block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+    } else if (sandwich_) {
+      b.resize(n);
+      mlp_output_norm.backward(dy, s.mlp_out_norm_s, b.data());  // d mo
+      mlp.backward(b.data(), s.mlp_s, a.data());
+    } else {
+      mlp.backward(dy, s.mlp_s, a.data());
+    }
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
-    self_attn.backward(dh.data(), s.attn_s, a.data());        // d n1
+    if (sandwich_) {
+      attn_output_norm.backward(dh.data(), s.attn_out_norm_s, b.data());  // d ao
+      self_attn.backward(b.data(), s.attn_s, a.data());                    // d n1
+    } else {
+      self_attn.backward(dh.data(), s.attn_s, a.data());  // d n1
+    }
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
     release(s, dropped);
@@ -189,7 +243,11 @@ class DecoderLayer {
     self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
     if (d & kAttnOut) {
       s.h.resize(n);
-      self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
+        attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
+      } else {
+        self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+      }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
     }
     if (d & kNorm2) {
@@ -208,7 +266,7 @@ class DecoderLayer {
   }
 
   std::int64_t hidden_ = 0;
-  bool sparse_ = false;
+  bool sparse_ = false, sandwich_ = false;
 };
 
 }  // namespace edl::nn

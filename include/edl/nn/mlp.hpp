@@ -1,5 +1,6 @@
 // edl/nn/mlp.hpp
-// SwiGLU feed-forward as HF LlamaMLP: y = down( silu(gate x) * up x ).
+// Gated feed-forward as HF LlamaMLP: y = down( act(gate x) * up x ), act = silu (SwiGLU) or,
+// for Gemma, the tanh GELU (GeGLU, kernels::GatedActivation).
 //   gate, up: [intermediate, hidden] column-parallel; down: [hidden, intermediate] row-parallel.
 // Saved: gate x, up x and a = silu(gate x) * up x ([T, intermediate] each).
 #pragma once
@@ -27,12 +28,15 @@ class MLP {
   };
 
   MLP() = default;
-  MLP(std::int64_t hidden, std::int64_t intermediate, bool bias = false)
+  MLP(std::int64_t hidden, std::int64_t intermediate, bool bias = false,
+      kernels::GatedActivation act = kernels::GatedActivation::silu)
       : gate_proj(hidden, intermediate, bias), up_proj(hidden, intermediate, bias), down_proj(intermediate, hidden, bias),
-        hidden_(hidden), inter_(intermediate) {}
+        hidden_(hidden), inter_(intermediate), act_(act) {}
 
   ColumnLinear<Pol> gate_proj, up_proj;
   RowLinear<Pol> down_proj;
+
+  kernels::GatedActivation activation() const noexcept { return act_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -87,7 +91,8 @@ class MLP {
     const std::size_t n = s.a.size();
     std::vector<float> da(n), dg(n);
     down_proj.backward(dy, s.down_s, da.data());
-    kernels::silu_mul_backward(s.g.data(), s.u.data(), da.data(), dg.data(), da.data(), static_cast<std::ptrdiff_t>(n));
+    kernels::gated_mul_backward(act_, s.g.data(), s.u.data(), da.data(), dg.data(), da.data(),
+                                static_cast<std::ptrdiff_t>(n));
     gate_proj.backward(dg.data(), s.gate_s, dx, false);
     up_proj.backward(da.data(), s.up_s, dx, true);
   }
@@ -105,11 +110,12 @@ class MLP {
     }
     if (a) {
       s.a.resize(n);
-      kernels::silu_mul(s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+      kernels::gated_mul(act_, s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
     }
   }
 
   std::int64_t hidden_ = 0, inter_ = 0;
+  kernels::GatedActivation act_ = kernels::GatedActivation::silu;
 };
 
 }  // namespace edl::nn

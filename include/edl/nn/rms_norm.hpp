@@ -1,5 +1,7 @@
 // edl/nn/rms_norm.hpp
 // RMSNorm as HF LlamaRMSNorm: y = weight * x / sqrt(mean(x^2) + eps); weight [hidden], P<none>.
+// With offset 1, HF GemmaRMSNorm: y = (1 + weight) * x / rms, weights stored (and initialised)
+// around 0; the gradient of weight is that of (1 + weight).
 // Saved: a pointer to x and 1/rms per row; backward via kernels::rms_norm_backward.
 #pragma once
 
@@ -29,16 +31,19 @@ class RMSNorm {
   };
 
   RMSNorm() = default;
-  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6) : hidden_(hidden), eps_(eps) {
+  explicit RMSNorm(std::int64_t hidden, double eps = 1e-6, float offset = 0.0f)
+      : hidden_(hidden), eps_(eps), offset_(offset) {
     EDL_CHECK(hidden > 0, errc::invalid_argument, "nn.RMSNorm", "hidden must be positive, found ", hidden);
     EDL_CHECK(eps >= 0, errc::invalid_argument, "nn.RMSNorm", "eps must be >= 0, found ", eps);
-    weight = WeightParam({static_cast<std::size_t>(hidden)}, Init::ones);
-    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(1.0f));
+    weight = WeightParam({static_cast<std::size_t>(hidden)}, offset == 0.0f ? Init::ones : Init::zeros);
+    std::fill(weight.value.begin(), weight.value.end(), from_f32<T>(offset == 0.0f ? 1.0f : 0.0f));
   }
 
   WeightParam weight;
   std::int64_t hidden_size() const noexcept { return hidden_; }
   double eps() const noexcept { return eps_; }
+  /// Added to the weight: 0 (Llama) or 1 (Gemma).
+  float offset() const noexcept { return offset_; }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -50,17 +55,22 @@ class RMSNorm {
 
   void apply(const float* x, std::int64_t rows, float* y) const {
     kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
-                              static_cast<float>(eps_));
+                              static_cast<float>(eps_), offset_);
   }
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     s.x = x;
     s.inv_rms.resize(static_cast<std::size_t>(rows));
-    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_));
+    kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_), offset_);
   }
   /// Writes dx (may equal dy), accumulates dweight.
   void backward(const float* dy, const Saved& s, float* dx) {
     std::vector<float> scratch;
     const float* w = as_f32(weight, scratch);
+    if (offset_ != 0.0f) {  // the effective weight, offset + w, in f32
+      if (w != scratch.data()) scratch.assign(w, w + hidden_);
+      for (float& v : scratch) v += offset_;
+      w = scratch.data();
+    }
     kernels::rms_norm_backward(s.x, w, s.inv_rms.data(), dy, dx, weight.trainable_grad(),
                                static_cast<std::int64_t>(s.inv_rms.size()), hidden_);
   }
@@ -68,6 +78,7 @@ class RMSNorm {
  private:
   std::int64_t hidden_ = 0;
   double eps_ = 1e-6;
+  float offset_ = 0.0f;
 };
 
 }  // namespace edl::nn

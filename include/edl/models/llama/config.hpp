@@ -151,8 +151,35 @@ struct LlamaConfig {
   /// Bias on q/k/v projections (attention_bias, or always for qwen2) and on o_proj.
   bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
-  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3.
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
+  /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3, gemma 3.
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || is_gemma(); }
+  /// Gemma 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
+  bool is_gemma() const { return model_type == "gemma3_text"; }
+  /// Added to every RMSNorm weight: 1 for Gemma (HF GemmaRMSNorm), else 0.
+  float norm_offset() const { return is_gemma() ? 1.0f : 0.0f; }
+  /// Norms on the attention's and the MLP's outputs as well (Gemma).
+  bool sandwich_norms() const { return is_gemma(); }
+  /// The factor the embeddings are multiplied by: sqrt(hidden_size) for Gemma, else 1.
+  double embed_scale() const { return is_gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0; }
+  /// The scores' scale: query_pre_attn_scalar^-0.5 for Gemma; 0 = 1 / sqrt(head_dim).
+  double query_scale() const { return is_gemma() ? 1.0 / std::sqrt(extra_number("query_pre_attn_scalar", 256)) : 0.0; }
+  /// Gemma 3's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types)
+  /// every layer but the last of each group of sliding_window_pattern.
+  bool layer_is_sliding(std::int64_t l) const {
+    if (!is_gemma()) return attention_window().has_value();
+    if (extra.contains("layer_types") && extra["layer_types"].is_array())
+      return extra["layer_types"][static_cast<std::size_t>(l)] == "sliding_attention";
+    return (l + 1) % static_cast<std::int64_t>(extra_number("sliding_window_pattern", 6)) != 0;
+  }
+  /// Layer l's attention window (Gemma: the sliding layers'; others: every layer's).
+  std::optional<std::int64_t> layer_window(std::int64_t l) const {
+    if (!is_gemma()) return attention_window();
+    return layer_is_sliding(l) ? sliding_window : std::nullopt;
+  }
+  /// A number kept in `extra` (fields only some families read), or `fallback` when absent or null.
+  double extra_number(const char* name, double fallback) const {
+    return extra.contains(name) && extra[name].is_number() ? extra[name].get<double>() : fallback;
+  }
   /// A mixture-of-experts model: Mixtral (block_sparse_moe in every layer) or Qwen-MoE (mlp).
   bool is_moe() const { return model_type == "mixtral" || qwen_moe(); }
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
@@ -186,9 +213,10 @@ struct LlamaConfig {
       EDL_CHECK(v > 0, errc::config, where(name), "must be positive, found ", v);
     };
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-                  model_type == "phi3" || is_moe(),
+                  model_type == "phi3" || is_gemma() || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, phi3, mixtral, qwen2_moe or qwen3_moe, found \"", model_type, "\"");
+              "expected llama, mistral, qwen2, qwen3, phi3, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
+              model_type, "\"");
     // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
     EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
                   extra["partial_rotary_factor"].get<double>() == 1.0,
@@ -231,8 +259,12 @@ struct LlamaConfig {
               num_key_value_heads, ")");
     EDL_CHECK(rms_norm_eps > 0, errc::config, where("rms_norm_eps"), "must be positive, found ", rms_norm_eps);
     EDL_CHECK(rope_theta > 0, errc::config, where("rope_theta"), "must be positive, found ", rope_theta);
-    EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
-              hidden_act, "\"");
+    if (is_gemma()) {
+      validate_gemma();
+    } else {
+      EDL_CHECK(hidden_act == "silu", errc::unsupported, where("hidden_act"), "only \"silu\" is supported, found \"",
+                hidden_act, "\"");
+    }
     if (sliding_window) positive("sliding_window", *sliding_window);
     EDL_CHECK(num_labels >= 0, errc::config, where("num_labels"), "must be non-negative, found ", num_labels);
     if (is_moe()) {
@@ -301,6 +333,33 @@ struct LlamaConfig {
     }
   }
 
+  /// Gemma 3's own fields (kept in `extra`): what edl runs, and what it refuses by name.
+  void validate_gemma() const {
+    const auto field = [&](const char* name) -> const ojson* { return extra.contains(name) ? &extra[name] : nullptr; };
+    const std::string act = field("hidden_activation") && field("hidden_activation")->is_string()
+                                ? field("hidden_activation")->get<std::string>() : hidden_act;
+    EDL_CHECK(act == "gelu_pytorch_tanh", errc::unsupported, where("hidden_activation"),
+              "Gemma's MLP runs the tanh GELU (\"gelu_pytorch_tanh\"), found \"", act, "\"");
+    for (const char* name : {"query_pre_attn_scalar", "sliding_window_pattern", "rope_local_base_freq"})
+      if (const ojson* v = field(name); v && !v->is_null())
+        EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name), "must be a positive number, found ",
+                  v->dump());
+    for (const char* name : {"final_logit_softcapping", "attn_logit_softcapping"})
+      EDL_CHECK(!field(name) || field(name)->is_null(), errc::unsupported, where(name),
+                "soft-capping (Gemma 2) is not supported; found ", field(name)->dump());
+    EDL_CHECK(!field("use_bidirectional_attention") || field("use_bidirectional_attention")->is_null() ||
+                  *field("use_bidirectional_attention") == false,
+              errc::unsupported, where("use_bidirectional_attention"), "edl runs causal attention only");
+    if (const ojson* t = field("layer_types")) {
+      EDL_CHECK(t->is_array() && static_cast<std::int64_t>(t->size()) == num_hidden_layers, errc::config,
+                where("layer_types"), "expected a list of num_hidden_layers = ", num_hidden_layers, " layer types");
+      for (const ojson& v : *t)
+        EDL_CHECK(v == "sliding_attention" || v == "full_attention", errc::unsupported, where("layer_types"),
+                  "expected sliding_attention or full_attention, found ", v.dump());
+    }
+    EDL_CHECK(sliding_window.has_value(), errc::config, where("sliding_window"), "Gemma's sliding layers need a window");
+  }
+
   /// The context the rope scaling was pretrained on: rope_scaling's original_max_position_embeddings,
   /// else (longrope) the top-level field Phi-3 writes, else max_position_embeddings.
   std::int64_t rope_original_max() const {
@@ -348,10 +407,12 @@ struct LlamaConfig {
     cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
-    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", false);
+    const bool gemma = cfg.model_type == "gemma3_text";
+    cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", gemma);  // Gemma3TextConfig: tied
     if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
-    cfg.hidden_act = c.get<std::string>("hidden_act", "silu");
+    else if (gemma) cfg.sliding_window = 4096;                        // Gemma3TextConfig default
+    cfg.hidden_act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
     cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
     if (c.has("eos_token_id")) {
       const ojson& e = j["eos_token_id"];
@@ -486,11 +547,11 @@ struct LlamaConfig {
     k["rope_theta"] = rope_theta;
     k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
     k["attention_bias"] = attention_bias;
-    k["mlp_bias"] = mlp_bias;
+    if (!is_gemma() || mlp_bias || was_present("mlp_bias")) k["mlp_bias"] = mlp_bias;
     k["tie_word_embeddings"] = tie_word_embeddings;
     if (sliding_window || model_type != "llama" || was_present("sliding_window"))
       k["sliding_window"] = sliding_window ? ojson(*sliding_window) : ojson(nullptr);
-    k["hidden_act"] = hidden_act;
+    if (!is_gemma() || was_present("hidden_act")) k["hidden_act"] = hidden_act;
     k["bos_token_id"] = bos_token_id ? ojson(*bos_token_id) : ojson(nullptr);
     if (eos_token_id.empty() && !eos_token_id_is_list) k["eos_token_id"] = nullptr;
     else if (eos_token_id_is_list || eos_token_id.size() != 1) k["eos_token_id"] = eos_token_id;
@@ -608,6 +669,7 @@ struct LlamaConfig {
         p.push_back({pre + "self_attn.k_norm.weight", {head_size()}});
       }
       p.push_back({pre + "post_attention_layernorm.weight", {H}});
+      if (sandwich_norms()) p.push_back({pre + "pre_feedforward_layernorm.weight", {H}});
       if (layer_is_sparse(l) && !qwen_moe()) {  // HF Mixtral: w1 gate, w2 down, w3 up
         p.push_back({pre + "block_sparse_moe.gate.weight", {num_local_experts, H}});
         for (std::int64_t e = 0; e < num_local_experts; ++e) {
@@ -641,6 +703,7 @@ struct LlamaConfig {
         p.push_back({pre + "mlp." + n + ".weight", {out, in}});
         if (mlp_bias) p.push_back({pre + "mlp." + n + ".bias", {out}});
       }
+      if (sandwich_norms()) p.push_back({pre + "post_feedforward_layernorm.weight", {H}});
     }
     p.push_back({"model.norm.weight", {H}});
     if (head == LlamaHead::causal_lm && !tie_word_embeddings) p.push_back({"lm_head.weight", {V, H}});

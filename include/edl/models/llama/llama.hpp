@@ -32,6 +32,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/nn/decoder_layer.hpp>
@@ -44,11 +45,16 @@
 
 namespace edl::models {
 
-/// nn::RopeConfig from the HF fields.
-inline nn::RopeConfig rope_config(const LlamaConfig& c) {
+/// nn::RopeConfig from the HF fields; layer l's (Gemma's sliding layers rotate with
+/// rope_local_base_freq and no scaling; -1: the model's global rope).
+inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
   r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
+  if (c.is_gemma() && l >= 0 && c.layer_is_sliding(l)) {
+    r.theta = c.extra_number("rope_local_base_freq", 10000.0);
+    return r;
+  }
   if (c.rope_scaling && c.rope_scaling->rope_type != "default") {
     const RopeScaling& s = *c.rope_scaling;
     r.type = s.rope_type;
@@ -79,13 +85,18 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.attention.head_dim = c.head_size();
   d.attention.qkv_bias = c.qkv_bias();
   d.attention.o_bias = c.o_bias();
-  d.attention.sliding_window = c.attention_window();
-  d.attention.rope = rope_config(c);
+  d.attention.sliding_window = c.layer_window(l);
+  d.attention.rope = rope_config(c, l);
   d.attention.qk_norm = c.qk_norm();
   d.attention.qk_norm_eps = c.rms_norm_eps;
+  d.attention.qk_norm_offset = c.norm_offset();
+  d.attention.query_scale = c.query_scale();
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
+  d.sandwich_norms = c.sandwich_norms();
+  d.norm_offset = c.norm_offset();
+  d.activation = c.is_gemma() ? kernels::GatedActivation::gelu_tanh : kernels::GatedActivation::silu;
   if (c.layer_is_sparse(l))
     d.moe = nn::MoeConfig{.hidden = c.hidden_size,
                           .intermediate = c.expert_intermediate_size(),
@@ -112,7 +123,7 @@ class LlamaModel {
 
   LlamaModel() = default;
   explicit LlamaModel(const LlamaConfig& c)
-      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps), cfg_(c) {
+      : embed_tokens(c.vocab_size, c.hidden_size), norm(c.hidden_size, c.rms_norm_eps, c.norm_offset()), cfg_(c) {
     c.validate();
     layers.reserve(static_cast<std::size_t>(c.num_hidden_layers));
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(decoder_layer_config(c, l));
@@ -123,6 +134,12 @@ class LlamaModel {
   nn::RMSNorm<Pol> norm;
 
   const LlamaConfig& config() const noexcept { return cfg_; }
+
+  /// What the embeddings are multiplied by (Gemma: sqrt(hidden_size) rounded to the weights'
+  /// type, as HF casts it; else 1).
+  float embed_scale() const noexcept {
+    return to_f32(from_f32<typename Pol::param_t>(static_cast<float>(cfg_.embed_scale())));
+  }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -160,6 +177,7 @@ class LlamaModel {
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
     embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
     for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
@@ -173,6 +191,7 @@ class LlamaModel {
       layers[l].backward(a.data(), s.layer_s[l], b.data());
       std::swap(a, b);
     }
+    if (const float e = embed_scale(); e != 1.0f) kernels::scale(a.data(), e, static_cast<std::ptrdiff_t>(n));
     embed_tokens.backward(a.data(), s.embed_s);
   }
 

@@ -23,6 +23,8 @@
 //     qk_norm (Qwen3): q, k before the norms and
 //       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
+//     sandwich norms (Gemma): attention and MLP
+//       outputs and their inv_rms                  2 Tl H + 2 Tl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
 //     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
 //   the peak adds the largest transient on top of all layers' saved state:
@@ -209,8 +211,9 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.local_tokens = Tl;
   const std::int64_t f = 4, i64 = 8;
   const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
+  const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
   const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl);
+                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl + sandwich);
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;

@@ -271,6 +271,9 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
+    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, "ShardedLlama",
+              "a Gemma model runs on one device for now (its sandwich norms and scaled embeddings are not in the "
+              "mesh step yet)");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
