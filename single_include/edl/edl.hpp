@@ -3915,6 +3915,7 @@ ShardedTensor<T, OutSpec> shard_map(const Mesh<Axes...>& mesh, const std::array<
 //   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
 //   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
 //   gated_mul(act, g, u) = act(g) * u            (silu: SwiGLU; gelu_tanh: GeGLU)
+//   softcap(x)         = cap tanh(x / cap),        softcap'(x) = 1 - tanh^2(x / cap)
 //
 // Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
 // kernels are f32. Every output may alias any input of the same type (in place). Each
@@ -4552,6 +4553,19 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
   detail::check_ptr(dx, n, k, "dx");
   detail::map(
       n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::gelu_tanh_grad(v); }, dx, x, dy);
+}
+
+/// x[0, n) <- cap tanh(x / cap) (Gemma's soft-capping of scores and logits), on the calling
+/// thread; with dfactor, dfactor[0, n) <- 1 - tanh^2, the factor its backward multiplies by.
+inline void softcap_row(float* x, float* dfactor, std::ptrdiff_t n, float cap) noexcept {
+  using detail::fbatch;
+  const fbatch c(cap);
+  for (std::ptrdiff_t i = 0; i < n; i += detail::kLanes) {
+    const std::ptrdiff_t m = std::min<std::ptrdiff_t>(detail::kLanes, n - i);
+    const fbatch t = xsimd::tanh(detail::load_partial(x + i, m, 0.0f) / c);
+    detail::store_partial(x + i, t * c, m);
+    if (dfactor) detail::store_partial(dfactor + i, fbatch(1.0f) - t * t, m);
+  }
 }
 
 /// out = act(gate) * up: silu_mul, or GeGLU's gelu_tanh(gate) * up.
@@ -6837,7 +6851,8 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
 //                j in i's document (packed rows: segment_ids)
-//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
+//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  with softcap c (Gemma 2): s_j <- c tanh(s_j / c)
+//     p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
 // (HF gives a finite but meaningless value there; such rows are padding and carry no loss).
@@ -6852,6 +6867,7 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // Backward, per (b, kv head g) on one thread (deterministic; dk, dv of a kv head are summed
 // over its query heads in order):
 //   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
+//   (times 1 - tanh^2(s_j / c) under soft-capping)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
 //   then dq, dk go through the inverse rotation, the q/k norms' backward (qk_norm) and the
 //   projections' backward.
@@ -6866,6 +6882,7 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/attention.hpp>
 // edl/kernels/attention.hpp
 // Attention kernels over cached keys and values (generation): one query row against one
@@ -6892,6 +6909,7 @@ inline void softmax_grad_row(const float* p, float* dp, float d, float scale, st
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/kernels/detail/simd.hpp> (inlined above)
+// #include <edl/kernels/activations.hpp> (inlined above)
 // // #include <edl/kernels/gemm.hpp> (inlined above) (inlined above)
 // // #include <edl/kernels/softmax.hpp> (inlined above) (inlined above)
 
@@ -7035,7 +7053,7 @@ struct AttentionOut {
 template <class View>
 void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* out, std::int64_t out_ld, bool partial,
                      std::int64_t p0, std::int64_t m_all, std::int64_t D, std::int64_t window, SlotMap slots,
-                     std::vector<float>& kv, std::vector<float>& sc) {
+                     std::vector<float>& kv, std::vector<float>& sc, float softcap = 0.0f) {
     // Local slots [first_slot(pos), end_slot(pos)) are the keys position pos attends to.
   const auto first_slot = [&](std::int64_t pos) { return slots.first(window_start(pos, window)); };
   const auto end_slot = [&](std::int64_t pos) { return slots.end(pos + 1); };
@@ -7060,6 +7078,7 @@ void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* o
       const std::int64_t a = first_slot(pos) - s0 - j0, b = std::max(a, end_slot(pos) - s0 - j0);  // allowed keys [a, b)
       float mx = -std::numeric_limits<float>::infinity(), total = 0.0f;
       if (b > a) {
+        if (softcap > 0) softcap_row(row + a, nullptr, b - a, softcap);
         mx = detail::row_max(row + a, b - a);
         total = detail::row_exp_sum(row + a, row + a, b - a, mx);
         if (!partial)
@@ -7080,15 +7099,17 @@ void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* o
 }
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
-/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
-/// decoders' attention starts here; they differ in how the sum is combined.
+/// max), in place, vectorized (the scores soft-capped first when softcap > 0). Returns {max,
+/// sum of sc} ({-inf, 0} for cnt == 0). Both decoders' attention starts here; they differ in
+/// how the sum is combined.
 template <class View>
 inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
-                                                  float scale, float* sc) {
+                                                  float scale, float* sc, float softcap = 0.0f) {
   using detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   if (cnt <= 0) return {-std::numeric_limits<float>::infinity(), 0.0f};
   detail::slot_scores(view, q, j0, cnt, scale, sc);
+  if (softcap > 0) softcap_row(sc, nullptr, cnt, softcap);
   fbatch mxv(-std::numeric_limits<float>::infinity());
   std::int64_t i = 0;
   for (; i + Wd <= cnt; i += Wd) mxv = xsimd::max(mxv, fbatch::load_unaligned(sc + i));
@@ -7116,12 +7137,12 @@ inline std::pair<float, float> softmax_numerators(const View& view, const float*
 /// the head's scores (the slots up to the position).
 template <class View>
 void attend_row_head(const View& view, std::int64_t pos, const float* q, float* rec, bool partial, std::int64_t D,
-                     std::int64_t window, SlotMap slots, float* sc) {
+                     std::int64_t window, SlotMap slots, float* sc, float softcap = 0.0f) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
   const std::int64_t jlo = slots.first(window_start(pos, window));
   const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(pos + 1) - jlo);
-  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc);
+  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc, softcap);
   const float w = partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
   if (partial) {
     rec[0] = mx;
@@ -8141,6 +8162,7 @@ struct AttentionConfig {
   double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
   float qk_norm_offset = 0;   // Gemma 3: the norms scale by (1 + w)
   double query_scale = 0;     // the scores' scale: 0 = 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5
+  double softcap = 0;         // Gemma 2: scores <- softcap tanh(scores / softcap) before the mask; 0 = none
 };
 
 template <class Pol>
@@ -8187,6 +8209,7 @@ class Attention {
     }
     rope = RotaryEmbedding(D_, c.rope);
     scale_ = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(D_));
+    softcap_ = static_cast<float>(c.softcap);
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
@@ -8396,6 +8419,7 @@ class Attention {
           gemm_serial(Trans::no, Trans::yes, m, n, D, scale, q, qw, k, kw, 0.0f, sc.data(), S);
           for (std::int64_t r = 0; r < m; ++r) {
             float* row = sc.data() + r * S;
+            if (softcap_ > 0) kernels::softcap_row(row, nullptr, n, softcap_);
             mask_row(s, b, i0 + r, j0, row, n);
             const float mx = kernels::detail::row_max(row, n);
             float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
@@ -8426,6 +8450,7 @@ class Attention {
     const float scale = scale_;
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
+      std::vector<float> capd(softcap_ > 0 ? static_cast<std::size_t>(S) : 0);  // 1 - tanh^2 of a row
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
@@ -8445,10 +8470,13 @@ class Attention {
                 std::fill(dprow, dprow + n, 0.0f);
                 continue;
               }
+              if (softcap_ > 0) kernels::softcap_row(prow, capd.data(), n, softcap_);
               mask_row(s, b, i0 + r, j0, prow, n);
               kernels::detail::row_exp_sum(prow, prow, n, lse);
               const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
               kernels::softmax_grad_row(prow, dprow, Di, scale, n);
+              if (softcap_ > 0)  // through the cap: d raw = d capped (1 - tanh^2)
+                for (std::int64_t j = 0; j < n; ++j) dprow[j] *= capd[static_cast<std::size_t>(j)];
             }
             gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
             gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);
@@ -8461,7 +8489,7 @@ class Attention {
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
   bool qk_norm_ = false;
-  float scale_ = 1.0f;
+  float scale_ = 1.0f, softcap_ = 0.0f;
 };
 
 }  // namespace edl::nn
@@ -9384,6 +9412,8 @@ class Embedding {
 //   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
 //   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
 // With row_weights w, row r's terms (in loss and gradient) are multiplied by w_r.
+// With logit_softcap c (Gemma 2's final_logit_softcapping) the logits are x <- c tanh(x / c)
+// first, and dx is multiplied by 1 - tanh^2 on the way back.
 // then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
 // Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
 // wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
@@ -9396,6 +9426,7 @@ class Embedding {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/activations.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/kernels/softmax.hpp> (inlined above)
@@ -9416,6 +9447,9 @@ struct LossOptions {
   const float* row_weights = nullptr;
   /// Out, [batch * seq] or null: each row's -log p(target) (0 where ignored), unweighted.
   double* row_nll = nullptr;
+  /// > 0: the logits are soft-capped, x <- logit_softcap tanh(x / logit_softcap) (Gemma 2's
+  /// final_logit_softcapping; models set it, see LlamaForCausalLM::loss_options).
+  float logit_softcap = 0.0f;
 };
 
 struct LossMetrics {
@@ -9475,6 +9509,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
   const float eps = opt.label_smoothing, zc = opt.z_loss;
   const std::int64_t C = std::min<std::int64_t>(opt.chunk_rows, T);
   std::vector<float> logits(static_cast<std::size_t>(C * V));
+  const float cap = opt.logit_softcap;
+  std::vector<float> capd(cap > 0 && want_grad ? static_cast<std::size_t>(C * V) : 0);  // 1 - tanh^2
   std::vector<double> ce(static_cast<std::size_t>(C)), zl(ce.size()), nll(ce.size());
   std::vector<char> correct(ce.size());
   double ce_sum = 0, z_sum = 0, nll_sum = 0;
@@ -9492,6 +9528,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         const std::int64_t l = tg[r];
         const std::size_t ri = static_cast<std::size_t>(r);
         const float w = opt.row_weights ? opt.row_weights[r0 + r] : 1.0f;
+        float* xd = capd.empty() ? nullptr : capd.data() + r * V;
+        if (cap > 0 && l != opt.ignore_index) kernels::softcap_row(x, xd, V, cap);
         if (l == opt.ignore_index) {
           ce[ri] = zl[ri] = nll[ri] = 0.0;
           correct[ri] = 0;
@@ -9514,6 +9552,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
           const float a = gw * (1.0f + 2.0f * zc * lse) / s, b = gw * eps / static_cast<float>(V);
           kernels::mul_sub_inplace(x, V, a, b);
           x[l] -= gw * (1.0f - eps);
+          if (xd)
+            for (std::int64_t j = 0; j < V; ++j) x[j] *= xd[j];
         }
       }
     });
@@ -19796,9 +19836,13 @@ struct LlamaConfig {
   bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3, gemma 3.
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || is_gemma(); }
-  /// Gemma 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
-  bool is_gemma() const { return model_type == "gemma3_text"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text"; }
+  /// Gemma 2 and 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
+  bool is_gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
+  /// Gemma's soft-capping of the attention scores (attn_logit_softcapping) and of the final
+  /// logits (final_logit_softcapping): x <- cap tanh(x / cap); 0 = none.
+  double attn_softcap() const { return is_gemma() ? extra_number("attn_logit_softcapping", 0.0) : 0.0; }
+  double final_softcap() const { return is_gemma() ? extra_number("final_logit_softcapping", 0.0) : 0.0; }
   /// Added to every RMSNorm weight: 1 for Gemma (HF GemmaRMSNorm), else 0.
   float norm_offset() const { return is_gemma() ? 1.0f : 0.0f; }
   /// Norms on the attention's and the MLP's outputs as well (Gemma).
@@ -19807,14 +19851,18 @@ struct LlamaConfig {
   double embed_scale() const { return is_gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0; }
   /// The scores' scale: query_pre_attn_scalar^-0.5 for Gemma; 0 = 1 / sqrt(head_dim).
   double query_scale() const { return is_gemma() ? 1.0 / std::sqrt(extra_number("query_pre_attn_scalar", 256)) : 0.0; }
-  /// Gemma 3's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types)
-  /// every layer but the last of each group of sliding_window_pattern.
+  /// Gemma's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types) for
+  /// Gemma 3 every layer but the last of each group of sliding_window_pattern, for Gemma 2 the
+  /// even layers.
   bool layer_is_sliding(std::int64_t l) const {
     if (!is_gemma()) return attention_window().has_value();
     if (extra.contains("layer_types") && extra["layer_types"].is_array())
       return extra["layer_types"][static_cast<std::size_t>(l)] == "sliding_attention";
+    if (model_type == "gemma2") return l % 2 == 0;
     return (l + 1) % static_cast<std::int64_t>(extra_number("sliding_window_pattern", 6)) != 0;
   }
+  /// Gemma 3's sliding layers rotate with rope_local_base_freq and no scaling.
+  bool layer_has_local_rope(std::int64_t l) const { return model_type == "gemma3_text" && layer_is_sliding(l); }
   /// Layer l's attention window (Gemma: the sliding layers'; others: every layer's).
   std::optional<std::int64_t> layer_window(std::int64_t l) const {
     if (!is_gemma()) return attention_window();
@@ -19859,7 +19907,7 @@ struct LlamaConfig {
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
                   model_type == "phi3" || is_gemma() || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, phi3, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
+              "expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
               model_type, "\"");
     // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
     EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
@@ -19989,8 +20037,9 @@ struct LlamaConfig {
         EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name), "must be a positive number, found ",
                   v->dump());
     for (const char* name : {"final_logit_softcapping", "attn_logit_softcapping"})
-      EDL_CHECK(!field(name) || field(name)->is_null(), errc::unsupported, where(name),
-                "soft-capping (Gemma 2) is not supported; found ", field(name)->dump());
+      if (const ojson* v = field(name); v && !v->is_null())
+        EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name),
+                  "must be a positive number or null, found ", v->dump());
     EDL_CHECK(!field("use_bidirectional_attention") || field("use_bidirectional_attention")->is_null() ||
                   *field("use_bidirectional_attention") == false,
               errc::unsupported, where("use_bidirectional_attention"), "edl runs causal attention only");
@@ -20051,7 +20100,7 @@ struct LlamaConfig {
     cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
-    const bool gemma = cfg.model_type == "gemma3_text";
+    const bool gemma = cfg.model_type == "gemma2" || cfg.model_type == "gemma3_text";
     cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", gemma);  // Gemma3TextConfig: tied
     if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
@@ -20189,7 +20238,8 @@ struct LlamaConfig {
     k["max_position_embeddings"] = max_position_embeddings;
     k["rms_norm_eps"] = rms_norm_eps;
     k["rope_theta"] = rope_theta;
-    k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
+    if (!is_gemma() || rope_scaling || was_present("rope_scaling"))
+      k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
     k["attention_bias"] = attention_bias;
     if (!is_gemma() || mlp_bias || was_present("mlp_bias")) k["mlp_bias"] = mlp_bias;
     k["tie_word_embeddings"] = tie_word_embeddings;
@@ -20424,7 +20474,7 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
   r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
-  if (c.is_gemma() && l >= 0 && c.layer_is_sliding(l)) {
+  if (l >= 0 && c.layer_has_local_rope(l)) {
     r.theta = c.extra_number("rope_local_base_freq", 10000.0);
     return r;
   }
@@ -20464,6 +20514,7 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.attention.qk_norm_eps = c.rms_norm_eps;
   d.attention.qk_norm_offset = c.norm_offset();
   d.attention.query_scale = c.query_scale();
+  d.attention.softcap = c.attn_softcap();
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
@@ -20659,9 +20710,22 @@ class LlamaForCausalLM {
 
   /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
   /// the final norm, as Saved::hidden holds them): the head, or the tied embedding.
+  /// (Gemma 2's final_logit_softcapping included.)
   void apply_lm_head(const float* hidden, std::int64_t rows, float* out) const {
-    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(hidden, rows, out);
-    nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, config().vocab_size, config().hidden_size);
+    const std::int64_t V = config().vocab_size;
+    if (!tied_ && lm_head.is_quantized()) lm_head.apply(hidden, rows, out);
+    else nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, V, config().hidden_size);
+    if (const float cap = static_cast<float>(config().final_softcap()); cap > 0)
+      exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t r = lo; r < hi; ++r) kernels::softcap_row(out + r * V, nullptr, V, cap);
+      });
+  }
+
+  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping): every
+  /// caller of nn::causal_lm_loss on this model's hidden states passes its options through here.
+  nn::LossOptions loss_options(nn::LossOptions opt) const {
+    opt.logit_softcap = static_cast<float>(config().final_softcap());
+    return opt;
   }
 
   /// The seeds' can_generate(): a causal LM generates (generate/ takes it).
@@ -20674,7 +20738,7 @@ class LlamaForCausalLM {
     forward(ids, layout, s);
     nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
-                                labels ? labels : ids, opt);
+                                labels ? labels : ids, loss_options(opt));
     });
     router_losses(s, layout, opt, m, false);
     return m;
@@ -20689,7 +20753,7 @@ class LlamaForCausalLM {
     std::vector<float> dhidden(s.hidden.size());
     nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
-                                labels ? labels : ids, opt, dhidden.data(), grad);
+                                labels ? labels : ids, loss_options(opt), dhidden.data(), grad);
     });
     router_losses(s, layout, opt, m, true);
     model.backward(dhidden.data(), s.model_s);
@@ -21057,9 +21121,6 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
-    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, "ShardedLlama",
-              "a Gemma model runs on one device for now (its sandwich norms and scaled embeddings are not in the "
-              "mesh step yet)");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -21187,10 +21248,11 @@ class ShardedLlama {
   using Plan = ShardedParamPlan;
 
   struct LayerSaved {
-    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
+    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
     typename nn::Attention<Pol>::Saved attn_s;
     typename nn::MLP<Pol>::Saved mlp_s;
     std::vector<float> n1, g, h, n2;
+    std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
 
   // Per-device view of one step.
@@ -21396,26 +21458,43 @@ class ShardedLlama {
     L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
     std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
     if (c.tp > 1) psum(*c.dev, a, "tp");
+    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
+    if (sandwich) {
+      s.ao = std::move(a);
+      a.resize(n);
+      L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
+    }
     s.h.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
     L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    if (sandwich) {
+      s.mo.assign(y, y + n);
+      L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
+    }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
   }
 
   void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
     const std::size_t n = s.h.size();
-    std::vector<float> a(n), dh(dy, dy + n);
-    L.mlp.backward(dy, s.mlp_s, a.data());
+    const bool sandwich = L.has_sandwich_norms();
+    std::vector<float> a(n), dh(dy, dy + n), dout;  // dout: a sandwich norm's input gradient
+    if (sandwich) {
+      dout.resize(n);
+      L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
+    }
+    L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
     if (c.tp > 1) psum(*c.dev, a, "tp");
     L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    if (sandwich) L.attn_output_norm.backward(dh.data(), s.ao_s, dout.data());
+    const std::vector<float>& dattn = sandwich ? dout : dh;
     std::vector<float> padded;
-    const float* dyfull = dh.data();
+    const float* dyfull = dattn.data();
     if (c.sp > 1) {
-      padded = pad_seq(c, dh);
+      padded = pad_seq(c, dattn);
       dyfull = padded.data();
     }
     std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
@@ -21517,6 +21596,8 @@ class ShardedLlama {
     std::vector<LayerSaved> saved(L);
     typename nn::Embedding<Pol>::Saved embed_s;
     model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
+    if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
     // A layer's activations are kept for its backward, unless the step has none or remat is
     // on: then only its input (xs) is, and the backward runs the layer again first.
     const bool keep = mode == Mode::train && !remat_;
@@ -21534,7 +21615,7 @@ class ShardedLlama {
     nn::LossMetrics metrics;
     if (mode == Mode::logits) {
       std::vector<float> lg(static_cast<std::size_t>(Tl * V));
-      nn::gemm_ops::mm_nt(hidden.data(), lm.head_weight(), lg.data(), Tl, V, H);
+      lm.apply_lm_head(hidden.data(), Tl, lg.data());
       if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
         for (std::int64_t b = 0; b < c.Bl; ++b)
           std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
@@ -21544,7 +21625,7 @@ class ShardedLlama {
       std::int64_t valid = 0;
       for (auto t : tg) valid += t != opt.ignore_index;
       const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = opt;
+      nn::LossOptions o = lm.loss_options(opt);
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
       // Per-position weights and NLLs ([B, S], global) for the local tokens.
@@ -21594,6 +21675,7 @@ class ShardedLlama {
           release_module(dev, model.layers[l]);
           std::swap(a, b);
         }
+        if (escale != 1.0f) kernels::scale(a.data(), escale, static_cast<std::ptrdiff_t>(n));
         model.embed_tokens.backward(a.data(), embed_s);
         reduce_module(dev, model.embed_tokens, "model.embed_tokens");
         reduce_module(dev, model.norm, "model.norm");
@@ -24494,7 +24576,7 @@ class RopeTable {
   RopeTable(const models::LlamaConfig& c, std::int64_t positions)
       : RopeTable(c.head_size(), models::rope_config(c), positions) {
     for (std::int64_t l = 0; l < c.num_hidden_layers && !local_; ++l)
-      if (c.is_gemma() && c.layer_is_sliding(l))
+      if (c.layer_has_local_rope(l))
         local_ = std::make_shared<const RopeTable>(c.head_size(), models::rope_config(c, l), positions);
   }
   /// Positions 0 .. positions-1 of one rope.
@@ -24998,7 +25080,7 @@ void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
 template <class Row, class ViewOf>
 void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
                       std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, kernels::SlotMap slots,
-                      const float* q, kernels::AttentionOut out, ViewOf&& view_of) {
+                      const float* q, kernels::AttentionOut out, ViewOf&& view_of, float softcap = 0.0f) {
   if (runs.empty()) return;
   const std::int64_t rep = nh / nkv, qw = nh * D;
   exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -25008,7 +25090,7 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
       const std::int64_t h = t % nh;
       const Row& row = rows[static_cast<std::size_t>(r0)];
       kernels::attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
-                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc);
+                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc, softcap);
     }
   });
 }
@@ -25019,7 +25101,7 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
 template <class Row, class ViewOf>
 void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
                  std::int64_t D, std::int64_t window, kernels::SlotMap slots, const float* q, kernels::AttentionOut out, float* scores,
-                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
+                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of, float softcap = 0.0f) {
   const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size());
   for (std::int64_t i0 = 0; i0 < n; i0 += block) {
     const std::int64_t i1 = std::min(n, i0 + block);
@@ -25029,7 +25111,7 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
         const Row& row = rows[static_cast<std::size_t>(r)];
         kernels::attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
                         out.data + r * out.row_stride + h * out.head_stride, out.partial, D, window, slots,
-                        scores + t * score_len);
+                        scores + t * score_len, softcap);
       }
     });
   }
@@ -25102,10 +25184,12 @@ class CachedForward {
     D_ = c.head_size();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       windows_.push_back(c.layer_window(l).value_or(0));
-      local_rope_.push_back(c.is_gemma() && c.layer_is_sliding(l));
+      local_rope_.push_back(c.layer_has_local_rope(l));
     }
     eps_ = static_cast<float>(c.rms_norm_eps);
     embed_scale_ = model.model.embed_scale();
+    softcap_ = static_cast<float>(c.attn_softcap());
+    final_softcap_ = static_cast<float>(c.final_softcap());
     if (c.query_scale() > 0) q_mult_ = static_cast<float>(c.query_scale() * std::sqrt(static_cast<double>(D_)));
     if (c.is_moe()) {
       E_ = c.num_local_experts;
@@ -25291,7 +25375,7 @@ class CachedForward {
       team.phase(f.nh_, [&](std::int64_t h) {
         kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
                                  f.ctx_.data() + h * f.D_, false, f.D_, f.window_of(layer), f.shard_.slots(),
-                                 f.scores_.data() + h * score_len);
+                                 f.scores_.data() + h * score_len, f.softcap_);
       });
     }
     template <class PostNorm>
@@ -25372,7 +25456,15 @@ class CachedForward {
     }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
-      norm_phase(norm_of(f.m_->model.norm), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+      const std::int64_t tasks = logits ? tasks_of(head) : 0;
+      norm_phase(
+          norm_of(f.m_->model.norm), head, tasks,
+          [&](std::int64_t t) {  // Gemma 2's final soft-capping over the logits this part wrote
+            if (f.final_softcap_ > 0)
+              kernels::softcap_row(logits + f.V_ * t / tasks, nullptr, f.V_ * (t + 1) / tasks - f.V_ * t / tasks,
+                                   f.final_softcap_);
+          },
+          [] {});
     }
 
    private:
@@ -25529,9 +25621,9 @@ class CachedForward {
                                               : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
     const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
     const std::int64_t window = window_of(layer);
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of, softcap_);
     detail::attend_rows(rows_, single_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, scores_.data(),
-                        cache_->shape().max_length, attn_block_, view_of);
+                        cache_->shape().max_length, attn_block_, view_of, softcap_);
     if (sp == 1) return;
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
@@ -25602,12 +25694,21 @@ class CachedForward {
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
+    // Gemma 2's final soft-capping, row by row in parallel.
+    const auto softcap = [&](float* y) {
+      if (final_softcap_ > 0)
+        exec::parallel_for(0, nl, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) kernels::softcap_row(y + i * nc, nullptr, nc, final_softcap_);
+        });
+    };
     if (contiguous) {
       kernels::linear_part(normed_.data(), nl, head_part(head_dst_[0], c0, nc), H_);
+      softcap(head_dst_[0]);
       return;
     }
     if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
     kernels::linear_part(normed_.data(), nl, head_part(head_out_.data(), c0, nc), H_);
+    softcap(head_out_.data());
     for (std::int64_t i = 0; i < nl; ++i)
       std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
                   static_cast<std::size_t>(nc) * sizeof(float));
@@ -25643,6 +25744,7 @@ class CachedForward {
   std::vector<std::int64_t> windows_;  // each layer's attention window (0: none)
   std::vector<bool> local_rope_;       // each layer rotates with the local table (Gemma's sliding layers)
   float embed_scale_ = 1.0f, q_mult_ = 1.0f;
+  float softcap_ = 0.0f, final_softcap_ = 0.0f;  // Gemma 2's soft-capping of scores and logits (0: none)
   float eps_ = 0.0f;
   // Scratch, on cache lines as the weights: the products read x in full vectors beside each
   // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,
@@ -27207,7 +27309,6 @@ class ShardedDecoder {
     cfg_.validate();
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
               ") decodes on one device for now");
-    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, w, "a Gemma model decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;
@@ -28507,8 +28608,10 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
     }
   const auto& c = model.config();
   std::vector<float> dhidden(backward ? s.hidden.size() : 0);
+  nn::LossOptions opt = lo;
+  if constexpr (requires { model.loss_options(lo); }) opt = model.loss_options(lo);
   const auto loss_with = [&](const auto* w, float* grad) {
-    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), lo,
+    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), opt,
                               backward ? dhidden.data() : nullptr, grad);
   };
   nn::LossMetrics m;
@@ -29836,7 +29939,8 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
   o.row_nll = nll.data();
   const auto& c = m.config();
   const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(),
+                              m.loss_options(o));
   });
   logps_from_nll(b, nll, logp, count);
 }
@@ -29962,7 +30066,7 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
         std::vector<float> dhidden(s.hidden.size());
         policy.with_head(true, [&](const auto* wt, float* grad) {
           return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, cfg.hidden_size, wt, cfg.vocab_size,
-                                    b.labels.data(), lo, dhidden.data(), grad);
+                                    b.labels.data(), policy.loss_options(lo), dhidden.data(), grad);
         });
         policy.model.backward(dhidden.data(), s.model_s);
       },

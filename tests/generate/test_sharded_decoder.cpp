@@ -5,10 +5,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <edl/core/rng.hpp>
+#include <edl/io/safetensors.hpp>
 #include <edl/generate/decoder.hpp>
 #include <edl/generate/generate.hpp>
 #include <edl/generate/sharded_decoder.hpp>
@@ -149,6 +152,39 @@ TEST(ShardedDecoder, LongPrefillOnTheGemmEqualsOneDevice) {
     compare(paged, [po](const KVCacheShape& s) { return std::make_unique<PagedKVCache>(s, po); }, 1e-4);
     Int8KVCache int8(kv_cache_shape(cfg, 1, L));  // the same quantized entries on every mesh
     compare(int8, {}, 1e-4);
+  }
+}
+
+/// Gemma 2 and 3 (the fixtures' weights: sliding and global layers, local rope, sandwich norms,
+/// soft-capping) decode on tp and sp meshes as on one device: a prefill chunk, then one token
+/// at a time past the window.
+TEST(ShardedDecoder, GemmaEqualsOneDevice) {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  for (const char* family : {"tiny_gemma2", "tiny_gemma3"}) {
+    SCOPED_TRACE(family);
+    const auto dir = std::filesystem::path(env ? env : "tests/data") / family;
+    const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+    LlamaForCausalLM<> m(cfg);
+    nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+    const std::int64_t V = cfg.vocab_size, L = 12;
+    const auto ids = random_ids(L, V, 41);
+    const auto logits = [&](auto& dec) {
+      std::vector<float> all(static_cast<std::size_t>(L * V)), last(static_cast<std::size_t>(V));
+      dec.prefill(ids.data(), 5, nullptr, last.data(), all.data());
+      for (std::int64_t t = 5; t < L; ++t) {
+        dec.decode(ids.data() + t, last.data());
+        std::copy(last.begin(), last.end(), all.begin() + t * V);
+      }
+      return all;
+    };
+    StandardKVCache cache(kv_cache_shape(cfg, 1, L));
+    Decoder one(m, cache);
+    const auto want = logits(one);
+    for (const Dims dims : {Dims{1, 1, 2, 1}, Dims{1, 1, 1, 2}, Dims{1, 1, 2, 2}}) {
+      ShardedDecoder<DefaultPolicy, StandardKVCache> dec(m, create_mesh(dims), 1, L);
+      const auto got = logits(dec);
+      EXPECT_LT(max_diff(got.data(), want.data(), L * V), 1e-4) << mesh_name(dims);
+    }
   }
 }
 

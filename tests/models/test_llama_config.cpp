@@ -169,7 +169,7 @@ TEST(LlamaConfig, ValidationNamesTheField) {
   expect_error([] { (void)parse(R"({"hidden_act": "gelu"})"); }, errc::unsupported, "config.json field hidden_act",
                "only \"silu\" is supported, found \"gelu\"");
   expect_error([] { (void)parse(R"({"model_type": "gpt2"})"); }, errc::unsupported, "config.json field model_type",
-               "expected llama, mistral, qwen2, qwen3, phi3, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"gpt2\"");
+               "expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"gpt2\"");
   expect_error([] { (void)parse(R"({"model_type": "phi3", "partial_rotary_factor": 0.75})"); }, errc::unsupported,
                "config.json field partial_rotary_factor", "rotary embeddings over part of each head");
   expect_error([] { (void)parse(R"({"hidden_size": "4096"})"); }, errc::config, "config.json field hidden_size",

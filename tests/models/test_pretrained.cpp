@@ -25,7 +25,6 @@
 #include <edl/models/llama/llama.hpp>
 #include <edl/generate/generate.hpp>
 #include <edl/models/llama/pretrained.hpp>
-#include <edl/models/llama/sharded.hpp>
 #include <edl/lora/apply.hpp>
 #include <edl/core/rng.hpp>
 
@@ -427,17 +426,41 @@ TEST(Pretrained, Gemma3MatchesItsReference) {
   std::ifstream a(dir / "config.json"), b(tmp.path / "config.json");
   EXPECT_EQ(nlohmann::json::parse(b), nlohmann::json::parse(a));
 
-  // A mesh is refused by name (one device for now); Gemma 2's soft-capping too.
-  EXPECT_THROW(models::shard_model(m, create_mesh(std::array<std::int64_t, 4>{1, 2, 1, 1})), Error);
+  // A cap that is not a positive number is refused by name.
   std::ifstream in(dir / "config.json");
   nlohmann::json j = nlohmann::json::parse(in);
-  j["attn_logit_softcapping"] = 50.0;
+  j["attn_logit_softcapping"] = -1.0;
   try {
     models::LlamaConfig::from_json(j, "config.json");
-    ADD_FAILURE() << "soft-capping accepted";
+    ADD_FAILURE() << "a negative cap accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("attn_logit_softcapping"), std::string::npos) << e.what();
   }
+}
+
+/// Gemma 2 against the same reference (scripts/gemma_reference.py --family gemma2): Gemma 3's
+/// layer without q/k norms, one rope for all layers, sliding even layers, and soft-capping of
+/// the attention scores (2) and of the final logits (3), small enough to bend most values, in
+/// the training attention and loss (forward and backward) and in the cached forward.
+TEST(Pretrained, Gemma2MatchesItsReference) {
+  const fs::path dir = fixture().parent_path() / "tiny_gemma2";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  auto m = models::from_pretrained(dir.string());
+  const LlamaConfig& c = m.config();
+  EXPECT_EQ(c.model_type, "gemma2");
+  EXPECT_FALSE(c.qk_norm());
+  EXPECT_EQ(c.attn_softcap(), 2.0);
+  EXPECT_EQ(c.final_softcap(), 3.0);
+  EXPECT_EQ(m.model.layers[0].self_attn.sliding_window(), 3);
+  EXPECT_EQ(m.model.layers[1].self_attn.sliding_window(), 0);
+  expect_matches_reference(m, dir);
+  expect_cached_forward_matches(m, dir);
+  TempDir tmp("gemma2_resaved");
+  models::save_pretrained(tmp.path, m);
+  std::ifstream a(dir / "config.json"), b(tmp.path / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(b), nlohmann::json::parse(a));
+  auto back = models::from_pretrained(tmp.path);
+  EXPECT_EQ(param_bytes(back), param_bytes(m));
 }
 
 /// A rope_scaling edl cannot honour is refused naming the field.

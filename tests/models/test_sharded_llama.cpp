@@ -162,6 +162,26 @@ TEST(ShardedLlama, TinyQwen3FixtureMatchesOneDevice) {
   std::printf("  worst relative error so far: %.3g\n", g_worst);
 }
 
+/// Gemma 2 and 3 (tests/data/tiny_gemma2, tiny_gemma3: sandwich and (1 + w) norms, scaled
+/// embeddings, sliding and global layers, Gemma 2's soft-capping) on every mesh shape.
+TEST(ShardedLlama, TinyGemmaFixturesMatchOneDevice) {
+  for (const char* family : {"tiny_gemma2", "tiny_gemma3"}) {
+    SCOPED_TRACE(family);
+    const auto dir = tiny_hf_dir().parent_path() / family;
+    const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+    ASSERT_TRUE(cfg.is_gemma());
+    LlamaForCausalLM<> m(cfg);
+    nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+    const std::int64_t B = 4, S = 8;
+    const auto ids = random_tokens(B * S, cfg.vocab_size, 7);
+    auto labels = ids;
+    labels[5] = -100;
+    const Reference ref = reference(m, ids, labels, B, S);
+    for (const auto& d : kMeshes) check_mesh(m, ref, ids, labels, B, S, d);
+  }
+  std::printf("  worst relative error so far: %.3g\n", g_worst);
+}
+
 TEST(ShardedLlama, SmallGqaMatchesOneDevice) {
   LlamaForCausalLM<> m(small_gqa_config());
   m.init(Key::from_seed(7), 0.2f);

@@ -106,7 +106,7 @@ void split_attention_rows(const std::vector<Row>& rows, std::int64_t n,
 template <class Row, class ViewOf>
 void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<std::int64_t, std::int64_t>>& runs,
                       std::int64_t nh, std::int64_t nkv, std::int64_t D, std::int64_t window, kernels::SlotMap slots,
-                      const float* q, kernels::AttentionOut out, ViewOf&& view_of) {
+                      const float* q, kernels::AttentionOut out, ViewOf&& view_of, float softcap = 0.0f) {
   if (runs.empty()) return;
   const std::int64_t rep = nh / nkv, qw = nh * D;
   exec::parallel_for(0, static_cast<std::int64_t>(runs.size()) * nh, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
@@ -116,7 +116,7 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
       const std::int64_t h = t % nh;
       const Row& row = rows[static_cast<std::size_t>(r0)];
       kernels::attend_run_gemm(view_of(row, h / rep), q + r0 * qw + h * D, qw, out.data + r0 * out.row_stride + h * out.head_stride,
-                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc);
+                      out.row_stride, out.partial, row.pos, r1 - r0, D, window, slots, kv, sc, softcap);
     }
   });
 }
@@ -127,7 +127,7 @@ void attend_runs_gemm(const std::vector<Row>& rows, const std::vector<std::pair<
 template <class Row, class ViewOf>
 void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& single, std::int64_t nh, std::int64_t nkv,
                  std::int64_t D, std::int64_t window, kernels::SlotMap slots, const float* q, kernels::AttentionOut out, float* scores,
-                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of) {
+                 std::int64_t score_len, std::int64_t block, ViewOf&& view_of, float softcap = 0.0f) {
   const std::int64_t rep = nh / nkv, n = static_cast<std::int64_t>(single.size());
   for (std::int64_t i0 = 0; i0 < n; i0 += block) {
     const std::int64_t i1 = std::min(n, i0 + block);
@@ -137,7 +137,7 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
         const Row& row = rows[static_cast<std::size_t>(r)];
         kernels::attend_row_head(view_of(row, h / rep), row.pos, q + r * nh * D + h * D,
                         out.data + r * out.row_stride + h * out.head_stride, out.partial, D, window, slots,
-                        scores + t * score_len);
+                        scores + t * score_len, softcap);
       }
     });
   }
@@ -210,10 +210,12 @@ class CachedForward {
     D_ = c.head_size();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       windows_.push_back(c.layer_window(l).value_or(0));
-      local_rope_.push_back(c.is_gemma() && c.layer_is_sliding(l));
+      local_rope_.push_back(c.layer_has_local_rope(l));
     }
     eps_ = static_cast<float>(c.rms_norm_eps);
     embed_scale_ = model.model.embed_scale();
+    softcap_ = static_cast<float>(c.attn_softcap());
+    final_softcap_ = static_cast<float>(c.final_softcap());
     if (c.query_scale() > 0) q_mult_ = static_cast<float>(c.query_scale() * std::sqrt(static_cast<double>(D_)));
     if (c.is_moe()) {
       E_ = c.num_local_experts;
@@ -399,7 +401,7 @@ class CachedForward {
       team.phase(f.nh_, [&](std::int64_t h) {
         kernels::attend_row_head(f.cache_->view(layer, row.b - f.shard_.b0, h / rep), row.pos, f.q_.data() + h * f.D_,
                                  f.ctx_.data() + h * f.D_, false, f.D_, f.window_of(layer), f.shard_.slots(),
-                                 f.scores_.data() + h * score_len);
+                                 f.scores_.data() + h * score_len, f.softcap_);
       });
     }
     template <class PostNorm>
@@ -480,7 +482,15 @@ class CachedForward {
     }
     void head(float* logits) {
       const std::array<Part, 1> head{f.head_part(logits, 0, f.V_)};
-      norm_phase(norm_of(f.m_->model.norm), head, logits ? tasks_of(head) : 0, [](std::int64_t) {}, [] {});
+      const std::int64_t tasks = logits ? tasks_of(head) : 0;
+      norm_phase(
+          norm_of(f.m_->model.norm), head, tasks,
+          [&](std::int64_t t) {  // Gemma 2's final soft-capping over the logits this part wrote
+            if (f.final_softcap_ > 0)
+              kernels::softcap_row(logits + f.V_ * t / tasks, nullptr, f.V_ * (t + 1) / tasks - f.V_ * t / tasks,
+                                   f.final_softcap_);
+          },
+          [] {});
     }
 
    private:
@@ -637,9 +647,9 @@ class CachedForward {
                                               : kernels::AttentionOut{records_.data(), nh_ * SW, SW, true};
     const auto view_of = [&](const CachedRow& row, std::int64_t g) { return cache_->view(layer, row.b - shard_.b0, g); };
     const std::int64_t window = window_of(layer);
-    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of);
+    detail::attend_runs_gemm(rows_, runs_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, view_of, softcap_);
     detail::attend_rows(rows_, single_, nh_, nkv_, D_, window, shard_.slots(), q_.data(), out, scores_.data(),
-                        cache_->shape().max_length, attn_block_, view_of);
+                        cache_->shape().max_length, attn_block_, view_of, softcap_);
     if (sp == 1) return;
     const std::size_t rec = static_cast<std::size_t>(n * nh_ * SW);
     coll.all_gather_sp(std::span<const float>(records_.data(), rec), std::span<float>(gathered_.data(), rec * sp));
@@ -710,12 +720,21 @@ class CachedForward {
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
+    // Gemma 2's final soft-capping, row by row in parallel.
+    const auto softcap = [&](float* y) {
+      if (final_softcap_ > 0)
+        exec::parallel_for(0, nl, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) kernels::softcap_row(y + i * nc, nullptr, nc, final_softcap_);
+        });
+    };
     if (contiguous) {
       kernels::linear_part(normed_.data(), nl, head_part(head_dst_[0], c0, nc), H_);
+      softcap(head_dst_[0]);
       return;
     }
     if (static_cast<std::int64_t>(head_out_.size()) < nl * nc) head_out_.resize(static_cast<std::size_t>(nl * nc));
     kernels::linear_part(normed_.data(), nl, head_part(head_out_.data(), c0, nc), H_);
+    softcap(head_out_.data());
     for (std::int64_t i = 0; i < nl; ++i)
       std::memcpy(head_dst_[static_cast<std::size_t>(i)] + c0, head_out_.data() + i * nc,
                   static_cast<std::size_t>(nc) * sizeof(float));
@@ -751,6 +770,7 @@ class CachedForward {
   std::vector<std::int64_t> windows_;  // each layer's attention window (0: none)
   std::vector<bool> local_rope_;       // each layer rotates with the local table (Gemma's sliding layers)
   float embed_scale_ = 1.0f, q_mult_ = 1.0f;
+  float softcap_ = 0.0f, final_softcap_ = 0.0f;  // Gemma 2's soft-capping of scores and logits (0: none)
   float eps_ = 0.0f;
   // Scratch, on cache lines as the weights: the products read x in full vectors beside each
   // weight row. Rows of the call: x (the residual stream), normed (a norm's output), q, k, v,

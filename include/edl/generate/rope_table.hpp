@@ -38,7 +38,7 @@ class RopeTable {
   RopeTable(const models::LlamaConfig& c, std::int64_t positions)
       : RopeTable(c.head_size(), models::rope_config(c), positions) {
     for (std::int64_t l = 0; l < c.num_hidden_layers && !local_; ++l)
-      if (c.is_gemma() && c.layer_is_sliding(l))
+      if (c.layer_has_local_rope(l))
         local_ = std::make_shared<const RopeTable>(c.head_size(), models::rope_config(c, l), positions);
   }
   /// Positions 0 .. positions-1 of one rope.

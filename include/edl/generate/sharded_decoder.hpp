@@ -212,7 +212,6 @@ class ShardedDecoder {
     cfg_.validate();
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
               ") decodes on one device for now");
-    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, w, "a Gemma model decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;

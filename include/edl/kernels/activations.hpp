@@ -7,6 +7,7 @@
 //   silu_mul(g, u)     = silu(g) * u                (SwiGLU: down(silu(gate(h)) * up(h)))
 //   gelu_tanh(x)       = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
 //   gated_mul(act, g, u) = act(g) * u            (silu: SwiGLU; gelu_tanh: GeGLU)
+//   softcap(x)         = cap tanh(x / cap),        softcap'(x) = 1 - tanh^2(x / cap)
 //
 // Forward kernels take f32, bf16 or f16 storage (computed in f32, rounded once); backward
 // kernels are f32. Every output may alias any input of the same type (in place). Each
@@ -158,6 +159,19 @@ inline void gelu_tanh_backward(const float* x, const float* dy, float* dx, std::
   detail::check_ptr(dx, n, k, "dx");
   detail::map(
       n, [](const detail::fbatch& v, const detail::fbatch& g) { return g * detail::gelu_tanh_grad(v); }, dx, x, dy);
+}
+
+/// x[0, n) <- cap tanh(x / cap) (Gemma's soft-capping of scores and logits), on the calling
+/// thread; with dfactor, dfactor[0, n) <- 1 - tanh^2, the factor its backward multiplies by.
+inline void softcap_row(float* x, float* dfactor, std::ptrdiff_t n, float cap) noexcept {
+  using detail::fbatch;
+  const fbatch c(cap);
+  for (std::ptrdiff_t i = 0; i < n; i += detail::kLanes) {
+    const std::ptrdiff_t m = std::min<std::ptrdiff_t>(detail::kLanes, n - i);
+    const fbatch t = xsimd::tanh(detail::load_partial(x + i, m, 0.0f) / c);
+    detail::store_partial(x + i, t * c, m);
+    if (dfactor) detail::store_partial(dfactor + i, fbatch(1.0f) - t * t, m);
+  }
 }
 
 /// out = act(gate) * up: silu_mul, or GeGLU's gelu_tanh(gate) * up.

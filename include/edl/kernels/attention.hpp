@@ -24,6 +24,7 @@
 #include <edl/core/dtype.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/kernels/detail/simd.hpp>
+#include <edl/kernels/activations.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/softmax.hpp>
 
@@ -167,7 +168,7 @@ struct AttentionOut {
 template <class View>
 void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* out, std::int64_t out_ld, bool partial,
                      std::int64_t p0, std::int64_t m_all, std::int64_t D, std::int64_t window, SlotMap slots,
-                     std::vector<float>& kv, std::vector<float>& sc) {
+                     std::vector<float>& kv, std::vector<float>& sc, float softcap = 0.0f) {
     // Local slots [first_slot(pos), end_slot(pos)) are the keys position pos attends to.
   const auto first_slot = [&](std::int64_t pos) { return slots.first(window_start(pos, window)); };
   const auto end_slot = [&](std::int64_t pos) { return slots.end(pos + 1); };
@@ -192,6 +193,7 @@ void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* o
       const std::int64_t a = first_slot(pos) - s0 - j0, b = std::max(a, end_slot(pos) - s0 - j0);  // allowed keys [a, b)
       float mx = -std::numeric_limits<float>::infinity(), total = 0.0f;
       if (b > a) {
+        if (softcap > 0) softcap_row(row + a, nullptr, b - a, softcap);
         mx = detail::row_max(row + a, b - a);
         total = detail::row_exp_sum(row + a, row + a, b - a, mx);
         if (!partial)
@@ -212,15 +214,17 @@ void attend_run_gemm(const View& view, const float* q, std::int64_t ld, float* o
 }
 
 /// Softmax numerators of one query over cache slots j0 .. j0+cnt-1: sc[j] = exp(scale q.k -
-/// max), in place, vectorized. Returns {max, sum of sc} ({-inf, 0} for cnt == 0). Both
-/// decoders' attention starts here; they differ in how the sum is combined.
+/// max), in place, vectorized (the scores soft-capped first when softcap > 0). Returns {max,
+/// sum of sc} ({-inf, 0} for cnt == 0). Both decoders' attention starts here; they differ in
+/// how the sum is combined.
 template <class View>
 inline std::pair<float, float> softmax_numerators(const View& view, const float* q, std::int64_t j0, std::int64_t cnt,
-                                                  float scale, float* sc) {
+                                                  float scale, float* sc, float softcap = 0.0f) {
   using detail::fbatch;
   constexpr std::int64_t Wd = static_cast<std::int64_t>(fbatch::size);
   if (cnt <= 0) return {-std::numeric_limits<float>::infinity(), 0.0f};
   detail::slot_scores(view, q, j0, cnt, scale, sc);
+  if (softcap > 0) softcap_row(sc, nullptr, cnt, softcap);
   fbatch mxv(-std::numeric_limits<float>::infinity());
   std::int64_t i = 0;
   for (; i + Wd <= cnt; i += Wd) mxv = xsimd::max(mxv, fbatch::load_unaligned(sc + i));
@@ -248,12 +252,12 @@ inline std::pair<float, float> softmax_numerators(const View& view, const float*
 /// the head's scores (the slots up to the position).
 template <class View>
 void attend_row_head(const View& view, std::int64_t pos, const float* q, float* rec, bool partial, std::int64_t D,
-                     std::int64_t window, SlotMap slots, float* sc) {
+                     std::int64_t window, SlotMap slots, float* sc, float softcap = 0.0f) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // Positions [window_start, pos] this row attends to, as local slots [jlo, jlo + cnt).
   const std::int64_t jlo = slots.first(window_start(pos, window));
   const std::int64_t cnt = std::max<std::int64_t>(0, slots.end(pos + 1) - jlo);
-  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc);
+  const auto [mx, total] = softmax_numerators(view, q, jlo, cnt, scale, sc, softcap);
   const float w = partial ? 1.0f : 1.0f / total;  // partial records normalise after the combine
   if (partial) {
     rec[0] = mx;

@@ -8,7 +8,8 @@
 //   for batch b, query head h (kv head g = h / (nh / nkv), HF repeat_kv), query position i:
 //     allowed j: j <= i (causal), i - j < sliding_window (if set), attention_mask[b, j] != 0,
 //                j in i's document (packed rows: segment_ids)
-//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
+//     s_j = (q_i . k_j) / sqrt(D) (or x query_scale);  with softcap c (Gemma 2): s_j <- c tanh(s_j / c)
+//     p = softmax_j(s) in f32;  ctx_i = sum_j p_j v_j
 //   y = ctx Wo^T [T, hidden]
 // A query row with no allowed key (e.g. a left-padding row) gives ctx = 0 and zero gradients
 // (HF gives a finite but meaningless value there; such rows are padding and carry no loss).
@@ -23,6 +24,7 @@
 // Backward, per (b, kv head g) on one thread (deterministic; dk, dv of a kv head are summed
 // over its query heads in order):
 //   dp_j = dctx_i . v_j,  Di = sum_j p_j dp_j = dctx_i . ctx_i,  ds_j = p_j (dp_j - Di)
+//   (times 1 - tanh^2(s_j / c) under soft-capping)
 //   dq_i = sum_j ds_j k_j / sqrt(D),  dk_j += ds_j q_i / sqrt(D),  dv_j += p_j dctx_i
 //   then dq, dk go through the inverse rotation, the q/k norms' backward (qk_norm) and the
 //   projections' backward.
@@ -38,6 +40,7 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/activations.hpp>
 #include <edl/kernels/attention.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/softmax.hpp>
@@ -61,6 +64,7 @@ struct AttentionConfig {
   double qk_norm_eps = 1e-6;  // its eps (the model's rms_norm_eps)
   float qk_norm_offset = 0;   // Gemma 3: the norms scale by (1 + w)
   double query_scale = 0;     // the scores' scale: 0 = 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5
+  double softcap = 0;         // Gemma 2: scores <- softcap tanh(scores / softcap) before the mask; 0 = none
 };
 
 template <class Pol>
@@ -107,6 +111,7 @@ class Attention {
     }
     rope = RotaryEmbedding(D_, c.rope);
     scale_ = c.query_scale > 0 ? static_cast<float>(c.query_scale) : 1.0f / std::sqrt(static_cast<float>(D_));
+    softcap_ = static_cast<float>(c.softcap);
   }
 
   ColumnLinear<Pol> q_proj, k_proj, v_proj;
@@ -316,6 +321,7 @@ class Attention {
           gemm_serial(Trans::no, Trans::yes, m, n, D, scale, q, qw, k, kw, 0.0f, sc.data(), S);
           for (std::int64_t r = 0; r < m; ++r) {
             float* row = sc.data() + r * S;
+            if (softcap_ > 0) kernels::softcap_row(row, nullptr, n, softcap_);
             mask_row(s, b, i0 + r, j0, row, n);
             const float mx = kernels::detail::row_max(row, n);
             float& lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i0 + r)];
@@ -346,6 +352,7 @@ class Attention {
     const float scale = scale_;
     exec::parallel_for(0, B * nkv_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       std::vector<float> p(static_cast<std::size_t>(QB * S)), dp(static_cast<std::size_t>(QB * S));
+      std::vector<float> capd(softcap_ > 0 ? static_cast<std::size_t>(S) : 0);  // 1 - tanh^2 of a row
       for (std::ptrdiff_t bg = lo; bg < hi; ++bg) {
         const std::int64_t b = bg / nkv_, g = bg % nkv_;
         for (std::int64_t h = g * rep; h < (g + 1) * rep; ++h) {
@@ -365,10 +372,13 @@ class Attention {
                 std::fill(dprow, dprow + n, 0.0f);
                 continue;
               }
+              if (softcap_ > 0) kernels::softcap_row(prow, capd.data(), n, softcap_);
               mask_row(s, b, i0 + r, j0, prow, n);
               kernels::detail::row_exp_sum(prow, prow, n, lse);
               const float Di = kernels::detail::row_dot(dctx + qoff + r * qw, s.ctx.data() + qoff + r * qw, D);
               kernels::softmax_grad_row(prow, dprow, Di, scale, n);
+              if (softcap_ > 0)  // through the cap: d raw = d capped (1 - tanh^2)
+                for (std::int64_t j = 0; j < n; ++j) dprow[j] *= capd[static_cast<std::size_t>(j)];
             }
             gemm_serial(Trans::no, Trans::no, m, D, n, 1.0f, dp.data(), S, s.k.data() + koff, kw, 0.0f, dq + qoff, qw);
             gemm_serial(Trans::yes, Trans::no, n, D, m, 1.0f, dp.data(), S, s.q.data() + qoff, qw, 1.0f, dk + koff, kw);
@@ -381,7 +391,7 @@ class Attention {
 
   std::int64_t hidden_ = 0, nh_ = 0, nkv_ = 0, D_ = 0, window_ = 0;
   bool qk_norm_ = false;
-  float scale_ = 1.0f;
+  float scale_ = 1.0f, softcap_ = 0.0f;
 };
 
 }  // namespace edl::nn

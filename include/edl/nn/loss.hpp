@@ -11,6 +11,8 @@
 //   loss   = sum_r (ce_r + z_r) / N,  N = number of valid rows (or options.normalizer)
 //   dx_j   = (softmax_j (1 + 2 z_coef lse) - eps / V - (1 - eps) [j == l]) / N
 // With row_weights w, row r's terms (in loss and gradient) are multiplied by w_r.
+// With logit_softcap c (Gemma 2's final_logit_softcapping) the logits are x <- c tanh(x / c)
+// first, and dx is multiplied by 1 - tanh^2 on the way back.
 // then dhidden = dlogits W and dW += dlogits^T hidden, chunk by chunk (chunks in order).
 // Metrics: loss (ce + z), z_loss (the z term alone), accuracy (argmax == label, first maximum
 // wins), tokens (N valid), perplexity = exp(mean nll). With no valid row: loss 0, tokens 0,
@@ -24,6 +26,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
+#include <edl/kernels/activations.hpp>
 #include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/kernels/softmax.hpp>
@@ -44,6 +47,9 @@ struct LossOptions {
   const float* row_weights = nullptr;
   /// Out, [batch * seq] or null: each row's -log p(target) (0 where ignored), unweighted.
   double* row_nll = nullptr;
+  /// > 0: the logits are soft-capped, x <- logit_softcap tanh(x / logit_softcap) (Gemma 2's
+  /// final_logit_softcapping; models set it, see LlamaForCausalLM::loss_options).
+  float logit_softcap = 0.0f;
 };
 
 struct LossMetrics {
@@ -103,6 +109,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
   const float eps = opt.label_smoothing, zc = opt.z_loss;
   const std::int64_t C = std::min<std::int64_t>(opt.chunk_rows, T);
   std::vector<float> logits(static_cast<std::size_t>(C * V));
+  const float cap = opt.logit_softcap;
+  std::vector<float> capd(cap > 0 && want_grad ? static_cast<std::size_t>(C * V) : 0);  // 1 - tanh^2
   std::vector<double> ce(static_cast<std::size_t>(C)), zl(ce.size()), nll(ce.size());
   std::vector<char> correct(ce.size());
   double ce_sum = 0, z_sum = 0, nll_sum = 0;
@@ -120,6 +128,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
         const std::int64_t l = tg[r];
         const std::size_t ri = static_cast<std::size_t>(r);
         const float w = opt.row_weights ? opt.row_weights[r0 + r] : 1.0f;
+        float* xd = capd.empty() ? nullptr : capd.data() + r * V;
+        if (cap > 0 && l != opt.ignore_index) kernels::softcap_row(x, xd, V, cap);
         if (l == opt.ignore_index) {
           ce[ri] = zl[ri] = nll[ri] = 0.0;
           correct[ri] = 0;
@@ -142,6 +152,8 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
           const float a = gw * (1.0f + 2.0f * zc * lse) / s, b = gw * eps / static_cast<float>(V);
           kernels::mul_sub_inplace(x, V, a, b);
           x[l] -= gw * (1.0f - eps);
+          if (xd)
+            for (std::int64_t j = 0; j < V; ++j) x[j] *= xd[j];
         }
       }
     });

@@ -74,8 +74,10 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
     }
   const auto& c = model.config();
   std::vector<float> dhidden(backward ? s.hidden.size() : 0);
+  nn::LossOptions opt = lo;
+  if constexpr (requires { model.loss_options(lo); }) opt = model.loss_options(lo);
   const auto loss_with = [&](const auto* w, float* grad) {
-    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), lo,
+    return nn::causal_lm_loss(s.hidden.data(), lay.batch, lay.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), opt,
                               backward ? dhidden.data() : nullptr, grad);
   };
   nn::LossMetrics m;

@@ -104,7 +104,8 @@ void row_logps(const Model& m, const Batch& b, typename Model::Saved& s, std::ve
   o.row_nll = nll.data();
   const auto& c = m.config();
   const_cast<Model&>(m).with_head(false, [&](const auto* w, float*) {
-    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(), o);
+    return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, c.hidden_size, w, c.vocab_size, b.labels.data(),
+                              m.loss_options(o));
   });
   logps_from_nll(b, nll, logp, count);
 }
@@ -230,7 +231,7 @@ PreferenceMetrics preference_loss_with(Model& policy, ReferenceLogps&& reference
         std::vector<float> dhidden(s.hidden.size());
         policy.with_head(true, [&](const auto* wt, float* grad) {
           return nn::causal_lm_loss(s.hidden.data(), b.batch, b.seq, cfg.hidden_size, wt, cfg.vocab_size,
-                                    b.labels.data(), lo, dhidden.data(), grad);
+                                    b.labels.data(), policy.loss_options(lo), dhidden.data(), grad);
         });
         policy.model.backward(dhidden.data(), s.model_s);
       },

@@ -152,9 +152,13 @@ struct LlamaConfig {
   bool qkv_bias() const { return attention_bias || model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool o_bias() const { return attention_bias; }
   /// RMSNorm (over head_dim, eps rms_norm_eps) of each query and key head before rope: qwen3, gemma 3.
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || is_gemma(); }
-  /// Gemma 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
-  bool is_gemma() const { return model_type == "gemma3_text"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text"; }
+  /// Gemma 2 and 3 (text): (1 + w) norms, sandwich norms, GeGLU, scaled embeddings, per-layer windows.
+  bool is_gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
+  /// Gemma's soft-capping of the attention scores (attn_logit_softcapping) and of the final
+  /// logits (final_logit_softcapping): x <- cap tanh(x / cap); 0 = none.
+  double attn_softcap() const { return is_gemma() ? extra_number("attn_logit_softcapping", 0.0) : 0.0; }
+  double final_softcap() const { return is_gemma() ? extra_number("final_logit_softcapping", 0.0) : 0.0; }
   /// Added to every RMSNorm weight: 1 for Gemma (HF GemmaRMSNorm), else 0.
   float norm_offset() const { return is_gemma() ? 1.0f : 0.0f; }
   /// Norms on the attention's and the MLP's outputs as well (Gemma).
@@ -163,14 +167,18 @@ struct LlamaConfig {
   double embed_scale() const { return is_gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0; }
   /// The scores' scale: query_pre_attn_scalar^-0.5 for Gemma; 0 = 1 / sqrt(head_dim).
   double query_scale() const { return is_gemma() ? 1.0 / std::sqrt(extra_number("query_pre_attn_scalar", 256)) : 0.0; }
-  /// Gemma 3's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types)
-  /// every layer but the last of each group of sliding_window_pattern.
+  /// Gemma's sliding layers: layer_types[l] == "sliding_attention", or (without layer_types) for
+  /// Gemma 3 every layer but the last of each group of sliding_window_pattern, for Gemma 2 the
+  /// even layers.
   bool layer_is_sliding(std::int64_t l) const {
     if (!is_gemma()) return attention_window().has_value();
     if (extra.contains("layer_types") && extra["layer_types"].is_array())
       return extra["layer_types"][static_cast<std::size_t>(l)] == "sliding_attention";
+    if (model_type == "gemma2") return l % 2 == 0;
     return (l + 1) % static_cast<std::int64_t>(extra_number("sliding_window_pattern", 6)) != 0;
   }
+  /// Gemma 3's sliding layers rotate with rope_local_base_freq and no scaling.
+  bool layer_has_local_rope(std::int64_t l) const { return model_type == "gemma3_text" && layer_is_sliding(l); }
   /// Layer l's attention window (Gemma: the sliding layers'; others: every layer's).
   std::optional<std::int64_t> layer_window(std::int64_t l) const {
     if (!is_gemma()) return attention_window();
@@ -215,7 +223,7 @@ struct LlamaConfig {
     EDL_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
                   model_type == "phi3" || is_gemma() || is_moe(),
               errc::unsupported, where("model_type"),
-              "expected llama, mistral, qwen2, qwen3, phi3, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
+              "expected llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, qwen2_moe or qwen3_moe, found \"",
               model_type, "\"");
     // Phi-4-mini is a "phi3" that rotates part of each head; edl rotates whole heads.
     EDL_CHECK(!extra.contains("partial_rotary_factor") || !extra["partial_rotary_factor"].is_number() ||
@@ -345,8 +353,9 @@ struct LlamaConfig {
         EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name), "must be a positive number, found ",
                   v->dump());
     for (const char* name : {"final_logit_softcapping", "attn_logit_softcapping"})
-      EDL_CHECK(!field(name) || field(name)->is_null(), errc::unsupported, where(name),
-                "soft-capping (Gemma 2) is not supported; found ", field(name)->dump());
+      if (const ojson* v = field(name); v && !v->is_null())
+        EDL_CHECK(v->is_number() && v->get<double>() > 0, errc::config, where(name),
+                  "must be a positive number or null, found ", v->dump());
     EDL_CHECK(!field("use_bidirectional_attention") || field("use_bidirectional_attention")->is_null() ||
                   *field("use_bidirectional_attention") == false,
               errc::unsupported, where("use_bidirectional_attention"), "edl runs causal attention only");
@@ -407,7 +416,7 @@ struct LlamaConfig {
     cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
-    const bool gemma = cfg.model_type == "gemma3_text";
+    const bool gemma = cfg.model_type == "gemma2" || cfg.model_type == "gemma3_text";
     cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", gemma);  // Gemma3TextConfig: tied
     if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
@@ -545,7 +554,8 @@ struct LlamaConfig {
     k["max_position_embeddings"] = max_position_embeddings;
     k["rms_norm_eps"] = rms_norm_eps;
     k["rope_theta"] = rope_theta;
-    k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
+    if (!is_gemma() || rope_scaling || was_present("rope_scaling"))
+      k["rope_scaling"] = rope_scaling ? rope_scaling->to_json() : ojson(nullptr);
     k["attention_bias"] = attention_bias;
     if (!is_gemma() || mlp_bias || was_present("mlp_bias")) k["mlp_bias"] = mlp_bias;
     k["tie_word_embeddings"] = tie_word_embeddings;

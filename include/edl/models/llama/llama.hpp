@@ -51,7 +51,7 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
   nn::RopeConfig r;
   r.theta = c.rope_theta;
   r.max_position_embeddings = static_cast<double>(c.max_position_embeddings);
-  if (c.is_gemma() && l >= 0 && c.layer_is_sliding(l)) {
+  if (l >= 0 && c.layer_has_local_rope(l)) {
     r.theta = c.extra_number("rope_local_base_freq", 10000.0);
     return r;
   }
@@ -91,6 +91,7 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.attention.qk_norm_eps = c.rms_norm_eps;
   d.attention.qk_norm_offset = c.norm_offset();
   d.attention.query_scale = c.query_scale();
+  d.attention.softcap = c.attn_softcap();
   d.intermediate = c.intermediate_size;
   d.mlp_bias = c.mlp_bias;
   d.rms_norm_eps = c.rms_norm_eps;
@@ -286,9 +287,22 @@ class LlamaForCausalLM {
 
   /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
   /// the final norm, as Saved::hidden holds them): the head, or the tied embedding.
+  /// (Gemma 2's final_logit_softcapping included.)
   void apply_lm_head(const float* hidden, std::int64_t rows, float* out) const {
-    if (!tied_ && lm_head.is_quantized()) return lm_head.apply(hidden, rows, out);
-    nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, config().vocab_size, config().hidden_size);
+    const std::int64_t V = config().vocab_size;
+    if (!tied_ && lm_head.is_quantized()) lm_head.apply(hidden, rows, out);
+    else nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, V, config().hidden_size);
+    if (const float cap = static_cast<float>(config().final_softcap()); cap > 0)
+      exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::ptrdiff_t r = lo; r < hi; ++r) kernels::softcap_row(out + r * V, nullptr, V, cap);
+      });
+  }
+
+  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping): every
+  /// caller of nn::causal_lm_loss on this model's hidden states passes its options through here.
+  nn::LossOptions loss_options(nn::LossOptions opt) const {
+    opt.logit_softcap = static_cast<float>(config().final_softcap());
+    return opt;
   }
 
   /// The seeds' can_generate(): a causal LM generates (generate/ takes it).
@@ -301,7 +315,7 @@ class LlamaForCausalLM {
     forward(ids, layout, s);
     nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
-                                labels ? labels : ids, opt);
+                                labels ? labels : ids, loss_options(opt));
     });
     router_losses(s, layout, opt, m, false);
     return m;
@@ -316,7 +330,7 @@ class LlamaForCausalLM {
     std::vector<float> dhidden(s.hidden.size());
     nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
-                                labels ? labels : ids, opt, dhidden.data(), grad);
+                                labels ? labels : ids, loss_options(opt), dhidden.data(), grad);
     });
     router_losses(s, layout, opt, m, true);
     model.backward(dhidden.data(), s.model_s);

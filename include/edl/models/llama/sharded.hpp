@@ -271,9 +271,6 @@ class ShardedLlama {
     EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
               "a mixture-of-experts model (", cfg_.model_type,
               ") runs on one device for now: its experts are not split over a mesh axis yet");
-    EDL_CHECK(!cfg_.is_gemma(), errc::unsupported, "ShardedLlama",
-              "a Gemma model runs on one device for now (its sandwich norms and scaled embeddings are not in the "
-              "mesh step yet)");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -401,10 +398,11 @@ class ShardedLlama {
   using Plan = ShardedParamPlan;
 
   struct LayerSaved {
-    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s;
+    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
     typename nn::Attention<Pol>::Saved attn_s;
     typename nn::MLP<Pol>::Saved mlp_s;
     std::vector<float> n1, g, h, n2;
+    std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
 
   // Per-device view of one step.
@@ -610,26 +608,43 @@ class ShardedLlama {
     L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
     std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
     if (c.tp > 1) psum(*c.dev, a, "tp");
+    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
+    if (sandwich) {
+      s.ao = std::move(a);
+      a.resize(n);
+      L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
+    }
     s.h.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
     L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    if (sandwich) {
+      s.mo.assign(y, y + n);
+      L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
+    }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
   }
 
   void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
     const std::size_t n = s.h.size();
-    std::vector<float> a(n), dh(dy, dy + n);
-    L.mlp.backward(dy, s.mlp_s, a.data());
+    const bool sandwich = L.has_sandwich_norms();
+    std::vector<float> a(n), dh(dy, dy + n), dout;  // dout: a sandwich norm's input gradient
+    if (sandwich) {
+      dout.resize(n);
+      L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
+    }
+    L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
     if (c.tp > 1) psum(*c.dev, a, "tp");
     L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    if (sandwich) L.attn_output_norm.backward(dh.data(), s.ao_s, dout.data());
+    const std::vector<float>& dattn = sandwich ? dout : dh;
     std::vector<float> padded;
-    const float* dyfull = dh.data();
+    const float* dyfull = dattn.data();
     if (c.sp > 1) {
-      padded = pad_seq(c, dh);
+      padded = pad_seq(c, dattn);
       dyfull = padded.data();
     }
     std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
@@ -731,6 +746,8 @@ class ShardedLlama {
     std::vector<LayerSaved> saved(L);
     typename nn::Embedding<Pol>::Saved embed_s;
     model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
+    if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
     // A layer's activations are kept for its backward, unless the step has none or remat is
     // on: then only its input (xs) is, and the backward runs the layer again first.
     const bool keep = mode == Mode::train && !remat_;
@@ -748,7 +765,7 @@ class ShardedLlama {
     nn::LossMetrics metrics;
     if (mode == Mode::logits) {
       std::vector<float> lg(static_cast<std::size_t>(Tl * V));
-      nn::gemm_ops::mm_nt(hidden.data(), lm.head_weight(), lg.data(), Tl, V, H);
+      lm.apply_lm_head(hidden.data(), Tl, lg.data());
       if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
         for (std::int64_t b = 0; b < c.Bl; ++b)
           std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
@@ -758,7 +775,7 @@ class ShardedLlama {
       std::int64_t valid = 0;
       for (auto t : tg) valid += t != opt.ignore_index;
       const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = opt;
+      nn::LossOptions o = lm.loss_options(opt);
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
       // Per-position weights and NLLs ([B, S], global) for the local tokens.
@@ -808,6 +825,7 @@ class ShardedLlama {
           release_module(dev, model.layers[l]);
           std::swap(a, b);
         }
+        if (escale != 1.0f) kernels::scale(a.data(), escale, static_cast<std::ptrdiff_t>(n));
         model.embed_tokens.backward(a.data(), embed_s);
         reduce_module(dev, model.embed_tokens, "model.embed_tokens");
         reduce_module(dev, model.norm, "model.norm");
