@@ -4497,6 +4497,36 @@ inline void silu_mul_range(float* gate, const float* up, std::int64_t lo, std::i
   detail::map_range(lo, hi, detail::SiluMulOp{}, gate, static_cast<const float*>(gate), up);
 }
 
+namespace detail {
+/// The loop of a gated activation's backward, kernel `k`: step(g, u, d, dg, du) lane-wise over
+/// n elements (full vectors, then the tail), in parallel.
+template <class Step>
+inline void gated_backward(const char* k, const float* gate, const float* up, const float* d_out, float* d_gate,
+                           float* d_up, std::ptrdiff_t n, Step step) {
+  check_size(n, k, "n");
+  check_ptr(gate, n, k, "gate");
+  check_ptr(up, n, k, "up");
+  check_ptr(d_out, n, k, "d_out");
+  check_ptr(d_gate, n, k, "d_gate");
+  check_ptr(d_up, n, k, "d_up");
+  exec::parallel_for(0, n, kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    std::ptrdiff_t i = lo;
+    fbatch dg, du;
+    for (; i + kLanes <= hi; i += kLanes) {
+      step(load(gate + i), load(up + i), load(d_out + i), dg, du);
+      store(d_gate + i, dg);
+      store(d_up + i, du);
+    }
+    if (i < hi) {
+      const std::ptrdiff_t m = hi - i;
+      step(load_partial(gate + i, m, 0.0f), load_partial(up + i, m, 0.0f), load_partial(d_out + i, m, 0.0f), dg, du);
+      store_partial(d_gate + i, dg, m);
+      store_partial(d_up + i, du, m);
+    }
+  });
+}
+}  // namespace detail
+
 /// Backward of out = silu(gate) * up:
 ///   d_up   = d_out * silu(gate)
 ///   d_gate = d_out * up * silu'(gate)
@@ -4504,35 +4534,13 @@ inline void silu_mul_range(float* gate, const float* up, std::int64_t lo, std::i
 inline void silu_mul_backward(const float* gate, const float* up, const float* d_out, float* d_gate, float* d_up,
                               std::ptrdiff_t n) {
   using detail::fbatch;
-  const char* k = "silu_mul_backward";
-  detail::check_size(n, k, "n");
-  detail::check_ptr(gate, n, k, "gate");
-  detail::check_ptr(up, n, k, "up");
-  detail::check_ptr(d_out, n, k, "d_out");
-  detail::check_ptr(d_gate, n, k, "d_gate");
-  detail::check_ptr(d_up, n, k, "d_up");
-  auto step = [](const fbatch& g, const fbatch& u, const fbatch& d, fbatch& dg, fbatch& du) {
-    fbatch s, oms;
-    detail::sigmoid_pair(g, s, oms);
-    du = d * (g * s);
-    dg = d * u * (s * kernels::detail::fmadd(g, oms, fbatch(1.0f)));
-  };
-  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    std::ptrdiff_t i = lo;
-    fbatch dg, du;
-    for (; i + detail::kLanes <= hi; i += detail::kLanes) {
-      step(detail::load(gate + i), detail::load(up + i), detail::load(d_out + i), dg, du);
-      detail::store(d_gate + i, dg);
-      detail::store(d_up + i, du);
-    }
-    if (i < hi) {
-      const std::ptrdiff_t m = hi - i;
-      step(detail::load_partial(gate + i, m, 0.0f), detail::load_partial(up + i, m, 0.0f),
-           detail::load_partial(d_out + i, m, 0.0f), dg, du);
-      detail::store_partial(d_gate + i, dg, m);
-      detail::store_partial(d_up + i, du, m);
-    }
-  });
+  detail::gated_backward("silu_mul_backward", gate, up, d_out, d_gate, d_up, n,
+                         [](const fbatch& g, const fbatch& u, const fbatch& d, fbatch& dg, fbatch& du) {
+                           fbatch s, oms;
+                           detail::sigmoid_pair(g, s, oms);
+                           du = d * (g * s);
+                           dg = d * u * (s * kernels::detail::fmadd(g, oms, fbatch(1.0f)));
+                         });
 }
 
 /// y = gelu(x), tanh approximation (PyTorch approximate="tanh", "gelu_pytorch_tanh").
@@ -4592,23 +4600,11 @@ inline void gated_mul_backward(GatedActivation act, const float* gate, const flo
                                float* d_gate, float* d_up, std::ptrdiff_t n) {
   if (act == GatedActivation::silu) return silu_mul_backward(gate, up, d_out, d_gate, d_up, n);
   using detail::fbatch;
-  const char* k = "gated_mul_backward";
-  detail::check_size(n, k, "n");
-  detail::check_ptr(gate, n, k, "gate");
-  detail::check_ptr(up, n, k, "up");
-  detail::check_ptr(d_out, n, k, "d_out");
-  detail::check_ptr(d_gate, n, k, "d_gate");
-  detail::check_ptr(d_up, n, k, "d_up");
-  exec::parallel_for(0, n, detail::kParallelWork, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::ptrdiff_t i = lo; i < hi; i += detail::kLanes) {
-      const std::ptrdiff_t m = std::min<std::ptrdiff_t>(detail::kLanes, hi - i);
-      const fbatch g = detail::load_partial(gate + i, m, 0.0f), u = detail::load_partial(up + i, m, 0.0f);
-      const fbatch d = detail::load_partial(d_out + i, m, 0.0f);
-      const fbatch du = d * detail::gelu_tanh(g), dg = d * u * detail::gelu_tanh_grad(g);
-      detail::store_partial(d_gate + i, dg, m);
-      detail::store_partial(d_up + i, du, m);
-    }
-  });
+  detail::gated_backward("gated_mul_backward", gate, up, d_out, d_gate, d_up, n,
+                         [](const fbatch& g, const fbatch& u, const fbatch& d, fbatch& dg, fbatch& du) {
+                           du = d * detail::gelu_tanh(g);
+                           dg = d * u * detail::gelu_tanh_grad(g);
+                         });
 }
 
 }  // namespace edl::kernels

@@ -51,7 +51,9 @@ TEST(RopeTable, OneTokenAtATimeEqualsTheSequenceRotation) {
     EXPECT_EQ(got, ref);
     // Position 0 is the identity (times yarn's and longrope's attention factor); later positions
     // move the vector.
-    if (rot.scale() == 1.0) EXPECT_TRUE(std::equal(got.begin(), got.begin() + heads * D, x.begin()));
+    if (rot.scale() == 1.0) {
+      EXPECT_TRUE(std::equal(got.begin(), got.begin() + heads * D, x.begin()));
+    }
     EXPECT_NE(got[static_cast<std::size_t>(5 * heads * D)], x[static_cast<std::size_t>(5 * heads * D)]);
     if (kind != "default") continue;
     // Without scaling: the closed form, angle = p / theta^(2i/D), in double.

@@ -495,6 +495,54 @@ TEST(KernelsActivations, BackwardMatchesReferenceAndFiniteDifferences) {
   }
 }
 
+// GeGLU (Gemma's gated_mul with the tanh GELU): forward against the reference gelu times up,
+// backward against it and finite differences; softcap_row against c tanh(x / c) and its
+// derivative; the (1 + w) RMSNorm against the plain one with w + 1.
+TEST(KernelsActivations, GeGluSoftcapAndOffsetNorm) {
+  const auto gelu_tanh = k::GatedActivation::gelu_tanh;
+  for (std::ptrdiff_t n : {1, 7, 9, 31, 1000}) {
+    const auto x = randn(n, 101 + n, 3.0f), u = randn(n, 102 + n), dy = randn(n, 103 + n);
+    std::vector<float> y(n), want(n), dg(n), du(n);
+    k::gated_mul(gelu_tanh, x.data(), u.data(), y.data(), n);
+    ref::gelu_tanh(x.data(), want.data(), n);
+    for (std::ptrdiff_t i = 0; i < n; ++i) want[i] *= u[i];
+    expect_close(y, want, 2e-6, 1e-6, "gated_mul gelu_tanh");
+    auto r = x;
+    k::gated_mul_range(gelu_tanh, r.data(), u.data(), 0, n);
+    EXPECT_TRUE(bit_equal(r, y));
+    k::gated_mul_backward(gelu_tanh, x.data(), u.data(), dy.data(), dg.data(), du.data(), n);
+    const double h = 1e-5;
+    std::vector<double> fd_g(n), fd_u(n);
+    for (std::ptrdiff_t i = 0; i < n; ++i) {
+      const auto f = [&](double v) { double g; ref::gelu_tanh(&v, &g, 1); return g; };
+      fd_g[i] = double(dy[i]) * double(u[i]) * (f(double(x[i]) + h) - f(double(x[i]) - h)) / (2 * h);
+      fd_u[i] = double(dy[i]) * f(double(x[i]));
+    }
+    expect_close(dg, fd_g, 1e-4, 1e-6, "gated_mul_backward d_gate FD");
+    expect_close(du, fd_u, 1e-5, 1e-6, "gated_mul_backward d_up");
+
+    auto c = x;
+    std::vector<float> dfac(n);
+    k::softcap_row(c.data(), dfac.data(), n, 2.5f);
+    std::vector<double> want_c(n), want_d(n);
+    for (std::ptrdiff_t i = 0; i < n; ++i) {
+      const double t = std::tanh(double(x[i]) / 2.5);
+      want_c[i] = 2.5 * t;
+      want_d[i] = 1 - t * t;
+    }
+    expect_close(c, want_c, 1e-6, 1e-6, "softcap_row");
+    expect_close(dfac, want_d, 1e-6, 1e-6, "softcap_row derivative");
+  }
+  const std::ptrdiff_t rows = 3, cols = 37;
+  const auto xn = randn(rows * cols, 111), w = randn(cols, 112, 0.3f);
+  auto w1 = w;
+  for (float& v : w1) v += 1.0f;
+  std::vector<float> y(rows * cols), want(rows * cols);
+  k::rms_norm_forward(xn.data(), w.data(), y.data(), static_cast<float*>(nullptr), rows, cols, 1e-6f, 1.0f);
+  k::rms_norm_forward(xn.data(), w1.data(), want.data(), static_cast<float*>(nullptr), rows, cols, 1e-6f);
+  EXPECT_TRUE(bit_equal(y, want));
+}
+
 // ---------------------------------------------------------------------------------- elementwise
 
 TEST(KernelsElementwise, LaneWiseOpsMatchReference) {

@@ -251,55 +251,47 @@ void expect_matches_reference(LlamaForCausalLM<>& m, const fs::path& dir, bool g
   }
 }
 
-/// The cached forward against the reference's logits (oracle/logits.npy of `dir`): both rows
-/// prefilled at once (a prefill of 8 rows attends on the GEMM), row 0 prefilled with 5 tokens
-/// then decoded one at a time (the phased one-row step), and both rows decoded together after
-/// 5 (a step of two rows).
-void expect_cached_forward_matches(const LlamaForCausalLM<>& m, const fs::path& dir) {
+/// KV-cache decoding against the reference's logits `file` (in oracle/ of `dir`, [rows, seq, V]):
+/// both rows prefilled with `prefill` tokens (every row's logits), then decoded together one
+/// token at a time (steps of two rows), and row 0 alone the same way (the phased one-row step).
+void expect_decoding_matches(const LlamaForCausalLM<>& m, const fs::path& dir, const char* file, std::int64_t prefill) {
   const LlamaConfig& c = m.config();
   const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
-  const auto want = io::load_npy<float>((dir / "oracle" / "logits.npy").string());
-  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size;
-  static_assert(generate::detail::kGemmAttentionRows <= 8);
+  const auto want = io::load_npy<float>((dir / "oracle" / file).string());
+  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size, P = prefill;
   const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
     double w = 0;
     const float* ref = want.data() + (b * S + s0) * V;
     for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
     return w;
   };
-  {  // both rows prefilled at once, every position's logits
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
+  for (const std::int64_t rows : {B, std::int64_t{1}}) {
+    SCOPED_TRACE(rows == 1 ? "row 0 alone" : "both rows");
+    generate::StandardKVCache cache(generate::kv_cache_shape(c, rows, S));
     generate::Decoder dec(m, cache);
-    std::vector<float> all(static_cast<std::size_t>(B * S * V)), last(static_cast<std::size_t>(B * V));
-    dec.prefill(t.ids.data(), S, nullptr, last.data(), all.data());
-    for (std::int64_t b = 0; b < B; ++b) EXPECT_LT(worst_diff(all.data() + b * S * V, b, 0, S), 1e-4) << "row " << b;
-  }
-  {  // row 0: 5 tokens prefilled, then one at a time
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, 1, S));
-    generate::Decoder dec(m, cache);
-    std::vector<float> last(static_cast<std::size_t>(V));
-    dec.prefill(t.ids.data(), 5, nullptr, last.data());
-    EXPECT_LT(worst_diff(last.data(), 0, 4, 1), 1e-4) << "prefill";
-    for (std::int64_t s = 5; s < S; ++s) {
-      dec.decode(t.ids.data() + s, last.data());
-      EXPECT_LT(worst_diff(last.data(), 0, s, 1), 1e-4) << "decode at position " << s;
-    }
-  }
-  {  // both rows: 5 prefilled, then both rows decode together
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, B, S));
-    generate::Decoder dec(m, cache);
-    std::vector<std::int64_t> head(static_cast<std::size_t>(B * 5));
-    for (std::int64_t b = 0; b < B; ++b) std::copy_n(t.ids.begin() + b * S, 5, head.begin() + b * 5);
-    std::vector<float> last(static_cast<std::size_t>(B * V));
-    dec.prefill(head.data(), 5, nullptr, last.data());
-    for (std::int64_t s = 5; s < S; ++s) {
-      std::vector<std::int64_t> step(static_cast<std::size_t>(B));
-      for (std::int64_t b = 0; b < B; ++b) step[static_cast<std::size_t>(b)] = t.ids[static_cast<std::size_t>(b * S + s)];
+    std::vector<std::int64_t> head(static_cast<std::size_t>(rows * P));
+    for (std::int64_t b = 0; b < rows; ++b) std::copy_n(t.ids.begin() + b * S, P, head.begin() + b * P);
+    std::vector<float> all(static_cast<std::size_t>(rows * P * V)), last(static_cast<std::size_t>(rows * V));
+    dec.prefill(head.data(), P, nullptr, last.data(), all.data());
+    for (std::int64_t b = 0; b < rows; ++b) EXPECT_LT(worst_diff(all.data() + b * P * V, b, 0, P), 1e-4) << "prefill";
+    for (std::int64_t s = P; s < S; ++s) {
+      std::vector<std::int64_t> step(static_cast<std::size_t>(rows));
+      for (std::int64_t b = 0; b < rows; ++b) step[static_cast<std::size_t>(b)] = t.ids[static_cast<std::size_t>(b * S + s)];
       dec.decode(step.data(), last.data());
-      for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t b = 0; b < rows; ++b)
         EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
     }
   }
+}
+
+/// The cached forward against the reference's full-forward logits (oracle/logits.npy of `dir`):
+/// both rows prefilled at once (a prefill of 8 rows attends on the GEMM), then 5 prefilled and
+/// the rest decoded (expect_decoding_matches).
+void expect_cached_forward_matches(const LlamaForCausalLM<>& m, const fs::path& dir) {
+  static_assert(generate::detail::kGemmAttentionRows <= 8);
+  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
+  expect_decoding_matches(m, dir, "logits.npy", t.seq);
+  expect_decoding_matches(m, dir, "logits.npy", 5);
 }
 
 }  // namespace
@@ -331,43 +323,6 @@ TEST(Pretrained, MistralSlidingWindowMatchesItsReference) {
   expect_cached_forward_matches(m, dir);
 }
 
-namespace {
-
-/// KV-cache decoding against the reference's (oracle/cached_logits.npy of `dir`: both rows
-/// prefilled with 4 tokens, then decoded one token at a time): both rows together (the prefill's
-/// every row, then steps of two rows) and row 0 alone (the phased one-row step).
-void expect_cached_decoding_matches(const LlamaForCausalLM<>& m, const fs::path& dir) {
-  const LlamaConfig& c = m.config();
-  const cli::TokenBatch t = cli::load_token_ids((dir / "oracle" / "tokens.npy").string());
-  const auto want = io::load_npy<float>((dir / "oracle" / "cached_logits.npy").string());
-  const std::int64_t B = t.batch, S = t.seq, V = c.vocab_size, P = 4;
-  const auto worst_diff = [&](const float* got, std::int64_t b, std::int64_t s0, std::int64_t n) {
-    double w = 0;
-    const float* ref = want.data() + (b * S + s0) * V;
-    for (std::int64_t i = 0; i < n * V; ++i) w = std::max(w, double(std::fabs(got[i] - ref[i])));
-    return w;
-  };
-  for (const std::int64_t rows : {B, std::int64_t{1}}) {
-    SCOPED_TRACE(rows == 1 ? "row 0 alone" : "both rows");
-    generate::StandardKVCache cache(generate::kv_cache_shape(c, rows, S));
-    generate::Decoder dec(m, cache);
-    std::vector<std::int64_t> head(static_cast<std::size_t>(rows * P));
-    for (std::int64_t b = 0; b < rows; ++b) std::copy_n(t.ids.begin() + b * S, P, head.begin() + b * P);
-    std::vector<float> all(static_cast<std::size_t>(rows * P * V)), last(static_cast<std::size_t>(rows * V));
-    dec.prefill(head.data(), P, nullptr, last.data(), all.data());
-    for (std::int64_t b = 0; b < rows; ++b) EXPECT_LT(worst_diff(all.data() + b * P * V, b, 0, P), 1e-4) << "prefill";
-    for (std::int64_t s = P; s < S; ++s) {
-      std::vector<std::int64_t> step(static_cast<std::size_t>(rows));
-      for (std::int64_t b = 0; b < rows; ++b) step[static_cast<std::size_t>(b)] = t.ids[static_cast<std::size_t>(b * S + s)];
-      dec.decode(step.data(), last.data());
-      for (std::int64_t b = 0; b < rows; ++b)
-        EXPECT_LT(worst_diff(last.data() + b * V, b, s, 1), 1e-4) << "row " << b << " position " << s;
-    }
-  }
-}
-
-}  // namespace
-
 /// Rope scalings yarn, dynamic and longrope (Phi-3's form: the original context at the top level)
 /// against their PyTorch reference (scripts/rope_scaling_reference.py): logits, loss and every
 /// gradient of the full forward, and KV-cache decoding, where dynamic and longrope rotate each
@@ -383,7 +338,7 @@ TEST(Pretrained, RopeScalingsMatchTheirReference) {
     ASSERT_TRUE(m.config().rope_scaling.has_value());
     EXPECT_EQ(m.config().rope_scaling->rope_type, kind);
     expect_matches_reference(m, dir, /*greedy=*/std::string(kind) == "yarn");
-    expect_cached_decoding_matches(m, dir);
+    expect_decoding_matches(m, dir, "cached_logits.npy", 4);
     if (std::string(kind) == "yarn") expect_cached_forward_matches(m, dir);  // static: cached == full
 
     TempDir tmp(std::string("rope_") + kind);

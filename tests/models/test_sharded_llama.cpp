@@ -147,14 +147,17 @@ TEST(ShardedLlama, TinyHfFixtureMatchesOneDevice) {
 // Qwen3's per-head q/k norms on a mesh: their weights are replicated while tp splits the heads,
 // so each tp rank normalises its own heads and the norms' gradients are summed over tp (and the
 // data axes); head_dim 8 != hidden 16 / 4 heads, tied embeddings.
-TEST(ShardedLlama, TinyQwen3FixtureMatchesOneDevice) {
-  const auto dir = tiny_hf_dir().parent_path() / "tiny_qwen3";
+namespace {
+
+/// A fixture's model (tests/data/<family>) on every mesh shape against one device.
+void expect_fixture_matches_one_device(const char* family, unsigned seed) {
+  SCOPED_TRACE(family);
+  const auto dir = tiny_hf_dir().parent_path() / family;
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
-  ASSERT_TRUE(cfg.qk_norm());
   LlamaForCausalLM<> m(cfg);
   nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
   const std::int64_t B = 4, S = 8;
-  const auto ids = random_tokens(B * S, cfg.vocab_size, 5);
+  const auto ids = random_tokens(B * S, cfg.vocab_size, seed);
   auto labels = ids;
   labels[6] = -100;
   const Reference ref = reference(m, ids, labels, B, S);
@@ -162,24 +165,16 @@ TEST(ShardedLlama, TinyQwen3FixtureMatchesOneDevice) {
   std::printf("  worst relative error so far: %.3g\n", g_worst);
 }
 
-/// Gemma 2 and 3 (tests/data/tiny_gemma2, tiny_gemma3: sandwich and (1 + w) norms, scaled
-/// embeddings, sliding and global layers, Gemma 2's soft-capping) on every mesh shape.
+}  // namespace
+
+/// Qwen3's per-head q/k norms.
+TEST(ShardedLlama, TinyQwen3FixtureMatchesOneDevice) { expect_fixture_matches_one_device("tiny_qwen3", 5); }
+
+/// Gemma 2 and 3 (sandwich and (1 + w) norms, scaled embeddings, sliding and global layers,
+/// Gemma 2's soft-capping).
 TEST(ShardedLlama, TinyGemmaFixturesMatchOneDevice) {
-  for (const char* family : {"tiny_gemma2", "tiny_gemma3"}) {
-    SCOPED_TRACE(family);
-    const auto dir = tiny_hf_dir().parent_path() / family;
-    const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
-    ASSERT_TRUE(cfg.is_gemma());
-    LlamaForCausalLM<> m(cfg);
-    nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
-    const std::int64_t B = 4, S = 8;
-    const auto ids = random_tokens(B * S, cfg.vocab_size, 7);
-    auto labels = ids;
-    labels[5] = -100;
-    const Reference ref = reference(m, ids, labels, B, S);
-    for (const auto& d : kMeshes) check_mesh(m, ref, ids, labels, B, S, d);
-  }
-  std::printf("  worst relative error so far: %.3g\n", g_worst);
+  expect_fixture_matches_one_device("tiny_gemma2", 7);
+  expect_fixture_matches_one_device("tiny_gemma3", 7);
 }
 
 TEST(ShardedLlama, SmallGqaMatchesOneDevice) {
