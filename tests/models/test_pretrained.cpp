@@ -284,6 +284,16 @@ void expect_decoding_matches(const LlamaForCausalLM<>& m, const fs::path& dir, c
   }
 }
 
+/// m saved to `to` has the config.json of `dir` (the fixture it was read from) and loads back
+/// bit for bit.
+void expect_resave_round_trips(LlamaForCausalLM<>& m, const fs::path& dir, const fs::path& to) {
+  models::save_pretrained(to, m);
+  std::ifstream a(dir / "config.json"), b(to / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(b), nlohmann::json::parse(a));
+  auto back = models::from_pretrained(to);
+  EXPECT_EQ(param_bytes(back), param_bytes(m));
+}
+
 /// The cached forward against the reference's full-forward logits (oracle/logits.npy of `dir`):
 /// both rows prefilled at once (a prefill of 8 rows attends on the GEMM), then 5 prefilled and
 /// the rest decoded (expect_decoding_matches).
@@ -372,14 +382,10 @@ TEST(Pretrained, Gemma3MatchesItsReference) {
   expect_cached_forward_matches(m, dir);
 
   TempDir tmp("gemma3_resaved");
-  models::save_pretrained(tmp.path, m);
+  expect_resave_round_trips(m, dir, tmp.path);
   const auto f = io::SafeTensorsFile::open((tmp.path / "model.safetensors").string());
   for (const char* n : {"post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"})
     EXPECT_TRUE(f.contains(std::string("model.layers.3.") + n + ".weight")) << n;
-  auto back = models::from_pretrained(tmp.path);
-  EXPECT_EQ(param_bytes(back), param_bytes(m));
-  std::ifstream a(dir / "config.json"), b(tmp.path / "config.json");
-  EXPECT_EQ(nlohmann::json::parse(b), nlohmann::json::parse(a));
 
   // A cap that is not a positive number is refused by name.
   std::ifstream in(dir / "config.json");
@@ -411,11 +417,7 @@ TEST(Pretrained, Gemma2MatchesItsReference) {
   expect_matches_reference(m, dir);
   expect_cached_forward_matches(m, dir);
   TempDir tmp("gemma2_resaved");
-  models::save_pretrained(tmp.path, m);
-  std::ifstream a(dir / "config.json"), b(tmp.path / "config.json");
-  EXPECT_EQ(nlohmann::json::parse(b), nlohmann::json::parse(a));
-  auto back = models::from_pretrained(tmp.path);
-  EXPECT_EQ(param_bytes(back), param_bytes(m));
+  expect_resave_round_trips(m, dir, tmp.path);
 }
 
 /// A rope_scaling edl cannot honour is refused naming the field.

@@ -26,6 +26,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -285,7 +286,16 @@ class CachedForward {
   static Norm norm_of(const N& n) {
     return Norm{n.weight.data(), n.offset()};
   }
+  /// A sandwich norm on a product's output, when the layer has them.
+  template <class N>
+  static std::optional<Norm> post_norm(bool sandwich, const N& n) {
+    return sandwich ? std::optional<Norm>(norm_of(n)) : std::nullopt;
+  }
   std::int64_t window_of(std::int64_t layer) const { return windows_[static_cast<std::size_t>(layer)]; }
+  /// y [rows, cols] = norm(x), the model's eps (y may be x).
+  void norm_rows(const Norm& norm, const float* x, float* y, std::int64_t rows, std::int64_t cols) const {
+    kernels::rms_norm_forward(x, norm.w, y, static_cast<float*>(nullptr), rows, cols, eps_, norm.offset);
+  }
 
   // ---------------------------------------------------------------- the layer, once
   template <class Steps>
@@ -300,12 +310,12 @@ class CachedForward {
                                          part(A.v_proj, v_.data(), kw)},
                      [&](std::int64_t n) { rope_and_store(layer, n, A); });
     st.attention(layer);
-    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_), sandwich ? &L.attn_output_norm : nullptr);
+    st.product_add(ctx_.data(), qw, part(A.o_proj, out_.data(), H_), post_norm(sandwich, L.attn_output_norm));
     if (L.is_sparse()) return st.norm_experts(norm_of(L.post_attention_layernorm), L.block_sparse_moe);
     st.norm_gated(norm_of(L.post_attention_layernorm),
                   std::array<Part, 2>{part(mlp.gate_proj, gate_.data(), I_), part(mlp.up_proj, up_.data(), I_)},
                   mlp.activation());
-    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_), sandwich ? &L.mlp_output_norm : nullptr);
+    st.product_add(gate_.data(), I_, part(mlp.down_proj, out_.data(), H_), post_norm(sandwich, L.mlp_output_norm));
   }
 
   // ---------------------------------------------------------------- steps over many rows
@@ -317,22 +327,18 @@ class CachedForward {
 
     template <std::size_t P, class After>
     void norm_products(const Norm& norm, const std::array<Part, P>& parts, After&& after) {
-      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
-                                norm.offset);
+      f.norm_rows(norm, f.x_.data(), f.normed_.data(), n, f.H_);
       kernels::linear_group<T, P>(f.normed_.data(), n, parts, f.H_);
       after(n);
     }
     void attention(std::int64_t layer) { f.attention_rows(coll, layer, n); }
     // x += in W^T (+ b), the product summed over tp first (a row-parallel product on a mesh),
     // through `post` first when given (a sandwich norm).
-    template <class PostNorm>
-    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
+    void product_add(const float* in, std::int64_t K, const Part& p, const std::optional<Norm>& post) {
       kernels::linear_part(in, n, p, K);
       const std::size_t nH = static_cast<std::size_t>(n * f.H_);
       coll.psum_tp(std::span<float>(p.y, nH));
-      if (post)
-        kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), n, f.H_, f.eps_,
-                                  post->offset());
+      if (post) f.norm_rows(*post, p.y, p.y, n, f.H_);
       kernels::add_inplace(f.x_.data(), static_cast<const float*>(p.y), static_cast<std::ptrdiff_t>(nH));
     }
     void norm_gated(const Norm& norm, const std::array<Part, 2>& gate_up, kernels::GatedActivation act) {
@@ -345,8 +351,7 @@ class CachedForward {
     void norm_experts(const Norm& norm, const Moe& moe) {
       EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
                 "mixture-of-experts layers run on one device");
-      kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), n, f.H_, f.eps_,
-                                norm.offset);
+      f.norm_rows(norm, f.x_.data(), f.normed_.data(), n, f.H_);
       kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
       f.route_rows(n, moe);
       for (std::int64_t e = 0; e < f.E_; ++e) {
@@ -404,16 +409,14 @@ class CachedForward {
                                  f.scores_.data() + h * score_len, f.softcap_);
       });
     }
-    template <class PostNorm>
-    void product_add(const float* in, std::int64_t K, const Part& p, const PostNorm* post) {
+    void product_add(const float* in, std::int64_t K, const Part& p, const std::optional<Norm>& post) {
       const std::int64_t tasks = kernels::matvec_tasks(p.N, K, threads);
       const std::array<Part, 1> one{p};
       if (post) {  // the norm needs the whole row: it and the sum run once the product is done
         team.phase(
             tasks, [&](std::int64_t t) { kernels::matvec_group_task(in, one, K, t, tasks); },
             [&] {
-              kernels::rms_norm_forward(p.y, post->weight.data(), p.y, static_cast<float*>(nullptr), 1, f.H_, f.eps_,
-                                        post->offset());
+              f.norm_rows(*post, p.y, p.y, 1, f.H_);
               kernels::add_range(f.x_.data(), p.y, 0, f.H_);
             });
         return;
@@ -441,8 +444,7 @@ class CachedForward {
       const std::int64_t H = f.H_, K = f.K_;
       const bool shared = moe.has_shared_expert();
       team.phase(1, [&](std::int64_t) {
-        kernels::rms_norm_forward(f.x_.data(), norm.w, f.normed_.data(), static_cast<float*>(nullptr), 1, H, f.eps_,
-                                  norm.offset);
+        f.norm_rows(norm, f.x_.data(), f.normed_.data(), 1, H);
         const std::array<Part, 1> router{part(moe.gate, f.router_.data(), f.E_)};
         kernels::matvec_group_task(f.normed_.data(), router, H, 0, 1);
         f.route_rows(1, moe);
@@ -509,7 +511,7 @@ class CachedForward {
       team.phase(
           tasks,
           [&](std::int64_t t) {
-            kernels::rms_norm_forward(f.x_.data(), norm.w, nx, static_cast<float*>(nullptr), 1, f.H_, f.eps_, norm.offset);
+            f.norm_rows(norm, f.x_.data(), nx, 1, f.H_);
             kernels::matvec_group_task(nx, parts, f.H_, t, tasks);
             epilogue(t);
           },
@@ -553,7 +555,7 @@ class CachedForward {
       rope_->angles(row.pos, context, cos, cos + half, rope_scratch_);
       if (rope_->local()) {
         float* lcos = local_angles_.data() + r * D_;
-        rope_->local()->angles(row.pos, context, lcos, lcos + half, rope_scratch_);
+        rope_->local()->angles(row.pos, context, lcos, lcos + half, local_rope_scratch_);
       }
     }
   }
@@ -612,13 +614,11 @@ class CachedForward {
       for (std::int64_t r = 0; r < n; ++r) {
         for (std::int64_t h = 0; h < nh_; ++h) {
           float* q = q_.data() + (r * nh_ + h) * D_;
-          kernels::rms_norm_forward(q, attn.q_norm.weight.data(), q, static_cast<float*>(nullptr), 1, D_, eps_,
-                                    attn.q_norm.offset());
+          norm_rows(norm_of(attn.q_norm), q, q, 1, D_);
         }
         for (std::int64_t g = 0; g < nkv_; ++g) {
           float* k = k_.data() + (r * nkv_ + g) * D_;
-          kernels::rms_norm_forward(k, attn.k_norm.weight.data(), k, static_cast<float*>(nullptr), 1, D_, eps_,
-                                    attn.k_norm.offset());
+          norm_rows(norm_of(attn.k_norm), k, k, 1, D_);
         }
       }
     const float* angles = (local_rope_[static_cast<std::size_t>(layer)] ? local_angles_ : angles_).data();
@@ -715,17 +715,12 @@ class CachedForward {
   /// The head over the first nl rows of last_x_, into head_dst_'s rows (columns c0 ..).
   void head_rows(std::int64_t nl) {
     const std::int64_t c0 = shard_.c0, nc = shard_.c1 - c0;
-    kernels::rms_norm_forward(last_x_.data(), m_->model.norm.weight.data(), normed_.data(), static_cast<float*>(nullptr),
-                              nl, H_, eps_, m_->model.norm.offset());
+    norm_rows(norm_of(m_->model.norm), last_x_.data(), normed_.data(), nl, H_);
     bool contiguous = nc == V_;  // whole rows, one after another: the product writes them in place
     for (std::int64_t i = 1; contiguous && i < nl; ++i)
       contiguous = head_dst_[static_cast<std::size_t>(i)] == head_dst_[0] + i * V_;
-    // Gemma 2's final soft-capping, row by row in parallel.
-    const auto softcap = [&](float* y) {
-      if (final_softcap_ > 0)
-        exec::parallel_for(0, nl, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::ptrdiff_t i = lo; i < hi; ++i) kernels::softcap_row(y + i * nc, nullptr, nc, final_softcap_);
-        });
+    const auto softcap = [&](float* y) {  // Gemma 2's final soft-capping
+      if (final_softcap_ > 0) kernels::softcap_rows(y, nl, nc, final_softcap_);
     };
     if (contiguous) {
       kernels::linear_part(normed_.data(), nl, head_part(head_dst_[0], c0, nc), H_);
@@ -781,7 +776,7 @@ class CachedForward {
   aligned_vector<float> thread_normed_;  // run_one_row: each team thread's normalised x
   aligned_vector<float> angles_;         // each row's rope cos and sin
   aligned_vector<float> local_angles_;   // and with the local table (Gemma's sliding layers)
-  RopeTable::Scratch rope_scratch_;
+  RopeTable::Scratch rope_scratch_, local_rope_scratch_;  // one per table: each caches its own frequencies
   // Mixture of experts: E_ experts, K_ per row (0, 0: dense); the router's logits and
   // probabilities of the rows, an expert's gathered rows, each expert's (row, weight) pairs
   // and, for one row, its k (expert, weight) pairs in expert order.

@@ -61,6 +61,18 @@ struct GeluTanhMulOp {
 };
 }  // namespace detail
 
+namespace detail {
+/// out = op(gate, up) lane-wise, kernel `k`'s checks first: the forward of a gated activation.
+template <class Op, FloatStorage T>
+inline void gated_map(const char* k, Op op, const T* gate, const T* up, T* out, std::ptrdiff_t n) {
+  check_size(n, k, "n");
+  check_ptr(gate, n, k, "gate");
+  check_ptr(up, n, k, "up");
+  check_ptr(out, n, k, "out");
+  map(n, op, out, gate, up);
+}
+}  // namespace detail
+
 /// The activation of a gated MLP: down(act(gate x) * up x). silu: SwiGLU (Llama, Mistral, Qwen,
 /// Phi-3); gelu_tanh: GeGLU with the tanh GELU (Gemma's gelu_pytorch_tanh).
 enum class GatedActivation { silu, gelu_tanh };
@@ -89,12 +101,7 @@ inline void silu_backward(const float* x, const float* dy, float* dx, std::ptrdi
 /// out = silu(gate) * up (SwiGLU).
 template <FloatStorage T>
 inline void silu_mul(const T* gate, const T* up, T* out, std::ptrdiff_t n) {
-  const char* k = "silu_mul";
-  detail::check_size(n, k, "n");
-  detail::check_ptr(gate, n, k, "gate");
-  detail::check_ptr(up, n, k, "up");
-  detail::check_ptr(out, n, k, "out");
-  detail::map(n, detail::SiluMulOp{}, out, gate, up);
+  detail::gated_map("silu_mul", detail::SiluMulOp{}, gate, up, out, n);
 }
 
 /// gate[lo, hi) = silu(gate) * up over that range, on the calling thread: for callers that
@@ -182,16 +189,18 @@ inline void softcap_row(float* x, float* dfactor, std::ptrdiff_t n, float cap) n
   }
 }
 
+/// softcap_row over each of `rows` rows of `cols` values, rows in parallel (final logits).
+inline void softcap_rows(float* x, std::int64_t rows, std::int64_t cols, float cap) {
+  exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::ptrdiff_t r = lo; r < hi; ++r) softcap_row(x + r * cols, nullptr, cols, cap);
+  });
+}
+
 /// out = act(gate) * up: silu_mul, or GeGLU's gelu_tanh(gate) * up.
 template <FloatStorage T>
 inline void gated_mul(GatedActivation act, const T* gate, const T* up, T* out, std::ptrdiff_t n) {
   if (act == GatedActivation::silu) return silu_mul(gate, up, out, n);
-  const char* k = "gated_mul";
-  detail::check_size(n, k, "n");
-  detail::check_ptr(gate, n, k, "gate");
-  detail::check_ptr(up, n, k, "up");
-  detail::check_ptr(out, n, k, "out");
-  detail::map(n, detail::GeluTanhMulOp{}, out, gate, up);
+  detail::gated_map("gated_mul", detail::GeluTanhMulOp{}, gate, up, out, n);
 }
 
 /// gate[lo, hi) = act(gate) * up over that range, on the calling thread (silu_mul_range's twin).

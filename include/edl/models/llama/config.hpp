@@ -341,7 +341,7 @@ struct LlamaConfig {
     }
   }
 
-  /// Gemma 3's own fields (kept in `extra`): what edl runs, and what it refuses by name.
+  /// Gemma's own fields (kept in `extra`): what edl runs, and what it refuses by name.
   void validate_gemma() const {
     const auto field = [&](const char* name) -> const ojson* { return extra.contains(name) ? &extra[name] : nullptr; };
     const std::string act = field("hidden_activation") && field("hidden_activation")->is_string()
@@ -416,7 +416,7 @@ struct LlamaConfig {
     cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
-    const bool gemma = cfg.model_type == "gemma2" || cfg.model_type == "gemma3_text";
+    const bool gemma = cfg.is_gemma();
     cfg.tie_word_embeddings = c.get<bool>("tie_word_embeddings", gemma);  // Gemma3TextConfig: tied
     if (c.has("sliding_window")) cfg.sliding_window = c.optional<std::int64_t>("sliding_window");
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default

@@ -850,7 +850,8 @@ void save_gguf(const std::filesystem::path& file, const LlamaForCausalLM<Pol>& m
             " model (its router and shared expert) has its own GGUF architecture (\"qwen2moe\", \"qwen3moe\"); edl "
             "writes \"llama\" files, whose experts are Mixtral's");
   EDL_CHECK(!c.is_gemma(), errc::unsupported, where, "a Gemma model ((1 + w) and sandwich norms, GeGLU, scaled "
-            "embeddings) has its own GGUF architecture (\"gemma3\"); edl writes \"llama\" files");
+            "embeddings) has its own GGUF architecture (\"", c.model_type == "gemma2" ? "gemma2" : "gemma3",
+            "\"); edl writes \"llama\" files");
   EDL_CHECK(!c.qk_norm(), errc::unsupported, where, "a ", c.model_type,
             " model normalises each q and k head (self_attn.q_norm / k_norm), which llama.cpp's llama graph does not; "
             "it has its own GGUF architecture (\"", c.model_type, "\") and edl writes \"llama\" files");

@@ -292,10 +292,7 @@ class LlamaForCausalLM {
     const std::int64_t V = config().vocab_size;
     if (!tied_ && lm_head.is_quantized()) lm_head.apply(hidden, rows, out);
     else nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, V, config().hidden_size);
-    if (const float cap = static_cast<float>(config().final_softcap()); cap > 0)
-      exec::parallel_for(0, rows, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        for (std::ptrdiff_t r = lo; r < hi; ++r) kernels::softcap_row(out + r * V, nullptr, V, cap);
-      });
+    if (const float cap = static_cast<float>(config().final_softcap()); cap > 0) kernels::softcap_rows(out, rows, V, cap);
   }
 
   /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping): every
