@@ -71,7 +71,7 @@ inline int cmd_chat(Args& args) {
   gen_detail::stop_at_tokenizer_eos(g, tok);
   auto model = gen_detail::load_model(dir);
   apply_adapter(model, af);
-  const DefaultMesh mesh = make_mesh({1, 1, 1, 1});
+  const DefaultMesh mesh = make_mesh(kOneDevice);
 
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
   std::signal(SIGINT, [](int) { chat_detail::interrupted = true; });

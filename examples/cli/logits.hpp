@@ -75,7 +75,7 @@ inline void check_ids(const TokenBatch& t, std::int64_t vocab, const std::string
 
 /// Logits [batch * seq * vocab] of a causal LM, as `edl logits` computes them.
 template <class Model>
-std::vector<float> compute_logits(Model& model, const TokenBatch& t, const MeshDims& mesh = {1, 1, 1, 1}) {
+std::vector<float> compute_logits(Model& model, const TokenBatch& t, const MeshDims& mesh = kOneDevice) {
   check_ids(t, model.config().vocab_size, "--tokens");
   std::vector<float> out(static_cast<std::size_t>(t.batch * t.seq * model.config().vocab_size));
   run_on_mesh(mesh, model, MeshOp::logits, t.ids.data(), t.layout(), nullptr, out.data());

@@ -31,7 +31,7 @@ namespace edl::cli {
 /// (zeroed first). labels: null = the tokens.
 template <class Model>
 nn::LossMetrics compute_loss(Model& model, const TokenBatch& t, const TokenBatch* labels, bool grads,
-                             const MeshDims& mesh = {1, 1, 1, 1}) {
+                             const MeshDims& mesh = kOneDevice) {
   const std::int64_t V = model.config().vocab_size;
   check_ids(t, V, "--tokens");
   if (labels) {

@@ -1,12 +1,12 @@
-// examples/cli/mesh_flag.hpp: the `--mesh dp=1,fsdp=2,tp=2,sp=1` flag of the model commands
+// examples/cli/mesh_flag.hpp: the `--mesh dp=1,fsdp=2,ep=1,tp=2,sp=1` flag of the model commands
 // (edl logits, edl loss, edl bench train), and run_on_mesh: the ONE place where these commands
 // execute a model, on one device or (once sharded execution lands) on a mesh.
 //
-// Syntax: comma-separated name=size items, any subset of dp, fsdp, tp, sp in any order; axes
+// Syntax: comma-separated name=size items, any subset of dp, fsdp, ep, tp, sp in any order; axes
 // not named have size 1. An unknown axis name, an axis named twice, an empty item, a size that
 // is not a positive integer is an edl::Error (invalid_argument; a UsageError, exit code 2)
 // whose where() is the flag.
-// The result is the std::array<int64_t, 4> {dp, fsdp, tp, sp} that edl::create_mesh takes.
+// The result is the edl::MeshDims {dp, fsdp, ep, tp, sp} that edl::create_mesh takes.
 #pragma once
 
 #include <algorithm>
@@ -89,17 +89,18 @@ inline void end_launch_after_error(int code) {
 #endif
 }
 
-using MeshDims = std::array<std::int64_t, 4>;  // dp, fsdp, tp, sp
+using MeshDims = ::edl::MeshDims;  // dp, fsdp, ep, tp, sp
+inline constexpr MeshDims kOneDevice = {1, 1, 1, 1, 1};
 
-inline const std::array<const char*, 4>& mesh_axis_names() {
-  static const std::array<const char*, 4> n = {"dp", "fsdp", "tp", "sp"};
+inline const std::array<const char*, 5>& mesh_axis_names() {
+  static const std::array<const char*, 5> n = {"dp", "fsdp", "ep", "tp", "sp"};
   return n;
 }
 
 /// Parses "dp=1,fsdp=2,tp=2,sp=1" (any subset, any order; unnamed axes are 1).
 inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "--mesh") {
-  MeshDims dims = {1, 1, 1, 1};
-  std::array<bool, 4> seen = {false, false, false, false};
+  MeshDims dims = kOneDevice;
+  std::array<bool, 5> seen = {false, false, false, false, false};
   EDL_CLI_USAGE_CHECK(!text.empty(), errc::invalid_argument, flag,
                       "expected name=size items such as dp=1,fsdp=2,tp=2,sp=1, found an empty value");
   std::size_t start = 0;
@@ -111,13 +112,13 @@ inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "-
                         "\": expected name=size items separated by commas");
     const std::size_t eq = item.find('=');
     EDL_CLI_USAGE_CHECK(eq != std::string::npos, errc::invalid_argument, flag, "item \"", item,
-                        "\" is not name=size (axes: dp, fsdp, tp, sp)");
+                        "\" is not name=size (axes: dp, fsdp, ep, tp, sp)");
     const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
     int axis = -1;
-    for (int a = 0; a < 4; ++a)
+    for (int a = 0; a < 5; ++a)
       if (name == mesh_axis_names()[static_cast<std::size_t>(a)]) axis = a;
     EDL_CLI_USAGE_CHECK(axis >= 0, errc::invalid_argument, flag, "unknown mesh axis \"", name,
-                        "\", expected one of dp, fsdp, tp, sp");
+                        "\", expected one of dp, fsdp, ep, tp, sp");
     EDL_CLI_USAGE_CHECK(!seen[static_cast<std::size_t>(axis)], errc::invalid_argument, flag, "axis ", name,
                         " is given twice in \"", text, "\"");
     seen[static_cast<std::size_t>(axis)] = true;
@@ -139,29 +140,30 @@ inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "-
   return dims;
 }
 
-/// "dp=1,fsdp=2,tp=2,sp=1"
+/// "dp=1,fsdp=2,tp=2,sp=1" ("dp=1,fsdp=1,ep=2,tp=1,sp=1": ep is named when it is not 1).
 inline std::string mesh_str(const MeshDims& d) {
   std::string s;
-  for (std::size_t a = 0; a < 4; ++a) s += (a ? "," : "") + std::string(mesh_axis_names()[a]) + "=" + std::to_string(d[a]);
+  for (std::size_t a = 0; a < 5; ++a)
+    if (a != 2 || d[a] != 1) s += (s.empty() ? "" : ",") + std::string(mesh_axis_names()[a]) + "=" + std::to_string(d[a]);
   return s;
 }
 
-/// {"dp": 1, "fsdp": 2, "tp": 2, "sp": 1}
+/// {"dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 1}
 inline nlohmann::ordered_json mesh_json(const MeshDims& d) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  for (std::size_t a = 0; a < 4; ++a) j[mesh_axis_names()[a]] = d[a];
+  for (std::size_t a = 0; a < 5; ++a) j[mesh_axis_names()[a]] = d[a];
   return j;
 }
 
 /// The --mesh flag of a command's table; `help` says what the mesh runs.
-inline Flag declare_mesh_flag(std::string help = "the device mesh the model runs on: any of dp, fsdp, tp, sp with their sizes") {
+inline Flag declare_mesh_flag(std::string help = "the device mesh the model runs on: any of dp, fsdp, ep, tp, sp with their sizes") {
   return text_flag("--mesh", "dp=1,fsdp=1,tp=1,sp=1", std::move(help)).defaults("one device");
 }
 
 /// Reads --mesh (default: one device).
 inline MeshDims mesh_flag(Args& args) {
   const std::string s = args.str("--mesh", "");
-  if (!args.has("--mesh")) return {1, 1, 1, 1};
+  if (!args.has("--mesh")) return kOneDevice;
   return parse_mesh(s, "--mesh");
 }
 

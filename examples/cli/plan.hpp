@@ -53,14 +53,14 @@ inline int cmd_plan(Args& args) {
     cfg = models::LlamaConfig::from_file((std::filesystem::path(model_dir) / "config.json").string());
     name = model_dir;
   } else {
-    EDL_CLI_USAGE_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected tiny, small or gqa1b");
+    EDL_CLI_USAGE_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected a preset (tiny, small, gqa1b, small_moe, small_wide)");
     cfg = models::LlamaConfig::preset(config);
     name = config;
   }
-  const MeshShape mesh({"dp", "fsdp", "tp", "sp"}, {dims[0], dims[1], dims[2], dims[3]});  // no devices are started
+  const MeshShape mesh({"dp", "fsdp", "ep", "tp", "sp"}, {dims[0], dims[1], dims[2], dims[3], dims[4]});  // no devices are started
 
   models::PlanOptions o;
-  o.batch = has_batch ? batch_flag : dims[0] * dims[1];
+  o.batch = has_batch ? batch_flag : dims[0] * dims[1] * dims[2];
   o.seq = has_seq ? seq_flag : cfg.max_position_embeddings;
   EDL_CLI_USAGE_CHECK(o.batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", o.batch);
   EDL_CLI_USAGE_CHECK(o.seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", o.seq);
@@ -88,6 +88,7 @@ inline int cmd_plan(Args& args) {
   j["parameters"] = p.parameters;
   nlohmann::ordered_json d;
   d["parameter_bytes"] = p.parameter_bytes;
+  if (cfg.is_moe()) d["expert_parameter_bytes"] = p.expert_parameter_bytes;
   d["gradient_bytes"] = p.gradient_bytes;
   d["optimizer_state_bytes"] = p.optimizer_state_bytes;
   d["gathered_bytes"] = p.gathered_bytes;

@@ -65,7 +65,7 @@ inline int cmd_serve(Args& args) {
   const std::int64_t threads = args.integer("--threads", 0);
   const MeshDims dims = mesh_flag(args);
   args.finish();
-  EDL_CLI_USAGE_CHECK(dims == MeshDims({1, 1, 1, 1}), errc::unsupported, "--mesh " + mesh_str(dims),
+  EDL_CLI_USAGE_CHECK(dims == kOneDevice, errc::unsupported, "--mesh " + mesh_str(dims),
                       "the serving engine runs on one device; serve without --mesh (edl generate --mesh runs a mesh)");
   EDL_CLI_USAGE_CHECK(so.port >= 0 && so.port <= 65535, errc::invalid_argument, "--port", "expected 0..65535, found ", so.port);
   EDL_CLI_USAGE_CHECK(svc.engine.max_batch >= 1, errc::invalid_argument, "--max-batch", "must be >= 1, found ", svc.engine.max_batch);

@@ -1790,7 +1790,7 @@ class MemoryTracker {
 //
 // Devices are numbered row-major over the axes in mesh order (the last axis varies
 // fastest), as jax.sharding.Mesh does with np.arange(n).reshape(sizes). For the default
-// axes ("dp", "fsdp", "tp", "sp") with sizes (2, 1, 2, 1), device 3 sits at (dp=1, tp=1).
+// axes ("dp", "fsdp", "ep", "tp", "sp") with sizes (2, 1, 1, 2, 1), device 3 sits at (dp=1, tp=1).
 //
 // A collective over a subset of axes runs within a *group*: the devices whose coordinates
 // agree on every axis not named. Group members are ordered row-major over the named axes,
@@ -2151,7 +2151,7 @@ class Device {
 // end of edl/mesh/device.hpp
 // #include <edl/mesh/mesh.hpp>
 // edl/mesh/mesh.hpp
-// Mesh<"dp", "fsdp", "tp", "sp">: a device mesh whose axis names are part of its type, so a
+// Mesh<"dp", "fsdp", "ep", "tp", "sp">: a device mesh whose axis names are part of its type, so a
 // PartitionSpec naming an axis the mesh lacks is a compile error where both types are known.
 // Sizes are run-time values (at most one -1, inferred from the device count).
 
@@ -2241,12 +2241,30 @@ class Mesh {
   std::shared_ptr<MeshContext> ctx_;
 };
 
-/// The axes EasyDeL meshes use: data, fully-sharded data, tensor and sequence parallel.
-using DefaultMesh = Mesh<"dp", "fsdp", "tp", "sp">;
+/// The axes EasyDeL meshes use: data, fully-sharded data, expert, tensor and sequence parallel.
+using DefaultMesh = Mesh<"dp", "fsdp", "ep", "tp", "sp">;
 
-/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred.
-inline DefaultMesh create_mesh(std::array<std::int64_t, 4> dims, std::int64_t devices = -1) {
-  return DefaultMesh(dims, devices);
+/// The sizes of DefaultMesh's axes, in its order: {dp, fsdp, ep, tp, sp}.
+using MeshDims = std::array<std::int64_t, 5>;
+
+/// {dp, fsdp, tp, sp} (the mesh without an expert axis) as MeshDims, ep = 1.
+constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) noexcept {
+  return {d[0], d[1], 1, d[2], d[3]};
+}
+
+/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred; five
+/// sizes are {dp, fsdp, ep, tp, sp}, four are {dp, fsdp, tp, sp} with ep = 1.
+inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) { return DefaultMesh(dims, devices); }
+inline DefaultMesh create_mesh(const std::array<std::int64_t, 4>& dims, std::int64_t devices = -1) {
+  return DefaultMesh(mesh_dims_without_ep(dims), devices);
+}
+/// create_mesh({1, 2, 1, 1}) and create_mesh({1, 1, 2, 1, 1}): a braced list of four or five sizes.
+template <std::size_t N>
+  requires(N == 4 || N == 5)
+DefaultMesh create_mesh(const std::int64_t (&dims)[N], std::int64_t devices = -1) {
+  std::array<std::int64_t, N> a{};
+  for (std::size_t i = 0; i < N; ++i) a[i] = dims[i];
+  return create_mesh(a, devices);
 }
 
 }  // namespace edl
@@ -3522,11 +3540,18 @@ inline PartitionRules llama_partition_rules() {
 // not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
 // P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
 // rows 4-7.
+//
+// A placed layout (placed_on(axis, index)) lives only on the devices whose coordinate on
+// `axis` is `index`; the others hold an empty block. This is how one expert of a
+// mixture-of-experts layer sits on its expert-parallel rank: expert j of E on ep = j / (E / ep),
+// split within those devices by its spec as any tensor (a stacked [E, ...] tensor split over
+// "ep" on dimension 0 puts the same bytes on the same devices).
 
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // #include <edl/core/block_rows.hpp> (inlined above)
@@ -3546,11 +3571,39 @@ class ShardLayout {
     for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
   }
 
+  /// This layout restricted to the devices whose coordinate on `axis` is `index`; the spec may
+  /// not name `axis` (the tensor is whole along it).
+  ShardLayout placed_on(std::string_view axis, std::int64_t index) const {
+    ShardLayout l = *this;
+    const std::size_t a = mesh_.axis_index(axis, "ShardLayout::placed_on");
+    for (const auto& d : spec_.dims)
+      for (const auto& n : d)
+        EDL_CHECK(n != axis, errc::invalid_argument, "ShardLayout::placed_on", "the spec ", spec_.str(),
+                  " splits over \"", axis, "\", so the tensor cannot be placed on one of its coordinates");
+    EDL_CHECK(index >= 0 && index < mesh_.sizes()[a], errc::invalid_argument, "ShardLayout::placed_on", "index ",
+              index, " is outside axis \"", axis, "\" of size ", mesh_.sizes()[a]);
+    l.place_axis_ = static_cast<std::int64_t>(a);
+    l.place_index_ = index;
+    return l;
+  }
+  /// Whether device d holds a block (always, unless the layout is placed).
+  bool holds(std::int64_t d) const {
+    return place_axis_ < 0 || mesh_.coords(d)[static_cast<std::size_t>(place_axis_)] == place_index_;
+  }
+  bool is_placed() const noexcept { return place_axis_ >= 0; }
+  /// Device d's block shape: local_shape(), or zeros where it holds none.
+  std::vector<std::int64_t> local_shape(std::int64_t d) const {
+    return holds(d) ? local_ : std::vector<std::int64_t>(local_.size(), 0);
+  }
+  /// Elements of device d's block.
+  std::int64_t local_elements(std::int64_t d) const { return holds(d) ? local_elements() : 0; }
+
   const MeshShape& mesh() const noexcept { return mesh_; }
   const SpecValue& spec() const noexcept { return spec_; }
   std::size_t rank() const noexcept { return global_.size(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
-  /// Every device's block has this shape (dimensions divide evenly, checked above).
+  /// Every device's block has this shape (dimensions divide evenly, checked above); a placed
+  /// layout's holders' blocks.
   const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
   std::int64_t local_elements() const noexcept {
     std::int64_t n = 1;
@@ -3579,6 +3632,7 @@ class ShardLayout {
     std::vector<std::int64_t> owners;
     std::vector<std::vector<std::int64_t>> seen;
     for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+      if (!holds(d)) continue;
       auto o = offset(d);
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == o;
@@ -3591,13 +3645,15 @@ class ShardLayout {
   }
 
   friend bool operator==(const ShardLayout& a, const ShardLayout& b) {
-    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_;
+    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_ && a.place_axis_ == b.place_axis_ &&
+           a.place_index_ == b.place_index_;
   }
 
  private:
   MeshShape mesh_;
   SpecValue spec_;
   std::vector<std::int64_t> global_, local_;
+  std::int64_t place_axis_ = -1, place_index_ = 0;  // placed_on: the axis (-1: none) and its coordinate
 };
 
 namespace detail {
@@ -3666,9 +3722,10 @@ class BasicShardedTensor {
               "ShardedTensor", "expected one block per device (", layout_.mesh().size(), "), found ", locals_.size());
     for (std::size_t d = 0; d < locals_.size(); ++d) {
       std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
-      EDL_CHECK(s == layout_.local_shape(), errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
-                detail::shape_str(s), ", expected ", detail::shape_str(layout_.local_shape()), " for spec ",
-                layout_.spec().str());
+      const auto want = layout_.local_shape(static_cast<std::int64_t>(d));
+      EDL_CHECK(s == want, errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
+                detail::shape_str(s), ", expected ", detail::shape_str(want), " for spec ", layout_.spec().str(),
+                layout_.holds(static_cast<std::int64_t>(d)) ? "" : " (the tensor is placed on other devices)");
     }
     account(+1);
   }
@@ -3772,7 +3829,7 @@ std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
   locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
   const auto& gs = layout.global_shape();
   for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
-    Local l = make_local<Local>(layout.local_shape());
+    Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
       copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
     locals.push_back(std::move(l));
@@ -3856,6 +3913,15 @@ xt::xarray<T> gather(const ShardedArray<T>& t) {
   auto out = detail::make_local<xt::xarray<T>>(t.global_shape());
   detail::join_blocks(t, out);
   return out;
+}
+
+/// `global` split by `layout` (a placed layout included) on the mesh of `ctx`.
+template <class T>
+ShardedArray<T> shard(const xt::xarray<T>& global, const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
+  EDL_CHECK(detail::shape_of(global) == layout.global_shape(), errc::shape_mismatch, "shard", "the tensor has shape ",
+            detail::shape_str(detail::shape_of(global)), ", the layout's is ", detail::shape_str(layout.global_shape()));
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 
 /// The same tensor laid out by another spec (gather then shard: a reference for resharding,
@@ -8674,7 +8740,11 @@ class MLP {
 // shared_expert_gate).
 //
 // Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
-// is at most all tokens), so an expert's three GEMMs run once over its own rows.
+// is at most all tokens), so an expert's three GEMMs run once over its own rows. Where the
+// experts run is a parameter: here, on the caller's thread, or through an ExpertDispatch on
+// the devices that hold them (nn/expert_parallel.hpp: an expert-parallel mesh axis); the
+// routing, the weighting of the experts' outputs and the router's backward are this code in
+// both cases.
 //
 // Backward runs through the renormalisation and the softmax; the top-k choice itself is
 // piecewise constant (no gradient), as in PyTorch.
@@ -8688,6 +8758,7 @@ class MLP {
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -8711,6 +8782,23 @@ struct MoeConfig {
 };
 
 template <class Pol>
+class MoE;
+
+/// Runs a MoE block's experts elsewhere (on the devices that hold them). Rows are (token,
+/// slot) pairs grouped by expert as Saved::rows lists them; forward fills Saved::ys[e] with
+/// expert e's outputs for this caller's rows of e, in that order; backward takes the
+/// gradients of those outputs (dys[e]) and gives the gradients of their inputs (dxs[e]),
+/// accumulating the experts' weight gradients wherever the experts are.
+template <class Pol>
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  virtual void forward(const MoE<Pol>& moe, const float* x, typename MoE<Pol>::Saved& s) = 0;
+  virtual void backward(MoE<Pol>& moe, typename MoE<Pol>::Saved& s, const std::vector<std::vector<float>>& dys,
+                        std::vector<std::vector<float>>& dxs) = 0;
+};
+
+template <class Pol>
 class MoE {
   EDL_NN_CHECK_POLICY(Pol);
 
@@ -8726,6 +8814,7 @@ class MoE {
     std::vector<std::vector<float>> xs, ys;
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+    std::vector<std::int64_t> exchange;      // an ExpertDispatch's bookkeeping (rows it received)
     // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
     typename MLP<Pol>::Saved shared_s;
     typename ColumnLinear<Pol>::Saved shared_gate_s;
@@ -8782,7 +8871,8 @@ class MoE {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
+  /// y [T, hidden]. `dispatch`: where the experts run (null: here, every expert held).
+  void forward(const float* x, std::int64_t tokens, float* y, Saved& s, ExpertDispatch<Pol>* dispatch = nullptr) const {
     const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     s.tokens = tokens;
     s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
@@ -8795,24 +8885,33 @@ class MoE {
     s.xs.assign(static_cast<std::size_t>(E), {});
     s.ys.assign(static_cast<std::size_t>(E), {});
     s.mlp_s.assign(static_cast<std::size_t>(E), {});
+    if (dispatch) {
+      dispatch->forward(*this, x, s);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto& rows = s.rows[static_cast<std::size_t>(e)];
+        const auto n = static_cast<std::int64_t>(rows.size());
+        if (n == 0) continue;
+        auto& xe = s.xs[static_cast<std::size_t>(e)];
+        auto& ye = s.ys[static_cast<std::size_t>(e)];
+        xe.resize(static_cast<std::size_t>(n * H));
+        ye.resize(static_cast<std::size_t>(n * H));
+        for (std::int64_t r = 0; r < n; ++r) {
+          const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+          std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
+        }
+        experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
+      }
+    }
+    // y = sum over the token's experts, in expert order, of weight x output.
     std::fill(y, y + tokens * H, 0.f);
     for (std::int64_t e = 0; e < E; ++e) {
       const auto& rows = s.rows[static_cast<std::size_t>(e)];
-      const auto n = static_cast<std::int64_t>(rows.size());
-      if (n == 0) continue;
-      auto& xe = s.xs[static_cast<std::size_t>(e)];
-      auto& ye = s.ys[static_cast<std::size_t>(e)];
-      xe.resize(static_cast<std::size_t>(n * H));
-      ye.resize(static_cast<std::size_t>(n * H));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
-      }
-      experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+      const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const std::int64_t slot = rows[r], t = slot / K;
         const float w = s.weight[static_cast<std::size_t>(slot)];
-        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[r * static_cast<std::size_t>(H) + static_cast<std::size_t>(j)];
       }
     }
     if (has_shared_expert()) {  // y += sigmoid(x Ws^T) * shared(x)
@@ -8874,8 +8973,12 @@ class MoE {
   ///   aux = E * sum_e f_e P_e
   /// With coef != 0, adds coef * d aux / d logits to each layer's router gradient (only P
   /// carries one: d aux / d p_{t,e} = E f_e / (layers x valid) for a valid token).
+  ///
+  /// On a mesh each device passes its own tokens and `sum_devices`, which sums a buffer over
+  /// the devices that hold the batch's other tokens: f, P and the count are then the whole
+  /// batch's, as on one device.
   static double load_balancing_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask,
-                                    float coef) {
+                                    float coef, const std::function<void(std::span<double>)>& sum_devices = {}) {
     const std::int64_t E = c.num_experts, K = c.top_k;
     std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
     double n = 0;
@@ -8886,6 +8989,15 @@ class MoE {
         for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s->top[static_cast<std::size_t>(t * K + k)])] += 1.0;
         for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s->probs[static_cast<std::size_t>(t * E + e)];
       }
+    if (sum_devices) {
+      std::vector<double> all(f);
+      all.insert(all.end(), P.begin(), P.end());
+      all.push_back(n);
+      sum_devices(all);
+      std::copy(all.begin(), all.begin() + E, f.begin());
+      std::copy(all.begin() + E, all.begin() + 2 * E, P.begin());
+      n = all.back();
+    }
     if (n == 0) return 0.0;
     double aux = 0;
     for (std::int64_t e = 0; e < E; ++e) {
@@ -8909,7 +9021,8 @@ class MoE {
 
   /// The router z-loss over several layers' valid tokens: the mean of logsumexp(logits)^2;
   /// with coef != 0 adds coef * its gradient (coef * 2 z p_e / count) to each layer's router.
-  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef) {
+  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef,
+                              const std::function<void(std::span<double>)>& sum_devices = {}) {
     const std::int64_t E = c.num_experts;
     double sum = 0, n = 0;
     for (const Saved* s : layers)
@@ -8919,6 +9032,12 @@ class MoE {
           sum += z * z;
           n += 1;
         }
+    if (sum_devices) {
+      double both[2] = {sum, n};
+      sum_devices(both);
+      sum = both[0];
+      n = both[1];
+    }
     if (n == 0) return 0.0;
     if (coef != 0.0f)
       for (Saved* s : layers) {
@@ -8956,18 +9075,20 @@ class MoE {
   }
 
   /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
-  void backward(const float* dy, Saved& s, float* dx) {
+  /// `dispatch`: where the experts run, as in forward.
+  void backward(const float* dy, Saved& s, float* dx, ExpertDispatch<Pol>* dispatch = nullptr) {
     const std::int64_t T = s.tokens, H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     std::vector<float> dw(static_cast<std::size_t>(T * K), 0.f);
     std::fill(dx, dx + T * H, 0.f);
-    std::vector<float> dye, dxe;
+    // Per expert: the gradient of its outputs (w dy) and of each slot's weight (dy . output).
+    std::vector<std::vector<float>> dys(static_cast<std::size_t>(E)), dxs(static_cast<std::size_t>(E));
     for (std::int64_t e = 0; e < E; ++e) {
       const auto& rows = s.rows[static_cast<std::size_t>(e)];
       const auto n = static_cast<std::int64_t>(rows.size());
       if (n == 0) continue;
       const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      auto& dye = dys[static_cast<std::size_t>(e)];
       dye.resize(static_cast<std::size_t>(n * H));
-      dxe.resize(static_cast<std::size_t>(n * H));
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
         const float w = s.weight[static_cast<std::size_t>(slot)];
@@ -8979,10 +9100,24 @@ class MoE {
         }
         dw[static_cast<std::size_t>(slot)] = static_cast<float>(d);
       }
-      experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[static_cast<std::size_t>(r * H + j)];
+    }
+    if (dispatch) {
+      dispatch->backward(*this, s, dys, dxs);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto& dye = dys[static_cast<std::size_t>(e)];
+        if (dye.empty()) continue;
+        auto& dxe = dxs[static_cast<std::size_t>(e)];
+        dxe.resize(dye.size());
+        experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
+      }
+    }
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto& dxe = dxs[static_cast<std::size_t>(e)];
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const std::int64_t t = rows[r] / K;
+        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[r * static_cast<std::size_t>(H) + static_cast<std::size_t>(j)];
       }
     }
     // Through the renormalisation and the softmax to the router's logits.
@@ -9402,6 +9537,191 @@ class Embedding {
 
 }  // namespace edl::nn
 // end of edl/nn/embedding.hpp
+// #include <edl/nn/expert_parallel.hpp>
+// edl/nn/expert_parallel.hpp
+// A mixture-of-experts block whose experts are split over a mesh axis ("ep"): expert e of E
+// lives on the axis's rank e / (E / ep). Each device routes its own tokens (the router is
+// replicated), sends every (token, slot) row to the rank holding its expert, runs the experts
+// it holds over the rows it received, and sends the outputs back; backward sends the outputs'
+// gradients the same way and brings the inputs' gradients back. This is the ExpertDispatch
+// that nn::MoE's one forward and backward take (nn/moe.hpp); everything else -- the routing,
+// the weighted sum of the experts' outputs, the router's gradient -- is that code's.
+//
+//   nn::ExpertParallel<Pol> ep(dev);                      // inside mesh.run, on axis "ep"
+//   moe.forward(x, tokens, y, saved, &ep);
+//   moe.backward(dy, saved, dx, &ep);
+//
+// Exchange: two all_to_all over the axis per direction. First the row counts (one per expert),
+// then the rows themselves in equal chunks of C rows, C being the largest number of rows any
+// device sends to any other, so no row is ever dropped (dropless). The memory this costs is
+// bounded: C is at most a device's tokens x top_k, so each of the three exchange buffers holds
+// at most ep x tokens x top_k x hidden floats. Rows arrive in source order (rank 0's first) and
+// an expert runs once over all of them.
+//
+// Results equal one device to f32 rounding, not bit for bit: an expert's GEMMs run over another
+// set of rows (the ep group's tokens instead of the whole batch's), and its weight gradient sums
+// them in another order.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// // #include <edl/nn/moe.hpp> (inlined above) (inlined above)
+
+namespace edl::nn {
+
+/// The rank of axis size `ranks` that holds expert e of E (E divisible by ranks).
+constexpr std::int64_t expert_owner(std::int64_t e, std::int64_t E, std::int64_t ranks) noexcept {
+  return e / (E / ranks);
+}
+
+template <class Pol>
+class ExpertParallel final : public ExpertDispatch<Pol> {
+ public:
+  using Saved = typename MoE<Pol>::Saved;
+
+  /// `dev`: the calling device; `axis`: the mesh axis the experts are split over.
+  explicit ExpertParallel(Device& dev, std::string axis = "ep")
+      : dev_(dev), axis_(std::move(axis)), ranks_(dev.axis_size(axis_)), rank_(dev.axis_index(axis_)) {}
+
+  void forward(const MoE<Pol>& moe, const float* x, Saved& s) override {
+    const MoeConfig& c = moe.config();
+    const std::int64_t E = c.num_experts, H = c.hidden, K = c.top_k;
+    EDL_CHECK(E % ranks_ == 0, errc::not_divisible, "nn::ExpertParallel", E, " experts do not split over ", axis_,
+              " = ", ranks_);
+    // Row counts: chunk q of `send` counts the rows for q's experts; chunk p of `recv` the rows
+    // p sends to this rank's experts.
+    std::vector<std::int64_t> send(static_cast<std::size_t>(E)), recv(static_cast<std::size_t>(E));
+    for (std::int64_t e = 0; e < E; ++e) send[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(s.rows[static_cast<std::size_t>(e)].size());
+    all_to_all(dev_, send, recv, axis_);
+    std::int64_t most = 0;
+    for (std::int64_t q = 0; q < ranks_; ++q) most = std::max(most, chunk_rows(send, q));
+    const std::int64_t C = pmax(dev_, most, axis_);
+    s.exchange = recv;
+    s.exchange.push_back(C);
+
+    std::vector<float> out = pack(s, C, H, [&](std::int64_t e, std::int64_t r) {
+      return x + (s.rows[static_cast<std::size_t>(e)][static_cast<std::size_t>(r)] / K) * H;
+    });
+    std::vector<float> in(out.size());
+    all_to_all(dev_, out, in, axis_);
+    std::fill(out.begin(), out.end(), 0.0f);
+    run_local(moe, s, in, out, H, [&](std::int64_t e, const std::vector<float>& xe, std::int64_t n, std::vector<float>& ye) {
+      s.xs[static_cast<std::size_t>(e)] = xe;
+      moe.experts[static_cast<std::size_t>(e)].forward(s.xs[static_cast<std::size_t>(e)].data(), n, ye.data(),
+                                                       s.mlp_s[static_cast<std::size_t>(e)]);
+    });
+    all_to_all(dev_, out, in, axis_);
+    unpack(s, in, C, H, s.ys);
+  }
+
+  void backward(MoE<Pol>& moe, Saved& s, const std::vector<std::vector<float>>& dys,
+                std::vector<std::vector<float>>& dxs) override {
+    const std::int64_t H = moe.config().hidden;
+    EDL_CHECK(!s.exchange.empty(), errc::invalid_argument, "nn::ExpertParallel::backward",
+              "the block's forward did not run through this dispatch");
+    const std::int64_t C = s.exchange.back();
+    std::vector<float> out = pack(s, C, H, [&](std::int64_t e, std::int64_t r) {
+      return dys[static_cast<std::size_t>(e)].data() + r * H;
+    });
+    std::vector<float> in(out.size());
+    all_to_all(dev_, out, in, axis_);
+    std::fill(out.begin(), out.end(), 0.0f);
+    run_local(moe, s, in, out, H, [&](std::int64_t e, const std::vector<float>& dye, std::int64_t, std::vector<float>& dxe) {
+      moe.experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
+    });
+    all_to_all(dev_, out, in, axis_);
+    unpack(s, in, C, H, dxs);
+  }
+
+ private:
+  /// Rows chunk q of a per-expert count vector holds.
+  std::int64_t chunk_rows(const std::vector<std::int64_t>& counts, std::int64_t q) const {
+    const std::int64_t El = static_cast<std::int64_t>(counts.size()) / ranks_;
+    std::int64_t n = 0;
+    for (std::int64_t j = 0; j < El; ++j) n += counts[static_cast<std::size_t>(q * El + j)];
+    return n;
+  }
+
+  /// [ranks, C, H]: chunk q holds, expert by expert, the rows for q's experts (row(e, r) points
+  /// at row r of expert e's H values); the rest is zeros.
+  template <class Row>
+  std::vector<float> pack(const Saved& s, std::int64_t C, std::int64_t H, Row&& row) const {
+    const std::int64_t E = static_cast<std::int64_t>(s.rows.size()), El = E / ranks_;
+    std::vector<float> buf(static_cast<std::size_t>(ranks_ * C * H), 0.0f);
+    for (std::int64_t q = 0; q < ranks_; ++q) {
+      std::int64_t off = 0;
+      for (std::int64_t e = q * El; e < (q + 1) * El; ++e)
+        for (std::int64_t r = 0; r < static_cast<std::int64_t>(s.rows[static_cast<std::size_t>(e)].size()); ++r, ++off) {
+          const float* src = row(e, r);
+          std::copy(src, src + H, buf.begin() + (q * C + off) * H);
+        }
+    }
+    return buf;
+  }
+
+  /// The inverse of pack: chunk q's rows back into per-expert buffers (rows of e in order).
+  void unpack(const Saved& s, const std::vector<float>& buf, std::int64_t C, std::int64_t H,
+              std::vector<std::vector<float>>& per_expert) const {
+    const std::int64_t E = static_cast<std::int64_t>(s.rows.size()), El = E / ranks_;
+    per_expert.assign(static_cast<std::size_t>(E), {});
+    for (std::int64_t q = 0; q < ranks_; ++q) {
+      std::int64_t off = 0;
+      for (std::int64_t e = q * El; e < (q + 1) * El; ++e) {
+        const auto n = static_cast<std::int64_t>(s.rows[static_cast<std::size_t>(e)].size());
+        if (n == 0) continue;
+        auto& v = per_expert[static_cast<std::size_t>(e)];
+        v.assign(buf.begin() + (q * C + off) * H, buf.begin() + (q * C + off + n) * H);
+        off += n;
+      }
+    }
+  }
+
+  /// For each expert this rank holds: its rows from every source (in source order) gathered out
+  /// of `in`, f(e, rows, n, result) run once over them, and the result's rows written to `out`
+  /// where they came from in `in`.
+  template <class F>
+  void run_local(const MoE<Pol>& moe, const Saved& s, const std::vector<float>& in, std::vector<float>& out,
+                 std::int64_t H, F&& f) const {
+    const std::int64_t E = moe.config().num_experts, El = E / ranks_, C = s.exchange.back();
+    const auto count = [&](std::int64_t p, std::int64_t j) { return s.exchange[static_cast<std::size_t>(p * El + j)]; };
+    std::vector<float> rows, result;
+    for (std::int64_t j = 0; j < El; ++j) {
+      std::int64_t n = 0;
+      for (std::int64_t p = 0; p < ranks_; ++p) n += count(p, j);
+      if (n == 0) continue;
+      rows.resize(static_cast<std::size_t>(n * H));
+      result.assign(static_cast<std::size_t>(n * H), 0.0f);
+      const auto each_source = [&](auto&& copy) {
+        std::int64_t at = 0;
+        for (std::int64_t p = 0; p < ranks_; ++p) {
+          std::int64_t off = 0;  // rows p sent to this rank's experts before j's
+          for (std::int64_t i = 0; i < j; ++i) off += count(p, i);
+          copy((p * C + off) * H, at * H, count(p, j) * H);
+          at += count(p, j);
+        }
+      };
+      each_source([&](std::int64_t src, std::int64_t dst, std::int64_t len) {
+        std::copy(in.begin() + src, in.begin() + src + len, rows.begin() + dst);
+      });
+      f(rank_ * El + j, rows, n, result);
+      each_source([&](std::int64_t back, std::int64_t from, std::int64_t len) {
+        std::copy(result.begin() + from, result.begin() + from + len, out.begin() + back);
+      });
+    }
+  }
+
+  Device& dev_;
+  std::string axis_;
+  std::int64_t ranks_ = 1, rank_ = 0;
+};
+
+}  // namespace edl::nn
+// end of edl/nn/expert_parallel.hpp
 // #include <edl/nn/linear.hpp> (inlined above)
 // #include <edl/nn/loss.hpp>
 // edl/nn/loss.hpp
@@ -18927,6 +19247,7 @@ struct Schedule {
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19025,6 +19346,7 @@ class ShardedOptimizer {
       if (dev.id() == first_local(m)) step_count_ = o.step_count();
       for (const auto& name : m.trainable_names()) {
         auto& p = m.param(name);
+        if (!p.layout().holds(d)) continue;  // placed on other devices (an expert on its ep rank)
         const auto w = p.local_span(d);
         const auto g = m.grad(name).local_span(d);
         o.update_tensor(name, w.data(), g.data(), static_cast<std::int64_t>(w.size()), p.global_shape(), lr);
@@ -19038,28 +19360,34 @@ class ShardedOptimizer {
   Optimizer gather(const ShardedModel& m) const {
     Optimizer full(opt_);
     full.set_step_count(step_count());
-    // Every device holds a block of every slot: walk the slots of this process's first device.
-    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
-      const ShardLayout& layout = m.param(path).layout();
-      std::vector<xt::xarray<float>> blocks;
-      const CollectiveBackend& be = m.mesh().backend();
-      for (std::int64_t d = 0; d < devices_; ++d) {
-        xt::xarray<float> b = xt::xarray<float>::from_shape(
-            std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
-        if (be.is_local(d)) {
-          const std::vector<float>* v = device(d).find_slot(path, slot);
-          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
-                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
-          std::copy(v->begin(), v->end(), b.begin());
-        } else {
-          b.fill(0.0f);  // another process's device: gather takes its block from there
+    // The slots every parameter has (the optimizer's kind decides them), seen on this process's
+    // devices; every process has taken the same steps, so all see the same names.
+    std::set<std::string> slots;
+    const CollectiveBackend& be = m.mesh().backend();
+    for (std::int64_t d = 0; d < devices_; ++d)
+      if (be.is_local(d))
+        device(d).visit_state([&](const std::string&, const std::string& slot, const std::vector<float>&) { slots.insert(slot); });
+    for (const auto& path : m.trainable_names())
+      for (const auto& slot : slots) {
+        const ShardLayout& layout = m.param(path).layout();
+        std::vector<xt::xarray<float>> blocks;
+        for (std::int64_t d = 0; d < devices_; ++d) {
+          const auto shape = layout.local_shape(d);
+          xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
+          if (be.is_local(d) && layout.holds(d)) {
+            const std::vector<float>* v = device(d).find_slot(path, slot);
+            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                      path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+            std::copy(v->begin(), v->end(), b.begin());
+          } else {
+            b.fill(0.0f);  // another process's device (gather takes its block from there), or no block
+          }
+          blocks.push_back(std::move(b));
         }
-        blocks.push_back(std::move(b));
+        const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
+        const xt::xarray<float> g = edl::gather(arr);
+        full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
       }
-      const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
-      const xt::xarray<float> g = edl::gather(arr);
-      full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
-    });
     return full;
   }
 
@@ -19077,8 +19405,9 @@ class ShardedOptimizer {
                 "optimizer state holds ", v.size(), " values, the parameter has ", n);
       xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(gs.begin(), gs.end()));
       std::copy(v.begin(), v.end(), g.begin());
-      const ShardedArray<float> arr = shard(g, layout.spec(), m.mesh(), path + "." + slot);
+      const ShardedArray<float> arr = shard(g, layout, m.mesh().context());
       for (std::int64_t d = 0; d < devices_; ++d) {
+        if (!layout.holds(d)) continue;
         const auto b = arr.local_span(d);
         per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
       }
@@ -20454,6 +20783,8 @@ struct LlamaConfig {
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -20505,6 +20836,17 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
 }
 
 /// Layer l's config (a mixture-of-experts block where c.layer_is_sparse(l)).
+/// The mixture-of-experts block of a sparse layer of c (every sparse layer has the same).
+inline nn::MoeConfig moe_config(const LlamaConfig& c) {
+  return nn::MoeConfig{.hidden = c.hidden_size,
+                       .intermediate = c.expert_intermediate_size(),
+                       .num_experts = c.num_local_experts,
+                       .top_k = c.num_experts_per_tok,
+                       .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
+                       .shared_intermediate = c.shared_expert_size(),
+                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+}
+
 inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
   nn::DecoderLayerConfig d;
   d.attention.hidden = c.hidden_size;
@@ -20526,14 +20868,7 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.sandwich_norms = c.sandwich_norms();
   d.norm_offset = c.norm_offset();
   d.activation = c.is_gemma() ? kernels::GatedActivation::gelu_tanh : kernels::GatedActivation::silu;
-  if (c.layer_is_sparse(l))
-    d.moe = nn::MoeConfig{.hidden = c.hidden_size,
-                          .intermediate = c.expert_intermediate_size(),
-                          .num_experts = c.num_local_experts,
-                          .top_k = c.num_experts_per_tok,
-                          .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
-                          .shared_intermediate = c.shared_expert_size(),
-                          .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+  if (c.layer_is_sparse(l)) d.moe = moe_config(c);
   return d;
 }
 
@@ -20766,29 +21101,33 @@ class LlamaForCausalLM {
   /// to m, and with `backward` their gradients to the routers' (before model.backward).
   void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
                      bool backward) const {
-    const LlamaConfig& c = config();
-    if (!c.is_moe() || !c.output_router_logits) return;
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      if (model.layers[l].is_sparse()) routed.push_back(&s.model_s.layer_s[l].moe_s);
+    add_router_losses(config(), routed, layout.attention_mask, opt, m, backward);
+  }
+
+  /// The router losses over `routed` (every sparse layer's routing of the same tokens; `mask`
+  /// their attention mask or null) added to m (its `tokens` set), and with `backward` their
+  /// gradients to each routing's dlogits_extra. On a mesh each device passes its own tokens and
+  /// `sum_devices` sums the counts over the devices that hold the batch's others.
+  static void add_router_losses(const LlamaConfig& c, std::span<typename nn::MoE<Pol>::Saved* const> routed,
+                                const std::int64_t* mask, const nn::LossOptions& opt, nn::LossMetrics& m, bool backward,
+                                const std::function<void(std::span<double>)>& sum_devices = {}) {
+    if (!c.is_moe() || !c.output_router_logits || routed.empty()) return;
     if (backward)
       EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
                 "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
                 " (set it to 0)");
-    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
-    std::size_t first = 0;
-    for (std::size_t l = 0; l < model.layers.size(); ++l)
-      if (model.layers[l].is_sparse()) {
-        if (routed.empty()) first = l;
-        routed.push_back(&s.model_s.layer_s[l].moe_s);
-      }
-    if (routed.empty()) return;
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
     const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
-    const nn::MoeConfig& mc = model.layers[first].block_sparse_moe.config();
-    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
+    const nn::MoeConfig mc = moe_config(c);
+    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, mask, coef(c.router_aux_loss_coef), sum_devices);
     m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
     if (c.router_z_loss_coef > 0) {
-      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, layout.attention_mask, coef(c.router_z_loss_coef));
+      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, mask, coef(c.router_z_loss_coef), sum_devices);
       m.loss += weight * c.router_z_loss_coef * m.router_z_loss;
     }
   }
@@ -20804,16 +21143,17 @@ class LlamaForCausalLM {
 // The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
 // computed from the config and mesh alone, before any tensor is allocated.
 //
-//   auto mesh = MeshShape({"dp", "fsdp", "tp", "sp"}, {1, 2, 2, 1});
+//   auto mesh = MeshShape({"dp", "fsdp", "ep", "tp", "sp"}, {1, 2, 1, 2, 1});   // "ep" may be left out
 //   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
 //   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
 //
 // Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
 // layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
 // measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
-// only accept even splits), so one device's figures are every device's.
+// only accept even splits; a mixture-of-experts model's ep ranks hold E / ep experts each), so
+// one device's figures are every device's.
 //
-// Activations (f32, per device; Bl = B / (dp*fsdp) local rows, Sl = S / sp local positions,
+// Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
 // Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
 // heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
 // and the modules' Saved structs keep:
@@ -20825,6 +21165,11 @@ class LlamaForCausalLM {
 //     qk_norm (Qwen3): q, k before the norms and
 //       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
+//     or a mixture-of-experts block (E experts, top K, expert width Fe; a device's experts run
+//       over K Tl rows when the routing is balanced): router logits and probabilities
+//       2 Tl E, routing weights K Tl, token/slot ids and top-k 2 K Tl int64, expert inputs and
+//       outputs 2 K Tl H, the experts' g, u, a 3 K Tl Fe; a shared expert (width Fs) adds
+//       3 Tl Fs + Tl H + Tl
 //     sandwich norms (Gemma): attention and MLP
 //       outputs and their inv_rms                  2 Tl H + 2 Tl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
@@ -20838,7 +21183,10 @@ class LlamaForCausalLM {
 //                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
 //                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
 // Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
-//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n.
+//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n,
+//   all_to_all sends (g-1)/g n. A sparse layer on ep > 1 exchanges its K Tl rows of H floats
+//   twice in forward (to the experts and back) and twice more in backward (balanced routing: the
+//   padded chunks hold K Tl / ep rows each; a skewed routing pads them up to the busiest pair).
 
 #include <algorithm>
 #include <cstdint>
@@ -20852,8 +21200,8 @@ class LlamaForCausalLM {
 // #include <edl/models/llama/config.hpp> (inlined above)
 // // #include <edl/models/llama/sharded.hpp> (inlined above)
 // edl/models/llama/sharded.hpp
-// Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
-// and gradients of one device (docs/parallelism.md).
+// Llama forward and backward on a device mesh (dp, fsdp, ep, tp, sp >= 1) giving the logits,
+// loss and gradients of one device (docs/parallelism.md).
 //
 //   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
 //   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
@@ -20877,8 +21225,15 @@ class LlamaForCausalLM {
 //    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
 //    that shards them (tp included) at the start of the step and kept until its end (the
 //    vocabulary-parallel head is not implemented: the head is replicated compute);
-//  - data: the batch is split over (dp, fsdp) (B divisible by dp * fsdp), the sequence over sp
-//    (S divisible by sp);
+//  - data: the batch is split over (dp, fsdp, ep) (B divisible by dp * fsdp * ep), the sequence
+//    over sp (S divisible by sp);
+//  - expert parallel (mixture-of-experts models): expert e of E is stored and run on the ep rank
+//    e / (E / ep) only (a placed layout, ShardLayout::placed_on; the rules may split it further
+//    over fsdp); each device routes its own tokens and exchanges their rows with the experts'
+//    ranks by all_to_all (nn::ExpertParallel). An expert's gradient is complete on its ep rank
+//    (every row of the ep group reached it) and sums over the other data axes only. The router
+//    losses sum their counts over every data axis, so they are the whole batch's. Experts are
+//    not split over tp (a MoE model on a mesh needs tp = 1);
 //  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
 //    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
 //    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
@@ -20929,6 +21284,7 @@ class LlamaForCausalLM {
 // #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/expert_parallel.hpp> (inlined above)
 // #include <edl/nn/loss.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // // #include <edl/tensor/partition_rules.hpp> (inlined above) (inlined above)
@@ -20938,10 +21294,23 @@ namespace edl::models {
 
 namespace sharded_detail {
 
-/// Axes that split the data: the batch over (dp, fsdp), the sequence over sp.
+/// Axes that split the data: the batch over (dp, fsdp, ep), the sequence over sp.
 inline const std::vector<std::string>& data_axes() {
-  static const std::vector<std::string> a{"dp", "fsdp", "sp"};
+  static const std::vector<std::string> a{"dp", "fsdp", "ep", "sp"};
   return a;
+}
+
+/// J for a parameter of expert J of a mixture-of-experts block ("...experts.J.w1.weight", its
+/// adapters too), else -1 (the router and a shared expert belong to no expert).
+inline std::int64_t expert_index(const std::string& name) {
+  const std::string key = ".experts.";
+  const std::size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  std::size_t i = at + key.size();
+  std::int64_t j = 0;
+  bool digits = false;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digits = true) j = j * 10 + (name[i] - '0');
+  return digits && i < name.size() && name[i] == '.' ? j : -1;
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& s) {
@@ -20982,6 +21351,11 @@ X make_tensor(const std::vector<std::int64_t>& shape) {
 
 }  // namespace sharded_detail
 
+/// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
+inline std::int64_t mesh_axis_or_one(const MeshShape& ms, std::string_view axis) {
+  return ms.has_axis(axis) ? ms.axis_size(axis) : 1;
+}
+
 /// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
 inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
   const char* w = "ShardedLlama";
@@ -20999,12 +21373,12 @@ inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
   return l;
 }
 
-/// The data split every step checks: the batch over dp * fsdp, the sequence over sp.
-inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t sp,
-                             const char* w = "ShardedLlama") {
+/// The data split every step checks: the batch over dp * fsdp * ep, the sequence over sp.
+inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t ep,
+                             std::int64_t sp, const char* w = "ShardedLlama") {
   EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
-  EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
-            fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
+  EDL_CHECK(B % (dp * fsdp * ep) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp * ep = ",
+            dp, " * ", fsdp, " * ", ep, " = ", dp * fsdp * ep, " (the batch is split over dp, fsdp and ep)");
   EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
             " (the sequence is split over sp)");
 }
@@ -21017,6 +21391,7 @@ struct ShardedParamPlan {
   std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
   bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
+  std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
 };
 
 /// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
@@ -21033,7 +21408,13 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
                                                                                 bool tied,
                                                                                 const AdapterRanks& adapters = {}) {
   cfg.validate();
-  const std::int64_t tp = ms.axis_size("tp");
+  const std::int64_t tp = ms.axis_size("tp"), ep = mesh_axis_or_one(ms, "ep");
+  if (cfg.is_moe()) {
+    EDL_CHECK(tp == 1, errc::unsupported, "ShardedLlama", "a mixture-of-experts model (", cfg.model_type,
+              ") splits its experts over ep, not over tp; found tp = ", tp, " (use ep, fsdp, dp or sp)");
+    EDL_CHECK(cfg.num_local_experts % ep == 0, errc::not_divisible, "ShardedLlama", "num_local_experts (",
+              cfg.num_local_experts, ") is not divisible by ep = ", ep, " (each ep rank holds whole experts)");
+  }
   const LlamaConfig local_cfg = tp_local_config(cfg, tp);
   const auto global = cfg.parameter_shapes();
   const auto local = local_cfg.parameter_shapes();
@@ -21046,10 +21427,16 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
                         const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
     ShardedParamPlan p;
+    p.expert = cfg.is_moe() ? sharded_detail::expert_index(name) : -1;
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
     p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
                             gshape, name);
+    if (p.expert >= 0 && ms.has_axis("ep")) {  // on its ep rank only
+      const std::int64_t owner = nn::expert_owner(p.expert, cfg.num_local_experts, ep);
+      p.layout = p.layout.placed_on("ep", owner);
+      p.compute = p.compute.placed_on("ep", owner);
+    }
     EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
               " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
               "shape ",
@@ -21071,6 +21458,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       if (a == "tp") {
         if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
       } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
+        if (a == "ep" && p.expert >= 0) continue;  // every row of the ep group reached the expert
         if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
         else p.sum_axes.push_back(a);
       }
@@ -21120,9 +21508,6 @@ class ShardedLlama {
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
-    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
-              "a mixture-of-experts model (", cfg_.model_type,
-              ") runs on one device for now: its experts are not split over a mesh axis yet");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -21136,7 +21521,7 @@ class ShardedLlama {
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
-      params_.emplace(name, shard(full, plans_.at(name).layout.spec(), mesh_, name));
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
     });
   }
   /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
@@ -21253,6 +21638,7 @@ class ShardedLlama {
     typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
     typename nn::Attention<Pol>::Saved attn_s;
     typename nn::MLP<Pol>::Saved mlp_s;
+    typename nn::MoE<Pol>::Saved moe_s;  // a mixture-of-experts layer's routing and experts
     std::vector<float> n1, g, h, n2;
     std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
@@ -21262,6 +21648,7 @@ class ShardedLlama {
     Device* dev = nullptr;
     std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
     nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
+    nn::ExpertDispatch<Pol>* experts = nullptr;  // where a MoE layer's experts run (null: here, all held)
     std::int64_t tokens() const noexcept { return Bl * Sl; }
   };
 
@@ -21297,7 +21684,8 @@ class ShardedLlama {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        std::vector<std::size_t> s(l.local_shape().begin(), l.local_shape().end());
+        const auto shape = l.local_shape(d);
+        std::vector<std::size_t> s(shape.begin(), shape.end());
         xt::xarray<float> b = xt::xarray<float>::from_shape(s);
         b.fill(0.0f);
         blocks.push_back(std::move(b));
@@ -21322,6 +21710,7 @@ class ShardedLlama {
   void gather_param_into(Device& dev, const std::string& name, Prm& p) {
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
     const auto& cshape = pl.compute.local_shape();
     p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
@@ -21350,7 +21739,7 @@ class ShardedLlama {
   /// Allocates (zeroed) the local gradient before a backward.
   template <class Prm>
   void open_grad(Device& dev, Prm& p) {
-    if (p.frozen) return;
+    if (p.frozen || p.value.size() == 0) return;  // frozen, or another ep rank's expert
     p.grad_data();
     dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
   }
@@ -21361,6 +21750,7 @@ class ShardedLlama {
     if (p.frozen) return;
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;
     const auto& cshape = pl.compute.local_shape();
     const auto& bshape = pl.layout.local_shape();
     const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
@@ -21470,7 +21860,8 @@ class ShardedLlama {
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
-    L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
+    if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
+    else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
     if (sandwich) {
       s.mo.assign(y, y + n);
@@ -21487,7 +21878,8 @@ class ShardedLlama {
       dout.resize(n);
       L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
     }
-    L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
+    if (L.is_sparse()) L.block_sparse_moe.backward(dy, s.moe_s, a.data(), c.experts);
+    else L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
     if (c.tp > 1) psum(*c.dev, a, "tp");
     L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
@@ -21512,8 +21904,8 @@ class ShardedLlama {
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
                            const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
-    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
-    check_data_split(B, S, dp, fsdp, sp, w);
+    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), ep = axis("ep"), sp = axis("sp");
+    check_data_split(B, S, dp, fsdp, ep, sp, w);
     for (std::int64_t i = 0; i < B * S; ++i)
       EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
                 tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
@@ -21558,12 +21950,19 @@ class ShardedLlama {
     c.tp = dev.axis_size("tp");
     c.sp = dev.axis_size("sp");
     c.sp_rank = dev.axis_index("sp");
-    const std::int64_t fsdp = dev.axis_size("fsdp");
-    c.Bl = B / (dev.axis_size("dp") * fsdp);
+    const std::int64_t fsdp = dev.axis_size("fsdp"), ep = dev.axis_size("ep");
+    c.Bl = B / (dev.axis_size("dp") * fsdp * ep);
     c.S = S;
     c.Sl = S / c.sp;
     c.H = cfg_.hidden_size;
-    const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
+    // The device's batch rows: data groups are numbered row-major over (dp, fsdp, ep).
+    const std::int64_t group = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * ep + dev.axis_index("ep");
+    const std::int64_t b0 = group * c.Bl, s0 = c.sp_rank * c.Sl;
+    std::optional<nn::ExpertParallel<Pol>> experts;
+    if (cfg_.is_moe() && ep > 1) {
+      experts.emplace(dev, "ep");
+      c.experts = &*experts;
+    }
     const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
     // Attention runs on the local batch rows over the whole sequence: their mask, positions
     // and documents.
@@ -21603,10 +22002,21 @@ class ShardedLlama {
     // A layer's activations are kept for its backward, unless the step has none or remat is
     // on: then only its input (xs) is, and the backward runs the layer again first.
     const bool keep = mode == Mode::train && !remat_;
+    // The sparse layers' routing, kept for the router losses (which need every layer's).
+    std::vector<typename nn::MoE<Pol>::Saved> routes(L);
     for (std::size_t l = 0; l < L; ++l) {
       const std::string pre = "model.layers." + std::to_string(l);
       gather_module(dev, model.layers[l], pre);
       layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      if (model.layers[l].is_sparse() && mode != Mode::logits) {
+        const auto& m = saved[l].moe_s;
+        auto& r = routes[l];
+        r.tokens = m.tokens;
+        r.logits = m.logits;
+        r.probs = m.probs;
+        r.top = m.top;
+        r.weight = m.weight;
+      }
       if (!keep) saved[l] = LayerSaved{};
       release_module(dev, model.layers[l]);
     }
@@ -21659,6 +22069,19 @@ class ShardedLlama {
       metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
       metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
       if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
+        std::vector<typename nn::MoE<Pol>::Saved*> routed;
+        for (std::size_t l = 0; l < L; ++l)
+          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
+        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
+        if (mask)
+          for (std::int64_t b = 0; b < c.Bl; ++b)
+            for (std::int64_t s = 0; s < c.Sl; ++s) mask_tok.push_back(mask[(b0 + b) * S + s0 + s]);
+        const auto sum_devices = [&](std::span<double> v) {
+          if (!D.empty()) psum(dev, v, AxisList(D));
+        };
+        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
+      }
 
       if (train) {
         std::vector<float> a(n), b(n);
@@ -21671,6 +22094,8 @@ class ShardedLlama {
             std::vector<float> again(n);
             layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
           }
+          if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
+            saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
           layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
           saved[l] = LayerSaved{};
           reduce_module(dev, model.layers[l], pre);
@@ -21839,6 +22264,7 @@ struct MemoryPlan {
   std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
   std::int64_t activation_peak_bytes = 0; // see the formula above
   std::int64_t peak_bytes = 0;            // sum of the above
+  std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
   // Per device: batch rows, positions, tokens.
   std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
   std::vector<PlannedCollective> collectives;
@@ -21889,7 +22315,7 @@ class Collectives {
     if (ordered.empty() || calls == 0) return;
     std::int64_t g = 1;
     for (const auto& a : ordered) g *= ms_.axis_size(a);
-    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : (g - 1) * bytes;
+    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : op == "all_to_all" ? (g - 1) * bytes / g : (g - 1) * bytes;
     for (auto& c : list_)
       if (c.op == op && c.axes == ordered && c.what == what) {
         c.calls += calls;
@@ -21914,9 +22340,9 @@ class Collectives {
 /// by sp), with the same edl::Error messages. A tied config has no lm_head block.
 inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
   const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
-                     sp = mesh.axis_size("sp");
+                     sp = mesh.axis_size("sp"), ep = mesh_axis_or_one(mesh, "ep");
   const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
-  check_data_split(opt.batch, opt.seq, dp, fsdp, sp, "plan");
+  check_data_split(opt.batch, opt.seq, dp, fsdp, ep, sp, "plan");
   EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
   EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
   const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
@@ -21932,11 +22358,13 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
   const std::int64_t L = cfg.num_hidden_layers;
   for (const auto& [name, p] : plans) {
-    const std::int64_t blk = p.layout.local_elements(), comp = p.compute.local_elements();
+    // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
+    const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
     r.parameter_bytes += blk * sT;
+    if (p.expert >= 0) r.expert_parameter_bytes += blk * sT;
     if (opt.train) {
       r.gradient_bytes += blk * 4;
-      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(), master);
+      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(0), master);
     }
     const bool in_layer = name.rfind("model.layers.", 0) == 0;
     if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
@@ -21954,7 +22382,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.gathered_bytes = (global_compute + layer_compute) * per_elem;
 
   // ---- activations
-  const std::int64_t Bl = opt.batch / (dp * fsdp), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
+  const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
   const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
                      nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
   r.local_batch = Bl;
@@ -21963,8 +22391,20 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   const std::int64_t f = 4, i64 = 8;
   const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
   const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
-  const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl + sandwich);
+  // A sparse layer keeps its routing and its experts' rows instead of the MLP's g, u, a.
+  const std::int64_t E = cfg.is_moe() ? cfg.num_local_experts : 0, K = cfg.is_moe() ? cfg.num_experts_per_tok : 0;
+  const std::int64_t Fe = cfg.expert_intermediate_size(), Fs = cfg.shared_expert_size();
+  const std::int64_t sparse_block = f * (2 * Tl * E + K * Tl + 2 * K * Tl * H + 3 * K * Tl * Fe +
+                                         (Fs > 0 ? 3 * Tl * Fs + Tl * H + Tl : 0)) +
+                                    i64 * 2 * K * Tl;
+  const std::int64_t attn_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D +
+                                       2 * Tf * nkv * D + Tf * D + Tf * nh + qk_norm + sandwich);
+  std::int64_t layers_saved = 0, sparse_layers = 0;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const bool sparse = cfg.layer_is_sparse(l);
+    sparse_layers += sparse ? 1 : 0;
+    layers_saved += attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
+  }
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
@@ -21972,7 +22412,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   if (opt.train) {
     const std::int64_t QB = kernels::kAttentionQueryBlock;
     const std::int64_t workers = std::min(opt.threads, Bl * nkv);
-    const std::int64_t mlp = 2 * Tl * Fl;
+    const std::int64_t mlp = sparse_layers > 0 ? 2 * K * Tl * (H + Fe) : 2 * Tl * Fl;  // a sparse block: dy, dx rows
     // dg and (sp) its padded input stay while the attention backward's own buffers come and
     // go, and then the sp reduce_scatter's packed copy and output.
     const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
@@ -21980,7 +22420,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
                                        sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
     transient = std::max(transient, f * (4 * Tl * H + std::max(mlp, attn)));
   }
-  r.activation_peak_bytes = L * per_layer + step + transient;
+  r.activation_peak_bytes = layers_saved + step + transient;
   r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
                  r.activation_peak_bytes;
 
@@ -21991,9 +22431,15 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   coll.add("psum", {"tp"}, act, 2 * L, "activations");                      // after o_proj and down_proj
   coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
   coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
+  if (sparse_layers > 0 && ep > 1) {  // token rows to the experts' ranks and back (nn::ExpertParallel)
+    const std::int64_t rows = f * K * Tl * H;
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers, "expert rows");
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * passes, "expert row gradients");
+    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers, "expert row counts");
+  }
   // loss: the valid-token count and the five metric sums over the data axes
-  coll.add("psum", {"dp", "fsdp", "sp"}, i64, 1, "loss");
-  coll.add("psum", {"dp", "fsdp", "sp"}, 5 * 8, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, i64, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, 5 * 8, 1, "loss");
   r.collectives = coll.take();
   return r;
 }
@@ -27104,7 +27550,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 //   dec.decode(next_ids, logits);
 //
 // What each axis does (every device of a (tp, sp) group handles the same sequences):
-//  - dp and fsdp split the batch: the sequences are cut into dp * fsdp contiguous ranges (an
+//  - dp, fsdp and ep split the batch: the sequences are cut into dp * fsdp * ep contiguous ranges (an
 //    uneven cut is allowed; a group with no sequence idles). fsdp does not shard weights here:
 //    the parameters are gathered once, when the decoder is built, because every decode step
 //    needs every weight and re-gathering them per token would move the whole model per token.
@@ -27342,7 +27788,8 @@ class ShardedDecoder {
       else
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
-    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp");
+    // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
+    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.
@@ -27359,7 +27806,8 @@ class ShardedDecoder {
       DeviceShard shard;
       shard.sp = dev.axis_size("sp");
       shard.sp_rank = dev.axis_index("sp");
-      const std::int64_t g = dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp");
+      const std::int64_t g =
+          (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
       shard.b0 = g * B_ / groups;
       shard.nb = (g + 1) * B_ / groups - shard.b0;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
@@ -29433,6 +29881,7 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
+    if (!layout.holds(d)) continue;  // placed on other devices: an empty block
     if (!be.is_local(d)) {
       std::fill(out, out + n, T{});
       continue;
@@ -29533,12 +29982,13 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
                 io::detail::tensor_where(path, name), "is the state of \"", param,
                 "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
-      std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
-                                        std::vector<float>(static_cast<std::size_t>(layout.local_elements())));
+      std::vector<std::vector<float>> v(static_cast<std::size_t>(D));
+      for (std::int64_t d = 0; d < D; ++d) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
       std::vector<float*> blocks(static_cast<std::size_t>(D));
       for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
       st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
-      for (std::int64_t d = 0; d < D; ++d) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+      for (std::int64_t d = 0; d < D; ++d)
+        if (layout.holds(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
     }
   }
   opt.set_step_count(s.optimizer_step_count);
@@ -30178,6 +30628,7 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/lora/config.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/train/preference_options.hpp> (inlined above)
 
 namespace edl::train {
@@ -30507,15 +30958,15 @@ struct TrainingArguments {
     (void)mesh_dims();  // names and sizes are checked there
     {
       const auto m = mesh_dims();
-      const std::int64_t data = m[0] * m[1];
+      const std::int64_t data = m[0] * m[1] * m[2];
       EDL_CHECK(micro_batch_size() % data == 0, errc::config, where("total_batch_size"),
                 "the micro-batch of ", micro_batch_size(), " sequences (total_batch_size ", total_batch_size,
                 " / gradient_accumulation_steps ", gradient_accumulation_steps,
-                ") must divide by the data-parallel size dp x fsdp = ", data);
-      EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
-                " must divide by the sequence-parallel size sp = ", m[3]);
-      EDL_CHECK(!padding_free || (data == 1 && m[3] == 1), errc::unsupported, where("padding_free"),
-                "a padding-free micro-batch is one row of any length, which the dp, fsdp and sp axes cannot split; "
+                ") must divide by the data-parallel size dp x fsdp x ep = ", data);
+      EDL_CHECK(max_sequence_length % m[4] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
+                " must divide by the sequence-parallel size sp = ", m[4]);
+      EDL_CHECK(!padding_free || (data == 1 && m[4] == 1), errc::unsupported, where("padding_free"),
+                "a padding-free micro-batch is one row of any length, which the dp, fsdp, ep and sp axes cannot split; "
                 "use packing on such a mesh");
     }
     {
@@ -30565,22 +31016,22 @@ struct TrainingArguments {
     if (lora) lora->validate(where("lora"));
   }
 
-  /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
+  /// The mesh {dp, fsdp, ep, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
   /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
   /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
   /// it asks for, so -1 means 1 there.
-  std::array<std::int64_t, 4> mesh_dims() const {
-    static constexpr std::array<const char*, 4> kAxes = {"dp", "fsdp", "tp", "sp"};
+  MeshDims mesh_dims() const {
+    static constexpr std::array<const char*, 5> kAxes = {"dp", "fsdp", "ep", "tp", "sp"};
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
-    std::array<std::int64_t, 4> dims = {1, 1, 1, 1};
-    std::array<bool, 4> seen = {false, false, false, false};
+    MeshDims dims = {1, 1, 1, 1, 1};
+    std::array<bool, 5> seen = {false, false, false, false, false};
     for (std::size_t i = 0; i < sharding_axis_names.size(); ++i) {
       const std::string& n = sharding_axis_names[i];
       std::size_t a = 0;
       while (a < kAxes.size() && n != kAxes[a]) ++a;
       EDL_CHECK(a < kAxes.size(), errc::config, where("sharding_axis_names"), "unknown axis \"", n,
-                "\", expected dp, fsdp, tp or sp");
+                "\", expected dp, fsdp, ep, tp or sp");
       EDL_CHECK(!seen[a], errc::config, where("sharding_axis_names"), "axis ", n, " is named twice");
       seen[a] = true;
       const std::int64_t d = sharding_axis_dims[i];
@@ -30594,7 +31045,7 @@ struct TrainingArguments {
   bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
   std::int64_t mesh_devices() const {
     const auto d = mesh_dims();
-    return d[0] * d[1] * d[2] * d[3];
+    return d[0] * d[1] * d[2] * d[3] * d[4];
   }
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.
@@ -30794,12 +31245,12 @@ struct TrainResult {
 template <PolicyLike Pol>
 class BasicTrainer;
 
-/// Builds the trainer's mesh of {dp, fsdp, tp, sp} devices (TrainingArguments::mesh_dims()).
+/// Builds the trainer's mesh of {dp, fsdp, ep, tp, sp} devices (TrainingArguments::mesh_dims()).
 /// Empty: create_mesh, every device a thread of this process. A program launched on several
 /// processes attaches the mesh to them before returning it, e.g. with MPI:
 ///   [&](auto dims) { auto m = create_mesh(dims); mpi::attach(m, session, m.size() / session.size()); return m; }
 /// and should check first that the ranks can share the devices evenly (an edl::Error otherwise).
-using MeshFactory = std::function<DefaultMesh(const std::array<std::int64_t, 4>& dims)>;
+using MeshFactory = std::function<DefaultMesh(const MeshDims& dims)>;
 
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
 template <PolicyLike Pol>
@@ -31093,9 +31544,10 @@ class BasicTrainer {
           pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
         } else if (sharded_) {
           const nn::TokenLayout lay = b.layout();
-          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
-                                           lay.position_ids, lay.segment_ids)
-                      .loss;
+          const nn::LossMetrics lm = sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                                              lay.attention_mask, lay.position_ids, lay.segment_ids);
+          loss += lm.loss;
+          aux += lm.aux_loss * static_cast<double>(lm.tokens) / lo.normalizer;
         } else {
           const nn::LossMetrics lm =
               guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing);

@@ -699,9 +699,11 @@ TEST(Pretrained, CliChecksTokenIds) {
 }
 
 TEST(Pretrained, MeshFlag) {
-  EXPECT_EQ(cli::parse_mesh("dp=1,fsdp=2,tp=2,sp=1"), (cli::MeshDims{1, 2, 2, 1}));
-  EXPECT_EQ(cli::parse_mesh("tp=4"), (cli::MeshDims{1, 1, 4, 1}));
-  EXPECT_EQ(cli::parse_mesh("sp=2,dp=3"), (cli::MeshDims{3, 1, 1, 2}));
+  EXPECT_EQ(cli::parse_mesh("dp=1,fsdp=2,tp=2,sp=1"), (cli::MeshDims{1, 2, 1, 2, 1}));
+  EXPECT_EQ(cli::parse_mesh("tp=4"), (cli::MeshDims{1, 1, 1, 4, 1}));
+  EXPECT_EQ(cli::parse_mesh("sp=2,dp=3"), (cli::MeshDims{3, 1, 1, 1, 2}));
+  EXPECT_EQ(cli::parse_mesh("ep=2,fsdp=2"), (cli::MeshDims{1, 2, 2, 1, 1}));
+  EXPECT_EQ(cli::mesh_str({1, 2, 2, 1, 1}), "dp=1,fsdp=2,ep=2,tp=1,sp=1");
   for (const char* bad : {"", "tp", "tp=", "tp=0", "tp=-2", "tp=1.5", "tp=x", "pp=2", "tp=2,tp=2", "tp=2,", ",tp=2",
                           "tp=99999999999999999999"}) {
     try {
@@ -712,7 +714,7 @@ TEST(Pretrained, MeshFlag) {
       EXPECT_EQ(e.code(), errc::invalid_argument) << bad;
     }
   }
-  EXPECT_EQ(cli::mesh_str({1, 2, 2, 1}), "dp=1,fsdp=2,tp=2,sp=1");
+  EXPECT_EQ(cli::mesh_str({1, 2, 1, 2, 1}), "dp=1,fsdp=2,tp=2,sp=1");
   // A mesh of one device runs; a larger one is refused until sharded execution is wired.
   LlamaConfig c;
   c.vocab_size = 16;
@@ -724,13 +726,13 @@ TEST(Pretrained, MeshFlag) {
   LlamaForCausalLM<> m(c);
   m.init(Key::from_seed(0));
   std::vector<std::int64_t> ids = {1, 2, 3, 4};
-  const auto r = cli::run_on_mesh({1, 1, 1, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4});
+  const auto r = cli::run_on_mesh({1, 1, 1, 1, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4});
   EXPECT_EQ(r.tokens, 3);
   // A tensor-parallel mesh gives the one-device loss and gradients (to f32 rounding).
-  const auto one = cli::run_on_mesh({1, 1, 1, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
+  const auto one = cli::run_on_mesh({1, 1, 1, 1, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
   std::map<std::string, std::vector<float>> g1;
   m.visit_params("", [&](std::string_view path, auto& p) { g1[std::string(path)].assign(p.grad.begin(), p.grad.end()); });
-  const auto two = cli::run_on_mesh({1, 1, 2, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
+  const auto two = cli::run_on_mesh({1, 1, 1, 2, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
   EXPECT_NEAR(two.loss, one.loss, 1e-6);
   EXPECT_EQ(two.tokens, one.tokens);
   m.visit_params("", [&](std::string_view path, auto& p) {
@@ -738,7 +740,7 @@ TEST(Pretrained, MeshFlag) {
     for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(p.grad.data()[i], want[i], 1e-5) << path;
   });
   // A mesh whose sizes do not divide the heads is refused with an error naming the problem.
-  EXPECT_THROW(cli::run_on_mesh({1, 1, 4, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4}), Error);
+  EXPECT_THROW(cli::run_on_mesh({1, 1, 1, 4, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4}), Error);
 }
 
 // ------------------------------------------------------------------------------ save / load

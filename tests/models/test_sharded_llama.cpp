@@ -57,6 +57,10 @@ std::string dims_str(const Dims& d) {
   return "mesh(dp=" + std::to_string(d[0]) + ",fsdp=" + std::to_string(d[1]) + ",tp=" + std::to_string(d[2]) +
          ",sp=" + std::to_string(d[3]) + ")";
 }
+std::string dims_str(const MeshDims& d) {
+  return "mesh(dp=" + std::to_string(d[0]) + ",fsdp=" + std::to_string(d[1]) + ",ep=" + std::to_string(d[2]) +
+         ",tp=" + std::to_string(d[3]) + ",sp=" + std::to_string(d[4]) + ")";
+}
 
 double g_worst = 0;  // worst max|a - b| / max|a| seen, printed by the mesh tests
 
@@ -96,9 +100,10 @@ Reference reference(LlamaForCausalLM<>& m, const std::vector<std::int64_t>& ids,
   return r;
 }
 
+template <std::size_t N>
 void check_mesh(LlamaForCausalLM<>& m, const Reference& ref, const std::vector<std::int64_t>& ids,
-                const std::vector<std::int64_t>& labels, std::int64_t B, std::int64_t S, const Dims& dims,
-                const nn::LossOptions& opt = {}) {
+                const std::vector<std::int64_t>& labels, std::int64_t B, std::int64_t S,
+                const std::array<std::int64_t, N>& dims, const nn::LossOptions& opt = {}) {
   const std::string where = dims_str(dims);
   SCOPED_TRACE(where);
   auto mesh = create_mesh(dims);
@@ -113,6 +118,9 @@ void check_mesh(LlamaForCausalLM<>& m, const Reference& ref, const std::vector<s
   EXPECT_NEAR(metrics.z_loss, ref.metrics.z_loss, 1e-5 * std::abs(ref.metrics.z_loss) + 1e-12) << where;
   EXPECT_NEAR(metrics.accuracy, ref.metrics.accuracy, 1e-12) << where;
   EXPECT_NEAR(metrics.perplexity, ref.metrics.perplexity, 1e-5 * ref.metrics.perplexity) << where;
+  EXPECT_NEAR(metrics.aux_loss, ref.metrics.aux_loss, 1e-5 * std::abs(ref.metrics.aux_loss) + 1e-12) << where;
+  EXPECT_NEAR(metrics.router_z_loss, ref.metrics.router_z_loss, 1e-5 * std::abs(ref.metrics.router_z_loss) + 1e-12)
+      << where;
   ASSERT_EQ(sm.trainable_names().size(), ref.grads.size());
   for (const auto& [name, g] : ref.grads) {
     const auto got = sm.gather_grad(name);
@@ -225,7 +233,8 @@ namespace {
 
 /// A left-padded batch (row b has b + 1 pad tokens: mask 0, label -100, positions from 0 after
 /// them) on meshes against one device: logits, loss and every gradient.
-void expect_left_padded_batch_matches(LlamaForCausalLM<>& m, const std::vector<Dims>& meshes) {
+template <std::size_t N>
+void expect_left_padded_batch_matches(LlamaForCausalLM<>& m, const std::vector<std::array<std::int64_t, N>>& meshes) {
   const std::int64_t B = 4, S = 8, V = m.config().vocab_size;
   const auto ids = random_tokens(B * S, V, 18);
   std::vector<std::int64_t> mask(B * S, 1), pos(B * S), labels = ids;
@@ -261,7 +270,7 @@ void expect_left_padded_batch_matches(LlamaForCausalLM<>& m, const std::vector<D
 TEST(ShardedLlama, PaddingMaskAndPositionIdsMatchOneDevice) {
   LlamaForCausalLM<> m(small_gqa_config());
   m.init(Key::from_seed(17), 0.2f);
-  expect_left_padded_batch_matches(m, {{2, 1, 2, 1}, {1, 2, 1, 2}, {1, 1, 2, 4}});
+  expect_left_padded_batch_matches(m, std::vector<Dims>{{2, 1, 2, 1}, {1, 2, 1, 2}, {1, 1, 2, 4}});
 }
 
 /// Rope scalings that read the forward's length (dynamic, longrope) see the whole batch's on every
@@ -286,7 +295,7 @@ TEST(ShardedLlama, LengthDependentRopeScalingsMatchOneDevice) {
     c.validate();
     LlamaForCausalLM<> m(c);
     m.init(Key::from_seed(17), 0.2f);
-    expect_left_padded_batch_matches(m, {{2, 1, 1, 1}, {1, 2, 2, 1}, {1, 1, 1, 2}});
+    expect_left_padded_batch_matches(m, std::vector<Dims>{{2, 1, 1, 1}, {1, 2, 2, 1}, {1, 1, 1, 2}});
   }
 }
 
@@ -536,4 +545,77 @@ TEST(ShardedLlama, LoraAdaptersWithDropoutMatchOneDevice) {
   base.logits(ids.data(), nn::TokenLayout{B, S}, want.data());
   const auto got = sm.logits(ids.data(), B, S);
   expect_close(want.data(), got.data(), want.size(), "adapters off");
+}
+
+// Mixture-of-experts models on meshes: experts placed on their ep rank, token rows exchanged by
+// all_to_all, the router losses over the whole batch. Mixtral; Qwen2-MoE (a shared expert, a
+// dense layer among sparse ones, weights not renormalised); Qwen3-MoE. Logits, loss with the
+// load-balancing and z losses, and every gradient equal one device to f32 rounding.
+TEST(ShardedLlama, MixtureOfExpertsOnExpertParallelMeshesMatchesOneDevice) {
+  const std::vector<MeshDims> meshes = {{1, 1, 2, 1, 1}, {1, 1, 4, 1, 1}, {2, 1, 2, 1, 1}, {1, 2, 2, 1, 1},
+                                        {1, 1, 2, 1, 2}, {1, 2, 1, 1, 1}, {2, 1, 1, 1, 2}};
+  for (const char* family : {"tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe"}) {
+    SCOPED_TRACE(family);
+    const auto dir = tiny_hf_dir().parent_path() / family;
+    auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+    cfg.router_z_loss_coef = 0.001;  // the z-loss too
+    LlamaForCausalLM<> m(cfg);
+    nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+    const std::int64_t B = 8, S = 8;
+    const auto ids = random_tokens(B * S, cfg.vocab_size, 21);
+    auto labels = ids;
+    labels[9] = -100;
+    const Reference ref = reference(m, ids, labels, B, S);
+    ASSERT_GT(ref.metrics.aux_loss, 0.0);
+    for (const auto& d : meshes) check_mesh(m, ref, ids, labels, B, S, d);
+
+    // Each ep rank holds its experts only; gathering gives the model back bit for bit.
+    auto sm = models::shard_model(m, create_mesh({1, 1, 2, 1, 1}));
+    const std::string e0 = std::string("model.layers.0.") +
+                           (cfg.model_type == "mixtral" ? "block_sparse_moe.experts.0.w1.weight" : "mlp.experts.0.gate_proj.weight");
+    const std::string e3 = std::string(e0).replace(e0.find("experts.0"), 9, "experts.3");
+    EXPECT_GT(sm.param(e0).local(0).size(), 0u);
+    EXPECT_EQ(sm.param(e0).local(1).size(), 0u);
+    EXPECT_EQ(sm.param(e3).local(0).size(), 0u);
+    EXPECT_GT(sm.param(e3).local(1).size(), 0u);
+    EXPECT_LT(sm.param_bytes(0), m.param_count() * static_cast<std::int64_t>(sizeof(float)));
+    EXPECT_EQ(sm.param_bytes(0), sm.param_bytes(1));
+    auto back = sm.gather_model();
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      bool same = true;
+      back.visit_params("", [&](std::string_view q, auto& b) {
+        if (q == path) same = std::equal(p.value.begin(), p.value.end(), b.value.begin());
+      });
+      EXPECT_TRUE(same) << path;
+    });
+  }
+  std::printf("  worst relative error so far: %.3g\n", g_worst);
+}
+
+TEST(ShardedLlama, MixtureOfExpertsPaddingMaskMatchesOneDevice) {
+  const auto dir = tiny_hf_dir().parent_path() / "tiny_mixtral";
+  LlamaForCausalLM<> m(LlamaConfig::from_file((dir / "config.json").string()));
+  nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  // The padding mask excludes tokens from the load-balancing loss on every device.
+  expect_left_padded_batch_matches(m, std::vector<MeshDims>{{1, 1, 2, 1, 1}, {1, 2, 2, 1, 1}, {1, 1, 2, 1, 2}});
+}
+
+TEST(ShardedLlama, MixtureOfExpertsMeshErrorsAreClear) {
+  const auto dir = tiny_hf_dir().parent_path() / "tiny_mixtral";
+  LlamaForCausalLM<> m(LlamaConfig::from_file((dir / "config.json").string()));
+  try {
+    models::shard_model(m, create_mesh({1, 1, 1, 2, 1}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::unsupported);
+    EXPECT_NE(std::string(e.what()).find("not over tp"), std::string::npos) << e.what();
+  }
+  try {
+    models::shard_model(m, create_mesh({1, 1, 8, 1, 1}));  // 4 experts
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), errc::not_divisible);
+    EXPECT_NE(std::string(e.what()).find("num_local_experts (4) is not divisible by ep = 8"), std::string::npos)
+        << e.what();
+  }
 }

@@ -75,7 +75,7 @@ TrainingArguments args(const fs::path& dir, const Dims& dims) {
 
 // The mesh spread over every rank, one device per rank.
 MeshFactory on_ranks() {
-  return [](const Dims& dims) {
+  return [](const MeshDims& dims) {
     DefaultMesh m = create_mesh(dims);
     mpi::attach(m, *g_session, static_cast<int>(m.size() / g_session->size()));
     return m;
@@ -194,7 +194,7 @@ TEST(MpiTrainer, ResumeReadsOnlyEachRanksBlocks) {
       want = train_losses(t);
     }
     const std::string ck = (sim / "checkpoint-3").string();
-    DefaultMesh mesh = on_ranks()(dims);
+    DefaultMesh mesh = on_ranks()(mesh_dims_without_ep(dims));
     models::ShardedLlama<> sm(make_model(), mesh);
     optim::ShardedOptimizer<models::ShardedLlama<>> so({.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1}, sm);
     ShardedLoadStats st;

@@ -159,6 +159,36 @@ TEST(ShardedArray, RunTimeSpecErrors) {
   EXPECT_EQ(code_of(SpecValue{{{"tp", "fsdp", "dp"}, {}}}), errc::unsupported);  // 4 rows / 4 devices fits
 }
 
+// A placed layout (an expert on its ep rank): only the devices at the axis coordinate hold a
+// block, split by the spec among them; the others hold nothing and account nothing; gather
+// reads the holders and round-trips; the placement cannot name an axis the spec splits over.
+TEST(ShardedArray, PlacedLayoutLivesOnOneCoordinateOfAnAxis) {
+  auto mesh = create_mesh({1, 2, 2, 1, 1});  // fsdp = 2, ep = 2
+  const auto full = iota_array({4, 6});
+  const ShardLayout base(mesh.shape(), SpecValue({{"fsdp"}, {}}), {4, 6}, "w");
+  const ShardLayout placed = base.placed_on("ep", 1);
+  std::vector<std::int64_t> holders;
+  for (std::int64_t d = 0; d < mesh.size(); ++d)
+    if (placed.holds(d)) holders.push_back(d);
+  EXPECT_EQ(holders, (std::vector<std::int64_t>{1, 3}));  // (fsdp, ep) = (0, 1) and (1, 1)
+  EXPECT_EQ(placed.block_owners(), holders);
+  EXPECT_EQ(placed.local_shape(0), (std::vector<std::int64_t>{0, 0}));
+  EXPECT_EQ(placed.local_shape(3), (std::vector<std::int64_t>{2, 6}));
+  {
+    const ShardedArray<float> a = shard(full, placed, mesh.context());
+    EXPECT_EQ(a.local(0).size(), 0u);
+    EXPECT_EQ(a.local(2).size(), 0u);
+    EXPECT_EQ(a.local(3)(0, 0), 12.0f);  // rows 2-3
+    EXPECT_EQ(mesh.memory().live(0), 0);
+    EXPECT_EQ(mesh.memory().live(1), 12 * 4);
+    EXPECT_EQ(gather(a), full);
+  }
+  EXPECT_EQ(mesh.memory().live(1), 0);
+  EXPECT_FALSE(base == placed);
+  EXPECT_THROW(ShardLayout(mesh.shape(), SpecValue({{"ep"}, {}}), {4, 6}, "w").placed_on("ep", 0), Error);
+  EXPECT_THROW(base.placed_on("ep", 2), Error);
+}
+
 TEST(PartitionSpec, CompileTimeProperties) {
   using S = P<axes("dp", "fsdp"), none, "tp">;
   static_assert(S::rank == 3);

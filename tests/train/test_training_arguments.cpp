@@ -134,13 +134,22 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   EXPECT_EQ(e.where(), "a.json field truncation_mode");
   e = error_of([&] { make(R"({"total_batch_size": 4, "sharding_axis_dims": [3, 1, 1, 1]})").validate(); });
   EXPECT_EQ(e.where(), "a.json field total_batch_size");  // not divisible by the data-parallel size
-  EXPECT_NE(std::string(e.what()).find("dp x fsdp = 3"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("dp x fsdp x ep = 3"), std::string::npos) << e.what();
   e = error_of([&] { make(R"({"sharding_axis_names": ["dp", "fsdp", "tp", "pp"]})").validate(); });
   EXPECT_EQ(e.where(), "a.json field sharding_axis_names");
   e = error_of([&] { make(R"({"sharding_axis_dims": [1, 0, 1, 1]})").validate(); });
   EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
   EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_dims": [2, -1, 2, 1]})").mesh_dims(),
-            (std::array<std::int64_t, 4>{2, 1, 2, 1}));
+            (MeshDims{2, 1, 1, 2, 1}));
+  // EasyDeL's five axes, ep among them; the batch splits over dp x fsdp x ep.
+  EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_names": ["dp", "fsdp", "ep", "tp", "sp"],
+                     "sharding_axis_dims": [1, 1, 2, 1, 1]})").mesh_dims(),
+            (MeshDims{1, 1, 2, 1, 1}));
+  e = error_of([&] {
+    make(R"({"total_batch_size": 2, "sharding_axis_names": ["dp", "fsdp", "ep", "tp", "sp"],
+             "sharding_axis_dims": [1, 1, 4, 1, 1]})").validate();
+  });
+  EXPECT_NE(std::string(e.what()).find("dp x fsdp x ep = 4"), std::string::npos) << e.what();
   EXPECT_NO_THROW(make(R"({"param_dtype": "bfloat16"})").validate());  // mixed precision
   e = error_of([&] { make(R"({"param_dtype": "float16"})").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);

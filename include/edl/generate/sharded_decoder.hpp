@@ -8,7 +8,7 @@
 //   dec.decode(next_ids, logits);
 //
 // What each axis does (every device of a (tp, sp) group handles the same sequences):
-//  - dp and fsdp split the batch: the sequences are cut into dp * fsdp contiguous ranges (an
+//  - dp, fsdp and ep split the batch: the sequences are cut into dp * fsdp * ep contiguous ranges (an
 //    uneven cut is allowed; a group with no sequence idles). fsdp does not shard weights here:
 //    the parameters are gathered once, when the decoder is built, because every decode step
 //    needs every weight and re-gathering them per token would move the whole model per token.
@@ -247,7 +247,8 @@ class ShardedDecoder {
       else
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
-    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp");
+    // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
+    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.
@@ -264,7 +265,8 @@ class ShardedDecoder {
       DeviceShard shard;
       shard.sp = dev.axis_size("sp");
       shard.sp_rank = dev.axis_index("sp");
-      const std::int64_t g = dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp");
+      const std::int64_t g =
+          (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
       shard.b0 = g * B_ / groups;
       shard.nb = (g + 1) * B_ / groups - shard.b0;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;

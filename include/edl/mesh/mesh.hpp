@@ -1,5 +1,5 @@
 // edl/mesh/mesh.hpp
-// Mesh<"dp", "fsdp", "tp", "sp">: a device mesh whose axis names are part of its type, so a
+// Mesh<"dp", "fsdp", "ep", "tp", "sp">: a device mesh whose axis names are part of its type, so a
 // PartitionSpec naming an axis the mesh lacks is a compile error where both types are known.
 // Sizes are run-time values (at most one -1, inferred from the device count).
 #pragma once
@@ -90,12 +90,30 @@ class Mesh {
   std::shared_ptr<MeshContext> ctx_;
 };
 
-/// The axes EasyDeL meshes use: data, fully-sharded data, tensor and sequence parallel.
-using DefaultMesh = Mesh<"dp", "fsdp", "tp", "sp">;
+/// The axes EasyDeL meshes use: data, fully-sharded data, expert, tensor and sequence parallel.
+using DefaultMesh = Mesh<"dp", "fsdp", "ep", "tp", "sp">;
 
-/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred.
-inline DefaultMesh create_mesh(std::array<std::int64_t, 4> dims, std::int64_t devices = -1) {
-  return DefaultMesh(dims, devices);
+/// The sizes of DefaultMesh's axes, in its order: {dp, fsdp, ep, tp, sp}.
+using MeshDims = std::array<std::int64_t, 5>;
+
+/// {dp, fsdp, tp, sp} (the mesh without an expert axis) as MeshDims, ep = 1.
+constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) noexcept {
+  return {d[0], d[1], 1, d[2], d[3]};
+}
+
+/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred; five
+/// sizes are {dp, fsdp, ep, tp, sp}, four are {dp, fsdp, tp, sp} with ep = 1.
+inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) { return DefaultMesh(dims, devices); }
+inline DefaultMesh create_mesh(const std::array<std::int64_t, 4>& dims, std::int64_t devices = -1) {
+  return DefaultMesh(mesh_dims_without_ep(dims), devices);
+}
+/// create_mesh({1, 2, 1, 1}) and create_mesh({1, 1, 2, 1, 1}): a braced list of four or five sizes.
+template <std::size_t N>
+  requires(N == 4 || N == 5)
+DefaultMesh create_mesh(const std::int64_t (&dims)[N], std::int64_t devices = -1) {
+  std::array<std::int64_t, N> a{};
+  for (std::size_t i = 0; i < N; ++i) a[i] = dims[i];
+  return create_mesh(a, devices);
 }
 
 }  // namespace edl

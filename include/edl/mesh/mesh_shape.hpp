@@ -3,7 +3,7 @@
 //
 // Devices are numbered row-major over the axes in mesh order (the last axis varies
 // fastest), as jax.sharding.Mesh does with np.arange(n).reshape(sizes). For the default
-// axes ("dp", "fsdp", "tp", "sp") with sizes (2, 1, 2, 1), device 3 sits at (dp=1, tp=1).
+// axes ("dp", "fsdp", "ep", "tp", "sp") with sizes (2, 1, 1, 2, 1), device 3 sits at (dp=1, tp=1).
 //
 // A collective over a subset of axes runs within a *group*: the devices whose coordinates
 // agree on every axis not named. Group members are ordered row-major over the named axes,

@@ -4,6 +4,7 @@
 #include <edl/nn/attention.hpp>
 #include <edl/nn/decoder_layer.hpp>
 #include <edl/nn/embedding.hpp>
+#include <edl/nn/expert_parallel.hpp>
 #include <edl/nn/linear.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/nn/low_rank_adapter.hpp>

@@ -13,7 +13,11 @@
 // shared_expert_gate).
 //
 // Tokens are grouped by expert (dropless: every token reaches its k experts; an expert's batch
-// is at most all tokens), so an expert's three GEMMs run once over its own rows.
+// is at most all tokens), so an expert's three GEMMs run once over its own rows. Where the
+// experts run is a parameter: here, on the caller's thread, or through an ExpertDispatch on
+// the devices that hold them (nn/expert_parallel.hpp: an expert-parallel mesh axis); the
+// routing, the weighting of the experts' outputs and the router's backward are this code in
+// both cases.
 //
 // Backward runs through the renormalisation and the softmax; the top-k choice itself is
 // piecewise constant (no gradient), as in PyTorch.
@@ -28,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -51,6 +56,23 @@ struct MoeConfig {
 };
 
 template <class Pol>
+class MoE;
+
+/// Runs a MoE block's experts elsewhere (on the devices that hold them). Rows are (token,
+/// slot) pairs grouped by expert as Saved::rows lists them; forward fills Saved::ys[e] with
+/// expert e's outputs for this caller's rows of e, in that order; backward takes the
+/// gradients of those outputs (dys[e]) and gives the gradients of their inputs (dxs[e]),
+/// accumulating the experts' weight gradients wherever the experts are.
+template <class Pol>
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  virtual void forward(const MoE<Pol>& moe, const float* x, typename MoE<Pol>::Saved& s) = 0;
+  virtual void backward(MoE<Pol>& moe, typename MoE<Pol>::Saved& s, const std::vector<std::vector<float>>& dys,
+                        std::vector<std::vector<float>>& dxs) = 0;
+};
+
+template <class Pol>
 class MoE {
   EDL_NN_CHECK_POLICY(Pol);
 
@@ -66,6 +88,7 @@ class MoE {
     std::vector<std::vector<float>> xs, ys;
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
+    std::vector<std::int64_t> exchange;      // an ExpertDispatch's bookkeeping (rows it received)
     // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
     typename MLP<Pol>::Saved shared_s;
     typename ColumnLinear<Pol>::Saved shared_gate_s;
@@ -122,7 +145,8 @@ class MoE {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  void forward(const float* x, std::int64_t tokens, float* y, Saved& s) const {
+  /// y [T, hidden]. `dispatch`: where the experts run (null: here, every expert held).
+  void forward(const float* x, std::int64_t tokens, float* y, Saved& s, ExpertDispatch<Pol>* dispatch = nullptr) const {
     const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     s.tokens = tokens;
     s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
@@ -135,24 +159,33 @@ class MoE {
     s.xs.assign(static_cast<std::size_t>(E), {});
     s.ys.assign(static_cast<std::size_t>(E), {});
     s.mlp_s.assign(static_cast<std::size_t>(E), {});
+    if (dispatch) {
+      dispatch->forward(*this, x, s);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto& rows = s.rows[static_cast<std::size_t>(e)];
+        const auto n = static_cast<std::int64_t>(rows.size());
+        if (n == 0) continue;
+        auto& xe = s.xs[static_cast<std::size_t>(e)];
+        auto& ye = s.ys[static_cast<std::size_t>(e)];
+        xe.resize(static_cast<std::size_t>(n * H));
+        ye.resize(static_cast<std::size_t>(n * H));
+        for (std::int64_t r = 0; r < n; ++r) {
+          const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
+          std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
+        }
+        experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
+      }
+    }
+    // y = sum over the token's experts, in expert order, of weight x output.
     std::fill(y, y + tokens * H, 0.f);
     for (std::int64_t e = 0; e < E; ++e) {
       const auto& rows = s.rows[static_cast<std::size_t>(e)];
-      const auto n = static_cast<std::int64_t>(rows.size());
-      if (n == 0) continue;
-      auto& xe = s.xs[static_cast<std::size_t>(e)];
-      auto& ye = s.ys[static_cast<std::size_t>(e)];
-      xe.resize(static_cast<std::size_t>(n * H));
-      ye.resize(static_cast<std::size_t>(n * H));
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        std::copy(x + t * H, x + (t + 1) * H, xe.begin() + r * H);
-      }
-      experts[static_cast<std::size_t>(e)].forward(xe.data(), n, ye.data(), s.mlp_s[static_cast<std::size_t>(e)]);
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
+      const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const std::int64_t slot = rows[r], t = slot / K;
         const float w = s.weight[static_cast<std::size_t>(slot)];
-        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[static_cast<std::size_t>(r * H + j)];
+        for (std::int64_t j = 0; j < H; ++j) y[t * H + j] += w * ye[r * static_cast<std::size_t>(H) + static_cast<std::size_t>(j)];
       }
     }
     if (has_shared_expert()) {  // y += sigmoid(x Ws^T) * shared(x)
@@ -214,8 +247,12 @@ class MoE {
   ///   aux = E * sum_e f_e P_e
   /// With coef != 0, adds coef * d aux / d logits to each layer's router gradient (only P
   /// carries one: d aux / d p_{t,e} = E f_e / (layers x valid) for a valid token).
+  ///
+  /// On a mesh each device passes its own tokens and `sum_devices`, which sums a buffer over
+  /// the devices that hold the batch's other tokens: f, P and the count are then the whole
+  /// batch's, as on one device.
   static double load_balancing_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask,
-                                    float coef) {
+                                    float coef, const std::function<void(std::span<double>)>& sum_devices = {}) {
     const std::int64_t E = c.num_experts, K = c.top_k;
     std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);
     double n = 0;
@@ -226,6 +263,15 @@ class MoE {
         for (std::int64_t k = 0; k < K; ++k) f[static_cast<std::size_t>(s->top[static_cast<std::size_t>(t * K + k)])] += 1.0;
         for (std::int64_t e = 0; e < E; ++e) P[static_cast<std::size_t>(e)] += s->probs[static_cast<std::size_t>(t * E + e)];
       }
+    if (sum_devices) {
+      std::vector<double> all(f);
+      all.insert(all.end(), P.begin(), P.end());
+      all.push_back(n);
+      sum_devices(all);
+      std::copy(all.begin(), all.begin() + E, f.begin());
+      std::copy(all.begin() + E, all.begin() + 2 * E, P.begin());
+      n = all.back();
+    }
     if (n == 0) return 0.0;
     double aux = 0;
     for (std::int64_t e = 0; e < E; ++e) {
@@ -249,7 +295,8 @@ class MoE {
 
   /// The router z-loss over several layers' valid tokens: the mean of logsumexp(logits)^2;
   /// with coef != 0 adds coef * its gradient (coef * 2 z p_e / count) to each layer's router.
-  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef) {
+  static double router_z_loss(std::span<Saved* const> layers, const MoeConfig& c, const std::int64_t* mask, float coef,
+                              const std::function<void(std::span<double>)>& sum_devices = {}) {
     const std::int64_t E = c.num_experts;
     double sum = 0, n = 0;
     for (const Saved* s : layers)
@@ -259,6 +306,12 @@ class MoE {
           sum += z * z;
           n += 1;
         }
+    if (sum_devices) {
+      double both[2] = {sum, n};
+      sum_devices(both);
+      sum = both[0];
+      n = both[1];
+    }
     if (n == 0) return 0.0;
     if (coef != 0.0f)
       for (Saved* s : layers) {
@@ -296,18 +349,20 @@ class MoE {
   }
 
   /// Accumulates every weight gradient (experts and router); writes dx [T, hidden].
-  void backward(const float* dy, Saved& s, float* dx) {
+  /// `dispatch`: where the experts run, as in forward.
+  void backward(const float* dy, Saved& s, float* dx, ExpertDispatch<Pol>* dispatch = nullptr) {
     const std::int64_t T = s.tokens, H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     std::vector<float> dw(static_cast<std::size_t>(T * K), 0.f);
     std::fill(dx, dx + T * H, 0.f);
-    std::vector<float> dye, dxe;
+    // Per expert: the gradient of its outputs (w dy) and of each slot's weight (dy . output).
+    std::vector<std::vector<float>> dys(static_cast<std::size_t>(E)), dxs(static_cast<std::size_t>(E));
     for (std::int64_t e = 0; e < E; ++e) {
       const auto& rows = s.rows[static_cast<std::size_t>(e)];
       const auto n = static_cast<std::int64_t>(rows.size());
       if (n == 0) continue;
       const auto& ye = s.ys[static_cast<std::size_t>(e)];
+      auto& dye = dys[static_cast<std::size_t>(e)];
       dye.resize(static_cast<std::size_t>(n * H));
-      dxe.resize(static_cast<std::size_t>(n * H));
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t slot = rows[static_cast<std::size_t>(r)], t = slot / K;
         const float w = s.weight[static_cast<std::size_t>(slot)];
@@ -319,10 +374,24 @@ class MoE {
         }
         dw[static_cast<std::size_t>(slot)] = static_cast<float>(d);
       }
-      experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t t = rows[static_cast<std::size_t>(r)] / K;
-        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[static_cast<std::size_t>(r * H + j)];
+    }
+    if (dispatch) {
+      dispatch->backward(*this, s, dys, dxs);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto& dye = dys[static_cast<std::size_t>(e)];
+        if (dye.empty()) continue;
+        auto& dxe = dxs[static_cast<std::size_t>(e)];
+        dxe.resize(dye.size());
+        experts[static_cast<std::size_t>(e)].backward(dye.data(), s.mlp_s[static_cast<std::size_t>(e)], dxe.data());
+      }
+    }
+    for (std::int64_t e = 0; e < E; ++e) {
+      const auto& rows = s.rows[static_cast<std::size_t>(e)];
+      const auto& dxe = dxs[static_cast<std::size_t>(e)];
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const std::int64_t t = rows[r] / K;
+        for (std::int64_t j = 0; j < H; ++j) dx[t * H + j] += dxe[r * static_cast<std::size_t>(H) + static_cast<std::size_t>(j)];
       }
     }
     // Through the renormalisation and the softmax to the router's logits.

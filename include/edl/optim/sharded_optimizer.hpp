@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,7 @@ class ShardedOptimizer {
       if (dev.id() == first_local(m)) step_count_ = o.step_count();
       for (const auto& name : m.trainable_names()) {
         auto& p = m.param(name);
+        if (!p.layout().holds(d)) continue;  // placed on other devices (an expert on its ep rank)
         const auto w = p.local_span(d);
         const auto g = m.grad(name).local_span(d);
         o.update_tensor(name, w.data(), g.data(), static_cast<std::int64_t>(w.size()), p.global_shape(), lr);
@@ -140,28 +142,34 @@ class ShardedOptimizer {
   Optimizer gather(const ShardedModel& m) const {
     Optimizer full(opt_);
     full.set_step_count(step_count());
-    // Every device holds a block of every slot: walk the slots of this process's first device.
-    device(first_local(m)).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
-      const ShardLayout& layout = m.param(path).layout();
-      std::vector<xt::xarray<float>> blocks;
-      const CollectiveBackend& be = m.mesh().backend();
-      for (std::int64_t d = 0; d < devices_; ++d) {
-        xt::xarray<float> b = xt::xarray<float>::from_shape(
-            std::vector<std::size_t>(layout.local_shape().begin(), layout.local_shape().end()));
-        if (be.is_local(d)) {
-          const std::vector<float>* v = device(d).find_slot(path, slot);
-          EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
-                    path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
-          std::copy(v->begin(), v->end(), b.begin());
-        } else {
-          b.fill(0.0f);  // another process's device: gather takes its block from there
+    // The slots every parameter has (the optimizer's kind decides them), seen on this process's
+    // devices; every process has taken the same steps, so all see the same names.
+    std::set<std::string> slots;
+    const CollectiveBackend& be = m.mesh().backend();
+    for (std::int64_t d = 0; d < devices_; ++d)
+      if (be.is_local(d))
+        device(d).visit_state([&](const std::string&, const std::string& slot, const std::vector<float>&) { slots.insert(slot); });
+    for (const auto& path : m.trainable_names())
+      for (const auto& slot : slots) {
+        const ShardLayout& layout = m.param(path).layout();
+        std::vector<xt::xarray<float>> blocks;
+        for (std::int64_t d = 0; d < devices_; ++d) {
+          const auto shape = layout.local_shape(d);
+          xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
+          if (be.is_local(d) && layout.holds(d)) {
+            const std::vector<float>* v = device(d).find_slot(path, slot);
+            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+                      path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
+            std::copy(v->begin(), v->end(), b.begin());
+          } else {
+            b.fill(0.0f);  // another process's device (gather takes its block from there), or no block
+          }
+          blocks.push_back(std::move(b));
         }
-        blocks.push_back(std::move(b));
+        const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
+        const xt::xarray<float> g = edl::gather(arr);
+        full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
       }
-      const ShardedArray<float> arr(m.mesh().context(), layout, std::move(blocks));
-      const xt::xarray<float> g = edl::gather(arr);
-      full.set_slot(path, slot, std::vector<float>(g.begin(), g.end()));
-    });
     return full;
   }
 
@@ -179,8 +187,9 @@ class ShardedOptimizer {
                 "optimizer state holds ", v.size(), " values, the parameter has ", n);
       xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(gs.begin(), gs.end()));
       std::copy(v.begin(), v.end(), g.begin());
-      const ShardedArray<float> arr = shard(g, layout.spec(), m.mesh(), path + "." + slot);
+      const ShardedArray<float> arr = shard(g, layout, m.mesh().context());
       for (std::int64_t d = 0; d < devices_; ++d) {
+        if (!layout.holds(d)) continue;
         const auto b = arr.local_span(d);
         per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
       }

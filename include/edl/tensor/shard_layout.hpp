@@ -6,12 +6,19 @@
 // not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
 // P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
 // rows 4-7.
+//
+// A placed layout (placed_on(axis, index)) lives only on the devices whose coordinate on
+// `axis` is `index`; the others hold an empty block. This is how one expert of a
+// mixture-of-experts layer sits on its expert-parallel rank: expert j of E on ep = j / (E / ep),
+// split within those devices by its spec as any tensor (a stacked [E, ...] tensor split over
+// "ep" on dimension 0 puts the same bytes on the same devices).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <edl/core/block_rows.hpp>
@@ -31,11 +38,39 @@ class ShardLayout {
     for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
   }
 
+  /// This layout restricted to the devices whose coordinate on `axis` is `index`; the spec may
+  /// not name `axis` (the tensor is whole along it).
+  ShardLayout placed_on(std::string_view axis, std::int64_t index) const {
+    ShardLayout l = *this;
+    const std::size_t a = mesh_.axis_index(axis, "ShardLayout::placed_on");
+    for (const auto& d : spec_.dims)
+      for (const auto& n : d)
+        EDL_CHECK(n != axis, errc::invalid_argument, "ShardLayout::placed_on", "the spec ", spec_.str(),
+                  " splits over \"", axis, "\", so the tensor cannot be placed on one of its coordinates");
+    EDL_CHECK(index >= 0 && index < mesh_.sizes()[a], errc::invalid_argument, "ShardLayout::placed_on", "index ",
+              index, " is outside axis \"", axis, "\" of size ", mesh_.sizes()[a]);
+    l.place_axis_ = static_cast<std::int64_t>(a);
+    l.place_index_ = index;
+    return l;
+  }
+  /// Whether device d holds a block (always, unless the layout is placed).
+  bool holds(std::int64_t d) const {
+    return place_axis_ < 0 || mesh_.coords(d)[static_cast<std::size_t>(place_axis_)] == place_index_;
+  }
+  bool is_placed() const noexcept { return place_axis_ >= 0; }
+  /// Device d's block shape: local_shape(), or zeros where it holds none.
+  std::vector<std::int64_t> local_shape(std::int64_t d) const {
+    return holds(d) ? local_ : std::vector<std::int64_t>(local_.size(), 0);
+  }
+  /// Elements of device d's block.
+  std::int64_t local_elements(std::int64_t d) const { return holds(d) ? local_elements() : 0; }
+
   const MeshShape& mesh() const noexcept { return mesh_; }
   const SpecValue& spec() const noexcept { return spec_; }
   std::size_t rank() const noexcept { return global_.size(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
-  /// Every device's block has this shape (dimensions divide evenly, checked above).
+  /// Every device's block has this shape (dimensions divide evenly, checked above); a placed
+  /// layout's holders' blocks.
   const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
   std::int64_t local_elements() const noexcept {
     std::int64_t n = 1;
@@ -64,6 +99,7 @@ class ShardLayout {
     std::vector<std::int64_t> owners;
     std::vector<std::vector<std::int64_t>> seen;
     for (std::int64_t d = 0; d < mesh_.size(); ++d) {
+      if (!holds(d)) continue;
       auto o = offset(d);
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == o;
@@ -76,13 +112,15 @@ class ShardLayout {
   }
 
   friend bool operator==(const ShardLayout& a, const ShardLayout& b) {
-    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_;
+    return a.mesh_ == b.mesh_ && a.spec_ == b.spec_ && a.global_ == b.global_ && a.place_axis_ == b.place_axis_ &&
+           a.place_index_ == b.place_index_;
   }
 
  private:
   MeshShape mesh_;
   SpecValue spec_;
   std::vector<std::int64_t> global_, local_;
+  std::int64_t place_axis_ = -1, place_index_ = 0;  // placed_on: the axis (-1: none) and its coordinate
 };
 
 namespace detail {

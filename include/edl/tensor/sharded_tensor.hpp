@@ -46,9 +46,10 @@ class BasicShardedTensor {
               "ShardedTensor", "expected one block per device (", layout_.mesh().size(), "), found ", locals_.size());
     for (std::size_t d = 0; d < locals_.size(); ++d) {
       std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
-      EDL_CHECK(s == layout_.local_shape(), errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
-                detail::shape_str(s), ", expected ", detail::shape_str(layout_.local_shape()), " for spec ",
-                layout_.spec().str());
+      const auto want = layout_.local_shape(static_cast<std::int64_t>(d));
+      EDL_CHECK(s == want, errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
+                detail::shape_str(s), ", expected ", detail::shape_str(want), " for spec ", layout_.spec().str(),
+                layout_.holds(static_cast<std::int64_t>(d)) ? "" : " (the tensor is placed on other devices)");
     }
     account(+1);
   }
@@ -152,7 +153,7 @@ std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
   locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
   const auto& gs = layout.global_shape();
   for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
-    Local l = make_local<Local>(layout.local_shape());
+    Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
       copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
     locals.push_back(std::move(l));
@@ -236,6 +237,15 @@ xt::xarray<T> gather(const ShardedArray<T>& t) {
   auto out = detail::make_local<xt::xarray<T>>(t.global_shape());
   detail::join_blocks(t, out);
   return out;
+}
+
+/// `global` split by `layout` (a placed layout included) on the mesh of `ctx`.
+template <class T>
+ShardedArray<T> shard(const xt::xarray<T>& global, const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
+  EDL_CHECK(detail::shape_of(global) == layout.global_shape(), errc::shape_mismatch, "shard", "the tensor has shape ",
+            detail::shape_str(detail::shape_of(global)), ", the layout's is ", detail::shape_str(layout.global_shape()));
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 
 /// The same tensor laid out by another spec (gather then shard: a reference for resharding,

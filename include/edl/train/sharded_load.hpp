@@ -63,6 +63,7 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
+    if (!layout.holds(d)) continue;  // placed on other devices: an empty block
     if (!be.is_local(d)) {
       std::fill(out, out + n, T{});
       continue;
@@ -163,12 +164,13 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
                 io::detail::tensor_where(path, name), "is the state of \"", param,
                 "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
-      std::vector<std::vector<float>> v(static_cast<std::size_t>(D),
-                                        std::vector<float>(static_cast<std::size_t>(layout.local_elements())));
+      std::vector<std::vector<float>> v(static_cast<std::size_t>(D));
+      for (std::int64_t d = 0; d < D; ++d) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
       std::vector<float*> blocks(static_cast<std::size_t>(D));
       for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
       st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
-      for (std::int64_t d = 0; d < D; ++d) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+      for (std::int64_t d = 0; d < D; ++d)
+        if (layout.holds(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
     }
   }
   opt.set_step_count(s.optimizer_step_count);

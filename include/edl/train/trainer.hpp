@@ -121,12 +121,12 @@ struct TrainResult {
 template <PolicyLike Pol>
 class BasicTrainer;
 
-/// Builds the trainer's mesh of {dp, fsdp, tp, sp} devices (TrainingArguments::mesh_dims()).
+/// Builds the trainer's mesh of {dp, fsdp, ep, tp, sp} devices (TrainingArguments::mesh_dims()).
 /// Empty: create_mesh, every device a thread of this process. A program launched on several
 /// processes attaches the mesh to them before returning it, e.g. with MPI:
 ///   [&](auto dims) { auto m = create_mesh(dims); mpi::attach(m, session, m.size() / session.size()); return m; }
 /// and should check first that the ranks can share the devices evenly (an edl::Error otherwise).
-using MeshFactory = std::function<DefaultMesh(const std::array<std::int64_t, 4>& dims)>;
+using MeshFactory = std::function<DefaultMesh(const MeshDims& dims)>;
 
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
 template <PolicyLike Pol>
@@ -420,9 +420,10 @@ class BasicTrainer {
           pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
         } else if (sharded_) {
           const nn::TokenLayout lay = b.layout();
-          loss += sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask,
-                                           lay.position_ids, lay.segment_ids)
-                      .loss;
+          const nn::LossMetrics lm = sharded_->loss_and_grads(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo,
+                                                              lay.attention_mask, lay.position_ids, lay.segment_ids);
+          loss += lm.loss;
+          aux += lm.aux_loss * static_cast<double>(lm.tokens) / lo.normalizer;
         } else {
           const nn::LossMetrics lm =
               guarded_causal_lm_loss(*model_, b, lo, /*backward=*/true, args_.gradient_checkpointing);

@@ -29,6 +29,7 @@
 #include <edl/core/policy.hpp>
 #include <edl/io/json_config.hpp>
 #include <edl/lora/config.hpp>
+#include <edl/mesh/mesh.hpp>
 #include <edl/train/preference_options.hpp>
 
 namespace edl::train {
@@ -358,15 +359,15 @@ struct TrainingArguments {
     (void)mesh_dims();  // names and sizes are checked there
     {
       const auto m = mesh_dims();
-      const std::int64_t data = m[0] * m[1];
+      const std::int64_t data = m[0] * m[1] * m[2];
       EDL_CHECK(micro_batch_size() % data == 0, errc::config, where("total_batch_size"),
                 "the micro-batch of ", micro_batch_size(), " sequences (total_batch_size ", total_batch_size,
                 " / gradient_accumulation_steps ", gradient_accumulation_steps,
-                ") must divide by the data-parallel size dp x fsdp = ", data);
-      EDL_CHECK(max_sequence_length % m[3] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
-                " must divide by the sequence-parallel size sp = ", m[3]);
-      EDL_CHECK(!padding_free || (data == 1 && m[3] == 1), errc::unsupported, where("padding_free"),
-                "a padding-free micro-batch is one row of any length, which the dp, fsdp and sp axes cannot split; "
+                ") must divide by the data-parallel size dp x fsdp x ep = ", data);
+      EDL_CHECK(max_sequence_length % m[4] == 0, errc::config, where("max_sequence_length"), max_sequence_length,
+                " must divide by the sequence-parallel size sp = ", m[4]);
+      EDL_CHECK(!padding_free || (data == 1 && m[4] == 1), errc::unsupported, where("padding_free"),
+                "a padding-free micro-batch is one row of any length, which the dp, fsdp, ep and sp axes cannot split; "
                 "use packing on such a mesh");
     }
     {
@@ -416,22 +417,22 @@ struct TrainingArguments {
     if (lora) lora->validate(where("lora"));
   }
 
-  /// The mesh {dp, fsdp, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
+  /// The mesh {dp, fsdp, ep, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
   /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
   /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
   /// it asks for, so -1 means 1 there.
-  std::array<std::int64_t, 4> mesh_dims() const {
-    static constexpr std::array<const char*, 4> kAxes = {"dp", "fsdp", "tp", "sp"};
+  MeshDims mesh_dims() const {
+    static constexpr std::array<const char*, 5> kAxes = {"dp", "fsdp", "ep", "tp", "sp"};
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
               "has ", sharding_axis_dims.size(), " entries but sharding_axis_names has ", sharding_axis_names.size());
-    std::array<std::int64_t, 4> dims = {1, 1, 1, 1};
-    std::array<bool, 4> seen = {false, false, false, false};
+    MeshDims dims = {1, 1, 1, 1, 1};
+    std::array<bool, 5> seen = {false, false, false, false, false};
     for (std::size_t i = 0; i < sharding_axis_names.size(); ++i) {
       const std::string& n = sharding_axis_names[i];
       std::size_t a = 0;
       while (a < kAxes.size() && n != kAxes[a]) ++a;
       EDL_CHECK(a < kAxes.size(), errc::config, where("sharding_axis_names"), "unknown axis \"", n,
-                "\", expected dp, fsdp, tp or sp");
+                "\", expected dp, fsdp, ep, tp or sp");
       EDL_CHECK(!seen[a], errc::config, where("sharding_axis_names"), "axis ", n, " is named twice");
       seen[a] = true;
       const std::int64_t d = sharding_axis_dims[i];
@@ -445,7 +446,7 @@ struct TrainingArguments {
   bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
   std::int64_t mesh_devices() const {
     const auto d = mesh_dims();
-    return d[0] * d[1] * d[2] * d[3];
+    return d[0] * d[1] * d[2] * d[3] * d[4];
   }
 
   /// Mini-batch size: total_batch_size / gradient_accumulation_steps.

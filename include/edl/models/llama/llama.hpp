@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -77,6 +79,17 @@ inline nn::RopeConfig rope_config(const LlamaConfig& c, std::int64_t l = -1) {
 }
 
 /// Layer l's config (a mixture-of-experts block where c.layer_is_sparse(l)).
+/// The mixture-of-experts block of a sparse layer of c (every sparse layer has the same).
+inline nn::MoeConfig moe_config(const LlamaConfig& c) {
+  return nn::MoeConfig{.hidden = c.hidden_size,
+                       .intermediate = c.expert_intermediate_size(),
+                       .num_experts = c.num_local_experts,
+                       .top_k = c.num_experts_per_tok,
+                       .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
+                       .shared_intermediate = c.shared_expert_size(),
+                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+}
+
 inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
   nn::DecoderLayerConfig d;
   d.attention.hidden = c.hidden_size;
@@ -98,14 +111,7 @@ inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::in
   d.sandwich_norms = c.sandwich_norms();
   d.norm_offset = c.norm_offset();
   d.activation = c.is_gemma() ? kernels::GatedActivation::gelu_tanh : kernels::GatedActivation::silu;
-  if (c.layer_is_sparse(l))
-    d.moe = nn::MoeConfig{.hidden = c.hidden_size,
-                          .intermediate = c.expert_intermediate_size(),
-                          .num_experts = c.num_local_experts,
-                          .top_k = c.num_experts_per_tok,
-                          .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
-                          .shared_intermediate = c.shared_expert_size(),
-                          .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+  if (c.layer_is_sparse(l)) d.moe = moe_config(c);
   return d;
 }
 
@@ -338,29 +344,33 @@ class LlamaForCausalLM {
   /// to m, and with `backward` their gradients to the routers' (before model.backward).
   void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
                      bool backward) const {
-    const LlamaConfig& c = config();
-    if (!c.is_moe() || !c.output_router_logits) return;
+    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      if (model.layers[l].is_sparse()) routed.push_back(&s.model_s.layer_s[l].moe_s);
+    add_router_losses(config(), routed, layout.attention_mask, opt, m, backward);
+  }
+
+  /// The router losses over `routed` (every sparse layer's routing of the same tokens; `mask`
+  /// their attention mask or null) added to m (its `tokens` set), and with `backward` their
+  /// gradients to each routing's dlogits_extra. On a mesh each device passes its own tokens and
+  /// `sum_devices` sums the counts over the devices that hold the batch's others.
+  static void add_router_losses(const LlamaConfig& c, std::span<typename nn::MoE<Pol>::Saved* const> routed,
+                                const std::int64_t* mask, const nn::LossOptions& opt, nn::LossMetrics& m, bool backward,
+                                const std::function<void(std::span<double>)>& sum_devices = {}) {
+    if (!c.is_moe() || !c.output_router_logits || routed.empty()) return;
     if (backward)
       EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
                 "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
                 " (set it to 0)");
-    std::vector<typename nn::MoE<Pol>::Saved*> routed;  // the sparse layers' routing
-    std::size_t first = 0;
-    for (std::size_t l = 0; l < model.layers.size(); ++l)
-      if (model.layers[l].is_sparse()) {
-        if (routed.empty()) first = l;
-        routed.push_back(&s.model_s.layer_s[l].moe_s);
-      }
-    if (routed.empty()) return;
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
     const auto coef = [&](double c_) { return backward ? static_cast<float>(c_ * weight) : 0.0f; };
-    const nn::MoeConfig& mc = model.layers[first].block_sparse_moe.config();
-    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, layout.attention_mask, coef(c.router_aux_loss_coef));
+    const nn::MoeConfig mc = moe_config(c);
+    m.aux_loss = nn::MoE<Pol>::load_balancing_loss(routed, mc, mask, coef(c.router_aux_loss_coef), sum_devices);
     m.loss += weight * c.router_aux_loss_coef * m.aux_loss;
     if (c.router_z_loss_coef > 0) {
-      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, layout.attention_mask, coef(c.router_z_loss_coef));
+      m.router_z_loss = nn::MoE<Pol>::router_z_loss(routed, mc, mask, coef(c.router_z_loss_coef), sum_devices);
       m.loss += weight * c.router_z_loss_coef * m.router_z_loss;
     }
   }

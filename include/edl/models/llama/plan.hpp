@@ -2,16 +2,17 @@
 // The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
 // computed from the config and mesh alone, before any tensor is allocated.
 //
-//   auto mesh = MeshShape({"dp", "fsdp", "tp", "sp"}, {1, 2, 2, 1});
+//   auto mesh = MeshShape({"dp", "fsdp", "ep", "tp", "sp"}, {1, 2, 1, 2, 1});   // "ep" may be left out
 //   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
 //   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
 //
 // Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
 // layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
 // measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
-// only accept even splits), so one device's figures are every device's.
+// only accept even splits; a mixture-of-experts model's ep ranks hold E / ep experts each), so
+// one device's figures are every device's.
 //
-// Activations (f32, per device; Bl = B / (dp*fsdp) local rows, Sl = S / sp local positions,
+// Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
 // Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
 // heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
 // and the modules' Saved structs keep:
@@ -23,6 +24,11 @@
 //     qk_norm (Qwen3): q, k before the norms and
 //       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
 //     MLP g, u, a                                  3 Tl Fl
+//     or a mixture-of-experts block (E experts, top K, expert width Fe; a device's experts run
+//       over K Tl rows when the routing is balanced): router logits and probabilities
+//       2 Tl E, routing weights K Tl, token/slot ids and top-k 2 K Tl int64, expert inputs and
+//       outputs 2 K Tl H, the experts' g, u, a 3 K Tl Fe; a shared expert (width Fs) adds
+//       3 Tl Fs + Tl H + Tl
 //     sandwich norms (Gemma): attention and MLP
 //       outputs and their inv_rms                  2 Tl H + 2 Tl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
@@ -36,7 +42,10 @@
 //                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
 //                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
 // Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
-//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n.
+//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n,
+//   all_to_all sends (g-1)/g n. A sparse layer on ep > 1 exchanges its K Tl rows of H floats
+//   twice in forward (to the experts and back) and twice more in backward (balanced routing: the
+//   padded chunks hold K Tl / ep rows each; a skewed routing pads them up to the busiest pair).
 #pragma once
 
 #include <algorithm>
@@ -88,6 +97,7 @@ struct MemoryPlan {
   std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
   std::int64_t activation_peak_bytes = 0; // see the formula above
   std::int64_t peak_bytes = 0;            // sum of the above
+  std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
   // Per device: batch rows, positions, tokens.
   std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
   std::vector<PlannedCollective> collectives;
@@ -138,7 +148,7 @@ class Collectives {
     if (ordered.empty() || calls == 0) return;
     std::int64_t g = 1;
     for (const auto& a : ordered) g *= ms_.axis_size(a);
-    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : (g - 1) * bytes;
+    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : op == "all_to_all" ? (g - 1) * bytes / g : (g - 1) * bytes;
     for (auto& c : list_)
       if (c.op == op && c.axes == ordered && c.what == what) {
         c.calls += calls;
@@ -163,9 +173,9 @@ class Collectives {
 /// by sp), with the same edl::Error messages. A tied config has no lm_head block.
 inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
   const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
-                     sp = mesh.axis_size("sp");
+                     sp = mesh.axis_size("sp"), ep = mesh_axis_or_one(mesh, "ep");
   const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
-  check_data_split(opt.batch, opt.seq, dp, fsdp, sp, "plan");
+  check_data_split(opt.batch, opt.seq, dp, fsdp, ep, sp, "plan");
   EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
   EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
   const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
@@ -181,11 +191,13 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
   const std::int64_t L = cfg.num_hidden_layers;
   for (const auto& [name, p] : plans) {
-    const std::int64_t blk = p.layout.local_elements(), comp = p.compute.local_elements();
+    // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
+    const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
     r.parameter_bytes += blk * sT;
+    if (p.expert >= 0) r.expert_parameter_bytes += blk * sT;
     if (opt.train) {
       r.gradient_bytes += blk * 4;
-      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(), master);
+      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(0), master);
     }
     const bool in_layer = name.rfind("model.layers.", 0) == 0;
     if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
@@ -203,7 +215,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.gathered_bytes = (global_compute + layer_compute) * per_elem;
 
   // ---- activations
-  const std::int64_t Bl = opt.batch / (dp * fsdp), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
+  const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
   const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
                      nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
   r.local_batch = Bl;
@@ -212,8 +224,20 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   const std::int64_t f = 4, i64 = 8;
   const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
   const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
-  const std::int64_t per_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D + 2 * Tf * nkv * D +
-                                      Tf * D + Tf * nh + qk_norm + 3 * Tl * Fl + sandwich);
+  // A sparse layer keeps its routing and its experts' rows instead of the MLP's g, u, a.
+  const std::int64_t E = cfg.is_moe() ? cfg.num_local_experts : 0, K = cfg.is_moe() ? cfg.num_experts_per_tok : 0;
+  const std::int64_t Fe = cfg.expert_intermediate_size(), Fs = cfg.shared_expert_size();
+  const std::int64_t sparse_block = f * (2 * Tl * E + K * Tl + 2 * K * Tl * H + 3 * K * Tl * Fe +
+                                         (Fs > 0 ? 3 * Tl * Fs + Tl * H + Tl : 0)) +
+                                    i64 * 2 * K * Tl;
+  const std::int64_t attn_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D +
+                                       2 * Tf * nkv * D + Tf * D + Tf * nh + qk_norm + sandwich);
+  std::int64_t layers_saved = 0, sparse_layers = 0;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const bool sparse = cfg.layer_is_sparse(l);
+    sparse_layers += sparse ? 1 : 0;
+    layers_saved += attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
+  }
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
@@ -221,7 +245,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   if (opt.train) {
     const std::int64_t QB = kernels::kAttentionQueryBlock;
     const std::int64_t workers = std::min(opt.threads, Bl * nkv);
-    const std::int64_t mlp = 2 * Tl * Fl;
+    const std::int64_t mlp = sparse_layers > 0 ? 2 * K * Tl * (H + Fe) : 2 * Tl * Fl;  // a sparse block: dy, dx rows
     // dg and (sp) its padded input stay while the attention backward's own buffers come and
     // go, and then the sp reduce_scatter's packed copy and output.
     const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
@@ -229,7 +253,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
                                        sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
     transient = std::max(transient, f * (4 * Tl * H + std::max(mlp, attn)));
   }
-  r.activation_peak_bytes = L * per_layer + step + transient;
+  r.activation_peak_bytes = layers_saved + step + transient;
   r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
                  r.activation_peak_bytes;
 
@@ -240,9 +264,15 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   coll.add("psum", {"tp"}, act, 2 * L, "activations");                      // after o_proj and down_proj
   coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
   coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
+  if (sparse_layers > 0 && ep > 1) {  // token rows to the experts' ranks and back (nn::ExpertParallel)
+    const std::int64_t rows = f * K * Tl * H;
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers, "expert rows");
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * passes, "expert row gradients");
+    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers, "expert row counts");
+  }
   // loss: the valid-token count and the five metric sums over the data axes
-  coll.add("psum", {"dp", "fsdp", "sp"}, i64, 1, "loss");
-  coll.add("psum", {"dp", "fsdp", "sp"}, 5 * 8, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, i64, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, 5 * 8, 1, "loss");
   r.collectives = coll.take();
   return r;
 }

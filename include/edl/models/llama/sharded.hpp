@@ -1,6 +1,6 @@
 // edl/models/llama/sharded.hpp
-// Llama forward and backward on a device mesh (dp, fsdp, tp, sp >= 1) giving the logits, loss
-// and gradients of one device (docs/parallelism.md).
+// Llama forward and backward on a device mesh (dp, fsdp, ep, tp, sp >= 1) giving the logits,
+// loss and gradients of one device (docs/parallelism.md).
 //
 //   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
 //   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
@@ -24,8 +24,15 @@
 //    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
 //    that shards them (tp included) at the start of the step and kept until its end (the
 //    vocabulary-parallel head is not implemented: the head is replicated compute);
-//  - data: the batch is split over (dp, fsdp) (B divisible by dp * fsdp), the sequence over sp
-//    (S divisible by sp);
+//  - data: the batch is split over (dp, fsdp, ep) (B divisible by dp * fsdp * ep), the sequence
+//    over sp (S divisible by sp);
+//  - expert parallel (mixture-of-experts models): expert e of E is stored and run on the ep rank
+//    e / (E / ep) only (a placed layout, ShardLayout::placed_on; the rules may split it further
+//    over fsdp); each device routes its own tokens and exchanges their rows with the experts'
+//    ranks by all_to_all (nn::ExpertParallel). An expert's gradient is complete on its ep rank
+//    (every row of the ep group reached it) and sums over the other data axes only. The router
+//    losses sum their counts over every data axis, so they are the whole batch's. Experts are
+//    not split over tp (a MoE model on a mesh needs tp = 1);
 //  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
 //    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
 //    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
@@ -77,6 +84,7 @@
 #include <edl/mesh/mesh.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/nn/expert_parallel.hpp>
 #include <edl/nn/loss.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/tensor/partition_rules.hpp>
@@ -86,10 +94,23 @@ namespace edl::models {
 
 namespace sharded_detail {
 
-/// Axes that split the data: the batch over (dp, fsdp), the sequence over sp.
+/// Axes that split the data: the batch over (dp, fsdp, ep), the sequence over sp.
 inline const std::vector<std::string>& data_axes() {
-  static const std::vector<std::string> a{"dp", "fsdp", "sp"};
+  static const std::vector<std::string> a{"dp", "fsdp", "ep", "sp"};
   return a;
+}
+
+/// J for a parameter of expert J of a mixture-of-experts block ("...experts.J.w1.weight", its
+/// adapters too), else -1 (the router and a shared expert belong to no expert).
+inline std::int64_t expert_index(const std::string& name) {
+  const std::string key = ".experts.";
+  const std::size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  std::size_t i = at + key.size();
+  std::int64_t j = 0;
+  bool digits = false;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digits = true) j = j * 10 + (name[i] - '0');
+  return digits && i < name.size() && name[i] == '.' ? j : -1;
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& s) {
@@ -130,6 +151,11 @@ X make_tensor(const std::vector<std::int64_t>& shape) {
 
 }  // namespace sharded_detail
 
+/// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
+inline std::int64_t mesh_axis_or_one(const MeshShape& ms, std::string_view axis) {
+  return ms.has_axis(axis) ? ms.axis_size(axis) : 1;
+}
+
 /// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
 inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
   const char* w = "ShardedLlama";
@@ -147,12 +173,12 @@ inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
   return l;
 }
 
-/// The data split every step checks: the batch over dp * fsdp, the sequence over sp.
-inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t sp,
-                             const char* w = "ShardedLlama") {
+/// The data split every step checks: the batch over dp * fsdp * ep, the sequence over sp.
+inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t ep,
+                             std::int64_t sp, const char* w = "ShardedLlama") {
   EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
-  EDL_CHECK(B % (dp * fsdp) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp = ", dp, " * ",
-            fsdp, " = ", dp * fsdp, " (the batch is split over dp and fsdp)");
+  EDL_CHECK(B % (dp * fsdp * ep) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp * ep = ",
+            dp, " * ", fsdp, " * ", ep, " = ", dp * fsdp * ep, " (the batch is split over dp, fsdp and ep)");
   EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
             " (the sequence is split over sp)");
 }
@@ -165,6 +191,7 @@ struct ShardedParamPlan {
   std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
   bool row_bias = false;  // added by tp rank 0 only
   bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
+  std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
 };
 
 /// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
@@ -181,7 +208,13 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
                                                                                 bool tied,
                                                                                 const AdapterRanks& adapters = {}) {
   cfg.validate();
-  const std::int64_t tp = ms.axis_size("tp");
+  const std::int64_t tp = ms.axis_size("tp"), ep = mesh_axis_or_one(ms, "ep");
+  if (cfg.is_moe()) {
+    EDL_CHECK(tp == 1, errc::unsupported, "ShardedLlama", "a mixture-of-experts model (", cfg.model_type,
+              ") splits its experts over ep, not over tp; found tp = ", tp, " (use ep, fsdp, dp or sp)");
+    EDL_CHECK(cfg.num_local_experts % ep == 0, errc::not_divisible, "ShardedLlama", "num_local_experts (",
+              cfg.num_local_experts, ") is not divisible by ep = ", ep, " (each ep rank holds whole experts)");
+  }
   const LlamaConfig local_cfg = tp_local_config(cfg, tp);
   const auto global = cfg.parameter_shapes();
   const auto local = local_cfg.parameter_shapes();
@@ -194,10 +227,16 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
   const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
                         const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
     ShardedParamPlan p;
+    p.expert = cfg.is_moe() ? sharded_detail::expert_index(name) : -1;
     p.layout = ShardLayout(ms, spec, gshape, name);
     const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
     p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
                             gshape, name);
+    if (p.expert >= 0 && ms.has_axis("ep")) {  // on its ep rank only
+      const std::int64_t owner = nn::expert_owner(p.expert, cfg.num_local_experts, ep);
+      p.layout = p.layout.placed_on("ep", owner);
+      p.compute = p.compute.placed_on("ep", owner);
+    }
     EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
               " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
               "shape ",
@@ -219,6 +258,7 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       if (a == "tp") {
         if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
       } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
+        if (a == "ep" && p.expert >= 0) continue;  // every row of the ep group reached the expert
         if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
         else p.sum_axes.push_back(a);
       }
@@ -268,9 +308,6 @@ class ShardedLlama {
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
-    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, "ShardedLlama",
-              "a mixture-of-experts model (", cfg_.model_type,
-              ") runs on one device for now: its experts are not split over a mesh axis yet");
     auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
     AdapterRanks adapters;
     m.visit_linears("", [&](const std::string& path, auto& lin) {
@@ -284,7 +321,7 @@ class ShardedLlama {
     m.visit_params("", [&](std::string_view path, auto& p) {
       const std::string name(path);
       const xt::xarray<T> full = p.value;
-      params_.emplace(name, shard(full, plans_.at(name).layout.spec(), mesh_, name));
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
     });
   }
   /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
@@ -401,6 +438,7 @@ class ShardedLlama {
     typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
     typename nn::Attention<Pol>::Saved attn_s;
     typename nn::MLP<Pol>::Saved mlp_s;
+    typename nn::MoE<Pol>::Saved moe_s;  // a mixture-of-experts layer's routing and experts
     std::vector<float> n1, g, h, n2;
     std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
@@ -410,6 +448,7 @@ class ShardedLlama {
     Device* dev = nullptr;
     std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
     nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
+    nn::ExpertDispatch<Pol>* experts = nullptr;  // where a MoE layer's experts run (null: here, all held)
     std::int64_t tokens() const noexcept { return Bl * Sl; }
   };
 
@@ -445,7 +484,8 @@ class ShardedLlama {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        std::vector<std::size_t> s(l.local_shape().begin(), l.local_shape().end());
+        const auto shape = l.local_shape(d);
+        std::vector<std::size_t> s(shape.begin(), shape.end());
         xt::xarray<float> b = xt::xarray<float>::from_shape(s);
         b.fill(0.0f);
         blocks.push_back(std::move(b));
@@ -470,6 +510,7 @@ class ShardedLlama {
   void gather_param_into(Device& dev, const std::string& name, Prm& p) {
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
     const auto& cshape = pl.compute.local_shape();
     p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
@@ -498,7 +539,7 @@ class ShardedLlama {
   /// Allocates (zeroed) the local gradient before a backward.
   template <class Prm>
   void open_grad(Device& dev, Prm& p) {
-    if (p.frozen) return;
+    if (p.frozen || p.value.size() == 0) return;  // frozen, or another ep rank's expert
     p.grad_data();
     dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
   }
@@ -509,6 +550,7 @@ class ShardedLlama {
     if (p.frozen) return;
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;
     const auto& cshape = pl.compute.local_shape();
     const auto& bshape = pl.layout.local_shape();
     const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
@@ -618,7 +660,8 @@ class ShardedLlama {
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
-    L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
+    if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
+    else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
     if (sandwich) {
       s.mo.assign(y, y + n);
@@ -635,7 +678,8 @@ class ShardedLlama {
       dout.resize(n);
       L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
     }
-    L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
+    if (L.is_sparse()) L.block_sparse_moe.backward(dy, s.moe_s, a.data(), c.experts);
+    else L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
     if (c.tp > 1) psum(*c.dev, a, "tp");
     L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
@@ -660,8 +704,8 @@ class ShardedLlama {
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
                            const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
-    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), sp = axis("sp");
-    check_data_split(B, S, dp, fsdp, sp, w);
+    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), ep = axis("ep"), sp = axis("sp");
+    check_data_split(B, S, dp, fsdp, ep, sp, w);
     for (std::int64_t i = 0; i < B * S; ++i)
       EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
                 tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
@@ -706,12 +750,19 @@ class ShardedLlama {
     c.tp = dev.axis_size("tp");
     c.sp = dev.axis_size("sp");
     c.sp_rank = dev.axis_index("sp");
-    const std::int64_t fsdp = dev.axis_size("fsdp");
-    c.Bl = B / (dev.axis_size("dp") * fsdp);
+    const std::int64_t fsdp = dev.axis_size("fsdp"), ep = dev.axis_size("ep");
+    c.Bl = B / (dev.axis_size("dp") * fsdp * ep);
     c.S = S;
     c.Sl = S / c.sp;
     c.H = cfg_.hidden_size;
-    const std::int64_t b0 = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * c.Bl, s0 = c.sp_rank * c.Sl;
+    // The device's batch rows: data groups are numbered row-major over (dp, fsdp, ep).
+    const std::int64_t group = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * ep + dev.axis_index("ep");
+    const std::int64_t b0 = group * c.Bl, s0 = c.sp_rank * c.Sl;
+    std::optional<nn::ExpertParallel<Pol>> experts;
+    if (cfg_.is_moe() && ep > 1) {
+      experts.emplace(dev, "ep");
+      c.experts = &*experts;
+    }
     const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
     // Attention runs on the local batch rows over the whole sequence: their mask, positions
     // and documents.
@@ -751,10 +802,21 @@ class ShardedLlama {
     // A layer's activations are kept for its backward, unless the step has none or remat is
     // on: then only its input (xs) is, and the backward runs the layer again first.
     const bool keep = mode == Mode::train && !remat_;
+    // The sparse layers' routing, kept for the router losses (which need every layer's).
+    std::vector<typename nn::MoE<Pol>::Saved> routes(L);
     for (std::size_t l = 0; l < L; ++l) {
       const std::string pre = "model.layers." + std::to_string(l);
       gather_module(dev, model.layers[l], pre);
       layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      if (model.layers[l].is_sparse() && mode != Mode::logits) {
+        const auto& m = saved[l].moe_s;
+        auto& r = routes[l];
+        r.tokens = m.tokens;
+        r.logits = m.logits;
+        r.probs = m.probs;
+        r.top = m.top;
+        r.weight = m.weight;
+      }
       if (!keep) saved[l] = LayerSaved{};
       release_module(dev, model.layers[l]);
     }
@@ -807,6 +869,19 @@ class ShardedLlama {
       metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
       metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
       if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
+        std::vector<typename nn::MoE<Pol>::Saved*> routed;
+        for (std::size_t l = 0; l < L; ++l)
+          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
+        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
+        if (mask)
+          for (std::int64_t b = 0; b < c.Bl; ++b)
+            for (std::int64_t s = 0; s < c.Sl; ++s) mask_tok.push_back(mask[(b0 + b) * S + s0 + s]);
+        const auto sum_devices = [&](std::span<double> v) {
+          if (!D.empty()) psum(dev, v, AxisList(D));
+        };
+        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
+      }
 
       if (train) {
         std::vector<float> a(n), b(n);
@@ -819,6 +894,8 @@ class ShardedLlama {
             std::vector<float> again(n);
             layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
           }
+          if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
+            saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
           layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
           saved[l] = LayerSaved{};
           reduce_module(dev, model.layers[l], pre);
