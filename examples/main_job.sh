@@ -128,3 +128,8 @@ echo "== FMA peak (the denominator of the GFLOP/s above and of the trainer's MFU
 echo "== the same loss on a 2-device fsdp (ZeRO-3) simulated mesh as on one device"
 "$EDL" loss --model "$CKPT" --tokens tests/data/tiny_hf/oracle/tokens.npy
 "$EDL" loss --model "$CKPT" --tokens tests/data/tiny_hf/oracle/tokens.npy --mesh fsdp=2
+echo "== a mixture of experts on an expert-parallel mesh: with ep=2 each device holds half of small_moe's experts (edl plan),"
+echo "   and a Mixtral model's loss with its load-balancing term on ep=2 equals one device's (token rows travel by all_to_all)"
+"$EDL" plan --config small_moe --mesh ep=2 --batch 2 --seq 128 --train | grep -E '"(devices|parameter_bytes|expert_parameter_bytes)"'
+"$EDL" loss --model tests/data/tiny_mixtral --tokens tests/data/tiny_mixtral/oracle/tokens.npy
+"$EDL" loss --model tests/data/tiny_mixtral --tokens tests/data/tiny_mixtral/oracle/tokens.npy --mesh ep=2

@@ -20,6 +20,8 @@
 // --lora R trains LoRA adapters of rank R (lora_alpha 2R) on q, k, v, o, gate, up and down with
 // the rest frozen; --quantize-base quantizes the base's decoder Linears first (QLoRA).
 // --optimizer-step adds an AdamW update to every step (its state then counts in the peak).
+// On a mesh the model is sharded once, before the steps, and a step is the sharded forward,
+// loss and backward (and the ZeRO optimizer's update), as the trainer runs it.
 // train_peak_bytes is the peak resident set of the timed steps alone: after the model is
 // built, freed pages are returned to the system (malloc_trim) and the peak is reset
 // (/proc/self/clear_refs), so a QLoRA base drawn in f32 and then quantized is counted at its
@@ -48,6 +50,7 @@
 #include <edl/lora/apply.hpp>
 #include <edl/nn/quantize.hpp>
 #include <edl/optim/optimizer.hpp>
+#include <edl/optim/sharded_optimizer.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
@@ -152,21 +155,45 @@ inline int cmd_bench_train(Args& args) {
   std::int64_t build_peak = 0;  // the process's peak before the steps (the peak is reset then)
   // Median seconds of `steps` timed steps after one warm-up step (gradient buffers, page
   // faults, thread pool).
-  auto time_steps = [&](auto& model) {
-    build_peak = peak_rss_bytes();
-    peak_reset = reset_peak_rss();
-    auto step = [&] {
-      const auto t0 = std::chrono::steady_clock::now();
-      run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
-      if (optimizer_step) opt.step(model, 1e-4);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
+  // Median of `steps` timed calls of `step` after one warm-up call.
+  auto median_of = [&](auto&& step) {
     step();
     std::vector<double> times;
     for (std::int64_t s = 0; s < steps; ++s) times.push_back(step());
     std::sort(times.begin(), times.end());
     const std::size_t n = times.size();
     return n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  };
+  const auto seconds_since = [](auto t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto time_steps = [&](auto& model) {
+    build_peak = peak_rss_bytes();
+    if (create_mesh(mesh).size() == 1) {
+      peak_reset = reset_peak_rss();
+      return median_of([&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
+        if (optimizer_step) opt.step(model, 1e-4);
+        return seconds_since(t0);
+      });
+    }
+    // On a mesh the model is sharded once and stays sharded across steps, as the trainer keeps
+    // it: a step is the sharded forward, loss and backward (and the ZeRO optimizer update).
+    EDL_CLI_USAGE_CHECK(remat_name == "everything_saveable" || remat_name == "nothing_saveable", errc::unsupported,
+                        "--remat", "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps "
+                        "everything (everything_saveable); found \"", remat_name, "\"");
+    auto sm = models::shard_model(model, make_mesh(mesh));
+    sm.set_remat(remat_name == "nothing_saveable");
+    optim::ShardedOptimizer<decltype(sm)> sopt(oo, sm);
+    peak_reset = reset_peak_rss();
+    return median_of([&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      sm.zero_grad();
+      sm.loss_and_grads(ids.data(), nullptr, batch, seq);
+      if (optimizer_step) sopt.step(sm, 1e-4);
+      return seconds_since(t0);
+    });
   };
   double sec = 0;
   if (bf16) {

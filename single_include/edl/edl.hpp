@@ -3508,7 +3508,8 @@ class PartitionRules {
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
 /// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
 /// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
-/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated.
+/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated. A mixture-of-experts
+/// layer's experts split like the MLP (the router stays replicated).
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -3520,6 +3521,12 @@ inline PartitionRules llama_partition_rules() {
       {"mlp/(gate_proj|up_proj)/weight", col},
       {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
+      // Mixture-of-experts layers: each expert (and a shared expert) is an MLP; the ep axis
+      // places whole experts (models::ShardedLlama), these rules split each one further.
+      {"experts/\\d+/(w1|w3|gate_proj|up_proj)/weight", col},
+      {"experts/\\d+/(w2|down_proj)/weight", row},
+      {"shared_expert/(gate_proj|up_proj)/weight", col},
+      {"shared_expert/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
       {"self_attn/(q_norm|k_norm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},
@@ -8749,6 +8756,13 @@ class MLP {
 // Backward runs through the renormalisation and the softmax; the top-k choice itself is
 // piecewise constant (no gradient), as in PyTorch.
 //
+// Router jitter (Mixtral's router_jitter_noise, training only): with jitter > 0 and a key set,
+// the block's input is multiplied element by element by a factor drawn uniformly from
+// [1 - jitter, 1 + jitter] before the router and the experts see it, as MixtralSparseMoeBlock
+// does in training; backward multiplies the input's gradient by the same factors. Each
+// element's factor comes from the key and the element's place in the whole batch
+// (DropoutIndex, as LoRA dropout), so a mesh draws what one device draws.
+//
 // The auxiliary load-balancing loss (transformers' load_balancing_loss_func over one layer's
 // tokens) is E * sum_e f_e * P_e with f_e the fraction of (token, slot) routings to expert e
 // and P_e the mean router probability of e; only P carries a gradient. aux_loss() gives it and
@@ -8759,14 +8773,17 @@ class MLP {
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/softmax.hpp> (inlined above)
 // // #include <edl/nn/linear.hpp> (inlined above) (inlined above)
+// // #include <edl/nn/low_rank_adapter.hpp> (inlined above) (inlined above)
 // // #include <edl/nn/mlp.hpp> (inlined above) (inlined above)
 // // #include <edl/nn/module.hpp> (inlined above) (inlined above)
 
@@ -8779,6 +8796,7 @@ struct MoeConfig {
   bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
   std::int64_t shared_intermediate = 0;  // > 0: Qwen2-MoE's shared expert of this width
   enum class Names { mixtral, qwen } names = Names::mixtral;
+  double router_jitter_noise = 0;  // Mixtral's training-time input jitter (see MoE::jitter)
 };
 
 template <class Pol>
@@ -8815,6 +8833,7 @@ class MoE {
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
     std::vector<std::int64_t> exchange;      // an ExpertDispatch's bookkeeping (rows it received)
+    std::vector<float> jittered, factors;    // router jitter: the block's input x factors, and the factors [T, hidden]
     // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
     typename MLP<Pol>::Saved shared_s;
     typename ColumnLinear<Pol>::Saved shared_gate_s;
@@ -8823,7 +8842,7 @@ class MoE {
 
   MoE() = default;
   explicit MoE(const MoeConfig& c)
-      : gate(c.hidden, c.num_experts, false), c_(c) {
+      : gate(c.hidden, c.num_experts, false), jitter(static_cast<float>(c.router_jitter_noise)), c_(c) {
     EDL_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0, errc::invalid_argument, "nn::MoE",
               "hidden, intermediate and num_experts must be positive, found ", c.hidden, ", ", c.intermediate, ", ",
               c.num_experts);
@@ -8843,6 +8862,17 @@ class MoE {
   ColumnLinear<Pol> shared_expert_gate;  // [1, hidden]
 
   bool has_shared_expert() const noexcept { return c_.shared_intermediate > 0; }
+
+  float jitter = 0.0f;             // router_jitter_noise
+  std::optional<Key> jitter_key;   // set while training; none: no jitter
+  DropoutIndex index;              // the rows' places in the whole batch (a mesh device sets its block)
+  bool jitters() const noexcept { return jitter > 0.0f && jitter_key.has_value(); }
+  /// The jitter factor of input element (row, col) under the current key (jitters() must hold).
+  float jitter_factor(std::int64_t row, std::int64_t col) const noexcept {
+    const std::uint64_t counter =
+        static_cast<std::uint64_t>(index.row(row)) * static_cast<std::uint64_t>(c_.hidden) + static_cast<std::uint64_t>(col);
+    return 1.0f - jitter + 2.0f * jitter * bits_to_unit_float(random_bits_at(*jitter_key, counter));
+  }
 
   const MoeConfig& config() const noexcept { return c_; }
 
@@ -8875,6 +8905,19 @@ class MoE {
   void forward(const float* x, std::int64_t tokens, float* y, Saved& s, ExpertDispatch<Pol>* dispatch = nullptr) const {
     const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     s.tokens = tokens;
+    s.jittered.clear();
+    s.factors.clear();
+    if (jitters()) {  // the router and the experts see x times the factors; Saved keeps them
+      s.factors.resize(static_cast<std::size_t>(tokens * H));
+      s.jittered.resize(s.factors.size());
+      for (std::int64_t t = 0; t < tokens; ++t)
+        for (std::int64_t j = 0; j < H; ++j) {
+          const std::size_t i = static_cast<std::size_t>(t * H + j);
+          s.factors[i] = jitter_factor(t, j);
+          s.jittered[i] = x[i] * s.factors[i];
+        }
+      x = s.jittered.data();
+    }
     s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
     gate.forward(x, tokens, s.logits.data(), s.router_s);
     route(s);
@@ -8936,6 +8979,7 @@ class MoE {
   /// Re-points what reads the block's input at x, a recomputed copy with forward's values
   /// (rematerialization); the experts keep their own gathered rows.
   static void point_at(Saved& s, const float* x) noexcept {
+    if (!s.jittered.empty()) return;  // the router read the block's own jittered copy, still in Saved
     s.router_s.point_at(x, s.tokens);
     s.shared_gate_s.point_at(x, s.tokens);
     s.shared_s.gate_s.point_at(x, s.tokens);
@@ -9157,6 +9201,8 @@ class MoE {
       kernels::add_inplace(dx, dxs.data(), static_cast<std::ptrdiff_t>(T * H));
       shared_expert_gate.backward(dlogit.data(), s.shared_gate_s, dx, true);
     }
+    if (!s.factors.empty())  // through the jitter: d x = d (x factors) x factors
+      for (std::size_t i = 0; i < s.factors.size(); ++i) dx[i] *= s.factors[i];
   }
 
  private:
@@ -20784,6 +20830,7 @@ struct LlamaConfig {
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -20844,7 +20891,8 @@ inline nn::MoeConfig moe_config(const LlamaConfig& c) {
                        .top_k = c.num_experts_per_tok,
                        .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
                        .shared_intermediate = c.shared_expert_size(),
-                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral,
+                       .router_jitter_noise = c.router_jitter_noise};
 }
 
 inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
@@ -21097,6 +21145,14 @@ class LlamaForCausalLM {
     return m;
   }
 
+  /// The routers' input jitter (config().router_jitter_noise) for the next forwards: drawn from
+  /// `key` (a training step's; the trainer sets one per micro-batch), or none (evaluation,
+  /// inference: no jitter, as transformers outside training).
+  void set_router_jitter(std::optional<Key> key) {
+    for (auto& L : model.layers)
+      if (L.is_sparse()) L.block_sparse_moe.jitter_key = key;
+  }
+
   /// The router losses of a mixture-of-experts forward (config().output_router_logits) added
   /// to m, and with `backward` their gradients to the routers' (before model.backward).
   void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
@@ -21115,10 +21171,6 @@ class LlamaForCausalLM {
                                 const std::int64_t* mask, const nn::LossOptions& opt, nn::LossMetrics& m, bool backward,
                                 const std::function<void(std::span<double>)>& sum_devices = {}) {
     if (!c.is_moe() || !c.output_router_logits || routed.empty()) return;
-    if (backward)
-      EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
-                "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
-                " (set it to 0)");
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;
@@ -21545,6 +21597,9 @@ class ShardedLlama {
   void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
   /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
   void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
+  /// The routers' input jitter key for the next steps (LlamaForCausalLM::set_router_jitter's;
+  /// none: no jitter). Each device draws its tokens' factors from their places in the batch.
+  void set_router_jitter(std::optional<Key> key) noexcept { jitter_key_ = key; }
 
   const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
   ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
@@ -21971,6 +22026,7 @@ class ShardedLlama {
     };
     const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
     if (lora_) place_adapters(lm, c, b0, s0);
+    if (cfg_.is_moe()) place_router_jitter(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
     // The whole batch's length for rope scalings that depend on it, as one device sees it.
@@ -22141,6 +22197,20 @@ class ShardedLlama {
     });
   }
 
+  /// Gives the device's sparse layers this step's jitter key and their tokens' places in the
+  /// batch (the block runs on the local tokens: rows of Sl positions from s0).
+  void place_router_jitter(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+    for (auto& L : lm.model.layers) {
+      if (!L.is_sparse()) continue;
+      auto& moe = L.block_sparse_moe;
+      moe.jitter_key = jitter_key_;
+      moe.index.row_block = c.Sl;
+      moe.index.seq = c.S;
+      moe.index.first_row = b0;
+      moe.index.first_pos = s0;
+    }
+  }
+
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
@@ -22149,6 +22219,7 @@ class ShardedLlama {
   std::vector<std::string> names_, trainable_;
   std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
   std::optional<Key> dropout_key_;         // set_adapter_dropout
+  std::optional<Key> jitter_key_;          // set_router_jitter
   bool adapters_active_ = true;           // set_adapters_active
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
@@ -25694,7 +25765,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_, &moe_out_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -25770,13 +25841,19 @@ class CachedForward {
     }
     // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
     // products once over its own rows (one row: matrix-vector products over that expert alone).
+    // On a mesh each tp rank holds a slice of every expert's width (and of a shared expert's):
+    // the block's output is summed over tp before it joins the residual, as a row-parallel
+    // product's; the router is whole on every rank, so all route alike.
     template <class Moe>
     void norm_experts(const Norm& norm, const Moe& moe) {
-      EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
-                "mixture-of-experts layers run on one device");
       f.norm_rows(norm, f.x_.data(), f.normed_.data(), n, f.H_);
       kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
       f.route_rows(n, moe);
+      float* acc = f.x_.data();  // one device: straight into the residual
+      if constexpr (!Collectives::one_device) {
+        f.moe_out_.assign(static_cast<std::size_t>(n * f.H_), 0.0f);
+        acc = f.moe_out_.data();
+      }
       for (std::int64_t e = 0; e < f.E_; ++e) {
         const auto& rows = f.expert_rows_[static_cast<std::size_t>(e)];
         const auto ne = static_cast<std::int64_t>(rows.size());
@@ -25787,16 +25864,21 @@ class CachedForward {
         swiglu_rows(f.expert_x_.data(), ne, moe.experts[static_cast<std::size_t>(e)], f.Ie_);
         for (std::int64_t i = 0; i < ne; ++i) {
           const auto [r, w] = rows[static_cast<std::size_t>(i)];
-          kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
+          kernels::axpy(w, f.out_.data() + i * f.H_, acc + r * f.H_, f.H_);
         }
       }
-      if (!moe.has_shared_expert()) return;
-      // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
-      kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
-      swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
-      for (std::int64_t r = 0; r < n; ++r)
-        kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
-                      f.x_.data() + r * f.H_, f.H_);
+      if (moe.has_shared_expert()) {
+        // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
+        kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
+        swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
+        for (std::int64_t r = 0; r < n; ++r)
+          kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
+                        acc + r * f.H_, f.H_);
+      }
+      if constexpr (!Collectives::one_device) {
+        coll.psum_tp(std::span<float>(f.moe_out_));
+        kernels::add_inplace(f.x_.data(), f.moe_out_.data(), static_cast<std::ptrdiff_t>(n * f.H_));
+      }
     }
     // out_ = down(silu(gate x) * up x) of an MLP of width I over rows x [rows, H].
     template <class Mlp>
@@ -26206,6 +26288,7 @@ class CachedForward {
   // Ie_, Is_: an expert's and the shared expert's (Qwen2-MoE; 0: none) intermediate sizes.
   std::int64_t E_ = 0, K_ = 0, Ie_ = 0, Is_ = 0;
   aligned_vector<float> expert_x_, router_, probs_, shared_gate_;
+  aligned_vector<float> moe_out_;  // on a mesh: a sparse block's tp-partial output, summed before the residual
   std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
   std::vector<std::pair<std::int64_t, float>> chosen_;
   std::vector<std::int64_t> top_;
@@ -27557,7 +27640,10 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 //  - tp splits attention heads (q heads and kv heads: kv heads must be divisible by tp) and the
 //    MLP's intermediate size, as ShardedLlama does: q/k/v/gate/up column-parallel, o_proj and
 //    down_proj row-parallel followed by a psum over tp (a row-parallel bias is added by tp rank
-//    0 only). Each device's cache holds only its kv heads.
+//    0 only). Each device's cache holds only its kv heads. A mixture-of-experts layer keeps its
+//    router whole and splits every expert's width (and a shared expert's) the same way; the
+//    block's output is psummed over tp once. ep, like fsdp, splits the sequences here: every
+//    device holds whole experts (decode reads only the chosen ones).
 //  - sp splits the cache along positions, round-robin: position p lives on sp rank p % sp at
 //    local slot p / sp, so memory and attention reads stay balanced as the sequence grows.
 //    Norms, projections and the MLP are replicated over sp. Attention is flash-decoding: each
@@ -27618,7 +27704,16 @@ inline models::LlamaConfig sharded_decoder_local_config(const models::LlamaConfi
             " is not divisible by tp = ", tp);
   EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size = ", c.intermediate_size,
             " is not divisible by tp = ", tp);
-  return models::tp_local_config(c, tp);
+  models::LlamaConfig l = models::tp_local_config(c, tp);
+  if (c.is_moe() && tp > 1) {  // every expert (and a shared expert) splits its width over tp, like the MLP
+    EDL_CHECK(c.expert_intermediate_size() % tp == 0, errc::not_divisible, w, "the experts' intermediate size ",
+              c.expert_intermediate_size(), " is not divisible by tp = ", tp);
+    EDL_CHECK(c.shared_expert_size() % tp == 0, errc::not_divisible, w, "shared_expert_intermediate_size = ",
+              c.shared_expert_size(), " is not divisible by tp = ", tp);
+    l.moe_intermediate_size = c.moe_intermediate_size / tp;
+    l.shared_expert_intermediate_size = c.shared_expert_intermediate_size / tp;
+  }
+  return l;
 }
 
 template <class Pol = DefaultPolicy, KVCache Cache = StandardKVCache>
@@ -27751,8 +27846,6 @@ class ShardedDecoder {
   void init(std::int64_t batch, std::int64_t max_length) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
-    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
-              ") decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;
@@ -27769,8 +27862,8 @@ class ShardedDecoder {
     rope_ = std::make_unique<RopeTable>(cfg_, P_);
   }
 
-  static bool row_parallel(const std::string& name) {
-    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight");
+  static bool row_parallel(const std::string& name) {  // an expert's w2 is Mixtral's down_proj
+    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") || name.ends_with(".w2.weight");
   }
   static bool row_bias(const std::string& name) {
     return name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
@@ -31534,6 +31627,9 @@ class BasicTrainer {
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run and mesh
           set_adapter_dropout(fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                       static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
+        if (jitters())  // likewise the routers' input jitter (Mixtral's router_jitter_noise)
+          set_router_jitter(fold_in(fold_in(Key::from_seed(args_.seed), 3),
+                                    static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
           const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
@@ -31558,6 +31654,7 @@ class BasicTrainer {
         if (!std::isfinite(loss)) break;
       }
       if (adapters_) set_adapter_dropout(std::nullopt);  // evaluation and inference: no dropout
+      if (jitters()) set_router_jitter(std::nullopt);
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -31695,6 +31792,11 @@ class BasicTrainer {
   void set_adapter_dropout(std::optional<Key> key) {
     if (sharded_) sharded_->set_adapter_dropout(key);
     else lora::set_dropout(*model_, key);
+  }
+  bool jitters() const { return model_->config().is_moe() && model_->config().router_jitter_noise > 0; }
+  void set_router_jitter(std::optional<Key> key) {
+    if (sharded_) sharded_->set_router_jitter(key);
+    else model_->set_router_jitter(key);
   }
   /// Gathers the sharded model and optimizer state into the host copies when they moved on.
   void sync_host() {

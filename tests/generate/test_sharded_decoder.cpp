@@ -350,3 +350,43 @@ TEST(ShardedDecoder, QuantizedBlocksThatDoNotSplitOverTpAreAnError) {
     EXPECT_NE(std::string(e.what()).find("down_proj.weight"), std::string::npos) << e.what();
   }
 }
+
+// Mixture-of-experts models on a mesh decoder: the router whole, every expert's width (Qwen2-MoE:
+// and the shared expert's) split over tp with one psum of the block's output; ep and dp split
+// the two sequences. Prefill and decode logits equal one device's.
+TEST(ShardedDecoder, MixtureOfExpertsEqualsOneDevice) {
+  const char* env = std::getenv("EDL_TEST_DATA");
+  for (const char* family : {"tiny_mixtral", "tiny_qwen2_moe"}) {
+    SCOPED_TRACE(family);
+    const auto dir = std::filesystem::path(env ? env : "tests/data") / family;
+    const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+    LlamaForCausalLM<> m(cfg);
+    nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+    const std::int64_t V = cfg.vocab_size, B = 2, P = 5, L = 11;
+    const auto ids = random_ids(B * L, V, 43);
+    const auto logits = [&](auto& dec) {
+      std::vector<std::int64_t> prompt(static_cast<std::size_t>(B * P)), step(static_cast<std::size_t>(B));
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < P; ++t) prompt[static_cast<std::size_t>(b * P + t)] = ids[static_cast<std::size_t>(b * L + t)];
+      std::vector<float> out, last(static_cast<std::size_t>(B * V));
+      dec.prefill(prompt.data(), P, nullptr, last.data());
+      out.insert(out.end(), last.begin(), last.end());
+      for (std::int64_t t = P; t < L; ++t) {
+        for (std::int64_t b = 0; b < B; ++b) step[static_cast<std::size_t>(b)] = ids[static_cast<std::size_t>(b * L + t)];
+        dec.decode(step.data(), last.data());
+        out.insert(out.end(), last.begin(), last.end());
+      }
+      return out;
+    };
+    StandardKVCache cache(kv_cache_shape(cfg, B, L));
+    Decoder one(m, cache);
+    const auto want = logits(one);
+    for (const MeshDims dims : {MeshDims{1, 1, 1, 2, 1}, MeshDims{1, 1, 2, 1, 1}, MeshDims{1, 1, 2, 2, 1},
+                                MeshDims{2, 1, 1, 1, 2}}) {
+      ShardedDecoder<DefaultPolicy, StandardKVCache> dec(m, create_mesh(dims), B, L);
+      const auto got = logits(dec);
+      EXPECT_LT(max_diff(got.data(), want.data(), static_cast<std::int64_t>(want.size())), 1e-4)
+          << "mesh dp " << dims[0] << " ep " << dims[2] << " tp " << dims[3] << " sp " << dims[4];
+    }
+  }
+}

@@ -619,3 +619,32 @@ TEST(ShardedLlama, MixtureOfExpertsMeshErrorsAreClear) {
         << e.what();
   }
 }
+
+// Router jitter on meshes: each device draws its tokens' factors from their places in the whole
+// batch, so the jittered loss and gradients equal one device's (f32 rounding); the jitter is
+// really applied (the loss moves when it is on).
+TEST(ShardedLlama, MixtureOfExpertsRouterJitterMatchesOneDevice) {
+  const auto dir = tiny_hf_dir().parent_path() / "tiny_mixtral";
+  auto cfg = LlamaConfig::from_file((dir / "config.json").string());
+  cfg.router_jitter_noise = 0.2;
+  LlamaForCausalLM<> m(cfg);
+  nn::load_params(m, io::SafeTensorsFile::open((dir / "model.safetensors").string()));
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, cfg.vocab_size, 23);
+  const Reference plain = reference(m, ids, ids, B, S);
+  const Key key = Key::from_seed(17);
+  m.set_router_jitter(key);
+  const Reference ref = reference(m, ids, ids, B, S);
+  EXPECT_GT(std::abs(ref.metrics.loss - plain.metrics.loss), 1e-6);
+  for (const MeshDims& d : {MeshDims{1, 1, 2, 1, 1}, MeshDims{1, 2, 2, 1, 1}, MeshDims{2, 1, 1, 1, 2}, MeshDims{1, 1, 4, 1, 1}}) {
+    SCOPED_TRACE(dims_str(d));
+    auto sm = models::shard_model(m, create_mesh(d));
+    sm.set_router_jitter(key);
+    const auto got = sm.loss_and_grads(ids.data(), ids.data(), B, S);
+    EXPECT_NEAR(got.loss, ref.metrics.loss, 1e-5 * std::abs(ref.metrics.loss));
+    for (const auto& [name, g] : ref.grads) {
+      const auto mine = sm.gather_grad(name);
+      expect_close(g.data(), mine.data(), g.size(), "jittered grad " + name);
+    }
+  }
+}

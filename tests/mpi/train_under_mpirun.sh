@@ -7,7 +7,8 @@
 # rounding. Faults (EDL_FAULT_INJECTION, deadline EDL_MPI_TIMEOUT=5): a rank killed or hung
 # mid-training ends the run with an error within a bound, a save failing on one rank commits
 # nothing, and in every case the newest checkpoint with state.json is a complete, loadable one.
-# LoRA runs the same way: mpirun's losses and adapter file are the simulated mesh's.
+# LoRA runs the same way: mpirun's losses and adapter file are the simulated mesh's; so does a
+# mixture-of-experts model on ep=2.
 #   usage: train_under_mpirun.sh EDL WORKDIR
 set -euo pipefail
 EDL=$1; W=$2
@@ -74,6 +75,24 @@ for mesh in "[1,1,2,1]" "[1,2,1,1]"; do
   cmp "$D/one/adapter/adapter_model.safetensors" "$D/resumed/adapter/adapter_model.safetensors"
   echo "lora mesh $mesh: mpirun losses, adapter and resume equal one process"
 done
+
+# A Mixtral-style model on ep=2 (one expert-parallel rank per process: each holds 2 of the 4
+# experts, the token rows travel between the processes by MPI all_to_all): mpirun's losses
+# (load-balancing loss included) and checkpoint are the simulated mesh's bytes, and a resume
+# under mpirun continues with them.
+MOE='model={"model_type":"mixtral","vocab_size":260,"hidden_size":32,"intermediate_size":48,"num_hidden_layers":1,"num_attention_heads":2,"max_position_embeddings":32,"num_local_experts":4,"num_experts_per_tok":2,"output_router_logits":true,"router_aux_loss_coef":0.02}'
+EP=(sharding_axis_names='["dp","fsdp","ep","tp","sp"]' "sharding_axis_dims=[1,1,2,1,1]")
+D=$W/moe_ep2; mkdir -p "$D"
+"$EDL" train --config "$W/args.json" --set "$MOE" "${EP[@]}" "save_directory=$D/one" >/dev/null
+"${MPIRUN[@]}" "$EDL" train --config "$W/args.json" --set "$MOE" "${EP[@]}" "save_directory=$D/mpi" >/dev/null
+[ "$(losses "$D/one/metrics.jsonl")" = "$(losses "$D/mpi/metrics.jsonl")" ] || fail "moe ep=2: losses differ under mpirun"
+grep -q '"aux_loss"' "$D/mpi/metrics.jsonl" || fail "moe ep=2: no aux_loss in metrics.jsonl"
+cmp "$D/one/checkpoint-6/model.safetensors" "$D/mpi/checkpoint-6/model.safetensors"
+"${MPIRUN[@]}" "$EDL" train --config "$W/args.json" --resume "$D/mpi/checkpoint-3" --set "$MOE" "${EP[@]}" \
+  "save_directory=$D/resumed" >/dev/null
+[ "$(late_losses "$D/one/metrics.jsonl")" = "$(late_losses "$D/resumed/metrics.jsonl")" ] || fail "moe ep=2: resumed losses differ"
+cmp "$D/one/checkpoint-6/model.safetensors" "$D/resumed/checkpoint-6/model.safetensors"
+echo "moe ep=2: mpirun losses, checkpoint and resume equal one process"
 
 export EDL_MPI_TIMEOUT=5
 # run_fault NAME FAULT: trains fsdp=2 under mpirun with the fault; must fail within 60 s.

@@ -113,6 +113,47 @@ TEST(Moe, GradientsMatchFiniteDifferences) {
   });
 }
 
+// Router jitter (Mixtral's training-time router_jitter_noise): with a key the block equals the
+// plain block on x times factors drawn uniformly from [1 - j, 1 + j] (computed here from the
+// counter definition: the element's place t * hidden + j), and its input gradient is the plain
+// one times the factors; the weights' gradients are the plain block's on the jittered input;
+// without a key nothing is jittered; another key draws other factors.
+TEST(Moe, RouterJitterScalesTheInputAndItsGradient) {
+  auto plain = load("mixtral");
+  auto jit = load("mixtral");
+  const float j = 0.1f;
+  const Key key = Key::from_seed(5);
+  jit.moe.jitter = j;
+  const auto x = plain.vec("x"), dy = plain.vec("dy");
+  const std::int64_t H = plain.H;
+  std::vector<float> u(x.size()), xu(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    u[i] = 1.0f - j + 2.0f * j * bits_to_unit_float(random_bits_at(key, i));
+    xu[i] = x[i] * u[i];
+  }
+  std::vector<float> y0(x.size()), y1(x.size()), dx0(x.size()), dx1(x.size());
+  nn::MoE<DefaultPolicy>::Saved s0, s1;
+  jit.moe.forward(x.data(), jit.T, y1.data(), s1);  // no key yet: no jitter
+  plain.moe.forward(x.data(), plain.T, y0.data(), s0);
+  EXPECT_EQ(y0, y1);
+  jit.moe.jitter_key = key;
+  jit.moe.forward(x.data(), jit.T, y1.data(), s1);
+  plain.moe.forward(xu.data(), plain.T, y0.data(), s0);
+  EXPECT_EQ(y0, y1);
+  plain.moe.backward(dy.data(), s0, dx0.data());
+  jit.moe.backward(dy.data(), s1, dx1.data());
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(dx1[i], dx0[i] * u[i]) << i;
+  std::vector<std::vector<float>> g0, g1;
+  plain.moe.visit_params("", [&](std::string_view, auto& p) { g0.emplace_back(p.grad.begin(), p.grad.end()); });
+  jit.moe.visit_params("", [&](std::string_view, auto& p) { g1.emplace_back(p.grad.begin(), p.grad.end()); });
+  EXPECT_EQ(g0, g1);
+  jit.moe.jitter_key = Key::from_seed(6);
+  std::vector<float> y2(x.size());
+  jit.moe.forward(x.data(), jit.T, y2.data(), s1);
+  EXPECT_NE(y2, y1);
+  EXPECT_EQ(static_cast<std::int64_t>(x.size()) % H, 0);
+}
+
 TEST(Moe, NamesCountsAndBadConfigs) {
   nn::MoE<DefaultPolicy> m(nn::MoeConfig{8, 12, 4, 2, true});
   std::vector<std::string> names;

@@ -340,21 +340,28 @@ TEST(Trainer, GradientCheckpointingOnAMeshTrainsBitIdentically) {
   EXPECT_EQ(params[1], params[0]);
 }
 
-// A Mixtral-style model (4 experts, 2 per token, the load-balancing loss on) trains through
-// the trainer: metrics.jsonl reports aux_loss, the loss falls, and a resumed run is bit
-// identical to an uninterrupted one.
-TEST(Trainer, MixtureOfExpertsTrainsAndResumesBitIdentically) {
+// tiny_config as a Mixtral-style model: 4 experts, 2 per token, the load-balancing loss on.
+models::LlamaConfig tiny_moe_config(double router_jitter_noise = 0) {
   models::LlamaConfig c = tiny_config();
+  c.router_jitter_noise = router_jitter_noise;
   c.model_type = "mixtral";
   c.num_local_experts = 4;
   c.num_experts_per_tok = 2;
   c.output_router_logits = true;
   c.router_aux_loss_coef = 0.02;
-  const auto moe_model = [&](std::uint64_t seed) {
-    models::LlamaForCausalLM<> m(c);
-    m.init(Key::from_seed(seed));
-    return m;
-  };
+  return c;
+}
+
+models::LlamaForCausalLM<> moe_model(std::uint64_t seed, double router_jitter_noise = 0) {
+  models::LlamaForCausalLM<> m(tiny_moe_config(router_jitter_noise));
+  m.init(Key::from_seed(seed));
+  return m;
+}
+
+// A Mixtral-style model (4 experts, 2 per token, the load-balancing loss on) trains through
+// the trainer: metrics.jsonl reports aux_loss, the loss falls, and a resumed run is bit
+// identical to an uninterrupted one.
+TEST(Trainer, MixtureOfExpertsTrainsAndResumesBitIdentically) {
   TempDir a("moe_full"), b("moe_resumed");
   auto data = random_data(10, 16, 64, 5, true);
   {
@@ -385,22 +392,14 @@ TEST(Trainer, MixtureOfExpertsTrainsAndResumesBitIdentically) {
   EXPECT_LT(la.back(), la.front());
 }
 
-// A Mixtral-style model on expert-parallel meshes (experts split over ep, token rows exchanged
-// by all_to_all): the losses, the load-balancing loss, the gradient norms and the final weights
-// follow one device; the checkpoint is the one-device layout; a run stopped and resumed on the
-// ep mesh gives its uninterrupted losses bit for bit.
+// A Mixtral-style model with router jitter on expert-parallel meshes (experts split over ep,
+// token rows exchanged by all_to_all): the losses, the load-balancing loss, the gradient norms
+// and the final weights follow one device (each token's jitter drawn from its place in the
+// batch); the checkpoint is the one-device layout; a run stopped and resumed on the ep mesh
+// gives its uninterrupted losses bit for bit; the jitter changes the losses.
 TEST(Trainer, MixtureOfExpertsOnExpertParallelMeshesFollowsOneDevice) {
-  models::LlamaConfig c = tiny_config();
-  c.model_type = "mixtral";
-  c.num_local_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.output_router_logits = true;
-  c.router_aux_loss_coef = 0.02;
-  const auto moe_model = [&](std::uint64_t seed) {
-    models::LlamaForCausalLM<> m(c);
-    m.init(Key::from_seed(seed));
-    return m;
-  };
+  const double jitter = 0.05;
+  const models::LlamaConfig c = tiny_moe_config(jitter);
   auto data = random_data(10, 16, 64, 5, true);
   const auto args_on = [&](const std::string& dir, std::vector<std::int64_t> dims) {
     auto a = base_args(dir);
@@ -414,7 +413,7 @@ TEST(Trainer, MixtureOfExpertsOnExpertParallelMeshesFollowsOneDevice) {
   std::vector<std::vector<float>> ws;
   for (const auto& dims : meshes) {
     TempDir d("moe_mesh" + std::to_string(ls.size()));
-    Trainer t(args_on(d.str(), dims), moe_model(0), std::nullopt, data);
+    Trainer t(args_on(d.str(), dims), moe_model(0, jitter), std::nullopt, data);
     const auto r = t.train();
     std::vector<double> g, a;
     const auto ms = read_metrics(d.str());
@@ -449,19 +448,23 @@ TEST(Trainer, MixtureOfExpertsOnExpertParallelMeshesFollowsOneDevice) {
   // Stopped at step 3 on ep = 2 and resumed there: the uninterrupted ep = 2 run's losses, bit for bit.
   TempDir b("moe_ep_resumed");
   {
-    Trainer t(args_on(b.str(), {1, 1, 2, 1, 1}), moe_model(0), std::nullopt, data);
+    Trainer t(args_on(b.str(), {1, 1, 2, 1, 1}), moe_model(0, jitter), std::nullopt, data);
     TrainerCallback stop_at_3;
     stop_at_3.on_step_end = [](Trainer&, const StepMetrics& m) { return m.step < 3; };
     t.callbacks.push_back(stop_at_3);
     EXPECT_EQ(t.train().steps, 3);
   }
   {
-    Trainer t(args_on(b.str(), {1, 1, 2, 1, 1}), moe_model(99), std::nullopt, data);
+    Trainer t(args_on(b.str(), {1, 1, 2, 1, 1}), moe_model(99, jitter), std::nullopt, data);
     EXPECT_TRUE(t.train().resumed);
   }
   const auto lb = losses(read_metrics(b.str()));
   ASSERT_EQ(lb.size(), ls[1].size());
   for (std::size_t i = 0; i < lb.size(); ++i) EXPECT_EQ(lb[i], ls[1][i]) << "step " << i + 1;
+  TempDir n("moe_no_jitter");  // the jitter is applied: without it the first step's loss differs
+  Trainer t(args_on(n.str(), {1, 1, 1, 1, 1}), moe_model(0), std::nullopt, data);
+  t.train();
+  EXPECT_NE(losses(read_metrics(n.str())).front(), ls[0].front());
 }
 
 TEST(Trainer, LossFallsOnAMemorizationTask) {

@@ -271,7 +271,7 @@ class CachedForward {
   std::int64_t scratch_bytes() const noexcept {
     std::size_t f = 0;
     for (const auto* v : {&x_, &normed_, &q_, &k_, &v_, &ctx_, &gate_, &up_, &out_, &last_x_, &head_out_, &scores_,
-                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_})
+                          &records_, &gathered_, &thread_normed_, &expert_x_, &router_, &probs_, &shared_gate_, &moe_out_})
       f += v->size();
     return static_cast<std::int64_t>(f * sizeof(float));
   }
@@ -347,13 +347,19 @@ class CachedForward {
     }
     // Mixture of experts: the rows are grouped by expert and each chosen expert runs its three
     // products once over its own rows (one row: matrix-vector products over that expert alone).
+    // On a mesh each tp rank holds a slice of every expert's width (and of a shared expert's):
+    // the block's output is summed over tp before it joins the residual, as a row-parallel
+    // product's; the router is whole on every rank, so all route alike.
     template <class Moe>
     void norm_experts(const Norm& norm, const Moe& moe) {
-      EDL_CHECK(Collectives::one_device, errc::unsupported, "generate.CachedForward",
-                "mixture-of-experts layers run on one device");
       f.norm_rows(norm, f.x_.data(), f.normed_.data(), n, f.H_);
       kernels::linear_part(f.normed_.data(), n, part(moe.gate, f.router_.data(), f.E_), f.H_);
       f.route_rows(n, moe);
+      float* acc = f.x_.data();  // one device: straight into the residual
+      if constexpr (!Collectives::one_device) {
+        f.moe_out_.assign(static_cast<std::size_t>(n * f.H_), 0.0f);
+        acc = f.moe_out_.data();
+      }
       for (std::int64_t e = 0; e < f.E_; ++e) {
         const auto& rows = f.expert_rows_[static_cast<std::size_t>(e)];
         const auto ne = static_cast<std::int64_t>(rows.size());
@@ -364,16 +370,21 @@ class CachedForward {
         swiglu_rows(f.expert_x_.data(), ne, moe.experts[static_cast<std::size_t>(e)], f.Ie_);
         for (std::int64_t i = 0; i < ne; ++i) {
           const auto [r, w] = rows[static_cast<std::size_t>(i)];
-          kernels::axpy(w, f.out_.data() + i * f.H_, f.x_.data() + r * f.H_, f.H_);
+          kernels::axpy(w, f.out_.data() + i * f.H_, acc + r * f.H_, f.H_);
         }
       }
-      if (!moe.has_shared_expert()) return;
-      // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
-      kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
-      swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
-      for (std::int64_t r = 0; r < n; ++r)
-        kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
-                      f.x_.data() + r * f.H_, f.H_);
+      if (moe.has_shared_expert()) {
+        // Qwen2-MoE's shared expert, on every row, gated by sigmoid(x Ws^T).
+        kernels::linear_part(f.normed_.data(), n, part(moe.shared_expert_gate, f.shared_gate_.data(), 1), f.H_);
+        swiglu_rows(f.normed_.data(), n, moe.shared_expert, f.Is_);
+        for (std::int64_t r = 0; r < n; ++r)
+          kernels::axpy(sigmoid(f.shared_gate_[static_cast<std::size_t>(r)]), f.out_.data() + r * f.H_,
+                        acc + r * f.H_, f.H_);
+      }
+      if constexpr (!Collectives::one_device) {
+        coll.psum_tp(std::span<float>(f.moe_out_));
+        kernels::add_inplace(f.x_.data(), f.moe_out_.data(), static_cast<std::ptrdiff_t>(n * f.H_));
+      }
     }
     // out_ = down(silu(gate x) * up x) of an MLP of width I over rows x [rows, H].
     template <class Mlp>
@@ -783,6 +794,7 @@ class CachedForward {
   // Ie_, Is_: an expert's and the shared expert's (Qwen2-MoE; 0: none) intermediate sizes.
   std::int64_t E_ = 0, K_ = 0, Ie_ = 0, Is_ = 0;
   aligned_vector<float> expert_x_, router_, probs_, shared_gate_;
+  aligned_vector<float> moe_out_;  // on a mesh: a sparse block's tp-partial output, summed before the residual
   std::vector<std::vector<std::pair<std::int64_t, float>>> expert_rows_;
   std::vector<std::pair<std::int64_t, float>> chosen_;
   std::vector<std::int64_t> top_;

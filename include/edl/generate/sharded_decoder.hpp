@@ -15,7 +15,10 @@
 //  - tp splits attention heads (q heads and kv heads: kv heads must be divisible by tp) and the
 //    MLP's intermediate size, as ShardedLlama does: q/k/v/gate/up column-parallel, o_proj and
 //    down_proj row-parallel followed by a psum over tp (a row-parallel bias is added by tp rank
-//    0 only). Each device's cache holds only its kv heads.
+//    0 only). Each device's cache holds only its kv heads. A mixture-of-experts layer keeps its
+//    router whole and splits every expert's width (and a shared expert's) the same way; the
+//    block's output is psummed over tp once. ep, like fsdp, splits the sequences here: every
+//    device holds whole experts (decode reads only the chosen ones).
 //  - sp splits the cache along positions, round-robin: position p lives on sp rank p % sp at
 //    local slot p / sp, so memory and attention reads stay balanced as the sequence grows.
 //    Norms, projections and the MLP are replicated over sp. Attention is flash-decoding: each
@@ -77,7 +80,16 @@ inline models::LlamaConfig sharded_decoder_local_config(const models::LlamaConfi
             " is not divisible by tp = ", tp);
   EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size = ", c.intermediate_size,
             " is not divisible by tp = ", tp);
-  return models::tp_local_config(c, tp);
+  models::LlamaConfig l = models::tp_local_config(c, tp);
+  if (c.is_moe() && tp > 1) {  // every expert (and a shared expert) splits its width over tp, like the MLP
+    EDL_CHECK(c.expert_intermediate_size() % tp == 0, errc::not_divisible, w, "the experts' intermediate size ",
+              c.expert_intermediate_size(), " is not divisible by tp = ", tp);
+    EDL_CHECK(c.shared_expert_size() % tp == 0, errc::not_divisible, w, "shared_expert_intermediate_size = ",
+              c.shared_expert_size(), " is not divisible by tp = ", tp);
+    l.moe_intermediate_size = c.moe_intermediate_size / tp;
+    l.shared_expert_intermediate_size = c.shared_expert_intermediate_size / tp;
+  }
+  return l;
 }
 
 template <class Pol = DefaultPolicy, KVCache Cache = StandardKVCache>
@@ -210,8 +222,6 @@ class ShardedDecoder {
   void init(std::int64_t batch, std::int64_t max_length) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
-    EDL_CHECK(!cfg_.is_moe(), errc::unsupported, w, "a mixture-of-experts model (", cfg_.model_type,
-              ") decodes on one device for now");
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
     B_ = batch;
@@ -228,8 +238,8 @@ class ShardedDecoder {
     rope_ = std::make_unique<RopeTable>(cfg_, P_);
   }
 
-  static bool row_parallel(const std::string& name) {
-    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight");
+  static bool row_parallel(const std::string& name) {  // an expert's w2 is Mixtral's down_proj
+    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") || name.ends_with(".w2.weight");
   }
   static bool row_bias(const std::string& name) {
     return name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");

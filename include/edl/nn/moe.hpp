@@ -22,6 +22,13 @@
 // Backward runs through the renormalisation and the softmax; the top-k choice itself is
 // piecewise constant (no gradient), as in PyTorch.
 //
+// Router jitter (Mixtral's router_jitter_noise, training only): with jitter > 0 and a key set,
+// the block's input is multiplied element by element by a factor drawn uniformly from
+// [1 - jitter, 1 + jitter] before the router and the experts see it, as MixtralSparseMoeBlock
+// does in training; backward multiplies the input's gradient by the same factors. Each
+// element's factor comes from the key and the element's place in the whole batch
+// (DropoutIndex, as LoRA dropout), so a mesh draws what one device draws.
+//
 // The auxiliary load-balancing loss (transformers' load_balancing_loss_func over one layer's
 // tokens) is E * sum_e f_e * P_e with f_e the fraction of (token, slot) routings to expert e
 // and P_e the mean router probability of e; only P carries a gradient. aux_loss() gives it and
@@ -33,14 +40,17 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include <edl/core/error.hpp>
+#include <edl/core/rng.hpp>
 #include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/softmax.hpp>
 #include <edl/nn/linear.hpp>
+#include <edl/nn/low_rank_adapter.hpp>
 #include <edl/nn/mlp.hpp>
 #include <edl/nn/module.hpp>
 
@@ -53,6 +63,7 @@ struct MoeConfig {
   bool norm_topk_prob = true;     // Mixtral always; Qwen2-MoE's flag
   std::int64_t shared_intermediate = 0;  // > 0: Qwen2-MoE's shared expert of this width
   enum class Names { mixtral, qwen } names = Names::mixtral;
+  double router_jitter_noise = 0;  // Mixtral's training-time input jitter (see MoE::jitter)
 };
 
 template <class Pol>
@@ -89,6 +100,7 @@ class MoE {
     std::vector<typename MLP<Pol>::Saved> mlp_s;
     std::vector<float> dlogits_extra;        // [T, E] added by the auxiliary losses' backward
     std::vector<std::int64_t> exchange;      // an ExpertDispatch's bookkeeping (rows it received)
+    std::vector<float> jittered, factors;    // router jitter: the block's input x factors, and the factors [T, hidden]
     // The shared expert: its output [T, hidden] before the gate, its gate sigmoid(x Ws^T) [T].
     typename MLP<Pol>::Saved shared_s;
     typename ColumnLinear<Pol>::Saved shared_gate_s;
@@ -97,7 +109,7 @@ class MoE {
 
   MoE() = default;
   explicit MoE(const MoeConfig& c)
-      : gate(c.hidden, c.num_experts, false), c_(c) {
+      : gate(c.hidden, c.num_experts, false), jitter(static_cast<float>(c.router_jitter_noise)), c_(c) {
     EDL_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0, errc::invalid_argument, "nn::MoE",
               "hidden, intermediate and num_experts must be positive, found ", c.hidden, ", ", c.intermediate, ", ",
               c.num_experts);
@@ -117,6 +129,17 @@ class MoE {
   ColumnLinear<Pol> shared_expert_gate;  // [1, hidden]
 
   bool has_shared_expert() const noexcept { return c_.shared_intermediate > 0; }
+
+  float jitter = 0.0f;             // router_jitter_noise
+  std::optional<Key> jitter_key;   // set while training; none: no jitter
+  DropoutIndex index;              // the rows' places in the whole batch (a mesh device sets its block)
+  bool jitters() const noexcept { return jitter > 0.0f && jitter_key.has_value(); }
+  /// The jitter factor of input element (row, col) under the current key (jitters() must hold).
+  float jitter_factor(std::int64_t row, std::int64_t col) const noexcept {
+    const std::uint64_t counter =
+        static_cast<std::uint64_t>(index.row(row)) * static_cast<std::uint64_t>(c_.hidden) + static_cast<std::uint64_t>(col);
+    return 1.0f - jitter + 2.0f * jitter * bits_to_unit_float(random_bits_at(*jitter_key, counter));
+  }
 
   const MoeConfig& config() const noexcept { return c_; }
 
@@ -149,6 +172,19 @@ class MoE {
   void forward(const float* x, std::int64_t tokens, float* y, Saved& s, ExpertDispatch<Pol>* dispatch = nullptr) const {
     const std::int64_t H = c_.hidden, E = c_.num_experts, K = c_.top_k;
     s.tokens = tokens;
+    s.jittered.clear();
+    s.factors.clear();
+    if (jitters()) {  // the router and the experts see x times the factors; Saved keeps them
+      s.factors.resize(static_cast<std::size_t>(tokens * H));
+      s.jittered.resize(s.factors.size());
+      for (std::int64_t t = 0; t < tokens; ++t)
+        for (std::int64_t j = 0; j < H; ++j) {
+          const std::size_t i = static_cast<std::size_t>(t * H + j);
+          s.factors[i] = jitter_factor(t, j);
+          s.jittered[i] = x[i] * s.factors[i];
+        }
+      x = s.jittered.data();
+    }
     s.logits.assign(static_cast<std::size_t>(tokens * E), 0.f);
     gate.forward(x, tokens, s.logits.data(), s.router_s);
     route(s);
@@ -210,6 +246,7 @@ class MoE {
   /// Re-points what reads the block's input at x, a recomputed copy with forward's values
   /// (rematerialization); the experts keep their own gathered rows.
   static void point_at(Saved& s, const float* x) noexcept {
+    if (!s.jittered.empty()) return;  // the router read the block's own jittered copy, still in Saved
     s.router_s.point_at(x, s.tokens);
     s.shared_gate_s.point_at(x, s.tokens);
     s.shared_s.gate_s.point_at(x, s.tokens);
@@ -431,6 +468,8 @@ class MoE {
       kernels::add_inplace(dx, dxs.data(), static_cast<std::ptrdiff_t>(T * H));
       shared_expert_gate.backward(dlogit.data(), s.shared_gate_s, dx, true);
     }
+    if (!s.factors.empty())  // through the jitter: d x = d (x factors) x factors
+      for (std::size_t i = 0; i < s.factors.size(); ++i) dx[i] *= s.factors[i];
   }
 
  private:

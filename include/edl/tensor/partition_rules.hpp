@@ -92,7 +92,8 @@ class PartitionRules {
 /// over tp, a row-parallel one (o, down) splits dimension 1 over tp; the other dimension goes
 /// over (fsdp, sp), ZeRO-3 style. Embedding and lm_head split the vocabulary over tp. Biases
 /// follow their projection's output: q/k/v and gate/up biases over tp, o/down biases (and norms,
-/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated.
+/// Qwen3's per-head q/k norms included, and anything else 1-D) replicated. A mixture-of-experts
+/// layer's experts split like the MLP (the router stays replicated).
 inline PartitionRules llama_partition_rules() {
   const SpecValue col{{{"tp"}, {"fsdp", "sp"}}};
   const SpecValue row{{{"fsdp", "sp"}, {"tp"}}};
@@ -104,6 +105,12 @@ inline PartitionRules llama_partition_rules() {
       {"mlp/(gate_proj|up_proj)/weight", col},
       {"mlp/(gate_proj|up_proj)/bias", SpecValue{{{"tp"}}}},
       {"mlp/down_proj/weight", row},
+      // Mixture-of-experts layers: each expert (and a shared expert) is an MLP; the ep axis
+      // places whole experts (models::ShardedLlama), these rules split each one further.
+      {"experts/\\d+/(w1|w3|gate_proj|up_proj)/weight", col},
+      {"experts/\\d+/(w2|down_proj)/weight", row},
+      {"shared_expert/(gate_proj|up_proj)/weight", col},
+      {"shared_expert/down_proj/weight", row},
       {"(input_layernorm|post_attention_layernorm)/weight", SpecValue{{{}}}},
       {"self_attn/(q_norm|k_norm)/weight", SpecValue{{{}}}},
       {"model/norm/weight", SpecValue{{{}}}},

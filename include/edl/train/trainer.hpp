@@ -410,6 +410,9 @@ class BasicTrainer {
         if (adapters_)  // each micro-batch its own dropout mask, the same on every run and mesh
           set_adapter_dropout(fold_in(fold_in(Key::from_seed(args_.seed), 2),
                                       static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
+        if (jitters())  // likewise the routers' input jitter (Mixtral's router_jitter_noise)
+          set_router_jitter(fold_in(fold_in(Key::from_seed(args_.seed), 3),
+                                    static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
           const PreferenceOptions po = args_.preference_options();
           const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
@@ -434,6 +437,7 @@ class BasicTrainer {
         if (!std::isfinite(loss)) break;
       }
       if (adapters_) set_adapter_dropout(std::nullopt);  // evaluation and inference: no dropout
+      if (jitters()) set_router_jitter(std::nullopt);
       const std::string where = "train step " + std::to_string(state_.step + 1);
       const std::string keep = last_checkpoint_.empty() ? std::string("no checkpoint was written yet")
                                                         : "the last good checkpoint is " + last_checkpoint_;
@@ -571,6 +575,11 @@ class BasicTrainer {
   void set_adapter_dropout(std::optional<Key> key) {
     if (sharded_) sharded_->set_adapter_dropout(key);
     else lora::set_dropout(*model_, key);
+  }
+  bool jitters() const { return model_->config().is_moe() && model_->config().router_jitter_noise > 0; }
+  void set_router_jitter(std::optional<Key> key) {
+    if (sharded_) sharded_->set_router_jitter(key);
+    else model_->set_router_jitter(key);
   }
   /// Gathers the sharded model and optimizer state into the host copies when they moved on.
   void sync_host() {

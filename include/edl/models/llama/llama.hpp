@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -87,7 +88,8 @@ inline nn::MoeConfig moe_config(const LlamaConfig& c) {
                        .top_k = c.num_experts_per_tok,
                        .norm_topk_prob = c.qwen_moe() ? c.norm_topk_prob : true,
                        .shared_intermediate = c.shared_expert_size(),
-                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral};
+                       .names = c.qwen_moe() ? nn::MoeConfig::Names::qwen : nn::MoeConfig::Names::mixtral,
+                       .router_jitter_noise = c.router_jitter_noise};
 }
 
 inline nn::DecoderLayerConfig decoder_layer_config(const LlamaConfig& c, std::int64_t l = 0) {
@@ -340,6 +342,14 @@ class LlamaForCausalLM {
     return m;
   }
 
+  /// The routers' input jitter (config().router_jitter_noise) for the next forwards: drawn from
+  /// `key` (a training step's; the trainer sets one per micro-batch), or none (evaluation,
+  /// inference: no jitter, as transformers outside training).
+  void set_router_jitter(std::optional<Key> key) {
+    for (auto& L : model.layers)
+      if (L.is_sparse()) L.block_sparse_moe.jitter_key = key;
+  }
+
   /// The router losses of a mixture-of-experts forward (config().output_router_logits) added
   /// to m, and with `backward` their gradients to the routers' (before model.backward).
   void router_losses(Saved& s, const nn::TokenLayout& layout, const nn::LossOptions& opt, nn::LossMetrics& m,
@@ -358,10 +368,6 @@ class LlamaForCausalLM {
                                 const std::int64_t* mask, const nn::LossOptions& opt, nn::LossMetrics& m, bool backward,
                                 const std::function<void(std::span<double>)>& sum_devices = {}) {
     if (!c.is_moe() || !c.output_router_logits || routed.empty()) return;
-    if (backward)
-      EDL_CHECK(c.router_jitter_noise == 0, errc::unsupported, c.where("router_jitter_noise"),
-                "training with router jitter noise is not implemented; found ", c.router_jitter_noise,
-                " (set it to 0)");
     // A micro-batch's share of the step (normalizer: the step's target tokens).
     double weight = 1.0;
     if (opt.normalizer > 0) weight = static_cast<double>(m.tokens) / opt.normalizer;

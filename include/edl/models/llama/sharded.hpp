@@ -345,6 +345,9 @@ class ShardedLlama {
   void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
   /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
   void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
+  /// The routers' input jitter key for the next steps (LlamaForCausalLM::set_router_jitter's;
+  /// none: no jitter). Each device draws its tokens' factors from their places in the batch.
+  void set_router_jitter(std::optional<Key> key) noexcept { jitter_key_ = key; }
 
   const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
   ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
@@ -771,6 +774,7 @@ class ShardedLlama {
     };
     const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
     if (lora_) place_adapters(lm, c, b0, s0);
+    if (cfg_.is_moe()) place_router_jitter(lm, c, b0, s0);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
     // The whole batch's length for rope scalings that depend on it, as one device sees it.
@@ -941,6 +945,20 @@ class ShardedLlama {
     });
   }
 
+  /// Gives the device's sparse layers this step's jitter key and their tokens' places in the
+  /// batch (the block runs on the local tokens: rows of Sl positions from s0).
+  void place_router_jitter(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+    for (auto& L : lm.model.layers) {
+      if (!L.is_sparse()) continue;
+      auto& moe = L.block_sparse_moe;
+      moe.jitter_key = jitter_key_;
+      moe.index.row_block = c.Sl;
+      moe.index.seq = c.S;
+      moe.index.first_row = b0;
+      moe.index.first_pos = s0;
+    }
+  }
+
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
@@ -949,6 +967,7 @@ class ShardedLlama {
   std::vector<std::string> names_, trainable_;
   std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
   std::optional<Key> dropout_key_;         // set_adapter_dropout
+  std::optional<Key> jitter_key_;          // set_router_jitter
   bool adapters_active_ = true;           // set_adapters_active
   std::map<std::string, Plan> plans_;
   std::map<std::string, ShardedArray<T>> params_;
