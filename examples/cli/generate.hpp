@@ -307,7 +307,7 @@ inline Command generate_command() {
            gen_detail::declare_sampling_flags(),
            gen_detail::declare_cache_flags(),
            {integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
-            declare_mesh_flag("the mesh the decoder runs on (tp: heads, sp: cache positions, dp/fsdp: prompts)")}}),
+            declare_mesh_flag("the mesh the decoder runs on (tp: heads and expert widths, sp: cache positions, dp/fsdp/ep: prompts)")}}),
       .examples = {"edl generate --model run/checkpoint-400 --prompt \"Once upon a time\" --max-new-tokens 32",
                    "edl generate --model m.gguf --prompt-tokens 1,2,3 --temperature 0.8 --top-p 0.95 --seed 1"},
       .run = cmd_generate};

@@ -21702,9 +21702,13 @@ class ShardedLlama {
   struct Ctx {
     Device* dev = nullptr;
     std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
+    std::int64_t b0 = 0, s0 = 0;  // the device's first batch row and first sequence position
     nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
     nn::ExpertDispatch<Pol>* experts = nullptr;  // where a MoE layer's experts run (null: here, all held)
     std::int64_t tokens() const noexcept { return Bl * Sl; }
+    /// Where the device's tokens (Bl rows of Sl positions) sit in the [B, S] batch: row(t) is
+    /// local token t's index there.
+    nn::DropoutIndex local_tokens() const noexcept { return nn::DropoutIndex{Sl, S, b0, s0}; }
   };
 
   static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
@@ -22013,6 +22017,8 @@ class ShardedLlama {
     // The device's batch rows: data groups are numbered row-major over (dp, fsdp, ep).
     const std::int64_t group = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * ep + dev.axis_index("ep");
     const std::int64_t b0 = group * c.Bl, s0 = c.sp_rank * c.Sl;
+    c.b0 = b0;
+    c.s0 = s0;
     std::optional<nn::ExpertParallel<Pol>> experts;
     if (cfg_.is_moe() && ep > 1) {
       experts.emplace(dev, "ep");
@@ -22026,7 +22032,7 @@ class ShardedLlama {
     };
     const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
     if (lora_) place_adapters(lm, c, b0, s0);
-    if (cfg_.is_moe()) place_router_jitter(lm, c, b0, s0);
+    if (cfg_.is_moe()) place_router_jitter(lm, c);
     c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
                              seg ? seg_l.data() : nullptr};
     // The whole batch's length for rope scalings that depend on it, as one device sees it.
@@ -22097,7 +22103,8 @@ class ShardedLlama {
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
       // Per-position weights and NLLs ([B, S], global) for the local tokens.
-      const auto global_at = [&](std::int64_t t) { return (b0 + t / c.Sl) * S + s0 + t % c.Sl; };
+      const nn::DropoutIndex at = c.local_tokens();
+      const auto global_at = [&](std::int64_t t) { return at.row(t); };
       std::vector<float> w_l(opt.row_weights ? Tl : 0);
       std::vector<double> nll_l(opt.row_nll ? Tl : 0);
       for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[global_at(t)];
@@ -22131,8 +22138,7 @@ class ShardedLlama {
           if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
         std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
         if (mask)
-          for (std::int64_t b = 0; b < c.Bl; ++b)
-            for (std::int64_t s = 0; s < c.Sl; ++s) mask_tok.push_back(mask[(b0 + b) * S + s0 + s]);
+          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[global_at(t)]);
         const auto sum_devices = [&](std::span<double> v) {
           if (!D.empty()) psum(dev, v, AxisList(D));
         };
@@ -22199,15 +22205,11 @@ class ShardedLlama {
 
   /// Gives the device's sparse layers this step's jitter key and their tokens' places in the
   /// batch (the block runs on the local tokens: rows of Sl positions from s0).
-  void place_router_jitter(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+  void place_router_jitter(Local& lm, const Ctx& c) {
     for (auto& L : lm.model.layers) {
       if (!L.is_sparse()) continue;
-      auto& moe = L.block_sparse_moe;
-      moe.jitter_key = jitter_key_;
-      moe.index.row_block = c.Sl;
-      moe.index.seq = c.S;
-      moe.index.first_row = b0;
-      moe.index.first_pos = s0;
+      L.block_sparse_moe.jitter_key = jitter_key_;
+      L.block_sparse_moe.index = c.local_tokens();
     }
   }
 
@@ -29988,13 +29990,20 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   return bytes;
 }
 
+/// Each device's block of `arr`, as read_local_blocks takes them.
+template <class T>
+std::vector<T*> block_pointers(ShardedArray<T>& arr) {
+  std::vector<T*> blocks(static_cast<std::size_t>(arr.num_devices()));
+  for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+  return blocks;
+}
+
 }  // namespace detail
 
 /// Reads every parameter's local blocks from the model files of checkpoint `dir`.
 template <class Pol>
 void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
-  const std::int64_t D = model.mesh().size();
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
@@ -30009,8 +30018,7 @@ void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mo
     EDL_CHECK(shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(tensor) + " tensor " + tensor,
               "has shape ", ::edl::detail::shape_str(weights.info(tensor).shape), ", the model's parameter ", name, " is ",
               ::edl::detail::shape_str(layout.global_shape()), fused ? " (rows of the fused tensor)" : "");
-    std::vector<T*> blocks(static_cast<std::size_t>(D));
-    for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    const std::vector<T*> blocks = detail::block_pointers(arr);
     const std::vector<std::int64_t>& file_shape = weights.info(tensor).shape;
     st.parameter_bytes_read +=
         detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
@@ -30037,8 +30045,7 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
     EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
               io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
               ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
-    std::vector<T*> blocks(static_cast<std::size_t>(model.mesh().size()));
-    for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+    const std::vector<T*> blocks = detail::block_pointers(arr);
     st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
   }
 }

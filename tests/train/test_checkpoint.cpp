@@ -11,6 +11,7 @@
 #include <edl/optim/all.hpp>
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/checkpoint.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
@@ -29,14 +30,8 @@ models::LlamaConfig tiny_config() {
   return c;
 }
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name)
-      : p(fs::temp_directory_path() / ("edl_ck_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("ck_" + name) {}
 };
 
 // One optimizer step so the optimizer has state.

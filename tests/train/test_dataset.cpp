@@ -10,24 +10,15 @@
 #include <edl/io/npy.hpp>
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/dataset.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name)
-      : p(fs::temp_directory_path() / ("edl_ds_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
-  std::string file(const std::string& name, const std::string& contents) const {
-    std::ofstream(p / name, std::ios::binary) << contents;
-    return (p / name).string();
-  }
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("ds_" + name) {}
 };
 
 std::vector<std::int32_t> seq(const TokenDataset& d, std::int64_t i) {

@@ -10,6 +10,7 @@
 
 #include <edl/lora/all.hpp>
 #include <edl/train/all.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
@@ -35,14 +36,9 @@ models::LlamaForCausalLM<> make_model(std::int64_t hidden = 32) {
   return m;
 }
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name)
-      : p(fs::temp_directory_path() / ("edl_lora_tr_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
-  std::string str() const { return p.string(); }
+// Its own folder name under the temp directory; the code under test creates the folder.
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("lora_tr_" + name, Make::name_only) {}
 };
 
 // Repeats of a few fixed sequences: a task the adapters can memorize.

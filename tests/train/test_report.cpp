@@ -10,21 +10,15 @@
 #include <sstream>
 
 #include <edl/train/all.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name)
-      : p(fs::temp_directory_path() / ("edl_rep_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
-  std::string str() const { return p.string(); }
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("rep_" + name) {}
 };
 
 std::string slurp(const fs::path& p) {

@@ -12,6 +12,7 @@
 #include <edl/tokenizer/bpe_trainer.hpp>
 #include <edl/train/sft_data.hpp>
 #include <edl/train/trainer.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
@@ -51,13 +52,8 @@ SftExample example(const std::string& line, const tokenizer::Tokenizer& tok, Sft
   return sft_example(ojson::parse(line), tok, &tmpl, o, "record");
 }
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / ("edl_sft_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("sft_" + name) {}
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <edl/train/all.hpp>
+#include "../support/temp_dir.hpp"
 
 namespace edl::train {
 namespace {
@@ -29,14 +30,9 @@ models::LlamaConfig tiny_config(std::int64_t vocab = 64) {
   return c;
 }
 
-struct TempDir {
-  fs::path p;
-  explicit TempDir(const std::string& name)
-      : p(fs::temp_directory_path() / ("edl_tr_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(p);
-  }
-  ~TempDir() { fs::remove_all(p); }
-  std::string str() const { return p.string(); }
+// Its own folder name under the temp directory; the code under test creates the folder.
+struct TempDir : test_support::TempDir {
+  explicit TempDir(const std::string& name) : test_support::TempDir("tr_" + name, Make::name_only) {}
 };
 
 // n random sequences of length len (some shorter, to exercise padding).

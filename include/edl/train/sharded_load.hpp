@@ -77,13 +77,20 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   return bytes;
 }
 
+/// Each device's block of `arr`, as read_local_blocks takes them.
+template <class T>
+std::vector<T*> block_pointers(ShardedArray<T>& arr) {
+  std::vector<T*> blocks(static_cast<std::size_t>(arr.num_devices()));
+  for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+  return blocks;
+}
+
 }  // namespace detail
 
 /// Reads every parameter's local blocks from the model files of checkpoint `dir`.
 template <class Pol>
 void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
-  const std::int64_t D = model.mesh().size();
   const auto weights = io::ShardedCheckpoint::open(dir);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
@@ -98,8 +105,7 @@ void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mo
     EDL_CHECK(shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(tensor) + " tensor " + tensor,
               "has shape ", ::edl::detail::shape_str(weights.info(tensor).shape), ", the model's parameter ", name, " is ",
               ::edl::detail::shape_str(layout.global_shape()), fused ? " (rows of the fused tensor)" : "");
-    std::vector<T*> blocks(static_cast<std::size_t>(D));
-    for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = arr.local(d).data();
+    const std::vector<T*> blocks = detail::block_pointers(arr);
     const std::vector<std::int64_t>& file_shape = weights.info(tensor).shape;
     st.parameter_bytes_read +=
         detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
@@ -126,8 +132,7 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
     EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
               io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
               ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
-    std::vector<T*> blocks(static_cast<std::size_t>(model.mesh().size()));
-    for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
+    const std::vector<T*> blocks = detail::block_pointers(arr);
     st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
   }
 }
