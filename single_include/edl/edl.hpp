@@ -1015,6 +1015,19 @@ struct save_only_these_names {
   static constexpr bool saves(const Name& n) { return ((n == Names) || ...); }
 };
 
+/// Keep every activation but the named ones (JAX: save_anything_except_these_names, also
+/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">.
+/// Compile-time only, as save_only_these_names.
+template <Name... Names>
+struct save_anything_except_these_names {
+  static_assert((is_checkpoint_name(Names) && ...),
+                "edl::remat::save_anything_except_these_names: unknown checkpoint name (see edl::remat::checkpoint_names)");
+  static constexpr const char* name = "save_anything_except_these_names";
+  static constexpr bool saves(const Name& n) { return !((n == Names) || ...); }
+};
+template <Name... Names>
+using save_any_names_but_these = save_anything_except_these_names<Names...>;
+
 template <class R>
 concept RematPolicy = requires(const Name& n) {
   { R::name } -> std::convertible_to<const char*>;
@@ -3246,6 +3259,7 @@ class ProcessGroup {
 // not match the tensor or an axis the mesh lacks is a compile error; SpecValue is the same spec
 // as a run-time value, for specs that come from data (partition rules, checkpoints).
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -3316,6 +3330,16 @@ struct SpecValue {
   explicit SpecValue(std::vector<std::vector<std::string>> d) : dims(std::move(d)) {}
   std::size_t rank() const noexcept { return dims.size(); }
   friend bool operator==(const SpecValue&, const SpecValue&) = default;
+
+  /// The mesh axes the spec splits over, in the order they appear, each once (EasyDeL's
+  /// get_names_from_partition_spec): P(('dp', 'fsdp'), None, 'tp') -> dp, fsdp, tp.
+  std::vector<std::string> axis_names() const {
+    std::vector<std::string> names;
+    for (const auto& d : dims)
+      for (const auto& a : d)
+        if (std::find(names.begin(), names.end(), a) == names.end()) names.push_back(a);
+    return names;
+  }
 
   /// "P(('dp', 'fsdp'), None, 'tp')", as JAX prints it.
   std::string str() const {
@@ -20598,6 +20622,19 @@ struct LlamaConfig {
   static LlamaConfig from_file(const std::string& path) {
     const io::JsonConfig c = io::JsonConfig::from_file(path);
     return from_json(c.json(), path);
+  }
+
+  /// A hash of every field (EasyDeL's static_hash): configs with the same fields hash alike
+  /// whatever their documents' key order; FNV-1a 64 over the key-sorted JSON text, so the value
+  /// is the same on every machine and run.
+  std::uint64_t static_hash() const {
+    const std::string text = nlohmann::json::parse(to_json().dump()).dump();
+    std::uint64_t h = 1469598103934665603ull;
+    for (const unsigned char ch : text) {
+      h ^= ch;
+      h *= 1099511628211ull;
+    }
+    return h;
   }
 
   /// The HF config.json object: every known field, then `extra`; fields keep the order of the

@@ -353,3 +353,21 @@ TEST(LlamaConfig, ParameterShapesInHfOrder) {
 }
 
 }  // namespace
+
+// EasyDeL's static_hash: the same fields hash alike whatever the document's key order; any
+// changed field (a known one or an unknown one kept in `extra`) changes the hash.
+TEST(LlamaConfig, StaticHashFollowsTheFieldsNotTheirOrder) {
+  using ojson = nlohmann::ordered_json;
+  const ojson a = ojson::parse(R"({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "custom": 1})");
+  const ojson b = ojson::parse(R"({"custom": 1, "vocab_size": 100, "num_attention_heads": 4, "hidden_size": 64})");
+  const auto ca = LlamaConfig::from_json(a), cb = LlamaConfig::from_json(b);
+  EXPECT_NE(ca.to_json().dump(), cb.to_json().dump());  // the documents' orders are kept...
+  EXPECT_EQ(ca.static_hash(), cb.static_hash());        // ...and do not change the hash
+  EXPECT_EQ(ca.static_hash(), LlamaConfig::from_json(ca.to_json()).static_hash());
+  LlamaConfig changed = ca;
+  changed.rms_norm_eps = 1e-5;
+  EXPECT_NE(changed.static_hash(), ca.static_hash());
+  ojson c = a;
+  c["custom"] = 2;
+  EXPECT_NE(LlamaConfig::from_json(c).static_hash(), ca.static_hash());
+}

@@ -139,7 +139,9 @@ TEST(NnDecoderLayer, RematPoliciesGiveBitwiseEqualGradients) {
   same(run_layer<remat::save_only_these_names<"attn_out", "gate", "up">>(&dropped), "save_only attn_out gate up");
   same(run_layer<remat::save_only_these_names<"q", "ctx", "act">>(&dropped), "save_only q ctx act");
   same(run_layer<remat::save_only_these_names<"norm1", "k", "norm2">>(&dropped), "save_only norm1 k norm2");
-  EXPECT_EQ(dropped, (std::vector<std::uint32_t>{0x3ffu, 0x241u, 0x251u, 0x25fu, 0x1edu, 0x3bau}));
+  same(run_layer<remat::save_anything_except_these_names<"gate", "up">>(&dropped), "save all but gate up");
+  same(run_layer<remat::save_any_names_but_these<"norm1", "ctx">>(&dropped), "save all but norm1 ctx");
+  EXPECT_EQ(dropped, (std::vector<std::uint32_t>{0x3ffu, 0x241u, 0x251u, 0x25fu, 0x1edu, 0x3bau, 0x180u, 0x11u}));
 }
 
 // Qwen3's q/k head norms: a dropped q or k is recomputed with its norm (the norm's input and

@@ -88,3 +88,15 @@ TEST(PartitionRules, DefaultLlamaRulesShardEveryTinyParameter) {
 
 }  // namespace
 }  // namespace edl
+
+// EasyDeL's get_names_from_partition_spec: the axes a spec splits over, in order, each once.
+TEST(PartitionSpec, AxisNamesInOrder) {
+  EXPECT_EQ(edl::SpecValue({{"dp", "fsdp"}, {}, {"tp"}}).axis_names(), (std::vector<std::string>{"dp", "fsdp", "tp"}));
+  EXPECT_EQ(edl::SpecValue({{"tp"}, {"fsdp", "sp"}}).axis_names(), (std::vector<std::string>{"tp", "fsdp", "sp"}));
+  EXPECT_TRUE(edl::SpecValue({{}, {}}).axis_names().empty());
+  EXPECT_EQ(edl::llama_partition_rules()
+                .spec_for("model.layers.0.block_sparse_moe.experts.3.w2.weight", {16, 24},
+                          edl::create_mesh({1, 2, 1, 1}).shape())
+                .axis_names(),
+            (std::vector<std::string>{"fsdp", "sp", "tp"}));
+}

@@ -98,6 +98,19 @@ struct save_only_these_names {
   static constexpr bool saves(const Name& n) { return ((n == Names) || ...); }
 };
 
+/// Keep every activation but the named ones (JAX: save_anything_except_these_names, also
+/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">.
+/// Compile-time only, as save_only_these_names.
+template <Name... Names>
+struct save_anything_except_these_names {
+  static_assert((is_checkpoint_name(Names) && ...),
+                "edl::remat::save_anything_except_these_names: unknown checkpoint name (see edl::remat::checkpoint_names)");
+  static constexpr const char* name = "save_anything_except_these_names";
+  static constexpr bool saves(const Name& n) { return !((n == Names) || ...); }
+};
+template <Name... Names>
+using save_any_names_but_these = save_anything_except_these_names<Names...>;
+
 template <class R>
 concept RematPolicy = requires(const Name& n) {
   { R::name } -> std::convertible_to<const char*>;

@@ -9,6 +9,7 @@
 // as a run-time value, for specs that come from data (partition rules, checkpoints).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -79,6 +80,16 @@ struct SpecValue {
   explicit SpecValue(std::vector<std::vector<std::string>> d) : dims(std::move(d)) {}
   std::size_t rank() const noexcept { return dims.size(); }
   friend bool operator==(const SpecValue&, const SpecValue&) = default;
+
+  /// The mesh axes the spec splits over, in the order they appear, each once (EasyDeL's
+  /// get_names_from_partition_spec): P(('dp', 'fsdp'), None, 'tp') -> dp, fsdp, tp.
+  std::vector<std::string> axis_names() const {
+    std::vector<std::string> names;
+    for (const auto& d : dims)
+      for (const auto& a : d)
+        if (std::find(names.begin(), names.end(), a) == names.end()) names.push_back(a);
+    return names;
+  }
 
   /// "P(('dp', 'fsdp'), None, 'tp')", as JAX prints it.
   std::string str() const {

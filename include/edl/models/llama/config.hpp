@@ -536,6 +536,19 @@ struct LlamaConfig {
     return from_json(c.json(), path);
   }
 
+  /// A hash of every field (EasyDeL's static_hash): configs with the same fields hash alike
+  /// whatever their documents' key order; FNV-1a 64 over the key-sorted JSON text, so the value
+  /// is the same on every machine and run.
+  std::uint64_t static_hash() const {
+    const std::string text = nlohmann::json::parse(to_json().dump()).dump();
+    std::uint64_t h = 1469598103934665603ull;
+    for (const unsigned char ch : text) {
+      h ^= ch;
+      h *= 1099511628211ull;
+    }
+    return h;
+  }
+
   /// The HF config.json object: every known field, then `extra`; fields keep the order of the
   /// document this config was read from.
   ojson to_json() const {
