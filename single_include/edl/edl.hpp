@@ -5864,7 +5864,7 @@ using edl::Trans;
 // The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
 // sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
 // targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
+// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
 // odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
 // eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
 // path is that definition written out (the naive twin the tests hold the SIMD paths to), so
@@ -5887,6 +5887,9 @@ using edl::Trans;
 #define EDL_QUANT_AVX2 1
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define EDL_QUANT_VNNI 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: two blocks per vector
 #endif
 #endif
 
@@ -6107,7 +6110,35 @@ inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::
 
 /// q4_0 weights (nb blocks) . q8_0 activations.
 inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
-#if defined(EDL_QUANT_AVX2)
+#if defined(EDL_QUANT_ZMM)
+  // Blocks b (lanes 0-7) and b + 1 (lanes 8-15) per vector: one accumulator holds the
+  // definition's even and odd chains side by side. A block's 16 bytes go to both halves of its
+  // 256 bits, the upper half shifted to the high nibbles: values 0-15 then 16-31, as the
+  // activations lie. An odd last block leaves lanes 8-15 zero, which adds +0.0 to the odd chain.
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const auto pair = [&](const quant::BlockQ4_0* wb, const ActivationBlock* xb, bool second, __m512 acc) {
+    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
+    const __m256i q1 =
+        second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), low4);
+    const auto both = [&](const auto member) {  // 32 bytes of block b's activation, then b + 1's
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[0].*member));
+      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[1].*member)) : _mm256_setzero_si256();
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    };
+    const __m512i s = _mm512_dpbusd_epi32(both(&ActivationBlock::neg8_lane_sums), q, both(&ActivationBlock::qs));
+    const float d0 = detail::f16_to_f32(wb[0].d) * xb[0].d, d1 = second ? detail::f16_to_f32(wb[1].d) * xb[1].d : 0.f;
+    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  };
+  __m512 acc = _mm512_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) acc = pair(w + b, x + b, true, acc);
+  if (b < nb) acc = pair(w + b, x + b, false, acc);
+  return detail::sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(acc),
+                                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+#elif defined(EDL_QUANT_AVX2)
   const auto step = [&](std::int64_t b, __m256 acc) {
     const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
                                            detail::unpack_q4_0(w[b].qs),
@@ -6129,49 +6160,6 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
   float acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
   return reference::sum_lanes8(acc);
-#endif
-}
-
-/// dot_q8_0 / dot_q4_0 of four weight rows with one activation row, out[i] for row w[i]: the
-/// activation block is loaded once for the four, whose sums run as independent chains. Each
-/// out[i] is the single-row dot bit for bit.
-template <class Block>
-inline void dot4_int8(const Block* const* w, const ActivationBlock* x, std::int64_t nb, float* out) noexcept {
-  static_assert(std::is_same_v<Block, quant::BlockQ8_0> || std::is_same_v<Block, quant::BlockQ4_0>);
-#if defined(EDL_QUANT_AVX2)
-  // Four rows' two chains: the indices are constants after unrolling, so the eight
-  // accumulators stay in registers.
-  __m256 a0[4], a1[4];
-  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
-  const auto step = [&](std::int64_t b, __m256* acc) {
-    const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const float dx = x[b].d;
-    [[maybe_unused]] __m256i neg8;
-    if constexpr (std::is_same_v<Block, quant::BlockQ4_0>)
-      neg8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums));
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      __m256i s;
-      if constexpr (std::is_same_v<Block, quant::BlockQ8_0>)
-        s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)), xq);
-      else
-        s = detail::dot_u4_lanes(neg8, detail::unpack_q4_0(w[i][b].qs), xq);
-      const float d = detail::f16_to_f32(w[i][b].d) * dx;
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[i]);
-    }
-  };
-  std::int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    step(b, a0);
-    step(b + 1, a1);
-  }
-  if (b < nb) step(b, a0);
-  for (int i = 0; i < 4; ++i) out[i] = detail::sum_lanes8(_mm256_add_ps(a0[i], a1[i]));
-#else
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<Block, quant::BlockQ8_0>) out[i] = dot_q8_0(w[i], x, nb);
-    else out[i] = dot_q4_0(w[i], x, nb);
-  }
 #endif
 }
 
@@ -6274,22 +6262,23 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 // vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
 // two accumulators of the dot's definition. The activations go unsigned (x + 128, a flip of
 // the sign bit) so vpdpbusd takes the weights as they are, and -128 * (each lane's weight sum),
-// made once per weight block, starts the sum: the same integers as the dot's. Tiles are
-// parallel over chunks of weight rows and walk the activations in blocks that stay in L2;
-// the edges (and builds without AVX-512 VNNI) run the dot products themselves.
+// made once per weight block, starts the sum: the same integers as the dot's. Both sides are
+// packed into those vectors once per call (the activations for all tasks, each chunk of 16
+// weight rows by its task), not once per tile. Tiles are parallel over chunks of weight rows
+// and walk the activations in blocks that stay in L2; the edges (and builds without AVX-512
+// VNNI) run the dot products themselves.
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
+// #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/kernels/quant_dot.hpp> (inlined above)
 // // #include <edl/quant/formats.hpp> (inlined above) (inlined above)
 // // #include <edl/quant/matrix.hpp> (inlined above) (inlined above)
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define EDL_QUANT_GEMM_ZMM 1
-#endif
 
 namespace edl::kernels {
 
@@ -6302,55 +6291,86 @@ inline float int8_row_dot(const quant::MatrixView& W, std::int64_t r, const Acti
   return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)), xa, nb);
 }
 
-#if defined(EDL_QUANT_GEMM_ZMM)
-/// Blocks b and b + 1 of a weight row as signed int8 in one vector (b + 1 zero when absent),
-/// and their scales.
-inline __m512i weight_pair(const quant::MatrixView& W, std::int64_t r, std::int64_t b, bool second, float& d0,
-                           float& d1) noexcept {
-  if (W.format == quant::Format::q8_0) {
-    const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r)) + b;
-    d0 = f16_to_f32(w[0].d);
-    d1 = second ? f16_to_f32(w[1].d) : 0.f;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
-    const __m256i hi = second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs)) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  }
-  const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)) + b;
-  d0 = f16_to_f32(w[0].d);
-  d1 = second ? f16_to_f32(w[1].d) : 0.f;
+#if defined(EDL_QUANT_ZMM)
+/// Weights prepared once per call for the tiles: for 4 rows and a pair of blocks (b, b + 1),
+/// each row's two blocks as signed int8 (b + 1 zero when absent), -128 * each lane's weight
+/// sum, and the two scales spread over the lanes.
+struct alignas(64) PackedWeightPair {
+  __m512i w[4], negc[4];
+  __m512 d[4];
+};
+/// An activation row's pair of blocks, made unsigned (x + 128), and its two scales.
+struct alignas(64) PackedActivationPair {
+  __m512i xu;
+  __m512 d;
+};
+
+inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+
+/// Rows r0..r0+3 of W for pairs [0, pairs) into out[pairs].
+inline void pack_weight_pairs(const quant::MatrixView& W, std::int64_t r0, PackedWeightPair* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m256i eight = _mm256_set1_epi8(8);
-  const __m256i lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
-  const __m256i hi = second ? _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight) : _mm256_setzero_si256();
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  for (int i = 0; i < 4; ++i)
+    for (std::int64_t b = 0; b < nb; b += 2) {
+      const bool second = b + 1 < nb;
+      PackedWeightPair& o = out[b / 2];
+      float d0, d1 = 0.f;
+      __m256i lo, hi = _mm256_setzero_si256();
+      if (W.format == quant::Format::q8_0) {
+        const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r0 + i)) + b;
+        d0 = f16_to_f32(w[0].d);
+        lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
+        if (second) {
+          d1 = f16_to_f32(w[1].d);
+          hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs));
+        }
+      } else {
+        const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r0 + i)) + b;
+        d0 = f16_to_f32(w[0].d);
+        lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
+        if (second) {
+          d1 = f16_to_f32(w[1].d);
+          hi = _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight);
+        }
+      }
+      o.w[i] = two_halves(lo, hi);
+      o.negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, o.w[i]));
+      o.d[i] = two_halves(d0, d1);
+    }
 }
 
-/// y[m * ldy + r] for 4 weight rows r0.. and 4 activation rows (xa rows m0.., nb blocks each).
-inline void int8_tile_4x4(const quant::MatrixView& W, std::int64_t r0, const ActivationBlock* xa, std::int64_t m0,
-                          std::int64_t nb, float* y, std::int64_t ldy) noexcept {
+/// An activation row's blocks (nb) into pairs (nb + 1) / 2.
+inline void pack_activation_pairs(const ActivationBlock* x, std::int64_t nb, PackedActivationPair* out) noexcept {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    const bool second = b + 1 < nb;
+    const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs)) : _mm256_setzero_si256();
+    out[b / 2].xu = _mm512_xor_si512(two_halves(lo, hi), flip);
+    out[b / 2].d = two_halves(x[b].d, second ? x[b + 1].d : 0.f);
+  }
+}
+
+/// y[m * ldy + r0 + i] for the 4 packed weight rows and activation rows m0..m0+3 (pairs each).
+/// Lanes 8-15 of an absent odd block are zero weights with a zero scale: they add +0.0.
+inline void int8_tile_4x4(const PackedWeightPair* w, const PackedActivationPair* xa, std::int64_t m0, std::int64_t pairs,
+                          std::int64_t r0, float* y, std::int64_t ldy) noexcept {
   __m512 acc[4][4];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as unsigned
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    __m512i w[4], negc[4];
-    __m512 dw[4];
-    for (int i = 0; i < 4; ++i) {
-      float d0, d1;
-      w[i] = weight_pair(W, r0 + i, b, second, d0, d1);
-      negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, w[i]));
-      dw[i] = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
-    }
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const PackedWeightPair& wp = w[p];
+    // Unrolled, so that the 16 accumulators stay in registers.
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const ActivationBlock* x = xa + (m0 + j) * nb + b;
-      const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[0].qs));
-      const __m256i xh = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[1].qs)) : _mm256_setzero_si256();
-      const __m512i xu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(xl), xh, 1), flip);
-      const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x[0].d), _mm256_set1_ps(second ? x[1].d : 0.f), 1);
+      const PackedActivationPair& x = xa[(m0 + j) * pairs + p];
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const __m512i s = _mm512_dpbusd_epi32(negc[i], xu, w[i]);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[i], dx), acc[i][j]);
+        const __m512i s = _mm512_dpbusd_epi32(wp.negc[i], x.xu, wp.w[i]);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wp.d[i], x.d), acc[i][j]);
       }
     }
   }
@@ -6371,23 +6391,36 @@ template <class TB>
 void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
   const std::int64_t N = W.rows, nb = W.blocks_per_row();
   constexpr std::int64_t kRowChunk = 16, kActBlock = 64;
+#if defined(EDL_QUANT_ZMM)
+  // The activations are packed once for every task, each task packs its chunk's weights once
+  // for all the activations: preparing a pair costs about as much as the 16 products of a tile.
+  const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
+  aligned_vector<detail::PackedActivationPair> xp(static_cast<std::size_t>(M4 * pairs));
+  exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(xa + m * nb, nb, xp.data() + m * pairs);
+  });
+#endif
   exec::parallel_for(0, (N + kRowChunk - 1) / kRowChunk, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+#if defined(EDL_QUANT_ZMM)
+    thread_local aligned_vector<detail::PackedWeightPair> wp;  // no product runs inside a chunk
+    wp.resize(static_cast<std::size_t>(kRowChunk / 4 * pairs));
+#endif
     for (std::int64_t c = c0; c < c1; ++c) {
       const std::int64_t r_lo = c * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
-      for (std::int64_t m_lo = 0; m_lo < M; m_lo += kActBlock) {
-        const std::int64_t m_hi = std::min(M, m_lo + kActBlock);
-        std::int64_t r = r_lo;
-#if defined(EDL_QUANT_GEMM_ZMM)
-        for (; r + 4 <= r_hi; r += 4) {
-          std::int64_t m = m_lo;
-          for (; m + 4 <= m_hi; m += 4) detail::int8_tile_4x4(W, r, xa, m, nb, y, N);
-          for (; m < m_hi; ++m)
-            for (std::int64_t i = r; i < r + 4; ++i) y[m * N + i] = detail::int8_row_dot(W, i, xa + m * nb);
-        }
-#endif
-        for (; r < r_hi; ++r)
-          for (std::int64_t m = m_lo; m < m_hi; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
+      std::int64_t r_tiles = r_lo;  // rows [r_lo, r_tiles) run in tiles
+#if defined(EDL_QUANT_ZMM)
+      for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_pairs(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * pairs);
+      for (std::int64_t m_lo = 0; m_lo < M4; m_lo += kActBlock) {
+        const std::int64_t m_hi = std::min(M4, m_lo + kActBlock);
+        for (std::int64_t r = r_lo; r < r_tiles; r += 4)
+          for (std::int64_t m = m_lo; m < m_hi; m += 4)
+            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, xp.data(), m, pairs, r, y, N);
       }
+      for (std::int64_t m = M4; m < M; ++m)
+        for (std::int64_t r = r_lo; r < r_tiles; ++r) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
+#endif
+      for (std::int64_t r = r_tiles; r < r_hi; ++r)
+        for (std::int64_t m = 0; m < M; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
       if (bias)
         for (std::int64_t m = 0; m < M; ++m)
           for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);
@@ -6404,31 +6437,12 @@ namespace edl::kernels {
 
 namespace detail {
 
-/// Rows of weights one group of the matvec computes together: the activation block is loaded
-/// once for all of them, and their dot products run as independent chains.
-inline constexpr std::int64_t kQuantRowGroup = 4;
-
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
 inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  __builtin_prefetch(W.row(r) + W.row_bytes() * kQuantRowGroup, 0, 2);
+  __builtin_prefetch(W.row(r) + 4 * W.row_bytes(), 0, 2);  // the row four ahead starts on its way
   if (W.format == quant::Format::nf4)
     return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
   return int8_row_dot(W, r, xq);
-}
-
-/// The dots of weight rows r..r+3 (q8_0 or q4_0) with one activation row, into out[0..3],
-/// each the single-row dot bit for bit; prefetches the rows' next group.
-inline void int8_dot4(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa, float* out) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  for (int i = 0; i < 4; ++i) __builtin_prefetch(W.row(r + i) + kQuantRowGroup * W.row_bytes(), 0, 2);
-  if (W.format == quant::Format::q8_0) {
-    const quant::BlockQ8_0* w[4];
-    for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r + i));
-    return dot4_int8(w, xa, nb, out);
-  }
-  const quant::BlockQ4_0* w[4];
-  for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r + i));
-  dot4_int8(w, xa, nb, out);
 }
 
 /// Whether the format multiplies q8_0 activations (else f32).
@@ -6448,15 +6462,8 @@ inline ActivationBlock* activation_blocks(std::int64_t blocks) {
 template <class TB>
 void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
-  // q4_0 is bound by its unpacking: four rows share each activation block. q8_0 is bound by
-  // memory, which in a model's products read its rows faster one at a time.
-  if (W.format == quant::Format::q4_0) {
-    for (; lo + 4 <= hi; lo += 4) {
-      detail::int8_dot4(W, lo, xq, y + lo);
-      if (bias)
-        for (std::int64_t j = lo; j < lo + 4; ++j) y[j] += to_f32(bias[j]);
-    }
-  }
+  // One row at a time: memory reads a single stream of rows faster than several rows side by
+  // side (which would share each activation block's loads, the better choice only in cache).
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
     y[j] = bias ? s + to_f32(bias[j]) : s;
@@ -6500,15 +6507,7 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   }
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    std::int64_t j = lo;
-    if (W.format == quant::Format::q4_0)  // four weight rows at a time (see quant_matvec_rows)
-      for (; j + 4 <= hi; j += 4)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float s[4];
-          detail::int8_dot4(W, j, xq + m * nb, s);
-          for (int i = 0; i < 4; ++i) y[m * N + j + i] = bias ? s[i] + to_f32(bias[j + i]) : s[i];
-        }
-    for (; j < hi; ++j)
+    for (std::int64_t j = lo; j < hi; ++j)
       for (std::int64_t m = 0; m < M; ++m) {
         const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
         y[m * N + j] = bias ? s + to_f32(bias[j]) : s;

@@ -43,7 +43,7 @@ TEST(QuantDot, ActivationsQuantizeAsTheReference) {
 
 TEST(QuantDot, Int8DotsEqualTheirDefinition) {
   std::printf("quantized dot path: %s\n", kernels::quant_dot_path);
-  for (const std::int64_t K : {32, 160, 4096}) {
+  for (const std::int64_t K : {32, 64, 160, 4096}) {  // one, two, an odd and many blocks
     const std::int64_t nb = K / 32;
     const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 6), x = normal_values(static_cast<std::size_t>(K), 7);
     std::vector<quant::BlockQ8_0> w8(static_cast<std::size_t>(nb)), xq(static_cast<std::size_t>(nb));

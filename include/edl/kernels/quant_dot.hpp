@@ -10,7 +10,7 @@
 // The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
 // sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
 // targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
+// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
 // odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
 // eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
 // path is that definition written out (the naive twin the tests hold the SIMD paths to), so
@@ -34,6 +34,9 @@
 #define EDL_QUANT_AVX2 1
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define EDL_QUANT_VNNI 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: two blocks per vector
 #endif
 #endif
 
@@ -254,7 +257,35 @@ inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::
 
 /// q4_0 weights (nb blocks) . q8_0 activations.
 inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
-#if defined(EDL_QUANT_AVX2)
+#if defined(EDL_QUANT_ZMM)
+  // Blocks b (lanes 0-7) and b + 1 (lanes 8-15) per vector: one accumulator holds the
+  // definition's even and odd chains side by side. A block's 16 bytes go to both halves of its
+  // 256 bits, the upper half shifted to the high nibbles: values 0-15 then 16-31, as the
+  // activations lie. An odd last block leaves lanes 8-15 zero, which adds +0.0 to the odd chain.
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const auto pair = [&](const quant::BlockQ4_0* wb, const ActivationBlock* xb, bool second, __m512 acc) {
+    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
+    const __m256i q1 =
+        second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), low4);
+    const auto both = [&](const auto member) {  // 32 bytes of block b's activation, then b + 1's
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[0].*member));
+      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[1].*member)) : _mm256_setzero_si256();
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    };
+    const __m512i s = _mm512_dpbusd_epi32(both(&ActivationBlock::neg8_lane_sums), q, both(&ActivationBlock::qs));
+    const float d0 = detail::f16_to_f32(wb[0].d) * xb[0].d, d1 = second ? detail::f16_to_f32(wb[1].d) * xb[1].d : 0.f;
+    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  };
+  __m512 acc = _mm512_setzero_ps();
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) acc = pair(w + b, x + b, true, acc);
+  if (b < nb) acc = pair(w + b, x + b, false, acc);
+  return detail::sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(acc),
+                                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+#elif defined(EDL_QUANT_AVX2)
   const auto step = [&](std::int64_t b, __m256 acc) {
     const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
                                            detail::unpack_q4_0(w[b].qs),
@@ -276,49 +307,6 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
   float acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
   return reference::sum_lanes8(acc);
-#endif
-}
-
-/// dot_q8_0 / dot_q4_0 of four weight rows with one activation row, out[i] for row w[i]: the
-/// activation block is loaded once for the four, whose sums run as independent chains. Each
-/// out[i] is the single-row dot bit for bit.
-template <class Block>
-inline void dot4_int8(const Block* const* w, const ActivationBlock* x, std::int64_t nb, float* out) noexcept {
-  static_assert(std::is_same_v<Block, quant::BlockQ8_0> || std::is_same_v<Block, quant::BlockQ4_0>);
-#if defined(EDL_QUANT_AVX2)
-  // Four rows' two chains: the indices are constants after unrolling, so the eight
-  // accumulators stay in registers.
-  __m256 a0[4], a1[4];
-  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm256_setzero_ps();
-  const auto step = [&](std::int64_t b, __m256* acc) {
-    const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const float dx = x[b].d;
-    [[maybe_unused]] __m256i neg8;
-    if constexpr (std::is_same_v<Block, quant::BlockQ4_0>)
-      neg8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums));
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      __m256i s;
-      if constexpr (std::is_same_v<Block, quant::BlockQ8_0>)
-        s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i][b].qs)), xq);
-      else
-        s = detail::dot_u4_lanes(neg8, detail::unpack_q4_0(w[i][b].qs), xq);
-      const float d = detail::f16_to_f32(w[i][b].d) * dx;
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc[i]);
-    }
-  };
-  std::int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    step(b, a0);
-    step(b + 1, a1);
-  }
-  if (b < nb) step(b, a0);
-  for (int i = 0; i < 4; ++i) out[i] = detail::sum_lanes8(_mm256_add_ps(a0[i], a1[i]));
-#else
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<Block, quant::BlockQ8_0>) out[i] = dot_q8_0(w[i], x, nb);
-    else out[i] = dot_q4_0(w[i], x, nb);
-  }
 #endif
 }
 

@@ -8,23 +8,24 @@
 // vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
 // two accumulators of the dot's definition. The activations go unsigned (x + 128, a flip of
 // the sign bit) so vpdpbusd takes the weights as they are, and -128 * (each lane's weight sum),
-// made once per weight block, starts the sum: the same integers as the dot's. Tiles are
-// parallel over chunks of weight rows and walk the activations in blocks that stay in L2;
-// the edges (and builds without AVX-512 VNNI) run the dot products themselves.
+// made once per weight block, starts the sum: the same integers as the dot's. Both sides are
+// packed into those vectors once per call (the activations for all tasks, each chunk of 16
+// weight rows by its task), not once per tile. Tiles are parallel over chunks of weight rows
+// and walk the activations in blocks that stay in L2; the edges (and builds without AVX-512
+// VNNI) run the dot products themselves.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
+#include <edl/core/allocator.hpp>
 #include <edl/core/dtype.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/kernels/quant_dot.hpp>
 #include <edl/quant/formats.hpp>
 #include <edl/quant/matrix.hpp>
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define EDL_QUANT_GEMM_ZMM 1
-#endif
 
 namespace edl::kernels {
 
@@ -37,55 +38,86 @@ inline float int8_row_dot(const quant::MatrixView& W, std::int64_t r, const Acti
   return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)), xa, nb);
 }
 
-#if defined(EDL_QUANT_GEMM_ZMM)
-/// Blocks b and b + 1 of a weight row as signed int8 in one vector (b + 1 zero when absent),
-/// and their scales.
-inline __m512i weight_pair(const quant::MatrixView& W, std::int64_t r, std::int64_t b, bool second, float& d0,
-                           float& d1) noexcept {
-  if (W.format == quant::Format::q8_0) {
-    const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r)) + b;
-    d0 = f16_to_f32(w[0].d);
-    d1 = second ? f16_to_f32(w[1].d) : 0.f;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
-    const __m256i hi = second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs)) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  }
-  const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)) + b;
-  d0 = f16_to_f32(w[0].d);
-  d1 = second ? f16_to_f32(w[1].d) : 0.f;
+#if defined(EDL_QUANT_ZMM)
+/// Weights prepared once per call for the tiles: for 4 rows and a pair of blocks (b, b + 1),
+/// each row's two blocks as signed int8 (b + 1 zero when absent), -128 * each lane's weight
+/// sum, and the two scales spread over the lanes.
+struct alignas(64) PackedWeightPair {
+  __m512i w[4], negc[4];
+  __m512 d[4];
+};
+/// An activation row's pair of blocks, made unsigned (x + 128), and its two scales.
+struct alignas(64) PackedActivationPair {
+  __m512i xu;
+  __m512 d;
+};
+
+inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+
+/// Rows r0..r0+3 of W for pairs [0, pairs) into out[pairs].
+inline void pack_weight_pairs(const quant::MatrixView& W, std::int64_t r0, PackedWeightPair* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m256i eight = _mm256_set1_epi8(8);
-  const __m256i lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
-  const __m256i hi = second ? _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight) : _mm256_setzero_si256();
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  for (int i = 0; i < 4; ++i)
+    for (std::int64_t b = 0; b < nb; b += 2) {
+      const bool second = b + 1 < nb;
+      PackedWeightPair& o = out[b / 2];
+      float d0, d1 = 0.f;
+      __m256i lo, hi = _mm256_setzero_si256();
+      if (W.format == quant::Format::q8_0) {
+        const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r0 + i)) + b;
+        d0 = f16_to_f32(w[0].d);
+        lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
+        if (second) {
+          d1 = f16_to_f32(w[1].d);
+          hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs));
+        }
+      } else {
+        const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r0 + i)) + b;
+        d0 = f16_to_f32(w[0].d);
+        lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
+        if (second) {
+          d1 = f16_to_f32(w[1].d);
+          hi = _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight);
+        }
+      }
+      o.w[i] = two_halves(lo, hi);
+      o.negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, o.w[i]));
+      o.d[i] = two_halves(d0, d1);
+    }
 }
 
-/// y[m * ldy + r] for 4 weight rows r0.. and 4 activation rows (xa rows m0.., nb blocks each).
-inline void int8_tile_4x4(const quant::MatrixView& W, std::int64_t r0, const ActivationBlock* xa, std::int64_t m0,
-                          std::int64_t nb, float* y, std::int64_t ldy) noexcept {
+/// An activation row's blocks (nb) into pairs (nb + 1) / 2.
+inline void pack_activation_pairs(const ActivationBlock* x, std::int64_t nb, PackedActivationPair* out) noexcept {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    const bool second = b + 1 < nb;
+    const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs)) : _mm256_setzero_si256();
+    out[b / 2].xu = _mm512_xor_si512(two_halves(lo, hi), flip);
+    out[b / 2].d = two_halves(x[b].d, second ? x[b + 1].d : 0.f);
+  }
+}
+
+/// y[m * ldy + r0 + i] for the 4 packed weight rows and activation rows m0..m0+3 (pairs each).
+/// Lanes 8-15 of an absent odd block are zero weights with a zero scale: they add +0.0.
+inline void int8_tile_4x4(const PackedWeightPair* w, const PackedActivationPair* xa, std::int64_t m0, std::int64_t pairs,
+                          std::int64_t r0, float* y, std::int64_t ldy) noexcept {
   __m512 acc[4][4];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128 as unsigned
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    __m512i w[4], negc[4];
-    __m512 dw[4];
-    for (int i = 0; i < 4; ++i) {
-      float d0, d1;
-      w[i] = weight_pair(W, r0 + i, b, second, d0, d1);
-      negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, w[i]));
-      dw[i] = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
-    }
+  for (std::int64_t p = 0; p < pairs; ++p) {
+    const PackedWeightPair& wp = w[p];
+    // Unrolled, so that the 16 accumulators stay in registers.
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const ActivationBlock* x = xa + (m0 + j) * nb + b;
-      const __m256i xl = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[0].qs));
-      const __m256i xh = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[1].qs)) : _mm256_setzero_si256();
-      const __m512i xu = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(xl), xh, 1), flip);
-      const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(x[0].d), _mm256_set1_ps(second ? x[1].d : 0.f), 1);
+      const PackedActivationPair& x = xa[(m0 + j) * pairs + p];
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const __m512i s = _mm512_dpbusd_epi32(negc[i], xu, w[i]);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[i], dx), acc[i][j]);
+        const __m512i s = _mm512_dpbusd_epi32(wp.negc[i], x.xu, wp.w[i]);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wp.d[i], x.d), acc[i][j]);
       }
     }
   }
@@ -106,23 +138,36 @@ template <class TB>
 void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
   const std::int64_t N = W.rows, nb = W.blocks_per_row();
   constexpr std::int64_t kRowChunk = 16, kActBlock = 64;
+#if defined(EDL_QUANT_ZMM)
+  // The activations are packed once for every task, each task packs its chunk's weights once
+  // for all the activations: preparing a pair costs about as much as the 16 products of a tile.
+  const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
+  aligned_vector<detail::PackedActivationPair> xp(static_cast<std::size_t>(M4 * pairs));
+  exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(xa + m * nb, nb, xp.data() + m * pairs);
+  });
+#endif
   exec::parallel_for(0, (N + kRowChunk - 1) / kRowChunk, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+#if defined(EDL_QUANT_ZMM)
+    thread_local aligned_vector<detail::PackedWeightPair> wp;  // no product runs inside a chunk
+    wp.resize(static_cast<std::size_t>(kRowChunk / 4 * pairs));
+#endif
     for (std::int64_t c = c0; c < c1; ++c) {
       const std::int64_t r_lo = c * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
-      for (std::int64_t m_lo = 0; m_lo < M; m_lo += kActBlock) {
-        const std::int64_t m_hi = std::min(M, m_lo + kActBlock);
-        std::int64_t r = r_lo;
-#if defined(EDL_QUANT_GEMM_ZMM)
-        for (; r + 4 <= r_hi; r += 4) {
-          std::int64_t m = m_lo;
-          for (; m + 4 <= m_hi; m += 4) detail::int8_tile_4x4(W, r, xa, m, nb, y, N);
-          for (; m < m_hi; ++m)
-            for (std::int64_t i = r; i < r + 4; ++i) y[m * N + i] = detail::int8_row_dot(W, i, xa + m * nb);
-        }
-#endif
-        for (; r < r_hi; ++r)
-          for (std::int64_t m = m_lo; m < m_hi; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
+      std::int64_t r_tiles = r_lo;  // rows [r_lo, r_tiles) run in tiles
+#if defined(EDL_QUANT_ZMM)
+      for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_pairs(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * pairs);
+      for (std::int64_t m_lo = 0; m_lo < M4; m_lo += kActBlock) {
+        const std::int64_t m_hi = std::min(M4, m_lo + kActBlock);
+        for (std::int64_t r = r_lo; r < r_tiles; r += 4)
+          for (std::int64_t m = m_lo; m < m_hi; m += 4)
+            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, xp.data(), m, pairs, r, y, N);
       }
+      for (std::int64_t m = M4; m < M; ++m)
+        for (std::int64_t r = r_lo; r < r_tiles; ++r) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
+#endif
+      for (std::int64_t r = r_tiles; r < r_hi; ++r)
+        for (std::int64_t m = 0; m < M; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
       if (bias)
         for (std::int64_t m = 0; m < M; ++m)
           for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);

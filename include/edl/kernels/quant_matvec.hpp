@@ -30,31 +30,12 @@ namespace edl::kernels {
 
 namespace detail {
 
-/// Rows of weights one group of the matvec computes together: the activation block is loaded
-/// once for all of them, and their dot products run as independent chains.
-inline constexpr std::int64_t kQuantRowGroup = 4;
-
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
 inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  __builtin_prefetch(W.row(r) + W.row_bytes() * kQuantRowGroup, 0, 2);
+  __builtin_prefetch(W.row(r) + 4 * W.row_bytes(), 0, 2);  // the row four ahead starts on its way
   if (W.format == quant::Format::nf4)
     return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
   return int8_row_dot(W, r, xq);
-}
-
-/// The dots of weight rows r..r+3 (q8_0 or q4_0) with one activation row, into out[0..3],
-/// each the single-row dot bit for bit; prefetches the rows' next group.
-inline void int8_dot4(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa, float* out) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  for (int i = 0; i < 4; ++i) __builtin_prefetch(W.row(r + i) + kQuantRowGroup * W.row_bytes(), 0, 2);
-  if (W.format == quant::Format::q8_0) {
-    const quant::BlockQ8_0* w[4];
-    for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r + i));
-    return dot4_int8(w, xa, nb, out);
-  }
-  const quant::BlockQ4_0* w[4];
-  for (int i = 0; i < 4; ++i) w[i] = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r + i));
-  dot4_int8(w, xa, nb, out);
 }
 
 /// Whether the format multiplies q8_0 activations (else f32).
@@ -74,15 +55,8 @@ inline ActivationBlock* activation_blocks(std::int64_t blocks) {
 template <class TB>
 void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
-  // q4_0 is bound by its unpacking: four rows share each activation block. q8_0 is bound by
-  // memory, which in a model's products read its rows faster one at a time.
-  if (W.format == quant::Format::q4_0) {
-    for (; lo + 4 <= hi; lo += 4) {
-      detail::int8_dot4(W, lo, xq, y + lo);
-      if (bias)
-        for (std::int64_t j = lo; j < lo + 4; ++j) y[j] += to_f32(bias[j]);
-    }
-  }
+  // One row at a time: memory reads a single stream of rows faster than several rows side by
+  // side (which would share each activation block's loads, the better choice only in cache).
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
     y[j] = bias ? s + to_f32(bias[j]) : s;
@@ -126,15 +100,7 @@ void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, co
   }
   const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
   exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    std::int64_t j = lo;
-    if (W.format == quant::Format::q4_0)  // four weight rows at a time (see quant_matvec_rows)
-      for (; j + 4 <= hi; j += 4)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float s[4];
-          detail::int8_dot4(W, j, xq + m * nb, s);
-          for (int i = 0; i < 4; ++i) y[m * N + j + i] = bias ? s[i] + to_f32(bias[j + i]) : s[i];
-        }
-    for (; j < hi; ++j)
+    for (std::int64_t j = lo; j < hi; ++j)
       for (std::int64_t m = 0; m < M; ++m) {
         const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
         y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
