@@ -194,11 +194,16 @@ inline std::vector<Flag> declare_sampling_flags() {
           integer_flag("--top-k", "K", "sample among the K most likely tokens (0: all)").defaults("50 when sampling"),
           number_flag("--top-p", "P", "sample among the most likely tokens holding probability P").defaults("1 (off)"),
           number_flag("--min-p", "M", "drop tokens less likely than M times the most likely one").defaults("0 (off)"),
+          number_flag("--typical-p", "P", "locally typical sampling: keep the tokens closest to the entropy holding P")
+              .defaults("1 (off)"),
           integer_flag("--seed", "S", "seed of the sampler (turns sampling on, as the flags above)").defaults("0"),
           number_flag("--repetition-penalty", "R", "divide the logits of tokens seen so far by R (HF's CTRL penalty)")
               .defaults("1 (off)"),
           number_flag("--presence-penalty", "A", "subtract A from the logits of tokens generated so far")
               .defaults("0 (off)"),
+          integer_flag("--no-repeat-ngram-size", "N", "never repeat an N-gram of the prompt and the output")
+              .defaults("0 (off)"),
+          integer_flag("--min-new-tokens", "N", "no stop token before N new tokens").defaults("0 (off)"),
           integer_flag("--num-beams", "B", "beam search with B beams (greedy unless a sampling flag is given)")
               .defaults("1")};
 }
@@ -208,9 +213,10 @@ inline void sampling_flags(Args& args, generate::GenerationConfig& g, const std:
   g.max_new_tokens = args.integer("--max-new-tokens", g.max_new_tokens);
   const bool greedy = args.has("--greedy");
   bool sampling = false;
-  for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--seed"}) sampling = args.has(f) || sampling;
+  for (const char* f : {"--temperature", "--top-k", "--top-p", "--min-p", "--typical-p", "--seed"})
+    sampling = args.has(f) || sampling;
   EDL_CLI_USAGE_CHECK(!(greedy && sampling), errc::invalid_argument, command,
-                      "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p or --seed");
+                      "--greedy cannot be combined with --temperature, --top-k, --top-p, --min-p, --typical-p or --seed");
   if (greedy) g.do_sample = false;
   if (sampling) {
     g.do_sample = true;
@@ -218,10 +224,13 @@ inline void sampling_flags(Args& args, generate::GenerationConfig& g, const std:
     g.top_k = args.integer("--top-k", g.top_k);
     g.top_p = static_cast<float>(args.number("--top-p", g.top_p));
     g.min_p = static_cast<float>(args.number("--min-p", g.min_p));
+    g.typical_p = static_cast<float>(args.number("--typical-p", g.typical_p));
     g.seed = static_cast<std::uint64_t>(args.integer("--seed", static_cast<std::int64_t>(g.seed)));
   }
   g.repetition_penalty = static_cast<float>(args.number("--repetition-penalty", g.repetition_penalty));
   g.presence_penalty = static_cast<float>(args.number("--presence-penalty", g.presence_penalty));
+  g.no_repeat_ngram_size = args.integer("--no-repeat-ngram-size", g.no_repeat_ngram_size);
+  g.min_new_tokens = args.integer("--min-new-tokens", g.min_new_tokens);
   g.num_beams = args.integer("--num-beams", g.num_beams);
   if (g.num_beams > 1 && !sampling) g.do_sample = false;
 }

@@ -26486,6 +26486,13 @@ struct GenerationConfig {
   float repetition_penalty = 1.0f;  // 1: off (HF CTRL penalty over prompt + generated tokens)
   float presence_penalty = 0.0f;    // 0: off (OpenAI / vLLM: minus this for every generated token seen)
   float frequency_penalty = 0.0f;   // 0: off (OpenAI / vLLM: minus this times the token's count in the output)
+  float typical_p = 1.0f;           // 1: off (locally typical sampling, HF TypicalLogitsWarper)
+  std::int64_t no_repeat_ngram_size = 0;  // 0: off (no n-gram of this size occurs twice in prompt + output)
+  std::vector<std::vector<std::int64_t>> bad_words_ids;  // token sequences never completed
+  std::int64_t min_length = 0;       // 0: off (no stop token while prompt + output is shorter)
+  std::int64_t min_new_tokens = 0;   // 0: off (no stop token before this many new tokens)
+  std::vector<std::int64_t> suppress_tokens;        // never generated
+  std::vector<std::int64_t> begin_suppress_tokens;  // not generated as the first new token
   std::int64_t max_new_tokens = 20;
   std::vector<std::int64_t> eos_token_id;  // stop tokens from the model (int or list in JSON)
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
@@ -26506,8 +26513,25 @@ struct GenerationConfig {
     return false;
   }
 
-  void validate(const std::string& source = "GenerationConfig") const {
+  /// Checks every field; with vocab_size > 0 also that the token ids it names are in [0, vocab_size).
+  void validate(const std::string& source = "GenerationConfig", std::int64_t vocab_size = 0) const {
     const auto where = [&](const char* f) { return source + " field " + f; };
+    EDL_CHECK(typical_p > 0 && typical_p <= 1, errc::config, where("typical_p"), "must be in (0, 1], found ", typical_p);
+    EDL_CHECK(no_repeat_ngram_size >= 0, errc::config, where("no_repeat_ngram_size"), "must be >= 0, found ",
+              no_repeat_ngram_size);
+    EDL_CHECK(min_length >= 0, errc::config, where("min_length"), "must be >= 0, found ", min_length);
+    EDL_CHECK(min_new_tokens >= 0, errc::config, where("min_new_tokens"), "must be >= 0, found ", min_new_tokens);
+    const auto check_ids = [&](const char* f, const std::vector<std::int64_t>& ids) {
+      for (const std::int64_t t : ids)
+        EDL_CHECK(t >= 0 && (vocab_size <= 0 || t < vocab_size), errc::config, where(f), "token id ", t,
+                  vocab_size > 0 ? " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")" : " is negative");
+    };
+    for (const auto& w : bad_words_ids) {
+      EDL_CHECK(!w.empty(), errc::config, where("bad_words_ids"), "holds an empty token sequence");
+      check_ids("bad_words_ids", w);
+    }
+    check_ids("suppress_tokens", suppress_tokens);
+    check_ids("begin_suppress_tokens", begin_suppress_tokens);
     EDL_CHECK(temperature > 0, errc::config, where("temperature"), "must be positive, found ", temperature);
     EDL_CHECK(top_k >= 0, errc::config, where("top_k"), "must be >= 0, found ", top_k);
     EDL_CHECK(top_p > 0 && top_p <= 1, errc::config, where("top_p"), "must be in (0, 1], found ", top_p);
@@ -26537,6 +26561,15 @@ struct GenerationConfig {
     g.presence_penalty = static_cast<float>(c.get<double>("presence_penalty", g.presence_penalty));
     g.frequency_penalty = static_cast<float>(c.get<double>("frequency_penalty", g.frequency_penalty));
     g.max_new_tokens = c.get<std::int64_t>("max_new_tokens", g.max_new_tokens);
+    g.typical_p = static_cast<float>(c.get<double>("typical_p", g.typical_p));
+    g.no_repeat_ngram_size = c.get<std::int64_t>("no_repeat_ngram_size", g.no_repeat_ngram_size);
+    if (c.has_value("bad_words_ids"))
+      g.bad_words_ids = c.get<std::vector<std::vector<std::int64_t>>>("bad_words_ids");
+    g.min_length = c.get<std::int64_t>("min_length", g.min_length);
+    g.min_new_tokens = c.get<std::int64_t>("min_new_tokens", g.min_new_tokens);
+    if (c.has_value("suppress_tokens")) g.suppress_tokens = c.get<std::vector<std::int64_t>>("suppress_tokens");
+    if (c.has_value("begin_suppress_tokens"))
+      g.begin_suppress_tokens = c.get<std::vector<std::int64_t>>("begin_suppress_tokens");
     if (c.has_value("eos_token_id")) {
       if (j["eos_token_id"].is_array()) g.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
       else g.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
@@ -26578,16 +26611,27 @@ struct GenerationConfig {
 // edl/generate/sampling.hpp
 // Next-token selection from one row of logits, with HF semantics (docs/generation.md):
 //
-//   processors (greedy and sampling):
-//     repetition_penalty p != 1: for every distinct token of prompt + generated:
+//   processors (greedy, sampling and beam search), over context = prompt + generated:
+//     repetition_penalty p != 1: for every distinct token of the context:
 //                                logit < 0 ? logit * p : logit / p          (HF, CTRL)
 //     presence_penalty a, frequency_penalty f (OpenAI / vLLM), for every distinct generated
 //                                token seen c times: logit -= a + f * c
+//     then tokens set to -inf (HF's processors of the same names):
+//     no_repeat_ngram_size n:    every token that would complete an n-gram already in the
+//                                context (its n - 1 last tokens seen before, followed by it)
+//     bad_words_ids:             a one-token sequence always; a longer one's last token when
+//                                the context ends with the rest (a sequence that is just an
+//                                eos token is dropped, as HF drops it)
+//     min_length, min_new_tokens: every stop token (eos_token_id and stop_token_ids) while
+//                                the context / the generated tokens are shorter
+//     suppress_tokens always; begin_suppress_tokens for the first generated token
 //   greedy: argmax (the first index on ties)
 //   sampling warpers, HF order: temperature (logit / T), top_k (keep logits >= the k-th largest),
 //     top_p (keep a token when the probability of the tokens ranked before it is < top_p,
 //     so the smallest head of mass >= top_p, at least one token), min_p (drop tokens with
-//     p < min_p * p_max); then softmax over the kept tokens and an inverse-CDF draw in token
+//     p < min_p * p_max), typical_p m (rank tokens by |-log p - H|, H the entropy, ascending;
+//     keep the tokens up to the first whose cumulative probability reaches m, and every token
+//     as close to H as it); then softmax over the kept tokens and an inverse-CDF draw in token
 //     order with u = uniform_at(fold_in(fold_in(Key::from_seed(seed), b), t), 0): the draw of
 //     sequence b at step t depends only on (seed, b, t), so it is reproducible whatever the
 //     batch composition, thread count or cache kind.
@@ -26661,9 +26705,9 @@ inline float sample_uniform(Key key, std::uint32_t b, std::uint32_t t) noexcept 
   return uniform_at(fold_in(fold_in(key, b), t), 0);
 }
 
-/// Applies the repetition and presence penalties in place. `context` = prompt + generated
-/// (repetition), `generated` = generated tokens only (presence). Token ids outside [0, V) are
-/// ignored here (the decoder rejects them).
+/// Applies the processors in place (see the header comment). `context` = prompt + generated,
+/// `generated` = generated tokens only. Token ids outside [0, V) are ignored here (the decoder
+/// rejects them in the context, GenerationConfig::validate in the config).
 class Penalties {
  public:
   void apply(float* logits, std::int64_t V, std::span<const std::int64_t> context,
@@ -26691,6 +26735,30 @@ class Penalties {
         n = 0;
       }
     }
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const auto ban = [&](std::int64_t t) {
+      if (t >= 0 && t < V) logits[t] = ninf;
+    };
+    const std::size_t L = context.size();
+    if (c.no_repeat_ngram_size > 0 && L + 1 >= static_cast<std::size_t>(c.no_repeat_ngram_size)) {
+      const std::size_t n = static_cast<std::size_t>(c.no_repeat_ngram_size);
+      const auto prefix = context.subspan(L + 1 - n);  // the n - 1 last tokens
+      for (std::size_t i = 0; i + n <= L; ++i)
+        if (std::equal(prefix.begin(), prefix.end(), context.begin() + static_cast<std::ptrdiff_t>(i)))
+          ban(context[i + n - 1]);
+    }
+    for (const auto& w : c.bad_words_ids) {
+      if (w.size() == 1 && std::find(c.eos_token_id.begin(), c.eos_token_id.end(), w[0]) != c.eos_token_id.end()) continue;
+      const std::size_t k = w.size() - 1;  // tokens that must end the context
+      if (k <= L && std::equal(w.begin(), w.end() - 1, context.end() - static_cast<std::ptrdiff_t>(k))) ban(w.back());
+    }
+    if (static_cast<std::int64_t>(L) < c.min_length || static_cast<std::int64_t>(generated.size()) < c.min_new_tokens) {
+      for (const auto t : c.eos_token_id) ban(t);
+      for (const auto t : c.stop_token_ids) ban(t);
+    }
+    for (const auto t : c.suppress_tokens) ban(t);
+    if (generated.empty())
+      for (const auto t : c.begin_suppress_tokens) ban(t);
   }
 
  private:
@@ -26741,6 +26809,7 @@ class Sampler {
         if (probs[static_cast<std::size_t>(i)] < thr) z_[static_cast<std::size_t>(i)] = ninf;
       softmax(V, probs);
     }
+    if (c.typical_p < 1.0f) typical(V, c.typical_p, probs);
   }
 
   /// Inverse CDF in token order: the first token whose cumulative probability exceeds u.
@@ -26779,8 +26848,42 @@ class Sampler {
     for (auto& p : probs) p = static_cast<float>(p / sum);
   }
 
+  // typical_p (HF TypicalLogitsWarper): distance of each token's surprise from the entropy,
+  // the kept head in that order, and every token no farther than its last.
+  void typical(std::int64_t V, float mass, std::vector<float>& probs) {
+    double H = 0;
+    for (const float p : probs)
+      if (p > 0) H -= static_cast<double>(p) * std::log(static_cast<double>(p));
+    dist_.resize(static_cast<std::size_t>(V));
+    for (std::int64_t i = 0; i < V; ++i) {
+      const double p = probs[static_cast<std::size_t>(i)];
+      dist_[static_cast<std::size_t>(i)] = p > 0 ? std::fabs(-std::log(p) - H) : std::numeric_limits<double>::infinity();
+    }
+    order_.resize(static_cast<std::size_t>(V));
+    std::iota(order_.begin(), order_.end(), 0);
+    std::stable_sort(order_.begin(), order_.end(), [&](std::int32_t a, std::int32_t b) {
+      return dist_[static_cast<std::size_t>(a)] < dist_[static_cast<std::size_t>(b)];
+    });
+    // The first rank whose cumulative probability reaches the mass (HF: the count of ranks
+    // below it, at most V - 1).
+    double cum = 0;
+    std::size_t last = order_.size() - 1;
+    for (std::size_t r = 0; r < order_.size(); ++r) {
+      cum += probs[static_cast<std::size_t>(order_[r])];
+      if (!(cum < static_cast<double>(mass))) {
+        last = r;
+        break;
+      }
+    }
+    const double limit = dist_[static_cast<std::size_t>(order_[last])];
+    for (std::size_t r = 1; r < order_.size(); ++r)  // the closest token always stays
+      if (dist_[static_cast<std::size_t>(order_[r])] > limit) z_[static_cast<std::size_t>(order_[r])] = -std::numeric_limits<float>::infinity();
+    softmax(V, probs);
+  }
+
   Penalties pen_;
   std::vector<float> z_, tmp_, probs_;
+  std::vector<double> dist_;
   std::vector<std::int32_t> order_;
 };
 
@@ -27102,7 +27205,7 @@ class Engine {
                       bool want_logprobs) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
-    g.validate(w + " GenerationConfig");
+    g.validate(w + " GenerationConfig", V_);
     EDL_CHECK(g.num_beams == 1, errc::unsupported, w, "beam search (num_beams = ", g.num_beams,
               ") does not run in the engine; use generate()");
     EDL_CHECK(!prompt.empty(), errc::invalid_argument, w, "the prompt is empty");
@@ -27629,7 +27732,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
-  g.validate();
+  g.validate("GenerationConfig", model.config().vocab_size);
   const auto& cfg = model.config();
   std::int64_t mml = 0;
   const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);
@@ -28070,7 +28173,7 @@ template <class Pol, class MakeDecoder>
 GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t mesh_size, std::int64_t sp,
                                     const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                                     const GenerateOptions& o, MakeDecoder&& make_decoder) {
-  g.validate();
+  g.validate("GenerationConfig", cfg.vocab_size);
   std::int64_t mml = 0;
   const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
   EDL_CHECK(g.num_beams == 1, errc::unsupported, "generate", "num_beams = ", g.num_beams, " on a mesh of ", mesh_size,

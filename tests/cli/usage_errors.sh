@@ -21,11 +21,11 @@ expect() {
 }
 
 # Suggestions for misspelt flags and commands.
-expect 2 "unknown flag --max-new-token; did you mean --max-new-tokens?" "$EDL" generate --model m --max-new-token 5
+expect 2 "unknown flag --max-new-token; did you mean --max-new-tokens" "$EDL" generate --model m --max-new-token 5
 expect 2 "did you mean --model?" "$EDL" generate --modle m
 expect 2 "did you mean --model?" "$EDL" logits -model m
 expect 2 "did you mean --temperature" "$EDL" chat --model m --temp 0.5
-expect 2 "did you mean --max-new-tokens?" "$EDL" generate --model m --max-new-tokens=3 --max-new-token=5
+expect 2 "did you mean --max-new-tokens" "$EDL" generate --model m --max-new-tokens=3 --max-new-token=5
 expect 2 'unknown command "genrate"; did you mean generate?' "$EDL" genrate --model m
 expect 2 'unknown command "bench gnem"; did you mean bench gemm?' "$EDL" bench gnem
 expect 2 'did you mean merge-lora?' "$EDL" merge-lroa

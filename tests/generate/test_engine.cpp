@@ -51,6 +51,9 @@ GenerationConfig sampled_n(std::int64_t n, std::uint64_t seed) {
   g.temperature = 0.9f;
   g.top_p = 0.95f;
   g.repetition_penalty = 1.2f;
+  g.typical_p = 0.9f;  // and the processors that read the request's own context
+  g.no_repeat_ngram_size = 3;
+  g.min_new_tokens = 2;
   g.seed = seed;
   return g;
 }

@@ -1,10 +1,12 @@
 // tests/generate/test_generate.cpp: generate() vs the PyTorch greedy oracle, caches, beams, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -159,6 +161,49 @@ TEST(Generate, StopsOnEosAndStopTokens) {
   const auto capped = generate(m, {{3, 1, 4}}, greedy(10, cfg), o);
   EXPECT_EQ(capped.tokens[0].size(), 4u);
   EXPECT_EQ(capped.finish_reason[0], "length");
+}
+
+TEST(Generate, ProcessorsShapeTheGreedyOutput) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5), 0.3f);
+  const std::vector<std::int64_t> prompt = {3, 1, 4, 1};
+  const auto free_run = generate(m, {prompt}, greedy(24, cfg)).tokens[0];
+  const auto has_repeated_bigram = [](const std::vector<std::int64_t>& t) {
+    std::set<std::pair<std::int64_t, std::int64_t>> seen;
+    for (std::size_t i = 0; i + 1 < t.size(); ++i)
+      if (!seen.insert({t[i], t[i + 1]}).second) return true;
+    return false;
+  };
+  std::vector<std::int64_t> all(prompt);
+  all.insert(all.end(), free_run.begin(), free_run.end());
+  ASSERT_TRUE(has_repeated_bigram(all));  // so the processor has something to change
+  auto g = greedy(24, cfg);
+  g.no_repeat_ngram_size = 2;
+  const auto r = generate(m, {prompt}, g).tokens[0];
+  // The prompt's own "1" after "3 1 4 1" may not be followed by 4 again; nothing repeats.
+  all.assign(prompt.begin(), prompt.end());
+  all.insert(all.end(), r.begin(), r.end());
+  EXPECT_EQ(r.size(), 24u);
+  EXPECT_FALSE(has_repeated_bigram(all));
+  // bad_words_ids: the free run's first token is never generated alone.
+  auto b = greedy(6, cfg);
+  b.bad_words_ids = {{free_run[0]}};
+  const auto rb = generate(m, {prompt}, b).tokens[0];
+  EXPECT_EQ(std::count(rb.begin(), rb.end(), free_run[0]), 0);
+  // min_new_tokens holds back a stop token: the free run's first token stops it at once
+  // without, and not before 5 tokens with.
+  auto s = greedy(8, cfg);
+  s.stop_token_ids = {free_run[0]};
+  EXPECT_EQ(generate(m, {prompt}, s).tokens[0].size(), 1u);
+  s.min_new_tokens = 5;
+  const auto rs = generate(m, {prompt}, s).tokens[0];
+  ASSERT_GE(rs.size(), 5u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_NE(rs[i], free_run[0]) << i;
+  // A token id outside the vocabulary is an error naming the field.
+  auto bad = greedy(4, cfg);
+  bad.suppress_tokens = {cfg.vocab_size};
+  EXPECT_THROW(generate(m, {prompt}, bad), edl::Error);
 }
 
 TEST(Generate, WideBeamSearchFindsTheBestPairOfTokens) {

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +34,49 @@ std::vector<double> softmax_d(const std::vector<double>& z) {
   for (std::size_t i = 0; i < z.size(); ++i) s += (p[i] = std::isinf(z[i]) ? 0.0 : std::exp(z[i] - mx));
   for (double& v : p) v /= s;
   return p;
+}
+
+/// The tokens a processor set to -inf.
+std::set<std::int64_t> banned(const std::vector<float>& l) {
+  std::set<std::int64_t> b;
+  for (std::size_t i = 0; i < l.size(); ++i)
+    if (std::isinf(l[i]) && l[i] < 0) b.insert(static_cast<std::int64_t>(i));
+  return b;
+}
+
+/// HF's NoRepeatNGramLogitsProcessor written out: every n-gram of the context by its first
+/// n - 1 tokens, then the continuations of the context's last n - 1 tokens.
+std::set<std::int64_t> ngram_bans(const std::vector<std::int64_t>& ctx, std::size_t n) {
+  if (ctx.size() + 1 < n) return {};
+  std::map<std::vector<std::int64_t>, std::set<std::int64_t>> seen;
+  for (std::size_t i = 0; i + n <= ctx.size(); ++i)
+    seen[std::vector<std::int64_t>(ctx.begin() + static_cast<std::ptrdiff_t>(i), ctx.begin() + static_cast<std::ptrdiff_t>(i + n - 1))]
+        .insert(ctx[i + n - 1]);
+  const std::vector<std::int64_t> prefix(ctx.end() - static_cast<std::ptrdiff_t>(n - 1), ctx.end());
+  const auto it = seen.find(prefix);
+  return it == seen.end() ? std::set<std::int64_t>{} : it->second;
+}
+
+/// HF's TypicalLogitsWarper step by step, in double: the kept tokens of logits z.
+std::vector<std::int64_t> typical_reference(const std::vector<double>& z, double mass) {
+  const std::size_t V = z.size();
+  const std::vector<double> p = softmax_d(z);
+  double ent = 0;
+  for (std::size_t i = 0; i < V; ++i)
+    if (p[i] > 0) ent -= std::log(p[i]) * p[i];  // nansum: -inf * 0 left out
+  std::vector<double> shifted(V);
+  for (std::size_t i = 0; i < V; ++i) shifted[i] = p[i] > 0 ? std::fabs(-std::log(p[i]) - ent) : INFINITY;
+  std::vector<std::size_t> idx(V);
+  for (std::size_t i = 0; i < V; ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return shifted[a] < shifted[b]; });
+  std::size_t below = 0;  // (cumulative_probs < mass).sum()
+  double cum = 0;
+  for (std::size_t r = 0; r < V; ++r) below += (cum += p[idx[r]]) < mass ? 1 : 0;
+  const double limit = shifted[idx[std::min(below, V - 1)]];
+  std::vector<std::int64_t> keep;
+  for (std::size_t i = 0; i < V; ++i)
+    if (shifted[i] <= limit || i == idx[0]) keep.push_back(static_cast<std::int64_t>(i));
+  return keep;
 }
 
 }  // namespace
@@ -272,4 +318,122 @@ TEST(GenerationConfig, ReadsHfFields) {
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"temperature": 0})")), edl::Error);
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"top_p": "x"})")), edl::Error);
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"early_stopping": "sometimes"})")), edl::Error);
+}
+
+TEST(Sampling, NoRepeatNgramBansWhatHfBans) {
+  std::mt19937 rng(3);
+  const std::int64_t V = 5;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<std::int64_t> ctx(static_cast<std::size_t>(rng() % 16));
+    for (auto& t : ctx) t = static_cast<std::int64_t>(rng() % V);
+    GenerationConfig c;
+    c.no_repeat_ngram_size = 1 + static_cast<std::int64_t>(rng() % 4);
+    std::vector<float> l(static_cast<std::size_t>(V), 0.5f);
+    Penalties p;
+    p.apply(l.data(), V, ctx, {}, c);
+    EXPECT_EQ(banned(l), ngram_bans(ctx, static_cast<std::size_t>(c.no_repeat_ngram_size)))
+        << "trial " << trial << " n " << c.no_repeat_ngram_size;
+  }
+  // By hand: after "1 2 ... 1" the bigram (1, 2) is taken, so 2 is banned; n = 3 needs "2 1" again.
+  GenerationConfig c;
+  c.no_repeat_ngram_size = 2;
+  std::vector<float> l(5, 0.0f);
+  Penalties p;
+  p.apply(l.data(), 5, std::vector<std::int64_t>{1, 2, 3, 1}, {}, c);
+  EXPECT_EQ(banned(l), (std::set<std::int64_t>{2}));
+}
+
+TEST(Sampling, BadWordsMinTokensAndSuppressionSetMinusInfinity) {
+  GenerationConfig c;
+  c.eos_token_id = {4};
+  c.stop_token_ids = {5};
+  c.bad_words_ids = {{1}, {4}, {2, 3}, {0, 2, 6}};  // {4}: an eos token alone is dropped, as HF does
+  const auto run = [&](const std::vector<std::int64_t>& ctx, std::size_t generated) {
+    std::vector<float> l(7, 1.0f);
+    Penalties p;
+    p.apply(l.data(), 7, ctx, std::span<const std::int64_t>(ctx).last(generated), c);
+    return banned(l);
+  };
+  EXPECT_EQ(run({5, 5}, 1), (std::set<std::int64_t>{1}));
+  EXPECT_EQ(run({0, 2}, 1), (std::set<std::int64_t>{1, 3, 6}));  // "2" ends the context: 3; "0 2": 6
+  EXPECT_EQ(run({2}, 1), (std::set<std::int64_t>{1, 3}));
+  c.bad_words_ids.clear();
+  c.min_new_tokens = 2;  // the stop tokens (eos and stop_token_ids) wait for 2 new tokens
+  EXPECT_EQ(run({0, 0, 0}, 1), (std::set<std::int64_t>{4, 5}));
+  EXPECT_EQ(run({0, 0, 0}, 2), (std::set<std::int64_t>{}));
+  c.min_new_tokens = 0;
+  c.min_length = 4;  // and for a context of 4
+  EXPECT_EQ(run({0, 0, 0}, 2), (std::set<std::int64_t>{4, 5}));
+  EXPECT_EQ(run({0, 0, 0, 0}, 2), (std::set<std::int64_t>{}));
+  c.min_length = 0;
+  c.suppress_tokens = {6};
+  c.begin_suppress_tokens = {0, 2};  // only before the first new token
+  EXPECT_EQ(run({3}, 0), (std::set<std::int64_t>{0, 2, 6}));
+  EXPECT_EQ(run({3}, 1), (std::set<std::int64_t>{6}));
+  // Greedy picks the best token that is left.
+  std::vector<float> l = {0.f, 3.f, 2.f, 1.f, 0.f, 0.f, 0.f};
+  c.suppress_tokens = {1};
+  Sampler s;
+  EXPECT_EQ(s.next(l.data(), 7, c, std::vector<std::int64_t>{3}, {}, 0, 0), 3);  // 1 suppressed, 2 at the start
+}
+
+TEST(Sampling, TypicalPKeepsTheTokensClosestToTheEntropy) {
+  GenerationConfig c;
+  c.do_sample = true;
+  c.top_k = 0;
+  Sampler s;
+  std::vector<float> p;
+  std::mt19937 rng(11);
+  std::normal_distribution<double> nd(0.0, 2.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t V = 2 + static_cast<std::int64_t>(rng() % 30);
+    std::vector<float> l(static_cast<std::size_t>(V));
+    std::vector<double> z(l.size());
+    for (std::size_t i = 0; i < l.size(); ++i) z[i] = l[i] = static_cast<float>(nd(rng));
+    c.typical_p = 0.05f + 0.9f * static_cast<float>(trial % 10) / 10.f;
+    s.distribution(l.data(), V, c, p);
+    EXPECT_EQ(kept(p), typical_reference(z, c.typical_p)) << "trial " << trial << " V " << V;
+    double sum = 0;
+    for (float v : p) sum += v;
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  // By hand: probabilities 0.4, 0.3, 0.2, 0.1 (entropy 1.2799 nats; surprises 0.92, 1.20, 1.61,
+  // 2.30): closest first are 0.3, 0.2, 0.4, 0.1.
+  const std::vector<float> l = {std::log(0.4f), std::log(0.3f), std::log(0.2f), std::log(0.1f)};
+  c.typical_p = 0.25f;  // 0.3 alone reaches it
+  s.distribution(l.data(), 4, c, p);
+  EXPECT_EQ(kept(p), (std::vector<std::int64_t>{1}));
+  c.typical_p = 0.45f;  // 0.3 + 0.2
+  s.distribution(l.data(), 4, c, p);
+  EXPECT_EQ(kept(p), (std::vector<std::int64_t>{1, 2}));
+  c.typical_p = 0.85f;  // + 0.4
+  s.distribution(l.data(), 4, c, p);
+  EXPECT_EQ(kept(p), (std::vector<std::int64_t>{0, 1, 2}));
+}
+
+TEST(GenerationConfig, ReadsHfProcessorFieldsAndChecksTheirTokens) {
+  const auto g = GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({
+    "typical_p": 0.8, "no_repeat_ngram_size": 3, "bad_words_ids": [[5], [6, 7]], "min_length": 4,
+    "min_new_tokens": 2, "suppress_tokens": [1, 2], "begin_suppress_tokens": [3]})"));
+  EXPECT_FLOAT_EQ(g.typical_p, 0.8f);
+  EXPECT_EQ(g.no_repeat_ngram_size, 3);
+  EXPECT_EQ(g.bad_words_ids, (std::vector<std::vector<std::int64_t>>{{5}, {6, 7}}));
+  EXPECT_EQ(g.min_length, 4);
+  EXPECT_EQ(g.min_new_tokens, 2);
+  EXPECT_EQ(g.suppress_tokens, (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(g.begin_suppress_tokens, (std::vector<std::int64_t>{3}));
+  g.validate("g", 8);
+  const auto message = [&](const GenerationConfig& x, std::int64_t V) {
+    try {
+      x.validate("generation_config.json", V);
+    } catch (const edl::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(g, 7).find("bad_words_ids"), std::string::npos);  // 7 is outside [0, 7)
+  EXPECT_NE(message(g, 7).find("outside the vocabulary"), std::string::npos);
+  for (const char* bad : {R"({"typical_p": 0})", R"({"no_repeat_ngram_size": -1})", R"({"bad_words_ids": [[]]})",
+                          R"({"bad_words_ids": [1, 2]})", R"({"suppress_tokens": [-3]})", R"({"min_new_tokens": -2})"})
+    EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(bad)), edl::Error) << bad;
 }

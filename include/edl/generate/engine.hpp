@@ -139,7 +139,7 @@ class Engine {
                       bool want_logprobs) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
-    g.validate(w + " GenerationConfig");
+    g.validate(w + " GenerationConfig", V_);
     EDL_CHECK(g.num_beams == 1, errc::unsupported, w, "beam search (num_beams = ", g.num_beams,
               ") does not run in the engine; use generate()");
     EDL_CHECK(!prompt.empty(), errc::invalid_argument, w, "the prompt is empty");

@@ -211,7 +211,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
-  g.validate();
+  g.validate("GenerationConfig", model.config().vocab_size);
   const auto& cfg = model.config();
   std::int64_t mml = 0;
   const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);

@@ -33,6 +33,13 @@ struct GenerationConfig {
   float repetition_penalty = 1.0f;  // 1: off (HF CTRL penalty over prompt + generated tokens)
   float presence_penalty = 0.0f;    // 0: off (OpenAI / vLLM: minus this for every generated token seen)
   float frequency_penalty = 0.0f;   // 0: off (OpenAI / vLLM: minus this times the token's count in the output)
+  float typical_p = 1.0f;           // 1: off (locally typical sampling, HF TypicalLogitsWarper)
+  std::int64_t no_repeat_ngram_size = 0;  // 0: off (no n-gram of this size occurs twice in prompt + output)
+  std::vector<std::vector<std::int64_t>> bad_words_ids;  // token sequences never completed
+  std::int64_t min_length = 0;       // 0: off (no stop token while prompt + output is shorter)
+  std::int64_t min_new_tokens = 0;   // 0: off (no stop token before this many new tokens)
+  std::vector<std::int64_t> suppress_tokens;        // never generated
+  std::vector<std::int64_t> begin_suppress_tokens;  // not generated as the first new token
   std::int64_t max_new_tokens = 20;
   std::vector<std::int64_t> eos_token_id;  // stop tokens from the model (int or list in JSON)
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
@@ -53,8 +60,25 @@ struct GenerationConfig {
     return false;
   }
 
-  void validate(const std::string& source = "GenerationConfig") const {
+  /// Checks every field; with vocab_size > 0 also that the token ids it names are in [0, vocab_size).
+  void validate(const std::string& source = "GenerationConfig", std::int64_t vocab_size = 0) const {
     const auto where = [&](const char* f) { return source + " field " + f; };
+    EDL_CHECK(typical_p > 0 && typical_p <= 1, errc::config, where("typical_p"), "must be in (0, 1], found ", typical_p);
+    EDL_CHECK(no_repeat_ngram_size >= 0, errc::config, where("no_repeat_ngram_size"), "must be >= 0, found ",
+              no_repeat_ngram_size);
+    EDL_CHECK(min_length >= 0, errc::config, where("min_length"), "must be >= 0, found ", min_length);
+    EDL_CHECK(min_new_tokens >= 0, errc::config, where("min_new_tokens"), "must be >= 0, found ", min_new_tokens);
+    const auto check_ids = [&](const char* f, const std::vector<std::int64_t>& ids) {
+      for (const std::int64_t t : ids)
+        EDL_CHECK(t >= 0 && (vocab_size <= 0 || t < vocab_size), errc::config, where(f), "token id ", t,
+                  vocab_size > 0 ? " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")" : " is negative");
+    };
+    for (const auto& w : bad_words_ids) {
+      EDL_CHECK(!w.empty(), errc::config, where("bad_words_ids"), "holds an empty token sequence");
+      check_ids("bad_words_ids", w);
+    }
+    check_ids("suppress_tokens", suppress_tokens);
+    check_ids("begin_suppress_tokens", begin_suppress_tokens);
     EDL_CHECK(temperature > 0, errc::config, where("temperature"), "must be positive, found ", temperature);
     EDL_CHECK(top_k >= 0, errc::config, where("top_k"), "must be >= 0, found ", top_k);
     EDL_CHECK(top_p > 0 && top_p <= 1, errc::config, where("top_p"), "must be in (0, 1], found ", top_p);
@@ -84,6 +108,15 @@ struct GenerationConfig {
     g.presence_penalty = static_cast<float>(c.get<double>("presence_penalty", g.presence_penalty));
     g.frequency_penalty = static_cast<float>(c.get<double>("frequency_penalty", g.frequency_penalty));
     g.max_new_tokens = c.get<std::int64_t>("max_new_tokens", g.max_new_tokens);
+    g.typical_p = static_cast<float>(c.get<double>("typical_p", g.typical_p));
+    g.no_repeat_ngram_size = c.get<std::int64_t>("no_repeat_ngram_size", g.no_repeat_ngram_size);
+    if (c.has_value("bad_words_ids"))
+      g.bad_words_ids = c.get<std::vector<std::vector<std::int64_t>>>("bad_words_ids");
+    g.min_length = c.get<std::int64_t>("min_length", g.min_length);
+    g.min_new_tokens = c.get<std::int64_t>("min_new_tokens", g.min_new_tokens);
+    if (c.has_value("suppress_tokens")) g.suppress_tokens = c.get<std::vector<std::int64_t>>("suppress_tokens");
+    if (c.has_value("begin_suppress_tokens"))
+      g.begin_suppress_tokens = c.get<std::vector<std::int64_t>>("begin_suppress_tokens");
     if (c.has_value("eos_token_id")) {
       if (j["eos_token_id"].is_array()) g.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
       else g.eos_token_id = {c.get<std::int64_t>("eos_token_id")};

@@ -36,7 +36,7 @@ template <class Pol, class MakeDecoder>
 GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t mesh_size, std::int64_t sp,
                                     const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                                     const GenerateOptions& o, MakeDecoder&& make_decoder) {
-  g.validate();
+  g.validate("GenerationConfig", cfg.vocab_size);
   std::int64_t mml = 0;
   const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
   EDL_CHECK(g.num_beams == 1, errc::unsupported, "generate", "num_beams = ", g.num_beams, " on a mesh of ", mesh_size,
