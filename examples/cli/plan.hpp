@@ -1,7 +1,7 @@
 // examples/cli/plan.hpp: `edl plan` prints the pre-flight plan of a Llama step on a mesh
 // (models/llama/plan.hpp) without allocating any tensor: only the config is read.
 //
-//   edl plan --model DIR | --config tiny|small|gqa1b  --mesh dp=..,fsdp=..,tp=..,sp=..
+//   edl plan --model DIR | --config tiny|small|gqa1b|FILE.json  --mesh dp=..,fsdp=..,tp=..,sp=..
 //            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor] [--momentum M]
 //            [--dtype f32|bf16] [--threads T] [--chunk-rows C]
 //
@@ -44,7 +44,7 @@ inline int cmd_plan(Args& args) {
   const std::int64_t batch_flag = args.integer("--batch", 0), seq_flag = args.integer("--seq", 0);
   args.finish();
   EDL_CLI_USAGE_CHECK(has_model != has_config, errc::invalid_argument, where,
-                      "give exactly one of --model DIR (its config.json) or --config tiny|small|gqa1b");
+                      "give exactly one of --model DIR (its config.json) or --config tiny|small|gqa1b|FILE.json");
 
   models::LlamaConfig cfg;
   std::string name;
@@ -52,8 +52,12 @@ inline int cmd_plan(Args& args) {
     EDL_CLI_USAGE_CHECK(!model_dir.empty(), errc::invalid_argument, "--model", "expected a checkpoint folder");
     cfg = models::LlamaConfig::from_file((std::filesystem::path(model_dir) / "config.json").string());
     name = model_dir;
+  } else if (config.ends_with(".json")) {  // an HF config.json: plan a model before owning it
+    cfg = models::LlamaConfig::from_file(config);
+    name = config;
   } else {
-    EDL_CLI_USAGE_CHECK(!config.empty(), errc::invalid_argument, "--config", "expected a preset (tiny, small, gqa1b, small_moe, small_wide)");
+    EDL_CLI_USAGE_CHECK(!config.empty(), errc::invalid_argument, "--config",
+                        "expected a preset (tiny, small, gqa1b, small_moe, small_wide) or an HF config.json file");
     cfg = models::LlamaConfig::preset(config);
     name = config;
   }
@@ -128,10 +132,10 @@ inline Command plan_command() {
       .name = "plan",
       .group = "training",
       .summary = "the memory and collectives of a Llama step on a mesh, from the config alone (no tensor allocated)",
-      .synopsis = "(--model DIR | --config tiny|small|gqa1b) --mesh dp=..,fsdp=..,tp=..,sp=.. [--batch B] [--seq S] [--train] [flags]",
+      .synopsis = "(--model DIR | --config tiny|small|gqa1b|FILE.json) --mesh dp=..,fsdp=..,ep=..,tp=..,sp=.. [--batch B] [--seq S] [--train] [flags]",
       .flags = {text_flag("--model", "DIR", "a folder whose config.json is planned (or --config)"),
-                text_flag("--config", "tiny|small|gqa1b", "a preset config (or --model)"),
-                declare_mesh_flag("the mesh planned: any of dp, fsdp, tp, sp with their sizes"),
+                text_flag("--config", "tiny|small|gqa1b|FILE.json", "a preset config, or an HF config.json file (or --model)"),
+                declare_mesh_flag("the mesh planned: any of dp, fsdp, ep, tp, sp with their sizes"),
                 integer_flag("--batch", "B", "sequences per step").defaults("dp x fsdp"),
                 integer_flag("--seq", "S", "tokens per sequence").defaults("max_position_embeddings"),
                 switch_flag("--train", "plan a training step (gradients, optimizer state), not the loss-only forward"),
@@ -143,7 +147,8 @@ inline Command plan_command() {
                 integer_flag("--threads", "T", "threads per device, for the per-thread scratch").defaults("all cores"),
                 integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024")},
       .examples = {"edl plan --config gqa1b --mesh fsdp=2,tp=2 --batch 4 --seq 1024 --train",
-                   "edl plan --model ckpt --mesh dp=2"},
+                   "edl plan --model ckpt --mesh dp=2",
+                   "edl plan --config Llama-2-7b-hf/config.json --mesh fsdp=8,tp=8 --batch 64 --seq 4096 --train"},
       .run = cmd_plan};
 }
 

@@ -31,4 +31,11 @@ mkdir -p "$W/dup" && cp "$TINY/model.safetensors" "$W/dup/"
 sed 's/{/{"hidden_size": 8, /' "$TINY/config.json" > "$W/dup/config.json"
 if "$EDL" inspect --path "$W/dup" > /dev/null 2> "$W/dup.err"; then fail "duplicate key accepted"; fi
 grep -q "duplicate key \"hidden_size\"" "$W/dup.err" || fail "dup: $(cat "$W/dup.err")"
-echo "inspect config checks: 9 passed, 0 failed"
+# edl plan takes the same file as --config FILE.json: the plan of --model DIR, and a bad
+# config.json is refused the same way.
+plan() { "$EDL" plan "$@" --mesh fsdp=2 --batch 2 --seq 8 --train | python3 -c \
+  'import json,sys; d=json.load(sys.stdin); d.pop("model"); print(json.dumps(d, sort_keys=True))'; }
+[ "$(plan --model "$W/ok")" = "$(plan --config "$W/ok/config.json")" ] || fail "plan --config FILE.json differs from --model DIR"
+if "$EDL" plan --config "$W/zero/config.json" > /dev/null 2> "$W/plan.err"; then fail "plan took a zero-layer config"; fi
+grep -q "num_hidden_layers" "$W/plan.err" || fail "plan: $(cat "$W/plan.err")"
+echo "inspect config checks: 11 passed, 0 failed"
