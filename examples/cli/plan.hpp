@@ -3,7 +3,7 @@
 //
 //   edl plan --model DIR | --config tiny|small|gqa1b|FILE.json  --mesh dp=..,fsdp=..,tp=..,sp=..
 //            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor] [--momentum M]
-//            [--dtype f32|bf16] [--threads T] [--chunk-rows C]
+//            [--dtype f32|bf16] [--threads T] [--chunk-rows C] [--remat none|nothing_saveable]
 //
 // --batch defaults to dp * fsdp (one row per data-parallel rank), --seq to the config's
 // max_position_embeddings. Without --train the plan is the loss-only forward: no gradients,
@@ -40,6 +40,10 @@ inline int cmd_plan(Args& args) {
   const std::string dtype = args.str("--dtype", "f32");
   const std::int64_t threads = args.integer("--threads", exec::num_threads());
   const std::int64_t chunk_rows = args.integer("--chunk-rows", 1024);
+  const std::string remat = args.str("--remat", "none");
+  EDL_CLI_USAGE_CHECK(remat == "none" || remat == "nothing_saveable", errc::invalid_argument, "--remat",
+                      "expected none or nothing_saveable (whole layers run again in backward, the policy meshes run), found \"",
+                      remat, "\"");
   const bool has_batch = args.has("--batch"), has_seq = args.has("--seq");
   const std::int64_t batch_flag = args.integer("--batch", 0), seq_flag = args.integer("--seq", 0);
   args.finish();
@@ -78,6 +82,7 @@ inline int cmd_plan(Args& args) {
   o.param_dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
   o.threads = threads;
   o.chunk_rows = chunk_rows;
+  o.remat = train && remat == "nothing_saveable";
   const models::MemoryPlan p = models::plan_llama(cfg, mesh, o);
 
   nlohmann::ordered_json j;
@@ -89,6 +94,7 @@ inline int cmd_plan(Args& args) {
   j["train"] = train;
   j["dtype"] = dtype;
   j["optimizer"] = train ? nlohmann::ordered_json(optimizer) : nlohmann::ordered_json(nullptr);
+  j["remat"] = o.remat ? "nothing_saveable" : "none";
   j["parameters"] = p.parameters;
   nlohmann::ordered_json d;
   d["parameter_bytes"] = p.parameter_bytes;
@@ -145,7 +151,10 @@ inline Command plan_command() {
                 number_flag("--momentum", "M", "sgd's momentum (> 0 keeps a momentum buffer)").defaults("0"),
                 text_flag("--dtype", "", "storage of the parameters").one_of({"f32", "bf16"}).defaults("f32"),
                 integer_flag("--threads", "T", "threads per device, for the per-thread scratch").defaults("all cores"),
-                integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024")},
+                integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024"),
+                text_flag("--remat", "none|nothing_saveable",
+                          "with --train: keep every activation, or each layer's input only and run it again in backward")
+                    .defaults("none")},
       .examples = {"edl plan --config gqa1b --mesh fsdp=2,tp=2 --batch 4 --seq 1024 --train",
                    "edl plan --model ckpt --mesh dp=2",
                    "edl plan --config Llama-2-7b-hf/config.json --mesh fsdp=8,tp=8 --batch 64 --seq 4096 --train"},

@@ -189,19 +189,23 @@ TEST(Plan, ActivationPeakIsWithinAFactorOfTheMeasuredHeap) {
   qwen3.model_type = "qwen3";
   qwen3.head_dim = 48;  // not hidden / heads, as Qwen3 configs
   const std::int64_t B = 4, S = 64;
-  for (const LlamaConfig& cfg : {plan_config(128, 256, 512), qwen3}) {
+  for (const LlamaConfig& cfg : {plan_config(128, 256, 512), qwen3})
+  for (const bool remat : {false, true}) {  // every activation kept, or whole layers run again
     for (const Dims& d : meshes()) {
-      SCOPED_TRACE(cfg.model_type + " " + dims_str(d));
+      if (remat && cfg.model_type == "qwen3") continue;
+      SCOPED_TRACE(cfg.model_type + " " + dims_str(d) + (remat ? " remat" : ""));
       models::PlanOptions o;
       o.batch = B;
       o.seq = S;
       o.train = true;
+      o.remat = remat;
       o.threads = exec::num_threads();
       const auto plan = models::plan_llama(cfg, shape_of(d), o);
       DefaultMesh mesh = create_mesh(d);
       LlamaForCausalLM<> model(cfg);
       model.init(Key::from_seed(1));
       auto sm = models::shard_model(model, mesh);
+      sm.set_remat(remat);
       const auto ids = random_tokens(B * S, cfg.vocab_size, 2);
       sm.loss_and_grads(ids.data(), nullptr, B, S);
       mesh.memory().reset_peak();
@@ -214,8 +218,8 @@ TEST(Plan, ActivationPeakIsWithinAFactorOfTheMeasuredHeap) {
       EXPECT_EQ(tracked, plan.gathered_bytes);
       const double measured = static_cast<double>(heap - tracked);
       const double ratio = measured / static_cast<double>(plan.activation_peak_bytes);
-      std::printf("plan activations %s %s: planned %lld B, measured %.0f B, measured/planned %.3f\n",
-                  cfg.model_type.c_str(), dims_str(d).c_str(),
+      std::printf("plan activations %s %s%s: planned %lld B, measured %.0f B, measured/planned %.3f\n",
+                  cfg.model_type.c_str(), dims_str(d).c_str(), remat ? " remat" : "",
                   static_cast<long long>(plan.activation_peak_bytes), measured, ratio);
       EXPECT_GT(ratio, 0.9);
       EXPECT_LT(ratio, 1.1);
@@ -257,6 +261,16 @@ TEST(Plan, CollectivesFollowTheShardingRules) {
       EXPECT_EQ(c.calls, 2 * cfg.num_hidden_layers);
       EXPECT_EQ(c.payload_bytes, c.calls * 4 * (4 / 1) * 8 * H);
     }
+  // Remat runs each layer's forward again in backward, collectives included; nothing else moves more.
+  models::PlanOptions r = o;
+  r.remat = true;
+  const auto tr = models::plan_llama(cfg, shape_of({1, 1, 2, 2}), r), tk = models::plan_llama(cfg, shape_of({1, 1, 2, 2}), o);
+  ASSERT_EQ(tr.collectives.size(), tk.collectives.size());
+  for (std::size_t i = 0; i < tr.collectives.size(); ++i) {
+    const bool forward_activation = tk.collectives[i].what == "activations";
+    EXPECT_EQ(tr.collectives[i].calls, tk.collectives[i].calls * (forward_activation ? 2 : 1)) << tk.collectives[i].what;
+  }
+  EXPECT_LT(tr.activation_peak_bytes, tk.activation_peak_bytes);
 }
 
 TEST(Plan, OptimizerStateAndDtype) {

@@ -33,6 +33,11 @@
 //       outputs and their inv_rms                  2 Tl H + 2 Tl
 //   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
 //     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
+//   the sparse layers' routing, copied for the router losses: 2 Tl E + K Tl floats and 2 K Tl
+//     int64 per sparse layer;
+//   with remat (training) or without training, one layer's saved state (the largest) instead
+//     of all layers': peak = whole step + routing + max(loss transient, layer + backward
+//     transient); remat also repeats each layer's forward collectives in backward;
 //   the peak adds the largest transient on top of all layers' saved state:
 //     loss:     the chunked loss's [C, V] f32 logits + 3 C doubles (C = min(chunk_rows, Tl));
 //               the full [Tl, V] logits never exist;
@@ -72,6 +77,8 @@ struct PlanOptions {
   DType param_dtype = DType::f32;   // storage of the parameters (bf16: the optimizer adds an f32 master)
   std::int64_t threads = 1;         // worker threads per device (attention backward scratch)
   std::int64_t chunk_rows = 1024;   // nn::LossOptions::chunk_rows
+  bool remat = false;               // training runs each layer again before its backward
+                                    // (nothing_saveable, ShardedLlama::set_remat)
   PartitionRules rules = llama_partition_rules();
 };
 
@@ -232,16 +239,23 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
                                     i64 * 2 * K * Tl;
   const std::int64_t attn_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D +
                                        2 * Tf * nkv * D + Tf * D + Tf * nh + qk_norm + sandwich);
-  std::int64_t layers_saved = 0, sparse_layers = 0;
+  std::int64_t layers_saved = 0, layer_max = 0, sparse_layers = 0;
   for (std::int64_t l = 0; l < L; ++l) {
     const bool sparse = cfg.layer_is_sparse(l);
     sparse_layers += sparse ? 1 : 0;
-    layers_saved += attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
+    const std::int64_t saved = attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
+    layers_saved += saved;
+    layer_max = std::max(layer_max, saved);
   }
+  // Every layer's state is kept until its backward only when training without remat; else one
+  // layer's at a time (the one running, or being run again before its backward). The sparse
+  // layers' routing is kept apart for the router losses whenever the step has a loss.
+  const bool keep_layers = opt.train && !opt.remat;
+  const std::int64_t routes = sparse_layers * (f * (2 * Tl * E + K * Tl) + i64 * 2 * K * Tl);
   const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
   const std::int64_t C = std::min(opt.chunk_rows, Tl);
   const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
-  std::int64_t transient = loss_transient;
+  std::int64_t transient = loss_transient, backward = 0;  // backward: the last layer's, on top of the saved state
   if (opt.train) {
     const std::int64_t QB = kernels::kAttentionQueryBlock;
     const std::int64_t workers = std::min(opt.threads, Bl * nkv);
@@ -251,24 +265,27 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
     const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
                               std::max(2 * Tf * nh * D + 2 * Tf * nkv * D + workers * 2 * QB * S,
                                        sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
-    transient = std::max(transient, f * (4 * Tl * H + std::max(mlp, attn)));
+    backward = f * (4 * Tl * H + std::max(mlp, attn));
+    transient = std::max(transient, backward);
   }
-  r.activation_peak_bytes = layers_saved + step + transient;
+  r.activation_peak_bytes = keep_layers ? layers_saved + step + routes + transient
+                                        : step + routes + std::max(loss_transient, layer_max + backward);
   r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
                  r.activation_peak_bytes;
 
   // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
   const std::int64_t act = f * Tl * H;
   const std::int64_t passes = opt.train ? 1 : 0;
-  coll.add("all_gather", {"sp"}, act, L, "activations");                    // normed input before attention
-  coll.add("psum", {"tp"}, act, 2 * L, "activations");                      // after o_proj and down_proj
+  const std::int64_t forwards = opt.train && opt.remat ? 2 : 1;            // remat runs each layer twice
+  coll.add("all_gather", {"sp"}, act, L * forwards, "activations");          // normed input before attention
+  coll.add("psum", {"tp"}, act, 2 * L * forwards, "activations");            // after o_proj and down_proj
   coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
   coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
   if (sparse_layers > 0 && ep > 1) {  // token rows to the experts' ranks and back (nn::ExpertParallel)
     const std::int64_t rows = f * K * Tl * H;
-    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers, "expert rows");
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * forwards, "expert rows");
     coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * passes, "expert row gradients");
-    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers, "expert row counts");
+    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers * forwards, "expert row counts");
   }
   // loss: the valid-token count and the five metric sums over the data axes
   coll.add("psum", {"dp", "fsdp", "ep", "sp"}, i64, 1, "loss");
