@@ -33,24 +33,12 @@
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
 #include <edl/generate/engine.hpp>
+#include <edl/core/process_memory.hpp>
 #include "args.hpp"
 #include "generate.hpp"
 
 namespace edl::cli {
 
-namespace serve_detail {
-
-/// Starts a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM); false where
-/// the kernel does not allow it, and peak_bytes is then the process's peak so far.
-inline bool reset_peak_rss() {
-  std::ofstream f("/proc/self/clear_refs");
-  if (!f) return false;
-  f << "5";
-  f.flush();
-  return static_cast<bool>(f);
-}
-
-}  // namespace serve_detail
 
 inline int cmd_bench_serve(Args& args) {
   const std::string where = "edl bench serve";
@@ -112,7 +100,7 @@ inline int cmd_bench_serve(Args& args) {
     std::vector<std::vector<std::int64_t>> prompts;
     for (std::int64_t i = 0; i < n; ++i) prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
     generate::Engine<> engine(model, options_for(n));
-    const bool window = serve_detail::reset_peak_rss();
+    const bool window = reset_peak_resident();
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& p : prompts) engine.submit(std::move(p), g);
     engine.run();
@@ -141,7 +129,7 @@ inline int cmd_bench_serve(Args& args) {
     j["preemptions"] = st.preemptions;
     j["kv_pool_bytes"] = engine.cache().bytes();
     j["peak_kv_bytes"] = st.peak_pages * engine.cache().page_bytes();
-    j["peak_bytes"] = gen_detail::peak_rss_bytes();
+    j["peak_bytes"] = peak_resident_bytes();
     j["peak_bytes_window"] = window ? "this run" : "process";
     std::cout << j.dump() << std::endl;
   }

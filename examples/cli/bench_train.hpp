@@ -54,37 +54,11 @@
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
+#include <edl/core/process_memory.hpp>
 #include "args.hpp"
 #include "mesh_flag.hpp"
 
 namespace edl::cli {
-
-/// Peak resident set size in bytes (VmHWM), 0 if /proc/self/status is unavailable.
-inline std::int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) {
-      try {
-        return std::stoll(line.substr(6)) * 1024;  // "VmHWM:   123456 kB"
-      } catch (...) {
-        return 0;
-      }
-    }
-  return 0;
-}
-
-/// Returns freed heap pages to the system and resets the peak resident set to the current one
-/// (Linux: "5" to /proc/self/clear_refs); false where either is unavailable.
-inline bool reset_peak_rss() {
-#if defined(__GLIBC__)
-  malloc_trim(0);
-#endif
-  std::ofstream out("/proc/self/clear_refs");
-  if (!out) return false;
-  out << "5";
-  return static_cast<bool>(out.flush());
-}
 
 /// edl bench train --config tiny|small|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
 inline int cmd_bench_train(Args& args) {
@@ -168,9 +142,9 @@ inline int cmd_bench_train(Args& args) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   auto time_steps = [&](auto& model) {
-    build_peak = peak_rss_bytes();
+    build_peak = peak_resident_bytes();
     if (create_mesh(mesh).size() == 1) {
-      peak_reset = reset_peak_rss();
+      peak_reset = reset_peak_resident();
       return median_of([&] {
         const auto t0 = std::chrono::steady_clock::now();
         run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
@@ -186,7 +160,7 @@ inline int cmd_bench_train(Args& args) {
     auto sm = models::shard_model(model, make_mesh(mesh));
     sm.set_remat(remat_name == "nothing_saveable");
     optim::ShardedOptimizer<decltype(sm)> sopt(oo, sm);
-    peak_reset = reset_peak_rss();
+    peak_reset = reset_peak_resident();
     return median_of([&] {
       const auto t0 = std::chrono::steady_clock::now();
       sm.zero_grad();
@@ -222,8 +196,8 @@ inline int cmd_bench_train(Args& args) {
   j["quantize_base"] = quantize_base.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(quantize_base);
   j["optimizer_step"] = optimizer_step;
   j["trainable_params"] = trainable;
-  j["train_peak_bytes"] = peak_reset ? peak_rss_bytes() : 0;
-  j["peak_bytes"] = std::max(build_peak, peak_rss_bytes());
+  j["train_peak_bytes"] = peak_reset ? peak_resident_bytes() : 0;
+  j["peak_bytes"] = std::max(build_peak, peak_resident_bytes());
   j["params"] = params;
   j["flops_per_token"] = std::round(flops_per_token);
   j["gflops"] = round2(flops_per_token * tps / 1e9);

@@ -37,6 +37,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/core/exec.hpp>
+#include <edl/core/process_memory.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/generate/all.hpp>
 #include <edl/generate/sharded_decoder.hpp>
@@ -141,14 +142,6 @@ inline std::vector<std::int64_t> random_prompt(std::int64_t len, std::int64_t V,
   for (std::int64_t i = 0; i < len; ++i)
     p[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(random_bits_at(fold_in(Key::from_seed(seed), stream), i) % V);
   return p;
-}
-
-inline std::int64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
 }
 
 /// --cache and the paged cache's sizes, as cache_flags reads them.
@@ -797,7 +790,7 @@ inline int cmd_bench_decode(Args& args) {
       }
     }
   }
-  j["peak_bytes"] = gen_detail::peak_rss_bytes();
+  j["peak_bytes"] = peak_resident_bytes();
   std::cout << j.dump() << "\n";
   return 0;
 }

@@ -1097,6 +1097,61 @@ using with_remat = Policy<typename Pol::param_t, typename Pol::compute_t, typena
 
 }  // namespace edl
 // end of edl/core/policy.hpp
+// #include <edl/core/process_memory.hpp>
+// edl/core/process_memory.hpp
+// The process's resident memory, as Linux reports it in /proc/self/status:
+//
+//   edl::resident_bytes()        VmRSS: resident now
+//   edl::peak_resident_bytes()   VmHWM: the peak since the start, or since reset_peak_resident()
+//   edl::reset_peak_resident()   returns freed heap pages to the system, then starts a new peak
+//                                window (writing "5" to /proc/self/clear_refs); false where the
+//                                kernel does not allow it
+//
+// Both are 0 where /proc is unavailable. The trainer's track_memory and `edl bench` report them.
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace edl {
+
+namespace detail {
+/// A "Key:   123456 kB" line of /proc/self/status in bytes, 0 when absent or unreadable.
+inline std::int64_t proc_status_bytes(std::string_view key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == ':') {
+      try {
+        return std::stoll(line.substr(key.size() + 1)) * 1024;
+      } catch (...) {
+        return 0;
+      }
+    }
+  return 0;
+}
+}  // namespace detail
+
+inline std::int64_t resident_bytes() { return detail::proc_status_bytes("VmRSS"); }
+inline std::int64_t peak_resident_bytes() { return detail::proc_status_bytes("VmHWM"); }
+
+inline bool reset_peak_resident() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  return static_cast<bool>(out.flush());
+}
+
+}  // namespace edl
+// end of edl/core/process_memory.hpp
 // #include <edl/core/rng.hpp>
 // edl/core/rng.hpp
 // A counter-based, splittable random number generator in the manner of JAX's PRNG keys.
@@ -30490,6 +30545,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 #include <nlohmann/json.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/process_memory.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
@@ -30963,6 +31019,7 @@ struct TrainingArguments {
   bool progress = true;                              // the progress line on stderr
   bool write_report = true;                          // report.md / report.html at the end of train()
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
+  bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
@@ -31016,7 +31073,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
@@ -31117,6 +31174,7 @@ struct TrainingArguments {
     else if (key == "completion_only_loss") { if (v.is_null()) completion_only_loss = true; else boo(completion_only_loss); }
     else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
+    else if (key == "track_memory") { if (v.is_null()) track_memory = false; else boo(track_memory); }
     else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
@@ -31359,6 +31417,7 @@ struct TrainingArguments {
     j["completion_only_loss"] = completion_only_loss;
     j["packing"] = packing;
     j["padding_free"] = padding_free;
+    j["track_memory"] = track_memory;
     j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
@@ -31896,6 +31955,10 @@ class BasicTrainer {
           }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
+          if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
+            j["memory/resident_bytes"] = resident_bytes();
+            j["memory/peak_resident_bytes"] = peak_resident_bytes();
+          }
           j["elapsed_s"] = state_.elapsed_s;
           j["tokens_seen"] = state_.tokens_seen;
           metrics_->write(j);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <edl/core/process_memory.hpp>
 #include <edl/train/all.hpp>
 #include "../support/temp_dir.hpp"
 
@@ -484,6 +485,39 @@ TEST(Trainer, LossFallsOnAMemorizationTask) {
   EXPECT_EQ(m.back()["step"], 40);
   EXPECT_GT(m.back()["tokens_per_s"].get<double>(), 0);
   EXPECT_EQ(r.checkpoint, (d.p / "checkpoint-40").string());
+}
+
+// track_memory (EasyDeL's name): every logged line carries the process's resident set and its
+// peak, as /proc/self/status gives them; off (the default), no line has them.
+TEST(Trainer, TrackMemoryLogsTheResidentSet) {
+  for (const bool track : {true, false}) {
+    TempDir d(track ? "mem_on" : "mem_off");
+    auto args = base_args(d.str());
+    args.max_training_steps = 3;
+    args.track_memory = track;
+    Trainer t(args, make_model(), std::nullopt, random_data(8, 16, 64, 3));
+    t.train();
+    const std::int64_t peak_after = peak_resident_bytes();
+    std::int64_t lines = 0, last_peak = 0;
+    for (const auto& j : read_metrics(d.str())) {
+      if (!j.contains("loss")) continue;
+      ++lines;
+      ASSERT_EQ(j.contains("memory/resident_bytes"), track) << j.dump();
+      ASSERT_EQ(j.contains("memory/peak_resident_bytes"), track) << j.dump();
+      if (!track) continue;
+      const auto rss = j["memory/resident_bytes"].get<std::int64_t>(), peak = j["memory/peak_resident_bytes"].get<std::int64_t>();
+      EXPECT_GT(rss, 1 << 20);  // a process with a model and TBB's threads: more than a MiB
+      EXPECT_LE(rss, peak);
+      EXPECT_GE(peak, last_peak);  // a peak never falls within a run
+      EXPECT_LE(peak, peak_after);
+      last_peak = peak;
+    }
+    EXPECT_EQ(lines, 3);
+  }
+  // The argument round-trips through JSON.
+  TrainingArguments a;
+  a.track_memory = true;
+  EXPECT_TRUE(TrainingArguments::from_json(a.to_json()).track_memory);
 }
 
 TEST(Trainer, TimeLimitStopsWithACheckpoint) {

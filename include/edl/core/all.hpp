@@ -8,4 +8,5 @@
 #include <edl/core/fixed_string.hpp>
 #include <edl/core/phased_region.hpp>
 #include <edl/core/policy.hpp>
+#include <edl/core/process_memory.hpp>
 #include <edl/core/rng.hpp>

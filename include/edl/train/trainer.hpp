@@ -68,6 +68,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/core/error.hpp>
+#include <edl/core/process_memory.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/mesh/mesh.hpp>
@@ -516,6 +517,10 @@ class BasicTrainer {
           }
           j["tokens_per_s"] = tok_s;
           j["mfu"] = mfu;
+          if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
+            j["memory/resident_bytes"] = resident_bytes();
+            j["memory/peak_resident_bytes"] = peak_resident_bytes();
+          }
           j["elapsed_s"] = state_.elapsed_s;
           j["tokens_seen"] = state_.tokens_seen;
           metrics_->write(j);
