@@ -10,7 +10,8 @@
 // The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
 // sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
 // targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates s_i * (d_w * d_x) in f32 with one rounding, even blocks and
+// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates
+// s_i * (d_w * d_x) in f32 with one rounding, even blocks and
 // odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
 // eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
 // path is that definition written out (the naive twin the tests hold the SIMD paths to), so
@@ -185,6 +186,19 @@ inline float f16_to_f32(f16 h) noexcept {
   return h.to_float();
 #endif
 }
+#if defined(__AVX512F__)
+/// Sixteen lanes as two halves of eight added lane by lane (lanes 0-7 + 8-15: the even and odd
+/// chains, or a 16-lane sum folded to eight), then sum_lanes8's tree.
+inline float sum_lanes16(__m512 v) noexcept {
+  return sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+#endif
+#if defined(EDL_QUANT_ZMM)
+/// A 512-bit vector from two 256-bit halves (block b low, b + 1 high), or of two scales
+/// broadcast over eight lanes each.
+inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+#endif
 }  // namespace detail
 #endif
 
@@ -267,24 +281,22 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
     const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
     const __m256i q1 =
         second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
-    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    __m512i q = detail::two_halves(q0, q1);
     q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), low4);
     const auto both = [&](const auto member) {  // 32 bytes of block b's activation, then b + 1's
       const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[0].*member));
       const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[1].*member)) : _mm256_setzero_si256();
-      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      return detail::two_halves(lo, hi);
     };
     const __m512i s = _mm512_dpbusd_epi32(both(&ActivationBlock::neg8_lane_sums), q, both(&ActivationBlock::qs));
     const float d0 = detail::f16_to_f32(wb[0].d) * xb[0].d, d1 = second ? detail::f16_to_f32(wb[1].d) * xb[1].d : 0.f;
-    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), detail::two_halves(d0, d1), acc);
   };
   __m512 acc = _mm512_setzero_ps();
   std::int64_t b = 0;
   for (; b + 2 <= nb; b += 2) acc = pair(w + b, x + b, true, acc);
   if (b < nb) acc = pair(w + b, x + b, false, acc);
-  return detail::sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(acc),
-                                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+  return detail::sum_lanes16(acc);
 #elif defined(EDL_QUANT_AVX2)
   const auto step = [&](std::int64_t b, __m256 acc) {
     const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
@@ -339,9 +351,7 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
     }
     acc = _mm512_fmadd_ps(p, _mm512_set1_ps(absmax[b]), acc);
   }
-  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-  return detail::sum_lanes8(a8);
+  return detail::sum_lanes16(acc);
 #elif defined(EDL_QUANT_AVX2)
   const __m256 t_lo = _mm256_loadu_ps(quant::kNF4Levels.data()), t_hi = _mm256_loadu_ps(quant::kNF4Levels.data() + 8);
   const auto lookup = [&](__m256i c) {  // table[c] for c in 0..15: bit 3 picks the half

@@ -52,9 +52,6 @@ struct alignas(64) PackedActivationPair {
   __m512 d;
 };
 
-inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
-
 /// Rows r0..r0+3 of W for pairs [0, pairs) into out[pairs].
 inline void pack_weight_pairs(const quant::MatrixView& W, std::int64_t r0, PackedWeightPair* out) noexcept {
   const std::int64_t nb = W.blocks_per_row();
@@ -122,11 +119,7 @@ inline void int8_tile_4x4(const PackedWeightPair* w, const PackedActivationPair*
     }
   }
   for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const __m512 a = acc[i][j];
-      y[(m0 + j) * ldy + r0 + i] =
-          sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
-    }
+    for (int j = 0; j < 4; ++j) y[(m0 + j) * ldy + r0 + i] = sum_lanes16(acc[i][j]);
 }
 #endif
 
