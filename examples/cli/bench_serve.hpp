@@ -4,6 +4,7 @@
 //   edl bench serve (--model DIR|tiny|small|gqa1b | --config tiny|small|gqa1b|DIR)
 //                   [--requests 1,4,16] [--prompt-len P] [--gen-len G] [--threads T]
 //                   [--page-size N] [--cache-bytes N] [--prefill-chunk C] [--seed S]
+//                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1]
 //
 // For each concurrency N of --requests: a new Engine with N slots, N requests of P random
 // prompt tokens (stream i of Key S for request i) submitted at once, greedy, G new tokens each
@@ -13,7 +14,8 @@
 //    "generated_tokens", "wall_seconds", "tokens_per_s", "mean_time_to_first_token_s",
 //    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window"}
 // tokens_per_s = generated tokens / wall seconds (prefill time included). The page pool holds
-// exactly N x (P + G) tokens unless --cache-bytes sets the budget (then requests may wait or
+// exactly N x (P + G) tokens (on a --mesh, in every device's pool) unless --cache-bytes sets
+// the budget (then each device's) (then requests may wait or
 // be preempted). peak_bytes is the process's peak resident set (VmHWM) during that
 // concurrency's run where the kernel lets it be reset (/proc/self/clear_refs; peak_bytes_window
 // says "this run", else "process"), so it includes the model's weights; peak_kv_bytes is the
@@ -36,6 +38,7 @@
 #include <edl/core/process_memory.hpp>
 #include "args.hpp"
 #include "generate.hpp"
+#include "mesh_flag.hpp"
 
 namespace edl::cli {
 
@@ -56,6 +59,7 @@ inline int cmd_bench_serve(Args& args) {
   eo.paged.page_size = args.integer("--page-size", eo.paged.page_size);
   eo.prefill_chunk = args.integer("--prefill-chunk", eo.prefill_chunk);
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
+  eo.mesh = mesh_flag(args);
   args.finish();
   for (auto n : requests)
     EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
@@ -70,9 +74,9 @@ inline int cmd_bench_serve(Args& args) {
   EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,
             " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
   eo.max_model_length = L;
-  // f32 k and v of every layer for one page.
+  // f32 k and v of every layer for one page; on a mesh a device holds 1 / (tp x sp) of it.
   const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * cfg.kv_size() *
-                                  static_cast<std::int64_t>(sizeof(float));
+                                  static_cast<std::int64_t>(sizeof(float)) / (eo.mesh[3] * eo.mesh[4]);
   const std::int64_t pages_per_request = (L + eo.paged.page_size - 1) / eo.paged.page_size;
 
   generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
@@ -116,6 +120,7 @@ inline int cmd_bench_serve(Args& args) {
     nlohmann::ordered_json j;
     j["model"] = name;
     j["threads"] = exec::num_threads();
+    j["mesh"] = mesh_str(eo.mesh);
     j["requests"] = n;
     j["prompt_len"] = P;
     j["gen_len"] = G;
@@ -127,8 +132,8 @@ inline int cmd_bench_serve(Args& args) {
     j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n);
     j["steps"] = st.steps;
     j["preemptions"] = st.preemptions;
-    j["kv_pool_bytes"] = engine.cache().bytes();
-    j["peak_kv_bytes"] = st.peak_pages * engine.cache().page_bytes();
+    j["kv_pool_bytes"] = engine.kv_pool_bytes();
+    j["peak_kv_bytes"] = st.peak_pages * engine.page_bytes();
     j["peak_bytes"] = peak_resident_bytes();
     j["peak_bytes_window"] = window ? "this run" : "process";
     std::cout << j.dump() << std::endl;
@@ -152,8 +157,9 @@ inline Command bench_serve_command() {
                        integer_flag("--seed", "S", "seed of the preset's weights and the prompts").defaults("0"),
                        integer_flag("--page-size", "N", "tokens per page of the KV cache").defaults("16"),
                        integer_flag("--prefill-chunk", "C", "prompt tokens per step").defaults("256"),
-                       integer_flag("--cache-bytes", "N", "the page pool's budget (requests may wait or be preempted)")
-                           .defaults("exactly every request's pages")}}),
+                       integer_flag("--cache-bytes", "N", "the page pool's budget, each device's on a mesh (requests may wait or be preempted)")
+                           .defaults("exactly every request's pages"),
+                       declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl bench serve --config tiny --requests 1,4 --prompt-len 20 --gen-len 3 --threads 2",
                    "edl bench serve --model gqa1b --requests 1,8 --prompt-len 128 --gen-len 64"},
       .run = cmd_bench_serve};

@@ -65,8 +65,9 @@ inline int cmd_serve(Args& args) {
   const std::int64_t threads = args.integer("--threads", 0);
   const MeshDims dims = mesh_flag(args);
   args.finish();
-  EDL_CLI_USAGE_CHECK(dims == kOneDevice, errc::unsupported, "--mesh " + mesh_str(dims),
-                      "the serving engine runs on one device; serve without --mesh (edl generate --mesh runs a mesh)");
+  EDL_CLI_USAGE_CHECK(launch().ranks == 1, errc::unsupported, "edl serve",
+                      "the server runs in one process (its --mesh devices are threads of it); start it without mpirun");
+  svc.engine.mesh = dims;
   EDL_CLI_USAGE_CHECK(so.port >= 0 && so.port <= 65535, errc::invalid_argument, "--port", "expected 0..65535, found ", so.port);
   EDL_CLI_USAGE_CHECK(svc.engine.max_batch >= 1, errc::invalid_argument, "--max-batch", "must be >= 1, found ", svc.engine.max_batch);
   EDL_CLI_USAGE_CHECK(svc.max_queue >= 0, errc::invalid_argument, "--max-queue", "must be >= 0, found ", svc.max_queue);
@@ -151,12 +152,12 @@ inline Command serve_command() {
             integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
             integer_flag("--max-model-len", "N", "the longest prompt + completion").defaults("max_position_embeddings"),
             integer_flag("--page-size", "N", "tokens per page of the KV cache").defaults("16"),
-            integer_flag("--cache-bytes", "N", "memory the KV cache pages may use").defaults("256 MiB"),
+            integer_flag("--cache-bytes", "N", "memory the KV cache pages may use (each device's on a mesh)").defaults("256 MiB"),
             integer_flag("--prefill-chunk", "N", "prompt tokens per step, shared by the prefilling requests").defaults("256"),
             integer_flag("--max-body-bytes", "N", "larger request bodies get 413").defaults("4 MiB"),
             integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
             number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
-            declare_mesh_flag("refused: the serving engine runs on one device")}}),
+            declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl serve --model Qwen3-0.6B --port 8080",
                    "edl serve --model run/checkpoint-400 --port 0 --api-key sekret --max-batch 4"},
       .run = cmd_serve};

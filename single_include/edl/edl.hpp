@@ -27179,6 +27179,17 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
 // A request submitted with want_logprobs gets, with each token, the log-softmax of the model's
 // logits for that step (before penalties and warpers: the model's own distribution, as vLLM
 // reports by default).
+// On a mesh (EngineOptions::mesh) the slots are cut over the dp x fsdp x ep groups as
+// ShardedDecoder cuts a batch, and each group's devices hold pages for its slots only: the
+// engine keeps one pool of pages per group (one pool on one device), and a request is admitted
+// into a free slot whose pool has room, preempting only requests of its own pool. A pool's page
+// holds page_size tokens of every layer; on a device it is a page of page_size / sp local
+// slots of that device's kv heads (tp splits them), so a device's page is 1/(tp x sp) of the
+// one-device page and the same per-device budget holds tp x sp times the tokens. Device d
+// never needs more pages than its pool's count: ceil(ceil(n / sp) / (page_size / sp)) =
+// ceil(n / page_size). The tokens equal one device's to f32 rounding (the mesh's sums differ
+// in order). A mesh needs page_size divisible by sp; under mpirun the engine does not run
+// (every rank would have to step the same requests in lockstep).
 // Errors (edl::Error, at submit, naming the request): an empty prompt, a token id outside the
 // vocabulary, a prompt longer than max_model_length, and a request whose prompt +
 // max_new_tokens - 1 tokens (the last token is never fed back) need more pages than the whole
@@ -27190,6 +27201,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -27200,6 +27212,389 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
 // // #include <edl/generate/generation_config.hpp> (inlined above) (inlined above)
 // // #include <edl/generate/kv_cache.hpp> (inlined above) (inlined above)
 // // #include <edl/generate/sampling.hpp> (inlined above) (inlined above)
+// // #include <edl/generate/sharded_decoder.hpp> (inlined above)
+// edl/generate/sharded_decoder.hpp
+// Incremental decoding of a Llama on a device mesh, with a KV cache sharded over tp (kv heads)
+// and sp (positions) (docs/generation.md, "Generation on a mesh").
+//
+//   auto mesh = create_mesh({1, 1, 2, 2});                       // tp=2 x sp=2: 4 devices
+//   generate::ShardedDecoder dec(model, mesh, /*batch=*/1, /*max_length=*/64);
+//   dec.prefill(ids, seq, mask, logits);                         // as generate::Decoder
+//   dec.decode(next_ids, logits);
+//
+// What each axis does (every device of a (tp, sp) group handles the same sequences):
+//  - dp, fsdp and ep split the batch: the sequences are cut into dp * fsdp * ep contiguous ranges (an
+//    uneven cut is allowed; a group with no sequence idles). fsdp does not shard weights here:
+//    the parameters are gathered once, when the decoder is built, because every decode step
+//    needs every weight and re-gathering them per token would move the whole model per token.
+//  - tp splits attention heads (q heads and kv heads: kv heads must be divisible by tp) and the
+//    MLP's intermediate size, as ShardedLlama does: q/k/v/gate/up column-parallel, o_proj and
+//    down_proj row-parallel followed by a psum over tp (a row-parallel bias is added by tp rank
+//    0 only). Each device's cache holds only its kv heads. A mixture-of-experts layer keeps its
+//    router whole and splits every expert's width (and a shared expert's) the same way; the
+//    block's output is psummed over tp once. ep, like fsdp, splits the sequences here: every
+//    device holds whole experts (decode reads only the chosen ones).
+//  - sp splits the cache along positions, round-robin: position p lives on sp rank p % sp at
+//    local slot p / sp, so memory and attention reads stay balanced as the sequence grows.
+//    Norms, projections and the MLP are replicated over sp. Attention is flash-decoding: each
+//    sp rank computes, per (token, head), the max m, the sum l of exp(s - m) and the weighted
+//    values o over its own slots (a prefill chunk's rows on the GEMM, as in the Decoder); one
+//    all_gather over sp exchanges (m, l, o) and every rank
+//    combines them in rank order: ctx = sum_r o_r e^(m_r - M) / sum_r l_r e^(m_r - M),
+//    M = max_r m_r. That is the softmax over all slots, up to f32 rounding.
+//  - the lm_head is split by vocabulary columns over the tp x sp devices of a group: each
+//    computes its columns and writes them into the logits; nothing crosses devices for it.
+// Per token and layer, what crosses devices: two psums over tp of [H] floats, one all_gather
+// over sp of heads/tp x (head_dim + 2) floats. Under MPI the logits are completed across
+// processes (each process writes its devices' columns into zeros, then one sum), so every rank
+// holds the same logits and samples the same tokens.
+//
+// Each device runs generate::CachedForward, the one-device Decoder's forward, on its shard
+// with the collectives above (MeshCollectives).
+// Errors before any work: kv heads (or heads, intermediate size) not divisible by tp, token ids
+// outside the vocabulary, a mask that is not left padding, more tokens than max_length.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/generate/cached_forward.hpp> (inlined above)
+// #include <edl/generate/decoder.hpp> (inlined above)
+// // #include <edl/generate/kv_cache.hpp> (inlined above) (inlined above)
+// // #include <edl/generate/rope_table.hpp> (inlined above) (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// // #include <edl/mesh/mesh.hpp> (inlined above) (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+
+namespace edl::generate {
+
+/// The tp-local config a mesh decoder runs per device; kv heads not divisible by tp is an
+/// error naming the tensor and both sizes (each tp rank must hold whole kv heads).
+inline models::LlamaConfig sharded_decoder_local_config(const models::LlamaConfig& c, std::int64_t tp) {
+  const char* w = "generate.ShardedDecoder";
+  EDL_CHECK(tp >= 1, errc::invalid_argument, w, "tp must be >= 1, found ", tp);
+  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads = ", c.num_key_value_heads,
+            " is not divisible by tp = ", tp, ": the KV cache is sharded by kv heads, so each tp rank needs ",
+            "whole kv heads (use a tp that divides ", c.num_key_value_heads, ")");
+  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads = ", c.num_attention_heads,
+            " is not divisible by tp = ", tp);
+  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size = ", c.intermediate_size,
+            " is not divisible by tp = ", tp);
+  models::LlamaConfig l = models::tp_local_config(c, tp);
+  if (c.is_moe() && tp > 1) {  // every expert (and a shared expert) splits its width over tp, like the MLP
+    EDL_CHECK(c.expert_intermediate_size() % tp == 0, errc::not_divisible, w, "the experts' intermediate size ",
+              c.expert_intermediate_size(), " is not divisible by tp = ", tp);
+    EDL_CHECK(c.shared_expert_size() % tp == 0, errc::not_divisible, w, "shared_expert_intermediate_size = ",
+              c.shared_expert_size(), " is not divisible by tp = ", tp);
+    l.moe_intermediate_size = c.moe_intermediate_size / tp;
+    l.shared_expert_intermediate_size = c.shared_expert_intermediate_size / tp;
+  }
+  return l;
+}
+
+template <class Pol = DefaultPolicy, KVCache Cache = StandardKVCache>
+class ShardedDecoder {
+ public:
+  using Model = models::LlamaForCausalLM<Pol>;
+  using T = typename Pol::param_t;
+  /// Builds one device's cache of the given (local) shape; empty: Cache(shape).
+  using CacheFactory = std::function<std::unique_ptr<Cache>(const KVCacheShape&)>;
+
+  /// Shards a one-device model: each device takes its tp block of every parameter.
+  ShardedDecoder(const Model& model, DefaultMesh mesh, std::int64_t batch, std::int64_t max_length,
+                 CacheFactory make_cache = {})
+      : mesh_(std::move(mesh)), cfg_(model.config()) {
+    init(batch, max_length);
+    std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
+    auto& m = const_cast<Model&>(model);  // visit_params is non-const; only read here
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      src.emplace(std::string(path),
+                  std::make_pair(static_cast<const T*>(p.value.data()),
+                                 std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end())));
+    });
+    std::map<std::string, const quant::Matrix*> quantized;
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "has a LoRA adapter: merge it first (lora::merge_lora, edl --merge-adapter) to decode on a mesh");
+      if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
+    });
+    build(src, std::move(make_cache), quantized);
+  }
+
+  /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
+  /// across processes under MPI), then each device keeps its tp block.
+  ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
+                 CacheFactory make_cache = {})
+      : mesh_(sm.mesh()), cfg_(sm.config()) {
+    EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
+              "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
+              "to decode on a mesh");
+    init(batch, max_length);
+    std::map<std::string, xt::xarray<T>> full;
+    for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));
+    std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
+    for (const auto& [n, a] : full)
+      src.emplace(n, std::make_pair(static_cast<const T*>(a.data()),
+                                    std::vector<std::size_t>(a.shape().begin(), a.shape().end())));
+    build(src, std::move(make_cache));
+  }
+
+  const DefaultMesh& mesh() const noexcept { return mesh_; }
+  const models::LlamaConfig& config() const noexcept { return cfg_; }
+  std::int64_t batch() const noexcept { return B_; }
+  std::int64_t max_length() const noexcept { return P_; }
+  /// Tokens sequence b holds (all devices together).
+  std::int64_t length(std::int64_t b) const {
+    detail::check_seq(b, B_, "generate.ShardedDecoder.length");
+    return len_[static_cast<std::size_t>(b)];
+  }
+  /// Forgets every sequence (the caches keep their memory).
+  void reset() {
+    std::fill(len_.begin(), len_.end(), 0);
+    for (auto& s : dev_)
+      if (s)
+        for (std::int64_t b = 0; b < s->cache->shape().batch; ++b) s->cache->reset(b);
+  }
+  /// Forgets sequence b: its devices' cache slots are reset (a paged cache returns its pages).
+  void reset(std::int64_t b) {
+    detail::check_seq(b, B_, "generate.ShardedDecoder.reset");
+    len_[static_cast<std::size_t>(b)] = 0;
+    for (auto& s : dev_)
+      if (s && b >= s->b0 && b < s->b0 + s->nb) s->cache->reset(b - s->b0);
+  }
+  /// Bytes of the KV cache of device d (0 for a device of another process).
+  std::int64_t cache_bytes(std::int64_t d) const {
+    const auto& s = dev_.at(static_cast<std::size_t>(d));
+    return s ? s->cache->bytes() : 0;
+  }
+  /// Bytes of the KV caches of this process's devices.
+  std::int64_t cache_bytes() const {
+    std::int64_t t = 0;
+    for (std::int64_t d = 0; d < mesh_.size(); ++d) t += cache_bytes(d);
+    return t;
+  }
+  /// Scratch bytes of this process's devices.
+  std::int64_t scratch_bytes() const {
+    std::int64_t t = 0;
+    for (const auto& s : dev_)
+      if (s) t += s->forward->scratch_bytes();
+    return t;
+  }
+  /// The cache of device d (this process's devices only), for inspection.
+  const Cache& cache(std::int64_t d) const {
+    const auto& s = dev_.at(static_cast<std::size_t>(d));
+    EDL_CHECK(s != nullptr, errc::invalid_argument, "generate.ShardedDecoder.cache", "device ", d,
+              " runs in another process");
+    return *s->cache;
+  }
+
+  /// As Decoder::prefill: ids [batch, seq], mask [batch, seq] left padding (or null),
+  /// logits_last [batch, vocab] (rows of sequences without a token in the chunk untouched),
+  /// logits_all [batch * seq, vocab] (optional; padding rows 0).
+  void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
+               float* logits_all = nullptr) {
+    detail::prompt_rows(ids, B_, seq, mask, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_,
+                        "generate.ShardedDecoder.prefill");
+    run(logits_last, logits_all, logits_all ? seq : 0);
+  }
+
+  /// As Decoder::decode: one token per (active) sequence; logits [batch, vocab].
+  void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
+    detail::decode_rows(ids, B_, active, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_);
+    run(logits, nullptr, 0);
+  }
+
+ private:
+  // What one device holds: its tp-local model, its cache (its sequences, kv heads, positions)
+  // and the forward over them.
+  struct DeviceState {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Cache> cache;
+    std::unique_ptr<CachedForward<Pol, Cache>> forward;
+    std::int64_t tp = 1, tp_rank = 0;
+    std::int64_t b0 = 0, nb = 0;  // its sequences
+  };
+
+  // The collectives of a device's forward: a psum over tp after the row-parallel products, an
+  // all_gather over sp of attention's partial records.
+  struct MeshCollectives {
+    static constexpr bool one_device = false;
+    Device& dev;
+    bool tp;
+    void psum_tp(std::span<float> x) {
+      if (tp) psum(dev, x, "tp");
+    }
+    void all_gather_sp(std::span<const float> in, std::span<float> out) { all_gather(dev, in, out, "sp"); }
+  };
+
+  void init(std::int64_t batch, std::int64_t max_length) {
+    const char* w = "generate.ShardedDecoder";
+    cfg_.validate();
+    EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
+              batch, " and ", max_length);
+    B_ = batch;
+    P_ = max_length;
+    local_cfg_ = sharded_decoder_local_config(cfg_, mesh_.axis_size("tp"));
+    H_ = cfg_.hidden_size;
+    V_ = cfg_.vocab_size;
+    D_ = cfg_.head_size();
+    nh_ = local_cfg_.num_attention_heads;
+    nkv_ = local_cfg_.num_key_value_heads;
+    I_ = local_cfg_.intermediate_size;
+    window_ = cfg_.attention_window().value_or(0);
+    len_.assign(static_cast<std::size_t>(B_), 0);
+    rope_ = std::make_unique<RopeTable>(cfg_, P_);
+  }
+
+  static bool row_parallel(const std::string& name) {  // an expert's w2 is Mixtral's down_proj
+    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") || name.ends_with(".w2.weight");
+  }
+  static bool row_bias(const std::string& name) {
+    return name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+  }
+
+  /// Builds every local device's model (its tp block of each parameter) and cache.
+  /// `quantized`: the model's quantized weights by name; each device takes its tp block of
+  /// whole blocks (rows of a column-parallel weight, block columns of a row-parallel one).
+  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make,
+             const std::map<std::string, const quant::Matrix*>& quantized = {}) {
+    const char* w = "generate.ShardedDecoder";
+    if (!make) {
+      if constexpr (std::is_constructible_v<Cache, const KVCacheShape&>)
+        make = [](const KVCacheShape& s) { return std::make_unique<Cache>(s); };
+      else
+        ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
+    }
+    // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
+    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
+    const std::int64_t sp = mesh_.axis_size("sp");
+    dev_.resize(static_cast<std::size_t>(mesh_.size()));
+    // Validate the parameter list on the host, before any device work.
+    for (const auto& [name, shape] : local_cfg_.parameter_shapes()) {
+      if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;
+      if (quantized.count(name)) continue;
+      EDL_CHECK(src.count(name) > 0, errc::invalid_argument, w, "the model has no parameter \"", name, "\"");
+    }
+    std::mutex mu;
+    mesh_.run([&](Device& dev) {
+      auto s = std::make_unique<DeviceState>();
+      s->tp = dev.axis_size("tp");
+      s->tp_rank = dev.axis_index("tp");
+      DeviceShard shard;
+      shard.sp = dev.axis_size("sp");
+      shard.sp_rank = dev.axis_index("sp");
+      const std::int64_t g =
+          (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
+      shard.b0 = g * B_ / groups;
+      shard.nb = (g + 1) * B_ / groups - shard.b0;
+      s->b0 = shard.b0;
+      s->nb = shard.nb;
+      const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
+      shard.c0 = k * V_ / gs;
+      shard.c1 = (k + 1) * V_ / gs;
+      s->model = std::make_unique<Model>(local_cfg_);
+      s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
+        const std::string name = path + ".weight";
+        const auto it = quantized.find(name);
+        if (it == quantized.end()) return;
+        const quant::Matrix& q = *it->second;
+        const std::int64_t n = lin.out_features(), k = lin.in_features(), r = s->tp_rank;
+        if (n == q.rows() && k == q.cols()) lin.set_quantized(q, name);  // replicated (lm_head)
+        else if (row_parallel(name)) lin.set_quantized(q.slice_cols(r * k, (r + 1) * k, name), name);
+        else lin.set_quantized(q.slice_rows(r * n, (r + 1) * n), name);
+      });
+      s->model->visit_params("", [&](std::string_view path, auto& p) {
+        const std::string name(path);
+        const auto& [data, gshape] = src.at(name);
+        T* dst = p.value.data();
+        const std::vector<std::size_t> lshape(p.value.shape().begin(), p.value.shape().end());
+        EDL_CHECK(lshape.size() == gshape.size(), errc::shape_mismatch, w, name, ": expected ", lshape.size(),
+                  " dimensions, found ", gshape.size());
+        if (lshape == gshape) {  // replicated (norms, embedding, head, unsplit biases)
+          std::memcpy(dst, data, p.value.size() * sizeof(T));
+          if (row_bias(name) && s->tp_rank != 0) std::fill(dst, dst + p.value.size(), T{});
+        } else if (row_parallel(name)) {  // [H, K]: columns tp_rank * Kl ..
+          const std::size_t rows = lshape[0], kl = lshape[1], kg = gshape[1];
+          EDL_CHECK(rows == gshape[0] && kl * static_cast<std::size_t>(s->tp) == kg, errc::shape_mismatch, w, name,
+                    ": local shape does not split the global one over tp");
+          for (std::size_t r = 0; r < rows; ++r)
+            std::memcpy(dst + r * kl, data + r * kg + static_cast<std::size_t>(s->tp_rank) * kl, kl * sizeof(T));
+        } else {  // column-parallel: rows tp_rank * Nl ..
+          EDL_CHECK(lshape[0] * static_cast<std::size_t>(s->tp) == gshape[0], errc::shape_mismatch, w, name,
+                    ": local shape does not split the global one over tp");
+          std::memcpy(dst, data + static_cast<std::size_t>(s->tp_rank) * p.value.size(), p.value.size() * sizeof(T));
+        }
+      });
+      const KVCacheShape cs{cfg_.num_hidden_layers, std::max<std::int64_t>(1, shard.nb), (P_ + sp - 1) / sp, nkv_, D_};
+      s->cache = make(cs);
+      s->forward = std::make_unique<CachedForward<Pol, Cache>>(*s->model, *s->cache, *rope_, shard, V_);
+      std::lock_guard<std::mutex> lock(mu);
+      dev_[static_cast<std::size_t>(dev.id())] = std::move(s);
+    });
+  }
+
+  void run(float* logits_last, float* logits_all, std::int64_t seq) {
+    const char* w = "generate.ShardedDecoder";
+    // Validate everything on the host before any device work.
+    detail::check_rows(rows_, B_, V_, need_, w);
+    for (std::int64_t b = 0; b < B_; ++b)
+      EDL_CHECK(need_[static_cast<std::size_t>(b)] <= P_, errc::invalid_argument, w, "sequence ", b, " needs ",
+                need_[static_cast<std::size_t>(b)], " tokens, more than max_length = ", P_);
+    if (logits_all) std::fill(logits_all, logits_all + B_ * seq * V_, 0.0f);
+    if (rows_.empty()) return;
+    // Devices write their vocabulary columns into zeroed buffers; under MPI one sum over the
+    // processes completes them (every element has exactly one writer, so the sum is exact).
+    last_out_.assign(logits_last ? static_cast<std::size_t>(B_ * V_) : 0, 0.0f);
+    mesh_.run([&](Device& dev) {
+      device_step(dev, logits_last ? last_out_.data() : nullptr, logits_all);
+    });
+    CollectiveBackend& be = mesh_.backend();
+    if (be.processes() > 1) {
+      if (logits_last) be.sum_over_processes(last_out_.data(), last_out_.size(), DType::f32);
+      if (logits_all) be.sum_over_processes(logits_all, static_cast<std::size_t>(B_ * seq * V_), DType::f32);
+    }
+    for (std::int64_t b = 0; b < B_; ++b) {
+      const std::int64_t nd = need_[static_cast<std::size_t>(b)];
+      if (nd < 0) continue;
+      len_[static_cast<std::size_t>(b)] = nd;
+      if (logits_last)
+        std::memcpy(logits_last + b * V_, last_out_.data() + b * V_, static_cast<std::size_t>(V_) * sizeof(float));
+    }
+  }
+
+  void device_step(Device& dev, float* last_out, float* all_out) {
+    DeviceState& s = *dev_[static_cast<std::size_t>(dev.id())];
+    MeshCollectives coll{dev, s.tp > 1};
+    s.forward->run(rows_, need_, coll, last_out, all_out);
+  }
+
+  DefaultMesh mesh_;
+  models::LlamaConfig cfg_, local_cfg_;
+  std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
+  std::unique_ptr<RopeTable> rope_;  // shared by the devices' forwards
+  std::vector<float> last_out_;
+  std::vector<std::int64_t> len_, need_;
+  std::vector<CachedRow> rows_;
+  std::vector<std::unique_ptr<DeviceState>> dev_;
+};
+
+}  // namespace edl::generate
+// end of edl/generate/sharded_decoder.hpp
+// #include <edl/mesh/mesh.hpp> (inlined above)
 
 namespace edl::generate {
 
@@ -27208,6 +27603,10 @@ struct EngineOptions {
   std::int64_t prefill_chunk = 256;   // prompt tokens per step, shared by the prefilling slots
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
+  /// The devices the engine runs on, {dp, fsdp, ep, tp, sp} (one device by default). On a
+  /// larger mesh the batch runs on a generate::ShardedDecoder whose every device holds a paged
+  /// cache of its shard; `paged.budget_bytes` is then each device's budget.
+  MeshDims mesh = {1, 1, 1, 1, 1};
 };
 
 enum class RequestState { waiting, running, done };
@@ -27256,13 +27655,13 @@ class Engine {
 
   Engine(const Model& model, const EngineOptions& o)
       : model_(model), o_(o), V_(model.config().vocab_size),
-        mml_(o.max_model_length > 0 ? o.max_model_length : model.config().max_position_embeddings),
-        cache_(make_cache(model, o, mml_)), dec_(model, cache_) {
+        mml_(o.max_model_length > 0 ? o.max_model_length : model.config().max_position_embeddings) {
     const char* w = "generate.Engine";
     EDL_CHECK(o.max_batch > 0, errc::invalid_argument, w, "max_batch must be positive, found ", o.max_batch);
     EDL_CHECK(o.prefill_chunk > 0, errc::invalid_argument, w, "prefill_chunk must be positive, found ", o.prefill_chunk);
     slots_.assign(static_cast<std::size_t>(o.max_batch), -1);
     logits_.resize(static_cast<std::size_t>(o.max_batch * V_));
+    build_decoder();
   }
   // The decoder holds a reference to the cache member.
   Engine(const Engine&) = delete;
@@ -27291,11 +27690,11 @@ class Engine {
     EDL_CHECK(P <= mml_, errc::invalid_argument, w, "the prompt has ", P, " tokens, more than max_model_length = ", mml_);
     const std::int64_t limit = std::min<std::int64_t>(g.max_new_tokens, mml_ - P);
     const std::int64_t most = P + std::max<std::int64_t>(0, limit - 1);
-    EDL_CHECK(pages_for(most) <= cache_.num_pages(), errc::invalid_argument, w, "can never fit: ", P,
-              " prompt tokens + ", limit, " new tokens need ", pages_for(most), " pages of ", cache_.page_size(),
-              " tokens, but the pool holds only ", cache_.num_pages(), " (budget ", o_.paged.budget_bytes,
-              " bytes x utilization ", o_.paged.utilization, ", ", cache_.page_bytes(),
-              " bytes per page); raise the budget or shorten the request");
+    EDL_CHECK(pages_for(most) <= pool_pages_, errc::invalid_argument, w, "can never fit: ", P, " prompt tokens + ",
+              limit, " new tokens need ", pages_for(most), " pages of ", page_size_, " tokens, but the pool holds only ",
+              pool_pages_, " (budget ", o_.paged.budget_bytes, " bytes x utilization ", o_.paged.utilization, ", ",
+              device_page_bytes_, " bytes per page", mesh_dec_ ? " on each device" : "",
+              "); raise the budget or shorten the request");
     Request r;
     r.res.id = id;
     r.g = g;
@@ -27371,9 +27770,26 @@ class Engine {
     return reqs_[static_cast<std::size_t>(id)].res;
   }
   const EngineStats& stats() const noexcept { return stats_; }
-  const PagedKVCache& cache() const noexcept { return cache_; }
-  std::int64_t pages_in_use() const noexcept { return cache_.num_pages() - cache_.free_pages(); }
   std::int64_t max_model_length() const noexcept { return mml_; }
+  /// Tokens per page.
+  std::int64_t page_size() const noexcept { return page_size_; }
+  /// Pools of pages: one per dp x fsdp x ep group of the mesh (1 on one device).
+  std::int64_t num_pools() const noexcept { return static_cast<std::int64_t>(pool_free_.size()); }
+  /// Pages of one pool (what one device's cache holds).
+  std::int64_t pages_per_pool() const noexcept { return pool_pages_; }
+  /// Pages of all pools, and those in use by running requests.
+  std::int64_t num_pages() const noexcept { return pool_pages_ * num_pools(); }
+  std::int64_t pages_in_use() const noexcept {
+    std::int64_t free = 0;
+    for (auto f : pool_free_) free += f;
+    return num_pages() - free;
+  }
+  /// Bytes of one page over all the devices that hold it (a one-device cache's page_bytes()).
+  std::int64_t page_bytes() const noexcept { return page_bytes_; }
+  /// Bytes of the KV caches of every device.
+  std::int64_t kv_pool_bytes() const noexcept { return mesh_dec_ ? mesh_dec_->cache_bytes() : cache_->bytes(); }
+  /// Whether the engine runs on a mesh of more than one device.
+  bool on_mesh() const noexcept { return mesh_dec_ != nullptr; }
 
  private:
   struct Request {
@@ -27391,15 +27807,70 @@ class Engine {
     Clock::time_point t0;
   };
 
-  static PagedKVCache make_cache(const Model& m, const EngineOptions& o, std::int64_t mml) {
-    EDL_CHECK(o.max_batch > 0, errc::invalid_argument, "generate.Engine", "max_batch must be positive, found ", o.max_batch);
-    PagedKVCacheOptions po = o.paged;
-    po.max_model_length = mml;
-    return PagedKVCache(kv_cache_shape(m.config(), o.max_batch, mml), po);
+  /// The decoder and its caches: one device's paged cache, or a ShardedDecoder whose devices
+  /// each hold a paged cache of their shard (page_size / sp local slots per page); then the
+  /// pools of the page accounting, one per group of slots.
+  void build_decoder() {
+    const char* w = "generate.Engine";
+    const MeshDims& dims = o_.mesh;
+    std::int64_t devices = 1;
+    for (auto d : dims) {
+      EDL_CHECK(d >= 1, errc::invalid_argument, w, "mesh axis sizes must be >= 1, found ", d);
+      devices *= d;
+    }
+    PagedKVCacheOptions po = o_.paged;
+    page_size_ = po.page_size;
+    EDL_CHECK(page_size_ > 0, errc::invalid_argument, w, "page_size must be positive, found ", page_size_);
+    std::int64_t groups = 1;
+    if (devices == 1) {
+      po.max_model_length = mml_;
+      cache_ = std::make_unique<PagedKVCache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
+      dec_ = std::make_unique<Decoder<Pol, PagedKVCache>>(model_, *cache_);
+      pool_pages_ = cache_->num_pages();
+      device_page_bytes_ = page_bytes_ = cache_->page_bytes();
+    } else {
+      DefaultMesh mesh = create_mesh(dims);
+      EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
+                "the engine runs in one process: its mesh's devices cannot span MPI ranks");
+      const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
+      EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
+                " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
+      groups = mesh.axis_size("dp") * mesh.axis_size("fsdp") * mesh.axis_size("ep");
+      po.page_size = page_size_ / sp;
+      typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
+        PagedKVCacheOptions local = po;
+        local.max_model_length = s.max_length;
+        return std::make_unique<PagedKVCache>(s, local);
+      };
+      mesh_dec_ = std::make_unique<ShardedDecoder<Pol, PagedKVCache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
+      pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
+      device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
+      page_bytes_ = device_page_bytes_ * tp * sp;
+    }
+    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
+    for (std::int64_t g = 0; g < groups; ++g)  // the sequences' cut of ShardedDecoder
+      for (std::int64_t b = g * o_.max_batch / groups; b < (g + 1) * o_.max_batch / groups; ++b)
+        pool_of_[static_cast<std::size_t>(b)] = g;
+    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 
-  std::int64_t pages_for(std::int64_t tokens) const noexcept {
-    return (tokens + cache_.page_size() - 1) / cache_.page_size();
+  std::int64_t pages_for(std::int64_t tokens) const noexcept { return (tokens + page_size_ - 1) / page_size_; }
+  std::int64_t& pool_free(std::int64_t slot) { return pool_free_[static_cast<std::size_t>(pool_of_[static_cast<std::size_t>(slot)])]; }
+  /// Accounts the pages slot needs for `tokens` (the caches take them as the forward writes).
+  void reserve(std::int64_t slot, std::int64_t tokens) {
+    std::int64_t& held = held_[static_cast<std::size_t>(slot)];
+    const std::int64_t more = pages_for(tokens) - held;
+    if (more <= 0) return;
+    pool_free(slot) -= more;
+    held += more;
+  }
+  /// Returns slot's pages to its pool and empties its caches.
+  void release(std::int64_t slot) {
+    pool_free(slot) += held_[static_cast<std::size_t>(slot)];
+    held_[static_cast<std::size_t>(slot)] = 0;
+    if (mesh_dec_) mesh_dec_->reset(slot);
+    else cache_->reset(slot);
   }
   Request& req(std::int64_t id) { return reqs_[static_cast<std::size_t>(id)]; }
 
@@ -27413,12 +27884,18 @@ class Engine {
       if (s >= 0) ids.push_back(s);
     std::sort(ids.begin(), ids.end());
   }
-  /// The newest running request.
-  std::int64_t newest_running() const noexcept { return *std::max_element(slots_.begin(), slots_.end()); }
+  /// The newest running request of slot's pool.
+  std::int64_t newest_running(std::int64_t slot) const noexcept {
+    std::int64_t newest = -1;
+    const std::int64_t pool = pool_of_[static_cast<std::size_t>(slot)];
+    for (std::size_t s = 0; s < slots_.size(); ++s)
+      if (pool_of_[s] == pool) newest = std::max(newest, slots_[s]);
+    return newest;
+  }
 
   void preempt(std::int64_t id) {
     Request& r = req(id);
-    cache_.free(r.slot);
+    release(r.slot);
     slots_[static_cast<std::size_t>(r.slot)] = -1;
     r.slot = -1;
     r.recompute = r.fed;  // computed once already: the work preemption throws away
@@ -27441,12 +27918,12 @@ class Engine {
       if (r.slot < 0) continue;  // preempted by an older request of this loop
       const std::int64_t want = static_cast<std::int64_t>(r.ctx.size());
       for (;;) {
-        const std::int64_t have = static_cast<std::int64_t>(cache_.page_table(r.slot).size());
-        if (pages_for(want) - have <= cache_.free_pages()) {
-          cache_.reserve(r.slot, want);
+        const std::int64_t have = held_[static_cast<std::size_t>(r.slot)];
+        if (pages_for(want) - have <= pool_free(r.slot)) {
+          reserve(r.slot, want);
           break;
         }
-        const std::int64_t victim = newest_running();
+        const std::int64_t victim = newest_running(r.slot);
         preempt(victim);
         if (victim == id) break;
       }
@@ -27456,20 +27933,21 @@ class Engine {
   /// Step 2: waiting requests into free slots, oldest first, while the pool holds their context.
   void admit() {
     while (!waiting_.empty()) {
-      const auto free_slot = std::find(slots_.begin(), slots_.end(), -1);
-      if (free_slot == slots_.end()) break;
       Request& r = req(waiting_.front());
       const std::int64_t ctx = static_cast<std::int64_t>(r.ctx.size());
-      // Room for the whole context plus the first decoded token, so that a request admitted
-      // now is not the first to be preempted at its next step.
-      if (pages_for(std::min(ctx + 1, r.most)) > cache_.free_pages()) break;
-      const std::int64_t slot = free_slot - slots_.begin();
-      *free_slot = r.res.id;
+      // A free slot whose pool has room for the whole context plus the first decoded token,
+      // so that a request admitted now is not the first to be preempted at its next step.
+      const std::int64_t need = pages_for(std::min(ctx + 1, r.most));
+      std::int64_t slot = -1;
+      for (std::int64_t s = 0; s < o_.max_batch && slot < 0; ++s)
+        if (slots_[static_cast<std::size_t>(s)] < 0 && need <= pool_free(s)) slot = s;
+      if (slot < 0) break;
+      slots_[static_cast<std::size_t>(slot)] = r.res.id;
       r.slot = slot;
       r.fed = 0;
       r.res.state = RequestState::running;
-      cache_.reset(slot);
-      cache_.reserve(slot, ctx);
+      release(slot);
+      reserve(slot, ctx);
       waiting_.pop_front();
     }
     stats_.peak_running = std::max(stats_.peak_running, running());
@@ -27509,7 +27987,8 @@ class Engine {
         mask_[at] = 1;
       }
     }
-    dec_.prefill(ids_.data(), S, mask_.data(), logits_.data());
+    if (mesh_dec_) mesh_dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    else dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
     stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
 
     for (std::int64_t id : ids_run) {
@@ -27567,7 +28046,7 @@ class Engine {
 
   void finish(Request& r, const char* reason) {
     if (r.slot >= 0) {
-      cache_.free(r.slot);
+      release(r.slot);
       slots_[static_cast<std::size_t>(r.slot)] = -1;
       r.slot = -1;
     }
@@ -27580,8 +28059,12 @@ class Engine {
   const Model& model_;
   EngineOptions o_;
   std::int64_t V_ = 0, mml_ = 0;
-  PagedKVCache cache_;
-  Decoder<Pol, PagedKVCache> dec_;
+  std::unique_ptr<PagedKVCache> cache_;                        // one device
+  std::unique_ptr<Decoder<Pol, PagedKVCache>> dec_;
+  std::unique_ptr<ShardedDecoder<Pol, PagedKVCache>> mesh_dec_;  // a larger mesh
+  // Page accounting: pages per pool, free pages of each pool, each slot's pool and pages held.
+  std::int64_t page_size_ = 0, pool_pages_ = 0, page_bytes_ = 0, device_page_bytes_ = 0;
+  std::vector<std::int64_t> pool_free_, pool_of_, held_;
   Sampler sampler_;
   std::vector<Request> reqs_;
   std::deque<std::int64_t> waiting_;
@@ -27838,378 +28321,7 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::v
 // #include <edl/generate/kv_cache.hpp> (inlined above)
 // #include <edl/generate/rope_table.hpp> (inlined above)
 // #include <edl/generate/sampling.hpp> (inlined above)
-// #include <edl/generate/sharded_decoder.hpp>
-// edl/generate/sharded_decoder.hpp
-// Incremental decoding of a Llama on a device mesh, with a KV cache sharded over tp (kv heads)
-// and sp (positions) (docs/generation.md, "Generation on a mesh").
-//
-//   auto mesh = create_mesh({1, 1, 2, 2});                       // tp=2 x sp=2: 4 devices
-//   generate::ShardedDecoder dec(model, mesh, /*batch=*/1, /*max_length=*/64);
-//   dec.prefill(ids, seq, mask, logits);                         // as generate::Decoder
-//   dec.decode(next_ids, logits);
-//
-// What each axis does (every device of a (tp, sp) group handles the same sequences):
-//  - dp, fsdp and ep split the batch: the sequences are cut into dp * fsdp * ep contiguous ranges (an
-//    uneven cut is allowed; a group with no sequence idles). fsdp does not shard weights here:
-//    the parameters are gathered once, when the decoder is built, because every decode step
-//    needs every weight and re-gathering them per token would move the whole model per token.
-//  - tp splits attention heads (q heads and kv heads: kv heads must be divisible by tp) and the
-//    MLP's intermediate size, as ShardedLlama does: q/k/v/gate/up column-parallel, o_proj and
-//    down_proj row-parallel followed by a psum over tp (a row-parallel bias is added by tp rank
-//    0 only). Each device's cache holds only its kv heads. A mixture-of-experts layer keeps its
-//    router whole and splits every expert's width (and a shared expert's) the same way; the
-//    block's output is psummed over tp once. ep, like fsdp, splits the sequences here: every
-//    device holds whole experts (decode reads only the chosen ones).
-//  - sp splits the cache along positions, round-robin: position p lives on sp rank p % sp at
-//    local slot p / sp, so memory and attention reads stay balanced as the sequence grows.
-//    Norms, projections and the MLP are replicated over sp. Attention is flash-decoding: each
-//    sp rank computes, per (token, head), the max m, the sum l of exp(s - m) and the weighted
-//    values o over its own slots (a prefill chunk's rows on the GEMM, as in the Decoder); one
-//    all_gather over sp exchanges (m, l, o) and every rank
-//    combines them in rank order: ctx = sum_r o_r e^(m_r - M) / sum_r l_r e^(m_r - M),
-//    M = max_r m_r. That is the softmax over all slots, up to f32 rounding.
-//  - the lm_head is split by vocabulary columns over the tp x sp devices of a group: each
-//    computes its columns and writes them into the logits; nothing crosses devices for it.
-// Per token and layer, what crosses devices: two psums over tp of [H] floats, one all_gather
-// over sp of heads/tp x (head_dim + 2) floats. Under MPI the logits are completed across
-// processes (each process writes its devices' columns into zeros, then one sum), so every rank
-// holds the same logits and samples the same tokens.
-//
-// Each device runs generate::CachedForward, the one-device Decoder's forward, on its shard
-// with the collectives above (MeshCollectives).
-// Errors before any work: kv heads (or heads, intermediate size) not divisible by tp, token ids
-// outside the vocabulary, a mask that is not left padding, more tokens than max_length.
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include <xtensor/xarray.hpp>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/generate/cached_forward.hpp> (inlined above)
-// #include <edl/generate/decoder.hpp> (inlined above)
-// #include <edl/generate/kv_cache.hpp> (inlined above)
-// #include <edl/generate/rope_table.hpp> (inlined above)
-// #include <edl/mesh/collectives.hpp> (inlined above)
-// #include <edl/mesh/mesh.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/llama.hpp> (inlined above)
-// #include <edl/models/llama/sharded.hpp> (inlined above)
-
-namespace edl::generate {
-
-/// The tp-local config a mesh decoder runs per device; kv heads not divisible by tp is an
-/// error naming the tensor and both sizes (each tp rank must hold whole kv heads).
-inline models::LlamaConfig sharded_decoder_local_config(const models::LlamaConfig& c, std::int64_t tp) {
-  const char* w = "generate.ShardedDecoder";
-  EDL_CHECK(tp >= 1, errc::invalid_argument, w, "tp must be >= 1, found ", tp);
-  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads = ", c.num_key_value_heads,
-            " is not divisible by tp = ", tp, ": the KV cache is sharded by kv heads, so each tp rank needs ",
-            "whole kv heads (use a tp that divides ", c.num_key_value_heads, ")");
-  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads = ", c.num_attention_heads,
-            " is not divisible by tp = ", tp);
-  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size = ", c.intermediate_size,
-            " is not divisible by tp = ", tp);
-  models::LlamaConfig l = models::tp_local_config(c, tp);
-  if (c.is_moe() && tp > 1) {  // every expert (and a shared expert) splits its width over tp, like the MLP
-    EDL_CHECK(c.expert_intermediate_size() % tp == 0, errc::not_divisible, w, "the experts' intermediate size ",
-              c.expert_intermediate_size(), " is not divisible by tp = ", tp);
-    EDL_CHECK(c.shared_expert_size() % tp == 0, errc::not_divisible, w, "shared_expert_intermediate_size = ",
-              c.shared_expert_size(), " is not divisible by tp = ", tp);
-    l.moe_intermediate_size = c.moe_intermediate_size / tp;
-    l.shared_expert_intermediate_size = c.shared_expert_intermediate_size / tp;
-  }
-  return l;
-}
-
-template <class Pol = DefaultPolicy, KVCache Cache = StandardKVCache>
-class ShardedDecoder {
- public:
-  using Model = models::LlamaForCausalLM<Pol>;
-  using T = typename Pol::param_t;
-  /// Builds one device's cache of the given (local) shape; empty: Cache(shape).
-  using CacheFactory = std::function<std::unique_ptr<Cache>(const KVCacheShape&)>;
-
-  /// Shards a one-device model: each device takes its tp block of every parameter.
-  ShardedDecoder(const Model& model, DefaultMesh mesh, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
-      : mesh_(std::move(mesh)), cfg_(model.config()) {
-    init(batch, max_length);
-    std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
-    auto& m = const_cast<Model&>(model);  // visit_params is non-const; only read here
-    m.visit_params("", [&](std::string_view path, auto& p) {
-      src.emplace(std::string(path),
-                  std::make_pair(static_cast<const T*>(p.value.data()),
-                                 std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end())));
-    });
-    std::map<std::string, const quant::Matrix*> quantized;
-    m.visit_linears("", [&](const std::string& path, auto& lin) {
-      EDL_CHECK(!lin.lora, errc::unsupported, path,
-                "has a LoRA adapter: merge it first (lora::merge_lora, edl --merge-adapter) to decode on a mesh");
-      if (lin.is_quantized()) quantized.emplace(path + ".weight", &lin.qweight);
-    });
-    build(src, std::move(make_cache), quantized);
-  }
-
-  /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
-  /// across processes under MPI), then each device keeps its tp block.
-  ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
-      : mesh_(sm.mesh()), cfg_(sm.config()) {
-    EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
-              "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
-              "to decode on a mesh");
-    init(batch, max_length);
-    std::map<std::string, xt::xarray<T>> full;
-    for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));
-    std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
-    for (const auto& [n, a] : full)
-      src.emplace(n, std::make_pair(static_cast<const T*>(a.data()),
-                                    std::vector<std::size_t>(a.shape().begin(), a.shape().end())));
-    build(src, std::move(make_cache));
-  }
-
-  const DefaultMesh& mesh() const noexcept { return mesh_; }
-  const models::LlamaConfig& config() const noexcept { return cfg_; }
-  std::int64_t batch() const noexcept { return B_; }
-  std::int64_t max_length() const noexcept { return P_; }
-  /// Tokens sequence b holds (all devices together).
-  std::int64_t length(std::int64_t b) const {
-    detail::check_seq(b, B_, "generate.ShardedDecoder.length");
-    return len_[static_cast<std::size_t>(b)];
-  }
-  /// Forgets every sequence (the caches keep their memory).
-  void reset() {
-    std::fill(len_.begin(), len_.end(), 0);
-    for (auto& s : dev_)
-      if (s)
-        for (std::int64_t b = 0; b < s->cache->shape().batch; ++b) s->cache->reset(b);
-  }
-  /// Bytes of the KV cache of device d (0 for a device of another process).
-  std::int64_t cache_bytes(std::int64_t d) const {
-    const auto& s = dev_.at(static_cast<std::size_t>(d));
-    return s ? s->cache->bytes() : 0;
-  }
-  /// Bytes of the KV caches of this process's devices.
-  std::int64_t cache_bytes() const {
-    std::int64_t t = 0;
-    for (std::int64_t d = 0; d < mesh_.size(); ++d) t += cache_bytes(d);
-    return t;
-  }
-  /// Scratch bytes of this process's devices.
-  std::int64_t scratch_bytes() const {
-    std::int64_t t = 0;
-    for (const auto& s : dev_)
-      if (s) t += s->forward->scratch_bytes();
-    return t;
-  }
-  /// The cache of device d (this process's devices only), for inspection.
-  const Cache& cache(std::int64_t d) const {
-    const auto& s = dev_.at(static_cast<std::size_t>(d));
-    EDL_CHECK(s != nullptr, errc::invalid_argument, "generate.ShardedDecoder.cache", "device ", d,
-              " runs in another process");
-    return *s->cache;
-  }
-
-  /// As Decoder::prefill: ids [batch, seq], mask [batch, seq] left padding (or null),
-  /// logits_last [batch, vocab] (rows of sequences without a token in the chunk untouched),
-  /// logits_all [batch * seq, vocab] (optional; padding rows 0).
-  void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
-               float* logits_all = nullptr) {
-    detail::prompt_rows(ids, B_, seq, mask, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_,
-                        "generate.ShardedDecoder.prefill");
-    run(logits_last, logits_all, logits_all ? seq : 0);
-  }
-
-  /// As Decoder::decode: one token per (active) sequence; logits [batch, vocab].
-  void decode(const std::int64_t* ids, float* logits, const std::uint8_t* active = nullptr) {
-    detail::decode_rows(ids, B_, active, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_);
-    run(logits, nullptr, 0);
-  }
-
- private:
-  // What one device holds: its tp-local model, its cache (its sequences, kv heads, positions)
-  // and the forward over them.
-  struct DeviceState {
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Cache> cache;
-    std::unique_ptr<CachedForward<Pol, Cache>> forward;
-    std::int64_t tp = 1, tp_rank = 0;
-  };
-
-  // The collectives of a device's forward: a psum over tp after the row-parallel products, an
-  // all_gather over sp of attention's partial records.
-  struct MeshCollectives {
-    static constexpr bool one_device = false;
-    Device& dev;
-    bool tp;
-    void psum_tp(std::span<float> x) {
-      if (tp) psum(dev, x, "tp");
-    }
-    void all_gather_sp(std::span<const float> in, std::span<float> out) { all_gather(dev, in, out, "sp"); }
-  };
-
-  void init(std::int64_t batch, std::int64_t max_length) {
-    const char* w = "generate.ShardedDecoder";
-    cfg_.validate();
-    EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
-              batch, " and ", max_length);
-    B_ = batch;
-    P_ = max_length;
-    local_cfg_ = sharded_decoder_local_config(cfg_, mesh_.axis_size("tp"));
-    H_ = cfg_.hidden_size;
-    V_ = cfg_.vocab_size;
-    D_ = cfg_.head_size();
-    nh_ = local_cfg_.num_attention_heads;
-    nkv_ = local_cfg_.num_key_value_heads;
-    I_ = local_cfg_.intermediate_size;
-    window_ = cfg_.attention_window().value_or(0);
-    len_.assign(static_cast<std::size_t>(B_), 0);
-    rope_ = std::make_unique<RopeTable>(cfg_, P_);
-  }
-
-  static bool row_parallel(const std::string& name) {  // an expert's w2 is Mixtral's down_proj
-    return name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") || name.ends_with(".w2.weight");
-  }
-  static bool row_bias(const std::string& name) {
-    return name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
-  }
-
-  /// Builds every local device's model (its tp block of each parameter) and cache.
-  /// `quantized`: the model's quantized weights by name; each device takes its tp block of
-  /// whole blocks (rows of a column-parallel weight, block columns of a row-parallel one).
-  void build(const std::map<std::string, std::pair<const T*, std::vector<std::size_t>>>& src, CacheFactory make,
-             const std::map<std::string, const quant::Matrix*>& quantized = {}) {
-    const char* w = "generate.ShardedDecoder";
-    if (!make) {
-      if constexpr (std::is_constructible_v<Cache, const KVCacheShape&>)
-        make = [](const KVCacheShape& s) { return std::make_unique<Cache>(s); };
-      else
-        ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
-    }
-    // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
-    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
-    const std::int64_t sp = mesh_.axis_size("sp");
-    dev_.resize(static_cast<std::size_t>(mesh_.size()));
-    // Validate the parameter list on the host, before any device work.
-    for (const auto& [name, shape] : local_cfg_.parameter_shapes()) {
-      if (name == "lm_head.weight" && cfg_.tie_word_embeddings) continue;
-      if (quantized.count(name)) continue;
-      EDL_CHECK(src.count(name) > 0, errc::invalid_argument, w, "the model has no parameter \"", name, "\"");
-    }
-    std::mutex mu;
-    mesh_.run([&](Device& dev) {
-      auto s = std::make_unique<DeviceState>();
-      s->tp = dev.axis_size("tp");
-      s->tp_rank = dev.axis_index("tp");
-      DeviceShard shard;
-      shard.sp = dev.axis_size("sp");
-      shard.sp_rank = dev.axis_index("sp");
-      const std::int64_t g =
-          (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
-      shard.b0 = g * B_ / groups;
-      shard.nb = (g + 1) * B_ / groups - shard.b0;
-      const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
-      shard.c0 = k * V_ / gs;
-      shard.c1 = (k + 1) * V_ / gs;
-      s->model = std::make_unique<Model>(local_cfg_);
-      s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
-        const std::string name = path + ".weight";
-        const auto it = quantized.find(name);
-        if (it == quantized.end()) return;
-        const quant::Matrix& q = *it->second;
-        const std::int64_t n = lin.out_features(), k = lin.in_features(), r = s->tp_rank;
-        if (n == q.rows() && k == q.cols()) lin.set_quantized(q, name);  // replicated (lm_head)
-        else if (row_parallel(name)) lin.set_quantized(q.slice_cols(r * k, (r + 1) * k, name), name);
-        else lin.set_quantized(q.slice_rows(r * n, (r + 1) * n), name);
-      });
-      s->model->visit_params("", [&](std::string_view path, auto& p) {
-        const std::string name(path);
-        const auto& [data, gshape] = src.at(name);
-        T* dst = p.value.data();
-        const std::vector<std::size_t> lshape(p.value.shape().begin(), p.value.shape().end());
-        EDL_CHECK(lshape.size() == gshape.size(), errc::shape_mismatch, w, name, ": expected ", lshape.size(),
-                  " dimensions, found ", gshape.size());
-        if (lshape == gshape) {  // replicated (norms, embedding, head, unsplit biases)
-          std::memcpy(dst, data, p.value.size() * sizeof(T));
-          if (row_bias(name) && s->tp_rank != 0) std::fill(dst, dst + p.value.size(), T{});
-        } else if (row_parallel(name)) {  // [H, K]: columns tp_rank * Kl ..
-          const std::size_t rows = lshape[0], kl = lshape[1], kg = gshape[1];
-          EDL_CHECK(rows == gshape[0] && kl * static_cast<std::size_t>(s->tp) == kg, errc::shape_mismatch, w, name,
-                    ": local shape does not split the global one over tp");
-          for (std::size_t r = 0; r < rows; ++r)
-            std::memcpy(dst + r * kl, data + r * kg + static_cast<std::size_t>(s->tp_rank) * kl, kl * sizeof(T));
-        } else {  // column-parallel: rows tp_rank * Nl ..
-          EDL_CHECK(lshape[0] * static_cast<std::size_t>(s->tp) == gshape[0], errc::shape_mismatch, w, name,
-                    ": local shape does not split the global one over tp");
-          std::memcpy(dst, data + static_cast<std::size_t>(s->tp_rank) * p.value.size(), p.value.size() * sizeof(T));
-        }
-      });
-      const KVCacheShape cs{cfg_.num_hidden_layers, std::max<std::int64_t>(1, shard.nb), (P_ + sp - 1) / sp, nkv_, D_};
-      s->cache = make(cs);
-      s->forward = std::make_unique<CachedForward<Pol, Cache>>(*s->model, *s->cache, *rope_, shard, V_);
-      std::lock_guard<std::mutex> lock(mu);
-      dev_[static_cast<std::size_t>(dev.id())] = std::move(s);
-    });
-  }
-
-  void run(float* logits_last, float* logits_all, std::int64_t seq) {
-    const char* w = "generate.ShardedDecoder";
-    // Validate everything on the host before any device work.
-    detail::check_rows(rows_, B_, V_, need_, w);
-    for (std::int64_t b = 0; b < B_; ++b)
-      EDL_CHECK(need_[static_cast<std::size_t>(b)] <= P_, errc::invalid_argument, w, "sequence ", b, " needs ",
-                need_[static_cast<std::size_t>(b)], " tokens, more than max_length = ", P_);
-    if (logits_all) std::fill(logits_all, logits_all + B_ * seq * V_, 0.0f);
-    if (rows_.empty()) return;
-    // Devices write their vocabulary columns into zeroed buffers; under MPI one sum over the
-    // processes completes them (every element has exactly one writer, so the sum is exact).
-    last_out_.assign(logits_last ? static_cast<std::size_t>(B_ * V_) : 0, 0.0f);
-    mesh_.run([&](Device& dev) {
-      device_step(dev, logits_last ? last_out_.data() : nullptr, logits_all);
-    });
-    CollectiveBackend& be = mesh_.backend();
-    if (be.processes() > 1) {
-      if (logits_last) be.sum_over_processes(last_out_.data(), last_out_.size(), DType::f32);
-      if (logits_all) be.sum_over_processes(logits_all, static_cast<std::size_t>(B_ * seq * V_), DType::f32);
-    }
-    for (std::int64_t b = 0; b < B_; ++b) {
-      const std::int64_t nd = need_[static_cast<std::size_t>(b)];
-      if (nd < 0) continue;
-      len_[static_cast<std::size_t>(b)] = nd;
-      if (logits_last)
-        std::memcpy(logits_last + b * V_, last_out_.data() + b * V_, static_cast<std::size_t>(V_) * sizeof(float));
-    }
-  }
-
-  void device_step(Device& dev, float* last_out, float* all_out) {
-    DeviceState& s = *dev_[static_cast<std::size_t>(dev.id())];
-    MeshCollectives coll{dev, s.tp > 1};
-    s.forward->run(rows_, need_, coll, last_out, all_out);
-  }
-
-  DefaultMesh mesh_;
-  models::LlamaConfig cfg_, local_cfg_;
-  std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
-  std::unique_ptr<RopeTable> rope_;  // shared by the devices' forwards
-  std::vector<float> last_out_;
-  std::vector<std::int64_t> len_, need_;
-  std::vector<CachedRow> rows_;
-  std::vector<std::unique_ptr<DeviceState>> dev_;
-};
-
-}  // namespace edl::generate
-// end of edl/generate/sharded_decoder.hpp
+// #include <edl/generate/sharded_decoder.hpp> (inlined above)
 // #include <edl/generate/sharded_generate.hpp>
 // edl/generate/sharded_generate.hpp
 // generate() on a device mesh (docs/generation.md, "Generation on a mesh").

@@ -3,7 +3,8 @@
 # loopback port and driven by the official `openai` npm client (tests/cli/serve_client.mjs:
 # greedy answers equal `edl generate`'s tokens, streaming, concurrency, seeds, logprobs, stop
 # strings, errors, a soak), then curl: health, the API key, a slow half-sent request, the
-# listening line, and SIGTERM during a streamed answer (exit 0, the answer ends).
+# listening line, and SIGTERM during a streamed answer (exit 0, the answer ends); then a server
+# on a mesh (dp x tp x sp) whose concurrent greedy answers are `edl generate`'s tokens.
 #   usage: serve.sh EDL WORKDIR NODE_MODULES
 set -euo pipefail
 EDL=$1
@@ -85,5 +86,44 @@ wait $PID || fail "edl serve exited with $? after SIGTERM"
 [ $(( $(date +%s) - t0 )) -le 10 ] || fail "shutdown took more than 10 s"
 wait $CURL || true
 tail -c 200 "$W/sigterm_stream.txt" | grep -q 'data: \[DONE\]' || fail "the stream in flight at SIGTERM did not end: $(tail -c 200 "$W/sigterm_stream.txt")"
+trap - EXIT
+
+# On a mesh (tp = 2 heads x sp = 2 cache positions, dp = 2 slot groups: eight devices, threads of
+# the one process): concurrent greedy answers are `edl generate`'s tokens (a streamed one its text).
+URL=
+start_server --mesh dp=2,tp=2,sp=2
+trap 'kill $PID 2>/dev/null || true' EXIT
+$PY - "$URL" "$W/expect.json" <<'PY' || fail "the mesh server's answers"
+import json, sys, threading, urllib.request
+url, want = sys.argv[1], json.load(open(sys.argv[2]))
+def post(path, body):
+    r = urllib.request.Request(url + path, json.dumps(body).encode(),
+                               {"Content-Type": "application/json", "Authorization": "Bearer sekret"})
+    return urllib.request.urlopen(r, timeout=60).read().decode()
+got, errors = {}, []
+def chat():
+    got["chat"] = json.loads(post("/v1/chat/completions", {"model": "served", "messages": want["chat"]["messages"],
+        "max_tokens": want["max_tokens"], "temperature": 0, "return_token_ids": True}))["choices"][0]["token_ids"]
+def comp(i, stream):
+    body = {"model": "served", "prompt": want["completions"][i]["prompt_ids"], "max_tokens": want["max_tokens"],
+            "temperature": 0, "return_token_ids": True, "stream": stream}
+    text = post("/v1/completions", body)
+    if not stream:
+        got[i] = json.loads(text)["choices"][0]["token_ids"]
+        return
+    got[i] = "".join(c["text"] for line in text.splitlines() if line.startswith("data: {")
+                     for c in json.loads(line[6:])["choices"])
+    if not text.rstrip().endswith("data: [DONE]"): errors.append(f"stream {i} did not end with [DONE]")
+ts = [threading.Thread(target=chat)] + [threading.Thread(target=comp, args=(i, i == 1)) for i in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+if got.get("chat") != want["chat"]["tokens"]: errors.append(f"chat {got.get('chat')} != {want['chat']['tokens']}")
+for i in range(3):
+    if got.get(i) != want["completions"][i]["text" if i == 1 else "tokens"]: errors.append(f"completion {i}: {got.get(i)} != {want['completions'][i]['tokens']}")
+for e in errors: print("FAIL:", e)
+sys.exit(1 if errors else 0)
+PY
+kill -TERM $PID
+wait $PID || fail "the mesh server exited with $? after SIGTERM"
 trap - EXIT
 echo "serve: all checks passed"

@@ -109,7 +109,6 @@ void run_and_compare(Engine<>& e, const std::vector<Job>& jobs, const std::vecto
   }
   // Every page is back in the pool.
   EXPECT_EQ(e.pages_in_use(), 0);
-  EXPECT_EQ(e.cache().free_pages(), e.cache().num_pages());
 }
 
 EngineOptions small_options(std::int64_t max_batch, std::int64_t chunk) {
@@ -172,13 +171,13 @@ TEST(Engine, MaxModelLengthCapsTheOutput) {
 TEST(Engine, TightPageBudgetPreemptsAndStillGivesTheSameTokens) {
   auto o = small_options(4, 4);
   Engine<> probe(engine_model(), o);
-  const std::int64_t page_bytes = probe.cache().page_bytes();
+  const std::int64_t page_bytes = probe.page_bytes();
   // 7 pages of 4 tokens: four requests of up to 5 + 12 - 1 = 16 tokens (4 pages each) cannot
   // all grow, so the newest running ones are sent back and recomputed.
   o.paged.budget_bytes = 7 * page_bytes;
   o.paged.utilization = 1.0;
   Engine<> e(engine_model(), o);
-  ASSERT_EQ(e.cache().num_pages(), 7);
+  ASSERT_EQ(e.num_pages(), 7);
   std::vector<Job> jobs;
   for (int j = 0; j < 4; ++j) jobs.push_back({make_prompt(5, 30 + j), j % 2 ? sampled_n(12, 5) : greedy_n(12)});
   run_and_compare(e, jobs, {});
@@ -194,7 +193,7 @@ TEST(Engine, TightPageBudgetPreemptsAndStillGivesTheSameTokens) {
 TEST(Engine, RequestThatCanNeverFitIsAnErrorNamingIt) {
   auto o = small_options(2, 4);
   Engine<> probe(engine_model(), o);
-  o.paged.budget_bytes = 6 * probe.cache().page_bytes();
+  o.paged.budget_bytes = 6 * probe.page_bytes();
   o.paged.utilization = 1.0;
   Engine<> e(engine_model(), o);
   e.submit(make_prompt(5, 1), greedy_n(4));
@@ -322,5 +321,92 @@ TEST(Engine, LogprobsAreTheLogSoftmaxOfTheFullForward) {
     for (std::int64_t i = 0; i < V; ++i) mx = std::max(mx, double(row[i]));
     for (std::int64_t i = 0; i < V; ++i) s += std::exp(row[i] - mx);
     for (std::int64_t i = 0; i < V; ++i) EXPECT_NEAR(rows[t][i], row[i] - mx - std::log(s), 1e-4) << t << " " << i;
+  }
+}
+
+// ------------------------------------------------------------------------------- on a mesh
+
+namespace {
+
+EngineOptions mesh_options(edl::MeshDims mesh, std::int64_t max_batch, std::int64_t chunk) {
+  auto o = small_options(max_batch, chunk);
+  o.mesh = mesh;
+  return o;
+}
+
+struct EngineMesh {
+  const char* name;
+  edl::MeshDims dims;  // {dp, fsdp, ep, tp, sp}
+};
+
+class EngineMeshes : public ::testing::TestWithParam<EngineMesh> {};
+
+}  // namespace
+
+// The same waves of greedy and seeded requests as on one device, on a mesh: every request gets
+// what generate() gives its prompt alone on one device, and the pools end empty.
+TEST_P(EngineMeshes, RequestsGiveTheOneDeviceTokens) {
+  std::vector<Job> jobs;
+  const std::int64_t lens[] = {7, 3, 11, 5, 9, 2};
+  const std::int64_t news[] = {6, 12, 4, 9, 1, 10};
+  for (int j = 0; j < 6; ++j)
+    jobs.push_back({make_prompt(lens[j], 40 + j), j % 2 ? sampled_n(news[j], 7 + j) : greedy_n(news[j])});
+  Engine<> e(engine_model(), mesh_options(GetParam().dims, 3, 4));
+  EXPECT_TRUE(e.on_mesh());
+  run_and_compare(e, jobs, {1, 3, 2});
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, EngineMeshes,
+                         ::testing::Values(EngineMesh{"tp2", {1, 1, 1, 2, 1}}, EngineMesh{"sp2", {1, 1, 1, 1, 2}},
+                                           EngineMesh{"dp2", {2, 1, 1, 1, 1}}, EngineMesh{"tp2_sp2", {1, 1, 1, 2, 2}},
+                                           EngineMesh{"fsdp2_tp2", {1, 2, 1, 2, 1}}, EngineMesh{"ep2", {1, 1, 2, 1, 1}}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Engine, OnAMeshEachDeviceHoldsItsShareOfAPage) {
+  const auto one = small_options(2, 4);
+  Engine<> probe(engine_model(), one);
+  // tp = 2 halves the kv heads of a device's page, sp = 2 its positions: a quarter of the
+  // bytes, so the same per-device budget holds four times the pages.
+  auto o = mesh_options({1, 1, 1, 2, 2}, 2, 4);
+  o.paged.budget_bytes = 5 * probe.page_bytes();
+  o.paged.utilization = 1.0;
+  Engine<> e(engine_model(), o);
+  EXPECT_EQ(e.page_bytes(), probe.page_bytes());
+  EXPECT_EQ(e.num_pools(), 1);
+  EXPECT_EQ(e.pages_per_pool(), 20);
+  EXPECT_EQ(e.kv_pool_bytes(), 4 * 5 * probe.page_bytes());  // four devices, each its budget
+  // dp = 2: a pool per group of slots, each on its own devices.
+  Engine<> dp(engine_model(), mesh_options({2, 1, 1, 1, 1}, 4, 4));
+  EXPECT_EQ(dp.num_pools(), 2);
+  EXPECT_EQ(dp.num_pages(), 2 * dp.pages_per_pool());
+}
+
+TEST(Engine, OnAMeshATightPoolPreemptsWithinItsGroupAndStillGivesTheSameTokens) {
+  // dp = 2: slots {0, 1} and {2, 3} draw on two pools of 7 pages of 4 tokens; four requests
+  // of up to 16 tokens (4 pages each) cannot all grow, and a request only preempts requests
+  // of its own pool.
+  auto o = mesh_options({2, 1, 1, 1, 1}, 4, 4);
+  Engine<> probe(engine_model(), o);
+  o.paged.budget_bytes = 7 * probe.page_bytes();
+  o.paged.utilization = 1.0;
+  Engine<> e(engine_model(), o);
+  ASSERT_EQ(e.pages_per_pool(), 7);
+  std::vector<Job> jobs;
+  for (int j = 0; j < 6; ++j) jobs.push_back({make_prompt(5, 50 + j), j % 2 ? sampled_n(12, 9) : greedy_n(12)});
+  run_and_compare(e, jobs, {});
+  EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_LE(e.stats().peak_pages, 14);
+  EXPECT_EQ(e.result(0).preemptions, 0);  // the oldest request is never sent back
+}
+
+TEST(Engine, OnAMeshAPageSizeThatSpDoesNotDivideIsAnError) {
+  auto o = mesh_options({1, 1, 1, 1, 2}, 2, 4);
+  o.paged.page_size = 5;
+  try {
+    Engine<> e(engine_model(), o);
+    FAIL() << "expected edl::Error";
+  } catch (const edl::Error& err) {
+    const std::string msg = err.what();
+    EXPECT_NE(msg.find("page_size = 5 is not divisible by sp = 2"), std::string::npos) << msg;
   }
 }

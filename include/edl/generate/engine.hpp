@@ -37,6 +37,17 @@
 // A request submitted with want_logprobs gets, with each token, the log-softmax of the model's
 // logits for that step (before penalties and warpers: the model's own distribution, as vLLM
 // reports by default).
+// On a mesh (EngineOptions::mesh) the slots are cut over the dp x fsdp x ep groups as
+// ShardedDecoder cuts a batch, and each group's devices hold pages for its slots only: the
+// engine keeps one pool of pages per group (one pool on one device), and a request is admitted
+// into a free slot whose pool has room, preempting only requests of its own pool. A pool's page
+// holds page_size tokens of every layer; on a device it is a page of page_size / sp local
+// slots of that device's kv heads (tp splits them), so a device's page is 1/(tp x sp) of the
+// one-device page and the same per-device budget holds tp x sp times the tokens. Device d
+// never needs more pages than its pool's count: ceil(ceil(n / sp) / (page_size / sp)) =
+// ceil(n / page_size). The tokens equal one device's to f32 rounding (the mesh's sums differ
+// in order). A mesh needs page_size divisible by sp; under mpirun the engine does not run
+// (every rank would have to step the same requests in lockstep).
 // Errors (edl::Error, at submit, naming the request): an empty prompt, a token id outside the
 // vocabulary, a prompt longer than max_model_length, and a request whose prompt +
 // max_new_tokens - 1 tokens (the last token is never fed back) need more pages than the whole
@@ -49,6 +60,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -59,6 +71,8 @@
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/kv_cache.hpp>
 #include <edl/generate/sampling.hpp>
+#include <edl/generate/sharded_decoder.hpp>
+#include <edl/mesh/mesh.hpp>
 
 namespace edl::generate {
 
@@ -67,6 +81,10 @@ struct EngineOptions {
   std::int64_t prefill_chunk = 256;   // prompt tokens per step, shared by the prefilling slots
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
+  /// The devices the engine runs on, {dp, fsdp, ep, tp, sp} (one device by default). On a
+  /// larger mesh the batch runs on a generate::ShardedDecoder whose every device holds a paged
+  /// cache of its shard; `paged.budget_bytes` is then each device's budget.
+  MeshDims mesh = {1, 1, 1, 1, 1};
 };
 
 enum class RequestState { waiting, running, done };
@@ -115,13 +133,13 @@ class Engine {
 
   Engine(const Model& model, const EngineOptions& o)
       : model_(model), o_(o), V_(model.config().vocab_size),
-        mml_(o.max_model_length > 0 ? o.max_model_length : model.config().max_position_embeddings),
-        cache_(make_cache(model, o, mml_)), dec_(model, cache_) {
+        mml_(o.max_model_length > 0 ? o.max_model_length : model.config().max_position_embeddings) {
     const char* w = "generate.Engine";
     EDL_CHECK(o.max_batch > 0, errc::invalid_argument, w, "max_batch must be positive, found ", o.max_batch);
     EDL_CHECK(o.prefill_chunk > 0, errc::invalid_argument, w, "prefill_chunk must be positive, found ", o.prefill_chunk);
     slots_.assign(static_cast<std::size_t>(o.max_batch), -1);
     logits_.resize(static_cast<std::size_t>(o.max_batch * V_));
+    build_decoder();
   }
   // The decoder holds a reference to the cache member.
   Engine(const Engine&) = delete;
@@ -150,11 +168,11 @@ class Engine {
     EDL_CHECK(P <= mml_, errc::invalid_argument, w, "the prompt has ", P, " tokens, more than max_model_length = ", mml_);
     const std::int64_t limit = std::min<std::int64_t>(g.max_new_tokens, mml_ - P);
     const std::int64_t most = P + std::max<std::int64_t>(0, limit - 1);
-    EDL_CHECK(pages_for(most) <= cache_.num_pages(), errc::invalid_argument, w, "can never fit: ", P,
-              " prompt tokens + ", limit, " new tokens need ", pages_for(most), " pages of ", cache_.page_size(),
-              " tokens, but the pool holds only ", cache_.num_pages(), " (budget ", o_.paged.budget_bytes,
-              " bytes x utilization ", o_.paged.utilization, ", ", cache_.page_bytes(),
-              " bytes per page); raise the budget or shorten the request");
+    EDL_CHECK(pages_for(most) <= pool_pages_, errc::invalid_argument, w, "can never fit: ", P, " prompt tokens + ",
+              limit, " new tokens need ", pages_for(most), " pages of ", page_size_, " tokens, but the pool holds only ",
+              pool_pages_, " (budget ", o_.paged.budget_bytes, " bytes x utilization ", o_.paged.utilization, ", ",
+              device_page_bytes_, " bytes per page", mesh_dec_ ? " on each device" : "",
+              "); raise the budget or shorten the request");
     Request r;
     r.res.id = id;
     r.g = g;
@@ -230,9 +248,26 @@ class Engine {
     return reqs_[static_cast<std::size_t>(id)].res;
   }
   const EngineStats& stats() const noexcept { return stats_; }
-  const PagedKVCache& cache() const noexcept { return cache_; }
-  std::int64_t pages_in_use() const noexcept { return cache_.num_pages() - cache_.free_pages(); }
   std::int64_t max_model_length() const noexcept { return mml_; }
+  /// Tokens per page.
+  std::int64_t page_size() const noexcept { return page_size_; }
+  /// Pools of pages: one per dp x fsdp x ep group of the mesh (1 on one device).
+  std::int64_t num_pools() const noexcept { return static_cast<std::int64_t>(pool_free_.size()); }
+  /// Pages of one pool (what one device's cache holds).
+  std::int64_t pages_per_pool() const noexcept { return pool_pages_; }
+  /// Pages of all pools, and those in use by running requests.
+  std::int64_t num_pages() const noexcept { return pool_pages_ * num_pools(); }
+  std::int64_t pages_in_use() const noexcept {
+    std::int64_t free = 0;
+    for (auto f : pool_free_) free += f;
+    return num_pages() - free;
+  }
+  /// Bytes of one page over all the devices that hold it (a one-device cache's page_bytes()).
+  std::int64_t page_bytes() const noexcept { return page_bytes_; }
+  /// Bytes of the KV caches of every device.
+  std::int64_t kv_pool_bytes() const noexcept { return mesh_dec_ ? mesh_dec_->cache_bytes() : cache_->bytes(); }
+  /// Whether the engine runs on a mesh of more than one device.
+  bool on_mesh() const noexcept { return mesh_dec_ != nullptr; }
 
  private:
   struct Request {
@@ -250,15 +285,70 @@ class Engine {
     Clock::time_point t0;
   };
 
-  static PagedKVCache make_cache(const Model& m, const EngineOptions& o, std::int64_t mml) {
-    EDL_CHECK(o.max_batch > 0, errc::invalid_argument, "generate.Engine", "max_batch must be positive, found ", o.max_batch);
-    PagedKVCacheOptions po = o.paged;
-    po.max_model_length = mml;
-    return PagedKVCache(kv_cache_shape(m.config(), o.max_batch, mml), po);
+  /// The decoder and its caches: one device's paged cache, or a ShardedDecoder whose devices
+  /// each hold a paged cache of their shard (page_size / sp local slots per page); then the
+  /// pools of the page accounting, one per group of slots.
+  void build_decoder() {
+    const char* w = "generate.Engine";
+    const MeshDims& dims = o_.mesh;
+    std::int64_t devices = 1;
+    for (auto d : dims) {
+      EDL_CHECK(d >= 1, errc::invalid_argument, w, "mesh axis sizes must be >= 1, found ", d);
+      devices *= d;
+    }
+    PagedKVCacheOptions po = o_.paged;
+    page_size_ = po.page_size;
+    EDL_CHECK(page_size_ > 0, errc::invalid_argument, w, "page_size must be positive, found ", page_size_);
+    std::int64_t groups = 1;
+    if (devices == 1) {
+      po.max_model_length = mml_;
+      cache_ = std::make_unique<PagedKVCache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
+      dec_ = std::make_unique<Decoder<Pol, PagedKVCache>>(model_, *cache_);
+      pool_pages_ = cache_->num_pages();
+      device_page_bytes_ = page_bytes_ = cache_->page_bytes();
+    } else {
+      DefaultMesh mesh = create_mesh(dims);
+      EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
+                "the engine runs in one process: its mesh's devices cannot span MPI ranks");
+      const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
+      EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
+                " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
+      groups = mesh.axis_size("dp") * mesh.axis_size("fsdp") * mesh.axis_size("ep");
+      po.page_size = page_size_ / sp;
+      typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
+        PagedKVCacheOptions local = po;
+        local.max_model_length = s.max_length;
+        return std::make_unique<PagedKVCache>(s, local);
+      };
+      mesh_dec_ = std::make_unique<ShardedDecoder<Pol, PagedKVCache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
+      pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
+      device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
+      page_bytes_ = device_page_bytes_ * tp * sp;
+    }
+    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
+    for (std::int64_t g = 0; g < groups; ++g)  // the sequences' cut of ShardedDecoder
+      for (std::int64_t b = g * o_.max_batch / groups; b < (g + 1) * o_.max_batch / groups; ++b)
+        pool_of_[static_cast<std::size_t>(b)] = g;
+    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 
-  std::int64_t pages_for(std::int64_t tokens) const noexcept {
-    return (tokens + cache_.page_size() - 1) / cache_.page_size();
+  std::int64_t pages_for(std::int64_t tokens) const noexcept { return (tokens + page_size_ - 1) / page_size_; }
+  std::int64_t& pool_free(std::int64_t slot) { return pool_free_[static_cast<std::size_t>(pool_of_[static_cast<std::size_t>(slot)])]; }
+  /// Accounts the pages slot needs for `tokens` (the caches take them as the forward writes).
+  void reserve(std::int64_t slot, std::int64_t tokens) {
+    std::int64_t& held = held_[static_cast<std::size_t>(slot)];
+    const std::int64_t more = pages_for(tokens) - held;
+    if (more <= 0) return;
+    pool_free(slot) -= more;
+    held += more;
+  }
+  /// Returns slot's pages to its pool and empties its caches.
+  void release(std::int64_t slot) {
+    pool_free(slot) += held_[static_cast<std::size_t>(slot)];
+    held_[static_cast<std::size_t>(slot)] = 0;
+    if (mesh_dec_) mesh_dec_->reset(slot);
+    else cache_->reset(slot);
   }
   Request& req(std::int64_t id) { return reqs_[static_cast<std::size_t>(id)]; }
 
@@ -272,12 +362,18 @@ class Engine {
       if (s >= 0) ids.push_back(s);
     std::sort(ids.begin(), ids.end());
   }
-  /// The newest running request.
-  std::int64_t newest_running() const noexcept { return *std::max_element(slots_.begin(), slots_.end()); }
+  /// The newest running request of slot's pool.
+  std::int64_t newest_running(std::int64_t slot) const noexcept {
+    std::int64_t newest = -1;
+    const std::int64_t pool = pool_of_[static_cast<std::size_t>(slot)];
+    for (std::size_t s = 0; s < slots_.size(); ++s)
+      if (pool_of_[s] == pool) newest = std::max(newest, slots_[s]);
+    return newest;
+  }
 
   void preempt(std::int64_t id) {
     Request& r = req(id);
-    cache_.free(r.slot);
+    release(r.slot);
     slots_[static_cast<std::size_t>(r.slot)] = -1;
     r.slot = -1;
     r.recompute = r.fed;  // computed once already: the work preemption throws away
@@ -300,12 +396,12 @@ class Engine {
       if (r.slot < 0) continue;  // preempted by an older request of this loop
       const std::int64_t want = static_cast<std::int64_t>(r.ctx.size());
       for (;;) {
-        const std::int64_t have = static_cast<std::int64_t>(cache_.page_table(r.slot).size());
-        if (pages_for(want) - have <= cache_.free_pages()) {
-          cache_.reserve(r.slot, want);
+        const std::int64_t have = held_[static_cast<std::size_t>(r.slot)];
+        if (pages_for(want) - have <= pool_free(r.slot)) {
+          reserve(r.slot, want);
           break;
         }
-        const std::int64_t victim = newest_running();
+        const std::int64_t victim = newest_running(r.slot);
         preempt(victim);
         if (victim == id) break;
       }
@@ -315,20 +411,21 @@ class Engine {
   /// Step 2: waiting requests into free slots, oldest first, while the pool holds their context.
   void admit() {
     while (!waiting_.empty()) {
-      const auto free_slot = std::find(slots_.begin(), slots_.end(), -1);
-      if (free_slot == slots_.end()) break;
       Request& r = req(waiting_.front());
       const std::int64_t ctx = static_cast<std::int64_t>(r.ctx.size());
-      // Room for the whole context plus the first decoded token, so that a request admitted
-      // now is not the first to be preempted at its next step.
-      if (pages_for(std::min(ctx + 1, r.most)) > cache_.free_pages()) break;
-      const std::int64_t slot = free_slot - slots_.begin();
-      *free_slot = r.res.id;
+      // A free slot whose pool has room for the whole context plus the first decoded token,
+      // so that a request admitted now is not the first to be preempted at its next step.
+      const std::int64_t need = pages_for(std::min(ctx + 1, r.most));
+      std::int64_t slot = -1;
+      for (std::int64_t s = 0; s < o_.max_batch && slot < 0; ++s)
+        if (slots_[static_cast<std::size_t>(s)] < 0 && need <= pool_free(s)) slot = s;
+      if (slot < 0) break;
+      slots_[static_cast<std::size_t>(slot)] = r.res.id;
       r.slot = slot;
       r.fed = 0;
       r.res.state = RequestState::running;
-      cache_.reset(slot);
-      cache_.reserve(slot, ctx);
+      release(slot);
+      reserve(slot, ctx);
       waiting_.pop_front();
     }
     stats_.peak_running = std::max(stats_.peak_running, running());
@@ -368,7 +465,8 @@ class Engine {
         mask_[at] = 1;
       }
     }
-    dec_.prefill(ids_.data(), S, mask_.data(), logits_.data());
+    if (mesh_dec_) mesh_dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    else dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
     stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
 
     for (std::int64_t id : ids_run) {
@@ -426,7 +524,7 @@ class Engine {
 
   void finish(Request& r, const char* reason) {
     if (r.slot >= 0) {
-      cache_.free(r.slot);
+      release(r.slot);
       slots_[static_cast<std::size_t>(r.slot)] = -1;
       r.slot = -1;
     }
@@ -439,8 +537,12 @@ class Engine {
   const Model& model_;
   EngineOptions o_;
   std::int64_t V_ = 0, mml_ = 0;
-  PagedKVCache cache_;
-  Decoder<Pol, PagedKVCache> dec_;
+  std::unique_ptr<PagedKVCache> cache_;                        // one device
+  std::unique_ptr<Decoder<Pol, PagedKVCache>> dec_;
+  std::unique_ptr<ShardedDecoder<Pol, PagedKVCache>> mesh_dec_;  // a larger mesh
+  // Page accounting: pages per pool, free pages of each pool, each slot's pool and pages held.
+  std::int64_t page_size_ = 0, pool_pages_ = 0, page_bytes_ = 0, device_page_bytes_ = 0;
+  std::vector<std::int64_t> pool_free_, pool_of_, held_;
   Sampler sampler_;
   std::vector<Request> reqs_;
   std::deque<std::int64_t> waiting_;

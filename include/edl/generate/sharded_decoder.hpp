@@ -155,6 +155,13 @@ class ShardedDecoder {
       if (s)
         for (std::int64_t b = 0; b < s->cache->shape().batch; ++b) s->cache->reset(b);
   }
+  /// Forgets sequence b: its devices' cache slots are reset (a paged cache returns its pages).
+  void reset(std::int64_t b) {
+    detail::check_seq(b, B_, "generate.ShardedDecoder.reset");
+    len_[static_cast<std::size_t>(b)] = 0;
+    for (auto& s : dev_)
+      if (s && b >= s->b0 && b < s->b0 + s->nb) s->cache->reset(b - s->b0);
+  }
   /// Bytes of the KV cache of device d (0 for a device of another process).
   std::int64_t cache_bytes(std::int64_t d) const {
     const auto& s = dev_.at(static_cast<std::size_t>(d));
@@ -205,6 +212,7 @@ class ShardedDecoder {
     std::unique_ptr<Cache> cache;
     std::unique_ptr<CachedForward<Pol, Cache>> forward;
     std::int64_t tp = 1, tp_rank = 0;
+    std::int64_t b0 = 0, nb = 0;  // its sequences
   };
 
   // The collectives of a device's forward: a psum over tp after the row-parallel products, an
@@ -279,6 +287,8 @@ class ShardedDecoder {
           (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
       shard.b0 = g * B_ / groups;
       shard.nb = (g + 1) * B_ / groups - shard.b0;
+      s->b0 = shard.b0;
+      s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
       shard.c0 = k * V_ / gs;
       shard.c1 = (k + 1) * V_ / gs;
