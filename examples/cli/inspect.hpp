@@ -102,7 +102,8 @@ inline int cmd_inspect(Args& args) {
         nlohmann::ordered_json missing = nlohmann::ordered_json::array(), mismatched = nlohmann::ordered_json::array(),
                                unexpected = nlohmann::ordered_json::array();
         std::set<std::string> expected;
-        // Against edl's parameter names; a Phi-3 folder's fused tensors are seen as their parts.
+        // Against edl's parameter names; a Phi-3 folder's fused tensors are seen as their parts, a
+        // Gemma 3 multimodal folder's text tensors without their prefix.
         const auto check_against = [&](const auto& ck) {
           for (const auto& [name, shape] : cfg.parameter_shapes()) {
             expected.insert(name);
@@ -113,7 +114,7 @@ inline int cmd_inspect(Args& args) {
           for (const auto& name : ck.names())
             if (!expected.count(name)) unexpected.push_back(name);
         };
-        if (cfg.fused_projections()) {
+        if (cfg.checkpoint_names_differ()) {  // Phi-3's fused tensors, Gemma 3 multimodal's prefixes
           std::vector<std::string> names;
           for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
           check_against(models::FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names));

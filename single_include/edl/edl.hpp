@@ -20005,13 +20005,27 @@ LoraConfig config_of(M& m) {
 //   lora::save_adapter("out/adapter", model, "path/to/base");
 //   lora::LoraConfig c = lora::load_adapter("out/adapter", model);   // applies it, then loads
 //
+// A model whose checkpoints fuse some Linears (Phi-3: q, k, v rows in self_attn.qkv_proj,
+// gate, up in mlp.gate_up_proj; the model says so with fused_weight(path)) has PEFT adapters
+// on the fused modules: one lora_A [r, in] shared by the parts and a lora_B whose rows are the
+// parts' rows. edl adapts each part as a Linear of its own: loading gives every part the
+// fused A and its rows of B (the same product, so the same outputs; target_modules' qkv_proj
+// selects q_proj, k_proj and v_proj), and saving writes the fused form back when every
+// fused module's parts are adapted with equal A's (as loaded), else each part under its own
+// name (edl reads both; PEFT's Phi-3 reads only the fused form). Training moves the parts'
+// A's apart, so a trained Phi-3 adapter is saved per part; merge it (edl merge-lora) to use
+// it elsewhere.
+//
 // save_adapter writes a sibling temporary folder and renames it into place, so a save that
 // dies midway leaves the previous adapter folder whole. load_adapter checks everything
 // before the model changes: the config (unsupported settings named), every expected tensor
 // present with shape [r, in] / [out, r], no tensor the model has no place for.
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unistd.h>
@@ -20033,6 +20047,114 @@ inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
 inline constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
 inline constexpr const char* kPeftPrefix = "base_model.model.";
 
+namespace detail {
+
+/// The last component of a module path ("model.layers.0.self_attn.qkv_proj" -> "qkv_proj").
+inline std::string short_name(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+/// Linear `path`'s place in a fused module of `m`'s checkpoints (module path, first row, rows), or none.
+struct FusedPart {
+  std::string module;
+  std::int64_t row0 = 0, rows = 0;
+};
+template <class M>
+std::optional<FusedPart> fused_part(const M& m, const std::string& path) {
+  if constexpr (requires { m.fused_weight(path); }) {
+    if (const auto s = m.fused_weight(path)) {
+      const std::string& t = s->tensor;  // "<module>.weight"
+      return FusedPart{t.substr(0, t.size() - std::string_view(".weight").size()), s->row0, s->rows};
+    }
+  }
+  return std::nullopt;
+}
+
+/// target_modules naming fused modules (qkv_proj) select their parts (q_proj, k_proj, v_proj).
+template <class M>
+void select_fused_parts(M& m, LoraConfig& cfg) {
+  if (!cfg.target_regex.empty()) return;
+  std::vector<std::string> add, fused_names;
+  m.visit_linears("", [&](const std::string& path, auto&) {
+    const auto part = fused_part(m, path);
+    if (!part) return;
+    for (const std::string& t : cfg.target_modules)
+      if (t == part->module || t == short_name(part->module)) {
+        add.push_back(t == part->module ? path : short_name(path));
+        fused_names.push_back(t);
+      }
+  });
+  auto& t = cfg.target_modules;
+  t.erase(std::remove_if(t.begin(), t.end(),
+                         [&](const std::string& n) { return std::count(fused_names.begin(), fused_names.end(), n) > 0; }),
+          t.end());
+  for (const std::string& n : add)
+    if (std::find(t.begin(), t.end(), n) == t.end()) t.push_back(n);
+}
+
+/// Writes `m`'s adapters of fused modules in the fused form (one A, B rows in the parts' order)
+/// when every fused module's parts are all adapted with equal A's; target_modules then names
+/// the fused modules. Otherwise nothing changes (each part keeps its own name).
+template <class M>
+void fuse_adapter_tensors(M& m, std::vector<AdapterTensor>& tensors, LoraConfig& cfg) {
+  std::map<std::string, std::vector<std::pair<std::int64_t, std::string>>> groups;  // module -> (row0, part)
+  m.visit_linears("", [&](const std::string& path, auto&) {
+    if (const auto part = fused_part(m, path)) groups[part->module].emplace_back(part->row0, path);
+  });
+  if (groups.empty() || !cfg.target_regex.empty()) return;
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < tensors.size(); ++i) at[tensors[i].name] = i;
+  const auto has = [&](const std::string& part) { return at.count(part + ".lora_A.weight") > 0; };
+  const auto A = [&](const std::string& part) -> const AdapterTensor& { return tensors[at.at(part + ".lora_A.weight")]; };
+  for (auto& [module, parts] : groups) {
+    std::sort(parts.begin(), parts.end());
+    const std::size_t adapted = static_cast<std::size_t>(
+        std::count_if(parts.begin(), parts.end(), [&](const auto& p) { return has(p.second); }));
+    if (adapted == 0) continue;
+    if (adapted != parts.size()) return;
+    for (const auto& p : parts)
+      if (A(p.second).shape != A(parts[0].second).shape || A(p.second).values != A(parts[0].second).values) return;
+  }
+  std::vector<AdapterTensor> out;
+  std::set<std::string> written, part_names, module_names;
+  std::map<std::string, std::string> module_of;
+  for (const auto& [module, parts] : groups)
+    for (const auto& p : parts) module_of[p.second] = module;
+  for (const AdapterTensor& t : tensors) {
+    const std::string path = t.name.substr(0, t.name.size() - std::string_view(".lora_A.weight").size());
+    const auto it = module_of.find(path);
+    if (it == module_of.end()) {
+      out.push_back(t);
+      continue;
+    }
+    const std::string& module = it->second;
+    part_names.insert(short_name(path));
+    module_names.insert(short_name(module));
+    if (!written.insert(module).second) continue;
+    const auto& parts = groups.at(module);
+    AdapterTensor a = A(parts[0].second), b;
+    a.name = module + ".lora_A.weight";
+    b.name = module + ".lora_B.weight";
+    b.shape = {0, a.shape[0]};
+    for (const auto& p : parts) {
+      const AdapterTensor& pb = tensors[at.at(p.second + ".lora_B.weight")];
+      b.shape[0] += pb.shape[0];
+      b.values.insert(b.values.end(), pb.values.begin(), pb.values.end());
+    }
+    out.push_back(std::move(a));
+    out.push_back(std::move(b));
+  }
+  tensors = std::move(out);
+  auto& tm = cfg.target_modules;
+  if (tm.size() == 1 && tm[0] == "all-linear") return;
+  tm.erase(std::remove_if(tm.begin(), tm.end(), [&](const std::string& n) { return part_names.count(n) > 0; }), tm.end());
+  for (const std::string& n : module_names)
+    if (std::find(tm.begin(), tm.end(), n) == tm.end()) tm.push_back(n);
+}
+
+}  // namespace detail
+
 /// Whether `dir` holds a PEFT adapter (adapter_config.json).
 inline bool is_adapter_folder(const std::filesystem::path& dir) {
   return std::filesystem::is_regular_file(dir / kAdapterConfigFile);
@@ -20042,8 +20164,9 @@ inline bool is_adapter_folder(const std::filesystem::path& dir) {
 /// folder `dir` (a checkpoint writes them into its own temporary folder).
 template <class M>
 void write_adapter_files(const std::filesystem::path& dir, M& m, const std::string& base_model) {
-  const LoraConfig cfg = config_of(m);
-  const std::vector<AdapterTensor> tensors = split_lora_params(m);
+  LoraConfig cfg = config_of(m);
+  std::vector<AdapterTensor> tensors = split_lora_params(m);
+  detail::fuse_adapter_tensors(m, tensors, cfg);
   io::TensorList list;
   for (const AdapterTensor& t : tensors) list.emplace_back(kPeftPrefix + t.name, io::TensorRef(t.values, t.shape));
   io::save_safetensors((dir / kAdapterWeightsFile).string(), list, {{"format", "pt"}});
@@ -20089,14 +20212,39 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
   const std::string file = (dir / kAdapterWeightsFile).string();
   EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, dir.string(), "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
+  // Where each adapter tensor is in the file: under its own name, or (a part of a fused module,
+  // when the file has no tensor of the part's own name) the module's A whole, its B's rows.
+  struct Source {
+    std::string key;
+    std::int64_t row0 = 0, rows = -1;  // rows -1: the whole tensor
+  };
+  const auto source = [&](const std::string& path, std::string_view name) {
+    Source s{kPeftPrefix + std::string(name)};
+    if (f.contains(s.key)) return s;
+    if (const auto part = detail::fused_part(m, path)) {
+      const bool is_b = name.ends_with("lora_B.weight");
+      s.key = kPeftPrefix + part->module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
+      if (is_b) s.row0 = part->row0, s.rows = part->rows;
+    }
+    return s;
+  };
   std::set<std::string> expected;
+  std::map<std::string, std::int64_t> fused_rows;  // a fused B -> rows its parts take
   m.visit_linears("", [&](const std::string& path, auto& lin) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
-      const std::string key = kPeftPrefix + std::string(name);
+      const Source src = source(path, name);
+      const std::string& key = src.key;
       expected.insert(key);
       EDL_CHECK(f.contains(key), errc::format, file, "tensor \"", key, "\" is missing (the config targets ", path, ")");
-      const auto& shape = f.info(key).shape;
+      auto shape = f.info(key).shape;
+      if (src.rows >= 0) {  // the part's rows of a fused B
+        EDL_CHECK(shape.size() == 2 && shape[0] >= src.row0 + src.rows, errc::shape_mismatch, file, "tensor \"", key,
+                  "\" has shape ", ::edl::detail::shape_str(shape), ", but ", path, " takes its rows ", src.row0, "..",
+                  src.row0 + src.rows - 1);
+        shape[0] = src.rows;
+        fused_rows[key] += src.rows;
+      }
       const auto want = p.shape();
       if (!std::equal(shape.begin(), shape.end(), want.begin(), want.end())) {
         const bool is_a = name.ends_with("lora_A.weight");
@@ -20109,6 +20257,9 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
       }
     });
   });
+  for (const auto& [key, rows] : fused_rows)
+    EDL_CHECK(rows == f.info(key).shape[0], errc::shape_mismatch, file, "tensor \"", key, "\" has ",
+              f.info(key).shape[0], " rows, but the modules fused in it take ", rows);
   for (const std::string& n : f.names())
     EDL_CHECK(expected.count(n) > 0, errc::unsupported, file, "tensor \"", n,
               "\" has no place in the model (adapter_config.json's target_modules do not select it, or it is not a "
@@ -20117,7 +20268,15 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
       using T = typename std::remove_cvref_t<decltype(p)>::value_type;
-      f.template read_into<T>(kPeftPrefix + std::string(name), std::span<T>(p.data(), p.value.size()));
+      const Source src = source(path, name);
+      const std::span<T> out(p.data(), p.value.size());
+      if (src.rows < 0) {
+        f.template read_into<T>(src.key, out);
+      } else {
+        const auto& full = f.info(src.key).shape;
+        const std::vector<std::int64_t> offset{src.row0, 0}, block{src.rows, full[1]};
+        f.template read_block<T>(src.key, full, offset, block, out);
+      }
     });
   });
 }
@@ -20126,7 +20285,8 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
 /// On any error the model is left without adapters. Returns the adapter's config.
 template <class M>
 LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
-  const LoraConfig cfg = read_adapter_config(dir);
+  LoraConfig cfg = read_adapter_config(dir);
+  detail::select_fused_parts(m, cfg);
   EDL_CHECK(!lora_is_enabled(m), errc::invalid_argument, dir.string(), "the model already has LoRA adapters");
   apply_lora(m, cfg, (dir / kAdapterConfigFile).string());
   try {
@@ -20286,6 +20446,12 @@ struct LlamaConfig {
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
   std::string source = "LlamaConfig";
+  /// The multimodal model whose text model this config was read from ("gemma3":
+  /// Gemma3ForConditionalGeneration, whose text_config it is), empty otherwise. Its checkpoints
+  /// keep the text model's tensors under a prefix beside the vision tower's
+  /// (models/llama/fused_checkpoint.hpp reads them under edl's names). Not written by to_json:
+  /// what edl saves is the text model alone (Gemma3ForCausalLM).
+  std::string multimodal_type;
 
   // ------------------------------------------------------------------ derived values
   std::int64_t head_size() const {
@@ -20338,6 +20504,9 @@ struct LlamaConfig {
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
   /// Phi-3: q/k/v and gate/up stored fused in checkpoints (models/llama/fused_checkpoint.hpp).
   bool fused_projections() const { return model_type == "phi3"; }
+  /// Checkpoints name (or cut) this model's tensors otherwise than edl's parameters do: Phi-3's
+  /// fused projections, a multimodal model's text tensors under their prefix.
+  bool checkpoint_names_differ() const { return fused_projections() || !multimodal_type.empty(); }
   /// Layer l's MLP is a mixture of experts.
   bool layer_is_sparse(std::int64_t l) const {
     if (!is_moe()) return false;
@@ -20546,19 +20715,23 @@ struct LlamaConfig {
   /// Reads a config.json object (missing fields take HF defaults) and validates it.
   static LlamaConfig from_json(const ojson& j, const std::string& source = "LlamaConfig") {
     const io::JsonConfig c(j, source);
+    if (c.get<std::string>("model_type", "llama") == "gemma3") return from_multimodal_json(j, source);
     LlamaConfig cfg;
     cfg.source = source;
     cfg.model_type = c.get<std::string>("model_type", "llama");
-    cfg.vocab_size = c.get<std::int64_t>("vocab_size", cfg.vocab_size);
-    cfg.hidden_size = c.get<std::int64_t>("hidden_size", cfg.hidden_size);
-    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", cfg.intermediate_size);
-    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", cfg.num_hidden_layers);
-    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", cfg.num_attention_heads);
-    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", cfg.num_attention_heads);
-    cfg.head_dim = c.optional<std::int64_t>("head_dim");
-    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", cfg.max_position_embeddings);
+    // Fields a config leaves out take its class's defaults: LlamaConfig's, or Gemma3TextConfig's
+    // (a Gemma 3 multimodal config's text_config lists only what differs from them).
+    const bool g3 = cfg.model_type == "gemma3_text";
+    cfg.vocab_size = c.get<std::int64_t>("vocab_size", g3 ? 262208 : cfg.vocab_size);
+    cfg.hidden_size = c.get<std::int64_t>("hidden_size", g3 ? 2304 : cfg.hidden_size);
+    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", g3 ? 9216 : cfg.intermediate_size);
+    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", g3 ? 26 : cfg.num_hidden_layers);
+    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", g3 ? 8 : cfg.num_attention_heads);
+    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", g3 ? 4 : cfg.num_attention_heads);
+    cfg.head_dim = c.has("head_dim") || !g3 ? c.optional<std::int64_t>("head_dim") : std::optional<std::int64_t>(256);
+    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", g3 ? 131072 : cfg.max_position_embeddings);
     cfg.rms_norm_eps = c.get<double>("rms_norm_eps", cfg.rms_norm_eps);
-    cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
+    cfg.rope_theta = c.get<double>("rope_theta", g3 ? 1e6 : cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
     const bool gemma = cfg.is_gemma();
@@ -20567,7 +20740,8 @@ struct LlamaConfig {
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
     else if (gemma) cfg.sliding_window = 4096;                        // Gemma3TextConfig default
     cfg.hidden_act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
+    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(g3 ? 2 : 1);
+    if (g3) cfg.eos_token_id = {1};
     if (c.has("eos_token_id")) {
       const ojson& e = j["eos_token_id"];
       cfg.eos_token_id_is_list = e.is_array();
@@ -20575,7 +20749,7 @@ struct LlamaConfig {
       else if (e.is_array()) cfg.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
       else cfg.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
     }
-    cfg.pad_token_id = c.optional<std::int64_t>("pad_token_id");
+    cfg.pad_token_id = c.has("pad_token_id") || !g3 ? c.optional<std::int64_t>("pad_token_id") : std::optional<std::int64_t>(0);
     cfg.torch_dtype = c.get<std::string>("torch_dtype", c.get<std::string>("dtype", "float32"));
     cfg.initializer_range = c.get<double>("initializer_range", cfg.initializer_range);
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
@@ -20673,6 +20847,28 @@ struct LlamaConfig {
       cfg.extra[it.key()] = it.value();
     }
     cfg.validate();
+    return cfg;
+  }
+
+  /// Gemma3ForConditionalGeneration's config.json (model_type "gemma3"): the text model's
+  /// config is its text_config (Gemma3TextConfig's defaults for what it leaves out; token ids
+  /// and torch_dtype from the top level when text_config has none). The vision tower's fields
+  /// are not read: edl runs the text model.
+  static LlamaConfig from_multimodal_json(const ojson& j, const std::string& source) {
+    const std::string at = source + ": text_config";
+    EDL_CHECK(j.contains("text_config") && j["text_config"].is_object(), errc::config, at,
+              "a gemma3 (Gemma3ForConditionalGeneration) config keeps its text model's fields in a text_config "
+              "object; found ", j.contains("text_config") ? j["text_config"].dump() : std::string("none"));
+    ojson t = j["text_config"];
+    if (!t.contains("model_type")) t["model_type"] = "gemma3_text";
+    EDL_CHECK(t["model_type"] == "gemma3_text", errc::unsupported, at + ".model_type",
+              "expected \"gemma3_text\", found ", t["model_type"].dump());
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "tie_word_embeddings"})
+      if (!t.contains(k) && j.contains(k)) t[k] = j[k];
+    t["architectures"] = ojson::array({"Gemma3ForCausalLM"});  // what a saved copy is
+    LlamaConfig cfg = from_json(t, at);
+    cfg.source = source;
+    cfg.multimodal_type = "gemma3";
     return cfg;
   }
 
@@ -20926,6 +21122,7 @@ struct LlamaConfig {
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20935,6 +21132,244 @@ struct LlamaConfig {
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/fused_checkpoint.hpp>
+// edl/models/llama/fused_checkpoint.hpp
+// Checkpoints that store some Linears fused, read and written under edl's names. Phi-3
+// (model_type "phi3") keeps the attention's q, k and v projections in one tensor and the MLP's
+// gate and up projections in another, row blocks one after the other:
+//
+//   model.layers.N.self_attn.qkv_proj.weight   [q; k; v]   (heads*D + 2*kv_heads*D, hidden)
+//   model.layers.N.mlp.gate_up_proj.weight     [gate; up]  (2*intermediate, hidden)
+//
+// Phi-3's math is Llama's otherwise, so edl's layers hold the parts as separate Linears
+// (q_proj, ..., up_proj): loading reads each part's rows of the fused tensor (FusedCheckpointView,
+// the checkpoint seen with edl's names), saving joins them back (fuse_tensors), so a folder edl
+// writes loads in transformers' Phi3ForCausalLM unchanged. Quantized Linears (U8 block rows) are
+// fused and split the same way: rows stay whole.
+//
+// Gemma 3's multimodal checkpoints (Gemma3ForConditionalGeneration, config model_type "gemma3")
+// keep the text model's tensors under a prefix, beside the vision tower's:
+//
+//   language_model.model.layers.N...   language_model.lm_head.weight   (transformers 4.50, 4.51)
+//   model.language_model.layers.N...   lm_head.weight                  (transformers 4.52 and later)
+//   vision_tower..., multi_modal_projector...  (either under model. or not)
+//
+// The view reads the text tensors under edl's names (model.layers.N..., lm_head.weight) and
+// leaves the vision tower's out: edl runs the text model, and saves it as Gemma3ForCausalLM.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+
+namespace edl::models {
+
+/// Where a parameter lives inside a fused tensor: its name and the parameter's rows there.
+struct FusedSlice {
+  std::string tensor;
+  std::int64_t row0 = 0, rows = 0;
+};
+
+/// The fused tensor holding parameter `name` of a model of `c`, or none (stored as it is).
+inline std::optional<FusedSlice> fused_slice(const LlamaConfig& c, std::string_view name) {
+  if (!c.fused_projections()) return std::nullopt;
+  const std::int64_t D = c.head_size(), q = c.num_attention_heads * D, kv = c.num_key_value_heads * D,
+                     I = c.intermediate_size;
+  struct Part {
+    std::string_view name, fused;
+    std::int64_t row0, rows;
+  };
+  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q},
+                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q, kv},
+                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q + kv, kv},
+                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, I},
+                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", I, I}};
+  for (const Part& p : parts)
+    if (name.size() > p.name.size() && name.substr(name.size() - p.name.size()) == p.name)
+      return FusedSlice{std::string(name.substr(0, name.size() - p.name.size())) + std::string(p.fused), p.row0, p.rows};
+  return std::nullopt;
+}
+
+/// The name edl gives checkpoint tensor `name` of a model of `c`: the name itself, or a
+/// multimodal checkpoint's text tensor without its prefix; "" for a tensor outside the text
+/// model (the vision tower, the projector), which the view leaves out.
+inline std::string text_model_name(const LlamaConfig& c, const std::string& name) {
+  if (c.multimodal_type.empty()) return name;
+  const auto strip = [&](std::string_view prefix, std::string_view with) -> std::optional<std::string> {
+    if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+    return std::string(with) + name.substr(prefix.size());
+  };
+  for (const auto& [prefix, with] : {std::pair<std::string_view, std::string_view>{"language_model.model.", "model."},
+                                     {"language_model.lm_head.", "lm_head."},
+                                     {"model.language_model.", "model."}})
+    if (auto n = strip(prefix, with)) return *n;
+  if (name.compare(0, 8, "lm_head.") == 0) return name;
+  return "";
+}
+
+/// A checkpoint (io::ShardedCheckpoint or io::SafeTensorsFile) seen with edl's parameter
+/// names: each part of a fused tensor is a tensor of its own (its rows), read from the fused
+/// one; a multimodal checkpoint's text tensors lose their prefix and the others are left out;
+/// every other tensor is the checkpoint's. What load_weights reads a Phi-3 or a Gemma 3
+/// multimodal folder through.
+template <class Ckpt>
+class FusedCheckpointView {
+ public:
+  FusedCheckpointView(const Ckpt& ckpt, const LlamaConfig& cfg, const std::vector<std::string>& parameter_names)
+      : ckpt_(ckpt) {
+    std::vector<std::string> edl_names;  // the checkpoint's tensors under edl's names, in its order
+    for (const std::string& n : ckpt.names()) {
+      std::string e = text_model_name(cfg, n);
+      if (e.empty()) continue;
+      const auto [it, fresh] = stored_.emplace(e, n);
+      EDL_CHECK(fresh, errc::format, ckpt_file_of(n) + " tensor " + n, "and tensor ", it->second,
+                " are both the text model's ", e);
+      edl_names.push_back(std::move(e));
+    }
+    std::map<std::string, bool> fused_seen;
+    for (const std::string& p : parameter_names) {
+      const auto s = fused_slice(cfg, p);
+      if (!s || !stored_.count(s->tensor)) continue;
+      io::TensorInfo info = ckpt.info(stored_.at(s->tensor));
+      const std::string where = file_of(s->tensor) + " tensor " + s->tensor;
+      EDL_CHECK(info.shape.size() == 2, errc::shape_mismatch, where, "a fused weight must be 2-D, found ",
+                ::edl::detail::shape_str(info.shape));
+      EDL_CHECK(s->row0 + s->rows <= info.shape[0], errc::shape_mismatch, where, "has ", info.shape[0],
+                " rows, but ", cfg.source, " puts ", p, " at rows ", s->row0, "..", s->row0 + s->rows - 1);
+      info.shape[0] = s->rows;
+      parts_.emplace(p, Part{*s, info});
+      fused_seen[s->tensor] = true;
+    }
+    for (const std::string& n : edl_names) {
+      if (fused_seen.count(n) == 0) names_.push_back(n);
+      else if (fused_seen[n]) {  // the parts, in place of the fused tensor
+        for (const std::string& p : parameter_names)
+          if (parts_.count(p) && parts_.at(p).slice.tensor == n) names_.push_back(p);
+        fused_seen[n] = false;
+      }
+    }
+    for (const auto& [p, part] : parts_) {
+      EDL_CHECK(part.info.shape[0] > 0, errc::shape_mismatch, p, "has no rows in ", part.slice.tensor);
+      covered_[part.slice.tensor] += part.slice.rows;
+    }
+    for (const auto& [t, rows] : covered_)
+      EDL_CHECK(rows == ckpt.info(stored_.at(t)).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
+                ckpt.info(stored_.at(t)).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
+  }
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (stored_.count(name) && !covered_.count(name)); }
+  const io::TensorInfo& info(const std::string& name) const {
+    const auto it = parts_.find(name);
+    return it != parts_.end() ? it->second.info : ckpt_.info(stored(name));
+  }
+  std::string file_of(const std::string& name) const {
+    const auto it = parts_.find(name);
+    return ckpt_file_of(stored(it != parts_.end() ? it->second.slice.tensor : name));
+  }
+  std::string path() const {
+    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
+      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
+    else return ckpt_.path();
+  }
+
+  /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
+  template <class T>
+  void read_into(const std::string& name, std::span<T> out) const {
+    const auto it = parts_.find(name);
+    if (it == parts_.end()) return ckpt_.template read_into<T>(stored(name), out);
+    const std::string& t = stored(it->second.slice.tensor);
+    const auto& full = ckpt_.info(t).shape;
+    const std::vector<std::int64_t> offset{it->second.slice.row0, 0}, block{it->second.slice.rows, full[1]};
+    file_holding(t).template read_block<T>(t, full, offset, block, out);
+  }
+
+ private:
+  struct Part {
+    FusedSlice slice;
+    io::TensorInfo info;  // the part's shape, the fused tensor's dtype
+  };
+  /// The checkpoint's name of tensor `name` (edl's); a name the checkpoint lacks is passed on,
+  /// for the checkpoint's own error.
+  const std::string& stored(const std::string& name) const {
+    const auto it = stored_.find(name);
+    return it != stored_.end() ? it->second : name;
+  }
+  std::string ckpt_file_of(const std::string& t) const {
+    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
+    else return ckpt_.path();
+  }
+  const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
+    if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
+    else return ckpt_;
+  }
+
+  const Ckpt& ckpt_;
+  std::map<std::string, Part> parts_;
+  std::map<std::string, std::string> stored_;      // edl's name -> the checkpoint's
+  std::map<std::string, std::int64_t> covered_;  // fused tensor -> rows its parts take
+  std::vector<std::string> names_;
+};
+
+/// Joins the parts of each fused tensor of `list` (edl's names, as named_tensors gives them) into
+/// the tensor a checkpoint of `cfg` stores (rows in order); `storage` owns the joined bytes.
+/// Nothing changes for a model without fused projections.
+template <class TensorList>
+void fuse_tensors(const LlamaConfig& cfg, TensorList& list, std::vector<std::vector<std::byte>>& storage) {
+  if (!cfg.fused_projections()) return;
+  TensorList out;
+  std::map<std::string, std::vector<std::size_t>> parts;  // fused name -> indices into list
+  for (std::size_t i = 0; i < list.size(); ++i)
+    if (const auto s = fused_slice(cfg, list[i].first)) parts[s->tensor].push_back(i);
+  std::map<std::string, bool> written;
+  storage.reserve(storage.size() + parts.size());  // keep earlier buffers' addresses stable
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const auto s = fused_slice(cfg, list[i].first);
+    if (!s) {
+      out.push_back(list[i]);
+      continue;
+    }
+    if (written[s->tensor]) continue;
+    written[s->tensor] = true;
+    // Parts in row order; all of one dtype and width (a quantized part's rows are blocks).
+    auto idx = parts.at(s->tensor);
+    std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+      return fused_slice(cfg, list[a].first)->row0 < fused_slice(cfg, list[b].first)->row0;
+    });
+    const auto& first = list[idx.front()].second;
+    std::int64_t rows = 0;
+    std::size_t bytes = 0;
+    for (std::size_t k : idx) {
+      const auto& t = list[k].second;
+      EDL_CHECK(t.dtype == first.dtype && t.shape.size() == 2 && t.shape[1] == first.shape[1], errc::invalid_argument,
+                list[k].first, "cannot be fused into ", s->tensor, ": its dtype or width differs from ",
+                list[idx.front()].first, "'s (a fused tensor's parts must be stored alike)");
+      rows += t.shape[0];
+      bytes += t.data.size();
+    }
+    auto& buf = storage.emplace_back(bytes);
+    std::size_t at = 0;
+    for (std::size_t k : idx) {
+      std::memcpy(buf.data() + at, list[k].second.data.data(), list[k].second.data.size());
+      at += list[k].second.data.size();
+    }
+    out.emplace_back(s->tensor, typename TensorList::value_type::second_type(first.dtype, {rows, first.shape[1]},
+                                                                             std::span<const std::byte>(buf)));
+  }
+  list = std::move(out);
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/fused_checkpoint.hpp
 // #include <edl/nn/decoder_layer.hpp> (inlined above)
 // #include <edl/nn/embedding.hpp> (inlined above)
 // #include <edl/nn/linear.hpp> (inlined above)
@@ -21127,6 +21562,13 @@ class LlamaForCausalLM {
 
   const LlamaConfig& config() const noexcept { return model.config(); }
   bool tied() const noexcept { return tied_; }
+  /// Where the weight of Linear `linear_path` lives in a checkpoint that fuses it with others
+  /// (Phi-3's qkv_proj, gate_up_proj): the fused tensor and the Linear's rows in it; nullopt
+  /// when it is stored as itself. PEFT adapters of the model follow the same layout
+  /// (lora/peft.hpp).
+  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
+    return fused_slice(config(), linear_path + ".weight");
+  }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -22685,197 +23127,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/fused_checkpoint.hpp>
-// edl/models/llama/fused_checkpoint.hpp
-// Checkpoints that store some Linears fused, read and written under edl's names. Phi-3
-// (model_type "phi3") keeps the attention's q, k and v projections in one tensor and the MLP's
-// gate and up projections in another, row blocks one after the other:
-//
-//   model.layers.N.self_attn.qkv_proj.weight   [q; k; v]   (heads*D + 2*kv_heads*D, hidden)
-//   model.layers.N.mlp.gate_up_proj.weight     [gate; up]  (2*intermediate, hidden)
-//
-// Phi-3's math is Llama's otherwise, so edl's layers hold the parts as separate Linears
-// (q_proj, ..., up_proj): loading reads each part's rows of the fused tensor (FusedCheckpointView,
-// the checkpoint seen with edl's names), saving joins them back (fuse_tensors), so a folder edl
-// writes loads in transformers' Phi3ForCausalLM unchanged. Quantized Linears (U8 block rows) are
-// fused and split the same way: rows stay whole.
-
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <vector>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/io/safetensors.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-
-namespace edl::models {
-
-/// Where a parameter lives inside a fused tensor: its name and the parameter's rows there.
-struct FusedSlice {
-  std::string tensor;
-  std::int64_t row0 = 0, rows = 0;
-};
-
-/// The fused tensor holding parameter `name` of a model of `c`, or none (stored as it is).
-inline std::optional<FusedSlice> fused_slice(const LlamaConfig& c, std::string_view name) {
-  if (!c.fused_projections()) return std::nullopt;
-  const std::int64_t D = c.head_size(), q = c.num_attention_heads * D, kv = c.num_key_value_heads * D,
-                     I = c.intermediate_size;
-  struct Part {
-    std::string_view name, fused;
-    std::int64_t row0, rows;
-  };
-  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q},
-                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q, kv},
-                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q + kv, kv},
-                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, I},
-                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", I, I}};
-  for (const Part& p : parts)
-    if (name.size() > p.name.size() && name.substr(name.size() - p.name.size()) == p.name)
-      return FusedSlice{std::string(name.substr(0, name.size() - p.name.size())) + std::string(p.fused), p.row0, p.rows};
-  return std::nullopt;
-}
-
-/// A checkpoint (io::ShardedCheckpoint or io::SafeTensorsFile) seen with edl's parameter
-/// names: each part of a fused tensor is a tensor of its own (its rows), read from the fused
-/// one; every other tensor is the checkpoint's. What load_weights reads a Phi-3 folder through.
-template <class Ckpt>
-class FusedCheckpointView {
- public:
-  FusedCheckpointView(const Ckpt& ckpt, const LlamaConfig& cfg, const std::vector<std::string>& parameter_names)
-      : ckpt_(ckpt) {
-    std::map<std::string, bool> fused_seen;
-    for (const std::string& p : parameter_names) {
-      const auto s = fused_slice(cfg, p);
-      if (!s || !ckpt.contains(s->tensor)) continue;
-      io::TensorInfo info = ckpt.info(s->tensor);
-      const std::string where = file_of(s->tensor) + " tensor " + s->tensor;
-      EDL_CHECK(info.shape.size() == 2, errc::shape_mismatch, where, "a fused weight must be 2-D, found ",
-                ::edl::detail::shape_str(info.shape));
-      EDL_CHECK(s->row0 + s->rows <= info.shape[0], errc::shape_mismatch, where, "has ", info.shape[0],
-                " rows, but ", cfg.source, " puts ", p, " at rows ", s->row0, "..", s->row0 + s->rows - 1);
-      info.shape[0] = s->rows;
-      parts_.emplace(p, Part{*s, info});
-      fused_seen[s->tensor] = true;
-    }
-    for (const std::string& n : ckpt.names()) {
-      if (fused_seen.count(n) == 0) names_.push_back(n);
-      else if (fused_seen[n]) {  // the parts, in place of the fused tensor
-        for (const std::string& p : parameter_names)
-          if (parts_.count(p) && parts_.at(p).slice.tensor == n) names_.push_back(p);
-        fused_seen[n] = false;
-      }
-    }
-    for (const auto& [p, part] : parts_) {
-      EDL_CHECK(part.info.shape[0] > 0, errc::shape_mismatch, p, "has no rows in ", part.slice.tensor);
-      covered_[part.slice.tensor] += part.slice.rows;
-    }
-    for (const auto& [t, rows] : covered_)
-      EDL_CHECK(rows == ckpt.info(t).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
-                ckpt.info(t).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
-  }
-
-  const std::vector<std::string>& names() const noexcept { return names_; }
-  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (ckpt_.contains(name) && !covered_.count(name)); }
-  const io::TensorInfo& info(const std::string& name) const {
-    const auto it = parts_.find(name);
-    return it != parts_.end() ? it->second.info : ckpt_.info(name);
-  }
-  std::string file_of(const std::string& name) const {
-    const auto it = parts_.find(name);
-    const std::string& t = it != parts_.end() ? it->second.slice.tensor : name;
-    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
-    else return ckpt_.path();
-  }
-  std::string path() const {
-    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
-      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
-    else return ckpt_.path();
-  }
-
-  /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
-  template <class T>
-  void read_into(const std::string& name, std::span<T> out) const {
-    const auto it = parts_.find(name);
-    if (it == parts_.end()) return ckpt_.template read_into<T>(name, out);
-    const FusedSlice& s = it->second.slice;
-    const auto& full = ckpt_.info(s.tensor).shape;
-    const std::vector<std::int64_t> offset{s.row0, 0}, block{s.rows, full[1]};
-    file_holding(s.tensor).template read_block<T>(s.tensor, full, offset, block, out);
-  }
-
- private:
-  struct Part {
-    FusedSlice slice;
-    io::TensorInfo info;  // the part's shape, the fused tensor's dtype
-  };
-  const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
-    if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
-    else return ckpt_;
-  }
-
-  const Ckpt& ckpt_;
-  std::map<std::string, Part> parts_;
-  std::map<std::string, std::int64_t> covered_;  // fused tensor -> rows its parts take
-  std::vector<std::string> names_;
-};
-
-/// Joins the parts of each fused tensor of `list` (edl's names, as named_tensors gives them) into
-/// the tensor a checkpoint of `cfg` stores (rows in order); `storage` owns the joined bytes.
-/// Nothing changes for a model without fused projections.
-template <class TensorList>
-void fuse_tensors(const LlamaConfig& cfg, TensorList& list, std::vector<std::vector<std::byte>>& storage) {
-  if (!cfg.fused_projections()) return;
-  TensorList out;
-  std::map<std::string, std::vector<std::size_t>> parts;  // fused name -> indices into list
-  for (std::size_t i = 0; i < list.size(); ++i)
-    if (const auto s = fused_slice(cfg, list[i].first)) parts[s->tensor].push_back(i);
-  std::map<std::string, bool> written;
-  storage.reserve(storage.size() + parts.size());  // keep earlier buffers' addresses stable
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const auto s = fused_slice(cfg, list[i].first);
-    if (!s) {
-      out.push_back(list[i]);
-      continue;
-    }
-    if (written[s->tensor]) continue;
-    written[s->tensor] = true;
-    // Parts in row order; all of one dtype and width (a quantized part's rows are blocks).
-    auto idx = parts.at(s->tensor);
-    std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-      return fused_slice(cfg, list[a].first)->row0 < fused_slice(cfg, list[b].first)->row0;
-    });
-    const auto& first = list[idx.front()].second;
-    std::int64_t rows = 0;
-    std::size_t bytes = 0;
-    for (std::size_t k : idx) {
-      const auto& t = list[k].second;
-      EDL_CHECK(t.dtype == first.dtype && t.shape.size() == 2 && t.shape[1] == first.shape[1], errc::invalid_argument,
-                list[k].first, "cannot be fused into ", s->tensor, ": its dtype or width differs from ",
-                list[idx.front()].first, "'s (a fused tensor's parts must be stored alike)");
-      rows += t.shape[0];
-      bytes += t.data.size();
-    }
-    auto& buf = storage.emplace_back(bytes);
-    std::size_t at = 0;
-    for (std::size_t k : idx) {
-      std::memcpy(buf.data() + at, list[k].second.data.data(), list[k].second.data.size());
-      at += list[k].second.data.size();
-    }
-    out.emplace_back(s->tensor, typename TensorList::value_type::second_type(first.dtype, {rows, first.shape[1]},
-                                                                             std::span<const std::byte>(buf)));
-  }
-  list = std::move(out);
-}
-
-}  // namespace edl::models
-// end of edl/models/llama/fused_checkpoint.hpp
+// #include <edl/models/llama/fused_checkpoint.hpp> (inlined above)
 // #include <edl/models/llama/gguf.hpp>
 // edl/models/llama/gguf.hpp
 // Llama models as llama.cpp GGUF files (architecture "llama"), both ways (docs/gguf.md):
@@ -24073,11 +24325,11 @@ LoadReport load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt
 /// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
 /// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
 /// A model whose config stores projections fused (Phi-3) reads them through
-/// FusedCheckpointView (fused_checkpoint.hpp).
+/// FusedCheckpointView (fused_checkpoint.hpp), as does a Gemma 3 multimodal checkpoint's text model.
 template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
-  if constexpr (requires { model.config().fused_projections(); }) {
-    if (model.config().fused_projections()) {
+  if constexpr (requires { model.config().checkpoint_names_differ(); }) {
+    if (model.config().checkpoint_names_differ()) {
       std::vector<std::string> names;
       model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
       return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
@@ -24192,7 +24444,7 @@ void check_named_shapes(const LlamaConfig& cfg, const Ckpt& ckpt, const LoadOpti
 
 inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
                                            const LoadOptions& opt) {
-  if (!cfg.fused_projections()) return check_named_shapes(cfg, ckpt, opt);
+  if (!cfg.checkpoint_names_differ()) return check_named_shapes(cfg, ckpt, opt);
   std::vector<std::string> names;
   for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
   check_named_shapes(cfg, FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names), opt);
@@ -30264,6 +30516,7 @@ inline TokenDataset load_preference_dataset(const std::vector<std::string>& file
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30331,10 +30584,16 @@ template <class Pol>
 void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
   const auto weights = io::ShardedCheckpoint::open(dir);
+  // A Gemma 3 multimodal checkpoint keeps the text model's tensors under a prefix.
+  std::map<std::string, std::string> stored;
+  if (!model.config().multimodal_type.empty())
+    for (const auto& n : weights.names())
+      if (std::string e = models::text_model_name(model.config(), n); !e.empty()) stored.emplace(std::move(e), n);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
     const auto fused = models::fused_slice(model.config(), name);
-    const std::string tensor = fused ? fused->tensor : name;
+    const std::string edl_tensor = fused ? fused->tensor : name;
+    const std::string tensor = stored.count(edl_tensor) ? stored.at(edl_tensor) : edl_tensor;
     EDL_CHECK(weights.contains(tensor), errc::format, dir + " tensor " + tensor,
               "missing: the model being loaded has this parameter", fused ? " (" + name + " is part of it)" : "");
     auto& arr = model.param(name);
@@ -30364,15 +30623,32 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
   EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
   for (const auto& name : model.trainable_names()) {
-    const std::string tensor = lora::kPeftPrefix + name;
+    std::string tensor = lora::kPeftPrefix + name;
+    // A part of a fused module (Phi-3) saved in the fused form (lora/peft.hpp): the module's A
+    // whole, its B's rows.
+    std::int64_t row0 = 0;
+    bool part_rows = false;
+    const bool is_b = name.ends_with(".lora_B.weight");
+    const std::string path = name.substr(0, name.size() - std::string_view(".lora_A.weight").size());
+    if (!f.contains(tensor))
+      if (const auto s = models::fused_slice(model.config(), path + ".weight")) {
+        tensor = lora::kPeftPrefix + s->tensor.substr(0, s->tensor.size() - 7) + (is_b ? ".lora_B.weight" : ".lora_A.weight");
+        if (is_b) row0 = s->row0, part_rows = true;
+      }
     EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
               "\" is missing: the model being loaded has this adapter");
     auto& arr = model.param(name);
-    EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
-              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
-              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
+    const std::vector<std::int64_t>& file_shape = f.info(tensor).shape;
+    auto shape = file_shape;
+    if (part_rows && shape.size() == 2 && shape[0] >= row0 + arr.layout().global_shape()[0])
+      shape[0] = arr.layout().global_shape()[0];
+    EDL_CHECK(shape == arr.layout().global_shape(), errc::shape_mismatch,
+              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(file_shape),
+              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()),
+              part_rows ? " (rows of the fused tensor)" : "");
     const std::vector<T*> blocks = detail::block_pointers(arr);
-    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
+    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read,
+                                                            part_rows ? &file_shape : nullptr, row0);
   }
 }
 

@@ -399,6 +399,94 @@ TEST(Pretrained, Gemma3MatchesItsReference) {
   }
 }
 
+/// Gemma 3 as the hub ships its 4B and larger checkpoints: Gemma3ForConditionalGeneration,
+/// the text model's config under text_config and its tensors under a prefix beside a vision
+/// tower's. The tiny Gemma 3 fixture rewritten that way (both prefix styles transformers has
+/// written, a vision tensor and a projector tensor beside) runs the text model with the same
+/// weights, so it matches the same reference; saved, it is the text-only model.
+TEST(Pretrained, Gemma3MultimodalCheckpointRunsItsTextModel) {
+  const fs::path dir = fixture().parent_path() / "tiny_gemma3";
+  ASSERT_TRUE(fs::exists(dir / "oracle" / "grads.safetensors")) << "no fixture at " << dir;
+  nlohmann::json text;
+  std::ifstream(dir / "config.json") >> text;
+  auto text_model = models::from_pretrained(dir.string());
+  const auto f = io::SafeTensorsFile::open((dir / "model.safetensors").string());
+  for (const bool new_style : {false, true}) {
+    SCOPED_TRACE(new_style ? "model.language_model." : "language_model.model.");
+    TempDir tmp(new_style ? "gemma3_mm_new" : "gemma3_mm_old");
+    nlohmann::json mm = {{"architectures", {"Gemma3ForConditionalGeneration"}}, {"model_type", "gemma3"},
+                         {"eos_token_id", text["eos_token_id"]}, {"image_token_index", 40},
+                         {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 8}}}};
+    mm["text_config"] = text;
+    mm["text_config"].erase("eos_token_id");  // taken from the top level, as the hub's configs have it
+    mm["text_config"].erase("architectures");
+    std::ofstream(tmp.path / "config.json") << mm.dump(2);
+    OwnedTensors t;
+    for (const auto& n : f.names()) {
+      t.names.push_back(new_style ? "model.language_model." + n.substr(6) : "language_model." + n);
+      t.data.push_back(f.read_vector<float>(n));
+      t.shapes.push_back(f.info(n).shape);
+    }
+    for (const char* extra : {"vision_tower.vision_model.embeddings.patch_embedding.weight",
+                              "multi_modal_projector.mm_input_projection_weight"}) {
+      t.names.push_back(new_style ? std::string("model.") + extra : extra);
+      t.data.emplace_back(16, 0.5f);
+      t.shapes.push_back({4, 4});
+    }
+    io::save_safetensors((tmp.path / "model.safetensors").string(), t.list(), {{"format", "pt"}});
+
+    auto m = models::from_pretrained(tmp.path.string());
+    EXPECT_EQ(m.config().multimodal_type, "gemma3");
+    EXPECT_EQ(m.config().model_type, "gemma3_text");
+    EXPECT_EQ(m.config().eos_token_id, text_model.config().eos_token_id);
+    EXPECT_EQ(param_bytes(m), param_bytes(text_model));
+    expect_matches_reference(m, dir, /*greedy=*/false);
+    // Saved, it is the text model alone, under edl's (Gemma3ForCausalLM's) names.
+    TempDir out(new_style ? "gemma3_mm_new_saved" : "gemma3_mm_old_saved");
+    models::save_pretrained(out.path, m);
+    nlohmann::json saved;
+    std::ifstream(out.path / "config.json") >> saved;
+    EXPECT_EQ(saved["model_type"], "gemma3_text");
+    EXPECT_EQ(saved["architectures"], nlohmann::json({"Gemma3ForCausalLM"}));
+    EXPECT_TRUE(io::SafeTensorsFile::open((out.path / "model.safetensors").string()).contains("model.embed_tokens.weight"));
+    auto back = models::from_pretrained(out.path);
+    EXPECT_TRUE(back.config().multimodal_type.empty());
+    EXPECT_EQ(param_bytes(back), param_bytes(m));
+  }
+}
+
+/// A hub multimodal config lists in text_config only what differs from Gemma3TextConfig's
+/// defaults (gemma-3-4b-it's, abridged): the rest takes them, token ids come from the top level.
+TEST(Pretrained, Gemma3MultimodalConfigTakesGemma3TextDefaults) {
+  const auto j = nlohmann::json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "eos_token_id": [1, 106],
+    "image_token_index": 262144, "torch_dtype": "bfloat16",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "vision_config": {"model_type": "siglip_vision_model"}})");
+  const auto c = LlamaConfig::from_json(j, "config.json");
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.num_attention_heads, 8);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_size(), 256);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.sliding_window, 1024);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 2);
+  EXPECT_EQ(c.eos_token_id, (std::vector<std::int64_t>{1, 106}));
+  EXPECT_EQ(c.pad_token_id, 0);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  EXPECT_TRUE(c.layer_is_sliding(0));
+  EXPECT_FALSE(c.layer_is_sliding(5));  // every sixth layer is global
+  // Without a text_config: refused, naming it.
+  auto bad = j;
+  bad.erase("text_config");
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(bad, "config.json"); }).find("text_config"), std::string::npos);
+}
+
 /// Gemma 2 against the same reference (scripts/gemma_reference.py --family gemma2): Gemma 3's
 /// layer without q/k norms, one rope for all layers, sliding even layers, and soft-capping of
 /// the attention scores (2) and of the final logits (3), small enough to bend most values, in

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <edl/core/rng.hpp>
+#include <edl/lora/apply.hpp>
+#include <edl/lora/peft.hpp>
 #include <edl/train/sharded_load.hpp>
 #include <edl/train/state.hpp>
 
@@ -123,6 +125,49 @@ TEST(ShardedLoad, Phi3FusedTensorsReshardBitForBit) {
     EXPECT_EQ(slots_of(so.gather(sm)), want_slots);
   }
   fs::remove_all(run.dir);
+}
+
+// Phi-3's adapters saved in PEFT's fused form (qkv_proj, gate_up_proj: one A, the parts' B
+// rows) load onto the parts' adapter blocks on any mesh, bit for bit.
+TEST(ShardedLoad, Phi3FusedAdaptersReshardBitForBit) {
+  models::LlamaConfig cfg = load_config();
+  cfg.model_type = "phi3";
+  models::LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(3));
+  lora::LoraConfig lc;
+  lc.r = 2;
+  lc.lora_alpha = 4;
+  lc.target_modules = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"};
+  lora::apply_lora(m, lc);
+  // Each fused module's parts share one A (as a PEFT Phi-3 adapter has it); B's differ.
+  std::map<std::string, std::vector<float>> first_a;
+  std::uint32_t k = 1;
+  m.visit_params("", [&](std::string_view name, auto& p) {
+    const std::string n(name);
+    if (n.ends_with("lora_B.weight"))
+      for (std::int64_t i = 0; i < p.numel(); ++i) p.data()[i] = 0.01f * static_cast<float>((k++ * 37) % 23) - 0.1f;
+    if (!n.ends_with("lora_A.weight") || n.find("down_proj") != std::string::npos) return;
+    const std::string group = n.substr(0, n.find(n.find("self_attn") != std::string::npos ? "self_attn" : "mlp"));
+    const std::string key = group + (n.find("self_attn") != std::string::npos ? "qkv" : "gate_up");
+    if (!first_a.count(key)) first_a[key].assign(p.data(), p.data() + p.numel());
+    std::copy(first_a[key].begin(), first_a[key].end(), p.data());
+  });
+  const fs::path dir = fs::temp_directory_path() / ("edl_sharded_load_phi3_lora_" + std::to_string(::getpid()));
+  lora::save_adapter(dir, m, "phi3");
+  ASSERT_TRUE(io::SafeTensorsFile::open((dir / lora::kAdapterWeightsFile).string())
+                  .contains("base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight"));
+  const auto want = params_of(m);
+  for (const std::array<std::int64_t, 4> dims : {std::array<std::int64_t, 4>{1, 2, 1, 1}, {1, 1, 2, 1}}) {
+    models::LlamaForCausalLM<> fresh(cfg);
+    fresh.init(Key::from_seed(3));
+    lora::apply_lora(fresh, lc);
+    auto sm = models::shard_model(fresh, create_mesh(dims));
+    ShardedLoadStats st;
+    load_adapter_blocks(dir.string(), sm, st);
+    auto back = sm.gather_model();
+    EXPECT_EQ(params_of(back), want) << dims[1] << " " << dims[2];
+  }
+  fs::remove_all(dir);
 }
 
 TEST(ShardedLoad, ContinuesTrainingLikeTheSavedState) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -92,10 +93,16 @@ template <class Pol>
 void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
   using T = typename Pol::param_t;
   const auto weights = io::ShardedCheckpoint::open(dir);
+  // A Gemma 3 multimodal checkpoint keeps the text model's tensors under a prefix.
+  std::map<std::string, std::string> stored;
+  if (!model.config().multimodal_type.empty())
+    for (const auto& n : weights.names())
+      if (std::string e = models::text_model_name(model.config(), n); !e.empty()) stored.emplace(std::move(e), n);
   for (const auto& name : model.names()) {
     // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
     const auto fused = models::fused_slice(model.config(), name);
-    const std::string tensor = fused ? fused->tensor : name;
+    const std::string edl_tensor = fused ? fused->tensor : name;
+    const std::string tensor = stored.count(edl_tensor) ? stored.at(edl_tensor) : edl_tensor;
     EDL_CHECK(weights.contains(tensor), errc::format, dir + " tensor " + tensor,
               "missing: the model being loaded has this parameter", fused ? " (" + name + " is part of it)" : "");
     auto& arr = model.param(name);
@@ -125,15 +132,32 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
   EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
   for (const auto& name : model.trainable_names()) {
-    const std::string tensor = lora::kPeftPrefix + name;
+    std::string tensor = lora::kPeftPrefix + name;
+    // A part of a fused module (Phi-3) saved in the fused form (lora/peft.hpp): the module's A
+    // whole, its B's rows.
+    std::int64_t row0 = 0;
+    bool part_rows = false;
+    const bool is_b = name.ends_with(".lora_B.weight");
+    const std::string path = name.substr(0, name.size() - std::string_view(".lora_A.weight").size());
+    if (!f.contains(tensor))
+      if (const auto s = models::fused_slice(model.config(), path + ".weight")) {
+        tensor = lora::kPeftPrefix + s->tensor.substr(0, s->tensor.size() - 7) + (is_b ? ".lora_B.weight" : ".lora_A.weight");
+        if (is_b) row0 = s->row0, part_rows = true;
+      }
     EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
               "\" is missing: the model being loaded has this adapter");
     auto& arr = model.param(name);
-    EDL_CHECK(f.info(tensor).shape == arr.layout().global_shape(), errc::shape_mismatch,
-              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(f.info(tensor).shape),
-              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()));
+    const std::vector<std::int64_t>& file_shape = f.info(tensor).shape;
+    auto shape = file_shape;
+    if (part_rows && shape.size() == 2 && shape[0] >= row0 + arr.layout().global_shape()[0])
+      shape[0] = arr.layout().global_shape()[0];
+    EDL_CHECK(shape == arr.layout().global_shape(), errc::shape_mismatch,
+              io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(file_shape),
+              ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()),
+              part_rows ? " (rows of the fused tensor)" : "");
     const std::vector<T*> blocks = detail::block_pointers(arr);
-    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read);
+    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read,
+                                                            part_rows ? &file_shape : nullptr, row0);
   }
 }
 

@@ -141,6 +141,12 @@ struct LlamaConfig {
   ojson extra = ojson::object();
   /// Names the config in errors: the file it came from, or "LlamaConfig".
   std::string source = "LlamaConfig";
+  /// The multimodal model whose text model this config was read from ("gemma3":
+  /// Gemma3ForConditionalGeneration, whose text_config it is), empty otherwise. Its checkpoints
+  /// keep the text model's tensors under a prefix beside the vision tower's
+  /// (models/llama/fused_checkpoint.hpp reads them under edl's names). Not written by to_json:
+  /// what edl saves is the text model alone (Gemma3ForCausalLM).
+  std::string multimodal_type;
 
   // ------------------------------------------------------------------ derived values
   std::int64_t head_size() const {
@@ -193,6 +199,9 @@ struct LlamaConfig {
   bool qwen_moe() const { return model_type == "qwen2_moe" || model_type == "qwen3_moe"; }
   /// Phi-3: q/k/v and gate/up stored fused in checkpoints (models/llama/fused_checkpoint.hpp).
   bool fused_projections() const { return model_type == "phi3"; }
+  /// Checkpoints name (or cut) this model's tensors otherwise than edl's parameters do: Phi-3's
+  /// fused projections, a multimodal model's text tensors under their prefix.
+  bool checkpoint_names_differ() const { return fused_projections() || !multimodal_type.empty(); }
   /// Layer l's MLP is a mixture of experts.
   bool layer_is_sparse(std::int64_t l) const {
     if (!is_moe()) return false;
@@ -401,19 +410,23 @@ struct LlamaConfig {
   /// Reads a config.json object (missing fields take HF defaults) and validates it.
   static LlamaConfig from_json(const ojson& j, const std::string& source = "LlamaConfig") {
     const io::JsonConfig c(j, source);
+    if (c.get<std::string>("model_type", "llama") == "gemma3") return from_multimodal_json(j, source);
     LlamaConfig cfg;
     cfg.source = source;
     cfg.model_type = c.get<std::string>("model_type", "llama");
-    cfg.vocab_size = c.get<std::int64_t>("vocab_size", cfg.vocab_size);
-    cfg.hidden_size = c.get<std::int64_t>("hidden_size", cfg.hidden_size);
-    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", cfg.intermediate_size);
-    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", cfg.num_hidden_layers);
-    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", cfg.num_attention_heads);
-    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", cfg.num_attention_heads);
-    cfg.head_dim = c.optional<std::int64_t>("head_dim");
-    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", cfg.max_position_embeddings);
+    // Fields a config leaves out take its class's defaults: LlamaConfig's, or Gemma3TextConfig's
+    // (a Gemma 3 multimodal config's text_config lists only what differs from them).
+    const bool g3 = cfg.model_type == "gemma3_text";
+    cfg.vocab_size = c.get<std::int64_t>("vocab_size", g3 ? 262208 : cfg.vocab_size);
+    cfg.hidden_size = c.get<std::int64_t>("hidden_size", g3 ? 2304 : cfg.hidden_size);
+    cfg.intermediate_size = c.get<std::int64_t>("intermediate_size", g3 ? 9216 : cfg.intermediate_size);
+    cfg.num_hidden_layers = c.get<std::int64_t>("num_hidden_layers", g3 ? 26 : cfg.num_hidden_layers);
+    cfg.num_attention_heads = c.get<std::int64_t>("num_attention_heads", g3 ? 8 : cfg.num_attention_heads);
+    cfg.num_key_value_heads = c.get<std::int64_t>("num_key_value_heads", g3 ? 4 : cfg.num_attention_heads);
+    cfg.head_dim = c.has("head_dim") || !g3 ? c.optional<std::int64_t>("head_dim") : std::optional<std::int64_t>(256);
+    cfg.max_position_embeddings = c.get<std::int64_t>("max_position_embeddings", g3 ? 131072 : cfg.max_position_embeddings);
     cfg.rms_norm_eps = c.get<double>("rms_norm_eps", cfg.rms_norm_eps);
-    cfg.rope_theta = c.get<double>("rope_theta", cfg.rope_theta);
+    cfg.rope_theta = c.get<double>("rope_theta", g3 ? 1e6 : cfg.rope_theta);
     cfg.attention_bias = c.get<bool>("attention_bias", false);
     cfg.mlp_bias = c.get<bool>("mlp_bias", false);
     const bool gemma = cfg.is_gemma();
@@ -422,7 +435,8 @@ struct LlamaConfig {
     else if (cfg.model_type == "mistral") cfg.sliding_window = 4096;  // MistralConfig default
     else if (gemma) cfg.sliding_window = 4096;                        // Gemma3TextConfig default
     cfg.hidden_act = c.get<std::string>("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(1);
+    cfg.bos_token_id = c.has("bos_token_id") ? c.optional<std::int64_t>("bos_token_id") : std::optional<std::int64_t>(g3 ? 2 : 1);
+    if (g3) cfg.eos_token_id = {1};
     if (c.has("eos_token_id")) {
       const ojson& e = j["eos_token_id"];
       cfg.eos_token_id_is_list = e.is_array();
@@ -430,7 +444,7 @@ struct LlamaConfig {
       else if (e.is_array()) cfg.eos_token_id = c.get<std::vector<std::int64_t>>("eos_token_id");
       else cfg.eos_token_id = {c.get<std::int64_t>("eos_token_id")};
     }
-    cfg.pad_token_id = c.optional<std::int64_t>("pad_token_id");
+    cfg.pad_token_id = c.has("pad_token_id") || !g3 ? c.optional<std::int64_t>("pad_token_id") : std::optional<std::int64_t>(0);
     cfg.torch_dtype = c.get<std::string>("torch_dtype", c.get<std::string>("dtype", "float32"));
     cfg.initializer_range = c.get<double>("initializer_range", cfg.initializer_range);
     if (c.has_value("id2label") && j["id2label"].is_object()) cfg.num_labels = static_cast<std::int64_t>(j["id2label"].size());
@@ -528,6 +542,28 @@ struct LlamaConfig {
       cfg.extra[it.key()] = it.value();
     }
     cfg.validate();
+    return cfg;
+  }
+
+  /// Gemma3ForConditionalGeneration's config.json (model_type "gemma3"): the text model's
+  /// config is its text_config (Gemma3TextConfig's defaults for what it leaves out; token ids
+  /// and torch_dtype from the top level when text_config has none). The vision tower's fields
+  /// are not read: edl runs the text model.
+  static LlamaConfig from_multimodal_json(const ojson& j, const std::string& source) {
+    const std::string at = source + ": text_config";
+    EDL_CHECK(j.contains("text_config") && j["text_config"].is_object(), errc::config, at,
+              "a gemma3 (Gemma3ForConditionalGeneration) config keeps its text model's fields in a text_config "
+              "object; found ", j.contains("text_config") ? j["text_config"].dump() : std::string("none"));
+    ojson t = j["text_config"];
+    if (!t.contains("model_type")) t["model_type"] = "gemma3_text";
+    EDL_CHECK(t["model_type"] == "gemma3_text", errc::unsupported, at + ".model_type",
+              "expected \"gemma3_text\", found ", t["model_type"].dump());
+    for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "tie_word_embeddings"})
+      if (!t.contains(k) && j.contains(k)) t[k] = j[k];
+    t["architectures"] = ojson::array({"Gemma3ForCausalLM"});  // what a saved copy is
+    LlamaConfig cfg = from_json(t, at);
+    cfg.source = source;
+    cfg.multimodal_type = "gemma3";
     return cfg;
   }
 

@@ -11,6 +11,16 @@
 // the checkpoint seen with edl's names), saving joins them back (fuse_tensors), so a folder edl
 // writes loads in transformers' Phi3ForCausalLM unchanged. Quantized Linears (U8 block rows) are
 // fused and split the same way: rows stay whole.
+//
+// Gemma 3's multimodal checkpoints (Gemma3ForConditionalGeneration, config model_type "gemma3")
+// keep the text model's tensors under a prefix, beside the vision tower's:
+//
+//   language_model.model.layers.N...   language_model.lm_head.weight   (transformers 4.50, 4.51)
+//   model.language_model.layers.N...   lm_head.weight                  (transformers 4.52 and later)
+//   vision_tower..., multi_modal_projector...  (either under model. or not)
+//
+// The view reads the text tensors under edl's names (model.layers.N..., lm_head.weight) and
+// leaves the vision tower's out: edl runs the text model, and saves it as Gemma3ForCausalLM.
 #pragma once
 
 #include <algorithm>
@@ -55,19 +65,47 @@ inline std::optional<FusedSlice> fused_slice(const LlamaConfig& c, std::string_v
   return std::nullopt;
 }
 
+/// The name edl gives checkpoint tensor `name` of a model of `c`: the name itself, or a
+/// multimodal checkpoint's text tensor without its prefix; "" for a tensor outside the text
+/// model (the vision tower, the projector), which the view leaves out.
+inline std::string text_model_name(const LlamaConfig& c, const std::string& name) {
+  if (c.multimodal_type.empty()) return name;
+  const auto strip = [&](std::string_view prefix, std::string_view with) -> std::optional<std::string> {
+    if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+    return std::string(with) + name.substr(prefix.size());
+  };
+  for (const auto& [prefix, with] : {std::pair<std::string_view, std::string_view>{"language_model.model.", "model."},
+                                     {"language_model.lm_head.", "lm_head."},
+                                     {"model.language_model.", "model."}})
+    if (auto n = strip(prefix, with)) return *n;
+  if (name.compare(0, 8, "lm_head.") == 0) return name;
+  return "";
+}
+
 /// A checkpoint (io::ShardedCheckpoint or io::SafeTensorsFile) seen with edl's parameter
 /// names: each part of a fused tensor is a tensor of its own (its rows), read from the fused
-/// one; every other tensor is the checkpoint's. What load_weights reads a Phi-3 folder through.
+/// one; a multimodal checkpoint's text tensors lose their prefix and the others are left out;
+/// every other tensor is the checkpoint's. What load_weights reads a Phi-3 or a Gemma 3
+/// multimodal folder through.
 template <class Ckpt>
 class FusedCheckpointView {
  public:
   FusedCheckpointView(const Ckpt& ckpt, const LlamaConfig& cfg, const std::vector<std::string>& parameter_names)
       : ckpt_(ckpt) {
+    std::vector<std::string> edl_names;  // the checkpoint's tensors under edl's names, in its order
+    for (const std::string& n : ckpt.names()) {
+      std::string e = text_model_name(cfg, n);
+      if (e.empty()) continue;
+      const auto [it, fresh] = stored_.emplace(e, n);
+      EDL_CHECK(fresh, errc::format, ckpt_file_of(n) + " tensor " + n, "and tensor ", it->second,
+                " are both the text model's ", e);
+      edl_names.push_back(std::move(e));
+    }
     std::map<std::string, bool> fused_seen;
     for (const std::string& p : parameter_names) {
       const auto s = fused_slice(cfg, p);
-      if (!s || !ckpt.contains(s->tensor)) continue;
-      io::TensorInfo info = ckpt.info(s->tensor);
+      if (!s || !stored_.count(s->tensor)) continue;
+      io::TensorInfo info = ckpt.info(stored_.at(s->tensor));
       const std::string where = file_of(s->tensor) + " tensor " + s->tensor;
       EDL_CHECK(info.shape.size() == 2, errc::shape_mismatch, where, "a fused weight must be 2-D, found ",
                 ::edl::detail::shape_str(info.shape));
@@ -77,7 +115,7 @@ class FusedCheckpointView {
       parts_.emplace(p, Part{*s, info});
       fused_seen[s->tensor] = true;
     }
-    for (const std::string& n : ckpt.names()) {
+    for (const std::string& n : edl_names) {
       if (fused_seen.count(n) == 0) names_.push_back(n);
       else if (fused_seen[n]) {  // the parts, in place of the fused tensor
         for (const std::string& p : parameter_names)
@@ -90,21 +128,19 @@ class FusedCheckpointView {
       covered_[part.slice.tensor] += part.slice.rows;
     }
     for (const auto& [t, rows] : covered_)
-      EDL_CHECK(rows == ckpt.info(t).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
-                ckpt.info(t).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
+      EDL_CHECK(rows == ckpt.info(stored_.at(t)).shape[0], errc::shape_mismatch, file_of(t) + " tensor " + t, "has ",
+                ckpt.info(stored_.at(t)).shape[0], " rows, but the parts ", cfg.source, " gives it hold ", rows);
   }
 
   const std::vector<std::string>& names() const noexcept { return names_; }
-  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (ckpt_.contains(name) && !covered_.count(name)); }
+  bool contains(const std::string& name) const { return parts_.count(name) > 0 || (stored_.count(name) && !covered_.count(name)); }
   const io::TensorInfo& info(const std::string& name) const {
     const auto it = parts_.find(name);
-    return it != parts_.end() ? it->second.info : ckpt_.info(name);
+    return it != parts_.end() ? it->second.info : ckpt_.info(stored(name));
   }
   std::string file_of(const std::string& name) const {
     const auto it = parts_.find(name);
-    const std::string& t = it != parts_.end() ? it->second.slice.tensor : name;
-    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
-    else return ckpt_.path();
+    return ckpt_file_of(stored(it != parts_.end() ? it->second.slice.tensor : name));
   }
   std::string path() const {
     if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
@@ -116,11 +152,11 @@ class FusedCheckpointView {
   template <class T>
   void read_into(const std::string& name, std::span<T> out) const {
     const auto it = parts_.find(name);
-    if (it == parts_.end()) return ckpt_.template read_into<T>(name, out);
-    const FusedSlice& s = it->second.slice;
-    const auto& full = ckpt_.info(s.tensor).shape;
-    const std::vector<std::int64_t> offset{s.row0, 0}, block{s.rows, full[1]};
-    file_holding(s.tensor).template read_block<T>(s.tensor, full, offset, block, out);
+    if (it == parts_.end()) return ckpt_.template read_into<T>(stored(name), out);
+    const std::string& t = stored(it->second.slice.tensor);
+    const auto& full = ckpt_.info(t).shape;
+    const std::vector<std::int64_t> offset{it->second.slice.row0, 0}, block{it->second.slice.rows, full[1]};
+    file_holding(t).template read_block<T>(t, full, offset, block, out);
   }
 
  private:
@@ -128,6 +164,16 @@ class FusedCheckpointView {
     FusedSlice slice;
     io::TensorInfo info;  // the part's shape, the fused tensor's dtype
   };
+  /// The checkpoint's name of tensor `name` (edl's); a name the checkpoint lacks is passed on,
+  /// for the checkpoint's own error.
+  const std::string& stored(const std::string& name) const {
+    const auto it = stored_.find(name);
+    return it != stored_.end() ? it->second : name;
+  }
+  std::string ckpt_file_of(const std::string& t) const {
+    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
+    else return ckpt_.path();
+  }
   const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
     if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
     else return ckpt_;
@@ -135,6 +181,7 @@ class FusedCheckpointView {
 
   const Ckpt& ckpt_;
   std::map<std::string, Part> parts_;
+  std::map<std::string, std::string> stored_;      // edl's name -> the checkpoint's
   std::map<std::string, std::int64_t> covered_;  // fused tensor -> rows its parts take
   std::vector<std::string> names_;
 };

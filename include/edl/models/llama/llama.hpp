@@ -29,6 +29,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/gemm.hpp>
 #include <edl/models/llama/config.hpp>
+#include <edl/models/llama/fused_checkpoint.hpp>
 #include <edl/nn/decoder_layer.hpp>
 #include <edl/nn/embedding.hpp>
 #include <edl/nn/linear.hpp>
@@ -230,6 +232,13 @@ class LlamaForCausalLM {
 
   const LlamaConfig& config() const noexcept { return model.config(); }
   bool tied() const noexcept { return tied_; }
+  /// Where the weight of Linear `linear_path` lives in a checkpoint that fuses it with others
+  /// (Phi-3's qkv_proj, gate_up_proj): the fused tensor and the Linear's rows in it; nullopt
+  /// when it is stored as itself. PEFT adapters of the model follow the same layout
+  /// (lora/peft.hpp).
+  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
+    return fused_slice(config(), linear_path + ".weight");
+  }
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {

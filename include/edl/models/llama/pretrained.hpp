@@ -240,11 +240,11 @@ LoadReport load_named_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt
 /// LlamaForSequenceClassification, LlamaModel with its own names, ...) by HF name from
 /// `ckpt` (io::ShardedCheckpoint or io::SafeTensorsFile). See the header comment for the rules.
 /// A model whose config stores projections fused (Phi-3) reads them through
-/// FusedCheckpointView (fused_checkpoint.hpp).
+/// FusedCheckpointView (fused_checkpoint.hpp), as does a Gemma 3 multimodal checkpoint's text model.
 template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
-  if constexpr (requires { model.config().fused_projections(); }) {
-    if (model.config().fused_projections()) {
+  if constexpr (requires { model.config().checkpoint_names_differ(); }) {
+    if (model.config().checkpoint_names_differ()) {
       std::vector<std::string> names;
       model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
       return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
@@ -359,7 +359,7 @@ void check_named_shapes(const LlamaConfig& cfg, const Ckpt& ckpt, const LoadOpti
 
 inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::ShardedCheckpoint& ckpt,
                                            const LoadOptions& opt) {
-  if (!cfg.fused_projections()) return check_named_shapes(cfg, ckpt, opt);
+  if (!cfg.checkpoint_names_differ()) return check_named_shapes(cfg, ckpt, opt);
   std::vector<std::string> names;
   for (const auto& [name, shape] : cfg.parameter_shapes()) names.push_back(name);
   check_named_shapes(cfg, FusedCheckpointView<io::ShardedCheckpoint>(ckpt, cfg, names), opt);
