@@ -8,7 +8,8 @@
 // character as the tokens complete them. /reset starts over, /exit (or Ctrl-D) leaves, and
 // Ctrl-C stops the reply being written, not the program. Line editing and history come from
 // libedit when the build found it (plain lines otherwise). Reading from a pipe works too: one
-// turn per line, replies printed as they stream.
+// turn per line, replies printed as they stream. The KV cache is kept between turns
+// (generate::PrefixCachedGenerator): a turn prefills only what follows the conversation so far.
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <edl/chat/conversation.hpp>
+#include <edl/generate/prefix_cached_generator.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 #include "generate.hpp"
 
@@ -71,7 +73,7 @@ inline int cmd_chat(Args& args) {
   gen_detail::stop_at_tokenizer_eos(g, tok);
   auto model = gen_detail::load_model(dir);
   apply_adapter(model, af);
-  const DefaultMesh mesh = make_mesh(kOneDevice);
+  generate::PrefixCachedGenerator<> conversation(model);
 
   const bool interactive = ::isatty(STDIN_FILENO) != 0;
   std::signal(SIGINT, [](int) { chat_detail::interrupted = true; });
@@ -104,7 +106,7 @@ inline int cmd_chat(Args& args) {
       std::fflush(stdout);
     };
     try {
-      generate::generate(model, mesh, {prompt}, g, o);
+      conversation.generate(prompt, g, o);
     } catch (const chat_detail::Interrupted&) {
       std::fputs(" [stopped]", stdout);
     }

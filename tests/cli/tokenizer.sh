@@ -98,6 +98,29 @@ want = json.load(open(w + "/chat_out.json"))["text"]
 assert got == want + "\n" + want + "\n", (got, want)
 PY
 
+# Two turns in one session (the second prefills only what follows the cached conversation): the
+# second reply is generate --chat's on the whole conversation.
+printf 'what does the user ask?\nand then?\n' |
+  "$EDL" chat --model "$C" --max-new-tokens 6 --min-new-tokens 6 --greedy >"$W/chat_two.txt"
+"$EDL" generate --model "$C" --chat "$W/chat.json" --max-new-tokens 6 --min-new-tokens 6 --greedy >"$W/chat1_out.json"
+$PY - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+first = json.load(open(w + "/chat1_out.json"))["text"]
+json.dump([{"role": "user", "content": "what does the user ask?"}, {"role": "assistant", "content": first},
+           {"role": "user", "content": "and then?"}], open(w + "/chat2.json", "w"))
+PY
+"$EDL" generate --model "$C" --chat "$W/chat2.json" --max-new-tokens 6 --min-new-tokens 6 --greedy >"$W/chat2_out.json"
+$PY - "$W" <<'PY' || fail "edl chat's second turn differs from generate --chat on the conversation"
+import json, sys
+w = sys.argv[1]
+got = open(w + "/chat_two.txt", encoding="utf-8", errors="replace").read()
+first = json.load(open(w + "/chat1_out.json"))["text"]
+second = json.load(open(w + "/chat2_out.json"))["text"]
+assert first and second, (first, second)
+assert got == first + "\n" + second + "\n", (got, first, second)
+PY
+
 # 4. Refusals name what is wrong.
 expect_error() {  # pattern command...
   local pattern=$1; shift

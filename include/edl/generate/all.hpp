@@ -1,5 +1,5 @@
 // edl/generate/all.hpp: KV caches, the incremental decoder (one device and a mesh), sampling,
-// beam search, generate(), the continuous batching engine.
+// beam search, generate(), a conversation's prefix cache, the continuous batching engine.
 #pragma once
 
 #include <edl/generate/beam_search.hpp>
@@ -8,6 +8,7 @@
 #include <edl/generate/generate.hpp>
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/kv_cache.hpp>
+#include <edl/generate/prefix_cached_generator.hpp>
 #include <edl/generate/rope_table.hpp>
 #include <edl/generate/sampling.hpp>
 #include <edl/generate/sharded_decoder.hpp>
