@@ -2,7 +2,7 @@
 // (models/llama/plan.hpp) without allocating any tensor: only the config is read.
 //
 //   edl plan --model DIR | --config tiny|small|gqa1b|FILE.json  --mesh dp=..,fsdp=..,tp=..,sp=..
-//            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor] [--momentum M]
+//            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor|rmsprop] [--momentum M]
 //            [--dtype f32|bf16] [--threads T] [--chunk-rows C] [--remat none|nothing_saveable]
 //
 // --batch defaults to dp * fsdp (one row per data-parallel rank), --seq to the config's
@@ -146,9 +146,9 @@ inline Command plan_command() {
                 integer_flag("--seq", "S", "tokens per sequence").defaults("max_position_embeddings"),
                 switch_flag("--train", "plan a training step (gradients, optimizer state), not the loss-only forward"),
                 text_flag("--optimizer", "", "the optimizer of --train")
-                    .one_of({"adamw", "sgd", "lion", "adafactor"})
+                    .one_of({"adamw", "sgd", "lion", "adafactor", "rmsprop"})
                     .defaults("adamw"),
-                number_flag("--momentum", "M", "sgd's momentum (> 0 keeps a momentum buffer)").defaults("0"),
+                number_flag("--momentum", "M", "sgd's and rmsprop's momentum (> 0 keeps a momentum buffer)").defaults("0"),
                 text_flag("--dtype", "", "storage of the parameters").one_of({"f32", "bf16"}).defaults("f32"),
                 integer_flag("--threads", "T", "threads per device, for the per-thread scratch").defaults("all cores"),
                 integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024"),

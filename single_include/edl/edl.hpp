@@ -19025,12 +19025,16 @@ void zero_grad(Model& model) {
 //   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
 //             (weight decay added to the gradient, as torch does)
 //   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
+//   rmsprop   torch.optim.RMSprop: square_avg = alpha*square_avg + (1-alpha)*g^2 (centered: minus
+//             grad_avg^2, grad_avg = alpha*grad_avg + (1-alpha)*g); p -= lr * g / (sqrt(.) + eps),
+//             through a momentum buffer (buf = momentum*buf + g / (sqrt(.) + eps)) when momentum > 0;
+//             weight decay added to the gradient, as torch does
 //   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
 //             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
 //             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
 //
 // State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
-// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
+// "momentum_buffer", "square_avg", "grad_avg"), so it can be saved under "<path>.<slot>" and sharded like its
 // parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
 // master copy in slot "master" and rounds to storage after each update (mixed precision).
 // Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
@@ -19051,15 +19055,16 @@ void zero_grad(Model& model) {
 
 namespace edl::optim {
 
-enum class OptimizerKind { adamw, sgd, lion, adafactor };
+enum class OptimizerKind { adamw, sgd, lion, adafactor, rmsprop };
 
 inline OptimizerKind optimizer_from_name(std::string_view name) {
   if (name == "adamw") return OptimizerKind::adamw;
   if (name == "sgd") return OptimizerKind::sgd;
   if (name == "lion") return OptimizerKind::lion;
   if (name == "adafactor") return OptimizerKind::adafactor;
+  if (name == "rmsprop") return OptimizerKind::rmsprop;
   detail::raise(errc::config, "optimizer",
-                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
+                detail::concat("expected one of adamw, sgd, lion, adafactor, rmsprop; found \"", name, "\""));
 }
 inline const char* optimizer_name(OptimizerKind k) {
   switch (k) {
@@ -19067,6 +19072,7 @@ inline const char* optimizer_name(OptimizerKind k) {
     case OptimizerKind::sgd: return "sgd";
     case OptimizerKind::lion: return "lion";
     case OptimizerKind::adafactor: return "adafactor";
+    case OptimizerKind::rmsprop: return "rmsprop";
   }
   return "?";
 }
@@ -19075,7 +19081,9 @@ struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::adamw;
   double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
   double weight_decay = 0.0;
-  double momentum = 0.0;                    // sgd
+  double momentum = 0.0;                    // sgd, rmsprop
+  double rmsprop_alpha = 0.99;              // rmsprop: the squared average's decay (torch's alpha)
+  bool rmsprop_centered = false;            // rmsprop: divide by the gradient's estimated variance
   bool nesterov = false;                    // sgd
   bool decay_all = false;                   // weight decay on every parameter (torch default)
   double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
@@ -19089,6 +19097,8 @@ class Optimizer {
   explicit Optimizer(OptimizerOptions o) : opt_(o) {
     EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
               "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
+    EDL_CHECK(o.rmsprop_alpha >= 0 && o.rmsprop_alpha <= 1 && o.momentum >= 0, errc::config, "optimizer",
+              "rmsprop_alpha must lie in [0, 1] and momentum >= 0; found ", o.rmsprop_alpha, " and ", o.momentum);
   }
 
   const OptimizerOptions& options() const noexcept { return opt_; }
@@ -19226,6 +19236,31 @@ class Optimizer {
             const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
             w[i] -= flr * (sgn + wd * w[i]);
             m[i] = b2 * m[i] + (1.f - b2) * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::rmsprop: {
+        const float alpha = static_cast<float>(opt_.rmsprop_alpha), mu = static_cast<float>(opt_.momentum);
+        float* sq = slot(s, path, "square_avg", n).data();
+        float* ga = opt_.rmsprop_centered ? slot(s, path, "grad_avg", n).data() : nullptr;
+        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i] + wd * w[i];
+            sq[i] = alpha * sq[i] + (1.f - alpha) * g * g;  // torch: mul_(alpha).addcmul_(g, g, 1 - alpha)
+            float var = sq[i];
+            if (ga) {
+              ga[i] = alpha * ga[i] + (1.f - alpha) * g;  // torch: lerp_(g, 1 - alpha)
+              var -= ga[i] * ga[i];
+            }
+            const float avg = std::sqrt(var) + eps;
+            if (buf) {
+              buf[i] = mu * buf[i] + g / avg;
+              w[i] -= flr * buf[i];
+            } else {
+              w[i] -= flr * (g / avg);
+            }
           }
         });
         break;
@@ -22913,6 +22948,8 @@ inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, c
     case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
     case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
     case optim::OptimizerKind::lion: return s + n;  // exp_avg
+    case optim::OptimizerKind::rmsprop:  // square_avg, momentum_buffer, grad_avg
+      return s + n + (o.momentum > 0 ? n : 0) + (o.rmsprop_centered ? n : 0);
     case optim::OptimizerKind::adafactor:
       if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
       return s + n;
@@ -31543,7 +31580,9 @@ struct TrainingArguments {
   bool resume_if_possible = true;
   // ------------------------------------------------------------------ ours
   double b1 = 0.9, b2 = 0.999, epsilon = 1e-8;
-  double momentum = 0.0;                             // sgd
+  double momentum = 0.0;                             // sgd, rmsprop
+  double rmsprop_alpha = 0.99;                       // rmsprop: the squared gradients' decay (torch's alpha)
+  bool rmsprop_centered = false;                     // rmsprop: centered (torch's centered)
   std::uint64_t seed = 42;
   std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
   std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
@@ -31607,7 +31646,7 @@ struct TrainingArguments {
         "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
-        "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
+        "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
@@ -31684,6 +31723,8 @@ struct TrainingArguments {
     else if (key == "b2") f64(b2);
     else if (key == "epsilon") f64(epsilon);
     else if (key == "momentum") f64(momentum);
+    else if (key == "rmsprop_alpha") f64(rmsprop_alpha);
+    else if (key == "rmsprop_centered") boo(rmsprop_centered);
     else if (key == "seed") seed = io::JsonConfig::convert<std::uint64_t>(v, w);
     else if (key == "sharding_axis_dims") sharding_axis_dims = io::JsonConfig::convert<std::vector<std::int64_t>>(v, w);
     else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
@@ -31771,8 +31812,12 @@ struct TrainingArguments {
   void validate() const {
     auto positive = [&](const char* f, double v) { EDL_CHECK(v > 0, errc::config, where(f), "must be positive, found ", v); };
     auto nonneg = [&](const char* f, double v) { EDL_CHECK(v >= 0, errc::config, where(f), "must be >= 0, found ", v); };
-    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor",
-              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor; found \"", optimizer, "\"");
+    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor" ||
+                  optimizer == "rmsprop",
+              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor, rmsprop; found \"", optimizer,
+              "\"");
+    EDL_CHECK(rmsprop_alpha >= 0 && rmsprop_alpha <= 1, errc::config, where("rmsprop_alpha"), "must lie in [0, 1], found ",
+              rmsprop_alpha);
     EDL_CHECK(scheduler == "none" || scheduler == "linear" || scheduler == "cosine" ||
                   scheduler == "warmup_stable_decay",
               errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
@@ -31932,6 +31977,8 @@ struct TrainingArguments {
     j["b2"] = b2;
     j["epsilon"] = epsilon;
     j["momentum"] = momentum;
+    j["rmsprop_alpha"] = rmsprop_alpha;
+    j["rmsprop_centered"] = rmsprop_centered;
     j["seed"] = seed;
     j["sharding_axis_dims"] = sharding_axis_dims;
     j["sharding_axis_names"] = sharding_axis_names;
@@ -32103,12 +32150,20 @@ class BasicTrainer;
 using MeshFactory = std::function<DefaultMesh(const MeshDims& dims)>;
 
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
+/// EasyDeL's start_training_hook, start_evaluation_hook and finish are on_train_begin (after a
+/// resume, before the first step), on_evaluate_begin and on_train_end (after the last checkpoint
+/// and the adapter are written); on_log sees every metrics.jsonl line (training and evaluation)
+/// before it is written and may change or add fields (what a hook that returns new metrics does).
 template <PolicyLike Pol>
 struct BasicTrainerCallback {
+  std::function<void(BasicTrainer<Pol>&)> on_train_begin;
   std::function<void(BasicTrainer<Pol>&, std::int64_t step)> on_step_start;
   std::function<bool(BasicTrainer<Pol>&, const StepMetrics&)> on_step_end;
+  std::function<void(BasicTrainer<Pol>&, std::int64_t step)> on_evaluate_begin;
   std::function<void(BasicTrainer<Pol>&, const EvalMetrics&)> on_evaluate;
   std::function<void(BasicTrainer<Pol>&, const std::string& checkpoint)> on_save;
+  std::function<void(BasicTrainer<Pol>&, nlohmann::ordered_json& line)> on_log;
+  std::function<void(BasicTrainer<Pol>&, const TrainResult&)> on_train_end;
 };
 
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
@@ -32218,6 +32273,8 @@ class BasicTrainer {
     EvalMetrics e;
     e.step = state_.step;
     if (!eval_ || eval_->size() == 0) return e;
+    for (auto& c : callbacks)
+      if (c.on_evaluate_begin) c.on_evaluate_begin(*this, state_.step);
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
     // On a mesh the host model is gathered first (evaluation is rare next to training steps).
     sync_host();
@@ -32247,7 +32304,7 @@ class BasicTrainer {
     }
     e.step = state_.step;
     last_eval_ = e;
-    metrics_->write(j);
+    write_metrics(j);
     char buf[160];
     std::snprintf(buf, sizeof buf, "eval at step %lld: loss %.4f, perplexity %.2f, accuracy %.3f",
                   static_cast<long long>(e.step), e.loss, e.perplexity, e.accuracy);
@@ -32337,6 +32394,8 @@ class BasicTrainer {
     const auto t_start = std::chrono::steady_clock::now();
     const double elapsed_before = state_.elapsed_s;
     const std::int64_t first_step = state_.step;
+    for (auto& c : callbacks)
+      if (c.on_train_begin) c.on_train_begin(*this);
     auto session_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
 
     std::vector<std::int64_t> order;
@@ -32496,7 +32555,7 @@ class BasicTrainer {
           }
           j["elapsed_s"] = state_.elapsed_s;
           j["tokens_seen"] = state_.tokens_seen;
-          metrics_->write(j);
+          write_metrics(j);
         }
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
@@ -32537,10 +32596,18 @@ class BasicTrainer {
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
     if (args_.write_report && r.stop_reason != "nothing_to_do" && processes_.is_primary()) write_run_report();
+    for (auto& c : callbacks)
+      if (c.on_train_end) c.on_train_end(*this, r);
     return r;
   }
 
  private:
+  /// One metrics.jsonl line, after the on_log callbacks.
+  void write_metrics(ojson& line) {
+    for (auto& c : callbacks)
+      if (c.on_log) c.on_log(*this, line);
+    metrics_->write(line);
+  }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
@@ -32696,6 +32763,8 @@ class BasicTrainer {
     oo.eps = args_.epsilon;
     oo.weight_decay = args_.weight_decay;
     oo.momentum = args_.momentum;
+    oo.rmsprop_alpha = args_.rmsprop_alpha;
+    oo.rmsprop_centered = args_.rmsprop_centered;
     opt_ = optim::Optimizer(oo);
     sched_.kind = optim::schedule_from_name(args_.scheduler);
     sched_.lr = args_.learning_rate;

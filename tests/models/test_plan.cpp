@@ -288,6 +288,10 @@ TEST(Plan, OptimizerStateAndDtype) {
   EXPECT_EQ(models::plan_llama(cfg, ms, o).optimizer_state_bytes, 0);
   o.optimizer.momentum = 0.9;
   EXPECT_EQ(models::plan_llama(cfg, ms, o).optimizer_state_bytes, adam.gradient_bytes);
+  o.optimizer.kind = optim::OptimizerKind::rmsprop;  // square_avg, momentum_buffer (momentum 0.9), grad_avg
+  EXPECT_EQ(models::plan_llama(cfg, ms, o).optimizer_state_bytes, 2 * adam.gradient_bytes);
+  o.optimizer.rmsprop_centered = true;
+  EXPECT_EQ(models::plan_llama(cfg, ms, o).optimizer_state_bytes, 3 * adam.gradient_bytes);
   o.optimizer.kind = optim::OptimizerKind::adafactor;
   EXPECT_LT(models::plan_llama(cfg, ms, o).optimizer_state_bytes, adam.gradient_bytes / 4);
   o.optimizer.kind = optim::OptimizerKind::adamw;

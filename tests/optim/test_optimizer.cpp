@@ -148,6 +148,53 @@ TEST(Lion, EqualsPaperUpdate) {
   for (int i = 0; i < 12; ++i) EXPECT_NEAR(t.w.value.data()[i], w[i], 1e-6);
 }
 
+// torch.optim.RMSprop's update, written out in double precision from its documentation, with
+// and without momentum and centering (weight decay added to the gradient; the vector is not
+// decayed, as with every edl optimizer unless decay_all).
+TEST(RmsProp, EqualsTorchsUpdate) {
+  for (const bool centered : {false, true})
+    for (const double mu : {0.0, 0.9}) {
+      SCOPED_TRACE(std::string(centered ? "centered" : "plain") + " momentum " + std::to_string(mu));
+      Toy<> t;
+      OptimizerOptions o;
+      o.kind = OptimizerKind::rmsprop, o.rmsprop_alpha = 0.95, o.rmsprop_centered = centered, o.momentum = mu;
+      o.eps = 1e-6, o.weight_decay = 0.1;
+      Optimizer opt(o);
+      std::vector<double> w(12), b(5), sq(17, 0), ga(17, 0), buf(17, 0);
+      for (int step = 0; step < 4; ++step) {
+        fill_toy(t, step);
+        if (step == 0) {
+          for (int i = 0; i < 12; ++i) w[i] = t.w.value.data()[i];
+          for (int i = 0; i < 5; ++i) b[i] = t.b.value.data()[i];
+        }
+        for (int i = 0; i < 17; ++i) {
+          const bool mat = i < 12;
+          double& p = mat ? w[i] : b[i - 12];
+          const double g = (mat ? t.w.grad.data()[i] : t.b.grad.data()[i - 12]) + (mat ? 0.1 * p : 0.0);
+          sq[i] = 0.95 * sq[i] + 0.05 * g * g;
+          double avg = sq[i];
+          if (centered) {
+            ga[i] = 0.95 * ga[i] + 0.05 * g;
+            avg -= ga[i] * ga[i];
+          }
+          avg = std::sqrt(avg) + 1e-6;
+          if (mu > 0) {
+            buf[i] = mu * buf[i] + g / avg;
+            p -= 1e-2 * buf[i];
+          } else {
+            p -= 1e-2 * g / avg;
+          }
+        }
+        opt.step(t, 1e-2);
+      }
+      for (int i = 0; i < 12; ++i) EXPECT_NEAR(t.w.value.data()[i], w[i], 2e-6) << i;
+      for (int i = 0; i < 5; ++i) EXPECT_NEAR(t.b.value.data()[i], b[i], 2e-6) << i;
+      EXPECT_NE(opt.find_slot("w", "square_avg"), nullptr);
+      EXPECT_EQ(opt.find_slot("w", "grad_avg") != nullptr, centered);
+      EXPECT_EQ(opt.find_slot("w", "momentum_buffer") != nullptr, mu > 0);
+    }
+}
+
 TEST(Adafactor, FactoredSecondMomentEqualsNaiveLoop) {
   Toy<> t;
   OptimizerOptions o;

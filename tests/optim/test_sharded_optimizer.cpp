@@ -118,15 +118,22 @@ TEST_P(ShardedOptimizerMeshes, TrainingStepsEqualOneDevice) {
       if (q == path) got_w = pq.data();
     });
     ASSERT_NE(got_w, nullptr);
+    // RMSprop steps every element by about lr whatever its gradient's size, so an element whose
+    // gradient is near the f32 rounding of the mesh's sums moves by a different share of lr:
+    // 2e-5 is 0.7 % of the 3 x lr (x momentum) the updates move it.
+    const double w_tol = kind == optim::OptimizerKind::rmsprop ? 2e-5 : 2e-6;
     for (std::int64_t i = 0; i < p.numel(); ++i)
-      ASSERT_NEAR(got_w[i], want_w[i], 2e-6 + 2e-5 * std::abs(want_w[i])) << name << "[" << i << "]";
+      ASSERT_NEAR(got_w[i], want_w[i], w_tol + 2e-5 * std::abs(want_w[i])) << name << "[" << i << "]";
     ref_opt.visit_state([&](const std::string& sp, const std::string& slot, const std::vector<float>& v) {
       if (sp != name) return;
       const std::vector<float>* g = full.find_slot(sp, slot);
       ASSERT_NE(g, nullptr) << sp << "." << slot;
       ASSERT_EQ(g->size(), v.size());
+      // Its momentum buffer sums g / sqrt(mean g^2): O(1) values, the same amplification.
+      const bool rms_buffer = kind == optim::OptimizerKind::rmsprop && slot == "momentum_buffer";
+      const double abs_tol = rms_buffer ? 1e-3 : 1e-6, rel_tol = rms_buffer ? 1e-3 : 1e-4;
       for (std::size_t i = 0; i < v.size(); ++i)
-        ASSERT_NEAR((*g)[i], v[i], 1e-6 + 1e-4 * std::abs(v[i])) << sp << "." << slot << "[" << i << "]";
+        ASSERT_NEAR((*g)[i], v[i], abs_tol + rel_tol * std::abs(v[i])) << sp << "." << slot << "[" << i << "]";
     });
   });
 }
@@ -136,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Dims{1, 2, 1, 1}, Dims{2, 1, 1, 1}, Dims{1, 1, 2, 1}, Dims{1, 2, 2, 1},
                                          Dims{2, 1, 1, 2}),
                        ::testing::Values(optim::OptimizerKind::adamw, optim::OptimizerKind::sgd,
-                                         optim::OptimizerKind::lion)));
+                                         optim::OptimizerKind::lion, optim::OptimizerKind::rmsprop)));
 
 TEST(ShardedOptimizer, StateIsShardedAndRoundTripsThroughTheFullState) {
   models::LlamaForCausalLM<> m(config());

@@ -130,6 +130,48 @@ TEST(Trainer, CallbacksSaveTotalLimitAndEvalBatchSize) {
   EXPECT_NEAR(t2.evaluate().loss, by_micro, 1e-6 * by_micro);
 }
 
+// EasyDeL's start_training_hook, start_evaluation_hook and finish (on_train_begin,
+// on_evaluate_begin, on_train_end) run in order around the steps; on_log changes the lines
+// metrics.jsonl receives (a field added to every line, the training loss replaced).
+TEST(Trainer, HooksRunInOrderAndOnLogRewritesTheMetricsLines) {
+  TempDir d("hooks");
+  auto data = random_data(10, 16, 64, 5, true);
+  auto eval = random_data(6, 16, 64, 6, true);
+  auto args = base_args(d.str());
+  args.evaluation_steps = 3;
+  Trainer t(args, make_model(), std::nullopt, data, eval);
+  std::vector<std::string> events;
+  const auto at = [](const char* what, std::int64_t step) { return std::string(what) + "@" + std::to_string(step); };
+  TrainerCallback cb;
+  cb.on_train_begin = [&](Trainer& tr) { events.push_back(at("begin", tr.state().step)); };
+  cb.on_evaluate_begin = [&](Trainer&, std::int64_t step) { events.push_back(at("eval", step)); };
+  cb.on_evaluate = [&](Trainer&, const EvalMetrics& e) { events.push_back(at("evaluated", e.step)); };
+  cb.on_save = [&](Trainer&, const std::string& p) { events.push_back(fs::path(p).filename().string()); };
+  cb.on_train_end = [&](Trainer&, const TrainResult& r) {
+    events.push_back(at("end", r.steps));
+    EXPECT_TRUE(fs::exists(r.checkpoint)) << r.checkpoint;
+  };
+  cb.on_log = [&](Trainer&, ojson& line) {
+    line["custom/twice_step"] = 2 * line["step"].get<std::int64_t>();
+    if (line.contains("loss")) line["loss"] = -1.0;
+  };
+  t.callbacks.push_back(cb);
+  t.train();
+  EXPECT_EQ(events, (std::vector<std::string>{"begin@0", "eval@3", "evaluated@3", "eval@6", "evaluated@6",
+                                              "checkpoint-6", "end@6"}));
+  const auto lines = read_metrics(d.str());
+  ASSERT_GE(lines.size(), 8u);  // six steps and two evaluations
+  std::int64_t train_lines = 0;
+  for (const auto& j : lines) {
+    EXPECT_EQ(j["custom/twice_step"].get<std::int64_t>(), 2 * j["step"].get<std::int64_t>()) << j.dump();
+    if (j.contains("loss")) {
+      EXPECT_EQ(j["loss"].get<double>(), -1.0);
+      ++train_lines;
+    }
+  }
+  EXPECT_EQ(train_lines, 6);
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   TempDir a("full"), b("resumed");
   // 10 sequences, batches of 4: 2 steps per epoch, so 6 steps cross epochs (and the resume point).

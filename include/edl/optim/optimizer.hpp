@@ -4,12 +4,16 @@
 //   sgd       torch.optim.SGD with momentum, dampening 0, optional Nesterov, decoupled=false
 //             (weight decay added to the gradient, as torch does)
 //   lion      Chen et al. 2023 (optax.lion): p -= lr * (sign(b1*m + (1-b1)*g) + wd*p); m = b2*m + (1-b2)*g
+//   rmsprop   torch.optim.RMSprop: square_avg = alpha*square_avg + (1-alpha)*g^2 (centered: minus
+//             grad_avg^2, grad_avg = alpha*grad_avg + (1-alpha)*g); p -= lr * g / (sqrt(.) + eps),
+//             through a momentum buffer (buf = momentum*buf + g / (sqrt(.) + eps)) when momentum > 0;
+//             weight decay added to the gradient, as torch does
 //   adafactor Shazeer & Stern 2018 as optax.adafactor without momentum: factored second moments
 //             (row and column means of g^2 + eps1) for matrices, full for vectors; decay
 //             rate 1 - (t)^-0.8; update clipped to RMS 1; relative step off (lr is the step)
 //
 // State lives per parameter path in named slots (PyTorch's names: "exp_avg", "exp_avg_sq",
-// "momentum_buffer"), so it can be saved under "<path>.<slot>" and sharded like its
+// "momentum_buffer", "square_avg", "grad_avg"), so it can be saved under "<path>.<slot>" and sharded like its
 // parameter. When a parameter's storage is not f32 (bf16 params), the optimizer keeps an f32
 // master copy in slot "master" and rounds to storage after each update (mixed precision).
 // Weight decay applies to parameters of rank >= 2 by default (no decay on norms and biases);
@@ -31,15 +35,16 @@
 
 namespace edl::optim {
 
-enum class OptimizerKind { adamw, sgd, lion, adafactor };
+enum class OptimizerKind { adamw, sgd, lion, adafactor, rmsprop };
 
 inline OptimizerKind optimizer_from_name(std::string_view name) {
   if (name == "adamw") return OptimizerKind::adamw;
   if (name == "sgd") return OptimizerKind::sgd;
   if (name == "lion") return OptimizerKind::lion;
   if (name == "adafactor") return OptimizerKind::adafactor;
+  if (name == "rmsprop") return OptimizerKind::rmsprop;
   detail::raise(errc::config, "optimizer",
-                detail::concat("expected one of adamw, sgd, lion, adafactor; found \"", name, "\""));
+                detail::concat("expected one of adamw, sgd, lion, adafactor, rmsprop; found \"", name, "\""));
 }
 inline const char* optimizer_name(OptimizerKind k) {
   switch (k) {
@@ -47,6 +52,7 @@ inline const char* optimizer_name(OptimizerKind k) {
     case OptimizerKind::sgd: return "sgd";
     case OptimizerKind::lion: return "lion";
     case OptimizerKind::adafactor: return "adafactor";
+    case OptimizerKind::rmsprop: return "rmsprop";
   }
   return "?";
 }
@@ -55,7 +61,9 @@ struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::adamw;
   double b1 = 0.9, b2 = 0.999, eps = 1e-8;  // adamw, lion (b1, b2); sgd momentum = b1 when momentum < 0
   double weight_decay = 0.0;
-  double momentum = 0.0;                    // sgd
+  double momentum = 0.0;                    // sgd, rmsprop
+  double rmsprop_alpha = 0.99;              // rmsprop: the squared average's decay (torch's alpha)
+  bool rmsprop_centered = false;            // rmsprop: divide by the gradient's estimated variance
   bool nesterov = false;                    // sgd
   bool decay_all = false;                   // weight decay on every parameter (torch default)
   double adafactor_eps1 = 1e-30, adafactor_clip = 1.0, adafactor_decay = 0.8;
@@ -69,6 +77,8 @@ class Optimizer {
   explicit Optimizer(OptimizerOptions o) : opt_(o) {
     EDL_CHECK(o.eps >= 0 && o.b1 >= 0 && o.b1 < 1 + 1e-12 && o.b2 >= 0 && o.b2 <= 1, errc::config, "optimizer",
               "betas must lie in [0, 1] and eps >= 0; found b1=", o.b1, " b2=", o.b2, " eps=", o.eps);
+    EDL_CHECK(o.rmsprop_alpha >= 0 && o.rmsprop_alpha <= 1 && o.momentum >= 0, errc::config, "optimizer",
+              "rmsprop_alpha must lie in [0, 1] and momentum >= 0; found ", o.rmsprop_alpha, " and ", o.momentum);
   }
 
   const OptimizerOptions& options() const noexcept { return opt_; }
@@ -206,6 +216,31 @@ class Optimizer {
             const float sgn = static_cast<float>((c > 0.f) - (c < 0.f));
             w[i] -= flr * (sgn + wd * w[i]);
             m[i] = b2 * m[i] + (1.f - b2) * g;
+          }
+        });
+        break;
+      }
+      case OptimizerKind::rmsprop: {
+        const float alpha = static_cast<float>(opt_.rmsprop_alpha), mu = static_cast<float>(opt_.momentum);
+        float* sq = slot(s, path, "square_avg", n).data();
+        float* ga = opt_.rmsprop_centered ? slot(s, path, "grad_avg", n).data() : nullptr;
+        float* buf = mu > 0 ? slot(s, path, "momentum_buffer", n).data() : nullptr;
+        exec::parallel_for(0, static_cast<std::ptrdiff_t>(n), grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::ptrdiff_t i = lo; i < hi; ++i) {
+            const float g = grad[i] + wd * w[i];
+            sq[i] = alpha * sq[i] + (1.f - alpha) * g * g;  // torch: mul_(alpha).addcmul_(g, g, 1 - alpha)
+            float var = sq[i];
+            if (ga) {
+              ga[i] = alpha * ga[i] + (1.f - alpha) * g;  // torch: lerp_(g, 1 - alpha)
+              var -= ga[i] * ga[i];
+            }
+            const float avg = std::sqrt(var) + eps;
+            if (buf) {
+              buf[i] = mu * buf[i] + g / avg;
+              w[i] -= flr * buf[i];
+            } else {
+              w[i] -= flr * (g / avg);
+            }
           }
         });
         break;

@@ -130,12 +130,20 @@ class BasicTrainer;
 using MeshFactory = std::function<DefaultMesh(const MeshDims& dims)>;
 
 /// User callbacks: any member may be empty. on_step_end returning false stops training.
+/// EasyDeL's start_training_hook, start_evaluation_hook and finish are on_train_begin (after a
+/// resume, before the first step), on_evaluate_begin and on_train_end (after the last checkpoint
+/// and the adapter are written); on_log sees every metrics.jsonl line (training and evaluation)
+/// before it is written and may change or add fields (what a hook that returns new metrics does).
 template <PolicyLike Pol>
 struct BasicTrainerCallback {
+  std::function<void(BasicTrainer<Pol>&)> on_train_begin;
   std::function<void(BasicTrainer<Pol>&, std::int64_t step)> on_step_start;
   std::function<bool(BasicTrainer<Pol>&, const StepMetrics&)> on_step_end;
+  std::function<void(BasicTrainer<Pol>&, std::int64_t step)> on_evaluate_begin;
   std::function<void(BasicTrainer<Pol>&, const EvalMetrics&)> on_evaluate;
   std::function<void(BasicTrainer<Pol>&, const std::string& checkpoint)> on_save;
+  std::function<void(BasicTrainer<Pol>&, nlohmann::ordered_json& line)> on_log;
+  std::function<void(BasicTrainer<Pol>&, const TrainResult&)> on_train_end;
 };
 
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
@@ -245,6 +253,8 @@ class BasicTrainer {
     EvalMetrics e;
     e.step = state_.step;
     if (!eval_ || eval_->size() == 0) return e;
+    for (auto& c : callbacks)
+      if (c.on_evaluate_begin) c.on_evaluate_begin(*this, state_.step);
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
     // On a mesh the host model is gathered first (evaluation is rare next to training steps).
     sync_host();
@@ -274,7 +284,7 @@ class BasicTrainer {
     }
     e.step = state_.step;
     last_eval_ = e;
-    metrics_->write(j);
+    write_metrics(j);
     char buf[160];
     std::snprintf(buf, sizeof buf, "eval at step %lld: loss %.4f, perplexity %.2f, accuracy %.3f",
                   static_cast<long long>(e.step), e.loss, e.perplexity, e.accuracy);
@@ -364,6 +374,8 @@ class BasicTrainer {
     const auto t_start = std::chrono::steady_clock::now();
     const double elapsed_before = state_.elapsed_s;
     const std::int64_t first_step = state_.step;
+    for (auto& c : callbacks)
+      if (c.on_train_begin) c.on_train_begin(*this);
     auto session_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
 
     std::vector<std::int64_t> order;
@@ -523,7 +535,7 @@ class BasicTrainer {
           }
           j["elapsed_s"] = state_.elapsed_s;
           j["tokens_seen"] = state_.tokens_seen;
-          metrics_->write(j);
+          write_metrics(j);
         }
         progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
                          per_step * static_cast<double>(total_steps_ - state_.step));
@@ -564,10 +576,18 @@ class BasicTrainer {
     r.checkpoint = last_checkpoint_;
     if (state_.step == first_step && state_.last_loss) r.final_loss = r.first_loss = *state_.last_loss;
     if (args_.write_report && r.stop_reason != "nothing_to_do" && processes_.is_primary()) write_run_report();
+    for (auto& c : callbacks)
+      if (c.on_train_end) c.on_train_end(*this, r);
     return r;
   }
 
  private:
+  /// One metrics.jsonl line, after the on_log callbacks.
+  void write_metrics(ojson& line) {
+    for (auto& c : callbacks)
+      if (c.on_log) c.on_log(*this, line);
+    metrics_->write(line);
+  }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
@@ -723,6 +743,8 @@ class BasicTrainer {
     oo.eps = args_.epsilon;
     oo.weight_decay = args_.weight_decay;
     oo.momentum = args_.momentum;
+    oo.rmsprop_alpha = args_.rmsprop_alpha;
+    oo.rmsprop_centered = args_.rmsprop_centered;
     opt_ = optim::Optimizer(oo);
     sched_.kind = optim::schedule_from_name(args_.scheduler);
     sched_.lr = args_.learning_rate;

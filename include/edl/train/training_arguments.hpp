@@ -97,7 +97,9 @@ struct TrainingArguments {
   bool resume_if_possible = true;
   // ------------------------------------------------------------------ ours
   double b1 = 0.9, b2 = 0.999, epsilon = 1e-8;
-  double momentum = 0.0;                             // sgd
+  double momentum = 0.0;                             // sgd, rmsprop
+  double rmsprop_alpha = 0.99;                       // rmsprop: the squared gradients' decay (torch's alpha)
+  bool rmsprop_centered = false;                     // rmsprop: centered (torch's centered)
   std::uint64_t seed = 42;
   std::vector<std::int64_t> sharding_axis_dims = {1, -1, 1, 1};
   std::vector<std::string> sharding_axis_names = {"dp", "fsdp", "tp", "sp"};
@@ -161,7 +163,7 @@ struct TrainingArguments {
         "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
-        "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
+        "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
@@ -238,6 +240,8 @@ struct TrainingArguments {
     else if (key == "b2") f64(b2);
     else if (key == "epsilon") f64(epsilon);
     else if (key == "momentum") f64(momentum);
+    else if (key == "rmsprop_alpha") f64(rmsprop_alpha);
+    else if (key == "rmsprop_centered") boo(rmsprop_centered);
     else if (key == "seed") seed = io::JsonConfig::convert<std::uint64_t>(v, w);
     else if (key == "sharding_axis_dims") sharding_axis_dims = io::JsonConfig::convert<std::vector<std::int64_t>>(v, w);
     else if (key == "sharding_axis_names") sharding_axis_names = io::JsonConfig::convert<std::vector<std::string>>(v, w);
@@ -325,8 +329,12 @@ struct TrainingArguments {
   void validate() const {
     auto positive = [&](const char* f, double v) { EDL_CHECK(v > 0, errc::config, where(f), "must be positive, found ", v); };
     auto nonneg = [&](const char* f, double v) { EDL_CHECK(v >= 0, errc::config, where(f), "must be >= 0, found ", v); };
-    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor",
-              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor; found \"", optimizer, "\"");
+    EDL_CHECK(optimizer == "adamw" || optimizer == "sgd" || optimizer == "lion" || optimizer == "adafactor" ||
+                  optimizer == "rmsprop",
+              errc::config, where("optimizer"), "expected one of adamw, sgd, lion, adafactor, rmsprop; found \"", optimizer,
+              "\"");
+    EDL_CHECK(rmsprop_alpha >= 0 && rmsprop_alpha <= 1, errc::config, where("rmsprop_alpha"), "must lie in [0, 1], found ",
+              rmsprop_alpha);
     EDL_CHECK(scheduler == "none" || scheduler == "linear" || scheduler == "cosine" ||
                   scheduler == "warmup_stable_decay",
               errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
@@ -486,6 +494,8 @@ struct TrainingArguments {
     j["b2"] = b2;
     j["epsilon"] = epsilon;
     j["momentum"] = momentum;
+    j["rmsprop_alpha"] = rmsprop_alpha;
+    j["rmsprop_centered"] = rmsprop_centered;
     j["seed"] = seed;
     j["sharding_axis_dims"] = sharding_axis_dims;
     j["sharding_axis_names"] = sharding_axis_names;

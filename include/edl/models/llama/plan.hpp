@@ -137,6 +137,8 @@ inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, c
     case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
     case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
     case optim::OptimizerKind::lion: return s + n;  // exp_avg
+    case optim::OptimizerKind::rmsprop:  // square_avg, momentum_buffer, grad_avg
+      return s + n + (o.momentum > 0 ? n : 0) + (o.rmsprop_centered ? n : 0);
     case optim::OptimizerKind::adafactor:
       if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
       return s + n;
