@@ -81,16 +81,16 @@ int main(int argc, char** argv) {
   const std::string& name = cl.command->name;
   edl::keep_freed_memory();  // training steps reuse their pages instead of faulting them in anew
   try {
-    edl::cli::init_launch(argc, argv);  // mpirun: one rank per process, rank 0 reports
-    if (!edl::cli::is_primary()) std::freopen("/dev/null", "w", stdout);
+    edl::start_launch(argc, argv);  // mpirun: one rank per process, rank 0 reports
+    if (!edl::launch().is_primary()) std::freopen("/dev/null", "w", stdout);
     return cl.command->run(*cl.args);
   } catch (const edl::cli::UsageError& e) {
     edl::cli::print_error(name, e, /*usage=*/true);
-    edl::cli::end_launch_after_error(2);  // under mpirun: end every rank, none is left waiting
+    edl::abort_launch(2);  // under mpirun: end every rank, none is left waiting
     return 2;
   } catch (const std::exception& e) {
     edl::cli::print_error(name, e, /*usage=*/false);
-    edl::cli::end_launch_after_error(1);
+    edl::abort_launch(1);
     return 1;
   }
 }

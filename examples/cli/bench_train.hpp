@@ -147,7 +147,7 @@ inline int cmd_bench_train(Args& args) {
       peak_reset = reset_peak_resident();
       return median_of([&] {
         const auto t0 = std::chrono::steady_clock::now();
-        run_on_mesh(mesh, model, MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
+        run_on_mesh(mesh, model, models::MeshOp::loss_and_grads, ids.data(), layout, nullptr, nullptr, remat_name);
         if (optimizer_step) opt.step(model, 1e-4);
         return seconds_since(t0);
       });
@@ -157,7 +157,7 @@ inline int cmd_bench_train(Args& args) {
     EDL_CLI_USAGE_CHECK(remat_name == "everything_saveable" || remat_name == "nothing_saveable", errc::unsupported,
                         "--remat", "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps "
                         "everything (everything_saveable); found \"", remat_name, "\"");
-    auto sm = models::shard_model(model, make_mesh(mesh));
+    auto sm = models::shard_model(model, launch_mesh(mesh, "--mesh"));
     sm.set_remat(remat_name == "nothing_saveable");
     optim::ShardedOptimizer<decltype(sm)> sopt(oo, sm);
     peak_reset = reset_peak_resident();

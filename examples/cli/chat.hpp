@@ -63,7 +63,7 @@ inline int cmd_chat(Args& args) {
   const std::filesystem::path d(dir);
   EDL_CHECK(std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory");
   const auto cfg = models::LlamaConfig::from_file((d / "config.json").string());
-  generate::GenerationConfig g = gen_detail::folder_generation_config(d, cfg);
+  generate::GenerationConfig g = generate::GenerationConfig::from_folder(d, cfg);
   gen_detail::sampling_flags(args, g, "edl chat");
   args.finish();
   g.validate("edl chat");

@@ -47,10 +47,7 @@
 #include <edl/models/llama/gguf.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
-#if __has_include(<edl/models/llama/pretrained.hpp>)
 #include <edl/models/llama/pretrained.hpp>
-#define EDL_CLI_HAS_PRETRAINED 1
-#endif
 #include <edl/chat/conversation.hpp>
 #include <edl/tokenizer/tokenizer.hpp>
 #include "adapter_flags.hpp"
@@ -86,15 +83,9 @@ inline std::vector<std::int64_t> parse_token_list(const std::string& s, const st
 /// The model in HF folder `dir`; its weights on transparent huge pages unless `huge_pages` is
 /// false (`edl bench decode --no-huge-pages`: the same run without them, for comparison).
 inline models::LlamaForCausalLM<> load_model(const std::string& dir, bool huge_pages = true) {
-#ifdef EDL_CLI_HAS_PRETRAINED
-  auto m = models::from_pretrained<>(dir);
-#else
-  const auto cfg = models::LlamaConfig::from_file((std::filesystem::path(dir) / "config.json").string());
-  models::LlamaForCausalLM<> m(cfg);
-  nn::load_params(m, io::SafeTensorsFile::open((std::filesystem::path(dir) / "model.safetensors").string()));
-#endif
-  if (huge_pages) nn::advise_huge_pages(m);  // decode reads every weight each token (docs/benchmarks.md)
-  return m;
+  models::LoadOptions o;
+  o.huge_pages = huge_pages;
+  return models::from_pretrained<>(dir, o);
 }
 
 /// The config of preset `name` (tiny, small, gqa1b), or nothing when it names no preset.
@@ -159,16 +150,6 @@ inline void cache_flags(Args& args, generate::GenerateOptions& o) {
   o.paged.page_size = args.integer("--page-size", o.paged.page_size);
   o.paged.budget_bytes = args.integer("--cache-bytes", o.paged.budget_bytes);
   o.paged.utilization = args.number("--cache-utilization", o.paged.utilization);
-}
-
-/// The folder's generation_config.json over the model config's defaults.
-inline generate::GenerationConfig folder_generation_config(const std::filesystem::path& d, const models::LlamaConfig& cfg) {
-  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
-  if (std::filesystem::exists(d / "generation_config.json")) {
-    g = generate::GenerationConfig::from_file((d / "generation_config.json").string());
-    if (g.eos_token_id.empty()) g.eos_token_id = cfg.eos_token_id;
-  }
-  return g;
 }
 
 /// A chat reply also ends at the tokenizer's eos token (a chat model's end-of-turn token, which
@@ -248,7 +229,7 @@ inline int cmd_generate(Args& args) {
   const bool gguf = d.extension() == ".gguf";  // a llama.cpp file: its config, no tokenizer here
   EDL_CHECK(gguf || std::filesystem::is_directory(d), errc::io, "--model " + dir, "not a directory or a .gguf file");
   const auto cfg = gguf ? models::gguf_config(d) : models::LlamaConfig::from_file((d / "config.json").string());
-  generate::GenerationConfig g = gen_detail::folder_generation_config(d, cfg);
+  generate::GenerationConfig g = generate::GenerationConfig::from_folder(d, cfg);
   gen_detail::sampling_flags(args, g, "edl generate");
   args.finish();
   g.validate("edl generate");
@@ -279,7 +260,7 @@ inline int cmd_generate(Args& args) {
 
   // The mesh first: a mesh the launch cannot run (under mpirun: not ranks x local devices, or
   // kv heads not divisible by tp) fails before the weights are read.
-  const DefaultMesh mesh = make_mesh(dims);
+  const DefaultMesh mesh = launch_mesh(dims, "--mesh");
   (void)generate::sharded_decoder_local_config(cfg, mesh.axis_size("tp"));
   auto model = gen_detail::load_model(dir);
   apply_adapter(model, af);
@@ -539,7 +520,7 @@ inline int cmd_bench_decode(Args& args) {
   EDL_CLI_USAGE_CHECK(!paired || G >= gen_detail::kReadPatterns, errc::invalid_argument, "edl bench decode",
                       "--paired-bandwidth pairs the steps with the ", gen_detail::kReadPatterns,
                       " read patterns in turn: --gen-len must be >= ", gen_detail::kReadPatterns, ", found ", G);
-  const DefaultMesh mesh = make_mesh(dims);
+  const DefaultMesh mesh = launch_mesh(dims, "--mesh");
   EDL_CLI_USAGE_CHECK(!phase_times || mesh.size() == 1, errc::unsupported, "edl bench decode",
                       "--phase-times times the one-device decoder's steps: drop --mesh ", mesh_str(dims));
 

@@ -78,7 +78,7 @@ template <class Model>
 std::vector<float> compute_logits(Model& model, const TokenBatch& t, const MeshDims& mesh = kOneDevice) {
   check_ids(t, model.config().vocab_size, "--tokens");
   std::vector<float> out(static_cast<std::size_t>(t.batch * t.seq * model.config().vocab_size));
-  run_on_mesh(mesh, model, MeshOp::logits, t.ids.data(), t.layout(), nullptr, out.data());
+  run_on_mesh(mesh, model, models::MeshOp::logits, t.ids.data(), t.layout(), nullptr, out.data());
   return out;
 }
 
@@ -94,7 +94,7 @@ inline int cmd_logits(Args& args) {
   std::vector<float> logits = compute_logits(model, t, mesh);
   const std::vector<std::size_t> shape = {static_cast<std::size_t>(t.batch), static_cast<std::size_t>(t.seq),
                                           static_cast<std::size_t>(model.config().vocab_size)};
-  if (is_primary()) io::save_npy(out, xt::adapt(logits, shape));
+  if (launch().is_primary()) io::save_npy(out, xt::adapt(logits, shape));
   nlohmann::ordered_json j;
   j["out"] = out;
   j["shape"] = shape;

@@ -40,7 +40,7 @@ nn::LossMetrics compute_loss(Model& model, const TokenBatch& t, const TokenBatch
     check_ids(*labels, V, "--labels", -100);
   }
   const std::int64_t* l = labels ? labels->ids.data() : nullptr;
-  return run_on_mesh(mesh, model, grads ? MeshOp::loss_and_grads : MeshOp::loss, t.ids.data(), t.layout(), l);
+  return run_on_mesh(mesh, model, grads ? models::MeshOp::loss_and_grads : models::MeshOp::loss, t.ids.data(), t.layout(), l);
 }
 
 /// Writes every parameter's gradient (F32, HF names, HF order) to `path`, atomically.
@@ -77,7 +77,7 @@ inline int cmd_loss(Args& args) {
   apply_adapter(model, af);
   const bool grads = !grads_path.empty();
   const nn::LossMetrics m = compute_loss(model, t, labels ? &*labels : nullptr, grads, mesh);
-  if (grads && is_primary()) save_grads(grads_path, model);
+  if (grads && launch().is_primary()) save_grads(grads_path, model);
   nlohmann::ordered_json j;
   j["loss"] = m.loss;
   j["tokens"] = m.tokens;

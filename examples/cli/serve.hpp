@@ -86,7 +86,7 @@ inline int cmd_serve(Args& args) {
   // Fields a request leaves out: the folder's generation_config.json (as vLLM), or OpenAI's
   // defaults (temperature 1, no top-k) when it has none.
   generate::GenerationConfig defaults = preset ? generate::GenerationConfig::from_model_config(cfg)
-                                               : gen_detail::folder_generation_config(d, cfg);
+                                               : generate::GenerationConfig::from_folder(d, cfg);
   if (preset || !std::filesystem::exists(d / "generation_config.json")) {
     defaults.do_sample = true;
     defaults.top_k = 0;

@@ -33,12 +33,12 @@ namespace edl::cli {
 /// Runs one trainer type (f32 or bf16 parameters) and prints the result line.
 template <class TrainerT>
 int run_training(const train::TrainingArguments& ta, const std::string& resume) {
-  TrainerT t(ta, [](const MeshDims& dims) { return make_mesh(dims, "sharding_axis_dims"); });
+  TrainerT t(ta);  // under mpirun its mesh spreads over the ranks (edl::launch_mesh)
   install_fault_injection(t);
   if (!resume.empty()) t.resume_from(resume);
   const bool pairs = ta.preference();  // preference pairs: two sequences each
   const char* unit = pairs ? "preference pairs" : "sequences";
-  if (ta.progress && is_primary())
+  if (ta.progress && launch().is_primary())
     std::fprintf(stderr, "edl train (%s): %lld parameters, %lld training %s (%lld tokens, %lld scored), %lld steps of %lld %s x %lld tokens, %lld steps per epoch%s%s\n",
                  ta.trainer.c_str(), static_cast<long long>(t.model().param_count()),
                  static_cast<long long>(t.train_dataset().size() / (pairs ? 2 : 1)), unit,

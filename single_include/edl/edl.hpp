@@ -22,13 +22,12 @@
 // A training step allocates and frees the same large activation buffers every step. glibc
 // serves blocks above its mmap threshold (up to 32 MiB) with fresh mappings and returns freed
 // heap tops to the kernel, so every step pays page faults and the kernel's page zeroing for
-// memory it just gave back: measured at 7-8% of a small-config step (docs/benchmarks.md).
+// memory it just gave back.
 // keep_freed_memory() makes glibc serve all blocks from the heap and never trim it, so the
 // second step reuses the first step's pages. Peak memory is unchanged (the pages are the same);
 // the resident size stays at the peak between steps instead of dropping. It also keeps every
 // thread on the main arena: blocks a worker thread allocates (inside a parallel kernel) would
-// otherwise grow an arena of their own whose pages the main heap cannot reuse (a LoRA step of
-// the tiny config peaked 35% higher with two arenas, at the same speed). It changes process
+// otherwise grow an arena of their own whose pages the main heap cannot reuse. It changes process
 // state, so the library never calls it on its own: programs opt in (the edl tool does).
 
 #include <cstddef>
@@ -47,11 +46,8 @@
 namespace edl {
 
 /// Bytes of a cache line, and of one AVX-512 vector: the alignment of storage that kernels read
-/// in full-vector streams (parameters, KV caches). glibc's malloc aligns to 16 bytes, so three
-/// tensors in four started mid-line and every 64-byte load of them touched two lines: on a
-/// Zen 5 EPYC, side by side in one process, a decode step's products over small's weights read
-/// 1.34x faster on one thread and 1.08x on two on lines (docs/benchmarks.md, "Weights on cache
-/// lines").
+/// in full-vector streams (parameters, KV caches). glibc's malloc aligns to 16 bytes, so most
+/// tensors would start mid-line and every 64-byte load of them would touch two lines.
 inline constexpr std::size_t kCacheLineBytes = 64;
 
 /// A standard allocator whose blocks start on a cache line. Each block comes from the plain
@@ -155,9 +151,7 @@ inline bool keep_freed_memory() noexcept {
 /// no aligned 2 MiB block, or when the kernel refuses). Contents are unchanged.
 ///
 /// Why: decode reads every weight once per token in long streams; with 4 KiB pages each
-/// stream misses the TLB every 4 KiB. On a Zen 4 EPYC with THP in `madvise` mode, small's
-/// one-thread decode ran 48-50 tok/s with 4 KiB pages and 59-60 with huge pages
-/// (docs/benchmarks.md). The kernel may decline (THP `never`): then nothing changes.
+/// stream misses the TLB every 4 KiB. The kernel may decline (THP `never`): then nothing changes.
 inline std::size_t advise_huge_pages(const void* p, std::size_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
@@ -3300,6 +3294,588 @@ class ProcessGroup {
 
 }  // namespace edl
 // end of edl/mesh/process_group.hpp
+// #include <edl/mesh/launch.hpp>
+// edl/mesh/launch.hpp
+// How this process was started: alone, or as one rank of an MPI launch. A program written for
+// one process runs unchanged under `mpirun -np N`: it starts its launch first, builds its
+// meshes with launch_mesh (which spreads the devices over the ranks), and lets rank 0 alone
+// print and write files.
+//
+//   int main(int argc, char** argv) {
+//     edl::start_launch(argc, argv);             // MPI_Init when mpirun started several ranks
+//     auto mesh = edl::launch_mesh({1, 2, 1, 2, 1});  // 4 devices: all here, or 4 / N per rank
+//     ...
+//     if (edl::launch().is_primary()) save(...);
+//   }
+//
+// The ranks are read from the launcher's environment (Open MPI, MPICH / PMI, PMIx), so a
+// program launched alone never touches MPI. An edl built without MPI refuses a launch of
+// several ranks instead of running the same work N times.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+
+#ifdef EDL_WITH_MPI
+// #include <edl/mesh/backends/mpi.hpp>
+// edl/mesh/backends/mpi.hpp
+// The collective backend for meshes spread over MPI ranks (Open MPI, MPICH): `ranks x local`
+// devices, each rank running `local` devices as threads, as the simulated backend does.
+//
+//   edl::mpi::Session mpi(argc, argv);                    // MPI_Init_thread(MULTIPLE) ... Finalize
+//   auto mesh = edl::create_mesh({1, 2, 2, 1});           // 4 devices
+//   edl::mpi::attach(mesh, mpi, /*local_devices=*/2);     // run with: mpirun -np 2 prog
+//   mesh.run([&](edl::Device& dev) { ... psum(dev, buf, {"tp"}) ... });   // dev.id() on this rank
+//
+// Device order: device d lives on rank d / local and is that rank's local device d % local,
+// so with local = 1 device d is rank d; the mesh's row-major device ids (MeshShape::coords)
+// therefore put the LAST mesh axes within a rank: on 2 ranks x 2 local devices of
+// (dp=2, tp=2), tp pairs share a rank and dp crosses ranks.
+//
+// Same numbers as the simulated mesh, bit for bit: reductions are computed the way the
+// simulated backend computes them — each member owns a contiguous 1/n of the elements,
+// receives that part from every member and folds it in group order (position 0, 1, ...) with
+// the same widening and rounding (detail::sim::reduce_range), then the parts are gathered.
+// This is a reduce-scatter + all-gather, the bandwidth of a ring all-reduce, built from
+// point-to-point messages so that the order of the fold is ours and not the MPI library's.
+//
+// Requirements and failure behaviour (docs/distributed.md):
+//   - MPI_THREAD_MULTIPLE (every device thread sends and receives); checked at Session start.
+//   - Two devices see the collectives they share in the same order (true of SPMD programs).
+//   - Every wait polls with a deadline (EDL_MPI_TIMEOUT seconds, default 120): a rank that
+//     died or hangs makes the others fail with errc::collective naming the device, the op and
+//     the peer they wait for, instead of hanging. A device that throws releases the other
+//     devices of its rank at once; other ranks learn of it through the deadline (or through
+//     mpirun, which ends the job when a rank exits with an error).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+// #include <edl/mesh/backends/simulated.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+
+namespace edl::mpi {
+
+/// MPI_Init_thread with MPI_THREAD_MULTIPLE on construction, MPI_Finalize on destruction.
+class Session {
+ public:
+  Session(int& argc, char**& argv) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+      owns_ = true;
+      EDL_CHECK(provided >= MPI_THREAD_MULTIPLE, errc::unsupported, "mpi",
+                "the MPI library provides thread level ", provided, ", edl needs MPI_THREAD_MULTIPLE (", MPI_THREAD_MULTIPLE,
+                ")");
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() {
+    if (owns_) MPI_Finalize();
+  }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  MPI_Comm comm() const noexcept { return MPI_COMM_WORLD; }
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+namespace mpi_detail {
+
+inline double timeout_seconds() {
+  if (const char* s = std::getenv("EDL_MPI_TIMEOUT")) {
+    const double v = std::atof(s);
+    if (v > 0) return v;
+  }
+  return 120.0;
+}
+
+}  // namespace mpi_detail
+
+class MpiBackend final : public CollectiveBackend {
+ public:
+  /// `local` devices per rank; the mesh must have exactly ranks x local devices (checked here,
+  /// before any work, with a message saying how to launch).
+  MpiBackend(std::weak_ptr<MeshContext> ctx, MPI_Comm comm, int local) : ctx_(std::move(ctx)), local_(local) {
+    MPI_Comm_dup(comm, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &ranks_);
+    auto c = ctx_.lock();
+    EDL_CHECK(c != nullptr, errc::invalid_argument, "mpi", "the mesh no longer exists");
+    EDL_CHECK(local >= 1, errc::invalid_argument, "mpi", "local devices per rank must be >= 1, found ", local);
+    EDL_CHECK(c->shape.size() == static_cast<std::int64_t>(ranks_) * local, errc::shape_mismatch, "mpi",
+              "the mesh ", c->shape.axes_str(), " has ", c->shape.size(), " devices but the launch gives ", ranks_,
+              " ranks x ", local, " local devices = ", static_cast<std::int64_t>(ranks_) * local,
+              "; launch with mpirun -np ", c->shape.size() / std::max(1, local), " or change the mesh");
+    // Every rank must agree on the mesh: compare the shapes' sizes before any work.
+    std::vector<long long> mine(c->shape.sizes().begin(), c->shape.sizes().end());
+    mine.push_back(local);
+    std::vector<long long> all(mine.size() * static_cast<std::size_t>(ranks_));
+    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_LONG_LONG, all.data(), static_cast<int>(mine.size()),
+                  MPI_LONG_LONG, comm_);
+    for (int r = 0; r < ranks_; ++r)
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        EDL_CHECK(all[static_cast<std::size_t>(r) * mine.size() + i] == mine[i], errc::shape_mismatch, "mpi",
+                  "rank ", r, " uses a different mesh or local device count than rank ", rank_,
+                  " (launch inconsistency): every rank must build the same mesh");
+    timeout_ = mpi_detail::timeout_seconds();
+  }
+  ~MpiBackend() override { MPI_Comm_free(&comm_); }
+
+  std::string_view name() const noexcept override { return "mpi"; }
+  int rank() const noexcept { return rank_; }
+  int ranks() const noexcept { return ranks_; }
+  int local_devices() const noexcept { return local_; }
+  /// The devices this rank runs: [first_device, first_device + local_devices).
+  std::int64_t first_device() const noexcept { return static_cast<std::int64_t>(rank_) * local_; }
+  bool is_local(std::int64_t device) const noexcept override { return device / local_ == rank_; }
+  int processes() const noexcept override { return ranks_; }
+
+  void sum_over_processes(void* buf, std::size_t count, DType dtype) override {
+    auto reduce = [&](void* p, MPI_Datatype t) {
+      // Large buffers go in pieces: MPI counts are int.
+      const std::size_t esize = dtype_size(dtype == DType::bf16 || dtype == DType::f16 ? DType::f32 : dtype);
+      constexpr std::size_t kPiece = std::size_t{1} << 28;
+      for (std::size_t off = 0; off < count; off += kPiece) {
+        const int n = static_cast<int>(std::min(kPiece, count - off));
+        MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(p) + off * esize, n, t, MPI_SUM, comm_);
+      }
+    };
+    switch (dtype) {
+      case DType::f32: reduce(buf, MPI_FLOAT); break;
+      case DType::f64: reduce(buf, MPI_DOUBLE); break;
+      case DType::i64: reduce(buf, MPI_INT64_T); break;
+      case DType::i32: reduce(buf, MPI_INT32_T); break;
+      case DType::bf16:
+      case DType::f16: {
+        std::vector<float> w(count);
+        for (std::size_t i = 0; i < count; ++i)
+          w[i] = dtype == DType::bf16 ? to_f32(static_cast<const bf16*>(buf)[i]) : to_f32(static_cast<const f16*>(buf)[i]);
+        reduce(w.data(), MPI_FLOAT);
+        for (std::size_t i = 0; i < count; ++i) {
+          if (dtype == DType::bf16) static_cast<bf16*>(buf)[i] = from_f32<bf16>(w[i]);
+          else static_cast<f16*>(buf)[i] = from_f32<f16>(w[i]);
+        }
+        break;
+      }
+      default:
+        throw Error(errc::unsupported, "mpi", std::string("sum_over_processes: dtype ") + std::string(dtype_name(dtype)) +
+                                                  " is not supported");
+    }
+  }
+
+  void run(const std::function<void(Device&)>& body) override {
+    auto ctx = ctx_.lock();
+    EDL_CHECK(ctx != nullptr, errc::invalid_argument, "mesh.run", "the mesh of this backend no longer exists");
+    aborted_ = false;
+    first_error_ = nullptr;
+    first_device_ = -1;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < local_; ++i) {
+      const std::int64_t d = first_device() + i;
+      threads.emplace_back([this, d, &ctx, &body] {
+        exec::set_flush_denormals();
+        try {
+          Device dev(d, ctx->shape, ctx->memory, *this, ctx.get());
+          body(dev);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (!first_error_) {
+            first_error_ = std::current_exception();
+            first_device_ = d;
+          }
+          aborted_ = true;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (first_error_) {
+      try {
+        std::rethrow_exception(first_error_);
+      } catch (const Error& e) {
+        throw Error(e.code(), "device " + std::to_string(first_device_) + " " + ctx->shape.describe(first_device_) +
+                                  " on rank " + std::to_string(rank_),
+                    e.what());
+      } catch (const std::exception& e) {
+        throw Error(errc::device_failure, "device " + std::to_string(first_device_) + " on rank " + std::to_string(rank_),
+                    std::string("threw: ") + e.what());
+      }
+    }
+  }
+
+  void all_reduce(Device& self, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                  std::span<const std::int64_t> group) override {
+    const std::size_t n = group.size(), es = dtype_size(dtype), p = position(self, group);
+    std::vector<std::size_t> lo(n + 1);
+    for (std::size_t q = 0; q <= n; ++q) lo[q] = count * q / n;
+    const auto* src = static_cast<const std::byte*>(in);
+    auto* dst = static_cast<std::byte*>(out);
+    if (count * es * n <= kSmallBytes) {
+      // Small: one exchange of whole buffers, then every member folds all of them in group
+      // order (latency dominates here; same fold, so the same bits).
+      auto parts = uninitialized(count * es * n);
+      std::vector<const std::byte*> ins(n);
+      Exchange x(*this, self, "all_reduce");
+      for (std::size_t q = 0; q < n; ++q) {
+        if (q == p) {
+          ins[q] = src;
+          continue;
+        }
+        ins[q] = parts.get() + q * count * es;
+        x.send(group[q], src, count * es);
+        x.recv(group[q], parts.get() + q * count * es, count * es);
+      }
+      x.wait();
+      fold(ins.data(), n, count, dst, dtype, op);
+      return;
+    }
+    // Phase 1: member q receives elements [lo[q], lo[q+1]) of every member and folds them in
+    // group order; this member's own part is read in place.
+    const std::size_t mine = lo[p + 1] - lo[p];
+    auto parts = uninitialized(mine * es * n);
+    std::vector<const std::byte*> ins(n);
+    Exchange x(*this, self, "all_reduce");
+    for (std::size_t q = 0; q < n; ++q) {
+      if (q == p) {
+        ins[q] = src + lo[p] * es;
+        continue;
+      }
+      ins[q] = parts.get() + q * mine * es;
+      x.send(group[q], src + lo[q] * es, (lo[q + 1] - lo[q]) * es);
+      x.recv(group[q], parts.get() + q * mine * es, mine * es);
+    }
+    x.wait();  // every send of `in` is done: `out` (which may be `in`) can be written now
+    fold(ins.data(), n, mine, dst + lo[p] * es, dtype, op);
+    // Phase 2: everyone gathers every member's reduced part.
+    Exchange y(*this, self, "all_reduce");
+    for (std::size_t q = 0; q < n; ++q) {
+      if (q == p) continue;
+      y.send(group[q], dst + lo[p] * es, mine * es);
+      y.recv(group[q], dst + lo[q] * es, (lo[q + 1] - lo[q]) * es);
+    }
+    y.wait();
+  }
+
+  void all_gather(Device& self, const void* in, void* out, std::size_t count, DType dtype,
+                  std::span<const std::int64_t> group) override {
+    const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
+    Exchange x(*this, self, "all_gather");
+    for (std::size_t q = 0; q < n; ++q) {
+      if (q == p) continue;
+      x.send(group[q], in, bytes);
+      x.recv(group[q], static_cast<std::byte*>(out) + q * bytes, bytes);
+    }
+    x.wait();
+    std::memmove(static_cast<std::byte*>(out) + p * bytes, in, bytes);
+  }
+
+  void reduce_scatter(Device& self, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                      std::span<const std::int64_t> group) override {
+    const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
+    const auto* src = static_cast<const std::byte*>(in);
+    auto parts = uninitialized(bytes * n);
+    std::vector<const std::byte*> ins(n);
+    Exchange x(*this, self, "reduce_scatter");
+    for (std::size_t q = 0; q < n; ++q) {
+      if (q == p) {
+        ins[q] = src + p * bytes;
+        continue;
+      }
+      ins[q] = parts.get() + q * bytes;
+      x.send(group[q], src + q * bytes, bytes);
+      x.recv(group[q], parts.get() + q * bytes, bytes);
+    }
+    x.wait();
+    fold(ins.data(), n, count, static_cast<std::byte*>(out), dtype, op);
+  }
+
+  void all_to_all(Device& self, const void* in, void* out, std::size_t count, DType dtype,
+                  std::span<const std::int64_t> group) override {
+    const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
+    auto result = uninitialized(bytes * n);
+    Exchange x(*this, self, "all_to_all");
+    for (std::size_t q = 0; q < n; ++q) {
+      if (q == p) {
+        std::memcpy(result.get() + q * bytes, static_cast<const std::byte*>(in) + p * bytes, bytes);
+        continue;
+      }
+      x.send(group[q], static_cast<const std::byte*>(in) + q * bytes, bytes);
+      x.recv(group[q], result.get() + q * bytes, bytes);
+    }
+    x.wait();
+    std::memcpy(out, result.get(), bytes * n);
+  }
+
+  void ppermute(Device& self, const void* in, void* out, std::size_t count, DType dtype,
+                std::span<const PermutePair> pairs, std::span<const std::int64_t> group) override {
+    const std::size_t bytes = count * dtype_size(dtype);
+    const auto p = static_cast<std::int64_t>(position(self, group));
+    std::vector<std::byte> result(bytes, std::byte{0});
+    Exchange x(*this, self, "ppermute");
+    for (const auto& [src, dst] : pairs) {
+      EDL_CHECK(src >= 0 && dst >= 0 && src < static_cast<std::int64_t>(group.size()) &&
+                    dst < static_cast<std::int64_t>(group.size()),
+                errc::invalid_argument, "ppermute", "pair (", src, ", ", dst, ") is outside the group of ", group.size());
+      if (src == p && dst == p) std::memcpy(result.data(), in, bytes);
+      else if (src == p) x.send(group[static_cast<std::size_t>(dst)], in, bytes);
+      else if (dst == p) x.recv(group[static_cast<std::size_t>(src)], result.data(), bytes);
+    }
+    x.wait();
+    std::memcpy(out, result.data(), bytes);
+  }
+
+  void broadcast(Device& self, const void* in, void* out, std::size_t count, DType dtype, std::int64_t root,
+                 std::span<const std::int64_t> group) override {
+    const std::size_t bytes = count * dtype_size(dtype), p = position(self, group);
+    EDL_CHECK(root >= 0 && root < static_cast<std::int64_t>(group.size()), errc::invalid_argument, "broadcast",
+              "root ", root, " is outside the group of ", group.size());
+    Exchange x(*this, self, "broadcast");
+    if (static_cast<std::int64_t>(p) == root) {
+      for (std::size_t q = 0; q < group.size(); ++q)
+        if (q != p) x.send(group[q], in, bytes);
+      x.wait();
+      std::memmove(out, in, bytes);
+    } else {
+      x.recv(group[static_cast<std::size_t>(root)], out, bytes);
+      x.wait();
+    }
+  }
+
+  void barrier(Device& self, std::span<const std::int64_t> group) override {
+    const std::size_t p = position(self, group);
+    char token = 0;
+    std::vector<char> sink(group.size());
+    Exchange x(*this, self, "barrier");
+    for (std::size_t q = 0; q < group.size(); ++q) {
+      if (q == p) continue;
+      x.send(group[q], &token, 1);
+      x.recv(group[q], &sink[q], 1);
+    }
+    x.wait();
+  }
+
+ private:
+  // Non-blocking sends and receives of one device in one collective, waited on together with
+  // a deadline. Messages between devices s and d use tag s_local * local + d_local on this
+  // backend's communicator, so the streams between device pairs never mix, and MPI's
+  // non-overtaking rule keeps each stream in program order.
+  class Exchange {
+   public:
+    Exchange(MpiBackend& b, Device& self, const char* op) : b_(b), self_(self), op_(op) {}
+    ~Exchange() {
+      for (auto& r : reqs_)
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+    }
+    void send(std::int64_t to, const void* data, std::size_t bytes) { post(to, const_cast<void*>(data), bytes, true); }
+    void recv(std::int64_t from, void* data, std::size_t bytes) { post(from, data, bytes, false); }
+    void wait() {
+      const auto start = std::chrono::steady_clock::now();
+      const auto deadline = start + std::chrono::duration<double>(b_.timeout_);
+      const auto spin_until = start + std::chrono::milliseconds(5);
+      unsigned spins = 0;
+      for (;;) {
+        int done = 0;
+        MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+        if (done) return;
+        if (b_.aborted_.load())
+          edl::detail::raise(errc::device_failure, self_.describe(),
+                        edl::detail::concat(op_, ": stopped because another device of this rank failed"));
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::string peers;  // each silent peer once (a message may travel in several requests)
+          std::vector<std::int64_t> named;
+          for (std::size_t i = 0; i < reqs_.size(); ++i)
+            if (reqs_[i] != MPI_REQUEST_NULL && std::find(named.begin(), named.end(), peer_[i]) == named.end()) {
+              named.push_back(peer_[i]);
+              peers += (peers.empty() ? "" : ", ") + std::to_string(peer_[i]);
+            }
+          edl::detail::raise(errc::collective, self_.describe(),
+                        edl::detail::concat(op_, ": no answer from device(s) ", peers, " within ", b_.timeout_,
+                                       " s (EDL_MPI_TIMEOUT): a rank died, hangs, or called other collectives"));
+        }
+        // Busy-poll for the first few milliseconds, as MPI libraries do (small collectives
+        // finish in microseconds, and yielding to other processes costs a time slice), then
+        // sleep briefly between polls so a long wait, or more ranks than cores, does not
+        // burn a core.
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() > spin_until)
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+
+   private:
+    void post(std::int64_t peer, void* data, std::size_t bytes, bool is_send) {
+      const int peer_rank = static_cast<int>(peer / b_.local_);
+      const std::int64_t s = is_send ? self_.id() : peer, d = is_send ? peer : self_.id();
+      const int tag = static_cast<int>((s % b_.local_) * b_.local_ + (d % b_.local_));
+      constexpr std::size_t kMax = std::size_t{1} << 30;  // MPI counts are int: send in 1 GiB pieces
+      auto* p = static_cast<std::byte*>(data);
+      do {
+        const std::size_t piece = std::min(bytes, kMax);
+        MPI_Request r;
+        if (is_send) MPI_Isend(p, static_cast<int>(piece), MPI_BYTE, peer_rank, tag, b_.comm_, &r);
+        else MPI_Irecv(p, static_cast<int>(piece), MPI_BYTE, peer_rank, tag, b_.comm_, &r);
+        reqs_.push_back(r);
+        peer_.push_back(peer);
+        p += piece;
+        bytes -= piece;
+      } while (bytes > 0);
+    }
+    MpiBackend& b_;
+    Device& self_;
+    const char* op_;
+    std::vector<MPI_Request> reqs_;
+    std::vector<std::int64_t> peer_;
+  };
+
+  static std::size_t position(const Device& self, std::span<const std::int64_t> group) {
+    for (std::size_t q = 0; q < group.size(); ++q)
+      if (group[q] == self.id()) return q;
+    edl::detail::raise(errc::collective, self.describe(), "this device is not a member of the group it calls");
+  }
+
+  // out[i] = op over q = 0..n-1 (in group order) of ins[q][i], as the simulated backend folds
+  // (every block is read before it is written, so out may be one of the inputs).
+  static void fold(const std::byte* const* ins, std::size_t n, std::size_t count, std::byte* out, DType dtype,
+                   ReduceOp op) {
+    if (count == 0) return;
+    std::byte* outs[1] = {out};
+    edl::detail::sim::dispatch_reduce(dtype, "mpi reduction", [&]<class T, class Acc>() {
+      edl::detail::sim::reduce_range<T, Acc>(ins, n, 0, count, outs, 1, 0, op);
+    });
+  }
+
+  static constexpr std::size_t kSmallBytes = 64 * 1024;  // all_reduce: one exchange below this
+
+  // Receive buffers are written before they are read: no zero fill (it costs as much as the copy).
+  static std::unique_ptr<std::byte[]> uninitialized(std::size_t bytes) {
+    return std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1));
+  }
+
+  std::weak_ptr<MeshContext> ctx_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int local_ = 1, rank_ = 0, ranks_ = 1;
+  double timeout_ = 120.0;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::exception_ptr first_error_;
+  std::int64_t first_device_ = -1;
+};
+
+/// Puts `mesh` on MPI: this rank runs devices [rank * local, (rank + 1) * local).
+template <class MeshT>
+std::shared_ptr<MpiBackend> attach(const MeshT& mesh, const Session& session, int local_devices = 1) {
+  auto b = std::make_shared<MpiBackend>(std::weak_ptr<MeshContext>(mesh.context()), session.comm(), local_devices);
+  mesh.set_backend(b);
+  return b;
+}
+
+}  // namespace edl::mpi
+// end of edl/mesh/backends/mpi.hpp
+#endif
+
+namespace edl {
+
+/// This process's place in its launch: rank `rank` of `ranks` (0 of 1 when launched alone).
+struct Launch {
+  int rank = 0, ranks = 1;
+#ifdef EDL_WITH_MPI
+  std::unique_ptr<mpi::Session> session;
+#endif
+  /// Whether this process prints results and writes output files (rank 0).
+  bool is_primary() const noexcept { return rank == 0; }
+};
+
+/// The process's launch (one rank until start_launch found more).
+inline Launch& launch() {
+  static Launch l;
+  return l;
+}
+
+/// Ranks announced by the launcher's environment (Open MPI, MPICH / PMI, PMIx), 1 when none.
+inline int launcher_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+/// Starts MPI when the launcher started more than one rank; alone, does nothing. Call it once,
+/// first thing in main (MPI may take its own arguments out of argv).
+inline void start_launch(int& argc, char**& argv) {
+  const int n = launcher_ranks();
+  if (n <= 1) return;
+#ifdef EDL_WITH_MPI
+  launch().session = std::make_unique<mpi::Session>(argc, argv);
+  launch().rank = launch().session->rank();
+  launch().ranks = launch().session->size();
+#else
+  (void)argc;
+  (void)argv;
+  throw Error(errc::unsupported, "edl", "launched on " + std::to_string(n) +
+                                           " MPI ranks, but this edl was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+}
+
+/// The mesh of `dims`; under a launch of several ranks its devices are spread over them
+/// (checked before any work: the device count must be a multiple of the ranks). `source`
+/// names where the sizes came from, for the error.
+inline DefaultMesh launch_mesh(const MeshDims& dims, const std::string& source = "mesh") {
+  DefaultMesh mesh = create_mesh(dims);
+  const int ranks = launch().ranks;
+  if (ranks > 1) {
+    EDL_CHECK(mesh.size() % ranks == 0, errc::invalid_argument, source, "the mesh ", mesh.shape().axes_str(), " has ",
+              mesh.size(), " devices, which the ", ranks, " MPI ranks of this launch cannot share evenly (give a mesh of ",
+              ranks, " x devices-per-rank)");
+#ifdef EDL_WITH_MPI
+    mpi::attach(mesh, *launch().session, static_cast<int>(mesh.size() / ranks));
+#endif
+  }
+  return mesh;
+}
+
+/// After this rank failed (its error already printed): ends every rank of the launch with
+/// `code`. The others may be waiting in a collective for this one, and MPI_Finalize waits for
+/// every rank, so returning from main could hang the job. A rank other than 0 first gives
+/// rank 0 a moment to print its own view of the failure. Alone, does nothing.
+inline void abort_launch(int code) {
+#ifdef EDL_WITH_MPI
+  if (launch().ranks <= 1 || !launch().session) return;
+  std::fflush(stderr);
+  if (!launch().is_primary()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  MPI_Abort(launch().session->comm(), code);
+#else
+  (void)code;
+#endif
+}
+
+}  // namespace edl
+// end of edl/mesh/launch.hpp
 // end of edl/mesh/all.hpp
 // #include <edl/tensor/all.hpp>
 // edl/tensor/all.hpp: PartitionSpec, sharded tensors, partition rules.
@@ -22819,58 +23395,83 @@ LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
   return sharded.gather_model();
 }
 
-struct ShardedLossAndGrads {
-  nn::LossMetrics metrics;
-  std::map<std::string, xt::xarray<float>> grads;  // by HF name, full (gathered)
+/// What run_on_mesh computes.
+enum class MeshOp {
+  logits,          // MeshRun::logits_out [tokens, vocab]
+  loss,            // the loss only
+  loss_and_grads,  // the loss, and every gradient zeroed then accumulated into the model's Param::grad
 };
 
-/// Logits [B, S, V] of tokens [B * S] computed on `mesh` (a 1-device mesh runs the model directly).
-template <class Pol>
-xt::xtensor<float, 3> sharded_logits(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                     std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t seq,
-                                     const PartitionRules& rules = llama_partition_rules()) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_logits",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  if (mesh.size() == 1) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(batch),
-                                                                   static_cast<std::size_t>(seq),
-                                                                   static_cast<std::size_t>(model.config().vocab_size)});
-    model.logits(tokens.data(), nn::TokenLayout{batch, seq}, out.data());
-    return out;
-  }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  return sm.logits(tokens.data(), batch, seq);
-}
+/// One call of run_on_mesh: the operation and its batch.
+struct MeshRun {
+  MeshOp op = MeshOp::loss;
+  const std::int64_t* ids = nullptr;       // [layout.tokens()]
+  nn::TokenLayout layout;                  // batch x seq; masks and position ids on one device only
+  const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
+  float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
+  nn::LossOptions loss;                    // the loss's options
+  /// The gradient-checkpointing policy of loss_and_grads (remat::runtime_names; "" = the
+  /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
+  /// each layer again in its backward (nothing_saveable).
+  std::string_view remat;
+  const PartitionRules* rules = nullptr;   // null: llama_partition_rules()
+};
 
-/// Loss and full gradients (by HF name) computed on `mesh`. The 1-device path runs
-/// model.forward_backward (after zero_grad(model); the model's gradients are left set).
+/// THE entry point that runs a model on a mesh of any shape: a one-device mesh runs the model
+/// directly, a larger one shards it by the partition rules (ShardedLlama), runs there and
+/// gathers what comes back, so the caller sees the same model either way (results equal one
+/// device to f32 rounding). For loss_and_grads the gathered gradients land in the model's
+/// Param::grad (frozen parameters, such as a LoRA base, get none).
 template <class Pol>
-ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                           std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
-                                           std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
-                                           const PartitionRules& rules = llama_partition_rules(), bool remat = false) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
-            "labels holds ", labels.size(), " ids, expected ", tokens.size());
-  const std::int64_t* lab = labels.empty() ? nullptr : labels.data();
-  ShardedLossAndGrads r;
+nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
+  const char* w = "models::run_on_mesh";
+  EDL_CHECK(r.ids != nullptr && r.layout.batch >= 1 && r.layout.seq >= 1, errc::invalid_argument, w,
+            "expected ids for a batch x seq of at least 1 x 1, found ", r.ids ? "" : "no ids, ", r.layout.batch, " x ",
+            r.layout.seq);
+  EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
+            "MeshOp::logits needs logits_out");
+  EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
+            errc::unsupported, "remat",
+            "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
+            "(everything_saveable); found \"", r.remat, "\"");
   if (mesh.size() == 1) {
-    nn::zero_grad(model);
-    r.metrics = model.forward_backward(tokens.data(), nn::TokenLayout{batch, seq}, lab, opt);
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end()));
-      if (p.has_grad()) std::memcpy(g.data(), p.grad.data(), g.size() * sizeof(float));
-      else g.fill(0.0f);
-      r.grads.emplace(std::string(path), std::move(g));
-    });
-    return r;
+    switch (r.op) {
+      case MeshOp::logits:
+        model.logits(r.ids, r.layout, r.logits_out);
+        return {};
+      case MeshOp::loss:
+        return model.loss(r.ids, r.layout, r.labels, r.loss);
+      case MeshOp::loss_and_grads: {
+        nn::zero_grad(model);
+        if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
+        nn::LossMetrics m;
+        EDL_CHECK(remat::dispatch(r.remat,
+                                  [&]<class R>() { m = model.template forward_backward<R>(r.ids, r.layout, r.labels, r.loss); }),
+                  errc::invalid_argument, "remat", "unknown policy \"", r.remat, "\"");
+        return m;
+      }
+    }
   }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  sm.set_remat(remat);
-  r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
-  r.grads = sm.gather_grads();
-  return r;
+  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr,
+            errc::unsupported, w, "attention masks, position ids and segments run on one device only for now");
+  ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
+  if (r.op == MeshOp::logits) {
+    const auto l = sm.logits(r.ids, r.layout.batch, r.layout.seq);
+    std::copy(l.begin(), l.end(), r.logits_out);
+    return {};
+  }
+  sm.set_remat(r.remat == "nothing_saveable");
+  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.labels, r.layout.batch, r.layout.seq, r.loss);
+  if (r.op == MeshOp::loss_and_grads) {
+    const auto grads = sm.gather_grads();
+    nn::zero_grad(model);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (p.frozen) return;  // a LoRA base: no gradient
+      const auto& g = grads.at(std::string(path));
+      std::copy(g.begin(), g.end(), p.grad_data());
+    });
+  }
+  return m;
 }
 
 }  // namespace edl::models
@@ -24306,6 +24907,10 @@ struct LoadOptions {
   bool allow_missing = false;
   /// Skip checkpoint tensors the model does not have instead of failing (LoadReport::unexpected).
   bool allow_unexpected = false;
+  /// Back the weights with transparent huge pages where the OS allows (nn::advise_huge_pages):
+  /// decode reads every weight once per token, and huge pages spare it the TLB misses. Values
+  /// are unchanged; servers turn it on, training has no need.
+  bool huge_pages = false;
 };
 
 namespace detail {
@@ -24491,16 +25096,23 @@ inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::Sha
 
 /// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
 /// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype. A path ending in .gguf
-/// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks).
+/// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks); of the
+/// options it takes huge_pages only.
 template <class Pol = DefaultPolicy>
 LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
-  if (dir.extension() == ".gguf") return from_gguf<Pol>(dir);
+  if (dir.extension() == ".gguf") {
+    auto g = from_gguf<Pol>(dir);
+    if (opt.huge_pages) nn::advise_huge_pages(g);
+    return g;
+  }
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
   detail::check_shapes_before_allocating(cfg, ckpt, opt);
   LlamaForCausalLM<Pol> m(cfg);
+  if (opt.huge_pages) nn::advise_huge_pages(m);  // before the weights are written: faulted in as huge pages
   load_weights(m, ckpt, opt);
   m.quantize_as_policy();
+  if (opt.huge_pages && Pol::quant_t::quantized) nn::advise_huge_pages(m);  // the new blocks too
   return m;
 }
 
@@ -25025,15 +25637,12 @@ class LlamaForSequenceClassification {
 // Head-major. A kv head's slots are contiguous (head_dim elements apart), not a whole token's
 // row apart as in EasyDeL's [batch, max_length, kv_heads, head_dim]: decode attention reads one
 // head's keys and values from first slot to last, and a contiguous read runs near the memory's
-// bandwidth where a stride of kv_heads * head_dim elements ran at about half of it. On a Zen 4
-// EPYC tiny decoded 3 % faster on one thread and 7-10 % on two, small with a 768-token prompt
-// 6 % (docs/benchmarks.md). The cost is in store(): a token's row is written as kv_heads pieces.
+// bandwidth where a strided one runs at about half of it. The cost is in store(): a token's
+// row is written as kv_heads pieces.
 //
 // On huge pages. The caches' keys and values are on transparent huge pages where the OS allows
 // (edl::assign_on_huge_pages): decode attention reads every head's slots in full each step as
-// short streams, which on 4 KiB pages cross a page, and miss the TLB, every 4 KiB. On a Zen 5
-// EPYC (THP `madvise`) small's one-thread decode attention ran 1.14-1.16x faster on them with a
-// 128-token prompt and 1.4-1.5x with 900 tokens (docs/benchmarks.md, "KV caches on huge pages").
+// short streams, which on 4 KiB pages cross a page, and miss the TLB, every 4 KiB.
 //
 // Slots. Sequence b stores its real tokens at slots 0, 1, ..., length(b) - 1, and slot s holds
 // the token at position s (positions start at 0 at the first real token; left padding of a
@@ -26828,6 +27437,7 @@ class Decoder {
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26965,6 +27575,17 @@ struct GenerationConfig {
     GenerationConfig g;
     g.eos_token_id = m.eos_token_id;
     g.pad_token_id = m.pad_token_id;
+    return g;
+  }
+
+  /// What a model folder says to generate with: its generation_config.json where it has one
+  /// (eos tokens the file leaves out come from the model config, as transformers does), else
+  /// the model config's defaults (from_model_config).
+  static GenerationConfig from_folder(const std::filesystem::path& dir, const models::LlamaConfig& m) {
+    const std::filesystem::path file = dir / "generation_config.json";
+    if (!std::filesystem::exists(file)) return from_model_config(m);
+    GenerationConfig g = from_file(file.string());
+    if (g.eos_token_id.empty()) g.eos_token_id = m.eos_token_id;
     return g;
   }
 };
@@ -27645,6 +28266,17 @@ class ShardedDecoder {
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   const models::LlamaConfig& config() const noexcept { return cfg_; }
   std::int64_t batch() const noexcept { return B_; }
+  /// The dp x fsdp x ep groups the sequences are cut over (the devices of one group hold the
+  /// same sequences), and the group holding sequence b: b in [g B / G, (g + 1) B / G).
+  std::int64_t sequence_groups() const noexcept {
+    return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
+  }
+  std::int64_t sequence_group(std::int64_t b) const noexcept {
+    const std::int64_t G = sequence_groups();
+    std::int64_t g = b * G / B_;  // the first group whose range can hold b; uneven cuts step on
+    while ((g + 1) * B_ / G <= b) ++g;
+    return g;
+  }
   std::int64_t max_length() const noexcept { return P_; }
   /// Tokens sequence b holds (all devices together).
   std::int64_t length(std::int64_t b) const {
@@ -27769,7 +28401,7 @@ class ShardedDecoder {
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
     // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
-    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
+    const std::int64_t groups = sequence_groups();
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.
@@ -28124,7 +28756,6 @@ class Engine {
       const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
       EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
                 " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
-      groups = mesh.axis_size("dp") * mesh.axis_size("fsdp") * mesh.axis_size("ep");
       po.page_size = page_size_ / sp;
       typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
         PagedKVCacheOptions local = po;
@@ -28135,12 +28766,11 @@ class Engine {
       pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
       device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
       page_bytes_ = device_page_bytes_ * tp * sp;
+      groups = mesh_dec_->sequence_groups();
     }
     pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t g = 0; g < groups; ++g)  // the sequences' cut of ShardedDecoder
-      for (std::int64_t b = g * o_.max_batch / groups; b < (g + 1) * o_.max_batch / groups; ++b)
-        pool_of_[static_cast<std::size_t>(b)] = g;
+    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
     held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 
@@ -28680,14 +29310,14 @@ class PrefixCachedGenerator {
     cached_.resize(static_cast<std::size_t>(keep));
     reused_ = keep;
 
-    const detail::PaddedPrompts pp = detail::pad_prompts({prompt}, 1, g, mml);
+    const std::vector<std::int64_t> limit = {std::min<std::int64_t>(g.max_new_tokens, mml - P)};
     const std::vector<std::int64_t> ids(prompt.begin() + keep, prompt.end()), mask(ids.size(), 1);
     GenerateResult res;
     res.tokens.assign(1, {});
     res.finish_reason.assign(1, "length");
     res.stats.prefill_tokens = P - keep;
     try {
-      detail::sample_loop(*dec_, {prompt}, g, o, pp.limit, ids, mask, static_cast<std::int64_t>(ids.size()),
+      detail::sample_loop(*dec_, {prompt}, g, o, limit, ids, mask, static_cast<std::int64_t>(ids.size()),
                           cfg.vocab_size, res);
     } catch (...) {
       remember(prompt, res.tokens[0]);
@@ -31091,9 +31721,9 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // the gathered model and optimizer state, the same files as a one-device run, so a run resumes
 // on another mesh shape. model() and optimizer() gather on demand.
 //
-// On several processes (mpirun): pass a MeshFactory that attaches the mesh to the processes'
-// backend (mesh/backends/mpi.hpp); every process constructs the trainer with the same
-// arguments and calls the same methods. The devices are spread over the processes, every
+// On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
+// the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
+// process constructs the trainer with the same arguments and calls the same methods. The devices are spread over the processes, every
 // process gets the same losses (the collectives are exact), and only rank 0
 // (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
 // report. A checkpoint is written by all of them, each its part, and committed by rank 0
@@ -31121,6 +31751,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/mesh/launch.hpp> (inlined above)
 // #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
@@ -32800,11 +33431,11 @@ class BasicTrainer {
     adapters_ = lora::lora_is_enabled(*model_);
   }
 
-  /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
-  /// one process.
+  /// The mesh of sharding_axis_dims (from `make_mesh` when given, else spread over the ranks
+  /// of this process's launch: edl::launch_mesh); none for one device on one process.
   void build_mesh(const MeshFactory& make_mesh) {
-    if (args_.mesh_devices() == 1 && !make_mesh) return;
-    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : create_mesh(args_.mesh_dims());
+    if (args_.mesh_devices() == 1 && !make_mesh && launch().ranks == 1) return;
+    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : launch_mesh(args_.mesh_dims(), args_.where("sharding_axis_dims"));
     EDL_CHECK(m.size() == args_.mesh_devices(), errc::invalid_argument, args_.where("sharding_axis_dims"),
               "the mesh factory made a mesh of ", m.size(), " devices, expected ", args_.mesh_devices());
     processes_ = ProcessGroup(m);

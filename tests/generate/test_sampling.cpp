@@ -14,6 +14,7 @@
 #include <edl/core/error.hpp>
 #include <edl/generate/generation_config.hpp>
 #include <edl/generate/sampling.hpp>
+#include "support/temp_dir.hpp"
 
 using namespace edl;
 using namespace edl::generate;
@@ -318,6 +319,35 @@ TEST(GenerationConfig, ReadsHfFields) {
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"temperature": 0})")), edl::Error);
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"top_p": "x"})")), edl::Error);
   EXPECT_THROW(GenerationConfig::from_json(nlohmann::ordered_json::parse(R"({"early_stopping": "sometimes"})")), edl::Error);
+}
+
+TEST(GenerationConfig, FromFolderReadsTheFileOverTheModelsDefaults) {
+  test_support::TempDir dir("generation_config_folder");
+  edl::models::LlamaConfig m;
+  m.eos_token_id = {3};
+  m.pad_token_id = 1;
+  // No file: the model config's tokens.
+  const auto none = GenerationConfig::from_folder(dir.p, m);
+  EXPECT_EQ(none.eos_token_id, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(none.pad_token_id, 1);
+  EXPECT_FALSE(none.do_sample);
+  // A file without eos: its fields, the model's eos.
+  dir.file("generation_config.json", R"({"do_sample": true, "temperature": 0.7, "max_new_tokens": 9})");
+  const auto g = GenerationConfig::from_folder(dir.p, m);
+  EXPECT_TRUE(g.do_sample);
+  EXPECT_FLOAT_EQ(g.temperature, 0.7f);
+  EXPECT_EQ(g.max_new_tokens, 9);
+  EXPECT_EQ(g.eos_token_id, (std::vector<std::int64_t>{3}));
+  // The file's eos wins; a bad file is named.
+  dir.file("generation_config.json", R"({"eos_token_id": [5, 6]})");
+  EXPECT_EQ(GenerationConfig::from_folder(dir.p, m).eos_token_id, (std::vector<std::int64_t>{5, 6}));
+  dir.file("generation_config.json", R"({"temperature": 0})");
+  try {
+    GenerationConfig::from_folder(dir.p, m);
+    FAIL() << "expected an error";
+  } catch (const edl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Sampling, NoRepeatNgramBansWhatHfBans) {

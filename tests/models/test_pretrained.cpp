@@ -32,6 +32,7 @@
 #include "../../examples/cli/loss.hpp"
 #include "../../examples/cli/mesh_flag.hpp"
 #include "../nn/nn_test_util.hpp"
+#include "support/huge_pages.hpp"
 
 using namespace edl;
 using models::LlamaConfig;
@@ -814,13 +815,13 @@ TEST(Pretrained, MeshFlag) {
   LlamaForCausalLM<> m(c);
   m.init(Key::from_seed(0));
   std::vector<std::int64_t> ids = {1, 2, 3, 4};
-  const auto r = cli::run_on_mesh({1, 1, 1, 1, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4});
+  const auto r = cli::run_on_mesh({1, 1, 1, 1, 1}, m, models::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4});
   EXPECT_EQ(r.tokens, 3);
   // A tensor-parallel mesh gives the one-device loss and gradients (to f32 rounding).
-  const auto one = cli::run_on_mesh({1, 1, 1, 1, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
+  const auto one = cli::run_on_mesh({1, 1, 1, 1, 1}, m, models::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
   std::map<std::string, std::vector<float>> g1;
   m.visit_params("", [&](std::string_view path, auto& p) { g1[std::string(path)].assign(p.grad.begin(), p.grad.end()); });
-  const auto two = cli::run_on_mesh({1, 1, 1, 2, 1}, m, cli::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
+  const auto two = cli::run_on_mesh({1, 1, 1, 2, 1}, m, models::MeshOp::loss_and_grads, ids.data(), nn::TokenLayout{1, 4});
   EXPECT_NEAR(two.loss, one.loss, 1e-6);
   EXPECT_EQ(two.tokens, one.tokens);
   m.visit_params("", [&](std::string_view path, auto& p) {
@@ -828,10 +829,41 @@ TEST(Pretrained, MeshFlag) {
     for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(p.grad.data()[i], want[i], 1e-5) << path;
   });
   // A mesh whose sizes do not divide the heads is refused with an error naming the problem.
-  EXPECT_THROW(cli::run_on_mesh({1, 1, 1, 4, 1}, m, cli::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4}), Error);
+  EXPECT_THROW(cli::run_on_mesh({1, 1, 1, 4, 1}, m, models::MeshOp::loss, ids.data(), nn::TokenLayout{1, 4}), Error);
 }
 
 // ------------------------------------------------------------------------------ save / load
+
+TEST(Pretrained, HugePagesOptionAdvisesTheWeightsBeforeWritingThem) {
+  TempDir tmp("huge_pages");
+  LlamaConfig c;
+  c.vocab_size = 8192;  // an 8 MiB embedding: whole huge pages inside it
+  c.hidden_size = 256;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  LlamaForCausalLM<> m(c);
+  m.init(Key::from_seed(3));
+  models::save_pretrained(tmp.path, m);
+  auto plain = models::from_pretrained(tmp.path);
+  models::LoadOptions o;
+  o.huge_pages = true;
+  auto huge = models::from_pretrained(tmp.path, o);
+  EXPECT_EQ(param_bytes(huge), param_bytes(m));
+  EXPECT_EQ(param_bytes(plain), param_bytes(m));
+  if (!test_support::thp_available()) GTEST_SKIP() << "transparent huge pages are off on this machine";
+  const auto middle = [](auto& model) {
+    const void* mid = nullptr;
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (path == "model.embed_tokens.weight") mid = p.data() + p.value.size() / 2;
+    });
+    return mid;
+  };
+  EXPECT_TRUE(test_support::mapping_advised_huge(middle(huge)));
+  EXPECT_FALSE(test_support::mapping_advised_huge(middle(plain)));
+}
+
 
 TEST(Pretrained, SaveThenLoadIsBitExactSingleAndSharded) {
   NEED_FIXTURE();

@@ -426,19 +426,63 @@ TEST(ShardedLlama, ClearErrors) {
   }
 }
 
-TEST(ShardedLlama, FreeFunctionsMatchOneDevice) {
+/// The gradients run_on_mesh left in the model's Param::grad, by name.
+static std::map<std::string, std::vector<float>> model_grads(LlamaForCausalLM<>& m) {
+  std::map<std::string, std::vector<float>> g;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    if (p.has_grad()) g[std::string(path)].assign(p.grad.begin(), p.grad.end());
+  });
+  return g;
+}
+
+TEST(ShardedLlama, RunOnMeshMatchesOneDevice) {
   LlamaForCausalLM<> m(small_gqa_config());
   m.init(Key::from_seed(10), 0.2f);
-  const std::int64_t B = 2, S = 4;
+  const std::int64_t B = 2, S = 4, V = m.config().vocab_size;
   const auto ids = random_tokens(B * S, 64, 14);
-  const auto one = models::sharded_loss_and_grads(m, create_mesh({1, 1, 1, 1}), ids, {}, B, S);
-  const auto two = models::sharded_loss_and_grads(m, create_mesh({1, 1, 2, 1}), ids, {}, B, S);
-  EXPECT_NEAR(one.metrics.loss, two.metrics.loss, 1e-5 * one.metrics.loss);
-  ASSERT_EQ(one.grads.size(), two.grads.size());
-  for (const auto& [name, g] : one.grads) expect_close(g.data(), two.grads.at(name).data(), g.size(), name);
-  const auto l1 = models::sharded_logits(m, create_mesh({1, 1, 1, 1}), ids, B, S);
-  const auto l2 = models::sharded_logits(m, create_mesh({2, 1, 1, 1}), ids, B, S);
-  expect_close(l1.data(), l2.data(), l1.size(), "logits");
+  models::MeshRun r;
+  r.ids = ids.data();
+  r.layout = nn::TokenLayout{B, S};
+
+  // One device is the model itself, bit for bit.
+  r.op = models::MeshOp::logits;
+  std::vector<float> direct(static_cast<std::size_t>(B * S * V)), one(direct.size()), two(direct.size());
+  m.logits(ids.data(), r.layout, direct.data());
+  r.logits_out = one.data();
+  models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r);
+  EXPECT_EQ(direct, one);
+  r.logits_out = two.data();
+  models::run_on_mesh(m, create_mesh({2, 1, 1, 1}), r);
+  expect_close(one.data(), two.data(), one.size(), "logits");
+
+  // Loss and gradients land in the model's Param::grad on every mesh; remat changes nothing.
+  r.op = models::MeshOp::loss_and_grads;
+  const auto l1 = models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r);
+  const auto g1 = model_grads(m);
+  EXPECT_EQ(models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r).loss, l1.loss);  // zeroed, not accumulated
+  EXPECT_EQ(model_grads(m), g1);
+  for (const char* remat : {"", "nothing_saveable"}) {
+    r.remat = remat;
+    const auto l2 = models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r);
+    EXPECT_NEAR(l1.loss, l2.loss, 1e-5 * l1.loss) << remat;
+    const auto g2 = model_grads(m);
+    ASSERT_EQ(g1.size(), g2.size());
+    for (const auto& [name, g] : g1) expect_close(g.data(), g2.at(name).data(), g.size(), name);
+  }
+  r.op = models::MeshOp::loss;
+  EXPECT_NEAR(models::run_on_mesh(m, create_mesh({1, 2, 1, 1}), r).loss, l1.loss, 1e-5 * l1.loss);
+
+  // What a mesh cannot run yet is refused by name.
+  r.remat = "dots_saveable";
+  EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r), Error);
+  r.remat = {};
+  const std::vector<std::int64_t> mask(ids.size(), 1);
+  r.layout.attention_mask = mask.data();
+  EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r), Error);
+  r.layout.attention_mask = nullptr;
+  r.op = models::MeshOp::logits;
+  r.logits_out = nullptr;
+  EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r), Error);
 }
 
 // The forward traffic of docs/parallelism.md's tables, as the simulated backend counts it

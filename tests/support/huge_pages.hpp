@@ -37,4 +37,24 @@ inline long huge_kb_of_mapping(const void* p) {
   return -1;
 }
 
+/// Whether the mapping that holds address p is advised for huge pages (smaps' VmFlags "hg"),
+/// whether or not the kernel has backed it with them yet.
+inline bool mapping_advised_huge(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool in = false;
+  while (std::getline(f, line)) {
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      in = lo <= a && a < hi;
+      continue;
+    }
+    if (in && line.rfind("VmFlags:", 0) == 0) return (line + " ").find(" hg ") != std::string::npos;
+  }
+  return false;
+}
+
 }  // namespace edl::test_support

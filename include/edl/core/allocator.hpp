@@ -5,13 +5,12 @@
 // A training step allocates and frees the same large activation buffers every step. glibc
 // serves blocks above its mmap threshold (up to 32 MiB) with fresh mappings and returns freed
 // heap tops to the kernel, so every step pays page faults and the kernel's page zeroing for
-// memory it just gave back: measured at 7-8% of a small-config step (docs/benchmarks.md).
+// memory it just gave back.
 // keep_freed_memory() makes glibc serve all blocks from the heap and never trim it, so the
 // second step reuses the first step's pages. Peak memory is unchanged (the pages are the same);
 // the resident size stays at the peak between steps instead of dropping. It also keeps every
 // thread on the main arena: blocks a worker thread allocates (inside a parallel kernel) would
-// otherwise grow an arena of their own whose pages the main heap cannot reuse (a LoRA step of
-// the tiny config peaked 35% higher with two arenas, at the same speed). It changes process
+// otherwise grow an arena of their own whose pages the main heap cannot reuse. It changes process
 // state, so the library never calls it on its own: programs opt in (the edl tool does).
 #pragma once
 
@@ -31,11 +30,8 @@
 namespace edl {
 
 /// Bytes of a cache line, and of one AVX-512 vector: the alignment of storage that kernels read
-/// in full-vector streams (parameters, KV caches). glibc's malloc aligns to 16 bytes, so three
-/// tensors in four started mid-line and every 64-byte load of them touched two lines: on a
-/// Zen 5 EPYC, side by side in one process, a decode step's products over small's weights read
-/// 1.34x faster on one thread and 1.08x on two on lines (docs/benchmarks.md, "Weights on cache
-/// lines").
+/// in full-vector streams (parameters, KV caches). glibc's malloc aligns to 16 bytes, so most
+/// tensors would start mid-line and every 64-byte load of them would touch two lines.
 inline constexpr std::size_t kCacheLineBytes = 64;
 
 /// A standard allocator whose blocks start on a cache line. Each block comes from the plain
@@ -139,9 +135,7 @@ inline bool keep_freed_memory() noexcept {
 /// no aligned 2 MiB block, or when the kernel refuses). Contents are unchanged.
 ///
 /// Why: decode reads every weight once per token in long streams; with 4 KiB pages each
-/// stream misses the TLB every 4 KiB. On a Zen 4 EPYC with THP in `madvise` mode, small's
-/// one-thread decode ran 48-50 tok/s with 4 KiB pages and 59-60 with huge pages
-/// (docs/benchmarks.md). The kernel may decline (THP `never`): then nothing changes.
+/// stream misses the TLB every 4 KiB. The kernel may decline (THP `never`): then nothing changes.
 inline std::size_t advise_huge_pages(const void* p, std::size_t bytes) noexcept {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;

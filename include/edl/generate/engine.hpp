@@ -313,7 +313,6 @@ class Engine {
       const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
       EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
                 " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
-      groups = mesh.axis_size("dp") * mesh.axis_size("fsdp") * mesh.axis_size("ep");
       po.page_size = page_size_ / sp;
       typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
         PagedKVCacheOptions local = po;
@@ -324,12 +323,11 @@ class Engine {
       pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
       device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
       page_bytes_ = device_page_bytes_ * tp * sp;
+      groups = mesh_dec_->sequence_groups();
     }
     pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t g = 0; g < groups; ++g)  // the sequences' cut of ShardedDecoder
-      for (std::int64_t b = g * o_.max_batch / groups; b < (g + 1) * o_.max_batch / groups; ++b)
-        pool_of_[static_cast<std::size_t>(b)] = g;
+    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
     held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -148,6 +149,17 @@ struct GenerationConfig {
     GenerationConfig g;
     g.eos_token_id = m.eos_token_id;
     g.pad_token_id = m.pad_token_id;
+    return g;
+  }
+
+  /// What a model folder says to generate with: its generation_config.json where it has one
+  /// (eos tokens the file leaves out come from the model config, as transformers does), else
+  /// the model config's defaults (from_model_config).
+  static GenerationConfig from_folder(const std::filesystem::path& dir, const models::LlamaConfig& m) {
+    const std::filesystem::path file = dir / "generation_config.json";
+    if (!std::filesystem::exists(file)) return from_model_config(m);
+    GenerationConfig g = from_file(file.string());
+    if (g.eos_token_id.empty()) g.eos_token_id = m.eos_token_id;
     return g;
   }
 };

@@ -12,15 +12,12 @@
 // Head-major. A kv head's slots are contiguous (head_dim elements apart), not a whole token's
 // row apart as in EasyDeL's [batch, max_length, kv_heads, head_dim]: decode attention reads one
 // head's keys and values from first slot to last, and a contiguous read runs near the memory's
-// bandwidth where a stride of kv_heads * head_dim elements ran at about half of it. On a Zen 4
-// EPYC tiny decoded 3 % faster on one thread and 7-10 % on two, small with a 768-token prompt
-// 6 % (docs/benchmarks.md). The cost is in store(): a token's row is written as kv_heads pieces.
+// bandwidth where a strided one runs at about half of it. The cost is in store(): a token's
+// row is written as kv_heads pieces.
 //
 // On huge pages. The caches' keys and values are on transparent huge pages where the OS allows
 // (edl::assign_on_huge_pages): decode attention reads every head's slots in full each step as
-// short streams, which on 4 KiB pages cross a page, and miss the TLB, every 4 KiB. On a Zen 5
-// EPYC (THP `madvise`) small's one-thread decode attention ran 1.14-1.16x faster on them with a
-// 128-token prompt and 1.4-1.5x with 900 tokens (docs/benchmarks.md, "KV caches on huge pages").
+// short streams, which on 4 KiB pages cross a page, and miss the TLB, every 4 KiB.
 //
 // Slots. Sequence b stores its real tokens at slots 0, 1, ..., length(b) - 1, and slot s holds
 // the token at position s (positions start at 0 at the first real token; left padding of a

@@ -70,14 +70,14 @@ class PrefixCachedGenerator {
     cached_.resize(static_cast<std::size_t>(keep));
     reused_ = keep;
 
-    const detail::PaddedPrompts pp = detail::pad_prompts({prompt}, 1, g, mml);
+    const std::vector<std::int64_t> limit = {std::min<std::int64_t>(g.max_new_tokens, mml - P)};
     const std::vector<std::int64_t> ids(prompt.begin() + keep, prompt.end()), mask(ids.size(), 1);
     GenerateResult res;
     res.tokens.assign(1, {});
     res.finish_reason.assign(1, "length");
     res.stats.prefill_tokens = P - keep;
     try {
-      detail::sample_loop(*dec_, {prompt}, g, o, pp.limit, ids, mask, static_cast<std::int64_t>(ids.size()),
+      detail::sample_loop(*dec_, {prompt}, g, o, limit, ids, mask, static_cast<std::int64_t>(ids.size()),
                           cfg.vocab_size, res);
     } catch (...) {
       remember(prompt, res.tokens[0]);

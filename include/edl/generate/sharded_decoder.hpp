@@ -142,6 +142,17 @@ class ShardedDecoder {
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   const models::LlamaConfig& config() const noexcept { return cfg_; }
   std::int64_t batch() const noexcept { return B_; }
+  /// The dp x fsdp x ep groups the sequences are cut over (the devices of one group hold the
+  /// same sequences), and the group holding sequence b: b in [g B / G, (g + 1) B / G).
+  std::int64_t sequence_groups() const noexcept {
+    return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
+  }
+  std::int64_t sequence_group(std::int64_t b) const noexcept {
+    const std::int64_t G = sequence_groups();
+    std::int64_t g = b * G / B_;  // the first group whose range can hold b; uneven cuts step on
+    while ((g + 1) * B_ / G <= b) ++g;
+    return g;
+  }
   std::int64_t max_length() const noexcept { return P_; }
   /// Tokens sequence b holds (all devices together).
   std::int64_t length(std::int64_t b) const {
@@ -266,7 +277,7 @@ class ShardedDecoder {
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
     // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
-    const std::int64_t groups = mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
+    const std::int64_t groups = sequence_groups();
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.

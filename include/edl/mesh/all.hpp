@@ -8,3 +8,4 @@
 #include <edl/mesh/backends/simulated.hpp>
 #include <edl/mesh/collectives.hpp>
 #include <edl/mesh/process_group.hpp>
+#include <edl/mesh/launch.hpp>

@@ -41,9 +41,9 @@
 // the gathered model and optimizer state, the same files as a one-device run, so a run resumes
 // on another mesh shape. model() and optimizer() gather on demand.
 //
-// On several processes (mpirun): pass a MeshFactory that attaches the mesh to the processes'
-// backend (mesh/backends/mpi.hpp); every process constructs the trainer with the same
-// arguments and calls the same methods. The devices are spread over the processes, every
+// On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
+// the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
+// process constructs the trainer with the same arguments and calls the same methods. The devices are spread over the processes, every
 // process gets the same losses (the collectives are exact), and only rank 0
 // (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
 // report. A checkpoint is written by all of them, each its part, and committed by rank 0
@@ -72,6 +72,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/mesh/mesh.hpp>
+#include <edl/mesh/launch.hpp>
 #include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
@@ -780,11 +781,11 @@ class BasicTrainer {
     adapters_ = lora::lora_is_enabled(*model_);
   }
 
-  /// The mesh of sharding_axis_dims (from `make_mesh` when given); none for one device on
-  /// one process.
+  /// The mesh of sharding_axis_dims (from `make_mesh` when given, else spread over the ranks
+  /// of this process's launch: edl::launch_mesh); none for one device on one process.
   void build_mesh(const MeshFactory& make_mesh) {
-    if (args_.mesh_devices() == 1 && !make_mesh) return;
-    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : create_mesh(args_.mesh_dims());
+    if (args_.mesh_devices() == 1 && !make_mesh && launch().ranks == 1) return;
+    DefaultMesh m = make_mesh ? make_mesh(args_.mesh_dims()) : launch_mesh(args_.mesh_dims(), args_.where("sharding_axis_dims"));
     EDL_CHECK(m.size() == args_.mesh_devices(), errc::invalid_argument, args_.where("sharding_axis_dims"),
               "the mesh factory made a mesh of ", m.size(), " devices, expected ", args_.mesh_devices());
     processes_ = ProcessGroup(m);

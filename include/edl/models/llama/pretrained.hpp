@@ -184,6 +184,10 @@ struct LoadOptions {
   bool allow_missing = false;
   /// Skip checkpoint tensors the model does not have instead of failing (LoadReport::unexpected).
   bool allow_unexpected = false;
+  /// Back the weights with transparent huge pages where the OS allows (nn::advise_huge_pages):
+  /// decode reads every weight once per token, and huge pages spare it the TLB misses. Values
+  /// are unchanged; servers turn it on, training has no need.
+  bool huge_pages = false;
 };
 
 namespace detail {
@@ -369,16 +373,23 @@ inline void check_shapes_before_allocating(const LlamaConfig& cfg, const io::Sha
 
 /// Reads `dir`/config.json and the weights (model.safetensors, or the sharded index), memory
 /// mapped, into a new LlamaForCausalLM with parameters in Pol's dtype. A path ending in .gguf
-/// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks).
+/// is a GGUF file, read by from_gguf (its quantized Linears keep the file's blocks); of the
+/// options it takes huge_pages only.
 template <class Pol = DefaultPolicy>
 LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
-  if (dir.extension() == ".gguf") return from_gguf<Pol>(dir);
+  if (dir.extension() == ".gguf") {
+    auto g = from_gguf<Pol>(dir);
+    if (opt.huge_pages) nn::advise_huge_pages(g);
+    return g;
+  }
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
   detail::check_shapes_before_allocating(cfg, ckpt, opt);
   LlamaForCausalLM<Pol> m(cfg);
+  if (opt.huge_pages) nn::advise_huge_pages(m);  // before the weights are written: faulted in as huge pages
   load_weights(m, ckpt, opt);
   m.quantize_as_policy();
+  if (opt.huge_pages && Pol::quant_t::quantized) nn::advise_huge_pages(m);  // the new blocks too
   return m;
 }
 

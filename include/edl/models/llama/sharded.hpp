@@ -991,58 +991,83 @@ LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
   return sharded.gather_model();
 }
 
-struct ShardedLossAndGrads {
-  nn::LossMetrics metrics;
-  std::map<std::string, xt::xarray<float>> grads;  // by HF name, full (gathered)
+/// What run_on_mesh computes.
+enum class MeshOp {
+  logits,          // MeshRun::logits_out [tokens, vocab]
+  loss,            // the loss only
+  loss_and_grads,  // the loss, and every gradient zeroed then accumulated into the model's Param::grad
 };
 
-/// Logits [B, S, V] of tokens [B * S] computed on `mesh` (a 1-device mesh runs the model directly).
-template <class Pol>
-xt::xtensor<float, 3> sharded_logits(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                     std::span<const std::int64_t> tokens, std::int64_t batch, std::int64_t seq,
-                                     const PartitionRules& rules = llama_partition_rules()) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_logits",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  if (mesh.size() == 1) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(batch),
-                                                                   static_cast<std::size_t>(seq),
-                                                                   static_cast<std::size_t>(model.config().vocab_size)});
-    model.logits(tokens.data(), nn::TokenLayout{batch, seq}, out.data());
-    return out;
-  }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  return sm.logits(tokens.data(), batch, seq);
-}
+/// One call of run_on_mesh: the operation and its batch.
+struct MeshRun {
+  MeshOp op = MeshOp::loss;
+  const std::int64_t* ids = nullptr;       // [layout.tokens()]
+  nn::TokenLayout layout;                  // batch x seq; masks and position ids on one device only
+  const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
+  float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
+  nn::LossOptions loss;                    // the loss's options
+  /// The gradient-checkpointing policy of loss_and_grads (remat::runtime_names; "" = the
+  /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
+  /// each layer again in its backward (nothing_saveable).
+  std::string_view remat;
+  const PartitionRules* rules = nullptr;   // null: llama_partition_rules()
+};
 
-/// Loss and full gradients (by HF name) computed on `mesh`. The 1-device path runs
-/// model.forward_backward (after zero_grad(model); the model's gradients are left set).
+/// THE entry point that runs a model on a mesh of any shape: a one-device mesh runs the model
+/// directly, a larger one shards it by the partition rules (ShardedLlama), runs there and
+/// gathers what comes back, so the caller sees the same model either way (results equal one
+/// device to f32 rounding). For loss_and_grads the gathered gradients land in the model's
+/// Param::grad (frozen parameters, such as a LoRA base, get none).
 template <class Pol>
-ShardedLossAndGrads sharded_loss_and_grads(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                                           std::span<const std::int64_t> tokens, std::span<const std::int64_t> labels,
-                                           std::int64_t batch, std::int64_t seq, const nn::LossOptions& opt = {},
-                                           const PartitionRules& rules = llama_partition_rules(), bool remat = false) {
-  EDL_CHECK(static_cast<std::int64_t>(tokens.size()) == batch * seq, errc::shape_mismatch, "sharded_loss_and_grads",
-            "tokens holds ", tokens.size(), " ids, expected batch * seq = ", batch * seq);
-  EDL_CHECK(labels.empty() || labels.size() == tokens.size(), errc::shape_mismatch, "sharded_loss_and_grads",
-            "labels holds ", labels.size(), " ids, expected ", tokens.size());
-  const std::int64_t* lab = labels.empty() ? nullptr : labels.data();
-  ShardedLossAndGrads r;
+nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
+  const char* w = "models::run_on_mesh";
+  EDL_CHECK(r.ids != nullptr && r.layout.batch >= 1 && r.layout.seq >= 1, errc::invalid_argument, w,
+            "expected ids for a batch x seq of at least 1 x 1, found ", r.ids ? "" : "no ids, ", r.layout.batch, " x ",
+            r.layout.seq);
+  EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
+            "MeshOp::logits needs logits_out");
+  EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
+            errc::unsupported, "remat",
+            "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
+            "(everything_saveable); found \"", r.remat, "\"");
   if (mesh.size() == 1) {
-    nn::zero_grad(model);
-    r.metrics = model.forward_backward(tokens.data(), nn::TokenLayout{batch, seq}, lab, opt);
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      xt::xarray<float> g = xt::xarray<float>::from_shape(std::vector<std::size_t>(p.value.shape().begin(), p.value.shape().end()));
-      if (p.has_grad()) std::memcpy(g.data(), p.grad.data(), g.size() * sizeof(float));
-      else g.fill(0.0f);
-      r.grads.emplace(std::string(path), std::move(g));
-    });
-    return r;
+    switch (r.op) {
+      case MeshOp::logits:
+        model.logits(r.ids, r.layout, r.logits_out);
+        return {};
+      case MeshOp::loss:
+        return model.loss(r.ids, r.layout, r.labels, r.loss);
+      case MeshOp::loss_and_grads: {
+        nn::zero_grad(model);
+        if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
+        nn::LossMetrics m;
+        EDL_CHECK(remat::dispatch(r.remat,
+                                  [&]<class R>() { m = model.template forward_backward<R>(r.ids, r.layout, r.labels, r.loss); }),
+                  errc::invalid_argument, "remat", "unknown policy \"", r.remat, "\"");
+        return m;
+      }
+    }
   }
-  ShardedLlama<Pol> sm(model, mesh, rules);
-  sm.set_remat(remat);
-  r.metrics = sm.loss_and_grads(tokens.data(), lab, batch, seq, opt);
-  r.grads = sm.gather_grads();
-  return r;
+  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr,
+            errc::unsupported, w, "attention masks, position ids and segments run on one device only for now");
+  ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
+  if (r.op == MeshOp::logits) {
+    const auto l = sm.logits(r.ids, r.layout.batch, r.layout.seq);
+    std::copy(l.begin(), l.end(), r.logits_out);
+    return {};
+  }
+  sm.set_remat(r.remat == "nothing_saveable");
+  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.labels, r.layout.batch, r.layout.seq, r.loss);
+  if (r.op == MeshOp::loss_and_grads) {
+    const auto grads = sm.gather_grads();
+    nn::zero_grad(model);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (p.frozen) return;  // a LoRA base: no gradient
+      const auto& g = grads.at(std::string(path));
+      std::copy(g.begin(), g.end(), p.grad_data());
+    });
+  }
+  return m;
 }
 
 }  // namespace edl::models
