@@ -13075,6 +13075,269 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
 
 }  // namespace edl::io
 // end of edl/io/safetensors.hpp
+// #include <edl/io/tfevents.hpp>
+// edl/io/tfevents.hpp
+// TensorBoard's event files (`events.out.tfevents.*`), scalars only: what `tensorboard
+// --logdir` plots as curves, written without TensorFlow or protobuf.
+//
+//   io::EventFileWriter w("run/tensorboard");           // events.out.tfevents.<time>.<host>.<pid>.0
+//   w.scalar("loss", 2.31f, /*step=*/10);
+//   for (const auto& e : io::read_scalar_events(w.path())) ...   // {wall_time, step, tag, value}
+//
+// The file is a TFRecord stream: each record is a little-endian u64 length, the masked CRC-32C
+// of those 8 bytes, the data, the masked CRC-32C of the data. Each record's data is a
+// serialized tensorflow.Event (tensorflow/core/util/event.proto): wall_time (1, double), step
+// (2, int64) and either file_version (3, "brain.Event:2", the first record) or a Summary (5)
+// whose Values (1) carry tag (1) and simple_value (2, float). The writer flushes each record,
+// so a crash leaves whole records (TensorBoard skips a torn last one).
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/mmap.hpp> (inlined above)
+
+namespace edl::io {
+
+/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of TFRecord files.
+inline std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0) noexcept {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (std::size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFFu] ^ (crc >> 8);
+  return ~crc;
+}
+
+/// TFRecord's masked CRC: rotated and offset, so that a CRC stored inside data does not
+/// checksum to a fixed value.
+inline std::uint32_t masked_crc32c(const void* data, std::size_t n) noexcept {
+  const std::uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+/// One scalar of an event file.
+struct ScalarEvent {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string tag;
+  float value = 0;
+};
+
+namespace detail {
+
+inline void put_varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+inline void put_key(std::string& out, std::uint32_t field, std::uint32_t wire_type) { put_varint(out, field << 3 | wire_type); }
+template <class T>
+void put_fixed(std::string& out, T v) {  // x86 is little-endian, as the wire format
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+inline void put_bytes(std::string& out, std::uint32_t field, std::string_view bytes) {
+  put_key(out, field, 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+
+/// An Event's header fields: wall_time and step.
+inline std::string event_header(double wall_time, std::int64_t step) {
+  std::string e;
+  put_key(e, 1, 1);
+  put_fixed(e, wall_time);
+  put_key(e, 2, 0);
+  put_varint(e, static_cast<std::uint64_t>(step));
+  return e;
+}
+
+/// Reads protobuf fields of one message; an error names the file and what is malformed.
+class WireReader {
+ public:
+  WireReader(std::string_view data, const std::string& where) : d_(data), where_(where) {}
+  bool done() const noexcept { return i_ >= d_.size(); }
+  std::uint64_t varint() {
+    std::uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      EDL_CHECK(i_ < d_.size(), errc::format, where_, "a varint runs past the end of its message");
+      const auto b = static_cast<unsigned char>(d_[i_++]);
+      v |= static_cast<std::uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    ::edl::detail::raise(errc::format, where_, "a varint longer than 10 bytes");
+  }
+  std::string_view take(std::size_t n) {
+    EDL_CHECK(n <= d_.size() - i_, errc::format, where_, "a field of ", n, " bytes runs past the end of its message (",
+              d_.size() - i_, " left)");
+    const std::string_view s = d_.substr(i_, n);
+    i_ += n;
+    return s;
+  }
+  /// Skips a field of `wire_type` (one this reader does not use).
+  void skip(std::uint32_t wire_type) {
+    switch (wire_type) {
+      case 0: varint(); return;
+      case 1: take(8); return;
+      case 2: take(varint()); return;
+      case 5: take(4); return;
+      default: ::edl::detail::raise(errc::format, where_, ::edl::detail::concat("unknown wire type ", wire_type));
+    }
+  }
+
+ private:
+  std::string_view d_;
+  std::size_t i_ = 0;
+  const std::string& where_;
+};
+
+template <class T>
+T get_fixed(std::string_view b) {
+  T v;
+  std::memcpy(&v, b.data(), sizeof(T));
+  return v;
+}
+
+}  // namespace detail
+
+/// Appends scalar events to a new event file in `dir` (created when missing).
+class EventFileWriter {
+ public:
+  explicit EventFileWriter(const std::filesystem::path& dir) {
+    std::filesystem::create_directories(dir);
+    char host[256] = "localhost";
+    ::gethostname(host, sizeof host - 1);
+    const double now = wall_time();
+    path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<long long>(now)) + "." + host + "." +
+                    std::to_string(static_cast<long>(::getpid())) + ".0"))
+                .string();
+    out_.open(path_, std::ios::binary | std::ios::trunc);
+    EDL_CHECK(out_.good(), errc::io, path_, "cannot create the event file: ", detail::errno_text());
+    std::string e = detail::event_header(now, 0);
+    detail::put_bytes(e, 3, "brain.Event:2");
+    record(e);
+  }
+
+  const std::string& path() const noexcept { return path_; }
+
+  /// One scalar at `step`, as TensorBoard's simple_value.
+  void scalar(std::string_view tag, float value, std::int64_t step) {
+    std::string v;
+    detail::put_bytes(v, 1, tag);
+    detail::put_key(v, 2, 5);
+    detail::put_fixed(v, value);
+    std::string summary;
+    detail::put_bytes(summary, 1, v);
+    std::string e = detail::event_header(wall_time(), step);
+    detail::put_bytes(e, 5, summary);
+    record(e);
+  }
+
+ private:
+  static double wall_time() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  void record(const std::string& data) {
+    const std::uint64_t n = data.size();
+    char head[12];
+    std::memcpy(head, &n, 8);
+    const std::uint32_t hc = masked_crc32c(head, 8), dc = masked_crc32c(data.data(), data.size());
+    std::memcpy(head + 8, &hc, 4);
+    out_.write(head, 12);
+    out_.write(data.data(), static_cast<std::streamsize>(data.size()));
+    out_.write(reinterpret_cast<const char*>(&dc), 4);
+    out_.flush();
+    EDL_CHECK(out_.good(), errc::io, path_, "write failed: ", detail::errno_text());
+  }
+
+  std::string path_;
+  std::ofstream out_;
+};
+
+/// The scalar events of an event file, in order (other events, such as the file_version
+/// record, are skipped). A bad checksum, a torn record or a malformed event is an edl::Error
+/// naming the file and the record's offset.
+inline std::vector<ScalarEvent> read_scalar_events(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EDL_CHECK(in.good(), errc::io, path, "cannot open for reading: ", detail::errno_text());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<ScalarEvent> out;
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    const std::string where = path + " record at byte " + std::to_string(off);
+    EDL_CHECK(bytes.size() - off >= 12, errc::format, where, "a record header needs 12 bytes, found ", bytes.size() - off);
+    const auto n = detail::get_fixed<std::uint64_t>(std::string_view(bytes).substr(off, 8));
+    EDL_CHECK(detail::get_fixed<std::uint32_t>(std::string_view(bytes).substr(off + 8, 4)) ==
+                  masked_crc32c(bytes.data() + off, 8),
+              errc::format, where, "the length's checksum does not match");
+    EDL_CHECK(n <= bytes.size() - off - 12 && bytes.size() - off - 12 - n >= 4, errc::format, where, "a record of ", n,
+              " bytes runs past the end of the file");
+    const std::string_view data = std::string_view(bytes).substr(off + 12, n);
+    EDL_CHECK(detail::get_fixed<std::uint32_t>(std::string_view(bytes).substr(off + 12 + n, 4)) ==
+                  masked_crc32c(data.data(), data.size()),
+              errc::format, where, "the data's checksum does not match");
+    off += 12 + n + 4;
+
+    ScalarEvent head;
+    std::vector<ScalarEvent> values;
+    detail::WireReader ev(data, where);
+    while (!ev.done()) {
+      const std::uint64_t key = ev.varint();
+      const auto field = static_cast<std::uint32_t>(key >> 3), wire = static_cast<std::uint32_t>(key & 7);
+      if (field == 1 && wire == 1) head.wall_time = detail::get_fixed<double>(ev.take(8));
+      else if (field == 2 && wire == 0) head.step = static_cast<std::int64_t>(ev.varint());
+      else if (field == 5 && wire == 2) {
+        detail::WireReader summary(ev.take(ev.varint()), where);
+        while (!summary.done()) {
+          const std::uint64_t sk = summary.varint();
+          if (sk != (1u << 3 | 2)) {
+            summary.skip(static_cast<std::uint32_t>(sk & 7));
+            continue;
+          }
+          detail::WireReader value(summary.take(summary.varint()), where);
+          ScalarEvent s;
+          bool has_value = false;
+          while (!value.done()) {
+            const std::uint64_t vk = value.varint();
+            if (vk == (1u << 3 | 2)) s.tag = std::string(value.take(value.varint()));
+            else if (vk == (2u << 3 | 5)) s.value = detail::get_fixed<float>(value.take(4)), has_value = true;
+            else value.skip(static_cast<std::uint32_t>(vk & 7));
+          }
+          if (has_value) values.push_back(std::move(s));
+        }
+      } else ev.skip(wire);
+    }
+    for (auto& v : values) {
+      v.wall_time = head.wall_time;
+      v.step = head.step;
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+}  // namespace edl::io
+// end of edl/io/tfevents.hpp
 // end of edl/io/all.hpp
 // #include <edl/tokenizer/all.hpp>
 // edl/tokenizer/all.hpp: umbrella of the tokenizer layer (HF tokenizer.json, byte-level BPE training).
@@ -20682,6 +20945,25 @@ std::optional<FusedPart> fused_part(const M& m, const std::string& path) {
   return std::nullopt;
 }
 
+/// Where adapter tensor `name` ("<path>.lora_A.weight" or "...lora_B.weight") of Linear `path`
+/// is in PEFT file `f`: under its own key, or (a part of a fused module, when the file has no
+/// tensor of the part's own name) the module's A whole, its B's rows from row0.
+struct AdapterSource {
+  std::string key;
+  std::int64_t row0 = 0, rows = -1;  // rows -1: the whole tensor; else a B's rows of the fused B
+};
+template <class M, class File>
+AdapterSource adapter_source(const M& m, const File& f, const std::string& path, std::string_view name) {
+  AdapterSource s{kPeftPrefix + std::string(name)};
+  if (f.contains(s.key)) return s;
+  if (const auto part = fused_part(m, path)) {
+    const bool is_b = name.ends_with("lora_B.weight");
+    s.key = kPeftPrefix + part->module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
+    if (is_b) s.row0 = part->row0, s.rows = part->rows;
+  }
+  return s;
+}
+
 /// target_modules naming fused modules (qkv_proj) select their parts (q_proj, k_proj, v_proj).
 template <class M>
 void select_fused_parts(M& m, LoraConfig& cfg) {
@@ -20823,28 +21105,12 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
   const std::string file = (dir / kAdapterWeightsFile).string();
   EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, dir.string(), "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
-  // Where each adapter tensor is in the file: under its own name, or (a part of a fused module,
-  // when the file has no tensor of the part's own name) the module's A whole, its B's rows.
-  struct Source {
-    std::string key;
-    std::int64_t row0 = 0, rows = -1;  // rows -1: the whole tensor
-  };
-  const auto source = [&](const std::string& path, std::string_view name) {
-    Source s{kPeftPrefix + std::string(name)};
-    if (f.contains(s.key)) return s;
-    if (const auto part = detail::fused_part(m, path)) {
-      const bool is_b = name.ends_with("lora_B.weight");
-      s.key = kPeftPrefix + part->module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
-      if (is_b) s.row0 = part->row0, s.rows = part->rows;
-    }
-    return s;
-  };
   std::set<std::string> expected;
   std::map<std::string, std::int64_t> fused_rows;  // a fused B -> rows its parts take
   m.visit_linears("", [&](const std::string& path, auto& lin) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
-      const Source src = source(path, name);
+      const detail::AdapterSource src = detail::adapter_source(m, f, path, name);
       const std::string& key = src.key;
       expected.insert(key);
       EDL_CHECK(f.contains(key), errc::format, file, "tensor \"", key, "\" is missing (the config targets ", path, ")");
@@ -20879,7 +21145,7 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
       using T = typename std::remove_cvref_t<decltype(p)>::value_type;
-      const Source src = source(path, name);
+      const detail::AdapterSource src = detail::adapter_source(m, f, path, name);
       const std::span<T> out(p.data(), p.value.size());
       if (src.rows < 0) {
         f.template read_into<T>(src.key, out);
@@ -22733,6 +22999,11 @@ class ShardedLlama {
       : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
 
   const LlamaConfig& config() const noexcept { return cfg_; }
+  /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
+  /// checkpoint that fuses it with others (Phi-3), or nullopt.
+  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
+    return fused_slice(config(), linear_path + ".weight");
+  }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
   /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
@@ -25528,8 +25799,9 @@ class LlamaForSequenceClassification {
 //
 //   - each prompt starts num_beams beams; beam 0 has score 0, the others -1e9 (so the first
 //     step expands one beam);
-//   - per step, per beam: scores = log_softmax(logits), then the processors (repetition /
-//     presence penalty) on the log-probabilities, plus the beam's running score;
+//   - per step, per beam: scores = log_softmax(logits), then the user's logits processor and the
+//     config's processors (repetition / presence penalty) on the log-probabilities, plus the
+//     beam's running score;
 //   - the top max(2, 1 + #stop tokens) * num_beams (beam, token) candidates, best first (ties:
 //     lower beam * vocab + token first); a stop token among the first num_beams candidates
 //     closes a hypothesis (tokens + the stop token, score = sum_logprobs / generated_len ^
@@ -27624,6 +27896,7 @@ struct GenerationConfig {
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -27682,6 +27955,15 @@ inline std::int64_t argmax(const float* x, std::int64_t n) noexcept {
 // end of edl/kernels/argmax.hpp
 
 namespace edl::generate {
+
+/// A user's step over one sequence's next-token scores (the seeds' logits_processor): `prompt`
+/// is the prompt's index, `context` the prompt and the tokens generated so far, `scores` the
+/// vocabulary's scores to change in place (say, -inf to ban a token). Sampling and greedy
+/// decoding call it on the model's logits, beam search on the log-probabilities, in both cases
+/// before the generation config's own processors (penalties, bans, temperature, top-k / p).
+using LogitsProcessor =
+    std::function<void(std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores)>;
+
 
 using kernels::argmax;
 
@@ -27929,7 +28211,8 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
-                                                   const std::vector<std::int64_t>& mask_padded, std::int64_t V) {
+                                                   const std::vector<std::int64_t>& mask_padded, std::int64_t V,
+                                                   const LogitsProcessor& processor = {}) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), nb = cfg.num_beams, R = P * nb;
   EDL_CHECK(dec.batch() == R, errc::invalid_argument, "generate.beam_search", "the cache holds ", dec.batch(),
             " sequences, expected prompts x num_beams = ", R);
@@ -27977,6 +28260,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
         detail::log_softmax_row(row, V);
         ctx.assign(prompts[static_cast<std::size_t>(p)].begin(), prompts[static_cast<std::size_t>(p)].end());
         ctx.insert(ctx.end(), seqs[r].begin(), seqs[r].end());
+        if (processor) processor(p, ctx, std::span<float>(row, static_cast<std::size_t>(V)));
         pen.apply(row, V, ctx, seqs[r], cfg);
         for (std::int64_t t = 0; t < V; ++t) row[t] += score[r];
       }
@@ -29043,6 +29327,7 @@ struct GenerateOptions {
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
+  LogitsProcessor logits_processor;                                     // may be empty
 };
 
 struct GenerateStats {
@@ -29147,6 +29432,8 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
       if (!active[pi]) continue;
       auto& c = ctx[pi];
       auto& out = res.tokens[pi];
+      if (o.logits_processor)
+        o.logits_processor(p, c, std::span<float>(logits.data() + p * V, static_cast<std::size_t>(V)));
       const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
                                             static_cast<std::uint32_t>(step));
       out.push_back(tok);
@@ -29187,7 +29474,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
   if (nb > 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V);
+    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
     res.stats.decode_seconds = seconds_since(t0);
     for (std::int64_t p = 0; p < P; ++p) {
       const auto& t = res.tokens[static_cast<std::size_t>(p)];
@@ -29694,6 +29981,50 @@ inline std::string optimizer_file_name(int rank, int ranks) {
   return buf;
 }
 
+/// The optimizer's kind and hyper-parameters as JSON (what an optimizer file records).
+inline nlohmann::ordered_json optimizer_options_json(const optim::OptimizerOptions& o) {
+  nlohmann::ordered_json j;
+  j["optimizer"] = optim::optimizer_name(o.kind);
+  j["b1"] = o.b1;
+  j["b2"] = o.b2;
+  j["eps"] = o.eps;
+  j["weight_decay"] = o.weight_decay;
+  j["momentum"] = o.momentum;
+  j["rmsprop_alpha"] = o.rmsprop_alpha;
+  j["rmsprop_centered"] = o.rmsprop_centered;
+  j["nesterov"] = o.nesterov;
+  j["decay_all"] = o.decay_all;
+  j["adafactor_eps1"] = o.adafactor_eps1;
+  j["adafactor_clip"] = o.adafactor_clip;
+  j["adafactor_decay"] = o.adafactor_decay;
+  return j;
+}
+
+/// The options optimizer_options_json wrote; `where` names the file for errors.
+inline optim::OptimizerOptions optimizer_options_from_json(const nlohmann::ordered_json& j, const std::string& where) {
+  optim::OptimizerOptions o;
+  try {
+    o.kind = optim::optimizer_from_name(j.at("optimizer").get<std::string>());
+    o.b1 = j.at("b1").get<double>();
+    o.b2 = j.at("b2").get<double>();
+    o.eps = j.at("eps").get<double>();
+    o.weight_decay = j.at("weight_decay").get<double>();
+    o.momentum = j.at("momentum").get<double>();
+    o.rmsprop_alpha = j.at("rmsprop_alpha").get<double>();
+    o.rmsprop_centered = j.at("rmsprop_centered").get<bool>();
+    o.nesterov = j.at("nesterov").get<bool>();
+    o.decay_all = j.at("decay_all").get<bool>();
+    o.adafactor_eps1 = j.at("adafactor_eps1").get<double>();
+    o.adafactor_clip = j.at("adafactor_clip").get<double>();
+    o.adafactor_decay = j.at("adafactor_decay").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
+  } catch (const Error& e) {
+    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
+  }
+  return o;
+}
+
 namespace detail {
 
 /// Writes the optimizer slots of the parameters assigned to `rank` of `ranks` (every
@@ -29711,8 +30042,18 @@ inline void save_optimizer_part(const std::string& path, const optim::Optimizer&
                        {{"format", "edl"},
                         {"optimizer", optim::optimizer_name(opt.options().kind)},
                         {"step_count", std::to_string(opt.step_count())},
+                        {"options", optimizer_options_json(opt.options()).dump()},
                         {"part", std::to_string(rank + 1)},
                         {"parts", std::to_string(ranks)}});
+}
+
+/// Sets the slots of optimizer file `file` (named `path` for errors) into `opt`.
+inline void load_optimizer_slots(const io::SafeTensorsFile& file, const std::string& path, optim::Optimizer& opt) {
+  for (const auto& name : file.names()) {
+    const auto dot = name.rfind('.');
+    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name, "\" is not named <path>.<slot>");
+    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), file.read_vector<float>(name));
+  }
 }
 
 /// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
@@ -29848,17 +30189,53 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   } else {
     load_model_weights(dir, model);
   }
-  for (const std::string& op : optimizer_files(dir)) {
-    auto f = io::SafeTensorsFile::open(op);
-    for (const auto& name : f.names()) {
-      const auto dot = name.rfind('.');
-      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
-                "\" is not named <path>.<slot>");
-      opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
-    }
-  }
+  for (const std::string& op : optimizer_files(dir)) detail::load_optimizer_slots(io::SafeTensorsFile::open(op), op, opt);
   opt.set_step_count(s.optimizer_step_count);
   return s;
+}
+
+/// Saves an optimizer alone (the seeds' save_optimizer): its slots, step count, kind and
+/// hyper-parameters in one safetensors file, written atomically (a failed save leaves the
+/// previous file).
+inline void save_optimizer(const std::string& path, const optim::Optimizer& opt) {
+  detail::save_optimizer_part(path, opt, 0, 1);
+}
+
+/// Reads an optimizer back (the seeds' load_optimizer): from a file save_optimizer wrote, or
+/// from a checkpoint folder (its optimizer.safetensors, or every rank's part). The optimizer
+/// has the saved kind, hyper-parameters, slots and step count, so training continues as if it
+/// had never stopped. A file without those records (written before they were) is named.
+inline optim::Optimizer load_optimizer(const std::string& path) {
+  const std::vector<std::string> files = fs::is_directory(path) ? optimizer_files(path) : std::vector<std::string>{path};
+  std::optional<optim::Optimizer> opt;
+  for (const std::string& f : files) {
+    auto file = io::SafeTensorsFile::open(f);
+    const auto& meta = file.metadata();
+    const auto options = meta.find("options"), steps = meta.find("step_count");
+    EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
+              "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(options->second);
+    } catch (const nlohmann::json::exception& e) {
+      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
+    }
+    const optim::OptimizerOptions o = optimizer_options_from_json(j, f);
+    std::int64_t count = 0;
+    try {
+      count = std::stoll(steps->second);
+    } catch (const std::exception&) {
+      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
+    }
+    if (!opt) {
+      opt.emplace(o);
+      opt->set_step_count(count);
+    }
+    EDL_CHECK(optimizer_options_json(o) == optimizer_options_json(opt->options()) && count == opt->step_count(),
+              errc::format, f, "its optimizer options or step count differ from those of ", files.front());
+    detail::load_optimizer_slots(file, f, *opt);
+  }
+  return std::move(*opt);
 }
 
 /// The checkpoint-<step> folders of one run.
@@ -31434,18 +31811,13 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
   EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
   for (const auto& name : model.trainable_names()) {
-    std::string tensor = lora::kPeftPrefix + name;
-    // A part of a fused module (Phi-3) saved in the fused form (lora/peft.hpp): the module's A
-    // whole, its B's rows.
-    std::int64_t row0 = 0;
-    bool part_rows = false;
-    const bool is_b = name.ends_with(".lora_B.weight");
+    // A part of a fused module (Phi-3) may be saved in the fused form (lora/peft.hpp): the
+    // module's A whole, its B's rows.
     const std::string path = name.substr(0, name.size() - std::string_view(".lora_A.weight").size());
-    if (!f.contains(tensor))
-      if (const auto s = models::fused_slice(model.config(), path + ".weight")) {
-        tensor = lora::kPeftPrefix + s->tensor.substr(0, s->tensor.size() - 7) + (is_b ? ".lora_B.weight" : ".lora_A.weight");
-        if (is_b) row0 = s->row0, part_rows = true;
-      }
+    const lora::detail::AdapterSource src = lora::detail::adapter_source(model, f, path, name);
+    const std::string& tensor = src.key;
+    const std::int64_t row0 = src.row0;
+    const bool part_rows = src.rows >= 0;
     EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
               "\" is missing: the model being loaded has this adapter");
     auto& arr = model.param(name);
@@ -31751,6 +32123,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/io/tfevents.hpp> (inlined above)
 // #include <edl/mesh/launch.hpp> (inlined above)
 // #include <edl/mesh/process_group.hpp> (inlined above)
 // #include <edl/models/llama/llama.hpp> (inlined above)
@@ -32225,6 +32598,7 @@ struct TrainingArguments {
   bool write_report = true;                          // report.md / report.html at the end of train()
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
+  bool use_tensorboard = false;                      // every metrics line's numbers also as TensorBoard scalars (save_directory/tensorboard)
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
@@ -32278,7 +32652,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
@@ -32382,6 +32756,7 @@ struct TrainingArguments {
     else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "track_memory") { if (v.is_null()) track_memory = false; else boo(track_memory); }
+    else if (key == "use_tensorboard") boo(use_tensorboard);
     else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
@@ -32631,6 +33006,7 @@ struct TrainingArguments {
     j["packing"] = packing;
     j["padding_free"] = padding_free;
     j["track_memory"] = track_memory;
+    j["use_tensorboard"] = use_tensorboard;
     j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
@@ -33238,6 +33614,11 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_log) c.on_log(*this, line);
     metrics_->write(line);
+    if (tensorboard_) {  // every number of the line but its step, under the line's own key
+      const std::int64_t step = line.value("step", state_.step);
+      for (const auto& [key, v] : line.items())
+        if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
+    }
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
@@ -33409,6 +33790,8 @@ class BasicTrainer {
     metrics_ = processes_.is_primary()
                    ? std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string())
                    : std::make_unique<MetricsWriter>();
+    if (args_.use_tensorboard && processes_.is_primary())
+      tensorboard_ = std::make_unique<io::EventFileWriter>(fs::path(args_.save_directory) / "tensorboard");
     progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
     add_adapters();
@@ -33453,6 +33836,7 @@ class BasicTrainer {
   TrainState state_;
   CheckpointManager ckpt_{"."};
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<io::EventFileWriter> tensorboard_;  // use_tensorboard: a new event file per run
   std::unique_ptr<MetricsWriter> weights_;  // opened at the first weight-statistics step
   ProgressLine progress_{false};
   Truncation trunc_ = Truncation::keep_end;

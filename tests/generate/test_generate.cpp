@@ -206,6 +206,55 @@ TEST(Generate, ProcessorsShapeTheGreedyOutput) {
   EXPECT_THROW(generate(m, {prompt}, bad), edl::Error);
 }
 
+TEST(Generate, LogitsProcessorSeesTheContextAndChangesTheChoice) {
+  const Tiny* t = tiny();
+  if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";
+  const std::int64_t V = t->cfg.vocab_size, k = 2;
+  ASSERT_GT(t->want.size(), static_cast<std::size_t>(k));
+  // Greedy with the oracle's token k banned at step k: steps before k keep the oracle's
+  // tokens, step k takes the best other token of a full forward over the context.
+  std::vector<std::int64_t> streamed;
+  GenerateOptions o;
+  o.on_token = [&](std::int64_t, std::int64_t tok) { streamed.push_back(tok); };
+  o.logits_processor = [&](std::int64_t p, std::span<const std::int64_t> ctx, std::span<float> scores) {
+    EXPECT_EQ(p, 0);
+    std::vector<std::int64_t> want_ctx(t->prompt);
+    want_ctx.insert(want_ctx.end(), streamed.begin(), streamed.end());
+    EXPECT_EQ(std::vector<std::int64_t>(ctx.begin(), ctx.end()), want_ctx);
+    EXPECT_EQ(static_cast<std::int64_t>(scores.size()), V);
+    if (static_cast<std::int64_t>(streamed.size()) == k) scores[static_cast<std::size_t>(t->want[k])] = -INFINITY;
+  };
+  const auto r = generate(t->model, {t->prompt}, greedy(k + 1, t->cfg), o).tokens[0];
+  ASSERT_EQ(r.size(), static_cast<std::size_t>(k + 1));
+  for (std::int64_t i = 0; i < k; ++i) EXPECT_EQ(r[static_cast<std::size_t>(i)], t->want[static_cast<std::size_t>(i)]);
+  std::vector<std::int64_t> ctx(t->prompt);
+  ctx.insert(ctx.end(), t->want.begin(), t->want.begin() + k);
+  const std::int64_t S = static_cast<std::int64_t>(ctx.size());
+  std::vector<float> logits(static_cast<std::size_t>(S * V));
+  t->model.logits(ctx.data(), nn::TokenLayout{1, S}, logits.data());
+  const float* last = logits.data() + (S - 1) * V;
+  std::int64_t best = -1;
+  for (std::int64_t v = 0; v < V; ++v)
+    if (v != t->want[static_cast<std::size_t>(k)] && (best < 0 || last[v] > last[best])) best = v;
+  EXPECT_EQ(r[static_cast<std::size_t>(k)], best);
+
+  // Beam search calls it on the log-probabilities of every beam: a token it bans never comes.
+  auto b = greedy(6, t->cfg);
+  b.num_beams = 3;
+  const auto free_beam = generate(t->model, {t->prompt}, b).tokens[0];
+  ASSERT_FALSE(free_beam.empty());
+  GenerateOptions ban;
+  std::int64_t calls = 0;
+  ban.logits_processor = [&](std::int64_t, std::span<const std::int64_t>, std::span<float> scores) {
+    EXPECT_LE(scores[0], 0.0f);  // log-probabilities
+    scores[static_cast<std::size_t>(free_beam[0])] = -INFINITY;
+    ++calls;
+  };
+  const auto banned = generate(t->model, {t->prompt}, b, ban).tokens[0];
+  EXPECT_GE(calls, 3);
+  EXPECT_EQ(std::count(banned.begin(), banned.end(), free_beam[0]), 0);
+}
+
 TEST(Generate, WideBeamSearchFindsTheBestPairOfTokens) {
   // num_beams = vocab and two new tokens: beam search is exhaustive, so its answer is the
   // argmax over all V^2 continuations of (log p(a) + log p(b | a)) / 2^length_penalty.

@@ -267,6 +267,18 @@ TEST_P(ShardedGenerateMeshes, GreedyAndSampledTokensEqualOneDevice) {
   o.paged.page_size = 2;
   o.paged.budget_bytes = 1 << 20;
   EXPECT_EQ(generate::generate(m, mesh, prompts, g, o).tokens, want_s.tokens);
+
+  // A logits processor runs on the mesh as on one device: here it bans each prompt's last
+  // token and every even id after the third new token.
+  GenerateOptions h;
+  h.logits_processor = [&](std::int64_t p, std::span<const std::int64_t> ctx, std::span<float> scores) {
+    scores[static_cast<std::size_t>(prompts[static_cast<std::size_t>(p)].back())] = -INFINITY;
+    if (ctx.size() >= prompts[static_cast<std::size_t>(p)].size() + 3)
+      for (std::size_t t = 0; t < scores.size(); t += 2) scores[t] = -INFINITY;
+  };
+  const auto want_h = generate::generate(m, prompts, g, h);
+  EXPECT_NE(want_h.tokens, want_s.tokens);
+  EXPECT_EQ(generate::generate(m, mesh, prompts, g, h).tokens, want_h.tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(Generate, ShardedGenerateMeshes,

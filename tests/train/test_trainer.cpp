@@ -562,6 +562,45 @@ TEST(Trainer, TrackMemoryLogsTheResidentSet) {
   EXPECT_TRUE(TrainingArguments::from_json(a.to_json()).track_memory);
 }
 
+TEST(Trainer, TensorBoardHoldsEveryNumberOfTheMetricsLines) {
+  TempDir d("tensorboard");
+  auto args = base_args(d.str());
+  args.max_training_steps = 4;
+  args.log_steps = 2;
+  args.evaluation_steps = 2;
+  args.use_tensorboard = true;
+  Trainer t(args, make_model(), std::nullopt, random_data(4, 16, 64, 8), random_data(8, 16, 64, 5));
+  t.train();
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(d.p / "tensorboard")) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  const auto events = io::read_scalar_events(files[0]);
+  // The metrics lines' numbers (step aside), in order, each at its line's step.
+  std::size_t i = 0, evals = 0;
+  for (const auto& j : read_metrics(d.str())) {
+    evals += j.contains("eval_loss");
+    for (const auto& [key, v] : j.items()) {
+      if (!v.is_number() || key == "step") continue;
+      ASSERT_LT(i, events.size()) << key;
+      EXPECT_EQ(events[i].tag, key);
+      EXPECT_EQ(events[i].value, v.get<float>()) << key;
+      EXPECT_EQ(events[i].step, j["step"].get<std::int64_t>()) << key;
+      ++i;
+    }
+  }
+  EXPECT_EQ(i, events.size());
+  EXPECT_GE(evals, 2u);
+  // Off by default: no folder.
+  TempDir off("tensorboard_off");
+  auto a2 = base_args(off.str());
+  a2.max_training_steps = 1;
+  Trainer(a2, make_model(), std::nullopt, random_data(4, 16, 64, 1)).train();
+  EXPECT_FALSE(fs::exists(off.p / "tensorboard"));
+  TrainingArguments a;
+  a.use_tensorboard = true;
+  EXPECT_TRUE(TrainingArguments::from_json(a.to_json()).use_tensorboard);
+}
+
 TEST(Trainer, TimeLimitStopsWithACheckpoint) {
   TempDir d("timelimit");
   auto args = base_args(d.str());

@@ -3,8 +3,9 @@
 //
 //   - each prompt starts num_beams beams; beam 0 has score 0, the others -1e9 (so the first
 //     step expands one beam);
-//   - per step, per beam: scores = log_softmax(logits), then the processors (repetition /
-//     presence penalty) on the log-probabilities, plus the beam's running score;
+//   - per step, per beam: scores = log_softmax(logits), then the user's logits processor and the
+//     config's processors (repetition / presence penalty) on the log-probabilities, plus the
+//     beam's running score;
 //   - the top max(2, 1 + #stop tokens) * num_beams (beam, token) candidates, best first (ties:
 //     lower beam * vocab + token first); a stop token among the first num_beams candidates
 //     closes a hypothesis (tokens + the stop token, score = sum_logprobs / generated_len ^
@@ -85,7 +86,8 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
-                                                   const std::vector<std::int64_t>& mask_padded, std::int64_t V) {
+                                                   const std::vector<std::int64_t>& mask_padded, std::int64_t V,
+                                                   const LogitsProcessor& processor = {}) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), nb = cfg.num_beams, R = P * nb;
   EDL_CHECK(dec.batch() == R, errc::invalid_argument, "generate.beam_search", "the cache holds ", dec.batch(),
             " sequences, expected prompts x num_beams = ", R);
@@ -133,6 +135,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
         detail::log_softmax_row(row, V);
         ctx.assign(prompts[static_cast<std::size_t>(p)].begin(), prompts[static_cast<std::size_t>(p)].end());
         ctx.insert(ctx.end(), seqs[r].begin(), seqs[r].end());
+        if (processor) processor(p, ctx, std::span<float>(row, static_cast<std::size_t>(V)));
         pen.apply(row, V, ctx, seqs[r], cfg);
         for (std::int64_t t = 0; t < V; ++t) row[t] += score[r];
       }

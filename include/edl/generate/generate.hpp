@@ -45,6 +45,7 @@ struct GenerateOptions {
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
+  LogitsProcessor logits_processor;                                     // may be empty
 };
 
 struct GenerateStats {
@@ -149,6 +150,8 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
       if (!active[pi]) continue;
       auto& c = ctx[pi];
       auto& out = res.tokens[pi];
+      if (o.logits_processor)
+        o.logits_processor(p, c, std::span<float>(logits.data() + p * V, static_cast<std::size_t>(V)));
       const std::int64_t tok = sampler.next(logits.data() + p * V, V, g, c, out, static_cast<std::uint32_t>(p),
                                             static_cast<std::uint32_t>(step));
       out.push_back(tok);
@@ -189,7 +192,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
   if (nb > 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V);
+    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
     res.stats.decode_seconds = seconds_since(t0);
     for (std::int64_t p = 0; p < P; ++p) {
       const auto& t = res.tokens[static_cast<std::size_t>(p)];

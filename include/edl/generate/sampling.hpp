@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -41,6 +42,15 @@
 #include <edl/kernels/argmax.hpp>
 
 namespace edl::generate {
+
+/// A user's step over one sequence's next-token scores (the seeds' logits_processor): `prompt`
+/// is the prompt's index, `context` the prompt and the tokens generated so far, `scores` the
+/// vocabulary's scores to change in place (say, -inf to ban a token). Sampling and greedy
+/// decoding call it on the model's logits, beam search on the log-probabilities, in both cases
+/// before the generation config's own processors (penalties, bans, temperature, top-k / p).
+using LogitsProcessor =
+    std::function<void(std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores)>;
+
 
 using kernels::argmax;
 

@@ -7,3 +7,4 @@
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/io/tfevents.hpp>

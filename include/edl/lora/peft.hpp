@@ -76,6 +76,25 @@ std::optional<FusedPart> fused_part(const M& m, const std::string& path) {
   return std::nullopt;
 }
 
+/// Where adapter tensor `name` ("<path>.lora_A.weight" or "...lora_B.weight") of Linear `path`
+/// is in PEFT file `f`: under its own key, or (a part of a fused module, when the file has no
+/// tensor of the part's own name) the module's A whole, its B's rows from row0.
+struct AdapterSource {
+  std::string key;
+  std::int64_t row0 = 0, rows = -1;  // rows -1: the whole tensor; else a B's rows of the fused B
+};
+template <class M, class File>
+AdapterSource adapter_source(const M& m, const File& f, const std::string& path, std::string_view name) {
+  AdapterSource s{kPeftPrefix + std::string(name)};
+  if (f.contains(s.key)) return s;
+  if (const auto part = fused_part(m, path)) {
+    const bool is_b = name.ends_with("lora_B.weight");
+    s.key = kPeftPrefix + part->module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
+    if (is_b) s.row0 = part->row0, s.rows = part->rows;
+  }
+  return s;
+}
+
 /// target_modules naming fused modules (qkv_proj) select their parts (q_proj, k_proj, v_proj).
 template <class M>
 void select_fused_parts(M& m, LoraConfig& cfg) {
@@ -217,28 +236,12 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
   const std::string file = (dir / kAdapterWeightsFile).string();
   EDL_CHECK(std::filesystem::is_regular_file(file), errc::io, dir.string(), "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
-  // Where each adapter tensor is in the file: under its own name, or (a part of a fused module,
-  // when the file has no tensor of the part's own name) the module's A whole, its B's rows.
-  struct Source {
-    std::string key;
-    std::int64_t row0 = 0, rows = -1;  // rows -1: the whole tensor
-  };
-  const auto source = [&](const std::string& path, std::string_view name) {
-    Source s{kPeftPrefix + std::string(name)};
-    if (f.contains(s.key)) return s;
-    if (const auto part = detail::fused_part(m, path)) {
-      const bool is_b = name.ends_with("lora_B.weight");
-      s.key = kPeftPrefix + part->module + (is_b ? ".lora_B.weight" : ".lora_A.weight");
-      if (is_b) s.row0 = part->row0, s.rows = part->rows;
-    }
-    return s;
-  };
   std::set<std::string> expected;
   std::map<std::string, std::int64_t> fused_rows;  // a fused B -> rows its parts take
   m.visit_linears("", [&](const std::string& path, auto& lin) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
-      const Source src = source(path, name);
+      const detail::AdapterSource src = detail::adapter_source(m, f, path, name);
       const std::string& key = src.key;
       expected.insert(key);
       EDL_CHECK(f.contains(key), errc::format, file, "tensor \"", key, "\" is missing (the config targets ", path, ")");
@@ -273,7 +276,7 @@ void load_adapter_weights(const std::filesystem::path& dir, M& m) {
     if (!lin.lora) return;
     lin.lora->visit_params(path, [&](std::string_view name, auto& p) {
       using T = typename std::remove_cvref_t<decltype(p)>::value_type;
-      const Source src = source(path, name);
+      const detail::AdapterSource src = detail::adapter_source(m, f, path, name);
       const std::span<T> out(p.data(), p.value.size());
       if (src.rows < 0) {
         f.template read_into<T>(src.key, out);

@@ -188,6 +188,50 @@ inline std::string optimizer_file_name(int rank, int ranks) {
   return buf;
 }
 
+/// The optimizer's kind and hyper-parameters as JSON (what an optimizer file records).
+inline nlohmann::ordered_json optimizer_options_json(const optim::OptimizerOptions& o) {
+  nlohmann::ordered_json j;
+  j["optimizer"] = optim::optimizer_name(o.kind);
+  j["b1"] = o.b1;
+  j["b2"] = o.b2;
+  j["eps"] = o.eps;
+  j["weight_decay"] = o.weight_decay;
+  j["momentum"] = o.momentum;
+  j["rmsprop_alpha"] = o.rmsprop_alpha;
+  j["rmsprop_centered"] = o.rmsprop_centered;
+  j["nesterov"] = o.nesterov;
+  j["decay_all"] = o.decay_all;
+  j["adafactor_eps1"] = o.adafactor_eps1;
+  j["adafactor_clip"] = o.adafactor_clip;
+  j["adafactor_decay"] = o.adafactor_decay;
+  return j;
+}
+
+/// The options optimizer_options_json wrote; `where` names the file for errors.
+inline optim::OptimizerOptions optimizer_options_from_json(const nlohmann::ordered_json& j, const std::string& where) {
+  optim::OptimizerOptions o;
+  try {
+    o.kind = optim::optimizer_from_name(j.at("optimizer").get<std::string>());
+    o.b1 = j.at("b1").get<double>();
+    o.b2 = j.at("b2").get<double>();
+    o.eps = j.at("eps").get<double>();
+    o.weight_decay = j.at("weight_decay").get<double>();
+    o.momentum = j.at("momentum").get<double>();
+    o.rmsprop_alpha = j.at("rmsprop_alpha").get<double>();
+    o.rmsprop_centered = j.at("rmsprop_centered").get<bool>();
+    o.nesterov = j.at("nesterov").get<bool>();
+    o.decay_all = j.at("decay_all").get<bool>();
+    o.adafactor_eps1 = j.at("adafactor_eps1").get<double>();
+    o.adafactor_clip = j.at("adafactor_clip").get<double>();
+    o.adafactor_decay = j.at("adafactor_decay").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
+  } catch (const Error& e) {
+    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
+  }
+  return o;
+}
+
 namespace detail {
 
 /// Writes the optimizer slots of the parameters assigned to `rank` of `ranks` (every
@@ -205,8 +249,18 @@ inline void save_optimizer_part(const std::string& path, const optim::Optimizer&
                        {{"format", "edl"},
                         {"optimizer", optim::optimizer_name(opt.options().kind)},
                         {"step_count", std::to_string(opt.step_count())},
+                        {"options", optimizer_options_json(opt.options()).dump()},
                         {"part", std::to_string(rank + 1)},
                         {"parts", std::to_string(ranks)}});
+}
+
+/// Sets the slots of optimizer file `file` (named `path` for errors) into `opt`.
+inline void load_optimizer_slots(const io::SafeTensorsFile& file, const std::string& path, optim::Optimizer& opt) {
+  for (const auto& name : file.names()) {
+    const auto dot = name.rfind('.');
+    EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, path, "tensor \"", name, "\" is not named <path>.<slot>");
+    opt.set_slot(name.substr(0, dot), name.substr(dot + 1), file.read_vector<float>(name));
+  }
 }
 
 /// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
@@ -342,17 +396,53 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   } else {
     load_model_weights(dir, model);
   }
-  for (const std::string& op : optimizer_files(dir)) {
-    auto f = io::SafeTensorsFile::open(op);
-    for (const auto& name : f.names()) {
-      const auto dot = name.rfind('.');
-      EDL_CHECK(dot != std::string::npos && dot > 0, errc::format, op, "tensor \"", name,
-                "\" is not named <path>.<slot>");
-      opt.set_slot(name.substr(0, dot), name.substr(dot + 1), f.read_vector<float>(name));
-    }
-  }
+  for (const std::string& op : optimizer_files(dir)) detail::load_optimizer_slots(io::SafeTensorsFile::open(op), op, opt);
   opt.set_step_count(s.optimizer_step_count);
   return s;
+}
+
+/// Saves an optimizer alone (the seeds' save_optimizer): its slots, step count, kind and
+/// hyper-parameters in one safetensors file, written atomically (a failed save leaves the
+/// previous file).
+inline void save_optimizer(const std::string& path, const optim::Optimizer& opt) {
+  detail::save_optimizer_part(path, opt, 0, 1);
+}
+
+/// Reads an optimizer back (the seeds' load_optimizer): from a file save_optimizer wrote, or
+/// from a checkpoint folder (its optimizer.safetensors, or every rank's part). The optimizer
+/// has the saved kind, hyper-parameters, slots and step count, so training continues as if it
+/// had never stopped. A file without those records (written before they were) is named.
+inline optim::Optimizer load_optimizer(const std::string& path) {
+  const std::vector<std::string> files = fs::is_directory(path) ? optimizer_files(path) : std::vector<std::string>{path};
+  std::optional<optim::Optimizer> opt;
+  for (const std::string& f : files) {
+    auto file = io::SafeTensorsFile::open(f);
+    const auto& meta = file.metadata();
+    const auto options = meta.find("options"), steps = meta.find("step_count");
+    EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
+              "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
+    nlohmann::ordered_json j;
+    try {
+      j = nlohmann::ordered_json::parse(options->second);
+    } catch (const nlohmann::json::exception& e) {
+      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
+    }
+    const optim::OptimizerOptions o = optimizer_options_from_json(j, f);
+    std::int64_t count = 0;
+    try {
+      count = std::stoll(steps->second);
+    } catch (const std::exception&) {
+      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
+    }
+    if (!opt) {
+      opt.emplace(o);
+      opt->set_step_count(count);
+    }
+    EDL_CHECK(optimizer_options_json(o) == optimizer_options_json(opt->options()) && count == opt->step_count(),
+              errc::format, f, "its optimizer options or step count differ from those of ", files.front());
+    detail::load_optimizer_slots(file, f, *opt);
+  }
+  return std::move(*opt);
 }
 
 /// The checkpoint-<step> folders of one run.

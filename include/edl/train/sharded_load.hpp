@@ -132,18 +132,13 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
   EDL_CHECK(fs::is_regular_file(file), errc::io, dir, "adapter_model.safetensors is missing");
   const auto f = io::SafeTensorsFile::open(file);
   for (const auto& name : model.trainable_names()) {
-    std::string tensor = lora::kPeftPrefix + name;
-    // A part of a fused module (Phi-3) saved in the fused form (lora/peft.hpp): the module's A
-    // whole, its B's rows.
-    std::int64_t row0 = 0;
-    bool part_rows = false;
-    const bool is_b = name.ends_with(".lora_B.weight");
+    // A part of a fused module (Phi-3) may be saved in the fused form (lora/peft.hpp): the
+    // module's A whole, its B's rows.
     const std::string path = name.substr(0, name.size() - std::string_view(".lora_A.weight").size());
-    if (!f.contains(tensor))
-      if (const auto s = models::fused_slice(model.config(), path + ".weight")) {
-        tensor = lora::kPeftPrefix + s->tensor.substr(0, s->tensor.size() - 7) + (is_b ? ".lora_B.weight" : ".lora_A.weight");
-        if (is_b) row0 = s->row0, part_rows = true;
-      }
+    const lora::detail::AdapterSource src = lora::detail::adapter_source(model, f, path, name);
+    const std::string& tensor = src.key;
+    const std::int64_t row0 = src.row0;
+    const bool part_rows = src.rows >= 0;
     EDL_CHECK(f.contains(tensor), errc::format, file, "tensor \"", tensor,
               "\" is missing: the model being loaded has this adapter");
     auto& arr = model.param(name);

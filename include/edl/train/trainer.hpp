@@ -72,6 +72,7 @@
 #include <edl/core/rng.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/mesh/mesh.hpp>
+#include <edl/io/tfevents.hpp>
 #include <edl/mesh/launch.hpp>
 #include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/llama.hpp>
@@ -588,6 +589,11 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_log) c.on_log(*this, line);
     metrics_->write(line);
+    if (tensorboard_) {  // every number of the line but its step, under the line's own key
+      const std::int64_t step = line.value("step", state_.step);
+      for (const auto& [key, v] : line.items())
+        if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
+    }
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
@@ -759,6 +765,8 @@ class BasicTrainer {
     metrics_ = processes_.is_primary()
                    ? std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "metrics.jsonl").string())
                    : std::make_unique<MetricsWriter>();
+    if (args_.use_tensorboard && processes_.is_primary())
+      tensorboard_ = std::make_unique<io::EventFileWriter>(fs::path(args_.save_directory) / "tensorboard");
     progress_ = ProgressLine(args_.progress && processes_.is_primary());
     peak_gflops_ = args_.peak_gflops;
     add_adapters();
@@ -803,6 +811,7 @@ class BasicTrainer {
   TrainState state_;
   CheckpointManager ckpt_{"."};
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<io::EventFileWriter> tensorboard_;  // use_tensorboard: a new event file per run
   std::unique_ptr<MetricsWriter> weights_;  // opened at the first weight-statistics step
   ProgressLine progress_{false};
   Truncation trunc_ = Truncation::keep_end;

@@ -111,6 +111,7 @@ struct TrainingArguments {
   bool write_report = true;                          // report.md / report.html at the end of train()
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
+  bool use_tensorboard = false;                      // every metrics line's numbers also as TensorBoard scalars (save_directory/tensorboard)
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
@@ -164,7 +165,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model"};
     return n;
@@ -268,6 +269,7 @@ struct TrainingArguments {
     else if (key == "packing") { if (v.is_null()) packing = false; else boo(packing); }
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "track_memory") { if (v.is_null()) track_memory = false; else boo(track_memory); }
+    else if (key == "use_tensorboard") boo(use_tensorboard);
     else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
@@ -517,6 +519,7 @@ struct TrainingArguments {
     j["packing"] = packing;
     j["padding_free"] = padding_free;
     j["track_memory"] = track_memory;
+    j["use_tensorboard"] = use_tensorboard;
     j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;

@@ -329,6 +329,11 @@ class ShardedLlama {
       : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
 
   const LlamaConfig& config() const noexcept { return cfg_; }
+  /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
+  /// checkpoint that fuses it with others (Phi-3), or nullopt.
+  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
+    return fused_slice(config(), linear_path + ".weight");
+  }
   const DefaultMesh& mesh() const noexcept { return mesh_; }
   bool tied() const noexcept { return tied_; }
   /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
