@@ -15,6 +15,10 @@ P=${P:-64}
 G=${G:-64}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-$(nproc)}
+# CLIENT_NICE: the load generator's niceness (0: as the server). On a machine where the client
+# shares the server's cores, 19 lets the engine's threads run first, as a client on another
+# machine would; the client then reads what the server already sent.
+CLIENT_NICE=${CLIENT_NICE:-0}
 bash "$HERE/../scripts/fetch_hub_tokenizers.sh" "$HUB"
 VOCAB=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$MODEL/config.json" 2>/dev/null || echo 32000)
 "$EDL" bench serve --model "$MODEL" --requests 1,4,16 --prompt-len "$P" --gen-len "$G" --threads "$THREADS" |
@@ -27,5 +31,5 @@ for _ in $(seq 1 600); do grep -q listening "$out" && break; sleep 0.1; done
 URL=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["listening"])' "$out")
 NAME=$(basename "$MODEL")
 for n in 1 4 16; do
-  node "$HERE/serve_http.mjs" "$HUB/node_modules" "$URL" "$NAME" "$VOCAB" "$n" "$P" "$G" "$ROUNDS" | sed 's/^/{"http": /; s/$/}/'
+  nice -n "$CLIENT_NICE" node "$HERE/serve_http.mjs" "$HUB/node_modules" "$URL" "$NAME" "$VOCAB" "$n" "$P" "$G" "$ROUNDS" | sed "s/^/{\"client_nice\": $CLIENT_NICE, \"http\": /; s/\$/}/"
 done
