@@ -8136,6 +8136,14 @@ struct TokenLayout {
   /// The sequence length rope scalings that depend on it (dynamic, longrope) see; 0: the
   /// largest position + 1 (a mesh device passes the whole batch's, see nn/rotary.hpp).
   std::int64_t context = 0;
+  /// The seeds' inputs_embeds: [batch * seq, hidden] vectors that take the place of the token
+  /// ids' embeddings (a soft prompt, another model's projected features), in the embedding
+  /// table's space: the model's embed scale (Gemma's sqrt(hidden)) still applies, as in HF's
+  /// Llama and Gemma 2. The ids may then be null (a loss needs its labels).
+  const float* inputs_embeds = nullptr;
+  /// With inputs_embeds: where backward adds d loss / d inputs_embeds [batch * seq, hidden]
+  /// (null: not wanted). The embedding table gets no gradient from such a batch.
+  float* inputs_embeds_grad = nullptr;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }
@@ -22337,6 +22345,8 @@ class LlamaModel {
     std::vector<typename nn::DecoderLayer<Pol>::Saved> layer_s;
     typename nn::RMSNorm<Pol>::Saved norm_s;
     std::int64_t tokens = 0;
+    bool from_embeds = false;        // the batch came as TokenLayout::inputs_embeds
+    float* embeds_grad = nullptr;    // TokenLayout::inputs_embeds_grad
   };
 
   LlamaModel() = default;
@@ -22394,7 +22404,15 @@ class LlamaModel {
     s.hs.resize(L + 1);
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
-    embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    s.embeds_grad = layout.inputs_embeds_grad;
+    s.from_embeds = layout.inputs_embeds != nullptr;
+    if (s.from_embeds) {
+      std::copy(layout.inputs_embeds, layout.inputs_embeds + T * H, s.hs[0].data());
+      s.embed_s.ids.clear();
+    } else {
+      EDL_CHECK(ids != nullptr, errc::invalid_argument, "LlamaModel.forward", "needs token ids or inputs_embeds");
+      embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
     for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
@@ -22410,7 +22428,8 @@ class LlamaModel {
       std::swap(a, b);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(a.data(), e, static_cast<std::ptrdiff_t>(n));
-    embed_tokens.backward(a.data(), s.embed_s);
+    if (!s.from_embeds) embed_tokens.backward(a.data(), s.embed_s);
+    else if (s.embeds_grad) kernels::add_inplace(s.embeds_grad, a.data(), static_cast<std::ptrdiff_t>(n));
   }
 
  private:
@@ -22533,6 +22552,8 @@ class LlamaForCausalLM {
   nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
                        const nn::LossOptions& opt = {}) const {
     Saved s;
+    EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.loss",
+              "inputs_embeds without token ids need labels");
     forward(ids, layout, s);
     nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
@@ -22546,6 +22567,8 @@ class LlamaForCausalLM {
   template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
                                    const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.forward_backward",
+              "inputs_embeds without token ids need labels");
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());
@@ -23696,9 +23719,9 @@ struct MeshRun {
 template <class Pol>
 nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
   const char* w = "models::run_on_mesh";
-  EDL_CHECK(r.ids != nullptr && r.layout.batch >= 1 && r.layout.seq >= 1, errc::invalid_argument, w,
-            "expected ids for a batch x seq of at least 1 x 1, found ", r.ids ? "" : "no ids, ", r.layout.batch, " x ",
-            r.layout.seq);
+  EDL_CHECK((r.ids != nullptr || r.layout.inputs_embeds != nullptr) && r.layout.batch >= 1 && r.layout.seq >= 1,
+            errc::invalid_argument, w, "expected ids (or inputs_embeds) for a batch x seq of at least 1 x 1, found ",
+            r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
   EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
             "MeshOp::logits needs logits_out");
   EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
@@ -23723,8 +23746,9 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
       }
     }
   }
-  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr,
-            errc::unsupported, w, "attention masks, position ids and segments run on one device only for now");
+  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr &&
+                r.layout.inputs_embeds == nullptr,
+            errc::unsupported, w, "attention masks, position ids, segments and inputs_embeds run on one device only for now");
   ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
   if (r.op == MeshOp::logits) {
     const auto l = sm.logits(r.ids, r.layout.batch, r.layout.seq);
@@ -30017,9 +30041,7 @@ inline optim::OptimizerOptions optimizer_options_from_json(const nlohmann::order
     o.adafactor_eps1 = j.at("adafactor_eps1").get<double>();
     o.adafactor_clip = j.at("adafactor_clip").get<double>();
     o.adafactor_decay = j.at("adafactor_decay").get<double>();
-  } catch (const nlohmann::json::exception& e) {
-    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a missing or mistyped field, an unknown optimizer
     ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
   }
   return o;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,58 @@ TEST(Llama, WholeModelLossGradientMatchesFiniteDifferences) {
                 tied && path == "model.embed_tokens.weight" ? 64 : 10, 1e-2f, 2e-2, 2e-5);
     });
   }
+}
+
+TEST(Llama, InputsEmbedsTakeThePlaceOfTheIdsEmbeddings) {
+  LlamaForCausalLM<> m(tiny_config(false));
+  m.init(Key::from_seed(4), 0.3f);
+  const std::int64_t B = 2, S = 6, H = 16, V = 32, T = B * S;
+  const auto ids = tokens(T, V, 11);
+  // The embedding table's rows of the ids, given as inputs_embeds: the same logits, bit for bit.
+  std::vector<float> embeds(static_cast<std::size_t>(T * H));
+  const float* table = m.model.embed_tokens.weight.data();
+  for (std::int64_t t = 0; t < T; ++t)
+    std::copy(table + ids[static_cast<std::size_t>(t)] * H, table + (ids[static_cast<std::size_t>(t)] + 1) * H,
+              embeds.begin() + t * H);
+  std::vector<float> want(static_cast<std::size_t>(T * V)), got(want.size());
+  nn::TokenLayout by_ids{B, S};
+  m.logits(ids.data(), by_ids, want.data());
+  nn::TokenLayout by_embeds{B, S};
+  by_embeds.inputs_embeds = embeds.data();
+  m.logits(nullptr, by_embeds, got.data());
+  EXPECT_EQ(got, want);
+
+  // Backward: the same loss and the same gradients of every other parameter; the embeddings'
+  // gradient lands in inputs_embeds_grad, and summed into the ids' rows it is the table's
+  // gradient of the ids run. The table itself gets none.
+  nn::zero_grad(m);
+  const auto a = m.forward_backward(ids.data(), by_ids);
+  std::map<std::string, std::vector<float>> ga;
+  m.visit_params("", [&](std::string_view p, auto& prm) { ga[std::string(p)].assign(prm.grad.begin(), prm.grad.end()); });
+  nn::zero_grad(m);
+  std::vector<float> dembeds(embeds.size(), 0.0f);
+  by_embeds.inputs_embeds_grad = dembeds.data();
+  const auto b = m.forward_backward(nullptr, by_embeds, ids.data());
+  EXPECT_EQ(a.loss, b.loss);
+  m.visit_params("", [&](std::string_view p, auto& prm) {
+    const auto& want_g = ga.at(std::string(p));
+    if (p == "model.embed_tokens.weight") {
+      std::vector<float> summed(want_g.size(), 0.0f);
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t h = 0; h < H; ++h)
+          summed[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)] * H + h)] += dembeds[static_cast<std::size_t>(t * H + h)];
+      for (std::size_t i = 0; i < summed.size(); ++i) EXPECT_NEAR(summed[i], want_g[i], 1e-6) << i;
+      for (std::size_t i = 0; i < prm.grad.size(); ++i) EXPECT_EQ(prm.grad.data()[i], 0.0f) << i;
+    } else {
+      EXPECT_EQ(std::vector<float>(prm.grad.begin(), prm.grad.end()), want_g) << p;
+    }
+  });
+  // d loss / d inputs_embeds by finite differences, on a few elements.
+  auto loss = [&] { return m.loss(nullptr, by_embeds, ids.data()).loss; };
+  expect_fd("inputs_embeds", embeds.data(), embeds.size(), dembeds.data(), loss, 12, 1e-2f, 2e-2, 2e-5);
+  // Without ids a loss needs its labels; without both, forward names what it needs.
+  EXPECT_THROW(m.loss(nullptr, by_embeds), Error);
+  EXPECT_THROW(m.logits(nullptr, by_ids, got.data()), Error);
 }
 
 TEST(Llama, TiedGradientIsTheSumOfBothPaths) {

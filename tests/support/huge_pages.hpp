@@ -17,9 +17,9 @@ inline bool thp_available() {
   return s.find("[always]") != std::string::npos || s.find("[madvise]") != std::string::npos;
 }
 
-/// kB of huge pages backing the mapping that holds address p (smaps' AnonHugePages), -1 when no
-/// mapping holds it.
-inline long huge_kb_of_mapping(const void* p) {
+/// The line of /proc/self/smaps that starts with `field` in the entry of the mapping holding
+/// address p, or "" when no mapping holds it (or its entry has no such line).
+inline std::string smaps_field(const void* p, const std::string& field) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::ifstream f("/proc/self/smaps");
   std::string line;
@@ -32,29 +32,22 @@ inline long huge_kb_of_mapping(const void* p) {
       in = lo <= a && a < hi;  // a mapping's first line: "lo-hi perms offset dev inode path"
       continue;
     }
-    if (in && line.rfind("AnonHugePages:", 0) == 0) return std::stol(line.substr(14));
+    if (in && line.rfind(field, 0) == 0) return line;
   }
-  return -1;
+  return "";
+}
+
+/// kB of huge pages backing the mapping that holds address p (smaps' AnonHugePages), -1 when no
+/// mapping holds it.
+inline long huge_kb_of_mapping(const void* p) {
+  const std::string line = smaps_field(p, "AnonHugePages:");
+  return line.empty() ? -1 : std::stol(line.substr(14));
 }
 
 /// Whether the mapping that holds address p is advised for huge pages (smaps' VmFlags "hg"),
 /// whether or not the kernel has backed it with them yet.
 inline bool mapping_advised_huge(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::ifstream f("/proc/self/smaps");
-  std::string line;
-  bool in = false;
-  while (std::getline(f, line)) {
-    std::uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
-      in = lo <= a && a < hi;
-      continue;
-    }
-    if (in && line.rfind("VmFlags:", 0) == 0) return (line + " ").find(" hg ") != std::string::npos;
-  }
-  return false;
+  return (smaps_field(p, "VmFlags:") + " ").find(" hg ") != std::string::npos;
 }
 
 }  // namespace edl::test_support

@@ -61,6 +61,14 @@ struct TokenLayout {
   /// The sequence length rope scalings that depend on it (dynamic, longrope) see; 0: the
   /// largest position + 1 (a mesh device passes the whole batch's, see nn/rotary.hpp).
   std::int64_t context = 0;
+  /// The seeds' inputs_embeds: [batch * seq, hidden] vectors that take the place of the token
+  /// ids' embeddings (a soft prompt, another model's projected features), in the embedding
+  /// table's space: the model's embed scale (Gemma's sqrt(hidden)) still applies, as in HF's
+  /// Llama and Gemma 2. The ids may then be null (a loss needs its labels).
+  const float* inputs_embeds = nullptr;
+  /// With inputs_embeds: where backward adds d loss / d inputs_embeds [batch * seq, hidden]
+  /// (null: not wanted). The embedding table gets no gradient from such a batch.
+  float* inputs_embeds_grad = nullptr;
 
   std::int64_t tokens() const noexcept { return batch * seq; }
   std::int64_t position(std::int64_t t) const noexcept { return position_ids ? position_ids[t] : t % seq; }

@@ -224,9 +224,7 @@ inline optim::OptimizerOptions optimizer_options_from_json(const nlohmann::order
     o.adafactor_eps1 = j.at("adafactor_eps1").get<double>();
     o.adafactor_clip = j.at("adafactor_clip").get<double>();
     o.adafactor_decay = j.at("adafactor_decay").get<double>();
-  } catch (const nlohmann::json::exception& e) {
-    ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a missing or mistyped field, an unknown optimizer
     ::edl::detail::raise(errc::format, where, ::edl::detail::concat("the optimizer's options: ", e.what()));
   }
   return o;

@@ -130,6 +130,8 @@ class LlamaModel {
     std::vector<typename nn::DecoderLayer<Pol>::Saved> layer_s;
     typename nn::RMSNorm<Pol>::Saved norm_s;
     std::int64_t tokens = 0;
+    bool from_embeds = false;        // the batch came as TokenLayout::inputs_embeds
+    float* embeds_grad = nullptr;    // TokenLayout::inputs_embeds_grad
   };
 
   LlamaModel() = default;
@@ -187,7 +189,15 @@ class LlamaModel {
     s.hs.resize(L + 1);
     s.layer_s.resize(L);
     for (auto& h : s.hs) h.resize(static_cast<std::size_t>(T * H));
-    embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    s.embeds_grad = layout.inputs_embeds_grad;
+    s.from_embeds = layout.inputs_embeds != nullptr;
+    if (s.from_embeds) {
+      std::copy(layout.inputs_embeds, layout.inputs_embeds + T * H, s.hs[0].data());
+      s.embed_s.ids.clear();
+    } else {
+      EDL_CHECK(ids != nullptr, errc::invalid_argument, "LlamaModel.forward", "needs token ids or inputs_embeds");
+      embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
+    }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
     for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
@@ -203,7 +213,8 @@ class LlamaModel {
       std::swap(a, b);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(a.data(), e, static_cast<std::ptrdiff_t>(n));
-    embed_tokens.backward(a.data(), s.embed_s);
+    if (!s.from_embeds) embed_tokens.backward(a.data(), s.embed_s);
+    else if (s.embeds_grad) kernels::add_inplace(s.embeds_grad, a.data(), static_cast<std::ptrdiff_t>(n));
   }
 
  private:
@@ -326,6 +337,8 @@ class LlamaForCausalLM {
   nn::LossMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
                        const nn::LossOptions& opt = {}) const {
     Saved s;
+    EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.loss",
+              "inputs_embeds without token ids need labels");
     forward(ids, layout, s);
     nn::LossMetrics m = const_cast<LlamaForCausalLM&>(*this).with_head(false, [&](const auto* w, float*) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
@@ -339,6 +352,8 @@ class LlamaForCausalLM {
   template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
                                    const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.forward_backward",
+              "inputs_embeds without token ids need labels");
     Saved s;
     forward<R>(ids, layout, s);
     std::vector<float> dhidden(s.hidden.size());

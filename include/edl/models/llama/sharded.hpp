@@ -1026,9 +1026,9 @@ struct MeshRun {
 template <class Pol>
 nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
   const char* w = "models::run_on_mesh";
-  EDL_CHECK(r.ids != nullptr && r.layout.batch >= 1 && r.layout.seq >= 1, errc::invalid_argument, w,
-            "expected ids for a batch x seq of at least 1 x 1, found ", r.ids ? "" : "no ids, ", r.layout.batch, " x ",
-            r.layout.seq);
+  EDL_CHECK((r.ids != nullptr || r.layout.inputs_embeds != nullptr) && r.layout.batch >= 1 && r.layout.seq >= 1,
+            errc::invalid_argument, w, "expected ids (or inputs_embeds) for a batch x seq of at least 1 x 1, found ",
+            r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
   EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
             "MeshOp::logits needs logits_out");
   EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
@@ -1053,8 +1053,9 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
       }
     }
   }
-  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr,
-            errc::unsupported, w, "attention masks, position ids and segments run on one device only for now");
+  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr &&
+                r.layout.inputs_embeds == nullptr,
+            errc::unsupported, w, "attention masks, position ids, segments and inputs_embeds run on one device only for now");
   ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
   if (r.op == MeshOp::logits) {
     const auto l = sm.logits(r.ids, r.layout.batch, r.layout.seq);
