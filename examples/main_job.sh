@@ -24,6 +24,8 @@ echo "== edl eval: held-out loss on $HELDOUT vs the unigram baseline of the trai
 "$EDL" eval --model "$CKPT" --data "$HELDOUT"
 echo "== the report ($OUT/report.md, $OUT/report.html with the loss and learning-rate curves)"
 sed -n '/^| quantity/,/^$/p' "$OUT/report.md"
+echo "-- the same metrics as TensorBoard scalars (use_tensorboard; view with: tensorboard --logdir $OUT/tensorboard)"
+ls -l "$OUT"/tensorboard/
 echo "== edl generate from $CKPT, greedy"
 "$EDL" generate --model "$CKPT" --prompt "Q: " --greedy --max-new-tokens 120
 echo "== edl generate from $CKPT, sampled"
