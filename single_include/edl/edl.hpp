@@ -29078,7 +29078,8 @@ class Engine {
     }
     pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
+    for (std::int64_t b = 0; b < o_.max_batch; ++b)
+      pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
     held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 
@@ -29396,6 +29397,12 @@ inline std::int64_t check_prompts(const models::LlamaConfig& cfg, const std::vec
   return std::max<std::int64_t>(1, need);
 }
 
+/// The most new tokens a prompt of `prompt_len` tokens may get: max_new_tokens, short of
+/// max_model_length (mml).
+inline std::int64_t new_token_limit(const GenerationConfig& g, std::int64_t mml, std::int64_t prompt_len) {
+  return std::min<std::int64_t>(g.max_new_tokens, mml - prompt_len);
+}
+
 /// Prompts [P] padded to ids / mask [P, S] (left padding), and each prompt's new-token limit.
 struct PaddedPrompts {
   std::vector<std::int64_t> ids, mask, limit;
@@ -29420,7 +29427,7 @@ inline PaddedPrompts pad_prompts(const std::vector<std::vector<std::int64_t>>& p
   pp.limit.resize(static_cast<std::size_t>(P));
   for (std::int64_t p = 0; p < P; ++p)
     pp.limit[static_cast<std::size_t>(p)] =
-        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+        new_token_limit(g, mml, static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
   return pp;
 }
 
@@ -29621,7 +29628,7 @@ class PrefixCachedGenerator {
     cached_.resize(static_cast<std::size_t>(keep));
     reused_ = keep;
 
-    const std::vector<std::int64_t> limit = {std::min<std::int64_t>(g.max_new_tokens, mml - P)};
+    const std::vector<std::int64_t> limit = {detail::new_token_limit(g, mml, P)};
     const std::vector<std::int64_t> ids(prompt.begin() + keep, prompt.end()), mask(ids.size(), 1);
     GenerateResult res;
     res.tokens.assign(1, {});
@@ -32117,8 +32124,9 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 //
 // On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
 // the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
-// process constructs the trainer with the same arguments and calls the same methods. The devices are spread over the processes, every
-// process gets the same losses (the collectives are exact), and only rank 0
+// process constructs the trainer with the same arguments and calls the same methods. The
+// devices are spread over the processes, every process gets the same losses (the collectives
+// are exact), and only rank 0
 // (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
 // report. A checkpoint is written by all of them, each its part, and committed by rank 0
 // (checkpoint.hpp); it loads on any number of processes and any mesh shape (docs/distributed.md).

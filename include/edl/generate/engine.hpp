@@ -327,7 +327,8 @@ class Engine {
     }
     pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
+    for (std::int64_t b = 0; b < o_.max_batch; ++b)
+      pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
     held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
   }
 

@@ -90,6 +90,12 @@ inline std::int64_t check_prompts(const models::LlamaConfig& cfg, const std::vec
   return std::max<std::int64_t>(1, need);
 }
 
+/// The most new tokens a prompt of `prompt_len` tokens may get: max_new_tokens, short of
+/// max_model_length (mml).
+inline std::int64_t new_token_limit(const GenerationConfig& g, std::int64_t mml, std::int64_t prompt_len) {
+  return std::min<std::int64_t>(g.max_new_tokens, mml - prompt_len);
+}
+
 /// Prompts [P] padded to ids / mask [P, S] (left padding), and each prompt's new-token limit.
 struct PaddedPrompts {
   std::vector<std::int64_t> ids, mask, limit;
@@ -114,7 +120,7 @@ inline PaddedPrompts pad_prompts(const std::vector<std::vector<std::int64_t>>& p
   pp.limit.resize(static_cast<std::size_t>(P));
   for (std::int64_t p = 0; p < P; ++p)
     pp.limit[static_cast<std::size_t>(p)] =
-        std::min<std::int64_t>(g.max_new_tokens, mml - static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
+        new_token_limit(g, mml, static_cast<std::int64_t>(prompts[static_cast<std::size_t>(p)].size()));
   return pp;
 }
 

@@ -70,7 +70,7 @@ class PrefixCachedGenerator {
     cached_.resize(static_cast<std::size_t>(keep));
     reused_ = keep;
 
-    const std::vector<std::int64_t> limit = {std::min<std::int64_t>(g.max_new_tokens, mml - P)};
+    const std::vector<std::int64_t> limit = {detail::new_token_limit(g, mml, P)};
     const std::vector<std::int64_t> ids(prompt.begin() + keep, prompt.end()), mask(ids.size(), 1);
     GenerateResult res;
     res.tokens.assign(1, {});

@@ -43,8 +43,9 @@
 //
 // On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
 // the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
-// process constructs the trainer with the same arguments and calls the same methods. The devices are spread over the processes, every
-// process gets the same losses (the collectives are exact), and only rank 0
+// process constructs the trainer with the same arguments and calls the same methods. The
+// devices are spread over the processes, every process gets the same losses (the collectives
+// are exact), and only rank 0
 // (processes().is_primary()) prints progress and writes metrics.jsonl, weights.jsonl and the
 // report. A checkpoint is written by all of them, each its part, and committed by rank 0
 // (checkpoint.hpp); it loads on any number of processes and any mesh shape (docs/distributed.md).
