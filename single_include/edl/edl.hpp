@@ -29868,6 +29868,7 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -29903,6 +29904,7 @@ struct TrainState {
   double elapsed_s = 0.0;           // training time so far (all sessions)
   std::optional<double> eval_loss;  // of an evaluation at this step
   std::optional<double> last_loss;  // training loss of the last step
+  bool optimizer_saved = true;      // false: a weights-only checkpoint (SaveStateOptions::save_optimizer)
   ojson training_arguments = nullptr;
 
   ojson to_json() const {
@@ -29916,6 +29918,7 @@ struct TrainState {
     j["elapsed_s"] = elapsed_s;
     j["eval_loss"] = eval_loss ? ojson(*eval_loss) : ojson(nullptr);
     j["last_loss"] = last_loss ? ojson(*last_loss) : ojson(nullptr);
+    j["optimizer_saved"] = optimizer_saved;
     j["edl_version"] = EDL_VERSION_STRING;
     j["training_arguments"] = training_arguments;
     return j;
@@ -29934,6 +29937,7 @@ struct TrainState {
     s.elapsed_s = c.get<double>("elapsed_s", 0.0);
     s.eval_loss = c.optional<double>("eval_loss");
     s.last_loss = c.optional<double>("last_loss");
+    s.optimizer_saved = c.get<bool>("optimizer_saved", true);
     s.training_arguments = c.get<ojson>("training_arguments", ojson(nullptr));
     return s;
   }
@@ -29984,10 +29988,13 @@ bool has_adapters(Model& model) {
     return false;
 }
 
-/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
+/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`,
+/// in `dtype` when given (else the parameters' own).
 template <class Model>
-void save_model_hf(const std::string& dir, Model& model) {
-  models::save_pretrained(fs::path(dir), model);
+void save_model_hf(const std::string& dir, Model& model, std::optional<DType> dtype = std::nullopt) {
+  models::SavePretrainedOptions o;
+  o.dtype = dtype;
+  models::save_pretrained(fs::path(dir), model, o);
 }
 
 /// Reads every parameter of `model` from dir/model.safetensors (or a sharded index) by HF
@@ -30001,6 +30008,17 @@ void load_model_weights(const std::string& dir, Model& model) {
 /// Hooks for tests: called after each file of a checkpoint is written (throw to simulate a crash).
 struct CheckpointHooks {
   std::function<void(const std::string& file)> after_file;
+};
+
+/// What a checkpoint holds besides its state.json (the seeds' save_state(float_dtype=...,
+/// save_optimizer=...)).
+struct SaveStateOptions {
+  /// The weights' dtype in model.safetensors (F32, BF16 or F16: a bf16 copy of an f32 run is
+  /// half the size); none: the parameters' own. Loading converts back with one rounding.
+  std::optional<DType> float_dtype;
+  /// false: a weights-only checkpoint (no optimizer files; state.json says
+  /// "optimizer_saved": false). Loading it starts the optimizer afresh.
+  bool save_optimizer = true;
 };
 
 /// The optimizer file of rank `rank` (0-based) of `ranks` saving processes:
@@ -30114,7 +30132,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
                 const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
-                const ProcessGroup& processes = {}) {
+                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
@@ -30147,12 +30165,14 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
       after(lora::kAdapterWeightsFile);
     } else if (primary) {
-      save_model_hf(tmp.string(), model);
+      save_model_hf(tmp.string(), model, contents.float_dtype);
       after("model.safetensors");
     }
-    const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
-    detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
-    after(opt_file);
+    if (contents.save_optimizer) {
+      const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
+      detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
+      after(opt_file);
+    }
     if (primary && tokenizer) {
       tokenizer->save(tmp.string());
       after("tokenizer.json");
@@ -30161,7 +30181,8 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
   detail::on_every_rank(processes, final_path, "commit", [&] {
     if (!primary) return;
     TrainState s = state;
-    s.optimizer_step_count = opt.step_count();
+    s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
+    s.optimizer_saved = contents.save_optimizer;
     io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
     after("state.json");
     detail::fsync_path(tmp.string(), true);
@@ -30204,7 +30225,8 @@ inline std::vector<std::string> optimizer_files(const std::string& dir) {
   return files;
 }
 
-/// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
+/// Loads the model weights and optimizer state of a checkpoint; returns its state.json. A
+/// weights-only checkpoint leaves `opt` as it is (a fresh optimizer starts afresh).
 template <class Model>
 TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& opt) {
   const std::string state_path = (fs::path(dir) / "state.json").string();
@@ -30218,6 +30240,7 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   } else {
     load_model_weights(dir, model);
   }
+  if (!s.optimizer_saved) return s;
   for (const std::string& op : optimizer_files(dir)) detail::load_optimizer_slots(io::SafeTensorsFile::open(op), op, opt);
   opt.set_step_count(s.optimizer_step_count);
   return s;
@@ -30230,32 +30253,39 @@ inline void save_optimizer(const std::string& path, const optim::Optimizer& opt)
   detail::save_optimizer_part(path, opt, 0, 1);
 }
 
+/// The options and step count an optimizer file records (save_optimizer, a checkpoint's
+/// optimizer parts); a file without those records (written before they were) is named.
+inline std::pair<optim::OptimizerOptions, std::int64_t> saved_optimizer_options(const io::SafeTensorsFile& file,
+                                                                                 const std::string& f) {
+  const auto& meta = file.metadata();
+  const auto options = meta.find("options"), steps = meta.find("step_count");
+  EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
+            "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(options->second);
+  } catch (const nlohmann::json::exception& e) {
+    ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
+  }
+  std::int64_t count = 0;
+  try {
+    count = std::stoll(steps->second);
+  } catch (const std::exception&) {
+    ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
+  }
+  return {optimizer_options_from_json(j, f), count};
+}
+
 /// Reads an optimizer back (the seeds' load_optimizer): from a file save_optimizer wrote, or
 /// from a checkpoint folder (its optimizer.safetensors, or every rank's part). The optimizer
 /// has the saved kind, hyper-parameters, slots and step count, so training continues as if it
-/// had never stopped. A file without those records (written before they were) is named.
+/// had never stopped.
 inline optim::Optimizer load_optimizer(const std::string& path) {
   const std::vector<std::string> files = fs::is_directory(path) ? optimizer_files(path) : std::vector<std::string>{path};
   std::optional<optim::Optimizer> opt;
   for (const std::string& f : files) {
     auto file = io::SafeTensorsFile::open(f);
-    const auto& meta = file.metadata();
-    const auto options = meta.find("options"), steps = meta.find("step_count");
-    EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
-              "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(options->second);
-    } catch (const nlohmann::json::exception& e) {
-      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
-    }
-    const optim::OptimizerOptions o = optimizer_options_from_json(j, f);
-    std::int64_t count = 0;
-    try {
-      count = std::stoll(steps->second);
-    } catch (const std::exception&) {
-      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
-    }
+    const auto [o, count] = saved_optimizer_options(file, f);
     if (!opt) {
       opt.emplace(o);
       opt->set_step_count(count);
@@ -30387,9 +30417,11 @@ class CheckpointManager {
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -30845,6 +30877,37 @@ inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> 
   return collate(seqs, max_length, pad_id, mode, &scored, &starts);
 }
 
+/// A user's collator (the seeds' data_collator): the batch of dataset rows `rows`, in that
+/// order, in place of collate_rows. Rows of a preference pair stay adjacent (chosen, then
+/// rejected). The trainer checks what it returns (check_batch) before the model sees it.
+using DataCollator = std::function<Batch(const TokenDataset& data, std::span<const std::int64_t> rows)>;
+
+/// A batch the model can take: positive shape, every vector batch * seq long (position and
+/// segment ids may be empty), ids in [0, vocab_size), labels in [0, vocab_size) or -100, a
+/// 0/1 attention mask. `where` names the batch's origin in the error.
+inline void check_batch(const Batch& b, std::int64_t vocab_size, const std::string& where) {
+  EDL_CHECK(b.batch > 0 && b.seq > 0, errc::invalid_argument, where, "expected a batch of positive shape, found [",
+            b.batch, ", ", b.seq, "]");
+  const std::size_t n = static_cast<std::size_t>(b.batch * b.seq);
+  const auto sized = [&](const std::vector<std::int64_t>& v, const char* name, bool optional) {
+    EDL_CHECK(v.size() == n || (optional && v.empty()), errc::invalid_argument, where, name, " has ", v.size(),
+              " entries, expected batch * seq = ", n, optional ? " (or none)" : "");
+  };
+  sized(b.input_ids, "input_ids", false);
+  sized(b.attention_mask, "attention_mask", false);
+  sized(b.labels, "labels", false);
+  sized(b.position_ids, "position_ids", true);
+  sized(b.segment_ids, "segment_ids", true);
+  for (std::size_t i = 0; i < n; ++i) {
+    EDL_CHECK(b.input_ids[i] >= 0 && b.input_ids[i] < vocab_size, errc::invalid_argument, where, "input_ids[", i,
+              "] is ", b.input_ids[i], ", outside the vocabulary [0, ", vocab_size, ")");
+    EDL_CHECK(b.labels[i] == -100 || (b.labels[i] >= 0 && b.labels[i] < vocab_size), errc::invalid_argument, where,
+              "labels[", i, "] is ", b.labels[i], ", expected -100 or an id below ", vocab_size);
+    EDL_CHECK(b.attention_mask[i] == 0 || b.attention_mask[i] == 1, errc::invalid_argument, where,
+              "attention_mask[", i, "] is ", b.attention_mask[i], ", expected 0 or 1");
+  }
+}
+
 /// Pads (right) the rows of `b` to a multiple of `multiple` positions (transformers'
 /// pad_to_multiple_of): what a sequence-parallel mesh axis splits. Padding has pad_id,
 /// attention_mask 0, label -100 (and segment 0, position 0 in packed batches).
@@ -30919,6 +30982,8 @@ struct EvalOptions {
   std::optional<std::int64_t> max_batches;     // stop after this many batches (null: all)
   std::int64_t pad_id = 0;
   Truncation truncation = Truncation::keep_end;
+  DataCollator collator;                       // batches of rows in place of collate_rows (checked)
+  std::int64_t vocab_size = 0;                 // what check_batch holds a collator's ids to (0: no check)
 };
 
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
@@ -30971,7 +31036,13 @@ void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f, st
     if (o.max_batches && batches >= *o.max_batches) break;
     rows.resize(static_cast<std::size_t>((std::min(examples, lo + o.batch_size) - lo) * rows_per_example));
     std::iota(rows.begin(), rows.end(), lo * rows_per_example);
-    f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
+    if (!o.collator) {
+      f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
+    } else {
+      const Batch b = o.collator(ds, rows);
+      if (o.vocab_size > 0) check_batch(b, o.vocab_size, "data_collator (evaluation batch " + std::to_string(batches) + ")");
+      f(b);
+    }
     ++batches;
   }
 }
@@ -31884,6 +31955,10 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
   else load_parameter_blocks(dir, model, st);
 
   opt.reset();
+  if (!s.optimizer_saved) {  // a weights-only checkpoint: the optimizer starts afresh
+    if (stats) *stats = st;
+    return s;
+  }
   for (const std::string& path : optimizer_files(dir)) {
     const auto f = io::SafeTensorsFile::open(path);
     for (const auto& name : f.names()) {
@@ -31931,13 +32006,22 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
 //   auto back = sh.gather_state();                         // the one-device state again
 //
 // The same state on a mesh and on one device follows the same trajectory within f32 rounding
-// (the mesh's reductions run in another order). save_state writes the Trainer's checkpoint
+// (the mesh's reductions run in another order). The rest of the seeds' state protocol:
+//
+//   st.init_tx({.kind = optim::OptimizerKind::lion});       // a new optimizer, fresh slots
+//   auto sm = st.shard_model(mesh);                        // the model alone on a mesh
+//   auto sh = st.shard_state(mesh, my_rules);              // user partition rules
+//   auto specs = sh.shardings();                           // name -> spec, parameters and slots
+//   auto again = st.shard_with_shape(mesh, specs);         // the state laid out by those specs
+//   st.save_state(dir, {.float_dtype = DType::bf16, .save_optimizer = false});  // a bf16 weights-only copy
+//   auto st2 = TrainingState<>::load_state(dir, {.optimizer = o, .config_overrides = {{"rope_theta", 5e5}}}); save_state writes the Trainer's checkpoint
 // layout (train/checkpoint.hpp: config.json, model.safetensors, optimizer.safetensors,
 // state.json), so a TrainingState saved here resumes a Trainer run and the other way round.
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31952,6 +32036,7 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
 // #include <edl/optim/clip.hpp> (inlined above)
 // #include <edl/optim/optimizer.hpp> (inlined above)
 // #include <edl/optim/sharded_optimizer.hpp> (inlined above)
+// #include <edl/tensor/partition_rules.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 
 namespace edl::train {
@@ -31967,6 +32052,20 @@ struct StateBytes {
 template <PolicyLike Pol>
 struct ShardedTrainingState;
 
+/// The layout of a sharded state (the seeds' shardings): each parameter's spec by its HF name,
+/// and each optimizer slot's by "<parameter>.<slot>" (as optimizer files name them).
+using Shardings = std::map<std::string, SpecValue>;
+
+/// What load_state takes in place of what the checkpoint says.
+struct LoadStateOptions {
+  /// The optimizer's kind and hyper-parameters; none: the checkpoint's own (its optimizer files
+  /// record them). A weights-only checkpoint needs them.
+  std::optional<optim::OptimizerOptions> optimizer;
+  /// config.json fields replaced before the model is built (the seeds' config_kwargs), e.g.
+  /// rope_theta or max_position_embeddings; the weights must still fit the shapes.
+  nlohmann::ordered_json config_overrides = nullptr;
+};
+
 /// Step, model and optimizer of a one-device run.
 template <PolicyLike Pol = DefaultPolicy>
 struct TrainingState {
@@ -31980,6 +32079,10 @@ struct TrainingState {
   static TrainingState create(Model model, optim::OptimizerOptions o) {
     return TrainingState{0, std::move(model), optim::Optimizer(o)};
   }
+
+  /// A new optimizer of options `o` (the seeds' init_tx): fresh slots, step count 0; the
+  /// state's step and the model stay.
+  void init_tx(optim::OptimizerOptions o) { optimizer = optim::Optimizer(o); }
 
   /// One update from the gradients in the model's Param::grad: global-norm clipping to
   /// `max_norm` (<= 0: none), then the optimizer at learning rate `lr`; step += 1. Returns the
@@ -32004,28 +32107,67 @@ struct TrainingState {
     return b;
   }
 
-  /// The state on `mesh`: parameters split by the Llama partition rules, the optimizer state
-  /// like the parameters it belongs to (ZeRO), the step carried over.
-  ShardedTrainingState<Pol> shard_state(const DefaultMesh& mesh) const;
+  /// The state on `mesh`: parameters split by `rules` (the Llama partition rules unless
+  /// given), the optimizer state like the parameters it belongs to (ZeRO), the step carried over.
+  ShardedTrainingState<Pol> shard_state(const DefaultMesh& mesh, PartitionRules rules = llama_partition_rules()) const;
 
-  /// Writes a checkpoint folder atomically (train::save_state; a crash leaves no partial folder).
-  void save_state(const std::string& dir, const CheckpointHooks& hooks = {}) const {
+  /// The state on `mesh` laid out by `shardings` (the seeds' shard_with_shape; what
+  /// ShardedTrainingState::shardings returns): every parameter needs its spec; an optimizer
+  /// slot's entry, when given, must be its parameter's (slots follow their parameter).
+  ShardedTrainingState<Pol> shard_with_shape(const DefaultMesh& mesh, const Shardings& shardings) const;
+
+  /// The model alone on `mesh` (the seeds' shard_model); the state, optimizer included, is unchanged.
+  std::unique_ptr<models::ShardedLlama<Pol>> shard_model(const DefaultMesh& mesh,
+                                                          PartitionRules rules = llama_partition_rules()) const {
+    return std::make_unique<models::ShardedLlama<Pol>>(model, mesh, std::move(rules));
+  }
+
+  /// Writes a checkpoint folder atomically (train::save_state; a crash leaves no partial
+  /// folder), with the weights in `o.float_dtype` and without the optimizer if asked.
+  void save_state(const std::string& dir, const SaveStateOptions& o = {}, const CheckpointHooks& hooks = {}) const {
     TrainState s;
     s.step = step;
-    train::save_state(dir, const_cast<Model&>(model), optimizer, s, nullptr, hooks);
+    train::save_state(dir, const_cast<Model&>(model), optimizer, s, nullptr, hooks, ProcessGroup{}, o);
   }
 
   /// Reads a checkpoint folder written by save_state or by the Trainer; errors name the
-  /// folder and what is missing. `o` gives the optimizer kind and hyperparameters (the
-  /// checkpoint holds only its slots).
-  static TrainingState load_state(const std::string& dir, optim::OptimizerOptions o) {
+  /// folder and what is missing. The optimizer is the checkpoint's (kind, hyper-parameters,
+  /// slots, step count) unless `o.optimizer` names another kind or hyper-parameters for the
+  /// saved slots; a weights-only checkpoint gets a fresh optimizer of `o.optimizer`. The
+  /// weights convert to the policy's parameter dtype (a bf16 copy loads into f32 exactly).
+  static TrainingState load_state(const std::string& dir, const LoadStateOptions& o = {}) {
     namespace fs = std::filesystem;
-    EDL_CHECK(fs::exists(fs::path(dir) / "config.json"), errc::io, dir,
-              "not a checkpoint folder: config.json is missing");
-    Model m(models::LlamaConfig::from_file((fs::path(dir) / "config.json").string()));
-    optim::Optimizer opt(o);
-    const TrainState s = train::load_state(dir, m, opt);
-    return TrainingState{s.step, std::move(m), std::move(opt)};
+    const fs::path config_path = fs::path(dir) / "config.json";
+    EDL_CHECK(fs::exists(config_path), errc::io, dir, "not a checkpoint folder: config.json is missing");
+    const fs::path state_path = fs::path(dir) / "state.json";
+    EDL_CHECK(fs::exists(state_path), errc::io, dir, "not a complete checkpoint: state.json is missing");
+    models::LlamaConfig cfg = models::LlamaConfig::from_file(config_path.string());
+    if (!o.config_overrides.is_null()) {
+      EDL_CHECK(o.config_overrides.is_object(), errc::invalid_argument, "LoadStateOptions::config_overrides",
+                "expected an object of config.json fields, found ", o.config_overrides.type_name());
+      nlohmann::ordered_json j = cfg.to_json();
+      for (const auto& [k, v] : o.config_overrides.items()) j[k] = v;
+      cfg = models::LlamaConfig::from_json(j, config_path.string() + " with config_overrides");
+      cfg.validate();
+    }
+    Model m(cfg);
+    std::optional<optim::Optimizer> opt;
+    if (o.optimizer) {
+      opt.emplace(*o.optimizer);
+    } else {
+      EDL_CHECK(TrainState::from_file(state_path.string()).optimizer_saved, errc::invalid_argument, dir,
+                "is a weights-only checkpoint: LoadStateOptions::optimizer must give the optimizer to start");
+      const std::string first = optimizer_files(dir).front();
+      opt.emplace(saved_optimizer_options(io::SafeTensorsFile::open(first), first).first);
+    }
+    const TrainState s = train::load_state(dir, m, *opt);
+    return TrainingState{s.step, std::move(m), std::move(*opt)};
+  }
+  /// load_state with the optimizer's kind and hyper-parameters given.
+  static TrainingState load_state(const std::string& dir, optim::OptimizerOptions o) {
+    LoadStateOptions lo;
+    lo.optimizer = o;
+    return load_state(dir, lo);
   }
 };
 
@@ -32064,16 +32206,66 @@ struct ShardedTrainingState {
   TrainingState<Pol> gather_state() const {
     return TrainingState<Pol>{step, model->gather_model(), optimizer->gather(*model)};
   }
+  /// The one-device model alone (the seeds' gather_model); the optimizer state stays sharded.
+  models::LlamaForCausalLM<Pol> gather_model() const { return model->gather_model(); }
+
+  /// Every parameter's spec and every optimizer slot's (those this process's devices hold;
+  /// before the first update the optimizer has none).
+  Shardings shardings() const {
+    Shardings out;
+    for (const auto& name : model->names()) out.emplace(name, model->param(name).layout().spec());
+    const CollectiveBackend& be = model->mesh().backend();
+    for (std::int64_t d = 0; d < model->mesh().size(); ++d)
+      if (be.is_local(d))
+        optimizer->device(d).visit_state([&](const std::string& path, const std::string& slot, const std::vector<float>&) {
+          out.emplace(path + "." + slot, model->param(path).layout().spec());
+        });
+    return out;
+  }
 };
 
 template <PolicyLike Pol>
-ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mesh) const {
+ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mesh, PartitionRules rules) const {
   ShardedTrainingState<Pol> s;
   s.step = step;
-  s.model = std::make_unique<models::ShardedLlama<Pol>>(model, mesh);
+  s.model = std::make_unique<models::ShardedLlama<Pol>>(model, mesh, std::move(rules));
   s.optimizer = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(optimizer.options(), *s.model);
   s.optimizer->load(optimizer, *s.model);
   return s;
+}
+
+template <PolicyLike Pol>
+ShardedTrainingState<Pol> TrainingState<Pol>::shard_with_shape(const DefaultMesh& mesh, const Shardings& shardings) const {
+  // Each parameter's spec becomes a rule matching its name alone.
+  const auto exact = [](const std::string& name) {
+    std::string re = "^";
+    for (char c : name) {
+      if (std::string_view(".[]{}()*+?^$|\\").find(c) != std::string_view::npos) re += '\\';
+      re += c;
+    }
+    return re + "$";
+  };
+  PartitionRules rules;
+  std::map<std::string, const SpecValue*> params;
+  const_cast<Model&>(model).visit_params("", [&](std::string_view path, auto&) {
+    const std::string name(path);
+    const auto it = shardings.find(name);
+    EDL_CHECK(it != shardings.end(), errc::invalid_argument, "shard_with_shape", "no spec for parameter \"", name,
+              "\": every parameter of the model needs one");
+    rules.add(exact(name), it->second);
+    params.emplace(name, &it->second);
+  });
+  for (const auto& [key, spec] : shardings) {
+    if (params.count(key)) continue;
+    const auto dot = key.rfind('.');
+    const auto owner = dot == std::string::npos ? params.end() : params.find(key.substr(0, dot));
+    EDL_CHECK(owner != params.end(), errc::invalid_argument, "shard_with_shape", "\"", key,
+              "\" is neither a parameter of the model nor an optimizer slot (<parameter>.<slot>) of one");
+    EDL_CHECK(spec.dims == owner->second->dims, errc::invalid_argument, "shard_with_shape", "optimizer slot \"", key,
+              "\" has spec ", spec.str(), " but its parameter has ", owner->second->str(),
+              ": slots are laid out like their parameter");
+  }
+  return shard_state(mesh, std::move(rules));
 }
 
 }  // namespace edl::train
@@ -32134,7 +32326,9 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // same on every process (they see the same losses).
 
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -32143,6 +32337,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32169,6 +32364,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_state(const DefaultMesh& mes
 // #include <edl/tokenizer/all.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/sharded_load.hpp> (inlined above)
+// #include <edl/train/state.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/sft_data.hpp> (inlined above)
 // #include <edl/train/preference.hpp>
@@ -32607,6 +32803,7 @@ struct TrainingArguments {
   std::optional<std::int64_t> max_evaluation_steps; // eval micro-batches per evaluation (null: all)
   std::optional<std::int64_t> save_steps;           // checkpoint every N steps (and at the end)
   std::optional<std::int64_t> save_total_limit;     // keep the newest N checkpoints (+ the best)
+  bool async_checkpointing = false;                  // checkpoints written by a background thread while training goes on
   std::int64_t log_steps = 10;
   std::string save_directory = "EasyDeL-Checkpoints";
   std::string truncation_mode = "keep_end";         // keep_start | keep_end
@@ -32679,7 +32876,7 @@ struct TrainingArguments {
         "model_name", "learning_rate", "learning_rate_end", "optimizer", "scheduler", "warmup_steps",
         "weight_decay", "clip_grad", "total_batch_size", "gradient_accumulation_steps", "max_sequence_length",
         "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
-        "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
+        "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
@@ -32749,6 +32946,7 @@ struct TrainingArguments {
     else if (key == "max_evaluation_steps") oi64(max_evaluation_steps);
     else if (key == "save_steps") oi64(save_steps);
     else if (key == "save_total_limit") oi64(save_total_limit);
+    else if (key == "async_checkpointing") boo(async_checkpointing);
     else if (key == "log_steps") i64(log_steps);
     else if (key == "save_directory") str(save_directory);
     else if (key == "truncation_mode") str(truncation_mode);
@@ -33004,6 +33202,7 @@ struct TrainingArguments {
     j["max_evaluation_steps"] = opt(max_evaluation_steps);
     j["save_steps"] = opt(save_steps);
     j["save_total_limit"] = opt(save_total_limit);
+    j["async_checkpointing"] = async_checkpointing;
     j["log_steps"] = log_steps;
     j["save_directory"] = save_directory;
     j["truncation_mode"] = truncation_mode;
@@ -33257,12 +33456,42 @@ class BasicTrainer {
     finish_setup();
   }
 
-  virtual ~BasicTrainer() = default;
+  /// From a training state (the seeds' Trainer(model_state=...)): its model, its optimizer
+  /// (kind, hyper-parameters, slots and step count: the arguments' optimizer fields are
+  /// replaced by the state's) and its step, from which training continues: the schedule's
+  /// rate and the data position are those of that step, as if the run had got there itself.
+  BasicTrainer(TrainingArguments args, TrainingState<Pol> state, std::optional<tokenizer::Tokenizer> tokenizer,
+               TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
+      : BasicTrainer(with_optimizer_of(std::move(args), state.optimizer.options()), std::move(state.model),
+                     std::move(tokenizer), std::move(train_data), std::move(eval_data), std::move(make_mesh)) {
+    opt_ = std::move(state.optimizer);
+    state_.step = state.step;
+    state_.epoch = state.step / steps_per_epoch_;
+    state_.batch_in_epoch = state.step % steps_per_epoch_;
+    state_.optimizer_step_count = opt_.step_count();
+    if (mesh_) shard_host();  // again, with the state's optimizer slots
+  }
+
+  /// The run as a training state (model, optimizer, step; gathered from the mesh first): what
+  /// TrainingState's own loop, save_state or another Trainer continue from.
+  TrainingState<Pol> model_state() {
+    sync_host();
+    return TrainingState<Pol>{state_.step, *model_, opt_};
+  }
+
+  /// Waits for a checkpoint still being written (async_checkpointing); its errors are lost here.
+  virtual ~BasicTrainer() {
+    if (pending_save_ && pending_save_->thread.joinable()) pending_save_->thread.join();
+  }
   BasicTrainer(const BasicTrainer&) = delete;
   BasicTrainer& operator=(const BasicTrainer&) = delete;
 
   std::vector<Callback> callbacks;
   CheckpointHooks checkpoint_hooks;  // tests: fail a save midway
+  /// The seeds' data_collator: builds every training and evaluation batch from its dataset
+  /// rows in place of collate_rows (empty: collate_rows, with the arguments' truncation,
+  /// padding_free and the tokenizer's pad id). What it returns is checked (check_batch).
+  DataCollator data_collator;
 
   /// Hooks for subclasses; the default calls the callbacks.
   virtual void on_step_start(std::int64_t step) {
@@ -33351,19 +33580,47 @@ class BasicTrainer {
     return e;
   }
 
-  /// Writes checkpoint-<step> now; returns its path.
+  /// Writes checkpoint-<step>; returns its path. With async_checkpointing (one process) the
+  /// model, optimizer and state are copied and a background thread writes the copy while
+  /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
+  /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
+  /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
   std::string save_checkpoint() {
     sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
-    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
-    last_checkpoint_ = p;
     last_saved_step_ = state_.step;
-    progress_.message("saved " + p);
-    for (auto& c : callbacks)
-      if (c.on_save) c.on_save(*this, p);
-    return p;
+    if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
+      const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
+      saved(p);
+      return p;
+    }
+    wait_for_checkpoint();
+    auto job = std::make_unique<PendingSave>();
+    job->path = ckpt_.path_for(state_.step);
+    // The copies belong to the thread; the trainer's model and optimizer move on meanwhile.
+    job->thread = std::thread([job = job.get(), model = *model_, opt = opt_, s = std::move(s), tok = tok_,
+                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+      try {
+        ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+      job->done.store(true, std::memory_order_release);
+    });
+    pending_save_ = std::move(job);
+    return pending_save_->path;
+  }
+
+  /// Waits until a checkpoint being written in the background is complete (no-op without one);
+  /// rethrows its error.
+  void wait_for_checkpoint() {
+    if (!pending_save_) return;
+    pending_save_->thread.join();
+    const std::unique_ptr<PendingSave> job = std::move(pending_save_);
+    if (job->error) std::rethrow_exception(job->error);
+    saved(job->path);
   }
 
   /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
@@ -33394,6 +33651,8 @@ class BasicTrainer {
     o.max_batches = args_.max_evaluation_steps;
     o.pad_id = pad_id_;
     o.truncation = trunc_;
+    o.collator = data_collator;
+    o.vocab_size = model_->config().vocab_size;
     return o;
   }
 
@@ -33463,7 +33722,7 @@ class BasicTrainer {
           for (std::int64_t row = ex * per; row < (ex + 1) * per; ++row) rows.push_back(row);
         }
         // SFT and preferences score completions only; packed rows keep their documents apart.
-        micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
+        micro.push_back(collate_train(rows, state_.step, a));
         if (mesh_) pad_to_multiple(micro.back(), mesh_->axis_size("sp"), pad_id_);  // sp splits the sequence
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
@@ -33604,6 +33863,7 @@ class BasicTrainer {
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
+      if (pending_save_ && pending_save_->done.load(std::memory_order_acquire)) wait_for_checkpoint();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit) {
         bool over = state_.elapsed_s >= *args_.training_time_limit;
@@ -33619,6 +33879,7 @@ class BasicTrainer {
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
+    wait_for_checkpoint();
     if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
     if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
       const fs::path dir = fs::path(args_.save_directory) / "adapter";
@@ -33639,6 +33900,44 @@ class BasicTrainer {
   }
 
  private:
+  /// A checkpoint a background thread writes (async_checkpointing).
+  struct PendingSave {
+    std::thread thread;
+    std::string path;
+    std::exception_ptr error;
+    std::atomic<bool> done{false};
+  };
+
+  /// A checkpoint folder is complete: it is the last one, and the callbacks hear of it.
+  void saved(const std::string& p) {
+    last_checkpoint_ = p;
+    progress_.message("saved " + p);
+    for (auto& c : callbacks)
+      if (c.on_save) c.on_save(*this, p);
+  }
+
+  /// Micro-batch `a` of the step after `step`: the user's collator (checked) or collate_rows.
+  Batch collate_train(std::span<const std::int64_t> rows, std::int64_t step, std::int64_t a) const {
+    if (!data_collator) return collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free);
+    Batch b = data_collator(train_, rows);
+    check_batch(b, model_->config().vocab_size,
+                "data_collator (train step " + std::to_string(step + 1) + ", micro-batch " + std::to_string(a) + ")");
+    return b;
+  }
+
+  /// `args` with the optimizer fields of `o` (a training state's optimizer is the run's).
+  static TrainingArguments with_optimizer_of(TrainingArguments args, const optim::OptimizerOptions& o) {
+    args.optimizer = optim::optimizer_name(o.kind);
+    args.b1 = o.b1;
+    args.b2 = o.b2;
+    args.epsilon = o.eps;
+    args.weight_decay = o.weight_decay;
+    args.momentum = o.momentum;
+    args.rmsprop_alpha = o.rmsprop_alpha;
+    args.rmsprop_centered = o.rmsprop_centered;
+    return args;
+  }
+
   /// One metrics.jsonl line, after the on_log callbacks.
   void write_metrics(ojson& line) {
     for (auto& c : callbacks)
@@ -33883,6 +34182,7 @@ class BasicTrainer {
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
   bool adapters_ = false;    // LoRA: only the adapters train
+  std::unique_ptr<PendingSave> pending_save_;  // async_checkpointing: the save being written
 };
 
 using Trainer = BasicTrainer<DefaultPolicy>;

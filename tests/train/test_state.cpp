@@ -177,5 +177,184 @@ TEST(TrainingState, SizeInBytes) {
   EXPECT_EQ(d0.optimizer, 2 * d0.parameters);
 }
 
+
+// init_tx: a new optimizer with fresh slots; the model and the step stay. Lion's first update
+// from empty moments is w - lr * sign(g) (no decay), which the new optimizer must take.
+TEST(TrainingState, InitTxStartsAFreshOptimizer) {
+  auto st = TrainingState<>::create(state_model(), {.kind = optim::OptimizerKind::adamw});
+  for (std::uint32_t b = 0; b < 2; ++b) {
+    const auto ids = tokens(2, 12, b);
+    optim::zero_grad(st.model);
+    st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr);
+    st.apply_gradients(1e-2);
+  }
+  const std::vector<float> w = flat_params(st.model);
+  ASSERT_GT(st.optimizer.state_bytes(), 0);
+  st.init_tx({.kind = optim::OptimizerKind::lion, .weight_decay = 0.0});
+  EXPECT_EQ(st.step, 2);
+  EXPECT_EQ(st.optimizer.options().kind, optim::OptimizerKind::lion);
+  EXPECT_EQ(st.optimizer.step_count(), 0);
+  EXPECT_EQ(st.optimizer.state_bytes(), 0);
+  EXPECT_EQ(flat_params(st.model), w);
+  const auto ids = tokens(2, 12, 2);
+  optim::zero_grad(st.model);
+  st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr);
+  const std::vector<float> g = flat_grads(st.model);
+  const float lr = 1e-3f;
+  st.apply_gradients(lr);
+  EXPECT_EQ(st.step, 3);
+  const std::vector<float> w1 = flat_params(st.model);
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    const float sign = g[i] > 0 ? 1.0f : (g[i] < 0 ? -1.0f : 0.0f);
+    ASSERT_FLOAT_EQ(w1[i], w[i] - lr * sign) << i;
+  }
+}
+
+// shard_model / gather_model move the model alone: the state's optimizer is untouched, and
+// the gathered model is the one that was sharded.
+TEST(TrainingState, ShardModelAndGatherModelLeaveTheOptimizer) {
+  auto st = TrainingState<>::create(state_model(), {.kind = optim::OptimizerKind::adamw});
+  const auto ids = tokens(2, 12, 0);
+  optim::zero_grad(st.model);
+  const double loss = st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss;
+  st.apply_gradients(1e-2);
+  const std::int64_t opt_bytes = st.optimizer.state_bytes();
+  auto sm = st.shard_model(create_mesh({1, 2, 1, 1}));
+  EXPECT_EQ(st.optimizer.state_bytes(), opt_bytes);
+  EXPECT_EQ(flat_params(st.model), [&] {
+    auto m = sm->gather_model();
+    return flat_params(m);
+  }());
+  const double sharded_loss = sm->loss_and_grads(ids.data(), nullptr, 2, 12).loss;
+  EXPECT_NEAR(sharded_loss, st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss, 1e-5 * loss);
+  auto sh = st.shard_state(create_mesh({1, 1, 2, 1}));
+  auto gathered = sh.gather_model();
+  EXPECT_EQ(flat_params(gathered), flat_params(st.model));
+}
+
+// User partition rules reach the sharded state; shardings() names every parameter's and slot's
+// spec; shard_with_shape lays a state out by such a map (the same specs, the same step) and
+// names what is missing, unknown or inconsistent.
+TEST(TrainingState, UserRulesShardingsAndShardWithShape) {
+  const optim::OptimizerOptions adamw{.kind = optim::OptimizerKind::adamw};
+  auto st = TrainingState<>::create(state_model(), adamw);
+  const auto ids = tokens(4, 12, 0);
+  optim::zero_grad(st.model);
+  st.model.forward_backward(ids.data(), nn::TokenLayout{4, 12}, nullptr);
+  st.apply_gradients(1e-2);  // slots exist now
+  const auto mesh = create_mesh({1, 2, 1, 1});
+  const auto q = std::string("model.layers.0.self_attn.q_proj.weight");
+
+  auto by_default = st.shard_state(mesh);
+  const Shardings specs = by_default.shardings();
+  ASSERT_TRUE(specs.count(q));
+  EXPECT_EQ(specs.at(q).str(), by_default.model->param(q).layout().spec().str());
+  EXPECT_TRUE(specs.count(q + ".exp_avg") && specs.count(q + ".exp_avg_sq"));
+  EXPECT_EQ(specs.at(q + ".exp_avg").dims, specs.at(q).dims);
+
+  auto replicated = st.shard_state(mesh, PartitionRules{{".*", SpecValue{}}});
+  EXPECT_NE(replicated.shardings().at(q).str(), specs.at(q).str());
+  EXPECT_EQ(replicated.size_bytes(0).parameters, st.size_bytes().parameters);  // every device holds all
+
+  auto again = st.shard_with_shape(mesh, specs);
+  EXPECT_EQ(again.shardings(), specs);
+  EXPECT_EQ(again.step, 1);
+  // The three layouts take the same step.
+  const auto ids2 = tokens(4, 12, 1);
+  std::vector<double> losses;
+  for (auto* s : {&by_default, &replicated, &again}) {
+    s->model->zero_grad();
+    losses.push_back(s->model->loss_and_grads(ids2.data(), nullptr, 4, 12).loss);
+    s->apply_gradients(1e-2);
+  }
+  EXPECT_EQ(losses[2], losses[0]);
+  EXPECT_NEAR(losses[1], losses[0], 1e-5 * losses[0]);
+  auto a = again.gather_state(), b = by_default.gather_state();
+  EXPECT_EQ(flat_params(a.model), flat_params(b.model));
+
+  const auto refused = [&](Shardings m, const std::string& what) {
+    try {
+      st.shard_with_shape(mesh, m);
+      ADD_FAILURE() << "expected an error naming " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  Shardings missing = specs;
+  missing.erase(q);
+  refused(missing, "no spec for parameter \"" + q + "\"");
+  Shardings unknown = specs;
+  unknown["model.layers.9.mlp.weight"] = SpecValue{};
+  refused(unknown, "model.layers.9.mlp.weight");
+  Shardings slot = specs;
+  slot[q + ".exp_avg"] = SpecValue{};
+  refused(slot, "slots are laid out like their parameter");
+}
+
+// save_state(float_dtype, save_optimizer): a bf16 weights-only copy is about half the size,
+// loads into f32 as the bf16 rounding of the weights, and needs the optimizer to start; a full
+// checkpoint loads with the optimizer it recorded; config overrides change what the shapes allow.
+TEST(TrainingState, FloatDtypeWeightsOnlySavesAndLoadOverrides) {
+  const optim::OptimizerOptions adamw{.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1};
+  const fs::path dir = fs::temp_directory_path() / ("edl_state_opts_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto run_step = [](TrainingState<>& st, std::uint32_t b) {
+    const auto ids = tokens(2, 12, b);
+    optim::zero_grad(st.model);
+    const double loss = st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss;
+    st.apply_gradients(1e-2, 1.0);
+    return loss;
+  };
+  auto a = TrainingState<>::create(state_model(), adamw);
+  run_step(a, 0);
+  run_step(a, 1);
+  const std::string full = (dir / "full").string(), half = (dir / "bf16").string();
+  a.save_state(full);
+  a.save_state(half, {.float_dtype = DType::bf16, .save_optimizer = false});
+  EXPECT_FALSE(fs::exists(fs::path(half) / "optimizer.safetensors"));
+  EXPECT_FALSE(TrainState::from_file((fs::path(half) / "state.json").string()).optimizer_saved);
+  EXPECT_LT(fs::file_size(fs::path(half) / "model.safetensors"), fs::file_size(fs::path(full) / "model.safetensors") * 55 / 100);
+
+  try {
+    TrainingState<>::load_state(half);
+    ADD_FAILURE() << "a weights-only checkpoint loaded without an optimizer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weights-only"), std::string::npos) << e.what();
+  }
+  auto h = TrainingState<>::load_state(half, adamw);
+  EXPECT_EQ(h.step, 2);
+  EXPECT_EQ(h.optimizer.step_count(), 0);
+  EXPECT_EQ(h.optimizer.state_bytes(), 0);
+  const std::vector<float> w = flat_params(a.model), wh = flat_params(h.model);
+  ASSERT_EQ(w.size(), wh.size());
+  for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(wh[i], static_cast<float>(bf16(w[i]))) << i;
+
+  // The optimizer comes from the checkpoint when not given: the run continues bit for bit.
+  auto f = TrainingState<>::load_state(full);
+  EXPECT_EQ(f.optimizer.options().kind, optim::OptimizerKind::adamw);
+  EXPECT_EQ(f.optimizer.options().weight_decay, 0.1);
+  EXPECT_EQ(f.optimizer.step_count(), 2);
+  auto a2 = a;
+  EXPECT_EQ(run_step(f, 2), run_step(a2, 2));
+  EXPECT_EQ(flat_params(f.model), flat_params(a2.model));
+
+  LoadStateOptions o;
+  o.config_overrides = {{"rope_theta", 500000.0}, {"max_position_embeddings", 64}};
+  auto r = TrainingState<>::load_state(full, o);
+  EXPECT_EQ(r.model.config().rope_theta, 500000.0);
+  EXPECT_EQ(r.model.config().max_position_embeddings, 64);
+  EXPECT_EQ(flat_params(r.model), flat_params(a.model));
+  o.config_overrides = {{"intermediate_size", 96}};  // the weights no longer fit
+  try {
+    TrainingState<>::load_state(full, o);
+    ADD_FAILURE() << "weights of the wrong shape loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mlp"), std::string::npos) << e.what();
+  }
+  o.config_overrides = 3;
+  EXPECT_THROW(TrainingState<>::load_state(full, o), Error);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace edl::train

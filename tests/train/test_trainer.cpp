@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <numeric>
 
 #include <edl/core/process_memory.hpp>
 #include <edl/train/all.hpp>
@@ -915,6 +918,274 @@ TEST(Trainer, Bf16ParamDtypeIsChecked) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("param_dtype"), std::string::npos) << e.what();
   }
+}
+
+
+// ---------------------------------------------------------------- the state, optimizers, collators, async saves
+
+std::vector<float> params_of(models::LlamaForCausalLM<>& m) {
+  std::vector<float> v;
+  m.visit_params("", [&](std::string_view, auto& p) { v.insert(v.end(), p.data(), p.data() + p.numel()); });
+  return v;
+}
+
+optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
+  optim::OptimizerOptions o;
+  o.kind = optim::optimizer_from_name(a.optimizer);
+  o.b1 = a.b1;
+  o.b2 = a.b2;
+  o.eps = a.epsilon;
+  o.weight_decay = a.weight_decay;
+  o.momentum = a.momentum;
+  o.rmsprop_alpha = a.rmsprop_alpha;
+  o.rmsprop_centered = a.rmsprop_centered;
+  return o;
+}
+
+// The trainer's step written out by hand with a TrainingState: rows in file order (no
+// shuffling, one micro-batch per step), the loss normalised by the step's targets, clipping,
+// the schedule's rate. Runs `st` up to step `to`; returns the losses.
+std::vector<double> hand_written_steps(TrainingState<>& st, const TrainingArguments& args, const TokenDataset& data,
+                                       std::int64_t to, const DataCollator& collator = {}) {
+  optim::Schedule sched;
+  sched.kind = optim::schedule_from_name(args.scheduler);
+  sched.lr = args.learning_rate;
+  sched.lr_end = args.learning_rate_end;
+  sched.warmup_steps = args.warmup_steps;
+  sched.total_steps = *args.max_training_steps;
+  const std::int64_t B = args.total_batch_size, per_epoch = data.size() / B;
+  std::vector<double> out;
+  while (st.step < to) {
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(B));
+    std::iota(rows.begin(), rows.end(), (st.step % per_epoch) * B);
+    const Batch b = collator ? collator(data, rows) : collate_rows(data, rows, args.max_sequence_length, 0);
+    optim::zero_grad(st.model);
+    nn::LossOptions lo;
+    lo.normalizer = static_cast<double>(std::max<std::int64_t>(b.target_tokens(), 1));
+    out.push_back(guarded_causal_lm_loss(st.model, b, lo, /*backward=*/true).loss);
+    st.apply_gradients(sched.lr_at(st.step), args.clip_grad);
+  }
+  return out;
+}
+
+TrainingArguments loop_args(const std::string& dir, const char* optimizer, const char* scheduler) {
+  auto a = base_args(dir);
+  a.optimizer = optimizer;
+  a.scheduler = scheduler;
+  a.gradient_accumulation_steps = 1;
+  a.total_batch_size = 2;
+  a.shuffle_train_dataset = false;
+  a.max_training_steps = 5;
+  a.write_report = false;
+  return a;
+}
+
+// Every optimizer and schedule, through the trainer, equals the hand-written loop bit for bit
+// (5 steps over 4-step epochs); and a Trainer built from a TrainingState (the seeds'
+// Trainer(model_state=...)) continues a hand-written run from its step with its optimizer,
+// whatever the arguments name.
+TEST(Trainer, EveryOptimizerAndScheduleFollowsAHandWrittenLoop) {
+  const auto data = random_data(8, 16, 64, 5, true);
+  const std::vector<std::pair<const char*, const char*>> runs = {
+      {"lion", "linear"}, {"adafactor", "warmup_stable_decay"}, {"rmsprop", "cosine"}, {"sgd", "none"}};
+  for (const auto& [optimizer, scheduler] : runs) {
+    SCOPED_TRACE(std::string(optimizer) + " with " + scheduler);
+    TempDir d(std::string("loop_") + optimizer);
+    auto args = loop_args(d.str(), optimizer, scheduler);
+    if (std::string(optimizer) == "sgd") args.momentum = 0.9;
+    if (std::string(optimizer) == "lion") args.learning_rate = 3e-4;
+    Trainer t(args, make_model(1), std::nullopt, data);
+    std::vector<double> seen;
+    TrainerCallback cb;
+    cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
+      seen.push_back(m.loss);
+      return true;
+    };
+    t.callbacks.push_back(cb);
+    t.train();
+    auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+    EXPECT_EQ(seen, hand_written_steps(st, args, data, 5));
+    EXPECT_EQ(params_of(t.model()), params_of(st.model));
+
+    auto half = TrainingState<>::create(make_model(1), optimizer_options(args));
+    hand_written_steps(half, args, data, 2);
+    TempDir d2(std::string("from_state_") + optimizer);
+    auto args2 = args;
+    args2.save_directory = d2.str();
+    args2.optimizer = std::string(optimizer) == "adamw" ? "sgd" : "adamw";  // the state's optimizer wins
+    Trainer t2(args2, std::move(half), std::nullopt, data);
+    EXPECT_EQ(t2.args().optimizer, optimizer);
+    EXPECT_EQ(t2.state().step, 2);
+    const TrainResult r = t2.train();
+    EXPECT_EQ(r.steps, 5);
+    EXPECT_EQ(params_of(t2.model()), params_of(st.model));
+    TrainingState<> back = t2.model_state();
+    EXPECT_EQ(back.step, 5);
+    EXPECT_EQ(back.optimizer.step_count(), st.optimizer.step_count());
+    EXPECT_EQ(params_of(back.model), params_of(st.model));
+  }
+}
+
+// A collator of the user's: every row's first four positions are context, not targets.
+Batch context_masked(const TokenDataset& ds, std::span<const std::int64_t> rows) {
+  Batch b = collate_rows(ds, rows, 16, 0);
+  for (std::int64_t r = 0; r < b.batch; ++r)
+    for (std::int64_t s = 0; s < 4; ++s) b.labels[static_cast<std::size_t>(r * b.seq + s)] = -100;
+  return b;
+}
+
+// The seeds' data_collator builds every training and evaluation batch: the trainer's losses
+// are the hand-written loop's on the collator's batches, evaluation scores its batches, and a
+// collator's bad batch is an error naming it, the step and the field.
+TEST(Trainer, DataCollatorBuildsEveryBatch) {
+  const auto data = random_data(8, 16, 64, 5, true);
+  const auto eval = random_data(5, 16, 64, 6);
+  TempDir d("collator");
+  auto args = loop_args(d.str(), "adamw", "cosine");
+  args.max_training_steps = 4;
+  args.eval_batch_size = 2;
+  Trainer t(args, make_model(1), std::nullopt, data, eval);
+  std::vector<std::vector<std::int64_t>> calls;
+  t.data_collator = [&](const TokenDataset& ds, std::span<const std::int64_t> rows) {
+    calls.emplace_back(rows.begin(), rows.end());
+    return context_masked(ds, rows);
+  };
+  std::vector<double> seen;
+  TrainerCallback cb;
+  cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
+    seen.push_back(m.loss);
+    return true;
+  };
+  t.callbacks.push_back(cb);
+  const TrainResult r = t.train();
+  const std::vector<std::vector<std::int64_t>> expected = {{0, 1}, {2, 3}, {4, 5}, {6, 7},  // four steps
+                                                           {0, 1}, {2, 3}, {4}};            // the final evaluation
+  EXPECT_EQ(calls, expected);
+  auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+  EXPECT_EQ(seen, hand_written_steps(st, args, data, 4, context_masked));
+  ASSERT_TRUE(r.eval_loss.has_value());
+  EvalOptions eo{16, 2, std::nullopt, 0, Truncation::keep_end, context_masked, 64};
+  EXPECT_EQ(*r.eval_loss, evaluate_dataset(st.model, eval, eo).loss);
+  eo.collator = nullptr;
+  EXPECT_NE(*r.eval_loss, evaluate_dataset(st.model, eval, eo).loss);  // the masking mattered
+
+  const auto fails = [&](DataCollator c, const std::string& field) {
+    TempDir db("collator_bad");
+    Trainer bad(loop_args(db.str(), "adamw", "cosine"), make_model(1), std::nullopt, data);
+    bad.data_collator = std::move(c);
+    try {
+      bad.train();
+      ADD_FAILURE() << "expected an error naming " << field;
+    } catch (const Error& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("data_collator (train step 1"), std::string::npos) << w;
+      EXPECT_NE(w.find(field), std::string::npos) << w;
+    }
+  };
+  fails([](const TokenDataset& ds, std::span<const std::int64_t> rows) {
+    Batch b = context_masked(ds, rows);
+    b.input_ids[3] = 64;  // outside the vocabulary
+    return b;
+  }, "input_ids[3] is 64");
+  fails([](const TokenDataset& ds, std::span<const std::int64_t> rows) {
+    Batch b = context_masked(ds, rows);
+    b.labels.pop_back();
+    return b;
+  }, "labels has");
+}
+
+// State files of two runs' checkpoint-<step> folders, without what differs between runs
+// (the clock, the folder, the checkpointing mode).
+ojson comparable_state(const fs::path& checkpoint) {
+  ojson j = ojson::parse(std::ifstream(checkpoint / "state.json"));
+  j.erase("elapsed_s");
+  j["training_arguments"].erase("save_directory");
+  j["training_arguments"].erase("async_checkpointing");
+  return j;
+}
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// async_checkpointing: training goes on while a checkpoint is written (the first save's
+// writer waits for step 3 to end, which a synchronous save would never let happen), and
+// every checkpoint holds the same bytes as a synchronous run's; on_save hears of each once it
+// is complete; the training arguments keep the field.
+TEST(Trainer, AsyncCheckpointingWritesTheSameFilesWhileTrainingGoesOn) {
+  const auto data = random_data(10, 16, 64, 5, true);
+  TempDir a("sync_saves"), b("async_saves");
+  auto args = base_args(a.str());
+  args.save_steps = 2;
+  args.write_report = false;
+  {
+    Trainer t(args, make_model(), std::nullopt, data);
+    t.train();
+  }
+  args.save_directory = b.str();
+  args.async_checkpointing = true;
+  EXPECT_TRUE(TrainingArguments::from_json(args.to_json()).async_checkpointing);
+  Trainer t(args, make_model(), std::nullopt, data);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::int64_t steps_done = 0;
+  bool overtaken = false, first_file = true;
+  t.checkpoint_hooks.after_file = [&](const std::string&) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!first_file) return;
+    first_file = false;  // checkpoint-2's first file: hold the writer until step 3 is done
+    overtaken = cv.wait_for(lock, std::chrono::seconds(120), [&] { return steps_done >= 3; });
+  };
+  std::vector<std::string> saved;
+  TrainerCallback cb;
+  cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      steps_done = m.step;
+    }
+    cv.notify_all();
+    return true;
+  };
+  cb.on_save = [&](Trainer&, const std::string& p) { saved.push_back(fs::path(p).filename().string()); };
+  t.callbacks.push_back(cb);
+  const TrainResult r = t.train();
+  EXPECT_TRUE(overtaken) << "the step loop waited for the checkpoint";
+  EXPECT_EQ(saved, (std::vector<std::string>{"checkpoint-2", "checkpoint-4", "checkpoint-6"}));
+  EXPECT_EQ(fs::path(r.checkpoint).filename().string(), "checkpoint-6");
+  EXPECT_EQ(losses(read_metrics(a.str())), losses(read_metrics(b.str())));
+  for (const char* step : {"checkpoint-2", "checkpoint-4", "checkpoint-6"}) {
+    SCOPED_TRACE(step);
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+      EXPECT_EQ(file_bytes(a.p / step / f), file_bytes(b.p / step / f)) << f;
+    EXPECT_EQ(comparable_state(a.p / step), comparable_state(b.p / step));
+  }
+}
+
+// A background save that fails stops training with its error at the next point that waits,
+// leaves no part of its folder, and the previous checkpoint still resumes.
+TEST(Trainer, AsyncCheckpointFailureIsRethrownAndKeepsThePreviousOne) {
+  const auto data = random_data(10, 16, 64, 5, true);
+  TempDir d("async_fail");
+  auto args = base_args(d.str());
+  args.save_steps = 2;
+  args.async_checkpointing = true;
+  args.write_report = false;
+  int files = 0;
+  {
+    Trainer t(args, make_model(), std::nullopt, data);
+    t.checkpoint_hooks.after_file = [&](const std::string& f) {
+      if (++files == 4) throw std::runtime_error("disk full while writing " + f);  // checkpoint-4's first file
+    };
+    EXPECT_THROW(t.train(), std::runtime_error);
+  }
+  EXPECT_TRUE(fs::exists(d.p / "checkpoint-2" / "state.json"));
+  EXPECT_FALSE(fs::exists(d.p / "checkpoint-4"));
+  for (const auto& e : fs::directory_iterator(d.p))
+    EXPECT_EQ(e.path().filename().string().find(".checkpoint-4"), std::string::npos) << e.path();
+  Trainer again(args, make_model(7), std::nullopt, data);
+  const TrainResult r = again.train();
+  EXPECT_TRUE(r.resumed);
+  EXPECT_EQ(r.steps, 6);
 }
 
 }  // namespace

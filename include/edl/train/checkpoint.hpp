@@ -44,6 +44,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -79,6 +80,7 @@ struct TrainState {
   double elapsed_s = 0.0;           // training time so far (all sessions)
   std::optional<double> eval_loss;  // of an evaluation at this step
   std::optional<double> last_loss;  // training loss of the last step
+  bool optimizer_saved = true;      // false: a weights-only checkpoint (SaveStateOptions::save_optimizer)
   ojson training_arguments = nullptr;
 
   ojson to_json() const {
@@ -92,6 +94,7 @@ struct TrainState {
     j["elapsed_s"] = elapsed_s;
     j["eval_loss"] = eval_loss ? ojson(*eval_loss) : ojson(nullptr);
     j["last_loss"] = last_loss ? ojson(*last_loss) : ojson(nullptr);
+    j["optimizer_saved"] = optimizer_saved;
     j["edl_version"] = EDL_VERSION_STRING;
     j["training_arguments"] = training_arguments;
     return j;
@@ -110,6 +113,7 @@ struct TrainState {
     s.elapsed_s = c.get<double>("elapsed_s", 0.0);
     s.eval_loss = c.optional<double>("eval_loss");
     s.last_loss = c.optional<double>("last_loss");
+    s.optimizer_saved = c.get<bool>("optimizer_saved", true);
     s.training_arguments = c.get<ojson>("training_arguments", ojson(nullptr));
     return s;
   }
@@ -160,10 +164,13 @@ bool has_adapters(Model& model) {
     return false;
 }
 
-/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`.
+/// Writes config.json + model.safetensors (HF layout, models::save_pretrained) into `dir`,
+/// in `dtype` when given (else the parameters' own).
 template <class Model>
-void save_model_hf(const std::string& dir, Model& model) {
-  models::save_pretrained(fs::path(dir), model);
+void save_model_hf(const std::string& dir, Model& model, std::optional<DType> dtype = std::nullopt) {
+  models::SavePretrainedOptions o;
+  o.dtype = dtype;
+  models::save_pretrained(fs::path(dir), model, o);
 }
 
 /// Reads every parameter of `model` from dir/model.safetensors (or a sharded index) by HF
@@ -177,6 +184,17 @@ void load_model_weights(const std::string& dir, Model& model) {
 /// Hooks for tests: called after each file of a checkpoint is written (throw to simulate a crash).
 struct CheckpointHooks {
   std::function<void(const std::string& file)> after_file;
+};
+
+/// What a checkpoint holds besides its state.json (the seeds' save_state(float_dtype=...,
+/// save_optimizer=...)).
+struct SaveStateOptions {
+  /// The weights' dtype in model.safetensors (F32, BF16 or F16: a bf16 copy of an f32 run is
+  /// half the size); none: the parameters' own. Loading converts back with one rounding.
+  std::optional<DType> float_dtype;
+  /// false: a weights-only checkpoint (no optimizer files; state.json says
+  /// "optimizer_saved": false). Loading it starts the optimizer afresh.
+  bool save_optimizer = true;
 };
 
 /// The optimizer file of rank `rank` (0-based) of `ranks` saving processes:
@@ -290,7 +308,7 @@ void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const cha
 template <class Model>
 void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
                 const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
-                const ProcessGroup& processes = {}) {
+                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
@@ -323,12 +341,14 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
       after(lora::kAdapterWeightsFile);
     } else if (primary) {
-      save_model_hf(tmp.string(), model);
+      save_model_hf(tmp.string(), model, contents.float_dtype);
       after("model.safetensors");
     }
-    const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
-    detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
-    after(opt_file);
+    if (contents.save_optimizer) {
+      const std::string opt_file = optimizer_file_name(processes.rank(), processes.size());
+      detail::save_optimizer_part((tmp / opt_file).string(), opt, processes.rank(), processes.size());
+      after(opt_file);
+    }
     if (primary && tokenizer) {
       tokenizer->save(tmp.string());
       after("tokenizer.json");
@@ -337,7 +357,8 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
   detail::on_every_rank(processes, final_path, "commit", [&] {
     if (!primary) return;
     TrainState s = state;
-    s.optimizer_step_count = opt.step_count();
+    s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
+    s.optimizer_saved = contents.save_optimizer;
     io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
     after("state.json");
     detail::fsync_path(tmp.string(), true);
@@ -380,7 +401,8 @@ inline std::vector<std::string> optimizer_files(const std::string& dir) {
   return files;
 }
 
-/// Loads the model weights and optimizer state of a checkpoint; returns its state.json.
+/// Loads the model weights and optimizer state of a checkpoint; returns its state.json. A
+/// weights-only checkpoint leaves `opt` as it is (a fresh optimizer starts afresh).
 template <class Model>
 TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& opt) {
   const std::string state_path = (fs::path(dir) / "state.json").string();
@@ -394,6 +416,7 @@ TrainState load_state(const std::string& dir, Model& model, optim::Optimizer& op
   } else {
     load_model_weights(dir, model);
   }
+  if (!s.optimizer_saved) return s;
   for (const std::string& op : optimizer_files(dir)) detail::load_optimizer_slots(io::SafeTensorsFile::open(op), op, opt);
   opt.set_step_count(s.optimizer_step_count);
   return s;
@@ -406,32 +429,39 @@ inline void save_optimizer(const std::string& path, const optim::Optimizer& opt)
   detail::save_optimizer_part(path, opt, 0, 1);
 }
 
+/// The options and step count an optimizer file records (save_optimizer, a checkpoint's
+/// optimizer parts); a file without those records (written before they were) is named.
+inline std::pair<optim::OptimizerOptions, std::int64_t> saved_optimizer_options(const io::SafeTensorsFile& file,
+                                                                                 const std::string& f) {
+  const auto& meta = file.metadata();
+  const auto options = meta.find("options"), steps = meta.find("step_count");
+  EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
+            "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(options->second);
+  } catch (const nlohmann::json::exception& e) {
+    ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
+  }
+  std::int64_t count = 0;
+  try {
+    count = std::stoll(steps->second);
+  } catch (const std::exception&) {
+    ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
+  }
+  return {optimizer_options_from_json(j, f), count};
+}
+
 /// Reads an optimizer back (the seeds' load_optimizer): from a file save_optimizer wrote, or
 /// from a checkpoint folder (its optimizer.safetensors, or every rank's part). The optimizer
 /// has the saved kind, hyper-parameters, slots and step count, so training continues as if it
-/// had never stopped. A file without those records (written before they were) is named.
+/// had never stopped.
 inline optim::Optimizer load_optimizer(const std::string& path) {
   const std::vector<std::string> files = fs::is_directory(path) ? optimizer_files(path) : std::vector<std::string>{path};
   std::optional<optim::Optimizer> opt;
   for (const std::string& f : files) {
     auto file = io::SafeTensorsFile::open(f);
-    const auto& meta = file.metadata();
-    const auto options = meta.find("options"), steps = meta.find("step_count");
-    EDL_CHECK(options != meta.end() && steps != meta.end(), errc::format, f,
-              "expected an optimizer file with \"options\" and \"step_count\" metadata (save_optimizer, a checkpoint)");
-    nlohmann::ordered_json j;
-    try {
-      j = nlohmann::ordered_json::parse(options->second);
-    } catch (const nlohmann::json::exception& e) {
-      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("the \"options\" metadata is not JSON: ", e.what()));
-    }
-    const optim::OptimizerOptions o = optimizer_options_from_json(j, f);
-    std::int64_t count = 0;
-    try {
-      count = std::stoll(steps->second);
-    } catch (const std::exception&) {
-      ::edl::detail::raise(errc::format, f, ::edl::detail::concat("step_count \"", steps->second, "\" is not an integer"));
-    }
+    const auto [o, count] = saved_optimizer_options(file, f);
     if (!opt) {
       opt.emplace(o);
       opt->set_step_count(count);

@@ -26,9 +26,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -482,6 +484,37 @@ inline Batch collate_rows(const TokenDataset& ds, std::span<const std::int64_t> 
   }
   if (padding_free) return collate_padding_free(seqs, max_length, pad_id, mode, &scored);
   return collate(seqs, max_length, pad_id, mode, &scored, &starts);
+}
+
+/// A user's collator (the seeds' data_collator): the batch of dataset rows `rows`, in that
+/// order, in place of collate_rows. Rows of a preference pair stay adjacent (chosen, then
+/// rejected). The trainer checks what it returns (check_batch) before the model sees it.
+using DataCollator = std::function<Batch(const TokenDataset& data, std::span<const std::int64_t> rows)>;
+
+/// A batch the model can take: positive shape, every vector batch * seq long (position and
+/// segment ids may be empty), ids in [0, vocab_size), labels in [0, vocab_size) or -100, a
+/// 0/1 attention mask. `where` names the batch's origin in the error.
+inline void check_batch(const Batch& b, std::int64_t vocab_size, const std::string& where) {
+  EDL_CHECK(b.batch > 0 && b.seq > 0, errc::invalid_argument, where, "expected a batch of positive shape, found [",
+            b.batch, ", ", b.seq, "]");
+  const std::size_t n = static_cast<std::size_t>(b.batch * b.seq);
+  const auto sized = [&](const std::vector<std::int64_t>& v, const char* name, bool optional) {
+    EDL_CHECK(v.size() == n || (optional && v.empty()), errc::invalid_argument, where, name, " has ", v.size(),
+              " entries, expected batch * seq = ", n, optional ? " (or none)" : "");
+  };
+  sized(b.input_ids, "input_ids", false);
+  sized(b.attention_mask, "attention_mask", false);
+  sized(b.labels, "labels", false);
+  sized(b.position_ids, "position_ids", true);
+  sized(b.segment_ids, "segment_ids", true);
+  for (std::size_t i = 0; i < n; ++i) {
+    EDL_CHECK(b.input_ids[i] >= 0 && b.input_ids[i] < vocab_size, errc::invalid_argument, where, "input_ids[", i,
+              "] is ", b.input_ids[i], ", outside the vocabulary [0, ", vocab_size, ")");
+    EDL_CHECK(b.labels[i] == -100 || (b.labels[i] >= 0 && b.labels[i] < vocab_size), errc::invalid_argument, where,
+              "labels[", i, "] is ", b.labels[i], ", expected -100 or an id below ", vocab_size);
+    EDL_CHECK(b.attention_mask[i] == 0 || b.attention_mask[i] == 1, errc::invalid_argument, where,
+              "attention_mask[", i, "] is ", b.attention_mask[i], ", expected 0 or 1");
+  }
 }
 
 /// Pads (right) the rows of `b` to a multiple of `multiple` positions (transformers'

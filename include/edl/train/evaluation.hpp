@@ -49,6 +49,8 @@ struct EvalOptions {
   std::optional<std::int64_t> max_batches;     // stop after this many batches (null: all)
   std::int64_t pad_id = 0;
   Truncation truncation = Truncation::keep_end;
+  DataCollator collator;                       // batches of rows in place of collate_rows (checked)
+  std::int64_t vocab_size = 0;                 // what check_batch holds a collator's ids to (0: no check)
 };
 
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
@@ -101,7 +103,13 @@ void for_each_eval_batch(const TokenDataset& ds, const EvalOptions& o, F&& f, st
     if (o.max_batches && batches >= *o.max_batches) break;
     rows.resize(static_cast<std::size_t>((std::min(examples, lo + o.batch_size) - lo) * rows_per_example));
     std::iota(rows.begin(), rows.end(), lo * rows_per_example);
-    f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
+    if (!o.collator) {
+      f(collate_rows(ds, rows, o.max_sequence_length, o.pad_id, o.truncation));
+    } else {
+      const Batch b = o.collator(ds, rows);
+      if (o.vocab_size > 0) check_batch(b, o.vocab_size, "data_collator (evaluation batch " + std::to_string(batches) + ")");
+      f(b);
+    }
     ++batches;
   }
 }

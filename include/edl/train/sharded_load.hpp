@@ -176,6 +176,10 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
   else load_parameter_blocks(dir, model, st);
 
   opt.reset();
+  if (!s.optimizer_saved) {  // a weights-only checkpoint: the optimizer starts afresh
+    if (stats) *stats = st;
+    return s;
+  }
   for (const std::string& path : optimizer_files(dir)) {
     const auto f = io::SafeTensorsFile::open(path);
     for (const auto& name : f.names()) {

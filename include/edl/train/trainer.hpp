@@ -54,7 +54,9 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -63,6 +65,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -89,6 +92,7 @@
 #include <edl/tokenizer/all.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/sharded_load.hpp>
+#include <edl/train/state.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/sft_data.hpp>
 #include <edl/train/preference.hpp>
@@ -203,12 +207,42 @@ class BasicTrainer {
     finish_setup();
   }
 
-  virtual ~BasicTrainer() = default;
+  /// From a training state (the seeds' Trainer(model_state=...)): its model, its optimizer
+  /// (kind, hyper-parameters, slots and step count: the arguments' optimizer fields are
+  /// replaced by the state's) and its step, from which training continues: the schedule's
+  /// rate and the data position are those of that step, as if the run had got there itself.
+  BasicTrainer(TrainingArguments args, TrainingState<Pol> state, std::optional<tokenizer::Tokenizer> tokenizer,
+               TokenDataset train_data, std::optional<TokenDataset> eval_data = std::nullopt, MeshFactory make_mesh = {})
+      : BasicTrainer(with_optimizer_of(std::move(args), state.optimizer.options()), std::move(state.model),
+                     std::move(tokenizer), std::move(train_data), std::move(eval_data), std::move(make_mesh)) {
+    opt_ = std::move(state.optimizer);
+    state_.step = state.step;
+    state_.epoch = state.step / steps_per_epoch_;
+    state_.batch_in_epoch = state.step % steps_per_epoch_;
+    state_.optimizer_step_count = opt_.step_count();
+    if (mesh_) shard_host();  // again, with the state's optimizer slots
+  }
+
+  /// The run as a training state (model, optimizer, step; gathered from the mesh first): what
+  /// TrainingState's own loop, save_state or another Trainer continue from.
+  TrainingState<Pol> model_state() {
+    sync_host();
+    return TrainingState<Pol>{state_.step, *model_, opt_};
+  }
+
+  /// Waits for a checkpoint still being written (async_checkpointing); its errors are lost here.
+  virtual ~BasicTrainer() {
+    if (pending_save_ && pending_save_->thread.joinable()) pending_save_->thread.join();
+  }
   BasicTrainer(const BasicTrainer&) = delete;
   BasicTrainer& operator=(const BasicTrainer&) = delete;
 
   std::vector<Callback> callbacks;
   CheckpointHooks checkpoint_hooks;  // tests: fail a save midway
+  /// The seeds' data_collator: builds every training and evaluation batch from its dataset
+  /// rows in place of collate_rows (empty: collate_rows, with the arguments' truncation,
+  /// padding_free and the tokenizer's pad id). What it returns is checked (check_batch).
+  DataCollator data_collator;
 
   /// Hooks for subclasses; the default calls the callbacks.
   virtual void on_step_start(std::int64_t step) {
@@ -297,19 +331,47 @@ class BasicTrainer {
     return e;
   }
 
-  /// Writes checkpoint-<step> now; returns its path.
+  /// Writes checkpoint-<step>; returns its path. With async_checkpointing (one process) the
+  /// model, optimizer and state are copied and a background thread writes the copy while
+  /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
+  /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
+  /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
   std::string save_checkpoint() {
     sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
-    const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
-    last_checkpoint_ = p;
     last_saved_step_ = state_.step;
-    progress_.message("saved " + p);
-    for (auto& c : callbacks)
-      if (c.on_save) c.on_save(*this, p);
-    return p;
+    if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
+      const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
+      saved(p);
+      return p;
+    }
+    wait_for_checkpoint();
+    auto job = std::make_unique<PendingSave>();
+    job->path = ckpt_.path_for(state_.step);
+    // The copies belong to the thread; the trainer's model and optimizer move on meanwhile.
+    job->thread = std::thread([job = job.get(), model = *model_, opt = opt_, s = std::move(s), tok = tok_,
+                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+      try {
+        ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+      job->done.store(true, std::memory_order_release);
+    });
+    pending_save_ = std::move(job);
+    return pending_save_->path;
+  }
+
+  /// Waits until a checkpoint being written in the background is complete (no-op without one);
+  /// rethrows its error.
+  void wait_for_checkpoint() {
+    if (!pending_save_) return;
+    pending_save_->thread.join();
+    const std::unique_ptr<PendingSave> job = std::move(pending_save_);
+    if (job->error) std::rethrow_exception(job->error);
+    saved(job->path);
   }
 
   /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
@@ -340,6 +402,8 @@ class BasicTrainer {
     o.max_batches = args_.max_evaluation_steps;
     o.pad_id = pad_id_;
     o.truncation = trunc_;
+    o.collator = data_collator;
+    o.vocab_size = model_->config().vocab_size;
     return o;
   }
 
@@ -409,7 +473,7 @@ class BasicTrainer {
           for (std::int64_t row = ex * per; row < (ex + 1) * per; ++row) rows.push_back(row);
         }
         // SFT and preferences score completions only; packed rows keep their documents apart.
-        micro.push_back(collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free));
+        micro.push_back(collate_train(rows, state_.step, a));
         if (mesh_) pad_to_multiple(micro.back(), mesh_->axis_size("sp"), pad_id_);  // sp splits the sequence
         targets += micro.back().target_tokens();
         if (pairs()) chosen += preference_detail::chosen_targets(micro.back());
@@ -550,6 +614,7 @@ class BasicTrainer {
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
+      if (pending_save_ && pending_save_->done.load(std::memory_order_acquire)) wait_for_checkpoint();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit) {
         bool over = state_.elapsed_s >= *args_.training_time_limit;
@@ -565,6 +630,7 @@ class BasicTrainer {
       if (eval_ && (!last_eval_ || last_eval_->step != state_.step)) evaluate();
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
+    wait_for_checkpoint();
     if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
     if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
       const fs::path dir = fs::path(args_.save_directory) / "adapter";
@@ -585,6 +651,44 @@ class BasicTrainer {
   }
 
  private:
+  /// A checkpoint a background thread writes (async_checkpointing).
+  struct PendingSave {
+    std::thread thread;
+    std::string path;
+    std::exception_ptr error;
+    std::atomic<bool> done{false};
+  };
+
+  /// A checkpoint folder is complete: it is the last one, and the callbacks hear of it.
+  void saved(const std::string& p) {
+    last_checkpoint_ = p;
+    progress_.message("saved " + p);
+    for (auto& c : callbacks)
+      if (c.on_save) c.on_save(*this, p);
+  }
+
+  /// Micro-batch `a` of the step after `step`: the user's collator (checked) or collate_rows.
+  Batch collate_train(std::span<const std::int64_t> rows, std::int64_t step, std::int64_t a) const {
+    if (!data_collator) return collate_rows(train_, rows, args_.max_sequence_length, pad_id_, trunc_, args_.padding_free);
+    Batch b = data_collator(train_, rows);
+    check_batch(b, model_->config().vocab_size,
+                "data_collator (train step " + std::to_string(step + 1) + ", micro-batch " + std::to_string(a) + ")");
+    return b;
+  }
+
+  /// `args` with the optimizer fields of `o` (a training state's optimizer is the run's).
+  static TrainingArguments with_optimizer_of(TrainingArguments args, const optim::OptimizerOptions& o) {
+    args.optimizer = optim::optimizer_name(o.kind);
+    args.b1 = o.b1;
+    args.b2 = o.b2;
+    args.epsilon = o.eps;
+    args.weight_decay = o.weight_decay;
+    args.momentum = o.momentum;
+    args.rmsprop_alpha = o.rmsprop_alpha;
+    args.rmsprop_centered = o.rmsprop_centered;
+    return args;
+  }
+
   /// One metrics.jsonl line, after the on_log callbacks.
   void write_metrics(ojson& line) {
     for (auto& c : callbacks)
@@ -829,6 +933,7 @@ class BasicTrainer {
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
   bool adapters_ = false;    // LoRA: only the adapters train
+  std::unique_ptr<PendingSave> pending_save_;  // async_checkpointing: the save being written
 };
 
 using Trainer = BasicTrainer<DefaultPolicy>;

@@ -90,6 +90,7 @@ struct TrainingArguments {
   std::optional<std::int64_t> max_evaluation_steps; // eval micro-batches per evaluation (null: all)
   std::optional<std::int64_t> save_steps;           // checkpoint every N steps (and at the end)
   std::optional<std::int64_t> save_total_limit;     // keep the newest N checkpoints (+ the best)
+  bool async_checkpointing = false;                  // checkpoints written by a background thread while training goes on
   std::int64_t log_steps = 10;
   std::string save_directory = "EasyDeL-Checkpoints";
   std::string truncation_mode = "keep_end";         // keep_start | keep_end
@@ -162,7 +163,7 @@ struct TrainingArguments {
         "model_name", "learning_rate", "learning_rate_end", "optimizer", "scheduler", "warmup_steps",
         "weight_decay", "clip_grad", "total_batch_size", "gradient_accumulation_steps", "max_sequence_length",
         "num_train_epochs", "max_training_steps", "training_time_limit", "evaluation_steps",
-        "max_evaluation_steps", "save_steps", "save_total_limit", "log_steps", "save_directory",
+        "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
         "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
@@ -232,6 +233,7 @@ struct TrainingArguments {
     else if (key == "max_evaluation_steps") oi64(max_evaluation_steps);
     else if (key == "save_steps") oi64(save_steps);
     else if (key == "save_total_limit") oi64(save_total_limit);
+    else if (key == "async_checkpointing") boo(async_checkpointing);
     else if (key == "log_steps") i64(log_steps);
     else if (key == "save_directory") str(save_directory);
     else if (key == "truncation_mode") str(truncation_mode);
@@ -487,6 +489,7 @@ struct TrainingArguments {
     j["max_evaluation_steps"] = opt(max_evaluation_steps);
     j["save_steps"] = opt(save_steps);
     j["save_total_limit"] = opt(save_total_limit);
+    j["async_checkpointing"] = async_checkpointing;
     j["log_steps"] = log_steps;
     j["save_directory"] = save_directory;
     j["truncation_mode"] = truncation_mode;
