@@ -1028,6 +1028,15 @@ concept RematPolicy = requires(const Name& n) {
   { R::saves(n) } -> std::same_as<bool>;
 };
 
+/// Keep what either policy keeps (JAX: save_from_both_policies), e.g.
+/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>.
+/// Compile-time only, as save_only_these_names.
+template <RematPolicy A, RematPolicy B>
+struct save_from_both_policies {
+  static constexpr const char* name = "save_from_both_policies";
+  static constexpr bool saves(const Name& n) { return A::saves(n) || B::saves(n); }
+};
+
 /// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
 /// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
 /// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
@@ -8005,6 +8014,7 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -8241,6 +8251,49 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> named_shapes(M& m
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   m.visit_params("", [&](std::string_view path, auto& p) { out.emplace_back(std::string(path), p.shape()); });
   return out;
+}
+
+/// Parameter values by name, in f32 (the seeds' split_params result).
+using ParamValues = std::map<std::string, std::vector<float>>;
+
+/// The seeds' split_params: a copy of every parameter's value by name, widened to f32 (bf16 and
+/// f16 widen exactly, so merge_params puts them back bit for bit). Quantized weights are not
+/// parameters and are not in it.
+template <class M>
+ParamValues split_params(M& m) {
+  ParamValues out;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    std::vector<float> v(static_cast<std::size_t>(p.numel()));
+    const auto* src = p.data();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(src[i]);
+    out.emplace(std::string(path), std::move(v));
+  });
+  return out;
+}
+
+/// The seeds' merge_params: sets every parameter of `m` from `values` (rounded to nearest even
+/// into bf16 / f16 parameters). A parameter without a value, a value of another element count
+/// and a value no parameter has are errors naming the tensor; on error `m` may be partly set.
+template <class M>
+void merge_params(M& m, const ParamValues& values, std::string_view where = "merge_params") {
+  std::size_t used = 0;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const auto it = values.find(std::string(path));
+    EDL_CHECK(it != values.end(), errc::invalid_argument, std::string(where), "no value for parameter \"", path, "\"");
+    EDL_CHECK(static_cast<std::int64_t>(it->second.size()) == p.numel(), errc::shape_mismatch, std::string(where),
+              "parameter \"", path, "\" has ", p.numel(), " elements (shape ", ::edl::detail::shape_str(p.shape()),
+              "), its value ", it->second.size());
+    T* dst = p.data();
+    for (std::size_t i = 0; i < it->second.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+    ++used;
+  });
+  if (used == values.size()) return;
+  std::map<std::string, bool> known;
+  m.visit_params("", [&](std::string_view path, auto&) { known.emplace(std::string(path), true); });
+  for (const auto& [name, v] : values)
+    EDL_CHECK(known.count(name), errc::invalid_argument, std::string(where), "\"", name,
+              "\" is not a parameter of the model");
 }
 
 /// Loads every parameter of `m` by name from `file`, an object with
@@ -8967,6 +9020,42 @@ class Attention {
   bool has_qk_norm() const noexcept { return qk_norm_; }
   /// The scores' scale (1 / sqrt(head_dim) unless the config sets query_scale).
   float query_scale() const noexcept { return scale_; }
+
+  /// The attention probabilities of the forward that filled `s` (HF's output_attentions),
+  /// [batch, heads, seq, seq]: row i of head h holds p_ij over the keys j, 0 where a key is
+  /// masked (causal, window, document, padding) and for a query with no key. Forward never
+  /// stores them (it keeps the log-sum-exp); they are recomputed here from q, k and the lse, so
+  /// the forward must have kept q and k (every policy but those dropping them).
+  std::vector<float> probabilities(const Saved& s) const {
+    EDL_CHECK(!s.q.empty() && !s.k.empty() && !s.lse.empty(), errc::invalid_argument, "nn.Attention::probabilities",
+              "the forward did not keep q, k and the log-sum-exp (a remat policy dropped them)");
+    const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_, qw = nh_ * D, kw = nkv_ * D;
+    std::vector<float> p(static_cast<std::size_t>(B * nh_ * S * S), 0.0f);
+    exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> row(static_cast<std::size_t>(S));
+      for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
+        const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
+        for (std::int64_t i = 0; i < S; ++i) {
+          const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
+          if (lse == -std::numeric_limits<float>::infinity()) continue;  // no key: a row of zeros
+          const std::int64_t j0 = first_key(s, b, i), n = i + 1 - j0;
+          const float* q = s.q.data() + (b * S + i) * qw + h * D;
+          for (std::int64_t j = 0; j < n; ++j) {
+            const float* k = s.k.data() + (b * S + j0 + j) * kw + g * D;
+            float dot = 0.0f;
+            for (std::int64_t c = 0; c < D; ++c) dot += q[c] * k[c];
+            row[static_cast<std::size_t>(j)] = scale_ * dot;
+          }
+          if (softcap_ > 0) kernels::softcap_row(row.data(), nullptr, n, softcap_);
+          mask_row(s, b, i, j0, row.data(), n);
+          float* out = p.data() + ((b * nh_ + h) * S + i) * S + j0;
+          for (std::int64_t j = 0; j < n; ++j) out[j] = std::exp(row[static_cast<std::size_t>(j)] - lse);
+        }
+      }
+    });
+    return p;
+  }
+
 
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
@@ -10617,6 +10706,150 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
 // #include <edl/nn/mlp.hpp> (inlined above)
 // #include <edl/nn/moe.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
+// #include <edl/nn/module_tree.hpp>
+// edl/nn/module_tree.hpp: a module's parameter tree as text (the seeds' __repr__ and
+// get_module_repr), for people reading a model, not for programs:
+//
+//   std::cout << nn::module_repr(model, "LlamaForCausalLM", &rules);
+//
+//   LlamaForCausalLM: 1,104 parameters (F32)
+//     model: 1,104 parameters
+//       embed_tokens: 512 parameters
+//         weight (32, 16) F32 P('tp', ('fsdp', 'sp'))
+//       layers: 576 parameters
+//         0-1: 288 parameters each
+//           input_layernorm: 16 parameters
+//             weight (16) F32 P(None)
+//           ...
+//
+// The tree comes from the parameters' dotted paths (visit_params), so every module that
+// visits its parameters prints, whatever its kind. Numbered children (layers, experts) with
+// the same structure and shapes fold into one "first-last" entry; each line of a module gives
+// its parameter count, each parameter line its shape, dtype and, with partition rules, the
+// spec its path matches.
+
+#include <cctype>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/tensor/partition_rules.hpp> (inlined above)
+
+namespace edl::nn {
+
+namespace module_tree_detail {
+
+struct Node {
+  std::vector<std::pair<std::string, std::unique_ptr<Node>>> children;  // visit order
+  std::string leaf;            // a parameter: "[shape] dtype spec"; empty for a module
+  std::int64_t params = 0;     // in this subtree
+
+  Node& child(const std::string& name) {
+    for (auto& [n, c] : children)
+      if (n == name) return *c;
+    children.emplace_back(name, std::make_unique<Node>());
+    return *children.back().second;
+  }
+};
+
+inline bool is_index(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+inline std::string with_commas(std::int64_t n) {
+  std::string d = std::to_string(n), out;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (i > 0 && (d.size() - i) % 3 == 0) out += ',';
+    out += d[i];
+  }
+  return out;
+}
+
+// The lines below `n`, each indented by `depth` levels.
+inline void print_children(const Node& n, int depth, std::ostringstream& out);
+
+inline std::string body(const Node& n, int depth) {
+  std::ostringstream o;
+  print_children(n, depth, o);
+  return o.str();
+}
+
+inline void print_children(const Node& n, int depth, std::ostringstream& out) {
+  const std::string pad(static_cast<std::size_t>(2 * depth), ' ');
+  bool numbered = !n.children.empty();
+  for (const auto& [name, c] : n.children) numbered = numbered && is_index(name);
+  for (std::size_t i = 0; i < n.children.size();) {
+    const auto& [name, c] = n.children[i];
+    if (!c->leaf.empty()) {
+      out << pad << name << ' ' << c->leaf << '\n';
+      ++i;
+      continue;
+    }
+    std::size_t j = i + 1;
+    const std::string b = body(*c, depth + 1);
+    if (numbered)  // fold the run of identical numbered children
+      while (j < n.children.size() && body(*n.children[j].second, depth + 1) == b) ++j;
+    if (j - i > 1) {
+      out << pad << name << '-' << n.children[j - 1].first << ": " << with_commas(c->params) << " parameters each\n";
+    } else {
+      out << pad << name << ": " << with_commas(c->params) << " parameters\n";
+    }
+    out << b;
+    i = j;
+  }
+}
+
+}  // namespace module_tree_detail
+
+/// The parameter tree of `m` (see the header comment), under the title `name`. With `rules`,
+/// each parameter shows the spec its path matches ("no rule" when none does).
+template <class M>
+std::string module_repr(M& m, std::string_view name, const PartitionRules* rules = nullptr) {
+  using module_tree_detail::Node;
+  Node root;
+  std::string dtypes;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const std::string dt(dtype_name(dtype_v<T>));
+    if (dtypes.find(dt) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + dt;
+    Node* n = &root;
+    std::string part;
+    std::vector<Node*> chain{n};
+    const std::string full(path);
+    for (std::size_t start = 0;;) {
+      const std::size_t dot = full.find('.', start);
+      part = full.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      n = &n->child(part);
+      chain.push_back(n);
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    std::string leaf = ::edl::detail::shape_str(p.shape()) + " " + dt;
+    if (rules) {
+      const std::ptrdiff_t r = rules->match(full);
+      leaf += r < 0 ? std::string(" no rule") : " " + rules->rules()[static_cast<std::size_t>(r)].spec.str();
+    }
+    n->leaf = std::move(leaf);
+    for (Node* c : chain) c->params += p.numel();
+  });
+  std::ostringstream out;
+  out << name << ": " << module_tree_detail::with_commas(root.params) << " parameters (" << dtypes << ")\n";
+  module_tree_detail::print_children(root, 1, out);
+  return out.str();
+}
+
+}  // namespace edl::nn
+// end of edl/nn/module_tree.hpp
 // #include <edl/nn/param.hpp> (inlined above)
 // #include <edl/nn/quantize.hpp>
 // edl/nn/quantize.hpp
@@ -22003,7 +22236,9 @@ struct LlamaConfig {
 // With tied embeddings there is no lm_head parameter: the head reads
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <span>
@@ -22478,9 +22713,7 @@ class LlamaForCausalLM {
   }
   std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
-    return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
-                                                 static_cast<double>(config().hidden_size) *
-                                                 static_cast<double>(config().vocab_size);
+    return static_cast<double>(batch * seq) * flops_per_token(seq);
   }
   /// Random weights (then quantized when the policy names a format).
   void init(Key key, float std = -1.0f) {
@@ -22526,6 +22759,42 @@ class LlamaForCausalLM {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
     apply_lm_head(s.hidden.data(), layout.tokens(), out);
+  }
+
+  /// HF's output_hidden_states: num_hidden_layers + 1 arrays [T, hidden], as transformers'
+  /// LlamaModel returns them: the embeddings (layer 0's input), each layer's output but the
+  /// last, and the final normed states (what the head reads).
+  std::vector<std::vector<float>> hidden_states(const std::int64_t* ids, const nn::TokenLayout& layout) const {
+    Saved s;
+    forward<remat::everything_saveable>(ids, layout, s);
+    std::vector<std::vector<float>> out(s.model_s.hs.begin(), s.model_s.hs.end() - 1);
+    out.push_back(std::move(s.hidden));
+    return out;
+  }
+
+  /// HF's output_attentions: per layer, the attention probabilities [batch, heads, seq, seq]
+  /// (nn::Attention::probabilities). Opt-in: training never stores them; this call runs a
+  /// forward and recomputes them from each layer's q, k and log-sum-exp.
+  std::vector<std::vector<float>> attentions(const std::int64_t* ids, const nn::TokenLayout& layout) const {
+    Saved s;
+    forward<remat::everything_saveable>(ids, layout, s);
+    std::vector<std::vector<float>> out;
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      out.push_back(model.layers[l].self_attn.probabilities(s.model_s.layer_s[l].attn_s));
+    return out;
+  }
+
+  /// The seeds' flops_per_token: forward FLOPs per token of one sequence of seq_len tokens
+  /// (every projection, attention over the causal pairs), plus the head's when include_loss,
+  /// times 3 when include_backward (the backward is twice the forward). The trainer's MFU is
+  /// flops_per_token(seq, true, true) x tokens/s over the peak.
+  double flops_per_token(std::int64_t seq_len, bool include_loss = true, bool include_backward = false) const noexcept {
+    double f = model.flops_forward(1, seq_len);
+    if (include_loss)
+      f += 2.0 * static_cast<double>(seq_len) * static_cast<double>(config().hidden_size) *
+           static_cast<double>(config().vocab_size);
+    f /= static_cast<double>(seq_len);
+    return include_backward ? 3.0 * f : f;
   }
 
   /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
@@ -22623,6 +22892,42 @@ class LlamaForCausalLM {
  private:
   bool tied_ = false;
 };
+
+/// The seeds' update_module: `m`'s weights under its config with the fields of `overrides`
+/// replaced (config.json names, e.g. rope_theta, rope_scaling, rms_norm_eps,
+/// max_position_embeddings, sliding_window). A change of a parameter's shape or of the set of
+/// parameters is an error naming the tensor; quantized models are refused (their blocks are
+/// not parameters; update the float model, then quantize).
+template <class Pol>
+LlamaForCausalLM<Pol> update_module(LlamaForCausalLM<Pol>& m, const nlohmann::ordered_json& overrides) {
+  EDL_CHECK(!nn::is_quantized(m), errc::unsupported, "update_module",
+            "the model is quantized: update the float model, then quantize it");
+  EDL_CHECK(overrides.is_object(), errc::invalid_argument, "update_module",
+            "expected an object of config.json fields, found ", overrides.type_name());
+  nlohmann::ordered_json j = m.config().to_json();
+  for (const auto& [k, v] : overrides.items()) j[k] = v;
+  LlamaConfig cfg = LlamaConfig::from_json(j, "update_module overrides");
+  cfg.validate();
+  LlamaForCausalLM<Pol> out(cfg);
+  const auto have = nn::named_shapes(m), want = nn::named_shapes(out);
+  for (std::size_t i = 0; i < std::max(have.size(), want.size()); ++i) {
+    EDL_CHECK(i < have.size() && i < want.size() && have[i].first == want[i].first, errc::invalid_argument,
+              "update_module", "the overrides change the model's parameters: \"",
+              i < want.size() ? want[i].first : have[i].first, "\" ", i < want.size() ? "is new" : "is gone");
+    EDL_CHECK(have[i].second == want[i].second, errc::shape_mismatch, "update_module", "the overrides change \"",
+              have[i].first, "\" from shape ", ::edl::detail::shape_str(have[i].second), " to ",
+              ::edl::detail::shape_str(want[i].second));
+  }
+  // Same names, same shapes, same order: copy each parameter as it is stored.
+  std::vector<std::pair<const void*, std::size_t>> src;
+  m.visit_params("", [&](std::string_view, auto& p) { src.emplace_back(p.data(), p.value.size() * sizeof(*p.data())); });
+  std::size_t i = 0;
+  out.visit_params("", [&](std::string_view, auto& p) {
+    std::memcpy(p.data(), src[i].first, src[i].second);
+    ++i;
+  });
+  return out;
+}
 
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
@@ -24061,6 +24366,182 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/fused_checkpoint.hpp> (inlined above)
+// #include <edl/models/llama/transform_rules.hpp>
+// edl/models/llama/transform_rules.hpp: loading rules for checkpoints whose tensor names or
+// layouts are not HF's (the seeds' ParameterTransformRule / transform_fn): each rule is a
+// regex over the checkpoint's names, its replacement (std::regex_replace syntax, $1 ...) and
+// optionally a transform of the tensor's values and shape. The view presents the checkpoint
+// under the new names, so every loader takes it:
+//
+//   models::TransformRules rules{
+//       {R"(^transformer\.h\.(\d+)\.attn\.q\.weight$)", "model.layers.$1.self_attn.q_proj.weight"},
+//       {R"(^transformer\.wte$)", "model.embed_tokens.weight"},
+//       {R"(^transformer\.head$)", "lm_head.weight", models::transpose_2d},  // stored [in, out]
+//   };
+//   models::load_weights(model, models::TransformedCheckpoint(ckpt, rules));
+//   auto m = models::from_pretrained(dir, {.transform_rules = rules});   // the same, from a folder
+//
+// The first rule whose pattern matches a name (std::regex_search) renames it; names no rule
+// matches keep theirs. Two tensors renamed to one name are an error naming both. A transformed
+// tensor is read once as f32 when first asked for (its shape is the transform's), then converted
+// to the parameter's dtype with one rounding; untransformed tensors are read as they are.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+
+namespace edl::models {
+
+/// A tensor's values (f32, row-major) and shape, as a transform receives and returns them.
+struct TensorValues {
+  std::vector<float> values;
+  std::vector<std::int64_t> shape;
+};
+
+/// One loading rule: names matching `pattern` become `replacement` (regex_replace); `transform`
+/// (optional) changes the tensor (a transpose, a permutation, a scale).
+struct TransformRule {
+  std::string pattern;
+  std::string replacement;
+  std::function<void(TensorValues&)> transform;
+};
+using TransformRules = std::vector<TransformRule>;
+
+/// A common transform: a 2-D tensor [a, b] becomes its transpose [b, a] (weights stored [in, out]).
+inline void transpose_2d(TensorValues& t) {
+  EDL_CHECK(t.shape.size() == 2, errc::shape_mismatch, "transpose_2d", "expected a 2-D tensor, found shape ",
+            ::edl::detail::shape_str(t.shape));
+  const std::int64_t a = t.shape[0], b = t.shape[1];
+  std::vector<float> out(t.values.size());
+  for (std::int64_t i = 0; i < a; ++i)
+    for (std::int64_t j = 0; j < b; ++j) out[static_cast<std::size_t>(j * a + i)] = t.values[static_cast<std::size_t>(i * b + j)];
+  t.values = std::move(out);
+  t.shape = {b, a};
+}
+
+/// `ckpt` (io::ShardedCheckpoint, io::SafeTensorsFile, ...) under the names `rules` give.
+template <class Ckpt>
+class TransformedCheckpoint {
+ public:
+  TransformedCheckpoint(const Ckpt& ckpt, TransformRules rules)
+      : ckpt_(ckpt), rules_(std::move(rules)), cache_(std::make_shared<Cache>()) {
+    std::vector<std::regex> compiled;
+    for (const auto& r : rules_) {
+      try {
+        compiled.emplace_back(r.pattern, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        ::edl::detail::raise(errc::invalid_argument, "TransformRules",
+                             ::edl::detail::concat("pattern \"", r.pattern, "\" is not a valid regex: ", e.what()));
+      }
+    }
+    for (const std::string& n : ckpt.names()) {
+      Entry e{n, -1};
+      std::string renamed = n;
+      for (std::size_t i = 0; i < rules_.size(); ++i)
+        if (std::regex_search(n, compiled[i])) {
+          renamed = std::regex_replace(n, compiled[i], rules_[i].replacement);
+          if (rules_[i].transform) e.transform = static_cast<std::ptrdiff_t>(i);
+          break;
+        }
+      const auto [it, fresh] = entries_.emplace(renamed, e);
+      EDL_CHECK(fresh, errc::format, file_of_stored(n) + " tensor " + n, "and tensor ", it->second.stored,
+                " are both renamed to \"", renamed, "\" by the loading rules");
+      names_.push_back(renamed);
+    }
+  }
+
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  const io::TensorInfo& info(const std::string& name) const {
+    const Entry& e = entry(name);
+    if (e.transform < 0) return ckpt_.info(e.stored);
+    return transformed(name, e).info;
+  }
+  std::string file_of(const std::string& name) const { return file_of_stored(entry(name).stored); }
+  std::string path() const {
+    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
+      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
+    else return ckpt_.path();
+  }
+
+  /// Tensor `name` converted to T (the transform's result, or the stored tensor).
+  template <class T>
+  void read_into(const std::string& name, std::span<T> out) const {
+    const Entry& e = entry(name);
+    if (e.transform < 0) return ckpt_.template read_into<T>(e.stored, out);
+    const Transformed& t = transformed(name, e);
+    EDL_CHECK(out.size() == t.values.size(), errc::shape_mismatch, file_of(name) + " tensor " + name, "holds ",
+              t.values.size(), " values after its transform, the destination ", out.size());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(t.values[i]);
+  }
+  /// The stored name a tensor came from.
+  const std::string& stored_name(const std::string& name) const { return entry(name).stored; }
+
+ private:
+  struct Entry {
+    std::string stored;
+    std::ptrdiff_t transform;  // index of the rule whose transform applies; -1: none
+  };
+  struct Transformed {
+    io::TensorInfo info;
+    std::vector<float> values;
+  };
+  struct Cache {
+    std::mutex mu;
+    std::map<std::string, Transformed> done;
+  };
+
+  const Entry& entry(const std::string& name) const {
+    const auto it = entries_.find(name);
+    EDL_CHECK(it != entries_.end(), errc::format, path(), "no tensor \"", name, "\" after the loading rules");
+    return it->second;
+  }
+  std::string file_of_stored(const std::string& stored) const {
+    if constexpr (requires { ckpt_.file_of(stored); }) return ckpt_.file_of(stored);
+    else return path();
+  }
+  const Transformed& transformed(const std::string& name, const Entry& e) const {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    if (const auto it = cache_->done.find(name); it != cache_->done.end()) return it->second;
+    TensorValues t;
+    t.shape = ckpt_.info(e.stored).shape;
+    t.values.resize(static_cast<std::size_t>(ckpt_.info(e.stored).numel()));
+    ckpt_.template read_into<float>(e.stored, std::span<float>(t.values));
+    rules_[static_cast<std::size_t>(e.transform)].transform(t);
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    EDL_CHECK(n == static_cast<std::int64_t>(t.values.size()), errc::shape_mismatch,
+              file_of_stored(e.stored) + " tensor " + e.stored, "its transform returned ", t.values.size(),
+              " values for shape ", ::edl::detail::shape_str(t.shape));
+    Transformed out;
+    out.info.dtype = DType::f32;
+    out.info.shape = std::move(t.shape);
+    out.info.begin = 0;
+    out.info.end = static_cast<std::uint64_t>(n) * sizeof(float);
+    out.values = std::move(t.values);
+    return cache_->done.emplace(name, std::move(out)).first->second;
+  }
+
+  const Ckpt& ckpt_;
+  TransformRules rules_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> names_;
+  std::shared_ptr<Cache> cache_;
+};
+
+}  // namespace edl::models
+// end of edl/models/llama/transform_rules.hpp
 // #include <edl/models/llama/gguf.hpp>
 // edl/models/llama/gguf.hpp
 // Llama models as llama.cpp GGUF files (architecture "llama"), both ways (docs/gguf.md):
@@ -25206,6 +25687,9 @@ struct LoadOptions {
   /// decode reads every weight once per token, and huge pages spare it the TLB misses. Values
   /// are unchanged; servers turn it on, training has no need.
   bool huge_pages = false;
+  /// Loading rules for checkpoints with other names or layouts (transform_rules.hpp): the
+  /// folder's tensors are read under the names the rules give, transformed where they say.
+  TransformRules transform_rules;
 };
 
 namespace detail {
@@ -25267,9 +25751,16 @@ template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
   if constexpr (requires { model.config().checkpoint_names_differ(); }) {
     if (model.config().checkpoint_names_differ()) {
-      std::vector<std::string> names;
-      model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
-      return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+      // The fused view reads blocks of a file: a safetensors file or a sharded checkpoint.
+      if constexpr (std::is_same_v<Ckpt, io::SafeTensorsFile> ||
+                    requires(const Ckpt& c, const std::string& t) { c.shard_of(t); }) {
+        std::vector<std::string> names;
+        model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
+        return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+      } else {
+        ::edl::detail::raise(errc::unsupported, detail::checkpoint_source(ckpt),
+                             "this model's checkpoint fuses or nests its tensors; it loads from the checkpoint itself");
+      }
     }
   }
   return detail::load_named_weights(model, ckpt, opt);
@@ -25402,10 +25893,20 @@ LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const Lo
   }
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
-  detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  std::optional<TransformedCheckpoint<io::ShardedCheckpoint>> renamed;
+  if (!opt.transform_rules.empty()) {
+    EDL_CHECK(!cfg.checkpoint_names_differ(), errc::unsupported, (dir / "config.json").string(),
+              "loading rules apply to checkpoints stored under HF's Llama names; this config's checkpoint fuses "
+              "or nests its tensors");
+    renamed.emplace(ckpt, opt.transform_rules);
+    detail::check_named_shapes(cfg, *renamed, opt);
+  } else {
+    detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  }
   LlamaForCausalLM<Pol> m(cfg);
   if (opt.huge_pages) nn::advise_huge_pages(m);  // before the weights are written: faulted in as huge pages
-  load_weights(m, ckpt, opt);
+  if (renamed) load_weights(m, *renamed, opt);
+  else load_weights(m, ckpt, opt);
   m.quantize_as_policy();
   if (opt.huge_pages && Pol::quant_t::quantized) nn::advise_huge_pages(m);  // the new blocks too
   return m;
@@ -27768,6 +28269,7 @@ struct GenerationConfig {
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
   std::optional<std::int64_t> pad_token_id;
   std::int64_t num_beams = 1;
+  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat)
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::heuristic;
   std::uint64_t seed = 0;
@@ -27816,6 +28318,11 @@ struct GenerationConfig {
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
     EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
               "beam sampling (num_beams > 1 with do_sample) is not supported");
+    EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
+              num_return_sequences);
+    EDL_CHECK(num_return_sequences == 1 || num_beams == 1, errc::unsupported, where("num_return_sequences"),
+              "several sequences per prompt from beam search (the best beams) are not supported; ",
+              "sample them (do_sample) instead");
   }
 
   /// Reads an HF generation_config.json object; missing fields keep the defaults above.
@@ -27846,6 +28353,7 @@ struct GenerationConfig {
     }
     g.pad_token_id = c.optional<std::int64_t>("pad_token_id");
     g.num_beams = c.get<std::int64_t>("num_beams", g.num_beams);
+    g.num_return_sequences = c.get<std::int64_t>("num_return_sequences", g.num_return_sequences);
     g.length_penalty = static_cast<float>(c.get<double>("length_penalty", g.length_penalty));
     if (c.has_value("early_stopping")) {
       const auto& e = j["early_stopping"];
@@ -27987,6 +28495,15 @@ namespace edl::generate {
 /// before the generation config's own processors (penalties, bans, temperature, top-k / p).
 using LogitsProcessor =
     std::function<void(std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores)>;
+
+/// A list of processors (HF's LogitsProcessorList) as one: each runs in order on the scores
+/// the one before it left; empty entries are skipped.
+inline LogitsProcessor chain_processors(std::vector<LogitsProcessor> list) {
+  return [list = std::move(list)](std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores) {
+    for (const auto& f : list)
+      if (f) f(prompt, context, scores);
+  };
+}
 
 
 using kernels::argmax;
@@ -28903,14 +29420,19 @@ class Engine {
     if (on_token) ev = [cb = std::move(on_token)](const TokenEvent& e) { cb(e.id, e.token); };
     return submit(std::move(prompt), g, std::move(ev), false);
   }
-  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs.
+  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs (the
+  /// model's distribution); `processor` (the seeds' logits_processor, called with the
+  /// request's id, its prompt and tokens so far, and the step's logits) runs before the
+  /// config's own processors, as in generate().
   std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, EventCallback on_token,
-                      bool want_logprobs) {
+                      bool want_logprobs, LogitsProcessor processor = {}) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
     g.validate(w + " GenerationConfig", V_);
     EDL_CHECK(g.num_beams == 1, errc::unsupported, w, "beam search (num_beams = ", g.num_beams,
               ") does not run in the engine; use generate()");
+    EDL_CHECK(g.num_return_sequences == 1, errc::unsupported, w, "num_return_sequences = ", g.num_return_sequences,
+              ": the engine runs one sequence per request; submit the prompt that many times");
     EDL_CHECK(!prompt.empty(), errc::invalid_argument, w, "the prompt is empty");
     for (std::size_t i = 0; i < prompt.size(); ++i)
       EDL_CHECK(prompt[i] >= 0 && prompt[i] < V_, errc::invalid_argument, w, "prompt token ", i, ": id ", prompt[i],
@@ -28929,6 +29451,7 @@ class Engine {
     r.g = g;
     r.cb = std::move(on_token);
     r.want_logprobs = want_logprobs;
+    r.processor = std::move(processor);
     r.limit = limit;
     r.most = most;
     r.ctx = std::move(prompt);
@@ -29026,6 +29549,7 @@ class Engine {
     GenerationConfig g;
     EventCallback cb;
     bool want_logprobs = false;
+    LogitsProcessor processor;      // may be empty
     std::int64_t limit = 0;         // most new tokens
     std::vector<std::int64_t> ctx;  // prompt + generated
     std::int64_t fed = 0;           // tokens of ctx in the cache
@@ -29237,6 +29761,7 @@ class Engine {
       if (r.want_logprobs) log_softmax(row);  // before the sampler's penalties change the row
       const std::int64_t t = static_cast<std::int64_t>(r.res.tokens.size());
       const std::int64_t P = static_cast<std::int64_t>(r.ctx.size()) - t;
+      if (r.processor) r.processor(r.res.id, r.ctx, std::span<float>(row, static_cast<std::size_t>(V_)));
       const std::int64_t tok = sampler_.next(row, V_, r.g, r.ctx,
                                              std::span<const std::int64_t>(r.ctx.data() + P, static_cast<std::size_t>(t)),
                                              0u, static_cast<std::uint32_t>(t));
@@ -29352,7 +29877,7 @@ struct GenerateOptions {
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
-  LogitsProcessor logits_processor;                                     // may be empty
+  LogitsProcessor logits_processor;  // may be empty; several: chain_processors({...})
 };
 
 struct GenerateStats {
@@ -29523,11 +30048,28 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
 }  // namespace detail
 
-/// New tokens for each prompt (see the header comment).
+/// New tokens for each prompt (see the header comment). With num_return_sequences n > 1 the
+/// result holds n sequences per prompt, prompt by prompt (HF's order): each prompt runs n
+/// times in the batch, sampled ones from their own streams; on_token's index is the
+/// sequence's, the logits processor's the prompt's.
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
   g.validate("GenerationConfig", model.config().vocab_size);
+  if (const std::int64_t n = g.num_return_sequences; n > 1) {
+    std::vector<std::vector<std::int64_t>> each;
+    each.reserve(prompts.size() * static_cast<std::size_t>(n));
+    for (const auto& p : prompts)
+      for (std::int64_t i = 0; i < n; ++i) each.push_back(p);
+    GenerationConfig one = g;
+    one.num_return_sequences = 1;
+    GenerateOptions per_prompt = o;
+    if (o.logits_processor)
+      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
+        o.logits_processor(seq / n, c, s);
+      };
+    return generate(model, each, one, per_prompt);
+  }
   const auto& cfg = model.config();
   std::int64_t mml = 0;
   const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);
@@ -31210,18 +31752,39 @@ inline std::string format_duration(double s) {
 }
 
 /// The progress line on stderr.
+/// How training progress is shown (TrainingArguments::progress_bar_type): a bar redrawn on a
+/// terminal ("tqdm", "rich"; plain lines when stderr is not one), JSON lines ("json": one
+/// object per logged step, {"message": ...} for the rest), or nothing ("none").
+enum class ProgressStyle { bar, json, none };
+
+inline ProgressStyle progress_style_from_name(const std::string& name, const std::string& where) {
+  if (name == "tqdm" || name == "rich") return ProgressStyle::bar;
+  if (name == "json") return ProgressStyle::json;
+  if (name == "none") return ProgressStyle::none;
+  ::edl::detail::raise(errc::config, where, ::edl::detail::concat("expected tqdm, rich, json or none; found \"", name, "\""));
+}
+
 class ProgressLine {
  public:
-  explicit ProgressLine(bool enabled = true) : enabled_(enabled), tty_(::isatty(2) == 1) {}
+  explicit ProgressLine(bool enabled = true) : ProgressLine(enabled ? ProgressStyle::bar : ProgressStyle::none) {}
+  explicit ProgressLine(ProgressStyle style, std::FILE* out = stderr)
+      : style_(style), out_(out), tty_(style == ProgressStyle::bar && out == stderr && ::isatty(2) == 1) {}
   void update(std::int64_t step, std::int64_t total, double loss, double lr, double tok_s, double mfu, double eta_s) {
-    if (!enabled_) return;
+    if (style_ == ProgressStyle::none) return;
+    if (style_ == ProgressStyle::json) {
+      nlohmann::ordered_json j = {{"step", step}, {"total_steps", total},     {"loss", loss}, {"learning_rate", lr},
+                                  {"tokens_per_s", tok_s}, {"mfu", mfu}, {"eta_s", eta_s}};
+      std::fprintf(out_, "%s\n", j.dump().c_str());
+      std::fflush(out_);
+      return;
+    }
     char buf[256];
     std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.1fk tok/s | MFU %.1f%% | ETA %s",
                   static_cast<long long>(step), static_cast<long long>(total), loss, lr, tok_s / 1000.0, 100.0 * mfu,
                   format_duration(eta_s).c_str());
-    if (tty_) std::fprintf(stderr, "\r%s %s\033[K", bar(step, total).c_str(), buf);
-    else std::fprintf(stderr, "%s\n", buf);
-    std::fflush(stderr);
+    if (tty_) std::fprintf(out_, "\r%s %s\033[K", bar(step, total).c_str(), buf);
+    else std::fprintf(out_, "%s\n", buf);
+    std::fflush(out_);
     dirty_ = tty_;
   }
   /// "[########------------]  40%": the bar drawn in front of the line on a terminal (a log
@@ -31234,22 +31797,25 @@ class ProgressLine {
     return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '-') +
            "] " + pct;
   }
-  /// True when updates redraw one line in place (enabled, and stderr is a terminal).
-  bool in_place() const noexcept { return enabled_ && tty_; }
+  /// True when updates redraw one line in place (a bar on a terminal).
+  bool in_place() const noexcept { return tty_; }
   /// A line of its own (evaluation, checkpoint); ends an in-place line first.
   void message(const std::string& s) {
-    if (!enabled_) return;
+    if (style_ == ProgressStyle::none) return;
     finish();
-    std::fprintf(stderr, "%s\n", s.c_str());
-    std::fflush(stderr);
+    if (style_ == ProgressStyle::json) std::fprintf(out_, "%s\n", nlohmann::ordered_json{{"message", s}}.dump().c_str());
+    else std::fprintf(out_, "%s\n", s.c_str());
+    std::fflush(out_);
   }
   void finish() {
-    if (dirty_) std::fprintf(stderr, "\n");
+    if (dirty_) std::fprintf(out_, "\n");
     dirty_ = false;
   }
 
  private:
-  bool enabled_, tty_, dirty_ = false;
+  ProgressStyle style_;
+  std::FILE* out_;
+  bool tty_, dirty_ = false;
 };
 
 }  // namespace edl::train
@@ -32743,6 +33309,7 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/lora/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/train/metrics.hpp> (inlined above)
 // #include <edl/train/preference_options.hpp> (inlined above)
 
 namespace edl::train {
@@ -32822,6 +33389,7 @@ struct TrainingArguments {
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
   bool progress = true;                              // the progress line on stderr
+  std::string progress_bar_type = "tqdm";            // tqdm | rich (a bar), json (JSON lines), none
   bool write_report = true;                          // report.md / report.html at the end of train()
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
@@ -32864,6 +33432,14 @@ struct TrainingArguments {
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string reference_model;
+  /// The causal-LM loss (EasyDeL's loss_config; causal_lm and sft): z-loss coefficient on
+  /// lse^2, label smoothing in [0, 1), and logits rows live at once (chunk_token_size).
+  struct LossConfig {
+    double z_loss = 0.0;
+    double label_smoothing = 0.0;
+    std::int64_t chunk_token_size = 1024;
+    bool operator==(const LossConfig&) const = default;
+  } loss_config;
 
   std::string source = "TrainingArguments";
 
@@ -32879,9 +33455,9 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
-        "reference_model"};
+        "reference_model", "loss_config"};
     return n;
   }
 
@@ -32989,6 +33565,21 @@ struct TrainingArguments {
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
+    else if (key == "progress_bar_type") str(progress_bar_type);
+    else if (key == "loss_config") {
+      loss_config = LossConfig{};
+      if (!v.is_null()) {
+        EDL_CHECK(v.is_object(), errc::config, w,
+                  "expected an object {\"z_loss\", \"label_smoothing\", \"chunk_token_size\"} or null, found ", v.dump());
+        for (auto it = v.begin(); it != v.end(); ++it) {
+          const std::string f = w + "." + it.key();
+          if (it.key() == "z_loss") loss_config.z_loss = io::JsonConfig::convert<double>(*it, f);
+          else if (it.key() == "label_smoothing") loss_config.label_smoothing = io::JsonConfig::convert<double>(*it, f);
+          else if (it.key() == "chunk_token_size") loss_config.chunk_token_size = io::JsonConfig::convert<std::int64_t>(*it, f);
+          else ::edl::detail::raise(errc::config, w, "unknown field \"" + it.key() + "\"; expected z_loss, label_smoothing, chunk_token_size");
+        }
+      }
+    }
     else if (key == "reference_model") { if (v.is_null()) reference_model.clear(); else str(reference_model); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
@@ -33056,6 +33647,14 @@ struct TrainingArguments {
                   scheduler == "warmup_stable_decay",
               errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
               scheduler, "\"");
+    progress_style_from_name(progress_bar_type, where("progress_bar_type"));
+    EDL_CHECK(loss_config.z_loss >= 0, errc::config, where("loss_config.z_loss"), "must be >= 0, found ", loss_config.z_loss);
+    EDL_CHECK(loss_config.label_smoothing >= 0 && loss_config.label_smoothing < 1, errc::config,
+              where("loss_config.label_smoothing"), "must lie in [0, 1), found ", loss_config.label_smoothing);
+    EDL_CHECK(loss_config.chunk_token_size > 0, errc::config, where("loss_config.chunk_token_size"),
+              "must be positive, found ", loss_config.chunk_token_size);
+    EDL_CHECK(!preference() || loss_config == LossConfig{}, errc::unsupported, where("loss_config"),
+              "applies to the causal_lm and sft trainers; ", trainer, " has its own loss (loss_type, beta, label_smoothing)");
     EDL_CHECK(truncation_mode == "keep_start" || truncation_mode == "keep_end", errc::config, where("truncation_mode"),
               "expected keep_start or keep_end, found \"", truncation_mode, "\"");
     nonneg("learning_rate", learning_rate);
@@ -33241,6 +33840,10 @@ struct TrainingArguments {
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;
     j["reference_model"] = reference_model.empty() ? ojson(nullptr) : ojson(reference_model);
+    j["progress_bar_type"] = progress_bar_type;
+    j["loss_config"] = {{"z_loss", loss_config.z_loss},
+                        {"label_smoothing", loss_config.label_smoothing},
+                        {"chunk_token_size", loss_config.chunk_token_size}};
     return j;
   }
 };
@@ -33730,7 +34333,10 @@ class BasicTrainer {
       }
       if (sharded_) sharded_->zero_grad();
       else optim::zero_grad(*model_);
-      nn::LossOptions lo;
+      nn::LossOptions lo;  // loss_config: z-loss, label smoothing, chunking (causal_lm and sft)
+      lo.z_loss = static_cast<float>(args_.loss_config.z_loss);
+      lo.label_smoothing = static_cast<float>(args_.loss_config.label_smoothing);
+      lo.chunk_rows = args_.loss_config.chunk_token_size;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
       PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
@@ -34121,7 +34727,9 @@ class BasicTrainer {
                    : std::make_unique<MetricsWriter>();
     if (args_.use_tensorboard && processes_.is_primary())
       tensorboard_ = std::make_unique<io::EventFileWriter>(fs::path(args_.save_directory) / "tensorboard");
-    progress_ = ProgressLine(args_.progress && processes_.is_primary());
+    progress_ = ProgressLine(args_.progress && processes_.is_primary()
+                                 ? progress_style_from_name(args_.progress_bar_type, args_.where("progress_bar_type"))
+                                 : ProgressStyle::none);
     peak_gflops_ = args_.peak_gflops;
     add_adapters();
     if (mesh_) shard_host();

@@ -410,3 +410,35 @@ TEST(Engine, OnAMeshAPageSizeThatSpDoesNotDivideIsAnError) {
     EXPECT_NE(msg.find("page_size = 5 is not divisible by sp = 2"), std::string::npos) << msg;
   }
 }
+
+// A request's logits processor (the seeds' logits_processor in the engine): it sees the
+// request's id and context, and its tokens are generate()'s with the same processor, greedy
+// and sampled, with other requests running beside it.
+TEST(Engine, LogitsProcessorPerRequestGivesGeneratesTokens) {
+  const std::int64_t V = engine_config().vocab_size;
+  // Bans the model's first choice at every step.
+  const auto ban_next = [V](std::int64_t, std::span<const std::int64_t> ctx, std::span<float> scores) {
+    ASSERT_EQ(static_cast<std::int64_t>(scores.size()), V);
+    ASSERT_FALSE(ctx.empty());
+    *std::max_element(scores.begin(), scores.end()) = -INFINITY;
+  };
+  std::vector<Job> jobs;
+  for (int j = 0; j < 4; ++j) jobs.push_back({make_prompt(3 + 2 * j, 40 + j), j % 2 ? sampled_n(7, 9) : greedy_n(7)});
+  Engine<> e(engine_model(), small_options(2, 4));
+  std::vector<std::vector<std::int64_t>> seen_ids(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j)
+    e.submit(jobs[j].prompt, jobs[j].g, {}, false,
+             [&, j](std::int64_t id, std::span<const std::int64_t> ctx, std::span<float> scores) {
+               seen_ids[j].push_back(id);
+               ban_next(id, ctx, scores);
+             });
+  e.run();
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    GenerateOptions o;
+    o.logits_processor = ban_next;
+    const auto want = generate(engine_model(), {jobs[j].prompt}, jobs[j].g, o);
+    EXPECT_EQ(e.result(static_cast<std::int64_t>(j)).tokens, want.tokens[0]) << j;
+    EXPECT_EQ(seen_ids[j], std::vector<std::int64_t>(want.tokens[0].size(), static_cast<std::int64_t>(j))) << j;
+    EXPECT_NE(want.tokens[0], reference(jobs[j].prompt, jobs[j].g).tokens[0]) << j;  // the ban mattered
+  }
+}

@@ -206,6 +206,58 @@ TEST(Generate, ProcessorsShapeTheGreedyOutput) {
   EXPECT_THROW(generate(m, {prompt}, bad), edl::Error);
 }
 
+// num_return_sequences: n sequences per prompt, prompt by prompt, each what generate() gives
+// the prompt repeated n times; sampled ones differ, greedy ones repeat; beams refuse it.
+TEST(Generate, NumReturnSequencesRunsEachPromptNTimes) {
+  const Tiny* t = tiny();
+  if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";
+  const std::vector<std::int64_t> other{t->prompt[0], t->prompt.back()};
+  auto g = greedy(6, t->cfg);
+  g.do_sample = true;
+  g.temperature = 1.5f;
+  g.seed = 5;
+  g.num_return_sequences = 3;
+  std::vector<std::int64_t> processed_prompts;
+  GenerateOptions o;
+  o.logits_processor = [&](std::int64_t p, std::span<const std::int64_t>, std::span<float>) { processed_prompts.push_back(p); };
+  const auto r = generate(t->model, {t->prompt, other}, g, o);
+  ASSERT_EQ(r.tokens.size(), 6u);
+  auto one = g;
+  one.num_return_sequences = 1;
+  const auto each = generate(t->model, {t->prompt, t->prompt, t->prompt, other, other, other}, one);
+  EXPECT_EQ(r.tokens, each.tokens);
+  EXPECT_EQ(r.finish_reason, each.finish_reason);
+  EXPECT_FALSE(r.tokens[0] == r.tokens[1] && r.tokens[1] == r.tokens[2]) << "three samples of one prompt all equal";
+  for (auto p : processed_prompts) EXPECT_TRUE(p == 0 || p == 1) << p;  // the prompt's index, not the sequence's
+  auto gr = greedy(4, t->cfg);
+  gr.num_return_sequences = 2;
+  const auto twice = generate(t->model, {t->prompt}, gr);
+  ASSERT_EQ(twice.tokens.size(), 2u);
+  EXPECT_EQ(twice.tokens[0], twice.tokens[1]);
+  gr.num_beams = 2;
+  EXPECT_THROW(generate(t->model, {t->prompt}, gr), edl::Error);
+}
+
+// chain_processors (HF's LogitsProcessorList): each runs in order on what the one before left.
+TEST(Generate, ChainedProcessorsRunInOrder) {
+  std::vector<int> order;
+  const LogitsProcessor chain = chain_processors(
+      {[&](std::int64_t, std::span<const std::int64_t>, std::span<float> s) {
+         order.push_back(1);
+         s[0] = 2.0f;
+       },
+       {},
+       [&](std::int64_t, std::span<const std::int64_t>, std::span<float> s) {
+         order.push_back(2);
+         s[1] = s[0] * 3.0f;  // sees the first one's change
+       }});
+  std::vector<float> scores{0.0f, 0.0f, 0.0f};
+  const std::vector<std::int64_t> ctx{1};
+  chain(0, ctx, scores);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_EQ(scores, (std::vector<float>{2.0f, 6.0f, 0.0f}));
+}
+
 TEST(Generate, LogitsProcessorSeesTheContextAndChangesTheChoice) {
   const Tiny* t = tiny();
   if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";

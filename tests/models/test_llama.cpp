@@ -81,6 +81,158 @@ TEST(Llama, ApplyLmHeadGivesTheLogits) {
   }
 }
 
+// output_hidden_states: the embeddings' rows, then each layer's output as that layer alone
+// computes it from the previous entry, and last the normed states the head turns into logits().
+TEST(Llama, HiddenStatesAreTheEmbeddingsEachLayersOutputAndTheNormedLast) {
+  LlamaForCausalLM<> m(tiny_config(false));
+  m.init(Key::from_seed(5), 0.3f);
+  const std::int64_t B = 2, S = 5, H = 16, V = 32, T = B * S;
+  const auto ids = tokens(T, V, 3);
+  const nn::TokenLayout lay{B, S};
+  const auto hs = m.hidden_states(ids.data(), lay);
+  ASSERT_EQ(hs.size(), 3u);  // 2 layers + 1
+  const float* table = m.model.embed_tokens.weight.data();
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h)
+      ASSERT_EQ(hs[0][static_cast<std::size_t>(t * H + h)], table[ids[static_cast<std::size_t>(t)] * H + h]);
+  std::vector<float> y(static_cast<std::size_t>(T * H));
+  nn::DecoderLayer<DefaultPolicy>::Saved ls;
+  m.model.layers[0].forward(hs[0].data(), lay, y.data(), ls);
+  EXPECT_EQ(y, hs[1]);
+  m.model.layers[1].forward(hs[1].data(), lay, y.data(), ls);
+  std::vector<float> normed(y.size());
+  nn::RMSNorm<DefaultPolicy>::Saved ns;
+  m.model.norm.forward(y.data(), T, normed.data(), ns);
+  EXPECT_EQ(normed, hs[2]);
+  std::vector<float> want(static_cast<std::size_t>(T * V)), got(want.size());
+  m.logits(ids.data(), lay, want.data());
+  m.apply_lm_head(hs[2].data(), T, got.data());
+  EXPECT_EQ(got, want);
+}
+
+// output_attentions: one [batch, heads, seq, seq] array per layer whose rows give that layer's
+// context (p v = ctx of the same forward) and vanish above the diagonal.
+TEST(Llama, AttentionsArePerLayerProbabilitiesThatGiveTheContext) {
+  LlamaForCausalLM<> m(tiny_config(false));
+  m.init(Key::from_seed(5), 0.3f);
+  const std::int64_t B = 2, S = 5, nh = 4, kv = 2, D = 4, T = B * S;
+  const auto ids = tokens(T, 32, 3);
+  const nn::TokenLayout lay{B, S};
+  const auto att = m.attentions(ids.data(), lay);
+  ASSERT_EQ(att.size(), 2u);
+  LlamaForCausalLM<>::Saved s;
+  m.forward(ids.data(), lay, s);
+  for (std::size_t l = 0; l < att.size(); ++l) {
+    ASSERT_EQ(att[l].size(), static_cast<std::size_t>(B * nh * S * S));
+    const auto& as = s.model_s.layer_s[l].attn_s;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < nh; ++h)
+        for (std::int64_t i = 0; i < S; ++i) {
+          const float* row = att[l].data() + ((b * nh + h) * S + i) * S;
+          for (std::int64_t j = i + 1; j < S; ++j) ASSERT_EQ(row[j], 0.0f);
+          for (std::int64_t c = 0; c < D; ++c) {
+            double ctx = 0;
+            for (std::int64_t j = 0; j <= i; ++j)
+              ctx += static_cast<double>(row[j]) * as.v[static_cast<std::size_t>((b * S + j) * kv * D + (h / 2) * D + c)];
+            ASSERT_NEAR(ctx, as.ctx[static_cast<std::size_t>((b * S + i) * nh * D + h * D + c)], 1e-5) << l;
+          }
+        }
+  }
+}
+
+// flops_per_token against a count by hand: the seven projections, attention's q.k and p.v
+// over the causal pairs, the head; x3 with the backward. The forward of a batch is tokens x it.
+TEST(Llama, FlopsPerTokenIsTheHandCount) {
+  const auto c = tiny_config(false);  // hidden 16, 4 heads of 4, 2 kv heads, intermediate 24, vocab 32, 2 layers
+  LlamaForCausalLM<> m(c);
+  for (std::int64_t S : {1, 7, 64}) {
+    const double H = 16, D = 4, nh = 4, kv = 2, I = 24, V = 32, L = 2;
+    const double proj = 2 * (H * nh * D + 2 * H * kv * D + nh * D * H) + 2 * 3 * H * I;
+    const double pairs = static_cast<double>(S) * static_cast<double>(S + 1) / 2;  // causal (query, key) pairs
+    const double attn = 2 * 2 * nh * D * pairs / static_cast<double>(S);
+    const double body = L * (proj + attn), head = 2 * H * V;
+    EXPECT_DOUBLE_EQ(m.flops_per_token(S, false, false), body) << S;
+    EXPECT_DOUBLE_EQ(m.flops_per_token(S, true, false), body + head) << S;
+    EXPECT_DOUBLE_EQ(m.flops_per_token(S, true, true), 3 * (body + head)) << S;
+    EXPECT_DOUBLE_EQ(m.flops_forward(3, S), 3 * static_cast<double>(S) * (body + head)) << S;
+  }
+}
+
+// update_module: the same weights under a changed config (rope_theta changes the logits, not
+// the weights); a change of shapes or of the set of parameters is refused by name.
+TEST(Llama, UpdateModuleKeepsTheWeightsUnderANewConfig) {
+  LlamaForCausalLM<> m(tiny_config(false));
+  m.init(Key::from_seed(6), 0.3f);
+  auto u = models::update_module(m, {{"rope_theta", 500000.0}, {"rms_norm_eps", 1e-6}});
+  EXPECT_EQ(u.config().rope_theta, 500000.0);
+  EXPECT_EQ(u.config().rms_norm_eps, 1e-6);
+  auto a = nn::split_params(m), b = nn::split_params(u);
+  EXPECT_EQ(a, b);
+  // The new config is in effect: the logits are those of a model built with it and given the weights.
+  auto cfg = m.config();
+  cfg.rope_theta = 500000.0;
+  cfg.rms_norm_eps = 1e-6;
+  LlamaForCausalLM<> fresh(cfg);
+  nn::merge_params(fresh, a);
+  const auto ids = tokens(6, 32, 1);
+  std::vector<float> lu(6 * 32), lf(lu.size()), lm(lu.size());
+  u.logits(ids.data(), nn::TokenLayout{1, 6}, lu.data());
+  fresh.logits(ids.data(), nn::TokenLayout{1, 6}, lf.data());
+  m.logits(ids.data(), nn::TokenLayout{1, 6}, lm.data());
+  EXPECT_EQ(lu, lf);
+  EXPECT_NE(lu, lm);
+  const auto refused = [&](nlohmann::ordered_json o, const std::string& what) {
+    try {
+      models::update_module(m, o);
+      ADD_FAILURE() << "expected an error naming " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{"intermediate_size", 32}}, "model.layers.0.mlp.gate_proj.weight");
+  refused({{"tie_word_embeddings", true}}, "lm_head.weight");
+  refused({{"num_hidden_layers", 3}}, "model.layers.2");
+  refused(7, "expected an object");
+}
+
+// split_params / merge_params: a name -> value map out of a model and back in, bit for bit in
+// f32 and bf16; missing, mis-sized and unknown entries are named.
+TEST(Llama, SplitAndMergeParamsRoundTrip) {
+  LlamaForCausalLM<> m(tiny_config(true));
+  m.init(Key::from_seed(7), 0.3f);
+  const nn::ParamValues v = nn::split_params(m);
+  EXPECT_EQ(static_cast<std::int64_t>(v.size()), static_cast<std::int64_t>(nn::named_shapes(m).size()));
+  LlamaForCausalLM<> other(tiny_config(true));
+  nn::merge_params(other, v);
+  EXPECT_EQ(nn::split_params(other), v);
+  LlamaForCausalLM<BF16ParamsPolicy> half(tiny_config(true));
+  nn::merge_params(half, v);  // rounded to nearest even
+  const nn::ParamValues hv = nn::split_params(half);
+  for (const auto& [name, x] : v)
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(hv.at(name)[i], static_cast<float>(bf16(x[i]))) << name << " " << i;
+  LlamaForCausalLM<BF16ParamsPolicy> half2(tiny_config(true));
+  nn::merge_params(half2, hv);
+  EXPECT_EQ(nn::split_params(half2), hv);  // bf16 -> f32 -> bf16 is exact
+  const auto refused = [&](nn::ParamValues w, const std::string& what) {
+    try {
+      nn::merge_params(other, w);
+      ADD_FAILURE() << "expected an error naming " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  auto missing = v;
+  missing.erase("model.norm.weight");
+  refused(missing, "no value for parameter \"model.norm.weight\"");
+  auto short_one = v;
+  short_one["model.norm.weight"].pop_back();
+  refused(short_one, "model.norm.weight");
+  auto extra = v;
+  extra["lm_head.weight"] = {1.0f};
+  refused(extra, "\"lm_head.weight\" is not a parameter");
+}
+
 TEST(Llama, WholeModelLossGradientMatchesFiniteDifferences) {
   for (bool tied : {false, true}) {
     LlamaForCausalLM<> m(tiny_config(tied));

@@ -138,6 +138,53 @@ std::string error_of(const std::function<void()>& f) {
 
 // ------------------------------------------------------------------------------ oracle
 
+// Loading rules (the seeds' ParameterTransformRule): a checkpoint with names of its own and
+// its head stored transposed loads through rules into the HF folder's model bit for bit; the
+// folder without its rules, a rule without the transpose and two tensors renamed to one name
+// are errors naming the tensor.
+TEST(Pretrained, TransformRulesLoadOtherNamesAndLayouts) {
+  NEED_FIXTURE();
+  auto want = models::from_pretrained<>(fixture());
+  OwnedTensors t = fixture_tensors();
+  for (std::size_t i = 0; i < t.names.size(); ++i) {
+    std::string& n = t.names[i];
+    if (n.rfind("model.layers.", 0) == 0) n = "blocks." + n.substr(13);
+    else if (n == "model.embed_tokens.weight") n = "wte";
+    else if (n == "lm_head.weight") {  // stored [hidden, vocab]
+      models::TensorValues v{t.data[i], t.shapes[i]};
+      models::transpose_2d(v);
+      n = "head_t";
+      t.data[i] = v.values;
+      t.shapes[i] = v.shape;
+    }
+  }
+  TempDir d("rules");
+  write_checkpoint(d.path, t);
+  const models::TransformRules rules{{R"(^blocks\.)", "model.layers."},
+                                     {"^wte$", "model.embed_tokens.weight"},
+                                     {"^head_t$", "lm_head.weight", models::transpose_2d}};
+  models::LoadOptions o;
+  o.transform_rules = rules;
+  auto got = models::from_pretrained<>(d.path, o);
+  EXPECT_EQ(param_bytes(got), param_bytes(want));
+  // The view loads into an existing model too, and bf16 parameters take one rounding.
+  const auto ckpt = io::ShardedCheckpoint::open(d.path.string());
+  LlamaForCausalLM<BF16ParamsPolicy> half(got.config());
+  models::load_weights(half, models::TransformedCheckpoint(ckpt, rules));
+  auto half_ref = models::from_pretrained<BF16ParamsPolicy>(fixture());
+  EXPECT_EQ(param_bytes(half), param_bytes(half_ref));
+
+  EXPECT_NE(error_of([&] { models::from_pretrained<>(d.path); }).find("model.embed_tokens.weight"), std::string::npos);
+  o.transform_rules = {rules[0], rules[1], {"^head_t$", "lm_head.weight"}};
+  const std::string no_transpose = error_of([&] { models::from_pretrained<>(d.path, o); });
+  EXPECT_NE(no_transpose.find("lm_head.weight"), std::string::npos) << no_transpose;
+  o.transform_rules = {rules[0], {"^wte$", "model.norm.weight"}, rules[2]};
+  const std::string collision = error_of([&] { models::from_pretrained<>(d.path, o); });
+  EXPECT_NE(collision.find("both renamed to \"model.norm.weight\""), std::string::npos) << collision;
+  o.transform_rules = {{"(unclosed", "x"}};
+  EXPECT_NE(error_of([&] { models::from_pretrained<>(d.path, o); }).find("not a valid regex"), std::string::npos);
+}
+
 TEST(Pretrained, FromPretrainedLogitsMatchOracle) {
   NEED_FIXTURE();
   auto m = models::from_pretrained(fixture());

@@ -210,3 +210,62 @@ TEST(NnAttentionMisc, FlopsAndNames) {
                                              "self_attn.q_norm.weight", "self_attn.k_norm.weight"}));
   EXPECT_THROW(Attn({.hidden = 16, .num_heads = 4, .num_kv_heads = 3, .head_dim = 4, .qkv_bias = false, .o_bias = false, .sliding_window = {}, .rope = {}}), Error);
 }
+
+// output_attentions: the probabilities recomputed from q, k and the log-sum-exp give the
+// forward's context (p v = ctx), and each row sums to one over the keys it may see (causal,
+// window, its document, not padding) and is zero elsewhere; GQA and soft-capping on.
+TEST(NnAttentionMisc, ProbabilitiesGiveTheContextAndRespectTheMask) {
+  const std::int64_t hidden = 16, D = 4, nh = 4, nkv = 2, B = 2, S = 70, T = B * S, W = 9, rep = nh / nkv;
+  nn::AttentionConfig cfg{.hidden = hidden, .num_heads = nh, .num_kv_heads = nkv, .head_dim = D, .qkv_bias = false,
+                          .o_bias = false, .sliding_window = W, .rope = {}};
+  cfg.rope.theta = 10000.0;
+  cfg.softcap = 3.0;
+  Attn a(cfg);
+  a.init(Key::from_seed(5), 0.5f);
+  // Row 0: two documents (the second from position 30); row 1: left padding of three tokens.
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(T), 1), pos(static_cast<std::size_t>(T)),
+      seg(static_cast<std::size_t>(T), 1);
+  for (std::int64_t j = 0; j < S; ++j) {
+    seg[static_cast<std::size_t>(j)] = j < 30 ? 1 : 2;
+    pos[static_cast<std::size_t>(j)] = j < 30 ? j : j - 30;
+    mask[static_cast<std::size_t>(S + j)] = j >= 3;
+    pos[static_cast<std::size_t>(S + j)] = std::max<std::int64_t>(0, j - 3);
+  }
+  nn::TokenLayout lay{B, S};
+  lay.attention_mask = mask.data();
+  lay.position_ids = pos.data();
+  lay.segment_ids = seg.data();
+  const auto x = randn(static_cast<std::size_t>(T * hidden), 3);
+  std::vector<float> y(x.size());
+  Attn::Saved s;
+  a.forward(x.data(), lay, y.data(), s);
+  const std::vector<float> p = a.probabilities(s);
+  ASSERT_EQ(p.size(), static_cast<std::size_t>(B * nh * S * S));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h)
+      for (std::int64_t i = 0; i < S; ++i) {
+        const float* row = p.data() + ((b * nh + h) * S + i) * S;
+        double sum = 0;
+        bool any = false;
+        for (std::int64_t j = 0; j < S; ++j) {
+          const std::size_t ij = static_cast<std::size_t>(b * S + j), ii = static_cast<std::size_t>(b * S + i);
+          const bool allowed = j <= i && j > i - W && seg[ij] == seg[ii] && mask[ij] == 1;
+          if (!allowed) ASSERT_EQ(row[j], 0.0f) << b << " " << h << " " << i << " " << j;
+          any = any || allowed;
+          sum += row[j];
+        }
+        if (any) ASSERT_NEAR(sum, 1.0, 1e-5) << b << " " << h << " " << i;
+        const std::int64_t g = h / rep;
+        for (std::int64_t c = 0; c < D; ++c) {
+          double ctx = 0;
+          for (std::int64_t j = 0; j <= i; ++j)
+            ctx += static_cast<double>(row[j]) * s.v[static_cast<std::size_t>((b * S + j) * nkv * D + g * D + c)];
+          ASSERT_NEAR(ctx, s.ctx[static_cast<std::size_t>((b * S + i) * nh * D + h * D + c)], 1e-5)
+              << b << " " << h << " " << i << " " << c;
+        }
+      }
+  // A forward that dropped q and k cannot give them.
+  Attn::Saved dropped = s;
+  dropped.q.clear();
+  EXPECT_THROW(a.probabilities(dropped), Error);
+}

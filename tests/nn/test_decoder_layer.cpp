@@ -105,6 +105,12 @@ TEST(NnDecoderLayer, RematPoliciesKeepWhatTheyName) {
   // no batch dims: ctx (p.v, batched over heads) dropped too.
   EXPECT_EQ(L::dropped_by<remat::dots_with_no_batch_dims_saveable>(), (1u << 0) | (1u << 4) | (1u << 6) | (1u << 9));
   EXPECT_EQ((L::dropped_by<remat::save_only_these_names<"attn_out", "gate", "up">>()), 0x3ffu & ~((1u << 5) | (1u << 7) | (1u << 8)));
+  // The union keeps what either keeps: dropped only what both drop.
+  using both = remat::save_from_both_policies<remat::dots_with_no_batch_dims_saveable,
+                                              remat::save_only_these_names<"norm1", "act">>;
+  using names = remat::save_only_these_names<"norm1", "act">;
+  EXPECT_EQ(L::dropped_by<both>(), L::dropped_by<remat::dots_with_no_batch_dims_saveable>() & L::dropped_by<names>());
+  EXPECT_EQ(L::dropped_by<both>(), (1u << 4) | (1u << 6));  // ctx and norm2: neither keeps them
 
   // After forward the dropped activations are really freed.
   nn::DecoderLayer<with_remat<DefaultPolicy, remat::dots_with_no_batch_dims_saveable>> layer(remat_layer_config());
@@ -141,7 +147,10 @@ TEST(NnDecoderLayer, RematPoliciesGiveBitwiseEqualGradients) {
   same(run_layer<remat::save_only_these_names<"norm1", "k", "norm2">>(&dropped), "save_only norm1 k norm2");
   same(run_layer<remat::save_anything_except_these_names<"gate", "up">>(&dropped), "save all but gate up");
   same(run_layer<remat::save_any_names_but_these<"norm1", "ctx">>(&dropped), "save all but norm1 ctx");
-  EXPECT_EQ(dropped, (std::vector<std::uint32_t>{0x3ffu, 0x241u, 0x251u, 0x25fu, 0x1edu, 0x3bau, 0x180u, 0x11u}));
+  same(run_layer<remat::save_from_both_policies<remat::save_only_these_names<"q", "k">,
+                                                remat::save_only_these_names<"gate", "act">>>(&dropped),
+       "both: q k and gate act");
+  EXPECT_EQ(dropped, (std::vector<std::uint32_t>{0x3ffu, 0x241u, 0x251u, 0x25fu, 0x1edu, 0x3bau, 0x180u, 0x11u, 0x179u}));
 }
 
 // Qwen3's q/k head norms: a dropped q or k is recomputed with its norm (the norm's input and

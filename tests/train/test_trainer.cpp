@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 #include <numeric>
 
 #include <edl/core/process_memory.hpp>
@@ -946,7 +947,7 @@ optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
 // shuffling, one micro-batch per step), the loss normalised by the step's targets, clipping,
 // the schedule's rate. Runs `st` up to step `to`; returns the losses.
 std::vector<double> hand_written_steps(TrainingState<>& st, const TrainingArguments& args, const TokenDataset& data,
-                                       std::int64_t to, const DataCollator& collator = {}) {
+                                       std::int64_t to, const DataCollator& collator = {}, nn::LossOptions lo = {}) {
   optim::Schedule sched;
   sched.kind = optim::schedule_from_name(args.scheduler);
   sched.lr = args.learning_rate;
@@ -960,7 +961,6 @@ std::vector<double> hand_written_steps(TrainingState<>& st, const TrainingArgume
     std::iota(rows.begin(), rows.end(), (st.step % per_epoch) * B);
     const Batch b = collator ? collator(data, rows) : collate_rows(data, rows, args.max_sequence_length, 0);
     optim::zero_grad(st.model);
-    nn::LossOptions lo;
     lo.normalizer = static_cast<double>(std::max<std::int64_t>(b.target_tokens(), 1));
     out.push_back(guarded_causal_lm_loss(st.model, b, lo, /*backward=*/true).loss);
     st.apply_gradients(sched.lr_at(st.step), args.clip_grad);
@@ -1186,6 +1186,110 @@ TEST(Trainer, AsyncCheckpointFailureIsRethrownAndKeepsThePreviousOne) {
   const TrainResult r = again.train();
   EXPECT_TRUE(r.resumed);
   EXPECT_EQ(r.steps, 6);
+}
+
+
+// loss_config (EasyDeL's name): z-loss, label smoothing and the chunking reach the trainer's
+// loss, on one device bit for bit with the hand-written loop, and on a mesh to f32 rounding.
+TEST(Trainer, LossConfigReachesTheLoss) {
+  const auto data = random_data(8, 16, 64, 5, true);
+  TempDir d("loss_config");
+  auto args = loop_args(d.str(), "adamw", "cosine");
+  args.max_training_steps = 3;
+  args.loss_config = {1e-2, 0.1, 5};
+  auto j = args.to_json();
+  EXPECT_EQ(TrainingArguments::from_json(j).loss_config, args.loss_config);
+  std::vector<double> seen, on_mesh;
+  const auto run = [&](TrainingArguments a, std::vector<double>& out) {
+    Trainer t(a, make_model(1), std::nullopt, data);
+    TrainerCallback cb;
+    cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
+      out.push_back(m.loss);
+      return true;
+    };
+    t.callbacks.push_back(cb);
+    t.train();
+  };
+  run(args, seen);
+  nn::LossOptions lo;
+  lo.z_loss = 1e-2f;
+  lo.label_smoothing = 0.1f;
+  lo.chunk_rows = 5;
+  auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+  EXPECT_EQ(seen, hand_written_steps(st, args, data, 3, {}, lo));
+  auto plain = TrainingState<>::create(make_model(1), optimizer_options(args));
+  EXPECT_NE(seen, hand_written_steps(plain, args, data, 3));  // the options changed the loss
+  TempDir dm("loss_config_mesh");
+  auto margs = args;
+  margs.save_directory = dm.str();
+  margs.sharding_axis_dims = {1, 2, 1, 1};
+  run(margs, on_mesh);
+  ASSERT_EQ(on_mesh.size(), seen.size());
+  for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_NEAR(on_mesh[i], seen[i], 1e-5 * seen[i]) << i;
+
+  j["loss_config"] = {{"z_loss", -1.0}};
+  EXPECT_THROW(TrainingArguments::from_json(j).validate(), Error);
+  j["loss_config"] = {{"temperature", 1.0}};
+  EXPECT_THROW(TrainingArguments::from_json(j), Error);
+}
+
+// progress_bar_type "json": one JSON object per logged step on stderr with the metrics line's
+// step and loss, the rest as {"message": ...}; "none" prints nothing; other names are refused.
+TEST(Trainer, ProgressBarTypeJsonWritesJsonLines) {
+  const auto data = random_data(8, 16, 64, 5, true);
+  TempDir d("progress_json");
+  auto args = loop_args(d.str(), "adamw", "cosine");
+  args.progress = true;
+  args.progress_bar_type = "json";
+  args.max_training_steps = 3;
+  testing::internal::CaptureStderr();
+  {
+    Trainer t(args, make_model(1), std::nullopt, data);
+    t.train();
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  std::vector<double> progress_losses;
+  std::size_t messages = 0;
+  std::istringstream in(err);
+  for (std::string line; std::getline(in, line);) {
+    const ojson j = ojson::parse(line);  // every line is JSON
+    if (j.contains("message")) ++messages;
+    else progress_losses.push_back(j.at("loss").get<double>());
+  }
+  EXPECT_EQ(progress_losses, losses(read_metrics(d.str())));
+  EXPECT_GE(messages, 1u);  // "saved ..."
+
+  TempDir dn("progress_none");
+  args.save_directory = dn.str();
+  args.progress_bar_type = "none";
+  testing::internal::CaptureStderr();
+  {
+    Trainer t(args, make_model(1), std::nullopt, data);
+    t.train();
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  args.progress_bar_type = "bar";
+  EXPECT_THROW(Trainer(args, make_model(1), std::nullopt, data), Error);
+}
+
+// The trainer's MFU is the model's flops_per_token(seq, include_loss, include_backward) times
+// the tokens per second over the peak (full rows: every position is a token).
+TEST(Trainer, MfuIsFlopsPerTokenTimesTokensPerSecondOverThePeak) {
+  const auto data = random_data(8, 16, 64, 5);
+  TempDir d("mfu");
+  auto args = loop_args(d.str(), "adamw", "cosine");
+  args.max_training_steps = 3;
+  Trainer t(args, make_model(1), std::nullopt, data);
+  t.train();
+  const double per_token = t.model().flops_per_token(16, true, true);
+  std::size_t checked = 0;
+  for (const auto& j : read_metrics(d.str())) {
+    if (!j.contains("mfu")) continue;
+    const double want = per_token * j["tokens_per_s"].get<double>() / (args.peak_gflops * 1e9);
+    EXPECT_NEAR(j["mfu"].get<double>(), want, 1e-9 * want) << j.dump();
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3u);
 }
 
 }  // namespace

@@ -117,6 +117,15 @@ concept RematPolicy = requires(const Name& n) {
   { R::saves(n) } -> std::same_as<bool>;
 };
 
+/// Keep what either policy keeps (JAX: save_from_both_policies), e.g.
+/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>.
+/// Compile-time only, as save_only_these_names.
+template <RematPolicy A, RematPolicy B>
+struct save_from_both_policies {
+  static constexpr const char* name = "save_from_both_policies";
+  static constexpr bool saves(const Name& n) { return A::saves(n) || B::saves(n); }
+};
+
 /// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
 /// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
 /// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).

@@ -152,14 +152,19 @@ class Engine {
     if (on_token) ev = [cb = std::move(on_token)](const TokenEvent& e) { cb(e.id, e.token); };
     return submit(std::move(prompt), g, std::move(ev), false);
   }
-  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs.
+  /// As above, with the whole TokenEvent per token; want_logprobs fills its logprobs (the
+  /// model's distribution); `processor` (the seeds' logits_processor, called with the
+  /// request's id, its prompt and tokens so far, and the step's logits) runs before the
+  /// config's own processors, as in generate().
   std::int64_t submit(std::vector<std::int64_t> prompt, const GenerationConfig& g, EventCallback on_token,
-                      bool want_logprobs) {
+                      bool want_logprobs, LogitsProcessor processor = {}) {
     const std::int64_t id = static_cast<std::int64_t>(reqs_.size());
     const std::string w = "generate.Engine request " + std::to_string(id);
     g.validate(w + " GenerationConfig", V_);
     EDL_CHECK(g.num_beams == 1, errc::unsupported, w, "beam search (num_beams = ", g.num_beams,
               ") does not run in the engine; use generate()");
+    EDL_CHECK(g.num_return_sequences == 1, errc::unsupported, w, "num_return_sequences = ", g.num_return_sequences,
+              ": the engine runs one sequence per request; submit the prompt that many times");
     EDL_CHECK(!prompt.empty(), errc::invalid_argument, w, "the prompt is empty");
     for (std::size_t i = 0; i < prompt.size(); ++i)
       EDL_CHECK(prompt[i] >= 0 && prompt[i] < V_, errc::invalid_argument, w, "prompt token ", i, ": id ", prompt[i],
@@ -178,6 +183,7 @@ class Engine {
     r.g = g;
     r.cb = std::move(on_token);
     r.want_logprobs = want_logprobs;
+    r.processor = std::move(processor);
     r.limit = limit;
     r.most = most;
     r.ctx = std::move(prompt);
@@ -275,6 +281,7 @@ class Engine {
     GenerationConfig g;
     EventCallback cb;
     bool want_logprobs = false;
+    LogitsProcessor processor;      // may be empty
     std::int64_t limit = 0;         // most new tokens
     std::vector<std::int64_t> ctx;  // prompt + generated
     std::int64_t fed = 0;           // tokens of ctx in the cache
@@ -486,6 +493,7 @@ class Engine {
       if (r.want_logprobs) log_softmax(row);  // before the sampler's penalties change the row
       const std::int64_t t = static_cast<std::int64_t>(r.res.tokens.size());
       const std::int64_t P = static_cast<std::int64_t>(r.ctx.size()) - t;
+      if (r.processor) r.processor(r.res.id, r.ctx, std::span<float>(row, static_cast<std::size_t>(V_)));
       const std::int64_t tok = sampler_.next(row, V_, r.g, r.ctx,
                                              std::span<const std::int64_t>(r.ctx.data() + P, static_cast<std::size_t>(t)),
                                              0u, static_cast<std::uint32_t>(t));

@@ -45,7 +45,7 @@ struct GenerateOptions {
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   std::function<void(std::int64_t seq, std::int64_t token)> on_token;  // streaming, may be empty
-  LogitsProcessor logits_processor;                                     // may be empty
+  LogitsProcessor logits_processor;  // may be empty; several: chain_processors({...})
 };
 
 struct GenerateStats {
@@ -216,11 +216,28 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
 }  // namespace detail
 
-/// New tokens for each prompt (see the header comment).
+/// New tokens for each prompt (see the header comment). With num_return_sequences n > 1 the
+/// result holds n sequences per prompt, prompt by prompt (HF's order): each prompt runs n
+/// times in the batch, sampled ones from their own streams; on_token's index is the
+/// sequence's, the logits processor's the prompt's.
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
   g.validate("GenerationConfig", model.config().vocab_size);
+  if (const std::int64_t n = g.num_return_sequences; n > 1) {
+    std::vector<std::vector<std::int64_t>> each;
+    each.reserve(prompts.size() * static_cast<std::size_t>(n));
+    for (const auto& p : prompts)
+      for (std::int64_t i = 0; i < n; ++i) each.push_back(p);
+    GenerationConfig one = g;
+    one.num_return_sequences = 1;
+    GenerateOptions per_prompt = o;
+    if (o.logits_processor)
+      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
+        o.logits_processor(seq / n, c, s);
+      };
+    return generate(model, each, one, per_prompt);
+  }
   const auto& cfg = model.config();
   std::int64_t mml = 0;
   const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);

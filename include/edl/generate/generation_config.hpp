@@ -46,6 +46,7 @@ struct GenerationConfig {
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
   std::optional<std::int64_t> pad_token_id;
   std::int64_t num_beams = 1;
+  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat)
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::heuristic;
   std::uint64_t seed = 0;
@@ -94,6 +95,11 @@ struct GenerationConfig {
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
     EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
               "beam sampling (num_beams > 1 with do_sample) is not supported");
+    EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
+              num_return_sequences);
+    EDL_CHECK(num_return_sequences == 1 || num_beams == 1, errc::unsupported, where("num_return_sequences"),
+              "several sequences per prompt from beam search (the best beams) are not supported; ",
+              "sample them (do_sample) instead");
   }
 
   /// Reads an HF generation_config.json object; missing fields keep the defaults above.
@@ -124,6 +130,7 @@ struct GenerationConfig {
     }
     g.pad_token_id = c.optional<std::int64_t>("pad_token_id");
     g.num_beams = c.get<std::int64_t>("num_beams", g.num_beams);
+    g.num_return_sequences = c.get<std::int64_t>("num_return_sequences", g.num_return_sequences);
     g.length_penalty = static_cast<float>(c.get<double>("length_penalty", g.length_penalty));
     if (c.has_value("early_stopping")) {
       const auto& e = j["early_stopping"];

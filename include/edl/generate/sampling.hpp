@@ -51,6 +51,15 @@ namespace edl::generate {
 using LogitsProcessor =
     std::function<void(std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores)>;
 
+/// A list of processors (HF's LogitsProcessorList) as one: each runs in order on the scores
+/// the one before it left; empty entries are skipped.
+inline LogitsProcessor chain_processors(std::vector<LogitsProcessor> list) {
+  return [list = std::move(list)](std::int64_t prompt, std::span<const std::int64_t> context, std::span<float> scores) {
+    for (const auto& f : list)
+      if (f) f(prompt, context, scores);
+  };
+}
+
 
 using kernels::argmax;
 

@@ -11,6 +11,7 @@
 #include <edl/nn/mlp.hpp>
 #include <edl/nn/moe.hpp>
 #include <edl/nn/module.hpp>
+#include <edl/nn/module_tree.hpp>
 #include <edl/nn/param.hpp>
 #include <edl/nn/quantize.hpp>
 #include <edl/nn/rms_norm.hpp>

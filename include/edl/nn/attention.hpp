@@ -127,6 +127,42 @@ class Attention {
   /// The scores' scale (1 / sqrt(head_dim) unless the config sets query_scale).
   float query_scale() const noexcept { return scale_; }
 
+  /// The attention probabilities of the forward that filled `s` (HF's output_attentions),
+  /// [batch, heads, seq, seq]: row i of head h holds p_ij over the keys j, 0 where a key is
+  /// masked (causal, window, document, padding) and for a query with no key. Forward never
+  /// stores them (it keeps the log-sum-exp); they are recomputed here from q, k and the lse, so
+  /// the forward must have kept q and k (every policy but those dropping them).
+  std::vector<float> probabilities(const Saved& s) const {
+    EDL_CHECK(!s.q.empty() && !s.k.empty() && !s.lse.empty(), errc::invalid_argument, "nn.Attention::probabilities",
+              "the forward did not keep q, k and the log-sum-exp (a remat policy dropped them)");
+    const std::int64_t B = s.batch, S = s.seq, D = D_, rep = nh_ / nkv_, qw = nh_ * D, kw = nkv_ * D;
+    std::vector<float> p(static_cast<std::size_t>(B * nh_ * S * S), 0.0f);
+    exec::parallel_for(0, B * nh_, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      std::vector<float> row(static_cast<std::size_t>(S));
+      for (std::ptrdiff_t bh = lo; bh < hi; ++bh) {
+        const std::int64_t b = bh / nh_, h = bh % nh_, g = h / rep;
+        for (std::int64_t i = 0; i < S; ++i) {
+          const float lse = s.lse[static_cast<std::size_t>((b * nh_ + h) * S + i)];
+          if (lse == -std::numeric_limits<float>::infinity()) continue;  // no key: a row of zeros
+          const std::int64_t j0 = first_key(s, b, i), n = i + 1 - j0;
+          const float* q = s.q.data() + (b * S + i) * qw + h * D;
+          for (std::int64_t j = 0; j < n; ++j) {
+            const float* k = s.k.data() + (b * S + j0 + j) * kw + g * D;
+            float dot = 0.0f;
+            for (std::int64_t c = 0; c < D; ++c) dot += q[c] * k[c];
+            row[static_cast<std::size_t>(j)] = scale_ * dot;
+          }
+          if (softcap_ > 0) kernels::softcap_row(row.data(), nullptr, n, softcap_);
+          mask_row(s, b, i, j0, row.data(), n);
+          float* out = p.data() + ((b * nh_ + h) * S + i) * S + j0;
+          for (std::int64_t j = 0; j < n; ++j) out[j] = std::exp(row[static_cast<std::size_t>(j)] - lse);
+        }
+      }
+    });
+    return p;
+  }
+
+
   template <class F>
   void visit_params(std::string_view prefix, F&& f) {
     q_proj.visit_params(join_path(prefix, "q_proj"), f);

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -166,6 +167,49 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> named_shapes(M& m
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   m.visit_params("", [&](std::string_view path, auto& p) { out.emplace_back(std::string(path), p.shape()); });
   return out;
+}
+
+/// Parameter values by name, in f32 (the seeds' split_params result).
+using ParamValues = std::map<std::string, std::vector<float>>;
+
+/// The seeds' split_params: a copy of every parameter's value by name, widened to f32 (bf16 and
+/// f16 widen exactly, so merge_params puts them back bit for bit). Quantized weights are not
+/// parameters and are not in it.
+template <class M>
+ParamValues split_params(M& m) {
+  ParamValues out;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    std::vector<float> v(static_cast<std::size_t>(p.numel()));
+    const auto* src = p.data();
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(src[i]);
+    out.emplace(std::string(path), std::move(v));
+  });
+  return out;
+}
+
+/// The seeds' merge_params: sets every parameter of `m` from `values` (rounded to nearest even
+/// into bf16 / f16 parameters). A parameter without a value, a value of another element count
+/// and a value no parameter has are errors naming the tensor; on error `m` may be partly set.
+template <class M>
+void merge_params(M& m, const ParamValues& values, std::string_view where = "merge_params") {
+  std::size_t used = 0;
+  m.visit_params("", [&](std::string_view path, auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    const auto it = values.find(std::string(path));
+    EDL_CHECK(it != values.end(), errc::invalid_argument, std::string(where), "no value for parameter \"", path, "\"");
+    EDL_CHECK(static_cast<std::int64_t>(it->second.size()) == p.numel(), errc::shape_mismatch, std::string(where),
+              "parameter \"", path, "\" has ", p.numel(), " elements (shape ", ::edl::detail::shape_str(p.shape()),
+              "), its value ", it->second.size());
+    T* dst = p.data();
+    for (std::size_t i = 0; i < it->second.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+    ++used;
+  });
+  if (used == values.size()) return;
+  std::map<std::string, bool> known;
+  m.visit_params("", [&](std::string_view path, auto&) { known.emplace(std::string(path), true); });
+  for (const auto& [name, v] : values)
+    EDL_CHECK(known.count(name), errc::invalid_argument, std::string(where), "\"", name,
+              "\" is not a parameter of the model");
 }
 
 /// Loads every parameter of `m` by name from `file`, an object with

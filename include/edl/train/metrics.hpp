@@ -70,18 +70,39 @@ inline std::string format_duration(double s) {
 }
 
 /// The progress line on stderr.
+/// How training progress is shown (TrainingArguments::progress_bar_type): a bar redrawn on a
+/// terminal ("tqdm", "rich"; plain lines when stderr is not one), JSON lines ("json": one
+/// object per logged step, {"message": ...} for the rest), or nothing ("none").
+enum class ProgressStyle { bar, json, none };
+
+inline ProgressStyle progress_style_from_name(const std::string& name, const std::string& where) {
+  if (name == "tqdm" || name == "rich") return ProgressStyle::bar;
+  if (name == "json") return ProgressStyle::json;
+  if (name == "none") return ProgressStyle::none;
+  ::edl::detail::raise(errc::config, where, ::edl::detail::concat("expected tqdm, rich, json or none; found \"", name, "\""));
+}
+
 class ProgressLine {
  public:
-  explicit ProgressLine(bool enabled = true) : enabled_(enabled), tty_(::isatty(2) == 1) {}
+  explicit ProgressLine(bool enabled = true) : ProgressLine(enabled ? ProgressStyle::bar : ProgressStyle::none) {}
+  explicit ProgressLine(ProgressStyle style, std::FILE* out = stderr)
+      : style_(style), out_(out), tty_(style == ProgressStyle::bar && out == stderr && ::isatty(2) == 1) {}
   void update(std::int64_t step, std::int64_t total, double loss, double lr, double tok_s, double mfu, double eta_s) {
-    if (!enabled_) return;
+    if (style_ == ProgressStyle::none) return;
+    if (style_ == ProgressStyle::json) {
+      nlohmann::ordered_json j = {{"step", step}, {"total_steps", total},     {"loss", loss}, {"learning_rate", lr},
+                                  {"tokens_per_s", tok_s}, {"mfu", mfu}, {"eta_s", eta_s}};
+      std::fprintf(out_, "%s\n", j.dump().c_str());
+      std::fflush(out_);
+      return;
+    }
     char buf[256];
     std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | lr %.2e | %.1fk tok/s | MFU %.1f%% | ETA %s",
                   static_cast<long long>(step), static_cast<long long>(total), loss, lr, tok_s / 1000.0, 100.0 * mfu,
                   format_duration(eta_s).c_str());
-    if (tty_) std::fprintf(stderr, "\r%s %s\033[K", bar(step, total).c_str(), buf);
-    else std::fprintf(stderr, "%s\n", buf);
-    std::fflush(stderr);
+    if (tty_) std::fprintf(out_, "\r%s %s\033[K", bar(step, total).c_str(), buf);
+    else std::fprintf(out_, "%s\n", buf);
+    std::fflush(out_);
     dirty_ = tty_;
   }
   /// "[########------------]  40%": the bar drawn in front of the line on a terminal (a log
@@ -94,22 +115,25 @@ class ProgressLine {
     return "[" + std::string(static_cast<std::size_t>(full), '#') + std::string(static_cast<std::size_t>(width - full), '-') +
            "] " + pct;
   }
-  /// True when updates redraw one line in place (enabled, and stderr is a terminal).
-  bool in_place() const noexcept { return enabled_ && tty_; }
+  /// True when updates redraw one line in place (a bar on a terminal).
+  bool in_place() const noexcept { return tty_; }
   /// A line of its own (evaluation, checkpoint); ends an in-place line first.
   void message(const std::string& s) {
-    if (!enabled_) return;
+    if (style_ == ProgressStyle::none) return;
     finish();
-    std::fprintf(stderr, "%s\n", s.c_str());
-    std::fflush(stderr);
+    if (style_ == ProgressStyle::json) std::fprintf(out_, "%s\n", nlohmann::ordered_json{{"message", s}}.dump().c_str());
+    else std::fprintf(out_, "%s\n", s.c_str());
+    std::fflush(out_);
   }
   void finish() {
-    if (dirty_) std::fprintf(stderr, "\n");
+    if (dirty_) std::fprintf(out_, "\n");
     dirty_ = false;
   }
 
  private:
-  bool enabled_, tty_, dirty_ = false;
+  ProgressStyle style_;
+  std::FILE* out_;
+  bool tty_, dirty_ = false;
 };
 
 }  // namespace edl::train

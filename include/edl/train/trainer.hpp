@@ -481,7 +481,10 @@ class BasicTrainer {
       }
       if (sharded_) sharded_->zero_grad();
       else optim::zero_grad(*model_);
-      nn::LossOptions lo;
+      nn::LossOptions lo;  // loss_config: z-loss, label smoothing, chunking (causal_lm and sft)
+      lo.z_loss = static_cast<float>(args_.loss_config.z_loss);
+      lo.label_smoothing = static_cast<float>(args_.loss_config.label_smoothing);
+      lo.chunk_rows = args_.loss_config.chunk_token_size;
       lo.normalizer = static_cast<double>(std::max<std::int64_t>(targets, 1));
       double loss = 0, flops = 0, aux = 0;
       PreferenceMetrics pref;  // dpo, orpo: the step's sums over micro-batches
@@ -872,7 +875,9 @@ class BasicTrainer {
                    : std::make_unique<MetricsWriter>();
     if (args_.use_tensorboard && processes_.is_primary())
       tensorboard_ = std::make_unique<io::EventFileWriter>(fs::path(args_.save_directory) / "tensorboard");
-    progress_ = ProgressLine(args_.progress && processes_.is_primary());
+    progress_ = ProgressLine(args_.progress && processes_.is_primary()
+                                 ? progress_style_from_name(args_.progress_bar_type, args_.where("progress_bar_type"))
+                                 : ProgressStyle::none);
     peak_gflops_ = args_.peak_gflops;
     add_adapters();
     if (mesh_) shard_host();

@@ -30,6 +30,7 @@
 #include <edl/io/json_config.hpp>
 #include <edl/lora/config.hpp>
 #include <edl/mesh/mesh.hpp>
+#include <edl/train/metrics.hpp>
 #include <edl/train/preference_options.hpp>
 
 namespace edl::train {
@@ -109,6 +110,7 @@ struct TrainingArguments {
   std::string param_dtype = "float32";
   double peak_gflops = 0.0;                          // MFU denominator; 0: measured at start
   bool progress = true;                              // the progress line on stderr
+  std::string progress_bar_type = "tqdm";            // tqdm | rich (a bar), json (JSON lines), none
   bool write_report = true;                          // report.md / report.html at the end of train()
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
@@ -151,6 +153,14 @@ struct TrainingArguments {
   double beta = 0.1;
   double label_smoothing = 0.0;
   std::string reference_model;
+  /// The causal-LM loss (EasyDeL's loss_config; causal_lm and sft): z-loss coefficient on
+  /// lse^2, label smoothing in [0, 1), and logits rows live at once (chunk_token_size).
+  struct LossConfig {
+    double z_loss = 0.0;
+    double label_smoothing = 0.0;
+    std::int64_t chunk_token_size = 1024;
+    bool operator==(const LossConfig&) const = default;
+  } loss_config;
 
   std::string source = "TrainingArguments";
 
@@ -166,9 +176,9 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
-        "reference_model"};
+        "reference_model", "loss_config"};
     return n;
   }
 
@@ -276,6 +286,21 @@ struct TrainingArguments {
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
     else if (key == "label_smoothing") f64(label_smoothing);
+    else if (key == "progress_bar_type") str(progress_bar_type);
+    else if (key == "loss_config") {
+      loss_config = LossConfig{};
+      if (!v.is_null()) {
+        EDL_CHECK(v.is_object(), errc::config, w,
+                  "expected an object {\"z_loss\", \"label_smoothing\", \"chunk_token_size\"} or null, found ", v.dump());
+        for (auto it = v.begin(); it != v.end(); ++it) {
+          const std::string f = w + "." + it.key();
+          if (it.key() == "z_loss") loss_config.z_loss = io::JsonConfig::convert<double>(*it, f);
+          else if (it.key() == "label_smoothing") loss_config.label_smoothing = io::JsonConfig::convert<double>(*it, f);
+          else if (it.key() == "chunk_token_size") loss_config.chunk_token_size = io::JsonConfig::convert<std::int64_t>(*it, f);
+          else ::edl::detail::raise(errc::config, w, "unknown field \"" + it.key() + "\"; expected z_loss, label_smoothing, chunk_token_size");
+        }
+      }
+    }
     else if (key == "reference_model") { if (v.is_null()) reference_model.clear(); else str(reference_model); }
     else if (key == "train_data") files(train_data);
     else if (key == "eval_data") files(eval_data);
@@ -343,6 +368,14 @@ struct TrainingArguments {
                   scheduler == "warmup_stable_decay",
               errc::config, where("scheduler"), "expected one of none, linear, cosine, warmup_stable_decay; found \"",
               scheduler, "\"");
+    progress_style_from_name(progress_bar_type, where("progress_bar_type"));
+    EDL_CHECK(loss_config.z_loss >= 0, errc::config, where("loss_config.z_loss"), "must be >= 0, found ", loss_config.z_loss);
+    EDL_CHECK(loss_config.label_smoothing >= 0 && loss_config.label_smoothing < 1, errc::config,
+              where("loss_config.label_smoothing"), "must lie in [0, 1), found ", loss_config.label_smoothing);
+    EDL_CHECK(loss_config.chunk_token_size > 0, errc::config, where("loss_config.chunk_token_size"),
+              "must be positive, found ", loss_config.chunk_token_size);
+    EDL_CHECK(!preference() || loss_config == LossConfig{}, errc::unsupported, where("loss_config"),
+              "applies to the causal_lm and sft trainers; ", trainer, " has its own loss (loss_type, beta, label_smoothing)");
     EDL_CHECK(truncation_mode == "keep_start" || truncation_mode == "keep_end", errc::config, where("truncation_mode"),
               "expected keep_start or keep_end, found \"", truncation_mode, "\"");
     nonneg("learning_rate", learning_rate);
@@ -528,6 +561,10 @@ struct TrainingArguments {
     j["beta"] = beta;
     j["label_smoothing"] = label_smoothing;
     j["reference_model"] = reference_model.empty() ? ojson(nullptr) : ojson(reference_model);
+    j["progress_bar_type"] = progress_bar_type;
+    j["loss_config"] = {{"z_loss", loss_config.z_loss},
+                        {"label_smoothing", loss_config.label_smoothing},
+                        {"chunk_token_size", loss_config.chunk_token_size}};
     return j;
   }
 };

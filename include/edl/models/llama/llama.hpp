@@ -25,7 +25,9 @@
 // model.embed_tokens.weight and its gradient is added to the embedding's (both paths sum).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <span>
@@ -263,9 +265,7 @@ class LlamaForCausalLM {
   }
   std::int64_t param_count() const noexcept { return model.param_count() + (tied_ ? 0 : lm_head.param_count()); }
   double flops_forward(std::int64_t batch, std::int64_t seq) const noexcept {
-    return model.flops_forward(batch, seq) + 2.0 * static_cast<double>(batch * seq) *
-                                                 static_cast<double>(config().hidden_size) *
-                                                 static_cast<double>(config().vocab_size);
+    return static_cast<double>(batch * seq) * flops_per_token(seq);
   }
   /// Random weights (then quantized when the policy names a format).
   void init(Key key, float std = -1.0f) {
@@ -311,6 +311,42 @@ class LlamaForCausalLM {
     Saved s;
     forward<remat::everything_saveable>(ids, layout, s);  // no backward: nothing to recompute
     apply_lm_head(s.hidden.data(), layout.tokens(), out);
+  }
+
+  /// HF's output_hidden_states: num_hidden_layers + 1 arrays [T, hidden], as transformers'
+  /// LlamaModel returns them: the embeddings (layer 0's input), each layer's output but the
+  /// last, and the final normed states (what the head reads).
+  std::vector<std::vector<float>> hidden_states(const std::int64_t* ids, const nn::TokenLayout& layout) const {
+    Saved s;
+    forward<remat::everything_saveable>(ids, layout, s);
+    std::vector<std::vector<float>> out(s.model_s.hs.begin(), s.model_s.hs.end() - 1);
+    out.push_back(std::move(s.hidden));
+    return out;
+  }
+
+  /// HF's output_attentions: per layer, the attention probabilities [batch, heads, seq, seq]
+  /// (nn::Attention::probabilities). Opt-in: training never stores them; this call runs a
+  /// forward and recomputes them from each layer's q, k and log-sum-exp.
+  std::vector<std::vector<float>> attentions(const std::int64_t* ids, const nn::TokenLayout& layout) const {
+    Saved s;
+    forward<remat::everything_saveable>(ids, layout, s);
+    std::vector<std::vector<float>> out;
+    for (std::size_t l = 0; l < model.layers.size(); ++l)
+      out.push_back(model.layers[l].self_attn.probabilities(s.model_s.layer_s[l].attn_s));
+    return out;
+  }
+
+  /// The seeds' flops_per_token: forward FLOPs per token of one sequence of seq_len tokens
+  /// (every projection, attention over the causal pairs), plus the head's when include_loss,
+  /// times 3 when include_backward (the backward is twice the forward). The trainer's MFU is
+  /// flops_per_token(seq, true, true) x tokens/s over the peak.
+  double flops_per_token(std::int64_t seq_len, bool include_loss = true, bool include_backward = false) const noexcept {
+    double f = model.flops_forward(1, seq_len);
+    if (include_loss)
+      f += 2.0 * static_cast<double>(seq_len) * static_cast<double>(config().hidden_size) *
+           static_cast<double>(config().vocab_size);
+    f /= static_cast<double>(seq_len);
+    return include_backward ? 3.0 * f : f;
   }
 
   /// EasyDeL's apply_lm_head: logits [rows, vocab] of final hidden states [rows, hidden] (after
@@ -408,5 +444,41 @@ class LlamaForCausalLM {
  private:
   bool tied_ = false;
 };
+
+/// The seeds' update_module: `m`'s weights under its config with the fields of `overrides`
+/// replaced (config.json names, e.g. rope_theta, rope_scaling, rms_norm_eps,
+/// max_position_embeddings, sliding_window). A change of a parameter's shape or of the set of
+/// parameters is an error naming the tensor; quantized models are refused (their blocks are
+/// not parameters; update the float model, then quantize).
+template <class Pol>
+LlamaForCausalLM<Pol> update_module(LlamaForCausalLM<Pol>& m, const nlohmann::ordered_json& overrides) {
+  EDL_CHECK(!nn::is_quantized(m), errc::unsupported, "update_module",
+            "the model is quantized: update the float model, then quantize it");
+  EDL_CHECK(overrides.is_object(), errc::invalid_argument, "update_module",
+            "expected an object of config.json fields, found ", overrides.type_name());
+  nlohmann::ordered_json j = m.config().to_json();
+  for (const auto& [k, v] : overrides.items()) j[k] = v;
+  LlamaConfig cfg = LlamaConfig::from_json(j, "update_module overrides");
+  cfg.validate();
+  LlamaForCausalLM<Pol> out(cfg);
+  const auto have = nn::named_shapes(m), want = nn::named_shapes(out);
+  for (std::size_t i = 0; i < std::max(have.size(), want.size()); ++i) {
+    EDL_CHECK(i < have.size() && i < want.size() && have[i].first == want[i].first, errc::invalid_argument,
+              "update_module", "the overrides change the model's parameters: \"",
+              i < want.size() ? want[i].first : have[i].first, "\" ", i < want.size() ? "is new" : "is gone");
+    EDL_CHECK(have[i].second == want[i].second, errc::shape_mismatch, "update_module", "the overrides change \"",
+              have[i].first, "\" from shape ", ::edl::detail::shape_str(have[i].second), " to ",
+              ::edl::detail::shape_str(want[i].second));
+  }
+  // Same names, same shapes, same order: copy each parameter as it is stored.
+  std::vector<std::pair<const void*, std::size_t>> src;
+  m.visit_params("", [&](std::string_view, auto& p) { src.emplace_back(p.data(), p.value.size() * sizeof(*p.data())); });
+  std::size_t i = 0;
+  out.visit_params("", [&](std::string_view, auto& p) {
+    std::memcpy(p.data(), src[i].first, src[i].second);
+    ++i;
+  });
+  return out;
+}
 
 }  // namespace edl::models

@@ -54,6 +54,7 @@
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/fused_checkpoint.hpp>
+#include <edl/models/llama/transform_rules.hpp>
 #include <edl/models/llama/gguf.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/nn/module.hpp>
@@ -188,6 +189,9 @@ struct LoadOptions {
   /// decode reads every weight once per token, and huge pages spare it the TLB misses. Values
   /// are unchanged; servers turn it on, training has no need.
   bool huge_pages = false;
+  /// Loading rules for checkpoints with other names or layouts (transform_rules.hpp): the
+  /// folder's tensors are read under the names the rules give, transformed where they say.
+  TransformRules transform_rules;
 };
 
 namespace detail {
@@ -249,9 +253,16 @@ template <class M, class Ckpt>
 LoadReport load_weights(M& model, const Ckpt& ckpt, const LoadOptions& opt = {}) {
   if constexpr (requires { model.config().checkpoint_names_differ(); }) {
     if (model.config().checkpoint_names_differ()) {
-      std::vector<std::string> names;
-      model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
-      return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+      // The fused view reads blocks of a file: a safetensors file or a sharded checkpoint.
+      if constexpr (std::is_same_v<Ckpt, io::SafeTensorsFile> ||
+                    requires(const Ckpt& c, const std::string& t) { c.shard_of(t); }) {
+        std::vector<std::string> names;
+        model.visit_params("", [&](std::string_view path, auto&) { names.emplace_back(path); });
+        return detail::load_named_weights(model, FusedCheckpointView<Ckpt>(ckpt, model.config(), names), opt);
+      } else {
+        ::edl::detail::raise(errc::unsupported, detail::checkpoint_source(ckpt),
+                             "this model's checkpoint fuses or nests its tensors; it loads from the checkpoint itself");
+      }
     }
   }
   return detail::load_named_weights(model, ckpt, opt);
@@ -384,10 +395,20 @@ LlamaForCausalLM<Pol> from_pretrained(const std::filesystem::path& dir, const Lo
   }
   const auto cfg = LlamaConfig::from_file((dir / "config.json").string());
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
-  detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  std::optional<TransformedCheckpoint<io::ShardedCheckpoint>> renamed;
+  if (!opt.transform_rules.empty()) {
+    EDL_CHECK(!cfg.checkpoint_names_differ(), errc::unsupported, (dir / "config.json").string(),
+              "loading rules apply to checkpoints stored under HF's Llama names; this config's checkpoint fuses "
+              "or nests its tensors");
+    renamed.emplace(ckpt, opt.transform_rules);
+    detail::check_named_shapes(cfg, *renamed, opt);
+  } else {
+    detail::check_shapes_before_allocating(cfg, ckpt, opt);
+  }
   LlamaForCausalLM<Pol> m(cfg);
   if (opt.huge_pages) nn::advise_huge_pages(m);  // before the weights are written: faulted in as huge pages
-  load_weights(m, ckpt, opt);
+  if (renamed) load_weights(m, *renamed, opt);
+  else load_weights(m, ckpt, opt);
   m.quantize_as_policy();
   if (opt.huge_pages && Pol::quant_t::quantized) nn::advise_huge_pages(m);  // the new blocks too
   return m;
