@@ -33309,6 +33309,8 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
 // #include <edl/io/json_config.hpp> (inlined above)
 // #include <edl/lora/config.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/optim/schedule.hpp> (inlined above)
 // #include <edl/train/metrics.hpp> (inlined above)
 // #include <edl/train/preference_options.hpp> (inlined above)
 
@@ -33446,6 +33448,41 @@ struct TrainingArguments {
   /// A preference trainer (dpo or orpo): the data holds (chosen, rejected) pairs.
   bool preference() const noexcept { return trainer == "dpo" || trainer == "orpo"; }
   PreferenceOptions preference_options() const { return {loss_type, beta, label_smoothing, trainer == "orpo"}; }
+
+  /// The optimizer the fields name (optimizer, b1, b2, epsilon, weight_decay, momentum, rmsprop_*).
+  optim::OptimizerOptions optimizer_options() const {
+    optim::OptimizerOptions o;
+    o.kind = optim::optimizer_from_name(optimizer);
+    o.b1 = b1;
+    o.b2 = b2;
+    o.eps = epsilon;
+    o.weight_decay = weight_decay;
+    o.momentum = momentum;
+    o.rmsprop_alpha = rmsprop_alpha;
+    o.rmsprop_centered = rmsprop_centered;
+    return o;
+  }
+  /// Sets those fields from `o` (a training state's optimizer becomes the run's).
+  void set_optimizer(const optim::OptimizerOptions& o) {
+    optimizer = optim::optimizer_name(o.kind);
+    b1 = o.b1;
+    b2 = o.b2;
+    epsilon = o.eps;
+    weight_decay = o.weight_decay;
+    momentum = o.momentum;
+    rmsprop_alpha = o.rmsprop_alpha;
+    rmsprop_centered = o.rmsprop_centered;
+  }
+  /// The learning-rate schedule the fields name, over `total_steps` optimizer steps.
+  optim::Schedule schedule(std::int64_t total_steps) const {
+    optim::Schedule s;
+    s.kind = optim::schedule_from_name(scheduler);
+    s.lr = learning_rate;
+    s.lr_end = learning_rate_end;
+    s.warmup_steps = warmup_steps;
+    s.total_steps = total_steps;
+    return s;
+  }
 
   static const std::vector<std::string>& field_names() {
     static const std::vector<std::string> n = {
@@ -34533,14 +34570,7 @@ class BasicTrainer {
 
   /// `args` with the optimizer fields of `o` (a training state's optimizer is the run's).
   static TrainingArguments with_optimizer_of(TrainingArguments args, const optim::OptimizerOptions& o) {
-    args.optimizer = optim::optimizer_name(o.kind);
-    args.b1 = o.b1;
-    args.b2 = o.b2;
-    args.epsilon = o.eps;
-    args.weight_decay = o.weight_decay;
-    args.momentum = o.momentum;
-    args.rmsprop_alpha = o.rmsprop_alpha;
-    args.rmsprop_centered = o.rmsprop_centered;
+    args.set_optimizer(o);
     return args;
   }
 
@@ -34703,21 +34733,8 @@ class BasicTrainer {
     total_steps_ = args_.max_training_steps ? *args_.max_training_steps : args_.num_train_epochs * steps_per_epoch_;
     trunc_ = truncation_from_name(args_.truncation_mode);
     pad_id_ = tok_ && tok_->pad_id() ? *tok_->pad_id() : (tok_ && tok_->eos_id() ? *tok_->eos_id() : 0);
-    optim::OptimizerOptions oo;
-    oo.kind = optim::optimizer_from_name(args_.optimizer);
-    oo.b1 = args_.b1;
-    oo.b2 = args_.b2;
-    oo.eps = args_.epsilon;
-    oo.weight_decay = args_.weight_decay;
-    oo.momentum = args_.momentum;
-    oo.rmsprop_alpha = args_.rmsprop_alpha;
-    oo.rmsprop_centered = args_.rmsprop_centered;
-    opt_ = optim::Optimizer(oo);
-    sched_.kind = optim::schedule_from_name(args_.scheduler);
-    sched_.lr = args_.learning_rate;
-    sched_.lr_end = args_.learning_rate_end;
-    sched_.warmup_steps = args_.warmup_steps;
-    sched_.total_steps = total_steps_;
+    opt_ = optim::Optimizer(args_.optimizer_options());
+    sched_ = args_.schedule(total_steps_);
     state_.data_key = fold_in(Key::from_seed(args_.seed), 1);
     ckpt_ = CheckpointManager(args_.save_directory, args_.save_total_limit);
     fs::create_directories(args_.save_directory);

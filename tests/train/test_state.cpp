@@ -58,6 +58,15 @@ std::vector<float> flat_grads(models::LlamaForCausalLM<>& m) {
   return v;
 }
 
+// One step of batch b (2 x 12 tokens): gradients, clipping at 1, lr 1e-2; returns the loss.
+double run_step(TrainingState<>& st, std::uint32_t b) {
+  const auto ids = tokens(2, 12, b);
+  optim::zero_grad(st.model);
+  const double loss = st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss;
+  st.apply_gradients(1e-2, 1.0);
+  return loss;
+}
+
 TEST(TrainingState, ApplyGradientsIsAClippedOptimizerStep) {
   // Plain SGD (no momentum, no decay): w' = w - lr * g * min(1, max_norm / |g|), in double.
   auto st = TrainingState<>::create(state_model(), {.kind = optim::OptimizerKind::sgd});
@@ -124,13 +133,6 @@ TEST(TrainingState, SaveAndLoadContinueBitForBit) {
   const optim::OptimizerOptions adamw{.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1};
   const fs::path dir = fs::temp_directory_path() / ("edl_state_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  auto run_step = [](TrainingState<>& st, std::uint32_t b) {
-    const auto ids = tokens(2, 12, b);
-    optim::zero_grad(st.model);
-    const double loss = st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss;
-    st.apply_gradients(1e-2, 1.0);
-    return loss;
-  };
   auto a = TrainingState<>::create(state_model(), adamw);
   run_step(a, 0);
   run_step(a, 1);
@@ -298,13 +300,6 @@ TEST(TrainingState, FloatDtypeWeightsOnlySavesAndLoadOverrides) {
   const optim::OptimizerOptions adamw{.kind = optim::OptimizerKind::adamw, .weight_decay = 0.1};
   const fs::path dir = fs::temp_directory_path() / ("edl_state_opts_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  auto run_step = [](TrainingState<>& st, std::uint32_t b) {
-    const auto ids = tokens(2, 12, b);
-    optim::zero_grad(st.model);
-    const double loss = st.model.forward_backward(ids.data(), nn::TokenLayout{2, 12}, nullptr).loss;
-    st.apply_gradients(1e-2, 1.0);
-    return loss;
-  };
   auto a = TrainingState<>::create(state_model(), adamw);
   run_step(a, 0);
   run_step(a, 1);

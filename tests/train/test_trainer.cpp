@@ -930,30 +930,12 @@ std::vector<float> params_of(models::LlamaForCausalLM<>& m) {
   return v;
 }
 
-optim::OptimizerOptions optimizer_options(const TrainingArguments& a) {
-  optim::OptimizerOptions o;
-  o.kind = optim::optimizer_from_name(a.optimizer);
-  o.b1 = a.b1;
-  o.b2 = a.b2;
-  o.eps = a.epsilon;
-  o.weight_decay = a.weight_decay;
-  o.momentum = a.momentum;
-  o.rmsprop_alpha = a.rmsprop_alpha;
-  o.rmsprop_centered = a.rmsprop_centered;
-  return o;
-}
-
 // The trainer's step written out by hand with a TrainingState: rows in file order (no
 // shuffling, one micro-batch per step), the loss normalised by the step's targets, clipping,
 // the schedule's rate. Runs `st` up to step `to`; returns the losses.
 std::vector<double> hand_written_steps(TrainingState<>& st, const TrainingArguments& args, const TokenDataset& data,
                                        std::int64_t to, const DataCollator& collator = {}, nn::LossOptions lo = {}) {
-  optim::Schedule sched;
-  sched.kind = optim::schedule_from_name(args.scheduler);
-  sched.lr = args.learning_rate;
-  sched.lr_end = args.learning_rate_end;
-  sched.warmup_steps = args.warmup_steps;
-  sched.total_steps = *args.max_training_steps;
+  const optim::Schedule sched = args.schedule(*args.max_training_steps);
   const std::int64_t B = args.total_batch_size, per_epoch = data.size() / B;
   std::vector<double> out;
   while (st.step < to) {
@@ -1003,11 +985,11 @@ TEST(Trainer, EveryOptimizerAndScheduleFollowsAHandWrittenLoop) {
     };
     t.callbacks.push_back(cb);
     t.train();
-    auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+    auto st = TrainingState<>::create(make_model(1), args.optimizer_options());
     EXPECT_EQ(seen, hand_written_steps(st, args, data, 5));
     EXPECT_EQ(params_of(t.model()), params_of(st.model));
 
-    auto half = TrainingState<>::create(make_model(1), optimizer_options(args));
+    auto half = TrainingState<>::create(make_model(1), args.optimizer_options());
     hand_written_steps(half, args, data, 2);
     TempDir d2(std::string("from_state_") + optimizer);
     auto args2 = args;
@@ -1061,7 +1043,7 @@ TEST(Trainer, DataCollatorBuildsEveryBatch) {
   const std::vector<std::vector<std::int64_t>> expected = {{0, 1}, {2, 3}, {4, 5}, {6, 7},  // four steps
                                                            {0, 1}, {2, 3}, {4}};            // the final evaluation
   EXPECT_EQ(calls, expected);
-  auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+  auto st = TrainingState<>::create(make_model(1), args.optimizer_options());
   EXPECT_EQ(seen, hand_written_steps(st, args, data, 4, context_masked));
   ASSERT_TRUE(r.eval_loss.has_value());
   EvalOptions eo{16, 2, std::nullopt, 0, Truncation::keep_end, context_masked, 64};
@@ -1215,9 +1197,9 @@ TEST(Trainer, LossConfigReachesTheLoss) {
   lo.z_loss = 1e-2f;
   lo.label_smoothing = 0.1f;
   lo.chunk_rows = 5;
-  auto st = TrainingState<>::create(make_model(1), optimizer_options(args));
+  auto st = TrainingState<>::create(make_model(1), args.optimizer_options());
   EXPECT_EQ(seen, hand_written_steps(st, args, data, 3, {}, lo));
-  auto plain = TrainingState<>::create(make_model(1), optimizer_options(args));
+  auto plain = TrainingState<>::create(make_model(1), args.optimizer_options());
   EXPECT_NE(seen, hand_written_steps(plain, args, data, 3));  // the options changed the loss
   TempDir dm("loss_config_mesh");
   auto margs = args;

@@ -681,14 +681,7 @@ class BasicTrainer {
 
   /// `args` with the optimizer fields of `o` (a training state's optimizer is the run's).
   static TrainingArguments with_optimizer_of(TrainingArguments args, const optim::OptimizerOptions& o) {
-    args.optimizer = optim::optimizer_name(o.kind);
-    args.b1 = o.b1;
-    args.b2 = o.b2;
-    args.epsilon = o.eps;
-    args.weight_decay = o.weight_decay;
-    args.momentum = o.momentum;
-    args.rmsprop_alpha = o.rmsprop_alpha;
-    args.rmsprop_centered = o.rmsprop_centered;
+    args.set_optimizer(o);
     return args;
   }
 
@@ -851,21 +844,8 @@ class BasicTrainer {
     total_steps_ = args_.max_training_steps ? *args_.max_training_steps : args_.num_train_epochs * steps_per_epoch_;
     trunc_ = truncation_from_name(args_.truncation_mode);
     pad_id_ = tok_ && tok_->pad_id() ? *tok_->pad_id() : (tok_ && tok_->eos_id() ? *tok_->eos_id() : 0);
-    optim::OptimizerOptions oo;
-    oo.kind = optim::optimizer_from_name(args_.optimizer);
-    oo.b1 = args_.b1;
-    oo.b2 = args_.b2;
-    oo.eps = args_.epsilon;
-    oo.weight_decay = args_.weight_decay;
-    oo.momentum = args_.momentum;
-    oo.rmsprop_alpha = args_.rmsprop_alpha;
-    oo.rmsprop_centered = args_.rmsprop_centered;
-    opt_ = optim::Optimizer(oo);
-    sched_.kind = optim::schedule_from_name(args_.scheduler);
-    sched_.lr = args_.learning_rate;
-    sched_.lr_end = args_.learning_rate_end;
-    sched_.warmup_steps = args_.warmup_steps;
-    sched_.total_steps = total_steps_;
+    opt_ = optim::Optimizer(args_.optimizer_options());
+    sched_ = args_.schedule(total_steps_);
     state_.data_key = fold_in(Key::from_seed(args_.seed), 1);
     ckpt_ = CheckpointManager(args_.save_directory, args_.save_total_limit);
     fs::create_directories(args_.save_directory);

@@ -30,6 +30,8 @@
 #include <edl/io/json_config.hpp>
 #include <edl/lora/config.hpp>
 #include <edl/mesh/mesh.hpp>
+#include <edl/optim/optimizer.hpp>
+#include <edl/optim/schedule.hpp>
 #include <edl/train/metrics.hpp>
 #include <edl/train/preference_options.hpp>
 
@@ -167,6 +169,41 @@ struct TrainingArguments {
   /// A preference trainer (dpo or orpo): the data holds (chosen, rejected) pairs.
   bool preference() const noexcept { return trainer == "dpo" || trainer == "orpo"; }
   PreferenceOptions preference_options() const { return {loss_type, beta, label_smoothing, trainer == "orpo"}; }
+
+  /// The optimizer the fields name (optimizer, b1, b2, epsilon, weight_decay, momentum, rmsprop_*).
+  optim::OptimizerOptions optimizer_options() const {
+    optim::OptimizerOptions o;
+    o.kind = optim::optimizer_from_name(optimizer);
+    o.b1 = b1;
+    o.b2 = b2;
+    o.eps = epsilon;
+    o.weight_decay = weight_decay;
+    o.momentum = momentum;
+    o.rmsprop_alpha = rmsprop_alpha;
+    o.rmsprop_centered = rmsprop_centered;
+    return o;
+  }
+  /// Sets those fields from `o` (a training state's optimizer becomes the run's).
+  void set_optimizer(const optim::OptimizerOptions& o) {
+    optimizer = optim::optimizer_name(o.kind);
+    b1 = o.b1;
+    b2 = o.b2;
+    epsilon = o.eps;
+    weight_decay = o.weight_decay;
+    momentum = o.momentum;
+    rmsprop_alpha = o.rmsprop_alpha;
+    rmsprop_centered = o.rmsprop_centered;
+  }
+  /// The learning-rate schedule the fields name, over `total_steps` optimizer steps.
+  optim::Schedule schedule(std::int64_t total_steps) const {
+    optim::Schedule s;
+    s.kind = optim::schedule_from_name(scheduler);
+    s.lr = learning_rate;
+    s.lr_end = learning_rate_end;
+    s.warmup_steps = warmup_steps;
+    s.total_steps = total_steps;
+    return s;
+  }
 
   static const std::vector<std::string>& field_names() {
     static const std::vector<std::string> n = {
