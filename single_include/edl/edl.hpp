@@ -22289,6 +22289,39 @@ struct LlamaConfig {
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/checkpoint_source.hpp>
+// edl/models/llama/checkpoint_source.hpp: where a checkpoint object's tensors come from, for
+// the errors that name them. Any checkpoint the loaders take (io::ShardedCheckpoint,
+// io::SafeTensorsFile, or a view over one such as FusedCheckpointView and
+// TransformedCheckpoint) answers through these two, so the views need no copies of their own.
+
+#include <string>
+
+namespace edl::models::detail {
+
+/// The checkpoint's name for errors: the index, or the single file.
+template <class Ckpt>
+std::string checkpoint_source(const Ckpt& c) {
+  if constexpr (requires { c.index_path(); c.files(); }) {
+    if (!c.index_path().empty()) return c.index_path();
+    const auto f = c.files();
+    return f.empty() ? std::string("checkpoint") : f.front();
+  } else if constexpr (requires { c.path(); }) {
+    return c.path();
+  } else {
+    return "checkpoint";
+  }
+}
+
+/// The file holding tensor `name` (a sharded checkpoint's shard), else the checkpoint's name.
+template <class Ckpt>
+std::string file_of(const Ckpt& c, const std::string& name) {
+  if constexpr (requires { c.file_of(name); }) return c.file_of(name);
+  else return checkpoint_source(c);
+}
+
+}  // namespace edl::models::detail
+// end of edl/models/llama/checkpoint_source.hpp
 // #include <edl/models/llama/config.hpp> (inlined above)
 
 namespace edl::models {
@@ -22396,11 +22429,7 @@ class FusedCheckpointView {
     const auto it = parts_.find(name);
     return ckpt_file_of(stored(it != parts_.end() ? it->second.slice.tensor : name));
   }
-  std::string path() const {
-    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
-      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
-    else return ckpt_.path();
-  }
+  std::string path() const { return detail::checkpoint_source(ckpt_); }
 
   /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
   template <class T>
@@ -22424,10 +22453,7 @@ class FusedCheckpointView {
     const auto it = stored_.find(name);
     return it != stored_.end() ? it->second : name;
   }
-  std::string ckpt_file_of(const std::string& t) const {
-    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
-    else return ckpt_.path();
-  }
+  std::string ckpt_file_of(const std::string& t) const { return detail::file_of(ckpt_, t); }
   const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
     if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
     else return ckpt_;
@@ -24364,6 +24390,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/checkpoint_source.hpp> (inlined above)
 // #include <edl/models/llama/config.hpp> (inlined above)
 // #include <edl/models/llama/fused_checkpoint.hpp> (inlined above)
 // #include <edl/models/llama/transform_rules.hpp>
@@ -24400,6 +24427,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
+// #include <edl/models/llama/checkpoint_source.hpp> (inlined above)
 
 namespace edl::models {
 
@@ -24469,11 +24497,7 @@ class TransformedCheckpoint {
     return transformed(name, e).info;
   }
   std::string file_of(const std::string& name) const { return file_of_stored(entry(name).stored); }
-  std::string path() const {
-    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
-      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
-    else return ckpt_.path();
-  }
+  std::string path() const { return detail::checkpoint_source(ckpt_); }
 
   /// Tensor `name` converted to T (the transform's result, or the stored tensor).
   template <class T>
@@ -24507,10 +24531,7 @@ class TransformedCheckpoint {
     EDL_CHECK(it != entries_.end(), errc::format, path(), "no tensor \"", name, "\" after the loading rules");
     return it->second;
   }
-  std::string file_of_stored(const std::string& stored) const {
-    if constexpr (requires { ckpt_.file_of(stored); }) return ckpt_.file_of(stored);
-    else return path();
-  }
+  std::string file_of_stored(const std::string& stored) const { return detail::file_of(ckpt_, stored); }
   const Transformed& transformed(const std::string& name, const Entry& e) const {
     std::lock_guard<std::mutex> lock(cache_->mu);
     if (const auto it = cache_->done.find(name); it != cache_->done.end()) return it->second;
@@ -25703,20 +25724,6 @@ inline bool is_hf_buffer(std::string_view name) {
   return ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".masked_bias") || ends_with(name, ".attn.bias");
 }
 
-/// The checkpoint's name for errors: the index, or the single file.
-template <class Ckpt>
-std::string checkpoint_source(const Ckpt& c) {
-  if constexpr (requires { c.index_path(); c.files(); }) {
-    if (!c.index_path().empty()) return c.index_path();
-    const auto f = c.files();
-    return f.empty() ? std::string("checkpoint") : f.front();
-  } else if constexpr (requires { c.path(); }) {
-    return c.path();
-  } else {
-    return "checkpoint";
-  }
-}
-
 /// The block format of a saved quantized weight [rows, width] of a Linear with `in` inputs.
 inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t in) {
   for (quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4})
@@ -25727,12 +25734,6 @@ inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t 
 /// The companion tensors of a saved nf4 weight (its double-quantized block scales).
 inline std::array<std::string, 3> nf4_scale_names(const std::string& weight) {
   return {weight + ".absmax", weight + ".nested_absmax", weight + ".offset"};
-}
-
-template <class Ckpt>
-std::string file_of(const Ckpt& c, const std::string& name) {
-  if constexpr (requires { c.file_of(name); }) return c.file_of(name);
-  else return checkpoint_source(c);
 }
 
 }  // namespace detail

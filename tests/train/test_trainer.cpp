@@ -930,6 +930,16 @@ std::vector<float> params_of(models::LlamaForCausalLM<>& m) {
   return v;
 }
 
+// Appends every step's loss to `out` (a callback of `t`).
+void record_losses(Trainer& t, std::vector<double>& out) {
+  TrainerCallback cb;
+  cb.on_step_end = [&out](Trainer&, const StepMetrics& m) {
+    out.push_back(m.loss);
+    return true;
+  };
+  t.callbacks.push_back(cb);
+}
+
 // The trainer's step written out by hand with a TrainingState: rows in file order (no
 // shuffling, one micro-batch per step), the loss normalised by the step's targets, clipping,
 // the schedule's rate. Runs `st` up to step `to`; returns the losses.
@@ -978,12 +988,7 @@ TEST(Trainer, EveryOptimizerAndScheduleFollowsAHandWrittenLoop) {
     if (std::string(optimizer) == "lion") args.learning_rate = 3e-4;
     Trainer t(args, make_model(1), std::nullopt, data);
     std::vector<double> seen;
-    TrainerCallback cb;
-    cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
-      seen.push_back(m.loss);
-      return true;
-    };
-    t.callbacks.push_back(cb);
+    record_losses(t, seen);
     t.train();
     auto st = TrainingState<>::create(make_model(1), args.optimizer_options());
     EXPECT_EQ(seen, hand_written_steps(st, args, data, 5));
@@ -1033,12 +1038,7 @@ TEST(Trainer, DataCollatorBuildsEveryBatch) {
     return context_masked(ds, rows);
   };
   std::vector<double> seen;
-  TrainerCallback cb;
-  cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
-    seen.push_back(m.loss);
-    return true;
-  };
-  t.callbacks.push_back(cb);
+  record_losses(t, seen);
   const TrainResult r = t.train();
   const std::vector<std::vector<std::int64_t>> expected = {{0, 1}, {2, 3}, {4, 5}, {6, 7},  // four steps
                                                            {0, 1}, {2, 3}, {4}};            // the final evaluation
@@ -1184,12 +1184,7 @@ TEST(Trainer, LossConfigReachesTheLoss) {
   std::vector<double> seen, on_mesh;
   const auto run = [&](TrainingArguments a, std::vector<double>& out) {
     Trainer t(a, make_model(1), std::nullopt, data);
-    TrainerCallback cb;
-    cb.on_step_end = [&](Trainer&, const StepMetrics& m) {
-      out.push_back(m.loss);
-      return true;
-    };
-    t.callbacks.push_back(cb);
+    record_losses(t, out);
     t.train();
   };
   run(args, seen);

@@ -35,6 +35,7 @@
 
 #include <edl/core/error.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/models/llama/checkpoint_source.hpp>
 #include <edl/models/llama/config.hpp>
 
 namespace edl::models {
@@ -142,11 +143,7 @@ class FusedCheckpointView {
     const auto it = parts_.find(name);
     return ckpt_file_of(stored(it != parts_.end() ? it->second.slice.tensor : name));
   }
-  std::string path() const {
-    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
-      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
-    else return ckpt_.path();
-  }
+  std::string path() const { return detail::checkpoint_source(ckpt_); }
 
   /// Tensor `name` converted to T: a part's rows of its fused tensor, or the tensor itself.
   template <class T>
@@ -170,10 +167,7 @@ class FusedCheckpointView {
     const auto it = stored_.find(name);
     return it != stored_.end() ? it->second : name;
   }
-  std::string ckpt_file_of(const std::string& t) const {
-    if constexpr (requires { ckpt_.file_of(t); }) return ckpt_.file_of(t);
-    else return ckpt_.path();
-  }
+  std::string ckpt_file_of(const std::string& t) const { return detail::file_of(ckpt_, t); }
   const io::SafeTensorsFile& file_holding(const std::string& tensor) const {
     if constexpr (requires { ckpt_.shard_of(tensor); }) return ckpt_.shard_of(tensor);
     else return ckpt_;

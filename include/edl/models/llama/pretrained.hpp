@@ -52,6 +52,7 @@
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/models/llama/checkpoint_source.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/fused_checkpoint.hpp>
 #include <edl/models/llama/transform_rules.hpp>
@@ -205,20 +206,6 @@ inline bool is_hf_buffer(std::string_view name) {
   return ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".masked_bias") || ends_with(name, ".attn.bias");
 }
 
-/// The checkpoint's name for errors: the index, or the single file.
-template <class Ckpt>
-std::string checkpoint_source(const Ckpt& c) {
-  if constexpr (requires { c.index_path(); c.files(); }) {
-    if (!c.index_path().empty()) return c.index_path();
-    const auto f = c.files();
-    return f.empty() ? std::string("checkpoint") : f.front();
-  } else if constexpr (requires { c.path(); }) {
-    return c.path();
-  } else {
-    return "checkpoint";
-  }
-}
-
 /// The block format of a saved quantized weight [rows, width] of a Linear with `in` inputs.
 inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t in) {
   for (quant::Format f : {quant::Format::q8_0, quant::Format::q4_0, quant::Format::nf4})
@@ -229,12 +216,6 @@ inline quant::Format quantized_format_of_width(std::int64_t width, std::int64_t 
 /// The companion tensors of a saved nf4 weight (its double-quantized block scales).
 inline std::array<std::string, 3> nf4_scale_names(const std::string& weight) {
   return {weight + ".absmax", weight + ".nested_absmax", weight + ".offset"};
-}
-
-template <class Ckpt>
-std::string file_of(const Ckpt& c, const std::string& name) {
-  if constexpr (requires { c.file_of(name); }) return c.file_of(name);
-  else return checkpoint_source(c);
 }
 
 }  // namespace detail

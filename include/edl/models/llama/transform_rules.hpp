@@ -32,6 +32,7 @@
 #include <edl/core/dtype.hpp>
 #include <edl/core/error.hpp>
 #include <edl/io/safetensors.hpp>
+#include <edl/models/llama/checkpoint_source.hpp>
 
 namespace edl::models {
 
@@ -101,11 +102,7 @@ class TransformedCheckpoint {
     return transformed(name, e).info;
   }
   std::string file_of(const std::string& name) const { return file_of_stored(entry(name).stored); }
-  std::string path() const {
-    if constexpr (requires { ckpt_.index_path(); ckpt_.files(); })
-      return !ckpt_.index_path().empty() ? ckpt_.index_path() : (ckpt_.files().empty() ? std::string() : ckpt_.files().front());
-    else return ckpt_.path();
-  }
+  std::string path() const { return detail::checkpoint_source(ckpt_); }
 
   /// Tensor `name` converted to T (the transform's result, or the stored tensor).
   template <class T>
@@ -139,10 +136,7 @@ class TransformedCheckpoint {
     EDL_CHECK(it != entries_.end(), errc::format, path(), "no tensor \"", name, "\" after the loading rules");
     return it->second;
   }
-  std::string file_of_stored(const std::string& stored) const {
-    if constexpr (requires { ckpt_.file_of(stored); }) return ckpt_.file_of(stored);
-    else return path();
-  }
+  std::string file_of_stored(const std::string& stored) const { return detail::file_of(ckpt_, stored); }
   const Transformed& transformed(const std::string& name, const Entry& e) const {
     std::lock_guard<std::mutex> lock(cache_->mu);
     if (const auto it = cache_->done.find(name); it != cache_->done.end()) return it->second;
