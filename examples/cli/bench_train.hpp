@@ -21,7 +21,10 @@
 // the rest frozen; --quantize-base quantizes the base's decoder Linears first (QLoRA).
 // --optimizer-step adds an AdamW update to every step (its state then counts in the peak).
 // On a mesh the model is sharded once, before the steps, and a step is the sharded forward,
-// loss and backward (and the ZeRO optimizer's update), as the trainer runs it.
+// loss and backward (and the ZeRO optimizer's update), as the trainer runs it. A random preset
+// on a mesh (without --lora) is drawn straight into the blocks each process stores, so no
+// process builds the whole model; rank_peak_bytes and rank_train_peak_bytes then list every
+// process's peak_bytes and train_peak_bytes by rank (one process: one entry).
 // train_peak_bytes is the peak resident set of the timed steps alone: after the model is
 // built, freed pages are returned to the system (malloc_trim) and the peak is reset
 // (/proc/self/clear_refs), so a QLoRA base drawn in f32 and then quantized is counted at its
@@ -51,6 +54,7 @@
 #include <edl/nn/quantize.hpp>
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
+#include <edl/mesh/process_group.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
@@ -95,11 +99,17 @@ inline int cmd_bench_train(Args& args) {
   exec::set_num_threads(static_cast<int>(threads));
   models::LlamaForCausalLM<> f32_model;
   std::error_code ec;
-  if (std::filesystem::is_directory(config, ec)) {
+  const bool from_folder = std::filesystem::is_directory(config, ec);
+  // A random preset on a mesh is drawn straight into its shards: no process builds the whole
+  // model, so peak memory per process falls with the mesh as it does in a real run.
+  const bool straight_into_shards = !from_folder && create_mesh(mesh).size() > 1 && lora_r == 0;
+  if (from_folder) {
     f32_model = models::from_pretrained<>(config);
   } else {
     f32_model = models::LlamaForCausalLM<>(models::LlamaConfig::preset(config));
-    models::init(f32_model, Key::from_seed(0));
+    // (Straight into shards, the host model gives the shapes and FLOPs only: its values are
+    // never written, so its pages never become resident.)
+    if (!straight_into_shards) models::init(f32_model, Key::from_seed(0));
   }
   const std::int64_t V = f32_model.config().vocab_size, T = batch * seq;
   std::mt19937_64 gen(0);
@@ -126,6 +136,7 @@ inline int cmd_bench_train(Args& args) {
   oo.b2 = 0.95;
   optim::Optimizer opt(oo);
   bool peak_reset = false;
+  std::vector<std::int64_t> rank_peaks, rank_train_peaks;  // each process's (on a mesh)
   std::int64_t build_peak = 0;  // the process's peak before the steps (the peak is reset then)
   // Median seconds of `steps` timed steps after one warm-up step (gradient buffers, page
   // faults, thread pool).
@@ -141,6 +152,29 @@ inline int cmd_bench_train(Args& args) {
   const auto seconds_since = [](auto t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // On a mesh the model is sharded once and stays sharded across steps, as the trainer keeps
+  // it: a step is the sharded forward, loss and backward (and the ZeRO optimizer update).
+  auto time_sharded_steps = [&](auto& sm) {
+    sm.set_remat(remat_name == "nothing_saveable");
+    optim::ShardedOptimizer<std::remove_cvref_t<decltype(sm)>> sopt(oo, sm);
+    peak_reset = reset_peak_resident();
+    const double sec = median_of([&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      sm.zero_grad();
+      sm.loss_and_grads(ids.data(), nullptr, batch, seq);
+      if (optimizer_step) sopt.step(sm, 1e-4);
+      return seconds_since(t0);
+    });
+    const ProcessGroup processes(sm.mesh());
+    rank_train_peaks = processes.each(peak_reset ? peak_resident_bytes() : 0);
+    rank_peaks = processes.each(std::max(build_peak, peak_resident_bytes()));
+    return sec;
+  };
+  const auto check_mesh_remat = [&] {
+    EDL_CLI_USAGE_CHECK(remat_name == "everything_saveable" || remat_name == "nothing_saveable", errc::unsupported,
+                        "--remat", "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps "
+                        "everything (everything_saveable); found \"", remat_name, "\"");
+  };
   auto time_steps = [&](auto& model) {
     build_peak = peak_resident_bytes();
     if (create_mesh(mesh).size() == 1) {
@@ -152,25 +186,21 @@ inline int cmd_bench_train(Args& args) {
         return seconds_since(t0);
       });
     }
-    // On a mesh the model is sharded once and stays sharded across steps, as the trainer keeps
-    // it: a step is the sharded forward, loss and backward (and the ZeRO optimizer update).
-    EDL_CLI_USAGE_CHECK(remat_name == "everything_saveable" || remat_name == "nothing_saveable", errc::unsupported,
-                        "--remat", "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps "
-                        "everything (everything_saveable); found \"", remat_name, "\"");
+    check_mesh_remat();
     auto sm = models::shard_model(model, launch_mesh(mesh, "--mesh"));
-    sm.set_remat(remat_name == "nothing_saveable");
-    optim::ShardedOptimizer<decltype(sm)> sopt(oo, sm);
-    peak_reset = reset_peak_resident();
-    return median_of([&] {
-      const auto t0 = std::chrono::steady_clock::now();
-      sm.zero_grad();
-      sm.loss_and_grads(ids.data(), nullptr, batch, seq);
-      if (optimizer_step) sopt.step(sm, 1e-4);
-      return seconds_since(t0);
-    });
+    return time_sharded_steps(sm);
   };
   double sec = 0;
-  if (bf16) {
+  if (straight_into_shards) {
+    check_mesh_remat();
+    f32_model.visit_params("", [&](std::string_view, auto& p) { trainable += p.numel(); });
+    const auto draw = [&]<class Pol>() {
+      models::ShardedLlama<Pol> sm(f32_model.config(), Key::from_seed(0), launch_mesh(mesh, "--mesh"));
+      build_peak = peak_resident_bytes();
+      return time_sharded_steps(sm);
+    };
+    sec = bf16 ? draw.template operator()<BF16ParamsPolicy>() : draw.template operator()<DefaultPolicy>();
+  } else if (bf16) {
     auto model = models::to_dtype<BF16ParamsPolicy>(f32_model);
     f32_model = models::LlamaForCausalLM<>();  // only the bf16 copy stays resident
     prepare(model);
@@ -198,6 +228,10 @@ inline int cmd_bench_train(Args& args) {
   j["trainable_params"] = trainable;
   j["train_peak_bytes"] = peak_reset ? peak_resident_bytes() : 0;
   j["peak_bytes"] = std::max(build_peak, peak_resident_bytes());
+  if (!rank_peaks.empty()) {
+    j["rank_train_peak_bytes"] = rank_train_peaks;
+    j["rank_peak_bytes"] = rank_peaks;
+  }
   j["params"] = params;
   j["flops_per_token"] = std::round(flops_per_token);
   j["gflops"] = round2(flops_per_token * tps / 1e9);

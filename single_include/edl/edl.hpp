@@ -3292,6 +3292,13 @@ class ProcessGroup {
     return failed;
   }
 
+  /// Every process's `value`, by rank (e.g. each rank's peak memory, for rank 0 to report).
+  std::vector<std::int64_t> each(std::int64_t value) const {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(size_), 0);
+    v[static_cast<std::size_t>(rank_)] = value;
+    return sum(std::move(v));
+  }
+
   /// The primary's `value` on every process.
   std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
 
@@ -4355,7 +4362,10 @@ void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<
 //   xt::xtensor<float, 2> back = gather(w);                       // == full
 //
 // Each device owns a copy of its block (replicas are real copies, as on real devices), and
-// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live.
+// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live. On a
+// mesh spread over several processes (MPI) a process stores only the blocks of the devices it
+// runs; the others' are empty there (has_block(d) is false), so memory per process falls as
+// the mesh grows.
 // ShardedTensor<T, Spec> carries its spec in its type; ShardedArray<T> is the run-time form
 // (rank and spec from data, e.g. partition rules over a checkpoint).
 
@@ -4363,6 +4373,7 @@ void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -4372,11 +4383,18 @@ void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<
 #include <xtensor/xtensor.hpp>
 
 // #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
 // #include <edl/tensor/partition_spec.hpp> (inlined above)
 // #include <edl/tensor/shard_layout.hpp> (inlined above)
 
 namespace edl {
+
+/// Whether this process stores device d's blocks: it runs the device (always, on a mesh in one
+/// process).
+inline bool stored_here(const MeshContext* ctx, std::int64_t device) noexcept {
+  return !ctx || !ctx->backend || ctx->backend->is_local(device);
+}
 
 /// Storage and accounting shared by the typed and run-time sharded tensors.
 template <class T, class Local>
@@ -4386,7 +4404,8 @@ class BasicShardedTensor {
   using local_type = Local;
 
   BasicShardedTensor() = default;
-  /// Takes one block per device (each of layout.local_shape()) and starts accounting them.
+  /// Takes one block per device (each of layout.local_shape(); empty for a device another
+  /// process runs) and starts accounting them.
   BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
       : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
     EDL_CHECK(static_cast<std::int64_t>(locals_.size()) == layout_.mesh().size(), errc::shape_mismatch,
@@ -4394,6 +4413,7 @@ class BasicShardedTensor {
     for (std::size_t d = 0; d < locals_.size(); ++d) {
       std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
       const auto want = layout_.local_shape(static_cast<std::int64_t>(d));
+      if (locals_[d].size() == 0 && !stored_here(ctx_.get(), static_cast<std::int64_t>(d))) continue;
       EDL_CHECK(s == want, errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
                 detail::shape_str(s), ", expected ", detail::shape_str(want), " for spec ", layout_.spec().str(),
                 layout_.holds(static_cast<std::int64_t>(d)) ? "" : " (the tensor is placed on other devices)");
@@ -4424,6 +4444,9 @@ class BasicShardedTensor {
   const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
   const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
   std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
+  /// Whether this process stores device d's block (false for the devices of other processes;
+  /// their local(d) is empty here).
+  bool has_block(std::int64_t device) const { return stored_here(ctx_.get(), checked(device)); }
   /// Bytes each device holds for this tensor.
   std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
 
@@ -4457,6 +4480,7 @@ class BasicShardedTensor {
   ShardLayout layout_;
   std::vector<Local> locals_;
 };
+
 
 /// A sharded tensor whose PartitionSpec (and so rank) is part of its type.
 template <class T, PartitionSpecType Spec>
@@ -4494,12 +4518,23 @@ Local make_local(const std::vector<std::int64_t>& shape) {
   }
 }
 
+/// An empty block of the layout's rank (a device another process runs).
+template <class Local>
+Local empty_block(const ShardLayout& layout) {
+  return make_local<Local>(std::vector<std::int64_t>(layout.rank(), 0));
+}
+
+/// One block per device: device d's block of `global` where this process stores it, else empty.
 template <class Local, class T>
-std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
+std::vector<Local> split_blocks(const ShardLayout& layout, const T* global, const MeshContext* ctx) {
   std::vector<Local> locals;
   locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
   const auto& gs = layout.global_shape();
   for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    if (!stored_here(ctx, d)) {
+      locals.push_back(empty_block<Local>(layout));
+      continue;
+    }
     Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
       copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
@@ -4544,7 +4579,7 @@ ShardedTensor<T, Spec> shard(const xt::xtensor<T, N>& global, const Mesh<Axes...
   static_assert(Spec::rank == N, "edl::shard: the PartitionSpec's rank differs from the tensor's rank");
   static_assert(Spec::template fits_axes<Axes...>(), "edl::shard: the PartitionSpec names an axis that is not an axis of the mesh");
   ShardLayout layout(mesh.shape(), Spec::value(), detail::shape_of(global), where);
-  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data(), mesh.context().get());
   return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
 }
 
@@ -4553,8 +4588,50 @@ template <class T, Name... Axes>
 ShardedArray<T> shard(const xt::xarray<T>& global, const SpecValue& spec, const Mesh<Axes...>& mesh,
                       std::string_view where = "tensor") {
   ShardLayout layout(mesh.shape(), spec, detail::shape_of(global), where);
-  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data(), mesh.context().get());
   return ShardedArray<T>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// A sharded tensor of `layout` on the mesh of `ctx` whose element at global row-major index i
+/// is value(i), written straight into the blocks this process stores: fill(first, out) sets
+/// out[j] = value(first + j) in f32, called once per contiguous row of a block. With a
+/// counter-based value (edl::fill_normal) the blocks equal the blocks of the whole tensor,
+/// whatever the mesh, without any process holding the whole tensor.
+template <class T, class Fill>
+ShardedArray<T> sharded_from_index(const ShardLayout& layout, std::shared_ptr<MeshContext> ctx, Fill&& fill) {
+  const auto& gs = layout.global_shape();
+  const std::size_t rank = gs.size();
+  std::vector<std::int64_t> stride(rank, 1);
+  for (std::size_t i = rank; i-- > 1;) stride[i - 1] = stride[i] * gs[i];
+  std::vector<xt::xarray<T>> locals;
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    if (!stored_here(ctx.get(), d)) {
+      locals.push_back(detail::empty_block<xt::xarray<T>>(layout));
+      continue;
+    }
+    const auto shape = layout.local_shape(d);
+    auto block = detail::make_local<xt::xarray<T>>(shape);
+    const std::int64_t width = rank ? shape.back() : 1;
+    const std::int64_t rows = width > 0 ? static_cast<std::int64_t>(block.size()) / width : 0;
+    const auto origin = layout.offset(d);
+    T* out = block.data();
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, (1 << 14) / std::max<std::int64_t>(width, 1)),
+                       [&](std::ptrdiff_t r0, std::ptrdiff_t r1) {
+                         std::vector<float> row(static_cast<std::size_t>(width));
+                         for (std::ptrdiff_t r = r0; r < r1; ++r) {
+                           // the row's global index: block row r's leading indices plus the origin
+                           std::int64_t first = rank ? origin[rank - 1] : 0, rest = r;
+                           for (std::size_t i = rank - 1; rank > 1 && i-- > 0;) {
+                             first += (origin[i] + rest % shape[i]) * stride[i];
+                             rest /= shape[i];
+                           }
+                           fill(static_cast<std::uint64_t>(first), std::span<float>(row));
+                           for (std::int64_t j = 0; j < width; ++j) out[r * width + j] = from_f32<T>(row[static_cast<std::size_t>(j)]);
+                         }
+                       });
+    locals.push_back(std::move(block));
+  }
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 
 /// A sharded tensor of zeros with the given global shape.
@@ -4565,7 +4642,11 @@ ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>&
   ShardLayout layout(mesh.shape(), Spec::value(), std::vector<std::int64_t>(global_shape.begin(), global_shape.end()), where);
   std::vector<xt::xtensor<T, Spec::rank>> locals;
   for (std::int64_t d = 0; d < mesh.size(); ++d) {
-    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape());
+    if (!stored_here(mesh.context().get(), d)) {
+      locals.push_back(detail::empty_block<xt::xtensor<T, Spec::rank>>(layout));
+      continue;
+    }
+    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape(d));
     l.fill(T{});
     locals.push_back(std::move(l));
   }
@@ -4591,7 +4672,7 @@ template <class T>
 ShardedArray<T> shard(const xt::xarray<T>& global, const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
   EDL_CHECK(detail::shape_of(global) == layout.global_shape(), errc::shape_mismatch, "shard", "the tensor has shape ",
             detail::shape_str(detail::shape_of(global)), ", the layout's is ", detail::shape_str(layout.global_shape()));
-  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data(), ctx.get());
   return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 
@@ -20614,15 +20695,14 @@ class ShardedOptimizer {
         const ShardLayout& layout = m.param(path).layout();
         std::vector<xt::xarray<float>> blocks;
         for (std::int64_t d = 0; d < devices_; ++d) {
-          const auto shape = layout.local_shape(d);
+          // Another process's device stores nothing here (gather takes its block from there).
+          const auto shape = be.is_local(d) ? layout.local_shape(d) : std::vector<std::int64_t>(layout.rank(), 0);
           xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
           if (be.is_local(d) && layout.holds(d)) {
             const std::vector<float>* v = device(d).find_slot(path, slot);
             EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
                       path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
             std::copy(v->begin(), v->end(), b.begin());
-          } else {
-            b.fill(0.0f);  // another process's device (gather takes its block from there), or no block
           }
           blocks.push_back(std::move(b));
         }
@@ -20649,7 +20729,7 @@ class ShardedOptimizer {
       std::copy(v.begin(), v.end(), g.begin());
       const ShardedArray<float> arr = shard(g, layout, m.mesh().context());
       for (std::int64_t d = 0; d < devices_; ++d) {
-        if (!layout.holds(d)) continue;
+        if (!layout.holds(d) || !arr.has_block(d)) continue;
         const auto b = arr.local_span(d);
         per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
       }
@@ -23348,9 +23428,30 @@ class ShardedLlama {
       params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
     });
   }
-  /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
+  /// A freshly initialized model, equal to LlamaForCausalLM::init(key) sharded: parameter k
+  /// draws from fold_in(key, k) and element i from counter i (nn::init_params), so each
+  /// process draws the blocks of its own devices and no process builds the whole model.
   ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
+      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
+    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
+              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
+              "run on one device");
+    setup({});
+    // The model's parameters in visit order with their Init kinds; its values are never
+    // written, so their pages are never touched.
+    LlamaForCausalLM<Pol> shapes(cfg_);
+    const float std = static_cast<float>(cfg_.initializer_range);
+    std::uint32_t index = 0;
+    shapes.visit_params("", [&](std::string_view path, auto& p) {
+      const Key k = fold_in(key, index++);
+      const nn::Init how = p.init;
+      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
+                                                               [&](std::uint64_t first, std::span<float> out) {
+                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
+                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
+                                                               }));
+    });
+  }
 
   const LlamaConfig& config() const noexcept { return cfg_; }
   /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
@@ -23488,12 +23589,6 @@ class ShardedLlama {
     nn::DropoutIndex local_tokens() const noexcept { return nn::DropoutIndex{Sl, S, b0, s0}; }
   };
 
-  static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
-    LlamaForCausalLM<Pol> m(cfg);
-    m.init(key);
-    return m;
-  }
-
   const std::string& checked(const std::string& name) const {
     EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
     return name;
@@ -23520,9 +23615,8 @@ class ShardedLlama {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        const auto shape = l.local_shape(d);
-        std::vector<std::size_t> s(shape.begin(), shape.end());
-        xt::xarray<float> b = xt::xarray<float>::from_shape(s);
+        const auto shape = stored_here(mesh_.context().get(), d) ? l.local_shape(d) : std::vector<std::int64_t>(l.rank(), 0);
+        auto b = ::edl::detail::make_local<xt::xarray<float>>(shape);
         b.fill(0.0f);
         blocks.push_back(std::move(b));
       }
@@ -23556,14 +23650,38 @@ class ShardedLlama {
       std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      std::vector<T> buf(n * group.devices.size());
-      all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
-      const auto origin = pl.compute.offset(d);
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                              pl.layout.local_shape(), buf.data() + k * n, false);
+      if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
+        all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
+                   AxisList(pl.gather_axes));
+      } else {
+        std::vector<T> buf(n * group.devices.size());
+        all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+        const auto origin = pl.compute.offset(d);
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                pl.layout.local_shape(), buf.data() + k * n, false);
+      }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
+  }
+
+  /// Whether the blocks of `group` (in group order) are consecutive slabs of rows of device
+  /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
+  /// usual split of dim 0), and nothing is packed or unpacked around it.
+  bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
+    const auto& cshape = pl.compute.local_shape();
+    const auto& bshape = pl.layout.local_shape();
+    if (cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
+    for (std::size_t i = 1; i < cshape.size(); ++i)
+      if (bshape[i] != cshape[i]) return false;
+    const auto origin = pl.compute.offset(d);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
+      if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
+      for (std::size_t i = 1; i < at.size(); ++i)
+        if (at[i] != 0) return false;
+    }
+    return true;
   }
 
   template <class Prm>
@@ -23597,11 +23715,16 @@ class ShardedLlama {
                                 out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      std::vector<float> packed(m * group.devices.size());
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                  bshape, packed.data() + k * m, true);
-      reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+      if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
+        reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
+                       AxisList(pl.scatter_axes));
+      } else {
+        std::vector<float> packed(m * group.devices.size());
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                    bshape, packed.data() + k * m, true);
+        reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+      }
     }
     if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
     float* g = grads_.at(name).local(d).data();
@@ -32360,8 +32483,7 @@ inline TokenDataset load_preference_dataset(const std::vector<std::string>& file
 // offset of the saved tensor, bit for bit (resharding is copying other blocks). Nothing is
 // gathered and no whole tensor is materialised: a process reads (and, the files being mapped,
 // pages in from disk) the blocks its devices hold and nothing else, so on fsdp=N ranks each
-// reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
-// they are never read there.
+// reads about 1/N of the matrices, and stores only the blocks of its own devices.
 //
 // A LoRA run's checkpoint (a PEFT adapter folder) holds the adapters alone: they are read into
 // their blocks and the base the model holds stays as it is, as load_state does on one device.
@@ -32394,7 +32516,8 @@ struct ShardedLoadStats {
 namespace detail {
 
 /// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
-/// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+/// `name` of `file`; the blocks of devices other processes own are not stored here and are
+/// skipped. Returns bytes read.
 /// A fused part (Phi-3's q_proj in qkv_proj, ...) is rows [row0, ...) of the file's tensor of
 /// shape `fused_shape`; otherwise the tensor has the layout's global shape.
 template <class T, class Model>
@@ -32410,11 +32533,7 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
-    if (!layout.holds(d)) continue;  // placed on other devices: an empty block
-    if (!be.is_local(d)) {
-      std::fill(out, out + n, T{});
-      continue;
-    }
+    if (!layout.holds(d) || !be.is_local(d)) continue;  // placed on other devices, or another process's
     auto off = layout.offset(d);
     off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
@@ -32538,13 +32657,15 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
                 io::detail::tensor_where(path, name), "is the state of \"", param,
                 "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
+      const auto& be = model.mesh().backend();
       std::vector<std::vector<float>> v(static_cast<std::size_t>(D));
-      for (std::int64_t d = 0; d < D; ++d) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
+      for (std::int64_t d = 0; d < D; ++d)
+        if (be.is_local(d)) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
       std::vector<float*> blocks(static_cast<std::size_t>(D));
       for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
       st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
       for (std::int64_t d = 0; d < D; ++d)
-        if (layout.holds(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+        if (layout.holds(d) && be.is_local(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
     }
   }
   opt.set_step_count(s.optimizer_step_count);

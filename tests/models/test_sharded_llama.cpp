@@ -373,6 +373,48 @@ TEST(ShardedLlama, ShardThenGatherIsBitExact) {
   EXPECT_EQ(count, orig.size());
 }
 
+// Every parameter of `a` equals the one of the same name in `b`, bit for bit.
+template <class Pol>
+void expect_same_params(LlamaForCausalLM<Pol>& a, LlamaForCausalLM<Pol>& b, const std::string& where) {
+  std::map<std::string, std::vector<float>> want;
+  a.visit_params("", [&](std::string_view path, auto& p) {
+    for (std::size_t i = 0; i < p.value.size(); ++i) want[std::string(path)].push_back(to_f32(p.value.data()[i]));
+  });
+  std::size_t count = 0;
+  b.visit_params("", [&](std::string_view path, auto& p) {
+    const auto& w = want.at(std::string(path));
+    ASSERT_EQ(w.size(), p.value.size()) << where << " " << path;
+    for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(w[i], to_f32(p.value.data()[i])) << where << " " << path << "[" << i << "]";
+    ++count;
+  });
+  EXPECT_EQ(count, want.size()) << where;
+}
+
+TEST(ShardedLlama, InitStraightIntoShardsEqualsTheOneDeviceInit) {
+  // The blocks are drawn where they live (no whole model is built), from the counters of the
+  // one-device init: tp, fsdp, sp and dp meshes, tied embeddings with biases, experts on ep
+  // ranks and bf16 storage all give the one-device model back.
+  struct Case { LlamaConfig cfg; MeshDims dims; };
+  auto moe = LlamaConfig::from_file((tiny_hf_dir().parent_path() / "tiny_mixtral" / "config.json").string());
+  const std::vector<Case> cases = {{small_gqa_config(), {1, 2, 1, 2, 2}},
+                                   {small_gqa_config(), {2, 2, 1, 1, 1}},
+                                   {small_gqa_config(true, true), {1, 1, 1, 2, 1}},
+                                   {moe, {1, 2, 2, 1, 1}}};
+  for (const auto& c : cases) {
+    const std::string where = dims_str(c.dims) + (c.cfg.is_moe() ? " moe" : "");
+    LlamaForCausalLM<> one(c.cfg);
+    one.init(Key::from_seed(9));
+    models::ShardedLlama<> sm(c.cfg, Key::from_seed(9), create_mesh(c.dims));
+    auto back = sm.gather_model();
+    expect_same_params(one, back, where);
+  }
+  LlamaForCausalLM<BF16ParamsPolicy> one(small_gqa_config());
+  one.init(Key::from_seed(2));
+  models::ShardedLlama<BF16ParamsPolicy> sm(small_gqa_config(), Key::from_seed(2), create_mesh({1, 2, 2, 1}));
+  auto back = sm.gather_model();
+  expect_same_params(one, back, "bf16");
+}
+
 TEST(ShardedLlama, FsdpHoldsAQuarterOfTheParametersPerDevice) {
   const auto cfg = small_gqa_config();
   LlamaForCausalLM<> m(cfg);

@@ -1,6 +1,9 @@
 // Llama on MPI ranks (models/llama/sharded.hpp, optim/sharded_optimizer.hpp over the MPI
 // backend): logits, loss, gradients and five training steps on 2 and 4 ranks (1 or 2 devices
-// per rank) equal, bit for bit, the simulated mesh of the same shape.
+// per rank) equal, bit for bit, the simulated mesh of the same shape; on fsdp over every rank
+// a rank holds (by the library's accounting and by its resident set) about 1/ranks of the
+// one-device model's parameters, gradients and optimizer state, drawn straight into its
+// blocks and equal to the one-device init.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -8,6 +11,9 @@
 #include <random>
 #include <vector>
 
+#include <malloc.h>
+
+#include <edl/core/process_memory.hpp>
 #include <edl/mesh/all.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
@@ -108,6 +114,88 @@ TEST_P(MpiLlama, EqualsSimulatedMeshBitForBit) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiLlama, ::testing::Values(1, 2));
+
+// A model whose state (13.6 M parameters: 218 MB of weights, gradients and AdamW moments)
+// dwarfs the process's own noise in resident memory.
+models::LlamaConfig wide_config() {
+  models::LlamaConfig c = config();
+  c.vocab_size = 8192;
+  c.hidden_size = 512;
+  c.intermediate_size = 1024;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.validate();
+  return c;
+}
+
+struct Held {
+  std::int64_t accounted = 0;  // the library's accounting: blocks, gradients, optimizer state
+  std::int64_t resident = 0;   // growth of the process's resident set (VmRSS)
+};
+
+// What this process holds after one AdamW step of a model drawn straight into its shards.
+Held held_after_a_step(const DefaultMesh& mesh) {
+  constexpr std::int64_t B = 4, S = 8;
+  malloc_trim(0);
+  const std::int64_t before = resident_bytes();
+  models::ShardedLlama<> sm(wide_config(), Key::from_seed(11), mesh);
+  optim::ShardedOptimizer<models::ShardedLlama<>> opt({}, sm);
+  std::vector<std::int64_t> ids(B * S);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>((i * 977) % 8192);
+  sm.zero_grad();
+  sm.loss_and_grads(ids.data(), nullptr, B, S);
+  opt.step(sm, 1e-2);
+  Held h;
+  for (std::int64_t d = 0; d < mesh.size(); ++d)
+    if (mesh.backend().is_local(d)) h.accounted += mesh.memory().live(d) + opt.state_bytes(d);
+  malloc_trim(0);  // the step's freed transients go back to the system
+  h.resident = resident_bytes() - before;
+  return h;
+}
+
+TEST(MpiLlamaMemory, EachRankStoresOnlyItsOwnDevicesBlocks) {
+  const std::int64_t ranks = g_session->size();
+  const Dims dims = {1, ranks, 1, 1};  // fsdp over every rank
+  auto real = create_mesh(dims);
+  mpi::attach(real, *g_session, 1);
+  // glibc raises its mmap threshold after freeing a large block, and blocks below it then
+  // live in per-thread arenas that keep freed memory resident: a fixed threshold makes the
+  // resident set follow what is held (MALLOC_MMAP_THRESHOLD_ or MALLOC_ARENA_MAX=1 do the
+  // same from the environment; docs/distributed.md).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  const Held mine = held_after_a_step(real);
+  const Held whole = held_after_a_step(create_mesh({1, 1, 1, 1}));  // one process, one device
+  // A quarter on 4 ranks (the norms are replicated: a little more), never the whole model,
+  // by the library's count and by the resident set alike.
+  const double share = 1.0 / static_cast<double>(ranks) + 0.05;
+  EXPECT_LE(static_cast<double>(mine.accounted), share * static_cast<double>(whole.accounted))
+      << "rank " << g_session->rank() << " holds " << mine.accounted << " of " << whole.accounted << " bytes";
+  EXPECT_LE(static_cast<double>(mine.resident), share * static_cast<double>(whole.resident))
+      << "rank " << g_session->rank() << " grew by " << mine.resident << " resident bytes, one device by "
+      << whole.resident;
+  EXPECT_GT(whole.resident, whole.accounted / 2);  // the resident measure sees the state at all
+  if (g_session->rank() == 0)
+    std::printf("  per rank: %lld of %lld bytes accounted, %lld of %lld resident\n",
+                static_cast<long long>(mine.accounted), static_cast<long long>(whole.accounted),
+                static_cast<long long>(mine.resident), static_cast<long long>(whole.resident));
+
+  // Other ranks' blocks are not stored here, and the model drawn into its shards is the
+  // one-device init, bit for bit.
+  models::ShardedLlama<> sm(config(), Key::from_seed(11), real);
+  for (const auto& name : sm.names())
+    for (std::int64_t d = 0; d < real.size(); ++d) {
+      EXPECT_EQ(sm.param(name).has_block(d), real.backend().is_local(d)) << name;
+      if (!real.backend().is_local(d)) EXPECT_EQ(sm.param(name).local(d).size(), 0u) << name;
+    }
+  models::LlamaForCausalLM<> one(config());
+  one.init(Key::from_seed(11));
+  auto back = sm.gather_model();
+  std::vector<float> a, b;
+  one.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });
+  back.visit_params("", [&](std::string_view, auto& p) { b.insert(b.end(), p.data(), p.data() + p.numel()); });
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
 
 }  // namespace
 }  // namespace edl

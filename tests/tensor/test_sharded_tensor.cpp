@@ -62,6 +62,37 @@ TEST(ShardedArray, ShardThenGatherIsIdentityForEverySpecOnEveryMesh) {
   }
 }
 
+TEST(ShardedArray, FromIndexEqualsShardingTheWholeTensor) {
+  // value(i) = i: every stored element must be the element of the whole tensor at its place.
+  const auto x = iota_array({16, 8, 16});
+  const auto by_index = [](std::uint64_t first, std::span<float> out) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(first + j);
+  };
+  for (const auto& dims : kMeshShapes) {
+    auto mesh = create_mesh(dims);
+    for (const auto& spec : all_specs(mesh.shape())) {
+      const ShardLayout layout(mesh.shape(), spec, {16, 8, 16}, "x");
+      const auto s = sharded_from_index<float>(layout, mesh.context(), by_index);
+      const auto want = shard(x, spec, mesh);
+      for (std::int64_t d = 0; d < mesh.size(); ++d) {
+        ASSERT_TRUE(s.has_block(d));
+        ASSERT_EQ(s.local(d), want.local(d)) << spec.str() << " on " << mesh.shape().axes_str() << ", device " << d;
+      }
+    }
+  }
+  // Storage dtypes round from f32; a vector and a placed layout keep their shapes.
+  auto mesh = create_mesh({1, 2, 2, 1});
+  const ShardLayout v(mesh.shape(), SpecValue{{{"tp"}}}, {6}, "v");
+  const auto b = sharded_from_index<bf16>(v, mesh.context(), [](std::uint64_t first, std::span<float> out) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = 1.0f + static_cast<float>(first + j) / 3.0f;
+  });
+  for (std::int64_t d = 0; d < mesh.size(); ++d)
+    for (std::size_t j = 0; j < 3; ++j) {
+      const std::int64_t i = v.offset(d)[0] + static_cast<std::int64_t>(j);
+      EXPECT_EQ(to_f32(b.local(d)(j)), to_f32(from_f32<bf16>(1.0f + static_cast<float>(i) / 3.0f)));
+    }
+}
+
 TEST(ShardedTensor, TypedShardThenGatherIsIdentityOnEveryMesh) {
   xt::xtensor<float, 3> x = xt::xtensor<float, 3>::from_shape({16, 8, 16});
   std::iota(x.begin(), x.end(), 1.0f);

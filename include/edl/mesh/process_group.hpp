@@ -67,6 +67,13 @@ class ProcessGroup {
     return failed;
   }
 
+  /// Every process's `value`, by rank (e.g. each rank's peak memory, for rank 0 to report).
+  std::vector<std::int64_t> each(std::int64_t value) const {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(size_), 0);
+    v[static_cast<std::size_t>(rank_)] = value;
+    return sum(std::move(v));
+  }
+
   /// The primary's `value` on every process.
   std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
 

@@ -154,15 +154,14 @@ class ShardedOptimizer {
         const ShardLayout& layout = m.param(path).layout();
         std::vector<xt::xarray<float>> blocks;
         for (std::int64_t d = 0; d < devices_; ++d) {
-          const auto shape = layout.local_shape(d);
+          // Another process's device stores nothing here (gather takes its block from there).
+          const auto shape = be.is_local(d) ? layout.local_shape(d) : std::vector<std::int64_t>(layout.rank(), 0);
           xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
           if (be.is_local(d) && layout.holds(d)) {
             const std::vector<float>* v = device(d).find_slot(path, slot);
             EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
                       path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
             std::copy(v->begin(), v->end(), b.begin());
-          } else {
-            b.fill(0.0f);  // another process's device (gather takes its block from there), or no block
           }
           blocks.push_back(std::move(b));
         }
@@ -189,7 +188,7 @@ class ShardedOptimizer {
       std::copy(v.begin(), v.end(), g.begin());
       const ShardedArray<float> arr = shard(g, layout, m.mesh().context());
       for (std::int64_t d = 0; d < devices_; ++d) {
-        if (!layout.holds(d)) continue;
+        if (!layout.holds(d) || !arr.has_block(d)) continue;
         const auto b = arr.local_span(d);
         per_device_[static_cast<std::size_t>(d)].set_slot(path, slot, std::vector<float>(b.begin(), b.end()));
       }

@@ -7,7 +7,10 @@
 //   xt::xtensor<float, 2> back = gather(w);                       // == full
 //
 // Each device owns a copy of its block (replicas are real copies, as on real devices), and
-// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live.
+// the bytes are counted in the mesh's per-device MemoryTracker for as long as they live. On a
+// mesh spread over several processes (MPI) a process stores only the blocks of the devices it
+// runs; the others' are empty there (has_block(d) is false), so memory per process falls as
+// the mesh grows.
 // ShardedTensor<T, Spec> carries its spec in its type; ShardedArray<T> is the run-time form
 // (rank and spec from data, e.g. partition rules over a checkpoint).
 #pragma once
@@ -16,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <string>
 #include <utility>
@@ -25,11 +29,18 @@
 #include <xtensor/xtensor.hpp>
 
 #include <edl/core/dtype.hpp>
+#include <edl/core/exec.hpp>
 #include <edl/mesh/mesh.hpp>
 #include <edl/tensor/partition_spec.hpp>
 #include <edl/tensor/shard_layout.hpp>
 
 namespace edl {
+
+/// Whether this process stores device d's blocks: it runs the device (always, on a mesh in one
+/// process).
+inline bool stored_here(const MeshContext* ctx, std::int64_t device) noexcept {
+  return !ctx || !ctx->backend || ctx->backend->is_local(device);
+}
 
 /// Storage and accounting shared by the typed and run-time sharded tensors.
 template <class T, class Local>
@@ -39,7 +50,8 @@ class BasicShardedTensor {
   using local_type = Local;
 
   BasicShardedTensor() = default;
-  /// Takes one block per device (each of layout.local_shape()) and starts accounting them.
+  /// Takes one block per device (each of layout.local_shape(); empty for a device another
+  /// process runs) and starts accounting them.
   BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
       : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
     EDL_CHECK(static_cast<std::int64_t>(locals_.size()) == layout_.mesh().size(), errc::shape_mismatch,
@@ -47,6 +59,7 @@ class BasicShardedTensor {
     for (std::size_t d = 0; d < locals_.size(); ++d) {
       std::vector<std::int64_t> s(locals_[d].shape().begin(), locals_[d].shape().end());
       const auto want = layout_.local_shape(static_cast<std::int64_t>(d));
+      if (locals_[d].size() == 0 && !stored_here(ctx_.get(), static_cast<std::int64_t>(d))) continue;
       EDL_CHECK(s == want, errc::shape_mismatch, "ShardedTensor", "device ", d, "'s block has shape ",
                 detail::shape_str(s), ", expected ", detail::shape_str(want), " for spec ", layout_.spec().str(),
                 layout_.holds(static_cast<std::int64_t>(d)) ? "" : " (the tensor is placed on other devices)");
@@ -77,6 +90,9 @@ class BasicShardedTensor {
   const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
   const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
   std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
+  /// Whether this process stores device d's block (false for the devices of other processes;
+  /// their local(d) is empty here).
+  bool has_block(std::int64_t device) const { return stored_here(ctx_.get(), checked(device)); }
   /// Bytes each device holds for this tensor.
   std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
 
@@ -110,6 +126,7 @@ class BasicShardedTensor {
   ShardLayout layout_;
   std::vector<Local> locals_;
 };
+
 
 /// A sharded tensor whose PartitionSpec (and so rank) is part of its type.
 template <class T, PartitionSpecType Spec>
@@ -147,12 +164,23 @@ Local make_local(const std::vector<std::int64_t>& shape) {
   }
 }
 
+/// An empty block of the layout's rank (a device another process runs).
+template <class Local>
+Local empty_block(const ShardLayout& layout) {
+  return make_local<Local>(std::vector<std::int64_t>(layout.rank(), 0));
+}
+
+/// One block per device: device d's block of `global` where this process stores it, else empty.
 template <class Local, class T>
-std::vector<Local> split_blocks(const ShardLayout& layout, const T* global) {
+std::vector<Local> split_blocks(const ShardLayout& layout, const T* global, const MeshContext* ctx) {
   std::vector<Local> locals;
   locals.reserve(static_cast<std::size_t>(layout.mesh().size()));
   const auto& gs = layout.global_shape();
   for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    if (!stored_here(ctx, d)) {
+      locals.push_back(empty_block<Local>(layout));
+      continue;
+    }
     Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
       copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
@@ -197,7 +225,7 @@ ShardedTensor<T, Spec> shard(const xt::xtensor<T, N>& global, const Mesh<Axes...
   static_assert(Spec::rank == N, "edl::shard: the PartitionSpec's rank differs from the tensor's rank");
   static_assert(Spec::template fits_axes<Axes...>(), "edl::shard: the PartitionSpec names an axis that is not an axis of the mesh");
   ShardLayout layout(mesh.shape(), Spec::value(), detail::shape_of(global), where);
-  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xtensor<T, N>>(layout, global.data(), mesh.context().get());
   return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
 }
 
@@ -206,8 +234,50 @@ template <class T, Name... Axes>
 ShardedArray<T> shard(const xt::xarray<T>& global, const SpecValue& spec, const Mesh<Axes...>& mesh,
                       std::string_view where = "tensor") {
   ShardLayout layout(mesh.shape(), spec, detail::shape_of(global), where);
-  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data(), mesh.context().get());
   return ShardedArray<T>(mesh.context(), std::move(layout), std::move(locals));
+}
+
+/// A sharded tensor of `layout` on the mesh of `ctx` whose element at global row-major index i
+/// is value(i), written straight into the blocks this process stores: fill(first, out) sets
+/// out[j] = value(first + j) in f32, called once per contiguous row of a block. With a
+/// counter-based value (edl::fill_normal) the blocks equal the blocks of the whole tensor,
+/// whatever the mesh, without any process holding the whole tensor.
+template <class T, class Fill>
+ShardedArray<T> sharded_from_index(const ShardLayout& layout, std::shared_ptr<MeshContext> ctx, Fill&& fill) {
+  const auto& gs = layout.global_shape();
+  const std::size_t rank = gs.size();
+  std::vector<std::int64_t> stride(rank, 1);
+  for (std::size_t i = rank; i-- > 1;) stride[i - 1] = stride[i] * gs[i];
+  std::vector<xt::xarray<T>> locals;
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    if (!stored_here(ctx.get(), d)) {
+      locals.push_back(detail::empty_block<xt::xarray<T>>(layout));
+      continue;
+    }
+    const auto shape = layout.local_shape(d);
+    auto block = detail::make_local<xt::xarray<T>>(shape);
+    const std::int64_t width = rank ? shape.back() : 1;
+    const std::int64_t rows = width > 0 ? static_cast<std::int64_t>(block.size()) / width : 0;
+    const auto origin = layout.offset(d);
+    T* out = block.data();
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, (1 << 14) / std::max<std::int64_t>(width, 1)),
+                       [&](std::ptrdiff_t r0, std::ptrdiff_t r1) {
+                         std::vector<float> row(static_cast<std::size_t>(width));
+                         for (std::ptrdiff_t r = r0; r < r1; ++r) {
+                           // the row's global index: block row r's leading indices plus the origin
+                           std::int64_t first = rank ? origin[rank - 1] : 0, rest = r;
+                           for (std::size_t i = rank - 1; rank > 1 && i-- > 0;) {
+                             first += (origin[i] + rest % shape[i]) * stride[i];
+                             rest /= shape[i];
+                           }
+                           fill(static_cast<std::uint64_t>(first), std::span<float>(row));
+                           for (std::int64_t j = 0; j < width; ++j) out[r * width + j] = from_f32<T>(row[static_cast<std::size_t>(j)]);
+                         }
+                       });
+    locals.push_back(std::move(block));
+  }
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 
 /// A sharded tensor of zeros with the given global shape.
@@ -218,7 +288,11 @@ ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>&
   ShardLayout layout(mesh.shape(), Spec::value(), std::vector<std::int64_t>(global_shape.begin(), global_shape.end()), where);
   std::vector<xt::xtensor<T, Spec::rank>> locals;
   for (std::int64_t d = 0; d < mesh.size(); ++d) {
-    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape());
+    if (!stored_here(mesh.context().get(), d)) {
+      locals.push_back(detail::empty_block<xt::xtensor<T, Spec::rank>>(layout));
+      continue;
+    }
+    auto l = detail::make_local<xt::xtensor<T, Spec::rank>>(layout.local_shape(d));
     l.fill(T{});
     locals.push_back(std::move(l));
   }
@@ -244,7 +318,7 @@ template <class T>
 ShardedArray<T> shard(const xt::xarray<T>& global, const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
   EDL_CHECK(detail::shape_of(global) == layout.global_shape(), errc::shape_mismatch, "shard", "the tensor has shape ",
             detail::shape_str(detail::shape_of(global)), ", the layout's is ", detail::shape_str(layout.global_shape()));
-  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data());
+  auto locals = detail::split_blocks<xt::xarray<T>>(layout, global.data(), ctx.get());
   return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
 }
 

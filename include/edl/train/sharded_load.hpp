@@ -13,8 +13,7 @@
 // offset of the saved tensor, bit for bit (resharding is copying other blocks). Nothing is
 // gathered and no whole tensor is materialised: a process reads (and, the files being mapped,
 // pages in from disk) the blocks its devices hold and nothing else, so on fsdp=N ranks each
-// reads about 1/N of the matrices. The blocks of devices another process owns are zeroed;
-// they are never read there.
+// reads about 1/N of the matrices, and stores only the blocks of its own devices.
 //
 // A LoRA run's checkpoint (a PEFT adapter folder) holds the adapters alone: they are read into
 // their blocks and the base the model holds stays as it is, as load_state does on one device.
@@ -48,7 +47,8 @@ struct ShardedLoadStats {
 namespace detail {
 
 /// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
-/// `name` of `file`; zeroes the blocks of devices other processes own. Returns bytes read.
+/// `name` of `file`; the blocks of devices other processes own are not stored here and are
+/// skipped. Returns bytes read.
 /// A fused part (Phi-3's q_proj in qkv_proj, ...) is rows [row0, ...) of the file's tensor of
 /// shape `fused_shape`; otherwise the tensor has the layout's global shape.
 template <class T, class Model>
@@ -64,11 +64,7 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
-    if (!layout.holds(d)) continue;  // placed on other devices: an empty block
-    if (!be.is_local(d)) {
-      std::fill(out, out + n, T{});
-      continue;
-    }
+    if (!layout.holds(d) || !be.is_local(d)) continue;  // placed on other devices, or another process's
     auto off = layout.offset(d);
     off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
@@ -192,13 +188,15 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
                 io::detail::tensor_where(path, name), "is the state of \"", param,
                 "\", which is not a trained parameter of the model being loaded");
       const ShardLayout& layout = model.param(param).layout();
+      const auto& be = model.mesh().backend();
       std::vector<std::vector<float>> v(static_cast<std::size_t>(D));
-      for (std::int64_t d = 0; d < D; ++d) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
+      for (std::int64_t d = 0; d < D; ++d)
+        if (be.is_local(d)) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
       std::vector<float*> blocks(static_cast<std::size_t>(D));
       for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
       st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
       for (std::int64_t d = 0; d < D; ++d)
-        if (layout.holds(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
+        if (layout.holds(d) && be.is_local(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
     }
   }
   opt.set_step_count(s.optimizer_step_count);

@@ -324,9 +324,30 @@ class ShardedLlama {
       params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
     });
   }
-  /// A freshly initialized model (LlamaForCausalLM::init(key)), sharded.
+  /// A freshly initialized model, equal to LlamaForCausalLM::init(key) sharded: parameter k
+  /// draws from fold_in(key, k) and element i from counter i (nn::init_params), so each
+  /// process draws the blocks of its own devices and no process builds the whole model.
   ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : ShardedLlama(init_model(cfg, key), std::move(mesh), std::move(rules)) {}
+      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
+    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
+              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
+              "run on one device");
+    setup({});
+    // The model's parameters in visit order with their Init kinds; its values are never
+    // written, so their pages are never touched.
+    LlamaForCausalLM<Pol> shapes(cfg_);
+    const float std = static_cast<float>(cfg_.initializer_range);
+    std::uint32_t index = 0;
+    shapes.visit_params("", [&](std::string_view path, auto& p) {
+      const Key k = fold_in(key, index++);
+      const nn::Init how = p.init;
+      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
+                                                               [&](std::uint64_t first, std::span<float> out) {
+                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
+                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
+                                                               }));
+    });
+  }
 
   const LlamaConfig& config() const noexcept { return cfg_; }
   /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
@@ -464,12 +485,6 @@ class ShardedLlama {
     nn::DropoutIndex local_tokens() const noexcept { return nn::DropoutIndex{Sl, S, b0, s0}; }
   };
 
-  static LlamaForCausalLM<Pol> init_model(const LlamaConfig& cfg, Key key) {
-    LlamaForCausalLM<Pol> m(cfg);
-    m.init(key);
-    return m;
-  }
-
   const std::string& checked(const std::string& name) const {
     EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
     return name;
@@ -496,9 +511,8 @@ class ShardedLlama {
       const ShardLayout& l = plans_.at(n).layout;
       std::vector<xt::xarray<float>> blocks;
       for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        const auto shape = l.local_shape(d);
-        std::vector<std::size_t> s(shape.begin(), shape.end());
-        xt::xarray<float> b = xt::xarray<float>::from_shape(s);
+        const auto shape = stored_here(mesh_.context().get(), d) ? l.local_shape(d) : std::vector<std::int64_t>(l.rank(), 0);
+        auto b = ::edl::detail::make_local<xt::xarray<float>>(shape);
         b.fill(0.0f);
         blocks.push_back(std::move(b));
       }
@@ -532,14 +546,38 @@ class ShardedLlama {
       std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      std::vector<T> buf(n * group.devices.size());
-      all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
-      const auto origin = pl.compute.offset(d);
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                              pl.layout.local_shape(), buf.data() + k * n, false);
+      if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
+        all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
+                   AxisList(pl.gather_axes));
+      } else {
+        std::vector<T> buf(n * group.devices.size());
+        all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+        const auto origin = pl.compute.offset(d);
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                pl.layout.local_shape(), buf.data() + k * n, false);
+      }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
+  }
+
+  /// Whether the blocks of `group` (in group order) are consecutive slabs of rows of device
+  /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
+  /// usual split of dim 0), and nothing is packed or unpacked around it.
+  bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
+    const auto& cshape = pl.compute.local_shape();
+    const auto& bshape = pl.layout.local_shape();
+    if (cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
+    for (std::size_t i = 1; i < cshape.size(); ++i)
+      if (bshape[i] != cshape[i]) return false;
+    const auto origin = pl.compute.offset(d);
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
+      if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
+      for (std::size_t i = 1; i < at.size(); ++i)
+        if (at[i] != 0) return false;
+    }
+    return true;
   }
 
   template <class Prm>
@@ -573,11 +611,16 @@ class ShardedLlama {
                                 out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      std::vector<float> packed(m * group.devices.size());
-      for (std::size_t k = 0; k < group.devices.size(); ++k)
-        ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                  bshape, packed.data() + k * m, true);
-      reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+      if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
+        reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
+                       AxisList(pl.scatter_axes));
+      } else {
+        std::vector<float> packed(m * group.devices.size());
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                    bshape, packed.data() + k * m, true);
+        reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+      }
     }
     if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
     float* g = grads_.at(name).local(d).data();
