@@ -21,8 +21,9 @@
 // the rest frozen; --quantize-base quantizes the base's decoder Linears first (QLoRA).
 // --optimizer-step adds an AdamW update to every step (its state then counts in the peak).
 // On a mesh the model is sharded once, before the steps, and a step is the sharded forward,
-// loss and backward (and the ZeRO optimizer's update), as the trainer runs it. A random preset
-// on a mesh (without --lora) is drawn straight into the blocks each process stores, so no
+// loss and backward (and the ZeRO optimizer's update), as the trainer runs it. On a mesh
+// (without --lora) a random preset is drawn, and a folder's weights read
+// (models::from_pretrained_sharded), straight into the blocks each process stores, so no
 // process builds the whole model; rank_peak_bytes and rank_train_peak_bytes then list every
 // process's peak_bytes and train_peak_bytes by rank (one process: one entry).
 // train_peak_bytes is the peak resident set of the timed steps alone: after the model is
@@ -58,6 +59,7 @@
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/pretrained.hpp>
+#include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/core/process_memory.hpp>
 #include "args.hpp"
 #include "mesh_flag.hpp"
@@ -100,16 +102,20 @@ inline int cmd_bench_train(Args& args) {
   models::LlamaForCausalLM<> f32_model;
   std::error_code ec;
   const bool from_folder = std::filesystem::is_directory(config, ec);
-  // A random preset on a mesh is drawn straight into its shards: no process builds the whole
-  // model, so peak memory per process falls with the mesh as it does in a real run.
-  const bool straight_into_shards = !from_folder && create_mesh(mesh).size() > 1 && lora_r == 0;
-  if (from_folder) {
+  // On a mesh a random preset is drawn, and a folder read, straight into the shards: no process
+  // builds the whole model, so peak memory per process falls with the mesh as in a real run.
+  const bool straight_into_shards = create_mesh(mesh).size() > 1 && lora_r == 0;
+  if (straight_into_shards) {
+    // The host model gives the shapes and FLOPs only: its values are never written, so its
+    // pages never become resident.
+    f32_model = models::LlamaForCausalLM<>(
+        from_folder ? models::LlamaConfig::from_file((std::filesystem::path(config) / "config.json").string())
+                    : models::LlamaConfig::preset(config));
+  } else if (from_folder) {
     f32_model = models::from_pretrained<>(config);
   } else {
     f32_model = models::LlamaForCausalLM<>(models::LlamaConfig::preset(config));
-    // (Straight into shards, the host model gives the shapes and FLOPs only: its values are
-    // never written, so its pages never become resident.)
-    if (!straight_into_shards) models::init(f32_model, Key::from_seed(0));
+    models::init(f32_model, Key::from_seed(0));
   }
   const std::int64_t V = f32_model.config().vocab_size, T = batch * seq;
   std::mt19937_64 gen(0);
@@ -195,7 +201,8 @@ inline int cmd_bench_train(Args& args) {
     check_mesh_remat();
     f32_model.visit_params("", [&](std::string_view, auto& p) { trainable += p.numel(); });
     const auto draw = [&]<class Pol>() {
-      models::ShardedLlama<Pol> sm(f32_model.config(), Key::from_seed(0), launch_mesh(mesh, "--mesh"));
+      auto sm = from_folder ? models::from_pretrained_sharded<Pol>(config, launch_mesh(mesh, "--mesh"))
+                            : models::ShardedLlama<Pol>(f32_model.config(), Key::from_seed(0), launch_mesh(mesh, "--mesh"));
       build_peak = peak_resident_bytes();
       return time_sharded_steps(sm);
     };

@@ -16,9 +16,12 @@
 #include <edl/core/process_memory.hpp>
 #include <edl/mesh/all.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 
+#include "../support/temp_dir.hpp"
 #include "session.hpp"
 
 namespace edl {
@@ -113,6 +116,8 @@ TEST_P(MpiLlama, EqualsSimulatedMeshBitForBit) {
     EXPECT_EQ(std::memcmp(got.params.data(), want.params.data(), got.params.size() * sizeof(float)), 0);
   }
 }
+
+
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiLlama, ::testing::Values(1, 2));
 
 // A model whose state (13.6 M parameters: 218 MB of weights, gradients and AdamW moments)
@@ -189,6 +194,28 @@ TEST(MpiLlamaMemory, EachRankStoresOnlyItsOwnDevicesBlocks) {
     }
   models::LlamaForCausalLM<> one(config());
   one.init(Key::from_seed(11));
+  auto back = sm.gather_model();
+  std::vector<float> a, b;
+  one.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });
+  back.visit_params("", [&](std::string_view, auto& p) { b.insert(b.end(), p.data(), p.data() + p.numel()); });
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(MpiLlamaMemory, FromPretrainedReadsOnlyEachRanksBlocks) {
+  const std::int64_t ranks = g_session->size();
+  models::LlamaForCausalLM<> one(wide_config());
+  one.init(Key::from_seed(12));
+  test_support::TempDir dir("mpi_sharded_pretrained_rank" + std::to_string(g_session->rank()));
+  models::save_pretrained(dir.p, one);
+  auto real = create_mesh({1, ranks, 1, 1});
+  mpi::attach(real, *g_session, 1);
+  models::ShardedLoadStats st;
+  auto sm = models::from_pretrained_sharded<>(dir.p, real, llama_partition_rules(), &st);
+  const std::int64_t file_bytes = one.param_count() * static_cast<std::int64_t>(sizeof(float));
+  EXPECT_LE(static_cast<double>(st.parameter_bytes_read),
+            (1.0 / static_cast<double>(ranks) + 0.05) * static_cast<double>(file_bytes));
+  EXPECT_EQ(st.blocks_read, static_cast<std::int64_t>(sm.names().size()));  // one device per rank
   auto back = sm.gather_model();
   std::vector<float> a, b;
   one.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });

@@ -6,3 +6,4 @@
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sequence_classification.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/models/llama/sharded_pretrained.hpp>

@@ -32,89 +32,13 @@
 #include <edl/io/safetensors.hpp>
 #include <edl/lora/peft.hpp>
 #include <edl/models/llama/sharded.hpp>
+#include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 #include <edl/train/checkpoint.hpp>
 
 namespace edl::train {
 
-/// What one process read while loading (the bytes of the blocks its devices hold).
-struct ShardedLoadStats {
-  std::int64_t parameter_bytes_read = 0;  // from model.safetensors, in the file's dtype
-  std::int64_t optimizer_bytes_read = 0;  // from the optimizer file(s)
-  std::int64_t blocks_read = 0;           // blocks copied (one per local device per tensor)
-};
-
-namespace detail {
-
-/// Fills every local device's block of `arr` (global shape `shape` in the file) from tensor
-/// `name` of `file`; the blocks of devices other processes own are not stored here and are
-/// skipped. Returns bytes read.
-/// A fused part (Phi-3's q_proj in qkv_proj, ...) is rows [row0, ...) of the file's tensor of
-/// shape `fused_shape`; otherwise the tensor has the layout's global shape.
-template <class T, class Model>
-std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::string& name,
-                               const ShardLayout& layout, const Model& m, T* const* block_data,
-                               std::int64_t* blocks_read, const std::vector<std::int64_t>* fused_shape = nullptr,
-                               std::int64_t row0 = 0) {
-  const auto& be = m.mesh().backend();
-  const auto& gs = fused_shape ? *fused_shape : layout.global_shape();
-  const auto& bs = layout.local_shape();
-  const std::size_t esize = dtype_size(file.info(name).dtype);
-  const std::int64_t n = layout.local_elements();
-  std::int64_t bytes = 0;
-  for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
-    T* out = block_data[d];
-    if (!layout.holds(d) || !be.is_local(d)) continue;  // placed on other devices, or another process's
-    auto off = layout.offset(d);
-    off[0] += row0;
-    file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
-    bytes += n * static_cast<std::int64_t>(esize);
-    ++*blocks_read;
-  }
-  return bytes;
-}
-
-/// Each device's block of `arr`, as read_local_blocks takes them.
-template <class T>
-std::vector<T*> block_pointers(ShardedArray<T>& arr) {
-  std::vector<T*> blocks(static_cast<std::size_t>(arr.num_devices()));
-  for (std::size_t d = 0; d < blocks.size(); ++d) blocks[d] = arr.local(static_cast<std::int64_t>(d)).data();
-  return blocks;
-}
-
-}  // namespace detail
-
-/// Reads every parameter's local blocks from the model files of checkpoint `dir`.
-template <class Pol>
-void load_parameter_blocks(const std::string& dir, models::ShardedLlama<Pol>& model, ShardedLoadStats& st) {
-  using T = typename Pol::param_t;
-  const auto weights = io::ShardedCheckpoint::open(dir);
-  // A Gemma 3 multimodal checkpoint keeps the text model's tensors under a prefix.
-  std::map<std::string, std::string> stored;
-  if (!model.config().multimodal_type.empty())
-    for (const auto& n : weights.names())
-      if (std::string e = models::text_model_name(model.config(), n); !e.empty()) stored.emplace(std::move(e), n);
-  for (const auto& name : model.names()) {
-    // Phi-3's q/k/v and gate/up are rows of one fused tensor in the file (fused_checkpoint.hpp).
-    const auto fused = models::fused_slice(model.config(), name);
-    const std::string edl_tensor = fused ? fused->tensor : name;
-    const std::string tensor = stored.count(edl_tensor) ? stored.at(edl_tensor) : edl_tensor;
-    EDL_CHECK(weights.contains(tensor), errc::format, dir + " tensor " + tensor,
-              "missing: the model being loaded has this parameter", fused ? " (" + name + " is part of it)" : "");
-    auto& arr = model.param(name);
-    const ShardLayout& layout = arr.layout();
-    auto shape = weights.info(tensor).shape;
-    if (fused && shape.size() == 2 && shape[0] >= fused->row0 + fused->rows) shape[0] = fused->rows;
-    EDL_CHECK(shape == layout.global_shape(), errc::shape_mismatch, weights.file_of(tensor) + " tensor " + tensor,
-              "has shape ", ::edl::detail::shape_str(weights.info(tensor).shape), ", the model's parameter ", name, " is ",
-              ::edl::detail::shape_str(layout.global_shape()), fused ? " (rows of the fused tensor)" : "");
-    const std::vector<T*> blocks = detail::block_pointers(arr);
-    const std::vector<std::int64_t>& file_shape = weights.info(tensor).shape;
-    st.parameter_bytes_read +=
-        detail::read_local_blocks<T>(weights.shard_of(tensor), tensor, layout, model, blocks.data(), &st.blocks_read,
-                                     fused ? &file_shape : nullptr, fused ? fused->row0 : 0);
-  }
-}
+using models::ShardedLoadStats;
 
 /// Reads every adapter's local blocks from the PEFT files of a LoRA run's checkpoint `dir`.
 template <class Pol>
@@ -146,8 +70,8 @@ void load_adapter_blocks(const std::string& dir, models::ShardedLlama<Pol>& mode
               io::detail::tensor_where(file, tensor), "has shape ", ::edl::detail::shape_str(file_shape),
               ", the model's adapter is ", ::edl::detail::shape_str(arr.layout().global_shape()),
               part_rows ? " (rows of the fused tensor)" : "");
-    const std::vector<T*> blocks = detail::block_pointers(arr);
-    st.parameter_bytes_read += detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read,
+    const std::vector<T*> blocks = models::detail::block_pointers(arr);
+    st.parameter_bytes_read += models::detail::read_local_blocks<T>(f, tensor, arr.layout(), model, blocks.data(), &st.blocks_read,
                                                             part_rows ? &file_shape : nullptr, row0);
   }
 }
@@ -169,7 +93,7 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
   const std::int64_t D = model.mesh().size();
   // A LoRA run's checkpoint holds the adapters alone: the base is the run's model, already in place.
   if (lora::is_adapter_folder(dir)) load_adapter_blocks(dir, model, st);
-  else load_parameter_blocks(dir, model, st);
+  else models::load_parameter_blocks(dir, model, st);
 
   opt.reset();
   if (!s.optimizer_saved) {  // a weights-only checkpoint: the optimizer starts afresh
@@ -194,7 +118,7 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
         if (be.is_local(d)) v[static_cast<std::size_t>(d)].resize(static_cast<std::size_t>(layout.local_elements(d)));
       std::vector<float*> blocks(static_cast<std::size_t>(D));
       for (std::int64_t d = 0; d < D; ++d) blocks[static_cast<std::size_t>(d)] = v[static_cast<std::size_t>(d)].data();
-      st.optimizer_bytes_read += detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
+      st.optimizer_bytes_read += models::detail::read_local_blocks<float>(f, name, layout, model, blocks.data(), &st.blocks_read);
       for (std::int64_t d = 0; d < D; ++d)
         if (layout.holds(d) && be.is_local(d)) opt.set_device_slot(d, param, slot, std::move(v[static_cast<std::size_t>(d)]));
     }

@@ -328,26 +328,11 @@ class ShardedLlama {
   /// draws from fold_in(key, k) and element i from counter i (nn::init_params), so each
   /// process draws the blocks of its own devices and no process builds the whole model.
   ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
-    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
-              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
-              "run on one device");
-    setup({});
-    // The model's parameters in visit order with their Init kinds; its values are never
-    // written, so their pages are never touched.
-    LlamaForCausalLM<Pol> shapes(cfg_);
-    const float std = static_cast<float>(cfg_.initializer_range);
-    std::uint32_t index = 0;
-    shapes.visit_params("", [&](std::string_view path, auto& p) {
-      const Key k = fold_in(key, index++);
-      const nn::Init how = p.init;
-      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
-                                                               [&](std::uint64_t first, std::span<float> out) {
-                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
-                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
-                                                               }));
-    });
-  }
+      : ShardedLlama(cfg, std::optional<Key>(key), std::move(mesh), std::move(rules)) {}
+  /// A model of `cfg` whose stored blocks are zero, for a loader to fill
+  /// (models::from_pretrained_sharded, train::load_sharded_state).
+  ShardedLlama(const LlamaConfig& cfg, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : ShardedLlama(cfg, std::optional<Key>(), std::move(mesh), std::move(rules)) {}
 
   const LlamaConfig& config() const noexcept { return cfg_; }
   /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
@@ -473,6 +458,28 @@ class ShardedLlama {
   };
 
   // Per-device view of one step.
+  ShardedLlama(const LlamaConfig& cfg, std::optional<Key> key, DefaultMesh mesh, PartitionRules rules)
+      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
+    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
+              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
+              "run on one device");
+    setup({});
+    // The model's parameters in visit order with their Init kinds; its values are never
+    // written, so their pages are never touched.
+    LlamaForCausalLM<Pol> shapes(cfg_);
+    const float std = static_cast<float>(cfg_.initializer_range);
+    std::uint32_t index = 0;
+    shapes.visit_params("", [&](std::string_view path, auto& p) {
+      const Key k = key ? fold_in(*key, index++) : Key{};
+      const nn::Init how = key ? p.init : nn::Init::zeros;
+      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
+                                                               [&](std::uint64_t first, std::span<float> out) {
+                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
+                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
+                                                               }));
+    });
+  }
+
   struct Ctx {
     Device* dev = nullptr;
     std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
