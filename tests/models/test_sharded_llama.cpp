@@ -16,6 +16,8 @@
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/sharded.hpp>
 
+#include "../support/same_params.hpp"
+
 using namespace edl;
 using models::LlamaConfig;
 using models::LlamaForCausalLM;
@@ -373,22 +375,7 @@ TEST(ShardedLlama, ShardThenGatherIsBitExact) {
   EXPECT_EQ(count, orig.size());
 }
 
-// Every parameter of `a` equals the one of the same name in `b`, bit for bit.
-template <class Pol>
-void expect_same_params(LlamaForCausalLM<Pol>& a, LlamaForCausalLM<Pol>& b, const std::string& where) {
-  std::map<std::string, std::vector<float>> want;
-  a.visit_params("", [&](std::string_view path, auto& p) {
-    for (std::size_t i = 0; i < p.value.size(); ++i) want[std::string(path)].push_back(to_f32(p.value.data()[i]));
-  });
-  std::size_t count = 0;
-  b.visit_params("", [&](std::string_view path, auto& p) {
-    const auto& w = want.at(std::string(path));
-    ASSERT_EQ(w.size(), p.value.size()) << where << " " << path;
-    for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(w[i], to_f32(p.value.data()[i])) << where << " " << path << "[" << i << "]";
-    ++count;
-  });
-  EXPECT_EQ(count, want.size()) << where;
-}
+using test_support::expect_same_params;
 
 TEST(ShardedLlama, InitStraightIntoShardsEqualsTheOneDeviceInit) {
   // The blocks are drawn where they live (no whole model is built), from the counters of the

@@ -15,6 +15,7 @@
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
 
+#include "../support/same_params.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace edl::models {
@@ -29,23 +30,7 @@ fs::path fixture(const std::string& name) {
   return p;
 }
 
-// Every parameter of `got` equals the one of the same name in `want`, bit for bit.
-template <class Pol>
-void expect_same_params(LlamaForCausalLM<Pol>& want, LlamaForCausalLM<Pol>& got, const std::string& where) {
-  std::map<std::string, std::vector<float>> w;
-  want.visit_params("", [&](std::string_view path, auto& p) {
-    for (std::size_t i = 0; i < p.value.size(); ++i) w[std::string(path)].push_back(to_f32(p.value.data()[i]));
-  });
-  std::size_t count = 0;
-  got.visit_params("", [&](std::string_view path, auto& p) {
-    const auto& v = w.at(std::string(path));
-    ASSERT_EQ(v.size(), p.value.size()) << where << " " << path;
-    for (std::size_t i = 0; i < v.size(); ++i)
-      ASSERT_EQ(v[i], to_f32(p.value.data()[i])) << where << " " << path << "[" << i << "]";
-    ++count;
-  });
-  EXPECT_EQ(count, w.size()) << where;
-}
+using test_support::expect_same_params;
 
 TEST(ShardedPretrained, EqualsFromPretrainedShardedAndReadsOnlyTheHeldBlocks) {
   struct Case {

@@ -21,6 +21,7 @@
 #include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 
+#include "../support/same_params.hpp"
 #include "../support/temp_dir.hpp"
 #include "session.hpp"
 
@@ -195,11 +196,7 @@ TEST(MpiLlamaMemory, EachRankStoresOnlyItsOwnDevicesBlocks) {
   models::LlamaForCausalLM<> one(config());
   one.init(Key::from_seed(11));
   auto back = sm.gather_model();
-  std::vector<float> a, b;
-  one.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });
-  back.visit_params("", [&](std::string_view, auto& p) { b.insert(b.end(), p.data(), p.data() + p.numel()); });
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  test_support::expect_same_params(one, back, "gathered");
 }
 
 TEST(MpiLlamaMemory, FromPretrainedReadsOnlyEachRanksBlocks) {
@@ -217,11 +214,7 @@ TEST(MpiLlamaMemory, FromPretrainedReadsOnlyEachRanksBlocks) {
             (1.0 / static_cast<double>(ranks) + 0.05) * static_cast<double>(file_bytes));
   EXPECT_EQ(st.blocks_read, static_cast<std::int64_t>(sm.names().size()));  // one device per rank
   auto back = sm.gather_model();
-  std::vector<float> a, b;
-  one.visit_params("", [&](std::string_view, auto& p) { a.insert(a.end(), p.data(), p.data() + p.numel()); });
-  back.visit_params("", [&](std::string_view, auto& p) { b.insert(b.end(), p.data(), p.data() + p.numel()); });
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  test_support::expect_same_params(one, back, "gathered");
 }
 
 }  // namespace
