@@ -40,7 +40,7 @@ int run_training(const train::TrainingArguments& ta, const std::string& resume) 
   const char* unit = pairs ? "preference pairs" : "sequences";
   if (ta.progress && launch().is_primary())
     std::fprintf(stderr, "edl train (%s): %lld parameters, %lld training %s (%lld tokens, %lld scored), %lld steps of %lld %s x %lld tokens, %lld steps per epoch%s%s\n",
-                 ta.trainer.c_str(), static_cast<long long>(t.model().param_count()),
+                 ta.trainer.c_str(), static_cast<long long>(t.param_count()),
                  static_cast<long long>(t.train_dataset().size() / (pairs ? 2 : 1)), unit,
                  static_cast<long long>(t.train_dataset().num_tokens()), static_cast<long long>(t.train_dataset().num_scored()),
                  static_cast<long long>(t.total_steps()),
@@ -59,6 +59,9 @@ int run_training(const train::TrainingArguments& ta, const std::string& resume) 
   j["stop_reason"] = r.stop_reason;
   j["resumed"] = r.resumed;
   j["peak_gflops"] = t.peak_gflops();
+  // Every rank's peak resident set (VmHWM, one entry per process; a collective, so every rank
+  // takes part): on a mesh it falls with the mesh, since no rank holds the whole model.
+  j["rank_peak_bytes"] = t.processes().each(peak_resident_bytes());
   const auto report = std::filesystem::path(ta.save_directory) / "report.html";
   j["report"] = std::filesystem::exists(report) ? nlohmann::ordered_json(report.string()) : nlohmann::ordered_json(nullptr);
   std::cout << j.dump() << "\n";

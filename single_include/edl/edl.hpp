@@ -3240,9 +3240,13 @@ inline std::int64_t axis_size(const Device& d, const AxisList& axes = {}) {
 // Device order (mesh/backends/mpi.hpp): process r runs devices [r * local, (r + 1) * local).
 
 #include <cstdint>
+#include <exception>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
+// #include <edl/core/error.hpp> (inlined above)
 // #include <edl/mesh/collectives.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
 
@@ -3290,6 +3294,25 @@ class ProcessGroup {
     for (int r = 0; r < size_; ++r)
       if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
     return failed;
+  }
+
+  /// Runs `f` on every process, then agrees (a collective): a process whose `f` threw rethrows
+  /// its own error; the others throw an errc::io error at `where` naming the ranks that failed
+  /// to do `what`, followed by `consequence`. So no process goes on alone.
+  template <class F>
+  void on_every_rank(const std::string& where, std::string_view what, F&& f, std::string_view consequence = {}) const {
+    std::exception_ptr mine;
+    try {
+      f();
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    const std::vector<int> failed = failed_ranks(mine == nullptr);
+    if (mine) std::rethrow_exception(mine);
+    if (failed.empty()) return;
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ::edl::detail::raise(errc::io, where, ::edl::detail::concat("rank ", ranks, " failed to ", what, consequence));
   }
 
   /// Every process's `value`, by rank (e.g. each rank's peak memory, for rank 0 to report).
@@ -12713,7 +12736,42 @@ void save_npy(const std::string& path, const E& a) {
 
 }  // namespace edl::io
 // end of edl/io/npy.hpp
-// #include <edl/io/safetensors.hpp>
+// #include <edl/io/planned_safetensors.hpp>
+// edl/io/planned_safetensors.hpp
+// A folder of safetensors files laid out before any tensor's bytes exist, then filled block by
+// block: from one process, or from several at once, each writing the blocks it holds. This is
+// how a sharded model is saved without any process ever holding a whole tensor of it.
+//
+//   io::PlannedFolder plan({{"w", {DType::f32, {4, 8}}}, ...}, 5'000'000'000, {{"format", "pt"}});
+//   plan.create(dir);                  // one process: every file's header and size, the index
+//   io::PlannedWriter w(dir, plan);    // then every process
+//   w.write("w", byte_offset, bytes);  // any byte range of a tensor, in any order
+//   w.sync();                          // fsync what this process wrote
+//
+// The files are the ones save_sharded writes for the same tensors (the same cut into shards,
+// the same header, the same order), so a folder filled block by block is byte for byte the
+// folder written whole. create() sizes each file with ftruncate, so a range nobody writes
+// reads as zeros; PlannedWriter refuses a range outside its tensor.
+//
+// Not atomic by itself: a checkpoint writes into a temporary folder and renames it once every
+// process has written and synced its part (train/checkpoint.hpp).
+
+#include <cerrno>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/atomic_file.hpp> (inlined above)
+// // #include <edl/io/safetensors.hpp> (inlined above)
 // edl/io/safetensors.hpp
 // Reading and writing safetensors files (the HuggingFace checkpoint format), single or sharded.
 //
@@ -13154,8 +13212,10 @@ inline void check_tensor_list(const TensorList& tensors, const std::string& path
   }
 }
 
-/// The padded header (without the 8-byte length) for `tensors` in the given order.
-inline std::string build_header(const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+/// The padded header (without the 8-byte length) for tensors of the given names, dtypes,
+/// shapes and byte counts, in that order (the data region holds them back to back).
+template <class Entries, class Bytes>
+std::string build_header(const Entries& tensors, Bytes&& bytes_of, const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -13164,13 +13224,17 @@ inline std::string build_header(const TensorList& tensors, const std::map<std::s
   }
   std::uint64_t off = 0;
   for (const auto& [name, t] : tensors) {
-    const std::uint64_t n = t.data.size();
+    const std::uint64_t n = bytes_of(t);
     h[name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   std::string s = h.dump();
   s.append((8 - s.size() % 8) % 8, ' ');  // data region starts 8-byte aligned
   return s;
+}
+
+inline std::string build_header(const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+  return build_header(tensors, [](const TensorRef& t) { return static_cast<std::uint64_t>(t.data.size()); }, metadata);
 }
 
 }  // namespace detail
@@ -13329,6 +13393,49 @@ inline std::string shard_file_name(std::size_t index1, std::size_t count) {
   return buf;
 }
 
+namespace detail {
+
+/// The first tensor of each shard when tensors of `sizes` bytes are cut into shards of at most
+/// `max_shard_bytes` in order (a tensor larger than the limit gets a shard of its own).
+inline std::vector<std::size_t> shard_starts(const std::vector<std::uint64_t>& sizes, std::uint64_t max_shard_bytes) {
+  std::vector<std::size_t> first;
+  std::uint64_t current = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (first.empty() || (current > 0 && current + sizes[i] > max_shard_bytes)) {
+      first.push_back(i);
+      current = 0;
+    }
+    current += sizes[i];
+  }
+  return first;
+}
+
+/// Removes the weight files of folder `dir` (model.safetensors, its index, model-*-of-*
+/// shards) not in `keep`: leftovers of an earlier save with another layout, so that opening
+/// the folder sees only the new one.
+inline void remove_other_weight_files(const std::string& dir, const std::set<std::string>& keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(dir), ec)) {
+    const std::string f = e.path().filename().string();
+    const bool ours = f == kSingleFileName || f == kIndexFileName ||
+                      (f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos && f.size() > 12 &&
+                       f.compare(f.size() - 12, 12, ".safetensors") == 0);
+    if (ours && !keep.count(f)) fs::remove(e.path(), ec);
+  }
+}
+
+/// model.safetensors.index.json's text: metadata.total_size and a name-sorted weight_map.
+inline std::string index_json(std::uint64_t total, const std::map<std::string, std::string>& weight_map) {
+  nlohmann::ordered_json idx;
+  idx["metadata"] = {{"total_size", total}};
+  idx["weight_map"] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
+  return idx.dump(2) + "\n";
+}
+
+}  // namespace detail
+
 /// Writes `tensors` into folder `dir` in the HF layout: one model.safetensors when everything
 /// fits in `max_shard_bytes`, else model-0000i-of-0000N.safetensors files (tensors in the given
 /// order, a new shard whenever the next tensor would overflow the current one; a tensor larger
@@ -13346,17 +13453,15 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
   EDL_CHECK(fs::is_directory(dir), errc::io, dir, "cannot create folder: ", ec.message());
   detail::check_tensor_list(tensors, dir);
 
+  std::vector<std::uint64_t> sizes;
+  for (const auto& nt : tensors) sizes.push_back(nt.second.data.size());
+  const std::vector<std::size_t> first = detail::shard_starts(sizes, max_shard_bytes);
   std::vector<TensorList> shards;
-  std::uint64_t current = 0, total = 0;
-  for (const auto& nt : tensors) {
-    const std::uint64_t n = nt.second.data.size();
-    if (shards.empty() || (current > 0 && current + n > max_shard_bytes)) {
-      shards.emplace_back();
-      current = 0;
-    }
-    shards.back().push_back(nt);
-    current += n;
-    total += n;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (shards.size() < first.size() && i == first[shards.size()]) shards.emplace_back();
+    shards.back().push_back(tensors[i]);
+    total += sizes[i];
   }
   if (shards.empty()) shards.emplace_back();
 
@@ -13376,27 +13481,189 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
       keep.insert(name);
       for (const auto& nt : shards[i]) weight_map[nt.first] = name;
     }
-    nlohmann::ordered_json idx;
-    idx["metadata"] = {{"total_size", total}};
-    idx["weight_map"] = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
     written.push_back((d / kIndexFileName).string());
-    write_file_atomic(written.back(), idx.dump(2) + "\n");
+    write_file_atomic(written.back(), detail::index_json(total, weight_map));
     keep.insert(kIndexFileName);
   }
-  // Remove leftovers of an earlier layout so that open(dir) sees only this save.
-  for (const auto& e : fs::directory_iterator(d, ec)) {
-    const std::string f = e.path().filename().string();
-    const bool ours = f == kSingleFileName || f == kIndexFileName ||
-                      (f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos &&
-                       f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0);
-    if (ours && !keep.count(f)) fs::remove(e.path(), ec);
-  }
+  detail::remove_other_weight_files(dir, keep);
   return written;
 }
 
 }  // namespace edl::io
 // end of edl/io/safetensors.hpp
+
+namespace edl::io {
+
+/// A tensor's dtype and shape, before its bytes exist.
+struct TensorShape {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes() const {
+    std::uint64_t n = dtype_size(dtype);
+    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+    return n;
+  }
+};
+
+/// Tensors to lay out, in file order.
+using TensorShapes = std::vector<std::pair<std::string, TensorShape>>;
+
+/// Which file holds each tensor and at which byte its data starts.
+class PlannedFolder {
+ public:
+  struct Place {
+    std::size_t file = 0;       // index into files()
+    std::uint64_t offset = 0;   // of the tensor's first byte in its file
+    std::uint64_t bytes = 0;
+  };
+  struct File {
+    std::string name;    // "model.safetensors", "model-00001-of-00002.safetensors", ...
+    std::string header;  // padded JSON, without the 8-byte length
+    std::uint64_t size = 0;
+  };
+
+  PlannedFolder() = default;
+  /// `tensors` cut into files of at most `max_shard_bytes` as save_sharded cuts them; `single`
+  /// names the file when one holds everything (model.safetensors; another name, e.g.
+  /// "optimizer.safetensors", for a file that is not a model's).
+  PlannedFolder(const TensorShapes& tensors, std::uint64_t max_shard_bytes,
+                const std::map<std::string, std::string>& metadata = {}, std::string single = kSingleFileName) {
+    EDL_CHECK(max_shard_bytes > 0, errc::invalid_argument, "io.PlannedFolder", "max_shard_bytes must be positive");
+    std::vector<std::uint64_t> sizes;
+    for (const auto& [name, t] : tensors) {
+      EDL_CHECK(!name.empty() && name != "__metadata__", errc::invalid_argument, "io.PlannedFolder",
+                "invalid tensor name \"", name, "\"");
+      for (auto d : t.shape)
+        EDL_CHECK(d >= 0, errc::invalid_argument, name, "negative extent in shape ", ::edl::detail::shape_str(t.shape));
+      sizes.push_back(t.bytes());
+    }
+    std::vector<std::size_t> first = detail::shard_starts(sizes, max_shard_bytes);
+    if (first.empty()) first.push_back(0);
+    std::map<std::string, std::string> weight_map;
+    std::uint64_t total = 0;
+    for (std::size_t f = 0; f < first.size(); ++f) {
+      const std::size_t end = f + 1 < first.size() ? first[f + 1] : tensors.size();
+      const TensorShapes part(tensors.begin() + static_cast<std::ptrdiff_t>(first[f]),
+                              tensors.begin() + static_cast<std::ptrdiff_t>(end));
+      File file;
+      file.name = first.size() == 1 ? single : shard_file_name(f + 1, first.size());
+      file.header = detail::build_header(part, [](const TensorShape& t) { return t.bytes(); }, metadata);
+      std::uint64_t off = 8 + file.header.size();
+      for (const auto& [name, t] : part) {
+        EDL_CHECK(places_.emplace(name, Place{f, off, t.bytes()}).second, errc::invalid_argument, name,
+                  "listed twice");
+        weight_map[name] = file.name;
+        off += t.bytes();
+        total += t.bytes();
+      }
+      file.size = off;
+      files_.push_back(std::move(file));
+    }
+    if (files_.size() > 1) index_ = detail::index_json(total, weight_map);
+  }
+
+  const std::vector<File>& files() const noexcept { return files_; }
+  /// The index's text (model.safetensors.index.json), empty for one file.
+  const std::string& index() const noexcept { return index_; }
+  bool contains(const std::string& name) const { return places_.count(name) > 0; }
+  const Place& place(const std::string& name) const {
+    const auto it = places_.find(name);
+    EDL_CHECK(it != places_.end(), errc::invalid_argument, name, "is not a tensor of this plan");
+    return it->second;
+  }
+
+  /// Writes every file's length and header and sets its size (the data region reads as zeros
+  /// until written), and the index when there are several files. One process calls it.
+  void create(const std::filesystem::path& dir) const {
+    for (const File& f : files_) {
+      const std::string path = (dir / f.name).string();
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      EDL_CHECK(fd >= 0, errc::io, path, "cannot create: ", detail::errno_text());
+      struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+      } closer{fd};
+      const std::uint64_t n = f.header.size();
+      write_at(fd, path, &n, 8, 0);
+      write_at(fd, path, f.header.data(), f.header.size(), 8);
+      EDL_CHECK(::ftruncate(fd, static_cast<off_t>(f.size)) == 0, errc::io, path, "cannot set the size to ", f.size,
+                " bytes: ", detail::errno_text());
+      EDL_CHECK(::fsync(fd) == 0, errc::io, path, "fsync failed: ", detail::errno_text());
+    }
+    if (!index_.empty()) write_file_atomic((dir / kIndexFileName).string(), index_);
+  }
+
+  /// pwrite of all `n` bytes at `offset` (retrying short writes).
+  static void write_at(int fd, const std::string& path, const void* data, std::size_t n, std::uint64_t offset) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ::ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      EDL_CHECK(w > 0, errc::io, path, "write of ", n, " bytes at offset ", offset, " failed: ", detail::errno_text());
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+    }
+  }
+
+ private:
+  std::vector<File> files_;
+  std::map<std::string, Place> places_;
+  std::string index_;
+};
+
+/// Writes byte ranges of a planned folder's tensors into the files create() made.
+class PlannedWriter {
+ public:
+  PlannedWriter(std::filesystem::path dir, const PlannedFolder& plan)
+      : dir_(std::move(dir)), plan_(&plan), fds_(plan.files().size(), -1) {}
+  PlannedWriter(const PlannedWriter&) = delete;
+  PlannedWriter& operator=(const PlannedWriter&) = delete;
+  ~PlannedWriter() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+
+  /// Writes `bytes` at byte `offset` of tensor `name`'s data.
+  void write(const std::string& name, std::uint64_t offset, std::span<const std::byte> bytes) {
+    const PlannedFolder::Place& p = plan_->place(name);
+    EDL_CHECK(offset <= p.bytes && bytes.size() <= p.bytes - offset, errc::invalid_argument, name, "bytes ", offset,
+              "..", offset + bytes.size(), " are outside the tensor's ", p.bytes, " bytes");
+    const std::string path = (dir_ / plan_->files()[p.file].name).string();
+    int& fd = fds_[p.file];
+    if (fd < 0) {
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      EDL_CHECK(fd >= 0, errc::io, path, "cannot open for writing (was the folder created?): ", detail::errno_text());
+    }
+    PlannedFolder::write_at(fd, path, bytes.data(), bytes.size(), p.offset + offset);
+    written_ += bytes.size();
+  }
+
+  /// fsyncs and closes every file this writer wrote to.
+  void sync() {
+    for (std::size_t f = 0; f < fds_.size(); ++f) {
+      if (fds_[f] < 0) continue;
+      const std::string path = (dir_ / plan_->files()[f].name).string();
+      const int fd = fds_[f];
+      fds_[f] = -1;
+      const bool synced = ::fsync(fd) == 0;
+      const std::string why = synced ? std::string() : detail::errno_text();
+      ::close(fd);
+      EDL_CHECK(synced, errc::io, path, "fsync failed: ", why);
+    }
+  }
+  std::uint64_t bytes_written() const noexcept { return written_; }
+
+ private:
+  std::filesystem::path dir_;
+  const PlannedFolder* plan_;
+  std::vector<int> fds_;
+  std::uint64_t written_ = 0;
+};
+
+}  // namespace edl::io
+// end of edl/io/planned_safetensors.hpp
+// #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/io/tfevents.hpp>
 // edl/io/tfevents.hpp
 // TensorBoard's event files (`events.out.tfevents.*`), scalars only: what `tensorboard
@@ -26058,6 +26325,20 @@ inline std::string torch_dtype_name(DType d) {
                        ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(d)));
 }
 
+namespace detail {
+
+/// The config.json a save writes for a model of type M: its config with the stored dtype and
+/// M's HF architecture.
+template <class M>
+LlamaConfig saved_config(const LlamaConfig& c, DType dtype) {
+  LlamaConfig cfg = c;
+  cfg.torch_dtype = torch_dtype_name(dtype);
+  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  return cfg;
+}
+
+}  // namespace detail
+
 struct SavePretrainedOptions {
   /// A new shard starts when the next tensor would pass this (HF max_shard_size "5GB").
   std::uint64_t max_shard_bytes = 5'000'000'000ull;
@@ -26129,9 +26410,7 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
     dtype = dtype_v<T>;
   });
   if (opt.dtype) dtype = *opt.dtype;
-  LlamaConfig cfg = model.config();
-  cfg.torch_dtype = torch_dtype_name(dtype);
-  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  LlamaConfig cfg = detail::saved_config<M>(model.config(), dtype);
   if constexpr (requires { nn::quantized_format(m); }) {
     const quant::Format f = nn::quantized_format(m);
     if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
@@ -26573,6 +26852,193 @@ ShardedLlama<Pol> from_pretrained_sharded(const std::filesystem::path& dir, Defa
 
 }  // namespace edl::models
 // end of edl/models/llama/sharded_pretrained.hpp
+// #include <edl/models/llama/sharded_save.hpp>
+// edl/models/llama/sharded_save.hpp
+// A sharded model saved as a HF folder without gathering it: every process writes the blocks
+// of its own devices straight into the files, at their places in the whole tensors.
+//
+//   auto sm = models::from_pretrained_sharded("in/", mesh);  // or trained on the mesh
+//   models::save_pretrained_sharded("out/", sm);            // every process calls it
+//
+// The folder is the one save_pretrained(dir, sm.gather_model()) writes, byte for byte
+// (config.json, model.safetensors or the shards and their index, in HF's names; Phi-3's fused
+// projections joined), so transformers and from_pretrained load it unchanged, on any mesh.
+// Rank 0 lays the files out first (headers, sizes: io::PlannedFolder); then each process
+// writes the distinct blocks its devices hold (a block replicated on several devices is
+// written once, by the lowest device holding it) and syncs; the processes agree before
+// returning. No tensor is ever whole in any process's memory. Like save_pretrained it writes
+// in place: train::save_sharded_state adds the atomic commit of a checkpoint.
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/planned_safetensors.hpp> (inlined above)
+// #include <edl/mesh/process_group.hpp> (inlined above)
+// #include <edl/models/llama/fused_checkpoint.hpp> (inlined above)
+// #include <edl/models/llama/pretrained.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+
+namespace edl::models {
+
+/// What one process wrote.
+struct ShardedSaveStats {
+  std::int64_t bytes_written = 0;   // tensor bytes, in the file's dtype
+  std::int64_t blocks_written = 0;  // distinct blocks (one per tensor and block this process owns)
+};
+
+namespace detail {
+
+/// Element conversion into the file's dtype (round to nearest even), or a plain copy.
+template <class T>
+void convert_run(const T* src, std::size_t n, DType dtype, std::vector<std::byte>& out) {
+  out.resize(n * dtype_size(dtype));
+  auto to = [&](auto tag) {
+    using D = decltype(tag);
+    D* o = reinterpret_cast<D*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) o[i] = from_f32<D>(to_f32(src[i]));
+  };
+  switch (dtype) {
+    case DType::f32: to(float{}); break;
+    case DType::bf16: to(bf16{}); break;
+    case DType::f16: to(f16{}); break;
+    default:
+      ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained_sharded",
+                           ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
+  }
+}
+
+/// Writes, for every device d of this process that is the lowest holder of its block of
+/// `layout`, that block (`block(d)`, the block's elements in row-major order) into tensor
+/// `tensor` of `writer`, converted to `dtype`. The tensor is the layout's global tensor, or,
+/// for a fused part, rows from `row0` of a tensor of `row_elems` elements per row. Runs that
+/// are consecutive in the file are written together.
+template <class T, class Block>
+void write_local_blocks(io::PlannedWriter& writer, const std::string& tensor, const ShardLayout& layout,
+                        const CollectiveBackend& be, DType dtype, std::int64_t row0, Block&& block,
+                        ShardedSaveStats& st) {
+  const std::size_t esize = dtype_size(dtype);
+  const std::int64_t base = layout.rank() == 0 ? 0 : row0 * [&] {
+    std::int64_t e = 1;
+    for (std::size_t i = 1; i < layout.rank(); ++i) e *= layout.global_shape()[i];
+    return e;
+  }();
+  std::vector<std::byte> buf;
+  for (std::int64_t d : layout.block_owners()) {
+    if (!be.is_local(d)) continue;  // another process writes it
+    const std::span<const T> data = block(d);
+    EDL_CHECK(static_cast<std::int64_t>(data.size()) == layout.local_elements(), errc::invalid_argument, tensor,
+              "device ", d, "'s block holds ", data.size(), " values, its layout ", layout.local_elements());
+    const auto off = layout.offset(d);
+    const auto& bs = layout.local_shape();
+    std::int64_t start_g = -1, start_b = 0, count = 0;  // the pending run of consecutive elements
+    auto flush = [&] {
+      if (count == 0) return;
+      const std::uint64_t at = static_cast<std::uint64_t>(base + start_g) * esize;
+      if (dtype == dtype_v<T>) {
+        writer.write(tensor, at, std::as_bytes(data.subspan(static_cast<std::size_t>(start_b), static_cast<std::size_t>(count))));
+      } else {
+        convert_run(data.data() + start_b, static_cast<std::size_t>(count), dtype, buf);
+        writer.write(tensor, at, buf);
+      }
+      st.bytes_written += count * static_cast<std::int64_t>(esize);
+      count = 0;
+    };
+    constexpr std::int64_t kMaxRun = std::int64_t{1} << 22;  // elements converted per write
+    ::edl::detail::for_each_block_row(layout.global_shape(), off, bs, [&](std::int64_t g, std::int64_t b, std::int64_t n) {
+      if (count > 0 && (g != start_g + count || count + n > kMaxRun)) flush();
+      if (count == 0) {
+        start_g = g;
+        start_b = b;
+      }
+      count += n;
+    });
+    flush();
+    ++st.blocks_written;
+  }
+}
+
+}  // namespace detail
+
+/// The tensors of `model`'s HF folder in file order, in `dtype`: each parameter by its HF
+/// name, the parts of a fused checkpoint tensor (Phi-3) as that tensor at its first part's
+/// place, as save_pretrained orders them.
+template <class Pol>
+io::TensorShapes saved_tensor_shapes(const ShardedLlama<Pol>& model, DType dtype) {
+  const LlamaConfig& cfg = model.config();
+  io::TensorShapes out;
+  std::map<std::string, std::size_t> fused;  // fused tensor -> its index in out
+  for (const std::string& name : model.names()) {
+    const auto& gs = model.param(name).layout().global_shape();
+    const auto s = fused_slice(cfg, name);
+    if (!s) {
+      out.emplace_back(name, io::TensorShape{dtype, gs});
+      continue;
+    }
+    const auto [it, fresh] = fused.emplace(s->tensor, out.size());
+    if (fresh) out.emplace_back(s->tensor, io::TensorShape{dtype, {0, gs[1]}});
+    out[it->second].second.shape[0] += gs[0];
+  }
+  return out;
+}
+
+/// Writes this process's blocks of every parameter of `model` into a folder laid out by
+/// saved_tensor_shapes (save_pretrained_sharded, train::save_sharded_state).
+template <class Pol>
+void write_parameter_blocks(io::PlannedWriter& w, const ShardedLlama<Pol>& model, DType dtype, ShardedSaveStats& st) {
+  using T = typename Pol::param_t;
+  for (const std::string& name : model.names()) {
+    const auto& arr = model.param(name);
+    const auto s = fused_slice(model.config(), name);
+    detail::write_local_blocks<T>(w, s ? s->tensor : name, arr.layout(), model.mesh().backend(), dtype,
+                                  s ? s->row0 : 0, [&](std::int64_t d) { return arr.local_span(d); }, st);
+  }
+}
+
+/// Writes `model` to folder `dir` as save_pretrained writes its gathered form (see the header
+/// comment); every process of the model's mesh calls it. Returns what this process wrote.
+template <class Pol>
+ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const ShardedLlama<Pol>& model,
+                                         const SavePretrainedOptions& opt = {}) {
+  using T = typename Pol::param_t;
+  static_assert(!Pol::quant_t::quantized, "save_pretrained_sharded writes float parameters; quantized blocks are saved "
+                                          "by save_pretrained on one device");
+  EDL_CHECK(!model.has_adapters(), errc::unsupported, dir.string(),
+            "save_pretrained_sharded writes a model without LoRA adapters; save the adapters with "
+            "lora::save_adapter on the gathered model, or merge them first");
+  const DType dtype = opt.dtype.value_or(dtype_v<T>);
+  const io::PlannedFolder plan(saved_tensor_shapes(model, dtype), opt.max_shard_bytes, {{"format", "pt"}});
+  const ProcessGroup processes(model.mesh());
+  processes.on_every_rank(dir.string(), "lay out the folder", [&] {
+    if (!processes.is_primary()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    EDL_CHECK(std::filesystem::is_directory(dir), errc::io, dir.string(), "cannot create folder: ", ec.message());
+    std::set<std::string> keep;
+    for (const auto& f : plan.files()) keep.insert(f.name);
+    if (!plan.index().empty()) keep.insert(io::kIndexFileName);
+    io::detail::remove_other_weight_files(dir.string(), keep);
+    plan.create(dir);
+    detail::saved_config<LlamaForCausalLM<Pol>>(model.config(), dtype).save((dir / "config.json").string());
+  });
+  ShardedSaveStats st;
+  processes.on_every_rank(dir.string(), "write its blocks", [&] {
+    io::PlannedWriter w(dir, plan);
+    write_parameter_blocks(w, model, dtype, st);
+    w.sync();
+  });
+  return st;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/sharded_save.hpp
 // end of edl/models/all.hpp
 // #include <edl/generate/all.hpp>
 // edl/generate/all.hpp: KV caches, the incremental decoder (one device and a mesh), sampling,
@@ -30905,36 +31371,25 @@ inline void load_optimizer_slots(const io::SafeTensorsFile& file, const std::str
   }
 }
 
-/// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
-/// the others throw an errc::io naming the ranks that failed (so no process goes on alone).
+/// Runs `f` on every process, then agrees (ProcessGroup::on_every_rank): if any failed, every
+/// process throws and the checkpoint is not committed.
 template <class F>
 void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const char* what, F&& f) {
-  std::exception_ptr mine;
-  try {
-    f();
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  const std::vector<int> failed = pg.failed_ranks(mine == nullptr);
-  if (mine) std::rethrow_exception(mine);
-  if (!failed.empty()) {
-    std::string ranks;
-    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    ::edl::detail::raise(errc::io, checkpoint.string(),
-                         ::edl::detail::concat("rank ", ranks, " failed to ", what,
-                                               "; this checkpoint was not committed (the previous one stays the newest)"));
-  }
+  pg.on_every_rank(checkpoint.string(), what, std::forward<F>(f),
+                   "; this checkpoint was not committed (the previous one stays the newest)");
 }
 
 }  // namespace detail
 
-/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
-/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
-/// that save together (every one of them calls this); the default is this process alone.
-template <class Model>
-void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
-                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
+namespace detail {
+
+/// The atomic, collective commit of checkpoint folder `dir` (see the header comment): rank 0
+/// makes the temporary folder and calls `prepare(tmp)`; then every rank calls
+/// `write_part(tmp)`; then rank 0 writes `state` as state.json, last, and renames the folder
+/// into place. `after(file)` runs the test hooks.
+template <class Prepare, class WritePart>
+void commit_checkpoint(const std::string& dir, const TrainState& state, const CheckpointHooks& hooks,
+                       const ProcessGroup& processes, Prepare&& prepare, WritePart&& write_part) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
@@ -30952,17 +31407,50 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       }
     }
   } cleanup{tmp, !primary};  // rank 0 removes an uncommitted folder
-  auto after = [&](const std::string& f) {
-    if (hooks.after_file) hooks.after_file(f);
-  };
 
-  detail::on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
+  on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
     if (!primary) return;
     fs::create_directories(parent);
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
+    prepare(tmp);
   });
-  detail::on_every_rank(processes, final_path, "write its part", [&] {
+  on_every_rank(processes, final_path, "write its part", [&] { write_part(tmp); });
+  on_every_rank(processes, final_path, "commit", [&] {
+    if (!primary) return;
+    io::write_file_atomic((tmp / "state.json").string(), state.to_json().dump(2) + "\n");
+    if (hooks.after_file) hooks.after_file("state.json");
+    fsync_path(tmp.string(), true);
+
+    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+      fs::remove_all(old, ec);
+      fs::rename(final_path, old);
+      fs::remove_all(old, ec);
+    }
+    fs::rename(tmp, final_path);
+    cleanup.done = true;
+    fsync_path(parent.string(), true);
+  });
+}
+
+}  // namespace detail
+
+/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
+/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
+/// that save together (every one of them calls this); the default is this process alone.
+template <class Model>
+void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
+                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
+  const bool primary = processes.is_primary();
+  auto after = [&](const std::string& f) {
+    if (hooks.after_file) hooks.after_file(f);
+  };
+  TrainState s = state;
+  s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
+  s.optimizer_saved = contents.save_optimizer;
+  detail::commit_checkpoint(dir, s, hooks, processes, [](const fs::path&) {}, [&](const fs::path& tmp) {
     if (primary && has_adapters(model)) {  // LoRA: the adapter alone, as PEFT writes it
       lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
       after(lora::kAdapterWeightsFile);
@@ -30979,25 +31467,6 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       tokenizer->save(tmp.string());
       after("tokenizer.json");
     }
-  });
-  detail::on_every_rank(processes, final_path, "commit", [&] {
-    if (!primary) return;
-    TrainState s = state;
-    s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
-    s.optimizer_saved = contents.save_optimizer;
-    io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
-    after("state.json");
-    detail::fsync_path(tmp.string(), true);
-
-    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
-      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
-      fs::remove_all(old, ec);
-      fs::rename(final_path, old);
-      fs::remove_all(old, ec);
-    }
-    fs::rename(tmp, final_path);
-    cleanup.done = true;
-    detail::fsync_path(parent.string(), true);
   });
 }
 
@@ -31731,6 +32200,28 @@ inline void pad_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id
   b.seq = S;
 }
 
+/// Appends rows of padding until the batch size is a multiple of `multiple`: what the data axes
+/// of a mesh split. A padding row holds pad_id and no target (label -100); its first position
+/// is attended (attention_mask 1, the rest 0) so that no query of it is left without a key, and
+/// in packed batches it is one document (segment 1, positions from 0). Losses, accuracies and
+/// token counts are those of the batch without it.
+inline void pad_rows_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id) {
+  if (multiple <= 1 || b.batch % multiple == 0) return;
+  const std::int64_t rows = (b.batch + multiple - 1) / multiple * multiple - b.batch;
+  const auto n = static_cast<std::size_t>(rows * b.seq);
+  b.input_ids.insert(b.input_ids.end(), n, pad_id);
+  b.labels.insert(b.labels.end(), n, -100);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    b.attention_mask.push_back(1);
+    b.attention_mask.insert(b.attention_mask.end(), static_cast<std::size_t>(b.seq - 1), 0);
+  }
+  if (!b.segment_ids.empty()) b.segment_ids.insert(b.segment_ids.end(), n, 1);
+  if (!b.position_ids.empty())
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t s = 0; s < b.seq; ++s) b.position_ids.push_back(s);
+  b.batch += rows;
+}
+
 }  // namespace edl::train
 // end of edl/train/dataset.hpp
 // #include <edl/train/evaluation.hpp>
@@ -31882,6 +32373,27 @@ EvalMetrics evaluate_dataset(Model& model, const TokenDataset& ds, const EvalOpt
                              const std::string& where = "evaluation") {
   EvalAccumulator acc;
   for_each_eval_batch(ds, o, [&](const Batch& b) { acc.add(guarded_causal_lm_loss(model, b, {}, /*backward=*/false)); });
+  return acc.result(where);
+}
+
+/// evaluate_dataset for a model sharded over a mesh (models::ShardedLlama): each batch padded
+/// to what the mesh splits (rows to a multiple of `row_multiple`, dp x fsdp x ep, with rows
+/// that hold no target; positions to a multiple of `seq_multiple`, sp) and scored by the
+/// sharded loss, so no process gathers the model. Equals evaluate_dataset of the gathered
+/// model within f32 rounding (the mesh sums in another order).
+template <class ShardedModel>
+EvalMetrics evaluate_dataset_on_mesh(ShardedModel& model, const TokenDataset& ds, const EvalOptions& o,
+                                     std::int64_t row_multiple, std::int64_t seq_multiple,
+                                     const std::string& where = "evaluation") {
+  EvalAccumulator acc;
+  for_each_eval_batch(ds, o, [&](const Batch& batch) {
+    Batch b = batch;
+    pad_rows_to_multiple(b, row_multiple, o.pad_id);
+    pad_to_multiple(b, seq_multiple, o.pad_id);
+    const nn::TokenLayout lay = b.layout();
+    acc.add(model.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, nn::LossOptions{}, lay.attention_mask,
+                       lay.position_ids, lay.segment_ids));
+  });
   return acc.result(where);
 }
 
@@ -32735,6 +33247,197 @@ TrainState load_sharded_state(const std::string& dir, models::ShardedLlama<Pol>&
 
 }  // namespace edl::train
 // end of edl/train/sharded_load.hpp
+// #include <edl/train/sharded_save.hpp>
+// edl/train/sharded_save.hpp
+// A training checkpoint written straight from a sharded model and its ZeRO optimizer: each
+// process writes the blocks of its own devices, and nothing is gathered.
+//
+//   models::ShardedLlama<> sm(config, key, mesh);
+//   optim::ShardedOptimizer<models::ShardedLlama<>> so(options, sm);
+//   ...training...
+//   save_sharded_state("out/checkpoint-300", sm, so, state);  // every process calls it
+//
+// The folder holds the files a one-device save_state writes for the gathered state, byte for
+// byte: config.json, model.safetensors (or HF shards and their index), optimizer.safetensors
+// with every slot as "<parameter>.<slot>" (whole tensors, flattened), tokenizer.json and
+// state.json. So it loads in transformers, in load_state on one device and in
+// load_sharded_state on any mesh shape. Rank 0 lays out every file first (headers and sizes,
+// io::PlannedFolder); each process then writes at their places the distinct blocks its
+// devices hold of the parameters and of every optimizer slot, and syncs; rank 0 commits
+// (checkpoint.hpp's atomic protocol, unchanged: a kill at any point leaves the previous
+// checkpoint the newest). A process's memory does not grow with the save.
+// A LoRA run's checkpoint (the adapters alone, a PEFT folder) is written by save_state from
+// the gathered adapters; this writes models without adapters.
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/io/planned_safetensors.hpp> (inlined above)
+// #include <edl/mesh/process_group.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+// #include <edl/models/llama/sharded_save.hpp> (inlined above)
+// #include <edl/optim/sharded_optimizer.hpp> (inlined above)
+// #include <edl/train/checkpoint.hpp> (inlined above)
+
+namespace edl::train {
+
+namespace detail {
+
+/// The slots of each trained parameter, by parameter. On a mesh of several devices every
+/// parameter has the same slots (its kind decides them; adafactor, whose factored slots depend
+/// on the shape, is refused there), taken from this process's devices, so every process lays
+/// the file out alike, whichever blocks it holds. On one device, each parameter's own.
+template <class ShardedModel>
+std::map<std::string, std::set<std::string>> optimizer_slots(const optim::ShardedOptimizer<ShardedModel>& opt,
+                                                             const ShardedModel& m) {
+  std::map<std::string, std::set<std::string>> out;
+  const auto& be = m.mesh().backend();
+  if (m.mesh().size() == 1) {
+    opt.device(0).visit_state([&](const std::string& p, const std::string& slot, const std::vector<float>&) {
+      out[p].insert(slot);
+    });
+    return out;
+  }
+  std::set<std::string> slots;
+  for (std::int64_t d = 0; d < m.mesh().size(); ++d)
+    if (be.is_local(d))
+      opt.device(d).visit_state([&](const std::string&, const std::string& slot, const std::vector<float>&) {
+        slots.insert(slot);
+      });
+  if (!slots.empty())
+    for (const auto& p : m.trainable_names()) out[p] = slots;
+  return out;
+}
+
+/// optimizer.safetensors laid out as save_optimizer_part writes it for the gathered optimizer
+/// (slots by parameter, then slot name, in name order; the same metadata).
+template <class ShardedModel>
+io::PlannedFolder optimizer_plan(const optim::ShardedOptimizer<ShardedModel>& opt, const ShardedModel& m,
+                                 const std::map<std::string, std::set<std::string>>& slots) {
+  io::TensorShapes shapes;
+  for (const auto& [p, names] : slots)
+    for (const auto& slot : names) {
+      std::int64_t n = 1;
+      for (auto x : m.param(p).layout().global_shape()) n *= x;
+      // One device holds whole tensors, and a slot may have its own size there (adafactor's
+      // factored moments); on larger meshes every slot has its parameter's elements.
+      if (m.mesh().size() == 1) n = static_cast<std::int64_t>(opt.device(0).find_slot(p, slot)->size());
+      shapes.emplace_back(p + "." + slot, io::TensorShape{DType::f32, {n}});
+    }
+  return io::PlannedFolder(shapes, std::numeric_limits<std::uint64_t>::max(),
+                           {{"format", "edl"},
+                            {"optimizer", optim::optimizer_name(opt.options().kind)},
+                            {"step_count", std::to_string(opt.step_count())},
+                            {"options", optimizer_options_json(opt.options()).dump()},
+                            {"part", "1"},
+                            {"parts", "1"}},
+                           optimizer_file_name(0, 1));
+}
+
+/// Writes this process's blocks of every optimizer slot (laid out by optimizer_plan).
+template <class ShardedModel>
+void write_optimizer_blocks(io::PlannedWriter& w, const optim::ShardedOptimizer<ShardedModel>& opt,
+                            const ShardedModel& m, const std::map<std::string, std::set<std::string>>& slots,
+                            models::ShardedSaveStats& st) {
+  const auto& be = m.mesh().backend();
+  for (const auto& [p, names] : slots)
+    for (const auto& slot : names) {
+      const std::string name = p + "." + slot;
+      auto block = [&](std::int64_t d) {
+        const std::vector<float>* v = opt.device(d).find_slot(p, slot);
+        EDL_CHECK(v != nullptr, errc::invalid_argument, name, "device ", d, " does not hold this optimizer slot");
+        return std::span<const float>(*v);
+      };
+      if (m.mesh().size() == 1) {  // whole tensors, of the slot's own size
+        if (be.is_local(0)) {
+          const auto v = block(0);
+          w.write(name, 0, std::as_bytes(v));
+          st.bytes_written += static_cast<std::int64_t>(v.size_bytes());
+          ++st.blocks_written;
+        }
+        continue;
+      }
+      // The slot is the parameter's tensor flattened: its blocks are the parameter's.
+      models::detail::write_local_blocks<float>(w, name, m.param(p).layout(), be, DType::f32, 0, block, st);
+    }
+}
+
+}  // namespace detail
+
+/// Writes a complete checkpoint of a sharded run to `dir` atomically (see the header
+/// comment). `processes`: the processes of the model's mesh (every one calls this).
+template <class Pol>
+models::ShardedSaveStats save_sharded_state(const std::string& dir, const models::ShardedLlama<Pol>& model,
+                                            const optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                                            const TrainState& state, const tokenizer::Tokenizer* tokenizer = nullptr,
+                                            const CheckpointHooks& hooks = {}, const ProcessGroup& processes = {},
+                                            const SaveStateOptions& contents = {}) {
+  using T = typename Pol::param_t;
+  EDL_CHECK(!model.has_adapters(), errc::unsupported, dir,
+            "save_sharded_state writes a model without LoRA adapters (a LoRA run's checkpoint is the adapters alone: "
+            "save_state on the gathered state)");
+  EDL_CHECK(processes.size() == ProcessGroup(model.mesh()).size(), errc::invalid_argument, dir,
+            "the processes that save (", processes.size(), ") are not those of the model's mesh (",
+            ProcessGroup(model.mesh()).size(), ")");
+  auto after = [&](const std::string& f) {
+    if (hooks.after_file) hooks.after_file(f);
+  };
+  const DType dtype = contents.float_dtype.value_or(dtype_v<T>);
+  const io::PlannedFolder weights(models::saved_tensor_shapes(model, dtype), models::SavePretrainedOptions{}.max_shard_bytes,
+                                  {{"format", "pt"}});
+  const auto slots = detail::optimizer_slots(opt, model);
+  const io::PlannedFolder optimizer = detail::optimizer_plan(opt, model, slots);
+  TrainState s = state;
+  s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
+  s.optimizer_saved = contents.save_optimizer;
+  models::ShardedSaveStats st;
+  detail::commit_checkpoint(
+      dir, s, hooks, processes,
+      [&](const fs::path& tmp) {  // rank 0: every file's layout, the config and the tokenizer
+        weights.create(tmp);
+        models::detail::saved_config<models::LlamaForCausalLM<Pol>>(model.config(), dtype).save((tmp / "config.json").string());
+        if (contents.save_optimizer) optimizer.create(tmp);
+        if (tokenizer) {
+          tokenizer->save(tmp.string());
+          after("tokenizer.json");
+        }
+      },
+      [&](const fs::path& tmp) {  // every rank: its blocks
+        io::PlannedWriter w(tmp, weights);
+        models::write_parameter_blocks(w, model, dtype, st);
+        w.sync();
+        after("model.safetensors");  // on every rank: its part is written
+        if (!contents.save_optimizer) return;
+        io::PlannedWriter o(tmp, optimizer);
+        detail::write_optimizer_blocks(o, opt, model, slots, st);
+        o.sync();
+        after(optimizer_file_name(0, 1));
+      });
+  return st;
+}
+
+/// Saves checkpoint-<step> of a sharded run with `manager` and prunes (CheckpointManager::save
+/// for a sharded state). Returns its path.
+template <class Pol>
+std::string save_sharded_checkpoint(const CheckpointManager& manager, const models::ShardedLlama<Pol>& model,
+                                    const optim::ShardedOptimizer<models::ShardedLlama<Pol>>& opt,
+                                    const TrainState& state, const tokenizer::Tokenizer* tokenizer = nullptr,
+                                    const CheckpointHooks& hooks = {}, const ProcessGroup& processes = {}) {
+  const std::string p = manager.path_for(state.step);
+  save_sharded_state(p, model, opt, state, tokenizer, hooks, processes);
+  if (processes.is_primary()) manager.prune();
+  return p;
+}
+
+}  // namespace edl::train
+// end of edl/train/sharded_save.hpp
 // #include <edl/train/state.hpp>
 // edl/train/state.hpp: the training state as one value (EasyDeL's EasyDeLState): the step,
 // the model's parameters and the optimizer state, with apply_gradients, shard_state /
@@ -33059,8 +33762,10 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_with_shape(const DefaultMesh
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
 // the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
 // (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
-// the gathered model and optimizer state, the same files as a one-device run, so a run resumes
-// on another mesh shape. model() and optimizer() gather on demand.
+// the whole model and optimizer state, the same files as a one-device run, so a run resumes
+// on another mesh shape; each process writes its devices' blocks into them (sharded_save.hpp)
+// and reads only those back on resume (sharded_load.hpp), so no process gathers the model to
+// save or resume. model() and optimizer() gather on demand.
 //
 // On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
 // the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
@@ -33112,6 +33817,7 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_with_shape(const DefaultMesh
 // #include <edl/tokenizer/all.hpp> (inlined above)
 // #include <edl/train/checkpoint.hpp> (inlined above)
 // #include <edl/train/sharded_load.hpp> (inlined above)
+// #include <edl/train/sharded_save.hpp> (inlined above)
 // #include <edl/train/state.hpp> (inlined above)
 // #include <edl/train/dataset.hpp> (inlined above)
 // #include <edl/train/sft_data.hpp> (inlined above)
@@ -34329,7 +35035,8 @@ class BasicTrainer {
     if (stop_reason_.empty()) stop_reason_ = std::move(reason);
   }
 
-  /// The model (and optimizer) as one device holds them; on a mesh, gathered first.
+  /// The model (and optimizer) as one device holds them; on a mesh, gathered first (every
+  /// process calls it: gathering is collective).
   Model& model() {
     sync_host();
     return *model_;
@@ -34338,6 +35045,13 @@ class BasicTrainer {
     sync_host();
     return opt_;
   }
+  /// Whether this process holds the whole model on the host. On a mesh a run built from its
+  /// arguments (no LoRA, no preference pairs) draws or reads the model straight into the
+  /// devices' blocks and holds no host copy until model(), optimizer() or training_state()
+  /// gathers one.
+  bool host_holds_model() const noexcept { return host_filled_; }
+  /// Parameters of the model (without gathering it).
+  std::int64_t param_count() const { return host_filled_ ? model_->param_count() : param_count_; }
   /// Devices of the mesh the trainer runs on (1: no mesh).
   std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
   /// The processes the mesh spans (one unless the MeshFactory attached it to several).
@@ -34364,10 +35078,10 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_evaluate_begin) c.on_evaluate_begin(*this, state_.step);
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
-    // On a mesh the host model is gathered first (evaluation is rare next to training steps).
-    sync_host();
+    // On a mesh the sharded model scores the batches (nothing is gathered).
     ojson j = ojson::object();
     if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
+      sync_host();
       const PreferenceMetrics pm = evaluate_pairs();
       e.loss = pm.loss;
       e.perplexity = std::exp(pm.loss);
@@ -34383,7 +35097,13 @@ class BasicTrainer {
       j["eval_logps/rejected"] = pm.logps_rejected;
       j["eval_pairs"] = pm.pairs;
     } else {
-      e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+      const std::string where = "evaluation at step " + std::to_string(state_.step);
+      if (sharded_)
+        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(),
+                                     mesh_->axis_size("dp") * mesh_->axis_size("fsdp") * mesh_->axis_size("ep"),
+                                     mesh_->axis_size("sp"), where);
+      else
+        e = evaluate_dataset(*model_, *eval_, eval_options(), where);
       j["step"] = state_.step;
       j["eval_loss"] = e.loss;
       j["eval_perplexity"] = e.perplexity;
@@ -34402,17 +35122,25 @@ class BasicTrainer {
     return e;
   }
 
-  /// Writes checkpoint-<step>; returns its path. With async_checkpointing (one process) the
+  /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
+  /// its devices' blocks of the model and optimizer state (save_sharded_state), in step: no
+  /// process gathers the model. With async_checkpointing on one device the
   /// model, optimizer and state are copied and a background thread writes the copy while
   /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
   /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
   /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
   std::string save_checkpoint() {
-    sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
+    if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
+      const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
+                                                    checkpoint_hooks, processes_);
+      saved(p);
+      return p;
+    }
+    sync_host();
     if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
       const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
       saved(p);
@@ -34769,6 +35497,23 @@ class BasicTrainer {
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
+    if (!sharded_ && !host_filled_) {  // built straight into the blocks: no process holds the whole model
+      sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
+                                    models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
+                              : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
+                                                                            fold_in(Key::from_seed(args_.seed), 0), *mesh_);
+      sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+      sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+      // The host model keeps its structure (config, flop counts) and none of its storage; it
+      // is gathered only when asked for (model(), optimizer(), training_state()).
+      param_count_ = model_->param_count();
+      model_->visit_params("", [](std::string_view, auto& p) {
+        models::sharded_detail::free_tensor(p.value);
+        models::sharded_detail::free_tensor(p.grad);
+      });
+      host_stale_ = true;
+      return;
+    }
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
     sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
@@ -34791,6 +35536,7 @@ class BasicTrainer {
     *model_ = sharded_->gather_model();
     opt_ = sopt_->gather(*sharded_);
     host_stale_ = false;
+    host_filled_ = true;
   }
 
   /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
@@ -34798,8 +35544,16 @@ class BasicTrainer {
   void log_weight_stats() {
     if (!weights_ && processes_.is_primary())
       weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
-    sync_host();
-    std::vector<TensorStats> stats = weight_stats(*model_);
+    std::vector<TensorStats> stats;
+    if (sharded_) {  // one tensor gathered at a time: never the whole model
+      for (const std::string& name : sharded_->names()) {
+        const auto w = sharded_->gather_param(name);
+        stats.push_back(tensor_stats(w.data(), static_cast<std::int64_t>(w.size())));
+        stats.back().name = name;
+      }
+    } else {
+      stats = weight_stats(*model_);
+    }
     if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
       for (auto& t : stats) {
         if (!sharded_->trainable(t.name)) continue;  // a LoRA base has no gradient
@@ -34815,7 +35569,7 @@ class BasicTrainer {
   void write_run_report() {
     RunReport rep = report_from_metrics(metrics_->path());
     rep.summary.model_name = args_.model_name;
-    rep.summary.parameters = model_->param_count();
+    rep.summary.parameters = param_count();
     write_report(args_.save_directory, rep);
     progress_.message("report: " + (fs::path(args_.save_directory) / "report.html").string());
   }
@@ -34887,9 +35641,19 @@ class BasicTrainer {
       EDL_CHECK(cfg.vocab_size >= tok_->vocab_size(), errc::config, w + " vocab_size", "the tokenizer has ",
                 tok_->vocab_size(), " tokens but the model's vocab_size is ", cfg.vocab_size);
     model_ = std::make_unique<Model>(cfg);
+    if (mesh_ && shards_directly()) {  // shard_host() draws or reads the model straight into its blocks
+      weights_dir_ = weights_dir;
+      host_filled_ = false;
+      return;
+    }
     if (weights_dir) load_model_weights(*weights_dir, *model_);
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
+
+  /// Whether a run on a mesh builds its model straight into the devices' blocks and keeps no
+  /// host copy: a full fine-tune of a causal LM (LoRA adds adapters to a host model first, and
+  /// the preference trainers evaluate and keep their reference on the host).
+  bool shards_directly() const { return !args_.lora && args_.quantize_base.empty() && !args_.preference(); }
 
   /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
   bool pairs() const noexcept { return args_.preference(); }
@@ -34988,6 +35752,9 @@ class BasicTrainer {
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
+  bool host_filled_ = true;  // the host model holds values (false: built straight into the mesh's blocks)
+  std::optional<std::string> weights_dir_;  // the folder the mesh's blocks are read from (shards_directly)
+  std::int64_t param_count_ = 0;             // the model's parameters when the host holds none
   bool adapters_ = false;    // LoRA: only the adapters train
   std::unique_ptr<PendingSave> pending_save_;  // async_checkpointing: the save being written
 };

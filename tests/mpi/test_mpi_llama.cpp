@@ -3,15 +3,20 @@
 // per rank) equal, bit for bit, the simulated mesh of the same shape; on fsdp over every rank
 // a rank holds (by the library's accounting and by its resident set) about 1/ranks of the
 // one-device model's parameters, gradients and optimizer state, drawn straight into its
-// blocks and equal to the one-device init.
+// blocks and equal to the one-device init; reads and writes only its own blocks of a HF folder.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <random>
 #include <vector>
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <edl/core/process_memory.hpp>
 #include <edl/mesh/all.hpp>
@@ -19,6 +24,7 @@
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sharded.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
+#include <edl/models/llama/sharded_save.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 
 #include "../support/same_params.hpp"
@@ -215,6 +221,39 @@ TEST(MpiLlamaMemory, FromPretrainedReadsOnlyEachRanksBlocks) {
   EXPECT_EQ(st.blocks_read, static_cast<std::int64_t>(sm.names().size()));  // one device per rank
   auto back = sm.gather_model();
   test_support::expect_same_params(one, back, "gathered");
+}
+
+TEST(MpiLlamaMemory, SavePretrainedWritesOnlyEachRanksBlocks) {
+  // A shared folder: every rank writes its blocks into the same files.
+  long long pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("edl_mpi_sharded_save_" + std::to_string(pid));
+  const std::int64_t ranks = g_session->size();
+  auto real = create_mesh({1, ranks, 1, 1});
+  mpi::attach(real, *g_session, 1);
+  models::ShardedLlama<> sm(wide_config(), Key::from_seed(13), real);
+  const models::ShardedSaveStats st = models::save_pretrained_sharded(dir, sm);
+  models::LlamaForCausalLM<> one(wide_config());
+  one.init(Key::from_seed(13));
+  const std::int64_t file_bytes = one.param_count() * static_cast<std::int64_t>(sizeof(float));
+  EXPECT_LE(static_cast<double>(st.bytes_written), (1.0 / static_cast<double>(ranks) + 0.05) * static_cast<double>(file_bytes));
+  // Together the ranks wrote every byte once: the file a one-device save writes.
+  const auto each = ProcessGroup(real).each(st.bytes_written);
+  std::int64_t sum = 0;
+  for (auto b : each) sum += b;
+  EXPECT_EQ(sum, file_bytes);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_session->rank() == 0) {
+    test_support::TempDir want("mpi_sharded_save_want");
+    models::save_pretrained(want.p, one);
+    for (const char* f : {"model.safetensors", "config.json"}) {
+      std::ifstream a(want.p / f, std::ios::binary), b(dir / f, std::ios::binary);
+      EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(a), {}) == std::string(std::istreambuf_iterator<char>(b), {}))
+          << f;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_session->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -82,9 +82,9 @@ models::LlamaForCausalLM<> make_model(std::uint64_t seed = 0, std::int64_t vocab
   return m;
 }
 
-std::vector<ojson> read_metrics(const std::string& dir) {
+std::vector<ojson> read_metrics(const std::string& dir, const std::string& file = "metrics.jsonl") {
   std::vector<ojson> out;
-  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::ifstream in(fs::path(dir) / file);
   std::string line;
   while (std::getline(in, line)) out.push_back(ojson::parse(line));
   return out;
@@ -679,6 +679,73 @@ TEST(Trainer, BuildsFromJsonArguments) {
   }
 }
 
+TEST(Trainer, OnAMeshBuildsStraightIntoTheBlocksAndKeepsNoHostCopy) {
+  // The same JSON run on one device and on fsdp=2 x tp=2: the mesh's model is drawn (then read
+  // from a checkpoint folder) straight into the devices' blocks, evaluation and weight
+  // statistics run on the mesh, and no host copy exists until model() asks for one.
+  TempDir d("direct");
+  fs::create_directories(d.p);
+  {
+    std::ofstream f(d.p / "corpus");
+    for (int i = 0; i < 40; ++i) f << "fortune number " << i << " says hello\n%\n";
+  }
+  ojson j = {{"model", {{"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                        {"max_position_embeddings", 64}}},
+             {"tokenizer", "byte"},
+             {"train_data", (d.p / "corpus").string()},
+             {"eval_data", (d.p / "corpus").string()},
+             {"max_sequence_length", 32},
+             {"total_batch_size", 4},
+             {"max_training_steps", 3},
+             {"evaluation_steps", 2},
+             {"max_evaluation_steps", 3},
+             {"eval_batch_size", 3},
+             {"weight_distribution_log_steps", 3},
+             {"learning_rate", 1e-3},
+             {"progress", false}};
+  auto run = [&](const std::string& out, std::vector<std::int64_t> dims) {
+    j["save_directory"] = (d.p / out).string();
+    j["sharding_axis_dims"] = dims;
+    return TrainingArguments::from_json(j, "args.json");
+  };
+  Trainer one(run("one", {1, 1, 1, 1}));
+  const TrainResult r1 = one.train();
+  Trainer mesh(run("mesh", {1, 2, 2, 1}));
+  EXPECT_FALSE(mesh.host_holds_model());
+  EXPECT_EQ(mesh.param_count(), one.param_count());
+  const TrainResult r2 = mesh.train();
+  EXPECT_FALSE(mesh.host_holds_model());  // trained, evaluated, logged and saved without one
+  ASSERT_TRUE(r1.eval_loss && r2.eval_loss);
+  EXPECT_NEAR(*r2.eval_loss, *r1.eval_loss, 1e-5 * *r1.eval_loss);  // eval batches of 3 rows, padded to 4
+  EXPECT_NEAR(r2.final_loss, r1.final_loss, 1e-5 * r1.final_loss);
+  const auto w1 = read_metrics((d.p / "one").string(), "weights.jsonl"),
+             w2 = read_metrics((d.p / "mesh").string(), "weights.jsonl");
+  ASSERT_EQ(w1.size(), 1u);
+  ASSERT_EQ(w2.size(), 1u);
+  for (const auto& [name, t] : w1[0]["tensors"].items()) {
+    ASSERT_TRUE(w2[0]["tensors"].contains(name)) << name;
+    EXPECT_NEAR(w2[0]["tensors"][name]["std"].get<double>(), t["std"].get<double>(), 1e-5) << name;
+    EXPECT_NEAR(w2[0]["tensors"][name]["grad_norm"].get<double>(), t["grad_norm"].get<double>(),
+                1e-4 * t["grad_norm"].get<double>()) << name;
+  }
+  // model() gathers on demand: the one-device run's weights within f32 rounding (AdamW's first
+  // steps move a weight by about the learning rate whatever the gradient's size, so rounding
+  // differences of small gradients show at a fraction of lr = 1e-3).
+  std::vector<float> v1, v2;
+  one.model().visit_params("", [&](std::string_view, auto& p) { v1.insert(v1.end(), p.data(), p.data() + p.numel()); });
+  mesh.model().visit_params("", [&](std::string_view, auto& p) { v2.insert(v2.end(), p.data(), p.data() + p.numel()); });
+  EXPECT_TRUE(mesh.host_holds_model());
+  ASSERT_EQ(v1.size(), v2.size());
+  for (std::size_t i = 0; i < v1.size(); ++i) ASSERT_NEAR(v2[i], v1[i], 1e-4) << i;
+  // A checkpoint folder as the model: read straight into the blocks, the saved weights exactly.
+  j["model"] = r2.checkpoint;
+  Trainer again(run("again", {1, 2, 1, 1}));
+  EXPECT_FALSE(again.host_holds_model());
+  std::vector<float> v3;
+  again.model().visit_params("", [&](std::string_view, auto& p) { v3.insert(v3.end(), p.data(), p.data() + p.numel()); });
+  EXPECT_EQ(v3, v2);
+}
 
 TEST(Trainer, SameLossesOnMeshes) {
   // The same run on one device and on meshes (data parallel, fsdp with ZeRO optimizer state,

@@ -6,5 +6,6 @@
 #include <edl/io/json_config.hpp>
 #include <edl/io/mmap.hpp>
 #include <edl/io/npy.hpp>
+#include <edl/io/planned_safetensors.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/io/tfevents.hpp>

@@ -439,8 +439,10 @@ inline void check_tensor_list(const TensorList& tensors, const std::string& path
   }
 }
 
-/// The padded header (without the 8-byte length) for `tensors` in the given order.
-inline std::string build_header(const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+/// The padded header (without the 8-byte length) for tensors of the given names, dtypes,
+/// shapes and byte counts, in that order (the data region holds them back to back).
+template <class Entries, class Bytes>
+std::string build_header(const Entries& tensors, Bytes&& bytes_of, const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -449,13 +451,17 @@ inline std::string build_header(const TensorList& tensors, const std::map<std::s
   }
   std::uint64_t off = 0;
   for (const auto& [name, t] : tensors) {
-    const std::uint64_t n = t.data.size();
+    const std::uint64_t n = bytes_of(t);
     h[name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   std::string s = h.dump();
   s.append((8 - s.size() % 8) % 8, ' ');  // data region starts 8-byte aligned
   return s;
+}
+
+inline std::string build_header(const TensorList& tensors, const std::map<std::string, std::string>& metadata) {
+  return build_header(tensors, [](const TensorRef& t) { return static_cast<std::uint64_t>(t.data.size()); }, metadata);
 }
 
 }  // namespace detail
@@ -614,6 +620,49 @@ inline std::string shard_file_name(std::size_t index1, std::size_t count) {
   return buf;
 }
 
+namespace detail {
+
+/// The first tensor of each shard when tensors of `sizes` bytes are cut into shards of at most
+/// `max_shard_bytes` in order (a tensor larger than the limit gets a shard of its own).
+inline std::vector<std::size_t> shard_starts(const std::vector<std::uint64_t>& sizes, std::uint64_t max_shard_bytes) {
+  std::vector<std::size_t> first;
+  std::uint64_t current = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (first.empty() || (current > 0 && current + sizes[i] > max_shard_bytes)) {
+      first.push_back(i);
+      current = 0;
+    }
+    current += sizes[i];
+  }
+  return first;
+}
+
+/// Removes the weight files of folder `dir` (model.safetensors, its index, model-*-of-*
+/// shards) not in `keep`: leftovers of an earlier save with another layout, so that opening
+/// the folder sees only the new one.
+inline void remove_other_weight_files(const std::string& dir, const std::set<std::string>& keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(dir), ec)) {
+    const std::string f = e.path().filename().string();
+    const bool ours = f == kSingleFileName || f == kIndexFileName ||
+                      (f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos && f.size() > 12 &&
+                       f.compare(f.size() - 12, 12, ".safetensors") == 0);
+    if (ours && !keep.count(f)) fs::remove(e.path(), ec);
+  }
+}
+
+/// model.safetensors.index.json's text: metadata.total_size and a name-sorted weight_map.
+inline std::string index_json(std::uint64_t total, const std::map<std::string, std::string>& weight_map) {
+  nlohmann::ordered_json idx;
+  idx["metadata"] = {{"total_size", total}};
+  idx["weight_map"] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
+  return idx.dump(2) + "\n";
+}
+
+}  // namespace detail
+
 /// Writes `tensors` into folder `dir` in the HF layout: one model.safetensors when everything
 /// fits in `max_shard_bytes`, else model-0000i-of-0000N.safetensors files (tensors in the given
 /// order, a new shard whenever the next tensor would overflow the current one; a tensor larger
@@ -631,17 +680,15 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
   EDL_CHECK(fs::is_directory(dir), errc::io, dir, "cannot create folder: ", ec.message());
   detail::check_tensor_list(tensors, dir);
 
+  std::vector<std::uint64_t> sizes;
+  for (const auto& nt : tensors) sizes.push_back(nt.second.data.size());
+  const std::vector<std::size_t> first = detail::shard_starts(sizes, max_shard_bytes);
   std::vector<TensorList> shards;
-  std::uint64_t current = 0, total = 0;
-  for (const auto& nt : tensors) {
-    const std::uint64_t n = nt.second.data.size();
-    if (shards.empty() || (current > 0 && current + n > max_shard_bytes)) {
-      shards.emplace_back();
-      current = 0;
-    }
-    shards.back().push_back(nt);
-    current += n;
-    total += n;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (shards.size() < first.size() && i == first[shards.size()]) shards.emplace_back();
+    shards.back().push_back(tensors[i]);
+    total += sizes[i];
   }
   if (shards.empty()) shards.emplace_back();
 
@@ -661,22 +708,11 @@ inline std::vector<std::string> save_sharded(const std::string& dir, const Tenso
       keep.insert(name);
       for (const auto& nt : shards[i]) weight_map[nt.first] = name;
     }
-    nlohmann::ordered_json idx;
-    idx["metadata"] = {{"total_size", total}};
-    idx["weight_map"] = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : weight_map) idx["weight_map"][k] = v;
     written.push_back((d / kIndexFileName).string());
-    write_file_atomic(written.back(), idx.dump(2) + "\n");
+    write_file_atomic(written.back(), detail::index_json(total, weight_map));
     keep.insert(kIndexFileName);
   }
-  // Remove leftovers of an earlier layout so that open(dir) sees only this save.
-  for (const auto& e : fs::directory_iterator(d, ec)) {
-    const std::string f = e.path().filename().string();
-    const bool ours = f == kSingleFileName || f == kIndexFileName ||
-                      (f.rfind("model-", 0) == 0 && f.find("-of-") != std::string::npos &&
-                       f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0);
-    if (ours && !keep.count(f)) fs::remove(e.path(), ec);
-  }
+  detail::remove_other_weight_files(dir, keep);
   return written;
 }
 

@@ -15,9 +15,13 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include <edl/core/error.hpp>
 #include <edl/mesh/collectives.hpp>
 #include <edl/mesh/mesh.hpp>
 
@@ -65,6 +69,25 @@ class ProcessGroup {
     for (int r = 0; r < size_; ++r)
       if (flags[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
     return failed;
+  }
+
+  /// Runs `f` on every process, then agrees (a collective): a process whose `f` threw rethrows
+  /// its own error; the others throw an errc::io error at `where` naming the ranks that failed
+  /// to do `what`, followed by `consequence`. So no process goes on alone.
+  template <class F>
+  void on_every_rank(const std::string& where, std::string_view what, F&& f, std::string_view consequence = {}) const {
+    std::exception_ptr mine;
+    try {
+      f();
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    const std::vector<int> failed = failed_ranks(mine == nullptr);
+    if (mine) std::rethrow_exception(mine);
+    if (failed.empty()) return;
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ::edl::detail::raise(errc::io, where, ::edl::detail::concat("rank ", ranks, " failed to ", what, consequence));
   }
 
   /// Every process's `value`, by rank (e.g. each rank's peak memory, for rank 0 to report).

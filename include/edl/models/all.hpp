@@ -7,3 +7,4 @@
 #include <edl/models/llama/sequence_classification.hpp>
 #include <edl/models/llama/sharded.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
+#include <edl/models/llama/sharded_save.hpp>

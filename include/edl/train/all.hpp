@@ -9,6 +9,7 @@
 #include <edl/train/report.hpp>
 #include <edl/train/sft_data.hpp>
 #include <edl/train/sharded_load.hpp>
+#include <edl/train/sharded_save.hpp>
 #include <edl/train/state.hpp>
 #include <edl/train/trainer.hpp>
 #include <edl/train/training_arguments.hpp>

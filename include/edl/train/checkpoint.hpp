@@ -279,36 +279,25 @@ inline void load_optimizer_slots(const io::SafeTensorsFile& file, const std::str
   }
 }
 
-/// Runs `f` on every process, then agrees: a process whose `f` threw rethrows its own error,
-/// the others throw an errc::io naming the ranks that failed (so no process goes on alone).
+/// Runs `f` on every process, then agrees (ProcessGroup::on_every_rank): if any failed, every
+/// process throws and the checkpoint is not committed.
 template <class F>
 void on_every_rank(const ProcessGroup& pg, const fs::path& checkpoint, const char* what, F&& f) {
-  std::exception_ptr mine;
-  try {
-    f();
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  const std::vector<int> failed = pg.failed_ranks(mine == nullptr);
-  if (mine) std::rethrow_exception(mine);
-  if (!failed.empty()) {
-    std::string ranks;
-    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    ::edl::detail::raise(errc::io, checkpoint.string(),
-                         ::edl::detail::concat("rank ", ranks, " failed to ", what,
-                                               "; this checkpoint was not committed (the previous one stays the newest)"));
-  }
+  pg.on_every_rank(checkpoint.string(), what, std::forward<F>(f),
+                   "; this checkpoint was not committed (the previous one stays the newest)");
 }
 
 }  // namespace detail
 
-/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
-/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
-/// that save together (every one of them calls this); the default is this process alone.
-template <class Model>
-void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
-                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
-                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
+namespace detail {
+
+/// The atomic, collective commit of checkpoint folder `dir` (see the header comment): rank 0
+/// makes the temporary folder and calls `prepare(tmp)`; then every rank calls
+/// `write_part(tmp)`; then rank 0 writes `state` as state.json, last, and renames the folder
+/// into place. `after(file)` runs the test hooks.
+template <class Prepare, class WritePart>
+void commit_checkpoint(const std::string& dir, const TrainState& state, const CheckpointHooks& hooks,
+                       const ProcessGroup& processes, Prepare&& prepare, WritePart&& write_part) {
   const bool primary = processes.is_primary();
   const fs::path final_path = fs::absolute(fs::path(dir)).lexically_normal();
   const fs::path parent = final_path.parent_path();
@@ -326,17 +315,50 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       }
     }
   } cleanup{tmp, !primary};  // rank 0 removes an uncommitted folder
-  auto after = [&](const std::string& f) {
-    if (hooks.after_file) hooks.after_file(f);
-  };
 
-  detail::on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
+  on_every_rank(processes, final_path, "prepare the temporary folder", [&] {
     if (!primary) return;
     fs::create_directories(parent);
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
+    prepare(tmp);
   });
-  detail::on_every_rank(processes, final_path, "write its part", [&] {
+  on_every_rank(processes, final_path, "write its part", [&] { write_part(tmp); });
+  on_every_rank(processes, final_path, "commit", [&] {
+    if (!primary) return;
+    io::write_file_atomic((tmp / "state.json").string(), state.to_json().dump(2) + "\n");
+    if (hooks.after_file) hooks.after_file("state.json");
+    fsync_path(tmp.string(), true);
+
+    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
+      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
+      fs::remove_all(old, ec);
+      fs::rename(final_path, old);
+      fs::remove_all(old, ec);
+    }
+    fs::rename(tmp, final_path);
+    cleanup.done = true;
+    fsync_path(parent.string(), true);
+  });
+}
+
+}  // namespace detail
+
+/// Writes a complete checkpoint to `dir` atomically (see the header comment). An existing
+/// `dir` (a re-save of the same step) is replaced. `processes`: the processes of the mesh
+/// that save together (every one of them calls this); the default is this process alone.
+template <class Model>
+void save_state(const std::string& dir, Model& model, const optim::Optimizer& opt, const TrainState& state,
+                const tokenizer::Tokenizer* tokenizer = nullptr, const CheckpointHooks& hooks = {},
+                const ProcessGroup& processes = {}, const SaveStateOptions& contents = {}) {
+  const bool primary = processes.is_primary();
+  auto after = [&](const std::string& f) {
+    if (hooks.after_file) hooks.after_file(f);
+  };
+  TrainState s = state;
+  s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
+  s.optimizer_saved = contents.save_optimizer;
+  detail::commit_checkpoint(dir, s, hooks, processes, [](const fs::path&) {}, [&](const fs::path& tmp) {
     if (primary && has_adapters(model)) {  // LoRA: the adapter alone, as PEFT writes it
       lora::write_adapter_files(tmp, model, base_model_name(state.training_arguments));
       after(lora::kAdapterWeightsFile);
@@ -353,25 +375,6 @@ void save_state(const std::string& dir, Model& model, const optim::Optimizer& op
       tokenizer->save(tmp.string());
       after("tokenizer.json");
     }
-  });
-  detail::on_every_rank(processes, final_path, "commit", [&] {
-    if (!primary) return;
-    TrainState s = state;
-    s.optimizer_step_count = contents.save_optimizer ? opt.step_count() : 0;
-    s.optimizer_saved = contents.save_optimizer;
-    io::write_file_atomic((tmp / "state.json").string(), s.to_json().dump(2) + "\n");
-    after("state.json");
-    detail::fsync_path(tmp.string(), true);
-
-    if (fs::exists(final_path)) {  // same step saved again: move the old one away first
-      const fs::path old = parent / ("." + final_path.filename().string() + ".old-" + std::to_string(::getpid()));
-      fs::remove_all(old, ec);
-      fs::rename(final_path, old);
-      fs::remove_all(old, ec);
-    }
-    fs::rename(tmp, final_path);
-    cleanup.done = true;
-    detail::fsync_path(parent.string(), true);
   });
 }
 

@@ -538,4 +538,26 @@ inline void pad_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id
   b.seq = S;
 }
 
+/// Appends rows of padding until the batch size is a multiple of `multiple`: what the data axes
+/// of a mesh split. A padding row holds pad_id and no target (label -100); its first position
+/// is attended (attention_mask 1, the rest 0) so that no query of it is left without a key, and
+/// in packed batches it is one document (segment 1, positions from 0). Losses, accuracies and
+/// token counts are those of the batch without it.
+inline void pad_rows_to_multiple(Batch& b, std::int64_t multiple, std::int64_t pad_id) {
+  if (multiple <= 1 || b.batch % multiple == 0) return;
+  const std::int64_t rows = (b.batch + multiple - 1) / multiple * multiple - b.batch;
+  const auto n = static_cast<std::size_t>(rows * b.seq);
+  b.input_ids.insert(b.input_ids.end(), n, pad_id);
+  b.labels.insert(b.labels.end(), n, -100);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    b.attention_mask.push_back(1);
+    b.attention_mask.insert(b.attention_mask.end(), static_cast<std::size_t>(b.seq - 1), 0);
+  }
+  if (!b.segment_ids.empty()) b.segment_ids.insert(b.segment_ids.end(), n, 1);
+  if (!b.position_ids.empty())
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t s = 0; s < b.seq; ++s) b.position_ids.push_back(s);
+  b.batch += rows;
+}
+
 }  // namespace edl::train

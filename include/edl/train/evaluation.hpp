@@ -150,6 +150,27 @@ EvalMetrics evaluate_dataset(Model& model, const TokenDataset& ds, const EvalOpt
   return acc.result(where);
 }
 
+/// evaluate_dataset for a model sharded over a mesh (models::ShardedLlama): each batch padded
+/// to what the mesh splits (rows to a multiple of `row_multiple`, dp x fsdp x ep, with rows
+/// that hold no target; positions to a multiple of `seq_multiple`, sp) and scored by the
+/// sharded loss, so no process gathers the model. Equals evaluate_dataset of the gathered
+/// model within f32 rounding (the mesh sums in another order).
+template <class ShardedModel>
+EvalMetrics evaluate_dataset_on_mesh(ShardedModel& model, const TokenDataset& ds, const EvalOptions& o,
+                                     std::int64_t row_multiple, std::int64_t seq_multiple,
+                                     const std::string& where = "evaluation") {
+  EvalAccumulator acc;
+  for_each_eval_batch(ds, o, [&](const Batch& batch) {
+    Batch b = batch;
+    pad_rows_to_multiple(b, row_multiple, o.pad_id);
+    pad_to_multiple(b, seq_multiple, o.pad_id);
+    const nn::TokenLayout lay = b.layout();
+    acc.add(model.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, nn::LossOptions{}, lay.attention_mask,
+                       lay.position_ids, lay.segment_ids));
+  });
+  return acc.result(where);
+}
+
 struct UnigramBaseline {
   double loss = 0.0;            // mean -log p(t) over the held-out target tokens
   double perplexity = 1.0;      // exp(loss)

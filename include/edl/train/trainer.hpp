@@ -38,8 +38,10 @@
 // partition rules (models::ShardedLlama: dp and fsdp split the batch, fsdp the parameters, tp
 // the heads and the MLP, sp the tokens), the optimizer state is sharded like the parameters
 // (optim::ShardedOptimizer, ZeRO), clipping uses the mesh-wide gradient norm. Checkpoints hold
-// the gathered model and optimizer state, the same files as a one-device run, so a run resumes
-// on another mesh shape. model() and optimizer() gather on demand.
+// the whole model and optimizer state, the same files as a one-device run, so a run resumes
+// on another mesh shape; each process writes its devices' blocks into them (sharded_save.hpp)
+// and reads only those back on resume (sharded_load.hpp), so no process gathers the model to
+// save or resume. model() and optimizer() gather on demand.
 //
 // On several processes (mpirun): start the launch first (edl::start_launch, mesh/launch.hpp);
 // the default mesh is then spread over the ranks (or pass a MeshFactory of your own). Every
@@ -92,6 +94,7 @@
 #include <edl/tokenizer/all.hpp>
 #include <edl/train/checkpoint.hpp>
 #include <edl/train/sharded_load.hpp>
+#include <edl/train/sharded_save.hpp>
 #include <edl/train/state.hpp>
 #include <edl/train/dataset.hpp>
 #include <edl/train/sft_data.hpp>
@@ -258,7 +261,8 @@ class BasicTrainer {
     if (stop_reason_.empty()) stop_reason_ = std::move(reason);
   }
 
-  /// The model (and optimizer) as one device holds them; on a mesh, gathered first.
+  /// The model (and optimizer) as one device holds them; on a mesh, gathered first (every
+  /// process calls it: gathering is collective).
   Model& model() {
     sync_host();
     return *model_;
@@ -267,6 +271,13 @@ class BasicTrainer {
     sync_host();
     return opt_;
   }
+  /// Whether this process holds the whole model on the host. On a mesh a run built from its
+  /// arguments (no LoRA, no preference pairs) draws or reads the model straight into the
+  /// devices' blocks and holds no host copy until model(), optimizer() or training_state()
+  /// gathers one.
+  bool host_holds_model() const noexcept { return host_filled_; }
+  /// Parameters of the model (without gathering it).
+  std::int64_t param_count() const { return host_filled_ ? model_->param_count() : param_count_; }
   /// Devices of the mesh the trainer runs on (1: no mesh).
   std::int64_t mesh_devices() const noexcept { return mesh_ ? mesh_->size() : 1; }
   /// The processes the mesh spans (one unless the MeshFactory attached it to several).
@@ -293,10 +304,10 @@ class BasicTrainer {
     for (auto& c : callbacks)
       if (c.on_evaluate_begin) c.on_evaluate_begin(*this, state_.step);
     // evaluate_dataset, what `edl eval` runs: a checkpoint's held-out loss reads the same in both.
-    // On a mesh the host model is gathered first (evaluation is rare next to training steps).
-    sync_host();
+    // On a mesh the sharded model scores the batches (nothing is gathered).
     ojson j = ojson::object();
     if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
+      sync_host();
       const PreferenceMetrics pm = evaluate_pairs();
       e.loss = pm.loss;
       e.perplexity = std::exp(pm.loss);
@@ -312,7 +323,13 @@ class BasicTrainer {
       j["eval_logps/rejected"] = pm.logps_rejected;
       j["eval_pairs"] = pm.pairs;
     } else {
-      e = evaluate_dataset(*model_, *eval_, eval_options(), "evaluation at step " + std::to_string(state_.step));
+      const std::string where = "evaluation at step " + std::to_string(state_.step);
+      if (sharded_)
+        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(),
+                                     mesh_->axis_size("dp") * mesh_->axis_size("fsdp") * mesh_->axis_size("ep"),
+                                     mesh_->axis_size("sp"), where);
+      else
+        e = evaluate_dataset(*model_, *eval_, eval_options(), where);
       j["step"] = state_.step;
       j["eval_loss"] = e.loss;
       j["eval_perplexity"] = e.perplexity;
@@ -331,17 +348,25 @@ class BasicTrainer {
     return e;
   }
 
-  /// Writes checkpoint-<step>; returns its path. With async_checkpointing (one process) the
+  /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
+  /// its devices' blocks of the model and optimizer state (save_sharded_state), in step: no
+  /// process gathers the model. With async_checkpointing on one device the
   /// model, optimizer and state are copied and a background thread writes the copy while
   /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
   /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
   /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
   std::string save_checkpoint() {
-    sync_host();
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
+    if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
+      const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
+                                                    checkpoint_hooks, processes_);
+      saved(p);
+      return p;
+    }
+    sync_host();
     if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
       const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
       saved(p);
@@ -698,6 +723,23 @@ class BasicTrainer {
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume).
   void shard_host() {
+    if (!sharded_ && !host_filled_) {  // built straight into the blocks: no process holds the whole model
+      sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
+                                    models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
+                              : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
+                                                                            fold_in(Key::from_seed(args_.seed), 0), *mesh_);
+      sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+      sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+      // The host model keeps its structure (config, flop counts) and none of its storage; it
+      // is gathered only when asked for (model(), optimizer(), training_state()).
+      param_count_ = model_->param_count();
+      model_->visit_params("", [](std::string_view, auto& p) {
+        models::sharded_detail::free_tensor(p.value);
+        models::sharded_detail::free_tensor(p.grad);
+      });
+      host_stale_ = true;
+      return;
+    }
     sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
     sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
@@ -720,6 +762,7 @@ class BasicTrainer {
     *model_ = sharded_->gather_model();
     opt_ = sopt_->gather(*sharded_);
     host_stale_ = false;
+    host_filled_ = true;
   }
 
   /// Appends the weights.jsonl record of the current step (weight_stats.hpp); the gradients
@@ -727,8 +770,16 @@ class BasicTrainer {
   void log_weight_stats() {
     if (!weights_ && processes_.is_primary())
       weights_ = std::make_unique<MetricsWriter>((fs::path(args_.save_directory) / "weights.jsonl").string());
-    sync_host();
-    std::vector<TensorStats> stats = weight_stats(*model_);
+    std::vector<TensorStats> stats;
+    if (sharded_) {  // one tensor gathered at a time: never the whole model
+      for (const std::string& name : sharded_->names()) {
+        const auto w = sharded_->gather_param(name);
+        stats.push_back(tensor_stats(w.data(), static_cast<std::int64_t>(w.size())));
+        stats.back().name = name;
+      }
+    } else {
+      stats = weight_stats(*model_);
+    }
     if (sharded_)  // the step's gradients live on the mesh: their norms come from the gathered blocks
       for (auto& t : stats) {
         if (!sharded_->trainable(t.name)) continue;  // a LoRA base has no gradient
@@ -744,7 +795,7 @@ class BasicTrainer {
   void write_run_report() {
     RunReport rep = report_from_metrics(metrics_->path());
     rep.summary.model_name = args_.model_name;
-    rep.summary.parameters = model_->param_count();
+    rep.summary.parameters = param_count();
     write_report(args_.save_directory, rep);
     progress_.message("report: " + (fs::path(args_.save_directory) / "report.html").string());
   }
@@ -816,9 +867,19 @@ class BasicTrainer {
       EDL_CHECK(cfg.vocab_size >= tok_->vocab_size(), errc::config, w + " vocab_size", "the tokenizer has ",
                 tok_->vocab_size(), " tokens but the model's vocab_size is ", cfg.vocab_size);
     model_ = std::make_unique<Model>(cfg);
+    if (mesh_ && shards_directly()) {  // shard_host() draws or reads the model straight into its blocks
+      weights_dir_ = weights_dir;
+      host_filled_ = false;
+      return;
+    }
     if (weights_dir) load_model_weights(*weights_dir, *model_);
     else model_->init(fold_in(Key::from_seed(args_.seed), 0));
   }
+
+  /// Whether a run on a mesh builds its model straight into the devices' blocks and keeps no
+  /// host copy: a full fine-tune of a causal LM (LoRA adds adapters to a host model first, and
+  /// the preference trainers evaluate and keep their reference on the host).
+  bool shards_directly() const { return !args_.lora && args_.quantize_base.empty() && !args_.preference(); }
 
   /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
   bool pairs() const noexcept { return args_.preference(); }
@@ -917,6 +978,9 @@ class BasicTrainer {
   std::unique_ptr<models::ShardedLlama<Pol>> sharded_;
   std::unique_ptr<optim::ShardedOptimizer<models::ShardedLlama<Pol>>> sopt_;
   bool host_stale_ = false;  // the sharded model has moved on since the host copy was gathered
+  bool host_filled_ = true;  // the host model holds values (false: built straight into the mesh's blocks)
+  std::optional<std::string> weights_dir_;  // the folder the mesh's blocks are read from (shards_directly)
+  std::int64_t param_count_ = 0;             // the model's parameters when the host holds none
   bool adapters_ = false;    // LoRA: only the adapters train
   std::unique_ptr<PendingSave> pending_save_;  // async_checkpointing: the save being written
 };

@@ -410,6 +410,20 @@ inline std::string torch_dtype_name(DType d) {
                        ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(d)));
 }
 
+namespace detail {
+
+/// The config.json a save writes for a model of type M: its config with the stored dtype and
+/// M's HF architecture.
+template <class M>
+LlamaConfig saved_config(const LlamaConfig& c, DType dtype) {
+  LlamaConfig cfg = c;
+  cfg.torch_dtype = torch_dtype_name(dtype);
+  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  return cfg;
+}
+
+}  // namespace detail
+
 struct SavePretrainedOptions {
   /// A new shard starts when the next tensor would pass this (HF max_shard_size "5GB").
   std::uint64_t max_shard_bytes = 5'000'000'000ull;
@@ -481,9 +495,7 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
     dtype = dtype_v<T>;
   });
   if (opt.dtype) dtype = *opt.dtype;
-  LlamaConfig cfg = model.config();
-  cfg.torch_dtype = torch_dtype_name(dtype);
-  if constexpr (requires { M::hf_architecture; }) cfg.extra["architectures"] = {std::string(M::hf_architecture)};
+  LlamaConfig cfg = detail::saved_config<M>(model.config(), dtype);
   if constexpr (requires { nn::quantized_format(m); }) {
     const quant::Format f = nn::quantized_format(m);
     if (f != quant::Format::none) cfg.extra["quantization_config"] = {{"quant_method", "edl"}, {"format", quant::format_name(f)}};
