@@ -229,22 +229,32 @@ class MpiBackend final : public CollectiveBackend {
       return;
     }
     // Phase 1: member q receives elements [lo[q], lo[q+1]) of every member and folds them in
-    // group order; this member's own part is read in place.
-    const std::size_t mine = lo[p + 1] - lo[p];
-    auto parts = uninitialized(mine * es * n);
+    // group order; this member's own part is read in place. The incoming parts are staged a
+    // chunk at a time (kStageBytes over the peers), so a large gradient is never copied whole;
+    // each element still folds the same values in the same order.
+    const std::size_t mine = lo[p + 1] - lo[p], step = stage_elements(es, n);
+    auto parts = uninitialized(std::min(mine, step) * es * n);
     std::vector<const std::byte*> ins(n);
-    Exchange x(*this, self, "all_reduce");
-    for (std::size_t q = 0; q < n; ++q) {
-      if (q == p) {
-        ins[q] = src + lo[p] * es;
-        continue;
+    std::size_t chunks = 0;
+    for (std::size_t q = 0; q < n; ++q) chunks = std::max(chunks, (lo[q + 1] - lo[q] + step - 1) / step);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t c0 = k * step, m = mine > c0 ? std::min(step, mine - c0) : 0;
+      Exchange x(*this, self, "all_reduce");
+      for (std::size_t q = 0; q < n; ++q) {
+        if (q == p) {
+          ins[q] = src + (lo[p] + c0) * es;
+          continue;
+        }
+        const std::size_t theirs = lo[q + 1] - lo[q];
+        if (theirs > c0) x.send(group[q], src + (lo[q] + c0) * es, std::min(step, theirs - c0) * es);
+        ins[q] = parts.get() + q * m * es;
+        if (m > 0) x.recv(group[q], parts.get() + q * m * es, m * es);
       }
-      ins[q] = parts.get() + q * mine * es;
-      x.send(group[q], src + lo[q] * es, (lo[q + 1] - lo[q]) * es);
-      x.recv(group[q], parts.get() + q * mine * es, mine * es);
+      // Every send of this chunk is done; `out` (which may be `in`) is written only in this
+      // member's own part, which no later chunk sends.
+      x.wait();
+      if (m > 0) fold(ins.data(), n, m, dst + (lo[p] + c0) * es, dtype, op);
     }
-    x.wait();  // every send of `in` is done: `out` (which may be `in`) can be written now
-    fold(ins.data(), n, mine, dst + lo[p] * es, dtype, op);
     // Phase 2: everyone gathers every member's reduced part.
     Exchange y(*this, self, "all_reduce");
     for (std::size_t q = 0; q < n; ++q) {
@@ -270,22 +280,28 @@ class MpiBackend final : public CollectiveBackend {
 
   void reduce_scatter(Device& self, const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                       std::span<const std::int64_t> group) override {
-    const std::size_t n = group.size(), bytes = count * dtype_size(dtype), p = position(self, group);
+    const std::size_t n = group.size(), es = dtype_size(dtype), p = position(self, group);
     const auto* src = static_cast<const std::byte*>(in);
-    auto parts = uninitialized(bytes * n);
+    auto* dst = static_cast<std::byte*>(out);
+    // Staged a chunk at a time, as all_reduce's first phase: the same folds, no whole copy.
+    const std::size_t step = stage_elements(es, n);
+    auto parts = uninitialized(std::min(count, step) * es * n);
     std::vector<const std::byte*> ins(n);
-    Exchange x(*this, self, "reduce_scatter");
-    for (std::size_t q = 0; q < n; ++q) {
-      if (q == p) {
-        ins[q] = src + p * bytes;
-        continue;
+    for (std::size_t c0 = 0; c0 < count; c0 += step) {
+      const std::size_t m = std::min(step, count - c0);
+      Exchange x(*this, self, "reduce_scatter");
+      for (std::size_t q = 0; q < n; ++q) {
+        if (q == p) {
+          ins[q] = src + (p * count + c0) * es;
+          continue;
+        }
+        ins[q] = parts.get() + q * m * es;
+        x.send(group[q], src + (q * count + c0) * es, m * es);
+        x.recv(group[q], parts.get() + q * m * es, m * es);
       }
-      ins[q] = parts.get() + q * bytes;
-      x.send(group[q], src + q * bytes, bytes);
-      x.recv(group[q], parts.get() + q * bytes, bytes);
+      x.wait();
+      fold(ins.data(), n, m, dst + c0 * es, dtype, op);
     }
-    x.wait();
-    fold(ins.data(), n, count, static_cast<std::byte*>(out), dtype, op);
   }
 
   void all_to_all(Device& self, const void* in, void* out, std::size_t count, DType dtype,
@@ -446,6 +462,12 @@ class MpiBackend final : public CollectiveBackend {
   }
 
   static constexpr std::size_t kSmallBytes = 64 * 1024;  // all_reduce: one exchange below this
+  // Incoming parts of a reduction are staged this many bytes at a time (over all peers).
+  static constexpr std::size_t kStageBytes = std::size_t{4} << 20;
+  /// Elements per chunk of a staged reduction over `n` members.
+  static std::size_t stage_elements(std::size_t element_bytes, std::size_t n) {
+    return std::max<std::size_t>(1, kStageBytes / element_bytes / std::max<std::size_t>(n - 1, 1));
+  }
 
   // Receive buffers are written before they are read: no zero fill (it costs as much as the copy).
   static std::unique_ptr<std::byte[]> uninitialized(std::size_t bytes) {
