@@ -14,6 +14,7 @@
 
 #include <edl/io/planned_safetensors.hpp>
 
+#include "../support/folder_bytes.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace edl::io {
@@ -21,17 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string bytes_of(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-std::vector<std::string> names_in(const fs::path& dir) {
-  std::vector<std::string> v;
-  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
-  std::sort(v.begin(), v.end());
-  return v;
-}
+using test_support::expect_same_folder;
 
 TEST(PlannedSafetensors, FilledInPiecesEqualsSaveSharded) {
   std::vector<float> a(6 * 5), b(7);
@@ -66,8 +57,7 @@ TEST(PlannedSafetensors, FilledInPiecesEqualsSaveSharded) {
     w1.sync();
     w2.sync();
     EXPECT_EQ(plan.files().size(), max_shard == 100 ? 2u : 1u);  // a (120 bytes) alone; b and c
-    ASSERT_EQ(names_in(got.p), names_in(want.p)) << max_shard;
-    for (const auto& f : names_in(want.p)) EXPECT_EQ(bytes_of(got.p / f), bytes_of(want.p / f)) << f;
+    expect_same_folder(want.p, got.p, "max_shard " + std::to_string(max_shard));
     // And it reads back.
     const auto ck = ShardedCheckpoint::open(got.p.string());
     EXPECT_EQ(ck.read_vector<float>("b"), b);

@@ -15,6 +15,7 @@
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
 
+#include "../support/folder_bytes.hpp"
 #include "../support/same_params.hpp"
 #include "../support/temp_dir.hpp"
 
@@ -23,13 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fixture(const std::string& name) {
-  const char* env = std::getenv("EDL_TEST_DATA");
-  const fs::path p = fs::path(env ? env : "tests/data") / name;
-  if (!fs::exists(p / "config.json")) throw std::runtime_error("no fixture at " + p.string() + " (EDL_TEST_DATA)");
-  return p;
-}
-
+using test_support::fixture;
 using test_support::expect_same_params;
 
 TEST(ShardedPretrained, EqualsFromPretrainedShardedAndReadsOnlyTheHeldBlocks) {

@@ -17,6 +17,7 @@
 #include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/models/llama/sharded_save.hpp>
 
+#include "../support/folder_bytes.hpp"
 #include "../support/same_params.hpp"
 #include "../support/temp_dir.hpp"
 
@@ -25,29 +26,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path fixture(const std::string& name) {
-  const char* env = std::getenv("EDL_TEST_DATA");
-  const fs::path p = fs::path(env ? env : "tests/data") / name;
-  if (!fs::exists(p / "config.json")) throw std::runtime_error("no fixture at " + p.string() + " (EDL_TEST_DATA)");
-  return p;
-}
-
-std::string bytes_of(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-/// Both folders hold the same files with the same bytes.
-void expect_same_folder(const fs::path& want, const fs::path& got, const std::string& where) {
-  auto names = [](const fs::path& d) {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(d)) v.push_back(e.path().filename().string());
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  ASSERT_EQ(names(got), names(want)) << where;
-  for (const auto& f : names(want)) EXPECT_TRUE(bytes_of(got / f) == bytes_of(want / f)) << where << ": " << f << " differs";
-}
+using test_support::expect_same_folder;
+using test_support::fixture;
 
 TEST(ShardedSave, EqualsSavePretrainedOfTheGatheredModel) {
   struct Case {

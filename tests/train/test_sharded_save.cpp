@@ -22,6 +22,7 @@
 #include <edl/train/state.hpp>
 
 #include "../generate/small_llama.hpp"
+#include "../support/folder_bytes.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace edl::train {
@@ -33,20 +34,9 @@ using ShardedOpt = optim::ShardedOptimizer<Sharded>;
 
 models::LlamaConfig config() { return generate::test_support::small_llama(48, 32); }
 
-std::string bytes_of(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-std::vector<std::string> names_in(const fs::path& d) {
-  std::vector<std::string> v;
-  for (const auto& e : fs::directory_iterator(d)) v.push_back(e.path().filename().string());
-  std::sort(v.begin(), v.end());
-  return v;
-}
-void expect_same_folder(const fs::path& want, const fs::path& got, const std::string& where) {
-  ASSERT_EQ(names_in(got), names_in(want)) << where;
-  for (const auto& f : names_in(want)) EXPECT_TRUE(bytes_of(got / f) == bytes_of(want / f)) << where << ": " << f << " differs";
-}
+using test_support::expect_same_folder;
+using test_support::file_names;
+using test_support::read_bytes;
 
 /// `steps` AdamW steps of a sharded model on `mesh` (every slot non-trivial).
 struct ShardedRun {
@@ -83,7 +73,7 @@ TEST(ShardedSave, WritesTheFilesOfTheGatheredStateOnEveryMesh) {
     save_state((want.p / "checkpoint-2").string(), m, r.opt.gather(r.model), r.state);
     const models::ShardedSaveStats st = save_sharded_state((got.p / "checkpoint-2").string(), r.model, r.opt, r.state);
     expect_same_folder(want.p / "checkpoint-2", got.p / "checkpoint-2", where);
-    EXPECT_EQ(names_in(got.p), std::vector<std::string>{"checkpoint-2"}) << where;  // no temporary left
+    EXPECT_EQ(file_names(got.p), std::vector<std::string>{"checkpoint-2"}) << where;  // no temporary left
     // One process here: it wrote every distinct block once, parameters and two AdamW slots.
     std::int64_t elements = 0;
     for (const auto& n : r.model.names()) elements += r.model.param(n).layout().local_elements() *
@@ -142,7 +132,7 @@ TEST(ShardedSave, ADeathAfterAnyFileLeavesThePreviousCheckpoint) {
   CheckpointManager mgr(dir.p.string(), std::nullopt);
   r.state.step = 1;
   save_sharded_checkpoint(mgr, r.model, r.opt, r.state);
-  const std::string first = bytes_of(dir.p / "checkpoint-1" / "model.safetensors");
+  const std::string first = read_bytes(dir.p / "checkpoint-1" / "model.safetensors");
   for (const std::string dies_after : {"model.safetensors", "optimizer.safetensors", "state.json"}) {
     CheckpointHooks hooks;
     hooks.after_file = [&](const std::string& f) {
@@ -153,7 +143,7 @@ TEST(ShardedSave, ADeathAfterAnyFileLeavesThePreviousCheckpoint) {
     mgr.remove_temporaries();
     ASSERT_EQ(mgr.list().size(), 1u) << dies_after;
     EXPECT_EQ(mgr.list().back().first, 1) << dies_after;
-    EXPECT_EQ(bytes_of(dir.p / "checkpoint-1" / "model.safetensors"), first);
+    EXPECT_EQ(read_bytes(dir.p / "checkpoint-1" / "model.safetensors"), first);
   }
   // A LoRA model is saved as its adapters by save_state: refused here by name.
   models::LlamaForCausalLM<> base(config());
