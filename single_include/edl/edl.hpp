@@ -4058,7 +4058,8 @@ struct SpecValue {
   }
 
   /// Checks the spec against a mesh and, if given, a global shape: axes exist, no axis is used
-  /// twice, the rank matches and every dimension divides by the product of its axis sizes.
+  /// twice and the rank matches. A dimension its axes do not divide is allowed (ShardLayout
+  /// cuts it into near-equal blocks); check_divides refuses it where a split must be even.
   /// `where` names the tensor in the error ("model.layers.0.mlp.up_proj.weight").
   void validate(const MeshShape& mesh, std::span<const std::int64_t> shape, std::string_view where) const {
     const std::string w(where);
@@ -4073,9 +4074,13 @@ struct SpecValue {
       }
     EDL_CHECK(shape.size() == dims.size(), errc::shape_mismatch, w, "spec ", str(), " has ", dims.size(),
               " entries but the tensor has rank ", shape.size(), " (shape ", detail::shape_str(shape), ")");
-    for (std::size_t i = 0; i < dims.size(); ++i) {
+  }
+  /// Refuses a dimension its axes do not divide: for a split that computation relies on (a
+  /// tensor-parallel block of heads), where storage alone splits unevenly (ShardLayout).
+  void check_divides(const MeshShape& mesh, std::span<const std::int64_t> shape, std::string_view where) const {
+    for (std::size_t i = 0; i < dims.size() && i < shape.size(); ++i) {
       const std::int64_t n = splits(i, mesh);
-      EDL_CHECK(shape[i] % n == 0, errc::not_divisible, w, "dimension ", i, " of shape ", detail::shape_str(shape),
+      EDL_CHECK(shape[i] % n == 0, errc::not_divisible, std::string(where), "dimension ", i, " of shape ", detail::shape_str(shape),
                 " is ", shape[i], ", not divisible by ", n, " (spec ", str(), " on mesh ", mesh.axes_str(), ")");
     }
   }
@@ -4258,11 +4263,17 @@ inline PartitionRules llama_partition_rules() {
 // edl/tensor/shard_layout.hpp
 // Where each device's block of a sharded tensor sits in the global tensor.
 //
-// JAX's rule: dimension i with axes (a1, a2) is cut into size(a1) * size(a2) equal blocks; a
+// JAX's rule: dimension i with axes (a1, a2) is cut into k = size(a1) * size(a2) blocks; a
 // device takes block  coord(a1) * size(a2) + coord(a2)  (major axis first). Axes a spec does
 // not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
 // P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
 // rows 4-7.
+//
+// A dimension of n that k does not divide is cut as JAX, GSPMD and torch.chunk cut it: blocks
+// of ceil(n / k), the last ones shorter (or empty: 5 rows over 4 devices are 2, 2, 1, 0). A
+// device's block (local_shape(d)) is its real part of the tensor, nothing more, so saving,
+// loading and the optimizer see no padding; block_shape() is the largest block, the unit a
+// collective moves (each device's part padded to it with zeros, see pad_to_block).
 //
 // A placed layout (placed_on(axis, index)) lives only on the devices whose coordinate on
 // `axis` is `index`; the others hold an empty block. This is how one expert of a
@@ -4270,6 +4281,7 @@ inline PartitionRules llama_partition_rules() {
 // split within those devices by its spec as any tensor (a stacked [E, ...] tensor split over
 // "ep" on dimension 0 puts the same bytes on the same devices).
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -4291,7 +4303,11 @@ class ShardLayout {
       : mesh_(std::move(mesh)), spec_(std::move(spec)), global_(std::move(global_shape)) {
     spec_.validate(mesh_, global_, where);
     local_.resize(global_.size());
-    for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
+    for (std::size_t i = 0; i < global_.size(); ++i) {
+      const std::int64_t k = spec_.splits(i, mesh_);
+      local_[i] = (global_[i] + k - 1) / k;
+      even_ = even_ && global_[i] % k == 0;
+    }
   }
 
   /// This layout restricted to the devices whose coordinate on `axis` is `index`; the spec may
@@ -4314,25 +4330,36 @@ class ShardLayout {
     return place_axis_ < 0 || mesh_.coords(d)[static_cast<std::size_t>(place_axis_)] == place_index_;
   }
   bool is_placed() const noexcept { return place_axis_ >= 0; }
-  /// Device d's block shape: local_shape(), or zeros where it holds none.
+  /// Device d's block: its part of the tensor (block_shape() where the split is even, shorter
+  /// at the end of an uneven dimension), or zeros where it holds none.
   std::vector<std::int64_t> local_shape(std::int64_t d) const {
-    return holds(d) ? local_ : std::vector<std::int64_t>(local_.size(), 0);
+    std::vector<std::int64_t> s(local_.size(), 0);
+    if (!holds(d)) return s;
+    for (std::size_t i = 0; i < s.size(); ++i)
+      s[i] = std::clamp<std::int64_t>(global_[i] - block_index(d, i) * local_[i], 0, local_[i]);
+    return s;
   }
   /// Elements of device d's block.
-  std::int64_t local_elements(std::int64_t d) const { return holds(d) ? local_elements() : 0; }
+  std::int64_t local_elements(std::int64_t d) const {
+    std::int64_t n = 1;
+    for (auto v : local_shape(d)) n *= v;
+    return n;
+  }
 
   const MeshShape& mesh() const noexcept { return mesh_; }
   const SpecValue& spec() const noexcept { return spec_; }
   std::size_t rank() const noexcept { return global_.size(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
-  /// Every device's block has this shape (dimensions divide evenly, checked above); a placed
-  /// layout's holders' blocks.
-  const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
-  std::int64_t local_elements() const noexcept {
+  /// The largest block (every block, where each dimension divides by its axes): ceil(n / k)
+  /// per dimension. Collectives move blocks of this shape; memory plans count it.
+  const std::vector<std::int64_t>& block_shape() const noexcept { return local_; }
+  std::int64_t block_elements() const noexcept {
     std::int64_t n = 1;
     for (auto v : local_) n *= v;
     return n;
   }
+  /// Whether every dimension divides by its axes (all blocks have block_shape()).
+  bool even() const noexcept { return even_; }
 
   /// Block index of device `d` along dimension `dim` (0 when the dimension is replicated).
   std::int64_t block_index(std::int64_t d, std::size_t dim) const {
@@ -4375,17 +4402,29 @@ class ShardLayout {
  private:
   MeshShape mesh_;
   SpecValue spec_;
-  std::vector<std::int64_t> global_, local_;
+  std::vector<std::int64_t> global_, local_;  // local_: the largest block, ceil(n / k)
+  bool even_ = true;
   std::int64_t place_axis_ = -1, place_index_ = 0;  // placed_on: the axis (-1: none) and its coordinate
 };
 
 namespace detail {
+
+/// Copies a block of `shape` (row-major, contiguous) to the front of `out` and zeros the rest:
+/// the equal-size part a device gives a collective whose blocks are uneven (the tail zeros
+/// pad it to the largest block and add nothing to a sum).
+template <class T>
+void pad_to_block(std::span<const T> block, std::span<T> out) {
+  std::copy(block.begin(), block.end(), out.begin());
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(block.size()), out.end(), T{});
+}
 
 /// Copies the block at `offset` of extent `block` between a row-major global buffer of shape
 /// `global` and a contiguous block buffer; innermost rows move with memcpy.
 template <class T>
 void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
                 std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
+  for (auto e : block)
+    if (e == 0) return;  // an empty block (past the end of an uneven dimension)
   for_each_block_row(global, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
     T* gp = global_data + g;
     T* bp = block_data + b;
@@ -4449,7 +4488,7 @@ class BasicShardedTensor {
   using local_type = Local;
 
   BasicShardedTensor() = default;
-  /// Takes one block per device (each of layout.local_shape(); empty for a device another
+  /// Takes one block per device (each of layout.local_shape(d); empty for a device another
   /// process runs) and starts accounting them.
   BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
       : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
@@ -4487,13 +4526,14 @@ class BasicShardedTensor {
   const std::shared_ptr<MeshContext>& context() const noexcept { return ctx_; }
   std::size_t rank() const noexcept { return layout_.rank(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
-  const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
+  /// The largest block's shape (every block's, where the dimensions divide evenly).
+  const std::vector<std::int64_t>& block_shape() const noexcept { return layout_.block_shape(); }
   std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
   /// Whether this process stores device d's block (false for the devices of other processes;
   /// their local(d) is empty here).
   bool has_block(std::int64_t device) const { return stored_here(ctx_.get(), checked(device)); }
-  /// Bytes each device holds for this tensor.
-  std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
+  /// Bytes the largest block holds (each device's, where the dimensions divide evenly).
+  std::int64_t local_bytes() const noexcept { return layout_.block_elements() * static_cast<std::int64_t>(sizeof(T)); }
 
   Local& local(std::int64_t device) { return locals_.at(static_cast<std::size_t>(checked(device))); }
   const Local& local(std::int64_t device) const { return locals_.at(static_cast<std::size_t>(checked(device))); }
@@ -4582,7 +4622,7 @@ std::vector<Local> split_blocks(const ShardLayout& layout, const T* global, cons
     }
     Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
-      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
+      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(d), l.data(), true);
     locals.push_back(std::move(l));
   }
   return locals;
@@ -4600,7 +4640,7 @@ void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
   if (multi) std::fill(out.begin(), out.end(), T{});
   for (std::int64_t d : layout.block_owners())
     if (!multi || be->is_local(d))
-      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(d),
                     const_cast<T*>(t.local(d).data()), false);
   if (multi) {
     if constexpr (requires { dtype_of<T>::value; }) be->sum_over_processes(out.data(), out.size(), dtype_of<T>::value);
@@ -20989,7 +21029,7 @@ class ShardedOptimizer {
           xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
           if (be.is_local(d) && layout.holds(d)) {
             const std::vector<float>* v = device(d).find_slot(path, slot);
-            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(d), errc::invalid_argument,
                       path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
             std::copy(v->begin(), v->end(), b.begin());
           }
@@ -23337,9 +23377,9 @@ LlamaForCausalLM<Pol> update_module(LlamaForCausalLM<Pol>& m, const nlohmann::or
 //
 // Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
 // layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
-// measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
-// only accept even splits; a mixture-of-experts model's ep ranks hold E / ep experts each), so
-// one device's figures are every device's.
+// measures (tests/models/test_plan.cpp). Device 0 holds the largest blocks (a dimension its
+// axes do not divide ends in shorter blocks on the last devices; a mixture-of-experts model's
+// ep ranks hold E / ep experts each), so its figures bound every device's.
 //
 // Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
 // Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
@@ -23630,10 +23670,19 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       p.layout = p.layout.placed_on("ep", owner);
       p.compute = p.compute.placed_on("ep", owner);
     }
-    EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+    // A dimension the local model computes a tp block of must split evenly, over tp and over
+    // any data axis that shares it (whole heads, equal MLP columns, and blocks that nest in
+    // the tp block); storage alone may split a dimension unevenly (ShardLayout).
+    if (keep_tp) {
+      SpecValue tp_dims = spec;
+      for (auto& d : tp_dims.dims)
+        if (!sharded_detail::contains(d, "tp")) d.clear();
+      tp_dims.check_divides(ms, gshape, name);
+    }
+    EDL_CHECK(p.compute.block_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
               " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
               "shape ",
-              ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ",
+              ::edl::detail::shape_str(p.compute.block_shape()), " but rank ", tp, " needs ",
               ::edl::detail::shape_str(lshape),
               " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
     std::vector<std::string> g;
@@ -23938,7 +23987,7 @@ class ShardedLlama {
     const std::int64_t d = dev.id();
     if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
-    const auto& cshape = pl.compute.local_shape();
+    const auto& cshape = pl.compute.block_shape();
     p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
     dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
     const std::size_t n = blk.size();
@@ -23949,13 +23998,20 @@ class ShardedLlama {
       if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
         all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
                    AxisList(pl.gather_axes));
-      } else {
-        std::vector<T> buf(n * group.devices.size());
-        all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+      } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
+        const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+        std::vector<T> part, buf(m * group.devices.size());
+        std::span<const T> send(blk.data(), n);
+        if (n != m) {
+          part.resize(m);
+          ::edl::detail::pad_to_block<T>(send, part);
+          send = part;
+        }
+        all_gather(dev, send, buf, AxisList(pl.gather_axes));
         const auto origin = pl.compute.offset(d);
         for (std::size_t k = 0; k < group.devices.size(); ++k)
           ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                pl.layout.local_shape(), buf.data() + k * n, false);
+                                       pl.layout.local_shape(group.devices[k]), buf.data() + k * m, false);
       }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
@@ -23965,9 +24021,9 @@ class ShardedLlama {
   /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
   /// usual split of dim 0), and nothing is packed or unpacked around it.
   bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
-    const auto& cshape = pl.compute.local_shape();
-    const auto& bshape = pl.layout.local_shape();
-    if (cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
+    const auto& cshape = pl.compute.block_shape();
+    const auto& bshape = pl.layout.block_shape();
+    if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
     for (std::size_t i = 1; i < cshape.size(); ++i)
       if (bshape[i] != cshape[i]) return false;
     const auto origin = pl.compute.offset(d);
@@ -24001,30 +24057,32 @@ class ShardedLlama {
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
     if (!pl.layout.holds(d)) return;
-    const auto& cshape = pl.compute.local_shape();
-    const auto& bshape = pl.layout.local_shape();
-    const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
+    const auto& cshape = pl.compute.block_shape();
+    // m: the largest block, the unit of the collectives (each part padded with zeros to it);
+    // the device's own block (its first `mine` elements of `out`) may be shorter.
+    const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+    const std::size_t mine = static_cast<std::size_t>(pl.layout.local_elements(d));
     const auto origin = pl.compute.offset(d);
     std::vector<float> out(m);
     if (pl.scatter_axes.empty()) {
-      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
-                                out.data(), true);
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin),
+                                       pl.layout.local_shape(d), out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
       if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
         reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
                        AxisList(pl.scatter_axes));
       } else {
-        std::vector<float> packed(m * group.devices.size());
+        std::vector<float> packed(m * group.devices.size());  // zeros past each shorter block
         for (std::size_t k = 0; k < group.devices.size(); ++k)
           ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                    bshape, packed.data() + k * m, true);
+                                           pl.layout.local_shape(group.devices[k]), packed.data() + k * m, true);
         reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
       }
     }
     if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
     float* g = grads_.at(name).local(d).data();
-    for (std::size_t i = 0; i < m; ++i) g[i] += out[i];
+    for (std::size_t i = 0; i < mine; ++i) g[i] += out[i];
     dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
     sharded_detail::free_tensor(p.grad);
   }
@@ -26797,13 +26855,14 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
                                std::int64_t row0 = 0) {
   const auto& be = m.mesh().backend();
   const auto& gs = fused_shape ? *fused_shape : layout.global_shape();
-  const auto& bs = layout.local_shape();
   const std::size_t esize = dtype_size(file.info(name).dtype);
-  const std::int64_t n = layout.local_elements();
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
     if (!layout.holds(d) || !be.is_local(d)) continue;  // placed on other devices, or another process's
+    const auto bs = layout.local_shape(d);
+    const std::int64_t n = layout.local_elements(d);
+    if (n == 0) continue;  // past the end of an uneven dimension
     auto off = layout.offset(d);
     off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));
@@ -26956,10 +27015,11 @@ void write_local_blocks(io::PlannedWriter& writer, const std::string& tensor, co
   for (std::int64_t d : layout.block_owners()) {
     if (!be.is_local(d)) continue;  // another process writes it
     const std::span<const T> data = block(d);
-    EDL_CHECK(static_cast<std::int64_t>(data.size()) == layout.local_elements(), errc::invalid_argument, tensor,
-              "device ", d, "'s block holds ", data.size(), " values, its layout ", layout.local_elements());
+    EDL_CHECK(static_cast<std::int64_t>(data.size()) == layout.local_elements(d), errc::invalid_argument, tensor,
+              "device ", d, "'s block holds ", data.size(), " values, its layout ", layout.local_elements(d));
+    if (data.empty()) continue;  // past the end of an uneven dimension
     const auto off = layout.offset(d);
-    const auto& bs = layout.local_shape();
+    const auto bs = layout.local_shape(d);
     std::int64_t start_g = -1, start_b = 0, count = 0;  // the pending run of consecutive elements
     auto flush = [&] {
       if (count == 0) return;

@@ -176,6 +176,34 @@ TEST(Plan, ParameterGradientAndGatheredBytesEqualTheMeasuredMesh) {
     }
 }
 
+// Dimensions the mesh does not divide (vocabulary 67, hidden 40 over fsdp = 3 or fsdp x sp =
+// 6): device 0 holds the largest blocks, and the plan's figures are its, exactly; every other
+// device holds no more.
+TEST(Plan, UnevenSplitsArePlannedByTheLargestBlocks) {
+  const LlamaConfig cfg = plan_config(40, 64, 67);
+  for (const Dims& d : std::vector<Dims>{{1, 3, 1, 1}, {1, 1, 2, 1}, {1, 3, 2, 1}, {1, 3, 1, 2}}) {
+    SCOPED_TRACE(dims_str(d));
+    const std::int64_t B = 6, S = 8;
+    models::PlanOptions o;
+    o.batch = B;
+    o.seq = S;
+    o.train = true;
+    const auto plan = models::plan_llama(cfg, shape_of(d), o);
+    DefaultMesh mesh = create_mesh(d);
+    LlamaForCausalLM<> model(cfg);
+    model.init(Key::from_seed(3));
+    auto sm = models::shard_model(model, mesh);
+    EXPECT_EQ(mesh.memory().live(0), plan.parameter_bytes);
+    const auto ids = random_tokens(B * S, cfg.vocab_size, 5);
+    mesh.memory().reset_peak();
+    sm.loss_and_grads(ids.data(), nullptr, B, S);
+    EXPECT_EQ(mesh.memory().live(0), plan.parameter_bytes + plan.gradient_bytes);
+    EXPECT_EQ(mesh.memory().peak(0), plan.parameter_bytes + plan.gradient_bytes + plan.gathered_bytes);
+    for (std::int64_t dev = 1; dev < mesh.size(); ++dev)
+      EXPECT_LE(mesh.memory().peak(dev), mesh.memory().peak(0)) << dev;
+  }
+}
+
 // The activation estimate against the heap a real step uses. Method: one warm-up step (the
 // gradient blocks and per-device models exist afterwards), then the largest growth of any
 // thread's live operator-new bytes during a second step (the device threads are started by
@@ -336,14 +364,17 @@ TEST(Plan, BadMeshesGiveTheShardingErrors) {
   e = plan_error({1, 1, 4, 1}, o);
   EXPECT_NE(e.find("num_key_value_heads (2) is not divisible by tp = 4"), std::string::npos) << e;
   EXPECT_EQ(e, shard_error({1, 1, 4, 1}));
-  // hidden 32 by fsdp = 3 (batch 6 divides, so the parameter layout is what fails)
-  models::PlanOptions o6 = o;
-  o6.batch = 6;
-  e = plan_error({1, 3, 1, 1}, o6);
-  EXPECT_NE(e.find("model.embed_tokens.weight"), std::string::npos) << e;
-  EXPECT_NE(e.find("is 32, not divisible by 3"), std::string::npos) << e;
-  EXPECT_NE(e.find("fsdp"), std::string::npos) << e;
-  EXPECT_EQ(e, shard_error({1, 3, 1, 1}));
+  // intermediate 65 by tp = 2: each tp rank computes an equal block of the MLP's columns
+  const LlamaConfig odd_f = plan_config(32, 65, 64);
+  std::string oe;
+  try {
+    models::plan_llama(odd_f, shape_of({1, 2, 1, 1}), o);  // storage alone splits unevenly: fine
+    models::plan_llama(odd_f, shape_of({1, 1, 2, 1}), o);
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), errc::not_divisible);
+    oe = err.what();
+  }
+  EXPECT_NE(oe.find("intermediate_size (65) is not divisible by tp = 2"), std::string::npos) << oe;
   // batch 4 by dp * fsdp = 8
   e = plan_error({2, 4, 1, 1}, o);
   EXPECT_NE(e.find("batch 4 is not divisible by dp * fsdp * ep = 2 * 4 * 1 = 8"), std::string::npos) << e;

@@ -103,12 +103,10 @@ Outcome run(const models::LlamaForCausalLM<>& model, const DefaultMesh& mesh) {
 
 class MpiLlama : public ::testing::TestWithParam<int> {};
 
-TEST_P(MpiLlama, EqualsSimulatedMeshBitForBit) {
-  const int local = GetParam();
-  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
-  models::LlamaForCausalLM<> model(config());
-  model.init(Key::from_seed(3), 0.2f);
-  for (const Dims& dims : meshes_for(devices)) {
+// The MPI run of `model` on each of `meshes` (with `local` devices per rank) equals the
+// simulated mesh's: logits, gradients, five training steps and the weights, bit for bit.
+void expect_mpi_equals_simulated(const models::LlamaForCausalLM<>& model, const std::vector<Dims>& meshes, int local) {
+  for (const Dims& dims : meshes) {
     SCOPED_TRACE(create_mesh(dims).shape().axes_str());
     const Outcome want = run(model, create_mesh(dims));
     auto real = create_mesh(dims);
@@ -124,6 +122,31 @@ TEST_P(MpiLlama, EqualsSimulatedMeshBitForBit) {
   }
 }
 
+TEST_P(MpiLlama, EqualsSimulatedMeshBitForBit) {
+  const int local = GetParam();
+  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
+  models::LlamaForCausalLM<> model(config());
+  model.init(Key::from_seed(3), 0.2f);
+  expect_mpi_equals_simulated(model, meshes_for(devices), local);
+}
+
+// Dimensions the mesh does not divide: a vocabulary of 67 over tp = 2, hidden 42 over
+// fsdp = 4 (blocks of 11, 11, 11 and 9).
+TEST_P(MpiLlama, UnevenDimensionsEqualSimulatedMeshBitForBit) {
+  const int local = GetParam();
+  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
+  models::LlamaConfig c = config();
+  c.vocab_size = 67;
+  c.hidden_size = 42;
+  c.num_attention_heads = 6;
+  c.validate();
+  models::LlamaForCausalLM<> model(c);
+  model.init(Key::from_seed(4), 0.2f);
+  std::vector<Dims> meshes;
+  if (devices == 2) meshes = {{1, 1, 2, 1}};
+  if (devices == 4) meshes = {{1, 4, 1, 1}, {1, 2, 2, 1}};
+  expect_mpi_equals_simulated(model, meshes, local);
+}
 
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiLlama, ::testing::Values(1, 2));
 

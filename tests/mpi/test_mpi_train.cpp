@@ -214,7 +214,7 @@ TEST(MpiTrainer, ResumeReadsOnlyEachRanksBlocks) {
       for (auto d : l.global_shape()) numel *= d;
       whole += numel * 4;
       for (std::int64_t d = 0; d < mesh.size(); ++d)
-        if (mesh.backend().is_local(d)) own += l.local_elements() * 4;
+        if (mesh.backend().is_local(d)) own += l.local_elements(d) * 4;
     }
     EXPECT_EQ(st.parameter_bytes_read, own);
     EXPECT_LT(st.parameter_bytes_read, whole);

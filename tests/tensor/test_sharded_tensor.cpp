@@ -155,14 +155,49 @@ TEST(ShardedTensor, ReshardMovesBetweenSpecs) {
   auto a = shard<P<"fsdp", "tp">>(x, mesh);
   auto b = reshard<P<"tp", axes("dp", "fsdp")>>(a, mesh);
   EXPECT_EQ(gather(b), x);
-  EXPECT_EQ(b.local_shape(), (std::vector<std::int64_t>{4, 2}));
+  EXPECT_EQ(b.block_shape(), (std::vector<std::int64_t>{4, 2}));
 }
 
-TEST(ShardedTensor, IndivisibleDimensionNamesTensorAndSizes) {
+// A dimension its axes do not divide is cut as JAX and torch.chunk cut it: blocks of
+// ceil(n / k), the last shorter or empty; gathering gives the tensor back.
+TEST(ShardedTensor, UnevenDimensionsSplitIntoCeilBlocks) {
   auto mesh = create_mesh({1, 1, 4, 1});
-  xt::xtensor<float, 2> x = xt::zeros<float>({6, 8});
+  xt::xtensor<float, 2> x = xt::zeros<float>({5, 3});
+  for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = static_cast<float>(i);
+  auto s = shard<P<"tp", none>>(x, mesh, "model.embed_tokens.weight");
+  EXPECT_FALSE(s.layout().even());
+  EXPECT_EQ(s.block_shape(), (std::vector<std::int64_t>{2, 3}));
+  const std::vector<std::int64_t> rows{2, 2, 1, 0};
+  for (std::int64_t d = 0; d < 4; ++d) {
+    EXPECT_EQ(s.layout().local_shape(d), (std::vector<std::int64_t>{rows[static_cast<std::size_t>(d)], 3})) << d;
+    ASSERT_EQ(s.local(d).shape(0), static_cast<std::size_t>(rows[static_cast<std::size_t>(d)]));
+    for (std::size_t r = 0; r < s.local(d).shape(0); ++r)
+      for (std::size_t c = 0; c < 3; ++c) EXPECT_EQ(s.local(d)(r, c), x(static_cast<std::size_t>(2 * d) + r, c));
+  }
+  EXPECT_EQ(gather(s), x);
+  // Both dimensions, and a resharding between uneven layouts.
+  auto mesh2 = create_mesh({1, 3, 2, 1});
+  xt::xtensor<float, 2> y = xt::zeros<float>({7, 5});
+  for (std::size_t i = 0; i < y.size(); ++i) y.data()[i] = static_cast<float>(i) * 0.5f;
+  auto a = shard<P<"fsdp", "tp">>(y, mesh2);
+  EXPECT_EQ(a.block_shape(), (std::vector<std::int64_t>{3, 3}));
+  EXPECT_EQ(a.layout().local_shape(5), (std::vector<std::int64_t>{1, 2}));  // fsdp 2, tp 1
+  EXPECT_EQ(gather(a), y);
+  EXPECT_EQ(gather(reshard<P<"tp", axes("dp", "fsdp")>>(a, mesh2)), y);
+  // A counter-based fill gives the blocks of the whole tensor.
+  const ShardLayout l(mesh2.shape(), SpecValue{{{"tp", "fsdp"}, {}}}, {7, 5}, "fill");
+  auto f = sharded_from_index<float>(l, mesh2.context(), [](std::uint64_t first, std::span<float> out) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(first + j) * 0.5f;
+  });
+  EXPECT_EQ(gather(f), xt::xarray<float>(y));
+  EXPECT_EQ(l.local_elements(5), 0);  // block 5 of 6 blocks of 2 rows starts past row 7: empty
+}
+
+// Where a split must be even (a tensor-parallel block of heads), check_divides names it.
+TEST(ShardedTensor, CheckDividesNamesTensorAndSizes) {
+  const MeshShape mesh({"tp"}, {4});
   try {
-    (void)shard<P<"tp", none>>(x, mesh, "model.layers.0.self_attn.q_proj.weight");
+    SpecValue{{{"tp"}, {}}}.check_divides(mesh, std::vector<std::int64_t>{6, 8}, "model.layers.0.self_attn.q_proj.weight");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), errc::not_divisible);

@@ -159,7 +159,7 @@ class ShardedOptimizer {
           xt::xarray<float> b = xt::xarray<float>::from_shape(std::vector<std::size_t>(shape.begin(), shape.end()));
           if (be.is_local(d) && layout.holds(d)) {
             const std::vector<float>* v = device(d).find_slot(path, slot);
-            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(), errc::invalid_argument,
+            EDL_CHECK(v && static_cast<std::int64_t>(v->size()) == layout.local_elements(d), errc::invalid_argument,
                       path + "." + slot, "device ", d, " does not hold this optimizer slot's block");
             std::copy(v->begin(), v->end(), b.begin());
           }

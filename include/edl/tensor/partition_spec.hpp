@@ -116,7 +116,8 @@ struct SpecValue {
   }
 
   /// Checks the spec against a mesh and, if given, a global shape: axes exist, no axis is used
-  /// twice, the rank matches and every dimension divides by the product of its axis sizes.
+  /// twice and the rank matches. A dimension its axes do not divide is allowed (ShardLayout
+  /// cuts it into near-equal blocks); check_divides refuses it where a split must be even.
   /// `where` names the tensor in the error ("model.layers.0.mlp.up_proj.weight").
   void validate(const MeshShape& mesh, std::span<const std::int64_t> shape, std::string_view where) const {
     const std::string w(where);
@@ -131,9 +132,13 @@ struct SpecValue {
       }
     EDL_CHECK(shape.size() == dims.size(), errc::shape_mismatch, w, "spec ", str(), " has ", dims.size(),
               " entries but the tensor has rank ", shape.size(), " (shape ", detail::shape_str(shape), ")");
-    for (std::size_t i = 0; i < dims.size(); ++i) {
+  }
+  /// Refuses a dimension its axes do not divide: for a split that computation relies on (a
+  /// tensor-parallel block of heads), where storage alone splits unevenly (ShardLayout).
+  void check_divides(const MeshShape& mesh, std::span<const std::int64_t> shape, std::string_view where) const {
+    for (std::size_t i = 0; i < dims.size() && i < shape.size(); ++i) {
       const std::int64_t n = splits(i, mesh);
-      EDL_CHECK(shape[i] % n == 0, errc::not_divisible, w, "dimension ", i, " of shape ", detail::shape_str(shape),
+      EDL_CHECK(shape[i] % n == 0, errc::not_divisible, std::string(where), "dimension ", i, " of shape ", detail::shape_str(shape),
                 " is ", shape[i], ", not divisible by ", n, " (spec ", str(), " on mesh ", mesh.axes_str(), ")");
     }
   }

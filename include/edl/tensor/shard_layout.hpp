@@ -1,11 +1,17 @@
 // edl/tensor/shard_layout.hpp
 // Where each device's block of a sharded tensor sits in the global tensor.
 //
-// JAX's rule: dimension i with axes (a1, a2) is cut into size(a1) * size(a2) equal blocks; a
+// JAX's rule: dimension i with axes (a1, a2) is cut into k = size(a1) * size(a2) blocks; a
 // device takes block  coord(a1) * size(a2) + coord(a2)  (major axis first). Axes a spec does
 // not name replicate: every device along them holds the same block. So on a (dp=2, tp=2) mesh,
 // P<"tp", none> over an (8, 6) tensor gives devices (dp=*, tp=0) rows 0-3 and (dp=*, tp=1)
 // rows 4-7.
+//
+// A dimension of n that k does not divide is cut as JAX, GSPMD and torch.chunk cut it: blocks
+// of ceil(n / k), the last ones shorter (or empty: 5 rows over 4 devices are 2, 2, 1, 0). A
+// device's block (local_shape(d)) is its real part of the tensor, nothing more, so saving,
+// loading and the optimizer see no padding; block_shape() is the largest block, the unit a
+// collective moves (each device's part padded to it with zeros, see pad_to_block).
 //
 // A placed layout (placed_on(axis, index)) lives only on the devices whose coordinate on
 // `axis` is `index`; the others hold an empty block. This is how one expert of a
@@ -14,6 +20,7 @@
 // "ep" on dimension 0 puts the same bytes on the same devices).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -35,7 +42,11 @@ class ShardLayout {
       : mesh_(std::move(mesh)), spec_(std::move(spec)), global_(std::move(global_shape)) {
     spec_.validate(mesh_, global_, where);
     local_.resize(global_.size());
-    for (std::size_t i = 0; i < global_.size(); ++i) local_[i] = global_[i] / spec_.splits(i, mesh_);
+    for (std::size_t i = 0; i < global_.size(); ++i) {
+      const std::int64_t k = spec_.splits(i, mesh_);
+      local_[i] = (global_[i] + k - 1) / k;
+      even_ = even_ && global_[i] % k == 0;
+    }
   }
 
   /// This layout restricted to the devices whose coordinate on `axis` is `index`; the spec may
@@ -58,25 +69,36 @@ class ShardLayout {
     return place_axis_ < 0 || mesh_.coords(d)[static_cast<std::size_t>(place_axis_)] == place_index_;
   }
   bool is_placed() const noexcept { return place_axis_ >= 0; }
-  /// Device d's block shape: local_shape(), or zeros where it holds none.
+  /// Device d's block: its part of the tensor (block_shape() where the split is even, shorter
+  /// at the end of an uneven dimension), or zeros where it holds none.
   std::vector<std::int64_t> local_shape(std::int64_t d) const {
-    return holds(d) ? local_ : std::vector<std::int64_t>(local_.size(), 0);
+    std::vector<std::int64_t> s(local_.size(), 0);
+    if (!holds(d)) return s;
+    for (std::size_t i = 0; i < s.size(); ++i)
+      s[i] = std::clamp<std::int64_t>(global_[i] - block_index(d, i) * local_[i], 0, local_[i]);
+    return s;
   }
   /// Elements of device d's block.
-  std::int64_t local_elements(std::int64_t d) const { return holds(d) ? local_elements() : 0; }
+  std::int64_t local_elements(std::int64_t d) const {
+    std::int64_t n = 1;
+    for (auto v : local_shape(d)) n *= v;
+    return n;
+  }
 
   const MeshShape& mesh() const noexcept { return mesh_; }
   const SpecValue& spec() const noexcept { return spec_; }
   std::size_t rank() const noexcept { return global_.size(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return global_; }
-  /// Every device's block has this shape (dimensions divide evenly, checked above); a placed
-  /// layout's holders' blocks.
-  const std::vector<std::int64_t>& local_shape() const noexcept { return local_; }
-  std::int64_t local_elements() const noexcept {
+  /// The largest block (every block, where each dimension divides by its axes): ceil(n / k)
+  /// per dimension. Collectives move blocks of this shape; memory plans count it.
+  const std::vector<std::int64_t>& block_shape() const noexcept { return local_; }
+  std::int64_t block_elements() const noexcept {
     std::int64_t n = 1;
     for (auto v : local_) n *= v;
     return n;
   }
+  /// Whether every dimension divides by its axes (all blocks have block_shape()).
+  bool even() const noexcept { return even_; }
 
   /// Block index of device `d` along dimension `dim` (0 when the dimension is replicated).
   std::int64_t block_index(std::int64_t d, std::size_t dim) const {
@@ -119,17 +141,29 @@ class ShardLayout {
  private:
   MeshShape mesh_;
   SpecValue spec_;
-  std::vector<std::int64_t> global_, local_;
+  std::vector<std::int64_t> global_, local_;  // local_: the largest block, ceil(n / k)
+  bool even_ = true;
   std::int64_t place_axis_ = -1, place_index_ = 0;  // placed_on: the axis (-1: none) and its coordinate
 };
 
 namespace detail {
+
+/// Copies a block of `shape` (row-major, contiguous) to the front of `out` and zeros the rest:
+/// the equal-size part a device gives a collective whose blocks are uneven (the tail zeros
+/// pad it to the largest block and add nothing to a sum).
+template <class T>
+void pad_to_block(std::span<const T> block, std::span<T> out) {
+  std::copy(block.begin(), block.end(), out.begin());
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(block.size()), out.end(), T{});
+}
 
 /// Copies the block at `offset` of extent `block` between a row-major global buffer of shape
 /// `global` and a contiguous block buffer; innermost rows move with memcpy.
 template <class T>
 void copy_block(T* global_data, std::span<const std::int64_t> global, std::span<const std::int64_t> offset,
                 std::span<const std::int64_t> block, T* block_data, bool global_to_block) {
+  for (auto e : block)
+    if (e == 0) return;  // an empty block (past the end of an uneven dimension)
   for_each_block_row(global, offset, block, [&](std::int64_t g, std::int64_t b, std::int64_t row) {
     T* gp = global_data + g;
     T* bp = block_data + b;

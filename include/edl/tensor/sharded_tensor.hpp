@@ -50,7 +50,7 @@ class BasicShardedTensor {
   using local_type = Local;
 
   BasicShardedTensor() = default;
-  /// Takes one block per device (each of layout.local_shape(); empty for a device another
+  /// Takes one block per device (each of layout.local_shape(d); empty for a device another
   /// process runs) and starts accounting them.
   BasicShardedTensor(std::shared_ptr<MeshContext> ctx, ShardLayout layout, std::vector<Local> locals)
       : ctx_(std::move(ctx)), layout_(std::move(layout)), locals_(std::move(locals)) {
@@ -88,13 +88,14 @@ class BasicShardedTensor {
   const std::shared_ptr<MeshContext>& context() const noexcept { return ctx_; }
   std::size_t rank() const noexcept { return layout_.rank(); }
   const std::vector<std::int64_t>& global_shape() const noexcept { return layout_.global_shape(); }
-  const std::vector<std::int64_t>& local_shape() const noexcept { return layout_.local_shape(); }
+  /// The largest block's shape (every block's, where the dimensions divide evenly).
+  const std::vector<std::int64_t>& block_shape() const noexcept { return layout_.block_shape(); }
   std::int64_t num_devices() const noexcept { return static_cast<std::int64_t>(locals_.size()); }
   /// Whether this process stores device d's block (false for the devices of other processes;
   /// their local(d) is empty here).
   bool has_block(std::int64_t device) const { return stored_here(ctx_.get(), checked(device)); }
-  /// Bytes each device holds for this tensor.
-  std::int64_t local_bytes() const noexcept { return layout_.local_elements() * static_cast<std::int64_t>(sizeof(T)); }
+  /// Bytes the largest block holds (each device's, where the dimensions divide evenly).
+  std::int64_t local_bytes() const noexcept { return layout_.block_elements() * static_cast<std::int64_t>(sizeof(T)); }
 
   Local& local(std::int64_t device) { return locals_.at(static_cast<std::size_t>(checked(device))); }
   const Local& local(std::int64_t device) const { return locals_.at(static_cast<std::size_t>(checked(device))); }
@@ -183,7 +184,7 @@ std::vector<Local> split_blocks(const ShardLayout& layout, const T* global, cons
     }
     Local l = make_local<Local>(layout.local_shape(d));
     if (l.size() > 0)
-      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(), l.data(), true);
+      copy_block<T>(const_cast<T*>(global), gs, layout.offset(d), layout.local_shape(d), l.data(), true);
     locals.push_back(std::move(l));
   }
   return locals;
@@ -201,7 +202,7 @@ void join_blocks(const BasicShardedTensor<T, Local>& t, Global& out) {
   if (multi) std::fill(out.begin(), out.end(), T{});
   for (std::int64_t d : layout.block_owners())
     if (!multi || be->is_local(d))
-      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(),
+      copy_block<T>(out.data(), layout.global_shape(), layout.offset(d), layout.local_shape(d),
                     const_cast<T*>(t.local(d).data()), false);
   if (multi) {
     if constexpr (requires { dtype_of<T>::value; }) be->sum_over_processes(out.data(), out.size(), dtype_of<T>::value);

@@ -8,9 +8,9 @@
 //
 // Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
 // layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
-// measures (tests/models/test_plan.cpp). Every device holds equally sized blocks (the layouts
-// only accept even splits; a mixture-of-experts model's ep ranks hold E / ep experts each), so
-// one device's figures are every device's.
+// measures (tests/models/test_plan.cpp). Device 0 holds the largest blocks (a dimension its
+// axes do not divide ends in shorter blocks on the last devices; a mixture-of-experts model's
+// ep ranks hold E / ep experts each), so its figures bound every device's.
 //
 // Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
 // Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv

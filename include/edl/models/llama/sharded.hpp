@@ -237,10 +237,19 @@ inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans
       p.layout = p.layout.placed_on("ep", owner);
       p.compute = p.compute.placed_on("ep", owner);
     }
-    EDL_CHECK(p.compute.local_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+    // A dimension the local model computes a tp block of must split evenly, over tp and over
+    // any data axis that shares it (whole heads, equal MLP columns, and blocks that nest in
+    // the tp block); storage alone may split a dimension unevenly (ShardLayout).
+    if (keep_tp) {
+      SpecValue tp_dims = spec;
+      for (auto& d : tp_dims.dims)
+        if (!sharded_detail::contains(d, "tp")) d.clear();
+      tp_dims.check_divides(ms, gshape, name);
+    }
+    EDL_CHECK(p.compute.block_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
               " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
               "shape ",
-              ::edl::detail::shape_str(p.compute.local_shape()), " but rank ", tp, " needs ",
+              ::edl::detail::shape_str(p.compute.block_shape()), " but rank ", tp, " needs ",
               ::edl::detail::shape_str(lshape),
               " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
     std::vector<std::string> g;
@@ -545,7 +554,7 @@ class ShardedLlama {
     const std::int64_t d = dev.id();
     if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
-    const auto& cshape = pl.compute.local_shape();
+    const auto& cshape = pl.compute.block_shape();
     p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
     dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
     const std::size_t n = blk.size();
@@ -556,13 +565,20 @@ class ShardedLlama {
       if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
         all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
                    AxisList(pl.gather_axes));
-      } else {
-        std::vector<T> buf(n * group.devices.size());
-        all_gather(dev, std::span<const T>(blk.data(), n), buf, AxisList(pl.gather_axes));
+      } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
+        const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+        std::vector<T> part, buf(m * group.devices.size());
+        std::span<const T> send(blk.data(), n);
+        if (n != m) {
+          part.resize(m);
+          ::edl::detail::pad_to_block<T>(send, part);
+          send = part;
+        }
+        all_gather(dev, send, buf, AxisList(pl.gather_axes));
         const auto origin = pl.compute.offset(d);
         for (std::size_t k = 0; k < group.devices.size(); ++k)
           ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                pl.layout.local_shape(), buf.data() + k * n, false);
+                                       pl.layout.local_shape(group.devices[k]), buf.data() + k * m, false);
       }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
@@ -572,9 +588,9 @@ class ShardedLlama {
   /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
   /// usual split of dim 0), and nothing is packed or unpacked around it.
   bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
-    const auto& cshape = pl.compute.local_shape();
-    const auto& bshape = pl.layout.local_shape();
-    if (cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
+    const auto& cshape = pl.compute.block_shape();
+    const auto& bshape = pl.layout.block_shape();
+    if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
     for (std::size_t i = 1; i < cshape.size(); ++i)
       if (bshape[i] != cshape[i]) return false;
     const auto origin = pl.compute.offset(d);
@@ -608,30 +624,32 @@ class ShardedLlama {
     const Plan& pl = plans_.at(name);
     const std::int64_t d = dev.id();
     if (!pl.layout.holds(d)) return;
-    const auto& cshape = pl.compute.local_shape();
-    const auto& bshape = pl.layout.local_shape();
-    const std::size_t m = static_cast<std::size_t>(pl.layout.local_elements());
+    const auto& cshape = pl.compute.block_shape();
+    // m: the largest block, the unit of the collectives (each part padded with zeros to it);
+    // the device's own block (its first `mine` elements of `out`) may be shorter.
+    const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+    const std::size_t mine = static_cast<std::size_t>(pl.layout.local_elements(d));
     const auto origin = pl.compute.offset(d);
     std::vector<float> out(m);
     if (pl.scatter_axes.empty()) {
-      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin), bshape,
-                                out.data(), true);
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin),
+                                       pl.layout.local_shape(d), out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
       if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
         reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
                        AxisList(pl.scatter_axes));
       } else {
-        std::vector<float> packed(m * group.devices.size());
+        std::vector<float> packed(m * group.devices.size());  // zeros past each shorter block
         for (std::size_t k = 0; k < group.devices.size(); ++k)
           ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                    bshape, packed.data() + k * m, true);
+                                           pl.layout.local_shape(group.devices[k]), packed.data() + k * m, true);
         reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
       }
     }
     if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
     float* g = grads_.at(name).local(d).data();
-    for (std::size_t i = 0; i < m; ++i) g[i] += out[i];
+    for (std::size_t i = 0; i < mine; ++i) g[i] += out[i];
     dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
     sharded_detail::free_tensor(p.grad);
   }

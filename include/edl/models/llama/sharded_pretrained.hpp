@@ -50,13 +50,14 @@ std::int64_t read_local_blocks(const io::SafeTensorsFile& file, const std::strin
                                std::int64_t row0 = 0) {
   const auto& be = m.mesh().backend();
   const auto& gs = fused_shape ? *fused_shape : layout.global_shape();
-  const auto& bs = layout.local_shape();
   const std::size_t esize = dtype_size(file.info(name).dtype);
-  const std::int64_t n = layout.local_elements();
   std::int64_t bytes = 0;
   for (std::int64_t d = 0; d < m.mesh().size(); ++d) {
     T* out = block_data[d];
     if (!layout.holds(d) || !be.is_local(d)) continue;  // placed on other devices, or another process's
+    const auto bs = layout.local_shape(d);
+    const std::int64_t n = layout.local_elements(d);
+    if (n == 0) continue;  // past the end of an uneven dimension
     auto off = layout.offset(d);
     off[0] += row0;
     file.read_block<T>(name, gs, off, bs, std::span<T>(out, static_cast<std::size_t>(n)));

@@ -80,10 +80,11 @@ void write_local_blocks(io::PlannedWriter& writer, const std::string& tensor, co
   for (std::int64_t d : layout.block_owners()) {
     if (!be.is_local(d)) continue;  // another process writes it
     const std::span<const T> data = block(d);
-    EDL_CHECK(static_cast<std::int64_t>(data.size()) == layout.local_elements(), errc::invalid_argument, tensor,
-              "device ", d, "'s block holds ", data.size(), " values, its layout ", layout.local_elements());
+    EDL_CHECK(static_cast<std::int64_t>(data.size()) == layout.local_elements(d), errc::invalid_argument, tensor,
+              "device ", d, "'s block holds ", data.size(), " values, its layout ", layout.local_elements(d));
+    if (data.empty()) continue;  // past the end of an uneven dimension
     const auto off = layout.offset(d);
-    const auto& bs = layout.local_shape();
+    const auto bs = layout.local_shape(d);
     std::int64_t start_g = -1, start_b = 0, count = 0;  // the pending run of consecutive elements
     auto flush = [&] {
       if (count == 0) return;
