@@ -103,6 +103,7 @@ inline int cmd_plan(Args& args) {
   d["optimizer_state_bytes"] = p.optimizer_state_bytes;
   d["gathered_bytes"] = p.gathered_bytes;
   d["activation_peak_bytes"] = p.activation_peak_bytes;
+  d["staging_bytes"] = p.staging_bytes;
   d["peak_bytes"] = p.peak_bytes;
   d["local_batch"] = p.local_batch;
   d["local_seq"] = p.local_seq;

@@ -4738,6 +4738,20 @@ ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>&
   return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
 }
 
+/// A sharded tensor of zeros laid out by `layout` (a placed layout included) on the mesh of
+/// `ctx`: the blocks this process stores, each of its device's shape.
+template <class T>
+ShardedArray<T> zeros_sharded(const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
+  std::vector<xt::xarray<T>> locals;
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    auto l = stored_here(ctx.get(), d) ? detail::make_local<xt::xarray<T>>(layout.local_shape(d))
+                                       : detail::empty_block<xt::xarray<T>>(layout);
+    l.fill(T{});
+    locals.push_back(std::move(l));
+  }
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
+}
+
 /// Reassembles the global tensor (reads one replica of each block).
 template <class T, class Spec>
 xt::xtensor<T, Spec::rank> gather(const ShardedTensor<T, Spec>& t) {
@@ -8339,6 +8353,14 @@ inline std::string join_path(std::string_view prefix, std::string_view name) {
 /// on threads or sharding. Init::normal -> Normal(0, std), ones -> 1, zeros -> 0. Chunks of a
 /// parameter fill in parallel (a random 1.1B-parameter model is minutes of Box-Muller on one
 /// thread); each element depends on its counter alone, so the thread count changes nothing.
+/// The values `how` gives elements [first, first + out.size()) of a parameter drawn from key
+/// `k`: normal from the elements' counters, or ones, or zeros. init_params and the sharded
+/// draw (models::ShardedLlama) fill through it, so their values are the same.
+inline void fill_init(Init how, Key k, std::uint64_t first, std::span<float> out, float std) {
+  if (how == Init::normal) fill_normal(k, first, out, 0.0f, std);
+  else std::fill(out.begin(), out.end(), how == Init::ones ? 1.0f : 0.0f);
+}
+
 template <class M>
 void init_params(M& m, Key key, float std = 0.02f) {
   std::uint32_t index = 0;
@@ -8354,8 +8376,7 @@ void init_params(M& m, Key key, float std = 0.02f) {
       for (std::ptrdiff_t c = c0; c < c1; ++c) {
         const std::size_t lo = static_cast<std::size_t>(c) * chunk, hi = std::min(n, lo + chunk);
         buf.resize(hi - lo);
-        if (init == Init::normal) fill_normal(k, lo, std::span<float>(buf), 0.0f, std);
-        else std::fill(buf.begin(), buf.end(), init == Init::ones ? 1.0f : 0.0f);
+        fill_init(init, k, lo, std::span<float>(buf), std);
         for (std::size_t i = lo; i < hi; ++i) dst[i] = from_f32<T>(buf[i - lo]);
       }
     });
@@ -23575,13 +23596,6 @@ void free_tensor(X& x) {
   x = X::from_shape(z);
 }
 
-template <class X>
-X make_tensor(const std::vector<std::int64_t>& shape) {
-  typename X::shape_type s{};
-  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
-  return X::from_shape(s);
-}
-
 }  // namespace sharded_detail
 
 /// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
@@ -23626,6 +23640,27 @@ struct ShardedParamPlan {
   bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
   std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
 };
+
+/// Whether the blocks of `group` (device ids in group order) are consecutive slabs of rows of
+/// device d's compute tensor: then the buffer of a collective over the group is that tensor
+/// (fsdp's usual split of dimension 0), and nothing is packed or unpacked around it; else the
+/// collective goes through a packed buffer of the compute tensor's size (plan_llama counts it).
+inline bool blocks_are_row_slabs(const ShardedParamPlan& pl, const std::vector<std::int64_t>& group, std::int64_t d) {
+  const auto& cshape = pl.compute.block_shape();
+  const auto& bshape = pl.layout.block_shape();
+  if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0])
+    return false;
+  for (std::size_t i = 1; i < cshape.size(); ++i)
+    if (bshape[i] != cshape[i]) return false;
+  const auto origin = pl.compute.offset(d);
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
+    if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
+    for (std::size_t i = 1; i < at.size(); ++i)
+      if (at[i] != 0) return false;
+  }
+  return true;
+}
 
 /// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
 using AdapterRanks = std::map<std::string, std::int64_t>;
@@ -23745,6 +23780,10 @@ class ShardedLlama {
   /// layer again, collectives included, before its backward; losses and gradients are bitwise
   /// those without it.
   void set_remat(bool on) noexcept { remat_ = on; }
+  /// What a step's batch and sequence must be multiples of: the batch is split over
+  /// dp x fsdp x ep, the sequence over sp (check_data_split).
+  std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
+  std::int64_t seq_multiple() const { return axis("sp"); }
   bool remat() const noexcept { return remat_; }
 
   /// Shards `model`'s parameters over `mesh` by `rules`.
@@ -23916,8 +23955,7 @@ class ShardedLlama {
       const nn::Init how = key ? p.init : nn::Init::zeros;
       params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
                                                                [&](std::uint64_t first, std::span<float> out) {
-                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
-                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
+                                                                 nn::fill_init(how, k, first, out, std);
                                                                }));
     });
   }
@@ -23956,17 +23994,7 @@ class ShardedLlama {
 
   void ensure_grads() {
     if (!grads_.empty()) return;
-    for (const auto& n : trainable_) {
-      const ShardLayout& l = plans_.at(n).layout;
-      std::vector<xt::xarray<float>> blocks;
-      for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        const auto shape = stored_here(mesh_.context().get(), d) ? l.local_shape(d) : std::vector<std::int64_t>(l.rank(), 0);
-        auto b = ::edl::detail::make_local<xt::xarray<float>>(shape);
-        b.fill(0.0f);
-        blocks.push_back(std::move(b));
-      }
-      grads_.emplace(n, ShardedArray<float>(mesh_.context(), l, std::move(blocks)));
-    }
+    for (const auto& n : trainable_) grads_.emplace(n, zeros_sharded<float>(plans_.at(n).layout, mesh_.context()));
   }
 
   Local& local_model(std::int64_t d) {
@@ -23988,14 +24016,14 @@ class ShardedLlama {
     if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
     const auto& cshape = pl.compute.block_shape();
-    p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
+    p.value = ::edl::detail::make_local<std::remove_cvref_t<decltype(p.value)>>(cshape);
     dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
     const std::size_t n = blk.size();
     if (pl.gather_axes.empty()) {
       std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
         all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
                    AxisList(pl.gather_axes));
       } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
@@ -24015,25 +24043,6 @@ class ShardedLlama {
       }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
-  }
-
-  /// Whether the blocks of `group` (in group order) are consecutive slabs of rows of device
-  /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
-  /// usual split of dim 0), and nothing is packed or unpacked around it.
-  bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
-    const auto& cshape = pl.compute.block_shape();
-    const auto& bshape = pl.layout.block_shape();
-    if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
-    for (std::size_t i = 1; i < cshape.size(); ++i)
-      if (bshape[i] != cshape[i]) return false;
-    const auto origin = pl.compute.offset(d);
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
-      if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
-      for (std::size_t i = 1; i < at.size(); ++i)
-        if (at[i] != 0) return false;
-    }
-    return true;
   }
 
   template <class Prm>
@@ -24069,7 +24078,7 @@ class ShardedLlama {
                                        pl.layout.local_shape(d), out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
         reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
                        AxisList(pl.scatter_axes));
       } else {
@@ -24217,8 +24226,7 @@ class ShardedLlama {
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
                            const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
-    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), ep = axis("ep"), sp = axis("sp");
-    check_data_split(B, S, dp, fsdp, ep, sp, w);
+    check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
     for (std::int64_t i = 0; i < B * S; ++i)
       EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
                 tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
@@ -24618,6 +24626,7 @@ struct MemoryPlan {
   // Per device, transient within a step:
   std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
   std::int64_t activation_peak_bytes = 0; // see the formula above
+  std::int64_t staging_bytes = 0;         // the largest packed buffer of one parameter's gather or gradient reduce-scatter
   std::int64_t peak_bytes = 0;            // sum of the above
   std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
   // Per device: batch rows, positions, tokens.
@@ -24737,6 +24746,24 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
   const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
   r.gathered_bytes = (global_compute + layer_compute) * per_elem;
+  // Collective staging, one parameter at a time (ShardedLlama::gather_param_into / reduce_grad):
+  // blocks that are not row slabs of the compute tensor are gathered into, and their gradient
+  // packed into, a buffer of the compute tensor's size; every reduced gradient lands in a
+  // block-sized buffer first.
+  for (const auto& [name, p] : plans) {
+    const std::int64_t m = p.layout.block_elements();
+    if (!p.gather_axes.empty()) {
+      const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
+      const std::int64_t k = static_cast<std::int64_t>(group.size());
+      const bool packed = !blocks_are_row_slabs(p, group, 0);
+      r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
+      if (opt.train && !p.frozen) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
+    } else if (opt.train && !p.frozen) {
+      r.staging_bytes = std::max(r.staging_bytes, m * 4);
+    }
+  }
+  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
+  if (mesh.size() == 1) r.gathered_bytes = r.staging_bytes = 0;
 
   // ---- activations
   const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
@@ -24788,7 +24815,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.activation_peak_bytes = keep_layers ? layers_saved + step + routes + transient
                                         : step + routes + std::max(loss_transient, layer_max + backward);
   r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
-                 r.activation_peak_bytes;
+                 r.activation_peak_bytes + r.staging_bytes;
 
   // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
   const std::int64_t act = f * Tl * H;
@@ -26417,6 +26444,24 @@ LlamaConfig saved_config(const LlamaConfig& c, DType dtype) {
   return cfg;
 }
 
+/// Element conversion into the file's dtype (round to nearest even), or a plain copy.
+template <class T>
+void convert_run(const T* src, std::size_t n, DType dtype, std::vector<std::byte>& out) {
+  out.resize(n * dtype_size(dtype));
+  auto to = [&](auto tag) {
+    using D = decltype(tag);
+    D* o = reinterpret_cast<D*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) o[i] = from_f32<D>(to_f32(src[i]));
+  };
+  switch (dtype) {
+    case DType::f32: to(float{}); break;
+    case DType::bf16: to(bf16{}); break;
+    case DType::f16: to(f16{}); break;
+    default:
+      ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                           ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
+  }
+}
 }  // namespace detail
 
 struct SavePretrainedOptions {
@@ -26442,20 +26487,8 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
                         io::TensorRef(dtype, p.shape(), std::as_bytes(std::span<const T>(p.data(), n))));
       return;
     }
-    auto& buf = storage.emplace_back(n * dtype_size(dtype));
-    auto convert = [&](auto tag) {
-      using D = decltype(tag);
-      D* out = reinterpret_cast<D*>(buf.data());
-      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(p.data()[i]));
-    };
-    switch (dtype) {
-      case DType::f32: convert(float{}); break;
-      case DType::bf16: convert(bf16{}); break;
-      case DType::f16: convert(f16{}); break;
-      default:
-        ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
-                             ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
-    }
+    auto& buf = storage.emplace_back();
+    detail::convert_run(p.data(), n, dtype, buf);
     list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
   });
   if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {
@@ -26977,24 +27010,6 @@ struct ShardedSaveStats {
 
 namespace detail {
 
-/// Element conversion into the file's dtype (round to nearest even), or a plain copy.
-template <class T>
-void convert_run(const T* src, std::size_t n, DType dtype, std::vector<std::byte>& out) {
-  out.resize(n * dtype_size(dtype));
-  auto to = [&](auto tag) {
-    using D = decltype(tag);
-    D* o = reinterpret_cast<D*>(out.data());
-    for (std::size_t i = 0; i < n; ++i) o[i] = from_f32<D>(to_f32(src[i]));
-  };
-  switch (dtype) {
-    case DType::f32: to(float{}); break;
-    case DType::bf16: to(bf16{}); break;
-    case DType::f16: to(f16{}); break;
-    default:
-      ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained_sharded",
-                           ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
-  }
-}
 
 /// Writes, for every device d of this process that is the lowest holder of its block of
 /// `layout`, that block (`block(d)`, the block's elements in row-major order) into tensor
@@ -33465,9 +33480,9 @@ models::ShardedSaveStats save_sharded_state(const std::string& dir, const models
   EDL_CHECK(!model.has_adapters(), errc::unsupported, dir,
             "save_sharded_state writes a model without LoRA adapters (a LoRA run's checkpoint is the adapters alone: "
             "save_state on the gathered state)");
-  EDL_CHECK(processes.size() == ProcessGroup(model.mesh()).size(), errc::invalid_argument, dir,
-            "the processes that save (", processes.size(), ") are not those of the model's mesh (",
-            ProcessGroup(model.mesh()).size(), ")");
+  const int mesh_processes = ProcessGroup(model.mesh()).size();
+  EDL_CHECK(processes.size() == mesh_processes, errc::invalid_argument, dir, "the processes that save (",
+            processes.size(), ") are not those of the model's mesh (", mesh_processes, ")");
   auto after = [&](const std::string& f) {
     if (hooks.after_file) hooks.after_file(f);
   };
@@ -35181,9 +35196,8 @@ class BasicTrainer {
     } else {
       const std::string where = "evaluation at step " + std::to_string(state_.step);
       if (sharded_)
-        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(),
-                                     mesh_->axis_size("dp") * mesh_->axis_size("fsdp") * mesh_->axis_size("ep"),
-                                     mesh_->axis_size("sp"), where);
+        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(), sharded_->batch_multiple(),
+                                     sharded_->seq_multiple(), where);
       else
         e = evaluate_dataset(*model_, *eval_, eval_options(), where);
       j["step"] = state_.step;
@@ -35577,15 +35591,20 @@ class BasicTrainer {
         if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
     }
   }
-  /// Shards the host model and optimizer state over the mesh (setup and resume).
+  /// Shards the host model and optimizer state over the mesh (setup and resume), or, where
+  /// the host holds no values, draws or reads the model straight into its blocks.
   void shard_host() {
-    if (!sharded_ && !host_filled_) {  // built straight into the blocks: no process holds the whole model
+    const bool straight = !sharded_ && !host_filled_;  // no process holds the whole model
+    if (straight)
       sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
                                     models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
                               : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
                                                                             fold_in(Key::from_seed(args_.seed), 0), *mesh_);
-      sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
-      sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+    else
+      sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
+    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+    if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it
       // is gathered only when asked for (model(), optimizer(), training_state()).
       param_count_ = model_->param_count();
@@ -35593,14 +35612,10 @@ class BasicTrainer {
         models::sharded_detail::free_tensor(p.value);
         models::sharded_detail::free_tensor(p.grad);
       });
-      host_stale_ = true;
-      return;
+    } else {
+      sopt_->load(opt_, *sharded_);
     }
-    sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
-    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
-    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
-    sopt_->load(opt_, *sharded_);
-    host_stale_ = false;
+    host_stale_ = straight;
   }
   /// The adapters' dropout key for the next forward and backward, wherever the model runs.
   void set_adapter_dropout(std::optional<Key> key) {

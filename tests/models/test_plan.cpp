@@ -176,6 +176,29 @@ TEST(Plan, ParameterGradientAndGatheredBytesEqualTheMeasuredMesh) {
     }
 }
 
+// The collectives' staging: one parameter's packed gather buffer, or its packed gradient and
+// reduced block, the largest over the parameters (counted by hand for these layouts).
+TEST(Plan, StagingIsTheLargestPackedBufferOfOneParameter) {
+  const LlamaConfig cfg = plan_config(32, 64, 64);
+  models::PlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  // fsdp = 2 cuts embed_tokens, lm_head, gate and up [64, 32] into column blocks [64, 16]:
+  // gathered through a packed [64, 32] buffer, their gradients packed into one and reduced
+  // into a [64, 16] block.
+  EXPECT_EQ(models::plan_llama(cfg, shape_of({1, 2, 1, 1}), o).staging_bytes, 64 * 32 * 4);
+  o.train = true;
+  EXPECT_EQ(models::plan_llama(cfg, shape_of({1, 2, 1, 1}), o).staging_bytes, (64 * 32 + 64 * 16) * 4);
+  // tp = 2 cuts them into row slabs [32, 32]: nothing is packed, a gradient lands in its block.
+  EXPECT_EQ(models::plan_llama(cfg, shape_of({1, 1, 2, 1}), o).staging_bytes, 32 * 32 * 4);
+  o.train = false;
+  EXPECT_EQ(models::plan_llama(cfg, shape_of({1, 1, 2, 1}), o).staging_bytes, 0);
+  // One device runs the model in place: nothing gathered, nothing staged.
+  const auto one = models::plan_llama(cfg, shape_of({1, 1, 1, 1}), o);
+  EXPECT_EQ(one.gathered_bytes + one.staging_bytes, 0);
+  EXPECT_EQ(one.peak_bytes, one.parameter_bytes + one.activation_peak_bytes);
+}
+
 // Dimensions the mesh does not divide (vocabulary 67, hidden 40 over fsdp = 3 or fsdp x sp =
 // 6): device 0 holds the largest blocks, and the plan's figures are its, exactly; every other
 // device holds no more.

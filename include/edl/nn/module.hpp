@@ -89,6 +89,14 @@ inline std::string join_path(std::string_view prefix, std::string_view name) {
 /// on threads or sharding. Init::normal -> Normal(0, std), ones -> 1, zeros -> 0. Chunks of a
 /// parameter fill in parallel (a random 1.1B-parameter model is minutes of Box-Muller on one
 /// thread); each element depends on its counter alone, so the thread count changes nothing.
+/// The values `how` gives elements [first, first + out.size()) of a parameter drawn from key
+/// `k`: normal from the elements' counters, or ones, or zeros. init_params and the sharded
+/// draw (models::ShardedLlama) fill through it, so their values are the same.
+inline void fill_init(Init how, Key k, std::uint64_t first, std::span<float> out, float std) {
+  if (how == Init::normal) fill_normal(k, first, out, 0.0f, std);
+  else std::fill(out.begin(), out.end(), how == Init::ones ? 1.0f : 0.0f);
+}
+
 template <class M>
 void init_params(M& m, Key key, float std = 0.02f) {
   std::uint32_t index = 0;
@@ -104,8 +112,7 @@ void init_params(M& m, Key key, float std = 0.02f) {
       for (std::ptrdiff_t c = c0; c < c1; ++c) {
         const std::size_t lo = static_cast<std::size_t>(c) * chunk, hi = std::min(n, lo + chunk);
         buf.resize(hi - lo);
-        if (init == Init::normal) fill_normal(k, lo, std::span<float>(buf), 0.0f, std);
-        else std::fill(buf.begin(), buf.end(), init == Init::ones ? 1.0f : 0.0f);
+        fill_init(init, k, lo, std::span<float>(buf), std);
         for (std::size_t i = lo; i < hi; ++i) dst[i] = from_f32<T>(buf[i - lo]);
       }
     });

@@ -300,6 +300,20 @@ ShardedTensor<T, Spec> zeros_sharded(const std::array<std::int64_t, Spec::rank>&
   return ShardedTensor<T, Spec>(mesh.context(), std::move(layout), std::move(locals));
 }
 
+/// A sharded tensor of zeros laid out by `layout` (a placed layout included) on the mesh of
+/// `ctx`: the blocks this process stores, each of its device's shape.
+template <class T>
+ShardedArray<T> zeros_sharded(const ShardLayout& layout, std::shared_ptr<MeshContext> ctx) {
+  std::vector<xt::xarray<T>> locals;
+  for (std::int64_t d = 0; d < layout.mesh().size(); ++d) {
+    auto l = stored_here(ctx.get(), d) ? detail::make_local<xt::xarray<T>>(layout.local_shape(d))
+                                       : detail::empty_block<xt::xarray<T>>(layout);
+    l.fill(T{});
+    locals.push_back(std::move(l));
+  }
+  return ShardedArray<T>(std::move(ctx), layout, std::move(locals));
+}
+
 /// Reassembles the global tensor (reads one replica of each block).
 template <class T, class Spec>
 xt::xtensor<T, Spec::rank> gather(const ShardedTensor<T, Spec>& t) {

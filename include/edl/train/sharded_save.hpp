@@ -134,9 +134,9 @@ models::ShardedSaveStats save_sharded_state(const std::string& dir, const models
   EDL_CHECK(!model.has_adapters(), errc::unsupported, dir,
             "save_sharded_state writes a model without LoRA adapters (a LoRA run's checkpoint is the adapters alone: "
             "save_state on the gathered state)");
-  EDL_CHECK(processes.size() == ProcessGroup(model.mesh()).size(), errc::invalid_argument, dir,
-            "the processes that save (", processes.size(), ") are not those of the model's mesh (",
-            ProcessGroup(model.mesh()).size(), ")");
+  const int mesh_processes = ProcessGroup(model.mesh()).size();
+  EDL_CHECK(processes.size() == mesh_processes, errc::invalid_argument, dir, "the processes that save (",
+            processes.size(), ") are not those of the model's mesh (", mesh_processes, ")");
   auto after = [&](const std::string& f) {
     if (hooks.after_file) hooks.after_file(f);
   };

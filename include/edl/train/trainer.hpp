@@ -325,9 +325,8 @@ class BasicTrainer {
     } else {
       const std::string where = "evaluation at step " + std::to_string(state_.step);
       if (sharded_)
-        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(),
-                                     mesh_->axis_size("dp") * mesh_->axis_size("fsdp") * mesh_->axis_size("ep"),
-                                     mesh_->axis_size("sp"), where);
+        e = evaluate_dataset_on_mesh(*sharded_, *eval_, eval_options(), sharded_->batch_multiple(),
+                                     sharded_->seq_multiple(), where);
       else
         e = evaluate_dataset(*model_, *eval_, eval_options(), where);
       j["step"] = state_.step;
@@ -721,15 +720,20 @@ class BasicTrainer {
         if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
     }
   }
-  /// Shards the host model and optimizer state over the mesh (setup and resume).
+  /// Shards the host model and optimizer state over the mesh (setup and resume), or, where
+  /// the host holds no values, draws or reads the model straight into its blocks.
   void shard_host() {
-    if (!sharded_ && !host_filled_) {  // built straight into the blocks: no process holds the whole model
+    const bool straight = !sharded_ && !host_filled_;  // no process holds the whole model
+    if (straight)
       sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
                                     models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
                               : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
                                                                             fold_in(Key::from_seed(args_.seed), 0), *mesh_);
-      sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
-      sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+    else
+      sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
+    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
+    if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it
       // is gathered only when asked for (model(), optimizer(), training_state()).
       param_count_ = model_->param_count();
@@ -737,14 +741,10 @@ class BasicTrainer {
         models::sharded_detail::free_tensor(p.value);
         models::sharded_detail::free_tensor(p.grad);
       });
-      host_stale_ = true;
-      return;
+    } else {
+      sopt_->load(opt_, *sharded_);
     }
-    sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
-    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
-    sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
-    sopt_->load(opt_, *sharded_);
-    host_stale_ = false;
+    host_stale_ = straight;
   }
   /// The adapters' dropout key for the next forward and backward, wherever the model runs.
   void set_adapter_dropout(std::optional<Key> key) {

@@ -103,6 +103,7 @@ struct MemoryPlan {
   // Per device, transient within a step:
   std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
   std::int64_t activation_peak_bytes = 0; // see the formula above
+  std::int64_t staging_bytes = 0;         // the largest packed buffer of one parameter's gather or gradient reduce-scatter
   std::int64_t peak_bytes = 0;            // sum of the above
   std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
   // Per device: batch rows, positions, tokens.
@@ -222,6 +223,24 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
   const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
   r.gathered_bytes = (global_compute + layer_compute) * per_elem;
+  // Collective staging, one parameter at a time (ShardedLlama::gather_param_into / reduce_grad):
+  // blocks that are not row slabs of the compute tensor are gathered into, and their gradient
+  // packed into, a buffer of the compute tensor's size; every reduced gradient lands in a
+  // block-sized buffer first.
+  for (const auto& [name, p] : plans) {
+    const std::int64_t m = p.layout.block_elements();
+    if (!p.gather_axes.empty()) {
+      const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
+      const std::int64_t k = static_cast<std::int64_t>(group.size());
+      const bool packed = !blocks_are_row_slabs(p, group, 0);
+      r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
+      if (opt.train && !p.frozen) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
+    } else if (opt.train && !p.frozen) {
+      r.staging_bytes = std::max(r.staging_bytes, m * 4);
+    }
+  }
+  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
+  if (mesh.size() == 1) r.gathered_bytes = r.staging_bytes = 0;
 
   // ---- activations
   const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
@@ -273,7 +292,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   r.activation_peak_bytes = keep_layers ? layers_saved + step + routes + transient
                                         : step + routes + std::max(loss_transient, layer_max + backward);
   r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
-                 r.activation_peak_bytes;
+                 r.activation_peak_bytes + r.staging_bytes;
 
   // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
   const std::int64_t act = f * Tl * H;

@@ -422,6 +422,24 @@ LlamaConfig saved_config(const LlamaConfig& c, DType dtype) {
   return cfg;
 }
 
+/// Element conversion into the file's dtype (round to nearest even), or a plain copy.
+template <class T>
+void convert_run(const T* src, std::size_t n, DType dtype, std::vector<std::byte>& out) {
+  out.resize(n * dtype_size(dtype));
+  auto to = [&](auto tag) {
+    using D = decltype(tag);
+    D* o = reinterpret_cast<D*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) o[i] = from_f32<D>(to_f32(src[i]));
+  };
+  switch (dtype) {
+    case DType::f32: to(float{}); break;
+    case DType::bf16: to(bf16{}); break;
+    case DType::f16: to(f16{}); break;
+    default:
+      ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
+                           ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
+  }
+}
 }  // namespace detail
 
 struct SavePretrainedOptions {
@@ -447,20 +465,8 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
                         io::TensorRef(dtype, p.shape(), std::as_bytes(std::span<const T>(p.data(), n))));
       return;
     }
-    auto& buf = storage.emplace_back(n * dtype_size(dtype));
-    auto convert = [&](auto tag) {
-      using D = decltype(tag);
-      D* out = reinterpret_cast<D*>(buf.data());
-      for (std::size_t i = 0; i < n; ++i) out[i] = from_f32<D>(to_f32(p.data()[i]));
-    };
-    switch (dtype) {
-      case DType::f32: convert(float{}); break;
-      case DType::bf16: convert(bf16{}); break;
-      case DType::f16: convert(f16{}); break;
-      default:
-        ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained",
-                             ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
-    }
+    auto& buf = storage.emplace_back();
+    detail::convert_run(p.data(), n, dtype, buf);
     list.emplace_back(std::string(path), io::TensorRef(dtype, p.shape(), std::span<const std::byte>(buf)));
   });
   if constexpr (requires { model.visit_linears("", [](const std::string&, auto&) {}); }) {

@@ -142,13 +142,6 @@ void free_tensor(X& x) {
   x = X::from_shape(z);
 }
 
-template <class X>
-X make_tensor(const std::vector<std::int64_t>& shape) {
-  typename X::shape_type s{};
-  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::size_t>(shape[i]);
-  return X::from_shape(s);
-}
-
 }  // namespace sharded_detail
 
 /// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
@@ -193,6 +186,27 @@ struct ShardedParamPlan {
   bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
   std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
 };
+
+/// Whether the blocks of `group` (device ids in group order) are consecutive slabs of rows of
+/// device d's compute tensor: then the buffer of a collective over the group is that tensor
+/// (fsdp's usual split of dimension 0), and nothing is packed or unpacked around it; else the
+/// collective goes through a packed buffer of the compute tensor's size (plan_llama counts it).
+inline bool blocks_are_row_slabs(const ShardedParamPlan& pl, const std::vector<std::int64_t>& group, std::int64_t d) {
+  const auto& cshape = pl.compute.block_shape();
+  const auto& bshape = pl.layout.block_shape();
+  if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0])
+    return false;
+  for (std::size_t i = 1; i < cshape.size(); ++i)
+    if (bshape[i] != cshape[i]) return false;
+  const auto origin = pl.compute.offset(d);
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
+    if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
+    for (std::size_t i = 1; i < at.size(); ++i)
+      if (at[i] != 0) return false;
+  }
+  return true;
+}
 
 /// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
 using AdapterRanks = std::map<std::string, std::int64_t>;
@@ -312,6 +326,10 @@ class ShardedLlama {
   /// layer again, collectives included, before its backward; losses and gradients are bitwise
   /// those without it.
   void set_remat(bool on) noexcept { remat_ = on; }
+  /// What a step's batch and sequence must be multiples of: the batch is split over
+  /// dp x fsdp x ep, the sequence over sp (check_data_split).
+  std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
+  std::int64_t seq_multiple() const { return axis("sp"); }
   bool remat() const noexcept { return remat_; }
 
   /// Shards `model`'s parameters over `mesh` by `rules`.
@@ -483,8 +501,7 @@ class ShardedLlama {
       const nn::Init how = key ? p.init : nn::Init::zeros;
       params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
                                                                [&](std::uint64_t first, std::span<float> out) {
-                                                                 if (how == nn::Init::normal) fill_normal(k, first, out, 0.0f, std);
-                                                                 else std::fill(out.begin(), out.end(), how == nn::Init::ones ? 1.0f : 0.0f);
+                                                                 nn::fill_init(how, k, first, out, std);
                                                                }));
     });
   }
@@ -523,17 +540,7 @@ class ShardedLlama {
 
   void ensure_grads() {
     if (!grads_.empty()) return;
-    for (const auto& n : trainable_) {
-      const ShardLayout& l = plans_.at(n).layout;
-      std::vector<xt::xarray<float>> blocks;
-      for (std::int64_t d = 0; d < mesh_.size(); ++d) {
-        const auto shape = stored_here(mesh_.context().get(), d) ? l.local_shape(d) : std::vector<std::int64_t>(l.rank(), 0);
-        auto b = ::edl::detail::make_local<xt::xarray<float>>(shape);
-        b.fill(0.0f);
-        blocks.push_back(std::move(b));
-      }
-      grads_.emplace(n, ShardedArray<float>(mesh_.context(), l, std::move(blocks)));
-    }
+    for (const auto& n : trainable_) grads_.emplace(n, zeros_sharded<float>(plans_.at(n).layout, mesh_.context()));
   }
 
   Local& local_model(std::int64_t d) {
@@ -555,14 +562,14 @@ class ShardedLlama {
     if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
     const auto& blk = params_.at(name).local(d);
     const auto& cshape = pl.compute.block_shape();
-    p.value = sharded_detail::make_tensor<std::remove_cvref_t<decltype(p.value)>>(cshape);
+    p.value = ::edl::detail::make_local<std::remove_cvref_t<decltype(p.value)>>(cshape);
     dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
     const std::size_t n = blk.size();
     if (pl.gather_axes.empty()) {
       std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      if (row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
         all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
                    AxisList(pl.gather_axes));
       } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
@@ -582,25 +589,6 @@ class ShardedLlama {
       }
     }
     if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
-  }
-
-  /// Whether the blocks of `group` (in group order) are consecutive slabs of rows of device
-  /// d's compute tensor: then the buffer of a collective over the group is that tensor (fsdp's
-  /// usual split of dim 0), and nothing is packed or unpacked around it.
-  bool row_slabs(const Plan& pl, const std::vector<std::int64_t>& group, std::int64_t d) const {
-    const auto& cshape = pl.compute.block_shape();
-    const auto& bshape = pl.layout.block_shape();
-    if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0]) return false;
-    for (std::size_t i = 1; i < cshape.size(); ++i)
-      if (bshape[i] != cshape[i]) return false;
-    const auto origin = pl.compute.offset(d);
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
-      if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
-      for (std::size_t i = 1; i < at.size(); ++i)
-        if (at[i] != 0) return false;
-    }
-    return true;
   }
 
   template <class Prm>
@@ -636,7 +624,7 @@ class ShardedLlama {
                                        pl.layout.local_shape(d), out.data(), true);
     } else {
       const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      if (row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
         reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
                        AxisList(pl.scatter_axes));
       } else {
@@ -784,8 +772,7 @@ class ShardedLlama {
                            const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
                            const std::int64_t* pos, const std::int64_t* seg) {
     const char* w = "ShardedLlama";
-    const std::int64_t dp = axis("dp"), fsdp = axis("fsdp"), ep = axis("ep"), sp = axis("sp");
-    check_data_split(B, S, dp, fsdp, ep, sp, w);
+    check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
     for (std::int64_t i = 0; i < B * S; ++i)
       EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
                 tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");

@@ -42,24 +42,6 @@ struct ShardedSaveStats {
 
 namespace detail {
 
-/// Element conversion into the file's dtype (round to nearest even), or a plain copy.
-template <class T>
-void convert_run(const T* src, std::size_t n, DType dtype, std::vector<std::byte>& out) {
-  out.resize(n * dtype_size(dtype));
-  auto to = [&](auto tag) {
-    using D = decltype(tag);
-    D* o = reinterpret_cast<D*>(out.data());
-    for (std::size_t i = 0; i < n; ++i) o[i] = from_f32<D>(to_f32(src[i]));
-  };
-  switch (dtype) {
-    case DType::f32: to(float{}); break;
-    case DType::bf16: to(bf16{}); break;
-    case DType::f16: to(f16{}); break;
-    default:
-      ::edl::detail::raise(errc::invalid_argument, "models::save_pretrained_sharded",
-                           ::edl::detail::concat("dtype must be F32, BF16 or F16, found ", dtype_name(dtype)));
-  }
-}
 
 /// Writes, for every device d of this process that is the lowest holder of its block of
 /// `layout`, that block (`block(d)`, the block's elements in row-major order) into tensor
