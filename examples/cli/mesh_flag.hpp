@@ -42,7 +42,8 @@ inline const std::array<const char*, 5>& mesh_axis_names() {
   return n;
 }
 
-/// Parses "dp=1,fsdp=2,tp=2,sp=1" (any subset, any order; unnamed axes are 1).
+/// Parses "dp=1,fsdp=2,tp=2,sp=1" (any subset, any order; unnamed axes are 1). One size may be
+/// -1: the devices left over of device_count() (one per process or MPI rank, or EDL_DEVICES).
 inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "--mesh") {
   MeshDims dims = kOneDevice;
   std::array<bool, 5> seen = {false, false, false, false, false};
@@ -78,9 +79,20 @@ inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "-
       }
     }
     EDL_CLI_USAGE_CHECK(ok && pos == value.size(), errc::invalid_argument, flag, "size of axis ", name,
-                        " must be a positive integer, found \"", value, "\"");
-    EDL_CLI_USAGE_CHECK(v > 0, errc::invalid_argument, flag, "size of axis ", name, " must be a positive integer, found ", v);
+                        " must be a positive integer or -1, found \"", value, "\"");
+    EDL_CLI_USAGE_CHECK(v > 0 || v == -1, errc::invalid_argument, flag, "size of axis ", name,
+                        " must be a positive integer or -1, found ", v);
     dims[static_cast<std::size_t>(axis)] = v;
+  }
+  std::int64_t known = 1, inferred = 0;
+  for (auto d : dims) d == -1 ? ++inferred : known *= d;
+  EDL_CLI_USAGE_CHECK(inferred <= 1, errc::invalid_argument, flag, "at most one axis may be -1 in \"", text, "\"");
+  if (inferred == 1) {
+    const std::int64_t devices = device_count();
+    EDL_CLI_USAGE_CHECK(devices % known == 0, errc::invalid_argument, flag, "-1 takes the devices left over, but ",
+                        devices, " devices (one per process or MPI rank, or EDL_DEVICES) do not divide by the other "
+                        "axes' product ", known);
+    dims = infer_mesh_dims(dims, devices);
   }
   return dims;
 }

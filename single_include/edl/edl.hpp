@@ -2220,12 +2220,57 @@ class Device {
 
 }  // namespace edl
 // end of edl/mesh/device.hpp
+// #include <edl/mesh/device_count.hpp>
+// edl/mesh/device_count.hpp
+// How many devices this launch has: what a mesh axis of size -1 takes (EasyDeL's
+// create_mesh((1, -1, 1, 1)) fills it with jax.device_count()). A process alone runs one
+// device, and each rank of an MPI launch one, unless EDL_DEVICES names how many simulated
+// devices the whole launch has (spread evenly over the ranks by launch_mesh).
+//
+//   EDL_DEVICES=4 edl train --config args.json        # sharding_axis_dims [1, -1, 1, 1]: fsdp = 4
+//   mpirun -np 2 edl train --config args.json          # fsdp = 2, one device per rank
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+// #include <edl/core/error.hpp> (inlined above)
+
+namespace edl {
+
+/// Ranks announced by the launcher's environment (Open MPI, MPICH / PMI, PMIx), 1 when none.
+inline int launcher_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+/// The devices of this launch: EDL_DEVICES if set (a positive integer), else one per rank.
+inline std::int64_t device_count() {
+  const char* s = std::getenv("EDL_DEVICES");
+  if (!s) return launcher_ranks();
+  const std::string text(s);
+  std::int64_t n = 0;
+  bool ok = !text.empty() && text.size() <= 9;
+  for (char c : text) {
+    ok = ok && c >= '0' && c <= '9';
+    if (ok) n = n * 10 + (c - '0');
+  }
+  EDL_CHECK(ok && n > 0, errc::invalid_argument, "EDL_DEVICES",
+            "expected a positive number of devices, found \"", text, "\"");
+  return n;
+}
+
+}  // namespace edl
+// end of edl/mesh/device_count.hpp
 // #include <edl/mesh/mesh.hpp>
 // edl/mesh/mesh.hpp
 // Mesh<"dp", "fsdp", "ep", "tp", "sp">: a device mesh whose axis names are part of its type, so a
 // PartitionSpec naming an axis the mesh lacks is a compile error where both types are known.
 // Sizes are run-time values (at most one -1, inferred from the device count).
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -2237,6 +2282,7 @@ class Device {
 // #include <edl/core/fixed_string.hpp> (inlined above)
 // #include <edl/mesh/backend.hpp> (inlined above)
 // #include <edl/mesh/device.hpp> (inlined above)
+// #include <edl/mesh/device_count.hpp> (inlined above)
 // #include <edl/mesh/memory.hpp> (inlined above)
 // #include <edl/mesh/mesh_shape.hpp> (inlined above)
 
@@ -2323,11 +2369,25 @@ constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) no
   return {d[0], d[1], 1, d[2], d[3]};
 }
 
-/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred; five
-/// sizes are {dp, fsdp, ep, tp, sp}, four are {dp, fsdp, tp, sp} with ep = 1.
-inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) { return DefaultMesh(dims, devices); }
+/// `dims` with an axis of -1 filled so that the mesh has `devices` devices (default: the
+/// launch's, device_count()); errors name the axis and the counts.
+inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1) {
+  if (std::find(dims.begin(), dims.end(), std::int64_t{-1}) == dims.end()) return dims;
+  const MeshShape s({"dp", "fsdp", "ep", "tp", "sp"}, std::vector<std::int64_t>(dims.begin(), dims.end()),
+                    devices > 0 ? devices : device_count());
+  MeshDims out{};
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = s.sizes()[i];
+  return out;
+}
+
+/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred from
+/// `devices` (default: the launch's, device_count()); five sizes are {dp, fsdp, ep, tp, sp},
+/// four are {dp, fsdp, tp, sp} with ep = 1.
+inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) {
+  return DefaultMesh(infer_mesh_dims(dims, devices), devices);
+}
 inline DefaultMesh create_mesh(const std::array<std::int64_t, 4>& dims, std::int64_t devices = -1) {
-  return DefaultMesh(mesh_dims_without_ep(dims), devices);
+  return create_mesh(mesh_dims_without_ep(dims), devices);
 }
 /// create_mesh({1, 2, 1, 1}) and create_mesh({1, 1, 2, 1, 1}): a braced list of four or five sizes.
 template <std::size_t N>
@@ -3360,6 +3420,7 @@ class ProcessGroup {
 #include <thread>
 
 // #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/device_count.hpp> (inlined above)
 // #include <edl/mesh/mesh.hpp> (inlined above)
 
 #ifdef EDL_WITH_MPI
@@ -3879,12 +3940,6 @@ inline Launch& launch() {
   return l;
 }
 
-/// Ranks announced by the launcher's environment (Open MPI, MPICH / PMI, PMIx), 1 when none.
-inline int launcher_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
-}
 
 /// Starts MPI when the launcher started more than one rank; alone, does nothing. Call it once,
 /// first thing in main (MPI may take its own arguments out of argv).
@@ -3903,9 +3958,9 @@ inline void start_launch(int& argc, char**& argv) {
 #endif
 }
 
-/// The mesh of `dims`; under a launch of several ranks its devices are spread over them
-/// (checked before any work: the device count must be a multiple of the ranks). `source`
-/// names where the sizes came from, for the error.
+/// The mesh of `dims` (an axis of -1 takes device_count()); under a launch of several ranks
+/// its devices are spread over them (checked before any work: the device count must be a
+/// multiple of the ranks). `source` names where the sizes came from, for the error.
 inline DefaultMesh launch_mesh(const MeshDims& dims, const std::string& source = "mesh") {
   DefaultMesh mesh = create_mesh(dims);
   const int ranks = launch().ranks;
@@ -27160,7 +27215,8 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 //     the worst hypothesis; "never": the same bound with the longest possible length when
 //     length_penalty > 0;
 //   - at max_new_tokens (or max_model_length) the running beams are added as hypotheses;
-//     the result is the best hypothesis.
+//     the result is the best hypothesis, or with num_return_sequences n (<= num_beams) the n
+//     best, best first (HF's beam_scorer.finalize).
 // One documented difference: HF <= 4.4x divides a closing hypothesis by the length *before* its
 // stop token; edl counts the stop token (no division by zero at the first step).
 
@@ -29092,7 +29148,7 @@ struct GenerationConfig {
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
   std::optional<std::int64_t> pad_token_id;
   std::int64_t num_beams = 1;
-  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat)
+  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat; beam search: its best n, n <= num_beams)
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::heuristic;
   std::uint64_t seed = 0;
@@ -29143,9 +29199,9 @@ struct GenerationConfig {
               "beam sampling (num_beams > 1 with do_sample) is not supported");
     EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
               num_return_sequences);
-    EDL_CHECK(num_return_sequences == 1 || num_beams == 1, errc::unsupported, where("num_return_sequences"),
-              "several sequences per prompt from beam search (the best beams) are not supported; ",
-              "sample them (do_sample) instead");
+    EDL_CHECK(num_beams == 1 || num_return_sequences <= num_beams, errc::config, where("num_return_sequences"),
+              "beam search returns at most its num_beams (", num_beams, ") best beams, asked for ",
+              num_return_sequences);
   }
 
   /// Reads an HF generation_config.json object; missing fields keep the defaults above.
@@ -29568,8 +29624,9 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 }  // namespace detail
 
 /// Beam search for prompts [P][len] on a decoder whose cache holds P * num_beams sequences
-/// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the best
-/// hypothesis of each prompt. limit[p]: the most new tokens prompt p may get.
+/// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the
+/// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
+/// limit[p]: the most new tokens prompt p may get.
 template <class Pol, KVCache Cache>
 std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
@@ -29684,12 +29741,13 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
     if (!feed) break;
     dec.decode(next_tok.data(), logits.data(), active.data());
   }
-  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(P));
+  const std::int64_t n = cfg.num_return_sequences;
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(P * n));
   for (std::int64_t p = 0; p < P; ++p) {
-    const auto& hb = hyps[static_cast<std::size_t>(p)].beams;
-    if (hb.empty()) continue;
-    auto it = std::max_element(hb.begin(), hb.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    out[static_cast<std::size_t>(p)] = it->second;
+    auto hb = hyps[static_cast<std::size_t>(p)].beams;
+    std::stable_sort(hb.begin(), hb.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (std::int64_t j = 0; j < n && j < static_cast<std::int64_t>(hb.size()); ++j)
+      out[static_cast<std::size_t>(p * n + j)] = std::move(hb[static_cast<std::size_t>(j)].second);
   }
   return out;
 }
@@ -30846,8 +30904,10 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
   const std::int64_t S = pp.seq;
 
   GenerateResult res;
-  res.tokens.assign(static_cast<std::size_t>(P), {});
-  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  // Beam search returns num_return_sequences sequences per prompt; sampling runs one per row.
+  const std::int64_t rows = nb > 1 ? P * g.num_return_sequences : P;
+  res.tokens.assign(static_cast<std::size_t>(rows), {});
+  res.finish_reason.assign(static_cast<std::size_t>(rows), "length");
   Decoder<Pol, Cache> dec(model, cache);
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
 
@@ -30855,11 +30915,11 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
     const auto t0 = std::chrono::steady_clock::now();
     res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
     res.stats.decode_seconds = seconds_since(t0);
-    for (std::int64_t p = 0; p < P; ++p) {
-      const auto& t = res.tokens[static_cast<std::size_t>(p)];
-      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(p)] = "stop";
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto& t = res.tokens[static_cast<std::size_t>(r)];
+      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(r)] = "stop";
       if (o.on_token)
-        for (auto tok : t) o.on_token(p, tok);
+        for (auto tok : t) o.on_token(r, tok);
     }
   } else {
     sample_loop(dec, prompts, g, o, limit, ids, mask, S, V, res);
@@ -30872,14 +30932,15 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 }  // namespace detail
 
 /// New tokens for each prompt (see the header comment). With num_return_sequences n > 1 the
-/// result holds n sequences per prompt, prompt by prompt (HF's order): each prompt runs n
-/// times in the batch, sampled ones from their own streams; on_token's index is the
-/// sequence's, the logits processor's the prompt's.
+/// result holds n sequences per prompt, prompt by prompt (HF's order): beam search returns its
+/// n best hypotheses, best first; otherwise each prompt runs n times in the batch, sampled
+/// ones from their own streams. on_token's index is the sequence's, the logits processor's
+/// the prompt's.
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
   g.validate("GenerationConfig", model.config().vocab_size);
-  if (const std::int64_t n = g.num_return_sequences; n > 1) {
+  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
     std::vector<std::vector<std::int64_t>> each;
     each.reserve(prompts.size() * static_cast<std::size_t>(n));
     for (const auto& p : prompts)
@@ -34279,6 +34340,7 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <optional>
@@ -34766,9 +34828,9 @@ struct TrainingArguments {
   }
 
   /// The mesh {dp, fsdp, ep, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
-  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
-  /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
-  /// it asks for, so -1 means 1 there.
+  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 (at most
+  /// once) takes the devices left over, as in EasyDeL: of device_count(), one per process or
+  /// MPI rank unless EDL_DEVICES says how many.
   MeshDims mesh_dims() const {
     static constexpr std::array<const char*, 5> kAxes = {"dp", "fsdp", "ep", "tp", "sp"};
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
@@ -34786,7 +34848,19 @@ struct TrainingArguments {
       const std::int64_t d = sharding_axis_dims[i];
       EDL_CHECK(d == -1 || d >= 1, errc::config, where("sharding_axis_dims"), "the size of axis ", n,
                 " must be positive (or -1), found ", d);
-      dims[a] = d == -1 ? 1 : d;
+      dims[a] = d;
+    }
+    const auto minus_one = std::count(dims.begin(), dims.end(), std::int64_t{-1});
+    EDL_CHECK(minus_one <= 1, errc::config, where("sharding_axis_dims"), "at most one axis may be -1, found ", minus_one);
+    if (minus_one == 1) {
+      std::int64_t known = 1;
+      for (auto d : dims) known *= d == -1 ? 1 : d;
+      const std::int64_t devices = device_count();
+      EDL_CHECK(devices % known == 0, errc::config, where("sharding_axis_dims"), "-1 takes the devices left over, but ",
+                devices, " devices (device_count(): EDL_DEVICES, else one per MPI rank) do not divide by the other "
+                "axes' product ", known);
+      for (auto& d : dims)
+        if (d == -1) d = devices / known;
     }
     return dims;
   }

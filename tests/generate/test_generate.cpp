@@ -207,7 +207,8 @@ TEST(Generate, ProcessorsShapeTheGreedyOutput) {
 }
 
 // num_return_sequences: n sequences per prompt, prompt by prompt, each what generate() gives
-// the prompt repeated n times; sampled ones differ, greedy ones repeat; beams refuse it.
+// the prompt repeated n times; sampled ones differ, greedy ones repeat; beam search gives at
+// most its num_beams best (WideBeamSearchFindsTheBestPairOfTokens).
 TEST(Generate, NumReturnSequencesRunsEachPromptNTimes) {
   const Tiny* t = tiny();
   if (!t) FAIL() << "no fixture at " << tiny_dir() << " (EDL_TEST_DATA)";
@@ -235,6 +236,7 @@ TEST(Generate, NumReturnSequencesRunsEachPromptNTimes) {
   ASSERT_EQ(twice.tokens.size(), 2u);
   EXPECT_EQ(twice.tokens[0], twice.tokens[1]);
   gr.num_beams = 2;
+  gr.num_return_sequences = 3;  // more than the beams: refused, as HF refuses it
   EXPECT_THROW(generate(t->model, {t->prompt}, gr), edl::Error);
 }
 
@@ -309,7 +311,8 @@ TEST(Generate, LogitsProcessorSeesTheContextAndChangesTheChoice) {
 
 TEST(Generate, WideBeamSearchFindsTheBestPairOfTokens) {
   // num_beams = vocab and two new tokens: beam search is exhaustive, so its answer is the
-  // argmax over all V^2 continuations of (log p(a) + log p(b | a)) / 2^length_penalty.
+  // argmax over all V^2 continuations of (log p(a) + log p(b | a)) / 2^length_penalty, and its
+  // n best beams are the n best of them.
   const auto cfg = small_config();
   LlamaForCausalLM<> m(cfg);
   m.init(Key::from_seed(11), 0.5f);
@@ -341,6 +344,23 @@ TEST(Generate, WideBeamSearchFindsTheBestPairOfTokens) {
       if (l1[a] + l2[b] > best) best = l1[a] + l2[b], arg = {a, b};
   }
   EXPECT_EQ(r.tokens[0], arg);
+  // num_return_sequences = 4: the four best pairs of all V^2, best first (HF's finalize).
+  std::vector<std::pair<double, std::vector<std::int64_t>>> pairs;
+  for (std::int64_t a = 0; a < V; ++a) {
+    auto ids = prompt;
+    ids.push_back(a);
+    const auto l2 = logp(ids);
+    for (std::int64_t b = 0; b < V; ++b) pairs.push_back({l1[a] + l2[b], {a, b}});
+  }
+  std::sort(pairs.begin(), pairs.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  auto g4 = g;
+  g4.num_return_sequences = 4;
+  const auto r4 = generate(m, {prompt, prompt}, g4);
+  ASSERT_EQ(r4.tokens.size(), 8u);  // prompt by prompt
+  for (std::size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(r4.tokens[j], pairs[j].second) << j;
+    EXPECT_EQ(r4.tokens[4 + j], pairs[j].second) << j;
+  }
   // And with 3 beams the result is a valid 2-token continuation.
   g.num_beams = 3;
   EXPECT_EQ(generate(m, {prompt}, g).tokens[0].size(), 2u);

@@ -1,5 +1,5 @@
-// Tests for edl/mesh/launch.hpp: the launcher's rank count, and what a process launched alone
-// (or, in an edl built without MPI, by mpirun) gets.
+// Tests for edl/mesh/launch.hpp: what a process launched alone (or, in an edl built without
+// MPI, by mpirun) gets.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -7,42 +7,9 @@
 
 #include <edl/mesh/launch.hpp>
 
-namespace {
+#include "../support/scoped_env.hpp"
 
-/// Sets an environment variable for one scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
-
-}  // namespace
-
-TEST(Launch, LauncherRanksComeFromTheLaunchersEnvironment) {
-  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_SIZE", nullptr);
-  EXPECT_EQ(edl::launcher_ranks(), 1);
-  {
-    ScopedEnv s("PMI_SIZE", "3");
-    EXPECT_EQ(edl::launcher_ranks(), 3);
-  }
-  {
-    ScopedEnv s("OMPI_COMM_WORLD_SIZE", "4");
-    EXPECT_EQ(edl::launcher_ranks(), 4);
-  }
-  ScopedEnv s("PMIX_SIZE", "0");  // nonsense counts as one rank
-  EXPECT_EQ(edl::launcher_ranks(), 1);
-}
+using edl::test_support::ScopedEnv;
 
 TEST(Launch, AloneIsRankZeroOfOneAndItsMeshesAreLocal) {
   ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_SIZE", nullptr);

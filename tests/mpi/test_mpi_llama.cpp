@@ -138,7 +138,7 @@ TEST_P(MpiLlama, UnevenDimensionsEqualSimulatedMeshBitForBit) {
   models::LlamaConfig c = config();
   c.vocab_size = 67;
   c.hidden_size = 42;
-  c.num_attention_heads = 6;
+  c.head_dim = 8;  // 4 heads of 8 (explicit, as Qwen3 configs): q_proj is [32, 42]
   c.validate();
   models::LlamaForCausalLM<> model(c);
   model.init(Key::from_seed(4), 0.2f);

@@ -8,7 +8,7 @@
 # mid-training ends the run with an error within a bound, a save failing on one rank commits
 # nothing, and in every case the newest checkpoint with state.json is a complete, loadable one.
 # LoRA runs the same way: mpirun's losses and adapter file are the simulated mesh's; so does a
-# mixture-of-experts model on ep=2.
+# mixture-of-experts model on ep=2. An axis of -1 takes the ranks' devices.
 #   usage: train_under_mpirun.sh EDL WORKDIR
 set -euo pipefail
 EDL=$1; W=$2
@@ -58,6 +58,11 @@ for mesh in "[1,2,1,1]" "[1,1,2,1]"; do
     fail "mesh $mesh: the one-device resume drifted beyond f32 rounding"
   echo "mesh $mesh: mpirun losses, checkpoint and resume equal one process"
 done
+
+# EasyDeL's -1: under mpirun -np 2 fsdp = -1 takes the two ranks' devices, the run of fsdp = 2.
+"${MPIRUN[@]}" "$EDL" train --config "$W/args.json" --set "sharding_axis_dims=[1,-1,1,1]" "save_directory=$W/inferred" >/dev/null
+[ "$(losses "$W/1211/one/metrics.jsonl")" = "$(losses "$W/inferred/metrics.jsonl")" ] || fail "fsdp=-1 under mpirun -np 2 is not fsdp=2"
+echo "fsdp=-1 under mpirun -np 2: the run of fsdp=2"
 
 # LoRA (dropout on) on tp=2 and fsdp=2: mpirun gives the simulated mesh's losses and adapter
 # bytes; the checkpoint is a PEFT adapter folder that resumes under mpirun to the same losses.

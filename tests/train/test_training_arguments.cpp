@@ -4,6 +4,8 @@
 
 #include <edl/train/training_arguments.hpp>
 
+#include "../support/scoped_env.hpp"
+
 namespace edl::train {
 namespace {
 
@@ -139,8 +141,20 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   EXPECT_EQ(e.where(), "a.json field sharding_axis_names");
   e = error_of([&] { make(R"({"sharding_axis_dims": [1, 0, 1, 1]})").validate(); });
   EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
-  EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_dims": [2, -1, 2, 1]})").mesh_dims(),
-            (MeshDims{2, 1, 1, 2, 1}));
+  {  // -1 takes the launch's devices left over (EDL_DEVICES, else one per process or rank)
+    test_support::ScopedEnv devices("EDL_DEVICES", "8");
+    EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_dims": [2, -1, 2, 1]})").mesh_dims(),
+              (MeshDims{2, 2, 1, 2, 1}));
+    e = error_of([&] { make(R"({"sharding_axis_dims": [3, -1, 1, 1]})").validate(); });
+    EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
+    EXPECT_NE(std::string(e.what()).find("8 devices"), std::string::npos) << e.what();
+    e = error_of([&] { make(R"({"sharding_axis_dims": [-1, -1, 1, 1]})").validate(); });
+    EXPECT_EQ(e.where(), "a.json field sharding_axis_dims");
+  }
+  {
+    test_support::ScopedEnv one("EDL_DEVICES", "1");
+    EXPECT_EQ(make(R"({"sharding_axis_dims": [1, -1, 1, 1]})").mesh_dims(), (MeshDims{1, 1, 1, 1, 1}));
+  }
   // EasyDeL's five axes, ep among them; the batch splits over dp x fsdp x ep.
   EXPECT_EQ(make(R"({"total_batch_size": 4, "sharding_axis_names": ["dp", "fsdp", "ep", "tp", "sp"],
                      "sharding_axis_dims": [1, 1, 2, 1, 1]})").mesh_dims(),

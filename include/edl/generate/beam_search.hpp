@@ -16,7 +16,8 @@
 //     the worst hypothesis; "never": the same bound with the longest possible length when
 //     length_penalty > 0;
 //   - at max_new_tokens (or max_model_length) the running beams are added as hypotheses;
-//     the result is the best hypothesis.
+//     the result is the best hypothesis, or with num_return_sequences n (<= num_beams) the n
+//     best, best first (HF's beam_scorer.finalize).
 // One documented difference: HF <= 4.4x divides a closing hypothesis by the length *before* its
 // stop token; edl counts the stop token (no division by zero at the first step).
 #pragma once
@@ -79,8 +80,9 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 }  // namespace detail
 
 /// Beam search for prompts [P][len] on a decoder whose cache holds P * num_beams sequences
-/// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the best
-/// hypothesis of each prompt. limit[p]: the most new tokens prompt p may get.
+/// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the
+/// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
+/// limit[p]: the most new tokens prompt p may get.
 template <class Pol, KVCache Cache>
 std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
@@ -195,12 +197,13 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
     if (!feed) break;
     dec.decode(next_tok.data(), logits.data(), active.data());
   }
-  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(P));
+  const std::int64_t n = cfg.num_return_sequences;
+  std::vector<std::vector<std::int64_t>> out(static_cast<std::size_t>(P * n));
   for (std::int64_t p = 0; p < P; ++p) {
-    const auto& hb = hyps[static_cast<std::size_t>(p)].beams;
-    if (hb.empty()) continue;
-    auto it = std::max_element(hb.begin(), hb.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    out[static_cast<std::size_t>(p)] = it->second;
+    auto hb = hyps[static_cast<std::size_t>(p)].beams;
+    std::stable_sort(hb.begin(), hb.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (std::int64_t j = 0; j < n && j < static_cast<std::int64_t>(hb.size()); ++j)
+      out[static_cast<std::size_t>(p * n + j)] = std::move(hb[static_cast<std::size_t>(j)].second);
   }
   return out;
 }

@@ -191,8 +191,10 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
   const std::int64_t S = pp.seq;
 
   GenerateResult res;
-  res.tokens.assign(static_cast<std::size_t>(P), {});
-  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  // Beam search returns num_return_sequences sequences per prompt; sampling runs one per row.
+  const std::int64_t rows = nb > 1 ? P * g.num_return_sequences : P;
+  res.tokens.assign(static_cast<std::size_t>(rows), {});
+  res.finish_reason.assign(static_cast<std::size_t>(rows), "length");
   Decoder<Pol, Cache> dec(model, cache);
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
 
@@ -200,11 +202,11 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
     const auto t0 = std::chrono::steady_clock::now();
     res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
     res.stats.decode_seconds = seconds_since(t0);
-    for (std::int64_t p = 0; p < P; ++p) {
-      const auto& t = res.tokens[static_cast<std::size_t>(p)];
-      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(p)] = "stop";
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto& t = res.tokens[static_cast<std::size_t>(r)];
+      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(r)] = "stop";
       if (o.on_token)
-        for (auto tok : t) o.on_token(p, tok);
+        for (auto tok : t) o.on_token(r, tok);
     }
   } else {
     sample_loop(dec, prompts, g, o, limit, ids, mask, S, V, res);
@@ -217,14 +219,15 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 }  // namespace detail
 
 /// New tokens for each prompt (see the header comment). With num_return_sequences n > 1 the
-/// result holds n sequences per prompt, prompt by prompt (HF's order): each prompt runs n
-/// times in the batch, sampled ones from their own streams; on_token's index is the
-/// sequence's, the logits processor's the prompt's.
+/// result holds n sequences per prompt, prompt by prompt (HF's order): beam search returns its
+/// n best hypotheses, best first; otherwise each prompt runs n times in the batch, sampled
+/// ones from their own streams. on_token's index is the sequence's, the logits processor's
+/// the prompt's.
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
   g.validate("GenerationConfig", model.config().vocab_size);
-  if (const std::int64_t n = g.num_return_sequences; n > 1) {
+  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
     std::vector<std::vector<std::int64_t>> each;
     each.reserve(prompts.size() * static_cast<std::size_t>(n));
     for (const auto& p : prompts)

@@ -46,7 +46,7 @@ struct GenerationConfig {
   std::vector<std::int64_t> stop_token_ids;  // more stop tokens (edl)
   std::optional<std::int64_t> pad_token_id;
   std::int64_t num_beams = 1;
-  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat)
+  std::int64_t num_return_sequences = 1;  // sequences per prompt (sampled ones differ; greedy ones repeat; beam search: its best n, n <= num_beams)
   float length_penalty = 1.0f;
   EarlyStopping early_stopping = EarlyStopping::heuristic;
   std::uint64_t seed = 0;
@@ -97,9 +97,9 @@ struct GenerationConfig {
               "beam sampling (num_beams > 1 with do_sample) is not supported");
     EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
               num_return_sequences);
-    EDL_CHECK(num_return_sequences == 1 || num_beams == 1, errc::unsupported, where("num_return_sequences"),
-              "several sequences per prompt from beam search (the best beams) are not supported; ",
-              "sample them (do_sample) instead");
+    EDL_CHECK(num_beams == 1 || num_return_sequences <= num_beams, errc::config, where("num_return_sequences"),
+              "beam search returns at most its num_beams (", num_beams, ") best beams, asked for ",
+              num_return_sequences);
   }
 
   /// Reads an HF generation_config.json object; missing fields keep the defaults above.

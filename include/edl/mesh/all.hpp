@@ -4,6 +4,7 @@
 #include <edl/mesh/mesh_shape.hpp>
 #include <edl/mesh/backend.hpp>
 #include <edl/mesh/device.hpp>
+#include <edl/mesh/device_count.hpp>
 #include <edl/mesh/mesh.hpp>
 #include <edl/mesh/backends/simulated.hpp>
 #include <edl/mesh/collectives.hpp>

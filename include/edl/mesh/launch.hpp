@@ -25,6 +25,7 @@
 #include <thread>
 
 #include <edl/core/error.hpp>
+#include <edl/mesh/device_count.hpp>
 #include <edl/mesh/mesh.hpp>
 
 #ifdef EDL_WITH_MPI
@@ -49,12 +50,6 @@ inline Launch& launch() {
   return l;
 }
 
-/// Ranks announced by the launcher's environment (Open MPI, MPICH / PMI, PMIx), 1 when none.
-inline int launcher_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
-}
 
 /// Starts MPI when the launcher started more than one rank; alone, does nothing. Call it once,
 /// first thing in main (MPI may take its own arguments out of argv).
@@ -73,9 +68,9 @@ inline void start_launch(int& argc, char**& argv) {
 #endif
 }
 
-/// The mesh of `dims`; under a launch of several ranks its devices are spread over them
-/// (checked before any work: the device count must be a multiple of the ranks). `source`
-/// names where the sizes came from, for the error.
+/// The mesh of `dims` (an axis of -1 takes device_count()); under a launch of several ranks
+/// its devices are spread over them (checked before any work: the device count must be a
+/// multiple of the ranks). `source` names where the sizes came from, for the error.
 inline DefaultMesh launch_mesh(const MeshDims& dims, const std::string& source = "mesh") {
   DefaultMesh mesh = create_mesh(dims);
   const int ranks = launch().ranks;

@@ -4,6 +4,7 @@
 // Sizes are run-time values (at most one -1, inferred from the device count).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <edl/core/fixed_string.hpp>
 #include <edl/mesh/backend.hpp>
 #include <edl/mesh/device.hpp>
+#include <edl/mesh/device_count.hpp>
 #include <edl/mesh/memory.hpp>
 #include <edl/mesh/mesh_shape.hpp>
 
@@ -101,11 +103,25 @@ constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) no
   return {d[0], d[1], 1, d[2], d[3]};
 }
 
-/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred; five
-/// sizes are {dp, fsdp, ep, tp, sp}, four are {dp, fsdp, tp, sp} with ep = 1.
-inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) { return DefaultMesh(dims, devices); }
+/// `dims` with an axis of -1 filled so that the mesh has `devices` devices (default: the
+/// launch's, device_count()); errors name the axis and the counts.
+inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1) {
+  if (std::find(dims.begin(), dims.end(), std::int64_t{-1}) == dims.end()) return dims;
+  const MeshShape s({"dp", "fsdp", "ep", "tp", "sp"}, std::vector<std::int64_t>(dims.begin(), dims.end()),
+                    devices > 0 ? devices : device_count());
+  MeshDims out{};
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = s.sizes()[i];
+  return out;
+}
+
+/// EasyDeL's create_mesh(axis_dims): DefaultMesh with one size per axis, -1 inferred from
+/// `devices` (default: the launch's, device_count()); five sizes are {dp, fsdp, ep, tp, sp},
+/// four are {dp, fsdp, tp, sp} with ep = 1.
+inline DefaultMesh create_mesh(const MeshDims& dims, std::int64_t devices = -1) {
+  return DefaultMesh(infer_mesh_dims(dims, devices), devices);
+}
 inline DefaultMesh create_mesh(const std::array<std::int64_t, 4>& dims, std::int64_t devices = -1) {
-  return DefaultMesh(mesh_dims_without_ep(dims), devices);
+  return create_mesh(mesh_dims_without_ep(dims), devices);
 }
 /// create_mesh({1, 2, 1, 1}) and create_mesh({1, 1, 2, 1, 1}): a braced list of four or five sizes.
 template <std::size_t N>

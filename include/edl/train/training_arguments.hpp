@@ -15,6 +15,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <optional>
@@ -502,9 +503,9 @@ struct TrainingArguments {
   }
 
   /// The mesh {dp, fsdp, ep, tp, sp} of sharding_axis_dims / sharding_axis_names. Names are
-  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 takes the
-  /// devices left over, as in EasyDeL; a process on its own has no device count beyond the mesh
-  /// it asks for, so -1 means 1 there.
+  /// EasyDeL's axes, each at most once, in any order; an axis not named is 1. -1 (at most
+  /// once) takes the devices left over, as in EasyDeL: of device_count(), one per process or
+  /// MPI rank unless EDL_DEVICES says how many.
   MeshDims mesh_dims() const {
     static constexpr std::array<const char*, 5> kAxes = {"dp", "fsdp", "ep", "tp", "sp"};
     EDL_CHECK(sharding_axis_dims.size() == sharding_axis_names.size(), errc::config, where("sharding_axis_dims"),
@@ -522,7 +523,19 @@ struct TrainingArguments {
       const std::int64_t d = sharding_axis_dims[i];
       EDL_CHECK(d == -1 || d >= 1, errc::config, where("sharding_axis_dims"), "the size of axis ", n,
                 " must be positive (or -1), found ", d);
-      dims[a] = d == -1 ? 1 : d;
+      dims[a] = d;
+    }
+    const auto minus_one = std::count(dims.begin(), dims.end(), std::int64_t{-1});
+    EDL_CHECK(minus_one <= 1, errc::config, where("sharding_axis_dims"), "at most one axis may be -1, found ", minus_one);
+    if (minus_one == 1) {
+      std::int64_t known = 1;
+      for (auto d : dims) known *= d == -1 ? 1 : d;
+      const std::int64_t devices = device_count();
+      EDL_CHECK(devices % known == 0, errc::config, where("sharding_axis_dims"), "-1 takes the devices left over, but ",
+                devices, " devices (device_count(): EDL_DEVICES, else one per MPI rank) do not divide by the other "
+                "axes' product ", known);
+      for (auto& d : dims)
+        if (d == -1) d = devices / known;
     }
     return dims;
   }
