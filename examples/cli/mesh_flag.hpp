@@ -84,17 +84,13 @@ inline MeshDims parse_mesh(const std::string& text, const std::string& flag = "-
                         " must be a positive integer or -1, found ", v);
     dims[static_cast<std::size_t>(axis)] = v;
   }
-  std::int64_t known = 1, inferred = 0;
-  for (auto d : dims) d == -1 ? ++inferred : known *= d;
-  EDL_CLI_USAGE_CHECK(inferred <= 1, errc::invalid_argument, flag, "at most one axis may be -1 in \"", text, "\"");
-  if (inferred == 1) {
-    const std::int64_t devices = device_count();
-    EDL_CLI_USAGE_CHECK(devices % known == 0, errc::invalid_argument, flag, "-1 takes the devices left over, but ",
-                        devices, " devices (one per process or MPI rank, or EDL_DEVICES) do not divide by the other "
-                        "axes' product ", known);
-    dims = infer_mesh_dims(dims, devices);
+  try {  // infer_mesh_dims's errors name the flag; on the command line they are usage errors
+    return infer_mesh_dims(dims, -1, flag, errc::invalid_argument);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.code(), e.where(), e.message());
   }
-  return dims;
 }
 
 /// "dp=1,fsdp=2,tp=2,sp=1" ("dp=1,fsdp=1,ep=2,tp=1,sp=1": ep is named when it is not 1).

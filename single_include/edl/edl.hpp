@@ -305,11 +305,13 @@ constexpr std::string_view errc_name(errc e) noexcept {
 class Error : public std::runtime_error {
  public:
   Error(errc code, const std::string& where, const std::string& what)
-      : std::runtime_error(format(code, where, what)), code_(code), where_(where) {}
+      : std::runtime_error(format(code, where, what)), code_(code), where_(where), message_(what) {}
 
   errc code() const noexcept { return code_; }
   /// The object the error is about: an argument, a tensor path or a file.
   const std::string& where() const noexcept { return where_; }
+  /// What is wrong, without the code and the object (what() holds all three).
+  const std::string& message() const noexcept { return message_; }
 
  private:
   static std::string format(errc code, const std::string& where, const std::string& what) {
@@ -325,6 +327,7 @@ class Error : public std::runtime_error {
   }
   errc code_;
   std::string where_;
+  std::string message_;
 };
 
 namespace detail {
@@ -918,10 +921,15 @@ class PhasedRegion {
 // run-time fields of configs.
 
 #include <concepts>
+#include <cstdint>
+#include <iterator>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 // #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/fixed_string.hpp> (inlined above)
 
 namespace edl {
@@ -999,8 +1007,8 @@ struct dots_with_no_batch_dims_saveable {
   }
 };
 /// Keep only the named activations (JAX: save_only_these_names), e.g.
-/// save_only_these_names<"attn_out", "gate", "up">. Compile-time only: there is no run-time
-/// spelling of it in TrainingArguments or the CLI.
+/// save_only_these_names<"attn_out", "gate", "up">; at run time spelled
+/// "save_only_these_names(attn_out, gate, up)" (parse below).
 template <Name... Names>
 struct save_only_these_names {
   static_assert((is_checkpoint_name(Names) && ...),
@@ -1010,8 +1018,8 @@ struct save_only_these_names {
 };
 
 /// Keep every activation but the named ones (JAX: save_anything_except_these_names, also
-/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">.
-/// Compile-time only, as save_only_these_names.
+/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">; at
+/// run time "save_anything_except_these_names(gate, up)".
 template <Name... Names>
 struct save_anything_except_these_names {
   static_assert((is_checkpoint_name(Names) && ...),
@@ -1029,31 +1037,108 @@ concept RematPolicy = requires(const Name& n) {
 };
 
 /// Keep what either policy keeps (JAX: save_from_both_policies), e.g.
-/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>.
-/// Compile-time only, as save_only_these_names.
+/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>; at
+/// run time "save_from_both_policies(dots_with_no_batch_dims_saveable, save_only_these_names(act))".
 template <RematPolicy A, RematPolicy B>
 struct save_from_both_policies {
   static constexpr const char* name = "save_from_both_policies";
   static constexpr bool saves(const Name& n) { return A::saves(n) || B::saves(n); }
 };
 
-/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
-/// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
-/// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
+/// The checkpoint names a policy does not keep, as bits (bit i: checkpoint_names[i]): how a
+/// decoder layer applies a policy, whether it is a type (dropped_by<R>) or spelled at run time
+/// (parse).
+using DropMask = std::uint32_t;
+template <RematPolicy R>
+constexpr DropMask dropped_by() {
+  DropMask bits = 0;
+  for (std::size_t i = 0; i < std::size(checkpoint_names); ++i)
+    if (!R::saves(checkpoint_names[i])) bits |= DropMask{1} << i;
+  return bits;
+}
+
+/// The plain run-time names (TrainingArguments.gradient_checkpointing, edl bench train
+/// --remat); JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the
+/// other names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
 inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
                                                 "dots_with_no_batch_dims_saveable"};
+/// The policies that take arguments at run time, spelled as their JAX calls.
+inline constexpr const char* runtime_calls[] = {"save_only_these_names(NAME, ...)",
+                                                "save_anything_except_these_names(NAME, ...)",
+                                                "save_any_names_but_these(NAME, ...)",
+                                                "save_from_both_policies(POLICY, POLICY)"};
 
-/// Calls f.template operator()<R>() with the policy named `name` ("" and "none" are
-/// everything_saveable: nothing is rematerialized); returns false for any other name.
-template <class F>
-bool dispatch(std::string_view name, F&& f) {
-  if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
-  else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
-  else if (name == "dots_saveable" || name == "checkpoint_dots") f.template operator()<dots_saveable>();
-  else if (name == "dots_with_no_batch_dims_saveable" || name == "checkpoint_dots_with_no_batch_dims")
-    f.template operator()<dots_with_no_batch_dims_saveable>();
-  else return false;
-  return true;
+namespace detail {
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+/// The comma-separated arguments of a call's parentheses, split at top level only.
+inline std::vector<std::string_view> split_arguments(std::string_view s) {
+  std::vector<std::string_view> out;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '(') ++depth;
+    else if (s[i] == ')') --depth;
+    else if (s[i] == ',' && depth == 0) {
+      out.push_back(trim(s.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  out.push_back(trim(s.substr(start)));
+  return out;
+}
+}  // namespace detail
+
+/// The policy spelled `text` at run time, as the names it drops: "" and "none" (keep
+/// everything), runtime_names and JAX's other spellings of them, and the calls
+/// save_only_these_names(attn_out, gate), save_anything_except_these_names(gate, up) (also
+/// save_any_names_but_these) over checkpoint_names, and save_from_both_policies(p, q) of any
+/// two spellings (a name is kept if either keeps it). Equals dropped_by of the same policy
+/// type. Errors (errc `code`, naming `where`) say what was expected.
+inline DropMask parse(std::string_view text, const std::string& where = "remat", errc code = errc::invalid_argument) {
+  const std::string_view t = detail::trim(text);
+  if (t.empty() || t == "none" || t == "everything_saveable") return dropped_by<everything_saveable>();
+  if (t == "nothing_saveable") return dropped_by<nothing_saveable>();
+  if (t == "dots_saveable" || t == "checkpoint_dots") return dropped_by<dots_saveable>();
+  if (t == "dots_with_no_batch_dims_saveable" || t == "checkpoint_dots_with_no_batch_dims")
+    return dropped_by<dots_with_no_batch_dims_saveable>();
+  const auto expected = [] {
+    std::string v = "\"\", none";
+    for (const char* n : runtime_names) v += std::string(", ") + n;
+    for (const char* n : runtime_calls) v += std::string(", ") + n;
+    return v;
+  };
+  const std::size_t open = t.find('(');
+  EDL_CHECK(open != std::string_view::npos && t.back() == ')', code, where, "expected one of ", expected(),
+            "; found \"", t, "\"");
+  const std::string_view fn = detail::trim(t.substr(0, open));
+  const std::vector<std::string_view> args = detail::split_arguments(t.substr(open + 1, t.size() - open - 2));
+  if (fn == "save_from_both_policies") {
+    EDL_CHECK(args.size() == 2 && !args[0].empty() && !args[1].empty(), code, where,
+              "save_from_both_policies takes two policies, found \"", t, "\"");
+    return parse(args[0], where, code) & parse(args[1], where, code);  // dropped only where both drop
+  }
+  const bool only = fn == "save_only_these_names";
+  EDL_CHECK(only || fn == "save_anything_except_these_names" || fn == "save_any_names_but_these", code, where,
+            "expected one of ", expected(), "; found \"", t, "\"");
+  DropMask named = 0;
+  for (std::string_view a : args) {
+    if (a.size() >= 2 && (a.front() == '"' || a.front() == '\'') && a.back() == a.front()) a = a.substr(1, a.size() - 2);
+    std::size_t i = 0;
+    while (i < std::size(checkpoint_names) && checkpoint_names[i].view() != a) ++i;
+    if (i == std::size(checkpoint_names)) {
+      std::string names;
+      for (const Name& n : checkpoint_names) names += (names.empty() ? "" : ", ") + std::string(n.view());
+      ::edl::detail::raise(code, where,
+                           ::edl::detail::concat(fn, ": \"", a, "\" is not a checkpoint name (", names, ")"));
+    }
+    named |= DropMask{1} << i;
+  }
+  const DropMask all = dropped_by<nothing_saveable>();
+  return only ? all & ~named : named;
 }
 }  // namespace remat
 
@@ -2370,13 +2455,24 @@ constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) no
 }
 
 /// `dims` with an axis of -1 filled so that the mesh has `devices` devices (default: the
-/// launch's, device_count()); errors name the axis and the counts.
-inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1) {
-  if (std::find(dims.begin(), dims.end(), std::int64_t{-1}) == dims.end()) return dims;
-  const MeshShape s({"dp", "fsdp", "ep", "tp", "sp"}, std::vector<std::int64_t>(dims.begin(), dims.end()),
-                    devices > 0 ? devices : device_count());
-  MeshDims out{};
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = s.sizes()[i];
+/// launch's, device_count()). Errors (two axes of -1, a size below 1, devices the other axes do
+/// not divide) are raised with `code`, naming `where` (the field or flag the sizes came from).
+inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1, const std::string& where = "Mesh",
+                                errc code = errc::not_divisible) {
+  std::int64_t known = 1, minus_one = 0;
+  for (auto d : dims) {
+    EDL_CHECK(d == -1 || d >= 1, code, where, "axis sizes must be positive or -1, found ", d);
+    d == -1 ? ++minus_one : known *= d;
+  }
+  EDL_CHECK(minus_one <= 1, code, where, "at most one axis may be -1, found ", minus_one);
+  if (minus_one == 0) return dims;
+  if (devices <= 0) devices = device_count();
+  EDL_CHECK(devices % known == 0, code, where, "-1 takes the devices left over, but ", devices,
+            " devices (device_count(): EDL_DEVICES, else one per process or MPI rank) do not divide by the other "
+            "axes' product ", known);
+  MeshDims out = dims;
+  for (auto& d : out)
+    if (d == -1) d = devices / known;
   return out;
 }
 
@@ -3299,6 +3395,7 @@ inline std::int64_t axis_size(const Device& d, const AxisList& axes = {}) {
 // never a hang. Every process must call them in the same order, as with any collective.
 // Device order (mesh/backends/mpi.hpp): process r runs devices [r * local, (r + 1) * local).
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -3311,6 +3408,34 @@ inline std::int64_t axis_size(const Device& d, const AxisList& axes = {}) {
 // #include <edl/mesh/mesh.hpp> (inlined above)
 
 namespace edl {
+
+/// Where a process sits among the launch's processes by model-parallel and data-parallel
+/// groups (EasyDeL's get_ranks_and_size): the processes one tp x sp group spans
+/// (mp_node_size), how many such process groups there are (dp_node_size), and this process's
+/// place in each. Processes of one mp node run the same model-parallel groups, so they take
+/// the same data: a loader reads shard dp_node_rank of dp_node_size.
+struct NodeRanks {
+  int mp_node_size = 1, dp_node_size = 1;
+  int mp_node_rank = 0, dp_node_rank = 0;
+  bool operator==(const NodeRanks&) const = default;
+};
+
+/// NodeRanks of process `rank` of `processes`, each running `local_devices` devices of a mesh
+/// whose model-parallel axes (tp x sp) hold `mp_devices` devices: mp_node_size =
+/// max(1, mp_devices / local_devices), dp_node_size = processes / mp_node_size.
+inline NodeRanks node_ranks(std::int64_t mp_devices, std::int64_t local_devices, int processes, int rank) {
+  EDL_CHECK(mp_devices > 0 && local_devices > 0 && processes > 0 && rank >= 0 && rank < processes,
+            errc::invalid_argument, "node_ranks", "expected positive sizes and 0 <= rank < processes, found mp_devices ",
+            mp_devices, ", local_devices ", local_devices, ", processes ", processes, ", rank ", rank);
+  NodeRanks n;
+  n.mp_node_size = static_cast<int>(std::max<std::int64_t>(1, mp_devices / local_devices));
+  EDL_CHECK(processes % n.mp_node_size == 0, errc::not_divisible, "node_ranks", processes,
+            " processes do not divide into model-parallel nodes of ", n.mp_node_size);
+  n.dp_node_size = processes / n.mp_node_size;
+  n.dp_node_rank = rank / n.mp_node_size;
+  n.mp_node_rank = rank % n.mp_node_size;
+  return n;
+}
 
 class ProcessGroup {
  public:
@@ -3384,6 +3509,13 @@ class ProcessGroup {
 
   /// The primary's `value` on every process.
   std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
+
+  /// This process's NodeRanks on its mesh (one process: a node of its own, rank 0).
+  NodeRanks node_ranks() const {
+    if (!mesh_) return {};
+    const std::int64_t mp = mesh_->axis_size("tp") * mesh_->axis_size("sp");
+    return ::edl::node_ranks(mp, mesh_->size() / size_, size_, rank_);
+  }
 
  private:
   std::optional<DefaultMesh> mesh_;
@@ -10286,13 +10418,10 @@ class DecoderLayer {
     std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
   };
 
-  /// The checkpoint names R does not keep, as Saved::dropped bits.
+  /// The checkpoint names R does not keep, as Saved::dropped bits (remat::dropped_by).
   template <remat::RematPolicy R>
   static constexpr std::uint32_t dropped_by() {
-    std::uint32_t bits = 0;
-    for (std::size_t i = 0; i < std::size(remat::checkpoint_names); ++i)
-      if (!R::saves(remat::checkpoint_names[i])) bits |= 1u << i;
-    return bits;
+    return remat::dropped_by<R>();
   }
 
   DecoderLayer() = default;
@@ -10357,9 +10486,11 @@ class DecoderLayer {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's).
+  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's), or what a
+  /// policy spelled at run time keeps (`drop`: remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
+  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     const std::int64_t T = layout.tokens();
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
     s.x = x;
@@ -10388,7 +10519,7 @@ class DecoderLayer {
       mlp.forward(s.n2.data(), T, y, s.mlp_s);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
-    release(s, dropped_by<R>());
+    release(s, drop);
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
     Saved s;
@@ -22708,8 +22839,9 @@ struct LlamaConfig {
 //
 // Gradient checkpointing: Pol::remat_t (core/policy.hpp) picks what each decoder layer keeps
 // for backward, e.g. LlamaForCausalLM<with_remat<DefaultPolicy, remat::nothing_saveable>>;
-// forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
-// from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
+// forward<R> / forward_backward<R> override it for one call, and so does a policy spelled at
+// run time (remat::parse(gradient_checkpointing) gives the mask `drop` the layers take). Every
+// policy gives bitwise the same loss and gradients.
 //
 // Mixtral (config().is_moe()): with output_router_logits, loss() and forward_backward() add
 // router_aux_loss_coef x the load-balancing loss over every layer's routing (padding excluded
@@ -23141,9 +23273,11 @@ class LlamaModel {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
   }
 
-  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves.
+  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves (or what a
+  /// policy spelled at run time keeps: `drop`, remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
     const std::size_t L = layers.size();
     s.tokens = T;
@@ -23160,7 +23294,7 @@ class LlamaModel {
       embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
-    for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l], drop);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
 
@@ -23256,13 +23390,15 @@ class LlamaForCausalLM {
     return f(head_weight(), grad ? head_grad() : nullptr);
   }
 
-  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
+  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves (or
+  /// what a policy spelled at run time keeps: `drop`, remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     s.batch = layout.batch;
     s.seq = layout.seq;
     s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
-    model.template forward<R>(ids, layout, s.hidden.data(), s.model_s);
+    model.forward(ids, layout, s.hidden.data(), s.model_s, drop);
   }
 
   /// Full logits [T, vocab] (inference and tests).
@@ -23343,14 +23479,16 @@ class LlamaForCausalLM {
     return m;
   }
 
-  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient. The layers keep
+  /// what R saves, or what `drop` (remat::parse's bits of a policy spelled at run time) keeps.
   template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
-                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {},
+                                   remat::DropMask drop = remat::dropped_by<R>()) {
     EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.forward_backward",
               "inputs_embeds without token ids need labels");
     Saved s;
-    forward<R>(ids, layout, s);
+    forward(ids, layout, s, drop);
     std::vector<float> dhidden(s.hidden.size());
     nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,
@@ -23870,6 +24008,45 @@ class ShardedLlama {
   ShardedLlama(const LlamaConfig& cfg, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : ShardedLlama(cfg, std::optional<Key>(), std::move(mesh), std::move(rules)) {}
 
+  /// Adds LoRA adapters to a model that has none, as lora::apply_lora adds them to the
+  /// one-device model (the same targets; A drawn from the same keys, B zero), so a model drawn
+  /// or read straight into its blocks trains adapters without any process building the base.
+  /// The base becomes frozen; gradients and the devices' working models start afresh.
+  void add_adapters(const lora::LoraConfig& c, const std::string& where = "lora") {
+    EDL_CHECK(!lora_, errc::invalid_argument, where, "the model already has LoRA adapters");
+    LlamaForCausalLM<Pol> shapes(cfg_);  // its base is never written: only the adapters' pages are touched
+    lora::apply_lora(shapes, c, where);
+    AdapterRanks adapters;
+    shapes.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
+    });
+    lora_ = lora::config_of(shapes);
+    names_.clear();
+    trainable_.clear();
+    plans_.clear();
+    data_axes_.clear();
+    locals_.clear();
+    grads_.clear();
+    setup(adapters);
+    visit_adapter_params(shapes, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
+    });
+  }
+  /// The one-device model's structure with this model's adapters, gathered: what a LoRA
+  /// checkpoint saves (lora::write_adapter_files). Its base weights are allocated and never
+  /// written, so no page of them is touched: this costs the adapters' bytes.
+  LlamaForCausalLM<Pol> gather_adapters() const {
+    EDL_CHECK(lora_.has_value(), errc::invalid_argument, "ShardedLlama::gather_adapters", "the model has no adapters");
+    LlamaForCausalLM<Pol> m(cfg_);
+    lora::apply_lora(m, *lora_, "ShardedLlama");
+    visit_adapter_params(m, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(name));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
   const LlamaConfig& config() const noexcept { return cfg_; }
   /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
   /// checkpoint that fuses it with others (Phi-3), or nullopt.
@@ -23968,6 +24145,11 @@ class ShardedLlama {
                           static_cast<std::int64_t>(tokens.shape(1)), opt);
   }
 
+  /// A copy of this process's parameter blocks and the model's structure, without gradients
+  /// or the devices' working models: what a checkpoint written in the background saves while
+  /// training moves the parameters on (costs this process's parameter bytes once more).
+  ShardedLlama snapshot() const { return ShardedLlama(*this, SnapshotTag{}); }
+
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
@@ -23992,6 +24174,13 @@ class ShardedLlama {
     std::vector<float> n1, g, h, n2;
     std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
+
+  struct SnapshotTag {};
+  ShardedLlama(const ShardedLlama& o, SnapshotTag)
+      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), remat_(o.remat_),
+        names_(o.names_), trainable_(o.trainable_), lora_(o.lora_), dropout_key_(o.dropout_key_),
+        jitter_key_(o.jitter_key_), adapters_active_(o.adapters_active_), plans_(o.plans_), params_(o.params_),
+        locals_(o.locals_.size()), data_axes_(o.data_axes_) {}
 
   // Per-device view of one step.
   ShardedLlama(const LlamaConfig& cfg, std::optional<Key> key, DefaultMesh mesh, PartitionRules rules)
@@ -24033,6 +24222,15 @@ class ShardedLlama {
   }
 
   std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
+
+  /// f(name, param) over the LoRA A / B weights of one-device model `m`'s adapted Linears.
+  template <class F>
+  static void visit_adapter_params(LlamaForCausalLM<Pol>& m, F&& f) {
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      lin.lora->visit_params(path, [&](std::string_view name, auto& p) { f(std::string(name), p); });
+    });
+  }
 
   void setup(const AdapterRanks& adapters) {
     cfg_.validate();
@@ -24530,6 +24728,7 @@ class ShardedLlama {
     }
   }
 
+  // snapshot() copies every member below but grads_ and locals_: a new member goes there too.
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
@@ -24575,7 +24774,7 @@ struct MeshRun {
   const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
   float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
   nn::LossOptions loss;                    // the loss's options
-  /// The gradient-checkpointing policy of loss_and_grads (remat::runtime_names; "" = the
+  /// The gradient-checkpointing policy of loss_and_grads (remat::parse's spellings; "" = the
   /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
   /// each layer again in its backward (nothing_saveable).
   std::string_view remat;
@@ -24595,8 +24794,9 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
             r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
   EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
             "MeshOp::logits needs logits_out");
-  EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
-            errc::unsupported, "remat",
+  const remat::DropMask drop = remat::parse(r.remat, "remat");
+  EDL_CHECK(mesh.size() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(), errc::unsupported,
+            "remat",
             "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
             "(everything_saveable); found \"", r.remat, "\"");
   if (mesh.size() == 1) {
@@ -24609,11 +24809,7 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
       case MeshOp::loss_and_grads: {
         nn::zero_grad(model);
         if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
-        nn::LossMetrics m;
-        EDL_CHECK(remat::dispatch(r.remat,
-                                  [&]<class R>() { m = model.template forward_backward<R>(r.ids, r.layout, r.labels, r.loss); }),
-                  errc::invalid_argument, "remat", "unknown policy \"", r.remat, "\"");
-        return m;
+        return model.forward_backward(r.ids, r.layout, r.labels, r.loss, drop);
       }
     }
   }
@@ -24626,7 +24822,7 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
     std::copy(l.begin(), l.end(), r.logits_out);
     return {};
   }
-  sm.set_remat(r.remat == "nothing_saveable");
+  sm.set_remat(drop == remat::dropped_by<remat::nothing_saveable>());
   const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.labels, r.layout.batch, r.layout.seq, r.loss);
   if (r.op == MeshOp::loss_and_grads) {
     const auto grads = sm.gather_grads();
@@ -24778,6 +24974,8 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   std::int64_t global_compute = 0, layer_compute = 0;
   std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
   const std::int64_t L = cfg.num_hidden_layers;
+  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
+  const bool in_place = mesh.size() == 1;
   for (const auto& [name, p] : plans) {
     // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
     const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
@@ -24797,28 +24995,26 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
       if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
       if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
     }
-  }
-  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
-  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
-  r.gathered_bytes = (global_compute + layer_compute) * per_elem;
-  // Collective staging, one parameter at a time (ShardedLlama::gather_param_into / reduce_grad):
-  // blocks that are not row slabs of the compute tensor are gathered into, and their gradient
-  // packed into, a buffer of the compute tensor's size; every reduced gradient lands in a
-  // block-sized buffer first.
-  for (const auto& [name, p] : plans) {
+    // Collective staging, one parameter at a time (ShardedLlama::gather_param_into /
+    // reduce_grad): blocks that are not row slabs of the compute tensor are gathered into, and
+    // their gradient packed into, a buffer of the compute tensor's size; every reduced
+    // gradient lands in a block-sized buffer first.
+    if (in_place) continue;
     const std::int64_t m = p.layout.block_elements();
+    const bool reduced = opt.train && !p.frozen;
     if (!p.gather_axes.empty()) {
       const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
       const std::int64_t k = static_cast<std::int64_t>(group.size());
       const bool packed = !blocks_are_row_slabs(p, group, 0);
       r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
-      if (opt.train && !p.frozen) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
-    } else if (opt.train && !p.frozen) {
+      if (reduced) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
+    } else if (reduced) {
       r.staging_bytes = std::max(r.staging_bytes, m * 4);
     }
   }
-  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
-  if (mesh.size() == 1) r.gathered_bytes = r.staging_bytes = 0;
+  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
+  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
+  if (!in_place) r.gathered_bytes = (global_compute + layer_compute) * per_elem;
 
   // ---- activations
   const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
@@ -32440,7 +32636,7 @@ struct EvalOptions {
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
 /// final hidden states before the loss: non-finite activations give loss NaN instead of
 /// reaching the loss kernel (whose argmax expects finite logits). `remat` names the
-/// gradient-checkpointing policy of the forward (remat::runtime_names; "" keeps everything):
+/// gradient-checkpointing policy of the forward (remat::parse's spellings; "" keeps everything):
 /// the layers keep what it saves and their backward recomputes the rest, with bitwise the same
 /// loss and gradients.
 template <class Model>
@@ -32449,9 +32645,7 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   const nn::TokenLayout lay = b.layout();
   typename Model::Saved s;
   if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
-  else
-    EDL_CHECK(remat::dispatch(remat, [&]<class R>() { model.template forward<R>(b.input_ids.data(), lay, s); }),
-              errc::invalid_argument, "gradient_checkpointing", "unknown remat policy \"", remat, "\"");
+  else model.forward(b.input_ids.data(), lay, s, remat::parse(remat, "gradient_checkpointing"));
   for (float v : s.hidden)
     if (!std::isfinite(v)) {
       nn::LossMetrics bad;
@@ -33905,8 +34099,9 @@ ShardedTrainingState<Pol> TrainingState<Pol>::shard_with_shape(const DefaultMesh
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
-// picks the remat policy of the step at run time (forward<R> of the one model type, Model):
-// nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
+// picks the remat policy of the step at run time (remat::parse: its names as the layers' drop
+// mask, one model type): nothing_saveable, dots_saveable, save_only_these_names(...), ...
+// trade step time for activation memory (docs/training.md); on a mesh
 // the sharded step keeps every activation or, with nothing_saveable, runs each layer again in
 // its backward (ShardedLlama::set_remat).
 //
@@ -34277,30 +34472,47 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
       b, o, backward, step_pairs, step_chosen);
 }
 
+/// Per row of `b`: the sum of log p over its scored targets of a model on a mesh
+/// (models::ShardedLlama), and their count. A batch the mesh does not split (an evaluation
+/// batch) is scored padded with target-free rows and positions (pad_rows_to_multiple,
+/// pad_to_multiple); the padding's rows are dropped from the result.
+template <class Sharded>
+void sharded_row_logps(Sharded& m, const Batch& b, std::vector<double>& logp, std::vector<std::int64_t>& count) {
+  const bool fits = b.batch % m.batch_multiple() == 0 && b.seq % m.seq_multiple() == 0;
+  Batch padded;
+  if (!fits) {
+    padded = b;
+    pad_rows_to_multiple(padded, m.batch_multiple(), 0);
+    pad_to_multiple(padded, m.seq_multiple(), 0);
+  }
+  const Batch& x = fits ? b : padded;
+  const nn::TokenLayout lay = x.layout();
+  std::vector<double> nll(static_cast<std::size_t>(x.batch * x.seq));
+  nn::LossOptions lo;
+  lo.row_nll = nll.data();
+  m.loss(x.input_ids.data(), x.labels.data(), x.batch, x.seq, lo, lay.attention_mask, lay.position_ids, lay.segment_ids);
+  preference_detail::logps_from_nll(x, nll, logp, count);
+  logp.resize(static_cast<std::size_t>(b.batch));
+  count.resize(static_cast<std::size_t>(b.batch));
+}
+
 /// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
-/// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
-/// ORPO, or DPO against the base of a policy with LoRA adapters, run on the mesh with them
-/// switched off). The policy runs one forward for the log-probabilities and one forward and backward
-/// for the gradient; the result equals the one-device loss within f32 rounding.
+/// loss_and_grads with per-position NLLs and weights), against a frozen `reference` on the same
+/// mesh or on one device (null: ORPO, or DPO against the base of a policy with LoRA adapters,
+/// run on the mesh with them switched off). The policy runs one forward for the
+/// log-probabilities and, with `backward`, one forward and backward for the gradient (the
+/// batch must then split over the mesh; without, any batch is scored, padded); the result
+/// equals the one-device loss within f32 rounding.
 template <class Sharded, class Reference>
-PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
+PreferenceMetrics sharded_preference_loss(Sharded& policy, Reference* reference, const Batch& b,
                                           const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
                                           std::int64_t step_chosen = 0) {
   EDL_CHECK(o.orpo || reference != nullptr || policy.has_adapters(), errc::invalid_argument, "sharded_preference_loss",
             "DPO needs a reference model, or LoRA adapters on the policy (the reference is its base)");
-  const nn::TokenLayout lay = b.layout();
-  // Log-probabilities of the sharded policy; with adapters off, those of its base.
-  const auto sharded_logps = [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
-    std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-    nn::LossOptions lo;
-    lo.row_nll = nll.data();
-    policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
-                lay.segment_ids);
-    preference_detail::logps_from_nll(b, nll, logp, count);
-  };
   return preference_objective(
-      sharded_logps,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) { sharded_row_logps(policy, b, logp, count); },
       [&](const std::vector<float>& w) {
+        const nn::TokenLayout lay = b.layout();
         nn::LossOptions lo;
         lo.normalizer = 1.0;
         lo.row_weights = w.data();
@@ -34310,10 +34522,14 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
         if (!reference) {  // the policy's base: its adapters switched off for this forward
           const lora::AdaptersOff<Sharded> off(policy);
-          return sharded_logps(logp, count);
+          return sharded_row_logps(policy, b, logp, count);
         }
-        typename Reference::Saved rs;
-        preference_detail::row_logps(*reference, b, rs, logp, count);
+        if constexpr (requires { reference->batch_multiple(); }) {  // a reference on the mesh
+          sharded_row_logps(*reference, b, logp, count);
+        } else {
+          typename Reference::Saved rs;
+          preference_detail::row_logps(*reference, b, rs, logp, count);
+        }
       },
       b, o, backward, step_pairs, step_chosen);
 }
@@ -34443,6 +34659,7 @@ struct TrainingArguments {
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
   bool use_tensorboard = false;                      // every metrics line's numbers also as TensorBoard scalars (save_directory/tensorboard)
+  std::optional<std::int64_t> report_steps;          // TensorBoard's training scalars every N steps, over those steps; none: at each metrics line
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
@@ -34539,7 +34756,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "report_steps", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model", "loss_config"};
     return n;
@@ -34645,6 +34862,7 @@ struct TrainingArguments {
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "track_memory") { if (v.is_null()) track_memory = false; else boo(track_memory); }
     else if (key == "use_tensorboard") boo(use_tensorboard);
+    else if (key == "report_steps") oi64(report_steps);
     else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
@@ -34759,6 +34977,7 @@ struct TrainingArguments {
     if (evaluation_steps) positive("evaluation_steps", static_cast<double>(*evaluation_steps));
     if (max_evaluation_steps) positive("max_evaluation_steps", static_cast<double>(*max_evaluation_steps));
     if (save_steps) positive("save_steps", static_cast<double>(*save_steps));
+    if (report_steps) positive("report_steps", static_cast<double>(*report_steps));
     if (save_total_limit) positive("save_total_limit", static_cast<double>(*save_total_limit));
     positive("log_steps", static_cast<double>(log_steps));
     EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
@@ -34781,15 +35000,8 @@ struct TrainingArguments {
                 "use packing on such a mesh");
     }
     {
-      std::string valid = "\"\", none";
-      for (const char* n : remat::runtime_names) valid += std::string(", ") + n;
-      EDL_CHECK(gradient_checkpointing != "save_only_these_names", errc::unsupported, where("gradient_checkpointing"),
-                "save_only_these_names takes its names at compile time (Policy<..., "
-                "remat::save_only_these_names<\"attn_out\", ...>>); at run time use one of ", valid);
-      EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
-                "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
-      EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                    gradient_checkpointing == "everything_saveable" || gradient_checkpointing == "nothing_saveable",
+      const remat::DropMask drop = remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
+      EDL_CHECK(mesh_devices() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(),
                 errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
                 "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
                 gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
@@ -34850,19 +35062,7 @@ struct TrainingArguments {
                 " must be positive (or -1), found ", d);
       dims[a] = d;
     }
-    const auto minus_one = std::count(dims.begin(), dims.end(), std::int64_t{-1});
-    EDL_CHECK(minus_one <= 1, errc::config, where("sharding_axis_dims"), "at most one axis may be -1, found ", minus_one);
-    if (minus_one == 1) {
-      std::int64_t known = 1;
-      for (auto d : dims) known *= d == -1 ? 1 : d;
-      const std::int64_t devices = device_count();
-      EDL_CHECK(devices % known == 0, errc::config, where("sharding_axis_dims"), "-1 takes the devices left over, but ",
-                devices, " devices (device_count(): EDL_DEVICES, else one per MPI rank) do not divide by the other "
-                "axes' product ", known);
-      for (auto& d : dims)
-        if (d == -1) d = devices / known;
-    }
-    return dims;
+    return infer_mesh_dims(dims, -1, where("sharding_axis_dims"), errc::config);
   }
   /// param_dtype names bf16: mixed precision (BF16Trainer), f32 master weights in the optimizer.
   bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
@@ -34931,6 +35131,7 @@ struct TrainingArguments {
     j["padding_free"] = padding_free;
     j["track_memory"] = track_memory;
     j["use_tensorboard"] = use_tensorboard;
+    j["report_steps"] = opt(report_steps);
     j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;
@@ -35217,8 +35418,7 @@ class BasicTrainer {
     return opt_;
   }
   /// Whether this process holds the whole model on the host. On a mesh a run built from its
-  /// arguments (no LoRA, no preference pairs) draws or reads the model straight into the
-  /// devices' blocks and holds no host copy until model(), optimizer() or training_state()
+  /// arguments (any but QLoRA) draws or reads the model straight into the devices' blocks and holds no host copy until model(), optimizer() or training_state()
   /// gathers one.
   bool host_holds_model() const noexcept { return host_filled_; }
   /// Parameters of the model (without gathering it).
@@ -35252,7 +35452,6 @@ class BasicTrainer {
     // On a mesh the sharded model scores the batches (nothing is gathered).
     ojson j = ojson::object();
     if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
-      sync_host();
       const PreferenceMetrics pm = evaluate_pairs();
       e.loss = pm.loss;
       e.perplexity = std::exp(pm.loss);
@@ -35293,37 +35492,64 @@ class BasicTrainer {
   }
 
   /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
-  /// its devices' blocks of the model and optimizer state (save_sharded_state), in step: no
-  /// process gathers the model. With async_checkpointing on one device the
-  /// model, optimizer and state are copied and a background thread writes the copy while
-  /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
-  /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
-  /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
+  /// its devices' blocks of the model and optimizer state (save_sharded_state): no process
+  /// gathers the model. With async_checkpointing in one process (one device, or a simulated
+  /// mesh) the model (or its blocks), optimizer and state are copied and a background thread
+  /// writes the copy while training goes on: still atomically (checkpoint.hpp), one save at a
+  /// time (a new one first waits for the last), on_save and "saved" once the folder is
+  /// complete, and a failed write rethrown by the next call that waits (the next save, a
+  /// step's end, the end of train()). Several processes save collectively, in step.
   std::string save_checkpoint() {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
+    // In the background on one process (several processes save collectively, in step).
+    const bool background = args_.async_checkpointing && processes_.size() == 1;
+    if (background) wait_for_checkpoint();  // one save at a time
     if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
+      if (background)  // a copy of the blocks belongs to the thread; the mesh's move on meanwhile
+        return save_in_background([model = sharded_->snapshot(), opt = *sopt_, s = std::move(s), tok = tok_,
+                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_]() mutable {
+          save_sharded_checkpoint(ckpt, model, opt, s, tok ? &*tok : nullptr, hooks, pg);
+        });
       const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
                                                     checkpoint_hooks, processes_);
       saved(p);
       return p;
     }
-    sync_host();
-    if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
-      const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
+    // A LoRA run's checkpoint holds the adapters and their optimizer slots: on a mesh those
+    // alone are gathered (every process: gathering is collective), never the base.
+    std::optional<Model> adapters;
+    std::optional<optim::Optimizer> adapter_opt;
+    if (sharded_) {
+      adapters.emplace(sharded_->gather_adapters());
+      adapter_opt.emplace(sopt_->gather(*sharded_));
+    }
+    if (!background) {
+      const std::string p = ckpt_.save(adapters ? *adapters : *model_, adapter_opt ? *adapter_opt : opt_, s,
+                                       tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
       saved(p);
       return p;
     }
-    wait_for_checkpoint();
+    // The copies belong to the thread (the gathered adapters move there); the trainer's model
+    // and optimizer move on meanwhile.
+    return save_in_background([model = adapters ? std::move(*adapters) : Model(*model_),
+                               opt = adapter_opt ? std::move(*adapter_opt) : opt_, s = std::move(s), tok = tok_,
+                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+      ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+    });
+  }
+
+  /// Runs `write` (which owns copies of all it saves) on a background thread as the pending
+  /// save of this step's checkpoint; returns its folder.
+  template <class Write>
+  std::string save_in_background(Write write) {
     auto job = std::make_unique<PendingSave>();
     job->path = ckpt_.path_for(state_.step);
-    // The copies belong to the thread; the trainer's model and optimizer move on meanwhile.
-    job->thread = std::thread([job = job.get(), model = *model_, opt = opt_, s = std::move(s), tok = tok_,
-                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+    job->thread = std::thread([job = job.get(), write = std::move(write)]() mutable {
       try {
-        ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+        write();
       } catch (...) {
         job->error = std::current_exception();
       }
@@ -35343,14 +35569,25 @@ class BasicTrainer {
     saved(job->path);
   }
 
+  /// The preference loss of a batch of pairs wherever the policy runs (one device or the mesh),
+  /// against DPO's reference (on the mesh, on the host, or the policy's base with its adapters
+  /// off); with `backward`, ACCUMULATES the policy's gradients.
+  PreferenceMetrics pair_loss(const Batch& b, bool backward, std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+    const PreferenceOptions po = args_.preference_options();
+    if (sharded_ && sharded_reference_)
+      return sharded_preference_loss(*sharded_, sharded_reference_.get(), b, po, backward, step_pairs, step_chosen);
+    if (sharded_) return sharded_preference_loss(*sharded_, reference_.get(), b, po, backward, step_pairs, step_chosen);
+    if (reference_) return preference_loss(*model_, *reference_, b, po, backward, step_pairs, step_chosen);
+    return preference_loss(*model_, b, po, backward, step_pairs, step_chosen);
+  }
+
   /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
-  /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
+  /// max_evaluation_steps batches at most), means over the pairs; no gradient. On a mesh the
+  /// sharded policy scores them (nothing is gathered).
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
-    const PreferenceOptions po = args_.preference_options();
     for_each_eval_batch(*eval_, eval_options(), [&](const Batch& b) {
-      const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
-                                             : preference_loss(*model_, b, po, false);
+      const PreferenceMetrics m = pair_loss(b, /*backward=*/false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
       sum.add_means(m, k);
@@ -35417,9 +35654,9 @@ class BasicTrainer {
     std::vector<std::int64_t> order;
     std::int64_t order_epoch = -1;
     const std::int64_t B = args_.total_batch_size, A = args_.gradient_accumulation_steps, mb = args_.micro_batch_size();
-    // Log window.
-    double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
-    std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
+    // The steps since the last metrics line, and (report_steps) since the last report.
+    StepWindow log_win, report_win;
+    std::int64_t session_tokens = 0;
     std::vector<std::int64_t> rows;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
@@ -35466,10 +35703,7 @@ class BasicTrainer {
           set_router_jitter(fold_in(fold_in(Key::from_seed(args_.seed), 3),
                                     static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
-          const PreferenceOptions po = args_.preference_options();
-          const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
-                                       : reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
-                                                    : preference_loss(*model_, b, po, true, B, chosen);
+          const PreferenceMetrics pm = pair_loss(b, /*backward=*/true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
           pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
@@ -35527,62 +35761,64 @@ class BasicTrainer {
       if (state_.step == first_step + 1) r.first_loss = loss;
       r.final_loss = loss;
       session_tokens += input_tokens;
-      win_loss += loss;
-      win_aux += aux;
-      win_s += sm.step_seconds;
-      win_flops += flops;
-      win_tokens += input_tokens;
-      ++win_steps;
+      for (StepWindow* w : {&log_win, &report_win}) w->add(loss, aux, sm.step_seconds, flops, input_tokens);
 
       on_step_end(sm);
       const bool last = state_.step >= total_steps_;
       const bool log_now =
           state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty();
+      const bool report_now = args_.report_steps && tensorboard_ &&
+                              (state_.step % *args_.report_steps == 0 || last || !stop_reason_.empty());
+      // The step's line over a window of steps: means of the loss, throughput and MFU over it;
+      // the rest (rate, norm, preference metrics) of the step itself.
+      const auto step_line = [&](const StepWindow& w) {
+        ojson j = ojson::object();
+        j["step"] = state_.step;
+        j["epoch"] = sm.epoch;
+        j["loss"] = w.mean_loss();
+        j["learning_rate"] = lr;
+        j["grad_norm"] = gnorm;
+        if (model_->config().is_moe() && model_->config().output_router_logits)
+          j["aux_loss"] = w.aux / static_cast<double>(w.steps);  // unscaled; "loss" includes coef x it
+        if (pairs()) {  // TRL's names, of the logged step
+          j["rewards/chosen"] = pref.rewards_chosen;
+          j["rewards/rejected"] = pref.rewards_rejected;
+          j["rewards/accuracies"] = pref.rewards_accuracies;
+          j["rewards/margins"] = pref.rewards_margins;
+          j["logps/chosen"] = pref.logps_chosen;
+          j["logps/rejected"] = pref.logps_rejected;
+          if (args_.trainer == "orpo") {
+            j["nll_loss"] = pref.nll_loss;
+            j["log_odds_ratio"] = pref.log_odds_ratio;
+            j["log_odds_chosen"] = pref.log_odds_chosen;
+          }
+        }
+        j["tokens_per_s"] = w.tokens_per_s();
+        j["mfu"] = w.mfu(peak_gflops_);
+        if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
+          j["memory/resident_bytes"] = resident_bytes();
+          j["memory/peak_resident_bytes"] = peak_resident_bytes();
+        }
+        j["elapsed_s"] = state_.elapsed_s;
+        j["tokens_seen"] = state_.tokens_seen;
+        return j;
+      };
+      if (log_now) {
+        ojson j = step_line(log_win);
+        write_metrics(j, /*report=*/!args_.report_steps);
+      }
+      if (report_now) {  // TensorBoard's own cadence: the line over the steps since the last report
+        report(step_line(report_win));
+        report_win = {};
+      }
       // On a terminal the bar is redrawn after every step (from the log window so far);
       // metrics.jsonl and plain-line progress only get the logged steps.
       if (log_now || progress_.in_place()) {
-        const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
-        const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
         const double per_step = session_s() / static_cast<double>(state_.step - first_step);
-        if (log_now) {
-          ojson j = ojson::object();
-          j["step"] = state_.step;
-          j["epoch"] = sm.epoch;
-          j["loss"] = win_loss / static_cast<double>(win_steps);
-          j["learning_rate"] = lr;
-          j["grad_norm"] = gnorm;
-          if (model_->config().is_moe() && model_->config().output_router_logits)
-            j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
-          if (pairs()) {  // TRL's names, of the logged step
-            j["rewards/chosen"] = pref.rewards_chosen;
-            j["rewards/rejected"] = pref.rewards_rejected;
-            j["rewards/accuracies"] = pref.rewards_accuracies;
-            j["rewards/margins"] = pref.rewards_margins;
-            j["logps/chosen"] = pref.logps_chosen;
-            j["logps/rejected"] = pref.logps_rejected;
-            if (args_.trainer == "orpo") {
-              j["nll_loss"] = pref.nll_loss;
-              j["log_odds_ratio"] = pref.log_odds_ratio;
-              j["log_odds_chosen"] = pref.log_odds_chosen;
-            }
-          }
-          j["tokens_per_s"] = tok_s;
-          j["mfu"] = mfu;
-          if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
-            j["memory/resident_bytes"] = resident_bytes();
-            j["memory/peak_resident_bytes"] = peak_resident_bytes();
-          }
-          j["elapsed_s"] = state_.elapsed_s;
-          j["tokens_seen"] = state_.tokens_seen;
-          write_metrics(j);
-        }
-        progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
-                         per_step * static_cast<double>(total_steps_ - state_.step));
-        if (log_now) {
-          win_loss = win_s = win_flops = win_aux = 0;
-          win_steps = win_tokens = 0;
-        }
+        progress_.update(state_.step, total_steps_, log_win.mean_loss(), lr, log_win.tokens_per_s(),
+                         log_win.mfu(peak_gflops_), per_step * static_cast<double>(total_steps_ - state_.step));
       }
+      if (log_now) log_win = {};
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
@@ -35603,11 +35839,15 @@ class BasicTrainer {
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
     wait_for_checkpoint();
-    if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
-    if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
-      const fs::path dir = fs::path(args_.save_directory) / "adapter";
-      lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
-      progress_.message("adapter: " + dir.string());
+    if (adapters_ && r.stop_reason != "nothing_to_do") {
+      // The adapters alone, gathered on a mesh (every process: gathering is collective).
+      std::optional<Model> gathered;
+      if (sharded_) gathered.emplace(sharded_->gather_adapters());
+      if (processes_.is_primary()) {
+        const fs::path dir = fs::path(args_.save_directory) / "adapter";
+        lora::save_adapter(dir, gathered ? *gathered : *model_, base_model_name(args_.to_json()));
+        progress_.message("adapter: " + dir.string());
+      }
     }
     progress_.finish();
     r.steps = state_.step;
@@ -35623,6 +35863,25 @@ class BasicTrainer {
   }
 
  private:
+  /// Sums over a window of optimizer steps (since the last metrics line or report).
+  struct StepWindow {
+    double loss = 0, aux = 0, seconds = 0, flops = 0;
+    std::int64_t steps = 0, tokens = 0;
+    void add(double step_loss, double step_aux, double step_seconds, double step_flops, std::int64_t step_tokens) {
+      loss += step_loss;
+      aux += step_aux;
+      seconds += step_seconds;
+      flops += step_flops;
+      tokens += step_tokens;
+      ++steps;
+    }
+    double mean_loss() const { return steps ? loss / static_cast<double>(steps) : 0.0; }
+    double tokens_per_s() const { return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; }
+    /// Model FLOPs utilisation over the window against `peak_gflops` (0 when unknown).
+    double mfu(double peak_gflops) const {
+      return seconds > 0 && peak_gflops > 0 ? flops / seconds / (peak_gflops * 1e9) : 0.0;
+    }
+  };
   /// A checkpoint a background thread writes (async_checkpointing).
   struct PendingSave {
     std::thread thread;
@@ -35654,29 +35913,41 @@ class BasicTrainer {
     return args;
   }
 
-  /// One metrics.jsonl line, after the on_log callbacks.
-  void write_metrics(ojson& line) {
+  /// One metrics.jsonl line, after the on_log callbacks; reported to TensorBoard too unless
+  /// `report` is false (report_steps: training lines have their own cadence there).
+  void write_metrics(ojson& line, bool report = true) {
     for (auto& c : callbacks)
       if (c.on_log) c.on_log(*this, line);
     metrics_->write(line);
-    if (tensorboard_) {  // every number of the line but its step, under the line's own key
-      const std::int64_t step = line.value("step", state_.step);
-      for (const auto& [key, v] : line.items())
-        if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
-    }
+    if (report) this->report(line);
+  }
+  /// Every number of `line` but its step as a TensorBoard scalar under the line's own key
+  /// (use_tensorboard; nothing without it).
+  void report(const ojson& line) {
+    if (!tensorboard_) return;
+    const std::int64_t step = line.value("step", state_.step);
+    for (const auto& [key, v] : line.items())
+      if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume), or, where
   /// the host holds no values, draws or reads the model straight into its blocks.
   void shard_host() {
     const bool straight = !sharded_ && !host_filled_;  // no process holds the whole model
-    if (straight)
-      sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
-                                    models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
-                              : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
-                                                                            fold_in(Key::from_seed(args_.seed), 0), *mesh_);
-    else
+    // A model read from a folder, or drawn from the run's seed, straight into its blocks.
+    const auto build = [&](const std::optional<std::string>& folder) {
+      return folder ? std::make_unique<models::ShardedLlama<Pol>>(models::from_pretrained_sharded<Pol>(*folder, *mesh_))
+                    : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
+                                                                  fold_in(Key::from_seed(args_.seed), 0), *mesh_);
+    };
+    if (straight) {
+      sharded_ = build(weights_dir_);
+      if (args_.trainer == "dpo" && !args_.reference_model.empty()) sharded_reference_ = build(args_.reference_model);
+      else if (args_.trainer == "dpo" && !adapters_) sharded_reference_ = build(weights_dir_);  // the policy as it starts
+    } else {
       sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
-    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+    }
+    if (straight && adapters_) sharded_->add_adapters(lora_config(), args_.where("lora"));
+    sharded_->set_remat(remat::parse(args_.gradient_checkpointing) == remat::dropped_by<remat::nothing_saveable>());
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it
@@ -35822,9 +36093,9 @@ class BasicTrainer {
   }
 
   /// Whether a run on a mesh builds its model straight into the devices' blocks and keeps no
-  /// host copy: a full fine-tune of a causal LM (LoRA adds adapters to a host model first, and
-  /// the preference trainers evaluate and keep their reference on the host).
-  bool shards_directly() const { return !args_.lora && args_.quantize_base.empty() && !args_.preference(); }
+  /// host copy: every run but QLoRA (whose quantized base runs on one device). DPO's reference
+  /// is built there too, and preference pairs are evaluated on the mesh.
+  bool shards_directly() const { return args_.quantize_base.empty(); }
 
   /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
   bool pairs() const noexcept { return args_.preference(); }
@@ -35837,8 +36108,9 @@ class BasicTrainer {
               args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
     steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
     // DPO's frozen reference: a folder; the policy's base when it trains adapters (switched
-    // off for the reference's forward: no second copy); else the policy as it starts.
-    if (args_.trainer == "dpo") {
+    // off for the reference's forward: no second copy); else the policy as it starts. A model
+    // built straight into a mesh's blocks gets its reference there too (shard_host).
+    if (args_.trainer == "dpo" && host_filled_) {
       if (args_.reference_model.empty()) {
         if (!args_.lora && !lora::lora_is_enabled(*model_)) reference_ = std::make_unique<Model>(*model_);
       } else {
@@ -35877,12 +36149,14 @@ class BasicTrainer {
       q.method = quant::parse_format(args_.quantize_base, args_.where("quantize_base"));
       nn::quantize(*model_, q);
     }
-    if (args_.lora && !lora::lora_is_enabled(*model_)) {
-      lora::LoraConfig c = *args_.lora;
-      c.seed = args_.seed;
-      lora::apply_lora(*model_, c, args_.where("lora"));
-    }
+    if (args_.lora && !lora::lora_is_enabled(*model_)) lora::apply_lora(*model_, lora_config(), args_.where("lora"));
     adapters_ = lora::lora_is_enabled(*model_);
+  }
+  /// The arguments' LoRA section, drawing its adapters from the run's seed.
+  lora::LoraConfig lora_config() const {
+    lora::LoraConfig c = *args_.lora;
+    c.seed = args_.seed;
+    return c;
   }
 
   /// The mesh of sharding_axis_dims (from `make_mesh` when given, else spread over the ranks
@@ -35900,6 +36174,7 @@ class BasicTrainer {
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> reference_;  // dpo: frozen (none: the policy without its adapters)
+  std::unique_ptr<models::ShardedLlama<Pol>> sharded_reference_;  // dpo on a mesh built straight into its blocks
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;

@@ -18,6 +18,7 @@ TEST(Error, MessageNamesIdObjectExpectedAndFound) {
     EXPECT_STREQ(e.what(),
                  "[edl.shape_mismatch.101] nn.Linear model.layers.3.self_attn.q_proj: x is (4, 4095), "
                  "weight expects C = 4096");
+    EXPECT_EQ(e.message(), "x is (4, 4095), weight expects C = 4096");  // what alone, for a caller to re-raise
   }
 }
 

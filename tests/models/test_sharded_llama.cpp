@@ -428,6 +428,46 @@ TEST(ShardedLlama, InitStraightIntoShardsEqualsTheOneDeviceInit) {
   expect_same_params(one, back, "bf16");
 }
 
+TEST(ShardedLlama, AdaptersAddedToTheBlocksEqualThoseOfTheOneDeviceModel) {
+  // add_adapters on a model drawn straight into its blocks gives the adapters lora::apply_lora
+  // gives the one-device model (targets, A's draws, B = 0, frozen base), so training them on
+  // the mesh starts where one device starts: parameters, trainable names and gradients.
+  lora::LoraConfig lc;
+  lc.r = 4;
+  lc.lora_alpha = 8;
+  lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+  lc.seed = 13;
+  LlamaForCausalLM<> one(small_gqa_config());
+  one.init(Key::from_seed(9));
+  lora::apply_lora(one, lc);
+  const std::int64_t B = 4, S = 8;
+  const auto ids = random_tokens(B * S, 64, 5);
+  for (const MeshDims& d : {MeshDims{1, 2, 1, 2, 1}, MeshDims{2, 1, 1, 2, 1}}) {
+    SCOPED_TRACE(dims_str(d));
+    models::ShardedLlama<> direct(small_gqa_config(), Key::from_seed(9), create_mesh(d));
+    direct.add_adapters(lc);
+    auto from_host = models::shard_model(one, create_mesh(d));
+    EXPECT_EQ(direct.names(), from_host.names());
+    EXPECT_EQ(direct.trainable_names(), from_host.trainable_names());
+    auto back = direct.gather_model();
+    expect_same_params(one, back, dims_str(d));
+    direct.loss_and_grads(ids.data(), nullptr, B, S);
+    from_host.loss_and_grads(ids.data(), nullptr, B, S);
+    for (const auto& n : direct.trainable_names()) EXPECT_EQ(direct.gather_grad(n), from_host.gather_grad(n)) << n;
+    // The adapters alone, gathered: the one-device adapters bit for bit.
+    auto adapters = direct.gather_adapters();
+    std::vector<float> a, b;
+    for (const auto& t : lora::split_lora_params(one)) a.insert(a.end(), t.values.begin(), t.values.end());
+    for (const auto& t : lora::split_lora_params(adapters)) b.insert(b.end(), t.values.begin(), t.values.end());
+    EXPECT_EQ(a, b);
+    EXPECT_THROW(direct.add_adapters(lc), Error);  // once
+  }
+  models::ShardedLlama<> bare(small_gqa_config(), Key::from_seed(9), create_mesh({1, 2, 1, 1}));
+  EXPECT_THROW(bare.gather_adapters(), Error);
+  lc.target_modules = {"no_such_proj"};
+  EXPECT_THROW(bare.add_adapters(lc), Error);  // apply_lora's own check, naming the module
+}
+
 TEST(ShardedLlama, FsdpHoldsAQuarterOfTheParametersPerDevice) {
   const auto cfg = small_gqa_config();
   LlamaForCausalLM<> m(cfg);

@@ -6,6 +6,10 @@
 
 #include <cstring>
 #include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <edl/core/rng.hpp>
 #include <edl/mesh/all.hpp>
@@ -133,6 +137,33 @@ TEST_P(MpiCollectives, EqualSimulatedMeshBitForBit) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiCollectives, ::testing::Values(1, 2));
+
+// EasyDeL's get_ranks_and_size under mpirun: the processes of one mp node are exactly those
+// that hold the devices of this process's tp x sp groups, nodes tile the launch, and every
+// process agrees on the sizes.
+TEST_P(MpiCollectives, NodeRanksGroupTheProcessesOfOneModelParallelGroup) {
+  const int local = GetParam();
+  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
+  for (const auto& dims : shapes_for(devices)) {
+    auto mesh = create_mesh(dims);
+    auto backend = mpi::attach(mesh, *g_session, local);
+    const ProcessGroup pg(mesh);
+    const NodeRanks n = pg.node_ranks();
+    SCOPED_TRACE(mesh.shape().axes_str());
+    EXPECT_EQ(n.mp_node_size * n.dp_node_size, pg.size());
+    EXPECT_EQ(n.dp_node_rank * n.mp_node_size + n.mp_node_rank, pg.rank());
+    std::set<std::int64_t> spanned;  // the processes holding devices of this process's mp groups
+    const std::vector<std::string> mp_axes = {"tp", "sp"};
+    for (std::int64_t d = 0; d < devices; ++d)
+      if (backend->is_local(d))
+        for (std::int64_t g : mesh.shape().group(d, std::span<const std::string>(mp_axes)).devices) spanned.insert(g / local);
+    std::set<std::int64_t> node;
+    for (int i = 0; i < n.mp_node_size; ++i) node.insert(n.dp_node_rank * n.mp_node_size + i);
+    EXPECT_EQ(spanned, node);
+    const auto sizes = pg.each(n.mp_node_size);
+    for (auto v : sizes) EXPECT_EQ(v, n.mp_node_size);
+  }
+}
 
 TEST(MpiBackend, MeshThatDoesNotMatchTheLaunchIsRefused) {
   auto mesh = create_mesh({1, 1, g_session->size() + 1, 1});

@@ -289,3 +289,74 @@ TEST(LoraTraining, OnAMeshResumeIsBitIdentical) {
 }
 
 }  // namespace edl::train
+
+namespace edl::train {
+
+// A LoRA run built from its arguments on fsdp=2 x tp=2: the base is drawn straight into the
+// devices' blocks and the adapters added there (ShardedLlama::add_adapters), so no process
+// holds the model; it trains as one device does, its checkpoints and adapter folder are
+// PEFT's, and a run stopped at step 2 resumes from its checkpoint to the uninterrupted losses.
+TEST(LoraTraining, OnAMeshFromArgumentsKeepsNoHostCopy) {
+  TempDir d("direct");
+  fs::create_directories(d.p);
+  {
+    std::ofstream f(d.p / "corpus");
+    for (int i = 0; i < 40; ++i) f << "fortune number " << i << " says hello\n%\n";
+  }
+  ojson j = {{"model", {{"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
+                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                        {"max_position_embeddings", 64}}},
+             {"tokenizer", "byte"},
+             {"train_data", (d.p / "corpus").string()},
+             {"max_sequence_length", 32},
+             {"total_batch_size", 4},
+             {"max_training_steps", 4},
+             {"save_steps", 2},
+             {"log_steps", 1},
+             {"learning_rate", 1e-2},
+             {"lora", {{"r", 4}, {"lora_alpha", 8}, {"lora_dropout", 0.1}, {"target_modules", {"q_proj", "v_proj", "down_proj"}}}},
+             {"progress", false}};
+  auto run = [&](const std::string& out, std::vector<std::int64_t> dims) {
+    j["save_directory"] = (d.p / out).string();
+    j["sharding_axis_dims"] = dims;
+    return TrainingArguments::from_json(j, "args.json");
+  };
+  Trainer one(run("one", {1, 1, 1, 1}));
+  one.train();
+  Trainer mesh(run("mesh", {1, 2, 2, 1}));
+  EXPECT_FALSE(mesh.host_holds_model());
+  EXPECT_EQ(mesh.param_count(), one.param_count());
+  mesh.train();
+  EXPECT_FALSE(mesh.host_holds_model());  // trained, saved and wrote its adapter without one
+  const auto want = losses((d.p / "one").string()), got = losses((d.p / "mesh").string());
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+  for (const char* folder : {"checkpoint-4", "adapter"}) {
+    const auto fa = io::SafeTensorsFile::open((d.p / "one" / folder / lora::kAdapterWeightsFile).string());
+    const auto fb = io::SafeTensorsFile::open((d.p / "mesh" / folder / lora::kAdapterWeightsFile).string());
+    ASSERT_EQ(fa.names(), fb.names()) << folder;
+    for (const auto& n : fa.names()) {
+      const auto a = fa.read_vector<float>(n), b = fb.read_vector<float>(n);
+      ASSERT_EQ(a.size(), b.size()) << n;
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+      }
+      EXPECT_LE(worst, 1e-4 * scale + 1e-7) << folder << " " << n;
+    }
+  }
+  {  // stopped after step 2 (its checkpoint written), then resumed by a new run
+    Trainer t(run("resumed", {1, 2, 2, 1}));
+    TrainerCallback stop_at_2;
+    stop_at_2.on_step_end = [](Trainer&, const StepMetrics& m) { return m.step < 2; };
+    t.callbacks.push_back(stop_at_2);
+    EXPECT_EQ(t.train().steps, 2);
+  }
+  Trainer resumed(run("resumed", {1, 2, 2, 1}));
+  EXPECT_TRUE(resumed.train().resumed);
+  EXPECT_FALSE(resumed.host_holds_model());
+  EXPECT_EQ(losses((d.p / "resumed").string()), got);
+}
+
+}  // namespace edl::train

@@ -7,8 +7,9 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
 #include <vector>
 
 #include <edl/core/rng.hpp>
@@ -478,33 +479,48 @@ TEST(Preference, TheTrainerOptimisesPreferencePairs) {
   }
 }
 
-// DPO through the trainer on a 2-device fsdp mesh: the one-device losses within f32 rounding;
-// with eval_data, TRL's eval_ metrics at each evaluation (at step 0 the reference is the policy:
-// eval loss log 2).
+// DPO through the trainer on fsdp = 2 and dp x fsdp = 2 x 2 meshes: the policy and its
+// reference are built straight into the blocks (no host copy), the one-device losses within f32
+// rounding; with eval_data, TRL's eval_ metrics at each evaluation scored on the mesh (batches
+// padded to what it splits) equal one device's (at step 0 the reference is the policy: log 2).
 TEST(Preference, TheTrainerRunsDpoOnAMeshAndEvaluatesPairs) {
   PairsRun run("dpo_mesh");
   run.args["max_training_steps"] = 10;
   run.args["trainer"] = "dpo";
-  const auto one = Trainer(TrainingArguments::from_json(run.args)).train();
-  run.args["sharding_axis_dims"] = {1, 2, 1, 1};
-  run.args["save_directory"] = (run.dir / "mesh").string();
   run.args["eval_data"] = (run.dir / "pairs.jsonl").string();
   run.args["evaluation_steps"] = 5;
-  Trainer t(TrainingArguments::from_json(run.args));
-  EXPECT_EQ(t.mesh_devices(), 2);
-  const EvalMetrics before = t.evaluate();
-  EXPECT_NEAR(before.loss, std::log(2.0), 1e-9);
-  const auto mesh = t.train();
-  EXPECT_NEAR(mesh.first_loss, one.first_loss, 1e-9);
-  EXPECT_NEAR(mesh.final_loss, one.final_loss, 1e-3 * one.final_loss);
-  int evals = 0;
-  for (const auto& j : run.metrics("mesh"))
-    if (j.contains("eval_rewards/margins") && j["step"].get<int>() > 0) {
-      ++evals;
-      EXPECT_TRUE(j.contains("eval_loss") && j.contains("eval_logps/chosen")) << j.dump();
-      EXPECT_GT(j["eval_rewards/margins"].get<double>(), 0.0);
-    }
-  EXPECT_GE(evals, 2);
+  run.args["eval_batch_size"] = 3;  // batches of 3, 3 and 2 pairs: 6 rows are padded to 8 on dp x fsdp = 4
+  const auto one = Trainer(TrainingArguments::from_json(run.args)).train();
+  std::map<int, nlohmann::json> one_evals;
+  for (const auto& j : run.metrics())
+    if (j.contains("eval_logps/chosen")) one_evals[j["step"].get<int>()] = j;
+  ASSERT_EQ(one_evals.size(), 2u);
+  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {2, 2, 1, 1}}) {
+    const std::string name = "mesh" + std::to_string(dims[0] * dims[1]);
+    SCOPED_TRACE(name);
+    run.args["sharding_axis_dims"] = dims;
+    run.args["save_directory"] = (run.dir / name).string();
+    Trainer t(TrainingArguments::from_json(run.args));
+    EXPECT_EQ(t.mesh_devices(), dims[0] * dims[1]);
+    EXPECT_FALSE(t.host_holds_model());  // the policy and its reference are built in the blocks
+    const EvalMetrics before = t.evaluate();
+    EXPECT_NEAR(before.loss, std::log(2.0), 1e-9);
+    const auto mesh = t.train();
+    EXPECT_FALSE(t.host_holds_model());  // trained and evaluated on the mesh alone
+    EXPECT_NEAR(mesh.first_loss, one.first_loss, 1e-9);
+    EXPECT_NEAR(mesh.final_loss, one.final_loss, 1e-3 * one.final_loss);
+    int evals = 0;
+    for (const auto& j : run.metrics(name))
+      if (j.contains("eval_rewards/margins") && j["step"].get<int>() > 0) {
+        ++evals;
+        const auto& want = one_evals.at(j["step"].get<int>());
+        for (const char* k : {"eval_loss", "eval_logps/chosen", "eval_logps/rejected", "eval_rewards/margins"})
+          EXPECT_NEAR(j[k].get<double>(), want[k].get<double>(), 1e-3 * std::fabs(want[k].get<double>()) + 1e-6) << k;
+        EXPECT_EQ(j["eval_pairs"], want["eval_pairs"]);
+        EXPECT_GT(j["eval_rewards/margins"].get<double>(), 0.0);
+      }
+    EXPECT_EQ(evals, 2);
+  }
 }
 
 // ORPO through the trainer: no reference model, TRL's ORPO metrics; the log odds of the chosen

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <numeric>
@@ -339,8 +340,10 @@ TEST(Trainer, GradientCheckpointingPoliciesTrainBitIdentically) {
   auto data = random_data(4, 16, 64, 5, true);
   std::vector<std::vector<float>> params;
   std::vector<std::vector<double>> losses_of;
-  for (const char* policy : {"", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable"}) {
-    TempDir d(std::string("remat") + policy);
+  for (const char* policy : {"", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                             "save_only_these_names(attn_out, gate)",
+                             "save_from_both_policies(save_any_names_but_these(q, k), save_only_these_names(act))"}) {
+    TempDir d(std::string("remat") + std::to_string(params.size()));
     auto args = base_args(d.str());
     args.max_training_steps = 2;
     args.shuffle_train_dataset = false;
@@ -603,6 +606,53 @@ TEST(Trainer, TensorBoardHoldsEveryNumberOfTheMetricsLines) {
   TrainingArguments a;
   a.use_tensorboard = true;
   EXPECT_TRUE(TrainingArguments::from_json(a.to_json()).use_tensorboard);
+}
+
+TEST(Trainer, ReportStepsGiveTensorBoardItsOwnCadence) {
+  // report_steps = 3 beside a metrics line every step: TensorBoard's training scalars come at
+  // steps 3, 6 and the last (7), each the mean over its own steps; evaluations (step 6, and the
+  // final one at 7) still go there as they run.
+  TempDir d("report_steps");
+  auto args = base_args(d.str());
+  args.max_training_steps = 7;
+  args.log_steps = 1;
+  args.report_steps = 3;
+  args.evaluation_steps = 6;
+  args.use_tensorboard = true;
+  Trainer t(args, make_model(), std::nullopt, random_data(4, 16, 64, 8), random_data(8, 16, 64, 5));
+  t.train();
+  std::map<std::int64_t, ojson> lines;  // the training lines by step
+  std::map<std::int64_t, double> eval_loss;  // the evaluations' losses by step
+  for (const auto& j : read_metrics(d.str())) {
+    if (j.contains("eval_loss")) eval_loss[j["step"].get<std::int64_t>()] = j["eval_loss"].get<double>();
+    else lines[j["step"].get<std::int64_t>()] = j;
+  }
+  ASSERT_EQ(eval_loss.size(), 2u);
+  ASSERT_EQ(lines.size(), 7u);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(d.p / "tensorboard")) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  std::vector<std::int64_t> loss_steps, eval_steps;
+  for (const auto& e : io::read_scalar_events(files[0])) {
+    if (e.tag == "eval_loss") {
+      eval_steps.push_back(e.step);
+      EXPECT_EQ(e.value, static_cast<float>(eval_loss.at(e.step)));
+    } else if (e.tag == "loss") {
+      loss_steps.push_back(e.step);
+      const std::int64_t first = e.step == 7 ? 7 : e.step - 2;
+      double mean = 0;
+      for (std::int64_t s = first; s <= e.step; ++s) mean += lines.at(s)["loss"].get<double>();
+      mean /= static_cast<double>(e.step - first + 1);
+      EXPECT_NEAR(e.value, mean, 1e-6 * mean) << "step " << e.step;
+    } else if (e.tag == "learning_rate") {
+      EXPECT_EQ(e.value, lines.at(e.step)["learning_rate"].get<float>()) << "step " << e.step;
+    }
+  }
+  EXPECT_EQ(loss_steps, (std::vector<std::int64_t>{3, 6, 7}));
+  EXPECT_EQ(eval_steps, (std::vector<std::int64_t>{6, 7}));
+  EXPECT_EQ(TrainingArguments::from_json(args.to_json()).report_steps, std::optional<std::int64_t>(3));
+  args.report_steps = 0;
+  EXPECT_THROW(args.validate(), Error);
 }
 
 TEST(Trainer, TimeLimitStopsWithACheckpoint) {
@@ -1160,13 +1210,18 @@ std::string file_bytes(const fs::path& p) {
 // async_checkpointing: training goes on while a checkpoint is written (the first save's
 // writer waits for step 3 to end, which a synchronous save would never let happen), and
 // every checkpoint holds the same bytes as a synchronous run's; on_save hears of each once it
-// is complete; the training arguments keep the field.
+// is complete; the training arguments keep the field. On one device, and on a simulated
+// fsdp=2 x tp=2 mesh, whose blocks are copied for the writer (ShardedLlama::snapshot).
 TEST(Trainer, AsyncCheckpointingWritesTheSameFilesWhileTrainingGoesOn) {
+  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 1, 1, 1}, {1, 2, 2, 1}}) {
+  SCOPED_TRACE("mesh " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]));
   const auto data = random_data(10, 16, 64, 5, true);
-  TempDir a("sync_saves"), b("async_saves");
+  const std::string tag = std::to_string(dims[1] * dims[2]);
+  TempDir a("sync_saves" + tag), b("async_saves" + tag);
   auto args = base_args(a.str());
   args.save_steps = 2;
   args.write_report = false;
+  args.sharding_axis_dims = dims;
   {
     Trainer t(args, make_model(), std::nullopt, data);
     t.train();
@@ -1207,6 +1262,7 @@ TEST(Trainer, AsyncCheckpointingWritesTheSameFilesWhileTrainingGoesOn) {
     for (const char* f : {"model.safetensors", "optimizer.safetensors"})
       EXPECT_EQ(file_bytes(a.p / step / f), file_bytes(b.p / step / f)) << f;
     EXPECT_EQ(comparable_state(a.p / step), comparable_state(b.p / step));
+  }
   }
 }
 

@@ -183,24 +183,33 @@ TEST(TrainingArguments, GradientCheckpointingNamesTheRematPolicies) {
   for (const char* ok : {"", "none", "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                          "everything_saveable", "checkpoint_dots", "checkpoint_dots_with_no_batch_dims"})
     EXPECT_NO_THROW(make(ok).validate()) << ok;
-  // JAX's other names dispatch to the same policies.
-  const auto policy_of = [](std::string_view name) {
-    std::string got;
-    remat::dispatch(name, [&]<class R>() {
-      got = std::is_same_v<R, remat::dots_saveable>                     ? "dots_saveable"
-            : std::is_same_v<R, remat::dots_with_no_batch_dims_saveable> ? "dots_with_no_batch_dims_saveable"
-                                                                         : "other";
-    });
-    return got;
-  };
-  EXPECT_EQ(policy_of("checkpoint_dots"), "dots_saveable");
-  EXPECT_EQ(policy_of("checkpoint_dots_with_no_batch_dims"), "dots_with_no_batch_dims_saveable");
+  // The policies that take names, spelled as their JAX calls (remat::parse's tests are in
+  // tests/core/test_policy.cpp).
+  for (const char* ok : {"save_only_these_names(attn_out, gate, up)", "save_any_names_but_these(act)",
+                         "save_from_both_policies(dots_saveable, save_only_these_names(act))"})
+    EXPECT_NO_THROW(make(ok).validate()) << ok;
   EXPECT_EQ(make(true).gradient_checkpointing, "nothing_saveable");  // HF: true recomputes each layer
   EXPECT_EQ(make(false).gradient_checkpointing, "");
-  auto e = error_of([&] { make("save_only_these_names").validate(); });
-  EXPECT_EQ(e.code(), errc::unsupported);
+  auto e = error_of([&] { make("save_only_these_names").validate(); });  // the call without its names
+  EXPECT_EQ(e.code(), errc::config);
   EXPECT_EQ(e.where(), "a.json field gradient_checkpointing");
-  EXPECT_NE(std::string(e.what()).find("compile time"), std::string::npos) << e.what();
+  e = error_of([&] { make("save_only_these_names(attn, gate)").validate(); });
+  EXPECT_EQ(e.code(), errc::config);
+  EXPECT_NE(std::string(e.what()).find("\"attn\" is not a checkpoint name"), std::string::npos) << e.what();
+  e = error_of([&] {  // on a mesh: whole layers or nothing
+    auto a = make("save_only_these_names(gate)");
+    a.sharding_axis_dims = {1, 2, 1, 1};
+    a.total_batch_size = 2;
+    a.validate();
+  });
+  EXPECT_EQ(e.code(), errc::unsupported);
+  {
+    auto a = make("save_only_these_names(ctx)");
+    a.sharding_axis_dims = {1, 2, 1, 1};
+    a.total_batch_size = 2;
+    a.gradient_checkpointing = "save_anything_except_these_names(norm1, q, k, v, ctx, attn_out, norm2, gate, up, act)";
+    EXPECT_NO_THROW(a.validate());  // drops every name: whole layers, as nothing_saveable
+  }
   e = error_of([&] { make("checkpoint_everything").validate(); });
   EXPECT_EQ(e.code(), errc::config);
   EXPECT_NE(std::string(e.what()).find("dots_with_no_batch_dims_saveable"), std::string::npos) << e.what();

@@ -57,11 +57,13 @@ constexpr std::string_view errc_name(errc e) noexcept {
 class Error : public std::runtime_error {
  public:
   Error(errc code, const std::string& where, const std::string& what)
-      : std::runtime_error(format(code, where, what)), code_(code), where_(where) {}
+      : std::runtime_error(format(code, where, what)), code_(code), where_(where), message_(what) {}
 
   errc code() const noexcept { return code_; }
   /// The object the error is about: an argument, a tensor path or a file.
   const std::string& where() const noexcept { return where_; }
+  /// What is wrong, without the code and the object (what() holds all three).
+  const std::string& message() const noexcept { return message_; }
 
  private:
   static std::string format(errc code, const std::string& where, const std::string& what) {
@@ -77,6 +79,7 @@ class Error : public std::runtime_error {
   }
   errc code_;
   std::string where_;
+  std::string message_;
 };
 
 namespace detail {

@@ -7,10 +7,15 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
+#include <iterator>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <edl/core/dtype.hpp>
+#include <edl/core/error.hpp>
 #include <edl/core/fixed_string.hpp>
 
 namespace edl {
@@ -88,8 +93,8 @@ struct dots_with_no_batch_dims_saveable {
   }
 };
 /// Keep only the named activations (JAX: save_only_these_names), e.g.
-/// save_only_these_names<"attn_out", "gate", "up">. Compile-time only: there is no run-time
-/// spelling of it in TrainingArguments or the CLI.
+/// save_only_these_names<"attn_out", "gate", "up">; at run time spelled
+/// "save_only_these_names(attn_out, gate, up)" (parse below).
 template <Name... Names>
 struct save_only_these_names {
   static_assert((is_checkpoint_name(Names) && ...),
@@ -99,8 +104,8 @@ struct save_only_these_names {
 };
 
 /// Keep every activation but the named ones (JAX: save_anything_except_these_names, also
-/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">.
-/// Compile-time only, as save_only_these_names.
+/// spelled save_any_names_but_these), e.g. save_anything_except_these_names<"gate", "up">; at
+/// run time "save_anything_except_these_names(gate, up)".
 template <Name... Names>
 struct save_anything_except_these_names {
   static_assert((is_checkpoint_name(Names) && ...),
@@ -118,31 +123,108 @@ concept RematPolicy = requires(const Name& n) {
 };
 
 /// Keep what either policy keeps (JAX: save_from_both_policies), e.g.
-/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>.
-/// Compile-time only, as save_only_these_names.
+/// save_from_both_policies<dots_with_no_batch_dims_saveable, save_only_these_names<"act">>; at
+/// run time "save_from_both_policies(dots_with_no_batch_dims_saveable, save_only_these_names(act))".
 template <RematPolicy A, RematPolicy B>
 struct save_from_both_policies {
   static constexpr const char* name = "save_from_both_policies";
   static constexpr bool saves(const Name& n) { return A::saves(n) || B::saves(n); }
 };
 
-/// The run-time spellings (TrainingArguments.gradient_checkpointing, edl bench train --remat);
-/// JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the other
-/// names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
+/// The checkpoint names a policy does not keep, as bits (bit i: checkpoint_names[i]): how a
+/// decoder layer applies a policy, whether it is a type (dropped_by<R>) or spelled at run time
+/// (parse).
+using DropMask = std::uint32_t;
+template <RematPolicy R>
+constexpr DropMask dropped_by() {
+  DropMask bits = 0;
+  for (std::size_t i = 0; i < std::size(checkpoint_names); ++i)
+    if (!R::saves(checkpoint_names[i])) bits |= DropMask{1} << i;
+  return bits;
+}
+
+/// The plain run-time names (TrainingArguments.gradient_checkpointing, edl bench train
+/// --remat); JAX's checkpoint_dots and checkpoint_dots_with_no_batch_dims are accepted as the
+/// other names of dots_saveable and dots_with_no_batch_dims_saveable (jax.checkpoint_policies).
 inline constexpr const char* runtime_names[] = {"everything_saveable", "nothing_saveable", "dots_saveable",
                                                 "dots_with_no_batch_dims_saveable"};
+/// The policies that take arguments at run time, spelled as their JAX calls.
+inline constexpr const char* runtime_calls[] = {"save_only_these_names(NAME, ...)",
+                                                "save_anything_except_these_names(NAME, ...)",
+                                                "save_any_names_but_these(NAME, ...)",
+                                                "save_from_both_policies(POLICY, POLICY)"};
 
-/// Calls f.template operator()<R>() with the policy named `name` ("" and "none" are
-/// everything_saveable: nothing is rematerialized); returns false for any other name.
-template <class F>
-bool dispatch(std::string_view name, F&& f) {
-  if (name.empty() || name == "none" || name == "everything_saveable") f.template operator()<everything_saveable>();
-  else if (name == "nothing_saveable") f.template operator()<nothing_saveable>();
-  else if (name == "dots_saveable" || name == "checkpoint_dots") f.template operator()<dots_saveable>();
-  else if (name == "dots_with_no_batch_dims_saveable" || name == "checkpoint_dots_with_no_batch_dims")
-    f.template operator()<dots_with_no_batch_dims_saveable>();
-  else return false;
-  return true;
+namespace detail {
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+/// The comma-separated arguments of a call's parentheses, split at top level only.
+inline std::vector<std::string_view> split_arguments(std::string_view s) {
+  std::vector<std::string_view> out;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '(') ++depth;
+    else if (s[i] == ')') --depth;
+    else if (s[i] == ',' && depth == 0) {
+      out.push_back(trim(s.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  out.push_back(trim(s.substr(start)));
+  return out;
+}
+}  // namespace detail
+
+/// The policy spelled `text` at run time, as the names it drops: "" and "none" (keep
+/// everything), runtime_names and JAX's other spellings of them, and the calls
+/// save_only_these_names(attn_out, gate), save_anything_except_these_names(gate, up) (also
+/// save_any_names_but_these) over checkpoint_names, and save_from_both_policies(p, q) of any
+/// two spellings (a name is kept if either keeps it). Equals dropped_by of the same policy
+/// type. Errors (errc `code`, naming `where`) say what was expected.
+inline DropMask parse(std::string_view text, const std::string& where = "remat", errc code = errc::invalid_argument) {
+  const std::string_view t = detail::trim(text);
+  if (t.empty() || t == "none" || t == "everything_saveable") return dropped_by<everything_saveable>();
+  if (t == "nothing_saveable") return dropped_by<nothing_saveable>();
+  if (t == "dots_saveable" || t == "checkpoint_dots") return dropped_by<dots_saveable>();
+  if (t == "dots_with_no_batch_dims_saveable" || t == "checkpoint_dots_with_no_batch_dims")
+    return dropped_by<dots_with_no_batch_dims_saveable>();
+  const auto expected = [] {
+    std::string v = "\"\", none";
+    for (const char* n : runtime_names) v += std::string(", ") + n;
+    for (const char* n : runtime_calls) v += std::string(", ") + n;
+    return v;
+  };
+  const std::size_t open = t.find('(');
+  EDL_CHECK(open != std::string_view::npos && t.back() == ')', code, where, "expected one of ", expected(),
+            "; found \"", t, "\"");
+  const std::string_view fn = detail::trim(t.substr(0, open));
+  const std::vector<std::string_view> args = detail::split_arguments(t.substr(open + 1, t.size() - open - 2));
+  if (fn == "save_from_both_policies") {
+    EDL_CHECK(args.size() == 2 && !args[0].empty() && !args[1].empty(), code, where,
+              "save_from_both_policies takes two policies, found \"", t, "\"");
+    return parse(args[0], where, code) & parse(args[1], where, code);  // dropped only where both drop
+  }
+  const bool only = fn == "save_only_these_names";
+  EDL_CHECK(only || fn == "save_anything_except_these_names" || fn == "save_any_names_but_these", code, where,
+            "expected one of ", expected(), "; found \"", t, "\"");
+  DropMask named = 0;
+  for (std::string_view a : args) {
+    if (a.size() >= 2 && (a.front() == '"' || a.front() == '\'') && a.back() == a.front()) a = a.substr(1, a.size() - 2);
+    std::size_t i = 0;
+    while (i < std::size(checkpoint_names) && checkpoint_names[i].view() != a) ++i;
+    if (i == std::size(checkpoint_names)) {
+      std::string names;
+      for (const Name& n : checkpoint_names) names += (names.empty() ? "" : ", ") + std::string(n.view());
+      ::edl::detail::raise(code, where,
+                           ::edl::detail::concat(fn, ": \"", a, "\" is not a checkpoint name (", names, ")"));
+    }
+    named |= DropMask{1} << i;
+  }
+  const DropMask all = dropped_by<nothing_saveable>();
+  return only ? all & ~named : named;
 }
 }  // namespace remat
 

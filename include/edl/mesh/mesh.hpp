@@ -104,13 +104,24 @@ constexpr MeshDims mesh_dims_without_ep(const std::array<std::int64_t, 4>& d) no
 }
 
 /// `dims` with an axis of -1 filled so that the mesh has `devices` devices (default: the
-/// launch's, device_count()); errors name the axis and the counts.
-inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1) {
-  if (std::find(dims.begin(), dims.end(), std::int64_t{-1}) == dims.end()) return dims;
-  const MeshShape s({"dp", "fsdp", "ep", "tp", "sp"}, std::vector<std::int64_t>(dims.begin(), dims.end()),
-                    devices > 0 ? devices : device_count());
-  MeshDims out{};
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = s.sizes()[i];
+/// launch's, device_count()). Errors (two axes of -1, a size below 1, devices the other axes do
+/// not divide) are raised with `code`, naming `where` (the field or flag the sizes came from).
+inline MeshDims infer_mesh_dims(const MeshDims& dims, std::int64_t devices = -1, const std::string& where = "Mesh",
+                                errc code = errc::not_divisible) {
+  std::int64_t known = 1, minus_one = 0;
+  for (auto d : dims) {
+    EDL_CHECK(d == -1 || d >= 1, code, where, "axis sizes must be positive or -1, found ", d);
+    d == -1 ? ++minus_one : known *= d;
+  }
+  EDL_CHECK(minus_one <= 1, code, where, "at most one axis may be -1, found ", minus_one);
+  if (minus_one == 0) return dims;
+  if (devices <= 0) devices = device_count();
+  EDL_CHECK(devices % known == 0, code, where, "-1 takes the devices left over, but ", devices,
+            " devices (device_count(): EDL_DEVICES, else one per process or MPI rank) do not divide by the other "
+            "axes' product ", known);
+  MeshDims out = dims;
+  for (auto& d : out)
+    if (d == -1) d = devices / known;
   return out;
 }
 

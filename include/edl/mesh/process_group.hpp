@@ -14,6 +14,7 @@
 // Device order (mesh/backends/mpi.hpp): process r runs devices [r * local, (r + 1) * local).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -26,6 +27,34 @@
 #include <edl/mesh/mesh.hpp>
 
 namespace edl {
+
+/// Where a process sits among the launch's processes by model-parallel and data-parallel
+/// groups (EasyDeL's get_ranks_and_size): the processes one tp x sp group spans
+/// (mp_node_size), how many such process groups there are (dp_node_size), and this process's
+/// place in each. Processes of one mp node run the same model-parallel groups, so they take
+/// the same data: a loader reads shard dp_node_rank of dp_node_size.
+struct NodeRanks {
+  int mp_node_size = 1, dp_node_size = 1;
+  int mp_node_rank = 0, dp_node_rank = 0;
+  bool operator==(const NodeRanks&) const = default;
+};
+
+/// NodeRanks of process `rank` of `processes`, each running `local_devices` devices of a mesh
+/// whose model-parallel axes (tp x sp) hold `mp_devices` devices: mp_node_size =
+/// max(1, mp_devices / local_devices), dp_node_size = processes / mp_node_size.
+inline NodeRanks node_ranks(std::int64_t mp_devices, std::int64_t local_devices, int processes, int rank) {
+  EDL_CHECK(mp_devices > 0 && local_devices > 0 && processes > 0 && rank >= 0 && rank < processes,
+            errc::invalid_argument, "node_ranks", "expected positive sizes and 0 <= rank < processes, found mp_devices ",
+            mp_devices, ", local_devices ", local_devices, ", processes ", processes, ", rank ", rank);
+  NodeRanks n;
+  n.mp_node_size = static_cast<int>(std::max<std::int64_t>(1, mp_devices / local_devices));
+  EDL_CHECK(processes % n.mp_node_size == 0, errc::not_divisible, "node_ranks", processes,
+            " processes do not divide into model-parallel nodes of ", n.mp_node_size);
+  n.dp_node_size = processes / n.mp_node_size;
+  n.dp_node_rank = rank / n.mp_node_size;
+  n.mp_node_rank = rank % n.mp_node_size;
+  return n;
+}
 
 class ProcessGroup {
  public:
@@ -99,6 +128,13 @@ class ProcessGroup {
 
   /// The primary's `value` on every process.
   std::int64_t from_primary(std::int64_t value) const { return sum({is_primary() ? value : 0})[0]; }
+
+  /// This process's NodeRanks on its mesh (one process: a node of its own, rank 0).
+  NodeRanks node_ranks() const {
+    if (!mesh_) return {};
+    const std::int64_t mp = mesh_->axis_size("tp") * mesh_->axis_size("sp");
+    return ::edl::node_ranks(mp, mesh_->size() / size_, size_, rank_);
+  }
 
  private:
   std::optional<DefaultMesh> mesh_;

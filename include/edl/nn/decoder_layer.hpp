@@ -69,13 +69,10 @@ class DecoderLayer {
     std::uint32_t dropped = 0;     // bit i: remat::checkpoint_names[i] was not kept
   };
 
-  /// The checkpoint names R does not keep, as Saved::dropped bits.
+  /// The checkpoint names R does not keep, as Saved::dropped bits (remat::dropped_by).
   template <remat::RematPolicy R>
   static constexpr std::uint32_t dropped_by() {
-    std::uint32_t bits = 0;
-    for (std::size_t i = 0; i < std::size(remat::checkpoint_names); ++i)
-      if (!R::saves(remat::checkpoint_names[i])) bits |= 1u << i;
-    return bits;
+    return remat::dropped_by<R>();
   }
 
   DecoderLayer() = default;
@@ -140,9 +137,11 @@ class DecoderLayer {
   }
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
-  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's).
+  /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's), or what a
+  /// policy spelled at run time keeps (`drop`: remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s) const {
+  void forward(const float* x, const TokenLayout& layout, float* y, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     const std::int64_t T = layout.tokens();
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
     s.x = x;
@@ -171,7 +170,7 @@ class DecoderLayer {
       mlp.forward(s.n2.data(), T, y, s.mlp_s);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
-    release(s, dropped_by<R>());
+    release(s, drop);
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
     Saved s;

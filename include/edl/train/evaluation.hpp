@@ -56,7 +56,7 @@ struct EvalOptions {
 /// The model's forward and loss (and backward when asked), with a finiteness check of the
 /// final hidden states before the loss: non-finite activations give loss NaN instead of
 /// reaching the loss kernel (whose argmax expects finite logits). `remat` names the
-/// gradient-checkpointing policy of the forward (remat::runtime_names; "" keeps everything):
+/// gradient-checkpointing policy of the forward (remat::parse's spellings; "" keeps everything):
 /// the layers keep what it saves and their backward recomputes the rest, with bitwise the same
 /// loss and gradients.
 template <class Model>
@@ -65,9 +65,7 @@ nn::LossMetrics guarded_causal_lm_loss(Model& model, const Batch& b, const nn::L
   const nn::TokenLayout lay = b.layout();
   typename Model::Saved s;
   if (!backward || remat.empty()) model.forward(b.input_ids.data(), lay, s);
-  else
-    EDL_CHECK(remat::dispatch(remat, [&]<class R>() { model.template forward<R>(b.input_ids.data(), lay, s); }),
-              errc::invalid_argument, "gradient_checkpointing", "unknown remat policy \"", remat, "\"");
+  else model.forward(b.input_ids.data(), lay, s, remat::parse(remat, "gradient_checkpointing"));
   for (float v : s.hidden)
     if (!std::isfinite(v)) {
       nn::LossMetrics bad;

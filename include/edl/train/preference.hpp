@@ -268,30 +268,47 @@ PreferenceMetrics preference_loss(Model& policy, const Batch& b, const Preferenc
       b, o, backward, step_pairs, step_chosen);
 }
 
+/// Per row of `b`: the sum of log p over its scored targets of a model on a mesh
+/// (models::ShardedLlama), and their count. A batch the mesh does not split (an evaluation
+/// batch) is scored padded with target-free rows and positions (pad_rows_to_multiple,
+/// pad_to_multiple); the padding's rows are dropped from the result.
+template <class Sharded>
+void sharded_row_logps(Sharded& m, const Batch& b, std::vector<double>& logp, std::vector<std::int64_t>& count) {
+  const bool fits = b.batch % m.batch_multiple() == 0 && b.seq % m.seq_multiple() == 0;
+  Batch padded;
+  if (!fits) {
+    padded = b;
+    pad_rows_to_multiple(padded, m.batch_multiple(), 0);
+    pad_to_multiple(padded, m.seq_multiple(), 0);
+  }
+  const Batch& x = fits ? b : padded;
+  const nn::TokenLayout lay = x.layout();
+  std::vector<double> nll(static_cast<std::size_t>(x.batch * x.seq));
+  nn::LossOptions lo;
+  lo.row_nll = nll.data();
+  m.loss(x.input_ids.data(), x.labels.data(), x.batch, x.seq, lo, lay.attention_mask, lay.position_ids, lay.segment_ids);
+  preference_detail::logps_from_nll(x, nll, logp, count);
+  logp.resize(static_cast<std::size_t>(b.batch));
+  count.resize(static_cast<std::size_t>(b.batch));
+}
+
 /// The preference loss of batch `b` for a policy on a mesh (models::ShardedLlama: its loss and
-/// loss_and_grads with per-position NLLs and weights), against a one-device `reference` (null:
-/// ORPO, or DPO against the base of a policy with LoRA adapters, run on the mesh with them
-/// switched off). The policy runs one forward for the log-probabilities and one forward and backward
-/// for the gradient; the result equals the one-device loss within f32 rounding.
+/// loss_and_grads with per-position NLLs and weights), against a frozen `reference` on the same
+/// mesh or on one device (null: ORPO, or DPO against the base of a policy with LoRA adapters,
+/// run on the mesh with them switched off). The policy runs one forward for the
+/// log-probabilities and, with `backward`, one forward and backward for the gradient (the
+/// batch must then split over the mesh; without, any batch is scored, padded); the result
+/// equals the one-device loss within f32 rounding.
 template <class Sharded, class Reference>
-PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* reference, const Batch& b,
+PreferenceMetrics sharded_preference_loss(Sharded& policy, Reference* reference, const Batch& b,
                                           const PreferenceOptions& o, bool backward, std::int64_t step_pairs = 0,
                                           std::int64_t step_chosen = 0) {
   EDL_CHECK(o.orpo || reference != nullptr || policy.has_adapters(), errc::invalid_argument, "sharded_preference_loss",
             "DPO needs a reference model, or LoRA adapters on the policy (the reference is its base)");
-  const nn::TokenLayout lay = b.layout();
-  // Log-probabilities of the sharded policy; with adapters off, those of its base.
-  const auto sharded_logps = [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
-    std::vector<double> nll(static_cast<std::size_t>(b.batch * b.seq));
-    nn::LossOptions lo;
-    lo.row_nll = nll.data();
-    policy.loss(b.input_ids.data(), b.labels.data(), b.batch, b.seq, lo, lay.attention_mask, lay.position_ids,
-                lay.segment_ids);
-    preference_detail::logps_from_nll(b, nll, logp, count);
-  };
   return preference_objective(
-      sharded_logps,
+      [&](std::vector<double>& logp, std::vector<std::int64_t>& count) { sharded_row_logps(policy, b, logp, count); },
       [&](const std::vector<float>& w) {
+        const nn::TokenLayout lay = b.layout();
         nn::LossOptions lo;
         lo.normalizer = 1.0;
         lo.row_weights = w.data();
@@ -301,10 +318,14 @@ PreferenceMetrics sharded_preference_loss(Sharded& policy, const Reference* refe
       [&](std::vector<double>& logp, std::vector<std::int64_t>& count) {
         if (!reference) {  // the policy's base: its adapters switched off for this forward
           const lora::AdaptersOff<Sharded> off(policy);
-          return sharded_logps(logp, count);
+          return sharded_row_logps(policy, b, logp, count);
         }
-        typename Reference::Saved rs;
-        preference_detail::row_logps(*reference, b, rs, logp, count);
+        if constexpr (requires { reference->batch_multiple(); }) {  // a reference on the mesh
+          sharded_row_logps(*reference, b, logp, count);
+        } else {
+          typename Reference::Saved rs;
+          preference_detail::row_logps(*reference, b, rs, logp, count);
+        }
       },
       b, o, backward, step_pairs, step_chosen);
 }

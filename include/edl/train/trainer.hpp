@@ -23,8 +23,9 @@
 // before the parameters change (the last checkpoint stays the last good one); training_time_limit
 // stops cleanly after the current step, with a checkpoint. The final hidden states are checked
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
-// picks the remat policy of the step at run time (forward<R> of the one model type, Model):
-// nothing_saveable, dots_saveable, ... trade step time for activation memory (docs/training.md); on a mesh
+// picks the remat policy of the step at run time (remat::parse: its names as the layers' drop
+// mask, one model type): nothing_saveable, dots_saveable, save_only_these_names(...), ...
+// trade step time for activation memory (docs/training.md); on a mesh
 // the sharded step keeps every activation or, with nothing_saveable, runs each layer again in
 // its backward (ShardedLlama::set_remat).
 //
@@ -272,8 +273,7 @@ class BasicTrainer {
     return opt_;
   }
   /// Whether this process holds the whole model on the host. On a mesh a run built from its
-  /// arguments (no LoRA, no preference pairs) draws or reads the model straight into the
-  /// devices' blocks and holds no host copy until model(), optimizer() or training_state()
+  /// arguments (any but QLoRA) draws or reads the model straight into the devices' blocks and holds no host copy until model(), optimizer() or training_state()
   /// gathers one.
   bool host_holds_model() const noexcept { return host_filled_; }
   /// Parameters of the model (without gathering it).
@@ -307,7 +307,6 @@ class BasicTrainer {
     // On a mesh the sharded model scores the batches (nothing is gathered).
     ojson j = ojson::object();
     if (pairs()) {  // preference pairs: the loss and TRL's metrics with eval_ names
-      sync_host();
       const PreferenceMetrics pm = evaluate_pairs();
       e.loss = pm.loss;
       e.perplexity = std::exp(pm.loss);
@@ -348,37 +347,64 @@ class BasicTrainer {
   }
 
   /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
-  /// its devices' blocks of the model and optimizer state (save_sharded_state), in step: no
-  /// process gathers the model. With async_checkpointing on one device the
-  /// model, optimizer and state are copied and a background thread writes the copy while
-  /// training goes on: still atomically (checkpoint.hpp), one save at a time (a new one first
-  /// waits for the last), on_save and "saved" once the folder is complete, and a failed write
-  /// rethrown by the next call that waits (the next save, a step's end, the end of train()).
+  /// its devices' blocks of the model and optimizer state (save_sharded_state): no process
+  /// gathers the model. With async_checkpointing in one process (one device, or a simulated
+  /// mesh) the model (or its blocks), optimizer and state are copied and a background thread
+  /// writes the copy while training goes on: still atomically (checkpoint.hpp), one save at a
+  /// time (a new one first waits for the last), on_save and "saved" once the folder is
+  /// complete, and a failed write rethrown by the next call that waits (the next save, a
+  /// step's end, the end of train()). Several processes save collectively, in step.
   std::string save_checkpoint() {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
+    // In the background on one process (several processes save collectively, in step).
+    const bool background = args_.async_checkpointing && processes_.size() == 1;
+    if (background) wait_for_checkpoint();  // one save at a time
     if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
+      if (background)  // a copy of the blocks belongs to the thread; the mesh's move on meanwhile
+        return save_in_background([model = sharded_->snapshot(), opt = *sopt_, s = std::move(s), tok = tok_,
+                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_]() mutable {
+          save_sharded_checkpoint(ckpt, model, opt, s, tok ? &*tok : nullptr, hooks, pg);
+        });
       const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
                                                     checkpoint_hooks, processes_);
       saved(p);
       return p;
     }
-    sync_host();
-    if (!args_.async_checkpointing || processes_.size() > 1) {  // several processes save collectively, in step
-      const std::string p = ckpt_.save(*model_, opt_, s, tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
+    // A LoRA run's checkpoint holds the adapters and their optimizer slots: on a mesh those
+    // alone are gathered (every process: gathering is collective), never the base.
+    std::optional<Model> adapters;
+    std::optional<optim::Optimizer> adapter_opt;
+    if (sharded_) {
+      adapters.emplace(sharded_->gather_adapters());
+      adapter_opt.emplace(sopt_->gather(*sharded_));
+    }
+    if (!background) {
+      const std::string p = ckpt_.save(adapters ? *adapters : *model_, adapter_opt ? *adapter_opt : opt_, s,
+                                       tok_ ? &*tok_ : nullptr, checkpoint_hooks, processes_);
       saved(p);
       return p;
     }
-    wait_for_checkpoint();
+    // The copies belong to the thread (the gathered adapters move there); the trainer's model
+    // and optimizer move on meanwhile.
+    return save_in_background([model = adapters ? std::move(*adapters) : Model(*model_),
+                               opt = adapter_opt ? std::move(*adapter_opt) : opt_, s = std::move(s), tok = tok_,
+                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+      ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+    });
+  }
+
+  /// Runs `write` (which owns copies of all it saves) on a background thread as the pending
+  /// save of this step's checkpoint; returns its folder.
+  template <class Write>
+  std::string save_in_background(Write write) {
     auto job = std::make_unique<PendingSave>();
     job->path = ckpt_.path_for(state_.step);
-    // The copies belong to the thread; the trainer's model and optimizer move on meanwhile.
-    job->thread = std::thread([job = job.get(), model = *model_, opt = opt_, s = std::move(s), tok = tok_,
-                               ckpt = ckpt_, hooks = checkpoint_hooks]() mutable {
+    job->thread = std::thread([job = job.get(), write = std::move(write)]() mutable {
       try {
-        ckpt.save(model, opt, s, tok ? &*tok : nullptr, hooks);
+        write();
       } catch (...) {
         job->error = std::current_exception();
       }
@@ -398,14 +424,25 @@ class BasicTrainer {
     saved(job->path);
   }
 
+  /// The preference loss of a batch of pairs wherever the policy runs (one device or the mesh),
+  /// against DPO's reference (on the mesh, on the host, or the policy's base with its adapters
+  /// off); with `backward`, ACCUMULATES the policy's gradients.
+  PreferenceMetrics pair_loss(const Batch& b, bool backward, std::int64_t step_pairs = 0, std::int64_t step_chosen = 0) {
+    const PreferenceOptions po = args_.preference_options();
+    if (sharded_ && sharded_reference_)
+      return sharded_preference_loss(*sharded_, sharded_reference_.get(), b, po, backward, step_pairs, step_chosen);
+    if (sharded_) return sharded_preference_loss(*sharded_, reference_.get(), b, po, backward, step_pairs, step_chosen);
+    if (reference_) return preference_loss(*model_, *reference_, b, po, backward, step_pairs, step_chosen);
+    return preference_loss(*model_, b, po, backward, step_pairs, step_chosen);
+  }
+
   /// The preference loss and metrics over eval_data's pairs (eval_batch() pairs a batch,
-  /// max_evaluation_steps batches at most), means over the pairs; the host model, no gradient.
+  /// max_evaluation_steps batches at most), means over the pairs; no gradient. On a mesh the
+  /// sharded policy scores them (nothing is gathered).
   PreferenceMetrics evaluate_pairs() {
     PreferenceMetrics sum;
-    const PreferenceOptions po = args_.preference_options();
     for_each_eval_batch(*eval_, eval_options(), [&](const Batch& b) {
-      const PreferenceMetrics m = reference_ ? preference_loss(*model_, *reference_, b, po, false)
-                                             : preference_loss(*model_, b, po, false);
+      const PreferenceMetrics m = pair_loss(b, /*backward=*/false);
       const double k = static_cast<double>(m.pairs);  // the batch's means, weighted by its pairs
       sum.loss += k * m.loss;
       sum.add_means(m, k);
@@ -472,9 +509,9 @@ class BasicTrainer {
     std::vector<std::int64_t> order;
     std::int64_t order_epoch = -1;
     const std::int64_t B = args_.total_batch_size, A = args_.gradient_accumulation_steps, mb = args_.micro_batch_size();
-    // Log window.
-    double win_loss = 0, win_s = 0, win_flops = 0, win_aux = 0;
-    std::int64_t win_steps = 0, win_tokens = 0, session_tokens = 0;
+    // The steps since the last metrics line, and (report_steps) since the last report.
+    StepWindow log_win, report_win;
+    std::int64_t session_tokens = 0;
     std::vector<std::int64_t> rows;
 
     while (state_.step < total_steps_ && stop_reason_.empty()) {
@@ -521,10 +558,7 @@ class BasicTrainer {
           set_router_jitter(fold_in(fold_in(Key::from_seed(args_.seed), 3),
                                     static_cast<std::uint32_t>(state_.step * A + static_cast<std::int64_t>(a))));
         if (pairs()) {
-          const PreferenceOptions po = args_.preference_options();
-          const PreferenceMetrics pm = sharded_      ? sharded_preference_loss(*sharded_, reference_.get(), b, po, true, B, chosen)
-                                       : reference_ ? preference_loss(*model_, *reference_, b, po, true, B, chosen)
-                                                    : preference_loss(*model_, b, po, true, B, chosen);
+          const PreferenceMetrics pm = pair_loss(b, /*backward=*/true, B, chosen);
           loss += pm.loss;
           pref.nll_loss += pm.nll_loss;
           pref.add_means(pm, static_cast<double>(pm.pairs) / static_cast<double>(B));  // the step's means
@@ -582,62 +616,64 @@ class BasicTrainer {
       if (state_.step == first_step + 1) r.first_loss = loss;
       r.final_loss = loss;
       session_tokens += input_tokens;
-      win_loss += loss;
-      win_aux += aux;
-      win_s += sm.step_seconds;
-      win_flops += flops;
-      win_tokens += input_tokens;
-      ++win_steps;
+      for (StepWindow* w : {&log_win, &report_win}) w->add(loss, aux, sm.step_seconds, flops, input_tokens);
 
       on_step_end(sm);
       const bool last = state_.step >= total_steps_;
       const bool log_now =
           state_.step % args_.log_steps == 0 || state_.step == first_step + 1 || last || !stop_reason_.empty();
+      const bool report_now = args_.report_steps && tensorboard_ &&
+                              (state_.step % *args_.report_steps == 0 || last || !stop_reason_.empty());
+      // The step's line over a window of steps: means of the loss, throughput and MFU over it;
+      // the rest (rate, norm, preference metrics) of the step itself.
+      const auto step_line = [&](const StepWindow& w) {
+        ojson j = ojson::object();
+        j["step"] = state_.step;
+        j["epoch"] = sm.epoch;
+        j["loss"] = w.mean_loss();
+        j["learning_rate"] = lr;
+        j["grad_norm"] = gnorm;
+        if (model_->config().is_moe() && model_->config().output_router_logits)
+          j["aux_loss"] = w.aux / static_cast<double>(w.steps);  // unscaled; "loss" includes coef x it
+        if (pairs()) {  // TRL's names, of the logged step
+          j["rewards/chosen"] = pref.rewards_chosen;
+          j["rewards/rejected"] = pref.rewards_rejected;
+          j["rewards/accuracies"] = pref.rewards_accuracies;
+          j["rewards/margins"] = pref.rewards_margins;
+          j["logps/chosen"] = pref.logps_chosen;
+          j["logps/rejected"] = pref.logps_rejected;
+          if (args_.trainer == "orpo") {
+            j["nll_loss"] = pref.nll_loss;
+            j["log_odds_ratio"] = pref.log_odds_ratio;
+            j["log_odds_chosen"] = pref.log_odds_chosen;
+          }
+        }
+        j["tokens_per_s"] = w.tokens_per_s();
+        j["mfu"] = w.mfu(peak_gflops_);
+        if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
+          j["memory/resident_bytes"] = resident_bytes();
+          j["memory/peak_resident_bytes"] = peak_resident_bytes();
+        }
+        j["elapsed_s"] = state_.elapsed_s;
+        j["tokens_seen"] = state_.tokens_seen;
+        return j;
+      };
+      if (log_now) {
+        ojson j = step_line(log_win);
+        write_metrics(j, /*report=*/!args_.report_steps);
+      }
+      if (report_now) {  // TensorBoard's own cadence: the line over the steps since the last report
+        report(step_line(report_win));
+        report_win = {};
+      }
       // On a terminal the bar is redrawn after every step (from the log window so far);
       // metrics.jsonl and plain-line progress only get the logged steps.
       if (log_now || progress_.in_place()) {
-        const double tok_s = win_s > 0 ? static_cast<double>(win_tokens) / win_s : 0.0;
-        const double mfu = (win_s > 0 && peak_gflops_ > 0) ? win_flops / win_s / (peak_gflops_ * 1e9) : 0.0;
         const double per_step = session_s() / static_cast<double>(state_.step - first_step);
-        if (log_now) {
-          ojson j = ojson::object();
-          j["step"] = state_.step;
-          j["epoch"] = sm.epoch;
-          j["loss"] = win_loss / static_cast<double>(win_steps);
-          j["learning_rate"] = lr;
-          j["grad_norm"] = gnorm;
-          if (model_->config().is_moe() && model_->config().output_router_logits)
-            j["aux_loss"] = win_aux / static_cast<double>(win_steps);  // unscaled; "loss" includes coef x it
-          if (pairs()) {  // TRL's names, of the logged step
-            j["rewards/chosen"] = pref.rewards_chosen;
-            j["rewards/rejected"] = pref.rewards_rejected;
-            j["rewards/accuracies"] = pref.rewards_accuracies;
-            j["rewards/margins"] = pref.rewards_margins;
-            j["logps/chosen"] = pref.logps_chosen;
-            j["logps/rejected"] = pref.logps_rejected;
-            if (args_.trainer == "orpo") {
-              j["nll_loss"] = pref.nll_loss;
-              j["log_odds_ratio"] = pref.log_odds_ratio;
-              j["log_odds_chosen"] = pref.log_odds_chosen;
-            }
-          }
-          j["tokens_per_s"] = tok_s;
-          j["mfu"] = mfu;
-          if (args_.track_memory) {  // EasyDeL's track_memory: the process's resident set, now and its peak
-            j["memory/resident_bytes"] = resident_bytes();
-            j["memory/peak_resident_bytes"] = peak_resident_bytes();
-          }
-          j["elapsed_s"] = state_.elapsed_s;
-          j["tokens_seen"] = state_.tokens_seen;
-          write_metrics(j);
-        }
-        progress_.update(state_.step, total_steps_, win_loss / static_cast<double>(win_steps), lr, tok_s, mfu,
-                         per_step * static_cast<double>(total_steps_ - state_.step));
-        if (log_now) {
-          win_loss = win_s = win_flops = win_aux = 0;
-          win_steps = win_tokens = 0;
-        }
+        progress_.update(state_.step, total_steps_, log_win.mean_loss(), lr, log_win.tokens_per_s(),
+                         log_win.mfu(peak_gflops_), per_step * static_cast<double>(total_steps_ - state_.step));
       }
+      if (log_now) log_win = {};
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
@@ -658,11 +694,15 @@ class BasicTrainer {
       if (last_saved_step_ != state_.step) save_checkpoint();
     }
     wait_for_checkpoint();
-    if (adapters_ && r.stop_reason != "nothing_to_do") sync_host();  // every process: gathering is collective
-    if (adapters_ && processes_.is_primary() && r.stop_reason != "nothing_to_do") {
-      const fs::path dir = fs::path(args_.save_directory) / "adapter";
-      lora::save_adapter(dir, *model_, base_model_name(args_.to_json()));
-      progress_.message("adapter: " + dir.string());
+    if (adapters_ && r.stop_reason != "nothing_to_do") {
+      // The adapters alone, gathered on a mesh (every process: gathering is collective).
+      std::optional<Model> gathered;
+      if (sharded_) gathered.emplace(sharded_->gather_adapters());
+      if (processes_.is_primary()) {
+        const fs::path dir = fs::path(args_.save_directory) / "adapter";
+        lora::save_adapter(dir, gathered ? *gathered : *model_, base_model_name(args_.to_json()));
+        progress_.message("adapter: " + dir.string());
+      }
     }
     progress_.finish();
     r.steps = state_.step;
@@ -678,6 +718,25 @@ class BasicTrainer {
   }
 
  private:
+  /// Sums over a window of optimizer steps (since the last metrics line or report).
+  struct StepWindow {
+    double loss = 0, aux = 0, seconds = 0, flops = 0;
+    std::int64_t steps = 0, tokens = 0;
+    void add(double step_loss, double step_aux, double step_seconds, double step_flops, std::int64_t step_tokens) {
+      loss += step_loss;
+      aux += step_aux;
+      seconds += step_seconds;
+      flops += step_flops;
+      tokens += step_tokens;
+      ++steps;
+    }
+    double mean_loss() const { return steps ? loss / static_cast<double>(steps) : 0.0; }
+    double tokens_per_s() const { return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; }
+    /// Model FLOPs utilisation over the window against `peak_gflops` (0 when unknown).
+    double mfu(double peak_gflops) const {
+      return seconds > 0 && peak_gflops > 0 ? flops / seconds / (peak_gflops * 1e9) : 0.0;
+    }
+  };
   /// A checkpoint a background thread writes (async_checkpointing).
   struct PendingSave {
     std::thread thread;
@@ -709,29 +768,41 @@ class BasicTrainer {
     return args;
   }
 
-  /// One metrics.jsonl line, after the on_log callbacks.
-  void write_metrics(ojson& line) {
+  /// One metrics.jsonl line, after the on_log callbacks; reported to TensorBoard too unless
+  /// `report` is false (report_steps: training lines have their own cadence there).
+  void write_metrics(ojson& line, bool report = true) {
     for (auto& c : callbacks)
       if (c.on_log) c.on_log(*this, line);
     metrics_->write(line);
-    if (tensorboard_) {  // every number of the line but its step, under the line's own key
-      const std::int64_t step = line.value("step", state_.step);
-      for (const auto& [key, v] : line.items())
-        if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
-    }
+    if (report) this->report(line);
+  }
+  /// Every number of `line` but its step as a TensorBoard scalar under the line's own key
+  /// (use_tensorboard; nothing without it).
+  void report(const ojson& line) {
+    if (!tensorboard_) return;
+    const std::int64_t step = line.value("step", state_.step);
+    for (const auto& [key, v] : line.items())
+      if (v.is_number() && key != "step") tensorboard_->scalar(key, v.template get<float>(), step);
   }
   /// Shards the host model and optimizer state over the mesh (setup and resume), or, where
   /// the host holds no values, draws or reads the model straight into its blocks.
   void shard_host() {
     const bool straight = !sharded_ && !host_filled_;  // no process holds the whole model
-    if (straight)
-      sharded_ = weights_dir_ ? std::make_unique<models::ShardedLlama<Pol>>(
-                                    models::from_pretrained_sharded<Pol>(*weights_dir_, *mesh_))
-                              : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
-                                                                            fold_in(Key::from_seed(args_.seed), 0), *mesh_);
-    else
+    // A model read from a folder, or drawn from the run's seed, straight into its blocks.
+    const auto build = [&](const std::optional<std::string>& folder) {
+      return folder ? std::make_unique<models::ShardedLlama<Pol>>(models::from_pretrained_sharded<Pol>(*folder, *mesh_))
+                    : std::make_unique<models::ShardedLlama<Pol>>(model_->config(),
+                                                                  fold_in(Key::from_seed(args_.seed), 0), *mesh_);
+    };
+    if (straight) {
+      sharded_ = build(weights_dir_);
+      if (args_.trainer == "dpo" && !args_.reference_model.empty()) sharded_reference_ = build(args_.reference_model);
+      else if (args_.trainer == "dpo" && !adapters_) sharded_reference_ = build(weights_dir_);  // the policy as it starts
+    } else {
       sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
-    sharded_->set_remat(args_.gradient_checkpointing == "nothing_saveable");
+    }
+    if (straight && adapters_) sharded_->add_adapters(lora_config(), args_.where("lora"));
+    sharded_->set_remat(remat::parse(args_.gradient_checkpointing) == remat::dropped_by<remat::nothing_saveable>());
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it
@@ -877,9 +948,9 @@ class BasicTrainer {
   }
 
   /// Whether a run on a mesh builds its model straight into the devices' blocks and keeps no
-  /// host copy: a full fine-tune of a causal LM (LoRA adds adapters to a host model first, and
-  /// the preference trainers evaluate and keep their reference on the host).
-  bool shards_directly() const { return !args_.lora && args_.quantize_base.empty() && !args_.preference(); }
+  /// host copy: every run but QLoRA (whose quantized base runs on one device). DPO's reference
+  /// is built there too, and preference pairs are evaluated on the mesh.
+  bool shards_directly() const { return args_.quantize_base.empty(); }
 
   /// Preference optimisation (dpo, orpo): the data holds (chosen, rejected) pairs of sequences.
   bool pairs() const noexcept { return args_.preference(); }
@@ -892,8 +963,9 @@ class BasicTrainer {
               args_.max_sequence_length, " tokens, fewer than one batch of ", args_.total_batch_size);
     steps_per_epoch_ = examples() / args_.total_batch_size;  // the last partial batch is dropped
     // DPO's frozen reference: a folder; the policy's base when it trains adapters (switched
-    // off for the reference's forward: no second copy); else the policy as it starts.
-    if (args_.trainer == "dpo") {
+    // off for the reference's forward: no second copy); else the policy as it starts. A model
+    // built straight into a mesh's blocks gets its reference there too (shard_host).
+    if (args_.trainer == "dpo" && host_filled_) {
       if (args_.reference_model.empty()) {
         if (!args_.lora && !lora::lora_is_enabled(*model_)) reference_ = std::make_unique<Model>(*model_);
       } else {
@@ -932,12 +1004,14 @@ class BasicTrainer {
       q.method = quant::parse_format(args_.quantize_base, args_.where("quantize_base"));
       nn::quantize(*model_, q);
     }
-    if (args_.lora && !lora::lora_is_enabled(*model_)) {
-      lora::LoraConfig c = *args_.lora;
-      c.seed = args_.seed;
-      lora::apply_lora(*model_, c, args_.where("lora"));
-    }
+    if (args_.lora && !lora::lora_is_enabled(*model_)) lora::apply_lora(*model_, lora_config(), args_.where("lora"));
     adapters_ = lora::lora_is_enabled(*model_);
+  }
+  /// The arguments' LoRA section, drawing its adapters from the run's seed.
+  lora::LoraConfig lora_config() const {
+    lora::LoraConfig c = *args_.lora;
+    c.seed = args_.seed;
+    return c;
   }
 
   /// The mesh of sharding_axis_dims (from `make_mesh` when given, else spread over the ranks
@@ -955,6 +1029,7 @@ class BasicTrainer {
   std::optional<tokenizer::Tokenizer> tok_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> reference_;  // dpo: frozen (none: the policy without its adapters)
+  std::unique_ptr<models::ShardedLlama<Pol>> sharded_reference_;  // dpo on a mesh built straight into its blocks
   TokenDataset train_;
   std::optional<TokenDataset> eval_;
   optim::Optimizer opt_;

@@ -118,6 +118,7 @@ struct TrainingArguments {
   std::int64_t weight_distribution_log_steps = 0;    // weights.jsonl every N steps; 0: off
   bool track_memory = false;                         // metrics.jsonl lines add the process's resident memory
   bool use_tensorboard = false;                      // every metrics line's numbers also as TensorBoard scalars (save_directory/tensorboard)
+  std::optional<std::int64_t> report_steps;          // TensorBoard's training scalars every N steps, over those steps; none: at each metrics line
   /// Folder with config.json (+ model.safetensors), a preset name ("tiny", "small", "gqa1b")
   /// or an object of LlamaConfig fields.
   ojson model = "tiny";
@@ -214,7 +215,7 @@ struct TrainingArguments {
         "max_evaluation_steps", "save_steps", "save_total_limit", "async_checkpointing", "log_steps", "save_directory",
         "truncation_mode", "shuffle_train_dataset", "resume_if_possible", "b1", "b2", "epsilon", "momentum",
         "rmsprop_alpha", "rmsprop_centered", "seed", "sharding_axis_dims", "sharding_axis_names", "gradient_checkpointing", "dtype", "param_dtype",
-        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "model", "train_data", "eval_data", "tokenizer",
+        "peak_gflops", "progress", "progress_bar_type", "write_report", "weight_distribution_log_steps", "track_memory", "use_tensorboard", "report_steps", "model", "train_data", "eval_data", "tokenizer",
         "lora", "quantize_base", "trainer", "completion_only_loss", "packing", "padding_free", "eval_batch_size", "loss_type", "beta", "label_smoothing",
         "reference_model", "loss_config"};
     return n;
@@ -320,6 +321,7 @@ struct TrainingArguments {
     else if (key == "padding_free") { if (v.is_null()) padding_free = false; else boo(padding_free); }
     else if (key == "track_memory") { if (v.is_null()) track_memory = false; else boo(track_memory); }
     else if (key == "use_tensorboard") boo(use_tensorboard);
+    else if (key == "report_steps") oi64(report_steps);
     else if (key == "eval_batch_size") eval_batch_size = v.is_null() ? 0 : io::JsonConfig::convert<std::int64_t>(v, w);
     else if (key == "loss_type") str(loss_type);
     else if (key == "beta") f64(beta);
@@ -434,6 +436,7 @@ struct TrainingArguments {
     if (evaluation_steps) positive("evaluation_steps", static_cast<double>(*evaluation_steps));
     if (max_evaluation_steps) positive("max_evaluation_steps", static_cast<double>(*max_evaluation_steps));
     if (save_steps) positive("save_steps", static_cast<double>(*save_steps));
+    if (report_steps) positive("report_steps", static_cast<double>(*report_steps));
     if (save_total_limit) positive("save_total_limit", static_cast<double>(*save_total_limit));
     positive("log_steps", static_cast<double>(log_steps));
     EDL_CHECK(!save_directory.empty(), errc::config, where("save_directory"), "must not be empty");
@@ -456,15 +459,8 @@ struct TrainingArguments {
                 "use packing on such a mesh");
     }
     {
-      std::string valid = "\"\", none";
-      for (const char* n : remat::runtime_names) valid += std::string(", ") + n;
-      EDL_CHECK(gradient_checkpointing != "save_only_these_names", errc::unsupported, where("gradient_checkpointing"),
-                "save_only_these_names takes its names at compile time (Policy<..., "
-                "remat::save_only_these_names<\"attn_out\", ...>>); at run time use one of ", valid);
-      EDL_CHECK(remat::dispatch(gradient_checkpointing, []<class>() {}), errc::config, where("gradient_checkpointing"),
-                "expected one of ", valid, "; found \"", gradient_checkpointing, "\"");
-      EDL_CHECK(mesh_devices() == 1 || gradient_checkpointing.empty() || gradient_checkpointing == "none" ||
-                    gradient_checkpointing == "everything_saveable" || gradient_checkpointing == "nothing_saveable",
+      const remat::DropMask drop = remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
+      EDL_CHECK(mesh_devices() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(),
                 errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
                 "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
                 gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
@@ -525,19 +521,7 @@ struct TrainingArguments {
                 " must be positive (or -1), found ", d);
       dims[a] = d;
     }
-    const auto minus_one = std::count(dims.begin(), dims.end(), std::int64_t{-1});
-    EDL_CHECK(minus_one <= 1, errc::config, where("sharding_axis_dims"), "at most one axis may be -1, found ", minus_one);
-    if (minus_one == 1) {
-      std::int64_t known = 1;
-      for (auto d : dims) known *= d == -1 ? 1 : d;
-      const std::int64_t devices = device_count();
-      EDL_CHECK(devices % known == 0, errc::config, where("sharding_axis_dims"), "-1 takes the devices left over, but ",
-                devices, " devices (device_count(): EDL_DEVICES, else one per MPI rank) do not divide by the other "
-                "axes' product ", known);
-      for (auto& d : dims)
-        if (d == -1) d = devices / known;
-    }
-    return dims;
+    return infer_mesh_dims(dims, -1, where("sharding_axis_dims"), errc::config);
   }
   /// param_dtype names bf16: mixed precision (BF16Trainer), f32 master weights in the optimizer.
   bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
@@ -606,6 +590,7 @@ struct TrainingArguments {
     j["padding_free"] = padding_free;
     j["track_memory"] = track_memory;
     j["use_tensorboard"] = use_tensorboard;
+    j["report_steps"] = opt(report_steps);
     j["eval_batch_size"] = eval_batch_size;
     j["loss_type"] = loss_type;
     j["beta"] = beta;

@@ -11,8 +11,9 @@
 //
 // Gradient checkpointing: Pol::remat_t (core/policy.hpp) picks what each decoder layer keeps
 // for backward, e.g. LlamaForCausalLM<with_remat<DefaultPolicy, remat::nothing_saveable>>;
-// forward<R> / forward_backward<R> override it for one call (the trainer picks R at run time
-// from gradient_checkpointing). Every policy gives bitwise the same loss and gradients.
+// forward<R> / forward_backward<R> override it for one call, and so does a policy spelled at
+// run time (remat::parse(gradient_checkpointing) gives the mask `drop` the layers take). Every
+// policy gives bitwise the same loss and gradients.
 //
 // Mixtral (config().is_moe()): with output_router_logits, loss() and forward_backward() add
 // router_aux_loss_coef x the load-balancing loss over every layer's routing (padding excluded
@@ -182,9 +183,11 @@ class LlamaModel {
     nn::init_params(*this, key, std >= 0 ? std : static_cast<float>(cfg_.initializer_range));
   }
 
-  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves.
+  /// hidden [T, hidden_size] after the final norm; the layers keep what R saves (or what a
+  /// policy spelled at run time keeps: `drop`, remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s) const {
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, float* hidden, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     const std::int64_t T = layout.tokens(), H = cfg_.hidden_size;
     const std::size_t L = layers.size();
     s.tokens = T;
@@ -201,7 +204,7 @@ class LlamaModel {
       embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
-    for (std::size_t l = 0; l < L; ++l) layers[l].template forward<R>(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l]);
+    for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l], drop);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
 
@@ -297,13 +300,15 @@ class LlamaForCausalLM {
     return f(head_weight(), grad ? head_grad() : nullptr);
   }
 
-  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves.
+  /// Forward to the final hidden states (kept in s.hidden); the layers keep what R saves (or
+  /// what a policy spelled at run time keeps: `drop`, remat::parse's bits).
   template <remat::RematPolicy R = typename Pol::remat_t>
-  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
+  void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s,
+               remat::DropMask drop = remat::dropped_by<R>()) const {
     s.batch = layout.batch;
     s.seq = layout.seq;
     s.hidden.resize(static_cast<std::size_t>(layout.tokens() * config().hidden_size));
-    model.template forward<R>(ids, layout, s.hidden.data(), s.model_s);
+    model.forward(ids, layout, s.hidden.data(), s.model_s, drop);
   }
 
   /// Full logits [T, vocab] (inference and tests).
@@ -384,14 +389,16 @@ class LlamaForCausalLM {
     return m;
   }
 
-  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient.
+  /// Forward, chunked loss and backward: ACCUMULATES every parameter gradient. The layers keep
+  /// what R saves, or what `drop` (remat::parse's bits of a policy spelled at run time) keeps.
   template <remat::RematPolicy R = typename Pol::remat_t>
   nn::LossMetrics forward_backward(const std::int64_t* ids, const nn::TokenLayout& layout,
-                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+                                   const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {},
+                                   remat::DropMask drop = remat::dropped_by<R>()) {
     EDL_CHECK(ids != nullptr || labels != nullptr, errc::invalid_argument, "LlamaForCausalLM.forward_backward",
               "inputs_embeds without token ids need labels");
     Saved s;
-    forward<R>(ids, layout, s);
+    forward(ids, layout, s, drop);
     std::vector<float> dhidden(s.hidden.size());
     nn::LossMetrics m = with_head(true, [&](const auto* w, float* grad) {
       return nn::causal_lm_loss(s.hidden.data(), layout.batch, layout.seq, config().hidden_size, w, config().vocab_size,

@@ -200,6 +200,8 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
   std::int64_t global_compute = 0, layer_compute = 0;
   std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
   const std::int64_t L = cfg.num_hidden_layers;
+  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
+  const bool in_place = mesh.size() == 1;
   for (const auto& [name, p] : plans) {
     // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
     const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
@@ -219,28 +221,26 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
       if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
       if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
     }
-  }
-  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
-  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
-  r.gathered_bytes = (global_compute + layer_compute) * per_elem;
-  // Collective staging, one parameter at a time (ShardedLlama::gather_param_into / reduce_grad):
-  // blocks that are not row slabs of the compute tensor are gathered into, and their gradient
-  // packed into, a buffer of the compute tensor's size; every reduced gradient lands in a
-  // block-sized buffer first.
-  for (const auto& [name, p] : plans) {
+    // Collective staging, one parameter at a time (ShardedLlama::gather_param_into /
+    // reduce_grad): blocks that are not row slabs of the compute tensor are gathered into, and
+    // their gradient packed into, a buffer of the compute tensor's size; every reduced
+    // gradient lands in a block-sized buffer first.
+    if (in_place) continue;
     const std::int64_t m = p.layout.block_elements();
+    const bool reduced = opt.train && !p.frozen;
     if (!p.gather_axes.empty()) {
       const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
       const std::int64_t k = static_cast<std::int64_t>(group.size());
       const bool packed = !blocks_are_row_slabs(p, group, 0);
       r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
-      if (opt.train && !p.frozen) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
-    } else if (opt.train && !p.frozen) {
+      if (reduced) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
+    } else if (reduced) {
       r.staging_bytes = std::max(r.staging_bytes, m * 4);
     }
   }
-  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
-  if (mesh.size() == 1) r.gathered_bytes = r.staging_bytes = 0;
+  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
+  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
+  if (!in_place) r.gathered_bytes = (global_compute + layer_compute) * per_elem;
 
   // ---- activations
   const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;

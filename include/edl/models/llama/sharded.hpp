@@ -361,6 +361,45 @@ class ShardedLlama {
   ShardedLlama(const LlamaConfig& cfg, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
       : ShardedLlama(cfg, std::optional<Key>(), std::move(mesh), std::move(rules)) {}
 
+  /// Adds LoRA adapters to a model that has none, as lora::apply_lora adds them to the
+  /// one-device model (the same targets; A drawn from the same keys, B zero), so a model drawn
+  /// or read straight into its blocks trains adapters without any process building the base.
+  /// The base becomes frozen; gradients and the devices' working models start afresh.
+  void add_adapters(const lora::LoraConfig& c, const std::string& where = "lora") {
+    EDL_CHECK(!lora_, errc::invalid_argument, where, "the model already has LoRA adapters");
+    LlamaForCausalLM<Pol> shapes(cfg_);  // its base is never written: only the adapters' pages are touched
+    lora::apply_lora(shapes, c, where);
+    AdapterRanks adapters;
+    shapes.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
+    });
+    lora_ = lora::config_of(shapes);
+    names_.clear();
+    trainable_.clear();
+    plans_.clear();
+    data_axes_.clear();
+    locals_.clear();
+    grads_.clear();
+    setup(adapters);
+    visit_adapter_params(shapes, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
+    });
+  }
+  /// The one-device model's structure with this model's adapters, gathered: what a LoRA
+  /// checkpoint saves (lora::write_adapter_files). Its base weights are allocated and never
+  /// written, so no page of them is touched: this costs the adapters' bytes.
+  LlamaForCausalLM<Pol> gather_adapters() const {
+    EDL_CHECK(lora_.has_value(), errc::invalid_argument, "ShardedLlama::gather_adapters", "the model has no adapters");
+    LlamaForCausalLM<Pol> m(cfg_);
+    lora::apply_lora(m, *lora_, "ShardedLlama");
+    visit_adapter_params(m, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(name));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
   const LlamaConfig& config() const noexcept { return cfg_; }
   /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
   /// checkpoint that fuses it with others (Phi-3), or nullopt.
@@ -459,6 +498,11 @@ class ShardedLlama {
                           static_cast<std::int64_t>(tokens.shape(1)), opt);
   }
 
+  /// A copy of this process's parameter blocks and the model's structure, without gradients
+  /// or the devices' working models: what a checkpoint written in the background saves while
+  /// training moves the parameters on (costs this process's parameter bytes once more).
+  ShardedLlama snapshot() const { return ShardedLlama(*this, SnapshotTag{}); }
+
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
@@ -483,6 +527,13 @@ class ShardedLlama {
     std::vector<float> n1, g, h, n2;
     std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
   };
+
+  struct SnapshotTag {};
+  ShardedLlama(const ShardedLlama& o, SnapshotTag)
+      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), remat_(o.remat_),
+        names_(o.names_), trainable_(o.trainable_), lora_(o.lora_), dropout_key_(o.dropout_key_),
+        jitter_key_(o.jitter_key_), adapters_active_(o.adapters_active_), plans_(o.plans_), params_(o.params_),
+        locals_(o.locals_.size()), data_axes_(o.data_axes_) {}
 
   // Per-device view of one step.
   ShardedLlama(const LlamaConfig& cfg, std::optional<Key> key, DefaultMesh mesh, PartitionRules rules)
@@ -524,6 +575,15 @@ class ShardedLlama {
   }
 
   std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
+
+  /// f(name, param) over the LoRA A / B weights of one-device model `m`'s adapted Linears.
+  template <class F>
+  static void visit_adapter_params(LlamaForCausalLM<Pol>& m, F&& f) {
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      lin.lora->visit_params(path, [&](std::string_view name, auto& p) { f(std::string(name), p); });
+    });
+  }
 
   void setup(const AdapterRanks& adapters) {
     cfg_.validate();
@@ -1021,6 +1081,7 @@ class ShardedLlama {
     }
   }
 
+  // snapshot() copies every member below but grads_ and locals_: a new member goes there too.
   LlamaConfig cfg_, local_cfg_;
   DefaultMesh mesh_;
   PartitionRules rules_;
@@ -1066,7 +1127,7 @@ struct MeshRun {
   const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
   float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
   nn::LossOptions loss;                    // the loss's options
-  /// The gradient-checkpointing policy of loss_and_grads (remat::runtime_names; "" = the
+  /// The gradient-checkpointing policy of loss_and_grads (remat::parse's spellings; "" = the
   /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
   /// each layer again in its backward (nothing_saveable).
   std::string_view remat;
@@ -1086,8 +1147,9 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
             r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
   EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
             "MeshOp::logits needs logits_out");
-  EDL_CHECK(r.remat.empty() || mesh.size() == 1 || r.remat == "everything_saveable" || r.remat == "nothing_saveable",
-            errc::unsupported, "remat",
+  const remat::DropMask drop = remat::parse(r.remat, "remat");
+  EDL_CHECK(mesh.size() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(), errc::unsupported,
+            "remat",
             "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
             "(everything_saveable); found \"", r.remat, "\"");
   if (mesh.size() == 1) {
@@ -1100,11 +1162,7 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
       case MeshOp::loss_and_grads: {
         nn::zero_grad(model);
         if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
-        nn::LossMetrics m;
-        EDL_CHECK(remat::dispatch(r.remat,
-                                  [&]<class R>() { m = model.template forward_backward<R>(r.ids, r.layout, r.labels, r.loss); }),
-                  errc::invalid_argument, "remat", "unknown policy \"", r.remat, "\"");
-        return m;
+        return model.forward_backward(r.ids, r.layout, r.labels, r.loss, drop);
       }
     }
   }
@@ -1117,7 +1175,7 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
     std::copy(l.begin(), l.end(), r.logits_out);
     return {};
   }
-  sm.set_remat(r.remat == "nothing_saveable");
+  sm.set_remat(drop == remat::dropped_by<remat::nothing_saveable>());
   const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.labels, r.layout.batch, r.layout.seq, r.loss);
   if (r.op == MeshOp::loss_and_grads) {
     const auto grads = sm.gather_grads();
