@@ -24114,8 +24114,8 @@ class ShardedLlama {
                                const std::int64_t* segment_ids = nullptr) {
     xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
         {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, batch, seq, nn::LossOptions{}, Mode::logits, out.data(), attention_mask, position_ids,
-             segment_ids);
+    run_step(tokens, nullptr, layout_of(batch, seq, attention_mask, position_ids, segment_ids), nn::LossOptions{},
+             Mode::logits, out.data());
     return out;
   }
   xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
@@ -24126,7 +24126,8 @@ class ShardedLlama {
   nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
                        const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
                        const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
-    return run_step(tokens, labels, batch, seq, opt, Mode::loss, nullptr, attention_mask, position_ids, segment_ids);
+    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::loss,
+                    nullptr);
   }
 
   /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
@@ -24135,7 +24136,8 @@ class ShardedLlama {
                                  const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
                                  const std::int64_t* segment_ids = nullptr) {
     ensure_grads();
-    return run_step(tokens, labels, batch, seq, opt, Mode::train, nullptr, attention_mask, position_ids, segment_ids);
+    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::train,
+                    nullptr);
   }
   nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
                                  const nn::LossOptions& opt = {}) {
@@ -24149,6 +24151,28 @@ class ShardedLlama {
   /// or the devices' working models: what a checkpoint written in the background saves while
   /// training moves the parameters on (costs this process's parameter bytes once more).
   ShardedLlama snapshot() const { return ShardedLlama(*this, SnapshotTag{}); }
+
+  /// As LlamaForCausalLM's logits, loss and forward_backward, with a TokenLayout: its padding
+  /// mask, positions and documents, and inputs_embeds ([batch * seq, hidden] in place of the
+  /// ids' embeddings; the ids may then be null and a loss needs its labels). loss_and_grads
+  /// ACCUMULATES d loss / d inputs_embeds into layout.inputs_embeds_grad (when given; the
+  /// embedding table then gets no gradient), on every process of the mesh.
+  xt::xtensor<float, 3> logits(const std::int64_t* tokens, const nn::TokenLayout& layout) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(layout.batch),
+                                                                    static_cast<std::size_t>(layout.seq),
+                                                                    static_cast<std::size_t>(cfg_.vocab_size)});
+    run_step(tokens, nullptr, layout, nn::LossOptions{}, Mode::logits, out.data());
+    return out;
+  }
+  nn::LossMetrics loss(const std::int64_t* tokens, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
+                       const nn::LossOptions& opt = {}) {
+    return run_step(tokens, labels, layout, opt, Mode::loss, nullptr);
+  }
+  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const nn::TokenLayout& layout,
+                                 const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    ensure_grads();
+    return run_step(tokens, labels, layout, opt, Mode::train, nullptr);
+  }
 
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
@@ -24475,14 +24499,25 @@ class ShardedLlama {
   }
 
   // ------------------------------------------------------------------ the step
-  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t B, std::int64_t S,
-                           const nn::LossOptions& opt, Mode mode, float* logits_out, const std::int64_t* mask,
-                           const std::int64_t* pos, const std::int64_t* seg) {
+  static nn::TokenLayout layout_of(std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
+                                   const std::int64_t* pos, const std::int64_t* seg) {
+    nn::TokenLayout l{batch, seq, pos, mask, seg};
+    return l;
+  }
+
+  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
+                           const nn::LossOptions& opt, Mode mode, float* logits_out) {
     const char* w = "ShardedLlama";
+    const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size;
     check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
-    for (std::int64_t i = 0; i < B * S; ++i)
-      EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i, "] = ",
-                tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
+    EDL_CHECK(tokens != nullptr || lay.inputs_embeds != nullptr, errc::invalid_argument, w,
+              "needs token ids or inputs_embeds");
+    EDL_CHECK(mode == Mode::logits || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
+              "inputs_embeds without token ids need labels");
+    if (tokens)
+      for (std::int64_t i = 0; i < B * S; ++i)
+        EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i,
+                  "] = ", tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
     // Global HF shift: targets[b, s] = labels[b, s + 1].
     std::vector<std::int64_t> targets;
     if (mode != Mode::logits) {
@@ -24499,8 +24534,14 @@ class ShardedLlama {
     if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
       std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
     if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + B * S, 0.0);  // likewise: each position from one device
+    // d loss / d inputs_embeds: each position's row from one device, summed over the
+    // processes, then added to the caller's.
+    std::vector<float> embeds_grad(mode == Mode::train && lay.inputs_embeds && lay.inputs_embeds_grad
+                                       ? static_cast<std::size_t>(B * S * H)
+                                       : 0);
     mesh_.run([&](Device& dev) {
-      nn::LossMetrics m = device_step(dev, tokens, targets, B, S, opt, mode, logits_out, mask, pos, seg);
+      nn::LossMetrics m = device_step(dev, tokens, targets, lay, opt, mode, logits_out,
+                                      embeds_grad.empty() ? nullptr : embeds_grad.data());
       std::lock_guard<std::mutex> lock(mu);
       if (from < 0 || dev.id() < from) {
         result = m;
@@ -24511,12 +24552,19 @@ class ShardedLlama {
       be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
     if (multi && opt.row_nll && mode != Mode::logits)
       be.sum_over_processes(opt.row_nll, static_cast<std::size_t>(B * S), DType::f64);
+    if (!embeds_grad.empty()) {
+      if (multi) be.sum_over_processes(embeds_grad.data(), embeds_grad.size(), DType::f32);
+      kernels::add_inplace(lay.inputs_embeds_grad, embeds_grad.data(), static_cast<std::ptrdiff_t>(embeds_grad.size()));
+    }
     return result;
   }
 
   nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
-                              std::int64_t B, std::int64_t S, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              const std::int64_t* mask, const std::int64_t* pos, const std::int64_t* seg) {
+                              const nn::TokenLayout& lay, const nn::LossOptions& opt, Mode mode, float* logits_out,
+                              float* embeds_grad) {
+    const std::int64_t B = lay.batch, S = lay.seq;
+    const std::int64_t *mask = lay.attention_mask, *pos = lay.position_ids, *seg = lay.segment_ids;
+    const float* embeds = lay.inputs_embeds;
     Local& lm = local_model(dev.id());
     auto& model = lm.model;
     Ctx c;
@@ -24554,11 +24602,14 @@ class ShardedLlama {
     c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(Tl)), tg;
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
+    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
+    if (tokens)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
+    // The local tokens' rows of a [B * S, H] tensor: row b * Sl + s is (b0 + b) * S + s0 + s.
+    const auto global_row = [&](std::int64_t t) { return ((b0 + t / c.Sl) * S + s0 + t % c.Sl) * H; };
     if (mode != Mode::logits) {
-      tg.resize(ids.size());
+      tg.resize(static_cast<std::size_t>(Tl));
       for (std::int64_t b = 0; b < c.Bl; ++b)
         for (std::int64_t s = 0; s < c.Sl; ++s)
           tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
@@ -24573,7 +24624,11 @@ class ShardedLlama {
     std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
     std::vector<LayerSaved> saved(L);
     typename nn::Embedding<Pol>::Saved embed_s;
-    model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    if (embeds)  // the caller's vectors in place of the ids' embeddings
+      for (std::int64_t t = 0; t < Tl; ++t)
+        std::memcpy(xs[0].data() + t * H, embeds + global_row(t), static_cast<std::size_t>(H) * sizeof(float));
+    else
+      model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
     const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
     if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
     // A layer's activations are kept for its backward, unless the step has none or remat is
@@ -24680,7 +24735,10 @@ class ShardedLlama {
           std::swap(a, b);
         }
         if (escale != 1.0f) kernels::scale(a.data(), escale, static_cast<std::ptrdiff_t>(n));
-        model.embed_tokens.backward(a.data(), embed_s);
+        if (!embeds) model.embed_tokens.backward(a.data(), embed_s);
+        else if (embeds_grad && dev.axis_index("tp") == 0)  // tp ranks hold the same rows
+          for (std::int64_t t = 0; t < Tl; ++t)
+            std::memcpy(embeds_grad + global_row(t), a.data() + t * H, static_cast<std::size_t>(H) * sizeof(float));
         reduce_module(dev, model.embed_tokens, "model.embed_tokens");
         reduce_module(dev, model.norm, "model.norm");
         if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
@@ -24813,17 +24871,14 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
       }
     }
   }
-  EDL_CHECK(r.layout.attention_mask == nullptr && r.layout.position_ids == nullptr && r.layout.segment_ids == nullptr &&
-                r.layout.inputs_embeds == nullptr,
-            errc::unsupported, w, "attention masks, position ids, segments and inputs_embeds run on one device only for now");
   ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
   if (r.op == MeshOp::logits) {
-    const auto l = sm.logits(r.ids, r.layout.batch, r.layout.seq);
+    const auto l = sm.logits(r.ids, r.layout);
     std::copy(l.begin(), l.end(), r.logits_out);
     return {};
   }
   sm.set_remat(drop == remat::dropped_by<remat::nothing_saveable>());
-  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.labels, r.layout.batch, r.layout.seq, r.loss);
+  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.layout, r.labels, r.loss);
   if (r.op == MeshOp::loss_and_grads) {
     const auto grads = sm.gather_grads();
     nn::zero_grad(model);

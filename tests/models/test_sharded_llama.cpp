@@ -225,6 +225,59 @@ TEST(ShardedLlama, UnevenDimensionsMatchOneDevice) {
   }
 }
 
+TEST(ShardedLlama, InputsEmbedsMatchOneDevice) {
+  // inputs_embeds in place of the ids, with a padding mask, on every mesh shape: the logits,
+  // the loss, every parameter's gradient and d loss / d inputs_embeds equal one device's; the
+  // embedding table gets no gradient.
+  LlamaForCausalLM<> m(small_gqa_config(/*tied=*/false));
+  m.init(Key::from_seed(12), 0.2f);
+  const std::int64_t B = 4, S = 8, H = m.config().hidden_size, V = m.config().vocab_size;
+  const auto labels = random_tokens(B * S, V, 3);
+  std::vector<float> embeds(static_cast<std::size_t>(B * S * H));
+  for (std::size_t i = 0; i < embeds.size(); ++i) embeds[i] = 0.5f * std::sin(0.37f * static_cast<float>(i));
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(B * S), 1);
+  mask[0] = mask[1] = 0;  // row 0 padded on the left
+  nn::TokenLayout lay{B, S};
+  lay.attention_mask = mask.data();
+  lay.inputs_embeds = embeds.data();
+  std::vector<float> want_logits(static_cast<std::size_t>(B * S * V));
+  m.logits(nullptr, lay, want_logits.data());
+  nn::zero_grad(m);
+  std::vector<float> want_dembeds(embeds.size(), 0.0f);
+  lay.inputs_embeds_grad = want_dembeds.data();
+  const nn::LossMetrics want = m.forward_backward(nullptr, lay, labels.data());
+  std::map<std::string, std::vector<float>> want_grads;
+  m.visit_params("", [&](std::string_view p, auto& prm) {
+    want_grads[std::string(p)].assign(prm.grad.begin(), prm.grad.end());
+  });
+  for (const auto& d : kMeshes) {
+    SCOPED_TRACE(dims_str(d));
+    auto sm = models::shard_model(m, create_mesh(d));
+    nn::TokenLayout l = lay;
+    l.inputs_embeds_grad = nullptr;
+    const auto logits = sm.logits(nullptr, l);
+    expect_close(want_logits.data(), logits.data(), want_logits.size(), dims_str(d) + " logits");
+    std::vector<float> dembeds(embeds.size(), 1.0f);  // accumulated into: starts at 1
+    l.inputs_embeds_grad = dembeds.data();
+    const nn::LossMetrics got = sm.loss_and_grads(nullptr, l, labels.data());
+    EXPECT_NEAR(got.loss, want.loss, 1e-5 * want.loss);
+    for (auto& v : dembeds) v -= 1.0f;
+    expect_close(want_dembeds.data(), dembeds.data(), dembeds.size(), dims_str(d) + " d inputs_embeds", 2e-5);
+    for (const auto& [name, g] : want_grads) {
+      const auto got_g = sm.gather_grad(name);
+      if (name == "model.embed_tokens.weight") {
+        for (float v : got_g) ASSERT_EQ(v, 0.0f);
+        continue;
+      }
+      expect_close(g.data(), got_g.data(), g.size(), dims_str(d) + " grad " + name, 2e-5);
+    }
+  }
+  auto sm = models::shard_model(m, create_mesh({1, 2, 1, 1}));
+  nn::TokenLayout neither{B, S};
+  EXPECT_THROW(sm.loss(nullptr, neither, labels.data()), Error);  // needs ids or inputs_embeds
+  EXPECT_THROW(sm.loss(nullptr, lay), Error);                     // embeddings without ids need labels
+}
+
 TEST(ShardedLlama, TiedEmbeddingsAndBiasesMatchOneDevice) {
   LlamaForCausalLM<> m(small_gqa_config(/*tied=*/true, /*bias=*/true));
   m.init(Key::from_seed(8), 0.2f);
@@ -571,9 +624,12 @@ TEST(ShardedLlama, RunOnMeshMatchesOneDevice) {
   r.remat = "dots_saveable";
   EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r), Error);
   r.remat = {};
-  const std::vector<std::int64_t> mask(ids.size(), 1);
+  // A padding mask goes to the mesh with the batch: the loss one device gives with it.
+  std::vector<std::int64_t> mask(ids.size(), 1);
+  mask[0] = mask[1] = 0;
   r.layout.attention_mask = mask.data();
-  EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r), Error);
+  const double masked = models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r).loss;
+  EXPECT_NEAR(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r).loss, masked, 1e-5 * masked);
   r.layout.attention_mask = nullptr;
   r.op = models::MeshOp::logits;
   r.logits_out = nullptr;

@@ -6,6 +6,8 @@
 // blocks and equal to the one-device init; reads and writes only its own blocks of a HF folder.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <array>
 #include <cstring>
 #include <filesystem>
@@ -146,6 +148,48 @@ TEST_P(MpiLlama, UnevenDimensionsEqualSimulatedMeshBitForBit) {
   if (devices == 2) meshes = {{1, 1, 2, 1}};
   if (devices == 4) meshes = {{1, 4, 1, 1}, {1, 2, 2, 1}};
   expect_mpi_equals_simulated(model, meshes, local);
+}
+
+// inputs_embeds with a padding mask: logits, loss, gradients and d loss / d inputs_embeds (each
+// process's rows summed over the processes, so every rank holds all of it) bit for bit.
+TEST_P(MpiLlama, InputsEmbedsEqualSimulatedMeshBitForBit) {
+  const int local = GetParam();
+  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
+  models::LlamaForCausalLM<> model(config());
+  model.init(Key::from_seed(5), 0.2f);
+  constexpr std::int64_t B = 4, S = 8;
+  const std::int64_t H = model.config().hidden_size;
+  const auto labels = tokens(B * S, 7);
+  std::vector<float> embeds(static_cast<std::size_t>(B * S * H));
+  for (std::size_t i = 0; i < embeds.size(); ++i) embeds[i] = 0.5f * std::sin(0.37f * static_cast<float>(i));
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(B * S), 1);
+  mask[0] = 0;
+  const auto run_embeds = [&](const DefaultMesh& mesh) {
+    models::ShardedLlama<> sm(model, mesh);
+    nn::TokenLayout lay{B, S};
+    lay.attention_mask = mask.data();
+    lay.inputs_embeds = embeds.data();
+    Outcome r;
+    const auto lg = sm.logits(nullptr, lay);
+    r.logits.assign(lg.begin(), lg.end());
+    std::vector<float> d(embeds.size(), 0.0f);
+    lay.inputs_embeds_grad = d.data();
+    r.losses.push_back(sm.loss_and_grads(nullptr, lay, labels.data()).loss);
+    for (const auto& [name, g] : sm.gather_grads()) r.grads.insert(r.grads.end(), g.begin(), g.end());
+    r.params = d;  // d loss / d inputs_embeds
+    return r;
+  };
+  for (const Dims& dims : meshes_for(devices)) {
+    SCOPED_TRACE(create_mesh(dims).shape().axes_str());
+    const Outcome want = run_embeds(create_mesh(dims));
+    auto real = create_mesh(dims);
+    mpi::attach(real, *g_session, local);
+    const Outcome got = run_embeds(real);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.logits, want.logits);
+    EXPECT_EQ(got.grads, want.grads);
+    EXPECT_EQ(got.params, want.params);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiLlama, ::testing::Values(1, 2));

@@ -10,6 +10,7 @@
 
 #include <edl/lora/all.hpp>
 #include <edl/train/all.hpp>
+#include "../support/fortune_run.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace edl::train {
@@ -298,24 +299,12 @@ namespace edl::train {
 // PEFT's, and a run stopped at step 2 resumes from its checkpoint to the uninterrupted losses.
 TEST(LoraTraining, OnAMeshFromArgumentsKeepsNoHostCopy) {
   TempDir d("direct");
-  fs::create_directories(d.p);
-  {
-    std::ofstream f(d.p / "corpus");
-    for (int i = 0; i < 40; ++i) f << "fortune number " << i << " says hello\n%\n";
-  }
-  ojson j = {{"model", {{"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
-                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                        {"max_position_embeddings", 64}}},
-             {"tokenizer", "byte"},
-             {"train_data", (d.p / "corpus").string()},
-             {"max_sequence_length", 32},
-             {"total_batch_size", 4},
-             {"max_training_steps", 4},
-             {"save_steps", 2},
-             {"log_steps", 1},
-             {"learning_rate", 1e-2},
-             {"lora", {{"r", 4}, {"lora_alpha", 8}, {"lora_dropout", 0.1}, {"target_modules", {"q_proj", "v_proj", "down_proj"}}}},
-             {"progress", false}};
+  ojson j = test_support::fortune_run(d.p);
+  j["max_training_steps"] = 4;
+  j["save_steps"] = 2;
+  j["log_steps"] = 1;
+  j["learning_rate"] = 1e-2;
+  j["lora"] = {{"r", 4}, {"lora_alpha", 8}, {"lora_dropout", 0.1}, {"target_modules", {"q_proj", "v_proj", "down_proj"}}};
   auto run = [&](const std::string& out, std::vector<std::int64_t> dims) {
     j["save_directory"] = (d.p / out).string();
     j["sharding_axis_dims"] = dims;

@@ -16,6 +16,7 @@
 
 #include <edl/core/process_memory.hpp>
 #include <edl/train/all.hpp>
+#include "../support/fortune_run.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace edl::train {
@@ -569,6 +570,14 @@ TEST(Trainer, TrackMemoryLogsTheResidentSet) {
   EXPECT_TRUE(TrainingArguments::from_json(a.to_json()).track_memory);
 }
 
+// The one event file a run wrote under save_directory/tensorboard.
+std::string only_event_file(const fs::path& save_directory) {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(save_directory / "tensorboard")) files.push_back(e.path().string());
+  EXPECT_EQ(files.size(), 1u);
+  return files.empty() ? std::string() : files[0];
+}
+
 TEST(Trainer, TensorBoardHoldsEveryNumberOfTheMetricsLines) {
   TempDir d("tensorboard");
   auto args = base_args(d.str());
@@ -578,10 +587,7 @@ TEST(Trainer, TensorBoardHoldsEveryNumberOfTheMetricsLines) {
   args.use_tensorboard = true;
   Trainer t(args, make_model(), std::nullopt, random_data(4, 16, 64, 8), random_data(8, 16, 64, 5));
   t.train();
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(d.p / "tensorboard")) files.push_back(e.path().string());
-  ASSERT_EQ(files.size(), 1u);
-  const auto events = io::read_scalar_events(files[0]);
+  const auto events = io::read_scalar_events(only_event_file(d.p));
   // The metrics lines' numbers (step aside), in order, each at its line's step.
   std::size_t i = 0, evals = 0;
   for (const auto& j : read_metrics(d.str())) {
@@ -629,11 +635,8 @@ TEST(Trainer, ReportStepsGiveTensorBoardItsOwnCadence) {
   }
   ASSERT_EQ(eval_loss.size(), 2u);
   ASSERT_EQ(lines.size(), 7u);
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(d.p / "tensorboard")) files.push_back(e.path().string());
-  ASSERT_EQ(files.size(), 1u);
   std::vector<std::int64_t> loss_steps, eval_steps;
-  for (const auto& e : io::read_scalar_events(files[0])) {
+  for (const auto& e : io::read_scalar_events(only_event_file(d.p))) {
     if (e.tag == "eval_loss") {
       eval_steps.push_back(e.step);
       EXPECT_EQ(e.value, static_cast<float>(eval_loss.at(e.step)));
@@ -734,26 +737,14 @@ TEST(Trainer, OnAMeshBuildsStraightIntoTheBlocksAndKeepsNoHostCopy) {
   // from a checkpoint folder) straight into the devices' blocks, evaluation and weight
   // statistics run on the mesh, and no host copy exists until model() asks for one.
   TempDir d("direct");
-  fs::create_directories(d.p);
-  {
-    std::ofstream f(d.p / "corpus");
-    for (int i = 0; i < 40; ++i) f << "fortune number " << i << " says hello\n%\n";
-  }
-  ojson j = {{"model", {{"vocab_size", 300}, {"hidden_size", 32}, {"intermediate_size", 64},
-                        {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-                        {"max_position_embeddings", 64}}},
-             {"tokenizer", "byte"},
-             {"train_data", (d.p / "corpus").string()},
-             {"eval_data", (d.p / "corpus").string()},
-             {"max_sequence_length", 32},
-             {"total_batch_size", 4},
-             {"max_training_steps", 3},
-             {"evaluation_steps", 2},
-             {"max_evaluation_steps", 3},
-             {"eval_batch_size", 3},
-             {"weight_distribution_log_steps", 3},
-             {"learning_rate", 1e-3},
-             {"progress", false}};
+  ojson j = test_support::fortune_run(d.p);
+  j["eval_data"] = (d.p / "corpus").string();
+  j["max_training_steps"] = 3;
+  j["evaluation_steps"] = 2;
+  j["max_evaluation_steps"] = 3;
+  j["eval_batch_size"] = 3;
+  j["weight_distribution_log_steps"] = 3;
+  j["learning_rate"] = 1e-3;
   auto run = [&](const std::string& out, std::vector<std::int64_t> dims) {
     j["save_directory"] = (d.p / out).string();
     j["sharding_axis_dims"] = dims;
