@@ -273,8 +273,8 @@ class BasicTrainer {
     return opt_;
   }
   /// Whether this process holds the whole model on the host. On a mesh a run built from its
-  /// arguments (any but QLoRA) draws or reads the model straight into the devices' blocks and holds no host copy until model(), optimizer() or training_state()
-  /// gathers one.
+  /// arguments (any but QLoRA) draws or reads the model straight into the devices' blocks and
+  /// holds no host copy until model(), optimizer() or training_state() gathers one.
   bool host_holds_model() const noexcept { return host_filled_; }
   /// Parameters of the model (without gathering it).
   std::int64_t param_count() const { return host_filled_ ? model_->param_count() : param_count_; }
