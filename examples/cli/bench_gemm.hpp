@@ -15,8 +15,8 @@
 // single-impl run warms up for at least 0.3 s, past that spin, before it times anything
 // (docs/notes/2026-11-27-gemm-side-by-side.md). Without OpenBLAS in the build, both means edl
 // alone.
-// For --dtype bf16, edl multiplies the bf16 matrices; OpenBLAS has no bf16 sgemm, so it runs
-// on f32 copies of the same values and its line carries a "note" saying so.
+// For --dtype bf16 or f16, edl multiplies the 16-bit matrices; OpenBLAS has no such sgemm, so
+// it runs on f32 copies of the same values and its line carries a "note" saying so.
 #pragma once
 
 #include <algorithm>
@@ -92,7 +92,7 @@ inline nlohmann::ordered_json line(const Setup& s, const std::string& impl, cons
   j["threads"] = s.threads;
   j["dtype"] = s.dtype;
   j["impl"] = impl;
-  if (impl == "openblas" && s.dtype == "bf16") j["note"] = "cblas_sgemm on f32 copies of the bf16 values";
+  if (impl == "openblas" && s.dtype != "f32") j["note"] = "cblas_sgemm on f32 copies of the " + s.dtype + " values";
   j["gflops"] = round2(median(runs));
   j["runs"] = runs;
   return j;
@@ -101,19 +101,22 @@ inline nlohmann::ordered_json line(const Setup& s, const std::string& impl, cons
 /// GFLOP/s of `impl` in this process: a warm-up, then the median of s.repeat timed runs.
 inline double run_here(const Setup& s, const std::string& impl) {
   const std::int64_t m = s.m, n = s.n, k = s.k;
-  // Values in [-1, 1); for bf16 the f32 copies hold exactly the bf16-rounded values.
+  // Values in [-1, 1); for bf16 and f16 the f32 copies hold exactly the rounded values.
   std::mt19937 gen(42);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  const bool bf = s.dtype == "bf16";
+  const bool bf = s.dtype == "bf16", half = s.dtype == "f16";
+  const auto draw = [&] {
+    const float x = dist(gen);
+    return bf ? to_f32(bf16(x)) : half ? to_f32(f16(x)) : x;
+  };
   std::vector<float> A(static_cast<std::size_t>(m * k)), B(static_cast<std::size_t>(k * n));
-  for (auto& x : A) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
-  for (auto& x : B) x = bf ? to_f32(bf16(dist(gen))) : dist(gen);
+  for (auto& x : A) x = draw();
+  for (auto& x : B) x = draw();
   std::vector<bf16> Ab, Bb;
-  if (bf && impl == "edl") {
-    Ab.reserve(A.size());
-    Bb.reserve(B.size());
-    for (float x : A) Ab.push_back(bf16(x));
-    for (float x : B) Bb.push_back(bf16(x));
+  std::vector<f16> Ah, Bh;
+  if (impl == "edl") {
+    for (float x : A) bf ? Ab.push_back(bf16(x)) : half ? Ah.push_back(f16(x)) : void();
+    for (float x : B) bf ? Bb.push_back(bf16(x)) : half ? Bh.push_back(f16(x)) : void();
   }
   std::vector<float> C(static_cast<std::size_t>(m * n));
 
@@ -123,6 +126,8 @@ inline double run_here(const Setup& s, const std::string& impl) {
     run = [&] {
       if (bf)
         gemm(Trans::no, Trans::no, m, n, k, 1.f, Ab.data(), k, Bb.data(), n, 0.f, C.data(), n);
+      else if (half)
+        gemm(Trans::no, Trans::no, m, n, k, 1.f, Ah.data(), k, Bh.data(), n, 0.f, C.data(), n);
       else
         gemm(Trans::no, Trans::no, m, n, k, 1.f, A.data(), k, B.data(), n, 0.f, C.data(), n);
     };
@@ -225,7 +230,7 @@ inline double run_child(const Setup& s, const std::string& impl) {
 
 }  // namespace bench_gemm_detail
 
-/// edl bench gemm --m M --n N --k K [--threads T] [--dtype f32|bf16] [--repeat R]
+/// edl bench gemm --m M --n N --k K [--threads T] [--dtype f32|bf16|f16] [--repeat R]
 ///                [--impl edl|openblas|both] [--rounds N]
 inline int cmd_bench_gemm(Args& args) {
   namespace d = bench_gemm_detail;
@@ -242,8 +247,8 @@ inline int cmd_bench_gemm(Args& args) {
                       ", n = ", n, ", k = ", k);
   EDL_CLI_USAGE_CHECK(threads > 0, errc::invalid_argument, where, "--threads must be > 0, found ", threads);
   EDL_CLI_USAGE_CHECK(repeat > 0, errc::invalid_argument, where, "--repeat must be > 0, found ", repeat);
-  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, where,
-                      "--dtype must be f32 or bf16, found \"", dtype, "\"");
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "f16", errc::invalid_argument, where,
+                      "--dtype must be f32, bf16 or f16, found \"", dtype, "\"");
   EDL_CLI_USAGE_CHECK(impl == "edl" || impl == "openblas" || impl == "both", errc::invalid_argument, where,
                       "--impl must be edl, openblas or both, found \"", impl, "\"");
   EDL_CHECK(impl != "openblas" || d::have_openblas, errc::unsupported, where,
@@ -271,12 +276,12 @@ inline Command bench_gemm_command() {
   return {.name = "bench gemm",
           .group = "measuring",
           .summary = "time edl::gemm (and OpenBLAS's sgemm beside it when built with it) on one shape: GFLOP/s",
-          .synopsis = "[--m M] [--n N] [--k K] [--threads T] [--dtype f32|bf16] [--impl edl|openblas|both] [flags]",
+          .synopsis = "[--m M] [--n N] [--k K] [--threads T] [--dtype f32|bf16|f16] [--impl edl|openblas|both] [flags]",
           .flags = {integer_flag("--m", "M", "rows of A and C").defaults("1024"),
                     integer_flag("--n", "N", "columns of B and C").defaults("1024"),
                     integer_flag("--k", "K", "columns of A, rows of B").defaults("1024"),
                     integer_flag("--threads", "T", "threads of the product").defaults("all cores"),
-                    text_flag("--dtype", "", "element type of A and B").one_of({"f32", "bf16"}).defaults("f32"),
+                    text_flag("--dtype", "", "element type of A and B").one_of({"f32", "bf16", "f16"}).defaults("f32"),
                     integer_flag("--repeat", "R", "timed runs after the warm-up, in each process").defaults("5"),
                     text_flag("--impl", "", "the library timed; both: each in processes of its own, alternating")
                         .one_of({"edl", "openblas", "both"})

@@ -101,7 +101,6 @@ inline int cmd_bench_train(Args& args) {
                       "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
   EDL_CLI_USAGE_CHECK(!remat_name.empty(), errc::invalid_argument, "--remat", "expected a policy, found an empty value");
   const remat::DropMask drop = remat_drop_mask(remat_name);
-  const bool whole_layers = drop == remat::dropped_by<remat::nothing_saveable>();
   EDL_CLI_USAGE_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
   EDL_CLI_USAGE_CHECK(seq > 0, errc::invalid_argument, "--seq", "must be > 0, found ", seq);
   EDL_CLI_USAGE_CHECK(threads > 0, errc::invalid_argument, "--threads", "must be > 0, found ", threads);
@@ -171,7 +170,7 @@ inline int cmd_bench_train(Args& args) {
   // On a mesh the model is sharded once and stays sharded across steps, as the trainer keeps
   // it: a step is the sharded forward, loss and backward (and the ZeRO optimizer update).
   auto time_sharded_steps = [&](auto& sm) {
-    sm.set_remat(whole_layers);
+    sm.set_remat(drop, remat_name, "--remat");
     optim::ShardedOptimizer<std::remove_cvref_t<decltype(sm)>> sopt(oo, sm);
     peak_reset = reset_peak_resident();
     const double sec = median_of([&] {
@@ -187,9 +186,7 @@ inline int cmd_bench_train(Args& args) {
     return sec;
   };
   const auto check_mesh_remat = [&] {
-    EDL_CLI_USAGE_CHECK(drop == 0 || whole_layers, errc::unsupported,
-                        "--remat", "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps "
-                        "everything (everything_saveable); found \"", remat_name, "\"");
+    EDL_CLI_USAGE_CHECK(remat::runs_on_a_mesh(drop), errc::unsupported, "--remat", remat::mesh_refusal(remat_name));
   };
   auto time_steps = [&](auto& model) {
     build_peak = peak_resident_bytes();

@@ -442,16 +442,19 @@ struct f16 {
     return static_cast<std::uint16_t>(sign | m);
   }
   static float to_float(std::uint16_t h) noexcept {
+    // Without branches on the value, so loops over f16 arrays vectorise (the GEMM packs f16
+    // weights with it). Exponent and mantissa move to binary32's places and the exponent is
+    // rebiased by 127 - 15; Inf/NaN get the rest of the all-ones exponent (payload kept bit
+    // for bit), and a subnormal, rebiased as if normal, loses its implicit 1 by an exact
+    // subtraction of 2^-14.
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-    const std::uint32_t exp = (h >> 10) & 0x1fu;
-    const std::uint32_t mant = h & 0x3ffu;
-    if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // Inf/NaN
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
-    if (mant == 0) return std::bit_cast<float>(sign);
-    // Subnormal: normalise into an f32 normal.
-    std::uint32_t e = 113u, m = mant;
-    while (!(m & 0x400u)) { m <<= 1; --e; }
-    return std::bit_cast<float>(sign | (e << 23) | ((m & 0x3ffu) << 13));
+    const std::uint32_t bits = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+    const std::uint32_t exp = bits & 0x0f800000u;
+    const std::uint32_t rebiased = bits + ((127u - 15u) << 23);
+    const std::uint32_t special = exp == 0x0f800000u ? (128u - 16u) << 23 : 0u;
+    const float normal = std::bit_cast<float>(rebiased + special);
+    const float subnormal = std::bit_cast<float>(rebiased + (1u << 23)) - std::bit_cast<float>(113u << 23);
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(exp == 0 ? subnormal : normal) | sign);
   }
   friend bool operator==(f16 a, f16 b) noexcept { return a.bits == b.bits; }
 };
@@ -1140,6 +1143,17 @@ inline DropMask parse(std::string_view text, const std::string& where = "remat",
   const DropMask all = dropped_by<nothing_saveable>();
   return only ? all & ~named : named;
 }
+
+/// What a step on a mesh of more than one device (models::ShardedLlama) runs: every
+/// activation kept, or whole layers run again, collectives included, before their backward.
+/// The finer masks (dots_saveable, save_only_these_names(...)) run on one device only.
+constexpr bool runs_on_a_mesh(DropMask drop) noexcept { return drop == 0 || drop == dropped_by<nothing_saveable>(); }
+
+/// The refusal of a finer mask on a mesh, naming the policy as the user `written` it.
+inline std::string mesh_refusal(std::string_view written) {
+  return "on a mesh the sharded step rematerializes whole layers (nothing_saveable, or true) or keeps everything "
+         "(everything_saveable); found \"" + std::string(written) + "\"";
+}
 }  // namespace remat
 
 /// Precision and representation policy.
@@ -1172,6 +1186,9 @@ concept PolicyLike = requires {
 using DefaultPolicy = Policy<>;
 /// bf16 parameters, f32 compute and accumulation: halves weight memory traffic.
 using BF16ParamsPolicy = Policy<bf16, float>;
+/// f16 parameters (the seeds' `half()`), f32 compute and accumulation. f16 keeps 3 more
+/// mantissa bits than bf16 but overflows past 65504: for weights that are known to fit.
+using F16ParamsPolicy = Policy<f16, float>;
 
 template <PolicyLike Pol, class P>
 using with_param = Policy<P, typename Pol::compute_t, typename Pol::accum_t, typename Pol::quant_t,
@@ -6164,7 +6181,7 @@ inline PeakResult measure_peak(int threads) {
 // #include <edl/kernels/gemm.hpp>
 // edl/kernels/gemm.hpp
 // General matrix multiply, row-major:  C = alpha * op(A) * op(B) + beta * C
-// with op(X) = X or X^T, A and B in f32 or bf16 (widened to f32 while packing), f32
+// with op(X) = X or X^T, A and B in f32, bf16 or f16 (widened to f32 while packing), f32
 // accumulation and f32 output. Design notes and measurements: docs/gemm.md.
 //
 //   gemm(Trans::no, Trans::yes, M, N, K, 1.f, x, K, w, K, 0.f, y, N);   // y = x W^T
@@ -6306,7 +6323,7 @@ inline void microkernel(std::int64_t kc, const float* __restrict a, const float*
 // end of edl/kernels/detail/gemm_microkernel.hpp
 // #include <edl/kernels/detail/gemm_pack.hpp>
 // edl/kernels/detail/gemm_pack.hpp
-// Packing of GEMM operands into the micro-kernel's layouts, widening bf16 to f32 on the way.
+// Packing of GEMM operands into the micro-kernel's layouts, widening bf16 and f16 to f32 on the way.
 //
 //   A block (mc x kc of op(A)) -> ceil(mc/MR) micro-panels, each kc x MR (Ap[k*MR + r]).
 //   B block (kc x nc of op(B)) -> ceil(nc/NR) micro-panels, each kc x NR (Bp[k*NR + c]).
@@ -6355,6 +6372,10 @@ class AlignedBuffer {
   float* p_ = nullptr;
   std::size_t cap_ = 0;
 };
+
+/// The element types the GEMM reads (widened to f32 as they are packed).
+template <class T>
+inline constexpr bool storage = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 /// Widens n contiguous elements to f32 (auto-vectorised for bf16: a 16-bit shift).
 template <class T>
@@ -6550,7 +6571,7 @@ inline float finish(float s, float alpha, float beta, const float* out) {
   return beta == 0.f ? alpha * s : std::fma(alpha, s, beta * *out);
 }
 
-/// Loads one f32 batch from n >= simd_width elements of T at p (widening bf16).
+/// Loads one f32 batch from n >= simd_width elements of T at p (widening bf16 / f16).
 template <class T>
 inline fbatch load_f32(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -6778,8 +6799,8 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
 template <class TA, class TB>
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
           std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm: A must be float or edl::bf16");
-  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm: B must be float or edl::bf16");
+  static_assert(detail::gemm::storage<TA>, "gemm: A must be float, edl::bf16 or edl::f16");
+  static_assert(detail::gemm::storage<TB>, "gemm: B must be float, edl::bf16 or edl::f16");
   namespace g = detail::gemm;
   g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
   if (M == 0 || N == 0) return;
@@ -6810,8 +6831,8 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
 template <class TA, class TB>
 void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm_serial: A must be float or edl::bf16");
-  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm_serial: B must be float or edl::bf16");
+  static_assert(detail::gemm::storage<TA>, "gemm_serial: A must be float, edl::bf16 or edl::f16");
+  static_assert(detail::gemm::storage<TB>, "gemm_serial: B must be float, edl::bf16 or edl::f16");
   namespace g = detail::gemm;
   g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
   if (M == 0 || N == 0) return;
@@ -22037,7 +22058,29 @@ LoraConfig load_adapter(const std::filesystem::path& dir, M& m) {
 // end of edl/lora/all.hpp
 // #include <edl/models/all.hpp>
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
-// #include <edl/models/llama/config.hpp>
+// #include <edl/models/llama/auto_model.hpp>
+// edl/models/llama/auto_model.hpp
+// The head a checkpoint names (config.json's "architectures"), read as HF's AutoModel and
+// EasyDeL's AutoEasyDeLModelFor... classes read it.
+//
+//   auto any = models::auto_from_pretrained(dir);      // the head the folder names
+//   std::visit([&](auto& m) { ... }, any);             // LlamaForCausalLM or LlamaForSequenceClassification
+//   auto cls = models::sequence_classification_from_pretrained(dir);   // a classifier from either
+//
+// A classifier read from a causal-LM checkpoint (fine-tuning a released base model to classify,
+// HF's "newly initialized: score.weight") gets the decoder's weights and a new score head drawn
+// from N(0, initializer_range) by `head_key`; the checkpoint's lm_head is left unread.
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <variant>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/io/safetensors.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above)
 // edl/models/llama/config.hpp
 // LlamaConfig: the HuggingFace config.json of Llama-family models (llama, mistral, qwen2, qwen3), with
 // HF field names and HF defaults, validation naming the field at fault, the benchmark presets of
@@ -22825,7 +22868,7 @@ struct LlamaConfig {
 
 }  // namespace edl::models
 // end of edl/models/llama/config.hpp
-// #include <edl/models/llama/llama.hpp>
+// // #include <edl/models/llama/llama.hpp> (inlined above)
 // edl/models/llama/llama.hpp
 // Llama on one device, with a hand-derived backward (docs/modules.md):
 //   LlamaModel:        embed_tokens -> num_hidden_layers x DecoderLayer -> norm   (HF LlamaModel)
@@ -22868,7 +22911,7 @@ struct LlamaConfig {
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/kernels/elementwise.hpp> (inlined above)
 // #include <edl/kernels/gemm.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
 // #include <edl/models/llama/fused_checkpoint.hpp>
 // edl/models/llama/fused_checkpoint.hpp
 // Checkpoints that store some Linears fused, read and written under edl's names. Phi-3
@@ -22939,7 +22982,7 @@ std::string file_of(const Ckpt& c, const std::string& name) {
 
 }  // namespace edl::models::detail
 // end of edl/models/llama/checkpoint_source.hpp
-// #include <edl/models/llama/config.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
 
 namespace edl::models {
 
@@ -23580,1573 +23623,7 @@ LlamaForCausalLM<Pol> update_module(LlamaForCausalLM<Pol>& m, const nlohmann::or
 
 }  // namespace edl::models
 // end of edl/models/llama/llama.hpp
-// #include <edl/models/llama/plan.hpp>
-// edl/models/llama/plan.hpp
-// The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
-// computed from the config and mesh alone, before any tensor is allocated.
-//
-//   auto mesh = MeshShape({"dp", "fsdp", "ep", "tp", "sp"}, {1, 2, 1, 2, 1});   // "ep" may be left out
-//   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
-//   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
-//
-// Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
-// layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
-// measures (tests/models/test_plan.cpp). Device 0 holds the largest blocks (a dimension its
-// axes do not divide ends in shorter blocks on the last devices; a mixture-of-experts model's
-// ep ranks hold E / ep experts each), so its figures bound every device's.
-//
-// Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
-// Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
-// heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
-// and the modules' Saved structs keep:
-//   per layer, kept until the layer's backward:
-//     LayerSaved n1, h, n2                         3 Tl H
-//     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
-//     RMSNorm inv_rms x 2                          2 Tl
-//     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
-//     qk_norm (Qwen3): q, k before the norms and
-//       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
-//     MLP g, u, a                                  3 Tl Fl
-//     or a mixture-of-experts block (E experts, top K, expert width Fe; a device's experts run
-//       over K Tl rows when the routing is balanced): router logits and probabilities
-//       2 Tl E, routing weights K Tl, token/slot ids and top-k 2 K Tl int64, expert inputs and
-//       outputs 2 K Tl H, the experts' g, u, a 3 K Tl Fe; a shared expert (width Fs) adds
-//       3 Tl Fs + Tl H + Tl
-//     sandwich norms (Gemma): attention and MLP
-//       outputs and their inv_rms                  2 Tl H + 2 Tl
-//   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
-//     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
-//   the sparse layers' routing, copied for the router losses: 2 Tl E + K Tl floats and 2 K Tl
-//     int64 per sparse layer;
-//   with remat (training) or without training, one layer's saved state (the largest) instead
-//     of all layers': peak = whole step + routing + max(loss transient, layer + backward
-//     transient); remat also repeats each layer's forward collectives in backward;
-//   the peak adds the largest transient on top of all layers' saved state:
-//     loss:     the chunked loss's [C, V] f32 logits + 3 C doubles (C = min(chunk_rows, Tl));
-//               the full [Tl, V] logits never exist;
-//     backward of the last layer (training): outer a, b and inner a, dh (4 Tl H) plus
-//               max(MLP: da, dg 2 Tl Fl;
-//                   attention: dg Tf H (+ its sp-padded input Tf H when sp > 1) plus
-//                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
-//                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
-// Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
-//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n,
-//   all_to_all sends (g-1)/g n. A sparse layer on ep > 1 exchanges its K Tl rows of H floats
-//   twice in forward (to the experts and back) and twice more in backward (balanced routing: the
-//   padded chunks hold K Tl / ep rows each; a skewed routing pads them up to the busiest pair).
-
-#include <algorithm>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <vector>
-
-// #include <edl/core/dtype.hpp> (inlined above)
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/mesh/mesh_shape.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// // #include <edl/models/llama/sharded.hpp> (inlined above)
-// edl/models/llama/sharded.hpp
-// Llama forward and backward on a device mesh (dp, fsdp, ep, tp, sp >= 1) giving the logits,
-// loss and gradients of one device (docs/parallelism.md).
-//
-//   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
-//   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
-//   auto logits = sm.logits(tokens.data(), B, S);              // [B, S, V], gathered
-//   nn::LossMetrics m = sm.loss_and_grads(tokens.data(), labels.data(), B, S);   // grads +=
-//   xt::xarray<float> g = sm.gather_grad("model.layers.0.mlp.up_proj.weight");
-//   LlamaForCausalLM<> back = models::gather_model(sm);        // bit-exact round trip
-//
-// Storage. Every parameter is a ShardedArray<T> laid out by the partition rules (so the mesh's
-// MemoryTracker counts each device's blocks: fsdp=N holds ~1/N of the matrices per device);
-// gradients (f32) are ShardedArray<float> with the same layout, allocated by the first
-// loss_and_grads and ACCUMULATED by each call (zero_grad() clears them), as
-// LlamaForCausalLM::forward_backward does.
-//
-// Execution, per device inside mesh.run (one simulated device per thread):
-//  - a local LlamaForCausalLM whose config has num_attention_heads / tp, num_key_value_heads / tp
-//    and intermediate_size / tp (head_dim explicit), built once per device; its parameter
-//    values are empty except while a layer runs;
-//  - ZeRO-3: before a layer runs (forward, and again in backward) each of its parameters is
-//    all_gathered over the axes that shard it except tp ("fsdp", "sp", "dp" if a rule uses it),
-//    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
-//    that shards them (tp included) at the start of the step and kept until its end (the
-//    vocabulary-parallel head is not implemented: the head is replicated compute);
-//  - data: the batch is split over (dp, fsdp, ep) (B divisible by dp * fsdp * ep), the sequence
-//    over sp (S divisible by sp);
-//  - expert parallel (mixture-of-experts models): expert e of E is stored and run on the ep rank
-//    e / (E / ep) only (a placed layout, ShardLayout::placed_on; the rules may split it further
-//    over fsdp); each device routes its own tokens and exchanges their rows with the experts'
-//    ranks by all_to_all (nn::ExpertParallel). An expert's gradient is complete on its ep rank
-//    (every row of the ep group reached it) and sums over the other data axes only. The router
-//    losses sum their counts over every data axis, so they are the whole batch's. Experts are
-//    not split over tp (a MoE model on a mesh needs tp = 1);
-//  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
-//    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
-//    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
-//    rank 0 only;
-//  - sequence parallel: norms and MLP run on the local tokens; before attention the normed
-//    hidden states are all_gathered over "sp", attention runs on the whole sequence and keeps
-//    the local slice; in backward the gradient of the gathered input is reduce_scattered over
-//    "sp" (each rank back-propagates only its own outputs);
-//  - loss: the HF shift is applied globally before splitting, each device sums its tokens and
-//    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
-//  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
-//    reduce_scattered over the data axes that shard it and psummed over the data axes that do
-//    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
-//    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
-//    heads only, so theirs is psummed over tp as well.
-//  - LoRA: a model with adapters (lora::apply_lora) shards them with their base: lora_B takes
-//    the base's split of the output rows, lora_A its split of the input columns, r is never
-//    split. Only the adapters are trainable (gradients, optimizer state); the base is frozen.
-//    On a column-parallel base every tp rank computes the same u = x A^T, so the gradient of
-//    A is a sum over tp; on a row-parallel base each rank adds its partial u_r B^T before the
-//    psum, so the gradient of B is. Dropout draws each element's mask from its place in the
-//    whole batch (nn::DropoutIndex), so a mesh drops what one device drops.
-// Collectives reduce in group order, so results are deterministic for a given mesh.
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include <xtensor/xarray.hpp>
-#include <xtensor/xtensor.hpp>
-
-// #include <edl/core/error.hpp> (inlined above)
-// #include <edl/core/policy.hpp> (inlined above)
-// #include <edl/core/rng.hpp> (inlined above)
-// #include <edl/kernels/elementwise.hpp> (inlined above)
-// #include <edl/lora/apply.hpp> (inlined above)
-// #include <edl/mesh/collectives.hpp> (inlined above)
-// #include <edl/mesh/mesh.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/llama.hpp> (inlined above)
-// #include <edl/nn/expert_parallel.hpp> (inlined above)
-// #include <edl/nn/loss.hpp> (inlined above)
-// #include <edl/nn/module.hpp> (inlined above)
-// // #include <edl/tensor/partition_rules.hpp> (inlined above) (inlined above)
-// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
-
-namespace edl::models {
-
-namespace sharded_detail {
-
-/// Axes that split the data: the batch over (dp, fsdp, ep), the sequence over sp.
-inline const std::vector<std::string>& data_axes() {
-  static const std::vector<std::string> a{"dp", "fsdp", "ep", "sp"};
-  return a;
-}
-
-/// J for a parameter of expert J of a mixture-of-experts block ("...experts.J.w1.weight", its
-/// adapters too), else -1 (the router and a shared expert belong to no expert).
-inline std::int64_t expert_index(const std::string& name) {
-  const std::string key = ".experts.";
-  const std::size_t at = name.find(key);
-  if (at == std::string::npos) return -1;
-  std::size_t i = at + key.size();
-  std::int64_t j = 0;
-  bool digits = false;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digits = true) j = j * 10 + (name[i] - '0');
-  return digits && i < name.size() && name[i] == '.' ? j : -1;
-}
-
-inline bool contains(const std::vector<std::string>& v, const std::string& s) {
-  for (const auto& x : v)
-    if (x == s) return true;
-  return false;
-}
-
-/// `spec` with only the axes in `keep` left.
-inline SpecValue restrict_spec(const SpecValue& spec, const std::vector<std::string>& keep) {
-  SpecValue r;
-  for (const auto& d : spec.dims) {
-    std::vector<std::string> k;
-    for (const auto& a : d)
-      if (contains(keep, a)) k.push_back(a);
-    r.dims.push_back(std::move(k));
-  }
-  return r;
-}
-
-inline std::vector<std::int64_t> minus(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
-  return a;
-}
-
-template <class X>
-void free_tensor(X& x) {
-  typename X::shape_type z{};
-  x = X::from_shape(z);
-}
-
-}  // namespace sharded_detail
-
-/// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
-inline std::int64_t mesh_axis_or_one(const MeshShape& ms, std::string_view axis) {
-  return ms.has_axis(axis) ? ms.axis_size(axis) : 1;
-}
-
-/// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
-inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
-  const char* w = "ShardedLlama";
-  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads (", c.num_attention_heads,
-            ") is not divisible by tp = ", tp);
-  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads (", c.num_key_value_heads,
-            ") is not divisible by tp = ", tp, " (each tp rank needs whole kv heads)");
-  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size (", c.intermediate_size,
-            ") is not divisible by tp = ", tp);
-  LlamaConfig l = c;
-  l.head_dim = c.head_size();
-  l.num_attention_heads = c.num_attention_heads / tp;
-  l.num_key_value_heads = c.num_key_value_heads / tp;
-  l.intermediate_size = c.intermediate_size / tp;
-  return l;
-}
-
-/// The data split every step checks: the batch over dp * fsdp * ep, the sequence over sp.
-inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t ep,
-                             std::int64_t sp, const char* w = "ShardedLlama") {
-  EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
-  EDL_CHECK(B % (dp * fsdp * ep) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp * ep = ",
-            dp, " * ", fsdp, " * ", ep, " = ", dp * fsdp * ep, " (the batch is split over dp, fsdp and ep)");
-  EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
-            " (the sequence is split over sp)");
-}
-
-/// How one parameter is stored and moved on a mesh. ShardedLlama executes exactly this, and
-/// plan_llama (plan.hpp) counts bytes from it, so the two cannot disagree.
-struct ShardedParamPlan {
-  ShardLayout layout;   // the stored blocks
-  ShardLayout compute;  // the tensor the local model uses (tp block or full)
-  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
-  bool row_bias = false;  // added by tp rank 0 only
-  bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
-  std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
-};
-
-/// Whether the blocks of `group` (device ids in group order) are consecutive slabs of rows of
-/// device d's compute tensor: then the buffer of a collective over the group is that tensor
-/// (fsdp's usual split of dimension 0), and nothing is packed or unpacked around it; else the
-/// collective goes through a packed buffer of the compute tensor's size (plan_llama counts it).
-inline bool blocks_are_row_slabs(const ShardedParamPlan& pl, const std::vector<std::int64_t>& group, std::int64_t d) {
-  const auto& cshape = pl.compute.block_shape();
-  const auto& bshape = pl.layout.block_shape();
-  if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0])
-    return false;
-  for (std::size_t i = 1; i < cshape.size(); ++i)
-    if (bshape[i] != cshape[i]) return false;
-  const auto origin = pl.compute.offset(d);
-  for (std::size_t k = 0; k < group.size(); ++k) {
-    const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
-    if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
-    for (std::size_t i = 1; i < at.size(); ++i)
-      if (at[i] != 0) return false;
-  }
-  return true;
-}
-
-/// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
-using AdapterRanks = std::map<std::string, std::int64_t>;
-
-/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
-/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight, and every other
-/// parameter is frozen. Validates the config against the mesh (heads, kv heads,
-/// intermediate size by tp; each rule's dimensions by its axes) with the errors of
-/// tp_local_config and PartitionRules.
-inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
-                                                                                const MeshShape& ms,
-                                                                                const PartitionRules& rules,
-                                                                                bool tied,
-                                                                                const AdapterRanks& adapters = {}) {
-  cfg.validate();
-  const std::int64_t tp = ms.axis_size("tp"), ep = mesh_axis_or_one(ms, "ep");
-  if (cfg.is_moe()) {
-    EDL_CHECK(tp == 1, errc::unsupported, "ShardedLlama", "a mixture-of-experts model (", cfg.model_type,
-              ") splits its experts over ep, not over tp; found tp = ", tp, " (use ep, fsdp, dp or sp)");
-    EDL_CHECK(cfg.num_local_experts % ep == 0, errc::not_divisible, "ShardedLlama", "num_local_experts (",
-              cfg.num_local_experts, ") is not divisible by ep = ", ep, " (each ep rank holds whole experts)");
-  }
-  const LlamaConfig local_cfg = tp_local_config(cfg, tp);
-  const auto global = cfg.parameter_shapes();
-  const auto local = local_cfg.parameter_shapes();
-  EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
-  std::vector<std::pair<std::string, ShardedParamPlan>> plans;
-  const std::vector<std::string> kept_tp{"tp"};
-  // partial_over_tp: the parameter is whole on every tp rank while each rank's gradient is a
-  // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
-  // tp-split base), so the gradient sums over tp.
-  const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
-                        const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
-    ShardedParamPlan p;
-    p.expert = cfg.is_moe() ? sharded_detail::expert_index(name) : -1;
-    p.layout = ShardLayout(ms, spec, gshape, name);
-    const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
-    p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
-                            gshape, name);
-    if (p.expert >= 0 && ms.has_axis("ep")) {  // on its ep rank only
-      const std::int64_t owner = nn::expert_owner(p.expert, cfg.num_local_experts, ep);
-      p.layout = p.layout.placed_on("ep", owner);
-      p.compute = p.compute.placed_on("ep", owner);
-    }
-    // A dimension the local model computes a tp block of must split evenly, over tp and over
-    // any data axis that shares it (whole heads, equal MLP columns, and blocks that nest in
-    // the tp block); storage alone may split a dimension unevenly (ShardLayout).
-    if (keep_tp) {
-      SpecValue tp_dims = spec;
-      for (auto& d : tp_dims.dims)
-        if (!sharded_detail::contains(d, "tp")) d.clear();
-      tp_dims.check_divides(ms, gshape, name);
-    }
-    EDL_CHECK(p.compute.block_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
-              " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
-              "shape ",
-              ::edl::detail::shape_str(p.compute.block_shape()), " but rank ", tp, " needs ",
-              ::edl::detail::shape_str(lshape),
-              " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
-    std::vector<std::string> g;
-    for (const auto& d : spec.dims)
-      for (const auto& a : d) {
-        if (ms.axis_size(a) == 1) continue;
-        if (keep_tp && a == "tp") continue;
-        g.push_back(a);
-      }
-    // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
-    for (const auto& a : ms.names())
-      if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
-    for (const auto& a : ms.names()) {
-      if (ms.axis_size(a) == 1) continue;
-      if (a == "tp") {
-        if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
-      } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
-        if (a == "ep" && p.expert >= 0) continue;  // every row of the ep group reached the expert
-        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
-        else p.sum_axes.push_back(a);
-      }
-    }
-    p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
-    p.frozen = frozen;
-    plans.emplace_back(name, std::move(p));
-  };
-  std::size_t adapted = 0;
-  for (std::size_t i = 0; i < global.size(); ++i) {
-    const auto& [name, gshape] = global[i];
-    const auto& lshape = local[i].second;
-    if (tied && name == "lm_head.weight") continue;
-    const SpecValue spec = rules.spec_for(name, gshape, ms);
-    plan(name, spec, gshape, lshape,
-         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"), !adapters.empty());
-    if (!name.ends_with(".weight")) continue;
-    const std::string linear = name.substr(0, name.size() - 7);
-    const auto it = adapters.find(linear);
-    if (it == adapters.end()) continue;
-    ++adapted;
-    // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
-    const std::int64_t r = it->second;
-    const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
-    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel,
-         false);
-    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel, false);
-  }
-  EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
-            " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
-  return plans;
-}
-
-template <class Pol = DefaultPolicy>
-class ShardedLlama {
- public:
-  using T = typename Pol::param_t;
-  using Local = LlamaForCausalLM<Pol>;
-
-  /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
-  /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
-  /// layer again, collectives included, before its backward; losses and gradients are bitwise
-  /// those without it.
-  void set_remat(bool on) noexcept { remat_ = on; }
-  /// What a step's batch and sequence must be multiples of: the batch is split over
-  /// dp x fsdp x ep, the sequence over sp (check_data_split).
-  std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
-  std::int64_t seq_multiple() const { return axis("sp"); }
-  bool remat() const noexcept { return remat_; }
-
-  /// Shards `model`'s parameters over `mesh` by `rules`.
-  ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
-    auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
-    AdapterRanks adapters;
-    m.visit_linears("", [&](const std::string& path, auto& lin) {
-      EDL_CHECK(!lin.is_quantized(), errc::unsupported, path,
-                "is quantized (", quant::format_name(lin.qweight.format()),
-                "): a model on a mesh holds float weights; quantized models and QLoRA run on one device");
-      if (lin.lora) adapters.emplace(path, lin.lora->rank());
-    });
-    if (!adapters.empty()) lora_ = lora::config_of(m);
-    setup(adapters);
-    m.visit_params("", [&](std::string_view path, auto& p) {
-      const std::string name(path);
-      const xt::xarray<T> full = p.value;
-      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
-    });
-  }
-  /// A freshly initialized model, equal to LlamaForCausalLM::init(key) sharded: parameter k
-  /// draws from fold_in(key, k) and element i from counter i (nn::init_params), so each
-  /// process draws the blocks of its own devices and no process builds the whole model.
-  ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : ShardedLlama(cfg, std::optional<Key>(key), std::move(mesh), std::move(rules)) {}
-  /// A model of `cfg` whose stored blocks are zero, for a loader to fill
-  /// (models::from_pretrained_sharded, train::load_sharded_state).
-  ShardedLlama(const LlamaConfig& cfg, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
-      : ShardedLlama(cfg, std::optional<Key>(), std::move(mesh), std::move(rules)) {}
-
-  /// Adds LoRA adapters to a model that has none, as lora::apply_lora adds them to the
-  /// one-device model (the same targets; A drawn from the same keys, B zero), so a model drawn
-  /// or read straight into its blocks trains adapters without any process building the base.
-  /// The base becomes frozen; gradients and the devices' working models start afresh.
-  void add_adapters(const lora::LoraConfig& c, const std::string& where = "lora") {
-    EDL_CHECK(!lora_, errc::invalid_argument, where, "the model already has LoRA adapters");
-    LlamaForCausalLM<Pol> shapes(cfg_);  // its base is never written: only the adapters' pages are touched
-    lora::apply_lora(shapes, c, where);
-    AdapterRanks adapters;
-    shapes.visit_linears("", [&](const std::string& path, auto& lin) {
-      if (lin.lora) adapters.emplace(path, lin.lora->rank());
-    });
-    lora_ = lora::config_of(shapes);
-    names_.clear();
-    trainable_.clear();
-    plans_.clear();
-    data_axes_.clear();
-    locals_.clear();
-    grads_.clear();
-    setup(adapters);
-    visit_adapter_params(shapes, [&](const std::string& name, auto& p) {
-      const xt::xarray<T> full = p.value;
-      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
-    });
-  }
-  /// The one-device model's structure with this model's adapters, gathered: what a LoRA
-  /// checkpoint saves (lora::write_adapter_files). Its base weights are allocated and never
-  /// written, so no page of them is touched: this costs the adapters' bytes.
-  LlamaForCausalLM<Pol> gather_adapters() const {
-    EDL_CHECK(lora_.has_value(), errc::invalid_argument, "ShardedLlama::gather_adapters", "the model has no adapters");
-    LlamaForCausalLM<Pol> m(cfg_);
-    lora::apply_lora(m, *lora_, "ShardedLlama");
-    visit_adapter_params(m, [&](const std::string& name, auto& p) {
-      const xt::xarray<T> full = gather(params_.at(name));
-      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
-    });
-    return m;
-  }
-
-  const LlamaConfig& config() const noexcept { return cfg_; }
-  /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
-  /// checkpoint that fuses it with others (Phi-3), or nullopt.
-  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
-    return fused_slice(config(), linear_path + ".weight");
-  }
-  const DefaultMesh& mesh() const noexcept { return mesh_; }
-  bool tied() const noexcept { return tied_; }
-  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
-  const std::vector<std::string>& names() const noexcept { return names_; }
-  /// The parameters that get gradients and optimizer state: all of them, or with LoRA
-  /// adapters the adapters alone.
-  const std::vector<std::string>& trainable_names() const noexcept { return trainable_; }
-  bool trainable(const std::string& name) const { return !plans_.at(checked(name)).frozen; }
-
-  /// Whether the model carries LoRA adapters, and their config (lora::config_of).
-  bool has_adapters() const noexcept { return lora_.has_value(); }
-  const std::optional<lora::LoraConfig>& adapter_config() const noexcept { return lora_; }
-  /// The adapters' dropout key for the next steps (lora::set_dropout's; none: no dropout).
-  void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
-  /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
-  void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
-  /// The routers' input jitter key for the next steps (LlamaForCausalLM::set_router_jitter's;
-  /// none: no jitter). Each device draws its tokens' factors from their places in the batch.
-  void set_router_jitter(std::optional<Key> key) noexcept { jitter_key_ = key; }
-
-  const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
-  ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
-  xt::xarray<T> gather_param(const std::string& name) const { return gather(param(name)); }
-
-  bool has_grads() const noexcept { return !grads_.empty(); }
-  const ShardedArray<float>& grad(const std::string& name) const {
-    return const_cast<ShardedLlama*>(this)->grad(name);
-  }
-  ShardedArray<float>& grad(const std::string& name) {
-    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
-    EDL_CHECK(trainable(name), errc::invalid_argument, name, "is frozen (the base of a LoRA model): it has no gradient");
-    return grads_.at(name);
-  }
-  /// The full gradient of one parameter (gathered from the devices' blocks).
-  xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
-  /// Every gradient (of the trainable parameters), gathered, by HF name.
-  std::map<std::string, xt::xarray<float>> gather_grads() const {
-    std::map<std::string, xt::xarray<float>> g;
-    for (const auto& n : trainable_) g.emplace(n, gather_grad(n));
-    return g;
-  }
-  void zero_grad() {
-    for (auto& [n, g] : grads_)
-      for (std::int64_t d = 0; d < mesh_.size(); ++d) g.local(d).fill(0.0f);
-  }
-
-  /// Bytes of parameter blocks device `d` holds.
-  std::int64_t param_bytes(std::int64_t d) const {
-    std::int64_t b = 0;
-    for (const auto& [n, p] : params_) b += static_cast<std::int64_t>(p.local(d).size() * sizeof(T));
-    return b;
-  }
-
-  /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
-  /// attention_mask, position_ids and segment_ids are [B, S] as in nn::TokenLayout (HF padding
-  /// mask; packed documents).
-  xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
-                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
-                               const std::int64_t* segment_ids = nullptr) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
-        {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, layout_of(batch, seq, attention_mask, position_ids, segment_ids), nn::LossOptions{},
-             Mode::logits, out.data());
-    return out;
-  }
-  xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
-    return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
-  }
-
-  /// Loss only. labels [B, S] (null: tokens), HF shift applied.
-  nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
-                       const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
-                       const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
-    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::loss,
-                    nullptr);
-  }
-
-  /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
-  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
-                                 std::int64_t seq, const nn::LossOptions& opt = {},
-                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
-                                 const std::int64_t* segment_ids = nullptr) {
-    ensure_grads();
-    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::train,
-                    nullptr);
-  }
-  nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
-                                 const nn::LossOptions& opt = {}) {
-    EDL_CHECK(tokens.shape() == labels.shape(), errc::shape_mismatch, "ShardedLlama::loss_and_grads",
-              "tokens and labels must have the same shape");
-    return loss_and_grads(tokens.data(), labels.data(), static_cast<std::int64_t>(tokens.shape(0)),
-                          static_cast<std::int64_t>(tokens.shape(1)), opt);
-  }
-
-  /// A copy of this process's parameter blocks and the model's structure, without gradients
-  /// or the devices' working models: what a checkpoint written in the background saves while
-  /// training moves the parameters on (costs this process's parameter bytes once more).
-  ShardedLlama snapshot() const { return ShardedLlama(*this, SnapshotTag{}); }
-
-  /// As LlamaForCausalLM's logits, loss and forward_backward, with a TokenLayout: its padding
-  /// mask, positions and documents, and inputs_embeds ([batch * seq, hidden] in place of the
-  /// ids' embeddings; the ids may then be null and a loss needs its labels). loss_and_grads
-  /// ACCUMULATES d loss / d inputs_embeds into layout.inputs_embeds_grad (when given; the
-  /// embedding table then gets no gradient), on every process of the mesh.
-  xt::xtensor<float, 3> logits(const std::int64_t* tokens, const nn::TokenLayout& layout) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(layout.batch),
-                                                                    static_cast<std::size_t>(layout.seq),
-                                                                    static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, layout, nn::LossOptions{}, Mode::logits, out.data());
-    return out;
-  }
-  nn::LossMetrics loss(const std::int64_t* tokens, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
-                       const nn::LossOptions& opt = {}) {
-    return run_step(tokens, labels, layout, opt, Mode::loss, nullptr);
-  }
-  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const nn::TokenLayout& layout,
-                                 const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
-    ensure_grads();
-    return run_step(tokens, labels, layout, opt, Mode::train, nullptr);
-  }
-
-  /// The one-device model with the gathered parameters (bit-exact).
-  LlamaForCausalLM<Pol> gather_model() const {
-    LlamaForCausalLM<Pol> m(cfg_);
-    if (lora_) lora::apply_lora(m, *lora_, "ShardedLlama");  // the same adapters, values below
-    m.visit_params("", [&](std::string_view path, auto& p) {
-      const xt::xarray<T> full = gather(params_.at(std::string(path)));
-      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
-    });
-    return m;
-  }
-
- private:
-  enum class Mode { logits, loss, train };
-
-  using Plan = ShardedParamPlan;
-
-  struct LayerSaved {
-    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
-    typename nn::Attention<Pol>::Saved attn_s;
-    typename nn::MLP<Pol>::Saved mlp_s;
-    typename nn::MoE<Pol>::Saved moe_s;  // a mixture-of-experts layer's routing and experts
-    std::vector<float> n1, g, h, n2;
-    std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
-  };
-
-  struct SnapshotTag {};
-  ShardedLlama(const ShardedLlama& o, SnapshotTag)
-      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), remat_(o.remat_),
-        names_(o.names_), trainable_(o.trainable_), lora_(o.lora_), dropout_key_(o.dropout_key_),
-        jitter_key_(o.jitter_key_), adapters_active_(o.adapters_active_), plans_(o.plans_), params_(o.params_),
-        locals_(o.locals_.size()), data_axes_(o.data_axes_) {}
-
-  // Per-device view of one step.
-  ShardedLlama(const LlamaConfig& cfg, std::optional<Key> key, DefaultMesh mesh, PartitionRules rules)
-      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
-    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
-              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
-              "run on one device");
-    setup({});
-    // The model's parameters in visit order with their Init kinds; its values are never
-    // written, so their pages are never touched.
-    LlamaForCausalLM<Pol> shapes(cfg_);
-    const float std = static_cast<float>(cfg_.initializer_range);
-    std::uint32_t index = 0;
-    shapes.visit_params("", [&](std::string_view path, auto& p) {
-      const Key k = key ? fold_in(*key, index++) : Key{};
-      const nn::Init how = key ? p.init : nn::Init::zeros;
-      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
-                                                               [&](std::uint64_t first, std::span<float> out) {
-                                                                 nn::fill_init(how, k, first, out, std);
-                                                               }));
-    });
-  }
-
-  struct Ctx {
-    Device* dev = nullptr;
-    std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
-    std::int64_t b0 = 0, s0 = 0;  // the device's first batch row and first sequence position
-    nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
-    nn::ExpertDispatch<Pol>* experts = nullptr;  // where a MoE layer's experts run (null: here, all held)
-    std::int64_t tokens() const noexcept { return Bl * Sl; }
-    /// Where the device's tokens (Bl rows of Sl positions) sit in the [B, S] batch: row(t) is
-    /// local token t's index there.
-    nn::DropoutIndex local_tokens() const noexcept { return nn::DropoutIndex{Sl, S, b0, s0}; }
-  };
-
-  const std::string& checked(const std::string& name) const {
-    EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
-    return name;
-  }
-
-  std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
-
-  /// f(name, param) over the LoRA A / B weights of one-device model `m`'s adapted Linears.
-  template <class F>
-  static void visit_adapter_params(LlamaForCausalLM<Pol>& m, F&& f) {
-    m.visit_linears("", [&](const std::string& path, auto& lin) {
-      if (!lin.lora) return;
-      lin.lora->visit_params(path, [&](std::string_view name, auto& p) { f(std::string(name), p); });
-    });
-  }
-
-  void setup(const AdapterRanks& adapters) {
-    cfg_.validate();
-    local_cfg_ = tp_local_config(cfg_, axis("tp"));
-    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_, adapters)) {
-      names_.push_back(name);
-      if (!p.frozen) trainable_.push_back(name);
-      plans_.emplace(name, std::move(p));
-    }
-    for (const auto& a : sharded_detail::data_axes())
-      if (mesh_.shape().axis_size(a) > 1) data_axes_.push_back(a);
-    locals_.resize(static_cast<std::size_t>(mesh_.size()));
-  }
-
-  void ensure_grads() {
-    if (!grads_.empty()) return;
-    for (const auto& n : trainable_) grads_.emplace(n, zeros_sharded<float>(plans_.at(n).layout, mesh_.context()));
-  }
-
-  Local& local_model(std::int64_t d) {
-    auto& slot = locals_[static_cast<std::size_t>(d)];
-    if (!slot) {
-      slot = std::make_unique<Local>(local_cfg_);
-      if (lora_) lora::apply_lora(*slot, *lora_, "ShardedLlama");  // the device's block of each adapter
-      slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
-    }
-    return *slot;
-  }
-
-  // ------------------------------------------------------------------ parameters (ZeRO-3)
-  /// Fills p (the local model's parameter) from the device's blocks.
-  template <class Prm>
-  void gather_param_into(Device& dev, const std::string& name, Prm& p) {
-    const Plan& pl = plans_.at(name);
-    const std::int64_t d = dev.id();
-    if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
-    const auto& blk = params_.at(name).local(d);
-    const auto& cshape = pl.compute.block_shape();
-    p.value = ::edl::detail::make_local<std::remove_cvref_t<decltype(p.value)>>(cshape);
-    dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
-    const std::size_t n = blk.size();
-    if (pl.gather_axes.empty()) {
-      std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
-    } else {
-      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
-      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
-        all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
-                   AxisList(pl.gather_axes));
-      } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
-        const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
-        std::vector<T> part, buf(m * group.devices.size());
-        std::span<const T> send(blk.data(), n);
-        if (n != m) {
-          part.resize(m);
-          ::edl::detail::pad_to_block<T>(send, part);
-          send = part;
-        }
-        all_gather(dev, send, buf, AxisList(pl.gather_axes));
-        const auto origin = pl.compute.offset(d);
-        for (std::size_t k = 0; k < group.devices.size(); ++k)
-          ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                       pl.layout.local_shape(group.devices[k]), buf.data() + k * m, false);
-      }
-    }
-    if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
-  }
-
-  template <class Prm>
-  void release_param(Device& dev, Prm& p) {
-    dev.memory().release(dev.id(), static_cast<std::int64_t>(p.value.size() * sizeof(T)));
-    sharded_detail::free_tensor(p.value);
-  }
-
-  /// Allocates (zeroed) the local gradient before a backward.
-  template <class Prm>
-  void open_grad(Device& dev, Prm& p) {
-    if (p.frozen || p.value.size() == 0) return;  // frozen, or another ep rank's expert
-    p.grad_data();
-    dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
-  }
-
-  /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
-  template <class Prm>
-  void reduce_grad(Device& dev, const std::string& name, Prm& p) {
-    if (p.frozen) return;
-    const Plan& pl = plans_.at(name);
-    const std::int64_t d = dev.id();
-    if (!pl.layout.holds(d)) return;
-    const auto& cshape = pl.compute.block_shape();
-    // m: the largest block, the unit of the collectives (each part padded with zeros to it);
-    // the device's own block (its first `mine` elements of `out`) may be shorter.
-    const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
-    const std::size_t mine = static_cast<std::size_t>(pl.layout.local_elements(d));
-    const auto origin = pl.compute.offset(d);
-    std::vector<float> out(m);
-    if (pl.scatter_axes.empty()) {
-      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin),
-                                       pl.layout.local_shape(d), out.data(), true);
-    } else {
-      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
-      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
-        reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
-                       AxisList(pl.scatter_axes));
-      } else {
-        std::vector<float> packed(m * group.devices.size());  // zeros past each shorter block
-        for (std::size_t k = 0; k < group.devices.size(); ++k)
-          ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
-                                           pl.layout.local_shape(group.devices[k]), packed.data() + k * m, true);
-        reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
-      }
-    }
-    if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
-    float* g = grads_.at(name).local(d).data();
-    for (std::size_t i = 0; i < mine; ++i) g[i] += out[i];
-    dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
-    sharded_detail::free_tensor(p.grad);
-  }
-
-  template <class M>
-  void gather_module(Device& dev, M& mod, const std::string& prefix) {
-    mod.visit_params(prefix, [&](std::string_view path, auto& p) { gather_param_into(dev, std::string(path), p); });
-  }
-  template <class M>
-  void release_module(Device& dev, M& mod) {
-    mod.visit_params("", [&](std::string_view, auto& p) { release_param(dev, p); });
-  }
-  template <class M>
-  void open_module_grads(Device& dev, M& mod) {
-    mod.visit_params("", [&](std::string_view, auto& p) { open_grad(dev, p); });
-  }
-  template <class M>
-  void reduce_module(Device& dev, M& mod, const std::string& prefix) {
-    mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
-  }
-
-  // ------------------------------------------------------------------ sequence parallel helpers
-  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
-  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
-    all_gather(*c.dev, local, buf, "sp");
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return full;
-  }
-  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
-  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
-                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return l;
-  }
-  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return f;
-  }
-  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
-  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    reduce_scatter(*c.dev, packed, out, "sp");
-    return out;
-  }
-
-  // ------------------------------------------------------------------ one decoder layer
-  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
-    const std::int64_t Tl = c.tokens();
-    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
-    s.n1.resize(n);
-    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
-    const float* g = s.n1.data();
-    if (c.sp > 1) {
-      s.g = gather_seq(c, s.n1);
-      g = s.g.data();
-    }
-    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
-    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
-    if (sandwich) {
-      s.ao = std::move(a);
-      a.resize(n);
-      L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
-    }
-    s.h.resize(n);
-    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
-    s.n2.resize(n);
-    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
-    if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
-    else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
-    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
-    if (sandwich) {
-      s.mo.assign(y, y + n);
-      L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
-    }
-    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
-  }
-
-  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
-    const std::size_t n = s.h.size();
-    const bool sandwich = L.has_sandwich_norms();
-    std::vector<float> a(n), dh(dy, dy + n), dout;  // dout: a sandwich norm's input gradient
-    if (sandwich) {
-      dout.resize(n);
-      L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
-    }
-    if (L.is_sparse()) L.block_sparse_moe.backward(dy, s.moe_s, a.data(), c.experts);
-    else L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
-    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
-    if (sandwich) L.attn_output_norm.backward(dh.data(), s.ao_s, dout.data());
-    const std::vector<float>& dattn = sandwich ? dout : dh;
-    std::vector<float> padded;
-    const float* dyfull = dattn.data();
-    if (c.sp > 1) {
-      padded = pad_seq(c, dattn);
-      dyfull = padded.data();
-    }
-    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.backward(dyfull, s.attn_s, dg.data());
-    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
-    if (c.tp > 1) psum(*c.dev, dn1, "tp");
-    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
-    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
-  }
-
-  // ------------------------------------------------------------------ the step
-  static nn::TokenLayout layout_of(std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
-                                   const std::int64_t* pos, const std::int64_t* seg) {
-    nn::TokenLayout l{batch, seq, pos, mask, seg};
-    return l;
-  }
-
-  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
-                           const nn::LossOptions& opt, Mode mode, float* logits_out) {
-    const char* w = "ShardedLlama";
-    const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size;
-    check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
-    EDL_CHECK(tokens != nullptr || lay.inputs_embeds != nullptr, errc::invalid_argument, w,
-              "needs token ids or inputs_embeds");
-    EDL_CHECK(mode == Mode::logits || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
-              "inputs_embeds without token ids need labels");
-    if (tokens)
-      for (std::int64_t i = 0; i < B * S; ++i)
-        EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i,
-                  "] = ", tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
-    // Global HF shift: targets[b, s] = labels[b, s + 1].
-    std::vector<std::int64_t> targets;
-    if (mode != Mode::logits) {
-      targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
-                          : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
-    }
-    // The metrics are psummed, so every device holds them; keep the lowest local device's
-    // (device 0 may run in another process).
-    nn::LossMetrics result;
-    std::mutex mu;
-    std::int64_t from = -1;
-    CollectiveBackend& be = mesh_.backend();
-    const bool multi = be.processes() > 1;
-    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
-      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
-    if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + B * S, 0.0);  // likewise: each position from one device
-    // d loss / d inputs_embeds: each position's row from one device, summed over the
-    // processes, then added to the caller's.
-    std::vector<float> embeds_grad(mode == Mode::train && lay.inputs_embeds && lay.inputs_embeds_grad
-                                       ? static_cast<std::size_t>(B * S * H)
-                                       : 0);
-    mesh_.run([&](Device& dev) {
-      nn::LossMetrics m = device_step(dev, tokens, targets, lay, opt, mode, logits_out,
-                                      embeds_grad.empty() ? nullptr : embeds_grad.data());
-      std::lock_guard<std::mutex> lock(mu);
-      if (from < 0 || dev.id() < from) {
-        result = m;
-        from = dev.id();
-      }
-    });
-    if (multi && mode == Mode::logits)
-      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
-    if (multi && opt.row_nll && mode != Mode::logits)
-      be.sum_over_processes(opt.row_nll, static_cast<std::size_t>(B * S), DType::f64);
-    if (!embeds_grad.empty()) {
-      if (multi) be.sum_over_processes(embeds_grad.data(), embeds_grad.size(), DType::f32);
-      kernels::add_inplace(lay.inputs_embeds_grad, embeds_grad.data(), static_cast<std::ptrdiff_t>(embeds_grad.size()));
-    }
-    return result;
-  }
-
-  nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
-                              const nn::TokenLayout& lay, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              float* embeds_grad) {
-    const std::int64_t B = lay.batch, S = lay.seq;
-    const std::int64_t *mask = lay.attention_mask, *pos = lay.position_ids, *seg = lay.segment_ids;
-    const float* embeds = lay.inputs_embeds;
-    Local& lm = local_model(dev.id());
-    auto& model = lm.model;
-    Ctx c;
-    c.dev = &dev;
-    c.tp = dev.axis_size("tp");
-    c.sp = dev.axis_size("sp");
-    c.sp_rank = dev.axis_index("sp");
-    const std::int64_t fsdp = dev.axis_size("fsdp"), ep = dev.axis_size("ep");
-    c.Bl = B / (dev.axis_size("dp") * fsdp * ep);
-    c.S = S;
-    c.Sl = S / c.sp;
-    c.H = cfg_.hidden_size;
-    // The device's batch rows: data groups are numbered row-major over (dp, fsdp, ep).
-    const std::int64_t group = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * ep + dev.axis_index("ep");
-    const std::int64_t b0 = group * c.Bl, s0 = c.sp_rank * c.Sl;
-    c.b0 = b0;
-    c.s0 = s0;
-    std::optional<nn::ExpertParallel<Pol>> experts;
-    if (cfg_.is_moe() && ep > 1) {
-      experts.emplace(dev, "ep");
-      c.experts = &*experts;
-    }
-    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
-    // Attention runs on the local batch rows over the whole sequence: their mask, positions
-    // and documents.
-    const auto rows_of = [&](const std::int64_t* v) {
-      return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
-    };
-    const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
-    if (lora_) place_adapters(lm, c, b0, s0);
-    if (cfg_.is_moe()) place_router_jitter(lm, c);
-    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
-                             seg ? seg_l.data() : nullptr};
-    // The whole batch's length for rope scalings that depend on it, as one device sees it.
-    c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
-    const std::size_t n = static_cast<std::size_t>(Tl * H);
-
-    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
-    if (tokens)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
-    // The local tokens' rows of a [B * S, H] tensor: row b * Sl + s is (b0 + b) * S + s0 + s.
-    const auto global_row = [&](std::int64_t t) { return ((b0 + t / c.Sl) * S + s0 + t % c.Sl) * H; };
-    if (mode != Mode::logits) {
-      tg.resize(static_cast<std::size_t>(Tl));
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s)
-          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
-    }
-
-    // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
-    gather_module(dev, model.embed_tokens, "model.embed_tokens");
-    gather_module(dev, model.norm, "model.norm");
-    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
-
-    const std::size_t L = model.layers.size();
-    std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
-    std::vector<LayerSaved> saved(L);
-    typename nn::Embedding<Pol>::Saved embed_s;
-    if (embeds)  // the caller's vectors in place of the ids' embeddings
-      for (std::int64_t t = 0; t < Tl; ++t)
-        std::memcpy(xs[0].data() + t * H, embeds + global_row(t), static_cast<std::size_t>(H) * sizeof(float));
-    else
-      model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
-    const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
-    if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
-    // A layer's activations are kept for its backward, unless the step has none or remat is
-    // on: then only its input (xs) is, and the backward runs the layer again first.
-    const bool keep = mode == Mode::train && !remat_;
-    // The sparse layers' routing, kept for the router losses (which need every layer's).
-    std::vector<typename nn::MoE<Pol>::Saved> routes(L);
-    for (std::size_t l = 0; l < L; ++l) {
-      const std::string pre = "model.layers." + std::to_string(l);
-      gather_module(dev, model.layers[l], pre);
-      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
-      if (model.layers[l].is_sparse() && mode != Mode::logits) {
-        const auto& m = saved[l].moe_s;
-        auto& r = routes[l];
-        r.tokens = m.tokens;
-        r.logits = m.logits;
-        r.probs = m.probs;
-        r.top = m.top;
-        r.weight = m.weight;
-      }
-      if (!keep) saved[l] = LayerSaved{};
-      release_module(dev, model.layers[l]);
-    }
-    std::vector<float> hidden(n);
-    typename nn::RMSNorm<Pol>::Saved norm_s;
-    model.norm.forward(xs[L].data(), Tl, hidden.data(), norm_s);
-
-    nn::LossMetrics metrics;
-    if (mode == Mode::logits) {
-      std::vector<float> lg(static_cast<std::size_t>(Tl * V));
-      lm.apply_lm_head(hidden.data(), Tl, lg.data());
-      if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
-        for (std::int64_t b = 0; b < c.Bl; ++b)
-          std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
-                      static_cast<std::size_t>(c.Sl * V) * sizeof(float));
-    } else {
-      const auto& D = data_axes_present();
-      std::int64_t valid = 0;
-      for (auto t : tg) valid += t != opt.ignore_index;
-      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = lm.loss_options(opt);
-      o.shift = false;
-      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
-      // Per-position weights and NLLs ([B, S], global) for the local tokens.
-      const nn::DropoutIndex at = c.local_tokens();
-      const auto global_at = [&](std::int64_t t) { return at.row(t); };
-      std::vector<float> w_l(opt.row_weights ? Tl : 0);
-      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
-      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[global_at(t)];
-      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
-      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
-      const bool train = mode == Mode::train;
-      std::vector<float> dhidden(train ? n : 0);
-      if (train) {
-        open_module_grads(dev, model.embed_tokens);
-        open_module_grads(dev, model.norm);
-        if (!tied_) open_module_grads(dev, lm.lm_head);
-      }
-      const nn::LossMetrics lm_m =
-          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
-                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
-      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
-        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[global_at(t)] = nll_l[static_cast<std::size_t>(t)];
-      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
-      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
-                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
-      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
-      metrics.loss = vals[0];
-      metrics.z_loss = vals[1];
-      metrics.tokens = N;
-      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
-      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
-      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
-      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
-        std::vector<typename nn::MoE<Pol>::Saved*> routed;
-        for (std::size_t l = 0; l < L; ++l)
-          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
-        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
-        if (mask)
-          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[global_at(t)]);
-        const auto sum_devices = [&](std::span<double> v) {
-          if (!D.empty()) psum(dev, v, AxisList(D));
-        };
-        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
-      }
-
-      if (train) {
-        std::vector<float> a(n), b(n);
-        model.norm.backward(dhidden.data(), norm_s, a.data());
-        for (std::size_t l = L; l-- > 0;) {
-          const std::string pre = "model.layers." + std::to_string(l);
-          gather_module(dev, model.layers[l], pre);
-          open_module_grads(dev, model.layers[l]);
-          if (remat_) {  // the same kernels and collectives again: bitwise the activations forward had
-            std::vector<float> again(n);
-            layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
-          }
-          if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
-            saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
-          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
-          saved[l] = LayerSaved{};
-          reduce_module(dev, model.layers[l], pre);
-          release_module(dev, model.layers[l]);
-          std::swap(a, b);
-        }
-        if (escale != 1.0f) kernels::scale(a.data(), escale, static_cast<std::ptrdiff_t>(n));
-        if (!embeds) model.embed_tokens.backward(a.data(), embed_s);
-        else if (embeds_grad && dev.axis_index("tp") == 0)  // tp ranks hold the same rows
-          for (std::int64_t t = 0; t < Tl; ++t)
-            std::memcpy(embeds_grad + global_row(t), a.data() + t * H, static_cast<std::size_t>(H) * sizeof(float));
-        reduce_module(dev, model.embed_tokens, "model.embed_tokens");
-        reduce_module(dev, model.norm, "model.norm");
-        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
-      }
-    }
-    release_module(dev, model.embed_tokens);
-    release_module(dev, model.norm);
-    if (!tied_) release_module(dev, lm.lm_head);
-    return metrics;
-  }
-
-  const std::vector<std::string>& data_axes_present() const { return data_axes_; }
-
-  /// Gives the device's adapters this step's dropout key and switch, and places their rows and
-  /// columns in the whole batch: attention's projections see the local batch rows over the
-  /// whole sequence, the MLP's the local tokens, and a row-parallel base the rank's block of
-  /// input columns.
-  void place_adapters(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
-    lora::set_dropout(lm, dropout_key_);
-    lora::set_adapters_active(lm, adapters_active_);
-    const std::int64_t tp_rank = c.dev->axis_index("tp");
-    lm.visit_linears("", [&](const std::string& path, auto& lin) {
-      if (!lin.lora) return;
-      using Lin = std::remove_cvref_t<decltype(lin)>;
-      const bool attention = path.find(".self_attn.") != std::string::npos;
-      nn::DropoutIndex& ix = lin.lora->index;
-      ix.row_block = attention ? c.S : c.Sl;
-      ix.seq = c.S;
-      ix.first_row = b0;
-      ix.first_pos = attention ? 0 : s0;
-      if constexpr (std::is_same_v<typename Lin::WeightParam::spec, nn::RowParallel>) {
-        ix.first_col = tp_rank * lin.in_features();
-        ix.cols = c.tp * lin.in_features();
-      }
-    });
-  }
-
-  /// Gives the device's sparse layers this step's jitter key and their tokens' places in the
-  /// batch (the block runs on the local tokens: rows of Sl positions from s0).
-  void place_router_jitter(Local& lm, const Ctx& c) {
-    for (auto& L : lm.model.layers) {
-      if (!L.is_sparse()) continue;
-      L.block_sparse_moe.jitter_key = jitter_key_;
-      L.block_sparse_moe.index = c.local_tokens();
-    }
-  }
-
-  // snapshot() copies every member below but grads_ and locals_: a new member goes there too.
-  LlamaConfig cfg_, local_cfg_;
-  DefaultMesh mesh_;
-  PartitionRules rules_;
-  bool tied_ = false;
-  bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
-  std::vector<std::string> names_, trainable_;
-  std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
-  std::optional<Key> dropout_key_;         // set_adapter_dropout
-  std::optional<Key> jitter_key_;          // set_router_jitter
-  bool adapters_active_ = true;           // set_adapters_active
-  std::map<std::string, Plan> plans_;
-  std::map<std::string, ShardedArray<T>> params_;
-  std::map<std::string, ShardedArray<float>> grads_;
-  std::vector<std::unique_ptr<Local>> locals_;
-  std::vector<std::string> data_axes_;
-};
-
-/// Shards a one-device model over `mesh` (EasyDeL's default Llama rules unless given).
-template <class Pol>
-ShardedLlama<Pol> shard_model(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
-                              PartitionRules rules = llama_partition_rules()) {
-  return ShardedLlama<Pol>(model, mesh, std::move(rules));
-}
-
-/// The one-device model with the sharded model's parameters (bit-exact).
-template <class Pol>
-LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
-  return sharded.gather_model();
-}
-
-/// What run_on_mesh computes.
-enum class MeshOp {
-  logits,          // MeshRun::logits_out [tokens, vocab]
-  loss,            // the loss only
-  loss_and_grads,  // the loss, and every gradient zeroed then accumulated into the model's Param::grad
-};
-
-/// One call of run_on_mesh: the operation and its batch.
-struct MeshRun {
-  MeshOp op = MeshOp::loss;
-  const std::int64_t* ids = nullptr;       // [layout.tokens()]
-  nn::TokenLayout layout;                  // batch x seq; masks and position ids on one device only
-  const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
-  float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
-  nn::LossOptions loss;                    // the loss's options
-  /// The gradient-checkpointing policy of loss_and_grads (remat::parse's spellings; "" = the
-  /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
-  /// each layer again in its backward (nothing_saveable).
-  std::string_view remat;
-  const PartitionRules* rules = nullptr;   // null: llama_partition_rules()
-};
-
-/// THE entry point that runs a model on a mesh of any shape: a one-device mesh runs the model
-/// directly, a larger one shards it by the partition rules (ShardedLlama), runs there and
-/// gathers what comes back, so the caller sees the same model either way (results equal one
-/// device to f32 rounding). For loss_and_grads the gathered gradients land in the model's
-/// Param::grad (frozen parameters, such as a LoRA base, get none).
-template <class Pol>
-nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
-  const char* w = "models::run_on_mesh";
-  EDL_CHECK((r.ids != nullptr || r.layout.inputs_embeds != nullptr) && r.layout.batch >= 1 && r.layout.seq >= 1,
-            errc::invalid_argument, w, "expected ids (or inputs_embeds) for a batch x seq of at least 1 x 1, found ",
-            r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
-  EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
-            "MeshOp::logits needs logits_out");
-  const remat::DropMask drop = remat::parse(r.remat, "remat");
-  EDL_CHECK(mesh.size() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(), errc::unsupported,
-            "remat",
-            "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
-            "(everything_saveable); found \"", r.remat, "\"");
-  if (mesh.size() == 1) {
-    switch (r.op) {
-      case MeshOp::logits:
-        model.logits(r.ids, r.layout, r.logits_out);
-        return {};
-      case MeshOp::loss:
-        return model.loss(r.ids, r.layout, r.labels, r.loss);
-      case MeshOp::loss_and_grads: {
-        nn::zero_grad(model);
-        if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
-        return model.forward_backward(r.ids, r.layout, r.labels, r.loss, drop);
-      }
-    }
-  }
-  ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
-  if (r.op == MeshOp::logits) {
-    const auto l = sm.logits(r.ids, r.layout);
-    std::copy(l.begin(), l.end(), r.logits_out);
-    return {};
-  }
-  sm.set_remat(drop == remat::dropped_by<remat::nothing_saveable>());
-  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.layout, r.labels, r.loss);
-  if (r.op == MeshOp::loss_and_grads) {
-    const auto grads = sm.gather_grads();
-    nn::zero_grad(model);
-    model.visit_params("", [&](std::string_view path, auto& p) {
-      if (p.frozen) return;  // a LoRA base: no gradient
-      const auto& g = grads.at(std::string(path));
-      std::copy(g.begin(), g.end(), p.grad_data());
-    });
-  }
-  return m;
-}
-
-}  // namespace edl::models
-// end of edl/models/llama/sharded.hpp
-// #include <edl/nn/attention.hpp> (inlined above)
-// #include <edl/optim/optimizer.hpp> (inlined above)
-// #include <edl/tensor/partition_rules.hpp> (inlined above)
-
-namespace edl::models {
-
-struct PlanOptions {
-  std::int64_t batch = 1, seq = 1;  // the global batch [B, S]
-  bool train = false;               // forward + loss + backward (+ optimizer state); else the loss only
-  optim::OptimizerOptions optimizer{};  // which state slots (sgd: momentum > 0 keeps a buffer)
-  DType param_dtype = DType::f32;   // storage of the parameters (bf16: the optimizer adds an f32 master)
-  std::int64_t threads = 1;         // worker threads per device (attention backward scratch)
-  std::int64_t chunk_rows = 1024;   // nn::LossOptions::chunk_rows
-  bool remat = false;               // training runs each layer again before its backward
-                                    // (nothing_saveable, ShardedLlama::set_remat)
-  PartitionRules rules = llama_partition_rules();
-};
-
-/// One kind of collective call in a step, on one axis group.
-struct PlannedCollective {
-  std::string op;                    // all_gather, reduce_scatter, psum
-  std::vector<std::string> axes;     // the group's axes (mesh order)
-  std::int64_t group = 1;            // devices in the group
-  std::int64_t calls = 0;            // per step
-  std::int64_t payload_bytes = 0;    // per device and step: the buffer each device contributes
-  std::int64_t wire_bytes = 0;       // per device and step: bytes a ring sends
-  std::string what;                  // parameters, gradients, activations, loss
-};
-
-struct MemoryPlan {
-  std::int64_t devices = 1;
-  std::int64_t parameters = 0;            // elements of the whole model
-  // Per device, persistent:
-  std::int64_t parameter_bytes = 0;       // this device's parameter blocks
-  std::int64_t gradient_bytes = 0;        // f32 gradient blocks (training)
-  std::int64_t optimizer_state_bytes = 0; // f32 state of this device's blocks (training)
-  // Per device, transient within a step:
-  std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
-  std::int64_t activation_peak_bytes = 0; // see the formula above
-  std::int64_t staging_bytes = 0;         // the largest packed buffer of one parameter's gather or gradient reduce-scatter
-  std::int64_t peak_bytes = 0;            // sum of the above
-  std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
-  // Per device: batch rows, positions, tokens.
-  std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
-  std::vector<PlannedCollective> collectives;
-  /// wire bytes per axis group ("fsdp", "fsdp+sp", ...) per step.
-  std::map<std::string, std::int64_t> wire_bytes_by_axes() const {
-    std::map<std::string, std::int64_t> m;
-    for (const auto& c : collectives) {
-      std::string k;
-      for (const auto& a : c.axes) k += (k.empty() ? "" : "+") + a;
-      m[k] += c.wire_bytes;
-    }
-    return m;
-  }
-};
-
-namespace plan_detail {
-
-inline std::int64_t elements(const std::vector<std::int64_t>& s) {
-  std::int64_t n = 1;
-  for (auto v : s) n *= v;
-  return n;
-}
-
-/// f32 optimizer state for one block of `shape` (optimizer.hpp's slots).
-inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, const std::vector<std::int64_t>& shape,
-                                             bool master) {
-  const std::int64_t n = elements(shape);
-  std::int64_t s = master ? n : 0;  // f32 master copy of non-f32 parameters
-  switch (o.kind) {
-    case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
-    case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
-    case optim::OptimizerKind::lion: return s + n;  // exp_avg
-    case optim::OptimizerKind::rmsprop:  // square_avg, momentum_buffer, grad_avg
-      return s + n + (o.momentum > 0 ? n : 0) + (o.rmsprop_centered ? n : 0);
-    case optim::OptimizerKind::adafactor:
-      if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
-      return s + n;
-  }
-  return s;
-}
-
-class Collectives {
- public:
-  explicit Collectives(const MeshShape& ms) : ms_(ms) {}
-  void add(const std::string& op, std::vector<std::string> axes, std::int64_t bytes, std::int64_t calls,
-           const std::string& what) {
-    std::vector<std::string> ordered;  // mesh order, size-1 axes dropped (no traffic)
-    for (const auto& a : ms_.names())
-      if (std::find(axes.begin(), axes.end(), a) != axes.end() && ms_.axis_size(a) > 1) ordered.push_back(a);
-    if (ordered.empty() || calls == 0) return;
-    std::int64_t g = 1;
-    for (const auto& a : ordered) g *= ms_.axis_size(a);
-    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : op == "all_to_all" ? (g - 1) * bytes / g : (g - 1) * bytes;
-    for (auto& c : list_)
-      if (c.op == op && c.axes == ordered && c.what == what) {
-        c.calls += calls;
-        c.payload_bytes += bytes * calls;
-        c.wire_bytes += wire * calls;
-        return;
-      }
-    list_.push_back({op, ordered, g, calls, bytes * calls, wire * calls, what});
-  }
-  std::vector<PlannedCollective> take() { return std::move(list_); }
-
- private:
-  const MeshShape& ms_;
-  std::vector<PlannedCollective> list_;
-};
-
-}  // namespace plan_detail
-
-/// The per-device memory and per-step communication of a Llama step on `mesh` (axes dp, fsdp,
-/// tp, sp). Validates exactly what shard_model and the step validate (heads, kv heads and
-/// intermediate size by tp, each rule's dimensions by its axes, batch by dp * fsdp, sequence
-/// by sp), with the same edl::Error messages. A tied config has no lm_head block.
-inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
-  const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
-                     sp = mesh.axis_size("sp"), ep = mesh_axis_or_one(mesh, "ep");
-  const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
-  check_data_split(opt.batch, opt.seq, dp, fsdp, ep, sp, "plan");
-  EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
-  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
-  const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
-  const bool master = opt.param_dtype != DType::f32;
-
-  MemoryPlan r;
-  r.devices = mesh.size();
-  r.parameters = cfg.parameter_count();
-  plan_detail::Collectives coll(mesh);
-
-  // ---- persistent blocks, and the ZeRO-3 transients (globals kept all step, one layer at a time)
-  std::int64_t global_compute = 0, layer_compute = 0;
-  std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
-  const std::int64_t L = cfg.num_hidden_layers;
-  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
-  const bool in_place = mesh.size() == 1;
-  for (const auto& [name, p] : plans) {
-    // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
-    const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
-    r.parameter_bytes += blk * sT;
-    if (p.expert >= 0) r.expert_parameter_bytes += blk * sT;
-    if (opt.train) {
-      r.gradient_bytes += blk * 4;
-      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(0), master);
-    }
-    const bool in_layer = name.rfind("model.layers.", 0) == 0;
-    if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
-    else global_compute += comp;
-    // Gathered before use: globals once per step, a layer's parameters in forward and again in backward.
-    const std::int64_t gathers = in_layer && opt.train ? 2 : 1;
-    coll.add("all_gather", p.gather_axes, blk * sT, gathers, "parameters");
-    if (opt.train) {
-      if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
-      if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
-    }
-    // Collective staging, one parameter at a time (ShardedLlama::gather_param_into /
-    // reduce_grad): blocks that are not row slabs of the compute tensor are gathered into, and
-    // their gradient packed into, a buffer of the compute tensor's size; every reduced
-    // gradient lands in a block-sized buffer first.
-    if (in_place) continue;
-    const std::int64_t m = p.layout.block_elements();
-    const bool reduced = opt.train && !p.frozen;
-    if (!p.gather_axes.empty()) {
-      const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
-      const std::int64_t k = static_cast<std::int64_t>(group.size());
-      const bool packed = !blocks_are_row_slabs(p, group, 0);
-      r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
-      if (reduced) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
-    } else if (reduced) {
-      r.staging_bytes = std::max(r.staging_bytes, m * 4);
-    }
-  }
-  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
-  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
-  if (!in_place) r.gathered_bytes = (global_compute + layer_compute) * per_elem;
-
-  // ---- activations
-  const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
-  const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
-                     nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
-  r.local_batch = Bl;
-  r.local_seq = Sl;
-  r.local_tokens = Tl;
-  const std::int64_t f = 4, i64 = 8;
-  const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
-  const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
-  // A sparse layer keeps its routing and its experts' rows instead of the MLP's g, u, a.
-  const std::int64_t E = cfg.is_moe() ? cfg.num_local_experts : 0, K = cfg.is_moe() ? cfg.num_experts_per_tok : 0;
-  const std::int64_t Fe = cfg.expert_intermediate_size(), Fs = cfg.shared_expert_size();
-  const std::int64_t sparse_block = f * (2 * Tl * E + K * Tl + 2 * K * Tl * H + 3 * K * Tl * Fe +
-                                         (Fs > 0 ? 3 * Tl * Fs + Tl * H + Tl : 0)) +
-                                    i64 * 2 * K * Tl;
-  const std::int64_t attn_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D +
-                                       2 * Tf * nkv * D + Tf * D + Tf * nh + qk_norm + sandwich);
-  std::int64_t layers_saved = 0, layer_max = 0, sparse_layers = 0;
-  for (std::int64_t l = 0; l < L; ++l) {
-    const bool sparse = cfg.layer_is_sparse(l);
-    sparse_layers += sparse ? 1 : 0;
-    const std::int64_t saved = attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
-    layers_saved += saved;
-    layer_max = std::max(layer_max, saved);
-  }
-  // Every layer's state is kept until its backward only when training without remat; else one
-  // layer's at a time (the one running, or being run again before its backward). The sparse
-  // layers' routing is kept apart for the router losses whenever the step has a loss.
-  const bool keep_layers = opt.train && !opt.remat;
-  const std::int64_t routes = sparse_layers * (f * (2 * Tl * E + K * Tl) + i64 * 2 * K * Tl);
-  const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
-  const std::int64_t C = std::min(opt.chunk_rows, Tl);
-  const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
-  std::int64_t transient = loss_transient, backward = 0;  // backward: the last layer's, on top of the saved state
-  if (opt.train) {
-    const std::int64_t QB = kernels::kAttentionQueryBlock;
-    const std::int64_t workers = std::min(opt.threads, Bl * nkv);
-    const std::int64_t mlp = sparse_layers > 0 ? 2 * K * Tl * (H + Fe) : 2 * Tl * Fl;  // a sparse block: dy, dx rows
-    // dg and (sp) its padded input stay while the attention backward's own buffers come and
-    // go, and then the sp reduce_scatter's packed copy and output.
-    const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
-                              std::max(2 * Tf * nh * D + 2 * Tf * nkv * D + workers * 2 * QB * S,
-                                       sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
-    backward = f * (4 * Tl * H + std::max(mlp, attn));
-    transient = std::max(transient, backward);
-  }
-  r.activation_peak_bytes = keep_layers ? layers_saved + step + routes + transient
-                                        : step + routes + std::max(loss_transient, layer_max + backward);
-  r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
-                 r.activation_peak_bytes + r.staging_bytes;
-
-  // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
-  const std::int64_t act = f * Tl * H;
-  const std::int64_t passes = opt.train ? 1 : 0;
-  const std::int64_t forwards = opt.train && opt.remat ? 2 : 1;            // remat runs each layer twice
-  coll.add("all_gather", {"sp"}, act, L * forwards, "activations");          // normed input before attention
-  coll.add("psum", {"tp"}, act, 2 * L * forwards, "activations");            // after o_proj and down_proj
-  coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
-  coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
-  if (sparse_layers > 0 && ep > 1) {  // token rows to the experts' ranks and back (nn::ExpertParallel)
-    const std::int64_t rows = f * K * Tl * H;
-    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * forwards, "expert rows");
-    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * passes, "expert row gradients");
-    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers * forwards, "expert row counts");
-  }
-  // loss: the valid-token count and the five metric sums over the data axes
-  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, i64, 1, "loss");
-  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, 5 * 8, 1, "loss");
-  r.collectives = coll.take();
-  return r;
-}
-
-}  // namespace edl::models
-// end of edl/models/llama/plan.hpp
-// #include <edl/models/llama/pretrained.hpp>
+// // #include <edl/models/llama/pretrained.hpp> (inlined above)
 // edl/models/llama/pretrained.hpp
 // HuggingFace checkpoints for Llama models, and the module-protocol conveniences that work on
 // any model with visit_params (docs/llama.md).
@@ -25201,7 +23678,7 @@ inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, cons
 // #include <edl/core/rng.hpp> (inlined above)
 // #include <edl/io/safetensors.hpp> (inlined above)
 // #include <edl/models/llama/checkpoint_source.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
 // #include <edl/models/llama/fused_checkpoint.hpp> (inlined above)
 // #include <edl/models/llama/transform_rules.hpp>
 // edl/models/llama/transform_rules.hpp: loading rules for checkpoints whose tensor names or
@@ -25437,8 +23914,8 @@ class TransformedCheckpoint {
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/io/gguf.hpp> (inlined above)
 // #include <edl/io/json_config.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
+// // // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above) (inlined above)
 // #include <edl/quant/formats.hpp> (inlined above)
 // // #include <edl/quant/matrix.hpp> (inlined above) (inlined above)
 // #include <edl/quant/quantize.hpp> (inlined above)
@@ -26385,7 +24862,7 @@ LlamaForCausalLM<Pol> from_gguf(const std::filesystem::path& file) {
 
 }  // namespace edl::models
 // end of edl/models/llama/gguf.hpp
-// #include <edl/models/llama/llama.hpp> (inlined above)
+// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 // #include <edl/nn/quantize.hpp> (inlined above)
 // #include <edl/quant/matrix.hpp> (inlined above)
@@ -26857,7 +25334,7 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
 
 }  // namespace edl::models
 // end of edl/models/llama/pretrained.hpp
-// #include <edl/models/llama/sequence_classification.hpp>
+// // #include <edl/models/llama/sequence_classification.hpp> (inlined above)
 // edl/models/llama/sequence_classification.hpp
 // LlamaForSequenceClassification (HF names): LlamaModel -> score Linear [num_labels, hidden]
 // (no bias), read at one pooled token per sequence.
@@ -26894,8 +25371,8 @@ std::vector<std::string> save_pretrained(const std::filesystem::path& dir, const
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
-// #include <edl/models/llama/config.hpp> (inlined above)
-// #include <edl/models/llama/llama.hpp> (inlined above)
+// // #include <edl/models/llama/config.hpp> (inlined above) (inlined above)
+// // #include <edl/models/llama/llama.hpp> (inlined above) (inlined above)
 // #include <edl/nn/linear.hpp> (inlined above)
 // #include <edl/nn/module.hpp> (inlined above)
 
@@ -27141,6 +25618,1634 @@ class LlamaForSequenceClassification {
 
 }  // namespace edl::models
 // end of edl/models/llama/sequence_classification.hpp
+
+namespace edl::models {
+
+/// The head config.json's "architectures" names: ...ForSequenceClassification is a classifier;
+/// ...ForCausalLM, or no "architectures" (older and hand-written configs), a causal LM. Other
+/// heads (token classification, question answering, ...) are an error naming the field.
+inline LlamaHead head_of(const LlamaConfig& cfg) {
+  const auto it = cfg.extra.find("architectures");
+  if (it == cfg.extra.end() || it->is_null()) return LlamaHead::causal_lm;
+  EDL_CHECK(it->is_array() && !it->empty() && (*it)[0].is_string(), errc::config, cfg.where("architectures"),
+            "expected a list of class names, found ", it->dump());
+  const std::string name = (*it)[0].get<std::string>();
+  const auto ends = [&](std::string_view s) { return name.size() >= s.size() && name.ends_with(s); };
+  if (ends("ForSequenceClassification")) return LlamaHead::sequence_classification;
+  if (ends("ForCausalLM") || ends("ForConditionalGeneration")) return LlamaHead::causal_lm;
+  ::edl::detail::raise(errc::unsupported, cfg.where("architectures"),
+                       "edl reads ...ForCausalLM and ...ForSequenceClassification heads, found \"" + name + "\"");
+}
+
+/// A LlamaForSequenceClassification from `dir` (config.json and safetensors weights): a
+/// classifier's checkpoint is read whole; a causal LM's gives the decoder, and the score head is
+/// drawn from N(0, initializer_range) by `head_key` (its lm_head is not read). num_labels comes
+/// from config.json (num_labels or id2label; HF's default 2).
+template <class Pol = DefaultPolicy>
+LlamaForSequenceClassification<Pol> sequence_classification_from_pretrained(const std::filesystem::path& dir,
+                                                                           const LoadOptions& opt = {},
+                                                                           Key head_key = Key::from_seed(0)) {
+  const std::string w = (dir / "config.json").string();
+  EDL_CHECK(dir.extension() != ".gguf", errc::unsupported, dir.string(),
+            "a GGUF file holds a causal LM; a classifier reads a safetensors folder");
+  EDL_CHECK(opt.transform_rules.empty(), errc::unsupported, w,
+            "loading rules apply to causal LMs (from_pretrained); a classifier reads HF's names");
+  const auto cfg = LlamaConfig::from_file(w);
+  const LlamaHead head = head_of(cfg);
+  const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  LlamaForSequenceClassification<Pol> m(cfg);
+  if (head == LlamaHead::sequence_classification) {
+    load_weights(m, ckpt, opt);
+    return m;
+  }
+  // A causal LM's checkpoint: everything but the head.
+  LoadOptions lenient = opt;
+  lenient.allow_missing = lenient.allow_unexpected = true;
+  const LoadReport r = load_weights(m, ckpt, lenient);
+  for (const std::string& name : r.missing)
+    EDL_CHECK(opt.allow_missing || name == "score.weight", errc::format, detail::checkpoint_source(ckpt) + " tensor " + name,
+              "the model needs this parameter, but the checkpoint does not hold it");
+  for (const std::string& name : r.unexpected)
+    EDL_CHECK(opt.allow_unexpected || name == "lm_head.weight", errc::format,
+              detail::checkpoint_source(ckpt) + " tensor " + name, "the classifier has no such parameter");
+  m.score.init(head_key, static_cast<float>(cfg.initializer_range));
+  return m;
+}
+
+/// The models auto_from_pretrained returns.
+template <class Pol = DefaultPolicy>
+using AnyLlama = std::variant<LlamaForCausalLM<Pol>, LlamaForSequenceClassification<Pol>>;
+
+/// The model `dir` names in config.json's "architectures" (HF's AutoModel.from_pretrained):
+/// from_pretrained's causal LM, or sequence_classification_from_pretrained's classifier. A
+/// .gguf file is a causal LM.
+template <class Pol = DefaultPolicy>
+AnyLlama<Pol> auto_from_pretrained(const std::filesystem::path& dir, const LoadOptions& opt = {}) {
+  if (dir.extension() != ".gguf" &&
+      head_of(LlamaConfig::from_file((dir / "config.json").string())) == LlamaHead::sequence_classification)
+    return sequence_classification_from_pretrained<Pol>(dir, opt);
+  return from_pretrained<Pol>(dir, opt);
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/auto_model.hpp
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/models/llama/plan.hpp>
+// edl/models/llama/plan.hpp
+// The pre-flight plan: what a Llama step on a mesh will hold per device and move per step,
+// computed from the config and mesh alone, before any tensor is allocated.
+//
+//   auto mesh = MeshShape({"dp", "fsdp", "ep", "tp", "sp"}, {1, 2, 1, 2, 1});   // "ep" may be left out
+//   MemoryPlan p = plan_llama(LlamaConfig::preset("gqa1b"), mesh, {.batch = 8, .seq = 1024, .train = true});
+//   p.parameter_bytes, p.gradient_bytes, p.optimizer_state_bytes, p.activation_peak_bytes, p.collectives
+//
+// Parameters, gradients and the ZeRO-3 transients come from sharded_param_plans, the same
+// layouts ShardedLlama stores and gathers, so they equal what the mesh's MemoryTracker
+// measures (tests/models/test_plan.cpp). Device 0 holds the largest blocks (a dimension its
+// axes do not divide ends in shorter blocks on the last devices; a mixture-of-experts model's
+// ep ranks hold E / ep experts each), so its figures bound every device's.
+//
+// Activations (f32, per device; Bl = B / (dp*fsdp*ep) local rows, Sl = S / sp local positions,
+// Tl = Bl*Sl local tokens, Tf = Bl*S the tokens attention sees, nh = heads/tp, nkv = kv
+// heads/tp, D = head_dim, Fl = intermediate/tp, L layers), from what ShardedLlama::device_step
+// and the modules' Saved structs keep:
+//   per layer, kept until the layer's backward:
+//     LayerSaved n1, h, n2                         3 Tl H
+//     LayerSaved g (sp > 1: the sp-gathered n1)    Tf H
+//     RMSNorm inv_rms x 2                          2 Tl
+//     Attention q, ctx / k, v / cos+sin / lse      2 Tf nh D + 2 Tf nkv D + Tf D + Tf nh
+//     qk_norm (Qwen3): q, k before the norms and
+//       their inv_rms                              Tf nh D + Tf nkv D + Tf nh + Tf nkv
+//     MLP g, u, a                                  3 Tl Fl
+//     or a mixture-of-experts block (E experts, top K, expert width Fe; a device's experts run
+//       over K Tl rows when the routing is balanced): router logits and probabilities
+//       2 Tl E, routing weights K Tl, token/slot ids and top-k 2 K Tl int64, expert inputs and
+//       outputs 2 K Tl H, the experts' g, u, a 3 K Tl Fe; a shared expert (width Fs) adds
+//       3 Tl Fs + Tl H + Tl
+//     sandwich norms (Gemma): attention and MLP
+//       outputs and their inv_rms                  2 Tl H + 2 Tl
+//   whole step: residual stream xs (L+1) Tl H, final hidden Tl H (+ dhidden Tl H when
+//     training), final norm inv_rms Tl, token ids / targets / embedding ids 3 Tl int64.
+//   the sparse layers' routing, copied for the router losses: 2 Tl E + K Tl floats and 2 K Tl
+//     int64 per sparse layer;
+//   with remat (training) or without training, one layer's saved state (the largest) instead
+//     of all layers': peak = whole step + routing + max(loss transient, layer + backward
+//     transient); remat also repeats each layer's forward collectives in backward;
+//   the peak adds the largest transient on top of all layers' saved state:
+//     loss:     the chunked loss's [C, V] f32 logits + 3 C doubles (C = min(chunk_rows, Tl));
+//               the full [Tl, V] logits never exist;
+//     backward of the last layer (training): outer a, b and inner a, dh (4 Tl H) plus
+//               max(MLP: da, dg 2 Tl Fl;
+//                   attention: dg Tf H (+ its sp-padded input Tf H when sp > 1) plus
+//                     max(dctx, dq 2 Tf nh D + dk, dv 2 Tf nkv D + p, dp scratch 2 * 64 * S
+//                         per worker thread;  sp > 1: the reduce_scatter's packed Tf H + out Tl H)).
+// Collectives, per device and step (ring algorithms; g = group size, n = one device's buffer):
+//   all_gather sends (g-1) n, reduce_scatter (out n) sends (g-1) n, psum sends 2 (g-1)/g n,
+//   all_to_all sends (g-1)/g n. A sparse layer on ep > 1 exchanges its K Tl rows of H floats
+//   twice in forward (to the experts and back) and twice more in backward (balanced routing: the
+//   padded chunks hold K Tl / ep rows each; a skewed routing pads them up to the busiest pair).
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/mesh/mesh_shape.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// // #include <edl/models/llama/sharded.hpp> (inlined above)
+// edl/models/llama/sharded.hpp
+// Llama forward and backward on a device mesh (dp, fsdp, ep, tp, sp >= 1) giving the logits,
+// loss and gradients of one device (docs/parallelism.md).
+//
+//   auto mesh = create_mesh({2, 2, 2, 1});                    // dp=2, fsdp=2, tp=2
+//   auto sm = models::shard_model(model, mesh);                // llama_partition_rules()
+//   auto logits = sm.logits(tokens.data(), B, S);              // [B, S, V], gathered
+//   nn::LossMetrics m = sm.loss_and_grads(tokens.data(), labels.data(), B, S);   // grads +=
+//   xt::xarray<float> g = sm.gather_grad("model.layers.0.mlp.up_proj.weight");
+//   LlamaForCausalLM<> back = models::gather_model(sm);        // bit-exact round trip
+//
+// Storage. Every parameter is a ShardedArray<T> laid out by the partition rules (so the mesh's
+// MemoryTracker counts each device's blocks: fsdp=N holds ~1/N of the matrices per device);
+// gradients (f32) are ShardedArray<float> with the same layout, allocated by the first
+// loss_and_grads and ACCUMULATED by each call (zero_grad() clears them), as
+// LlamaForCausalLM::forward_backward does.
+//
+// Execution, per device inside mesh.run (one simulated device per thread):
+//  - a local LlamaForCausalLM whose config has num_attention_heads / tp, num_key_value_heads / tp
+//    and intermediate_size / tp (head_dim explicit), built once per device; its parameter
+//    values are empty except while a layer runs;
+//  - ZeRO-3: before a layer runs (forward, and again in backward) each of its parameters is
+//    all_gathered over the axes that shard it except tp ("fsdp", "sp", "dp" if a rule uses it),
+//    keeping the tp block local; embedding, final norm and lm_head are gathered over every axis
+//    that shards them (tp included) at the start of the step and kept until its end (the
+//    vocabulary-parallel head is not implemented: the head is replicated compute);
+//  - data: the batch is split over (dp, fsdp, ep) (B divisible by dp * fsdp * ep), the sequence
+//    over sp (S divisible by sp);
+//  - expert parallel (mixture-of-experts models): expert e of E is stored and run on the ep rank
+//    e / (E / ep) only (a placed layout, ShardLayout::placed_on; the rules may split it further
+//    over fsdp); each device routes its own tokens and exchanges their rows with the experts'
+//    ranks by all_to_all (nn::ExpertParallel). An expert's gradient is complete on its ep rank
+//    (every row of the ep group reached it) and sums over the other data axes only. The router
+//    losses sum their counts over every data axis, so they are the whole batch's. Experts are
+//    not split over tp (a MoE model on a mesh needs tp = 1);
+//  - tensor parallel: q/k/v/gate/up column-parallel (local heads / rows of F), o_proj and
+//    down_proj row-parallel followed by psum over "tp"; in backward the input gradients of the
+//    column-parallel projections are psummed over "tp"; a row-parallel bias is added by tp
+//    rank 0 only;
+//  - sequence parallel: norms and MLP run on the local tokens; before attention the normed
+//    hidden states are all_gathered over "sp", attention runs on the whole sequence and keeps
+//    the local slice; in backward the gradient of the gathered input is reduce_scattered over
+//    "sp" (each rank back-propagates only its own outputs);
+//  - loss: the HF shift is applied globally before splitting, each device sums its tokens and
+//    divides by the global count (psum over dp, fsdp, sp), so the loss is the one-device mean;
+//  - gradients: right after a layer's backward, each parameter's (tp-local) gradient is
+//    reduce_scattered over the data axes that shard it and psummed over the data axes that do
+//    not, so each device's block equals the block of the one-device gradient. Qwen3's per-head
+//    q_norm / k_norm weights are replicated but each tp rank's gradient comes from its own
+//    heads only, so theirs is psummed over tp as well.
+//  - LoRA: a model with adapters (lora::apply_lora) shards them with their base: lora_B takes
+//    the base's split of the output rows, lora_A its split of the input columns, r is never
+//    split. Only the adapters are trainable (gradients, optimizer state); the base is frozen.
+//    On a column-parallel base every tp rank computes the same u = x A^T, so the gradient of
+//    A is a sum over tp; on a row-parallel base each rank adds its partial u_r B^T before the
+//    psum, so the gradient of B is. Dropout draws each element's mask from its place in the
+//    whole batch (nn::DropoutIndex), so a mesh drops what one device drops.
+// Collectives reduce in group order, so results are deterministic for a given mesh.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <xtensor/xarray.hpp>
+#include <xtensor/xtensor.hpp>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
+// #include <edl/lora/apply.hpp> (inlined above)
+// #include <edl/mesh/collectives.hpp> (inlined above)
+// #include <edl/mesh/mesh.hpp> (inlined above)
+// #include <edl/models/llama/config.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/nn/expert_parallel.hpp> (inlined above)
+// #include <edl/nn/loss.hpp> (inlined above)
+// #include <edl/nn/module.hpp> (inlined above)
+// // #include <edl/tensor/partition_rules.hpp> (inlined above) (inlined above)
+// #include <edl/tensor/sharded_tensor.hpp> (inlined above)
+
+namespace edl::models {
+
+namespace sharded_detail {
+
+/// Axes that split the data: the batch over (dp, fsdp, ep), the sequence over sp.
+inline const std::vector<std::string>& data_axes() {
+  static const std::vector<std::string> a{"dp", "fsdp", "ep", "sp"};
+  return a;
+}
+
+/// J for a parameter of expert J of a mixture-of-experts block ("...experts.J.w1.weight", its
+/// adapters too), else -1 (the router and a shared expert belong to no expert).
+inline std::int64_t expert_index(const std::string& name) {
+  const std::string key = ".experts.";
+  const std::size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  std::size_t i = at + key.size();
+  std::int64_t j = 0;
+  bool digits = false;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, digits = true) j = j * 10 + (name[i] - '0');
+  return digits && i < name.size() && name[i] == '.' ? j : -1;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& s) {
+  for (const auto& x : v)
+    if (x == s) return true;
+  return false;
+}
+
+/// `spec` with only the axes in `keep` left.
+inline SpecValue restrict_spec(const SpecValue& spec, const std::vector<std::string>& keep) {
+  SpecValue r;
+  for (const auto& d : spec.dims) {
+    std::vector<std::string> k;
+    for (const auto& a : d)
+      if (contains(keep, a)) k.push_back(a);
+    r.dims.push_back(std::move(k));
+  }
+  return r;
+}
+
+inline std::vector<std::int64_t> minus(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+  return a;
+}
+
+template <class X>
+void free_tensor(X& x) {
+  typename X::shape_type z{};
+  x = X::from_shape(z);
+}
+
+}  // namespace sharded_detail
+
+/// The size of `axis`, or 1 on a mesh without it (a MeshShape built without "ep").
+inline std::int64_t mesh_axis_or_one(const MeshShape& ms, std::string_view axis) {
+  return ms.has_axis(axis) ? ms.axis_size(axis) : 1;
+}
+
+/// The local (per-device) config: heads and intermediate size divided by tp, head_dim explicit.
+inline LlamaConfig tp_local_config(const LlamaConfig& c, std::int64_t tp) {
+  const char* w = "ShardedLlama";
+  EDL_CHECK(c.num_attention_heads % tp == 0, errc::not_divisible, w, "num_attention_heads (", c.num_attention_heads,
+            ") is not divisible by tp = ", tp);
+  EDL_CHECK(c.num_key_value_heads % tp == 0, errc::not_divisible, w, "num_key_value_heads (", c.num_key_value_heads,
+            ") is not divisible by tp = ", tp, " (each tp rank needs whole kv heads)");
+  EDL_CHECK(c.intermediate_size % tp == 0, errc::not_divisible, w, "intermediate_size (", c.intermediate_size,
+            ") is not divisible by tp = ", tp);
+  LlamaConfig l = c;
+  l.head_dim = c.head_size();
+  l.num_attention_heads = c.num_attention_heads / tp;
+  l.num_key_value_heads = c.num_key_value_heads / tp;
+  l.intermediate_size = c.intermediate_size / tp;
+  return l;
+}
+
+/// The data split every step checks: the batch over dp * fsdp * ep, the sequence over sp.
+inline void check_data_split(std::int64_t B, std::int64_t S, std::int64_t dp, std::int64_t fsdp, std::int64_t ep,
+                             std::int64_t sp, const char* w = "ShardedLlama") {
+  EDL_CHECK(B > 0 && S > 0, errc::invalid_argument, w, "batch and seq must be positive, found ", B, ", ", S);
+  EDL_CHECK(B % (dp * fsdp * ep) == 0, errc::not_divisible, w, "batch ", B, " is not divisible by dp * fsdp * ep = ",
+            dp, " * ", fsdp, " * ", ep, " = ", dp * fsdp * ep, " (the batch is split over dp, fsdp and ep)");
+  EDL_CHECK(S % sp == 0, errc::not_divisible, w, "sequence length ", S, " is not divisible by sp = ", sp,
+            " (the sequence is split over sp)");
+}
+
+/// How one parameter is stored and moved on a mesh. ShardedLlama executes exactly this, and
+/// plan_llama (plan.hpp) counts bytes from it, so the two cannot disagree.
+struct ShardedParamPlan {
+  ShardLayout layout;   // the stored blocks
+  ShardLayout compute;  // the tensor the local model uses (tp block or full)
+  std::vector<std::string> gather_axes, scatter_axes, sum_axes;  // axes of size > 1 only, mesh order
+  bool row_bias = false;  // added by tp rank 0 only
+  bool frozen = false;    // no gradient and no optimizer state (the base of a LoRA model)
+  std::int64_t expert = -1;  // a mixture-of-experts expert's parameter: its index (placed on its ep rank)
+};
+
+/// Whether the blocks of `group` (device ids in group order) are consecutive slabs of rows of
+/// device d's compute tensor: then the buffer of a collective over the group is that tensor
+/// (fsdp's usual split of dimension 0), and nothing is packed or unpacked around it; else the
+/// collective goes through a packed buffer of the compute tensor's size (plan_llama counts it).
+inline bool blocks_are_row_slabs(const ShardedParamPlan& pl, const std::vector<std::int64_t>& group, std::int64_t d) {
+  const auto& cshape = pl.compute.block_shape();
+  const auto& bshape = pl.layout.block_shape();
+  if (!pl.layout.even() || cshape.empty() || bshape[0] * static_cast<std::int64_t>(group.size()) != cshape[0])
+    return false;
+  for (std::size_t i = 1; i < cshape.size(); ++i)
+    if (bshape[i] != cshape[i]) return false;
+  const auto origin = pl.compute.offset(d);
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    const auto at = sharded_detail::minus(pl.layout.offset(group[k]), origin);
+    if (at[0] != static_cast<std::int64_t>(k) * bshape[0]) return false;
+    for (std::size_t i = 1; i < at.size(); ++i)
+      if (at[i] != 0) return false;
+  }
+  return true;
+}
+
+/// The Linears of a model that carry LoRA adapters: path ("model.layers.0.self_attn.q_proj") -> r.
+using AdapterRanks = std::map<std::string, std::int64_t>;
+
+/// Every parameter's plan, in HF order (a tied lm_head has none: it is the embedding); with
+/// `adapters`, each adapted Linear's lora_A / lora_B follow its weight, and every other
+/// parameter is frozen. Validates the config against the mesh (heads, kv heads,
+/// intermediate size by tp; each rule's dimensions by its axes) with the errors of
+/// tp_local_config and PartitionRules.
+inline std::vector<std::pair<std::string, ShardedParamPlan>> sharded_param_plans(const LlamaConfig& cfg,
+                                                                                const MeshShape& ms,
+                                                                                const PartitionRules& rules,
+                                                                                bool tied,
+                                                                                const AdapterRanks& adapters = {}) {
+  cfg.validate();
+  const std::int64_t tp = ms.axis_size("tp"), ep = mesh_axis_or_one(ms, "ep");
+  if (cfg.is_moe()) {
+    EDL_CHECK(tp == 1, errc::unsupported, "ShardedLlama", "a mixture-of-experts model (", cfg.model_type,
+              ") splits its experts over ep, not over tp; found tp = ", tp, " (use ep, fsdp, dp or sp)");
+    EDL_CHECK(cfg.num_local_experts % ep == 0, errc::not_divisible, "ShardedLlama", "num_local_experts (",
+              cfg.num_local_experts, ") is not divisible by ep = ", ep, " (each ep rank holds whole experts)");
+  }
+  const LlamaConfig local_cfg = tp_local_config(cfg, tp);
+  const auto global = cfg.parameter_shapes();
+  const auto local = local_cfg.parameter_shapes();
+  EDL_CHECK(global.size() == local.size(), errc::shape_mismatch, "ShardedLlama", "parameter lists differ");
+  std::vector<std::pair<std::string, ShardedParamPlan>> plans;
+  const std::vector<std::string> kept_tp{"tp"};
+  // partial_over_tp: the parameter is whole on every tp rank while each rank's gradient is a
+  // share of the full one (a per-head norm over the rank's heads; an adapter factor over a
+  // tp-split base), so the gradient sums over tp.
+  const auto plan = [&](const std::string& name, const SpecValue& spec, const std::vector<std::int64_t>& gshape,
+                        const std::vector<std::int64_t>& lshape, bool partial_over_tp, bool frozen) {
+    ShardedParamPlan p;
+    p.expert = cfg.is_moe() ? sharded_detail::expert_index(name) : -1;
+    p.layout = ShardLayout(ms, spec, gshape, name);
+    const bool keep_tp = lshape != gshape;  // the local model holds a tp block of it
+    p.compute = ShardLayout(ms, sharded_detail::restrict_spec(spec, keep_tp ? kept_tp : std::vector<std::string>{}),
+                            gshape, name);
+    if (p.expert >= 0 && ms.has_axis("ep")) {  // on its ep rank only
+      const std::int64_t owner = nn::expert_owner(p.expert, cfg.num_local_experts, ep);
+      p.layout = p.layout.placed_on("ep", owner);
+      p.compute = p.compute.placed_on("ep", owner);
+    }
+    // A dimension the local model computes a tp block of must split evenly, over tp and over
+    // any data axis that shares it (whole heads, equal MLP columns, and blocks that nest in
+    // the tp block); storage alone may split a dimension unevenly (ShardLayout).
+    if (keep_tp) {
+      SpecValue tp_dims = spec;
+      for (auto& d : tp_dims.dims)
+        if (!sharded_detail::contains(d, "tp")) d.clear();
+      tp_dims.check_divides(ms, gshape, name);
+    }
+    EDL_CHECK(p.compute.block_shape() == lshape, errc::unsupported, name, "spec ", spec.str(),
+              " does not split this parameter the way tensor-parallel Llama computes it: the tp-local tensor has "
+              "shape ",
+              ::edl::detail::shape_str(p.compute.block_shape()), " but rank ", tp, " needs ",
+              ::edl::detail::shape_str(lshape),
+              " (column-parallel q/k/v/gate/up split dimension 0 over tp, row-parallel o/down dimension 1)");
+    std::vector<std::string> g;
+    for (const auto& d : spec.dims)
+      for (const auto& a : d) {
+        if (ms.axis_size(a) == 1) continue;
+        if (keep_tp && a == "tp") continue;
+        g.push_back(a);
+      }
+    // Group order is row-major in mesh order whatever the list order; keep mesh order anyway.
+    for (const auto& a : ms.names())
+      if (sharded_detail::contains(g, a)) p.gather_axes.push_back(a);
+    for (const auto& a : ms.names()) {
+      if (ms.axis_size(a) == 1) continue;
+      if (a == "tp") {
+        if (partial_over_tp && !keep_tp) p.sum_axes.push_back(a);
+      } else if (sharded_detail::contains(sharded_detail::data_axes(), a)) {
+        if (a == "ep" && p.expert >= 0) continue;  // every row of the ep group reached the expert
+        if (sharded_detail::contains(p.gather_axes, a)) p.scatter_axes.push_back(a);
+        else p.sum_axes.push_back(a);
+      }
+    }
+    p.row_bias = name.ends_with("o_proj.bias") || name.ends_with("down_proj.bias");
+    p.frozen = frozen;
+    plans.emplace_back(name, std::move(p));
+  };
+  std::size_t adapted = 0;
+  for (std::size_t i = 0; i < global.size(); ++i) {
+    const auto& [name, gshape] = global[i];
+    const auto& lshape = local[i].second;
+    if (tied && name == "lm_head.weight") continue;
+    const SpecValue spec = rules.spec_for(name, gshape, ms);
+    plan(name, spec, gshape, lshape,
+         name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"), !adapters.empty());
+    if (!name.ends_with(".weight")) continue;
+    const std::string linear = name.substr(0, name.size() - 7);
+    const auto it = adapters.find(linear);
+    if (it == adapters.end()) continue;
+    ++adapted;
+    // lora_A [r, in] splits the base's input columns, lora_B [out, r] its output rows.
+    const std::int64_t r = it->second;
+    const bool column_parallel = lshape[0] != gshape[0], row_parallel = lshape[1] != gshape[1];
+    plan(linear + ".lora_A.weight", SpecValue({{}, spec.dims[1]}), {r, gshape[1]}, {r, lshape[1]}, column_parallel,
+         false);
+    plan(linear + ".lora_B.weight", SpecValue({spec.dims[0], {}}), {gshape[0], r}, {lshape[0], r}, row_parallel, false);
+  }
+  EDL_CHECK(adapted == adapters.size(), errc::unsupported, "ShardedLlama", "of ", adapters.size(),
+            " adapted Linears only ", adapted, " are decoder projections with a weight of their own");
+  return plans;
+}
+
+template <class Pol = DefaultPolicy>
+class ShardedLlama {
+ public:
+  using T = typename Pol::param_t;
+  using Local = LlamaForCausalLM<Pol>;
+
+  /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
+  /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
+  /// layer again, collectives included, before its backward; losses and gradients are bitwise
+  /// those without it. `drop` is 0 (keep everything) or every name; a finer mask is refused
+  /// (errc::unsupported) naming `where` and the policy as `written`.
+  void set_remat(remat::DropMask drop, std::string_view written = "the policy",
+                 const std::string& where = "ShardedLlama::set_remat") {
+    EDL_CHECK(remat::runs_on_a_mesh(drop), errc::unsupported, where, remat::mesh_refusal(written));
+    remat_ = drop != 0;
+  }
+  /// What a step's batch and sequence must be multiples of: the batch is split over
+  /// dp x fsdp x ep, the sequence over sp (check_data_split).
+  std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
+  std::int64_t seq_multiple() const { return axis("sp"); }
+  bool remat() const noexcept { return remat_; }
+
+  /// Shards `model`'s parameters over `mesh` by `rules`.
+  ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : cfg_(model.config()), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(model.tied()) {
+    auto& m = const_cast<LlamaForCausalLM<Pol>&>(model);  // visit_params is non-const; only read here
+    AdapterRanks adapters;
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.is_quantized(), errc::unsupported, path,
+                "is quantized (", quant::format_name(lin.qweight.format()),
+                "): a model on a mesh holds float weights; quantized models and QLoRA run on one device");
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
+    });
+    if (!adapters.empty()) lora_ = lora::config_of(m);
+    setup(adapters);
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const std::string name(path);
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
+    });
+  }
+  /// A freshly initialized model, equal to LlamaForCausalLM::init(key) sharded: parameter k
+  /// draws from fold_in(key, k) and element i from counter i (nn::init_params), so each
+  /// process draws the blocks of its own devices and no process builds the whole model.
+  ShardedLlama(const LlamaConfig& cfg, Key key, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : ShardedLlama(cfg, std::optional<Key>(key), std::move(mesh), std::move(rules)) {}
+  /// A model of `cfg` whose stored blocks are zero, for a loader to fill
+  /// (models::from_pretrained_sharded, train::load_sharded_state).
+  ShardedLlama(const LlamaConfig& cfg, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
+      : ShardedLlama(cfg, std::optional<Key>(), std::move(mesh), std::move(rules)) {}
+
+  /// Adds LoRA adapters to a model that has none, as lora::apply_lora adds them to the
+  /// one-device model (the same targets; A drawn from the same keys, B zero), so a model drawn
+  /// or read straight into its blocks trains adapters without any process building the base.
+  /// The base becomes frozen; gradients and the devices' working models start afresh.
+  void add_adapters(const lora::LoraConfig& c, const std::string& where = "lora") {
+    EDL_CHECK(!lora_, errc::invalid_argument, where, "the model already has LoRA adapters");
+    LlamaForCausalLM<Pol> shapes(cfg_);  // its base is never written: only the adapters' pages are touched
+    lora::apply_lora(shapes, c, where);
+    AdapterRanks adapters;
+    shapes.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (lin.lora) adapters.emplace(path, lin.lora->rank());
+    });
+    lora_ = lora::config_of(shapes);
+    names_.clear();
+    trainable_.clear();
+    plans_.clear();
+    data_axes_.clear();
+    locals_.clear();
+    grads_.clear();
+    setup(adapters);
+    visit_adapter_params(shapes, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = p.value;
+      params_.emplace(name, shard(full, plans_.at(name).layout, mesh_.context()));
+    });
+  }
+  /// The one-device model's structure with this model's adapters, gathered: what a LoRA
+  /// checkpoint saves (lora::write_adapter_files). Its base weights are allocated and never
+  /// written, so no page of them is touched: this costs the adapters' bytes.
+  LlamaForCausalLM<Pol> gather_adapters() const {
+    EDL_CHECK(lora_.has_value(), errc::invalid_argument, "ShardedLlama::gather_adapters", "the model has no adapters");
+    LlamaForCausalLM<Pol> m(cfg_);
+    lora::apply_lora(m, *lora_, "ShardedLlama");
+    visit_adapter_params(m, [&](const std::string& name, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(name));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+  /// As LlamaForCausalLM::fused_weight: where Linear `linear_path`'s weight lives in a
+  /// checkpoint that fuses it with others (Phi-3), or nullopt.
+  std::optional<FusedSlice> fused_weight(const std::string& linear_path) const {
+    return fused_slice(config(), linear_path + ".weight");
+  }
+  const DefaultMesh& mesh() const noexcept { return mesh_; }
+  bool tied() const noexcept { return tied_; }
+  /// Parameter names, HF order (with adapters: each Linear's lora_A / lora_B after its weight).
+  const std::vector<std::string>& names() const noexcept { return names_; }
+  /// The parameters that get gradients and optimizer state: all of them, or with LoRA
+  /// adapters the adapters alone.
+  const std::vector<std::string>& trainable_names() const noexcept { return trainable_; }
+  bool trainable(const std::string& name) const { return !plans_.at(checked(name)).frozen; }
+
+  /// Whether the model carries LoRA adapters, and their config (lora::config_of).
+  bool has_adapters() const noexcept { return lora_.has_value(); }
+  const std::optional<lora::LoraConfig>& adapter_config() const noexcept { return lora_; }
+  /// The adapters' dropout key for the next steps (lora::set_dropout's; none: no dropout).
+  void set_adapter_dropout(std::optional<Key> key) noexcept { dropout_key_ = key; }
+  /// Switches the adapters on or off (lora::set_adapters_active: off, the base alone).
+  void set_adapters_active(bool on) noexcept { adapters_active_ = on; }
+  /// The routers' input jitter key for the next steps (LlamaForCausalLM::set_router_jitter's;
+  /// none: no jitter). Each device draws its tokens' factors from their places in the batch.
+  void set_router_jitter(std::optional<Key> key) noexcept { jitter_key_ = key; }
+
+  const ShardedArray<T>& param(const std::string& name) const { return params_.at(checked(name)); }
+  ShardedArray<T>& param(const std::string& name) { return params_.at(checked(name)); }
+  xt::xarray<T> gather_param(const std::string& name) const { return gather(param(name)); }
+
+  bool has_grads() const noexcept { return !grads_.empty(); }
+  const ShardedArray<float>& grad(const std::string& name) const {
+    return const_cast<ShardedLlama*>(this)->grad(name);
+  }
+  ShardedArray<float>& grad(const std::string& name) {
+    EDL_CHECK(has_grads(), errc::invalid_argument, "ShardedLlama::grad", "no gradients yet: call loss_and_grads first");
+    EDL_CHECK(trainable(name), errc::invalid_argument, name, "is frozen (the base of a LoRA model): it has no gradient");
+    return grads_.at(name);
+  }
+  /// The full gradient of one parameter (gathered from the devices' blocks).
+  xt::xarray<float> gather_grad(const std::string& name) const { return gather(grad(name)); }
+  /// Every gradient (of the trainable parameters), gathered, by HF name.
+  std::map<std::string, xt::xarray<float>> gather_grads() const {
+    std::map<std::string, xt::xarray<float>> g;
+    for (const auto& n : trainable_) g.emplace(n, gather_grad(n));
+    return g;
+  }
+  void zero_grad() {
+    for (auto& [n, g] : grads_)
+      for (std::int64_t d = 0; d < mesh_.size(); ++d) g.local(d).fill(0.0f);
+  }
+
+  /// Bytes of parameter blocks device `d` holds.
+  std::int64_t param_bytes(std::int64_t d) const {
+    std::int64_t b = 0;
+    for (const auto& [n, p] : params_) b += static_cast<std::int64_t>(p.local(d).size() * sizeof(T));
+    return b;
+  }
+
+  /// Logits [B, S, V] of tokens [B, S] (row-major), gathered from the devices. Optional
+  /// attention_mask, position_ids and segment_ids are [B, S] as in nn::TokenLayout (HF padding
+  /// mask; packed documents).
+  xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
+                               const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                               const std::int64_t* segment_ids = nullptr) {
+    return logits(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids});
+  }
+  xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
+    return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
+  }
+
+  /// Loss only. labels [B, S] (null: tokens), HF shift applied.
+  nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
+                       const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
+                       const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
+    return loss(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids}, labels, opt);
+  }
+
+  /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
+  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch,
+                                 std::int64_t seq, const nn::LossOptions& opt = {},
+                                 const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
+                                 const std::int64_t* segment_ids = nullptr) {
+    return loss_and_grads(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids}, labels, opt);
+  }
+  nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
+                                 const nn::LossOptions& opt = {}) {
+    EDL_CHECK(tokens.shape() == labels.shape(), errc::shape_mismatch, "ShardedLlama::loss_and_grads",
+              "tokens and labels must have the same shape");
+    return loss_and_grads(tokens.data(), labels.data(), static_cast<std::int64_t>(tokens.shape(0)),
+                          static_cast<std::int64_t>(tokens.shape(1)), opt);
+  }
+
+  /// A copy of this process's parameter blocks and the model's structure, without gradients
+  /// or the devices' working models: what a checkpoint written in the background saves while
+  /// training moves the parameters on (costs this process's parameter bytes once more).
+  ShardedLlama snapshot() const { return ShardedLlama(*this, SnapshotTag{}); }
+
+  /// As LlamaForCausalLM's logits, loss and forward_backward, with a TokenLayout: its padding
+  /// mask, positions and documents, and inputs_embeds ([batch * seq, hidden] in place of the
+  /// ids' embeddings; the ids may then be null and a loss needs its labels). loss_and_grads
+  /// ACCUMULATES d loss / d inputs_embeds into layout.inputs_embeds_grad (when given; the
+  /// embedding table then gets no gradient), on every process of the mesh.
+  xt::xtensor<float, 3> logits(const std::int64_t* tokens, const nn::TokenLayout& layout) {
+    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape({static_cast<std::size_t>(layout.batch),
+                                                                    static_cast<std::size_t>(layout.seq),
+                                                                    static_cast<std::size_t>(cfg_.vocab_size)});
+    run_step(tokens, nullptr, layout, nn::LossOptions{}, Mode::logits, out.data());
+    return out;
+  }
+  nn::LossMetrics loss(const std::int64_t* tokens, const nn::TokenLayout& layout, const std::int64_t* labels = nullptr,
+                       const nn::LossOptions& opt = {}) {
+    return run_step(tokens, labels, layout, opt, Mode::loss, nullptr);
+  }
+  nn::LossMetrics loss_and_grads(const std::int64_t* tokens, const nn::TokenLayout& layout,
+                                 const std::int64_t* labels = nullptr, const nn::LossOptions& opt = {}) {
+    ensure_grads();
+    return run_step(tokens, labels, layout, opt, Mode::train, nullptr);
+  }
+
+  /// The one-device model with the gathered parameters (bit-exact).
+  LlamaForCausalLM<Pol> gather_model() const {
+    LlamaForCausalLM<Pol> m(cfg_);
+    if (lora_) lora::apply_lora(m, *lora_, "ShardedLlama");  // the same adapters, values below
+    m.visit_params("", [&](std::string_view path, auto& p) {
+      const xt::xarray<T> full = gather(params_.at(std::string(path)));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
+ private:
+  enum class Mode { logits, loss, train };
+
+  using Plan = ShardedParamPlan;
+
+  struct LayerSaved {
+    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
+    typename nn::Attention<Pol>::Saved attn_s;
+    typename nn::MLP<Pol>::Saved mlp_s;
+    typename nn::MoE<Pol>::Saved moe_s;  // a mixture-of-experts layer's routing and experts
+    std::vector<float> n1, g, h, n2;
+    std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
+  };
+
+  struct SnapshotTag {};
+  ShardedLlama(const ShardedLlama& o, SnapshotTag)
+      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), remat_(o.remat_),
+        names_(o.names_), trainable_(o.trainable_), lora_(o.lora_), dropout_key_(o.dropout_key_),
+        jitter_key_(o.jitter_key_), adapters_active_(o.adapters_active_), plans_(o.plans_), params_(o.params_),
+        locals_(o.locals_.size()), data_axes_(o.data_axes_) {}
+
+  // Per-device view of one step.
+  ShardedLlama(const LlamaConfig& cfg, std::optional<Key> key, DefaultMesh mesh, PartitionRules rules)
+      : cfg_(cfg), mesh_(std::move(mesh)), rules_(std::move(rules)), tied_(cfg.tie_word_embeddings) {
+    EDL_CHECK(!Pol::quant_t::quantized, errc::unsupported, "ShardedLlama",
+              "the policy quantizes its weights: a model on a mesh holds float weights; quantized models and QLoRA "
+              "run on one device");
+    setup({});
+    // The model's parameters in visit order with their Init kinds; its values are never
+    // written, so their pages are never touched.
+    LlamaForCausalLM<Pol> shapes(cfg_);
+    const float std = static_cast<float>(cfg_.initializer_range);
+    std::uint32_t index = 0;
+    shapes.visit_params("", [&](std::string_view path, auto& p) {
+      const Key k = key ? fold_in(*key, index++) : Key{};
+      const nn::Init how = key ? p.init : nn::Init::zeros;
+      params_.emplace(std::string(path), sharded_from_index<T>(plans_.at(std::string(path)).layout, mesh_.context(),
+                                                               [&](std::uint64_t first, std::span<float> out) {
+                                                                 nn::fill_init(how, k, first, out, std);
+                                                               }));
+    });
+  }
+
+  struct Ctx {
+    Device* dev = nullptr;
+    std::int64_t Bl = 0, S = 0, Sl = 0, H = 0, tp = 1, sp = 1, sp_rank = 0;
+    std::int64_t b0 = 0, s0 = 0;  // the device's first batch row and first sequence position
+    nn::TokenLayout full;  // the local batch rows over the whole sequence (attention)
+    nn::ExpertDispatch<Pol>* experts = nullptr;  // where a MoE layer's experts run (null: here, all held)
+    std::int64_t tokens() const noexcept { return Bl * Sl; }
+    /// Where the device's tokens (Bl rows of Sl positions) sit in the [B, S] batch: row(t) is
+    /// local token t's index there.
+    nn::DropoutIndex local_tokens() const noexcept { return nn::DropoutIndex{Sl, S, b0, s0}; }
+  };
+
+  const std::string& checked(const std::string& name) const {
+    EDL_CHECK(plans_.count(name) > 0, errc::invalid_argument, "ShardedLlama", "no parameter named \"", name, "\"");
+    return name;
+  }
+
+  std::int64_t axis(const char* a) const { return mesh_.axis_size(a); }
+
+  /// f(name, param) over the LoRA A / B weights of one-device model `m`'s adapted Linears.
+  template <class F>
+  static void visit_adapter_params(LlamaForCausalLM<Pol>& m, F&& f) {
+    m.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      lin.lora->visit_params(path, [&](std::string_view name, auto& p) { f(std::string(name), p); });
+    });
+  }
+
+  void setup(const AdapterRanks& adapters) {
+    cfg_.validate();
+    local_cfg_ = tp_local_config(cfg_, axis("tp"));
+    for (auto& [name, p] : sharded_param_plans(cfg_, mesh_.shape(), rules_, tied_, adapters)) {
+      names_.push_back(name);
+      if (!p.frozen) trainable_.push_back(name);
+      plans_.emplace(name, std::move(p));
+    }
+    for (const auto& a : sharded_detail::data_axes())
+      if (mesh_.shape().axis_size(a) > 1) data_axes_.push_back(a);
+    locals_.resize(static_cast<std::size_t>(mesh_.size()));
+  }
+
+  void ensure_grads() {
+    if (!grads_.empty()) return;
+    for (const auto& n : trainable_) grads_.emplace(n, zeros_sharded<float>(plans_.at(n).layout, mesh_.context()));
+  }
+
+  Local& local_model(std::int64_t d) {
+    auto& slot = locals_[static_cast<std::size_t>(d)];
+    if (!slot) {
+      slot = std::make_unique<Local>(local_cfg_);
+      if (lora_) lora::apply_lora(*slot, *lora_, "ShardedLlama");  // the device's block of each adapter
+      slot->visit_params("", [](std::string_view, auto& p) { sharded_detail::free_tensor(p.value); });
+    }
+    return *slot;
+  }
+
+  // ------------------------------------------------------------------ parameters (ZeRO-3)
+  /// Fills p (the local model's parameter) from the device's blocks.
+  template <class Prm>
+  void gather_param_into(Device& dev, const std::string& name, Prm& p) {
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;  // another ep rank's expert: the local model leaves it empty
+    const auto& blk = params_.at(name).local(d);
+    const auto& cshape = pl.compute.block_shape();
+    p.value = ::edl::detail::make_local<std::remove_cvref_t<decltype(p.value)>>(cshape);
+    dev.memory().allocate(d, static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    const std::size_t n = blk.size();
+    if (pl.gather_axes.empty()) {
+      std::memcpy(p.value.data(), blk.data(), n * sizeof(T));
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.gather_axes));
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gathered buffer is the tensor itself
+        all_gather(dev, std::span<const T>(blk.data(), n), std::span<T>(p.value.data(), p.value.size()),
+                   AxisList(pl.gather_axes));
+      } else {  // each block padded to the largest (uneven dimensions), unpacked to its place
+        const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+        std::vector<T> part, buf(m * group.devices.size());
+        std::span<const T> send(blk.data(), n);
+        if (n != m) {
+          part.resize(m);
+          ::edl::detail::pad_to_block<T>(send, part);
+          send = part;
+        }
+        all_gather(dev, send, buf, AxisList(pl.gather_axes));
+        const auto origin = pl.compute.offset(d);
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<T>(p.value.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                       pl.layout.local_shape(group.devices[k]), buf.data() + k * m, false);
+      }
+    }
+    if (pl.row_bias && dev.axis_index("tp") != 0) p.value.fill(T{});
+  }
+
+  template <class Prm>
+  void release_param(Device& dev, Prm& p) {
+    dev.memory().release(dev.id(), static_cast<std::int64_t>(p.value.size() * sizeof(T)));
+    sharded_detail::free_tensor(p.value);
+  }
+
+  /// Allocates (zeroed) the local gradient before a backward.
+  template <class Prm>
+  void open_grad(Device& dev, Prm& p) {
+    if (p.frozen || p.value.size() == 0) return;  // frozen, or another ep rank's expert
+    p.grad_data();
+    dev.memory().allocate(dev.id(), static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+  }
+
+  /// Reduces the local (tp-local, partial over the data) gradient into the device's block.
+  template <class Prm>
+  void reduce_grad(Device& dev, const std::string& name, Prm& p) {
+    if (p.frozen) return;
+    const Plan& pl = plans_.at(name);
+    const std::int64_t d = dev.id();
+    if (!pl.layout.holds(d)) return;
+    const auto& cshape = pl.compute.block_shape();
+    // m: the largest block, the unit of the collectives (each part padded with zeros to it);
+    // the device's own block (its first `mine` elements of `out`) may be shorter.
+    const std::size_t m = static_cast<std::size_t>(pl.layout.block_elements());
+    const std::size_t mine = static_cast<std::size_t>(pl.layout.local_elements(d));
+    const auto origin = pl.compute.offset(d);
+    std::vector<float> out(m);
+    if (pl.scatter_axes.empty()) {
+      ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(d), origin),
+                                       pl.layout.local_shape(d), out.data(), true);
+    } else {
+      const auto group = mesh_.shape().group(d, std::span<const std::string>(pl.scatter_axes));
+      if (blocks_are_row_slabs(pl, group.devices, d)) {  // the gradient is already the packed buffer
+        reduce_scatter(dev, std::span<const float>(p.grad.data(), m * group.devices.size()), out,
+                       AxisList(pl.scatter_axes));
+      } else {
+        std::vector<float> packed(m * group.devices.size());  // zeros past each shorter block
+        for (std::size_t k = 0; k < group.devices.size(); ++k)
+          ::edl::detail::copy_block<float>(p.grad.data(), cshape, sharded_detail::minus(pl.layout.offset(group.devices[k]), origin),
+                                           pl.layout.local_shape(group.devices[k]), packed.data() + k * m, true);
+        reduce_scatter(dev, packed, out, AxisList(pl.scatter_axes));
+      }
+    }
+    if (!pl.sum_axes.empty()) psum(dev, out, AxisList(pl.sum_axes));
+    float* g = grads_.at(name).local(d).data();
+    for (std::size_t i = 0; i < mine; ++i) g[i] += out[i];
+    dev.memory().release(d, static_cast<std::int64_t>(p.grad.size() * sizeof(float)));
+    sharded_detail::free_tensor(p.grad);
+  }
+
+  template <class M>
+  void gather_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { gather_param_into(dev, std::string(path), p); });
+  }
+  template <class M>
+  void release_module(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { release_param(dev, p); });
+  }
+  template <class M>
+  void open_module_grads(Device& dev, M& mod) {
+    mod.visit_params("", [&](std::string_view, auto& p) { open_grad(dev, p); });
+  }
+  template <class M>
+  void reduce_module(Device& dev, M& mod, const std::string& prefix) {
+    mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
+  }
+
+  // ------------------------------------------------------------------ sequence parallel helpers
+  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
+  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
+    all_gather(*c.dev, local, buf, "sp");
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return full;
+  }
+  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
+  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
+                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return l;
+  }
+  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
+    const std::size_t H = static_cast<std::size_t>(c.H);
+    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
+    for (std::int64_t b = 0; b < c.Bl; ++b)
+      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
+                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    return f;
+  }
+  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
+  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
+    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
+    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
+    for (std::int64_t r = 0; r < c.sp; ++r)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
+                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
+                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
+    reduce_scatter(*c.dev, packed, out, "sp");
+    return out;
+  }
+
+  // ------------------------------------------------------------------ one decoder layer
+  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
+    const std::int64_t Tl = c.tokens();
+    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
+    s.n1.resize(n);
+    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
+    const float* g = s.n1.data();
+    if (c.sp > 1) {
+      s.g = gather_seq(c, s.n1);
+      g = s.g.data();
+    }
+    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
+    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
+    if (sandwich) {
+      s.ao = std::move(a);
+      a.resize(n);
+      L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
+    }
+    s.h.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    s.n2.resize(n);
+    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
+    if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
+    else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
+    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    if (sandwich) {
+      s.mo.assign(y, y + n);
+      L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
+    }
+    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
+    const std::size_t n = s.h.size();
+    const bool sandwich = L.has_sandwich_norms();
+    std::vector<float> a(n), dh(dy, dy + n), dout;  // dout: a sandwich norm's input gradient
+    if (sandwich) {
+      dout.resize(n);
+      L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
+    }
+    if (L.is_sparse()) L.block_sparse_moe.backward(dy, s.moe_s, a.data(), c.experts);
+    else L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
+    if (c.tp > 1) psum(*c.dev, a, "tp");
+    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
+    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    if (sandwich) L.attn_output_norm.backward(dh.data(), s.ao_s, dout.data());
+    const std::vector<float>& dattn = sandwich ? dout : dh;
+    std::vector<float> padded;
+    const float* dyfull = dattn.data();
+    if (c.sp > 1) {
+      padded = pad_seq(c, dattn);
+      dyfull = padded.data();
+    }
+    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
+    L.self_attn.backward(dyfull, s.attn_s, dg.data());
+    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
+    if (c.tp > 1) psum(*c.dev, dn1, "tp");
+    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
+    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+  }
+
+  // ------------------------------------------------------------------ the step
+  nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
+                           const nn::LossOptions& opt, Mode mode, float* logits_out) {
+    const char* w = "ShardedLlama";
+    const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size;
+    check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
+    EDL_CHECK(tokens != nullptr || lay.inputs_embeds != nullptr, errc::invalid_argument, w,
+              "needs token ids or inputs_embeds");
+    EDL_CHECK(mode == Mode::logits || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
+              "inputs_embeds without token ids need labels");
+    if (tokens)
+      for (std::int64_t i = 0; i < B * S; ++i)
+        EDL_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size, errc::invalid_argument, w, "token id tokens[", i,
+                  "] = ", tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
+    // Global HF shift: targets[b, s] = labels[b, s + 1].
+    std::vector<std::int64_t> targets;
+    if (mode != Mode::logits) {
+      targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
+                          : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
+    }
+    // The metrics are psummed, so every device holds them; keep the lowest local device's
+    // (device 0 may run in another process).
+    nn::LossMetrics result;
+    std::mutex mu;
+    std::int64_t from = -1;
+    CollectiveBackend& be = mesh_.backend();
+    const bool multi = be.processes() > 1;
+    if (multi && mode == Mode::logits)  // each process writes its devices' rows, then the sum completes them
+      std::fill(logits_out, logits_out + B * S * cfg_.vocab_size, 0.0f);
+    if (opt.row_nll) std::fill(opt.row_nll, opt.row_nll + B * S, 0.0);  // likewise: each position from one device
+    // d loss / d inputs_embeds: each position's row from one device, summed over the
+    // processes, then added to the caller's.
+    std::vector<float> embeds_grad(mode == Mode::train && lay.inputs_embeds && lay.inputs_embeds_grad
+                                       ? static_cast<std::size_t>(B * S * H)
+                                       : 0);
+    mesh_.run([&](Device& dev) {
+      nn::LossMetrics m = device_step(dev, tokens, targets, lay, opt, mode, logits_out,
+                                      embeds_grad.empty() ? nullptr : embeds_grad.data());
+      std::lock_guard<std::mutex> lock(mu);
+      if (from < 0 || dev.id() < from) {
+        result = m;
+        from = dev.id();
+      }
+    });
+    if (multi && mode == Mode::logits)
+      be.sum_over_processes(logits_out, static_cast<std::size_t>(B * S * cfg_.vocab_size), DType::f32);
+    if (multi && opt.row_nll && mode != Mode::logits)
+      be.sum_over_processes(opt.row_nll, static_cast<std::size_t>(B * S), DType::f64);
+    if (!embeds_grad.empty()) {
+      if (multi) be.sum_over_processes(embeds_grad.data(), embeds_grad.size(), DType::f32);
+      kernels::add_inplace(lay.inputs_embeds_grad, embeds_grad.data(), static_cast<std::ptrdiff_t>(embeds_grad.size()));
+    }
+    return result;
+  }
+
+  nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
+                              const nn::TokenLayout& lay, const nn::LossOptions& opt, Mode mode, float* logits_out,
+                              float* embeds_grad) {
+    const std::int64_t B = lay.batch, S = lay.seq;
+    const std::int64_t *mask = lay.attention_mask, *pos = lay.position_ids, *seg = lay.segment_ids;
+    const float* embeds = lay.inputs_embeds;
+    Local& lm = local_model(dev.id());
+    auto& model = lm.model;
+    Ctx c;
+    c.dev = &dev;
+    c.tp = dev.axis_size("tp");
+    c.sp = dev.axis_size("sp");
+    c.sp_rank = dev.axis_index("sp");
+    const std::int64_t fsdp = dev.axis_size("fsdp"), ep = dev.axis_size("ep");
+    c.Bl = B / (dev.axis_size("dp") * fsdp * ep);
+    c.S = S;
+    c.Sl = S / c.sp;
+    c.H = cfg_.hidden_size;
+    // The device's batch rows: data groups are numbered row-major over (dp, fsdp, ep).
+    const std::int64_t group = (dev.axis_index("dp") * fsdp + dev.axis_index("fsdp")) * ep + dev.axis_index("ep");
+    const std::int64_t b0 = group * c.Bl, s0 = c.sp_rank * c.Sl;
+    c.b0 = b0;
+    c.s0 = s0;
+    std::optional<nn::ExpertParallel<Pol>> experts;
+    if (cfg_.is_moe() && ep > 1) {
+      experts.emplace(dev, "ep");
+      c.experts = &*experts;
+    }
+    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
+    // Attention runs on the local batch rows over the whole sequence: their mask, positions
+    // and documents.
+    const auto rows_of = [&](const std::int64_t* v) {
+      return v ? std::vector<std::int64_t>(v + b0 * S, v + (b0 + c.Bl) * S) : std::vector<std::int64_t>();
+    };
+    const std::vector<std::int64_t> mask_l = rows_of(mask), pos_l = rows_of(pos), seg_l = rows_of(seg);
+    if (lora_) place_adapters(lm, c, b0, s0);
+    if (cfg_.is_moe()) place_router_jitter(lm, c);
+    c.full = nn::TokenLayout{c.Bl, S, pos ? pos_l.data() : nullptr, mask ? mask_l.data() : nullptr,
+                             seg ? seg_l.data() : nullptr};
+    // The whole batch's length for rope scalings that depend on it, as one device sees it.
+    c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
+    const std::size_t n = static_cast<std::size_t>(Tl * H);
+
+    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
+    if (tokens)
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
+    // Where a local token's row of a [B * S, H] tensor starts: row b * Sl + s is (b0 + b) * S + s0 + s.
+    const nn::DropoutIndex local = c.local_tokens();
+    const auto global_row = [&](std::int64_t t) { return local.row(t) * H; };
+    if (mode != Mode::logits) {
+      tg.resize(static_cast<std::size_t>(Tl));
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        for (std::int64_t s = 0; s < c.Sl; ++s)
+          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
+    }
+
+    // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
+    gather_module(dev, model.embed_tokens, "model.embed_tokens");
+    gather_module(dev, model.norm, "model.norm");
+    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
+
+    const std::size_t L = model.layers.size();
+    std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
+    std::vector<LayerSaved> saved(L);
+    typename nn::Embedding<Pol>::Saved embed_s;
+    if (embeds)  // the caller's vectors in place of the ids' embeddings
+      for (std::int64_t t = 0; t < Tl; ++t)
+        std::memcpy(xs[0].data() + t * H, embeds + global_row(t), static_cast<std::size_t>(H) * sizeof(float));
+    else
+      model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
+    const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
+    if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
+    // A layer's activations are kept for its backward, unless the step has none or remat is
+    // on: then only its input (xs) is, and the backward runs the layer again first.
+    const bool keep = mode == Mode::train && !remat_;
+    // The sparse layers' routing, kept for the router losses (which need every layer's).
+    std::vector<typename nn::MoE<Pol>::Saved> routes(L);
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l);
+      gather_module(dev, model.layers[l], pre);
+      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      if (model.layers[l].is_sparse() && mode != Mode::logits) {
+        const auto& m = saved[l].moe_s;
+        auto& r = routes[l];
+        r.tokens = m.tokens;
+        r.logits = m.logits;
+        r.probs = m.probs;
+        r.top = m.top;
+        r.weight = m.weight;
+      }
+      if (!keep) saved[l] = LayerSaved{};
+      release_module(dev, model.layers[l]);
+    }
+    std::vector<float> hidden(n);
+    typename nn::RMSNorm<Pol>::Saved norm_s;
+    model.norm.forward(xs[L].data(), Tl, hidden.data(), norm_s);
+
+    nn::LossMetrics metrics;
+    if (mode == Mode::logits) {
+      std::vector<float> lg(static_cast<std::size_t>(Tl * V));
+      lm.apply_lm_head(hidden.data(), Tl, lg.data());
+      if (dev.axis_index("tp") == 0)  // every tp rank holds the same logits
+        for (std::int64_t b = 0; b < c.Bl; ++b)
+          std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
+                      static_cast<std::size_t>(c.Sl * V) * sizeof(float));
+    } else {
+      const auto& D = data_axes_present();
+      std::int64_t valid = 0;
+      for (auto t : tg) valid += t != opt.ignore_index;
+      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
+      nn::LossOptions o = lm.loss_options(opt);
+      o.shift = false;
+      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+      // Per-position weights and NLLs ([B, S], global) for the local tokens.
+      std::vector<float> w_l(opt.row_weights ? Tl : 0);
+      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
+      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
+      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
+      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
+      const bool train = mode == Mode::train;
+      std::vector<float> dhidden(train ? n : 0);
+      if (train) {
+        open_module_grads(dev, model.embed_tokens);
+        open_module_grads(dev, model.norm);
+        if (!tied_) open_module_grads(dev, lm.lm_head);
+      }
+      const nn::LossMetrics lm_m =
+          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
+                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
+      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
+        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
+      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
+      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
+                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
+      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
+      metrics.loss = vals[0];
+      metrics.z_loss = vals[1];
+      metrics.tokens = N;
+      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
+      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
+      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
+        std::vector<typename nn::MoE<Pol>::Saved*> routed;
+        for (std::size_t l = 0; l < L; ++l)
+          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
+        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
+        if (mask)
+          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
+        const auto sum_devices = [&](std::span<double> v) {
+          if (!D.empty()) psum(dev, v, AxisList(D));
+        };
+        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
+      }
+
+      if (train) {
+        std::vector<float> a(n), b(n);
+        model.norm.backward(dhidden.data(), norm_s, a.data());
+        for (std::size_t l = L; l-- > 0;) {
+          const std::string pre = "model.layers." + std::to_string(l);
+          gather_module(dev, model.layers[l], pre);
+          open_module_grads(dev, model.layers[l]);
+          if (remat_) {  // the same kernels and collectives again: bitwise the activations forward had
+            std::vector<float> again(n);
+            layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
+          }
+          if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
+            saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
+          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
+          saved[l] = LayerSaved{};
+          reduce_module(dev, model.layers[l], pre);
+          release_module(dev, model.layers[l]);
+          std::swap(a, b);
+        }
+        if (escale != 1.0f) kernels::scale(a.data(), escale, static_cast<std::ptrdiff_t>(n));
+        if (!embeds) model.embed_tokens.backward(a.data(), embed_s);
+        else if (embeds_grad && dev.axis_index("tp") == 0)  // tp ranks hold the same rows
+          for (std::int64_t t = 0; t < Tl; ++t)
+            std::memcpy(embeds_grad + global_row(t), a.data() + t * H, static_cast<std::size_t>(H) * sizeof(float));
+        reduce_module(dev, model.embed_tokens, "model.embed_tokens");
+        reduce_module(dev, model.norm, "model.norm");
+        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
+      }
+    }
+    release_module(dev, model.embed_tokens);
+    release_module(dev, model.norm);
+    if (!tied_) release_module(dev, lm.lm_head);
+    return metrics;
+  }
+
+  const std::vector<std::string>& data_axes_present() const { return data_axes_; }
+
+  /// Gives the device's adapters this step's dropout key and switch, and places their rows and
+  /// columns in the whole batch: attention's projections see the local batch rows over the
+  /// whole sequence, the MLP's the local tokens, and a row-parallel base the rank's block of
+  /// input columns.
+  void place_adapters(Local& lm, const Ctx& c, std::int64_t b0, std::int64_t s0) {
+    lora::set_dropout(lm, dropout_key_);
+    lora::set_adapters_active(lm, adapters_active_);
+    const std::int64_t tp_rank = c.dev->axis_index("tp");
+    lm.visit_linears("", [&](const std::string& path, auto& lin) {
+      if (!lin.lora) return;
+      using Lin = std::remove_cvref_t<decltype(lin)>;
+      const bool attention = path.find(".self_attn.") != std::string::npos;
+      nn::DropoutIndex& ix = lin.lora->index;
+      ix.row_block = attention ? c.S : c.Sl;
+      ix.seq = c.S;
+      ix.first_row = b0;
+      ix.first_pos = attention ? 0 : s0;
+      if constexpr (std::is_same_v<typename Lin::WeightParam::spec, nn::RowParallel>) {
+        ix.first_col = tp_rank * lin.in_features();
+        ix.cols = c.tp * lin.in_features();
+      }
+    });
+  }
+
+  /// Gives the device's sparse layers this step's jitter key and their tokens' places in the
+  /// batch (the block runs on the local tokens: rows of Sl positions from s0).
+  void place_router_jitter(Local& lm, const Ctx& c) {
+    for (auto& L : lm.model.layers) {
+      if (!L.is_sparse()) continue;
+      L.block_sparse_moe.jitter_key = jitter_key_;
+      L.block_sparse_moe.index = c.local_tokens();
+    }
+  }
+
+  // snapshot() copies every member below but grads_ and locals_: a new member goes there too.
+  LlamaConfig cfg_, local_cfg_;
+  DefaultMesh mesh_;
+  PartitionRules rules_;
+  bool tied_ = false;
+  bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
+  std::vector<std::string> names_, trainable_;
+  std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
+  std::optional<Key> dropout_key_;         // set_adapter_dropout
+  std::optional<Key> jitter_key_;          // set_router_jitter
+  bool adapters_active_ = true;           // set_adapters_active
+  std::map<std::string, Plan> plans_;
+  std::map<std::string, ShardedArray<T>> params_;
+  std::map<std::string, ShardedArray<float>> grads_;
+  std::vector<std::unique_ptr<Local>> locals_;
+  std::vector<std::string> data_axes_;
+};
+
+/// Shards a one-device model over `mesh` (EasyDeL's default Llama rules unless given).
+template <class Pol>
+ShardedLlama<Pol> shard_model(const LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh,
+                              PartitionRules rules = llama_partition_rules()) {
+  return ShardedLlama<Pol>(model, mesh, std::move(rules));
+}
+
+/// The one-device model with the sharded model's parameters (bit-exact).
+template <class Pol>
+LlamaForCausalLM<Pol> gather_model(const ShardedLlama<Pol>& sharded) {
+  return sharded.gather_model();
+}
+
+/// What run_on_mesh computes.
+enum class MeshOp {
+  logits,          // MeshRun::logits_out [tokens, vocab]
+  loss,            // the loss only
+  loss_and_grads,  // the loss, and every gradient zeroed then accumulated into the model's Param::grad
+};
+
+/// One call of run_on_mesh: the operation and its batch.
+struct MeshRun {
+  MeshOp op = MeshOp::loss;
+  const std::int64_t* ids = nullptr;       // [layout.tokens()]
+  nn::TokenLayout layout;                  // batch x seq; masks and position ids on one device only
+  const std::int64_t* labels = nullptr;    // null: the ids shifted (causal LM)
+  float* logits_out = nullptr;             // MeshOp::logits: [layout.tokens(), vocab]
+  nn::LossOptions loss;                    // the loss's options
+  /// The gradient-checkpointing policy of loss_and_grads (remat::parse's spellings; "" = the
+  /// model's own). On a mesh the step keeps every activation (everything_saveable) or runs
+  /// each layer again in its backward (nothing_saveable).
+  std::string_view remat;
+  const PartitionRules* rules = nullptr;   // null: llama_partition_rules()
+};
+
+/// THE entry point that runs a model on a mesh of any shape: a one-device mesh runs the model
+/// directly, a larger one shards it by the partition rules (ShardedLlama), runs there and
+/// gathers what comes back, so the caller sees the same model either way (results equal one
+/// device to f32 rounding). For loss_and_grads the gathered gradients land in the model's
+/// Param::grad (frozen parameters, such as a LoRA base, get none).
+template <class Pol>
+nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mesh, const MeshRun& r) {
+  const char* w = "models::run_on_mesh";
+  EDL_CHECK((r.ids != nullptr || r.layout.inputs_embeds != nullptr) && r.layout.batch >= 1 && r.layout.seq >= 1,
+            errc::invalid_argument, w, "expected ids (or inputs_embeds) for a batch x seq of at least 1 x 1, found ",
+            r.ids || r.layout.inputs_embeds ? "" : "neither, ", r.layout.batch, " x ", r.layout.seq);
+  EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
+            "MeshOp::logits needs logits_out");
+  const remat::DropMask drop = remat::parse(r.remat, "remat");
+  if (mesh.size() == 1) {
+    switch (r.op) {
+      case MeshOp::logits:
+        model.logits(r.ids, r.layout, r.logits_out);
+        return {};
+      case MeshOp::loss:
+        return model.loss(r.ids, r.layout, r.labels, r.loss);
+      case MeshOp::loss_and_grads: {
+        nn::zero_grad(model);
+        if (r.remat.empty()) return model.forward_backward(r.ids, r.layout, r.labels, r.loss);
+        return model.forward_backward(r.ids, r.layout, r.labels, r.loss, drop);
+      }
+    }
+  }
+  ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
+  sm.set_remat(drop, r.remat, "remat");
+  if (r.op == MeshOp::logits) {
+    const auto l = sm.logits(r.ids, r.layout);
+    std::copy(l.begin(), l.end(), r.logits_out);
+    return {};
+  }
+  const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.layout, r.labels, r.loss);
+  if (r.op == MeshOp::loss_and_grads) {
+    const auto grads = sm.gather_grads();
+    nn::zero_grad(model);
+    model.visit_params("", [&](std::string_view path, auto& p) {
+      if (p.frozen) return;  // a LoRA base: no gradient
+      const auto& g = grads.at(std::string(path));
+      std::copy(g.begin(), g.end(), p.grad_data());
+    });
+  }
+  return m;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/sharded.hpp
+// #include <edl/nn/attention.hpp> (inlined above)
+// #include <edl/optim/optimizer.hpp> (inlined above)
+// #include <edl/tensor/partition_rules.hpp> (inlined above)
+
+namespace edl::models {
+
+struct PlanOptions {
+  std::int64_t batch = 1, seq = 1;  // the global batch [B, S]
+  bool train = false;               // forward + loss + backward (+ optimizer state); else the loss only
+  optim::OptimizerOptions optimizer{};  // which state slots (sgd: momentum > 0 keeps a buffer)
+  DType param_dtype = DType::f32;   // storage of the parameters (bf16: the optimizer adds an f32 master)
+  std::int64_t threads = 1;         // worker threads per device (attention backward scratch)
+  std::int64_t chunk_rows = 1024;   // nn::LossOptions::chunk_rows
+  bool remat = false;               // training runs each layer again before its backward
+                                    // (nothing_saveable, ShardedLlama::set_remat)
+  PartitionRules rules = llama_partition_rules();
+};
+
+/// One kind of collective call in a step, on one axis group.
+struct PlannedCollective {
+  std::string op;                    // all_gather, reduce_scatter, psum
+  std::vector<std::string> axes;     // the group's axes (mesh order)
+  std::int64_t group = 1;            // devices in the group
+  std::int64_t calls = 0;            // per step
+  std::int64_t payload_bytes = 0;    // per device and step: the buffer each device contributes
+  std::int64_t wire_bytes = 0;       // per device and step: bytes a ring sends
+  std::string what;                  // parameters, gradients, activations, loss
+};
+
+struct MemoryPlan {
+  std::int64_t devices = 1;
+  std::int64_t parameters = 0;            // elements of the whole model
+  // Per device, persistent:
+  std::int64_t parameter_bytes = 0;       // this device's parameter blocks
+  std::int64_t gradient_bytes = 0;        // f32 gradient blocks (training)
+  std::int64_t optimizer_state_bytes = 0; // f32 state of this device's blocks (training)
+  // Per device, transient within a step:
+  std::int64_t gathered_bytes = 0;        // ZeRO-3: embedding/norm/lm_head plus the largest layer, gathered (and their local f32 grads when training)
+  std::int64_t activation_peak_bytes = 0; // see the formula above
+  std::int64_t staging_bytes = 0;         // the largest packed buffer of one parameter's gather or gradient reduce-scatter
+  std::int64_t peak_bytes = 0;            // sum of the above
+  std::int64_t expert_parameter_bytes = 0;  // of parameter_bytes: the experts this device holds (MoE)
+  // Per device: batch rows, positions, tokens.
+  std::int64_t local_batch = 0, local_seq = 0, local_tokens = 0;
+  std::vector<PlannedCollective> collectives;
+  /// wire bytes per axis group ("fsdp", "fsdp+sp", ...) per step.
+  std::map<std::string, std::int64_t> wire_bytes_by_axes() const {
+    std::map<std::string, std::int64_t> m;
+    for (const auto& c : collectives) {
+      std::string k;
+      for (const auto& a : c.axes) k += (k.empty() ? "" : "+") + a;
+      m[k] += c.wire_bytes;
+    }
+    return m;
+  }
+};
+
+namespace plan_detail {
+
+inline std::int64_t elements(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+
+/// f32 optimizer state for one block of `shape` (optimizer.hpp's slots).
+inline std::int64_t optimizer_state_elements(const optim::OptimizerOptions& o, const std::vector<std::int64_t>& shape,
+                                             bool master) {
+  const std::int64_t n = elements(shape);
+  std::int64_t s = master ? n : 0;  // f32 master copy of non-f32 parameters
+  switch (o.kind) {
+    case optim::OptimizerKind::adamw: return s + 2 * n;  // exp_avg, exp_avg_sq
+    case optim::OptimizerKind::sgd: return s + (o.momentum > 0 ? n : 0);  // momentum_buffer
+    case optim::OptimizerKind::lion: return s + n;  // exp_avg
+    case optim::OptimizerKind::rmsprop:  // square_avg, momentum_buffer, grad_avg
+      return s + n + (o.momentum > 0 ? n : 0) + (o.rmsprop_centered ? n : 0);
+    case optim::OptimizerKind::adafactor:
+      if (shape.size() >= 2) return s + n / shape.back() + shape.back();  // row and column means
+      return s + n;
+  }
+  return s;
+}
+
+class Collectives {
+ public:
+  explicit Collectives(const MeshShape& ms) : ms_(ms) {}
+  void add(const std::string& op, std::vector<std::string> axes, std::int64_t bytes, std::int64_t calls,
+           const std::string& what) {
+    std::vector<std::string> ordered;  // mesh order, size-1 axes dropped (no traffic)
+    for (const auto& a : ms_.names())
+      if (std::find(axes.begin(), axes.end(), a) != axes.end() && ms_.axis_size(a) > 1) ordered.push_back(a);
+    if (ordered.empty() || calls == 0) return;
+    std::int64_t g = 1;
+    for (const auto& a : ordered) g *= ms_.axis_size(a);
+    std::int64_t wire = op == "psum" ? 2 * (g - 1) * bytes / g : op == "all_to_all" ? (g - 1) * bytes / g : (g - 1) * bytes;
+    for (auto& c : list_)
+      if (c.op == op && c.axes == ordered && c.what == what) {
+        c.calls += calls;
+        c.payload_bytes += bytes * calls;
+        c.wire_bytes += wire * calls;
+        return;
+      }
+    list_.push_back({op, ordered, g, calls, bytes * calls, wire * calls, what});
+  }
+  std::vector<PlannedCollective> take() { return std::move(list_); }
+
+ private:
+  const MeshShape& ms_;
+  std::vector<PlannedCollective> list_;
+};
+
+}  // namespace plan_detail
+
+/// The per-device memory and per-step communication of a Llama step on `mesh` (axes dp, fsdp,
+/// tp, sp). Validates exactly what shard_model and the step validate (heads, kv heads and
+/// intermediate size by tp, each rule's dimensions by its axes, batch by dp * fsdp, sequence
+/// by sp), with the same edl::Error messages. A tied config has no lm_head block.
+inline MemoryPlan plan_llama(const LlamaConfig& cfg, const MeshShape& mesh, const PlanOptions& opt = {}) {
+  const std::int64_t dp = mesh.axis_size("dp"), fsdp = mesh.axis_size("fsdp"), tp = mesh.axis_size("tp"),
+                     sp = mesh.axis_size("sp"), ep = mesh_axis_or_one(mesh, "ep");
+  const auto plans = sharded_param_plans(cfg, mesh, opt.rules, cfg.tie_word_embeddings);
+  check_data_split(opt.batch, opt.seq, dp, fsdp, ep, sp, "plan");
+  EDL_CHECK(opt.threads > 0, errc::invalid_argument, "plan", "threads must be positive, found ", opt.threads);
+  EDL_CHECK(opt.chunk_rows > 0, errc::invalid_argument, "plan", "chunk_rows must be positive, found ", opt.chunk_rows);
+  const std::int64_t sT = static_cast<std::int64_t>(dtype_size(opt.param_dtype));
+  const bool master = opt.param_dtype != DType::f32;
+
+  MemoryPlan r;
+  r.devices = mesh.size();
+  r.parameters = cfg.parameter_count();
+  plan_detail::Collectives coll(mesh);
+
+  // ---- persistent blocks, and the ZeRO-3 transients (globals kept all step, one layer at a time)
+  std::int64_t global_compute = 0, layer_compute = 0;
+  std::map<std::int64_t, std::int64_t> layer_elems;  // layer -> compute elements
+  const std::int64_t L = cfg.num_hidden_layers;
+  // A mesh of one device runs the one-device model in place: nothing is gathered or staged.
+  const bool in_place = mesh.size() == 1;
+  for (const auto& [name, p] : plans) {
+    // Device 0's share: an expert sits on one ep rank, and every rank holds as many.
+    const std::int64_t blk = p.layout.local_elements(0), comp = p.compute.local_elements(0);
+    r.parameter_bytes += blk * sT;
+    if (p.expert >= 0) r.expert_parameter_bytes += blk * sT;
+    if (opt.train) {
+      r.gradient_bytes += blk * 4;
+      r.optimizer_state_bytes += 4 * plan_detail::optimizer_state_elements(opt.optimizer, p.layout.local_shape(0), master);
+    }
+    const bool in_layer = name.rfind("model.layers.", 0) == 0;
+    if (in_layer) layer_elems[std::stoll(name.substr(13))] += comp;
+    else global_compute += comp;
+    // Gathered before use: globals once per step, a layer's parameters in forward and again in backward.
+    const std::int64_t gathers = in_layer && opt.train ? 2 : 1;
+    coll.add("all_gather", p.gather_axes, blk * sT, gathers, "parameters");
+    if (opt.train) {
+      if (!p.scatter_axes.empty()) coll.add("reduce_scatter", p.scatter_axes, blk * 4, 1, "gradients");
+      if (!p.sum_axes.empty()) coll.add("psum", p.sum_axes, blk * 4, 1, "gradients");
+    }
+    // Collective staging, one parameter at a time (ShardedLlama::gather_param_into /
+    // reduce_grad): blocks that are not row slabs of the compute tensor are gathered into, and
+    // their gradient packed into, a buffer of the compute tensor's size; every reduced
+    // gradient lands in a block-sized buffer first.
+    if (in_place) continue;
+    const std::int64_t m = p.layout.block_elements();
+    const bool reduced = opt.train && !p.frozen;
+    if (!p.gather_axes.empty()) {
+      const auto group = mesh.group(0, std::span<const std::string>(p.gather_axes)).devices;
+      const std::int64_t k = static_cast<std::int64_t>(group.size());
+      const bool packed = !blocks_are_row_slabs(p, group, 0);
+      r.staging_bytes = std::max(r.staging_bytes, packed ? m * k * sT : 0);
+      if (reduced) r.staging_bytes = std::max(r.staging_bytes, (packed ? m * k * 4 : 0) + m * 4);
+    } else if (reduced) {
+      r.staging_bytes = std::max(r.staging_bytes, m * 4);
+    }
+  }
+  for (const auto& [l, e] : layer_elems) layer_compute = std::max(layer_compute, e);
+  const std::int64_t per_elem = opt.train ? sT + 4 : sT;  // gathered value, plus its local grad when training
+  if (!in_place) r.gathered_bytes = (global_compute + layer_compute) * per_elem;
+
+  // ---- activations
+  const std::int64_t Bl = opt.batch / (dp * fsdp * ep), S = opt.seq, Sl = S / sp, Tl = Bl * Sl, Tf = Bl * S;
+  const std::int64_t H = cfg.hidden_size, D = cfg.head_size(), nh = cfg.num_attention_heads / tp,
+                     nkv = cfg.num_key_value_heads / tp, Fl = cfg.intermediate_size / tp, V = cfg.vocab_size;
+  r.local_batch = Bl;
+  r.local_seq = Sl;
+  r.local_tokens = Tl;
+  const std::int64_t f = 4, i64 = 8;
+  const std::int64_t qk_norm = cfg.qk_norm() ? Tf * nh * D + Tf * nkv * D + Tf * nh + Tf * nkv : 0;
+  const std::int64_t sandwich = cfg.sandwich_norms() ? 2 * Tl * H + 2 * Tl : 0;
+  // A sparse layer keeps its routing and its experts' rows instead of the MLP's g, u, a.
+  const std::int64_t E = cfg.is_moe() ? cfg.num_local_experts : 0, K = cfg.is_moe() ? cfg.num_experts_per_tok : 0;
+  const std::int64_t Fe = cfg.expert_intermediate_size(), Fs = cfg.shared_expert_size();
+  const std::int64_t sparse_block = f * (2 * Tl * E + K * Tl + 2 * K * Tl * H + 3 * K * Tl * Fe +
+                                         (Fs > 0 ? 3 * Tl * Fs + Tl * H + Tl : 0)) +
+                                    i64 * 2 * K * Tl;
+  const std::int64_t attn_layer = f * (3 * Tl * H + (sp > 1 ? Tf * H : 0) + 2 * Tl + 2 * Tf * nh * D +
+                                       2 * Tf * nkv * D + Tf * D + Tf * nh + qk_norm + sandwich);
+  std::int64_t layers_saved = 0, layer_max = 0, sparse_layers = 0;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const bool sparse = cfg.layer_is_sparse(l);
+    sparse_layers += sparse ? 1 : 0;
+    const std::int64_t saved = attn_layer + (sparse ? sparse_block : f * 3 * Tl * Fl);
+    layers_saved += saved;
+    layer_max = std::max(layer_max, saved);
+  }
+  // Every layer's state is kept until its backward only when training without remat; else one
+  // layer's at a time (the one running, or being run again before its backward). The sparse
+  // layers' routing is kept apart for the router losses whenever the step has a loss.
+  const bool keep_layers = opt.train && !opt.remat;
+  const std::int64_t routes = sparse_layers * (f * (2 * Tl * E + K * Tl) + i64 * 2 * K * Tl);
+  const std::int64_t step = f * ((L + 1) * Tl * H + Tl * H + (opt.train ? Tl * H : 0) + Tl) + i64 * 3 * Tl;
+  const std::int64_t C = std::min(opt.chunk_rows, Tl);
+  const std::int64_t loss_transient = f * C * V + 8 * 3 * C + C;
+  std::int64_t transient = loss_transient, backward = 0;  // backward: the last layer's, on top of the saved state
+  if (opt.train) {
+    const std::int64_t QB = kernels::kAttentionQueryBlock;
+    const std::int64_t workers = std::min(opt.threads, Bl * nkv);
+    const std::int64_t mlp = sparse_layers > 0 ? 2 * K * Tl * (H + Fe) : 2 * Tl * Fl;  // a sparse block: dy, dx rows
+    // dg and (sp) its padded input stay while the attention backward's own buffers come and
+    // go, and then the sp reduce_scatter's packed copy and output.
+    const std::int64_t attn = Tf * H + (sp > 1 ? Tf * H : 0) +
+                              std::max(2 * Tf * nh * D + 2 * Tf * nkv * D + workers * 2 * QB * S,
+                                       sp > 1 ? Tf * H + Tl * H : std::int64_t{0});
+    backward = f * (4 * Tl * H + std::max(mlp, attn));
+    transient = std::max(transient, backward);
+  }
+  r.activation_peak_bytes = keep_layers ? layers_saved + step + routes + transient
+                                        : step + routes + std::max(loss_transient, layer_max + backward);
+  r.peak_bytes = r.parameter_bytes + r.gradient_bytes + r.optimizer_state_bytes + r.gathered_bytes +
+                 r.activation_peak_bytes + r.staging_bytes;
+
+  // ---- activation collectives, per layer (ShardedLlama::layer_forward / layer_backward)
+  const std::int64_t act = f * Tl * H;
+  const std::int64_t passes = opt.train ? 1 : 0;
+  const std::int64_t forwards = opt.train && opt.remat ? 2 : 1;            // remat runs each layer twice
+  coll.add("all_gather", {"sp"}, act, L * forwards, "activations");          // normed input before attention
+  coll.add("psum", {"tp"}, act, 2 * L * forwards, "activations");            // after o_proj and down_proj
+  coll.add("psum", {"tp"}, act, 2 * L * passes, "activation gradients");    // column-parallel input gradients
+  coll.add("reduce_scatter", {"sp"}, act, L * passes, "activation gradients");  // attention input gradient
+  if (sparse_layers > 0 && ep > 1) {  // token rows to the experts' ranks and back (nn::ExpertParallel)
+    const std::int64_t rows = f * K * Tl * H;
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * forwards, "expert rows");
+    coll.add("all_to_all", {"ep"}, rows, 2 * sparse_layers * passes, "expert row gradients");
+    coll.add("all_to_all", {"ep"}, i64 * E, sparse_layers * forwards, "expert row counts");
+  }
+  // loss: the valid-token count and the five metric sums over the data axes
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, i64, 1, "loss");
+  coll.add("psum", {"dp", "fsdp", "ep", "sp"}, 5 * 8, 1, "loss");
+  r.collectives = coll.take();
+  return r;
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/plan.hpp
+// #include <edl/models/llama/pretrained.hpp> (inlined above)
+// #include <edl/models/llama/sequence_classification.hpp> (inlined above)
 // #include <edl/models/llama/sharded.hpp> (inlined above)
 // #include <edl/models/llama/sharded_pretrained.hpp>
 // edl/models/llama/sharded_pretrained.hpp
@@ -28486,6 +28591,9 @@ namespace edl::generate {
 /// slot on one device), token id, and its row in logits_all.
 struct CachedRow {
   std::int64_t b, pos, id, out;
+  /// The row's input vector in place of the id's row of the embedding table (HF's
+  /// inputs_embeds: in the table's space, the embed scale still applies); null: the id's.
+  const float* embedding = nullptr;
 };
 
 /// What one device of a mesh computes: sequences [b0, b0 + nb), the positions p with
@@ -28579,8 +28687,11 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
 /// null; sequence b's tokens follow its length(b) tokens already cached. Padding is skipped.
 template <class LengthOf>
 void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
-                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where) {
+                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where, const float* embeds = nullptr,
+                 std::int64_t hidden = 0) {
   EDL_CHECK(seq >= 0, errc::invalid_argument, where, "seq must be >= 0, found ", seq);
+  EDL_CHECK(ids != nullptr || embeds != nullptr || seq == 0, errc::invalid_argument, where,
+            "needs token ids or inputs_embeds");
   rows.clear();
   for (std::int64_t b = 0; b < batch; ++b) {
     std::int64_t pad = 0;
@@ -28591,7 +28702,10 @@ void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, 
                   " is not left padding (a 0 at ", s, " after a 1)");
     }
     const std::int64_t len = length_of(b);
-    for (std::int64_t s = pad; s < seq; ++s) rows.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+    for (std::int64_t s = pad; s < seq; ++s) {
+      const std::int64_t at = b * seq + s;
+      rows.push_back({b, len + s - pad, embeds ? 0 : ids[at], at, embeds ? embeds + at * hidden : nullptr});
+    }
   }
 }
 
@@ -28610,7 +28724,7 @@ inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, s
                        std::vector<std::int64_t>& need, const char* where) {
   need.assign(static_cast<std::size_t>(batch), -1);
   for (const CachedRow& r : rows) {
-    EDL_CHECK(r.id >= 0 && r.id < vocab, errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
+    EDL_CHECK(r.embedding || (r.id >= 0 && r.id < vocab), errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
               ", position ", r.pos, ") is outside the vocabulary [0, ", vocab, ")");
     std::int64_t& n = need[static_cast<std::size_t>(r.b)];
     n = std::max(n, r.pos + 1);
@@ -29040,8 +29154,13 @@ class CachedForward {
   void embed(std::int64_t n) {
     const T* emb = m_->model.embed_tokens.weight.data();
     for (std::int64_t r = 0; r < n; ++r) {
-      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       float* xr = x_.data() + r * H_;
+      if (row.embedding) {
+        for (std::int64_t i = 0; i < H_; ++i) xr[i] = row.embedding[i] * embed_scale_;
+        continue;
+      }
+      const T* e = emb + row.id * H_;
       for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]) * embed_scale_;
     }
   }
@@ -29283,10 +29402,13 @@ class Decoder {
   /// logits_last [batch, vocab]: the logits of each sequence's last real token of the chunk
   /// (rows of sequences with no token in the chunk are left as they are; may be null);
   /// logits_all [batch * seq, vocab] (optional): every token, padding rows set to 0.
+  /// embeds [batch * seq, hidden] (optional, HF's inputs_embeds): the tokens' vectors in place
+  /// of the ids' embeddings (in the embedding table's space; the embed scale still applies);
+  /// ids may then be null.
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
-               float* logits_all = nullptr) {
+               float* logits_all = nullptr, const float* embeds = nullptr) {
     detail::prompt_rows(ids, batch(), seq, mask, [&](std::int64_t b) { return cache_.length(b); }, rows_,
-                        "generate.Decoder.prefill");
+                        "generate.Decoder.prefill", embeds, m_.config().hidden_size);
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 
@@ -29877,14 +29999,16 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 /// Beam search for prompts [P][len] on a decoder whose cache holds P * num_beams sequences
 /// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the
 /// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
-/// limit[p]: the most new tokens prompt p may get.
+/// limit[p]: the most new tokens prompt p may get. prompts give each beam's starting context
+/// (empty for prompts given as vectors, `embeds`, laid out as ids_padded; see Decoder::prefill).
 template <class Pol, KVCache Cache>
 std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
                                                    const std::vector<std::int64_t>& mask_padded, std::int64_t V,
-                                                   const LogitsProcessor& processor = {}) {
+                                                   const LogitsProcessor& processor = {},
+                                                   const float* embeds = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), nb = cfg.num_beams, R = P * nb;
   EDL_CHECK(dec.batch() == R, errc::invalid_argument, "generate.beam_search", "the cache holds ", dec.batch(),
             " sequences, expected prompts x num_beams = ", R);
@@ -29901,7 +30025,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
   for (std::int64_t p = 0; p < P; ++p)
     for (std::int64_t k = 1; k < nb; ++k) score[static_cast<std::size_t>(p * nb + k)] = -1e9f;
 
-  dec.prefill(ids_padded.data(), seq, mask_padded.data(), logits.data());
+  dec.prefill(ids_padded.data(), seq, mask_padded.data(), logits.data(), nullptr, embeds);
   std::int64_t n_stop = 0;
   for (std::int64_t t = 0; t < V; ++t) n_stop += cfg.is_stop(t) ? 1 : 0;
   const std::int64_t keep = std::max<std::int64_t>(2, 1 + n_stop) * nb;
@@ -30282,11 +30406,12 @@ class ShardedDecoder {
 
   /// As Decoder::prefill: ids [batch, seq], mask [batch, seq] left padding (or null),
   /// logits_last [batch, vocab] (rows of sequences without a token in the chunk untouched),
-  /// logits_all [batch * seq, vocab] (optional; padding rows 0).
+  /// logits_all [batch * seq, vocab] (optional; padding rows 0), embeds [batch * seq, hidden]
+  /// (optional: inputs_embeds in place of the ids' embeddings; every process passes them).
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
-               float* logits_all = nullptr) {
+               float* logits_all = nullptr, const float* embeds = nullptr) {
     detail::prompt_rows(ids, B_, seq, mask, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_,
-                        "generate.ShardedDecoder.prefill");
+                        "generate.ShardedDecoder.prefill", embeds, H_);
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 
@@ -30971,6 +31096,7 @@ class Engine {
 //   o.on_token = [](std::int64_t seq, std::int64_t tok) { ... };   // streaming
 //   auto r = generate::generate(model, {{1, 2, 3}, {4, 5}}, g, o);
 //   r.tokens[0]                                                    // new tokens of prompt 0
+//   auto e = generate::generate_from_embeds(model, {prompt_vectors}, g);  // HF's inputs_embeds
 //
 // Prompts of different lengths run as one left-padded batch. A sequence stops at a stop token
 // (eos_token_id or stop_token_ids; the stop token is included in its output, as HF), after
@@ -30980,11 +31106,15 @@ class Engine {
 // Errors (edl::Error, before any compute): an empty prompt, a token id outside the vocabulary,
 // a prompt longer than max_model_length; with the paged cache, running out of pages.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <xtensor/xtensor.hpp>
 
 // #include <edl/core/error.hpp> (inlined above)
 // #include <edl/generate/beam_search.hpp> (inlined above)
@@ -31091,10 +31221,14 @@ inline PaddedPrompts pad_prompts(const std::vector<std::vector<std::int64_t>>& p
 /// Greedy or sampled decoding of one sequence per prompt on any decoder with Decoder's
 /// prefill / decode (the one-device Decoder and the mesh's ShardedDecoder share it, so both
 /// choose tokens by the same code).
+/// prompts give each sequence's context (what penalties and processors see: empty for
+/// prompts given as vectors, as HF passes no ids with inputs_embeds); embeds (optional) the
+/// prompts' vectors laid out as ids.
 template <class Dec>
 void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                  const GenerateOptions& o, const std::vector<std::int64_t>& limit, const std::vector<std::int64_t>& ids,
-                 const std::vector<std::int64_t>& mask, std::int64_t S, std::int64_t V, GenerateResult& res) {
+                 const std::vector<std::int64_t>& mask, std::int64_t S, std::int64_t V, GenerateResult& res,
+                 const float* embeds = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size());
   std::vector<float> logits(static_cast<std::size_t>(P * V));
   std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
@@ -31109,7 +31243,7 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
   }
   if (any) {
     const auto t0 = std::chrono::steady_clock::now();
-    dec.prefill(ids.data(), S, mask.data(), logits.data());
+    dec.prefill(ids.data(), S, mask.data(), logits.data(), nullptr, embeds);
     res.stats.prefill_seconds = seconds_since(t0);
   }
   const auto t1 = std::chrono::steady_clock::now();
@@ -31144,15 +31278,36 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
   res.stats.decode_seconds = seconds_since(t1);
 }
 
+/// Prompts given as vectors (generate_from_embeds): one [length, hidden] block each.
+using PromptVectors = std::vector<xt::xtensor<float, 2>>;
+
+/// The prompts' vectors laid out as pad_prompts lays out their ids ([R * S, hidden], nb rows
+/// per prompt, left padding zero).
+inline std::vector<float> pad_vectors(const PromptVectors& e, std::int64_t nb, std::int64_t S, std::int64_t H) {
+  const std::int64_t R = static_cast<std::int64_t>(e.size()) * nb;
+  std::vector<float> out(static_cast<std::size_t>(R * S * H), 0.0f);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto& p = e[static_cast<std::size_t>(r / nb)];
+    const std::int64_t len = static_cast<std::int64_t>(p.shape(0));
+    std::copy(p.data(), p.data() + len * H, out.data() + (r * S + S - len) * H);
+  }
+  return out;
+}
+
 template <class Pol, class Cache>
 GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
                             const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
-                            const GenerateOptions& o, std::int64_t mml) {
+                            const GenerateOptions& o, std::int64_t mml, const PromptVectors* vectors = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = model.config().vocab_size;
   const std::int64_t nb = g.num_beams;
   const PaddedPrompts pp = pad_prompts(prompts, nb, g, mml);
   const std::vector<std::int64_t>&ids = pp.ids, &mask = pp.mask, &limit = pp.limit;
   const std::int64_t S = pp.seq;
+  // Prompts given as vectors: `prompts` only hold their lengths, and their context is empty.
+  const std::vector<float> embeds = vectors ? pad_vectors(*vectors, nb, S, model.config().hidden_size) : std::vector<float>();
+  const std::vector<std::vector<std::int64_t>> no_context(vectors ? prompts.size() : 0);
+  const auto& context = vectors ? no_context : prompts;
+  const float* e = vectors ? embeds.data() : nullptr;
 
   GenerateResult res;
   // Beam search returns num_return_sequences sequences per prompt; sampling runs one per row.
@@ -31164,7 +31319,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
   if (nb > 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
+    res.tokens = beam_search(dec, context, g, limit, ids, S, mask, V, o.logits_processor, e);
     res.stats.decode_seconds = seconds_since(t0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto& t = res.tokens[static_cast<std::size_t>(r)];
@@ -31173,11 +31328,60 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
         for (auto tok : t) o.on_token(r, tok);
     }
   } else {
-    sample_loop(dec, prompts, g, o, limit, ids, mask, S, V, res);
+    sample_loop(dec, context, g, o, limit, ids, mask, S, V, res, e);
   }
   res.stats.cache_bytes = cache.bytes();
   res.stats.scratch_bytes = dec.scratch_bytes();
   return res;
+}
+
+/// generate() of token prompts or, with `vectors`, of prompts given as vectors (`prompts` then
+/// hold only their lengths).
+template <class Pol>
+GenerateResult generate_prompts(const models::LlamaForCausalLM<Pol>& model,
+                                const std::vector<std::vector<std::int64_t>>& prompts, const PromptVectors* vectors,
+                                const GenerationConfig& g, const GenerateOptions& o) {
+  g.validate("GenerationConfig", model.config().vocab_size);
+  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
+    std::vector<std::vector<std::int64_t>> each;
+    PromptVectors each_vectors;
+    each.reserve(prompts.size() * static_cast<std::size_t>(n));
+    for (std::size_t p = 0; p < prompts.size(); ++p)
+      for (std::int64_t i = 0; i < n; ++i) {
+        each.push_back(prompts[p]);
+        if (vectors) each_vectors.push_back((*vectors)[p]);
+      }
+    GenerationConfig one = g;
+    one.num_return_sequences = 1;
+    GenerateOptions per_prompt = o;
+    if (o.logits_processor)
+      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
+        o.logits_processor(seq / n, c, s);
+      };
+    return generate_prompts(model, each, vectors ? &each_vectors : nullptr, one, per_prompt);
+  }
+  const auto& cfg = model.config();
+  std::int64_t mml = 0;
+  const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
+  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
+  const KVCacheShape shape = kv_cache_shape(cfg, R, need);
+  switch (o.cache) {
+    case CacheKind::standard: {
+      StandardKVCache c(shape);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+    case CacheKind::int8: {
+      Int8KVCache c(shape);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+    case CacheKind::paged: {
+      PagedKVCacheOptions po = o.paged;
+      po.max_model_length = mml;
+      PagedKVCache c(shape, po);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+  }
+  return {};
 }
 
 }  // namespace detail
@@ -31190,43 +31394,28 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
-  g.validate("GenerationConfig", model.config().vocab_size);
-  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
-    std::vector<std::vector<std::int64_t>> each;
-    each.reserve(prompts.size() * static_cast<std::size_t>(n));
-    for (const auto& p : prompts)
-      for (std::int64_t i = 0; i < n; ++i) each.push_back(p);
-    GenerationConfig one = g;
-    one.num_return_sequences = 1;
-    GenerateOptions per_prompt = o;
-    if (o.logits_processor)
-      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
-        o.logits_processor(seq / n, c, s);
-      };
-    return generate(model, each, one, per_prompt);
+  return detail::generate_prompts(model, prompts, nullptr, g, o);
+}
+
+/// HF's generate(inputs_embeds=...): each prompt is given as vectors, [length, hidden], in
+/// place of its tokens' embeddings (in the embedding table's space: the embed scale still
+/// applies, so a prompt of the table's rows generates as its ids). As HF, the prompts carry no
+/// ids: repetition penalties, n-gram bans and logits processors see the new tokens only. The
+/// rest is generate()'s (batching, sampling, beams, caches, stop conditions).
+template <class Pol>
+GenerateResult generate_from_embeds(const models::LlamaForCausalLM<Pol>& model,
+                                    const std::vector<xt::xtensor<float, 2>>& prompts, const GenerationConfig& g,
+                                    const GenerateOptions& o = {}) {
+  const std::int64_t H = model.config().hidden_size;
+  std::vector<std::vector<std::int64_t>> lengths;
+  lengths.reserve(prompts.size());
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto& v = prompts[p];
+    EDL_CHECK(static_cast<std::int64_t>(v.shape(1)) == H, errc::shape_mismatch, "generate_from_embeds", "prompt ", p,
+              " is [", v.shape(0), ", ", v.shape(1), "], expected [length, hidden_size = ", H, "]");
+    lengths.emplace_back(v.shape(0), std::int64_t{0});  // the lengths alone: ids are not read
   }
-  const auto& cfg = model.config();
-  std::int64_t mml = 0;
-  const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);
-  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
-  const KVCacheShape shape = kv_cache_shape(cfg, R, need);
-  switch (o.cache) {
-    case CacheKind::standard: {
-      StandardKVCache c(shape);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-    case CacheKind::int8: {
-      Int8KVCache c(shape);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-    case CacheKind::paged: {
-      PagedKVCacheOptions po = o.paged;
-      po.max_model_length = mml;
-      PagedKVCache c(shape, po);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-  }
-  return {};
+  return detail::generate_prompts(model, lengths, &prompts, g, o);
 }
 
 }  // namespace edl::generate
@@ -35056,10 +35245,8 @@ struct TrainingArguments {
     }
     {
       const remat::DropMask drop = remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
-      EDL_CHECK(mesh_devices() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(),
-                errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
-                "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
-                gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
+      EDL_CHECK(mesh_devices() == 1 || remat::runs_on_a_mesh(drop), errc::unsupported, where("gradient_checkpointing"),
+                remat::mesh_refusal(gradient_checkpointing), " on a mesh of ", mesh_devices(), " devices");
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
@@ -36002,7 +36189,7 @@ class BasicTrainer {
       sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
     }
     if (straight && adapters_) sharded_->add_adapters(lora_config(), args_.where("lora"));
-    sharded_->set_remat(remat::parse(args_.gradient_checkpointing) == remat::dropped_by<remat::nothing_saveable>());
+    sharded_->set_remat(remat::parse(args_.gradient_checkpointing), args_.gradient_checkpointing);
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it

@@ -99,6 +99,25 @@ TEST(F16, RoundTripOfEveryBitPatternIsExact) {
   }
 }
 
+TEST(F16, WideningEveryBitPatternGivesItsValue) {
+  // Independent reference: sign, exponent and mantissa evaluated in double (IEEE binary16:
+  // subnormals m * 2^-24, normals (1024 + m) * 2^(e - 25)); Inf and NaN keep their payload.
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    const std::uint32_t e = (b >> 10) & 0x1fu, m = b & 0x3ffu;
+    const double sign = (b & 0x8000u) ? -1.0 : 1.0;
+    const float got = f16::to_float(static_cast<std::uint16_t>(b));
+    if (e == 0x1fu) {
+      const std::uint32_t want = ((b & 0x8000u) << 16) | 0x7f800000u | (m << 13);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got), want) << std::hex << b;
+      continue;
+    }
+    const double v = e == 0 ? std::ldexp(static_cast<double>(m), -24)
+                            : std::ldexp(static_cast<double>(1024 + m), static_cast<int>(e) - 25);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(static_cast<float>(sign * v)))
+        << std::hex << b;
+  }
+}
+
 TEST(DType, NamesAndSizesFollowSafetensors) {
   EXPECT_EQ(edl::dtype_name(edl::dtype_v<edl::bf16>), "BF16");
   EXPECT_EQ(edl::dtype_size(edl::DType::f16), 2u);

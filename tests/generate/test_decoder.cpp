@@ -12,6 +12,7 @@
 #include <edl/io/safetensors.hpp>
 #include <edl/lora/apply.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/nn/module.hpp>
 #include <edl/nn/quantize.hpp>
 #include "small_llama.hpp"
@@ -209,6 +210,32 @@ TEST(Decoder, Bf16ParamsMatchTheirFullForward) {
   const auto ids = random_ids(10, cfg.vocab_size, 9);
   StandardKVCache cache(kv_cache_shape(cfg, 1, 10));
   EXPECT_LT(incremental_error(m, cache, ids, 3), 1e-4);
+}
+
+// half(): f16 weights decode as their full forward, and prefill and decode give the logits of
+// the f32 model holding the rounded weights (the decode kernels widen f16 exactly).
+TEST(Decoder, F16ParamsDecodeAsTheRoundedF32Model) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> f(cfg);
+  f.init(Key::from_seed(2), 0.2f);
+  const auto h = models::to_dtype<F16ParamsPolicy>(f);
+  const auto r = models::to_dtype<DefaultPolicy>(h);
+  const auto ids = random_ids(10, cfg.vocab_size, 9);
+  StandardKVCache cache(kv_cache_shape(cfg, 1, 10));
+  EXPECT_LT(incremental_error(h, cache, ids, 3), 1e-4);
+  const std::int64_t V = cfg.vocab_size;
+  const auto run = [&](const auto& m) {
+    StandardKVCache c(kv_cache_shape(cfg, 1, 10));
+    Decoder dec(m, c);
+    std::vector<float> all(static_cast<std::size_t>(4 * V)), last(static_cast<std::size_t>(V));
+    dec.prefill(ids.data(), 4, nullptr, last.data(), all.data());
+    for (std::int64_t t = 4; t < 10; ++t) {
+      dec.decode(ids.data() + t, last.data());
+      all.insert(all.end(), last.begin(), last.end());
+    }
+    return all;
+  };
+  EXPECT_EQ(run(h), run(r));
 }
 
 TEST(Decoder, LeftPaddedBatchEqualsEachPromptAlone) {

@@ -143,6 +143,63 @@ TEST(Generate, BatchedGreedyEqualsEachPromptAlone) {
   EXPECT_EQ(q.tokens.size(), 3u);
 }
 
+// HF's generate(inputs_embeds=...): prompts given as vectors. The embedding table's rows of a
+// prompt generate as its ids (batched, padded, beams); other vectors follow a greedy loop of
+// full forwards over [prompt vectors, new tokens' rows] (the model's own inputs_embeds path);
+// processors see the new tokens only, as HF passes no ids.
+TEST(Generate, FromEmbedsFollowsTheFullForwardOfTheVectors) {
+  for (const std::string variant : {"", "tied"}) {
+    SCOPED_TRACE(variant);
+    const auto cfg = test_support::small_llama(61, 64, variant);
+    LlamaForCausalLM<> m(cfg);
+    m.init(Key::from_seed(6), 0.3f);
+    const std::int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+    const auto rows_of = [&](const std::vector<std::int64_t>& ids) {
+      xt::xtensor<float, 2> e = xt::zeros<float>({ids.size(), static_cast<std::size_t>(H)});
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        for (std::int64_t h = 0; h < H; ++h) e(i, h) = m.model.embed_tokens.weight.value(ids[i], h);
+      return e;
+    };
+    const std::vector<std::vector<std::int64_t>> prompts = {{3, 1, 4, 1, 5, 9}, {2, 6}, {5, 3, 5}};
+    std::vector<xt::xtensor<float, 2>> vectors;
+    for (const auto& p : prompts) vectors.push_back(rows_of(p));
+    EXPECT_EQ(generate_from_embeds(m, vectors, greedy(8, cfg)).tokens, generate(m, prompts, greedy(8, cfg)).tokens);
+    auto beams = greedy(5, cfg);
+    beams.num_beams = 3;
+    EXPECT_EQ(generate_from_embeds(m, vectors, beams).tokens, generate(m, prompts, beams).tokens);
+
+    // Vectors no id has: greedy by full forwards, the new tokens entering as table rows.
+    xt::xtensor<float, 2> soft = xt::zeros<float>({std::size_t{5}, static_cast<std::size_t>(H)});
+    edl::fill_normal(Key::from_seed(9), 0, std::span<float>(soft.data(), soft.size()));
+    const std::int64_t n = 7;
+    std::vector<std::int64_t> want;
+    std::vector<float> seq(soft.begin(), soft.end());
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::int64_t S = static_cast<std::int64_t>(seq.size()) / H;
+      nn::TokenLayout lay{1, S};
+      lay.inputs_embeds = seq.data();
+      std::vector<float> logits(static_cast<std::size_t>(S * V));
+      m.logits(nullptr, lay, logits.data());
+      const float* last = logits.data() + (S - 1) * V;
+      const std::int64_t tok = std::max_element(last, last + V) - last;
+      want.push_back(tok);
+      const auto row = rows_of({tok});
+      seq.insert(seq.end(), row.begin(), row.end());
+    }
+    auto g = greedy(n, cfg);
+    g.eos_token_id = {};
+    GenerateOptions o;
+    std::size_t calls = 0;
+    o.logits_processor = [&](std::int64_t, std::span<const std::int64_t> ctx, std::span<float>) {
+      EXPECT_EQ(ctx.size(), calls);  // the new tokens so far, no prompt ids
+      ++calls;
+    };
+    EXPECT_EQ(generate_from_embeds(m, {soft}, g, o).tokens[0], want);
+    EXPECT_EQ(calls, static_cast<std::size_t>(n));
+    EXPECT_THROW(generate_from_embeds(m, {xt::xtensor<float, 2>(xt::zeros<float>({3, 5}))}, g), edl::Error);
+  }
+}
+
 TEST(Generate, StopsOnEosAndStopTokens) {
   const auto cfg = small_config();
   LlamaForCausalLM<> m(cfg);

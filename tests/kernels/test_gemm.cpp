@@ -170,6 +170,22 @@ TEST(Gemm, Bf16Inputs) {
     }
 }
 
+TEST(Gemm, F16Inputs) {
+  using edl::bf16;
+  using edl::f16;
+  for (Trans ta : kT)
+    for (Trans tb : kT) {
+      check_case<f16, f16>({1, 1, 1, ta, tb, 1.f, 0.f, 0});
+      check_case<f16, f16>({7, 13, 5, ta, tb, 1.f, 0.f, 0});
+      check_case<f16, f16>({127, 255, 63, ta, tb, 1.f, 0.f, 2});
+      check_case<f16, f16>({1000, 1, 1000, ta, tb, 1.f, 0.f, 0});
+      check_case<f16, f16>({1, 300, 100, ta, tb, 1.f, 0.f, 0});
+      check_case<float, f16>({40, 70, 300, ta, tb, 0.5f, 1.f, 1});
+      check_case<f16, bf16>({40, 70, 300, ta, tb, 1.f, 0.25f, 1});
+      check_case<f16, float>({33, 41, 77, ta, tb, 1.f, 0.f, 0}, 7, /*serial=*/true);
+    }
+}
+
 TEST(Gemm, MatmulWrappers) {
   const i64 M = 37, N = 29, K = 53;
   const auto A = random_matrix<float>(M, K, K, 1), B = random_matrix<float>(K, N, N, 2);

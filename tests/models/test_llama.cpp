@@ -12,6 +12,7 @@
 #include <edl/io/npy.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/models/llama/sequence_classification.hpp>
 
 #include "../nn/nn_test_util.hpp"
@@ -342,6 +343,45 @@ TEST(Llama, GradientsAccumulateOverCalls) {
   m.forward_backward(ids.data(), lay);
   for (std::size_t i = 0; i < g1.size(); ++i) EXPECT_NEAR(m.lm_head.weight.grad.data()[i], 2 * g1[i], 1e-6);
 }
+
+// 16-bit parameters (bf16, and f16 for half()) are storage: the model computes as the f32
+// model whose weights are the rounded values, bit for bit (logits, loss and every gradient).
+template <class HalfPolicy>
+void check_half_params_compute_as_rounded_f32() {
+  LlamaConfig c = tiny_config(false);
+  c.vocab_size = 70;
+  c.hidden_size = 32;
+  c.intermediate_size = 80;
+  LlamaForCausalLM<> m(c);
+  m.init(Key::from_seed(8), 0.2f);
+  const auto half = models::to_dtype<HalfPolicy>(m);
+  auto rounded = models::to_dtype<DefaultPolicy>(half);
+  std::size_t changed = 0, total = 0;
+  std::vector<float> orig, back;
+  m.visit_params("", [&](std::string_view, auto& p) { orig.insert(orig.end(), p.data(), p.data() + p.value.size()); });
+  rounded.visit_params("", [&](std::string_view, auto& p) { back.insert(back.end(), p.data(), p.data() + p.value.size()); });
+  for (std::size_t i = 0; i < orig.size(); ++i, ++total) {
+    ASSERT_EQ(back[i], to_f32(from_f32<typename HalfPolicy::param_t>(orig[i]))) << i;
+    changed += back[i] != orig[i];
+  }
+  EXPECT_GT(changed, total / 2);
+  const auto ids = tokens(3 * 9, c.vocab_size, 5);
+  const nn::TokenLayout lay{3, 9};
+  std::vector<float> lh(27 * 70), lr(27 * 70);
+  half.logits(ids.data(), lay, lh.data());
+  rounded.logits(ids.data(), lay, lr.data());
+  EXPECT_EQ(lh, lr);
+  auto h2 = half;
+  auto r2 = rounded;
+  EXPECT_EQ(h2.forward_backward(ids.data(), lay).loss, r2.forward_backward(ids.data(), lay).loss);
+  std::vector<float> gh, gr;
+  h2.visit_params("", [&](std::string_view, auto& p) { gh.insert(gh.end(), p.grad.begin(), p.grad.end()); });
+  r2.visit_params("", [&](std::string_view, auto& p) { gr.insert(gr.end(), p.grad.begin(), p.grad.end()); });
+  EXPECT_EQ(gh, gr);
+}
+
+TEST(Llama, Bf16ParamsComputeAsTheirRoundedF32Weights) { check_half_params_compute_as_rounded_f32<BF16ParamsPolicy>(); }
+TEST(Llama, F16ParamsComputeAsTheirRoundedF32Weights) { check_half_params_compute_as_rounded_f32<F16ParamsPolicy>(); }
 
 TEST(Llama, OneAndTwoThreadsBitIdentical) {
   auto run = [](int threads) {

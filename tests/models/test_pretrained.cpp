@@ -1002,6 +1002,38 @@ TEST(Pretrained, Bf16SaveThenLoadEqualsRounding) {
   EXPECT_EQ(param_bytes(widened), param_bytes(back));
 }
 
+// half(): a model with f16 parameters saves as F16 tensors with torch_dtype "float16", and
+// from_pretrained<F16ParamsPolicy> of the f32 checkpoint rounds each value to nearest even.
+TEST(Pretrained, F16SaveThenLoadEqualsRounding) {
+  NEED_FIXTURE();
+  auto m = models::from_pretrained(fixture());
+  auto mh = models::to_dtype<F16ParamsPolicy>(m);
+  auto loaded = models::from_pretrained<F16ParamsPolicy>(fixture());
+  std::vector<float> src;
+  m.visit_params("", [&](std::string_view, auto& p) { src.insert(src.end(), p.data(), p.data() + p.value.size()); });
+  std::vector<std::uint16_t> tob, gotb;
+  mh.visit_params("", [&](std::string_view, auto& p) {
+    for (std::size_t i = 0; i < p.value.size(); ++i) tob.push_back(p.data()[i].bits);
+  });
+  loaded.visit_params("", [&](std::string_view, auto& p) {
+    for (std::size_t i = 0; i < p.value.size(); ++i) gotb.push_back(p.data()[i].bits);
+  });
+  ASSERT_EQ(src.size(), tob.size());
+  ASSERT_EQ(src.size(), gotb.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(tob[i], f16(src[i]).bits) << i;
+    ASSERT_EQ(gotb[i], tob[i]) << i;
+  }
+  TempDir tmp("f16");
+  models::save_pretrained(tmp.path, mh);
+  const auto f = io::SafeTensorsFile::open((tmp.path / "model.safetensors").string());
+  for (const auto& n : f.names()) EXPECT_EQ(f.info(n).dtype, DType::f16) << n;
+  EXPECT_EQ(io::JsonConfig::from_file((tmp.path / "config.json").string()).json()["torch_dtype"], "float16");
+  auto back = models::from_pretrained<F16ParamsPolicy>(tmp.path);
+  EXPECT_EQ(param_bytes(back), param_bytes(mh));
+  EXPECT_EQ(models::parameter_bytes(mh) * 2, models::parameter_bytes(m));
+}
+
 TEST(Pretrained, ToDtypeCopiesGradientsAndKeepsConfig) {
   NEED_FIXTURE();
   auto m = models::from_pretrained(fixture());

@@ -412,7 +412,14 @@ TEST(ShardedLlama, RematGivesBitIdenticalGradients) {
     SCOPED_TRACE(dims_str(d));
     auto keep = models::shard_model(m, create_mesh(d));
     auto remat = models::shard_model(m, create_mesh(d));
-    remat.set_remat(true);
+    remat.set_remat(remat::dropped_by<remat::nothing_saveable>());
+    try {  // finer masks run on one device only
+      keep.set_remat(remat::parse("dots_saveable"), "dots_saveable");
+      ADD_FAILURE() << "a finer mask was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("found \"dots_saveable\""), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(keep.remat());
     const auto a = keep.loss_and_grads(ids.data(), nullptr, B, S);
     const auto b = remat.loss_and_grads(ids.data(), nullptr, B, S);
     EXPECT_EQ(a.loss, b.loss);

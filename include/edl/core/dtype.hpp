@@ -82,16 +82,19 @@ struct f16 {
     return static_cast<std::uint16_t>(sign | m);
   }
   static float to_float(std::uint16_t h) noexcept {
+    // Without branches on the value, so loops over f16 arrays vectorise (the GEMM packs f16
+    // weights with it). Exponent and mantissa move to binary32's places and the exponent is
+    // rebiased by 127 - 15; Inf/NaN get the rest of the all-ones exponent (payload kept bit
+    // for bit), and a subnormal, rebiased as if normal, loses its implicit 1 by an exact
+    // subtraction of 2^-14.
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-    const std::uint32_t exp = (h >> 10) & 0x1fu;
-    const std::uint32_t mant = h & 0x3ffu;
-    if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // Inf/NaN
-    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
-    if (mant == 0) return std::bit_cast<float>(sign);
-    // Subnormal: normalise into an f32 normal.
-    std::uint32_t e = 113u, m = mant;
-    while (!(m & 0x400u)) { m <<= 1; --e; }
-    return std::bit_cast<float>(sign | (e << 23) | ((m & 0x3ffu) << 13));
+    const std::uint32_t bits = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+    const std::uint32_t exp = bits & 0x0f800000u;
+    const std::uint32_t rebiased = bits + ((127u - 15u) << 23);
+    const std::uint32_t special = exp == 0x0f800000u ? (128u - 16u) << 23 : 0u;
+    const float normal = std::bit_cast<float>(rebiased + special);
+    const float subnormal = std::bit_cast<float>(rebiased + (1u << 23)) - std::bit_cast<float>(113u << 23);
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(exp == 0 ? subnormal : normal) | sign);
   }
   friend bool operator==(f16 a, f16 b) noexcept { return a.bits == b.bits; }
 };

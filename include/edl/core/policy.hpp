@@ -226,6 +226,17 @@ inline DropMask parse(std::string_view text, const std::string& where = "remat",
   const DropMask all = dropped_by<nothing_saveable>();
   return only ? all & ~named : named;
 }
+
+/// What a step on a mesh of more than one device (models::ShardedLlama) runs: every
+/// activation kept, or whole layers run again, collectives included, before their backward.
+/// The finer masks (dots_saveable, save_only_these_names(...)) run on one device only.
+constexpr bool runs_on_a_mesh(DropMask drop) noexcept { return drop == 0 || drop == dropped_by<nothing_saveable>(); }
+
+/// The refusal of a finer mask on a mesh, naming the policy as the user `written` it.
+inline std::string mesh_refusal(std::string_view written) {
+  return "on a mesh the sharded step rematerializes whole layers (nothing_saveable, or true) or keeps everything "
+         "(everything_saveable); found \"" + std::string(written) + "\"";
+}
 }  // namespace remat
 
 /// Precision and representation policy.
@@ -258,6 +269,9 @@ concept PolicyLike = requires {
 using DefaultPolicy = Policy<>;
 /// bf16 parameters, f32 compute and accumulation: halves weight memory traffic.
 using BF16ParamsPolicy = Policy<bf16, float>;
+/// f16 parameters (the seeds' `half()`), f32 compute and accumulation. f16 keeps 3 more
+/// mantissa bits than bf16 but overflows past 65504: for weights that are known to fit.
+using F16ParamsPolicy = Policy<f16, float>;
 
 template <PolicyLike Pol, class P>
 using with_param = Policy<P, typename Pol::compute_t, typename Pol::accum_t, typename Pol::quant_t,

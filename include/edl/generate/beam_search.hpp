@@ -82,14 +82,16 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 /// Beam search for prompts [P][len] on a decoder whose cache holds P * num_beams sequences
 /// (row p * num_beams + k = beam k of prompt p) and is empty. Returns the new tokens of the
 /// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
-/// limit[p]: the most new tokens prompt p may get.
+/// limit[p]: the most new tokens prompt p may get. prompts give each beam's starting context
+/// (empty for prompts given as vectors, `embeds`, laid out as ids_padded; see Decoder::prefill).
 template <class Pol, KVCache Cache>
 std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
                                                    const std::vector<std::int64_t>& mask_padded, std::int64_t V,
-                                                   const LogitsProcessor& processor = {}) {
+                                                   const LogitsProcessor& processor = {},
+                                                   const float* embeds = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), nb = cfg.num_beams, R = P * nb;
   EDL_CHECK(dec.batch() == R, errc::invalid_argument, "generate.beam_search", "the cache holds ", dec.batch(),
             " sequences, expected prompts x num_beams = ", R);
@@ -106,7 +108,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
   for (std::int64_t p = 0; p < P; ++p)
     for (std::int64_t k = 1; k < nb; ++k) score[static_cast<std::size_t>(p * nb + k)] = -1e9f;
 
-  dec.prefill(ids_padded.data(), seq, mask_padded.data(), logits.data());
+  dec.prefill(ids_padded.data(), seq, mask_padded.data(), logits.data(), nullptr, embeds);
   std::int64_t n_stop = 0;
   for (std::int64_t t = 0; t < V; ++t) n_stop += cfg.is_stop(t) ? 1 : 0;
   const std::int64_t keep = std::max<std::int64_t>(2, 1 + n_stop) * nb;

@@ -54,6 +54,9 @@ namespace edl::generate {
 /// slot on one device), token id, and its row in logits_all.
 struct CachedRow {
   std::int64_t b, pos, id, out;
+  /// The row's input vector in place of the id's row of the embedding table (HF's
+  /// inputs_embeds: in the table's space, the embed scale still applies); null: the id's.
+  const float* embedding = nullptr;
 };
 
 /// What one device of a mesh computes: sequences [b0, b0 + nb), the positions p with
@@ -147,8 +150,11 @@ void attend_rows(const std::vector<Row>& rows, const std::vector<std::int64_t>& 
 /// null; sequence b's tokens follow its length(b) tokens already cached. Padding is skipped.
 template <class LengthOf>
 void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
-                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where) {
+                 LengthOf&& length_of, std::vector<CachedRow>& rows, const char* where, const float* embeds = nullptr,
+                 std::int64_t hidden = 0) {
   EDL_CHECK(seq >= 0, errc::invalid_argument, where, "seq must be >= 0, found ", seq);
+  EDL_CHECK(ids != nullptr || embeds != nullptr || seq == 0, errc::invalid_argument, where,
+            "needs token ids or inputs_embeds");
   rows.clear();
   for (std::int64_t b = 0; b < batch; ++b) {
     std::int64_t pad = 0;
@@ -159,7 +165,10 @@ void prompt_rows(const std::int64_t* ids, std::int64_t batch, std::int64_t seq, 
                   " is not left padding (a 0 at ", s, " after a 1)");
     }
     const std::int64_t len = length_of(b);
-    for (std::int64_t s = pad; s < seq; ++s) rows.push_back({b, len + s - pad, ids[b * seq + s], b * seq + s});
+    for (std::int64_t s = pad; s < seq; ++s) {
+      const std::int64_t at = b * seq + s;
+      rows.push_back({b, len + s - pad, embeds ? 0 : ids[at], at, embeds ? embeds + at * hidden : nullptr});
+    }
   }
 }
 
@@ -178,7 +187,7 @@ inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, s
                        std::vector<std::int64_t>& need, const char* where) {
   need.assign(static_cast<std::size_t>(batch), -1);
   for (const CachedRow& r : rows) {
-    EDL_CHECK(r.id >= 0 && r.id < vocab, errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
+    EDL_CHECK(r.embedding || (r.id >= 0 && r.id < vocab), errc::invalid_argument, where, "token id ", r.id, " (sequence ", r.b,
               ", position ", r.pos, ") is outside the vocabulary [0, ", vocab, ")");
     std::int64_t& n = need[static_cast<std::size_t>(r.b)];
     n = std::max(n, r.pos + 1);
@@ -608,8 +617,13 @@ class CachedForward {
   void embed(std::int64_t n) {
     const T* emb = m_->model.embed_tokens.weight.data();
     for (std::int64_t r = 0; r < n; ++r) {
-      const T* e = emb + rows_[static_cast<std::size_t>(r)].id * H_;
+      const CachedRow& row = rows_[static_cast<std::size_t>(r)];
       float* xr = x_.data() + r * H_;
+      if (row.embedding) {
+        for (std::int64_t i = 0; i < H_; ++i) xr[i] = row.embedding[i] * embed_scale_;
+        continue;
+      }
+      const T* e = emb + row.id * H_;
       for (std::int64_t i = 0; i < H_; ++i) xr[i] = to_f32(e[i]) * embed_scale_;
     }
   }

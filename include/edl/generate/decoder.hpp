@@ -73,10 +73,13 @@ class Decoder {
   /// logits_last [batch, vocab]: the logits of each sequence's last real token of the chunk
   /// (rows of sequences with no token in the chunk are left as they are; may be null);
   /// logits_all [batch * seq, vocab] (optional): every token, padding rows set to 0.
+  /// embeds [batch * seq, hidden] (optional, HF's inputs_embeds): the tokens' vectors in place
+  /// of the ids' embeddings (in the embedding table's space; the embed scale still applies);
+  /// ids may then be null.
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
-               float* logits_all = nullptr) {
+               float* logits_all = nullptr, const float* embeds = nullptr) {
     detail::prompt_rows(ids, batch(), seq, mask, [&](std::int64_t b) { return cache_.length(b); }, rows_,
-                        "generate.Decoder.prefill");
+                        "generate.Decoder.prefill", embeds, m_.config().hidden_size);
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 

@@ -6,6 +6,7 @@
 //   o.on_token = [](std::int64_t seq, std::int64_t tok) { ... };   // streaming
 //   auto r = generate::generate(model, {{1, 2, 3}, {4, 5}}, g, o);
 //   r.tokens[0]                                                    // new tokens of prompt 0
+//   auto e = generate::generate_from_embeds(model, {prompt_vectors}, g);  // HF's inputs_embeds
 //
 // Prompts of different lengths run as one left-padded batch. A sequence stops at a stop token
 // (eos_token_id or stop_token_ids; the stop token is included in its output, as HF), after
@@ -16,11 +17,15 @@
 // a prompt longer than max_model_length; with the paged cache, running out of pages.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <xtensor/xtensor.hpp>
 
 #include <edl/core/error.hpp>
 #include <edl/generate/beam_search.hpp>
@@ -127,10 +132,14 @@ inline PaddedPrompts pad_prompts(const std::vector<std::vector<std::int64_t>>& p
 /// Greedy or sampled decoding of one sequence per prompt on any decoder with Decoder's
 /// prefill / decode (the one-device Decoder and the mesh's ShardedDecoder share it, so both
 /// choose tokens by the same code).
+/// prompts give each sequence's context (what penalties and processors see: empty for
+/// prompts given as vectors, as HF passes no ids with inputs_embeds); embeds (optional) the
+/// prompts' vectors laid out as ids.
 template <class Dec>
 void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                  const GenerateOptions& o, const std::vector<std::int64_t>& limit, const std::vector<std::int64_t>& ids,
-                 const std::vector<std::int64_t>& mask, std::int64_t S, std::int64_t V, GenerateResult& res) {
+                 const std::vector<std::int64_t>& mask, std::int64_t S, std::int64_t V, GenerateResult& res,
+                 const float* embeds = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size());
   std::vector<float> logits(static_cast<std::size_t>(P * V));
   std::vector<std::uint8_t> active(static_cast<std::size_t>(P), 1);
@@ -145,7 +154,7 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
   }
   if (any) {
     const auto t0 = std::chrono::steady_clock::now();
-    dec.prefill(ids.data(), S, mask.data(), logits.data());
+    dec.prefill(ids.data(), S, mask.data(), logits.data(), nullptr, embeds);
     res.stats.prefill_seconds = seconds_since(t0);
   }
   const auto t1 = std::chrono::steady_clock::now();
@@ -180,15 +189,36 @@ void sample_loop(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts
   res.stats.decode_seconds = seconds_since(t1);
 }
 
+/// Prompts given as vectors (generate_from_embeds): one [length, hidden] block each.
+using PromptVectors = std::vector<xt::xtensor<float, 2>>;
+
+/// The prompts' vectors laid out as pad_prompts lays out their ids ([R * S, hidden], nb rows
+/// per prompt, left padding zero).
+inline std::vector<float> pad_vectors(const PromptVectors& e, std::int64_t nb, std::int64_t S, std::int64_t H) {
+  const std::int64_t R = static_cast<std::int64_t>(e.size()) * nb;
+  std::vector<float> out(static_cast<std::size_t>(R * S * H), 0.0f);
+  for (std::int64_t r = 0; r < R; ++r) {
+    const auto& p = e[static_cast<std::size_t>(r / nb)];
+    const std::int64_t len = static_cast<std::int64_t>(p.shape(0));
+    std::copy(p.data(), p.data() + len * H, out.data() + (r * S + S - len) * H);
+  }
+  return out;
+}
+
 template <class Pol, class Cache>
 GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
                             const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
-                            const GenerateOptions& o, std::int64_t mml) {
+                            const GenerateOptions& o, std::int64_t mml, const PromptVectors* vectors = nullptr) {
   const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = model.config().vocab_size;
   const std::int64_t nb = g.num_beams;
   const PaddedPrompts pp = pad_prompts(prompts, nb, g, mml);
   const std::vector<std::int64_t>&ids = pp.ids, &mask = pp.mask, &limit = pp.limit;
   const std::int64_t S = pp.seq;
+  // Prompts given as vectors: `prompts` only hold their lengths, and their context is empty.
+  const std::vector<float> embeds = vectors ? pad_vectors(*vectors, nb, S, model.config().hidden_size) : std::vector<float>();
+  const std::vector<std::vector<std::int64_t>> no_context(vectors ? prompts.size() : 0);
+  const auto& context = vectors ? no_context : prompts;
+  const float* e = vectors ? embeds.data() : nullptr;
 
   GenerateResult res;
   // Beam search returns num_return_sequences sequences per prompt; sampling runs one per row.
@@ -200,7 +230,7 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 
   if (nb > 1) {
     const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, prompts, g, limit, ids, S, mask, V, o.logits_processor);
+    res.tokens = beam_search(dec, context, g, limit, ids, S, mask, V, o.logits_processor, e);
     res.stats.decode_seconds = seconds_since(t0);
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto& t = res.tokens[static_cast<std::size_t>(r)];
@@ -209,11 +239,60 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
         for (auto tok : t) o.on_token(r, tok);
     }
   } else {
-    sample_loop(dec, prompts, g, o, limit, ids, mask, S, V, res);
+    sample_loop(dec, context, g, o, limit, ids, mask, S, V, res, e);
   }
   res.stats.cache_bytes = cache.bytes();
   res.stats.scratch_bytes = dec.scratch_bytes();
   return res;
+}
+
+/// generate() of token prompts or, with `vectors`, of prompts given as vectors (`prompts` then
+/// hold only their lengths).
+template <class Pol>
+GenerateResult generate_prompts(const models::LlamaForCausalLM<Pol>& model,
+                                const std::vector<std::vector<std::int64_t>>& prompts, const PromptVectors* vectors,
+                                const GenerationConfig& g, const GenerateOptions& o) {
+  g.validate("GenerationConfig", model.config().vocab_size);
+  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
+    std::vector<std::vector<std::int64_t>> each;
+    PromptVectors each_vectors;
+    each.reserve(prompts.size() * static_cast<std::size_t>(n));
+    for (std::size_t p = 0; p < prompts.size(); ++p)
+      for (std::int64_t i = 0; i < n; ++i) {
+        each.push_back(prompts[p]);
+        if (vectors) each_vectors.push_back((*vectors)[p]);
+      }
+    GenerationConfig one = g;
+    one.num_return_sequences = 1;
+    GenerateOptions per_prompt = o;
+    if (o.logits_processor)
+      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
+        o.logits_processor(seq / n, c, s);
+      };
+    return generate_prompts(model, each, vectors ? &each_vectors : nullptr, one, per_prompt);
+  }
+  const auto& cfg = model.config();
+  std::int64_t mml = 0;
+  const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
+  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
+  const KVCacheShape shape = kv_cache_shape(cfg, R, need);
+  switch (o.cache) {
+    case CacheKind::standard: {
+      StandardKVCache c(shape);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+    case CacheKind::int8: {
+      Int8KVCache c(shape);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+    case CacheKind::paged: {
+      PagedKVCacheOptions po = o.paged;
+      po.max_model_length = mml;
+      PagedKVCache c(shape, po);
+      return run_generate(model, c, prompts, g, o, mml, vectors);
+    }
+  }
+  return {};
 }
 
 }  // namespace detail
@@ -226,43 +305,28 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
 template <class Pol>
 GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const std::vector<std::vector<std::int64_t>>& prompts,
                         const GenerationConfig& g, const GenerateOptions& o = {}) {
-  g.validate("GenerationConfig", model.config().vocab_size);
-  if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
-    std::vector<std::vector<std::int64_t>> each;
-    each.reserve(prompts.size() * static_cast<std::size_t>(n));
-    for (const auto& p : prompts)
-      for (std::int64_t i = 0; i < n; ++i) each.push_back(p);
-    GenerationConfig one = g;
-    one.num_return_sequences = 1;
-    GenerateOptions per_prompt = o;
-    if (o.logits_processor)
-      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
-        o.logits_processor(seq / n, c, s);
-      };
-    return generate(model, each, one, per_prompt);
+  return detail::generate_prompts(model, prompts, nullptr, g, o);
+}
+
+/// HF's generate(inputs_embeds=...): each prompt is given as vectors, [length, hidden], in
+/// place of its tokens' embeddings (in the embedding table's space: the embed scale still
+/// applies, so a prompt of the table's rows generates as its ids). As HF, the prompts carry no
+/// ids: repetition penalties, n-gram bans and logits processors see the new tokens only. The
+/// rest is generate()'s (batching, sampling, beams, caches, stop conditions).
+template <class Pol>
+GenerateResult generate_from_embeds(const models::LlamaForCausalLM<Pol>& model,
+                                    const std::vector<xt::xtensor<float, 2>>& prompts, const GenerationConfig& g,
+                                    const GenerateOptions& o = {}) {
+  const std::int64_t H = model.config().hidden_size;
+  std::vector<std::vector<std::int64_t>> lengths;
+  lengths.reserve(prompts.size());
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    const auto& v = prompts[p];
+    EDL_CHECK(static_cast<std::int64_t>(v.shape(1)) == H, errc::shape_mismatch, "generate_from_embeds", "prompt ", p,
+              " is [", v.shape(0), ", ", v.shape(1), "], expected [length, hidden_size = ", H, "]");
+    lengths.emplace_back(v.shape(0), std::int64_t{0});  // the lengths alone: ids are not read
   }
-  const auto& cfg = model.config();
-  std::int64_t mml = 0;
-  const std::int64_t need = detail::check_prompts(cfg, prompts, g, o, mml);
-  const std::int64_t R = static_cast<std::int64_t>(prompts.size()) * g.num_beams;
-  const KVCacheShape shape = kv_cache_shape(cfg, R, need);
-  switch (o.cache) {
-    case CacheKind::standard: {
-      StandardKVCache c(shape);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-    case CacheKind::int8: {
-      Int8KVCache c(shape);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-    case CacheKind::paged: {
-      PagedKVCacheOptions po = o.paged;
-      po.max_model_length = mml;
-      PagedKVCache c(shape, po);
-      return detail::run_generate(model, c, prompts, g, o, mml);
-    }
-  }
-  return {};
+  return detail::generate_prompts(model, lengths, &prompts, g, o);
 }
 
 }  // namespace edl::generate

@@ -201,11 +201,12 @@ class ShardedDecoder {
 
   /// As Decoder::prefill: ids [batch, seq], mask [batch, seq] left padding (or null),
   /// logits_last [batch, vocab] (rows of sequences without a token in the chunk untouched),
-  /// logits_all [batch * seq, vocab] (optional; padding rows 0).
+  /// logits_all [batch * seq, vocab] (optional; padding rows 0), embeds [batch * seq, hidden]
+  /// (optional: inputs_embeds in place of the ids' embeddings; every process passes them).
   void prefill(const std::int64_t* ids, std::int64_t seq, const std::int64_t* mask, float* logits_last,
-               float* logits_all = nullptr) {
+               float* logits_all = nullptr, const float* embeds = nullptr) {
     detail::prompt_rows(ids, B_, seq, mask, [&](std::int64_t b) { return len_[static_cast<std::size_t>(b)]; }, rows_,
-                        "generate.ShardedDecoder.prefill");
+                        "generate.ShardedDecoder.prefill", embeds, H_);
     run(logits_last, logits_all, logits_all ? seq : 0);
   }
 

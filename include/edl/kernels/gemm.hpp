@@ -1,6 +1,6 @@
 // edl/kernels/gemm.hpp
 // General matrix multiply, row-major:  C = alpha * op(A) * op(B) + beta * C
-// with op(X) = X or X^T, A and B in f32 or bf16 (widened to f32 while packing), f32
+// with op(X) = X or X^T, A and B in f32, bf16 or f16 (widened to f32 while packing), f32
 // accumulation and f32 output. Design notes and measurements: docs/gemm.md.
 //
 //   gemm(Trans::no, Trans::yes, M, N, K, 1.f, x, K, w, K, 0.f, y, N);   // y = x W^T
@@ -94,7 +94,7 @@ inline float finish(float s, float alpha, float beta, const float* out) {
   return beta == 0.f ? alpha * s : std::fma(alpha, s, beta * *out);
 }
 
-/// Loads one f32 batch from n >= simd_width elements of T at p (widening bf16).
+/// Loads one f32 batch from n >= simd_width elements of T at p (widening bf16 / f16).
 template <class T>
 inline fbatch load_f32(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -322,8 +322,8 @@ void gemm_blocked(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t
 template <class TA, class TB>
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
           std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm: A must be float or edl::bf16");
-  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm: B must be float or edl::bf16");
+  static_assert(detail::gemm::storage<TA>, "gemm: A must be float, edl::bf16 or edl::f16");
+  static_assert(detail::gemm::storage<TB>, "gemm: B must be float, edl::bf16 or edl::f16");
   namespace g = detail::gemm;
   g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
   if (M == 0 || N == 0) return;
@@ -354,8 +354,8 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
 template <class TA, class TB>
 void gemm_serial(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const TA* A,
                  std::int64_t lda, const TB* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-  static_assert(std::is_same_v<TA, float> || std::is_same_v<TA, bf16>, "gemm_serial: A must be float or edl::bf16");
-  static_assert(std::is_same_v<TB, float> || std::is_same_v<TB, bf16>, "gemm_serial: B must be float or edl::bf16");
+  static_assert(detail::gemm::storage<TA>, "gemm_serial: A must be float, edl::bf16 or edl::f16");
+  static_assert(detail::gemm::storage<TB>, "gemm_serial: B must be float, edl::bf16 or edl::f16");
   namespace g = detail::gemm;
   g::check_args(ta, tb, M, N, K, A, lda, B, ldb, C, ldc);
   if (M == 0 || N == 0) return;

@@ -1,5 +1,6 @@
 // edl/models/all.hpp: model families (each folder stands alone; models never include each other).
 #pragma once
+#include <edl/models/llama/auto_model.hpp>
 #include <edl/models/llama/config.hpp>
 #include <edl/models/llama/llama.hpp>
 #include <edl/models/llama/plan.hpp>

@@ -802,7 +802,7 @@ class BasicTrainer {
       sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
     }
     if (straight && adapters_) sharded_->add_adapters(lora_config(), args_.where("lora"));
-    sharded_->set_remat(remat::parse(args_.gradient_checkpointing) == remat::dropped_by<remat::nothing_saveable>());
+    sharded_->set_remat(remat::parse(args_.gradient_checkpointing), args_.gradient_checkpointing);
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it

@@ -460,10 +460,8 @@ struct TrainingArguments {
     }
     {
       const remat::DropMask drop = remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
-      EDL_CHECK(mesh_devices() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(),
-                errc::unsupported, where("gradient_checkpointing"), "on a mesh the sharded step rematerializes whole "
-                "layers (nothing_saveable, or true) or keeps everything (everything_saveable); found \"",
-                gradient_checkpointing, "\" on a mesh of ", mesh_devices(), " devices");
+      EDL_CHECK(mesh_devices() == 1 || remat::runs_on_a_mesh(drop), errc::unsupported, where("gradient_checkpointing"),
+                remat::mesh_refusal(gradient_checkpointing), " on a mesh of ", mesh_devices(), " devices");
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "

@@ -1,5 +1,5 @@
 // edl/kernels/detail/gemm_pack.hpp
-// Packing of GEMM operands into the micro-kernel's layouts, widening bf16 to f32 on the way.
+// Packing of GEMM operands into the micro-kernel's layouts, widening bf16 and f16 to f32 on the way.
 //
 //   A block (mc x kc of op(A)) -> ceil(mc/MR) micro-panels, each kc x MR (Ap[k*MR + r]).
 //   B block (kc x nc of op(B)) -> ceil(nc/NR) micro-panels, each kc x NR (Bp[k*NR + c]).
@@ -49,6 +49,10 @@ class AlignedBuffer {
   float* p_ = nullptr;
   std::size_t cap_ = 0;
 };
+
+/// The element types the GEMM reads (widened to f32 as they are packed).
+template <class T>
+inline constexpr bool storage = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 /// Widens n contiguous elements to f32 (auto-vectorised for bf16: a 16-bit shift).
 template <class T>

@@ -324,8 +324,13 @@ class ShardedLlama {
   /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
   /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
   /// layer again, collectives included, before its backward; losses and gradients are bitwise
-  /// those without it.
-  void set_remat(bool on) noexcept { remat_ = on; }
+  /// those without it. `drop` is 0 (keep everything) or every name; a finer mask is refused
+  /// (errc::unsupported) naming `where` and the policy as `written`.
+  void set_remat(remat::DropMask drop, std::string_view written = "the policy",
+                 const std::string& where = "ShardedLlama::set_remat") {
+    EDL_CHECK(remat::runs_on_a_mesh(drop), errc::unsupported, where, remat::mesh_refusal(written));
+    remat_ = drop != 0;
+  }
   /// What a step's batch and sequence must be multiples of: the batch is split over
   /// dp x fsdp x ep, the sequence over sp (check_data_split).
   std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
@@ -465,11 +470,7 @@ class ShardedLlama {
   xt::xtensor<float, 3> logits(const std::int64_t* tokens, std::int64_t batch, std::int64_t seq,
                                const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
                                const std::int64_t* segment_ids = nullptr) {
-    xt::xtensor<float, 3> out = xt::xtensor<float, 3>::from_shape(
-        {static_cast<std::size_t>(batch), static_cast<std::size_t>(seq), static_cast<std::size_t>(cfg_.vocab_size)});
-    run_step(tokens, nullptr, layout_of(batch, seq, attention_mask, position_ids, segment_ids), nn::LossOptions{},
-             Mode::logits, out.data());
-    return out;
+    return logits(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids});
   }
   xt::xtensor<float, 3> logits(const xt::xtensor<std::int64_t, 2>& tokens) {
     return logits(tokens.data(), static_cast<std::int64_t>(tokens.shape(0)), static_cast<std::int64_t>(tokens.shape(1)));
@@ -479,8 +480,7 @@ class ShardedLlama {
   nn::LossMetrics loss(const std::int64_t* tokens, const std::int64_t* labels, std::int64_t batch, std::int64_t seq,
                        const nn::LossOptions& opt = {}, const std::int64_t* attention_mask = nullptr,
                        const std::int64_t* position_ids = nullptr, const std::int64_t* segment_ids = nullptr) {
-    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::loss,
-                    nullptr);
+    return loss(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids}, labels, opt);
   }
 
   /// Forward, loss and backward; ACCUMULATES the sharded gradients. labels null: tokens.
@@ -488,9 +488,7 @@ class ShardedLlama {
                                  std::int64_t seq, const nn::LossOptions& opt = {},
                                  const std::int64_t* attention_mask = nullptr, const std::int64_t* position_ids = nullptr,
                                  const std::int64_t* segment_ids = nullptr) {
-    ensure_grads();
-    return run_step(tokens, labels, layout_of(batch, seq, attention_mask, position_ids, segment_ids), opt, Mode::train,
-                    nullptr);
+    return loss_and_grads(tokens, nn::TokenLayout{batch, seq, position_ids, attention_mask, segment_ids}, labels, opt);
   }
   nn::LossMetrics loss_and_grads(const xt::xtensor<std::int64_t, 2>& tokens, const xt::xtensor<std::int64_t, 2>& labels,
                                  const nn::LossOptions& opt = {}) {
@@ -852,12 +850,6 @@ class ShardedLlama {
   }
 
   // ------------------------------------------------------------------ the step
-  static nn::TokenLayout layout_of(std::int64_t batch, std::int64_t seq, const std::int64_t* mask,
-                                   const std::int64_t* pos, const std::int64_t* seg) {
-    nn::TokenLayout l{batch, seq, pos, mask, seg};
-    return l;
-  }
-
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
                            const nn::LossOptions& opt, Mode mode, float* logits_out) {
     const char* w = "ShardedLlama";
@@ -959,8 +951,9 @@ class ShardedLlama {
     if (tokens)
       for (std::int64_t b = 0; b < c.Bl; ++b)
         for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
-    // The local tokens' rows of a [B * S, H] tensor: row b * Sl + s is (b0 + b) * S + s0 + s.
-    const auto global_row = [&](std::int64_t t) { return ((b0 + t / c.Sl) * S + s0 + t % c.Sl) * H; };
+    // Where a local token's row of a [B * S, H] tensor starts: row b * Sl + s is (b0 + b) * S + s0 + s.
+    const nn::DropoutIndex local = c.local_tokens();
+    const auto global_row = [&](std::int64_t t) { return local.row(t) * H; };
     if (mode != Mode::logits) {
       tg.resize(static_cast<std::size_t>(Tl));
       for (std::int64_t b = 0; b < c.Bl; ++b)
@@ -1026,11 +1019,9 @@ class ShardedLlama {
       o.shift = false;
       if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
       // Per-position weights and NLLs ([B, S], global) for the local tokens.
-      const nn::DropoutIndex at = c.local_tokens();
-      const auto global_at = [&](std::int64_t t) { return at.row(t); };
       std::vector<float> w_l(opt.row_weights ? Tl : 0);
       std::vector<double> nll_l(opt.row_nll ? Tl : 0);
-      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[global_at(t)];
+      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
       o.row_weights = opt.row_weights ? w_l.data() : nullptr;
       o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
       const bool train = mode == Mode::train;
@@ -1044,7 +1035,7 @@ class ShardedLlama {
           nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
                              train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
       if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
-        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[global_at(t)] = nll_l[static_cast<std::size_t>(t)];
+        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
       // Combine the metrics: sums over the data axes (tp ranks hold identical values).
       double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
                         valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
@@ -1061,7 +1052,7 @@ class ShardedLlama {
           if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
         std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
         if (mask)
-          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[global_at(t)]);
+          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
         const auto sum_devices = [&](std::span<double> v) {
           if (!D.empty()) psum(dev, v, AxisList(D));
         };
@@ -1206,10 +1197,6 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
   EDL_CHECK(r.op != MeshOp::logits || r.logits_out != nullptr, errc::invalid_argument, w,
             "MeshOp::logits needs logits_out");
   const remat::DropMask drop = remat::parse(r.remat, "remat");
-  EDL_CHECK(mesh.size() == 1 || drop == 0 || drop == remat::dropped_by<remat::nothing_saveable>(), errc::unsupported,
-            "remat",
-            "on a mesh the sharded step rematerializes whole layers (nothing_saveable) or keeps everything "
-            "(everything_saveable); found \"", r.remat, "\"");
   if (mesh.size() == 1) {
     switch (r.op) {
       case MeshOp::logits:
@@ -1225,12 +1212,12 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
     }
   }
   ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
+  sm.set_remat(drop, r.remat, "remat");
   if (r.op == MeshOp::logits) {
     const auto l = sm.logits(r.ids, r.layout);
     std::copy(l.begin(), l.end(), r.logits_out);
     return {};
   }
-  sm.set_remat(drop == remat::dropped_by<remat::nothing_saveable>());
   const nn::LossMetrics m = sm.loss_and_grads(r.ids, r.layout, r.labels, r.loss);
   if (r.op == MeshOp::loss_and_grads) {
     const auto grads = sm.gather_grads();
