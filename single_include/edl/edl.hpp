@@ -29419,6 +29419,9 @@ class Decoder {
     run(logits, nullptr, 0);
   }
 
+  /// Sequence b becomes a copy of sequence src[b] (beam search's reorder of the beams).
+  void reorder(const std::int64_t* src) { cache_.reorder(src); }
+
   /// Where one-row decode steps (one sequence, no logits of every position) spend their time,
   /// per step and per team thread, in seconds: the products and attention of all layers by
   /// kind, the lm_head, and the barrier waits of all phases.
@@ -30001,8 +30004,8 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 /// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
 /// limit[p]: the most new tokens prompt p may get. prompts give each beam's starting context
 /// (empty for prompts given as vectors, `embeds`, laid out as ids_padded; see Decoder::prefill).
-template <class Pol, KVCache Cache>
-std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
+template <class Dec>
+std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
@@ -30091,7 +30094,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
     }
     if (!any) break;
     // Reorder beams (cache and token histories), then append the chosen tokens.
-    dec.cache().reorder(src.data());
+    dec.reorder(src.data());
     {
       std::vector<std::vector<std::int64_t>> ns(static_cast<std::size_t>(R));
       for (std::int64_t r = 0; r < R; ++r) ns[static_cast<std::size_t>(r)] = seqs[static_cast<std::size_t>(src[static_cast<std::size_t>(r)])];
@@ -30306,10 +30309,12 @@ class ShardedDecoder {
   using CacheFactory = std::function<std::unique_ptr<Cache>(const KVCacheShape&)>;
 
   /// Shards a one-device model: each device takes its tp block of every parameter.
+  /// keep_together n: sequences [k n, (k + 1) n) stay on one group of devices (beam search's
+  /// beams of a prompt, so that reorder() moves nothing across devices); n divides batch.
   ShardedDecoder(const Model& model, DefaultMesh mesh, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
+                 CacheFactory make_cache = {}, std::int64_t keep_together = 1)
       : mesh_(std::move(mesh)), cfg_(model.config()) {
-    init(batch, max_length);
+    init(batch, max_length, keep_together);
     std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
     auto& m = const_cast<Model&>(model);  // visit_params is non-const; only read here
     m.visit_params("", [&](std::string_view path, auto& p) {
@@ -30329,12 +30334,12 @@ class ShardedDecoder {
   /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
   /// across processes under MPI), then each device keeps its tp block.
   ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
+                 CacheFactory make_cache = {}, std::int64_t keep_together = 1)
       : mesh_(sm.mesh()), cfg_(sm.config()) {
     EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
               "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
               "to decode on a mesh");
-    init(batch, max_length);
+    init(batch, max_length, keep_together);
     std::map<std::string, xt::xarray<T>> full;
     for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));
     std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
@@ -30348,15 +30353,38 @@ class ShardedDecoder {
   const models::LlamaConfig& config() const noexcept { return cfg_; }
   std::int64_t batch() const noexcept { return B_; }
   /// The dp x fsdp x ep groups the sequences are cut over (the devices of one group hold the
-  /// same sequences), and the group holding sequence b: b in [g B / G, (g + 1) B / G).
+  /// same sequences), and the group holding sequence b. The cut is in units of keep_together
+  /// sequences (U = batch / keep_together of them): unit u = b / keep_together lies in group g
+  /// when u is in [g U / G, (g + 1) U / G).
   std::int64_t sequence_groups() const noexcept {
     return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
   }
   std::int64_t sequence_group(std::int64_t b) const noexcept {
-    const std::int64_t G = sequence_groups();
-    std::int64_t g = b * G / B_;  // the first group whose range can hold b; uneven cuts step on
-    while ((g + 1) * B_ / G <= b) ++g;
+    const std::int64_t G = sequence_groups(), U = B_ / unit_, u = b / unit_;
+    std::int64_t g = u * G / U;  // the first group whose range can hold u; uneven cuts step on
+    while ((g + 1) * U / G <= u) ++g;
     return g;
+  }
+  /// Sequence b becomes a copy of sequence src[b] on every device holding it (beam search's
+  /// reorder of the beams). src[b] must lie in b's unit of keep_together sequences, so each
+  /// group's devices reorder their own caches and nothing crosses devices or processes.
+  void reorder(const std::int64_t* src) {
+    const char* w = "generate.ShardedDecoder.reorder";
+    std::vector<std::int64_t> len(len_.size());
+    for (std::int64_t b = 0; b < B_; ++b) {
+      detail::check_seq(src[b], B_, w);
+      EDL_CHECK(src[b] / unit_ == b / unit_, errc::invalid_argument, w, "sequence ", b, " would copy sequence ", src[b],
+                ", outside its unit of ", unit_, " sequences kept together on one group of devices");
+      len[static_cast<std::size_t>(b)] = len_[static_cast<std::size_t>(src[b])];
+    }
+    std::vector<std::int64_t> local;
+    for (auto& s : dev_) {
+      if (!s || s->nb == 0) continue;
+      local.resize(static_cast<std::size_t>(s->nb));
+      for (std::int64_t i = 0; i < s->nb; ++i) local[static_cast<std::size_t>(i)] = src[s->b0 + i] - s->b0;
+      s->cache->reorder(local.data());
+    }
+    len_.swap(len);
   }
   std::int64_t max_length() const noexcept { return P_; }
   /// Tokens sequence b holds (all devices together).
@@ -30444,11 +30472,14 @@ class ShardedDecoder {
     void all_gather_sp(std::span<const float> in, std::span<float> out) { all_gather(dev, in, out, "sp"); }
   };
 
-  void init(std::int64_t batch, std::int64_t max_length) {
+  void init(std::int64_t batch, std::int64_t max_length, std::int64_t keep_together) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
+    EDL_CHECK(keep_together > 0 && batch % keep_together == 0, errc::invalid_argument, w, "keep_together = ",
+              keep_together, " must be positive and divide the batch (", batch, ")");
+    unit_ = keep_together;
     B_ = batch;
     P_ = max_length;
     local_cfg_ = sharded_decoder_local_config(cfg_, mesh_.axis_size("tp"));
@@ -30502,8 +30533,9 @@ class ShardedDecoder {
       shard.sp_rank = dev.axis_index("sp");
       const std::int64_t g =
           (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
-      shard.b0 = g * B_ / groups;
-      shard.nb = (g + 1) * B_ / groups - shard.b0;
+      const std::int64_t units = B_ / unit_;  // whole units of keep_together sequences per group
+      shard.b0 = g * units / groups * unit_;
+      shard.nb = (g + 1) * units / groups * unit_ - shard.b0;
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
@@ -30587,6 +30619,7 @@ class ShardedDecoder {
 
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
+  std::int64_t unit_ = 1;  // keep_together: sequences cut over the groups in units of this many
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
   std::unique_ptr<RopeTable> rope_;  // shared by the devices' forwards
   std::vector<float> last_out_;
@@ -31294,6 +31327,24 @@ inline std::vector<float> pad_vectors(const PromptVectors& e, std::int64_t nb, s
   return out;
 }
 
+/// Beam search on `dec` (a one-device or mesh decoder whose batch holds each prompt's beams),
+/// its sequences in res with their finish reasons; on_token is called once per token after the
+/// search ends.
+template <class Dec>
+void run_beams(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+               const GenerateOptions& o, const PaddedPrompts& pp, std::int64_t V, GenerateResult& res,
+               const float* embeds = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  res.tokens = beam_search(dec, prompts, g, pp.limit, pp.ids, pp.seq, pp.mask, V, o.logits_processor, embeds);
+  res.stats.decode_seconds = seconds_since(t0);
+  for (std::size_t r = 0; r < res.tokens.size(); ++r) {
+    const auto& t = res.tokens[r];
+    if (!t.empty() && g.is_stop(t.back())) res.finish_reason[r] = "stop";
+    if (o.on_token)
+      for (auto tok : t) o.on_token(static_cast<std::int64_t>(r), tok);
+  }
+}
+
 template <class Pol, class Cache>
 GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
                             const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
@@ -31318,21 +31369,34 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
 
   if (nb > 1) {
-    const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, context, g, limit, ids, S, mask, V, o.logits_processor, e);
-    res.stats.decode_seconds = seconds_since(t0);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto& t = res.tokens[static_cast<std::size_t>(r)];
-      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(r)] = "stop";
-      if (o.on_token)
-        for (auto tok : t) o.on_token(r, tok);
-    }
+    run_beams(dec, context, g, o, pp, V, res, e);
   } else {
     sample_loop(dec, context, g, o, limit, ids, mask, S, V, res, e);
   }
   res.stats.cache_bytes = cache.bytes();
   res.stats.scratch_bytes = dec.scratch_bytes();
   return res;
+}
+
+/// num_return_sequences n > 1 without beams: each prompt n times in the batch (sampled ones
+/// from their own streams), one sequence each, the logits processor told the prompt's index.
+struct RepeatedPrompts {
+  std::vector<std::vector<std::int64_t>> prompts;
+  GenerationConfig g;
+  GenerateOptions o;
+};
+inline RepeatedPrompts repeat_prompts(const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+                                      const GenerateOptions& o) {
+  const std::int64_t n = g.num_return_sequences;
+  RepeatedPrompts r{{}, g, o};
+  r.prompts.reserve(prompts.size() * static_cast<std::size_t>(n));
+  for (const auto& p : prompts)
+    for (std::int64_t i = 0; i < n; ++i) r.prompts.push_back(p);
+  r.g.num_return_sequences = 1;
+  if (o.logits_processor)
+    r.o.logits_processor = [f = o.logits_processor, n](std::int64_t seq, std::span<const std::int64_t> c,
+                                                       std::span<float> s) { f(seq / n, c, s); };
+  return r;
 }
 
 /// generate() of token prompts or, with `vectors`, of prompts given as vectors (`prompts` then
@@ -31343,22 +31407,12 @@ GenerateResult generate_prompts(const models::LlamaForCausalLM<Pol>& model,
                                 const GenerationConfig& g, const GenerateOptions& o) {
   g.validate("GenerationConfig", model.config().vocab_size);
   if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
-    std::vector<std::vector<std::int64_t>> each;
+    const RepeatedPrompts r = repeat_prompts(prompts, g, o);
     PromptVectors each_vectors;
-    each.reserve(prompts.size() * static_cast<std::size_t>(n));
-    for (std::size_t p = 0; p < prompts.size(); ++p)
-      for (std::int64_t i = 0; i < n; ++i) {
-        each.push_back(prompts[p]);
-        if (vectors) each_vectors.push_back((*vectors)[p]);
-      }
-    GenerationConfig one = g;
-    one.num_return_sequences = 1;
-    GenerateOptions per_prompt = o;
-    if (o.logits_processor)
-      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
-        o.logits_processor(seq / n, c, s);
-      };
-    return generate_prompts(model, each, vectors ? &each_vectors : nullptr, one, per_prompt);
+    if (vectors)
+      for (const auto& v : *vectors)
+        for (std::int64_t i = 0; i < n; ++i) each_vectors.push_back(v);
+    return generate_prompts(model, r.prompts, vectors ? &each_vectors : nullptr, r.g, r.o);
   }
   const auto& cfg = model.config();
   std::int64_t mml = 0;
@@ -31581,9 +31635,9 @@ class PrefixCachedGenerator {
 // sampling loop is shared), run by a ShardedDecoder: the tokens equal one device's up to the
 // f32 rounding of the sharded sums (greedy tokens are identical unless two logits tie to
 // within that rounding). A 1-device mesh runs the one-device path.
-// Limits: num_beams > 1 on a mesh of more than one device is errc::unsupported (beam search
-// reorders the cache of every device; not implemented). GenerateStats::cache_bytes and
-// scratch_bytes are this process's devices' totals.
+// Beam search keeps each prompt's beams on one group of devices (the sequences are cut over
+// dp x fsdp x ep by prompts), so reordering the beams moves cache rows within each device.
+// GenerateStats::cache_bytes and scratch_bytes are this process's devices' totals.
 
 #include <cstdint>
 #include <memory>
@@ -31602,44 +31656,48 @@ namespace edl::generate {
 
 namespace detail {
 
-/// Runs the prompts on a ShardedDecoder built by make_decoder(batch, max_length, factory).
+/// Runs the prompts on a ShardedDecoder built by make_decoder(batch, max_length, factory,
+/// keep_together).
 template <class Pol, class MakeDecoder>
-GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t mesh_size, std::int64_t sp,
+GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t sp,
                                     const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                                     const GenerateOptions& o, MakeDecoder&& make_decoder) {
   g.validate("GenerationConfig", cfg.vocab_size);
+  if (g.num_return_sequences > 1 && g.num_beams == 1) {
+    const RepeatedPrompts r = repeat_prompts(prompts, g, o);
+    return run_generate_on_mesh<Pol>(cfg, sp, r.prompts, r.g, r.o, make_decoder);
+  }
   std::int64_t mml = 0;
   const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
-  EDL_CHECK(g.num_beams == 1, errc::unsupported, "generate", "num_beams = ", g.num_beams, " on a mesh of ", mesh_size,
-            " devices: beam search runs on one device only for now (use num_beams = 1 or a 1-device mesh)");
-  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = cfg.vocab_size;
-  const PaddedPrompts pp = pad_prompts(prompts, 1, g, mml);
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = cfg.vocab_size, nb = g.num_beams;
+  const PaddedPrompts pp = pad_prompts(prompts, nb, g, mml);
   GenerateResult res;
-  res.tokens.assign(static_cast<std::size_t>(P), {});
-  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  const std::int64_t rows = nb > 1 ? P * g.num_return_sequences : P;
+  res.tokens.assign(static_cast<std::size_t>(rows), {});
+  res.finish_reason.assign(static_cast<std::size_t>(rows), "length");
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
   const auto go = [&](auto& dec) {
-    sample_loop(dec, prompts, g, o, pp.limit, pp.ids, pp.mask, pp.seq, V, res);
+    if (nb > 1) run_beams(dec, prompts, g, o, pp, V, res);
+    else sample_loop(dec, prompts, g, o, pp.limit, pp.ids, pp.mask, pp.seq, V, res);
     res.stats.cache_bytes = dec.cache_bytes();
     res.stats.scratch_bytes = dec.scratch_bytes();
   };
   switch (o.cache) {
     case CacheKind::standard: {
-      auto dec = make_decoder.template operator()<StandardKVCache>(P, need, nullptr);
+      auto dec = make_decoder.template operator()<StandardKVCache>(P * nb, need, nullptr, nb);
       go(*dec);
       break;
     }
     case CacheKind::int8: {
-      auto dec = make_decoder.template operator()<Int8KVCache>(P, need, nullptr);
+      auto dec = make_decoder.template operator()<Int8KVCache>(P * nb, need, nullptr, nb);
       go(*dec);
       break;
     }
     case CacheKind::paged: {
       PagedKVCacheOptions po = o.paged;
       po.max_model_length = (mml + sp - 1) / sp;  // each sp rank holds every sp-th position
-      auto dec = make_decoder.template operator()<PagedKVCache>(P, need, [po](const KVCacheShape& s) {
-        return std::make_unique<PagedKVCache>(s, po);
-      });
+      auto dec = make_decoder.template operator()<PagedKVCache>(
+          P * nb, need, [po](const KVCacheShape& s) { return std::make_unique<PagedKVCache>(s, po); }, nb);
       go(*dec);
       break;
     }
@@ -31658,10 +31716,11 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const Defaul
   // The tp split is checked before the prompts are padded or anything is allocated.
   (void)sharded_decoder_local_config(model.config(), mesh.axis_size("tp"));
   return detail::run_generate_on_mesh<Pol>(
-      model.config(), mesh.size(), mesh.axis_size("sp"), prompts, g, o,
+      model.config(), mesh.axis_size("sp"), prompts, g, o,
       [&]<class Cache>(std::int64_t batch, std::int64_t max_length,
-                       typename ShardedDecoder<Pol, Cache>::CacheFactory make) {
-        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, mesh, batch, max_length, std::move(make));
+                       typename ShardedDecoder<Pol, Cache>::CacheFactory make, std::int64_t keep_together) {
+        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, mesh, batch, max_length, std::move(make),
+                                                            keep_together);
       });
 }
 
@@ -31674,10 +31733,10 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
   if (mesh.size() == 1) return generate(model.gather_model(), prompts, g, o);
   (void)sharded_decoder_local_config(model.config(), mesh.axis_size("tp"));
   return detail::run_generate_on_mesh<Pol>(
-      model.config(), mesh.size(), mesh.axis_size("sp"), prompts, g, o,
+      model.config(), mesh.axis_size("sp"), prompts, g, o,
       [&]<class Cache>(std::int64_t batch, std::int64_t max_length,
-                       typename ShardedDecoder<Pol, Cache>::CacheFactory make) {
-        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, batch, max_length, std::move(make));
+                       typename ShardedDecoder<Pol, Cache>::CacheFactory make, std::int64_t keep_together) {
+        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, batch, max_length, std::move(make), keep_together);
       });
 }
 

@@ -299,18 +299,67 @@ TEST(ShardedGenerate, FromAShardedLlama) {
   EXPECT_EQ(generate::generate(sm, prompts, g).tokens, want.tokens);
 }
 
-TEST(ShardedGenerate, BeamSearchOnAMeshIsUnsupported) {
+// Beam search on a mesh: each prompt's beams stay on one group of devices (dp cuts the batch by
+// prompts: 3 prompts over dp = 2 give 1 and 2), whose caches reorder in place; the beams, their
+// order and finish reasons are one device's, with every cache kind.
+TEST_P(ShardedGenerateMeshes, BeamSearchAndReturnSequencesEqualOneDevice) {
   const auto cfg = config();
   LlamaForCausalLM<> m(cfg);
-  m.init(Key::from_seed(1), 0.2f);
+  m.init(Key::from_seed(5), 0.3f);
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::vector<std::int64_t>> prompts = {random_ids(6, V, 31), random_ids(3, V, 32), random_ids(5, V, 33)};
   GenerationConfig g;
-  g.num_beams = 2;
-  try {
-    generate::generate(m, create_mesh({1, 1, 2, 1}), {{1, 2, 3}}, g);
-    FAIL() << "beam search on a mesh was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), errc::unsupported);
+  g.max_new_tokens = 8;
+  g.num_beams = 3;
+  g.num_return_sequences = 2;
+  const auto mesh = create_mesh(GetParam());
+  const auto want = generate::generate(m, prompts, g);
+  ASSERT_EQ(want.tokens.size(), 6u);
+  const auto got = generate::generate(m, mesh, prompts, g);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.finish_reason, want.finish_reason);
+  for (const CacheKind k : {CacheKind::int8, CacheKind::paged}) {
+    GenerateOptions o;
+    o.cache = k;
+    o.paged.page_size = 2;
+    o.paged.budget_bytes = 1 << 20;
+    EXPECT_EQ(generate::generate(m, mesh, prompts, g, o).tokens, generate::generate(m, prompts, g, o).tokens);
   }
+  GenerationConfig s;  // sampled: each prompt runs num_return_sequences times, as on one device
+  s.max_new_tokens = 6;
+  s.do_sample = true;
+  s.seed = 7;
+  s.num_return_sequences = 2;
+  const auto want_s = generate::generate(m, prompts, s);
+  ASSERT_EQ(want_s.tokens.size(), 6u);
+  EXPECT_EQ(generate::generate(m, mesh, prompts, s).tokens, want_s.tokens);
+}
+
+TEST(ShardedDecoder, ReorderStaysWithinTheSequencesKeptTogether) {
+  const auto cfg = config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(3), 0.2f);
+  const std::int64_t V = cfg.vocab_size;
+  generate::ShardedDecoder<DefaultPolicy, StandardKVCache> dec(m, create_mesh({2, 1, 1, 1}), 4, 16, {}, 2);
+  EXPECT_EQ(dec.sequence_group(1), 0);
+  EXPECT_EQ(dec.sequence_group(2), 1);
+  StandardKVCache one(generate::kv_cache_shape(cfg, 4, 16));
+  generate::Decoder ref(m, one);
+  const auto ids = random_ids(4 * 3, V, 7);
+  std::vector<float> got(4 * V), want(4 * V);
+  dec.prefill(ids.data(), 3, nullptr, got.data());
+  ref.prefill(ids.data(), 3, nullptr, want.data());
+  const std::vector<std::int64_t> src = {1, 1, 2, 2};
+  dec.reorder(src.data());
+  ref.reorder(src.data());
+  const std::vector<std::int64_t> next = {3, 4, 5, 6};
+  dec.decode(next.data(), got.data());
+  ref.decode(next.data(), want.data());
+  for (std::int64_t i = 0; i < 4 * V; ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
+  const std::vector<std::int64_t> across = {2, 1, 2, 3};  // sequence 0 from the other group
+  EXPECT_THROW(dec.reorder(across.data()), Error);
+  EXPECT_THROW((generate::ShardedDecoder<DefaultPolicy, StandardKVCache>(m, create_mesh({2, 1, 1, 1}), 3, 16, {}, 2)),
+               Error);
 }
 
 TEST(ShardedDecoder, QuantizedModelsEqualOneDevice) {

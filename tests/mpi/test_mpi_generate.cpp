@@ -69,6 +69,11 @@ TEST_P(MpiGenerate, EqualsSimulatedMesh) {
   g.max_new_tokens = 10;
   const std::vector<std::vector<std::int64_t>> prompts = {{1, 2, 3, 4}, {7, 8}};
   const auto want_tokens = generate::generate(model, prompts, g).tokens;
+  generate::GenerationConfig beams = g;  // beam search: each rank reorders its devices' caches
+  beams.max_new_tokens = 6;
+  beams.num_beams = 3;
+  beams.num_return_sequences = 2;
+  const auto want_beams = generate::generate(model, prompts, beams).tokens;
   for (const Dims& dims : meshes_for(devices)) {
     SCOPED_TRACE(create_mesh(dims).shape().axes_str());
     const auto want = run(model, create_mesh(dims));
@@ -87,6 +92,7 @@ TEST_P(MpiGenerate, EqualsSimulatedMesh) {
       ASSERT_EQ(std::memcmp(theirs.data(), got.data(), got.size() * sizeof(float)), 0) << "rank " << k << " differs";
     }
     EXPECT_EQ(generate::generate(model, real, prompts, g).tokens, want_tokens);
+    EXPECT_EQ(generate::generate(model, real, prompts, beams).tokens, want_beams);
   }
 }
 INSTANTIATE_TEST_SUITE_P(LocalDevices, MpiGenerate, ::testing::Values(1, 2));

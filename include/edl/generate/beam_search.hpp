@@ -84,8 +84,8 @@ inline void log_softmax_row(float* x, std::int64_t n) {
 /// num_return_sequences best hypotheses of each prompt, prompt by prompt, best first.
 /// limit[p]: the most new tokens prompt p may get. prompts give each beam's starting context
 /// (empty for prompts given as vectors, `embeds`, laid out as ids_padded; see Decoder::prefill).
-template <class Pol, KVCache Cache>
-std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
+template <class Dec>
+std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
                                                    const std::vector<std::vector<std::int64_t>>& prompts,
                                                    const GenerationConfig& cfg, const std::vector<std::int64_t>& limit,
                                                    const std::vector<std::int64_t>& ids_padded, std::int64_t seq,
@@ -174,7 +174,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Decoder<Pol, Cache>& dec,
     }
     if (!any) break;
     // Reorder beams (cache and token histories), then append the chosen tokens.
-    dec.cache().reorder(src.data());
+    dec.reorder(src.data());
     {
       std::vector<std::vector<std::int64_t>> ns(static_cast<std::size_t>(R));
       for (std::int64_t r = 0; r < R; ++r) ns[static_cast<std::size_t>(r)] = seqs[static_cast<std::size_t>(src[static_cast<std::size_t>(r)])];

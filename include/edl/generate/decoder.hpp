@@ -90,6 +90,9 @@ class Decoder {
     run(logits, nullptr, 0);
   }
 
+  /// Sequence b becomes a copy of sequence src[b] (beam search's reorder of the beams).
+  void reorder(const std::int64_t* src) { cache_.reorder(src); }
+
   /// Where one-row decode steps (one sequence, no logits of every position) spend their time,
   /// per step and per team thread, in seconds: the products and attention of all layers by
   /// kind, the lm_head, and the barrier waits of all phases.

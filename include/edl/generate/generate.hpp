@@ -205,6 +205,24 @@ inline std::vector<float> pad_vectors(const PromptVectors& e, std::int64_t nb, s
   return out;
 }
 
+/// Beam search on `dec` (a one-device or mesh decoder whose batch holds each prompt's beams),
+/// its sequences in res with their finish reasons; on_token is called once per token after the
+/// search ends.
+template <class Dec>
+void run_beams(Dec& dec, const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+               const GenerateOptions& o, const PaddedPrompts& pp, std::int64_t V, GenerateResult& res,
+               const float* embeds = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  res.tokens = beam_search(dec, prompts, g, pp.limit, pp.ids, pp.seq, pp.mask, V, o.logits_processor, embeds);
+  res.stats.decode_seconds = seconds_since(t0);
+  for (std::size_t r = 0; r < res.tokens.size(); ++r) {
+    const auto& t = res.tokens[r];
+    if (!t.empty() && g.is_stop(t.back())) res.finish_reason[r] = "stop";
+    if (o.on_token)
+      for (auto tok : t) o.on_token(static_cast<std::int64_t>(r), tok);
+  }
+}
+
 template <class Pol, class Cache>
 GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& cache,
                             const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
@@ -229,21 +247,34 @@ GenerateResult run_generate(const models::LlamaForCausalLM<Pol>& model, Cache& c
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
 
   if (nb > 1) {
-    const auto t0 = std::chrono::steady_clock::now();
-    res.tokens = beam_search(dec, context, g, limit, ids, S, mask, V, o.logits_processor, e);
-    res.stats.decode_seconds = seconds_since(t0);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto& t = res.tokens[static_cast<std::size_t>(r)];
-      if (!t.empty() && g.is_stop(t.back())) res.finish_reason[static_cast<std::size_t>(r)] = "stop";
-      if (o.on_token)
-        for (auto tok : t) o.on_token(r, tok);
-    }
+    run_beams(dec, context, g, o, pp, V, res, e);
   } else {
     sample_loop(dec, context, g, o, limit, ids, mask, S, V, res, e);
   }
   res.stats.cache_bytes = cache.bytes();
   res.stats.scratch_bytes = dec.scratch_bytes();
   return res;
+}
+
+/// num_return_sequences n > 1 without beams: each prompt n times in the batch (sampled ones
+/// from their own streams), one sequence each, the logits processor told the prompt's index.
+struct RepeatedPrompts {
+  std::vector<std::vector<std::int64_t>> prompts;
+  GenerationConfig g;
+  GenerateOptions o;
+};
+inline RepeatedPrompts repeat_prompts(const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
+                                      const GenerateOptions& o) {
+  const std::int64_t n = g.num_return_sequences;
+  RepeatedPrompts r{{}, g, o};
+  r.prompts.reserve(prompts.size() * static_cast<std::size_t>(n));
+  for (const auto& p : prompts)
+    for (std::int64_t i = 0; i < n; ++i) r.prompts.push_back(p);
+  r.g.num_return_sequences = 1;
+  if (o.logits_processor)
+    r.o.logits_processor = [f = o.logits_processor, n](std::int64_t seq, std::span<const std::int64_t> c,
+                                                       std::span<float> s) { f(seq / n, c, s); };
+  return r;
 }
 
 /// generate() of token prompts or, with `vectors`, of prompts given as vectors (`prompts` then
@@ -254,22 +285,12 @@ GenerateResult generate_prompts(const models::LlamaForCausalLM<Pol>& model,
                                 const GenerationConfig& g, const GenerateOptions& o) {
   g.validate("GenerationConfig", model.config().vocab_size);
   if (const std::int64_t n = g.num_return_sequences; n > 1 && g.num_beams == 1) {
-    std::vector<std::vector<std::int64_t>> each;
+    const RepeatedPrompts r = repeat_prompts(prompts, g, o);
     PromptVectors each_vectors;
-    each.reserve(prompts.size() * static_cast<std::size_t>(n));
-    for (std::size_t p = 0; p < prompts.size(); ++p)
-      for (std::int64_t i = 0; i < n; ++i) {
-        each.push_back(prompts[p]);
-        if (vectors) each_vectors.push_back((*vectors)[p]);
-      }
-    GenerationConfig one = g;
-    one.num_return_sequences = 1;
-    GenerateOptions per_prompt = o;
-    if (o.logits_processor)
-      per_prompt.logits_processor = [&o, n](std::int64_t seq, std::span<const std::int64_t> c, std::span<float> s) {
-        o.logits_processor(seq / n, c, s);
-      };
-    return generate_prompts(model, each, vectors ? &each_vectors : nullptr, one, per_prompt);
+    if (vectors)
+      for (const auto& v : *vectors)
+        for (std::int64_t i = 0; i < n; ++i) each_vectors.push_back(v);
+    return generate_prompts(model, r.prompts, vectors ? &each_vectors : nullptr, r.g, r.o);
   }
   const auto& cfg = model.config();
   std::int64_t mml = 0;

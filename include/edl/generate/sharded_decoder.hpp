@@ -101,10 +101,12 @@ class ShardedDecoder {
   using CacheFactory = std::function<std::unique_ptr<Cache>(const KVCacheShape&)>;
 
   /// Shards a one-device model: each device takes its tp block of every parameter.
+  /// keep_together n: sequences [k n, (k + 1) n) stay on one group of devices (beam search's
+  /// beams of a prompt, so that reorder() moves nothing across devices); n divides batch.
   ShardedDecoder(const Model& model, DefaultMesh mesh, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
+                 CacheFactory make_cache = {}, std::int64_t keep_together = 1)
       : mesh_(std::move(mesh)), cfg_(model.config()) {
-    init(batch, max_length);
+    init(batch, max_length, keep_together);
     std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
     auto& m = const_cast<Model&>(model);  // visit_params is non-const; only read here
     m.visit_params("", [&](std::string_view path, auto& p) {
@@ -124,12 +126,12 @@ class ShardedDecoder {
   /// From a ShardedLlama: its parameters are gathered once (fsdp / dp / sp blocks included,
   /// across processes under MPI), then each device keeps its tp block.
   ShardedDecoder(const models::ShardedLlama<Pol>& sm, std::int64_t batch, std::int64_t max_length,
-                 CacheFactory make_cache = {})
+                 CacheFactory make_cache = {}, std::int64_t keep_together = 1)
       : mesh_(sm.mesh()), cfg_(sm.config()) {
     EDL_CHECK(!sm.has_adapters(), errc::unsupported, "ShardedDecoder",
               "the sharded model has LoRA adapters: gather and merge them first (gather_model, lora::merge_lora) "
               "to decode on a mesh");
-    init(batch, max_length);
+    init(batch, max_length, keep_together);
     std::map<std::string, xt::xarray<T>> full;
     for (const auto& n : sm.names()) full.emplace(n, sm.gather_param(n));
     std::map<std::string, std::pair<const T*, std::vector<std::size_t>>> src;
@@ -143,15 +145,38 @@ class ShardedDecoder {
   const models::LlamaConfig& config() const noexcept { return cfg_; }
   std::int64_t batch() const noexcept { return B_; }
   /// The dp x fsdp x ep groups the sequences are cut over (the devices of one group hold the
-  /// same sequences), and the group holding sequence b: b in [g B / G, (g + 1) B / G).
+  /// same sequences), and the group holding sequence b. The cut is in units of keep_together
+  /// sequences (U = batch / keep_together of them): unit u = b / keep_together lies in group g
+  /// when u is in [g U / G, (g + 1) U / G).
   std::int64_t sequence_groups() const noexcept {
     return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
   }
   std::int64_t sequence_group(std::int64_t b) const noexcept {
-    const std::int64_t G = sequence_groups();
-    std::int64_t g = b * G / B_;  // the first group whose range can hold b; uneven cuts step on
-    while ((g + 1) * B_ / G <= b) ++g;
+    const std::int64_t G = sequence_groups(), U = B_ / unit_, u = b / unit_;
+    std::int64_t g = u * G / U;  // the first group whose range can hold u; uneven cuts step on
+    while ((g + 1) * U / G <= u) ++g;
     return g;
+  }
+  /// Sequence b becomes a copy of sequence src[b] on every device holding it (beam search's
+  /// reorder of the beams). src[b] must lie in b's unit of keep_together sequences, so each
+  /// group's devices reorder their own caches and nothing crosses devices or processes.
+  void reorder(const std::int64_t* src) {
+    const char* w = "generate.ShardedDecoder.reorder";
+    std::vector<std::int64_t> len(len_.size());
+    for (std::int64_t b = 0; b < B_; ++b) {
+      detail::check_seq(src[b], B_, w);
+      EDL_CHECK(src[b] / unit_ == b / unit_, errc::invalid_argument, w, "sequence ", b, " would copy sequence ", src[b],
+                ", outside its unit of ", unit_, " sequences kept together on one group of devices");
+      len[static_cast<std::size_t>(b)] = len_[static_cast<std::size_t>(src[b])];
+    }
+    std::vector<std::int64_t> local;
+    for (auto& s : dev_) {
+      if (!s || s->nb == 0) continue;
+      local.resize(static_cast<std::size_t>(s->nb));
+      for (std::int64_t i = 0; i < s->nb; ++i) local[static_cast<std::size_t>(i)] = src[s->b0 + i] - s->b0;
+      s->cache->reorder(local.data());
+    }
+    len_.swap(len);
   }
   std::int64_t max_length() const noexcept { return P_; }
   /// Tokens sequence b holds (all devices together).
@@ -239,11 +264,14 @@ class ShardedDecoder {
     void all_gather_sp(std::span<const float> in, std::span<float> out) { all_gather(dev, in, out, "sp"); }
   };
 
-  void init(std::int64_t batch, std::int64_t max_length) {
+  void init(std::int64_t batch, std::int64_t max_length, std::int64_t keep_together) {
     const char* w = "generate.ShardedDecoder";
     cfg_.validate();
     EDL_CHECK(batch > 0 && max_length > 0, errc::invalid_argument, w, "batch and max_length must be positive, found ",
               batch, " and ", max_length);
+    EDL_CHECK(keep_together > 0 && batch % keep_together == 0, errc::invalid_argument, w, "keep_together = ",
+              keep_together, " must be positive and divide the batch (", batch, ")");
+    unit_ = keep_together;
     B_ = batch;
     P_ = max_length;
     local_cfg_ = sharded_decoder_local_config(cfg_, mesh_.axis_size("tp"));
@@ -297,8 +325,9 @@ class ShardedDecoder {
       shard.sp_rank = dev.axis_index("sp");
       const std::int64_t g =
           (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
-      shard.b0 = g * B_ / groups;
-      shard.nb = (g + 1) * B_ / groups - shard.b0;
+      const std::int64_t units = B_ / unit_;  // whole units of keep_together sequences per group
+      shard.b0 = g * units / groups * unit_;
+      shard.nb = (g + 1) * units / groups * unit_ - shard.b0;
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
@@ -382,6 +411,7 @@ class ShardedDecoder {
 
   DefaultMesh mesh_;
   models::LlamaConfig cfg_, local_cfg_;
+  std::int64_t unit_ = 1;  // keep_together: sequences cut over the groups in units of this many
   std::int64_t B_ = 0, P_ = 0, H_ = 0, V_ = 0, D_ = 0, nh_ = 0, nkv_ = 0, I_ = 0, window_ = 0;
   std::unique_ptr<RopeTable> rope_;  // shared by the devices' forwards
   std::vector<float> last_out_;

@@ -9,9 +9,9 @@
 // sampling loop is shared), run by a ShardedDecoder: the tokens equal one device's up to the
 // f32 rounding of the sharded sums (greedy tokens are identical unless two logits tie to
 // within that rounding). A 1-device mesh runs the one-device path.
-// Limits: num_beams > 1 on a mesh of more than one device is errc::unsupported (beam search
-// reorders the cache of every device; not implemented). GenerateStats::cache_bytes and
-// scratch_bytes are this process's devices' totals.
+// Beam search keeps each prompt's beams on one group of devices (the sequences are cut over
+// dp x fsdp x ep by prompts), so reordering the beams moves cache rows within each device.
+// GenerateStats::cache_bytes and scratch_bytes are this process's devices' totals.
 #pragma once
 
 #include <cstdint>
@@ -31,44 +31,48 @@ namespace edl::generate {
 
 namespace detail {
 
-/// Runs the prompts on a ShardedDecoder built by make_decoder(batch, max_length, factory).
+/// Runs the prompts on a ShardedDecoder built by make_decoder(batch, max_length, factory,
+/// keep_together).
 template <class Pol, class MakeDecoder>
-GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t mesh_size, std::int64_t sp,
+GenerateResult run_generate_on_mesh(const models::LlamaConfig& cfg, std::int64_t sp,
                                     const std::vector<std::vector<std::int64_t>>& prompts, const GenerationConfig& g,
                                     const GenerateOptions& o, MakeDecoder&& make_decoder) {
   g.validate("GenerationConfig", cfg.vocab_size);
+  if (g.num_return_sequences > 1 && g.num_beams == 1) {
+    const RepeatedPrompts r = repeat_prompts(prompts, g, o);
+    return run_generate_on_mesh<Pol>(cfg, sp, r.prompts, r.g, r.o, make_decoder);
+  }
   std::int64_t mml = 0;
   const std::int64_t need = check_prompts(cfg, prompts, g, o, mml);
-  EDL_CHECK(g.num_beams == 1, errc::unsupported, "generate", "num_beams = ", g.num_beams, " on a mesh of ", mesh_size,
-            " devices: beam search runs on one device only for now (use num_beams = 1 or a 1-device mesh)");
-  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = cfg.vocab_size;
-  const PaddedPrompts pp = pad_prompts(prompts, 1, g, mml);
+  const std::int64_t P = static_cast<std::int64_t>(prompts.size()), V = cfg.vocab_size, nb = g.num_beams;
+  const PaddedPrompts pp = pad_prompts(prompts, nb, g, mml);
   GenerateResult res;
-  res.tokens.assign(static_cast<std::size_t>(P), {});
-  res.finish_reason.assign(static_cast<std::size_t>(P), "length");
+  const std::int64_t rows = nb > 1 ? P * g.num_return_sequences : P;
+  res.tokens.assign(static_cast<std::size_t>(rows), {});
+  res.finish_reason.assign(static_cast<std::size_t>(rows), "length");
   for (const auto& p : prompts) res.stats.prefill_tokens += static_cast<std::int64_t>(p.size());
   const auto go = [&](auto& dec) {
-    sample_loop(dec, prompts, g, o, pp.limit, pp.ids, pp.mask, pp.seq, V, res);
+    if (nb > 1) run_beams(dec, prompts, g, o, pp, V, res);
+    else sample_loop(dec, prompts, g, o, pp.limit, pp.ids, pp.mask, pp.seq, V, res);
     res.stats.cache_bytes = dec.cache_bytes();
     res.stats.scratch_bytes = dec.scratch_bytes();
   };
   switch (o.cache) {
     case CacheKind::standard: {
-      auto dec = make_decoder.template operator()<StandardKVCache>(P, need, nullptr);
+      auto dec = make_decoder.template operator()<StandardKVCache>(P * nb, need, nullptr, nb);
       go(*dec);
       break;
     }
     case CacheKind::int8: {
-      auto dec = make_decoder.template operator()<Int8KVCache>(P, need, nullptr);
+      auto dec = make_decoder.template operator()<Int8KVCache>(P * nb, need, nullptr, nb);
       go(*dec);
       break;
     }
     case CacheKind::paged: {
       PagedKVCacheOptions po = o.paged;
       po.max_model_length = (mml + sp - 1) / sp;  // each sp rank holds every sp-th position
-      auto dec = make_decoder.template operator()<PagedKVCache>(P, need, [po](const KVCacheShape& s) {
-        return std::make_unique<PagedKVCache>(s, po);
-      });
+      auto dec = make_decoder.template operator()<PagedKVCache>(
+          P * nb, need, [po](const KVCacheShape& s) { return std::make_unique<PagedKVCache>(s, po); }, nb);
       go(*dec);
       break;
     }
@@ -87,10 +91,11 @@ GenerateResult generate(const models::LlamaForCausalLM<Pol>& model, const Defaul
   // The tp split is checked before the prompts are padded or anything is allocated.
   (void)sharded_decoder_local_config(model.config(), mesh.axis_size("tp"));
   return detail::run_generate_on_mesh<Pol>(
-      model.config(), mesh.size(), mesh.axis_size("sp"), prompts, g, o,
+      model.config(), mesh.axis_size("sp"), prompts, g, o,
       [&]<class Cache>(std::int64_t batch, std::int64_t max_length,
-                       typename ShardedDecoder<Pol, Cache>::CacheFactory make) {
-        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, mesh, batch, max_length, std::move(make));
+                       typename ShardedDecoder<Pol, Cache>::CacheFactory make, std::int64_t keep_together) {
+        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, mesh, batch, max_length, std::move(make),
+                                                            keep_together);
       });
 }
 
@@ -103,10 +108,10 @@ GenerateResult generate(const models::ShardedLlama<Pol>& model, const std::vecto
   if (mesh.size() == 1) return generate(model.gather_model(), prompts, g, o);
   (void)sharded_decoder_local_config(model.config(), mesh.axis_size("tp"));
   return detail::run_generate_on_mesh<Pol>(
-      model.config(), mesh.size(), mesh.axis_size("sp"), prompts, g, o,
+      model.config(), mesh.axis_size("sp"), prompts, g, o,
       [&]<class Cache>(std::int64_t batch, std::int64_t max_length,
-                       typename ShardedDecoder<Pol, Cache>::CacheFactory make) {
-        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, batch, max_length, std::move(make));
+                       typename ShardedDecoder<Pol, Cache>::CacheFactory make, std::int64_t keep_together) {
+        return std::make_unique<ShardedDecoder<Pol, Cache>>(model, batch, max_length, std::move(make), keep_together);
       });
 }
 
