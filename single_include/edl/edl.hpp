@@ -2156,6 +2156,7 @@ class MeshShape {
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -2165,7 +2166,8 @@ class MeshShape {
 
 namespace edl {
 
-class Device;  // mesh/device.hpp
+class Device;         // mesh/device.hpp
+struct MeshContext;   // mesh/mesh.hpp
 
 /// How a reduction combines the members' values. mean = sum / group size (in f32 for
 /// floating storage; integer division for integer storage).
@@ -2250,6 +2252,15 @@ class CollectiveBackend {
     (void)buf;
     (void)count;
     (void)dtype;
+  }
+  /// A backend over the same processes for another mesh of the same shape (`ctx`), whose
+  /// messages can never meet this one's (MPI: a communicator of its own), so that one thread may
+  /// run its collectives while another runs this backend's: a checkpoint agreed on and committed
+  /// in the background while training goes on. Every process calls it, in the same order. Null
+  /// where there is no such twin; one process needs none.
+  virtual std::shared_ptr<CollectiveBackend> twin(std::weak_ptr<MeshContext> ctx) const {
+    (void)ctx;
+    return nullptr;
   }
 };
 
@@ -3471,6 +3482,22 @@ class ProcessGroup {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+
+  /// The same processes, agreeing over channels of their own (CollectiveBackend::twin): a
+  /// thread may run this group's agreements while another runs the mesh's collectives (a
+  /// checkpoint committed in the background). Every process calls it, in the same order. One
+  /// process: this group.
+  ProcessGroup separate() const {
+    if (size_ == 1) return *this;
+    MeshDims dims{};
+    std::copy(mesh_->shape().sizes().begin(), mesh_->shape().sizes().end(), dims.begin());
+    DefaultMesh fresh(dims, mesh_->size());
+    auto twin = mesh_->backend().twin(fresh.context());
+    EDL_CHECK(twin != nullptr, errc::unsupported, "ProcessGroup::separate", "the ", mesh_->backend().name(),
+              " backend has no twin for agreements of their own");
+    fresh.set_backend(std::move(twin));
+    return ProcessGroup(std::move(fresh));
+  }
   /// The process that prints, writes the run's files and commits checkpoints (rank 0).
   bool is_primary() const noexcept { return rank_ == 0; }
 
@@ -3697,6 +3724,10 @@ class MpiBackend final : public CollectiveBackend {
   ~MpiBackend() override { MPI_Comm_free(&comm_); }
 
   std::string_view name() const noexcept override { return "mpi"; }
+  /// The same ranks and local devices on a duplicate of this backend's communicator.
+  std::shared_ptr<CollectiveBackend> twin(std::weak_ptr<MeshContext> ctx) const override {
+    return std::make_shared<MpiBackend>(std::move(ctx), comm_, local_);
+  }
   int rank() const noexcept { return rank_; }
   int ranks() const noexcept { return ranks_; }
   int local_devices() const noexcept { return local_; }
@@ -27561,6 +27592,13 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 //   - per step, per beam: scores = log_softmax(logits), then the user's logits processor and the
 //     config's processors (repetition / presence penalty) on the log-probabilities, plus the
 //     beam's running score;
+//   - beam sampling (do_sample): each beam's processed log-probabilities then go through the
+//     sampling warpers (temperature, top_k, top_p, min_p, typical_p: a filtered token scores
+//     -inf) before the running score is added, and the candidates are drawn from the softmax
+//     over all num_beams x vocab scores, without replacement, then ordered best first (HF's
+//     multinomial then sort). The draw is Gumbel-top-k (the largest score + Gumbel noise, the
+//     noise counter-based by seed, prompt and step: the same on any mesh), which has the
+//     distribution of successive draws without replacement;
 //   - the top max(2, 1 + #stop tokens) * num_beams (beam, token) candidates, best first (ties:
 //     lower beam * vocab + token first); a stop token among the first num_beams candidates
 //     closes a hypothesis (tokens + the stop token, score = sum_logprobs / generated_len ^
@@ -29571,8 +29609,6 @@ struct GenerationConfig {
               frequency_penalty);
     EDL_CHECK(max_new_tokens >= 0, errc::config, where("max_new_tokens"), "must be >= 0, found ", max_new_tokens);
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
-    EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
-              "beam sampling (num_beams > 1 with do_sample) is not supported");
     EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
               num_return_sequences);
     EDL_CHECK(num_beams == 1 || num_return_sequences <= num_beams, errc::config, where("num_return_sequences"),
@@ -30033,6 +30069,8 @@ std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
   for (std::int64_t t = 0; t < V; ++t) n_stop += cfg.is_stop(t) ? 1 : 0;
   const std::int64_t keep = std::max<std::int64_t>(2, 1 + n_stop) * nb;
   Penalties pen;
+  Sampler warp;  // beam sampling: temperature, top-k, top-p, ... as the sampling loop's
+  std::vector<float> probs, noisy;
   std::vector<std::int64_t> src(static_cast<std::size_t>(R)), next_tok(static_cast<std::size_t>(R), 0), ctx;
   std::vector<float> next_score(static_cast<std::size_t>(R));
   std::vector<std::int64_t> cand(static_cast<std::size_t>(nb * V));
@@ -30061,12 +30099,38 @@ std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
         ctx.insert(ctx.end(), seqs[r].begin(), seqs[r].end());
         if (processor) processor(p, ctx, std::span<float>(row, static_cast<std::size_t>(V)));
         pen.apply(row, V, ctx, seqs[r], cfg);
+        if (cfg.do_sample) {
+          warp.distribution(row, V, cfg, probs);
+          for (std::int64_t t = 0; t < V; ++t)
+            row[t] = probs[static_cast<std::size_t>(t)] > 0.0f ? row[t] / cfg.temperature
+                                                               : -std::numeric_limits<float>::infinity();
+        }
         for (std::int64_t t = 0; t < V; ++t) row[t] += score[r];
       }
-      const std::int64_t n = nb * V, kk = std::min(keep, n);
+      const std::int64_t n = nb * V;
+      std::int64_t kk = std::min(keep, n);
       for (std::int64_t i = 0; i < n; ++i) cand[static_cast<std::size_t>(i)] = i;
       const auto better = [&](std::int64_t a, std::int64_t b) { return base[a] > base[b] || (base[a] == base[b] && a < b); };
-      std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, better);
+      if (cfg.do_sample) {
+        // Gumbel-top-k: the kk largest of score + Gumbel noise are a draw of kk candidates
+        // without replacement from softmax(score); a filtered (-inf) candidate is never drawn.
+        noisy.resize(static_cast<std::size_t>(n));
+        const Key key = fold_in(fold_in(Key::from_seed(cfg.seed), static_cast<std::uint64_t>(p)), static_cast<std::uint64_t>(g));
+        std::int64_t finite = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const double u = std::max(static_cast<double>(uniform_at(key, static_cast<std::uint64_t>(i))), 1e-12);
+          noisy[static_cast<std::size_t>(i)] = static_cast<float>(base[i] - std::log(-std::log(u)));
+          finite += std::isfinite(base[i]) ? 1 : 0;
+        }
+        kk = std::min(kk, finite);
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, [&](std::int64_t a, std::int64_t b) {
+          const float x = noisy[static_cast<std::size_t>(a)], y = noisy[static_cast<std::size_t>(b)];
+          return x > y || (x == y && a < b);
+        });
+        std::sort(cand.begin(), cand.begin() + kk, better);  // the drawn ones, best first
+      } else {
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, better);
+      }
       std::int64_t k_next = 0;
       for (std::int64_t rank = 0; rank < kk && k_next < nb; ++rank) {
         const std::int64_t c = cand[static_cast<std::size_t>(rank)], beam = c / V, tok = c % V;
@@ -35794,24 +35858,26 @@ class BasicTrainer {
 
   /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
   /// its devices' blocks of the model and optimizer state (save_sharded_state): no process
-  /// gathers the model. With async_checkpointing in one process (one device, or a simulated
-  /// mesh) the model (or its blocks), optimizer and state are copied and a background thread
-  /// writes the copy while training goes on: still atomically (checkpoint.hpp), one save at a
-  /// time (a new one first waits for the last), on_save and "saved" once the folder is
-  /// complete, and a failed write rethrown by the next call that waits (the next save, a
-  /// step's end, the end of train()). Several processes save collectively, in step.
+  /// gathers the model. With async_checkpointing the model (or its blocks), optimizer and state
+  /// are copied and a background thread writes the copy while training goes on: still
+  /// atomically (checkpoint.hpp), one save at a time (a new one first waits for the last),
+  /// on_save and "saved" once the folder is complete, and a failed write rethrown by the next
+  /// call that waits (the next save, a step's end, the end of train()). Under mpirun the
+  /// background save of a mesh's blocks agrees over channels of its own
+  /// (ProcessGroup::separate), and every process waits for it at the same points (the next
+  /// save, the end); a LoRA run's save (its adapters gathered) stays in step there.
   std::string save_checkpoint() {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
-    // In the background on one process (several processes save collectively, in step).
-    const bool background = args_.async_checkpointing && processes_.size() == 1;
+    // In the background on one process, and for a mesh's blocks on several.
+    const bool background = args_.async_checkpointing && (processes_.size() == 1 || (sharded_ && !adapters_));
     if (background) wait_for_checkpoint();  // one save at a time
     if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
       if (background)  // a copy of the blocks belongs to the thread; the mesh's move on meanwhile
         return save_in_background([model = sharded_->snapshot(), opt = *sopt_, s = std::move(s), tok = tok_,
-                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_]() mutable {
+                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_.separate()]() mutable {
           save_sharded_checkpoint(ckpt, model, opt, s, tok ? &*tok : nullptr, hooks, pg);
         });
       const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
@@ -36123,7 +36189,10 @@ class BasicTrainer {
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
-      if (pending_save_ && pending_save_->done.load(std::memory_order_acquire)) wait_for_checkpoint();
+      // One process takes a finished save at once; several wait at the same points (the next
+      // save, the end), so that a failed save stops every process at the same step.
+      if (processes_.size() == 1 && pending_save_ && pending_save_->done.load(std::memory_order_acquire))
+        wait_for_checkpoint();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit) {
         bool over = state_.elapsed_s >= *args_.training_time_limit;

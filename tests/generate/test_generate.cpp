@@ -200,6 +200,92 @@ TEST(Generate, FromEmbedsFollowsTheFullForwardOfTheVectors) {
   }
 }
 
+// Beam sampling (num_beams > 1 with do_sample, HF's beam_sample). The same seed gives the same
+// beams and other seeds other beams; with top_k = 4 every new token is one of the four most
+// likely tokens of its own context (a full forward): the warpers act on each beam. (With top_k
+// = 2 the 3 beams would have 6 candidates, all of them drawn: no randomness left.)
+TEST(Generate, BeamSamplingDrawsFromEachBeamsWarpedTokens) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(5), 0.3f);
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::vector<std::int64_t>> prompts = {{3, 1, 4, 1, 5, 9}, {2, 6}};
+  auto g = greedy(6, cfg);
+  g.num_beams = 3;
+  g.num_return_sequences = 3;
+  g.do_sample = true;
+  g.top_k = 4;
+  g.seed = 11;
+  const auto a = generate(m, prompts, g).tokens;
+  EXPECT_EQ(generate(m, prompts, g).tokens, a);
+  std::set<std::vector<std::vector<std::int64_t>>> seen;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    g.seed = seed;
+    seen.insert(generate(m, prompts, g).tokens);
+  }
+  EXPECT_GT(seen.size(), 1u);
+  ASSERT_EQ(a.size(), 6u);
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    std::vector<std::int64_t> ctx = prompts[r / 3];
+    for (const std::int64_t tok : a[r]) {
+      const std::int64_t S = static_cast<std::int64_t>(ctx.size());
+      std::vector<float> logits(static_cast<std::size_t>(S * V));
+      m.logits(ctx.data(), nn::TokenLayout{1, S}, logits.data());
+      const float* last = logits.data() + (S - 1) * V;
+      EXPECT_LT(std::count_if(last, last + V, [&](float x) { return x > last[tok]; }), 4) << "sequence " << r;
+      ctx.push_back(tok);
+    }
+  }
+}
+
+// The draw is one without replacement from the softmax of the scores. One new token from 2 beams:
+// the first step draws 4 candidates from beam 0's log-probabilities and returns the two best, so
+// the first sequence's token is the most likely of 4 tokens drawn without replacement. Its
+// frequency over 2000 seeds matches that probability, enumerated over every ordered draw.
+TEST(Generate, BeamSamplingDrawsWithoutReplacementFromTheSoftmax) {
+  const auto cfg = small_config();
+  LlamaForCausalLM<> m(cfg);
+  m.init(Key::from_seed(2), 0.05f);  // a flat distribution: many tokens can be drawn
+  const std::int64_t V = cfg.vocab_size;
+  const std::vector<std::int64_t> prompt = {3, 1, 4};
+  std::vector<float> logits(static_cast<std::size_t>(3 * V));
+  m.logits(prompt.data(), nn::TokenLayout{1, 3}, logits.data());
+  std::vector<double> p(static_cast<std::size_t>(V));
+  double z = 0;
+  for (std::int64_t t = 0; t < V; ++t) z += p[static_cast<std::size_t>(t)] = std::exp(static_cast<double>(logits[2 * V + t]));
+  for (auto& x : p) x /= z;
+  std::vector<double> want(static_cast<std::size_t>(V), 0.0);
+  for (std::int64_t i = 0; i < V; ++i)
+    for (std::int64_t j = 0; j < V; ++j) {
+      if (j == i) continue;
+      const double pij = p[i] * p[j] / (1 - p[i]);
+      for (std::int64_t k = 0; k < V; ++k) {
+        if (k == i || k == j) continue;
+        const double pijk = pij * p[k] / (1 - p[i] - p[j]);
+        for (std::int64_t l = 0; l < V; ++l) {
+          if (l == i || l == j || l == k) continue;
+          std::int64_t best = i;
+          for (std::int64_t c : {j, k, l})
+            if (p[c] > p[best]) best = c;
+          want[static_cast<std::size_t>(best)] += pijk * p[l] / (1 - p[i] - p[j] - p[k]);
+        }
+      }
+    }
+  auto g = greedy(1, cfg);
+  g.num_beams = 2;
+  g.do_sample = true;
+  const int N = 2000;
+  std::vector<int> got(static_cast<std::size_t>(V), 0);
+  for (int seed = 0; seed < N; ++seed) {
+    g.seed = static_cast<std::uint64_t>(seed);
+    ++got[static_cast<std::size_t>(generate(m, {prompt}, g).tokens[0].at(0))];
+  }
+  for (std::int64_t t = 0; t < V; ++t) {
+    const double q = want[static_cast<std::size_t>(t)], f = got[static_cast<std::size_t>(t)] / static_cast<double>(N);
+    EXPECT_NEAR(f, q, 5 * std::sqrt(q * (1 - q) / N) + 2e-3) << "token " << t;
+  }
+}
+
 TEST(Generate, StopsOnEosAndStopTokens) {
   const auto cfg = small_config();
   LlamaForCausalLM<> m(cfg);

@@ -333,6 +333,9 @@ TEST_P(ShardedGenerateMeshes, BeamSearchAndReturnSequencesEqualOneDevice) {
   const auto want_s = generate::generate(m, prompts, s);
   ASSERT_EQ(want_s.tokens.size(), 6u);
   EXPECT_EQ(generate::generate(m, mesh, prompts, s).tokens, want_s.tokens);
+  s.num_beams = 3;  // beam sampling: the same draws on the mesh
+  s.top_p = 0.9f;
+  EXPECT_EQ(generate::generate(m, mesh, prompts, s).tokens, generate::generate(m, prompts, s).tokens);
 }
 
 TEST(ShardedDecoder, ReorderStaysWithinTheSequencesKeptTogether) {

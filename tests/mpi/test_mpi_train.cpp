@@ -148,6 +148,22 @@ TEST(MpiTrainer, TrainsAndCheckpointsLikeTheSimulatedMesh) {
       got = train_losses(t);
     }
     EXPECT_EQ(got, want);  // on every rank, exactly
+    // async_checkpointing: the ranks write their blocks in the background, agreeing over a
+    // communicator of their own while the next steps' collectives run; the same files.
+    const fs::path async = shared_dir("async");
+    {
+      TrainingArguments a = args(async, dims);
+      a.async_checkpointing = true;
+      Trainer t(a, make_model(), std::nullopt, data(), std::nullopt, on_ranks());
+      EXPECT_EQ(train_losses(t), want);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_session->rank() == 0)
+      for (const char* step : {"checkpoint-3", "checkpoint-6"})
+        for (const char* f : {"model.safetensors", "optimizer.safetensors", "config.json"})
+          EXPECT_TRUE(read_bytes(async / step / f) == read_bytes(sim / step / f)) << step << " " << f;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_session->rank() == 0) fs::remove_all(async);
     MPI_Barrier(MPI_COMM_WORLD);
     if (g_session->rank() == 0) {
       // Rank 0 alone wrote metrics.jsonl: one line per step.

@@ -6,6 +6,13 @@
 //   - per step, per beam: scores = log_softmax(logits), then the user's logits processor and the
 //     config's processors (repetition / presence penalty) on the log-probabilities, plus the
 //     beam's running score;
+//   - beam sampling (do_sample): each beam's processed log-probabilities then go through the
+//     sampling warpers (temperature, top_k, top_p, min_p, typical_p: a filtered token scores
+//     -inf) before the running score is added, and the candidates are drawn from the softmax
+//     over all num_beams x vocab scores, without replacement, then ordered best first (HF's
+//     multinomial then sort). The draw is Gumbel-top-k (the largest score + Gumbel noise, the
+//     noise counter-based by seed, prompt and step: the same on any mesh), which has the
+//     distribution of successive draws without replacement;
 //   - the top max(2, 1 + #stop tokens) * num_beams (beam, token) candidates, best first (ties:
 //     lower beam * vocab + token first); a stop token among the first num_beams candidates
 //     closes a hypothesis (tokens + the stop token, score = sum_logprobs / generated_len ^
@@ -113,6 +120,8 @@ std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
   for (std::int64_t t = 0; t < V; ++t) n_stop += cfg.is_stop(t) ? 1 : 0;
   const std::int64_t keep = std::max<std::int64_t>(2, 1 + n_stop) * nb;
   Penalties pen;
+  Sampler warp;  // beam sampling: temperature, top-k, top-p, ... as the sampling loop's
+  std::vector<float> probs, noisy;
   std::vector<std::int64_t> src(static_cast<std::size_t>(R)), next_tok(static_cast<std::size_t>(R), 0), ctx;
   std::vector<float> next_score(static_cast<std::size_t>(R));
   std::vector<std::int64_t> cand(static_cast<std::size_t>(nb * V));
@@ -141,12 +150,38 @@ std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
         ctx.insert(ctx.end(), seqs[r].begin(), seqs[r].end());
         if (processor) processor(p, ctx, std::span<float>(row, static_cast<std::size_t>(V)));
         pen.apply(row, V, ctx, seqs[r], cfg);
+        if (cfg.do_sample) {
+          warp.distribution(row, V, cfg, probs);
+          for (std::int64_t t = 0; t < V; ++t)
+            row[t] = probs[static_cast<std::size_t>(t)] > 0.0f ? row[t] / cfg.temperature
+                                                               : -std::numeric_limits<float>::infinity();
+        }
         for (std::int64_t t = 0; t < V; ++t) row[t] += score[r];
       }
-      const std::int64_t n = nb * V, kk = std::min(keep, n);
+      const std::int64_t n = nb * V;
+      std::int64_t kk = std::min(keep, n);
       for (std::int64_t i = 0; i < n; ++i) cand[static_cast<std::size_t>(i)] = i;
       const auto better = [&](std::int64_t a, std::int64_t b) { return base[a] > base[b] || (base[a] == base[b] && a < b); };
-      std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, better);
+      if (cfg.do_sample) {
+        // Gumbel-top-k: the kk largest of score + Gumbel noise are a draw of kk candidates
+        // without replacement from softmax(score); a filtered (-inf) candidate is never drawn.
+        noisy.resize(static_cast<std::size_t>(n));
+        const Key key = fold_in(fold_in(Key::from_seed(cfg.seed), static_cast<std::uint64_t>(p)), static_cast<std::uint64_t>(g));
+        std::int64_t finite = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const double u = std::max(static_cast<double>(uniform_at(key, static_cast<std::uint64_t>(i))), 1e-12);
+          noisy[static_cast<std::size_t>(i)] = static_cast<float>(base[i] - std::log(-std::log(u)));
+          finite += std::isfinite(base[i]) ? 1 : 0;
+        }
+        kk = std::min(kk, finite);
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, [&](std::int64_t a, std::int64_t b) {
+          const float x = noisy[static_cast<std::size_t>(a)], y = noisy[static_cast<std::size_t>(b)];
+          return x > y || (x == y && a < b);
+        });
+        std::sort(cand.begin(), cand.begin() + kk, better);  // the drawn ones, best first
+      } else {
+        std::partial_sort(cand.begin(), cand.begin() + kk, cand.begin() + n, better);
+      }
       std::int64_t k_next = 0;
       for (std::int64_t rank = 0; rank < kk && k_next < nb; ++rank) {
         const std::int64_t c = cand[static_cast<std::size_t>(rank)], beam = c / V, tok = c % V;

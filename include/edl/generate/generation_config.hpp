@@ -93,8 +93,6 @@ struct GenerationConfig {
               frequency_penalty);
     EDL_CHECK(max_new_tokens >= 0, errc::config, where("max_new_tokens"), "must be >= 0, found ", max_new_tokens);
     EDL_CHECK(num_beams >= 1, errc::config, where("num_beams"), "must be >= 1, found ", num_beams);
-    EDL_CHECK(num_beams == 1 || !do_sample, errc::unsupported, where("num_beams"),
-              "beam sampling (num_beams > 1 with do_sample) is not supported");
     EDL_CHECK(num_return_sequences >= 1, errc::config, where("num_return_sequences"), "must be >= 1, found ",
               num_return_sequences);
     EDL_CHECK(num_beams == 1 || num_return_sequences <= num_beams, errc::config, where("num_return_sequences"),

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -37,7 +38,8 @@
 
 namespace edl {
 
-class Device;  // mesh/device.hpp
+class Device;         // mesh/device.hpp
+struct MeshContext;   // mesh/mesh.hpp
 
 /// How a reduction combines the members' values. mean = sum / group size (in f32 for
 /// floating storage; integer division for integer storage).
@@ -122,6 +124,15 @@ class CollectiveBackend {
     (void)buf;
     (void)count;
     (void)dtype;
+  }
+  /// A backend over the same processes for another mesh of the same shape (`ctx`), whose
+  /// messages can never meet this one's (MPI: a communicator of its own), so that one thread may
+  /// run its collectives while another runs this backend's: a checkpoint agreed on and committed
+  /// in the background while training goes on. Every process calls it, in the same order. Null
+  /// where there is no such twin; one process needs none.
+  virtual std::shared_ptr<CollectiveBackend> twin(std::weak_ptr<MeshContext> ctx) const {
+    (void)ctx;
+    return nullptr;
   }
 };
 

@@ -73,6 +73,22 @@ class ProcessGroup {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+
+  /// The same processes, agreeing over channels of their own (CollectiveBackend::twin): a
+  /// thread may run this group's agreements while another runs the mesh's collectives (a
+  /// checkpoint committed in the background). Every process calls it, in the same order. One
+  /// process: this group.
+  ProcessGroup separate() const {
+    if (size_ == 1) return *this;
+    MeshDims dims{};
+    std::copy(mesh_->shape().sizes().begin(), mesh_->shape().sizes().end(), dims.begin());
+    DefaultMesh fresh(dims, mesh_->size());
+    auto twin = mesh_->backend().twin(fresh.context());
+    EDL_CHECK(twin != nullptr, errc::unsupported, "ProcessGroup::separate", "the ", mesh_->backend().name(),
+              " backend has no twin for agreements of their own");
+    fresh.set_backend(std::move(twin));
+    return ProcessGroup(std::move(fresh));
+  }
   /// The process that prints, writes the run's files and commits checkpoints (rank 0).
   bool is_primary() const noexcept { return rank_ == 0; }
 

@@ -348,24 +348,26 @@ class BasicTrainer {
 
   /// Writes checkpoint-<step>; returns its path. On a mesh (without LoRA) every process writes
   /// its devices' blocks of the model and optimizer state (save_sharded_state): no process
-  /// gathers the model. With async_checkpointing in one process (one device, or a simulated
-  /// mesh) the model (or its blocks), optimizer and state are copied and a background thread
-  /// writes the copy while training goes on: still atomically (checkpoint.hpp), one save at a
-  /// time (a new one first waits for the last), on_save and "saved" once the folder is
-  /// complete, and a failed write rethrown by the next call that waits (the next save, a
-  /// step's end, the end of train()). Several processes save collectively, in step.
+  /// gathers the model. With async_checkpointing the model (or its blocks), optimizer and state
+  /// are copied and a background thread writes the copy while training goes on: still
+  /// atomically (checkpoint.hpp), one save at a time (a new one first waits for the last),
+  /// on_save and "saved" once the folder is complete, and a failed write rethrown by the next
+  /// call that waits (the next save, a step's end, the end of train()). Under mpirun the
+  /// background save of a mesh's blocks agrees over channels of its own
+  /// (ProcessGroup::separate), and every process waits for it at the same points (the next
+  /// save, the end); a LoRA run's save (its adapters gathered) stays in step there.
   std::string save_checkpoint() {
     TrainState s = state_;
     s.eval_loss = (last_eval_ && last_eval_->step == state_.step) ? std::optional<double>(last_eval_->loss) : std::nullopt;
     s.training_arguments = args_.to_json();
     last_saved_step_ = state_.step;
-    // In the background on one process (several processes save collectively, in step).
-    const bool background = args_.async_checkpointing && processes_.size() == 1;
+    // In the background on one process, and for a mesh's blocks on several.
+    const bool background = args_.async_checkpointing && (processes_.size() == 1 || (sharded_ && !adapters_));
     if (background) wait_for_checkpoint();  // one save at a time
     if (sharded_ && !adapters_) {  // block by block from the mesh: nothing is gathered
       if (background)  // a copy of the blocks belongs to the thread; the mesh's move on meanwhile
         return save_in_background([model = sharded_->snapshot(), opt = *sopt_, s = std::move(s), tok = tok_,
-                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_]() mutable {
+                                   ckpt = ckpt_, hooks = checkpoint_hooks, pg = processes_.separate()]() mutable {
           save_sharded_checkpoint(ckpt, model, opt, s, tok ? &*tok : nullptr, hooks, pg);
         });
       const std::string p = save_sharded_checkpoint(ckpt_, *sharded_, *sopt_, s, tok_ ? &*tok_ : nullptr,
@@ -677,7 +679,10 @@ class BasicTrainer {
       if (args_.evaluation_steps && eval_ && state_.step % *args_.evaluation_steps == 0) evaluate();
       if (args_.weight_distribution_log_steps > 0 && state_.step % args_.weight_distribution_log_steps == 0)
         log_weight_stats();
-      if (pending_save_ && pending_save_->done.load(std::memory_order_acquire)) wait_for_checkpoint();
+      // One process takes a finished save at once; several wait at the same points (the next
+      // save, the end), so that a failed save stops every process at the same step.
+      if (processes_.size() == 1 && pending_save_ && pending_save_->done.load(std::memory_order_acquire))
+        wait_for_checkpoint();
       if (args_.save_steps && state_.step % *args_.save_steps == 0) save_checkpoint();
       if (args_.training_time_limit) {
         bool over = state_.elapsed_s >= *args_.training_time_limit;

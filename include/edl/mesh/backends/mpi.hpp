@@ -122,6 +122,10 @@ class MpiBackend final : public CollectiveBackend {
   ~MpiBackend() override { MPI_Comm_free(&comm_); }
 
   std::string_view name() const noexcept override { return "mpi"; }
+  /// The same ranks and local devices on a duplicate of this backend's communicator.
+  std::shared_ptr<CollectiveBackend> twin(std::weak_ptr<MeshContext> ctx) const override {
+    return std::make_shared<MpiBackend>(std::move(ctx), comm_, local_);
+  }
   int rank() const noexcept { return rank_; }
   int ranks() const noexcept { return ranks_; }
   int local_devices() const noexcept { return local_; }
