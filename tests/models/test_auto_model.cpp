@@ -45,12 +45,13 @@ std::string error_of(auto&& f) {
 }
 
 /// Copies tiny_hf's folder with config.json's "architectures" (and num_labels) changed.
-void copy_with_architecture(const fs::path& to, const std::string& architecture) {
+void copy_with_architecture(const fs::path& to, const std::string& architecture, bool huge = false) {
   fs::create_directories(to);
   fs::copy_file(tiny_hf() / "model.safetensors", to / "model.safetensors");
   auto cfg = LlamaConfig::from_file((tiny_hf() / "config.json").string());
   cfg.extra["architectures"] = {architecture};
   cfg.num_labels = 3;
+  if (huge) cfg.hidden_size = std::int64_t{1} << 20, cfg.intermediate_size = std::int64_t{1} << 22;
   cfg.save((to / "config.json").string());
 }
 
@@ -95,6 +96,12 @@ TEST(AutoModel, TheHeadFollowsTheArchitectures) {
   copy_with_architecture(tmp.p / "no_score", "LlamaForSequenceClassification");
   const std::string e1 = error_of([&] { models::auto_from_pretrained(tmp.p / "no_score"); });
   EXPECT_NE(e1.find("score.weight"), std::string::npos) << e1;
+  // A config whose sizes the weights beside it do not have is an error naming a tensor, before
+  // anything of the config's size (here terabytes) is allocated.
+  copy_with_architecture(tmp.p / "huge", "LlamaForCausalLM", /*huge=*/true);
+  const std::string e3 = error_of([&] { models::sequence_classification_from_pretrained(tmp.p / "huge"); });
+  EXPECT_NE(e3.find("model.embed_tokens.weight"), std::string::npos) << e3;
+  EXPECT_NE(e3.find("has shape"), std::string::npos) << e3;
   // Heads edl does not build are named.
   copy_with_architecture(tmp.p / "token_cls", "LlamaForTokenClassification");
   const std::string e2 = error_of([&] { models::auto_from_pretrained(tmp.p / "token_cls"); });

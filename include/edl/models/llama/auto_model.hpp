@@ -12,7 +12,6 @@
 #pragma once
 
 #include <filesystem>
-#include <set>
 #include <string>
 #include <variant>
 
@@ -36,9 +35,8 @@ inline LlamaHead head_of(const LlamaConfig& cfg) {
   EDL_CHECK(it->is_array() && !it->empty() && (*it)[0].is_string(), errc::config, cfg.where("architectures"),
             "expected a list of class names, found ", it->dump());
   const std::string name = (*it)[0].get<std::string>();
-  const auto ends = [&](std::string_view s) { return name.size() >= s.size() && name.ends_with(s); };
-  if (ends("ForSequenceClassification")) return LlamaHead::sequence_classification;
-  if (ends("ForCausalLM") || ends("ForConditionalGeneration")) return LlamaHead::causal_lm;
+  if (name.ends_with("ForSequenceClassification")) return LlamaHead::sequence_classification;
+  if (name.ends_with("ForCausalLM") || name.ends_with("ForConditionalGeneration")) return LlamaHead::causal_lm;
   ::edl::detail::raise(errc::unsupported, cfg.where("architectures"),
                        "edl reads ...ForCausalLM and ...ForSequenceClassification heads, found \"" + name + "\"");
 }
@@ -59,14 +57,17 @@ LlamaForSequenceClassification<Pol> sequence_classification_from_pretrained(cons
   const auto cfg = LlamaConfig::from_file(w);
   const LlamaHead head = head_of(cfg);
   const auto ckpt = io::ShardedCheckpoint::open(dir.string());
+  // As from_pretrained: the decoder's shapes are checked against the tensors present before
+  // anything the size of the config's claim is allocated (the heads are checked on loading).
+  LoadOptions lenient = opt;
+  lenient.allow_missing = lenient.allow_unexpected = true;
+  detail::check_shapes_before_allocating(cfg, ckpt, lenient);
   LlamaForSequenceClassification<Pol> m(cfg);
   if (head == LlamaHead::sequence_classification) {
     load_weights(m, ckpt, opt);
     return m;
   }
   // A causal LM's checkpoint: everything but the head.
-  LoadOptions lenient = opt;
-  lenient.allow_missing = lenient.allow_unexpected = true;
   const LoadReport r = load_weights(m, ckpt, lenient);
   for (const std::string& name : r.missing)
     EDL_CHECK(opt.allow_missing || name == "score.weight", errc::format, detail::checkpoint_source(ckpt) + " tensor " + name,
