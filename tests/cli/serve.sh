@@ -14,7 +14,15 @@ PY=/usr/bin/python3
 command -v "$PY" >/dev/null || PY=python3
 rm -rf "$W"
 mkdir -p "$W"
-fail() { echo "FAIL: $*" >&2; [ -f "$W/server.err" ] && tail -20 "$W/server.err" >&2; exit 1; }
+fail() {
+  echo "FAIL: $*" >&2
+  if [ -f "$W/server.err" ]; then echo "--- the server's stderr (last lines):" >&2; tail -20 "$W/server.err" >&2; fi
+  exit 1
+}
+# Any other command that fails says which one, where, and with what status (set -e alone exits
+# silently, e.g. when curl cannot connect).
+set -E
+trap 'rc=$?; trap - ERR; fail "line $LINENO: \"$BASH_COMMAND\" exited with $rc"' ERR
 [ -f "$NM/openai/package.json" ] || fail "$NM has no openai client: run scripts/fetch_hub_tokenizers.sh"
 command -v curl >/dev/null || fail "curl is missing"
 
@@ -62,7 +70,7 @@ trap 'kill $PID 2>/dev/null || true' EXIT
 
 # curl: health without a key, /v1 without a key is 401 with an OpenAI error object.
 [ "$(curl -s "$URL/health")" = '{"status":"ok"}' ] || fail "/health"
-code=$(curl -s -o "$W/401.json" -w '%{http_code}' "$URL/v1/models")
+code=$(curl -s -o "$W/401.json" -w '%{http_code}' "$URL/v1/models") || fail "curl $URL/v1/models failed ($?)"
 [ "$code" = 401 ] && grep -q '"code":"invalid_api_key"' "$W/401.json" || fail "no key: $code $(cat "$W/401.json")"
 # A slow client that never finishes its request is dropped after --timeout; others are served.
 exec 3<>"/dev/tcp/127.0.0.1/${URL##*:}"
@@ -71,8 +79,23 @@ curl -s -H 'Authorization: Bearer sekret' "$URL/v1/models" | grep -q '"id":"serv
 sleep 3
 exec 3>&-
 
-node "$(dirname "$0")/serve_client.mjs" "$NM" "$URL" sekret "$W/expect.json" | tee "$W/client.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || fail "the openai client checks failed"
+# The client's output is kept whole; a client killed by a signal (not by a failed check) is
+# reported and run once more, as long as the server is still up.
+run_client() {
+  local rc=0
+  node "$(dirname "$0")/serve_client.mjs" "$NM" "$URL" sekret "$W/expect.json" >"$W/client.txt" 2>&1 || rc=$?
+  cat "$W/client.txt"
+  return $rc
+}
+rc=0
+run_client || rc=$?
+if [ "$rc" -gt 128 ] && kill -0 $PID 2>/dev/null; then
+  echo "the client (node) died of signal $((rc - 128)); running it again" >&2
+  rc=0
+  run_client || rc=$?
+fi
+kill -0 $PID 2>/dev/null || fail "edl serve died during the client checks"
+[ "$rc" = 0 ] || fail "the openai client checks failed (exit $rc)"
 
 # SIGTERM while an answer streams: the stream ends (its last event is [DONE]) and edl serve
 # exits 0 within the grace period.
