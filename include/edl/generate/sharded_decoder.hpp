@@ -152,11 +152,13 @@ class ShardedDecoder {
     return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
   }
   std::int64_t sequence_group(std::int64_t b) const noexcept {
-    const std::int64_t G = sequence_groups(), U = B_ / unit_, u = b / unit_;
-    std::int64_t g = u * G / U;  // the first group whose range can hold u; uneven cuts step on
-    while ((g + 1) * U / G <= u) ++g;
+    std::int64_t g = 0;  // a group left empty by an uneven cut is stepped over
+    while (first_sequence(g + 1) <= b) ++g;
     return g;
   }
+  /// The first sequence of group g (g = sequence_groups(): the batch's end); group g holds
+  /// [first_sequence(g), first_sequence(g + 1)).
+  std::int64_t first_sequence(std::int64_t g) const noexcept { return g * (B_ / unit_) / sequence_groups() * unit_; }
   /// Sequence b becomes a copy of sequence src[b] on every device holding it (beam search's
   /// reorder of the beams). src[b] must lie in b's unit of keep_together sequences, so each
   /// group's devices reorder their own caches and nothing crosses devices or processes.
@@ -306,7 +308,6 @@ class ShardedDecoder {
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
     // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
-    const std::int64_t groups = sequence_groups();
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.
@@ -325,9 +326,8 @@ class ShardedDecoder {
       shard.sp_rank = dev.axis_index("sp");
       const std::int64_t g =
           (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
-      const std::int64_t units = B_ / unit_;  // whole units of keep_together sequences per group
-      shard.b0 = g * units / groups * unit_;
-      shard.nb = (g + 1) * units / groups * unit_ - shard.b0;
+      shard.b0 = first_sequence(g);
+      shard.nb = first_sequence(g + 1) - shard.b0;
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;

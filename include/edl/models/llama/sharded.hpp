@@ -947,18 +947,15 @@ class ShardedLlama {
     c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
-    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
-    if (tokens)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
-    // Where a local token's row of a [B * S, H] tensor starts: row b * Sl + s is (b0 + b) * S + s0 + s.
+    // Local token t (row b * Sl + s) is the batch's token local.row(t) = (b0 + b) * S + s0 + s.
     const nn::DropoutIndex local = c.local_tokens();
     const auto global_row = [&](std::int64_t t) { return local.row(t) * H; };
+    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
+    if (tokens)
+      for (std::int64_t t = 0; t < Tl; ++t) ids[static_cast<std::size_t>(t)] = tokens[local.row(t)];
     if (mode != Mode::logits) {
       tg.resize(static_cast<std::size_t>(Tl));
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s)
-          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
+      for (std::int64_t t = 0; t < Tl; ++t) tg[static_cast<std::size_t>(t)] = targets[local.row(t)];
     }
 
     // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
