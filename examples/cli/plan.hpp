@@ -3,7 +3,7 @@
 //
 //   edl plan --model DIR | --config tiny|small|gqa1b|FILE.json  --mesh dp=..,fsdp=..,tp=..,sp=..
 //            [--batch B] [--seq S] [--train] [--optimizer adamw|sgd|lion|adafactor|rmsprop] [--momentum M]
-//            [--dtype f32|bf16] [--threads T] [--chunk-rows C] [--remat none|nothing_saveable]
+//            [--dtype f32|bf16|f16] [--threads T] [--chunk-rows C] [--remat none|nothing_saveable]
 //
 // --batch defaults to dp * fsdp (one row per data-parallel rank), --seq to the config's
 // max_position_embeddings. Without --train the plan is the loss-only forward: no gradients,
@@ -77,9 +77,9 @@ inline int cmd_plan(Args& args) {
   o.train = train;
   o.optimizer.kind = optim::optimizer_from_name(optimizer);
   o.optimizer.momentum = momentum;
-  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16", errc::invalid_argument, "--dtype",
-                      "parameters are stored as f32 or bf16, found \"", dtype, "\"");
-  o.param_dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "f16", errc::invalid_argument, "--dtype",
+                      "parameters are stored as f32, bf16 or f16, found \"", dtype, "\"");
+  o.param_dtype = dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32;
   o.threads = threads;
   o.chunk_rows = chunk_rows;
   o.remat = train && remat == "nothing_saveable";
@@ -150,7 +150,7 @@ inline Command plan_command() {
                     .one_of({"adamw", "sgd", "lion", "adafactor", "rmsprop"})
                     .defaults("adamw"),
                 number_flag("--momentum", "M", "sgd's and rmsprop's momentum (> 0 keeps a momentum buffer)").defaults("0"),
-                text_flag("--dtype", "", "storage of the parameters").one_of({"f32", "bf16"}).defaults("f32"),
+                text_flag("--dtype", "", "storage of the parameters").one_of({"f32", "bf16", "f16"}).defaults("f32"),
                 integer_flag("--threads", "T", "threads per device, for the per-thread scratch").defaults("all cores"),
                 integer_flag("--chunk-rows", "C", "rows of the chunked loss").defaults("1024"),
                 text_flag("--remat", "none|nothing_saveable",

@@ -89,8 +89,10 @@ inline int cmd_train(Args& args) {
     if (ta.tokenizer.is_object() && fs::exists(fs::path(resume) / "tokenizer.json"))
       ta.tokenizer = (fs::path(resume) / "tokenizer.json").string();
   }
-  // param_dtype picks the trainer's parameter storage: f32, or bf16 with f32 master weights.
-  if (ta.bf16_params()) return run_training<train::BF16Trainer>(ta, resume);
+  // param_dtype picks the trainer's parameter storage: f32, or bf16 / f16 with f32 master weights.
+  ta.validate();
+  if (ta.param_storage() == DType::bf16) return run_training<train::BF16Trainer>(ta, resume);
+  if (ta.param_storage() == DType::f16) return run_training<train::F16Trainer>(ta, resume);
   return run_training<train::Trainer>(ta, resume);
 }
 

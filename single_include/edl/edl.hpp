@@ -26737,18 +26737,15 @@ class ShardedLlama {
     c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
 
-    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
-    if (tokens)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s) ids[static_cast<std::size_t>(b * c.Sl + s)] = tokens[(b0 + b) * S + s0 + s];
-    // Where a local token's row of a [B * S, H] tensor starts: row b * Sl + s is (b0 + b) * S + s0 + s.
+    // Local token t (row b * Sl + s) is the batch's token local.row(t) = (b0 + b) * S + s0 + s.
     const nn::DropoutIndex local = c.local_tokens();
     const auto global_row = [&](std::int64_t t) { return local.row(t) * H; };
+    std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
+    if (tokens)
+      for (std::int64_t t = 0; t < Tl; ++t) ids[static_cast<std::size_t>(t)] = tokens[local.row(t)];
     if (mode != Mode::logits) {
       tg.resize(static_cast<std::size_t>(Tl));
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        for (std::int64_t s = 0; s < c.Sl; ++s)
-          tg[static_cast<std::size_t>(b * c.Sl + s)] = targets[static_cast<std::size_t>((b0 + b) * S + s0 + s)];
+      for (std::int64_t t = 0; t < Tl; ++t) tg[static_cast<std::size_t>(t)] = targets[local.row(t)];
     }
 
     // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
@@ -30425,11 +30422,13 @@ class ShardedDecoder {
     return mesh_.axis_size("dp") * mesh_.axis_size("fsdp") * mesh_.axis_size("ep");
   }
   std::int64_t sequence_group(std::int64_t b) const noexcept {
-    const std::int64_t G = sequence_groups(), U = B_ / unit_, u = b / unit_;
-    std::int64_t g = u * G / U;  // the first group whose range can hold u; uneven cuts step on
-    while ((g + 1) * U / G <= u) ++g;
+    std::int64_t g = 0;  // a group left empty by an uneven cut is stepped over
+    while (first_sequence(g + 1) <= b) ++g;
     return g;
   }
+  /// The first sequence of group g (g = sequence_groups(): the batch's end); group g holds
+  /// [first_sequence(g), first_sequence(g + 1)).
+  std::int64_t first_sequence(std::int64_t g) const noexcept { return g * (B_ / unit_) / sequence_groups() * unit_; }
   /// Sequence b becomes a copy of sequence src[b] on every device holding it (beam search's
   /// reorder of the beams). src[b] must lie in b's unit of keep_together sequences, so each
   /// group's devices reorder their own caches and nothing crosses devices or processes.
@@ -30579,7 +30578,6 @@ class ShardedDecoder {
         ::edl::detail::raise(errc::invalid_argument, w, "this cache kind needs a CacheFactory (its options)");
     }
     // dp, fsdp and ep split the batch (a dense model has no experts to place on ep).
-    const std::int64_t groups = sequence_groups();
     const std::int64_t sp = mesh_.axis_size("sp");
     dev_.resize(static_cast<std::size_t>(mesh_.size()));
     // Validate the parameter list on the host, before any device work.
@@ -30598,9 +30596,8 @@ class ShardedDecoder {
       shard.sp_rank = dev.axis_index("sp");
       const std::int64_t g =
           (dev.axis_index("dp") * dev.axis_size("fsdp") + dev.axis_index("fsdp")) * dev.axis_size("ep") + dev.axis_index("ep");
-      const std::int64_t units = B_ / unit_;  // whole units of keep_together sequences per group
-      shard.b0 = g * units / groups * unit_;
-      shard.nb = (g + 1) * units / groups * unit_ - shard.b0;
+      shard.b0 = first_sequence(g);
+      shard.nb = first_sequence(g + 1) - shard.b0;
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
@@ -35374,11 +35371,10 @@ struct TrainingArguments {
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
-              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" for mixed precision); "
+              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" or \"float16\" for mixed "
+              "precision); "
               "found \"", dtype, "\"");
-    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32" || bf16_params(),
-              errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
-              "\"");
+    (void)param_storage();
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
@@ -35430,8 +35426,16 @@ struct TrainingArguments {
     }
     return infer_mesh_dims(dims, -1, where("sharding_axis_dims"), errc::config);
   }
-  /// param_dtype names bf16: mixed precision (BF16Trainer), f32 master weights in the optimizer.
-  bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
+  /// The parameters' storage param_dtype names: f32, or bf16 / f16 for mixed precision
+  /// (BF16Trainer, F16Trainer: f32 master weights in the optimizer). Throws for other names.
+  DType param_storage() const {
+    const std::string& p = param_dtype;
+    if (p == "float32" || p == "fp32" || p == "f32") return DType::f32;
+    if (p == "bfloat16" || p == "bf16") return DType::bf16;
+    if (p == "float16" || p == "fp16" || p == "f16" || p == "half") return DType::f16;
+    ::edl::detail::raise(errc::unsupported, where("param_dtype"),
+                         "expected float32, bfloat16 (bf16) or float16 (fp16), found \"" + p + "\"");
+  }
   std::int64_t mesh_devices() const {
     const auto d = mesh_dims();
     return d[0] * d[1] * d[2] * d[3] * d[4];
@@ -35669,9 +35673,9 @@ struct BasicTrainerCallback {
 };
 
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
-/// parameters: float (Trainer), or bf16 (BF16Trainer: mixed precision, the optimizer keeps f32
-/// master weights and rounds them to bf16 after every update; activations, gradients and every
-/// accumulation stay f32).
+/// parameters, and param_dtype must name it: float (Trainer), or bf16 / f16 (BF16Trainer,
+/// F16Trainer: mixed precision, the optimizer keeps f32 master weights and rounds them to the
+/// storage after every update; activations, gradients and every accumulation stay f32).
 template <PolicyLike Pol>
 class BasicTrainer {
  public:
@@ -35681,7 +35685,7 @@ class BasicTrainer {
   /// Builds model, tokenizer and datasets from `args` (see docs/training.md). The mesh comes
   /// first (from `make_mesh` when given), so a launch that cannot run fails before any work.
   explicit BasicTrainer(TrainingArguments args, MeshFactory make_mesh = {}) : args_(std::move(args)) {
-    args_.validate();
+    validate_arguments();
     build_mesh(make_mesh);
     build_tokenizer();
     build_model();
@@ -35717,7 +35721,7 @@ class BasicTrainer {
         train_(std::move(train_data)),
         eval_(std::move(eval_data)) {
     if (args_.train_data.empty()) args_.train_data = {"<in memory>"};
-    args_.validate();
+    validate_arguments();
     build_mesh(make_mesh);
     finish_setup();
   }
@@ -36473,6 +36477,16 @@ class BasicTrainer {
   /// Training examples: sequences, or preference pairs.
   std::int64_t examples() const noexcept { return pairs() ? train_.size() / 2 : train_.size(); }
 
+  /// The arguments' own checks, and param_dtype against this trainer's parameter type (a
+  /// Trainer told "bfloat16" would otherwise train in f32 without a word).
+  void validate_arguments() const {
+    args_.validate();
+    constexpr DType mine = dtype_of<typename Pol::param_t>::value;
+    EDL_CHECK(args_.param_storage() == mine, errc::invalid_argument, args_.where("param_dtype"), "\"", args_.param_dtype,
+              "\" names ", dtype_name(args_.param_storage()), " parameters, but this trainer stores ", dtype_name(mine),
+              " (Trainer: float32, BF16Trainer: bfloat16, F16Trainer: float16)");
+  }
+
   void finish_setup() {
     EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
               "the training data has ", examples(), pairs() ? " preference pairs" : " sequences", " of at most ",
@@ -36580,6 +36594,9 @@ using Trainer = BasicTrainer<DefaultPolicy>;
 using TrainerCallback = BasicTrainerCallback<DefaultPolicy>;
 /// Mixed precision: bf16 parameters, f32 master weights in the optimizer (param_dtype "bfloat16").
 using BF16Trainer = BasicTrainer<BF16ParamsPolicy>;
+/// Mixed precision with IEEE f16 parameters (param_dtype "float16"): as BF16Trainer, with f16's
+/// 10-bit mantissa and its range (|w| < 65504; no loss scaling is needed, gradients stay f32).
+using F16Trainer = BasicTrainer<F16ParamsPolicy>;
 
 }  // namespace edl::train
 // end of edl/train/trainer.hpp

@@ -165,7 +165,10 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   });
   EXPECT_NE(std::string(e.what()).find("dp x fsdp x ep = 4"), std::string::npos) << e.what();
   EXPECT_NO_THROW(make(R"({"param_dtype": "bfloat16"})").validate());  // mixed precision
-  e = error_of([&] { make(R"({"param_dtype": "float16"})").validate(); });
+  EXPECT_EQ(make(R"({"param_dtype": "fp16"})").param_storage(), DType::f16);
+  EXPECT_EQ(make(R"({"param_dtype": "bf16"})").param_storage(), DType::bf16);
+  EXPECT_EQ(make(R"({})").param_storage(), DType::f32);
+  e = error_of([&] { make(R"({"param_dtype": "float64"})").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);
   EXPECT_EQ(e.where(), "a.json field param_dtype");
   e = error_of([&] { make(R"({"dtype": "bfloat16"})").validate(); });

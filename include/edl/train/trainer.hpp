@@ -158,9 +158,9 @@ struct BasicTrainerCallback {
 };
 
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
-/// parameters: float (Trainer), or bf16 (BF16Trainer: mixed precision, the optimizer keeps f32
-/// master weights and rounds them to bf16 after every update; activations, gradients and every
-/// accumulation stay f32).
+/// parameters, and param_dtype must name it: float (Trainer), or bf16 / f16 (BF16Trainer,
+/// F16Trainer: mixed precision, the optimizer keeps f32 master weights and rounds them to the
+/// storage after every update; activations, gradients and every accumulation stay f32).
 template <PolicyLike Pol>
 class BasicTrainer {
  public:
@@ -170,7 +170,7 @@ class BasicTrainer {
   /// Builds model, tokenizer and datasets from `args` (see docs/training.md). The mesh comes
   /// first (from `make_mesh` when given), so a launch that cannot run fails before any work.
   explicit BasicTrainer(TrainingArguments args, MeshFactory make_mesh = {}) : args_(std::move(args)) {
-    args_.validate();
+    validate_arguments();
     build_mesh(make_mesh);
     build_tokenizer();
     build_model();
@@ -206,7 +206,7 @@ class BasicTrainer {
         train_(std::move(train_data)),
         eval_(std::move(eval_data)) {
     if (args_.train_data.empty()) args_.train_data = {"<in memory>"};
-    args_.validate();
+    validate_arguments();
     build_mesh(make_mesh);
     finish_setup();
   }
@@ -962,6 +962,16 @@ class BasicTrainer {
   /// Training examples: sequences, or preference pairs.
   std::int64_t examples() const noexcept { return pairs() ? train_.size() / 2 : train_.size(); }
 
+  /// The arguments' own checks, and param_dtype against this trainer's parameter type (a
+  /// Trainer told "bfloat16" would otherwise train in f32 without a word).
+  void validate_arguments() const {
+    args_.validate();
+    constexpr DType mine = dtype_of<typename Pol::param_t>::value;
+    EDL_CHECK(args_.param_storage() == mine, errc::invalid_argument, args_.where("param_dtype"), "\"", args_.param_dtype,
+              "\" names ", dtype_name(args_.param_storage()), " parameters, but this trainer stores ", dtype_name(mine),
+              " (Trainer: float32, BF16Trainer: bfloat16, F16Trainer: float16)");
+  }
+
   void finish_setup() {
     EDL_CHECK(examples() >= args_.total_batch_size, errc::config, args_.where("total_batch_size"),
               "the training data has ", examples(), pairs() ? " preference pairs" : " sequences", " of at most ",
@@ -1069,5 +1079,8 @@ using Trainer = BasicTrainer<DefaultPolicy>;
 using TrainerCallback = BasicTrainerCallback<DefaultPolicy>;
 /// Mixed precision: bf16 parameters, f32 master weights in the optimizer (param_dtype "bfloat16").
 using BF16Trainer = BasicTrainer<BF16ParamsPolicy>;
+/// Mixed precision with IEEE f16 parameters (param_dtype "float16"): as BF16Trainer, with f16's
+/// 10-bit mantissa and its range (|w| < 65504; no loss scaling is needed, gradients stay f32).
+using F16Trainer = BasicTrainer<F16ParamsPolicy>;
 
 }  // namespace edl::train

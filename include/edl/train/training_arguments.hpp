@@ -465,11 +465,10 @@ struct TrainingArguments {
     }
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
-              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" for mixed precision); "
+              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" or \"float16\" for mixed "
+              "precision); "
               "found \"", dtype, "\"");
-    EDL_CHECK(param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32" || bf16_params(),
-              errc::unsupported, where("param_dtype"), "expected float32 or bfloat16 (bf16), found \"", param_dtype,
-              "\"");
+    (void)param_storage();
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
               where("trainer"), "expected causal_lm, sft, dpo or orpo, found \"", trainer, "\"");
@@ -521,8 +520,16 @@ struct TrainingArguments {
     }
     return infer_mesh_dims(dims, -1, where("sharding_axis_dims"), errc::config);
   }
-  /// param_dtype names bf16: mixed precision (BF16Trainer), f32 master weights in the optimizer.
-  bool bf16_params() const noexcept { return param_dtype == "bfloat16" || param_dtype == "bf16"; }
+  /// The parameters' storage param_dtype names: f32, or bf16 / f16 for mixed precision
+  /// (BF16Trainer, F16Trainer: f32 master weights in the optimizer). Throws for other names.
+  DType param_storage() const {
+    const std::string& p = param_dtype;
+    if (p == "float32" || p == "fp32" || p == "f32") return DType::f32;
+    if (p == "bfloat16" || p == "bf16") return DType::bf16;
+    if (p == "float16" || p == "fp16" || p == "f16" || p == "half") return DType::f16;
+    ::edl::detail::raise(errc::unsupported, where("param_dtype"),
+                         "expected float32, bfloat16 (bf16) or float16 (fp16), found \"" + p + "\"");
+  }
   std::int64_t mesh_devices() const {
     const auto d = mesh_dims();
     return d[0] * d[1] * d[2] * d[3] * d[4];
