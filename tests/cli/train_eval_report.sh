@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The training command line end to end on a tiny corpus: `edl train --config` (with a BPE
 # tokenizer trained by the run), `--resume` from a checkpoint folder continuing with the very
-# same losses, `--resume` of a folder that is not a checkpoint failing, `edl eval` giving the
-# trainer's own eval loss, and the report and weights.jsonl being written.
+# same losses (in f32 and with param_dtype float16), `--resume` of a folder that is not a
+# checkpoint failing, `edl eval` giving the trainer's own eval loss, and the report and
+# weights.jsonl being written.
 #   usage: train_eval_report.sh EDL WORKDIR
 set -euo pipefail
 EDL=$1
@@ -49,6 +50,18 @@ trainer=$(grep -o '"eval_loss":[^,]*' "$W/a.json" | cut -d: -f2)
 cli=$(grep -o '"loss":[^,]*' "$W/eval.json" | head -1 | cut -d: -f2)
 [ "$trainer" = "$cli" ] || fail "edl eval loss $cli differs from the trainer's $trainer"
 grep -q '"unigram_loss":[0-9]' "$W/eval.json" || fail "no unigram baseline: $(cat "$W/eval.json")"
+
+# param_dtype picks the trainer: float16 trains f16 parameters (f32 master weights in the
+# optimizer), saves F16 tensors with torch_dtype "float16", and resumes with the same losses.
+"$EDL" train --config "$W/args.json" --set "save_directory=$W/h" param_dtype=float16 >"$W/h.json"
+grep -q '"torch_dtype": "float16"' "$W/h/checkpoint-6/config.json" || fail "float16 run: $(grep torch_dtype "$W/h/checkpoint-6/config.json")"
+[ "$(losses "$W/h/metrics.jsonl")" != "$(losses "$W/a/metrics.jsonl")" ] || fail "param_dtype float16 trained as float32"
+"$EDL" train --config "$W/args.json" --resume "$W/h/checkpoint-3" --set "save_directory=$W/h2" param_dtype=float16 >/dev/null
+[ "$(losses "$W/h/metrics.jsonl")" = "$(losses "$W/h2/metrics.jsonl")" ] || fail "float16 resumed losses differ"
+if "$EDL" train --config "$W/args.json" --set "save_directory=$W/x" param_dtype=float8 2>"$W/err.txt"; then
+  fail "param_dtype float8 was accepted"
+fi
+grep -q "param_dtype" "$W/err.txt" || fail "unclear param_dtype error: $(cat "$W/err.txt")"
 
 for f in report.md report.html loss.svg learning_rate.svg weights.jsonl; do
   [ -s "$W/a/$f" ] || fail "$f missing"
