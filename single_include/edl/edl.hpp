@@ -15147,9 +15147,17 @@ class Model {
       detail::raise(errc::unsupported, at, "model type '" + type + "' is not supported (supported: BPE, Unigram, WordLevel)");
     }
     if (!j.contains("vocab") || !j["vocab"].is_object()) detail::raise(errc::format, at, "needs a \"vocab\" object");
+    // The id table holds a string per id up to the largest: ids far beyond the number of entries
+    // would let a small file allocate gigabytes. Real vocabularies number their n entries 0 ..
+    // n - 1; the slack admits ids left to added tokens.
+    const std::int64_t n = static_cast<std::int64_t>(j["vocab"].size()), id_limit = n + kIdSlack;
     for (const auto& [tok, id] : j["vocab"].items()) {
       if (!id.is_number_integer() || id.get<std::int64_t>() < 0)
         detail::raise(errc::format, at + ".vocab[\"" + tok + "\"]", "expected a non-negative integer id; found " + id.dump());
+      if (id.get<std::int64_t>() >= id_limit)
+        detail::raise(errc::format, at + ".vocab[\"" + tok + "\"]",
+                      "id " + id.dump() + " is beyond a vocabulary of " + std::to_string(n) + " entries (ids below " +
+                          std::to_string(id_limit) + ": the entry count plus " + std::to_string(kIdSlack) + ")");
       m.add_token(tok, id.get<std::int64_t>());
     }
     auto opt_string = [&](const char* k) -> std::optional<std::string> {
@@ -15244,6 +15252,7 @@ class Model {
   }
 
  private:
+  static constexpr std::int64_t kIdSlack = std::int64_t{1} << 16;  // ids a vocabulary may skip
   static constexpr std::size_t kCachedWordBytes = 256;
   static constexpr std::size_t kCacheCapacity = 1 << 16;
 

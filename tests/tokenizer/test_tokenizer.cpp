@@ -353,6 +353,14 @@ TEST(Tokenizer, RefusesWhatItCannotHonour) {
   j = base;
   j["added_tokens"] = json::array({{{"content", "x"}}});
   expect_refused(j, "added_tokens[0]");
+  // An id far beyond the entries (found by the tokenizer fuzz target: 10^8 asked for a table of
+  // 10^8 strings, 3.3 GB) is refused before the table grows; ids up to the slack load.
+  j = base;
+  j["model"]["vocab"]["zz"] = 100000000;
+  expect_refused(j, "vocab[\"zz\"]");
+  j = base;
+  j["model"]["vocab"]["zz"] = static_cast<std::int64_t>(base["model"]["vocab"].size()) + 1000;
+  EXPECT_NO_THROW(make(j["model"]));
 
   const auto t = make(letters_bpe());
   EXPECT_THROW(t.encode(std::string("a\xC3", 2)), Error);  // not UTF-8
