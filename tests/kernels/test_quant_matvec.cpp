@@ -40,7 +40,7 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
     const quant::MatrixView v = W.view();
     std::vector<float> wd(static_cast<std::size_t>(N * K));
     W.dequantize(wd.data());
-    for (const std::int64_t M : {1, 3, 16, 17, 40}) {
+    for (const std::int64_t M : {1, 3, 16, 17, 40, 131}) {
       const std::vector<float> x = normal_values(static_cast<std::size_t>(M * K), 13 + static_cast<unsigned>(M));
       std::vector<float> y(static_cast<std::size_t>(M * N)), want(y.size());
       const int threads_before = exec::num_threads();
