@@ -127,6 +127,47 @@ inline models::LlamaForCausalLM<> load_then_limit_threads(const std::string& nam
   return m;
 }
 
+/// --dtype f32|bf16|f16: the storage of the parameters a command runs on.
+inline Flag declare_dtype_flag() {
+  return text_flag("--dtype", "", "storage of the parameters, converted after loading (round to nearest even); compute stays f32")
+      .one_of({"f32", "bf16", "f16"})
+      .defaults("f32");
+}
+
+/// The policy of a LlamaForCausalLM<Pol>.
+template <class M>
+struct PolicyOf;
+template <class Pol>
+struct PolicyOf<models::LlamaForCausalLM<Pol>> {
+  using type = Pol;
+};
+
+/// Calls f(m) with `model` itself (dtype "f32") or its parameters converted to bf16 / f16 (the
+/// f32 model is released first, so the peak is one model plus the converted one). Quantized
+/// Linears and unmerged adapters are not converted: either with --dtype is a usage error.
+template <class F>
+decltype(auto) with_param_dtype(models::LlamaForCausalLM<>& model, const std::string& dtype, bool huge_pages,
+                                const std::string& command, F&& f) {
+  if (dtype == "f32") return f(model);
+  bool quantized = false, adapters = false;
+  model.visit_linears("", [&](const std::string&, auto& lin) {
+    quantized = quantized || lin.is_quantized();
+    adapters = adapters || static_cast<bool>(lin.lora);
+  });
+  EDL_CLI_USAGE_CHECK(!quantized, errc::unsupported, "edl " + command + " --dtype " + dtype,
+                      "converts float weights, and the model's Linears are quantized: drop --dtype or the quantization");
+  EDL_CLI_USAGE_CHECK(!adapters, errc::unsupported, "edl " + command + " --dtype " + dtype,
+                      "converts the weights of the model alone: fold the adapter in with --merge-adapter");
+  const auto run = [&]<class Pol>() -> decltype(auto) {
+    auto m = models::to_dtype<Pol>(model);
+    model = models::LlamaForCausalLM<>();
+    if (huge_pages) nn::advise_huge_pages(m);
+    return f(m);
+  };
+  if (dtype == "bf16") return run.template operator()<BF16ParamsPolicy>();
+  return run.template operator()<F16ParamsPolicy>();
+}
+
 /// `len` uniform random token ids below V, stream `stream` of Key `seed`.
 inline std::vector<std::int64_t> random_prompt(std::int64_t len, std::int64_t V, std::uint64_t seed, std::uint32_t stream) {
   std::vector<std::int64_t> p(static_cast<std::size_t>(len));
@@ -224,6 +265,7 @@ inline int cmd_generate(Args& args) {
   gen_detail::cache_flags(args, o);
   const std::string prompt_text = args.str("--prompt", "");
   const std::string prompt_ids = args.str("--prompt-tokens", "");
+  const std::string dtype = args.str("--dtype", "f32");
 
   const std::filesystem::path d(dir);
   const bool gguf = d.extension() == ".gguf";  // a llama.cpp file: its config, no tokenizer here
@@ -264,7 +306,8 @@ inline int cmd_generate(Args& args) {
   (void)generate::sharded_decoder_local_config(cfg, mesh.axis_size("tp"));
   auto model = gen_detail::load_model(dir);
   apply_adapter(model, af);
-  const auto r = generate::generate(model, mesh, {prompt}, g, o);
+  const auto r = gen_detail::with_param_dtype(model, dtype, true, "generate",
+                                              [&](const auto& m) { return generate::generate(m, mesh, {prompt}, g, o); });
   nlohmann::ordered_json j;
   j["tokens"] = r.tokens[0];
   if (tok) j["text"] = tok->decode(r.tokens[0], /*skip_special_tokens=*/true);
@@ -289,7 +332,8 @@ inline Command generate_command() {
             text_flag("--chat", "M.json", "a conversation rendered with the folder's chat template (generation prompt on)")},
            gen_detail::declare_sampling_flags(),
            gen_detail::declare_cache_flags(),
-           {integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
+           {gen_detail::declare_dtype_flag(),
+            integer_flag("--threads", "T", "threads of the kernels").defaults("all cores"),
             declare_mesh_flag("the mesh the decoder runs on (tp: heads and expert widths, sp: cache positions, dp/fsdp/ep: prompts)")}}),
       .examples = {"edl generate --model run/checkpoint-400 --prompt \"Once upon a time\" --max-new-tokens 32",
                    "edl generate --model m.gguf --prompt-tokens 1,2,3 --temperature 0.8 --top-p 0.95 --seed 1"},
@@ -513,7 +557,14 @@ inline int cmd_bench_decode(Args& args) {
   const bool huge_pages = !args.has("--no-huge-pages");
   const std::int64_t reps = args.integer("--repetitions", 1);
   const quant::Format quant = quant::parse_format(args.str("--quant", "none"), "edl bench decode --quant");
+  const std::string dtype = args.str("--dtype", "f32");
   args.finish();
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || quant == quant::Format::none, errc::unsupported, "edl bench decode --dtype " + dtype,
+                      "converts float weights and --quant ", quant::format_name(quant),
+                      " quantizes them: drop --dtype or --quant");
+  EDL_CLI_USAGE_CHECK(dtype == "f32" || af.adapter.empty() || af.merge, errc::unsupported,
+                      "edl bench decode --dtype " + dtype,
+                      "converts the weights of the model alone: fold the adapter in with --merge-adapter");
   EDL_CLI_USAGE_CHECK(reps >= 1, errc::invalid_argument, "edl bench decode", "--repetitions must be >= 1, found ", reps);
   EDL_CLI_USAGE_CHECK(P >= 1 && G >= 1, errc::invalid_argument, "edl bench decode",
                       "--prompt-len and --gen-len must be >= 1, found ", P, " and ", G);
@@ -531,8 +582,10 @@ inline int cmd_bench_decode(Args& args) {
   };
   // A preset's length is checked before its random weights are drawn (seconds for gqa1b).
   if (const auto preset = gen_detail::preset_config(name)) check_length(*preset);
-  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages, quant);
-  apply_adapter(model, af);
+  models::LlamaForCausalLM<> loaded = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages, quant);
+  apply_adapter(loaded, af);
+  return gen_detail::with_param_dtype(loaded, dtype, huge_pages, "bench decode", [&](auto& model) {
+  using Pol = typename gen_detail::PolicyOf<std::decay_t<decltype(model)>>::type;
   const auto& cfg = model.config();
   const std::int64_t V = cfg.vocab_size;
   check_length(cfg);
@@ -556,7 +609,7 @@ inline int cmd_bench_decode(Args& args) {
     // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
     // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
     const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
-    double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(float);
+    double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(typename Pol::param_t);
     // A mixture-of-experts layer reads its router and k of its E experts per token.
     for (auto& layer : model.model.layers)
       if (layer.is_sparse()) {
@@ -672,6 +725,7 @@ inline int cmd_bench_decode(Args& args) {
     j["model"] = name;
     j["cache"] = args.str("--cache", "standard");
     j["quant"] = quant::format_name(quant);
+    j["dtype"] = dtype;
     j["adapter"] = af.adapter.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(af.adapter);
     j["adapter_merged"] = af.merge;
     j["threads"] = exec::num_threads();
@@ -752,10 +806,10 @@ inline int cmd_bench_decode(Args& args) {
     EDL_CLI_USAGE_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
                         "--cache paged with --mesh: use standard or int8");
     if (o.cache == generate::CacheKind::standard) {
-      generate::ShardedDecoder<DefaultPolicy, generate::StandardKVCache> dec(model, mesh, 1, L);
+      generate::ShardedDecoder<Pol, generate::StandardKVCache> dec(model, mesh, 1, L);
       on_mesh(dec);
     } else {
-      generate::ShardedDecoder<DefaultPolicy, generate::Int8KVCache> dec(model, mesh, 1, L);
+      generate::ShardedDecoder<Pol, generate::Int8KVCache> dec(model, mesh, 1, L);
       on_mesh(dec);
     }
   } else {
@@ -774,6 +828,7 @@ inline int cmd_bench_decode(Args& args) {
   j["peak_bytes"] = peak_resident_bytes();
   std::cout << j.dump() << "\n";
   return 0;
+  });
 }
 
 inline Command bench_decode_command() {
@@ -798,7 +853,8 @@ inline Command bench_decode_command() {
             integer_flag("--repetitions", "N", "prefill and decode N times; the figures are medians").defaults("1"),
             text_flag("--quant", "", "quantize the decoder's Linears and lm_head first")
                 .one_of({"none", "q8_0", "q4_0", "nf4"})
-                .defaults("none")}}),
+                .defaults("none"),
+            gen_detail::declare_dtype_flag()}}),
       .examples = {"edl bench decode --model tiny --prompt-len 128 --gen-len 64 --threads 2",
                    "edl bench decode --model gqa1b --cache int8 --repetitions 3 --bandwidth"},
       .run = cmd_bench_decode};

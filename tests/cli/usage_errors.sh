@@ -45,6 +45,8 @@ expect 2 '--cache expects one of standard, int8, paged; found "pagd"; did you me
 expect 2 '--max-new-tokens expects an integer, found "ten"' "$EDL" generate --model m --prompt-tokens 1 --max-new-tokens ten
 expect 2 '--temperature expects a number, found "hot"' "$EDL" generate --model m --prompt-tokens 1 --temperature hot
 expect 2 '--impl expects one of edl, openblas, both' "$EDL" bench gemm --impl mkl
+expect 2 '--dtype expects one of f32, bf16, f16; found "f8"' "$EDL" bench decode --model tiny --dtype f8
+expect 2 'drop --dtype or --quant' "$EDL" bench decode --model tiny --quant q8_0 --dtype bf16
 expect 2 'unknown mesh axis "pp"' "$EDL" plan --config tiny --mesh pp=2
 expect 2 '"bogus" is not a checkpoint name' "$EDL" bench train --config tiny --remat "save_only_these_names(attn_out, bogus)"
 expect 2 'expected one of "", none, everything_saveable' "$EDL" bench train --config tiny --remat dots

@@ -106,3 +106,34 @@ TEST(BenchDecode, WeightsReadPatternsSumEveryFloatOfEverySpanOnce) {
 }
 
 }  // namespace
+
+// --dtype: the model a command runs holds the converted parameters. On weights that bf16 / f16
+// hold exactly, greedy tokens equal the f32 model's (the kernels widen 16-bit weights exactly);
+// quantized Linears and unmerged adapters are refused, not converted.
+TEST(BenchDecode, ParamDtypeConvertsAfterLoading) {
+  namespace m = edl::models;
+  auto cfg = edl::generate::test_support::small_llama(96, 64, "no_eos");
+  cfg.intermediate_size = 64;  // q8_0 blocks of 32 for the refusal below
+  m::LlamaForCausalLM<> f(cfg);
+  f.init(edl::Key::from_seed(4), 0.2f);
+  edl::generate::GenerationConfig g;
+  g.max_new_tokens = 12;
+  g.do_sample = false;
+  const std::vector<std::vector<std::int64_t>> prompt = {edl::generate::test_support::random_ids(5, cfg.vocab_size, 3)};
+  for (const std::string dtype : {"bf16", "f16"}) {
+    // f32 weights that the 16-bit type holds exactly.
+    m::LlamaForCausalLM<> exact = dtype == "bf16" ? m::to_dtype<edl::DefaultPolicy>(m::to_dtype<edl::BF16ParamsPolicy>(f))
+                                                  : m::to_dtype<edl::DefaultPolicy>(m::to_dtype<edl::F16ParamsPolicy>(f));
+    const auto want = edl::generate::generate(exact, prompt, g).tokens;
+    std::size_t bytes = 0;
+    const auto got = gd::with_param_dtype(exact, dtype, false, "generate", [&](const auto& model) {
+      bytes = sizeof(typename std::decay_t<decltype(model)>::T);
+      return edl::generate::generate(model, prompt, g).tokens;
+    });
+    EXPECT_EQ(bytes, 2u) << dtype;
+    EXPECT_EQ(got, want) << dtype;
+  }
+  m::LlamaForCausalLM<> q = m::to_dtype<edl::DefaultPolicy>(f);
+  edl::nn::quantize(q, {edl::quant::Format::q8_0, 0, edl::nn::QuantizationConfig::kWithHeadPattern});
+  EXPECT_THROW(gd::with_param_dtype(q, "bf16", false, "generate", [](const auto&) { return 0; }), edl::Error);
+}
