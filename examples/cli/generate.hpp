@@ -143,7 +143,7 @@ struct PolicyOf<models::LlamaForCausalLM<Pol>> {
 };
 
 /// Calls f(m) with `model` itself (dtype "f32") or its parameters converted to bf16 / f16 (the
-/// f32 model is released first, so the peak is one model plus the converted one). Quantized
+/// f32 model is released once converted, before f runs). Quantized
 /// Linears and unmerged adapters are not converted: either with --dtype is a usage error.
 template <class F>
 decltype(auto) with_param_dtype(models::LlamaForCausalLM<>& model, const std::string& dtype, bool huge_pages,

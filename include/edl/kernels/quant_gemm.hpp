@@ -14,8 +14,7 @@
 // and walk the activations in blocks that stay in L2; the edges run the dot products themselves.
 //
 // With AVX2 (and AVX-VNNI) a tile is 4 weight rows by 2 activation rows: eight accumulators
-// of eight lanes in sixteen registers (4 by 3 ran no faster: its operands spilled). Both formats are
-// packed as signed int8 values (q4_0's codes minus 8) and multiplied as the q8_0 dot does
+// of eight lanes in sixteen registers. Both formats are packed as signed int8 values (q4_0's codes minus 8) and multiplied as the q8_0 dot does
 // (|w| times x with w's sign); each lane's integer is exact, so it is the dot's integer. The
 // dot's two chains run one after the other (the even blocks, then the odd ones): the order of
 // a chain's terms is what the definition fixes, not when the chains run. Without AVX2 every
@@ -153,9 +152,6 @@ inline void pack_weight_blocks(const quant::MatrixView& W, std::int64_t r0, Pack
     }
 }
 
-/// y[m * ldy + r0 + i] for the 4 packed weight rows and the NR activation rows m0.. (nb blocks
-/// each): each output the dot's even chain, then its odd chain, added lane by lane and summed
-/// in sum_lanes8's tree.
 /// One of the dot's two chains (blocks b0, b0 + 2, ..) for 4 packed weight rows by the NR
 /// activation rows m0..: out[i][j] holds its eight lanes.
 template <int NR>
