@@ -4,13 +4,13 @@
 //   edl bench serve (--model DIR|tiny|small|gqa1b | --config tiny|small|gqa1b|DIR)
 //                   [--requests 1,4,16] [--prompt-len P] [--gen-len G] [--threads T]
 //                   [--page-size N] [--cache-bytes N] [--prefill-chunk C] [--seed S]
-//                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1]
+//                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1] [--dtype f32|bf16|f16]
 //
 // For each concurrency N of --requests: a new Engine with N slots, N requests of P random
 // prompt tokens (stream i of Key S for request i) submitted at once, greedy, G new tokens each
 // (no stop token, so every request runs to G), engine.run() timed from the first submit.
 // One JSON line per concurrency:
-//   {"model", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
+//   {"model", "dtype", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
 //    "generated_tokens", "wall_seconds", "tokens_per_s", "mean_time_to_first_token_s",
 //    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window"}
 // tokens_per_s = generated tokens / wall seconds (prefill time included). The page pool holds
@@ -60,6 +60,7 @@ inline int cmd_bench_serve(Args& args) {
   eo.prefill_chunk = args.integer("--prefill-chunk", eo.prefill_chunk);
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   eo.mesh = mesh_flag(args);
+  const std::string dtype = args.str("--dtype", "f32");
   args.finish();
   for (auto n : requests)
     EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
@@ -67,78 +68,82 @@ inline int cmd_bench_serve(Args& args) {
                       " and ", G);
   EDL_CLI_USAGE_CHECK(eo.paged.page_size >= 1, errc::invalid_argument, "--page-size", "must be >= 1, found ", eo.paged.page_size);
   EDL_CLI_USAGE_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
-  models::LlamaForCausalLM<> model = gen_detail::load_then_limit_threads(name, seed, threads);
-  apply_adapter(model, af);
-  const auto& cfg = model.config();
-  const std::int64_t V = cfg.vocab_size, L = P + G;
-  EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,
-            " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
-  eo.max_model_length = L;
-  // f32 k and v of every layer for one page; on a mesh a device holds 1 / (tp x sp) of it.
-  const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * cfg.kv_size() *
-                                  static_cast<std::int64_t>(sizeof(float)) / (eo.mesh[3] * eo.mesh[4]);
-  const std::int64_t pages_per_request = (L + eo.paged.page_size - 1) / eo.paged.page_size;
+  models::LlamaForCausalLM<> loaded = gen_detail::load_then_limit_threads(name, seed, threads);
+  apply_adapter(loaded, af);
+  return gen_detail::with_param_dtype(loaded, dtype, true, "bench serve", [&](const auto& model) {
+    using Pol = typename gen_detail::PolicyOf<std::decay_t<decltype(model)>>::type;
+    const auto& cfg = model.config();
+    const std::int64_t V = cfg.vocab_size, L = P + G;
+    EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,
+              " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
+    eo.max_model_length = L;
+    // f32 k and v of every layer for one page; on a mesh a device holds 1 / (tp x sp) of it.
+    const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * cfg.kv_size() *
+                                    static_cast<std::int64_t>(sizeof(float)) / (eo.mesh[3] * eo.mesh[4]);
+    const std::int64_t pages_per_request = (L + eo.paged.page_size - 1) / eo.paged.page_size;
 
-  generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
-  g.do_sample = false;
-  g.eos_token_id.clear();  // random weights: run every request to --gen-len
-  g.stop_token_ids.clear();
-  g.max_new_tokens = G;
+    generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
+    g.do_sample = false;
+    g.eos_token_id.clear();  // random weights: run every request to --gen-len
+    g.stop_token_ids.clear();
+    g.max_new_tokens = G;
 
-  const auto options_for = [&](std::int64_t n) {
-    generate::EngineOptions o = eo;
-    o.max_batch = n;
-    o.paged.utilization = 1.0;
-    o.paged.budget_bytes = cache_bytes > 0 ? cache_bytes : n * pages_per_request * page_bytes;
-    return o;
-  };
-  {  // Warm-up: thread pool, first-touch of the scratch; not timed.
-    generate::Engine<> warm(model, options_for(1));
-    auto gw = g;
-    gw.max_new_tokens = std::min<std::int64_t>(G, 4);
-    warm.submit(gen_detail::random_prompt(std::min<std::int64_t>(P, 16), V, seed, 0xffff), gw);
-    warm.run();
-  }
-
-  for (const std::int64_t n : requests) {
-    std::vector<std::vector<std::int64_t>> prompts;
-    for (std::int64_t i = 0; i < n; ++i) prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
-    generate::Engine<> engine(model, options_for(n));
-    const bool window = reset_peak_resident();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (auto& p : prompts) engine.submit(std::move(p), g);
-    engine.run();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::int64_t generated = 0;
-    double ttft = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto& r = engine.result(i);
-      generated += static_cast<std::int64_t>(r.tokens.size());
-      ttft += r.time_to_first_token_s;
+    const auto options_for = [&](std::int64_t n) {
+      generate::EngineOptions o = eo;
+      o.max_batch = n;
+      o.paged.utilization = 1.0;
+      o.paged.budget_bytes = cache_bytes > 0 ? cache_bytes : n * pages_per_request * page_bytes;
+      return o;
+    };
+    {  // Warm-up: thread pool, first-touch of the scratch; not timed.
+      generate::Engine<Pol> warm(model, options_for(1));
+      auto gw = g;
+      gw.max_new_tokens = std::min<std::int64_t>(G, 4);
+      warm.submit(gen_detail::random_prompt(std::min<std::int64_t>(P, 16), V, seed, 0xffff), gw);
+      warm.run();
     }
-    const auto& st = engine.stats();
-    nlohmann::ordered_json j;
-    j["model"] = name;
-    j["threads"] = exec::num_threads();
-    j["mesh"] = mesh_str(eo.mesh);
-    j["requests"] = n;
-    j["prompt_len"] = P;
-    j["gen_len"] = G;
-    j["page_size"] = eo.paged.page_size;
-    j["prefill_chunk"] = eo.prefill_chunk;
-    j["generated_tokens"] = generated;
-    j["wall_seconds"] = wall;
-    j["tokens_per_s"] = static_cast<double>(generated) / wall;
-    j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n);
-    j["steps"] = st.steps;
-    j["preemptions"] = st.preemptions;
-    j["kv_pool_bytes"] = engine.kv_pool_bytes();
-    j["peak_kv_bytes"] = st.peak_pages * engine.page_bytes();
-    j["peak_bytes"] = peak_resident_bytes();
-    j["peak_bytes_window"] = window ? "this run" : "process";
-    std::cout << j.dump() << std::endl;
-  }
-  return 0;
+
+    for (const std::int64_t n : requests) {
+      std::vector<std::vector<std::int64_t>> prompts;
+      for (std::int64_t i = 0; i < n; ++i) prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
+      generate::Engine<Pol> engine(model, options_for(n));
+      const bool window = reset_peak_resident();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (auto& p : prompts) engine.submit(std::move(p), g);
+      engine.run();
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::int64_t generated = 0;
+      double ttft = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto& r = engine.result(i);
+        generated += static_cast<std::int64_t>(r.tokens.size());
+        ttft += r.time_to_first_token_s;
+      }
+      const auto& st = engine.stats();
+      nlohmann::ordered_json j;
+      j["model"] = name;
+      j["dtype"] = dtype;
+      j["threads"] = exec::num_threads();
+      j["mesh"] = mesh_str(eo.mesh);
+      j["requests"] = n;
+      j["prompt_len"] = P;
+      j["gen_len"] = G;
+      j["page_size"] = eo.paged.page_size;
+      j["prefill_chunk"] = eo.prefill_chunk;
+      j["generated_tokens"] = generated;
+      j["wall_seconds"] = wall;
+      j["tokens_per_s"] = static_cast<double>(generated) / wall;
+      j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n);
+      j["steps"] = st.steps;
+      j["preemptions"] = st.preemptions;
+      j["kv_pool_bytes"] = engine.kv_pool_bytes();
+      j["peak_kv_bytes"] = st.peak_pages * engine.page_bytes();
+      j["peak_bytes"] = peak_resident_bytes();
+      j["peak_bytes_window"] = window ? "this run" : "process";
+      std::cout << j.dump() << std::endl;
+    }
+    return 0;
+  });
 }
 
 inline Command bench_serve_command() {
@@ -159,6 +164,7 @@ inline Command bench_serve_command() {
                        integer_flag("--prefill-chunk", "C", "prompt tokens per step").defaults("256"),
                        integer_flag("--cache-bytes", "N", "the page pool's budget, each device's on a mesh (requests may wait or be preempted)")
                            .defaults("exactly every request's pages"),
+                       gen_detail::declare_dtype_flag(),
                        declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl bench serve --config tiny --requests 1,4 --prompt-len 20 --gen-len 3 --threads 2",
                    "edl bench serve --model gqa1b --requests 1,8 --prompt-len 128 --gen-len 64"},

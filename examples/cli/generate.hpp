@@ -585,249 +585,249 @@ inline int cmd_bench_decode(Args& args) {
   models::LlamaForCausalLM<> loaded = gen_detail::load_then_limit_threads(name, seed, threads, huge_pages, quant);
   apply_adapter(loaded, af);
   return gen_detail::with_param_dtype(loaded, dtype, huge_pages, "bench decode", [&](auto& model) {
-  using Pol = typename gen_detail::PolicyOf<std::decay_t<decltype(model)>>::type;
-  const auto& cfg = model.config();
-  const std::int64_t V = cfg.vocab_size;
-  check_length(cfg);
-  const std::vector<std::int64_t> prompt = gen_detail::random_prompt(P, V, seed, 1);
+    using Pol = typename gen_detail::PolicyOf<std::decay_t<decltype(model)>>::type;
+    const auto& cfg = model.config();
+    const std::int64_t V = cfg.vocab_size;
+    check_length(cfg);
+    const std::vector<std::int64_t> prompt = gen_detail::random_prompt(P, V, seed, 1);
 
-  const auto shape = generate::kv_cache_shape(cfg, 1, L);
-  nlohmann::ordered_json j;
-  // dec: a Decoder or a ShardedDecoder; forget(): empties its cache. Each repetition prefills
-  // and decodes from an empty cache; with --bandwidth the roofline is measured right after each
-  // decode pass, so every repetition's fraction compares two measurements a second apart (the
-  // machine's bandwidth drifts by more than the kernel's gaps over a minute). The figures are
-  // medians over the repetitions.
-  const auto run = [&](auto& dec, auto&& forget, std::int64_t cache_bytes) {
-    std::vector<float> logits(static_cast<std::size_t>(V));
-    // Warm-up: a short prefill and a few steps, then forget them.
-    dec.prefill(prompt.data(), std::min<std::int64_t>(P, 16), nullptr, logits.data());
-    for (std::int64_t i = 0; i < std::min<std::int64_t>(3, G); ++i) {  // the cache holds P + G tokens
-      const std::int64_t t = generate::argmax(logits.data(), V);
-      dec.decode(&t, logits.data());
-    }
-    // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
-    // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
-    const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
-    double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(typename Pol::param_t);
-    // A mixture-of-experts layer reads its router and k of its E experts per token.
-    for (auto& layer : model.model.layers)
-      if (layer.is_sparse()) {
-        double experts = 0;
-        for (auto& e : layer.block_sparse_moe.experts) experts += static_cast<double>(nn::storage_bytes(e));
-        wbytes -= experts * static_cast<double>(cfg.num_local_experts - cfg.num_experts_per_tok) /
-                  static_cast<double>(cfg.num_local_experts);
-      }
-    const double kv_per_tok = o.cache == generate::CacheKind::int8
-                                  ? 2.0 * static_cast<double>(cfg.num_hidden_layers * (cfg.kv_size() + 4 * cfg.num_key_value_heads))
-                                  : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);
-    const double mean_ctx = static_cast<double>(P) + static_cast<double>(G) / 2;
-    const double step_bytes = wbytes + kv_per_tok * mean_ctx;
-    std::vector<double> tp(static_cast<std::size_t>(reps)), td(tp), pp_rate(tp), tg_rate(tp), bw(tp), fraction(tp);
-    std::vector<gen_detail::ReadBandwidth> rb(tp.size());
-    aligned_vector<float> bw_buf;  // on cache lines, as the weights (nn::ParamTensor)
-    // Paired: step i is followed by a read of step_bytes in pattern i % kReadPatterns, and
-    // fraction = (step_bytes / step seconds) / (read bytes / read seconds). Per pattern, the
-    // median over the steps it followed; the figure is the least of them (the pattern that
-    // read fastest against decode), so the roofline is still the best pattern.
-    constexpr int NP = gen_detail::kReadPatterns;
-    std::size_t read_offset = 0;
-    std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
-    std::vector<double> rep_fraction(tp.size());
-    if (paired) gen_detail::ensure_read_buffer(bw_buf, gen_detail::kReadBufferBytes);
-    // Paired on one device, step i's buffer read is followed by a read of the weights
-    // themselves in weights-read pattern i % kWeightsReadPatterns (the roofline of the memory
-    // the weights are in), then by an untimed read of other bytes.
-    constexpr int NW = gen_detail::kWeightsReadPatterns;
-    const bool weights_paired = paired && mesh.size() == 1;
-    const auto spans = weights_paired ? gen_detail::decode_weight_spans(model)
-                                      : std::vector<std::pair<const char*, std::size_t>>{};
-    double span_bytes = 0;
-    for (const auto& sp : spans) span_bytes += static_cast<double>(sp.second);
-    std::vector<std::vector<double>> wstep_fraction(NW), wstep_read_gbps(NW);
-    std::vector<double> wrep_fraction(tp.size());
-    const auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      const std::size_t m = v.size() / 2;
-      return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-    };
-    // Per pattern, the median of its fractions (infinity for a pattern no step followed), and
-    // the pattern whose median is least.
-    const auto pattern_medians = [&](const std::vector<std::vector<double>>& by) {
-      std::vector<double> m(by.size(), std::numeric_limits<double>::infinity());
-      for (std::size_t q = 0; q < by.size(); ++q)
-        if (!by[q].empty()) m[q] = median(by[q]);
-      return m;
-    };
-    const auto least = [](const std::vector<double>& m) {
-      return static_cast<std::size_t>(std::min_element(m.begin(), m.end()) - m.begin());
-    };
-    const std::size_t step_floats = static_cast<std::size_t>(step_bytes / sizeof(float));
-    for (std::size_t r = 0; r < tp.size(); ++r) {
-      forget();
-      const auto t0 = std::chrono::steady_clock::now();
-      dec.prefill(prompt.data(), P, nullptr, logits.data());
-      tp[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const auto t1 = std::chrono::steady_clock::now();
-      std::vector<std::vector<double>> fr(NP), wfr(NW);  // this repetition's paired fractions by pattern
-      td[r] = 0;
-      if constexpr (requires { dec.time_phases(true); }) dec.time_phases(phase_times);  // decode steps only
-      for (std::int64_t i = 0; i < G; ++i) {
-        const auto s0 = std::chrono::steady_clock::now();
+    const auto shape = generate::kv_cache_shape(cfg, 1, L);
+    nlohmann::ordered_json j;
+    // dec: a Decoder or a ShardedDecoder; forget(): empties its cache. Each repetition prefills
+    // and decodes from an empty cache; with --bandwidth the roofline is measured right after each
+    // decode pass, so every repetition's fraction compares two measurements a second apart (the
+    // machine's bandwidth drifts by more than the kernel's gaps over a minute). The figures are
+    // medians over the repetitions.
+    const auto run = [&](auto& dec, auto&& forget, std::int64_t cache_bytes) {
+      std::vector<float> logits(static_cast<std::size_t>(V));
+      // Warm-up: a short prefill and a few steps, then forget them.
+      dec.prefill(prompt.data(), std::min<std::int64_t>(P, 16), nullptr, logits.data());
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(3, G); ++i) {  // the cache holds P + G tokens
         const std::int64_t t = generate::argmax(logits.data(), V);
         dec.decode(&t, logits.data());
-        if (!paired) continue;
-        const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-        td[r] += step_s;
-        const int pattern = static_cast<int>(i % NP);
-        std::size_t done = 0;
-        const double read_s = gen_detail::timed_read(bw_buf, pattern, step_floats, read_offset, done);
-        const double read_gbps = static_cast<double>(done * sizeof(float)) / read_s / 1e9;
-        fr[static_cast<std::size_t>(pattern)].push_back(step_bytes / step_s / 1e9 / read_gbps);
-        step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
-        if (weights_paired) {
-          // After the buffer's read, so that the step's weights have left the caches (tiny's
-          // 60 MB are not far beyond an L3); then an untimed read of as many other bytes, so
-          // that the next step does not find this read's weights there either.
-          const int wp = static_cast<int>(i % NW);
-          const double w_gbps = span_bytes / gen_detail::timed_weights_read(spans, wp) / 1e9;
-          wfr[static_cast<std::size_t>(wp)].push_back(step_bytes / step_s / 1e9 / w_gbps);
-          wstep_read_gbps[static_cast<std::size_t>(wp)].push_back(w_gbps);
-          gen_detail::timed_read(bw_buf, 0, std::min(step_floats, gen_detail::kFlushFloats), read_offset, done);
+      }
+      // Bytes one decode step reads: every weight once (lm_head too) plus the cache so far (mean).
+      // (the embedding table is not read, one row aside, unless it is also the tied lm_head).
+      const double emb = model.tied() ? 0.0 : static_cast<double>(cfg.vocab_size * cfg.hidden_size);
+      double wbytes = static_cast<double>(nn::storage_bytes(model)) - emb * sizeof(typename Pol::param_t);
+      // A mixture-of-experts layer reads its router and k of its E experts per token.
+      for (auto& layer : model.model.layers)
+        if (layer.is_sparse()) {
+          double experts = 0;
+          for (auto& e : layer.block_sparse_moe.experts) experts += static_cast<double>(nn::storage_bytes(e));
+          wbytes -= experts * static_cast<double>(cfg.num_local_experts - cfg.num_experts_per_tok) /
+                    static_cast<double>(cfg.num_local_experts);
         }
-      }
-      if constexpr (requires { dec.time_phases(false); }) dec.time_phases(false);
-      if (paired) {
-        const std::vector<double> m = pattern_medians(fr);
-        rep_fraction[r] = m[least(m)];
-        for (int q = 0; q < NP; ++q) step_fraction[q].insert(step_fraction[q].end(), fr[q].begin(), fr[q].end());
-        if (weights_paired) {
-          const std::vector<double> wm = pattern_medians(wfr);
-          wrep_fraction[r] = wm[least(wm)];
-          for (int q = 0; q < NW; ++q) wstep_fraction[q].insert(wstep_fraction[q].end(), wfr[q].begin(), wfr[q].end());
-        }
-      } else {
-        td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-      }
-      pp_rate[r] = static_cast<double>(P) / tp[r];
-      tg_rate[r] = static_cast<double>(G) / td[r];
-      if (bandwidth) {  // the roofline, measured in the same run on the same threads
-        rb[r] = gen_detail::measure_read_bandwidth(bw_buf);
-        bw[r] = rb[r].best();
-        fraction[r] = tg_rate[r] / (bw[r] * 1e9 / step_bytes);
-      }
-    }
-    const auto pattern_median = [&](double gen_detail::ReadBandwidth::*f) {
-      std::vector<double> v;
-      for (const auto& x : rb) v.push_back(x.*f);
-      return median(v);
-    };
-    j["model"] = name;
-    j["cache"] = args.str("--cache", "standard");
-    j["quant"] = quant::format_name(quant);
-    j["dtype"] = dtype;
-    j["adapter"] = af.adapter.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(af.adapter);
-    j["adapter_merged"] = af.merge;
-    j["threads"] = exec::num_threads();
-    j["huge_pages"] = huge_pages;
-    j["prompt_len"] = P;
-    j["gen_len"] = G;
-    j["repetitions"] = reps;
-    j["prefill_seconds"] = median(tp);
-    j["decode_seconds"] = median(td);
-    j["prefill_tokens_per_s"] = median(pp_rate);
-    j["decode_tokens_per_s"] = median(tg_rate);
-    j["ms_per_token"] = 1e3 * median(td) / static_cast<double>(G);
-    if (reps > 1) {
-      j["prefill_tokens_per_s_by_repetition"] = pp_rate;
-      j["decode_tokens_per_s_by_repetition"] = tg_rate;
-    }
-    j["params"] = model.param_count();
-    j["decode_bytes_per_token"] = step_bytes;
-    j["decode_gb_per_s"] = step_bytes * median(tg_rate) / 1e9;
-    j["mesh"] = mesh_str(dims);
-    j["cache_bytes"] = cache_bytes;
-    j["scratch_bytes"] = dec.scratch_bytes();
-    if constexpr (requires { dec.phase_seconds(); }) {
-      if (phase_times) {
-        const auto ps = dec.phase_seconds();
-        j["phase_seconds_per_token"] = {{"qkv", ps.qkv},         {"attention", ps.attention},
-                                        {"o_proj", ps.o_proj},   {"gate_up", ps.gate_up},
-                                        {"down", ps.down},       {"lm_head", ps.lm_head},
-                                        {"barrier_wait", ps.barrier_wait}};
-        j["phase_steps"] = ps.steps;
-      }
-    }
-    if (bandwidth) {
-      using RB = gen_detail::ReadBandwidth;
-      j["memory_read_gb_per_s"] = median(bw);
-      j["memory_read_gb_per_s_by_pattern"] = {{"sequential", pattern_median(&RB::sequential)},
-                                              {"prefetched", pattern_median(&RB::prefetched)},
-                                              {"streams8", pattern_median(&RB::streams8)},
-                                              {"rows8", pattern_median(&RB::rows8)},
-                                              {"rows8_32k", pattern_median(&RB::rows8_32k)},
-                                              {"rows8_stream", pattern_median(&RB::rows8_stream)}};
-      j["roofline_tokens_per_s"] = median(bw) * 1e9 / step_bytes;
-      j["roofline_fraction"] = median(fraction);  // the median of the paired fractions
-      if (reps > 1) {
-        j["memory_read_gb_per_s_by_repetition"] = bw;
-        j["roofline_fraction_by_repetition"] = fraction;
-      }
-      // A paired read's fields: its least pattern (name, median read, median fraction), the
-      // fraction by pattern and, with N > 1, by repetition.
-      const auto put_paired = [&](const std::vector<std::vector<double>>& fractions,
-                                  const std::vector<std::vector<double>>& gbps, const char* const* names,
-                                  const std::vector<double>& by_rep, const std::string& read, const std::string& fraction) {
-        const std::vector<double> m = pattern_medians(fractions);
-        const std::size_t best = least(m);
-        nlohmann::ordered_json by_pattern;
-        for (std::size_t q = 0; q < m.size(); ++q)
-          if (!fractions[q].empty()) by_pattern[names[q]] = m[q];
-        j[read + "_pattern"] = names[best];
-        j[read + "_gb_per_s"] = median(gbps[best]);
-        j[fraction] = m[best];
-        j[fraction + "_by_pattern"] = by_pattern;
-        if (reps > 1) j[fraction + "_by_repetition"] = by_rep;
+      const double kv_per_tok = o.cache == generate::CacheKind::int8
+                                    ? 2.0 * static_cast<double>(cfg.num_hidden_layers * (cfg.kv_size() + 4 * cfg.num_key_value_heads))
+                                    : 2.0 * static_cast<double>(cfg.num_hidden_layers * cfg.kv_size()) * sizeof(float);
+      const double mean_ctx = static_cast<double>(P) + static_cast<double>(G) / 2;
+      const double step_bytes = wbytes + kv_per_tok * mean_ctx;
+      std::vector<double> tp(static_cast<std::size_t>(reps)), td(tp), pp_rate(tp), tg_rate(tp), bw(tp), fraction(tp);
+      std::vector<gen_detail::ReadBandwidth> rb(tp.size());
+      aligned_vector<float> bw_buf;  // on cache lines, as the weights (nn::ParamTensor)
+      // Paired: step i is followed by a read of step_bytes in pattern i % kReadPatterns, and
+      // fraction = (step_bytes / step seconds) / (read bytes / read seconds). Per pattern, the
+      // median over the steps it followed; the figure is the least of them (the pattern that
+      // read fastest against decode), so the roofline is still the best pattern.
+      constexpr int NP = gen_detail::kReadPatterns;
+      std::size_t read_offset = 0;
+      std::vector<std::vector<double>> step_fraction(NP), step_read_gbps(NP);
+      std::vector<double> rep_fraction(tp.size());
+      if (paired) gen_detail::ensure_read_buffer(bw_buf, gen_detail::kReadBufferBytes);
+      // Paired on one device, step i's buffer read is followed by a read of the weights
+      // themselves in weights-read pattern i % kWeightsReadPatterns (the roofline of the memory
+      // the weights are in), then by an untimed read of other bytes.
+      constexpr int NW = gen_detail::kWeightsReadPatterns;
+      const bool weights_paired = paired && mesh.size() == 1;
+      const auto spans = weights_paired ? gen_detail::decode_weight_spans(model)
+                                        : std::vector<std::pair<const char*, std::size_t>>{};
+      double span_bytes = 0;
+      for (const auto& sp : spans) span_bytes += static_cast<double>(sp.second);
+      std::vector<std::vector<double>> wstep_fraction(NW), wstep_read_gbps(NW);
+      std::vector<double> wrep_fraction(tp.size());
+      const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        const std::size_t m = v.size() / 2;
+        return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
       };
-      if (paired)
-        put_paired(step_fraction, step_read_gbps, gen_detail::kReadPatternNames, rep_fraction, "paired_read",
-                   "roofline_fraction_paired");
-      if (weights_paired)
-        put_paired(wstep_fraction, wstep_read_gbps, gen_detail::kWeightsReadPatternNames, wrep_fraction, "weights_read",
-                   "roofline_fraction_weights_read");
-    }
-  };
-  const auto one = [&](auto& c) {
-    generate::Decoder dec(model, c);
-    run(dec, [&] { c.reset(0); }, c.bytes());
-  };
-  const auto on_mesh = [&](auto& dec) { run(dec, [&] { dec.reset(); }, dec.cache_bytes()); };
-  if (mesh.size() > 1) {
-    EDL_CLI_USAGE_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
-                        "--cache paged with --mesh: use standard or int8");
-    if (o.cache == generate::CacheKind::standard) {
-      generate::ShardedDecoder<Pol, generate::StandardKVCache> dec(model, mesh, 1, L);
-      on_mesh(dec);
+      // Per pattern, the median of its fractions (infinity for a pattern no step followed), and
+      // the pattern whose median is least.
+      const auto pattern_medians = [&](const std::vector<std::vector<double>>& by) {
+        std::vector<double> m(by.size(), std::numeric_limits<double>::infinity());
+        for (std::size_t q = 0; q < by.size(); ++q)
+          if (!by[q].empty()) m[q] = median(by[q]);
+        return m;
+      };
+      const auto least = [](const std::vector<double>& m) {
+        return static_cast<std::size_t>(std::min_element(m.begin(), m.end()) - m.begin());
+      };
+      const std::size_t step_floats = static_cast<std::size_t>(step_bytes / sizeof(float));
+      for (std::size_t r = 0; r < tp.size(); ++r) {
+        forget();
+        const auto t0 = std::chrono::steady_clock::now();
+        dec.prefill(prompt.data(), P, nullptr, logits.data());
+        tp[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const auto t1 = std::chrono::steady_clock::now();
+        std::vector<std::vector<double>> fr(NP), wfr(NW);  // this repetition's paired fractions by pattern
+        td[r] = 0;
+        if constexpr (requires { dec.time_phases(true); }) dec.time_phases(phase_times);  // decode steps only
+        for (std::int64_t i = 0; i < G; ++i) {
+          const auto s0 = std::chrono::steady_clock::now();
+          const std::int64_t t = generate::argmax(logits.data(), V);
+          dec.decode(&t, logits.data());
+          if (!paired) continue;
+          const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+          td[r] += step_s;
+          const int pattern = static_cast<int>(i % NP);
+          std::size_t done = 0;
+          const double read_s = gen_detail::timed_read(bw_buf, pattern, step_floats, read_offset, done);
+          const double read_gbps = static_cast<double>(done * sizeof(float)) / read_s / 1e9;
+          fr[static_cast<std::size_t>(pattern)].push_back(step_bytes / step_s / 1e9 / read_gbps);
+          step_read_gbps[static_cast<std::size_t>(pattern)].push_back(read_gbps);
+          if (weights_paired) {
+            // After the buffer's read, so that the step's weights have left the caches (tiny's
+            // 60 MB are not far beyond an L3); then an untimed read of as many other bytes, so
+            // that the next step does not find this read's weights there either.
+            const int wp = static_cast<int>(i % NW);
+            const double w_gbps = span_bytes / gen_detail::timed_weights_read(spans, wp) / 1e9;
+            wfr[static_cast<std::size_t>(wp)].push_back(step_bytes / step_s / 1e9 / w_gbps);
+            wstep_read_gbps[static_cast<std::size_t>(wp)].push_back(w_gbps);
+            gen_detail::timed_read(bw_buf, 0, std::min(step_floats, gen_detail::kFlushFloats), read_offset, done);
+          }
+        }
+        if constexpr (requires { dec.time_phases(false); }) dec.time_phases(false);
+        if (paired) {
+          const std::vector<double> m = pattern_medians(fr);
+          rep_fraction[r] = m[least(m)];
+          for (int q = 0; q < NP; ++q) step_fraction[q].insert(step_fraction[q].end(), fr[q].begin(), fr[q].end());
+          if (weights_paired) {
+            const std::vector<double> wm = pattern_medians(wfr);
+            wrep_fraction[r] = wm[least(wm)];
+            for (int q = 0; q < NW; ++q) wstep_fraction[q].insert(wstep_fraction[q].end(), wfr[q].begin(), wfr[q].end());
+          }
+        } else {
+          td[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        }
+        pp_rate[r] = static_cast<double>(P) / tp[r];
+        tg_rate[r] = static_cast<double>(G) / td[r];
+        if (bandwidth) {  // the roofline, measured in the same run on the same threads
+          rb[r] = gen_detail::measure_read_bandwidth(bw_buf);
+          bw[r] = rb[r].best();
+          fraction[r] = tg_rate[r] / (bw[r] * 1e9 / step_bytes);
+        }
+      }
+      const auto pattern_median = [&](double gen_detail::ReadBandwidth::*f) {
+        std::vector<double> v;
+        for (const auto& x : rb) v.push_back(x.*f);
+        return median(v);
+      };
+      j["model"] = name;
+      j["cache"] = args.str("--cache", "standard");
+      j["quant"] = quant::format_name(quant);
+      j["dtype"] = dtype;
+      j["adapter"] = af.adapter.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(af.adapter);
+      j["adapter_merged"] = af.merge;
+      j["threads"] = exec::num_threads();
+      j["huge_pages"] = huge_pages;
+      j["prompt_len"] = P;
+      j["gen_len"] = G;
+      j["repetitions"] = reps;
+      j["prefill_seconds"] = median(tp);
+      j["decode_seconds"] = median(td);
+      j["prefill_tokens_per_s"] = median(pp_rate);
+      j["decode_tokens_per_s"] = median(tg_rate);
+      j["ms_per_token"] = 1e3 * median(td) / static_cast<double>(G);
+      if (reps > 1) {
+        j["prefill_tokens_per_s_by_repetition"] = pp_rate;
+        j["decode_tokens_per_s_by_repetition"] = tg_rate;
+      }
+      j["params"] = model.param_count();
+      j["decode_bytes_per_token"] = step_bytes;
+      j["decode_gb_per_s"] = step_bytes * median(tg_rate) / 1e9;
+      j["mesh"] = mesh_str(dims);
+      j["cache_bytes"] = cache_bytes;
+      j["scratch_bytes"] = dec.scratch_bytes();
+      if constexpr (requires { dec.phase_seconds(); }) {
+        if (phase_times) {
+          const auto ps = dec.phase_seconds();
+          j["phase_seconds_per_token"] = {{"qkv", ps.qkv},         {"attention", ps.attention},
+                                          {"o_proj", ps.o_proj},   {"gate_up", ps.gate_up},
+                                          {"down", ps.down},       {"lm_head", ps.lm_head},
+                                          {"barrier_wait", ps.barrier_wait}};
+          j["phase_steps"] = ps.steps;
+        }
+      }
+      if (bandwidth) {
+        using RB = gen_detail::ReadBandwidth;
+        j["memory_read_gb_per_s"] = median(bw);
+        j["memory_read_gb_per_s_by_pattern"] = {{"sequential", pattern_median(&RB::sequential)},
+                                                {"prefetched", pattern_median(&RB::prefetched)},
+                                                {"streams8", pattern_median(&RB::streams8)},
+                                                {"rows8", pattern_median(&RB::rows8)},
+                                                {"rows8_32k", pattern_median(&RB::rows8_32k)},
+                                                {"rows8_stream", pattern_median(&RB::rows8_stream)}};
+        j["roofline_tokens_per_s"] = median(bw) * 1e9 / step_bytes;
+        j["roofline_fraction"] = median(fraction);  // the median of the paired fractions
+        if (reps > 1) {
+          j["memory_read_gb_per_s_by_repetition"] = bw;
+          j["roofline_fraction_by_repetition"] = fraction;
+        }
+        // A paired read's fields: its least pattern (name, median read, median fraction), the
+        // fraction by pattern and, with N > 1, by repetition.
+        const auto put_paired = [&](const std::vector<std::vector<double>>& fractions,
+                                    const std::vector<std::vector<double>>& gbps, const char* const* names,
+                                    const std::vector<double>& by_rep, const std::string& read, const std::string& fraction) {
+          const std::vector<double> m = pattern_medians(fractions);
+          const std::size_t best = least(m);
+          nlohmann::ordered_json by_pattern;
+          for (std::size_t q = 0; q < m.size(); ++q)
+            if (!fractions[q].empty()) by_pattern[names[q]] = m[q];
+          j[read + "_pattern"] = names[best];
+          j[read + "_gb_per_s"] = median(gbps[best]);
+          j[fraction] = m[best];
+          j[fraction + "_by_pattern"] = by_pattern;
+          if (reps > 1) j[fraction + "_by_repetition"] = by_rep;
+        };
+        if (paired)
+          put_paired(step_fraction, step_read_gbps, gen_detail::kReadPatternNames, rep_fraction, "paired_read",
+                     "roofline_fraction_paired");
+        if (weights_paired)
+          put_paired(wstep_fraction, wstep_read_gbps, gen_detail::kWeightsReadPatternNames, wrep_fraction, "weights_read",
+                     "roofline_fraction_weights_read");
+      }
+    };
+    const auto one = [&](auto& c) {
+      generate::Decoder dec(model, c);
+      run(dec, [&] { c.reset(0); }, c.bytes());
+    };
+    const auto on_mesh = [&](auto& dec) { run(dec, [&] { dec.reset(); }, dec.cache_bytes()); };
+    if (mesh.size() > 1) {
+      EDL_CLI_USAGE_CHECK(o.cache != generate::CacheKind::paged, errc::unsupported, "edl bench decode",
+                          "--cache paged with --mesh: use standard or int8");
+      if (o.cache == generate::CacheKind::standard) {
+        generate::ShardedDecoder<Pol, generate::StandardKVCache> dec(model, mesh, 1, L);
+        on_mesh(dec);
+      } else {
+        generate::ShardedDecoder<Pol, generate::Int8KVCache> dec(model, mesh, 1, L);
+        on_mesh(dec);
+      }
     } else {
-      generate::ShardedDecoder<Pol, generate::Int8KVCache> dec(model, mesh, 1, L);
-      on_mesh(dec);
-    }
-  } else {
-    switch (o.cache) {
-      case generate::CacheKind::standard: { generate::StandardKVCache c(shape); one(c); break; }
-      case generate::CacheKind::int8: { generate::Int8KVCache c(shape); one(c); break; }
-      case generate::CacheKind::paged: {
-        auto po = o.paged;
-        po.max_model_length = L;
-        generate::PagedKVCache c(shape, po);
-        one(c);
-        break;
+      switch (o.cache) {
+        case generate::CacheKind::standard: { generate::StandardKVCache c(shape); one(c); break; }
+        case generate::CacheKind::int8: { generate::Int8KVCache c(shape); one(c); break; }
+        case generate::CacheKind::paged: {
+          auto po = o.paged;
+          po.max_model_length = L;
+          generate::PagedKVCache c(shape, po);
+          one(c);
+          break;
+        }
       }
     }
-  }
-  j["peak_bytes"] = peak_resident_bytes();
-  std::cout << j.dump() << "\n";
-  return 0;
+    j["peak_bytes"] = peak_resident_bytes();
+    std::cout << j.dump() << "\n";
+    return 0;
   });
 }
 

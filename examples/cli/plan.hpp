@@ -77,8 +77,6 @@ inline int cmd_plan(Args& args) {
   o.train = train;
   o.optimizer.kind = optim::optimizer_from_name(optimizer);
   o.optimizer.momentum = momentum;
-  EDL_CLI_USAGE_CHECK(dtype == "f32" || dtype == "bf16" || dtype == "f16", errc::invalid_argument, "--dtype",
-                      "parameters are stored as f32, bf16 or f16, found \"", dtype, "\"");
   o.param_dtype = dtype == "bf16" ? DType::bf16 : dtype == "f16" ? DType::f16 : DType::f32;
   o.threads = threads;
   o.chunk_rows = chunk_rows;

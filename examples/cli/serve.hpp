@@ -4,11 +4,12 @@
 //             [--max-batch N] [--max-queue N] [--threads N] [--mesh dp=1,...]
 //             [--tokenizer DIR] [--served-model-name NAME] [--max-model-len N]
 //             [--page-size N] [--cache-bytes N] [--prefill-chunk N] [--max-body-bytes N]
-//             [--timeout S] [--shutdown-grace S]
+//             [--timeout S] [--shutdown-grace S] [--dtype f32|bf16|f16]
 //
 // --model may name a preset (tiny, small, gqa1b: random weights) for benchmarks; it then needs
 // --tokenizer DIR. Prints {"listening": "http://HOST:PORT"} on stdout once it accepts connections (--port 0:
-// a free port). SIGTERM or SIGINT: new requests get 503, in-flight ones finish within
+// a free port). --dtype bf16|f16 serves the weights converted after loading (half the memory
+// of f32; compute stays f32). SIGTERM or SIGINT: new requests get 503, in-flight ones finish within
 // --shutdown-grace seconds (then are cancelled), and the process exits 0.
 #pragma once
 
@@ -38,11 +39,48 @@ inline void on_stop_signal(int sig) {
   const unsigned char b = static_cast<unsigned char>(sig);
   (void)!::write(signal_pipe[1], &b, 1);
 }
+
+/// Serves `model` until a signal or the server's own shutdown (cmd_serve's flags parsed).
+template <class Pol>
+int run_server(const models::LlamaForCausalLM<Pol>& model, const serve::ServiceOptions& svc,
+               const tokenizer::Tokenizer& tok, const generate::GenerationConfig& defaults,
+               const serve::ServerOptions& so, double grace) {
+  const std::string where = "edl serve";
+  serve::Metrics metrics;
+  serve::Service<Pol> service(model, svc, &metrics);
+  serve::Server<Pol> server(service, tok, defaults, so, metrics);
+  const int port = server.bind();
+  // SIGTERM / SIGINT may land on any thread (the MPI runtime and the kernels' pool start
+  // theirs before this point): the handler only writes the signal number to a pipe, and one
+  // watcher thread reads it and shuts down.
+  EDL_CHECK(::pipe(signal_pipe) == 0, errc::io, where, "cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::thread watcher([&] {
+    unsigned char sig = 0;
+    while (::read(signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig == 0) return;  // woken to leave: listen() ended by itself
+    std::cerr << "edl serve: signal " << int(sig) << ", shutting down (up to " << grace << " s for in-flight requests)\n";
+    server.shutdown(std::chrono::duration<double>(grace));
+  });
+  nlohmann::ordered_json j;
+  j["listening"] = "http://" + so.host + ":" + std::to_string(port);
+  std::cout << j.dump() << std::endl;
+  server.listen();
+  const unsigned char leave = 0;  // wakes the watcher if no signal came (unread if one did)
+  (void)!::write(signal_pipe[1], &leave, 1);
+  watcher.join();
+  service.shutdown(std::chrono::seconds(0));
+  return 0;
+}
 }  // namespace serve_detail
 
 inline int cmd_serve(Args& args) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails instead
-  const std::string where = "edl serve";
   const AdapterFlags af = adapter_flags(args, args.required("--model"), "serve");
   const std::string dir = af.model;
   const bool args_tokenizer_given = args.has("--tokenizer");
@@ -63,6 +101,7 @@ inline int cmd_serve(Args& args) {
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   const double grace = args.number("--shutdown-grace", 10);
   const std::int64_t threads = args.integer("--threads", 0);
+  const std::string dtype = args.str("--dtype", "f32");
   const MeshDims dims = mesh_flag(args);
   args.finish();
   EDL_CLI_USAGE_CHECK(launch().ranks == 1, errc::unsupported, "edl serve",
@@ -98,38 +137,9 @@ inline int cmd_serve(Args& args) {
   auto model = gen_detail::load_then_limit_threads(dir, 0, threads);
   apply_adapter(model, af);
   if (cache_bytes > 0) svc.engine.paged.budget_bytes = cache_bytes;
-
-
-  serve::Metrics metrics;
-  serve::Service<> service(model, svc, &metrics);
-  serve::Server<> server(service, tok, defaults, so, metrics);
-  const int port = server.bind();
-  // SIGTERM / SIGINT may land on any thread (the MPI runtime and the kernels' pool start
-  // theirs before this point): the handler only writes the signal number to a pipe, and one
-  // watcher thread reads it and shuts down.
-  EDL_CHECK(::pipe(serve_detail::signal_pipe) == 0, errc::io, where, "cannot create the signal pipe");
-  struct sigaction sa {};
-  sa.sa_handler = serve_detail::on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
-  std::thread watcher([&] {
-    unsigned char sig = 0;
-    while (::read(serve_detail::signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
-    }
-    if (sig == 0) return;  // woken to leave: listen() ended by itself
-    std::cerr << "edl serve: signal " << int(sig) << ", shutting down (up to " << grace << " s for in-flight requests)\n";
-    server.shutdown(std::chrono::duration<double>(grace));
+  return gen_detail::with_param_dtype(model, dtype, true, "serve", [&](const auto& m) {
+    return serve_detail::run_server(m, svc, tok, defaults, so, grace);
   });
-  nlohmann::ordered_json j;
-  j["listening"] = "http://" + so.host + ":" + std::to_string(port);
-  std::cout << j.dump() << std::endl;
-  server.listen();
-  const unsigned char leave = 0;  // wakes the watcher if no signal came (unread if one did)
-  (void)!::write(serve_detail::signal_pipe[1], &leave, 1);
-  watcher.join();
-  service.shutdown(std::chrono::seconds(0));
-  return 0;
 }
 
 inline Command serve_command() {
@@ -157,6 +167,7 @@ inline Command serve_command() {
             integer_flag("--max-body-bytes", "N", "larger request bodies get 413").defaults("4 MiB"),
             integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
             number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
+            gen_detail::declare_dtype_flag(),
             declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl serve --model Qwen3-0.6B --port 8080",
                    "edl serve --model run/checkpoint-400 --port 0 --api-key sekret --max-batch 4"},

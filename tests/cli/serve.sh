@@ -4,7 +4,8 @@
 # greedy answers equal `edl generate`'s tokens, streaming, concurrency, seeds, logprobs, stop
 # strings, errors, a soak), then curl: health, the API key, a slow half-sent request, the
 # listening line, and SIGTERM during a streamed answer (exit 0, the answer ends); then a server
-# on a mesh (dp x tp x sp) whose concurrent greedy answers are `edl generate`'s tokens.
+# on a mesh (dp x tp x sp) and one with --dtype bf16 whose concurrent greedy answers are
+# `edl generate`'s tokens.
 #   usage: serve.sh EDL WORKDIR NODE_MODULES
 set -euo pipefail
 EDL=$1
@@ -29,15 +30,19 @@ command -v curl >/dev/null || fail "curl is missing"
 source "$(dirname "$0")/tiny_chat_model.sh"
 make_tiny_chat_model "$EDL" "$W"
 # What the server must answer: `edl generate` on the same prompts, greedy, 8 new tokens.
-"$EDL" generate --model "$C" --chat "$W/chat.json" --max-new-tokens 8 --greedy >"$W/chat_out.json"
-for k in 0 1 2; do
-  text=("the user asks 1" "and the assistant" "answers 42 and")
-  ids=$("$EDL" tokenize --tokenizer "$C" --text "${text[$k]}" --add-special-tokens |
-        $PY -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
-  "$EDL" generate --model "$C" --prompt-tokens "$ids" --max-new-tokens 8 --greedy >"$W/c$k.json"
-  echo "$ids" >"$W/c$k.ids"
-done
-$PY - "$W" <<'PY'
+#   expect_from_generate OUT.json [generate flags]
+expect_from_generate() {
+  local out=$1
+  shift
+  "$EDL" generate --model "$C" --chat "$W/chat.json" --max-new-tokens 8 --greedy "$@" >"$W/chat_out.json"
+  for k in 0 1 2; do
+    text=("the user asks 1" "and the assistant" "answers 42 and")
+    ids=$("$EDL" tokenize --tokenizer "$C" --text "${text[$k]}" --add-special-tokens |
+          $PY -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
+    "$EDL" generate --model "$C" --prompt-tokens "$ids" --max-new-tokens 8 --greedy "$@" >"$W/c$k.json"
+    echo "$ids" >"$W/c$k.ids"
+  done
+  $PY - "$W" "$out" <<'PY'
 import json, sys
 w = sys.argv[1]
 chat = json.load(open(w + "/chat_out.json"))
@@ -48,8 +53,10 @@ for k in range(3):
     comps.append({"prompt_ids": ids, "tokens": g["tokens"], "text": g["text"]})
 json.dump({"model": "served", "max_tokens": 8,
            "chat": {"messages": json.load(open(w + "/chat.json")), "tokens": chat["tokens"], "text": chat["text"]},
-           "completions": comps}, open(w + "/expect.json", "w"))
+           "completions": comps}, open(sys.argv[2], "w"))
 PY
+}
+expect_from_generate "$W/expect.json"
 
 # The server: a free port, a key, a small body limit, short timeouts.
 start_server() {
@@ -111,12 +118,10 @@ wait $CURL || true
 tail -c 200 "$W/sigterm_stream.txt" | grep -q 'data: \[DONE\]' || fail "the stream in flight at SIGTERM did not end: $(tail -c 200 "$W/sigterm_stream.txt")"
 trap - EXIT
 
-# On a mesh (tp = 2 heads x sp = 2 cache positions, dp = 2 slot groups: eight devices, threads of
-# the one process): concurrent greedy answers are `edl generate`'s tokens (a streamed one its text).
-URL=
-start_server --mesh dp=2,tp=2,sp=2
-trap 'kill $PID 2>/dev/null || true' EXIT
-$PY - "$URL" "$W/expect.json" <<'PY' || fail "the mesh server's answers"
+# Concurrent greedy answers (a chat, three completions, one of them streamed) are those of
+# EXPECT.json.   concurrent_answers_equal EXPECT.json WHAT
+concurrent_answers_equal() {
+  $PY - "$URL" "$1" <<'PY' || fail "$2"
 import json, sys, threading, urllib.request
 url, want = sys.argv[1], json.load(open(sys.argv[2]))
 def post(path, body):
@@ -146,7 +151,26 @@ for i in range(3):
 for e in errors: print("FAIL:", e)
 sys.exit(1 if errors else 0)
 PY
+}
+
+# On a mesh (tp = 2 heads x sp = 2 cache positions, dp = 2 slot groups: eight devices, threads of
+# the one process): concurrent greedy answers are `edl generate`'s tokens (a streamed one its text).
+URL=
+start_server --mesh dp=2,tp=2,sp=2
+trap 'kill $PID 2>/dev/null || true' EXIT
+concurrent_answers_equal "$W/expect.json" "the mesh server's answers"
 kill -TERM $PID
 wait $PID || fail "the mesh server exited with $? after SIGTERM"
+trap - EXIT
+
+# --dtype bf16: the weights converted after loading; the answers are `edl generate --dtype
+# bf16`'s tokens.
+expect_from_generate "$W/expect_bf16.json" --dtype bf16
+URL=
+start_server --dtype bf16
+trap 'kill $PID 2>/dev/null || true' EXIT
+concurrent_answers_equal "$W/expect_bf16.json" "the bf16 server's answers"
+kill -TERM $PID
+wait $PID || fail "the bf16 server exited with $? after SIGTERM"
 trap - EXIT
 echo "serve: all checks passed"

@@ -18,6 +18,7 @@
 #include <edl/generate/generate.hpp>
 #include <edl/io/safetensors.hpp>
 #include <edl/models/llama/llama.hpp>
+#include <edl/models/llama/pretrained.hpp>
 #include <edl/nn/module.hpp>
 #include "small_llama.hpp"
 
@@ -441,4 +442,55 @@ TEST(Engine, LogitsProcessorPerRequestGivesGeneratesTokens) {
     EXPECT_EQ(seen_ids[j], std::vector<std::int64_t>(want.tokens[0].size(), static_cast<std::int64_t>(j))) << j;
     EXPECT_NE(want.tokens[0], reference(jobs[j].prompt, jobs[j].g).tokens[0]) << j;  // the ban mattered
   }
+}
+
+// ------------------------------------------------------------------------ 16-bit parameters
+
+namespace {
+
+/// Every request's tokens and logprob rows, one device or a mesh, for the same waves of
+/// greedy and seeded requests.
+template <class Pol>
+std::pair<std::vector<std::vector<std::int64_t>>, std::vector<std::vector<float>>> serve_all(
+    const LlamaForCausalLM<Pol>& m, const EngineOptions& o) {
+  Engine<Pol> e(m, o);
+  std::vector<std::vector<float>> rows;
+  const std::int64_t lens[] = {7, 3, 11, 5};
+  const std::int64_t news[] = {6, 9, 4, 7};
+  for (int j = 0; j < 4; ++j) {
+    const auto g = j % 2 ? sampled_n(news[j], 30 + j) : greedy_n(news[j]);
+    e.submit(make_prompt(lens[j], 60 + j), g, [&](const TokenEvent& ev) {
+      rows.emplace_back(ev.logprobs.begin(), ev.logprobs.end());
+    }, true);
+    if (j == 1) e.step();  // the last two join while the first two prefill or decode
+  }
+  e.run();
+  std::vector<std::vector<std::int64_t>> tokens;
+  for (int j = 0; j < 4; ++j) tokens.push_back(e.result(j).tokens);
+  return {tokens, rows};
+}
+
+template <class Pol>
+void sixteen_bit_parameters_serve_as_the_rounded_f32_model() {
+  const auto h = edl::models::to_dtype<Pol>(engine_model());
+  const auto r = edl::models::to_dtype<edl::DefaultPolicy>(h);
+  for (const edl::MeshDims mesh : {edl::MeshDims{1, 1, 1, 1, 1}, edl::MeshDims{1, 1, 1, 2, 2}}) {
+    const auto o = mesh_options(mesh, 3, 4);
+    const auto got = serve_all(h, o), want = serve_all(r, o);
+    EXPECT_EQ(got.first, want.first) << "tp " << mesh[3] << " sp " << mesh[4];
+    EXPECT_EQ(got.second, want.second) << "tp " << mesh[3] << " sp " << mesh[4];
+    EXPECT_FALSE(got.second.empty());
+  }
+}
+
+}  // namespace
+
+// `edl serve --dtype bf16|f16`: the engine on 16-bit parameters gives every request the tokens
+// and logprobs, bit for bit, of the engine on the f32 model holding the rounded weights (the
+// kernels widen 16-bit weights exactly and accumulate in f32), on one device and on a mesh.
+TEST(Engine, Bf16ParametersServeAsTheRoundedF32Model) {
+  sixteen_bit_parameters_serve_as_the_rounded_f32_model<edl::BF16ParamsPolicy>();
+}
+TEST(Engine, F16ParametersServeAsTheRoundedF32Model) {
+  sixteen_bit_parameters_serve_as_the_rounded_f32_model<edl::F16ParamsPolicy>();
 }
