@@ -86,10 +86,10 @@ echo "== edl merge-lora (the nf4 base dequantized, the adapter merged), then edl
 "$EDL" quantize --model "$LORA/merged" --method q4_0 --out "$LORA/merged-q4_0"
 "$EDL" eval --model "$LORA/merged-q4_0" --data "$GPL2" --no-unigram
 "$EDL" generate --model "$LORA/merged-q4_0" --prompt "This program is " --greedy --max-new-tokens 100
-echo "== edl serve: the q4_0 folder behind an OpenAI-compatible HTTP API (loopback, a free port), asked with curl"
+echo "== edl serve: the q4_0 folder behind an OpenAI-compatible HTTP API (loopback, a free port; KV cache pages as int8), asked with curl"
 if command -v curl >/dev/null; then
   SERVE_OUT=$(mktemp)
-  "$EDL" serve --model "$LORA/merged-q4_0" --served-model-name licenses --port 0 --max-batch 4 >"$SERVE_OUT" &
+  "$EDL" serve --model "$LORA/merged-q4_0" --served-model-name licenses --port 0 --max-batch 4 --kv-cache int8 >"$SERVE_OUT" &
   SERVE_PID=$!
   for _ in $(seq 1 300); do grep -q listening "$SERVE_OUT" && break; sleep 0.1; done
   URL=$(sed -n 's/.*"listening":"\([^"]*\)".*/\1/p' "$SERVE_OUT")

@@ -4,13 +4,13 @@
 //   edl bench serve (--model DIR|tiny|small|gqa1b | --config tiny|small|gqa1b|DIR)
 //                   [--requests 1,4,16] [--prompt-len P] [--gen-len G] [--threads T]
 //                   [--page-size N] [--cache-bytes N] [--prefill-chunk C] [--seed S]
-//                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1] [--dtype f32|bf16|f16]
+//                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1] [--dtype f32|bf16|f16] [--kv-cache f32|int8]
 //
 // For each concurrency N of --requests: a new Engine with N slots, N requests of P random
 // prompt tokens (stream i of Key S for request i) submitted at once, greedy, G new tokens each
 // (no stop token, so every request runs to G), engine.run() timed from the first submit.
 // One JSON line per concurrency:
-//   {"model", "dtype", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
+//   {"model", "dtype", "kv_cache", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
 //    "generated_tokens", "wall_seconds", "tokens_per_s", "mean_time_to_first_token_s",
 //    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window"}
 // tokens_per_s = generated tokens / wall seconds (prefill time included). The page pool holds
@@ -61,6 +61,8 @@ inline int cmd_bench_serve(Args& args) {
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   eo.mesh = mesh_flag(args);
   const std::string dtype = args.str("--dtype", "f32");
+  const std::string kv_cache = args.str("--kv-cache", "f32");
+  eo.kv_cache = kv_cache == "int8" ? generate::KVCacheDtype::int8 : generate::KVCacheDtype::f32;
   args.finish();
   for (auto n : requests)
     EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
@@ -77,9 +79,12 @@ inline int cmd_bench_serve(Args& args) {
     EDL_CHECK(L <= cfg.max_position_embeddings, errc::invalid_argument, where, "--prompt-len + --gen-len = ", L,
               " exceeds max_position_embeddings = ", cfg.max_position_embeddings);
     eo.max_model_length = L;
-    // f32 k and v of every layer for one page; on a mesh a device holds 1 / (tp x sp) of it.
-    const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * cfg.kv_size() *
-                                    static_cast<std::int64_t>(sizeof(float)) / (eo.mesh[3] * eo.mesh[4]);
+    // k and v of every layer for one page (f32; int8 values and an f32 scale per token and kv
+    // head); on a mesh a device holds 1 / (tp x sp) of it.
+    const std::int64_t token_bytes = eo.kv_cache == generate::KVCacheDtype::int8
+                                         ? cfg.kv_size() + 4 * cfg.num_key_value_heads
+                                         : cfg.kv_size() * static_cast<std::int64_t>(sizeof(float));
+    const std::int64_t page_bytes = 2 * cfg.num_hidden_layers * eo.paged.page_size * token_bytes / (eo.mesh[3] * eo.mesh[4]);
     const std::int64_t pages_per_request = (L + eo.paged.page_size - 1) / eo.paged.page_size;
 
     generate::GenerationConfig g = generate::GenerationConfig::from_model_config(cfg);
@@ -123,6 +128,7 @@ inline int cmd_bench_serve(Args& args) {
       nlohmann::ordered_json j;
       j["model"] = name;
       j["dtype"] = dtype;
+      j["kv_cache"] = kv_cache;
       j["threads"] = exec::num_threads();
       j["mesh"] = mesh_str(eo.mesh);
       j["requests"] = n;
@@ -165,6 +171,9 @@ inline Command bench_serve_command() {
                        integer_flag("--cache-bytes", "N", "the page pool's budget, each device's on a mesh (requests may wait or be preempted)")
                            .defaults("exactly every request's pages"),
                        gen_detail::declare_dtype_flag(),
+                       text_flag("--kv-cache", "", "what the KV cache pages hold: f32, or int8 values with a scale per token and kv head (a quarter of the bytes)")
+                .one_of({"f32", "int8"})
+                .defaults("f32"),
                        declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl bench serve --config tiny --requests 1,4 --prompt-len 20 --gen-len 3 --threads 2",
                    "edl bench serve --model gqa1b --requests 1,8 --prompt-len 128 --gen-len 64"},

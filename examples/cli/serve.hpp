@@ -5,11 +5,13 @@
 //             [--tokenizer DIR] [--served-model-name NAME] [--max-model-len N]
 //             [--page-size N] [--cache-bytes N] [--prefill-chunk N] [--max-body-bytes N]
 //             [--timeout S] [--shutdown-grace S] [--dtype f32|bf16|f16]
+//             [--kv-cache f32|int8]
 //
 // --model may name a preset (tiny, small, gqa1b: random weights) for benchmarks; it then needs
 // --tokenizer DIR. Prints {"listening": "http://HOST:PORT"} on stdout once it accepts connections (--port 0:
 // a free port). --dtype bf16|f16 serves the weights converted after loading (half the memory
-// of f32; compute stays f32). SIGTERM or SIGINT: new requests get 503, in-flight ones finish within
+// of f32; compute stays f32); --kv-cache int8 keeps the KV cache as int8 (a quarter of the
+// bytes: four times the tokens in the same --cache-bytes). SIGTERM or SIGINT: new requests get 503, in-flight ones finish within
 // --shutdown-grace seconds (then are cancelled), and the process exits 0.
 #pragma once
 
@@ -102,6 +104,7 @@ inline int cmd_serve(Args& args) {
   const double grace = args.number("--shutdown-grace", 10);
   const std::int64_t threads = args.integer("--threads", 0);
   const std::string dtype = args.str("--dtype", "f32");
+  svc.engine.kv_cache = args.str("--kv-cache", "f32") == "int8" ? generate::KVCacheDtype::int8 : generate::KVCacheDtype::f32;
   const MeshDims dims = mesh_flag(args);
   args.finish();
   EDL_CLI_USAGE_CHECK(launch().ranks == 1, errc::unsupported, "edl serve",
@@ -168,6 +171,9 @@ inline Command serve_command() {
             integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
             number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
             gen_detail::declare_dtype_flag(),
+            text_flag("--kv-cache", "", "what the KV cache pages hold: f32, or int8 values with a scale per token and kv head (a quarter of the bytes)")
+                .one_of({"f32", "int8"})
+                .defaults("f32"),
             declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl serve --model Qwen3-0.6B --port 8080",
                    "edl serve --model run/checkpoint-400 --port 0 --api-key sekret --max-batch 4"},

@@ -27797,6 +27797,8 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 //                    byte budget x utilization fraction; each sequence owns a page table;
 //                    pages are taken on demand and returned by free(b). A page holds
 //                    [layer, kv_heads, page_size, head_dim].
+//   PagedInt8KVCache the same pages holding Int8KVCache's int8 values, and per page the
+//                    scales [layer, kv_heads, page_size].
 //
 // Head-major. A kv head's slots are contiguous (head_dim elements apart), not a whole token's
 // row apart as in EasyDeL's [batch, max_length, kv_heads, head_dim]: decode attention reads one
@@ -27831,6 +27833,7 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // #include <edl/core/allocator.hpp> (inlined above)
@@ -28078,28 +28081,39 @@ struct PagedKVCacheOptions {
   std::int64_t max_model_length = 0;      // longest sequence (0: shape.max_length)
 };
 
-/// A pool of pages; a page holds page_size tokens of k and v for every layer, f32.
-/// Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as it grows
-/// (reserve) and returns them on reset(b). Running out of pages or exceeding max_model_length
-/// throws edl::Error (errc::invalid_argument) naming the sequence and the numbers involved.
-class PagedKVCache {
+/// A pool of pages; a page holds page_size tokens of k and v for every layer, as Elem: f32
+/// (PagedKVCache), or int8 with one f32 absmax scale per (token, kv head) as Int8KVCache
+/// (PagedInt8KVCache: the same values and scales, so the same attention, in about a quarter of
+/// the bytes). Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as
+/// it grows (reserve) and returns them on reset(b). Running out of pages or exceeding
+/// max_model_length throws edl::Error (errc::invalid_argument) naming the sequence and the
+/// numbers involved.
+template <class Elem>
+class BasicPagedKVCache {
+  static_assert(std::is_same_v<Elem, float> || std::is_same_v<Elem, std::int8_t>,
+                "edl::generate: a paged cache holds f32 or int8 values");
+  static constexpr bool kInt8 = std::is_same_v<Elem, std::int8_t>;
+  static constexpr const char* kWhere = kInt8 ? "generate.PagedInt8KVCache" : "generate.PagedKVCache";
+
  public:
-  PagedKVCache() = default;
-  PagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
-    const char* w = "generate.PagedKVCache";
+  BasicPagedKVCache() = default;
+  BasicPagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
     if (o_.max_model_length <= 0) o_.max_model_length = s.max_length;
     s_.max_length = o_.max_model_length;
-    s_.validate(w);
-    EDL_CHECK(o.page_size > 0, errc::invalid_argument, w, "page_size must be positive, found ", o.page_size);
-    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, w,
+    s_.validate(kWhere);
+    EDL_CHECK(o.page_size > 0, errc::invalid_argument, kWhere, "page_size must be positive, found ", o.page_size);
+    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, kWhere,
               "utilization must be in (0, 1], found ", o.utilization);
-    page_floats_ = s_.num_layers * o.page_size * s_.row();  // k or v
+    page_elems_ = s_.num_layers * o.page_size * s_.row();                        // k or v
+    page_scales_ = kInt8 ? s_.num_layers * o.page_size * s_.kv_heads : 0;  // k or v
     const double usable = static_cast<double>(o.budget_bytes) * o.utilization;
     num_pages_ = static_cast<std::int64_t>(usable / static_cast<double>(page_bytes()));
-    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, w, "a byte budget of ", o.budget_bytes, " x utilization ",
+    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, kWhere, "a byte budget of ", o.budget_bytes, " x utilization ",
               o.utilization, " holds no page of ", page_bytes(), " bytes");
-    assign_on_huge_pages(k_, static_cast<std::size_t>(num_pages_ * page_floats_), 0.0f);
-    assign_on_huge_pages(v_, k_.size(), 0.0f);
+    assign_on_huge_pages(k_, static_cast<std::size_t>(num_pages_ * page_elems_), Elem{0});
+    assign_on_huge_pages(v_, k_.size(), Elem{0});
+    ks_.assign(static_cast<std::size_t>(num_pages_ * page_scales_), 0.0f);
+    vs_.assign(ks_.size(), 0.0f);
     free_.reserve(static_cast<std::size_t>(num_pages_));
     for (std::int64_t p = num_pages_; p-- > 0;) free_.push_back(static_cast<std::int32_t>(p));
     tables_.assign(static_cast<std::size_t>(s.batch), {});
@@ -28107,21 +28121,37 @@ class PagedKVCache {
   }
 
   struct HeadView {
-    const float* k;  // pool base + layer/head offset
-    const float* v;
+    const Elem* k;  // pool base + layer/head offset
+    const Elem* v;
+    const float* ks;  // int8: the scales' pool base + layer/head offset
+    const float* vs;
     const std::int32_t* table;
-    std::int64_t page_size, page_floats, stride, D;
-    const float* at(const float* base, std::int64_t slot) const noexcept {
+    std::int64_t page_size, page_elems, page_scales, stride, D;
+    const Elem* at(const Elem* base, std::int64_t slot) const noexcept {
       const std::int64_t p = table[slot / page_size];
-      return base + p * page_floats + (slot % page_size) * stride;
+      return base + p * page_elems + (slot % page_size) * stride;
     }
-    const float* k_row(std::int64_t slot) const noexcept { return at(k, slot); }
-    const float* v_row(std::int64_t slot) const noexcept { return at(v, slot); }
-    static constexpr float k_scale(std::int64_t) noexcept { return 1.0f; }
-    static constexpr float v_scale(std::int64_t) noexcept { return 1.0f; }
+    float scale_at(const float* base, std::int64_t slot) const noexcept {
+      if constexpr (kInt8) return base[table[slot / page_size] * page_scales + slot % page_size];
+      else return 1.0f;
+    }
+    const Elem* k_row(std::int64_t slot) const noexcept { return at(k, slot); }
+    const Elem* v_row(std::int64_t slot) const noexcept { return at(v, slot); }
+    float k_scale(std::int64_t slot) const noexcept { return scale_at(ks, slot); }
+    float v_scale(std::int64_t slot) const noexcept { return scale_at(vs, slot); }
     void read(std::int64_t slot, float* ko, float* vo) const noexcept {
-      std::memcpy(ko, at(k, slot), static_cast<std::size_t>(D) * sizeof(float));
-      std::memcpy(vo, at(v, slot), static_cast<std::size_t>(D) * sizeof(float));
+      const Elem* kr = at(k, slot);
+      const Elem* vr = at(v, slot);
+      if constexpr (kInt8) {
+        const float sk = k_scale(slot), sv = v_scale(slot);
+        for (std::int64_t i = 0; i < D; ++i) {
+          ko[i] = sk * static_cast<float>(kr[i]);
+          vo[i] = sv * static_cast<float>(vr[i]);
+        }
+      } else {
+        std::memcpy(ko, kr, static_cast<std::size_t>(D) * sizeof(float));
+        std::memcpy(vo, vr, static_cast<std::size_t>(D) * sizeof(float));
+      }
     }
   };
 
@@ -28129,20 +28159,22 @@ class PagedKVCache {
   std::int64_t page_size() const noexcept { return o_.page_size; }
   std::int64_t num_pages() const noexcept { return num_pages_; }
   std::int64_t free_pages() const noexcept { return static_cast<std::int64_t>(free_.size()); }
-  std::int64_t page_bytes() const noexcept { return 2 * page_floats_ * static_cast<std::int64_t>(sizeof(float)); }
+  /// k and v of one page: values, and for int8 their scales.
+  std::int64_t page_bytes() const noexcept {
+    return 2 * (page_elems_ * static_cast<std::int64_t>(sizeof(Elem)) + page_scales_ * static_cast<std::int64_t>(sizeof(float)));
+  }
   std::int64_t max_model_length() const noexcept { return o_.max_model_length; }
   const std::vector<std::int32_t>& page_table(std::int64_t b) const { return tables_[static_cast<std::size_t>(b)]; }
 
   std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
   void reserve(std::int64_t b, std::int64_t n) {
-    const char* w = "generate.PagedKVCache";
-    detail::check_seq(b, s_.batch, w);
-    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, w, "sequence ", b, " needs ", n,
+    detail::check_seq(b, s_.batch, kWhere);
+    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, kWhere, "sequence ", b, " needs ", n,
               " tokens, more than max_model_length = ", o_.max_model_length);
     auto& t = tables_[static_cast<std::size_t>(b)];
     const std::int64_t need = (n + o_.page_size - 1) / o_.page_size;
     const std::int64_t more = need - static_cast<std::int64_t>(t.size());
-    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, w, "out of pages: sequence ", b,
+    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, kWhere, "out of pages: sequence ", b,
               " needs ", more, " more page(s) of ", o_.page_size, " tokens for ", n, " tokens, but only ", free_.size(),
               " of ", num_pages_, " pages are free (pool = budget ", o_.budget_bytes, " bytes x utilization ",
               o_.utilization, ", ", page_bytes(), " bytes per page); raise the budget or shorten the requests");
@@ -28154,50 +28186,69 @@ class PagedKVCache {
   void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
   void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
     const auto& t = tables_[static_cast<std::size_t>(b)];
-    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)];
-    const std::size_t D = static_cast<std::size_t>(s_.head_dim);
+    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)], in = slot % o_.page_size;
+    const std::int64_t D = s_.head_dim;
     for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
-      const std::size_t o = static_cast<std::size_t>(p * page_floats_ + head_offset(layer, g)) + static_cast<std::size_t>(slot % o_.page_size) * D;
-      std::memcpy(k_.data() + o, k + g * s_.head_dim, D * sizeof(float));
-      std::memcpy(v_.data() + o, v + g * s_.head_dim, D * sizeof(float));
+      const std::size_t o = static_cast<std::size_t>(p * page_elems_ + head_offset(layer, g) + in * D);
+      if constexpr (kInt8) {
+        const std::size_t so = static_cast<std::size_t>(p * page_scales_ + scale_offset(layer, g) + in);
+        ks_[so] = detail::quantize_row(k + g * D, k_.data() + o, D);
+        vs_[so] = detail::quantize_row(v + g * D, v_.data() + o, D);
+      } else {
+        std::memcpy(k_.data() + o, k + g * D, static_cast<std::size_t>(D) * sizeof(float));
+        std::memcpy(v_.data() + o, v + g * D, static_cast<std::size_t>(D) * sizeof(float));
+      }
     }
   }
   HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
-    const std::int64_t off = head_offset(layer, g);
-    return {k_.data() + off, v_.data() + off, tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_floats_,
-            s_.head_dim, s_.head_dim};
+    const std::int64_t off = head_offset(layer, g), soff = kInt8 ? scale_offset(layer, g) : 0;
+    return {k_.data() + off,   v_.data() + off,  ks_.data() + soff, vs_.data() + soff,
+            tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_elems_, page_scales_,
+            s_.head_dim,       s_.head_dim};
   }
   /// Sequence b becomes a copy of src[b]: pages are copied (no sharing yet).
   void reorder(const std::int64_t* src) {
     const std::int64_t B = s_.batch;
     std::vector<std::int64_t> old_len = len_;
     // Snapshot the source pages' contents first.
-    std::vector<std::vector<float>> ck(static_cast<std::size_t>(B)), cv(static_cast<std::size_t>(B));
+    struct Pages {
+      std::vector<Elem> k, v;
+      std::vector<float> ks, vs;
+    };
+    std::vector<Pages> copy(static_cast<std::size_t>(B));
     std::vector<bool> needed(static_cast<std::size_t>(B), false);
     for (std::int64_t b = 0; b < B; ++b) {
-      detail::check_seq(src[b], B, "generate.PagedKVCache.reorder");
+      detail::check_seq(src[b], B, kWhere);
       if (src[b] != b) needed[static_cast<std::size_t>(src[b])] = true;
     }
+    const auto append = [](auto& to, const auto& pool, std::int64_t p, std::int64_t n) {
+      to.insert(to.end(), pool.begin() + p * n, pool.begin() + (p + 1) * n);
+    };
     for (std::int64_t b = 0; b < B; ++b) {
       if (!needed[static_cast<std::size_t>(b)]) continue;
+      Pages& c = copy[static_cast<std::size_t>(b)];
       for (auto p : tables_[static_cast<std::size_t>(b)]) {
-        ck[static_cast<std::size_t>(b)].insert(ck[static_cast<std::size_t>(b)].end(), k_.begin() + p * page_floats_,
-                                               k_.begin() + (p + 1) * page_floats_);
-        cv[static_cast<std::size_t>(b)].insert(cv[static_cast<std::size_t>(b)].end(), v_.begin() + p * page_floats_,
-                                               v_.begin() + (p + 1) * page_floats_);
+        append(c.k, k_, p, page_elems_);
+        append(c.v, v_, p, page_elems_);
+        append(c.ks, ks_, p, page_scales_);
+        append(c.vs, vs_, p, page_scales_);
       }
     }
+    const auto put = [](auto& pool, const auto& from, std::int64_t p, std::size_t i, std::int64_t n) {
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(i) * n, n, pool.begin() + p * n);
+    };
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t from = src[b];
       if (from == b) continue;
       reset(b);
       reserve(b, old_len[static_cast<std::size_t>(from)]);
       const auto& t = tables_[static_cast<std::size_t>(b)];
+      const Pages& c = copy[static_cast<std::size_t>(from)];
       for (std::size_t i = 0; i < t.size(); ++i) {
-        std::memcpy(k_.data() + t[i] * page_floats_, ck[static_cast<std::size_t>(from)].data() + i * page_floats_,
-                    static_cast<std::size_t>(page_floats_) * sizeof(float));
-        std::memcpy(v_.data() + t[i] * page_floats_, cv[static_cast<std::size_t>(from)].data() + i * page_floats_,
-                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+        put(k_, c.k, t[i], i, page_elems_);
+        put(v_, c.v, t[i], i, page_elems_);
+        put(ks_, c.ks, t[i], i, page_scales_);
+        put(vs_, c.vs, t[i], i, page_scales_);
       }
       len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(from)];
     }
@@ -28210,25 +28261,36 @@ class PagedKVCache {
     len_[static_cast<std::size_t>(b)] = 0;
   }
   void free(std::int64_t b) { reset(b); }
-  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+  std::int64_t bytes() const noexcept {
+    return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(Elem) + (ks_.size() + vs_.size()) * sizeof(float));
+  }
 
  private:
   /// Where (layer, kv head g)'s page_size rows start in a page.
   std::int64_t head_offset(std::int64_t layer, std::int64_t g) const noexcept {
     return (layer * s_.kv_heads + g) * o_.page_size * s_.head_dim;
   }
+  /// Where (layer, kv head g)'s page_size scales start in a page's scales (int8).
+  std::int64_t scale_offset(std::int64_t layer, std::int64_t g) const noexcept {
+    return (layer * s_.kv_heads + g) * o_.page_size;
+  }
   KVCacheShape s_;
   PagedKVCacheOptions o_;
-  std::int64_t page_floats_ = 0, num_pages_ = 0;
-  huge_page_vector<float> k_, v_;  // on huge pages (assign_on_huge_pages), rows on cache lines
+  std::int64_t page_elems_ = 0, page_scales_ = 0, num_pages_ = 0;
+  huge_page_vector<Elem> k_, v_;  // on huge pages (assign_on_huge_pages), rows on cache lines
+  std::vector<float> ks_, vs_;    // int8: a page's scales, [layer, kv_heads, page_size] per page
   std::vector<std::int32_t> free_;
   std::vector<std::vector<std::int32_t>> tables_;
   std::vector<std::int64_t> len_;
 };
 
+using PagedKVCache = BasicPagedKVCache<float>;
+using PagedInt8KVCache = BasicPagedKVCache<std::int8_t>;
+
 static_assert(KVCache<StandardKVCache>);
 static_assert(KVCache<Int8KVCache>);
 static_assert(KVCache<PagedKVCache>);
+static_assert(KVCache<PagedInt8KVCache>);
 
 }  // namespace edl::generate
 // end of edl/generate/kv_cache.hpp
@@ -30357,6 +30419,7 @@ std::vector<std::vector<std::int64_t>> beam_search(Dec& dec,
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
@@ -30792,10 +30855,15 @@ class ShardedDecoder {
 
 namespace edl::generate {
 
+/// What the engine's KV cache pages hold: f32 keys and values (PagedKVCache), or int8 with an
+/// f32 scale per (token, kv head) (PagedInt8KVCache, Int8KVCache's values in pages).
+enum class KVCacheDtype { f32, int8 };
+
 struct EngineOptions {
   std::int64_t max_batch = 8;         // slots: requests running at once
   std::int64_t prefill_chunk = 256;   // prompt tokens per step, shared by the prefilling slots
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
+  KVCacheDtype kv_cache = KVCacheDtype::f32;
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   /// The devices the engine runs on, {dp, fsdp, ep, tp, sp} (one device by default). On a
   /// larger mesh the batch runs on a generate::ShardedDecoder whose every device holds a paged
@@ -30892,7 +30960,7 @@ class Engine {
     EDL_CHECK(pages_for(most) <= pool_pages_, errc::invalid_argument, w, "can never fit: ", P, " prompt tokens + ",
               limit, " new tokens need ", pages_for(most), " pages of ", page_size_, " tokens, but the pool holds only ",
               pool_pages_, " (budget ", o_.paged.budget_bytes, " bytes x utilization ", o_.paged.utilization, ", ",
-              device_page_bytes_, " bytes per page", mesh_dec_ ? " on each device" : "",
+              device_page_bytes_, " bytes per page", on_mesh() ? " on each device" : "",
               "); raise the budget or shorten the request");
     Request r;
     r.res.id = id;
@@ -30987,9 +31055,13 @@ class Engine {
   /// Bytes of one page over all the devices that hold it (a one-device cache's page_bytes()).
   std::int64_t page_bytes() const noexcept { return page_bytes_; }
   /// Bytes of the KV caches of every device.
-  std::int64_t kv_pool_bytes() const noexcept { return mesh_dec_ ? mesh_dec_->cache_bytes() : cache_->bytes(); }
+  std::int64_t kv_pool_bytes() const noexcept {
+    return std::visit([](const auto& d) { return d.mesh ? d.mesh->cache_bytes() : d.cache->bytes(); }, dec_);
+  }
   /// Whether the engine runs on a mesh of more than one device.
-  bool on_mesh() const noexcept { return mesh_dec_ != nullptr; }
+  bool on_mesh() const noexcept {
+    return std::visit([](const auto& d) { return d.mesh != nullptr; }, dec_);
+  }
 
  private:
   struct Request {
@@ -31013,46 +31085,53 @@ class Engine {
   /// pools of the page accounting, one per group of slots.
   void build_decoder() {
     const char* w = "generate.Engine";
-    const MeshDims& dims = o_.mesh;
     std::int64_t devices = 1;
-    for (auto d : dims) {
+    for (auto d : o_.mesh) {
       EDL_CHECK(d >= 1, errc::invalid_argument, w, "mesh axis sizes must be >= 1, found ", d);
       devices *= d;
     }
-    PagedKVCacheOptions po = o_.paged;
-    page_size_ = po.page_size;
+    page_size_ = o_.paged.page_size;
     EDL_CHECK(page_size_ > 0, errc::invalid_argument, w, "page_size must be positive, found ", page_size_);
-    std::int64_t groups = 1;
+    const std::int64_t groups = o_.kv_cache == KVCacheDtype::int8 ? build_decoder<PagedInt8KVCache>(devices)
+                                                                  : build_decoder<PagedKVCache>(devices);
+    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+  }
+
+  /// build_decoder() for caches of type Cache; returns the number of pools.
+  template <class Cache>
+  std::int64_t build_decoder(std::int64_t devices) {
+    auto& d = dec_.template emplace<Decoders<Cache>>();
+    PagedKVCacheOptions po = o_.paged;
     if (devices == 1) {
       po.max_model_length = mml_;
-      cache_ = std::make_unique<PagedKVCache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
-      dec_ = std::make_unique<Decoder<Pol, PagedKVCache>>(model_, *cache_);
-      pool_pages_ = cache_->num_pages();
-      device_page_bytes_ = page_bytes_ = cache_->page_bytes();
-    } else {
-      DefaultMesh mesh = create_mesh(dims);
-      EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
-                "the engine runs in one process: its mesh's devices cannot span MPI ranks");
-      const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
-      EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
-                " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
-      po.page_size = page_size_ / sp;
-      typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
-        PagedKVCacheOptions local = po;
-        local.max_model_length = s.max_length;
-        return std::make_unique<PagedKVCache>(s, local);
-      };
-      mesh_dec_ = std::make_unique<ShardedDecoder<Pol, PagedKVCache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
-      pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
-      device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
-      page_bytes_ = device_page_bytes_ * tp * sp;
-      groups = mesh_dec_->sequence_groups();
+      d.cache = std::make_unique<Cache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
+      d.dec = std::make_unique<Decoder<Pol, Cache>>(model_, *d.cache);
+      pool_pages_ = d.cache->num_pages();
+      device_page_bytes_ = page_bytes_ = d.cache->page_bytes();
+      pool_of_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+      return 1;
     }
-    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    DefaultMesh mesh = create_mesh(o_.mesh);
+    const char* w = "generate.Engine";
+    EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
+              "the engine runs in one process: its mesh's devices cannot span MPI ranks");
+    const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
+    EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
+              " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
+    po.page_size = page_size_ / sp;
+    typename ShardedDecoder<Pol, Cache>::CacheFactory make = [po](const KVCacheShape& s) {
+      PagedKVCacheOptions local = po;
+      local.max_model_length = s.max_length;
+      return std::make_unique<Cache>(s, local);
+    };
+    d.mesh = std::make_unique<ShardedDecoder<Pol, Cache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
+    pool_pages_ = d.mesh->cache(0).num_pages();  // every device's page has the same bytes
+    device_page_bytes_ = d.mesh->cache(0).page_bytes();
+    page_bytes_ = device_page_bytes_ * tp * sp;
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t b = 0; b < o_.max_batch; ++b)
-      pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
-    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = d.mesh->sequence_group(b);
+    return d.mesh->sequence_groups();
   }
 
   std::int64_t pages_for(std::int64_t tokens) const noexcept { return (tokens + page_size_ - 1) / page_size_; }
@@ -31069,8 +31148,7 @@ class Engine {
   void release(std::int64_t slot) {
     pool_free(slot) += held_[static_cast<std::size_t>(slot)];
     held_[static_cast<std::size_t>(slot)] = 0;
-    if (mesh_dec_) mesh_dec_->reset(slot);
-    else cache_->reset(slot);
+    std::visit([slot](auto& d) { d.mesh ? d.mesh->reset(slot) : d.cache->reset(slot); }, dec_);
   }
   Request& req(std::int64_t id) { return reqs_[static_cast<std::size_t>(id)]; }
 
@@ -31187,8 +31265,10 @@ class Engine {
         mask_[at] = 1;
       }
     }
-    if (mesh_dec_) mesh_dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
-    else dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    std::visit([&](auto& d) {
+      if (d.mesh) d.mesh->prefill(ids_.data(), S, mask_.data(), logits_.data());
+      else d.dec->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    }, dec_);
     stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
 
     for (std::int64_t id : ids_run) {
@@ -31260,9 +31340,14 @@ class Engine {
   const Model& model_;
   EngineOptions o_;
   std::int64_t V_ = 0, mml_ = 0;
-  std::unique_ptr<PagedKVCache> cache_;                        // one device
-  std::unique_ptr<Decoder<Pol, PagedKVCache>> dec_;
-  std::unique_ptr<ShardedDecoder<Pol, PagedKVCache>> mesh_dec_;  // a larger mesh
+  /// The decoder over caches of type Cache: one device's, or a ShardedDecoder's on a mesh.
+  template <class Cache>
+  struct Decoders {
+    std::unique_ptr<Cache> cache;  // one device
+    std::unique_ptr<Decoder<Pol, Cache>> dec;
+    std::unique_ptr<ShardedDecoder<Pol, Cache>> mesh;  // a larger mesh
+  };
+  std::variant<Decoders<PagedKVCache>, Decoders<PagedInt8KVCache>> dec_;  // by o_.kv_cache
   // Page accounting: pages per pool, free pages of each pool, each slot's pool and pages held.
   std::int64_t page_size_ = 0, pool_pages_ = 0, page_bytes_ = 0, device_page_bytes_ = 0;
   std::vector<std::int64_t> pool_free_, pool_of_, held_;

@@ -4,8 +4,8 @@
 # greedy answers equal `edl generate`'s tokens, streaming, concurrency, seeds, logprobs, stop
 # strings, errors, a soak), then curl: health, the API key, a slow half-sent request, the
 # listening line, and SIGTERM during a streamed answer (exit 0, the answer ends); then a server
-# on a mesh (dp x tp x sp) and one with --dtype bf16 whose concurrent greedy answers are
-# `edl generate`'s tokens.
+# on a mesh (dp x tp x sp), one with --dtype bf16 and one with --kv-cache int8 whose concurrent
+# greedy answers are `edl generate`'s tokens.
 #   usage: serve.sh EDL WORKDIR NODE_MODULES
 set -euo pipefail
 EDL=$1
@@ -172,5 +172,16 @@ trap 'kill $PID 2>/dev/null || true' EXIT
 concurrent_answers_equal "$W/expect_bf16.json" "the bf16 server's answers"
 kill -TERM $PID
 wait $PID || fail "the bf16 server exited with $? after SIGTERM"
+trap - EXIT
+
+# --kv-cache int8: int8 pages hold what generate's int8 cache holds; the answers are `edl
+# generate --cache int8`'s tokens.
+expect_from_generate "$W/expect_int8.json" --cache int8
+URL=
+start_server --kv-cache int8
+trap 'kill $PID 2>/dev/null || true' EXIT
+concurrent_answers_equal "$W/expect_int8.json" "the int8-cache server's answers"
+kill -TERM $PID
+wait $PID || fail "the int8-cache server exited with $? after SIGTERM"
 trap - EXIT
 echo "serve: all checks passed"

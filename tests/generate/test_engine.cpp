@@ -61,9 +61,11 @@ GenerationConfig sampled_n(std::int64_t n, std::uint64_t seed) {
 
 /// What generate() gives `prompt` alone: the independent path every request is checked against
 /// (one sequence, whole-prompt prefill, the standard cache, sampler stream 0).
-GenerateResult reference(const std::vector<std::int64_t>& prompt, const GenerationConfig& g, std::int64_t mml = 0) {
+GenerateResult reference(const std::vector<std::int64_t>& prompt, const GenerationConfig& g, std::int64_t mml = 0,
+                         CacheKind cache = CacheKind::standard) {
   GenerateOptions o;
   o.max_model_length = mml;
+  o.cache = cache;
   return generate(engine_model(), {prompt}, g, o);
 }
 
@@ -78,8 +80,10 @@ struct Job {
   GenerationConfig g;
 };
 
-/// Submits jobs in waves (between steps) and checks every request against generate().
-void run_and_compare(Engine<>& e, const std::vector<Job>& jobs, const std::vector<int>& steps_between) {
+/// Submits jobs in waves (between steps) and checks every request against generate() with the
+/// `cache` kind of cache.
+void run_and_compare(Engine<>& e, const std::vector<Job>& jobs, const std::vector<int>& steps_between,
+                     CacheKind cache = CacheKind::standard) {
   std::vector<std::vector<std::int64_t>> streamed(jobs.size());
   std::size_t next = 0;
   const auto submit = [&](std::size_t j) {
@@ -98,7 +102,7 @@ void run_and_compare(Engine<>& e, const std::vector<Job>& jobs, const std::vecto
   EXPECT_TRUE(e.idle());
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     const auto& r = e.result(static_cast<std::int64_t>(j));
-    const auto want = reference(jobs[j].prompt, jobs[j].g, e.max_model_length());
+    const auto want = reference(jobs[j].prompt, jobs[j].g, e.max_model_length(), cache);
     EXPECT_EQ(r.state, RequestState::done);
     EXPECT_EQ(r.tokens, want.tokens[0]) << "request " << j;
     EXPECT_EQ(r.finish_reason, want.finish_reason[0]) << "request " << j;
@@ -493,4 +497,37 @@ TEST(Engine, Bf16ParametersServeAsTheRoundedF32Model) {
 }
 TEST(Engine, F16ParametersServeAsTheRoundedF32Model) {
   sixteen_bit_parameters_serve_as_the_rounded_f32_model<edl::F16ParamsPolicy>();
+}
+
+// ------------------------------------------------------------------------- int8 cache pages
+
+// `edl serve --kv-cache int8`: on int8 pages every request gets the tokens generate() gives its
+// prompt alone with the int8 cache (the same values and scales per token and kv head), however
+// requests join, chunk and get preempted, on one device and on meshes; a page costs
+// (D + 4) / (4 D) of an f32 one.
+TEST(Engine, Int8CachePagesGiveTheInt8CachesTokens) {
+  std::vector<Job> jobs;
+  const std::int64_t lens[] = {7, 3, 11, 5, 9, 2};
+  const std::int64_t news[] = {6, 12, 4, 9, 1, 10};
+  for (int j = 0; j < 6; ++j)
+    jobs.push_back({make_prompt(lens[j], 80 + j), j % 2 ? sampled_n(news[j], 17 + j) : greedy_n(news[j])});
+  const std::int64_t D = engine_config().head_size();
+  for (const edl::MeshDims mesh : {edl::MeshDims{1, 1, 1, 1, 1}, edl::MeshDims{1, 1, 1, 2, 2}, edl::MeshDims{2, 1, 1, 1, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "dp " << mesh[0] << " tp " << mesh[3] << " sp " << mesh[4]);
+    auto o = mesh_options(mesh, 3, 4);
+    Engine<> f32(engine_model(), o);
+    o.kv_cache = KVCacheDtype::int8;
+    Engine<> e(engine_model(), o);
+    EXPECT_EQ(e.page_bytes() * 4 * D, f32.page_bytes() * (D + 4));
+    run_and_compare(e, jobs, {1, 3, 2}, CacheKind::int8);
+  }
+  // A pool of 5 pages for 3 slots: requests get preempted and recomputed, with the same tokens.
+  auto o = small_options(3, 4);
+  o.kv_cache = KVCacheDtype::int8;
+  Engine<> probe(engine_model(), o);
+  o.paged.budget_bytes = 5 * probe.page_bytes();
+  o.paged.utilization = 1.0;
+  Engine<> tight(engine_model(), o);
+  run_and_compare(tight, jobs, {1, 3, 2}, CacheKind::int8);
+  EXPECT_GT(tight.stats().preemptions, 0);
 }

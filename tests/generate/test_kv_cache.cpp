@@ -212,6 +212,62 @@ TEST(KVCache, ReorderCopiesSequences) {
   check_reorder(p);
 }
 
+// The engine's int8 pages hold what Int8KVCache holds: the same int8 values and scales per
+// (token, kv head), whatever page a slot lands in, so attention over them is the same.
+TEST(KVCache, PagedInt8HoldsTheInt8CachesValuesInPages) {
+  PagedKVCacheOptions o;
+  o.page_size = 4;
+  o.utilization = 1.0;
+  const std::int64_t page_bytes = 2 * kShape.num_layers * 4 * (kShape.row() + 4 * kShape.kv_heads);
+  o.budget_bytes = 6 * page_bytes;
+  PagedInt8KVCache p(kShape, o);
+  EXPECT_EQ(p.page_bytes(), page_bytes);
+  EXPECT_EQ(p.num_pages(), 6);
+  EXPECT_LT(p.page_bytes(), PagedKVCache(kShape, o).page_bytes() / 2);
+  Int8KVCache c(kShape);
+  const std::int64_t n = 7, D = kShape.head_dim;
+  // Sequences fill pages in the order 2, 0, 1: a sequence's pages are not the first ones.
+  for (std::int64_t b : {2, 0, 1}) {
+    p.reserve(b, n);
+    c.reserve(b, n);
+    for (std::int64_t l = 0; l < kShape.num_layers; ++l)
+      for (std::int64_t s = 0; s < n; ++s) {
+        p.store(l, b, s, row(l, b, s, 1.f).data(), row(l, b, s, 3.f).data());
+        c.store(l, b, s, row(l, b, s, 1.f).data(), row(l, b, s, 3.f).data());
+      }
+  }
+  std::vector<float> pk(static_cast<std::size_t>(D)), pv(pk), ck(pk), cv(pk);
+  for (std::int64_t l = 0; l < kShape.num_layers; ++l)
+    for (std::int64_t b = 0; b < kShape.batch; ++b)
+      for (std::int64_t g = 0; g < kShape.kv_heads; ++g) {
+        const auto pw = p.view(l, b, g);
+        const auto cw = c.view(l, b, g);
+        for (std::int64_t s = 0; s < n; ++s) {
+          EXPECT_EQ(std::vector<std::int8_t>(pw.k_row(s), pw.k_row(s) + D), std::vector<std::int8_t>(cw.k_row(s), cw.k_row(s) + D));
+          EXPECT_EQ(std::vector<std::int8_t>(pw.v_row(s), pw.v_row(s) + D), std::vector<std::int8_t>(cw.v_row(s), cw.v_row(s) + D));
+          EXPECT_EQ(pw.k_scale(s), cw.k_scale(s));
+          EXPECT_EQ(pw.v_scale(s), cw.v_scale(s));
+          pw.read(s, pk.data(), pv.data());
+          cw.read(s, ck.data(), cv.data());
+          EXPECT_EQ(pk, ck);
+          EXPECT_EQ(pv, cv);
+        }
+      }
+  try {
+    p.reserve(0, 9);
+    FAIL() << "expected out of pages";
+  } catch (const edl::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of pages"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("PagedInt8KVCache"), std::string::npos) << e.what();
+  }
+  PagedInt8KVCache fresh(kShape, o);
+  check_roundtrip(fresh, n, 1.0 / 254 + 1e-6);
+  o.page_size = 2;
+  o.budget_bytes = 256 << 10;
+  PagedInt8KVCache r(kShape, o);
+  check_reorder(r);
+}
+
 // Head dims that leave lanes over (5: all tail; 20: 2 batches of 8 + 4 on AVX2; 72: a full pass
 // of 8 batches + 1) and slot counts that leave a partial block of slots, on every cache.
 TEST(KVCache, AttentionKernelsMatchNaiveLoopsOnOddShapes) {
@@ -227,6 +283,8 @@ TEST(KVCache, AttentionKernelsMatchNaiveLoopsOnOddShapes) {
       o.page_size = page;
       PagedKVCache p(sh, o);
       check_roundtrip(p, sh, 21, 1e-6);
+      PagedInt8KVCache p8(sh, o);
+      check_roundtrip(p8, sh, 21, 1.0 / 254 + 1e-6);
     }
   }
 }

@@ -64,6 +64,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <edl/core/error.hpp>
@@ -76,10 +77,15 @@
 
 namespace edl::generate {
 
+/// What the engine's KV cache pages hold: f32 keys and values (PagedKVCache), or int8 with an
+/// f32 scale per (token, kv head) (PagedInt8KVCache, Int8KVCache's values in pages).
+enum class KVCacheDtype { f32, int8 };
+
 struct EngineOptions {
   std::int64_t max_batch = 8;         // slots: requests running at once
   std::int64_t prefill_chunk = 256;   // prompt tokens per step, shared by the prefilling slots
   PagedKVCacheOptions paged;          // page_size, budget_bytes, utilization (max_model_length below)
+  KVCacheDtype kv_cache = KVCacheDtype::f32;
   std::int64_t max_model_length = 0;  // 0: the model's max_position_embeddings
   /// The devices the engine runs on, {dp, fsdp, ep, tp, sp} (one device by default). On a
   /// larger mesh the batch runs on a generate::ShardedDecoder whose every device holds a paged
@@ -176,7 +182,7 @@ class Engine {
     EDL_CHECK(pages_for(most) <= pool_pages_, errc::invalid_argument, w, "can never fit: ", P, " prompt tokens + ",
               limit, " new tokens need ", pages_for(most), " pages of ", page_size_, " tokens, but the pool holds only ",
               pool_pages_, " (budget ", o_.paged.budget_bytes, " bytes x utilization ", o_.paged.utilization, ", ",
-              device_page_bytes_, " bytes per page", mesh_dec_ ? " on each device" : "",
+              device_page_bytes_, " bytes per page", on_mesh() ? " on each device" : "",
               "); raise the budget or shorten the request");
     Request r;
     r.res.id = id;
@@ -271,9 +277,13 @@ class Engine {
   /// Bytes of one page over all the devices that hold it (a one-device cache's page_bytes()).
   std::int64_t page_bytes() const noexcept { return page_bytes_; }
   /// Bytes of the KV caches of every device.
-  std::int64_t kv_pool_bytes() const noexcept { return mesh_dec_ ? mesh_dec_->cache_bytes() : cache_->bytes(); }
+  std::int64_t kv_pool_bytes() const noexcept {
+    return std::visit([](const auto& d) { return d.mesh ? d.mesh->cache_bytes() : d.cache->bytes(); }, dec_);
+  }
   /// Whether the engine runs on a mesh of more than one device.
-  bool on_mesh() const noexcept { return mesh_dec_ != nullptr; }
+  bool on_mesh() const noexcept {
+    return std::visit([](const auto& d) { return d.mesh != nullptr; }, dec_);
+  }
 
  private:
   struct Request {
@@ -297,46 +307,53 @@ class Engine {
   /// pools of the page accounting, one per group of slots.
   void build_decoder() {
     const char* w = "generate.Engine";
-    const MeshDims& dims = o_.mesh;
     std::int64_t devices = 1;
-    for (auto d : dims) {
+    for (auto d : o_.mesh) {
       EDL_CHECK(d >= 1, errc::invalid_argument, w, "mesh axis sizes must be >= 1, found ", d);
       devices *= d;
     }
-    PagedKVCacheOptions po = o_.paged;
-    page_size_ = po.page_size;
+    page_size_ = o_.paged.page_size;
     EDL_CHECK(page_size_ > 0, errc::invalid_argument, w, "page_size must be positive, found ", page_size_);
-    std::int64_t groups = 1;
+    const std::int64_t groups = o_.kv_cache == KVCacheDtype::int8 ? build_decoder<PagedInt8KVCache>(devices)
+                                                                  : build_decoder<PagedKVCache>(devices);
+    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+  }
+
+  /// build_decoder() for caches of type Cache; returns the number of pools.
+  template <class Cache>
+  std::int64_t build_decoder(std::int64_t devices) {
+    auto& d = dec_.template emplace<Decoders<Cache>>();
+    PagedKVCacheOptions po = o_.paged;
     if (devices == 1) {
       po.max_model_length = mml_;
-      cache_ = std::make_unique<PagedKVCache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
-      dec_ = std::make_unique<Decoder<Pol, PagedKVCache>>(model_, *cache_);
-      pool_pages_ = cache_->num_pages();
-      device_page_bytes_ = page_bytes_ = cache_->page_bytes();
-    } else {
-      DefaultMesh mesh = create_mesh(dims);
-      EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
-                "the engine runs in one process: its mesh's devices cannot span MPI ranks");
-      const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
-      EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
-                " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
-      po.page_size = page_size_ / sp;
-      typename ShardedDecoder<Pol, PagedKVCache>::CacheFactory make = [po](const KVCacheShape& s) {
-        PagedKVCacheOptions local = po;
-        local.max_model_length = s.max_length;
-        return std::make_unique<PagedKVCache>(s, local);
-      };
-      mesh_dec_ = std::make_unique<ShardedDecoder<Pol, PagedKVCache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
-      pool_pages_ = mesh_dec_->cache(0).num_pages();  // every device's page has the same bytes
-      device_page_bytes_ = mesh_dec_->cache(0).page_bytes();
-      page_bytes_ = device_page_bytes_ * tp * sp;
-      groups = mesh_dec_->sequence_groups();
+      d.cache = std::make_unique<Cache>(kv_cache_shape(model_.config(), o_.max_batch, mml_), po);
+      d.dec = std::make_unique<Decoder<Pol, Cache>>(model_, *d.cache);
+      pool_pages_ = d.cache->num_pages();
+      device_page_bytes_ = page_bytes_ = d.cache->page_bytes();
+      pool_of_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+      return 1;
     }
-    pool_free_.assign(static_cast<std::size_t>(groups), pool_pages_);
+    DefaultMesh mesh = create_mesh(o_.mesh);
+    const char* w = "generate.Engine";
+    EDL_CHECK(mesh.backend().processes() == 1, errc::unsupported, w,
+              "the engine runs in one process: its mesh's devices cannot span MPI ranks");
+    const std::int64_t sp = mesh.axis_size("sp"), tp = mesh.axis_size("tp");
+    EDL_CHECK(page_size_ % sp == 0, errc::invalid_argument, w, "page_size = ", page_size_,
+              " is not divisible by sp = ", sp, ": each device's page holds page_size / sp positions");
+    po.page_size = page_size_ / sp;
+    typename ShardedDecoder<Pol, Cache>::CacheFactory make = [po](const KVCacheShape& s) {
+      PagedKVCacheOptions local = po;
+      local.max_model_length = s.max_length;
+      return std::make_unique<Cache>(s, local);
+    };
+    d.mesh = std::make_unique<ShardedDecoder<Pol, Cache>>(model_, std::move(mesh), o_.max_batch, mml_, make);
+    pool_pages_ = d.mesh->cache(0).num_pages();  // every device's page has the same bytes
+    device_page_bytes_ = d.mesh->cache(0).page_bytes();
+    page_bytes_ = device_page_bytes_ * tp * sp;
     pool_of_.resize(static_cast<std::size_t>(o_.max_batch));
-    for (std::int64_t b = 0; b < o_.max_batch; ++b)
-      pool_of_[static_cast<std::size_t>(b)] = mesh_dec_ ? mesh_dec_->sequence_group(b) : 0;
-    held_.assign(static_cast<std::size_t>(o_.max_batch), 0);
+    for (std::int64_t b = 0; b < o_.max_batch; ++b) pool_of_[static_cast<std::size_t>(b)] = d.mesh->sequence_group(b);
+    return d.mesh->sequence_groups();
   }
 
   std::int64_t pages_for(std::int64_t tokens) const noexcept { return (tokens + page_size_ - 1) / page_size_; }
@@ -353,8 +370,7 @@ class Engine {
   void release(std::int64_t slot) {
     pool_free(slot) += held_[static_cast<std::size_t>(slot)];
     held_[static_cast<std::size_t>(slot)] = 0;
-    if (mesh_dec_) mesh_dec_->reset(slot);
-    else cache_->reset(slot);
+    std::visit([slot](auto& d) { d.mesh ? d.mesh->reset(slot) : d.cache->reset(slot); }, dec_);
   }
   Request& req(std::int64_t id) { return reqs_[static_cast<std::size_t>(id)]; }
 
@@ -471,8 +487,10 @@ class Engine {
         mask_[at] = 1;
       }
     }
-    if (mesh_dec_) mesh_dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
-    else dec_->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    std::visit([&](auto& d) {
+      if (d.mesh) d.mesh->prefill(ids_.data(), S, mask_.data(), logits_.data());
+      else d.dec->prefill(ids_.data(), S, mask_.data(), logits_.data());
+    }, dec_);
     stats_.peak_pages = std::max(stats_.peak_pages, pages_in_use());
 
     for (std::int64_t id : ids_run) {
@@ -544,9 +562,14 @@ class Engine {
   const Model& model_;
   EngineOptions o_;
   std::int64_t V_ = 0, mml_ = 0;
-  std::unique_ptr<PagedKVCache> cache_;                        // one device
-  std::unique_ptr<Decoder<Pol, PagedKVCache>> dec_;
-  std::unique_ptr<ShardedDecoder<Pol, PagedKVCache>> mesh_dec_;  // a larger mesh
+  /// The decoder over caches of type Cache: one device's, or a ShardedDecoder's on a mesh.
+  template <class Cache>
+  struct Decoders {
+    std::unique_ptr<Cache> cache;  // one device
+    std::unique_ptr<Decoder<Pol, Cache>> dec;
+    std::unique_ptr<ShardedDecoder<Pol, Cache>> mesh;  // a larger mesh
+  };
+  std::variant<Decoders<PagedKVCache>, Decoders<PagedInt8KVCache>> dec_;  // by o_.kv_cache
   // Page accounting: pages per pool, free pages of each pool, each slot's pool and pages held.
   std::int64_t page_size_ = 0, pool_pages_ = 0, page_bytes_ = 0, device_page_bytes_ = 0;
   std::vector<std::int64_t> pool_free_, pool_of_, held_;

@@ -8,6 +8,8 @@
 //                    byte budget x utilization fraction; each sequence owns a page table;
 //                    pages are taken on demand and returned by free(b). A page holds
 //                    [layer, kv_heads, page_size, head_dim].
+//   PagedInt8KVCache the same pages holding Int8KVCache's int8 values, and per page the
+//                    scales [layer, kv_heads, page_size].
 //
 // Head-major. A kv head's slots are contiguous (head_dim elements apart), not a whole token's
 // row apart as in EasyDeL's [batch, max_length, kv_heads, head_dim]: decode attention reads one
@@ -43,6 +45,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <edl/core/allocator.hpp>
@@ -290,28 +293,39 @@ struct PagedKVCacheOptions {
   std::int64_t max_model_length = 0;      // longest sequence (0: shape.max_length)
 };
 
-/// A pool of pages; a page holds page_size tokens of k and v for every layer, f32.
-/// Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as it grows
-/// (reserve) and returns them on reset(b). Running out of pages or exceeding max_model_length
-/// throws edl::Error (errc::invalid_argument) naming the sequence and the numbers involved.
-class PagedKVCache {
+/// A pool of pages; a page holds page_size tokens of k and v for every layer, as Elem: f32
+/// (PagedKVCache), or int8 with one f32 absmax scale per (token, kv head) as Int8KVCache
+/// (PagedInt8KVCache: the same values and scales, so the same attention, in about a quarter of
+/// the bytes). Pages: floor(budget_bytes * utilization / page_bytes). A sequence takes pages as
+/// it grows (reserve) and returns them on reset(b). Running out of pages or exceeding
+/// max_model_length throws edl::Error (errc::invalid_argument) naming the sequence and the
+/// numbers involved.
+template <class Elem>
+class BasicPagedKVCache {
+  static_assert(std::is_same_v<Elem, float> || std::is_same_v<Elem, std::int8_t>,
+                "edl::generate: a paged cache holds f32 or int8 values");
+  static constexpr bool kInt8 = std::is_same_v<Elem, std::int8_t>;
+  static constexpr const char* kWhere = kInt8 ? "generate.PagedInt8KVCache" : "generate.PagedKVCache";
+
  public:
-  PagedKVCache() = default;
-  PagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
-    const char* w = "generate.PagedKVCache";
+  BasicPagedKVCache() = default;
+  BasicPagedKVCache(const KVCacheShape& s, const PagedKVCacheOptions& o) : s_(s), o_(o) {
     if (o_.max_model_length <= 0) o_.max_model_length = s.max_length;
     s_.max_length = o_.max_model_length;
-    s_.validate(w);
-    EDL_CHECK(o.page_size > 0, errc::invalid_argument, w, "page_size must be positive, found ", o.page_size);
-    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, w,
+    s_.validate(kWhere);
+    EDL_CHECK(o.page_size > 0, errc::invalid_argument, kWhere, "page_size must be positive, found ", o.page_size);
+    EDL_CHECK(o.utilization > 0 && o.utilization <= 1, errc::invalid_argument, kWhere,
               "utilization must be in (0, 1], found ", o.utilization);
-    page_floats_ = s_.num_layers * o.page_size * s_.row();  // k or v
+    page_elems_ = s_.num_layers * o.page_size * s_.row();                        // k or v
+    page_scales_ = kInt8 ? s_.num_layers * o.page_size * s_.kv_heads : 0;  // k or v
     const double usable = static_cast<double>(o.budget_bytes) * o.utilization;
     num_pages_ = static_cast<std::int64_t>(usable / static_cast<double>(page_bytes()));
-    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, w, "a byte budget of ", o.budget_bytes, " x utilization ",
+    EDL_CHECK(num_pages_ > 0, errc::invalid_argument, kWhere, "a byte budget of ", o.budget_bytes, " x utilization ",
               o.utilization, " holds no page of ", page_bytes(), " bytes");
-    assign_on_huge_pages(k_, static_cast<std::size_t>(num_pages_ * page_floats_), 0.0f);
-    assign_on_huge_pages(v_, k_.size(), 0.0f);
+    assign_on_huge_pages(k_, static_cast<std::size_t>(num_pages_ * page_elems_), Elem{0});
+    assign_on_huge_pages(v_, k_.size(), Elem{0});
+    ks_.assign(static_cast<std::size_t>(num_pages_ * page_scales_), 0.0f);
+    vs_.assign(ks_.size(), 0.0f);
     free_.reserve(static_cast<std::size_t>(num_pages_));
     for (std::int64_t p = num_pages_; p-- > 0;) free_.push_back(static_cast<std::int32_t>(p));
     tables_.assign(static_cast<std::size_t>(s.batch), {});
@@ -319,21 +333,37 @@ class PagedKVCache {
   }
 
   struct HeadView {
-    const float* k;  // pool base + layer/head offset
-    const float* v;
+    const Elem* k;  // pool base + layer/head offset
+    const Elem* v;
+    const float* ks;  // int8: the scales' pool base + layer/head offset
+    const float* vs;
     const std::int32_t* table;
-    std::int64_t page_size, page_floats, stride, D;
-    const float* at(const float* base, std::int64_t slot) const noexcept {
+    std::int64_t page_size, page_elems, page_scales, stride, D;
+    const Elem* at(const Elem* base, std::int64_t slot) const noexcept {
       const std::int64_t p = table[slot / page_size];
-      return base + p * page_floats + (slot % page_size) * stride;
+      return base + p * page_elems + (slot % page_size) * stride;
     }
-    const float* k_row(std::int64_t slot) const noexcept { return at(k, slot); }
-    const float* v_row(std::int64_t slot) const noexcept { return at(v, slot); }
-    static constexpr float k_scale(std::int64_t) noexcept { return 1.0f; }
-    static constexpr float v_scale(std::int64_t) noexcept { return 1.0f; }
+    float scale_at(const float* base, std::int64_t slot) const noexcept {
+      if constexpr (kInt8) return base[table[slot / page_size] * page_scales + slot % page_size];
+      else return 1.0f;
+    }
+    const Elem* k_row(std::int64_t slot) const noexcept { return at(k, slot); }
+    const Elem* v_row(std::int64_t slot) const noexcept { return at(v, slot); }
+    float k_scale(std::int64_t slot) const noexcept { return scale_at(ks, slot); }
+    float v_scale(std::int64_t slot) const noexcept { return scale_at(vs, slot); }
     void read(std::int64_t slot, float* ko, float* vo) const noexcept {
-      std::memcpy(ko, at(k, slot), static_cast<std::size_t>(D) * sizeof(float));
-      std::memcpy(vo, at(v, slot), static_cast<std::size_t>(D) * sizeof(float));
+      const Elem* kr = at(k, slot);
+      const Elem* vr = at(v, slot);
+      if constexpr (kInt8) {
+        const float sk = k_scale(slot), sv = v_scale(slot);
+        for (std::int64_t i = 0; i < D; ++i) {
+          ko[i] = sk * static_cast<float>(kr[i]);
+          vo[i] = sv * static_cast<float>(vr[i]);
+        }
+      } else {
+        std::memcpy(ko, kr, static_cast<std::size_t>(D) * sizeof(float));
+        std::memcpy(vo, vr, static_cast<std::size_t>(D) * sizeof(float));
+      }
     }
   };
 
@@ -341,20 +371,22 @@ class PagedKVCache {
   std::int64_t page_size() const noexcept { return o_.page_size; }
   std::int64_t num_pages() const noexcept { return num_pages_; }
   std::int64_t free_pages() const noexcept { return static_cast<std::int64_t>(free_.size()); }
-  std::int64_t page_bytes() const noexcept { return 2 * page_floats_ * static_cast<std::int64_t>(sizeof(float)); }
+  /// k and v of one page: values, and for int8 their scales.
+  std::int64_t page_bytes() const noexcept {
+    return 2 * (page_elems_ * static_cast<std::int64_t>(sizeof(Elem)) + page_scales_ * static_cast<std::int64_t>(sizeof(float)));
+  }
   std::int64_t max_model_length() const noexcept { return o_.max_model_length; }
   const std::vector<std::int32_t>& page_table(std::int64_t b) const { return tables_[static_cast<std::size_t>(b)]; }
 
   std::int64_t length(std::int64_t b) const { return len_[static_cast<std::size_t>(b)]; }
   void reserve(std::int64_t b, std::int64_t n) {
-    const char* w = "generate.PagedKVCache";
-    detail::check_seq(b, s_.batch, w);
-    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, w, "sequence ", b, " needs ", n,
+    detail::check_seq(b, s_.batch, kWhere);
+    EDL_CHECK(n <= o_.max_model_length, errc::invalid_argument, kWhere, "sequence ", b, " needs ", n,
               " tokens, more than max_model_length = ", o_.max_model_length);
     auto& t = tables_[static_cast<std::size_t>(b)];
     const std::int64_t need = (n + o_.page_size - 1) / o_.page_size;
     const std::int64_t more = need - static_cast<std::int64_t>(t.size());
-    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, w, "out of pages: sequence ", b,
+    EDL_CHECK(more <= static_cast<std::int64_t>(free_.size()), errc::invalid_argument, kWhere, "out of pages: sequence ", b,
               " needs ", more, " more page(s) of ", o_.page_size, " tokens for ", n, " tokens, but only ", free_.size(),
               " of ", num_pages_, " pages are free (pool = budget ", o_.budget_bytes, " bytes x utilization ",
               o_.utilization, ", ", page_bytes(), " bytes per page); raise the budget or shorten the requests");
@@ -366,50 +398,69 @@ class PagedKVCache {
   void set_length(std::int64_t b, std::int64_t n) { len_[static_cast<std::size_t>(b)] = n; }
   void store(std::int64_t layer, std::int64_t b, std::int64_t slot, const float* k, const float* v) {
     const auto& t = tables_[static_cast<std::size_t>(b)];
-    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)];
-    const std::size_t D = static_cast<std::size_t>(s_.head_dim);
+    const std::int64_t p = t[static_cast<std::size_t>(slot / o_.page_size)], in = slot % o_.page_size;
+    const std::int64_t D = s_.head_dim;
     for (std::int64_t g = 0; g < s_.kv_heads; ++g) {
-      const std::size_t o = static_cast<std::size_t>(p * page_floats_ + head_offset(layer, g)) + static_cast<std::size_t>(slot % o_.page_size) * D;
-      std::memcpy(k_.data() + o, k + g * s_.head_dim, D * sizeof(float));
-      std::memcpy(v_.data() + o, v + g * s_.head_dim, D * sizeof(float));
+      const std::size_t o = static_cast<std::size_t>(p * page_elems_ + head_offset(layer, g) + in * D);
+      if constexpr (kInt8) {
+        const std::size_t so = static_cast<std::size_t>(p * page_scales_ + scale_offset(layer, g) + in);
+        ks_[so] = detail::quantize_row(k + g * D, k_.data() + o, D);
+        vs_[so] = detail::quantize_row(v + g * D, v_.data() + o, D);
+      } else {
+        std::memcpy(k_.data() + o, k + g * D, static_cast<std::size_t>(D) * sizeof(float));
+        std::memcpy(v_.data() + o, v + g * D, static_cast<std::size_t>(D) * sizeof(float));
+      }
     }
   }
   HeadView view(std::int64_t layer, std::int64_t b, std::int64_t g) const noexcept {
-    const std::int64_t off = head_offset(layer, g);
-    return {k_.data() + off, v_.data() + off, tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_floats_,
-            s_.head_dim, s_.head_dim};
+    const std::int64_t off = head_offset(layer, g), soff = kInt8 ? scale_offset(layer, g) : 0;
+    return {k_.data() + off,   v_.data() + off,  ks_.data() + soff, vs_.data() + soff,
+            tables_[static_cast<std::size_t>(b)].data(), o_.page_size, page_elems_, page_scales_,
+            s_.head_dim,       s_.head_dim};
   }
   /// Sequence b becomes a copy of src[b]: pages are copied (no sharing yet).
   void reorder(const std::int64_t* src) {
     const std::int64_t B = s_.batch;
     std::vector<std::int64_t> old_len = len_;
     // Snapshot the source pages' contents first.
-    std::vector<std::vector<float>> ck(static_cast<std::size_t>(B)), cv(static_cast<std::size_t>(B));
+    struct Pages {
+      std::vector<Elem> k, v;
+      std::vector<float> ks, vs;
+    };
+    std::vector<Pages> copy(static_cast<std::size_t>(B));
     std::vector<bool> needed(static_cast<std::size_t>(B), false);
     for (std::int64_t b = 0; b < B; ++b) {
-      detail::check_seq(src[b], B, "generate.PagedKVCache.reorder");
+      detail::check_seq(src[b], B, kWhere);
       if (src[b] != b) needed[static_cast<std::size_t>(src[b])] = true;
     }
+    const auto append = [](auto& to, const auto& pool, std::int64_t p, std::int64_t n) {
+      to.insert(to.end(), pool.begin() + p * n, pool.begin() + (p + 1) * n);
+    };
     for (std::int64_t b = 0; b < B; ++b) {
       if (!needed[static_cast<std::size_t>(b)]) continue;
+      Pages& c = copy[static_cast<std::size_t>(b)];
       for (auto p : tables_[static_cast<std::size_t>(b)]) {
-        ck[static_cast<std::size_t>(b)].insert(ck[static_cast<std::size_t>(b)].end(), k_.begin() + p * page_floats_,
-                                               k_.begin() + (p + 1) * page_floats_);
-        cv[static_cast<std::size_t>(b)].insert(cv[static_cast<std::size_t>(b)].end(), v_.begin() + p * page_floats_,
-                                               v_.begin() + (p + 1) * page_floats_);
+        append(c.k, k_, p, page_elems_);
+        append(c.v, v_, p, page_elems_);
+        append(c.ks, ks_, p, page_scales_);
+        append(c.vs, vs_, p, page_scales_);
       }
     }
+    const auto put = [](auto& pool, const auto& from, std::int64_t p, std::size_t i, std::int64_t n) {
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(i) * n, n, pool.begin() + p * n);
+    };
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t from = src[b];
       if (from == b) continue;
       reset(b);
       reserve(b, old_len[static_cast<std::size_t>(from)]);
       const auto& t = tables_[static_cast<std::size_t>(b)];
+      const Pages& c = copy[static_cast<std::size_t>(from)];
       for (std::size_t i = 0; i < t.size(); ++i) {
-        std::memcpy(k_.data() + t[i] * page_floats_, ck[static_cast<std::size_t>(from)].data() + i * page_floats_,
-                    static_cast<std::size_t>(page_floats_) * sizeof(float));
-        std::memcpy(v_.data() + t[i] * page_floats_, cv[static_cast<std::size_t>(from)].data() + i * page_floats_,
-                    static_cast<std::size_t>(page_floats_) * sizeof(float));
+        put(k_, c.k, t[i], i, page_elems_);
+        put(v_, c.v, t[i], i, page_elems_);
+        put(ks_, c.ks, t[i], i, page_scales_);
+        put(vs_, c.vs, t[i], i, page_scales_);
       }
       len_[static_cast<std::size_t>(b)] = old_len[static_cast<std::size_t>(from)];
     }
@@ -422,24 +473,35 @@ class PagedKVCache {
     len_[static_cast<std::size_t>(b)] = 0;
   }
   void free(std::int64_t b) { reset(b); }
-  std::int64_t bytes() const noexcept { return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(float)); }
+  std::int64_t bytes() const noexcept {
+    return static_cast<std::int64_t>((k_.size() + v_.size()) * sizeof(Elem) + (ks_.size() + vs_.size()) * sizeof(float));
+  }
 
  private:
   /// Where (layer, kv head g)'s page_size rows start in a page.
   std::int64_t head_offset(std::int64_t layer, std::int64_t g) const noexcept {
     return (layer * s_.kv_heads + g) * o_.page_size * s_.head_dim;
   }
+  /// Where (layer, kv head g)'s page_size scales start in a page's scales (int8).
+  std::int64_t scale_offset(std::int64_t layer, std::int64_t g) const noexcept {
+    return (layer * s_.kv_heads + g) * o_.page_size;
+  }
   KVCacheShape s_;
   PagedKVCacheOptions o_;
-  std::int64_t page_floats_ = 0, num_pages_ = 0;
-  huge_page_vector<float> k_, v_;  // on huge pages (assign_on_huge_pages), rows on cache lines
+  std::int64_t page_elems_ = 0, page_scales_ = 0, num_pages_ = 0;
+  huge_page_vector<Elem> k_, v_;  // on huge pages (assign_on_huge_pages), rows on cache lines
+  std::vector<float> ks_, vs_;    // int8: a page's scales, [layer, kv_heads, page_size] per page
   std::vector<std::int32_t> free_;
   std::vector<std::vector<std::int32_t>> tables_;
   std::vector<std::int64_t> len_;
 };
 
+using PagedKVCache = BasicPagedKVCache<float>;
+using PagedInt8KVCache = BasicPagedKVCache<std::int8_t>;
+
 static_assert(KVCache<StandardKVCache>);
 static_assert(KVCache<Int8KVCache>);
 static_assert(KVCache<PagedKVCache>);
+static_assert(KVCache<PagedInt8KVCache>);
 
 }  // namespace edl::generate
