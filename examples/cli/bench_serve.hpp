@@ -61,8 +61,7 @@ inline int cmd_bench_serve(Args& args) {
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   eo.mesh = mesh_flag(args);
   const std::string dtype = args.str("--dtype", "f32");
-  const std::string kv_cache = args.str("--kv-cache", "f32");
-  eo.kv_cache = kv_cache == "int8" ? generate::KVCacheDtype::int8 : generate::KVCacheDtype::f32;
+  eo.kv_cache = gen_detail::kv_cache_flag(args);
   args.finish();
   for (auto n : requests)
     EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
@@ -128,7 +127,7 @@ inline int cmd_bench_serve(Args& args) {
       nlohmann::ordered_json j;
       j["model"] = name;
       j["dtype"] = dtype;
-      j["kv_cache"] = kv_cache;
+      j["kv_cache"] = eo.kv_cache == generate::KVCacheDtype::int8 ? "int8" : "f32";
       j["threads"] = exec::num_threads();
       j["mesh"] = mesh_str(eo.mesh);
       j["requests"] = n;
@@ -171,9 +170,7 @@ inline Command bench_serve_command() {
                        integer_flag("--cache-bytes", "N", "the page pool's budget, each device's on a mesh (requests may wait or be preempted)")
                            .defaults("exactly every request's pages"),
                        gen_detail::declare_dtype_flag(),
-                       text_flag("--kv-cache", "", "what the KV cache pages hold: f32, or int8 values with a scale per token and kv head (a quarter of the bytes)")
-                .one_of({"f32", "int8"})
-                .defaults("f32"),
+                       gen_detail::declare_kv_cache_flag(),
                        declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl bench serve --config tiny --requests 1,4 --prompt-len 20 --gen-len 3 --threads 2",
                    "edl bench serve --model gqa1b --requests 1,8 --prompt-len 128 --gen-len 64"},

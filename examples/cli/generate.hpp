@@ -134,6 +134,17 @@ inline Flag declare_dtype_flag() {
       .defaults("f32");
 }
 
+/// --kv-cache of the commands that run the serving engine, and its value.
+inline Flag declare_kv_cache_flag() {
+  return text_flag("--kv-cache", "",
+                   "what the KV cache pages hold: f32, or int8 values with a scale per token and kv head (a quarter of the bytes)")
+      .one_of({"f32", "int8"})
+      .defaults("f32");
+}
+inline generate::KVCacheDtype kv_cache_flag(Args& args) {
+  return args.str("--kv-cache", "f32") == "int8" ? generate::KVCacheDtype::int8 : generate::KVCacheDtype::f32;
+}
+
 /// The policy of a LlamaForCausalLM<Pol>.
 template <class M>
 struct PolicyOf;

@@ -104,7 +104,7 @@ inline int cmd_serve(Args& args) {
   const double grace = args.number("--shutdown-grace", 10);
   const std::int64_t threads = args.integer("--threads", 0);
   const std::string dtype = args.str("--dtype", "f32");
-  svc.engine.kv_cache = args.str("--kv-cache", "f32") == "int8" ? generate::KVCacheDtype::int8 : generate::KVCacheDtype::f32;
+  svc.engine.kv_cache = gen_detail::kv_cache_flag(args);
   const MeshDims dims = mesh_flag(args);
   args.finish();
   EDL_CLI_USAGE_CHECK(launch().ranks == 1, errc::unsupported, "edl serve",
@@ -171,9 +171,7 @@ inline Command serve_command() {
             integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
             number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
             gen_detail::declare_dtype_flag(),
-            text_flag("--kv-cache", "", "what the KV cache pages hold: f32, or int8 values with a scale per token and kv head (a quarter of the bytes)")
-                .one_of({"f32", "int8"})
-                .defaults("f32"),
+            gen_detail::declare_kv_cache_flag(),
             declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),
       .examples = {"edl serve --model Qwen3-0.6B --port 8080",
                    "edl serve --model run/checkpoint-400 --port 0 --api-key sekret --max-batch 4"},
