@@ -170,7 +170,7 @@ inline int cmd_bench_train(Args& args) {
   // On a mesh the model is sharded once and stays sharded across steps, as the trainer keeps
   // it: a step is the sharded forward, loss and backward (and the ZeRO optimizer update).
   auto time_sharded_steps = [&](auto& sm) {
-    sm.set_remat(drop, remat_name, "--remat");
+    sm.set_remat(drop);
     optim::ShardedOptimizer<std::remove_cvref_t<decltype(sm)>> sopt(oo, sm);
     peak_reset = reset_peak_resident();
     const double sec = median_of([&] {
@@ -185,9 +185,6 @@ inline int cmd_bench_train(Args& args) {
     rank_peaks = processes.each(std::max(build_peak, peak_resident_bytes()));
     return sec;
   };
-  const auto check_mesh_remat = [&] {
-    EDL_CLI_USAGE_CHECK(remat::runs_on_a_mesh(drop), errc::unsupported, "--remat", remat::mesh_refusal(remat_name));
-  };
   auto time_steps = [&](auto& model) {
     build_peak = peak_resident_bytes();
     if (create_mesh(mesh).size() == 1) {
@@ -199,13 +196,11 @@ inline int cmd_bench_train(Args& args) {
         return seconds_since(t0);
       });
     }
-    check_mesh_remat();
     auto sm = models::shard_model(model, launch_mesh(mesh, "--mesh"));
     return time_sharded_steps(sm);
   };
   double sec = 0;
   if (straight_into_shards) {
-    check_mesh_remat();
     f32_model.visit_params("", [&](std::string_view, auto& p) { trainable += p.numel(); });
     const auto draw = [&]<class Pol>() {
       auto sm = from_folder ? models::from_pretrained_sharded<Pol>(config, launch_mesh(mesh, "--mesh"))

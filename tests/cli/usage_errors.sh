@@ -50,7 +50,6 @@ expect 2 'drop --dtype or --quant' "$EDL" bench decode --model tiny --quant q8_0
 expect 2 'unknown mesh axis "pp"' "$EDL" plan --config tiny --mesh pp=2
 expect 2 '"bogus" is not a checkpoint name' "$EDL" bench train --config tiny --remat "save_only_these_names(attn_out, bogus)"
 expect 2 'expected one of "", none, everything_saveable' "$EDL" bench train --config tiny --remat dots
-expect 2 'rematerializes whole layers' "$EDL" bench train --config tiny --mesh fsdp=2 --remat "save_only_these_names(gate)"
 expect 2 '-1 takes the devices left over' env EDL_DEVICES=3 "$EDL" plan --config tiny --mesh fsdp=2,tp=-1
 expect 2 '--repetitions must be >= 1, found 0' "$EDL" bench decode --model tiny --repetitions 0
 expect 2 'comma-separated integer token ids' "$EDL" detokenize --tokenizer t --ids 1,x

@@ -1,6 +1,6 @@
 // Tests for edl/core/policy.hpp's run-time spelling of remat policies: remat::parse gives the
 // layers' drop mask of the same policy type (remat::dropped_by), for every name and call, and
-// errors that name what was expected. That every policy trains bit-identically is tested with
+// errors that name what was expected; drops<N> reads one name's bit of a mask. That every policy trains bit-identically is tested with
 // the layers (tests/nn/test_decoder_layer.cpp) and the trainer (tests/train/test_trainer.cpp).
 #include <gtest/gtest.h>
 
@@ -37,6 +37,30 @@ TEST(RematParse, SpellingsGiveTheDropMaskOfTheirPolicyType) {
   // Every name once: nothing kept, the mask of nothing_saveable.
   EXPECT_EQ(parse("save_any_names_but_these(norm1, q, k, v, ctx, attn_out, norm2, gate, up, act)"),
             dropped_by<nothing_saveable>());
+}
+
+// drops<N>(mask) reads the bit of name N: each name is dropped by the policy that keeps every
+// other name, and kept by the policy that keeps it alone.
+TEST(RematParse, DropsReadsTheNamedBit) {
+  const auto check = [](auto name, bool (*drops_it)(DropMask)) {
+    const std::string n = name;
+    EXPECT_TRUE(drops_it(parse("save_anything_except_these_names(" + n + ")"))) << n;
+    EXPECT_FALSE(drops_it(parse("save_only_these_names(" + n + ")"))) << n;
+    EXPECT_TRUE(drops_it(parse("nothing_saveable"))) << n;
+    EXPECT_FALSE(drops_it(parse("everything_saveable"))) << n;
+  };
+  check("norm1", [](DropMask d) { return drops<"norm1">(d); });
+  check("q", [](DropMask d) { return drops<"q">(d); });
+  check("k", [](DropMask d) { return drops<"k">(d); });
+  check("v", [](DropMask d) { return drops<"v">(d); });
+  check("ctx", [](DropMask d) { return drops<"ctx">(d); });
+  check("attn_out", [](DropMask d) { return drops<"attn_out">(d); });
+  check("norm2", [](DropMask d) { return drops<"norm2">(d); });
+  check("gate", [](DropMask d) { return drops<"gate">(d); });
+  check("up", [](DropMask d) { return drops<"up">(d); });
+  check("act", [](DropMask d) { return drops<"act">(d); });
+  EXPECT_FALSE(drops<"gate">(parse("save_only_these_names(attn_out, gate, up)")));
+  EXPECT_TRUE(drops<"act">(parse("save_only_these_names(attn_out, gate, up)")));
 }
 
 TEST(RematParse, ErrorsSayWhatWasExpected) {

@@ -401,30 +401,49 @@ TEST(ShardedLlama, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Remat on meshes: each layer runs again (its collectives too) before its backward; the loss
-// and every gradient are bitwise those of the step that keeps its activations, on every shape.
+// Remat on meshes, every policy: nothing_saveable runs each layer again (its collectives too)
+// before its backward; a finer mask frees what it names and recomputes it (norm1 with its
+// gather over sp, attn_out with its sum over tp). The loss and every gradient are bitwise those
+// of the step that keeps its activations, on tp, sp, dp and fsdp meshes, with biases and tied
+// embeddings, Gemma's sandwich norms and experts on an ep axis.
 TEST(ShardedLlama, RematGivesBitIdenticalGradients) {
-  LlamaForCausalLM<> m(small_gqa_config());
-  m.init(Key::from_seed(23), 0.2f);
+  struct Case { LlamaConfig cfg; std::vector<MeshDims> meshes; unsigned seed; };
+  const auto fixture = [](const char* family) {
+    return LlamaConfig::from_file((tiny_hf_dir().parent_path() / family / "config.json").string());
+  };
+  const std::vector<Case> cases = {
+      {small_gqa_config(),
+       {mesh_dims_without_ep({1, 2, 1, 1}), mesh_dims_without_ep({2, 1, 2, 2}), mesh_dims_without_ep({1, 2, 2, 1}),
+        mesh_dims_without_ep({1, 1, 1, 4})},
+       23},
+      {small_gqa_config(true, true), {mesh_dims_without_ep({1, 1, 2, 2})}, 5},
+      {fixture("tiny_gemma3"), {mesh_dims_without_ep({1, 1, 2, 2})}, 6},
+      {fixture("tiny_mixtral"), {MeshDims{1, 1, 2, 1, 2}}, 7}};
+  const char* policies[] = {"nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                            "save_only_these_names(ctx, gate)", "save_anything_except_these_names(norm1, attn_out)",
+                            "save_only_these_names(norm1, norm2, act)"};
   const std::int64_t B = 4, S = 8;
-  const auto ids = random_tokens(B * S, 64, 24);
-  for (const auto& d : std::vector<Dims>{{1, 2, 1, 1}, {2, 1, 2, 2}, {1, 2, 2, 1}, {1, 1, 1, 4}}) {
-    SCOPED_TRACE(dims_str(d));
-    auto keep = models::shard_model(m, create_mesh(d));
-    auto remat = models::shard_model(m, create_mesh(d));
-    remat.set_remat(remat::dropped_by<remat::nothing_saveable>());
-    try {  // finer masks run on one device only
-      keep.set_remat(remat::parse("dots_saveable"), "dots_saveable");
-      ADD_FAILURE() << "a finer mask was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("found \"dots_saveable\""), std::string::npos) << e.what();
+  for (const auto& c : cases) {
+    LlamaForCausalLM<> m(c.cfg);
+    m.init(Key::from_seed(c.seed), 0.2f);
+    const auto ids = random_tokens(B * S, c.cfg.vocab_size, c.seed + 1);
+    for (const auto& d : c.meshes) {
+      SCOPED_TRACE(c.cfg.model_type + " on " + dims_str(d));
+      auto keep = models::shard_model(m, create_mesh(d));
+      EXPECT_FALSE(keep.remat());
+      const auto a = keep.loss_and_grads(ids.data(), nullptr, B, S);
+      const auto ga = keep.gather_grads();
+      for (const char* policy : policies) {
+        SCOPED_TRACE(policy);
+        auto remat = models::shard_model(m, create_mesh(d));
+        remat.set_remat(remat::parse(policy));
+        EXPECT_EQ(remat.remat_mask(), remat::parse(policy));
+        const auto b = remat.loss_and_grads(ids.data(), nullptr, B, S);
+        EXPECT_EQ(a.loss, b.loss);
+        const auto gb = remat.gather_grads();
+        for (const auto& [name, g] : ga) EXPECT_TRUE(g == gb.at(name)) << name;
+      }
     }
-    EXPECT_FALSE(keep.remat());
-    const auto a = keep.loss_and_grads(ids.data(), nullptr, B, S);
-    const auto b = remat.loss_and_grads(ids.data(), nullptr, B, S);
-    EXPECT_EQ(a.loss, b.loss);
-    const auto ga = keep.gather_grads(), gb = remat.gather_grads();
-    for (const auto& [name, g] : ga) EXPECT_TRUE(g == gb.at(name)) << name;
   }
 }
 
@@ -616,7 +635,7 @@ TEST(ShardedLlama, RunOnMeshMatchesOneDevice) {
   const auto g1 = model_grads(m);
   EXPECT_EQ(models::run_on_mesh(m, create_mesh({1, 1, 1, 1}), r).loss, l1.loss);  // zeroed, not accumulated
   EXPECT_EQ(model_grads(m), g1);
-  for (const char* remat : {"", "nothing_saveable"}) {
+  for (const char* remat : {"", "nothing_saveable", "dots_saveable"}) {
     r.remat = remat;
     const auto l2 = models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r);
     EXPECT_NEAR(l1.loss, l2.loss, 1e-5 * l1.loss) << remat;
@@ -627,10 +646,12 @@ TEST(ShardedLlama, RunOnMeshMatchesOneDevice) {
   r.op = models::MeshOp::loss;
   EXPECT_NEAR(models::run_on_mesh(m, create_mesh({1, 2, 1, 1}), r).loss, l1.loss, 1e-5 * l1.loss);
 
-  // What a mesh cannot run yet is refused by name.
-  r.remat = "dots_saveable";
+  // A policy that does not parse is refused by name.
+  r.op = models::MeshOp::loss_and_grads;
+  r.remat = "dots";
   EXPECT_THROW(models::run_on_mesh(m, create_mesh({1, 1, 2, 1}), r), Error);
   r.remat = {};
+  r.op = models::MeshOp::loss;
   // A padding mask goes to the mesh with the batch: the loss one device gives with it.
   std::vector<std::int64_t> mask(ids.size(), 1);
   mask[0] = mask[1] = 0;

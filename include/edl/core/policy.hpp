@@ -227,15 +227,14 @@ inline DropMask parse(std::string_view text, const std::string& where = "remat",
   return only ? all & ~named : named;
 }
 
-/// What a step on a mesh of more than one device (models::ShardedLlama) runs: every
-/// activation kept, or whole layers run again, collectives included, before their backward.
-/// The finer masks (dots_saveable, save_only_these_names(...)) run on one device only.
-constexpr bool runs_on_a_mesh(DropMask drop) noexcept { return drop == 0 || drop == dropped_by<nothing_saveable>(); }
-
-/// The refusal of a finer mask on a mesh, naming the policy as the user `written` it.
-inline std::string mesh_refusal(std::string_view written) {
-  return "on a mesh the sharded step rematerializes whole layers (nothing_saveable, or true) or keeps everything "
-         "(everything_saveable); found \"" + std::string(written) + "\"";
+/// Whether mask d drops the activation called N, e.g. drops<"norm1">(d) (an unknown name does
+/// not compile).
+template <Name N>
+constexpr bool drops(DropMask d) noexcept {
+  static_assert(is_checkpoint_name(N), "edl::remat::drops: unknown checkpoint name (see edl::remat::checkpoint_names)");
+  std::size_t i = 0;
+  while (!(checkpoint_names[i] == N)) ++i;
+  return (d >> i) & 1u;
 }
 }  // namespace remat
 

@@ -25,9 +25,8 @@
 // for NaN/Inf before the loss (a NaN never reaches the loss kernel). gradient_checkpointing
 // picks the remat policy of the step at run time (remat::parse: its names as the layers' drop
 // mask, one model type): nothing_saveable, dots_saveable, save_only_these_names(...), ...
-// trade step time for activation memory (docs/training.md); on a mesh
-// the sharded step keeps every activation or, with nothing_saveable, runs each layer again in
-// its backward (ShardedLlama::set_remat).
+// trade step time for activation memory (docs/training.md), on one device and on a mesh
+// (ShardedLlama::set_remat).
 //
 // With a "lora" section (LoRA; with "quantize_base" too, QLoRA over a quantized base): the
 // adapters are added after the model is built or loaded, every other parameter is frozen (no
@@ -807,7 +806,7 @@ class BasicTrainer {
       sharded_ = std::make_unique<models::ShardedLlama<Pol>>(*model_, *mesh_);
     }
     if (straight && adapters_) sharded_->add_adapters(lora_config(), args_.where("lora"));
-    sharded_->set_remat(remat::parse(args_.gradient_checkpointing), args_.gradient_checkpointing);
+    sharded_->set_remat(remat::parse(args_.gradient_checkpointing));
     sopt_ = std::make_unique<optim::ShardedOptimizer<models::ShardedLlama<Pol>>>(opt_.options(), *sharded_);
     if (straight) {
       // The host model keeps its structure (config, flop counts) and none of its storage; it

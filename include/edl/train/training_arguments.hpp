@@ -458,11 +458,7 @@ struct TrainingArguments {
                 "a padding-free micro-batch is one row of any length, which the dp, fsdp, ep and sp axes cannot split; "
                 "use packing on such a mesh");
     }
-    {
-      const remat::DropMask drop = remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
-      EDL_CHECK(mesh_devices() == 1 || remat::runs_on_a_mesh(drop), errc::unsupported, where("gradient_checkpointing"),
-                remat::mesh_refusal(gradient_checkpointing), " on a mesh of ", mesh_devices(), " devices");
-    }
+    remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
     EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
               "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
               "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" or \"float16\" for mixed "

@@ -321,21 +321,20 @@ class ShardedLlama {
   using T = typename Pol::param_t;
   using Local = LlamaForCausalLM<Pol>;
 
-  /// Gradient checkpointing of whole layers (remat's nothing_saveable, HF's
-  /// gradient_checkpointing=True): a training step keeps each layer's input only and runs the
-  /// layer again, collectives included, before its backward; losses and gradients are bitwise
-  /// those without it. `drop` is 0 (keep everything) or every name; a finer mask is refused
-  /// (errc::unsupported) naming `where` and the policy as `written`.
-  void set_remat(remat::DropMask drop, std::string_view written = "the policy",
-                 const std::string& where = "ShardedLlama::set_remat") {
-    EDL_CHECK(remat::runs_on_a_mesh(drop), errc::unsupported, where, remat::mesh_refusal(written));
-    remat_ = drop != 0;
-  }
+  /// Gradient checkpointing with the one-device layer's policies (`drop`: remat::parse's or
+  /// dropped_by's bits). nothing_saveable (HF's gradient_checkpointing=True) keeps each layer's
+  /// input only and runs the whole layer again, collectives included, before its backward. A
+  /// finer mask (dots_saveable, save_only_these_names(...), ...) frees the named activations
+  /// after the layer's forward and recomputes them before its backward, with the collectives
+  /// that made them (norm1's gather over sp, attn_out's sum over tp). Losses and gradients are
+  /// bitwise those without remat.
+  void set_remat(remat::DropMask drop) noexcept { drop_ = drop; }
   /// What a step's batch and sequence must be multiples of: the batch is split over
   /// dp x fsdp x ep, the sequence over sp (check_data_split).
   std::int64_t batch_multiple() const { return axis("dp") * axis("fsdp") * axis("ep"); }
   std::int64_t seq_multiple() const { return axis("sp"); }
-  bool remat() const noexcept { return remat_; }
+  bool remat() const noexcept { return drop_ != 0; }
+  remat::DropMask remat_mask() const noexcept { return drop_; }
 
   /// Shards `model`'s parameters over `mesh` by `rules`.
   ShardedLlama(const LlamaForCausalLM<Pol>& model, DefaultMesh mesh, PartitionRules rules = llama_partition_rules())
@@ -552,7 +551,7 @@ class ShardedLlama {
 
   struct SnapshotTag {};
   ShardedLlama(const ShardedLlama& o, SnapshotTag)
-      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), remat_(o.remat_),
+      : cfg_(o.cfg_), local_cfg_(o.local_cfg_), mesh_(o.mesh_), rules_(o.rules_), tied_(o.tied_), drop_(o.drop_),
         names_(o.names_), trainable_(o.trainable_), lora_(o.lora_), dropout_key_(o.dropout_key_),
         jitter_key_(o.jitter_key_), adapters_active_(o.adapters_active_), plans_(o.plans_), params_(o.params_),
         locals_(o.locals_.size()), data_axes_(o.data_axes_) {}
@@ -849,6 +848,56 @@ class ShardedLlama {
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
   }
 
+  /// Frees the activations remat mask d names, as nn::DecoderLayer does (norm1 takes its
+  /// gather over sp with it; attn_out is the residual sum h).
+  static void release_dropped(LayerSaved& s, remat::DropMask d) {
+    using remat::drops;
+    if (drops<"norm1">(d)) {
+      std::vector<float>().swap(s.n1);
+      std::vector<float>().swap(s.g);
+    }
+    nn::Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
+    if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
+    nn::MLP<Pol>::release(s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
+  }
+
+  /// Recomputes, in layer_forward's order and with its collectives, what release_dropped freed
+  /// (x: the layer's input, kept); every device runs the same mask, so the collectives pair up,
+  /// and each value equals forward's bit for bit.
+  void rematerialize(nn::DecoderLayer<Pol>& L, const float* x, LayerSaved& s, remat::DropMask d, const Ctx& c) {
+    using remat::drops;
+    const std::int64_t Tl = c.tokens();
+    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
+    if (drops<"norm1">(d)) {
+      s.n1.resize(n);
+      L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
+      if (c.sp > 1) s.g = gather_seq(c, s.n1);
+    }
+    L.self_attn.rematerialize(c.sp > 1 ? s.g.data() : s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d),
+                              drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) {
+      std::vector<float> a(n);
+      if (L.has_sandwich_norms()) {  // the summed attention output ao is kept: h = x + norm(ao)
+        L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
+      } else {
+        std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
+        L.self_attn.o_proj.forward(s.attn_s.ctx.data(), c.Bl * c.S, yfull.data(), s.attn_s.o_s);
+        a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
+        if (c.tp > 1) psum(*c.dev, a, "tp");
+      }
+      s.h.resize(n);
+      for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    }
+    if (drops<"norm2">(d)) {
+      s.n2.resize(n);
+      L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
+    }
+    s.n2_s.x = s.h.data();
+    if (L.is_sparse()) nn::MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
+    else L.mlp.rematerialize(s.n2.data(), Tl, s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
+  }
+
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
                            const nn::LossOptions& opt, Mode mode, float* logits_out) {
@@ -974,9 +1023,11 @@ class ShardedLlama {
       model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
     const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
     if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
-    // A layer's activations are kept for its backward, unless the step has none or remat is
-    // on: then only its input (xs) is, and the backward runs the layer again first.
-    const bool keep = mode == Mode::train && !remat_;
+    // A layer's activations are kept for its backward, unless the step has none or remat drops
+    // them all: then only its input (xs) is, and the backward runs the layer again first. A
+    // finer mask frees what it names once the layer has run.
+    const bool rerun = drop_ == remat::dropped_by<remat::nothing_saveable>();
+    const bool keep = mode == Mode::train && !rerun;
     // The sparse layers' routing, kept for the router losses (which need every layer's).
     std::vector<typename nn::MoE<Pol>::Saved> routes(L);
     for (std::size_t l = 0; l < L; ++l) {
@@ -993,6 +1044,7 @@ class ShardedLlama {
         r.weight = m.weight;
       }
       if (!keep) saved[l] = LayerSaved{};
+      else if (drop_) release_dropped(saved[l], drop_);
       release_module(dev, model.layers[l]);
     }
     std::vector<float> hidden(n);
@@ -1063,9 +1115,11 @@ class ShardedLlama {
           const std::string pre = "model.layers." + std::to_string(l);
           gather_module(dev, model.layers[l], pre);
           open_module_grads(dev, model.layers[l]);
-          if (remat_) {  // the same kernels and collectives again: bitwise the activations forward had
+          if (rerun) {  // the same kernels and collectives again: bitwise the activations forward had
             std::vector<float> again(n);
             layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
+          } else if (drop_) {
+            rematerialize(model.layers[l], xs[l].data(), saved[l], drop_, c);
           }
           if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
             saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
@@ -1132,7 +1186,7 @@ class ShardedLlama {
   DefaultMesh mesh_;
   PartitionRules rules_;
   bool tied_ = false;
-  bool remat_ = false;  // set_remat: layers run again in backward instead of keeping activations
+  remat::DropMask drop_ = 0;  // set_remat: the activations a training step recomputes in backward
   std::vector<std::string> names_, trainable_;
   std::optional<lora::LoraConfig> lora_;  // the adapters' config (none: no adapters)
   std::optional<Key> dropout_key_;         // set_adapter_dropout
@@ -1209,7 +1263,7 @@ nn::LossMetrics run_on_mesh(LlamaForCausalLM<Pol>& model, const DefaultMesh& mes
     }
   }
   ShardedLlama<Pol> sm(model, mesh, r.rules ? *r.rules : llama_partition_rules());
-  sm.set_remat(drop, r.remat, "remat");
+  sm.set_remat(drop);
   if (r.op == MeshOp::logits) {
     const auto l = sm.logits(r.ids, r.layout);
     std::copy(l.begin(), l.end(), r.logits_out);
