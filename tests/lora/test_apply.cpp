@@ -52,7 +52,9 @@ TEST(LoraApply, FreshAdapterLeavesLogitsBitForBitAndFreezesTheBase) {
   m.visit_params("", [&](std::string_view path, auto& p) {
     const bool adapter = path.find(".lora_") != std::string_view::npos;
     EXPECT_EQ(p.has_grad(), adapter) << path;
-    if (!adapter) EXPECT_EQ(p.grad.size(), 0u) << path;
+    if (!adapter) {
+      EXPECT_EQ(p.grad.size(), 0u) << path;
+    }
     adapter_grads += adapter;
   });
   EXPECT_EQ(adapter_grads, 28);

@@ -250,11 +250,15 @@ TEST(NnAttentionMisc, ProbabilitiesGiveTheContextAndRespectTheMask) {
         for (std::int64_t j = 0; j < S; ++j) {
           const std::size_t ij = static_cast<std::size_t>(b * S + j), ii = static_cast<std::size_t>(b * S + i);
           const bool allowed = j <= i && j > i - W && seg[ij] == seg[ii] && mask[ij] == 1;
-          if (!allowed) ASSERT_EQ(row[j], 0.0f) << b << " " << h << " " << i << " " << j;
+          if (!allowed) {
+            ASSERT_EQ(row[j], 0.0f) << b << " " << h << " " << i << " " << j;
+          }
           any = any || allowed;
           sum += row[j];
         }
-        if (any) ASSERT_NEAR(sum, 1.0, 1e-5) << b << " " << h << " " << i;
+        if (any) {
+          ASSERT_NEAR(sum, 1.0, 1e-5) << b << " " << h << " " << i;
+        }
         const std::int64_t g = h / rep;
         for (std::int64_t c = 0; c < D; ++c) {
           double ctx = 0;

@@ -77,8 +77,9 @@ void expect_ep_matches_one_device(const MoE& block, std::int64_t ranks, std::int
   });
   expect_close(y_ref.data(), y.data(), y.size(), "outputs");
   expect_close(dx_ref.data(), dx.data(), dx.size(), "input gradients");
-  if (shared_tokens_to_one_rank)  // dropless: the chunk grew to hold every row of a device
+  if (shared_tokens_to_one_rank) {  // dropless: the chunk grew to hold every row of a device
     EXPECT_EQ(max_rows[0], Tl * c.top_k);
+  }
 
   // An expert's gradient lives on its rank alone; the router's is a sum over the ranks.
   std::vector<std::map<std::string, std::vector<float>>> got;

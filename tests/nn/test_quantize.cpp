@@ -141,7 +141,9 @@ TEST(QuantizeModel, ForwardStaysWithinTheActivationsRoundingOfTheDequantizedMode
     const LlamaForCausalLM<> d = dequantized(q, f32);
     // 2 x 12 = 24 rows (prefill's products), then 6 rows (decode's row by row).
     const std::vector<std::int64_t> ids = ids_of(24, cfg.vocab_size);
-    if (f == quant::Format::nf4) EXPECT_EQ(logits_of(q, ids, 2), logits_of(d, ids, 2));
+    if (f == quant::Format::nf4) {
+      EXPECT_EQ(logits_of(q, ids, 2), logits_of(d, ids, 2));
+    }
     for (const std::int64_t n : {24, 6}) {
       const std::vector<std::int64_t> few = ids_of(n, cfg.vocab_size);
       const std::int64_t batch = n == 24 ? 2 : 1;
@@ -152,7 +154,9 @@ TEST(QuantizeModel, ForwardStaysWithinTheActivationsRoundingOfTheDequantizedMode
         scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
       }
       EXPECT_LT(worst, (f == quant::Format::nf4 ? 1e-5 : 2e-2) * scale) << quant::format_name(f) << " rows " << n;
-      if (n == 6 || f != quant::Format::nf4) EXPECT_GT(worst, 0.0) << quant::format_name(f) << ": quantized products should have run";
+      if (n == 6 || f != quant::Format::nf4) {
+        EXPECT_GT(worst, 0.0) << quant::format_name(f) << ": quantized products should have run";
+      }
     }
   }
 }

@@ -154,8 +154,14 @@ TEST(NnRotary, LengthDependentScalings) {
   const double pi = std::acos(-1.0);
   for (int i = 0; i < 32; ++i) {
     const double turns = 4096 * base[i] / (2 * pi);  // rotations in the original context
-    if (turns > 32) EXPECT_DOUBLE_EQ(f[i], base[i]) << i;
-    if (turns < 1) EXPECT_DOUBLE_EQ(f[i], base[i] / 4) << i;
-    if (turns < 32 && turns > 1) EXPECT_TRUE(f[i] < base[i] && f[i] > base[i] / 4) << i;
+    if (turns > 32) {
+      EXPECT_DOUBLE_EQ(f[i], base[i]) << i;
+    }
+    if (turns < 1) {
+      EXPECT_DOUBLE_EQ(f[i], base[i] / 4) << i;
+    }
+    if (turns < 32 && turns > 1) {
+      EXPECT_TRUE(f[i] < base[i] && f[i] > base[i] / 4) << i;
+    }
   }
 }
