@@ -10,6 +10,24 @@ import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 
 const [nodeModules, baseURL, apiKey, expectFile] = process.argv.slice(2);
+// Node exits with 13, silently (the exit event sees 0), when the event loop empties while the
+// top level still awaits. That was seen, rarely, with no check failed and nothing printed: a
+// request in flight held nothing that kept the loop alive. A timer held for the whole run keeps
+// it alive, so such a request ends with its answer or the client's timeout; a step still
+// waiting after 300 s is reported by name, as is a run that ends unfinished.
+let step = "loading the openai client", request = "";
+let finished = false;
+process.on("exit", () => {
+  if (!finished) console.log(`FAIL: nothing left to run while awaiting: ${step} (last request: ${request})`);
+});
+const started = Date.now();
+setInterval(() => {
+  if (Date.now() - started < 300000) return;
+  console.log(`FAIL: still awaiting after 300 s: ${step} (last request: ${request})`);
+  finished = true;
+  process.exit(1);
+}, 1000);
+const at = (what) => { step = what; };
 const { default: OpenAI } = await import(pathToFileURL(join(nodeModules, "openai", "index.mjs")).href);
 const want = JSON.parse(readFileSync(expectFile, "utf8"));
 const client = new OpenAI({ baseURL: baseURL + "/v1", apiKey, maxRetries: 0, timeout: 60000 });
@@ -24,10 +42,12 @@ const check = (ok, what) => {
 const eq = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 
 async function chatOnce(extra = {}) {
+  request = "chat " + JSON.stringify(extra);
   return client.chat.completions.create({ model: want.model, messages: want.chat.messages, max_tokens: M,
                                           temperature: 0, return_token_ids: true, ...extra });
 }
 async function completionOnce(i, extra = {}) {
+  request = `completion ${i} ` + JSON.stringify(extra);
   return client.completions.create({ model: want.model, prompt: want.completions[i].prompt_ids, max_tokens: M,
                                      temperature: 0, return_token_ids: true, ...extra });
 }
@@ -47,6 +67,7 @@ async function streamText(stream) {
 }
 /// fetch with the key; returns [status, parsed body or text].
 async function raw(path, body, headers = {}) {
+  request = `${path} with ${body === undefined ? "no body" : body.length + " bytes"}`;
   const r = await fetch(baseURL + path, { method: body === undefined ? "GET" : "POST", body,
     headers: { "Content-Type": "application/json", Authorization: "Bearer " + apiKey, ...headers } });
   const t = await r.text();
@@ -56,6 +77,7 @@ const isError = (b, code) => b && b.error && typeof b.error.message === "string"
   "param" in b.error && "code" in b.error && (code === undefined || b.error.code === code);
 
 // 1. Models, then greedy answers equal `edl generate`'s tokens.
+at("1. Models, then greedy answers equal `edl generate`'s tokens");
 const models = await client.models.list();
 check(models.data.length === 1 && models.data[0].id === want.model, "models.list: " + JSON.stringify(models.data));
 const chat = await chatOnce();
@@ -73,6 +95,7 @@ for (let i = 0; i < want.completions.length; i++) {
 }
 
 // 2. Streaming gives the same text, a role chunk, the finish reason, usage on request, [DONE].
+at("2. Streaming gives the same text, a role chunk, the finish reason, usage on request, [DONE]");
 {
   const s = await streamText(await client.chat.completions.create({ model: want.model, messages: want.chat.messages,
     max_tokens: M, temperature: 0, stream: true, stream_options: { include_usage: true } }));
@@ -90,6 +113,7 @@ for (let i = 0; i < want.completions.length; i++) {
 }
 
 // 3. Concurrent requests: each equals its answer alone.
+at("3. Concurrent requests");
 {
   const jobs = [];
   for (let k = 0; k < 12; k++) {
@@ -102,6 +126,7 @@ for (let i = 0; i < want.completions.length; i++) {
 }
 
 // 4. Sampling: the same seed gives the same n choices; logprobs are a distribution's.
+at("4. Sampling");
 {
   const a = await chatOnce({ temperature: 1.0, seed: 123, n: 3, max_tokens: M });
   const b = await chatOnce({ temperature: 1.0, seed: 123, n: 3, max_tokens: M });
@@ -123,6 +148,7 @@ for (let i = 0; i < want.completions.length; i++) {
 }
 
 // 5. Stop strings: the text ends before the first occurrence and the stop string is not returned.
+at("5. Stop strings");
 {
   const text = want.completions[0].text;
   const stop = text.length >= 4 ? text.slice(2, 4) : null;
@@ -137,6 +163,7 @@ for (let i = 0; i < want.completions.length; i++) {
 }
 
 // 6. Errors: OpenAI error objects with the right status, through the client and raw.
+at("6. Errors");
 async function status(p) {
   try { await p; return 200; } catch (e) { return e.status; }
 }
@@ -162,6 +189,7 @@ check(await status(new OpenAI({ baseURL: baseURL + "/v1", apiKey: "wrong", maxRe
 }
 
 // 7. A client that leaves mid-stream: its request is cancelled (the server keeps serving).
+at("7. A client that leaves mid-stream");
 {
   const ac = new AbortController();
   const stream = await client.completions.create({ model: want.model, prompt: want.completions[0].prompt_ids,
@@ -174,6 +202,7 @@ check(await status(new OpenAI({ baseURL: baseURL + "/v1", apiKey: "wrong", maxRe
 }
 
 // 8. Soak: several clients, a few hundred mixed good and bad requests; every good answer is
+at("8. Soak");
 // checked, and the resident memory after a second round is where the first round left it.
 async function metric(name) {
   const [, text] = await raw("/metrics");
@@ -213,4 +242,5 @@ async function soak(perClient, clients) {
 }
 
 console.log(failures ? `${failures} checks failed` : "all checks passed");
+finished = true;
 process.exit(failures ? 1 : 0);
