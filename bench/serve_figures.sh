@@ -21,7 +21,7 @@ THREADS=${THREADS:-$(nproc)}
 CLIENT_NICE=${CLIENT_NICE:-0}
 bash "$HERE/../scripts/fetch_hub_tokenizers.sh" "$HUB"
 VOCAB=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$MODEL/config.json" 2>/dev/null || echo 32000)
-"$EDL" bench serve --model "$MODEL" --requests 1,4,16 --prompt-len "$P" --gen-len "$G" --threads "$THREADS" |
+"$EDL" bench serve --model "$MODEL" --requests 1,4,16 --prompt-len "$P" --gen-len "$G" --threads "$THREADS" --rounds "$ROUNDS" |
   sed 's/^/{"in_process": /; s/$/}/'
 out=$(mktemp)
 "$EDL" serve --model "$MODEL" --tokenizer "$TOK" --port 0 --max-batch 16 --threads "$THREADS" >"$out" 2>/dev/null &

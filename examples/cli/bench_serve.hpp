@@ -5,14 +5,18 @@
 //                   [--requests 1,4,16] [--prompt-len P] [--gen-len G] [--threads T]
 //                   [--page-size N] [--cache-bytes N] [--prefill-chunk C] [--seed S]
 //                   [--mesh dp=1,fsdp=1,ep=1,tp=1,sp=1] [--dtype f32|bf16|f16] [--kv-cache f32|int8]
+//                   [--rounds R]
 //
 // For each concurrency N of --requests: a new Engine with N slots, N requests of P random
 // prompt tokens (stream i of Key S for request i) submitted at once, greedy, G new tokens each
-// (no stop token, so every request runs to G), engine.run() timed from the first submit.
+// (no stop token, so every request runs to G), engine.run() timed from the first submit. With
+// --rounds R, N clients each send R requests one after another (the next as soon as the last
+// is done, between two engine steps), as bench/serve_http.mjs's clients do over HTTP: the
+// in-process twin of an HTTP run, arrivals staggered the same way.
 // One JSON line per concurrency:
 //   {"model", "dtype", "kv_cache", "threads", "requests", "prompt_len", "gen_len", "page_size", "prefill_chunk",
 //    "generated_tokens", "wall_seconds", "tokens_per_s", "mean_time_to_first_token_s",
-//    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window"}
+//    "steps", "preemptions", "kv_pool_bytes", "peak_kv_bytes", "peak_bytes", "peak_bytes_window", "rounds"}
 // tokens_per_s = generated tokens / wall seconds (prefill time included). The page pool holds
 // exactly N x (P + G) tokens (on a --mesh, in every device's pool) unless --cache-bytes sets
 // the budget (then each device's) (then requests may wait or
@@ -62,7 +66,9 @@ inline int cmd_bench_serve(Args& args) {
   eo.mesh = mesh_flag(args);
   const std::string dtype = args.str("--dtype", "f32");
   eo.kv_cache = gen_detail::kv_cache_flag(args);
+  const std::int64_t rounds = args.integer("--rounds", 1);
   args.finish();
+  EDL_CLI_USAGE_CHECK(rounds >= 1, errc::invalid_argument, "--rounds", "must be >= 1, found ", rounds);
   for (auto n : requests)
     EDL_CLI_USAGE_CHECK(n >= 1, errc::invalid_argument, "--requests", "every request count must be >= 1, found ", n);
   EDL_CLI_USAGE_CHECK(P >= 1 && G >= 1, errc::invalid_argument, where, "--prompt-len and --gen-len must be >= 1, found ", P,
@@ -108,17 +114,31 @@ inline int cmd_bench_serve(Args& args) {
     }
 
     for (const std::int64_t n : requests) {
+      // Request r of client c is stream r * n + c (round 0: the requests of a run without rounds).
       std::vector<std::vector<std::int64_t>> prompts;
-      for (std::int64_t i = 0; i < n; ++i) prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
+      for (std::int64_t i = 0; i < n * rounds; ++i)
+        prompts.push_back(gen_detail::random_prompt(P, V, seed, static_cast<std::uint32_t>(i)));
       generate::Engine<Pol> engine(model, options_for(n));
       const bool window = reset_peak_resident();
       const auto t0 = std::chrono::steady_clock::now();
-      for (auto& p : prompts) engine.submit(std::move(p), g);
-      engine.run();
+      std::vector<std::int64_t> current(static_cast<std::size_t>(n)), sent(static_cast<std::size_t>(n), 1);
+      for (std::int64_t c = 0; c < n; ++c)
+        current[static_cast<std::size_t>(c)] = engine.submit(std::move(prompts[static_cast<std::size_t>(c)]), g);
+      for (bool more = true; more;) {
+        more = engine.step();
+        for (std::int64_t c = 0; c < n; ++c) {  // a client whose request is done sends its next
+          auto& k = sent[static_cast<std::size_t>(c)];
+          if (k == rounds || engine.result(current[static_cast<std::size_t>(c)]).state != generate::RequestState::done)
+            continue;
+          current[static_cast<std::size_t>(c)] = engine.submit(std::move(prompts[static_cast<std::size_t>(k * n + c)]), g);
+          ++k;
+          more = true;
+        }
+      }
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::int64_t generated = 0;
       double ttft = 0;
-      for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t i = 0; i < n * rounds; ++i) {
         const auto& r = engine.result(i);
         generated += static_cast<std::int64_t>(r.tokens.size());
         ttft += r.time_to_first_token_s;
@@ -138,13 +158,14 @@ inline int cmd_bench_serve(Args& args) {
       j["generated_tokens"] = generated;
       j["wall_seconds"] = wall;
       j["tokens_per_s"] = static_cast<double>(generated) / wall;
-      j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n);
+      j["mean_time_to_first_token_s"] = ttft / static_cast<double>(n * rounds);
       j["steps"] = st.steps;
       j["preemptions"] = st.preemptions;
       j["kv_pool_bytes"] = engine.kv_pool_bytes();
       j["peak_kv_bytes"] = st.peak_pages * engine.page_bytes();
       j["peak_bytes"] = peak_resident_bytes();
       j["peak_bytes_window"] = window ? "this run" : "process";
+      j["rounds"] = rounds;
       std::cout << j.dump() << std::endl;
     }
     return 0;
@@ -167,6 +188,7 @@ inline Command bench_serve_command() {
                        integer_flag("--seed", "S", "seed of the preset's weights and the prompts").defaults("0"),
                        integer_flag("--page-size", "N", "tokens per page of the KV cache").defaults("16"),
                        integer_flag("--prefill-chunk", "C", "prompt tokens per step").defaults("256"),
+                       integer_flag("--rounds", "R", "requests each of the N clients sends one after another (the next when the last is done)").defaults("1"),
                        integer_flag("--cache-bytes", "N", "the page pool's budget, each device's on a mesh (requests may wait or be preempted)")
                            .defaults("exactly every request's pages"),
                        gen_detail::declare_dtype_flag(),
