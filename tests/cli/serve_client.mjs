@@ -17,8 +17,8 @@ const [nodeModules, baseURL, apiKey, expectFile] = process.argv.slice(2);
 // waiting after 300 s is reported by name, as is a run that ends unfinished.
 let step = "loading the openai client", request = "";
 let finished = false;
-process.on("exit", () => {
-  if (!finished) console.log(`FAIL: nothing left to run while awaiting: ${step} (last request: ${request})`);
+process.on("exit", (code) => {  // an uncaught error exits with 1 and prints its own stack
+  if (!finished && code === 0) console.log(`FAIL: nothing left to run while awaiting: ${step} (last request: ${request})`);
 });
 const started = Date.now();
 setInterval(() => {
