@@ -208,39 +208,32 @@ class DecoderLayer {
   }
 
  private:
-  // Bit positions of remat::checkpoint_names.
-  enum : std::uint32_t {
-    kNorm1 = 1u << 0, kQ = 1u << 1, kK = 1u << 2, kV = 1u << 3, kCtx = 1u << 4,
-    kAttnOut = 1u << 5, kNorm2 = 1u << 6, kGate = 1u << 7, kUp = 1u << 8, kAct = 1u << 9
-  };
-  static_assert(std::size(remat::checkpoint_names) == 10 && remat::checkpoint_names[0] == "norm1" &&
-                    remat::checkpoint_names[4] == "ctx" && remat::checkpoint_names[9] == "act",
-                "DecoderLayer: the bits below follow remat::checkpoint_names");
-
   static void release(Saved& s, std::uint32_t d) {
-    if (d & kNorm1) std::vector<float>().swap(s.n1);
-    Attention<Pol>::release(s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
-    if (d & kAttnOut) std::vector<float>().swap(s.h);
-    if (d & kNorm2) std::vector<float>().swap(s.n2);
-    MLP<Pol>::release(s.mlp_s, d & kGate, d & kUp, d & kAct);
+    using remat::drops;
+    if (drops<"norm1">(d)) std::vector<float>().swap(s.n1);
+    Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
+    if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
+    MLP<Pol>::release(s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
     s.dropped = d;
   }
 
   /// Recomputes, in forward order, every activation forward dropped; each step reads only
   /// values that were kept or are already recomputed, so all equal forward's bit for bit.
   void rematerialize(Saved& s) const {
+    using remat::drops;
     const std::uint32_t d = s.dropped;
     if (d == 0) return;
     EDL_CHECK(s.x != nullptr, errc::invalid_argument, "nn.DecoderLayer.backward",
               "Saved holds no input: call forward first");
     const std::int64_t T = s.tokens;
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
-    if (d & kNorm1) {
+    if (drops<"norm1">(d)) {
       s.n1.resize(n);
       input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
     }
-    self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
-    if (d & kAttnOut) {
+    self_attn.rematerialize(s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) {
       s.h.resize(n);
       if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
@@ -249,13 +242,13 @@ class DecoderLayer {
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
     }
-    if (d & kNorm2) {
+    if (drops<"norm2">(d)) {
       s.n2.resize(n);
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
     if (sparse_) MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
-    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
     s.dropped = 0;
   }
 
