@@ -10695,39 +10695,32 @@ class DecoderLayer {
   }
 
  private:
-  // Bit positions of remat::checkpoint_names.
-  enum : std::uint32_t {
-    kNorm1 = 1u << 0, kQ = 1u << 1, kK = 1u << 2, kV = 1u << 3, kCtx = 1u << 4,
-    kAttnOut = 1u << 5, kNorm2 = 1u << 6, kGate = 1u << 7, kUp = 1u << 8, kAct = 1u << 9
-  };
-  static_assert(std::size(remat::checkpoint_names) == 10 && remat::checkpoint_names[0] == "norm1" &&
-                    remat::checkpoint_names[4] == "ctx" && remat::checkpoint_names[9] == "act",
-                "DecoderLayer: the bits below follow remat::checkpoint_names");
-
   static void release(Saved& s, std::uint32_t d) {
-    if (d & kNorm1) std::vector<float>().swap(s.n1);
-    Attention<Pol>::release(s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
-    if (d & kAttnOut) std::vector<float>().swap(s.h);
-    if (d & kNorm2) std::vector<float>().swap(s.n2);
-    MLP<Pol>::release(s.mlp_s, d & kGate, d & kUp, d & kAct);
+    using remat::drops;
+    if (drops<"norm1">(d)) std::vector<float>().swap(s.n1);
+    Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
+    if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
+    MLP<Pol>::release(s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
     s.dropped = d;
   }
 
   /// Recomputes, in forward order, every activation forward dropped; each step reads only
   /// values that were kept or are already recomputed, so all equal forward's bit for bit.
   void rematerialize(Saved& s) const {
+    using remat::drops;
     const std::uint32_t d = s.dropped;
     if (d == 0) return;
     EDL_CHECK(s.x != nullptr, errc::invalid_argument, "nn.DecoderLayer.backward",
               "Saved holds no input: call forward first");
     const std::int64_t T = s.tokens;
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
-    if (d & kNorm1) {
+    if (drops<"norm1">(d)) {
       s.n1.resize(n);
       input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
     }
-    self_attn.rematerialize(s.n1.data(), s.attn_s, d & kQ, d & kK, d & kV, d & kCtx);
-    if (d & kAttnOut) {
+    self_attn.rematerialize(s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    if (drops<"attn_out">(d)) {
       s.h.resize(n);
       if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
@@ -10736,13 +10729,13 @@ class DecoderLayer {
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
     }
-    if (d & kNorm2) {
+    if (drops<"norm2">(d)) {
       s.n2.resize(n);
       post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     }
     s.norm2_s.x = s.h.data();
     if (sparse_) MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
-    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, d & kGate, d & kUp, d & kAct);
+    else mlp.rematerialize(s.n2.data(), T, s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
     s.dropped = 0;
   }
 
@@ -25544,6 +25537,86 @@ inline std::vector<std::int64_t> pooled_positions(const std::int64_t* ids, std::
   return pos;
 }
 
+/// config.problem_type, or for labels of integer (true) or float (false) type what HF infers.
+inline ProblemType problem_type_of(const LlamaConfig& c, bool integer_labels) {
+  if (c.problem_type) return parse_problem_type(*c.problem_type, c.where("problem_type"));
+  if (c.num_labels == 1) return ProblemType::regression;
+  return integer_labels ? ProblemType::single_label_classification : ProblemType::multi_label_classification;
+}
+
+/// What a head's loss divides by: single-label, the labels != -100 (each checked to lie in
+/// [0, num_labels)); regression and multi-label, batch * num_labels. Throws on labels of the
+/// wrong kind, naming the sequence.
+inline double classification_normalizer(ProblemType pt, const std::int64_t* ilabels, const float* flabels,
+                                        std::int64_t batch, std::int64_t num_labels) {
+  const char* where = "LlamaForSequenceClassification.loss";
+  if (pt != ProblemType::single_label_classification) {
+    EDL_CHECK(flabels, errc::invalid_argument, where, problem_type_name(pt), " needs float labels [batch, num_labels]");
+    return static_cast<double>(batch * num_labels);
+  }
+  EDL_CHECK(ilabels, errc::invalid_argument, where, "single_label_classification needs integer class labels [batch]");
+  std::int64_t valid = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t l = ilabels[b];
+    if (l == -100) continue;
+    EDL_CHECK(l >= 0 && l < num_labels, errc::invalid_argument, where, "label ", l, " of sequence ", b,
+              " is outside [0, ", num_labels, ") and is not -100");
+    ++valid;
+  }
+  return static_cast<double>(valid);
+}
+
+/// A head's loss summed over some pooled rows (classification_loss_rows).
+struct ClassificationSums {
+  double loss = 0.0;      // the sum of the rows' terms (divide by the normalizer for the mean)
+  std::int64_t hits = 0;  // correct predictions (single-label rows, multi-label elements)
+};
+
+/// The loss terms of `rows` pooled rows: logits [rows, num_labels] with their labels (ilabels
+/// [rows] or flabels [rows, num_labels], checked by classification_normalizer). With dlogits,
+/// writes d mean loss / d logits, the mean being over `normalizer` (the whole batch's). The
+/// rows may be any part of a batch: a device's share of it sums to the batch's terms.
+inline ClassificationSums classification_loss_rows(ProblemType pt, const float* logits, std::int64_t rows,
+                                                   std::int64_t num_labels, const std::int64_t* ilabels,
+                                                   const float* flabels, double normalizer, float* dlogits) {
+  const std::int64_t L = num_labels;
+  ClassificationSums r;
+  if (pt == ProblemType::single_label_classification) {
+    for (std::int64_t b = 0; b < rows; ++b) {
+      const std::int64_t l = ilabels[b];
+      const float* x = logits + b * L;
+      if (l == -100) {
+        if (dlogits) std::fill_n(dlogits + b * L, L, 0.0f);
+        continue;
+      }
+      const float mx = *std::max_element(x, x + L);
+      double se = 0;
+      for (std::int64_t j = 0; j < L; ++j) se += std::exp(static_cast<double>(x[j] - mx));
+      const double lse = mx + std::log(se);
+      r.loss += lse - x[l];
+      r.hits += (std::max_element(x, x + L) - x) == l;
+      if (dlogits)
+        for (std::int64_t j = 0; j < L; ++j)
+          dlogits[b * L + j] =
+              static_cast<float>((std::exp(static_cast<double>(x[j]) - lse) - (j == l ? 1.0 : 0.0)) / normalizer);
+    }
+    return r;
+  }
+  for (std::int64_t i = 0; i < rows * L; ++i) {
+    const double xi = logits[i], yi = flabels[i];
+    if (pt == ProblemType::regression) {
+      r.loss += (xi - yi) * (xi - yi);
+      if (dlogits) dlogits[i] = static_cast<float>(2.0 * (xi - yi) / normalizer);
+    } else {
+      // BCEWithLogits, stable: max(x, 0) - x y + log(1 + exp(-|x|))
+      r.loss += std::max(xi, 0.0) - xi * yi + std::log1p(std::exp(-std::fabs(xi)));
+      if (dlogits) dlogits[i] = static_cast<float>((1.0 / (1.0 + std::exp(-xi)) - yi) / normalizer);
+      r.hits += (xi > 0) == (yi > 0.5);
+    }
+  }
+  return r;
+}
+
 template <class Pol = DefaultPolicy>
 class LlamaForSequenceClassification {
   EDL_NN_CHECK_POLICY(Pol);
@@ -25597,11 +25670,7 @@ class LlamaForSequenceClassification {
   }
 
   /// The problem type for labels of integer (true) or float (false) type, as HF infers it.
-  ProblemType problem_type(bool integer_labels) const {
-    if (config().problem_type) return parse_problem_type(*config().problem_type, config().where("problem_type"));
-    if (num_labels() == 1) return ProblemType::regression;
-    return integer_labels ? ProblemType::single_label_classification : ProblemType::multi_label_classification;
-  }
+  ProblemType problem_type(bool integer_labels) const { return problem_type_of(config(), integer_labels); }
 
   /// Forward to the pooled logits (kept in s.logits, [batch, num_labels]).
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
@@ -25678,65 +25747,16 @@ class LlamaForSequenceClassification {
   /// The loss of s.logits; writes d loss / d logits when dlogits is not null.
   ClassificationMetrics head_loss(const Saved& s, ProblemType pt, const std::int64_t* ilabels, const float* flabels,
                                   float* dlogits) const {
-    const char* where = "LlamaForSequenceClassification.loss";
     const std::int64_t B = s.batch, L = num_labels();
     ClassificationMetrics m;
     m.problem_type = pt;
-    const float* x = s.logits.data();
-    if (pt == ProblemType::single_label_classification) {
-      EDL_CHECK(ilabels, errc::invalid_argument, where,
-                "single_label_classification needs integer class labels [batch]");
-      std::int64_t valid = 0, hits = 0;
-      for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t l = ilabels[b];
-        if (l == -100) continue;
-        EDL_CHECK(l >= 0 && l < L, errc::invalid_argument, where, "label ", l, " of sequence ", b,
-                  " is outside [0, ", L, ") and is not -100");
-        ++valid;
-      }
-      m.examples = valid;
-      if (valid == 0) return m;
-      double sum = 0;
-      for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t l = ilabels[b];
-        if (l == -100) continue;
-        const float* r = x + b * L;
-        const float mx = *std::max_element(r, r + L);
-        double se = 0;
-        for (std::int64_t j = 0; j < L; ++j) se += std::exp(static_cast<double>(r[j] - mx));
-        const double lse = mx + std::log(se);
-        sum += lse - r[l];
-        hits += (std::max_element(r, r + L) - r) == l;
-        if (dlogits)
-          for (std::int64_t j = 0; j < L; ++j)
-            dlogits[b * L + j] =
-                static_cast<float>((std::exp(static_cast<double>(r[j]) - lse) - (j == l ? 1.0 : 0.0)) / valid);
-      }
-      m.loss = sum / static_cast<double>(valid);
-      m.accuracy = static_cast<double>(hits) / static_cast<double>(valid);
-      return m;
-    }
-    EDL_CHECK(flabels, errc::invalid_argument, where, problem_type_name(pt),
-              " needs float labels [batch, num_labels]");
-    const double N = static_cast<double>(B * L);
-    m.examples = B;
-    if (B == 0) return m;
-    double sum = 0;
-    std::int64_t hits = 0;
-    for (std::int64_t i = 0; i < B * L; ++i) {
-      const double xi = x[i], yi = flabels[i];
-      if (pt == ProblemType::regression) {
-        sum += (xi - yi) * (xi - yi);
-        if (dlogits) dlogits[i] = static_cast<float>(2.0 * (xi - yi) / N);
-      } else {
-        // BCEWithLogits, stable: max(x, 0) - x y + log(1 + exp(-|x|))
-        sum += std::max(xi, 0.0) - xi * yi + std::log1p(std::exp(-std::fabs(xi)));
-        if (dlogits) dlogits[i] = static_cast<float>((1.0 / (1.0 + std::exp(-xi)) - yi) / N);
-        hits += (xi > 0) == (yi > 0.5);
-      }
-    }
-    m.loss = sum / N;
-    if (pt == ProblemType::multi_label_classification) m.accuracy = static_cast<double>(hits) / N;
+    const double normalizer = classification_normalizer(pt, ilabels, flabels, B, L);
+    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    if (m.examples == 0) return m;
+    const ClassificationSums sums =
+        classification_loss_rows(pt, s.logits.data(), B, L, ilabels, flabels, normalizer, dlogits);
+    m.loss = sums.loss / normalizer;
+    if (pt != ProblemType::regression) m.accuracy = static_cast<double>(sums.hits) / normalizer;
     return m;
   }
 };
@@ -25947,6 +25967,7 @@ AnyLlama<Pol> auto_from_pretrained(const std::filesystem::path& dir, const LoadO
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -26409,6 +26430,37 @@ class ShardedLlama {
     return run_step(tokens, labels, layout, opt, Mode::train, nullptr);
   }
 
+  /// A device's final hidden states (the last norm's output), as a head other than the
+  /// language model's sees them (run_with_head). The device holds batch rows
+  /// [batch_first, batch_first + batch_rows), and of each the positions
+  /// [seq_first, seq_first + seq_rows) of `seq`; local row t = b * seq_rows + s.
+  struct HeadRows {
+    Device& dev;
+    const float* hidden;  // [batch_rows * seq_rows, hidden_size]
+    std::int64_t hidden_size, batch_first, batch_rows, seq_first, seq_rows, seq;
+    bool tp_leader;  // tp rank 0 (the ranks of a tp group hold the same rows)
+    const std::vector<std::string>& data_axes;  // the axes that split the tokens (size > 1)
+    std::int64_t rows() const noexcept { return batch_rows * seq_rows; }
+    /// Sums over the devices that hold other tokens (every device must call it, in step).
+    template <class V>
+    void sum_over_data(std::span<V> v) const {
+      if (!data_axes.empty()) psum(dev, v, AxisList(data_axes));
+    }
+  };
+  /// A head: the device's metrics from its rows; with `dhidden` (training) it also writes
+  /// d loss / d hidden [rows, hidden_size] (zero where the head reads nothing).
+  using Head = std::function<nn::LossMetrics(const HeadRows&, float* dhidden)>;
+
+  /// The model through its final norm, then `head` on every device in place of the language
+  /// model's; with `train`, the backward from the head's d loss / d hidden, ACCUMULATING the
+  /// sharded gradients. Returns what the head returned on this process's lowest device. The
+  /// head's own parameters are the caller's (ShardedLlamaForSequenceClassification).
+  nn::LossMetrics run_with_head(const std::int64_t* tokens, const nn::TokenLayout& layout, const Head& head,
+                                bool train) {
+    if (train) ensure_grads();
+    return run_step(tokens, nullptr, layout, nn::LossOptions{}, train ? Mode::train : Mode::loss, nullptr, &head);
+  }
+
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
@@ -26785,13 +26837,13 @@ class ShardedLlama {
 
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
-                           const nn::LossOptions& opt, Mode mode, float* logits_out) {
+                           const nn::LossOptions& opt, Mode mode, float* logits_out, const Head* head = nullptr) {
     const char* w = "ShardedLlama";
     const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size;
     check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
     EDL_CHECK(tokens != nullptr || lay.inputs_embeds != nullptr, errc::invalid_argument, w,
               "needs token ids or inputs_embeds");
-    EDL_CHECK(mode == Mode::logits || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
+    EDL_CHECK(mode == Mode::logits || head || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
               "inputs_embeds without token ids need labels");
     if (tokens)
       for (std::int64_t i = 0; i < B * S; ++i)
@@ -26799,7 +26851,7 @@ class ShardedLlama {
                   "] = ", tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
     // Global HF shift: targets[b, s] = labels[b, s + 1].
     std::vector<std::int64_t> targets;
-    if (mode != Mode::logits) {
+    if (mode != Mode::logits && !head) {
       targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
                           : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
     }
@@ -26820,7 +26872,7 @@ class ShardedLlama {
                                        : 0);
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, lay, opt, mode, logits_out,
-                                      embeds_grad.empty() ? nullptr : embeds_grad.data());
+                                      embeds_grad.empty() ? nullptr : embeds_grad.data(), head);
       std::lock_guard<std::mutex> lock(mu);
       if (from < 0 || dev.id() < from) {
         result = m;
@@ -26840,7 +26892,7 @@ class ShardedLlama {
 
   nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
                               const nn::TokenLayout& lay, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              float* embeds_grad) {
+                              float* embeds_grad, const Head* head) {
     const std::int64_t B = lay.batch, S = lay.seq;
     const std::int64_t *mask = lay.attention_mask, *pos = lay.position_ids, *seg = lay.segment_ids;
     const float* embeds = lay.inputs_embeds;
@@ -26887,15 +26939,17 @@ class ShardedLlama {
     std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
     if (tokens)
       for (std::int64_t t = 0; t < Tl; ++t) ids[static_cast<std::size_t>(t)] = tokens[local.row(t)];
-    if (mode != Mode::logits) {
+    if (mode != Mode::logits && !head) {
       tg.resize(static_cast<std::size_t>(Tl));
       for (std::int64_t t = 0; t < Tl; ++t) tg[static_cast<std::size_t>(t)] = targets[local.row(t)];
     }
 
     // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
+    // Another head leaves lm_head alone.
+    const bool lm_head = !tied_ && !head;
     gather_module(dev, model.embed_tokens, "model.embed_tokens");
     gather_module(dev, model.norm, "model.norm");
-    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
+    if (lm_head) gather_module(dev, lm.lm_head, "lm_head");
 
     const std::size_t L = model.layers.size();
     std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
@@ -26945,53 +26999,19 @@ class ShardedLlama {
           std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
                       static_cast<std::size_t>(c.Sl * V) * sizeof(float));
     } else {
-      const auto& D = data_axes_present();
-      std::int64_t valid = 0;
-      for (auto t : tg) valid += t != opt.ignore_index;
-      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = lm.loss_options(opt);
-      o.shift = false;
-      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
-      // Per-position weights and NLLs ([B, S], global) for the local tokens.
-      std::vector<float> w_l(opt.row_weights ? Tl : 0);
-      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
-      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
-      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
-      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
       const bool train = mode == Mode::train;
       std::vector<float> dhidden(train ? n : 0);
       if (train) {
         open_module_grads(dev, model.embed_tokens);
         open_module_grads(dev, model.norm);
-        if (!tied_) open_module_grads(dev, lm.lm_head);
+        if (lm_head) open_module_grads(dev, lm.lm_head);
       }
-      const nn::LossMetrics lm_m =
-          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
-                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
-      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
-        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
-      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
-      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
-                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
-      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
-      metrics.loss = vals[0];
-      metrics.z_loss = vals[1];
-      metrics.tokens = N;
-      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
-      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
-      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
-      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
-        std::vector<typename nn::MoE<Pol>::Saved*> routed;
-        for (std::size_t l = 0; l < L; ++l)
-          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
-        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
-        if (mask)
-          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
-        const auto sum_devices = [&](std::span<double> v) {
-          if (!D.empty()) psum(dev, v, AxisList(D));
-        };
-        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
-      }
+      if (head)
+        metrics = (*head)(HeadRows{dev, hidden.data(), H, b0, c.Bl, s0, c.Sl, S, dev.axis_index("tp") == 0,
+                                   data_axes_present()},
+                          train ? dhidden.data() : nullptr);
+      else
+        metrics = lm_loss(dev, lm, c, hidden.data(), tg, routes, lay, opt, train ? dhidden.data() : nullptr);
 
       if (train) {
         std::vector<float> a(n), b(n);
@@ -27021,12 +27041,66 @@ class ShardedLlama {
             std::memcpy(embeds_grad + global_row(t), a.data() + t * H, static_cast<std::size_t>(H) * sizeof(float));
         reduce_module(dev, model.embed_tokens, "model.embed_tokens");
         reduce_module(dev, model.norm, "model.norm");
-        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
+        if (lm_head) reduce_module(dev, lm.lm_head, "lm_head");
       }
     }
     release_module(dev, model.embed_tokens);
     release_module(dev, model.norm);
-    if (!tied_) release_module(dev, lm.lm_head);
+    if (lm_head) release_module(dev, lm.lm_head);
+    return metrics;
+  }
+
+  /// The language model's loss over a device's tokens (targets `tg`), its metrics summed over
+  /// the data axes; with dhidden, d loss / d hidden and lm_head's gradient.
+  nn::LossMetrics lm_loss(Device& dev, Local& lm, const Ctx& c, const float* hidden, const std::vector<std::int64_t>& tg,
+                          std::vector<typename nn::MoE<Pol>::Saved>& routes, const nn::TokenLayout& lay,
+                          const nn::LossOptions& opt, float* dhidden) {
+    const bool train = dhidden != nullptr;
+    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
+    const std::size_t L = lm.model.layers.size();
+    const std::int64_t* mask = lay.attention_mask;
+    const nn::DropoutIndex local = c.local_tokens();
+    const auto& D = data_axes_present();
+    std::int64_t valid = 0;
+    nn::LossMetrics metrics;
+    for (auto t : tg) valid += t != opt.ignore_index;
+    const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
+    nn::LossOptions o = lm.loss_options(opt);
+    o.shift = false;
+    if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+    // Per-position weights and NLLs ([B, S], global) for the local tokens.
+    std::vector<float> w_l(opt.row_weights ? Tl : 0);
+    std::vector<double> nll_l(opt.row_nll ? Tl : 0);
+    for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t)
+      w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
+    o.row_weights = opt.row_weights ? w_l.data() : nullptr;
+    o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
+    const nn::LossMetrics lm_m =
+        nn::causal_lm_loss(hidden, 1, Tl, H, lm.head_weight(), V, tg.data(), o, dhidden, train ? lm.head_grad() : nullptr);
+    if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
+      for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
+    // Combine the metrics: sums over the data axes (tp ranks hold identical values).
+    double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
+                      valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
+    if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
+    metrics.loss = vals[0];
+    metrics.z_loss = vals[1];
+    metrics.tokens = N;
+    metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
+    metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
+    if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+    if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
+      std::vector<typename nn::MoE<Pol>::Saved*> routed;
+      for (std::size_t l = 0; l < L; ++l)
+        if (lm.model.layers[l].is_sparse()) routed.push_back(&routes[l]);
+      std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
+      if (mask)
+        for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
+      const auto sum_devices = [&](std::span<double> v) {
+        if (!D.empty()) psum(dev, v, AxisList(D));
+      };
+      Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
+    }
     return metrics;
   }
 
@@ -27555,6 +27629,230 @@ ShardedLlama<Pol> from_pretrained_sharded(const std::filesystem::path& dir, Defa
 
 }  // namespace edl::models
 // end of edl/models/llama/sharded_pretrained.hpp
+// #include <edl/models/llama/sharded_sequence_classification.hpp>
+// edl/models/llama/sharded_sequence_classification.hpp
+// LlamaForSequenceClassification on a mesh: the decoder (model.*) sharded as ShardedLlama
+// shards a causal LM, the score head ([num_labels, hidden], small) whole on every device.
+//
+//   auto sc = models::shard_model(classifier, mesh);       // ShardedLlamaForSequenceClassification
+//   auto r = sc.loss_and_grads(ids, {B, S}, class_ids);    // as forward_backward; gradients sharded
+//   sc.logits(ids, {B, S}, out);                           // [B, num_labels]
+//   auto one = sc.gather_model();                          // the one-device classifier, bit-exact
+//
+// Sequence b is pooled (pooled_positions) where its pooled position lives: on the devices of
+// its batch rows whose sp block holds that position (each tp rank of them alike). A device
+// scores its pooled rows; the loss terms and d score.weight are summed over the data axes, and
+// the decoder's backward (ShardedLlama::run_with_head) starts from a d hidden that is non-zero
+// at those rows only. Results equal the one-device classifier to f32 rounding (the sums run in
+// another order).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+// #include <edl/core/error.hpp> (inlined above)
+// #include <edl/core/policy.hpp> (inlined above)
+// #include <edl/models/llama/llama.hpp> (inlined above)
+// #include <edl/models/llama/sequence_classification.hpp> (inlined above)
+// #include <edl/models/llama/sharded.hpp> (inlined above)
+
+namespace edl::models {
+
+template <class Pol = DefaultPolicy>
+class ShardedLlamaForSequenceClassification {
+ public:
+  using T = typename Pol::param_t;
+  using ScoreLinear = typename LlamaForSequenceClassification<Pol>::ScoreLinear;
+  static constexpr const char* where = "ShardedLlamaForSequenceClassification";
+
+  /// Shards `m`'s decoder over `mesh` by `rules` and copies its score head.
+  ShardedLlamaForSequenceClassification(const LlamaForSequenceClassification<Pol>& m, DefaultMesh mesh,
+                                        PartitionRules rules = llama_partition_rules())
+      : score(m.score), cfg_(m.config()), decoder_(decoder_of(m), std::move(mesh), std::move(rules)) {
+    score.weight.grad = {};  // gradients start afresh, as the decoder's blocks do
+  }
+
+  /// The score head, replicated: every process holds it whole, its gradient summed over the mesh.
+  ScoreLinear score;
+
+  const LlamaConfig& config() const noexcept { return cfg_; }
+  std::int64_t num_labels() const noexcept { return cfg_.num_labels; }
+  ProblemType problem_type(bool integer_labels) const { return problem_type_of(cfg_, integer_labels); }
+  /// The sharded decoder (parameters "model.*"; the mesh, remat and the gradients' blocks).
+  ShardedLlama<Pol>& decoder() noexcept { return decoder_; }
+  const ShardedLlama<Pol>& decoder() const noexcept { return decoder_; }
+
+  /// Pooled logits [batch, num_labels], on every process.
+  void logits(const std::int64_t* ids, const nn::TokenLayout& layout, float* out) {
+    step(ids, layout, ProblemType::single_label_classification, nullptr, nullptr, false, out);
+  }
+  /// Loss only: integer labels [batch] (single-label; -100 ignored) or float [batch, num_labels].
+  ClassificationMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const std::int64_t* labels) {
+    return step(ids, layout, problem_type(true), labels, nullptr, false, nullptr);
+  }
+  ClassificationMetrics loss(const std::int64_t* ids, const nn::TokenLayout& layout, const float* labels) {
+    return step(ids, layout, problem_type(false), nullptr, labels, false, nullptr);
+  }
+  /// Forward, loss and backward; ACCUMULATES the decoder's sharded gradients and score's.
+  ClassificationMetrics loss_and_grads(const std::int64_t* ids, const nn::TokenLayout& layout,
+                                       const std::int64_t* labels) {
+    return step(ids, layout, problem_type(true), labels, nullptr, true, nullptr);
+  }
+  ClassificationMetrics loss_and_grads(const std::int64_t* ids, const nn::TokenLayout& layout, const float* labels) {
+    return step(ids, layout, problem_type(false), nullptr, labels, true, nullptr);
+  }
+
+  void zero_grad() {
+    decoder_.zero_grad();
+    score.weight.zero_grad();
+  }
+  /// The full gradient of parameter `name` (HF names: "model.*" or "score.weight").
+  xt::xarray<float> gather_grad(const std::string& name) const {
+    if (name == "score.weight") return xt::xarray<float>(score.weight.grad);
+    return decoder_.gather_grad(name);
+  }
+
+  /// The one-device classifier with the gathered parameters (bit-exact).
+  LlamaForSequenceClassification<Pol> gather_model() const {
+    LlamaForSequenceClassification<Pol> m(cfg_);
+    m.score = score;
+    m.model.visit_params("model", [&](std::string_view path, auto& p) {
+      const xt::xarray<T> full = decoder_.gather_param(std::string(path));
+      std::memcpy(p.data(), full.data(), full.size() * sizeof(T));
+    });
+    return m;
+  }
+
+ private:
+  using Decoder = ShardedLlama<Pol>;
+
+  /// A causal LM holding `m`'s decoder, tied so that it has no lm_head of its own (the head
+  /// is replaced by run_with_head's).
+  static LlamaForCausalLM<Pol> decoder_of(const LlamaForSequenceClassification<Pol>& m) {
+    auto& src = const_cast<LlamaForSequenceClassification<Pol>&>(m);  // visit is non-const; only read
+    src.visit_linears("", [&](const std::string& path, auto& lin) {
+      EDL_CHECK(!lin.lora, errc::unsupported, path,
+                "carries LoRA adapters: a classifier on a mesh trains its full weights (merge the adapters first)");
+    });
+    LlamaConfig c = m.config();
+    c.tie_word_embeddings = true;
+    LlamaForCausalLM<Pol> lm(c);
+    std::map<std::string, const T*> values;
+    src.model.visit_params("model", [&](std::string_view path, auto& p) { values[std::string(path)] = p.data(); });
+    lm.visit_params("", [&](std::string_view path, auto& p) {
+      std::memcpy(p.data(), values.at(std::string(path)), static_cast<std::size_t>(p.numel()) * sizeof(T));
+    });
+    return lm;
+  }
+
+  ClassificationMetrics step(const std::int64_t* ids, const nn::TokenLayout& lay, ProblemType pt,
+                             const std::int64_t* ilabels, const float* flabels, bool train, float* logits_out) {
+    EDL_CHECK(ids != nullptr, errc::invalid_argument, where, "needs token ids (the pooling reads them)");
+    const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size, L = num_labels();
+    // Labels are checked here, before any device runs (a device that threw would leave the
+    // others waiting in a collective).
+    const double normalizer = logits_out ? 0.0 : classification_normalizer(pt, ilabels, flabels, B, L);
+    const std::vector<std::int64_t> pos = pooled_positions(ids, B, S, cfg_.pad_token_id);
+    if (logits_out) std::fill_n(logits_out, B * L, 0.0f);
+
+    std::mutex mu;
+    std::int64_t from = -1;  // this process's lowest device: its sums are the result
+    double sums[2] = {0.0, 0.0};  // loss terms, hits
+    std::vector<float> dscore;
+    const typename Decoder::Head head = [&](const typename Decoder::HeadRows& r, float* dhidden) {
+      // The device's pooled rows: their batch rows and their local rows.
+      std::vector<std::int64_t> batch_row, local_row;
+      for (std::int64_t b = r.batch_first; b < r.batch_first + r.batch_rows; ++b) {
+        const std::int64_t p = pos[static_cast<std::size_t>(b)];
+        if (p < r.seq_first || p >= r.seq_first + r.seq_rows) continue;
+        batch_row.push_back(b);
+        local_row.push_back((b - r.batch_first) * r.seq_rows + p - r.seq_first);
+      }
+      const std::int64_t R = static_cast<std::int64_t>(batch_row.size());
+      std::vector<float> pooled(static_cast<std::size_t>(R * H)), x(static_cast<std::size_t>(R * L));
+      for (std::int64_t i = 0; i < R; ++i)
+        std::copy_n(r.hidden + local_row[static_cast<std::size_t>(i)] * H, H, pooled.data() + i * H);
+      ScoreLinear dev_score = score;  // the device's copy: its gradient is the device's share
+      dev_score.weight.grad = {};
+      dev_score.apply(pooled.data(), R, x.data());
+      if (logits_out) {
+        if (r.tp_leader)  // the ranks of a tp group hold the same rows
+          for (std::int64_t i = 0; i < R; ++i)
+            std::copy_n(x.data() + i * L, L, logits_out + batch_row[static_cast<std::size_t>(i)] * L);
+        return nn::LossMetrics{};
+      }
+      std::vector<std::int64_t> il(ilabels ? R : 0);
+      std::vector<float> fl(flabels ? R * L : 0);
+      for (std::int64_t i = 0; i < R; ++i) {
+        const std::int64_t b = batch_row[static_cast<std::size_t>(i)];
+        if (ilabels) il[static_cast<std::size_t>(i)] = ilabels[b];
+        if (flabels) std::copy_n(flabels + b * L, L, fl.data() + i * L);
+      }
+      std::vector<float> dx(train ? R * L : 0);
+      const ClassificationSums s = classification_loss_rows(pt, x.data(), R, L, il.data(), fl.data(), normalizer,
+                                                            train ? dx.data() : nullptr);
+      double v[2] = {s.loss, static_cast<double>(s.hits)};
+      r.sum_over_data(std::span<double>(v, 2));
+      std::span<float> g;
+      if (train) {
+        typename ScoreLinear::Saved ss;
+        ss.x = pooled.data();
+        ss.rows = R;
+        std::vector<float> dpooled(static_cast<std::size_t>(R * H));
+        dev_score.backward(dx.data(), ss, dpooled.data());
+        for (std::int64_t i = 0; i < R; ++i)
+          std::copy_n(dpooled.data() + i * H, H, dhidden + local_row[static_cast<std::size_t>(i)] * H);
+        g = std::span<float>(dev_score.weight.grad_data(), static_cast<std::size_t>(L * H));
+        r.sum_over_data(g);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (from < 0 || r.dev.id() < from) {
+        from = r.dev.id();
+        sums[0] = v[0];
+        sums[1] = v[1];
+        dscore.assign(g.begin(), g.end());
+      }
+      return nn::LossMetrics{};
+    };
+    decoder_.run_with_head(ids, lay, head, train);
+
+    if (logits_out) {
+      CollectiveBackend& be = decoder_.mesh().backend();
+      if (be.processes() > 1) be.sum_over_processes(logits_out, static_cast<std::size_t>(B * L), DType::f32);
+      return {};
+    }
+    if (train) {
+      float* g = score.weight.grad_data();
+      for (std::size_t i = 0; i < dscore.size(); ++i) g[i] += dscore[i];
+    }
+    ClassificationMetrics m;
+    m.problem_type = pt;
+    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    if (m.examples == 0) return m;
+    m.loss = sums[0] / normalizer;
+    if (pt != ProblemType::regression) m.accuracy = sums[1] / normalizer;
+    return m;
+  }
+
+  LlamaConfig cfg_;
+  Decoder decoder_;
+};
+
+/// Shards a one-device classifier over `mesh` (EasyDeL's default Llama rules unless given).
+template <class Pol>
+ShardedLlamaForSequenceClassification<Pol> shard_model(const LlamaForSequenceClassification<Pol>& model,
+                                                       const DefaultMesh& mesh,
+                                                       PartitionRules rules = llama_partition_rules()) {
+  return ShardedLlamaForSequenceClassification<Pol>(model, mesh, std::move(rules));
+}
+
+}  // namespace edl::models
+// end of edl/models/llama/sharded_sequence_classification.hpp
 // #include <edl/models/llama/sharded_save.hpp>
 // edl/models/llama/sharded_save.hpp
 // A sharded model saved as a HF folder without gathering it: every process writes the blocks

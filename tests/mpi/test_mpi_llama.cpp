@@ -27,6 +27,7 @@
 #include <edl/models/llama/sharded.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
 #include <edl/models/llama/sharded_save.hpp>
+#include <edl/models/llama/sharded_sequence_classification.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 
 #include "../support/same_params.hpp"
@@ -189,6 +190,47 @@ TEST_P(MpiLlama, InputsEmbedsEqualSimulatedMeshBitForBit) {
     EXPECT_EQ(got.logits, want.logits);
     EXPECT_EQ(got.grads, want.grads);
     EXPECT_EQ(got.params, want.params);
+  }
+}
+
+// The sequence classifier (models/llama/sharded_sequence_classification.hpp): its pooled
+// logits, single-label loss and every gradient (the replicated score head's included) on MPI
+// ranks equal the simulated mesh's, bit for bit.
+TEST_P(MpiLlama, SequenceClassifierEqualsSimulatedMeshBitForBit) {
+  const int local = GetParam();
+  const std::int64_t devices = static_cast<std::int64_t>(g_session->size()) * local;
+  models::LlamaConfig c = config();
+  c.num_labels = 3;
+  c.pad_token_id = 0;
+  models::LlamaForSequenceClassification<> model(c);
+  model.init(Key::from_seed(4), 0.2f);
+  constexpr std::int64_t B = 4, S = 8;
+  auto ids = tokens(B * S, 6);
+  for (std::int64_t b = 0; b < B; ++b)  // padding: the pooled positions fall in every sp block
+    for (std::int64_t s = 1 + (b * 5 + 2) % S; s < S; ++s) ids[static_cast<std::size_t>(b * S + s)] = 0;
+  const std::vector<std::int64_t> labels = {2, 0, -100, 1};
+  const auto run_classifier = [&](const DefaultMesh& mesh, std::vector<float>& logits, std::vector<float>& grads) {
+    auto sc = models::shard_model(model, mesh);
+    logits.assign(static_cast<std::size_t>(B * c.num_labels), 0.0f);
+    sc.logits(ids.data(), {B, S}, logits.data());
+    const double loss = sc.loss_and_grads(ids.data(), {B, S}, labels.data()).loss;
+    model.visit_params("", [&](std::string_view path, auto&) {
+      const auto g = sc.gather_grad(std::string(path));
+      grads.insert(grads.end(), g.begin(), g.end());
+    });
+    return loss;
+  };
+  for (const Dims& dims : meshes_for(devices)) {
+    SCOPED_TRACE(create_mesh(dims).shape().axes_str());
+    std::vector<float> want_logits, want_grads, got_logits, got_grads;
+    const double want = run_classifier(create_mesh(dims), want_logits, want_grads);
+    auto real = create_mesh(dims);
+    mpi::attach(real, *g_session, local);
+    const double got = run_classifier(real, got_logits, got_grads);
+    EXPECT_EQ(got, want);
+    EXPECT_TRUE(got_logits == want_logits);
+    ASSERT_EQ(got_grads.size(), want_grads.size());
+    EXPECT_EQ(std::memcmp(got_grads.data(), want_grads.data(), got_grads.size() * sizeof(float)), 0);
   }
 }
 

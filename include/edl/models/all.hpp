@@ -8,4 +8,5 @@
 #include <edl/models/llama/sequence_classification.hpp>
 #include <edl/models/llama/sharded.hpp>
 #include <edl/models/llama/sharded_pretrained.hpp>
+#include <edl/models/llama/sharded_sequence_classification.hpp>
 #include <edl/models/llama/sharded_save.hpp>

@@ -83,6 +83,86 @@ inline std::vector<std::int64_t> pooled_positions(const std::int64_t* ids, std::
   return pos;
 }
 
+/// config.problem_type, or for labels of integer (true) or float (false) type what HF infers.
+inline ProblemType problem_type_of(const LlamaConfig& c, bool integer_labels) {
+  if (c.problem_type) return parse_problem_type(*c.problem_type, c.where("problem_type"));
+  if (c.num_labels == 1) return ProblemType::regression;
+  return integer_labels ? ProblemType::single_label_classification : ProblemType::multi_label_classification;
+}
+
+/// What a head's loss divides by: single-label, the labels != -100 (each checked to lie in
+/// [0, num_labels)); regression and multi-label, batch * num_labels. Throws on labels of the
+/// wrong kind, naming the sequence.
+inline double classification_normalizer(ProblemType pt, const std::int64_t* ilabels, const float* flabels,
+                                        std::int64_t batch, std::int64_t num_labels) {
+  const char* where = "LlamaForSequenceClassification.loss";
+  if (pt != ProblemType::single_label_classification) {
+    EDL_CHECK(flabels, errc::invalid_argument, where, problem_type_name(pt), " needs float labels [batch, num_labels]");
+    return static_cast<double>(batch * num_labels);
+  }
+  EDL_CHECK(ilabels, errc::invalid_argument, where, "single_label_classification needs integer class labels [batch]");
+  std::int64_t valid = 0;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t l = ilabels[b];
+    if (l == -100) continue;
+    EDL_CHECK(l >= 0 && l < num_labels, errc::invalid_argument, where, "label ", l, " of sequence ", b,
+              " is outside [0, ", num_labels, ") and is not -100");
+    ++valid;
+  }
+  return static_cast<double>(valid);
+}
+
+/// A head's loss summed over some pooled rows (classification_loss_rows).
+struct ClassificationSums {
+  double loss = 0.0;      // the sum of the rows' terms (divide by the normalizer for the mean)
+  std::int64_t hits = 0;  // correct predictions (single-label rows, multi-label elements)
+};
+
+/// The loss terms of `rows` pooled rows: logits [rows, num_labels] with their labels (ilabels
+/// [rows] or flabels [rows, num_labels], checked by classification_normalizer). With dlogits,
+/// writes d mean loss / d logits, the mean being over `normalizer` (the whole batch's). The
+/// rows may be any part of a batch: a device's share of it sums to the batch's terms.
+inline ClassificationSums classification_loss_rows(ProblemType pt, const float* logits, std::int64_t rows,
+                                                   std::int64_t num_labels, const std::int64_t* ilabels,
+                                                   const float* flabels, double normalizer, float* dlogits) {
+  const std::int64_t L = num_labels;
+  ClassificationSums r;
+  if (pt == ProblemType::single_label_classification) {
+    for (std::int64_t b = 0; b < rows; ++b) {
+      const std::int64_t l = ilabels[b];
+      const float* x = logits + b * L;
+      if (l == -100) {
+        if (dlogits) std::fill_n(dlogits + b * L, L, 0.0f);
+        continue;
+      }
+      const float mx = *std::max_element(x, x + L);
+      double se = 0;
+      for (std::int64_t j = 0; j < L; ++j) se += std::exp(static_cast<double>(x[j] - mx));
+      const double lse = mx + std::log(se);
+      r.loss += lse - x[l];
+      r.hits += (std::max_element(x, x + L) - x) == l;
+      if (dlogits)
+        for (std::int64_t j = 0; j < L; ++j)
+          dlogits[b * L + j] =
+              static_cast<float>((std::exp(static_cast<double>(x[j]) - lse) - (j == l ? 1.0 : 0.0)) / normalizer);
+    }
+    return r;
+  }
+  for (std::int64_t i = 0; i < rows * L; ++i) {
+    const double xi = logits[i], yi = flabels[i];
+    if (pt == ProblemType::regression) {
+      r.loss += (xi - yi) * (xi - yi);
+      if (dlogits) dlogits[i] = static_cast<float>(2.0 * (xi - yi) / normalizer);
+    } else {
+      // BCEWithLogits, stable: max(x, 0) - x y + log(1 + exp(-|x|))
+      r.loss += std::max(xi, 0.0) - xi * yi + std::log1p(std::exp(-std::fabs(xi)));
+      if (dlogits) dlogits[i] = static_cast<float>((1.0 / (1.0 + std::exp(-xi)) - yi) / normalizer);
+      r.hits += (xi > 0) == (yi > 0.5);
+    }
+  }
+  return r;
+}
+
 template <class Pol = DefaultPolicy>
 class LlamaForSequenceClassification {
   EDL_NN_CHECK_POLICY(Pol);
@@ -136,11 +216,7 @@ class LlamaForSequenceClassification {
   }
 
   /// The problem type for labels of integer (true) or float (false) type, as HF infers it.
-  ProblemType problem_type(bool integer_labels) const {
-    if (config().problem_type) return parse_problem_type(*config().problem_type, config().where("problem_type"));
-    if (num_labels() == 1) return ProblemType::regression;
-    return integer_labels ? ProblemType::single_label_classification : ProblemType::multi_label_classification;
-  }
+  ProblemType problem_type(bool integer_labels) const { return problem_type_of(config(), integer_labels); }
 
   /// Forward to the pooled logits (kept in s.logits, [batch, num_labels]).
   void forward(const std::int64_t* ids, const nn::TokenLayout& layout, Saved& s) const {
@@ -217,65 +293,16 @@ class LlamaForSequenceClassification {
   /// The loss of s.logits; writes d loss / d logits when dlogits is not null.
   ClassificationMetrics head_loss(const Saved& s, ProblemType pt, const std::int64_t* ilabels, const float* flabels,
                                   float* dlogits) const {
-    const char* where = "LlamaForSequenceClassification.loss";
     const std::int64_t B = s.batch, L = num_labels();
     ClassificationMetrics m;
     m.problem_type = pt;
-    const float* x = s.logits.data();
-    if (pt == ProblemType::single_label_classification) {
-      EDL_CHECK(ilabels, errc::invalid_argument, where,
-                "single_label_classification needs integer class labels [batch]");
-      std::int64_t valid = 0, hits = 0;
-      for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t l = ilabels[b];
-        if (l == -100) continue;
-        EDL_CHECK(l >= 0 && l < L, errc::invalid_argument, where, "label ", l, " of sequence ", b,
-                  " is outside [0, ", L, ") and is not -100");
-        ++valid;
-      }
-      m.examples = valid;
-      if (valid == 0) return m;
-      double sum = 0;
-      for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t l = ilabels[b];
-        if (l == -100) continue;
-        const float* r = x + b * L;
-        const float mx = *std::max_element(r, r + L);
-        double se = 0;
-        for (std::int64_t j = 0; j < L; ++j) se += std::exp(static_cast<double>(r[j] - mx));
-        const double lse = mx + std::log(se);
-        sum += lse - r[l];
-        hits += (std::max_element(r, r + L) - r) == l;
-        if (dlogits)
-          for (std::int64_t j = 0; j < L; ++j)
-            dlogits[b * L + j] =
-                static_cast<float>((std::exp(static_cast<double>(r[j]) - lse) - (j == l ? 1.0 : 0.0)) / valid);
-      }
-      m.loss = sum / static_cast<double>(valid);
-      m.accuracy = static_cast<double>(hits) / static_cast<double>(valid);
-      return m;
-    }
-    EDL_CHECK(flabels, errc::invalid_argument, where, problem_type_name(pt),
-              " needs float labels [batch, num_labels]");
-    const double N = static_cast<double>(B * L);
-    m.examples = B;
-    if (B == 0) return m;
-    double sum = 0;
-    std::int64_t hits = 0;
-    for (std::int64_t i = 0; i < B * L; ++i) {
-      const double xi = x[i], yi = flabels[i];
-      if (pt == ProblemType::regression) {
-        sum += (xi - yi) * (xi - yi);
-        if (dlogits) dlogits[i] = static_cast<float>(2.0 * (xi - yi) / N);
-      } else {
-        // BCEWithLogits, stable: max(x, 0) - x y + log(1 + exp(-|x|))
-        sum += std::max(xi, 0.0) - xi * yi + std::log1p(std::exp(-std::fabs(xi)));
-        if (dlogits) dlogits[i] = static_cast<float>((1.0 / (1.0 + std::exp(-xi)) - yi) / N);
-        hits += (xi > 0) == (yi > 0.5);
-      }
-    }
-    m.loss = sum / N;
-    if (pt == ProblemType::multi_label_classification) m.accuracy = static_cast<double>(hits) / N;
+    const double normalizer = classification_normalizer(pt, ilabels, flabels, B, L);
+    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    if (m.examples == 0) return m;
+    const ClassificationSums sums =
+        classification_loss_rows(pt, s.logits.data(), B, L, ilabels, flabels, normalizer, dlogits);
+    m.loss = sums.loss / normalizer;
+    if (pt != ProblemType::regression) m.accuracy = static_cast<double>(sums.hits) / normalizer;
     return m;
   }
 };

@@ -62,6 +62,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -524,6 +525,37 @@ class ShardedLlama {
     return run_step(tokens, labels, layout, opt, Mode::train, nullptr);
   }
 
+  /// A device's final hidden states (the last norm's output), as a head other than the
+  /// language model's sees them (run_with_head). The device holds batch rows
+  /// [batch_first, batch_first + batch_rows), and of each the positions
+  /// [seq_first, seq_first + seq_rows) of `seq`; local row t = b * seq_rows + s.
+  struct HeadRows {
+    Device& dev;
+    const float* hidden;  // [batch_rows * seq_rows, hidden_size]
+    std::int64_t hidden_size, batch_first, batch_rows, seq_first, seq_rows, seq;
+    bool tp_leader;  // tp rank 0 (the ranks of a tp group hold the same rows)
+    const std::vector<std::string>& data_axes;  // the axes that split the tokens (size > 1)
+    std::int64_t rows() const noexcept { return batch_rows * seq_rows; }
+    /// Sums over the devices that hold other tokens (every device must call it, in step).
+    template <class V>
+    void sum_over_data(std::span<V> v) const {
+      if (!data_axes.empty()) psum(dev, v, AxisList(data_axes));
+    }
+  };
+  /// A head: the device's metrics from its rows; with `dhidden` (training) it also writes
+  /// d loss / d hidden [rows, hidden_size] (zero where the head reads nothing).
+  using Head = std::function<nn::LossMetrics(const HeadRows&, float* dhidden)>;
+
+  /// The model through its final norm, then `head` on every device in place of the language
+  /// model's; with `train`, the backward from the head's d loss / d hidden, ACCUMULATING the
+  /// sharded gradients. Returns what the head returned on this process's lowest device. The
+  /// head's own parameters are the caller's (ShardedLlamaForSequenceClassification).
+  nn::LossMetrics run_with_head(const std::int64_t* tokens, const nn::TokenLayout& layout, const Head& head,
+                                bool train) {
+    if (train) ensure_grads();
+    return run_step(tokens, nullptr, layout, nn::LossOptions{}, train ? Mode::train : Mode::loss, nullptr, &head);
+  }
+
   /// The one-device model with the gathered parameters (bit-exact).
   LlamaForCausalLM<Pol> gather_model() const {
     LlamaForCausalLM<Pol> m(cfg_);
@@ -900,13 +932,13 @@ class ShardedLlama {
 
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
-                           const nn::LossOptions& opt, Mode mode, float* logits_out) {
+                           const nn::LossOptions& opt, Mode mode, float* logits_out, const Head* head = nullptr) {
     const char* w = "ShardedLlama";
     const std::int64_t B = lay.batch, S = lay.seq, H = cfg_.hidden_size;
     check_data_split(B, S, axis("dp"), axis("fsdp"), axis("ep"), axis("sp"), w);
     EDL_CHECK(tokens != nullptr || lay.inputs_embeds != nullptr, errc::invalid_argument, w,
               "needs token ids or inputs_embeds");
-    EDL_CHECK(mode == Mode::logits || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
+    EDL_CHECK(mode == Mode::logits || head || tokens != nullptr || labels != nullptr, errc::invalid_argument, w,
               "inputs_embeds without token ids need labels");
     if (tokens)
       for (std::int64_t i = 0; i < B * S; ++i)
@@ -914,7 +946,7 @@ class ShardedLlama {
                   "] = ", tokens[i], ", expected in [0, ", cfg_.vocab_size, ")");
     // Global HF shift: targets[b, s] = labels[b, s + 1].
     std::vector<std::int64_t> targets;
-    if (mode != Mode::logits) {
+    if (mode != Mode::logits && !head) {
       targets = opt.shift ? nn::shift_labels(labels ? labels : tokens, B, S, opt.ignore_index)
                           : std::vector<std::int64_t>(labels ? labels : tokens, (labels ? labels : tokens) + B * S);
     }
@@ -935,7 +967,7 @@ class ShardedLlama {
                                        : 0);
     mesh_.run([&](Device& dev) {
       nn::LossMetrics m = device_step(dev, tokens, targets, lay, opt, mode, logits_out,
-                                      embeds_grad.empty() ? nullptr : embeds_grad.data());
+                                      embeds_grad.empty() ? nullptr : embeds_grad.data(), head);
       std::lock_guard<std::mutex> lock(mu);
       if (from < 0 || dev.id() < from) {
         result = m;
@@ -955,7 +987,7 @@ class ShardedLlama {
 
   nn::LossMetrics device_step(Device& dev, const std::int64_t* tokens, const std::vector<std::int64_t>& targets,
                               const nn::TokenLayout& lay, const nn::LossOptions& opt, Mode mode, float* logits_out,
-                              float* embeds_grad) {
+                              float* embeds_grad, const Head* head) {
     const std::int64_t B = lay.batch, S = lay.seq;
     const std::int64_t *mask = lay.attention_mask, *pos = lay.position_ids, *seg = lay.segment_ids;
     const float* embeds = lay.inputs_embeds;
@@ -1002,15 +1034,17 @@ class ShardedLlama {
     std::vector<std::int64_t> ids(tokens ? static_cast<std::size_t>(Tl) : 0), tg;
     if (tokens)
       for (std::int64_t t = 0; t < Tl; ++t) ids[static_cast<std::size_t>(t)] = tokens[local.row(t)];
-    if (mode != Mode::logits) {
+    if (mode != Mode::logits && !head) {
       tg.resize(static_cast<std::size_t>(Tl));
       for (std::int64_t t = 0; t < Tl; ++t) tg[static_cast<std::size_t>(t)] = targets[local.row(t)];
     }
 
     // Globals: embedding, final norm, lm_head (replicated compute, kept for the whole step).
+    // Another head leaves lm_head alone.
+    const bool lm_head = !tied_ && !head;
     gather_module(dev, model.embed_tokens, "model.embed_tokens");
     gather_module(dev, model.norm, "model.norm");
-    if (!tied_) gather_module(dev, lm.lm_head, "lm_head");
+    if (lm_head) gather_module(dev, lm.lm_head, "lm_head");
 
     const std::size_t L = model.layers.size();
     std::vector<std::vector<float>> xs(L + 1, std::vector<float>(n));
@@ -1060,53 +1094,19 @@ class ShardedLlama {
           std::memcpy(logits_out + ((b0 + b) * S + s0) * V, lg.data() + b * c.Sl * V,
                       static_cast<std::size_t>(c.Sl * V) * sizeof(float));
     } else {
-      const auto& D = data_axes_present();
-      std::int64_t valid = 0;
-      for (auto t : tg) valid += t != opt.ignore_index;
-      const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
-      nn::LossOptions o = lm.loss_options(opt);
-      o.shift = false;
-      if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
-      // Per-position weights and NLLs ([B, S], global) for the local tokens.
-      std::vector<float> w_l(opt.row_weights ? Tl : 0);
-      std::vector<double> nll_l(opt.row_nll ? Tl : 0);
-      for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t) w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
-      o.row_weights = opt.row_weights ? w_l.data() : nullptr;
-      o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
       const bool train = mode == Mode::train;
       std::vector<float> dhidden(train ? n : 0);
       if (train) {
         open_module_grads(dev, model.embed_tokens);
         open_module_grads(dev, model.norm);
-        if (!tied_) open_module_grads(dev, lm.lm_head);
+        if (lm_head) open_module_grads(dev, lm.lm_head);
       }
-      const nn::LossMetrics lm_m =
-          nn::causal_lm_loss(hidden.data(), 1, Tl, H, lm.head_weight(), V, tg.data(), o,
-                             train ? dhidden.data() : nullptr, train ? lm.head_grad() : nullptr);
-      if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
-        for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
-      // Combine the metrics: sums over the data axes (tp ranks hold identical values).
-      double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
-                        valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
-      if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
-      metrics.loss = vals[0];
-      metrics.z_loss = vals[1];
-      metrics.tokens = N;
-      metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
-      metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
-      if (N == 0) metrics.loss = metrics.z_loss = 0.0;
-      if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
-        std::vector<typename nn::MoE<Pol>::Saved*> routed;
-        for (std::size_t l = 0; l < L; ++l)
-          if (model.layers[l].is_sparse()) routed.push_back(&routes[l]);
-        std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
-        if (mask)
-          for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
-        const auto sum_devices = [&](std::span<double> v) {
-          if (!D.empty()) psum(dev, v, AxisList(D));
-        };
-        Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
-      }
+      if (head)
+        metrics = (*head)(HeadRows{dev, hidden.data(), H, b0, c.Bl, s0, c.Sl, S, dev.axis_index("tp") == 0,
+                                   data_axes_present()},
+                          train ? dhidden.data() : nullptr);
+      else
+        metrics = lm_loss(dev, lm, c, hidden.data(), tg, routes, lay, opt, train ? dhidden.data() : nullptr);
 
       if (train) {
         std::vector<float> a(n), b(n);
@@ -1136,12 +1136,66 @@ class ShardedLlama {
             std::memcpy(embeds_grad + global_row(t), a.data() + t * H, static_cast<std::size_t>(H) * sizeof(float));
         reduce_module(dev, model.embed_tokens, "model.embed_tokens");
         reduce_module(dev, model.norm, "model.norm");
-        if (!tied_) reduce_module(dev, lm.lm_head, "lm_head");
+        if (lm_head) reduce_module(dev, lm.lm_head, "lm_head");
       }
     }
     release_module(dev, model.embed_tokens);
     release_module(dev, model.norm);
-    if (!tied_) release_module(dev, lm.lm_head);
+    if (lm_head) release_module(dev, lm.lm_head);
+    return metrics;
+  }
+
+  /// The language model's loss over a device's tokens (targets `tg`), its metrics summed over
+  /// the data axes; with dhidden, d loss / d hidden and lm_head's gradient.
+  nn::LossMetrics lm_loss(Device& dev, Local& lm, const Ctx& c, const float* hidden, const std::vector<std::int64_t>& tg,
+                          std::vector<typename nn::MoE<Pol>::Saved>& routes, const nn::TokenLayout& lay,
+                          const nn::LossOptions& opt, float* dhidden) {
+    const bool train = dhidden != nullptr;
+    const std::int64_t Tl = c.tokens(), H = c.H, V = cfg_.vocab_size;
+    const std::size_t L = lm.model.layers.size();
+    const std::int64_t* mask = lay.attention_mask;
+    const nn::DropoutIndex local = c.local_tokens();
+    const auto& D = data_axes_present();
+    std::int64_t valid = 0;
+    nn::LossMetrics metrics;
+    for (auto t : tg) valid += t != opt.ignore_index;
+    const std::int64_t N = D.empty() ? valid : psum(dev, valid, AxisList(D));
+    nn::LossOptions o = lm.loss_options(opt);
+    o.shift = false;
+    if (o.normalizer <= 0) o.normalizer = static_cast<double>(N);
+    // Per-position weights and NLLs ([B, S], global) for the local tokens.
+    std::vector<float> w_l(opt.row_weights ? Tl : 0);
+    std::vector<double> nll_l(opt.row_nll ? Tl : 0);
+    for (std::int64_t t = 0; t < static_cast<std::int64_t>(w_l.size()); ++t)
+      w_l[static_cast<std::size_t>(t)] = opt.row_weights[local.row(t)];
+    o.row_weights = opt.row_weights ? w_l.data() : nullptr;
+    o.row_nll = opt.row_nll ? nll_l.data() : nullptr;
+    const nn::LossMetrics lm_m =
+        nn::causal_lm_loss(hidden, 1, Tl, H, lm.head_weight(), V, tg.data(), o, dhidden, train ? lm.head_grad() : nullptr);
+    if (opt.row_nll && dev.axis_index("tp") == 0)  // tp ranks hold the same values
+      for (std::int64_t t = 0; t < Tl; ++t) opt.row_nll[local.row(t)] = nll_l[static_cast<std::size_t>(t)];
+    // Combine the metrics: sums over the data axes (tp ranks hold identical values).
+    double vals[5] = {lm_m.loss, lm_m.z_loss, lm_m.accuracy * static_cast<double>(valid),
+                      valid > 0 ? std::log(lm_m.perplexity) * static_cast<double>(valid) : 0.0, 0.0};
+    if (!D.empty()) psum(dev, std::span<double>(vals, 5), AxisList(D));
+    metrics.loss = vals[0];
+    metrics.z_loss = vals[1];
+    metrics.tokens = N;
+    metrics.accuracy = N > 0 ? vals[2] / static_cast<double>(N) : 0.0;
+    metrics.perplexity = N > 0 ? std::exp(vals[3] / static_cast<double>(N)) : 1.0;
+    if (N == 0) metrics.loss = metrics.z_loss = 0.0;
+    if (cfg_.is_moe()) {  // the router losses over the whole batch's tokens (counts summed over the data axes)
+      std::vector<typename nn::MoE<Pol>::Saved*> routed;
+      for (std::size_t l = 0; l < L; ++l)
+        if (lm.model.layers[l].is_sparse()) routed.push_back(&routes[l]);
+      std::vector<std::int64_t> mask_tok;  // the local tokens' attention mask
+      if (mask)
+        for (std::int64_t t = 0; t < Tl; ++t) mask_tok.push_back(mask[local.row(t)]);
+      const auto sum_devices = [&](std::span<double> v) {
+        if (!D.empty()) psum(dev, v, AxisList(D));
+      };
+      Local::add_router_losses(cfg_, routed, mask ? mask_tok.data() : nullptr, opt, metrics, train, sum_devices);
+    }
     return metrics;
   }
 
