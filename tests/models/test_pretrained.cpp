@@ -160,8 +160,8 @@ TEST(Pretrained, TransformRulesLoadOtherNamesAndLayouts) {
   }
   TempDir d("rules");
   write_checkpoint(d.path, t);
-  const models::TransformRules rules{{R"(^blocks\.)", "model.layers."},
-                                     {"^wte$", "model.embed_tokens.weight"},
+  const models::TransformRules rules{{R"(^blocks\.)", "model.layers.", {}},
+                                     {"^wte$", "model.embed_tokens.weight", {}},
                                      {"^head_t$", "lm_head.weight", models::transpose_2d}};
   models::LoadOptions o;
   o.transform_rules = rules;
@@ -175,13 +175,13 @@ TEST(Pretrained, TransformRulesLoadOtherNamesAndLayouts) {
   EXPECT_EQ(param_bytes(half), param_bytes(half_ref));
 
   EXPECT_NE(error_of([&] { models::from_pretrained<>(d.path); }).find("model.embed_tokens.weight"), std::string::npos);
-  o.transform_rules = {rules[0], rules[1], {"^head_t$", "lm_head.weight"}};
+  o.transform_rules = {rules[0], rules[1], {"^head_t$", "lm_head.weight", {}}};
   const std::string no_transpose = error_of([&] { models::from_pretrained<>(d.path, o); });
   EXPECT_NE(no_transpose.find("lm_head.weight"), std::string::npos) << no_transpose;
-  o.transform_rules = {rules[0], {"^wte$", "model.norm.weight"}, rules[2]};
+  o.transform_rules = {rules[0], {"^wte$", "model.norm.weight", {}}, rules[2]};
   const std::string collision = error_of([&] { models::from_pretrained<>(d.path, o); });
   EXPECT_NE(collision.find("both renamed to \"model.norm.weight\""), std::string::npos) << collision;
-  o.transform_rules = {{"(unclosed", "x"}};
+  o.transform_rules = {{"(unclosed", "x", {}}};
   EXPECT_NE(error_of([&] { models::from_pretrained<>(d.path, o); }).find("not a valid regex"), std::string::npos);
 }
 
@@ -1071,7 +1071,7 @@ TEST(Pretrained, MissingUnexpectedAndWrongShapeTensorsAreNamed) {
     // allow_unexpected lists it instead.
     LlamaForCausalLM<> m(LlamaConfig::from_file((fixture() / "config.json").string()));
     const auto rep = models::load_weights(m, io::ShardedCheckpoint::open((tmp.path / "unexpected").string()),
-                                          {.allow_unexpected = true});
+                                          {.allow_unexpected = true, .transform_rules = {}});
     ASSERT_EQ(rep.unexpected.size(), 1u);
     EXPECT_EQ(rep.loaded.size(), 21u);
   }

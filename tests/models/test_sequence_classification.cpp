@@ -232,7 +232,7 @@ TEST(SequenceClassification, LoadsScoreWeightWithLoadWeights) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("score.weight"), std::string::npos) << e.what();
   }
-  const auto rep2 = models::load_weights(m2, ck, {.allow_missing = true, .allow_unexpected = true});
+  const auto rep2 = models::load_weights(m2, ck, {.allow_missing = true, .allow_unexpected = true, .transform_rules = {}});
   EXPECT_EQ(rep2.missing, std::vector<std::string>{"score.weight"});
   EXPECT_EQ(rep2.unexpected, std::vector<std::string>{"lm_head.weight"});
 

@@ -17,6 +17,7 @@
 #include <edl/models/llama/sharded.hpp>
 
 #include "../support/same_params.hpp"
+#include "../support/small_llama.hpp"
 
 using namespace edl;
 using models::LlamaConfig;
@@ -27,14 +28,7 @@ namespace {
 using Dims = std::array<std::int64_t, 4>;
 
 LlamaConfig small_gqa_config(bool tied = false, bool bias = false) {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
+  LlamaConfig c = test_support::small_llama_config();
   c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = tied;
   c.attention_bias = bias;

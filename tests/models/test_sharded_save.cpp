@@ -67,7 +67,7 @@ TEST(ShardedSave, EqualsSavePretrainedOfTheGatheredModel) {
 TEST(ShardedSave, DtypesAndShardsFollowSavePretrained) {
   const auto mesh = create_mesh({1, 2, 1, 2, 1});
   auto sm = from_pretrained_sharded<>(fixture("tiny_hf"), mesh);
-  for (const SavePretrainedOptions o : {SavePretrainedOptions{.max_shard_bytes = 20'000},
+  for (const SavePretrainedOptions o : {SavePretrainedOptions{.max_shard_bytes = 20'000, .dtype = std::nullopt},
                                         SavePretrainedOptions{.dtype = DType::bf16},
                                         SavePretrainedOptions{.max_shard_bytes = 30'000, .dtype = DType::f16}}) {
     test_support::TempDir want("sharded_save_want"), got("sharded_save_got");
@@ -82,7 +82,7 @@ TEST(ShardedSave, DtypesAndShardsFollowSavePretrained) {
   save_pretrained_sharded(got.p, sb);
   expect_same_folder(want.p, got.p, "bf16 parameters");
   // A re-save with fewer files leaves no stale shard behind.
-  save_pretrained_sharded(got.p, sb, {.max_shard_bytes = 10'000});
+  save_pretrained_sharded(got.p, sb, {.max_shard_bytes = 10'000, .dtype = std::nullopt});
   save_pretrained_sharded(got.p, sb);
   expect_same_folder(want.p, got.p, "re-saved as one file");
 }

@@ -21,6 +21,7 @@
 
 #include "../support/folder_bytes.hpp"
 #include "../support/same_params.hpp"
+#include "../support/small_llama.hpp"
 
 using namespace edl;
 using models::LlamaConfig;
@@ -40,14 +41,7 @@ std::string dims_str(const Dims& d) {
 }
 
 LlamaConfig classifier_config(std::int64_t num_labels) {
-  LlamaConfig c;
-  c.vocab_size = 48;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
+  LlamaConfig c = test_support::small_llama_config(48);
   c.rms_norm_eps = 1e-5;
   c.num_labels = num_labels;
   c.pad_token_id = 0;

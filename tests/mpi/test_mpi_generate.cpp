@@ -14,6 +14,7 @@
 #include <edl/mesh/all.hpp>
 #include <edl/models/llama/llama.hpp>
 
+#include "../support/small_llama.hpp"
 #include "session.hpp"
 
 namespace edl {
@@ -22,18 +23,7 @@ namespace {
 using test::g_session;
 using Dims = std::array<std::int64_t, 4>;
 
-models::LlamaConfig config() {
-  models::LlamaConfig c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.validate();
-  return c;
-}
+models::LlamaConfig config() { return test_support::small_llama_config(61); }
 
 std::vector<Dims> meshes_for(std::int64_t devices) {
   if (devices == 2) return {{1, 1, 2, 1}, {1, 1, 1, 2}, {2, 1, 1, 1}};

@@ -31,6 +31,7 @@
 #include <edl/optim/sharded_optimizer.hpp>
 
 #include "../support/same_params.hpp"
+#include "../support/small_llama.hpp"
 #include "../support/temp_dir.hpp"
 #include "session.hpp"
 
@@ -40,18 +41,7 @@ namespace {
 using test::g_session;
 using Dims = std::array<std::int64_t, 4>;
 
-models::LlamaConfig config() {
-  models::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.validate();
-  return c;
-}
+models::LlamaConfig config() { return test_support::small_llama_config(); }
 
 std::vector<std::int64_t> tokens(std::int64_t n, unsigned seed) {
   std::mt19937 g(seed);
@@ -306,7 +296,9 @@ TEST(MpiLlamaMemory, EachRankStoresOnlyItsOwnDevicesBlocks) {
   for (const auto& name : sm.names())
     for (std::int64_t d = 0; d < real.size(); ++d) {
       EXPECT_EQ(sm.param(name).has_block(d), real.backend().is_local(d)) << name;
-      if (!real.backend().is_local(d)) EXPECT_EQ(sm.param(name).local(d).size(), 0u) << name;
+      if (!real.backend().is_local(d)) {
+        EXPECT_EQ(sm.param(name).local(d).size(), 0u) << name;
+      }
     }
   models::LlamaForCausalLM<> one(config());
   one.init(Key::from_seed(11));

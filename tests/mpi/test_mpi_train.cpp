@@ -20,6 +20,7 @@
 #include <edl/models/llama/pretrained.hpp>
 #include <edl/train/all.hpp>
 
+#include "../support/small_llama.hpp"
 #include "session.hpp"
 
 namespace edl::train {
@@ -30,15 +31,7 @@ using test::g_session;
 using Dims = std::array<std::int64_t, 4>;
 
 models::LlamaForCausalLM<> make_model() {
-  models::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  models::LlamaForCausalLM<> m(c);
+  models::LlamaForCausalLM<> m(test_support::small_llama_config());
   m.init(Key::from_seed(7));
   return m;
 }
@@ -158,10 +151,11 @@ TEST(MpiTrainer, TrainsAndCheckpointsLikeTheSimulatedMesh) {
       EXPECT_EQ(train_losses(t), want);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    if (g_session->rank() == 0)
+    if (g_session->rank() == 0) {
       for (const char* step : {"checkpoint-3", "checkpoint-6"})
         for (const char* f : {"model.safetensors", "optimizer.safetensors", "config.json"})
           EXPECT_TRUE(read_bytes(async / step / f) == read_bytes(sim / step / f)) << step << " " << f;
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     if (g_session->rank() == 0) fs::remove_all(async);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -14,24 +14,15 @@
 #include <edl/optim/optimizer.hpp>
 #include <edl/optim/sharded_optimizer.hpp>
 
+#include "../support/small_llama.hpp"
+
 using namespace edl;
 
 namespace {
 
 using Dims = std::array<std::int64_t, 4>;
 
-models::LlamaConfig config() {
-  models::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.validate();
-  return c;
-}
+models::LlamaConfig config() { return test_support::small_llama_config(); }
 
 std::vector<std::int64_t> tokens(std::int64_t n, unsigned seed) {
   std::mt19937 g(seed);

@@ -233,7 +233,7 @@ TEST(LoraTraining, OnAMeshTrainsAsOneDevice) {
   t1.train();
   const auto want = losses(one.str());
   ASSERT_EQ(want.size(), 4u);
-  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {1, 1, 2, 1}}) {
+  for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {1, 1, 2, 1}}) {
     TempDir d("mesh_" + std::to_string(dims[1]) + std::to_string(dims[2]));
     auto args = lora_args(d.str(), 4);
     args.sharding_axis_dims = dims;

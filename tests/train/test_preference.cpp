@@ -495,7 +495,7 @@ TEST(Preference, TheTrainerRunsDpoOnAMeshAndEvaluatesPairs) {
   for (const auto& j : run.metrics())
     if (j.contains("eval_logps/chosen")) one_evals[j["step"].get<int>()] = j;
   ASSERT_EQ(one_evals.size(), 2u);
-  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {2, 2, 1, 1}}) {
+  for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{1, 2, 1, 1}, {2, 2, 1, 1}}) {
     const std::string name = "mesh" + std::to_string(dims[0] * dims[1]);
     SCOPED_TRACE(name);
     run.args["sharding_axis_dims"] = dims;

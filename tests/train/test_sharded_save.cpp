@@ -87,7 +87,7 @@ TEST(ShardedSave, Bf16WeightsOnlyAndFactoredSlotsFollowSaveState) {
   const auto mesh = create_mesh({1, 2, 2, 1});
   ShardedRun r = trained(mesh, 1);
   auto m = r.model.gather_model();
-  for (const SaveStateOptions o : {SaveStateOptions{.float_dtype = DType::bf16}, SaveStateOptions{.save_optimizer = false}}) {
+  for (const SaveStateOptions o : {SaveStateOptions{.float_dtype = DType::bf16}, SaveStateOptions{.float_dtype = std::nullopt, .save_optimizer = false}}) {
     test_support::TempDir want("sharded_save_opts_want"), got("sharded_save_opts_got");
     save_state((want.p / "c").string(), m, r.opt.gather(r.model), r.state, nullptr, {}, {}, o);
     save_sharded_state((got.p / "c").string(), r.model, r.opt, r.state, nullptr, {}, {}, o);

@@ -266,7 +266,7 @@ TEST(Trainer, ResumeFromAFolderIsBitIdentical) {
 
   // Not a checkpoint: a clear error naming the folder, before anything changes.
   Trainer u(base_args(c.str()), make_model(), std::nullopt, data, eval);
-  for (const std::string bad : {(c.p / "missing").string(), c.str()}) {
+  for (const std::string& bad : {(c.p / "missing").string(), c.str()}) {
     try {
       u.resume_from(bad);
       ADD_FAILURE() << "expected an edl::Error for " << bad;
@@ -1234,7 +1234,7 @@ std::string file_bytes(const fs::path& p) {
 // is complete; the training arguments keep the field. On one device, and on a simulated
 // fsdp=2 x tp=2 mesh, whose blocks are copied for the writer (ShardedLlama::snapshot).
 TEST(Trainer, AsyncCheckpointingWritesTheSameFilesWhileTrainingGoesOn) {
-  for (const std::vector<std::int64_t> dims : {std::vector<std::int64_t>{1, 1, 1, 1}, {1, 2, 2, 1}}) {
+  for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{1, 1, 1, 1}, {1, 2, 2, 1}}) {
   SCOPED_TRACE("mesh " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]));
   const auto data = random_data(10, 16, 64, 5, true);
   const std::string tag = std::to_string(dims[1] * dims[2]);
