@@ -4,7 +4,7 @@
 //   edl bench train --config tiny|small|gqa1b|DIR --batch B --seq S --threads T [--mesh ...] [--steps N]
 //                   [--remat everything_saveable|nothing_saveable|dots_saveable|dots_with_no_batch_dims_saveable|
 //                            save_only_these_names(attn_out, ...)|...]
-//                   [--param-dtype float32|bfloat16] [--lora R [--quantize-base nf4|q4_0|q8_0]] [--optimizer-step]
+//                   [--param-dtype float32|bfloat16] [--dtype float32|bfloat16] [--lora R [--quantize-base nf4|q4_0|q8_0]] [--optimizer-step]
 //
 // --config names a preset (random weights from Key seed 0, initializer_range) or a HF folder
 // (weights loaded). Tokens are uniform random ids (seed 0); labels = tokens (HF shift). One
@@ -17,7 +17,9 @@
 // (matmul-like work, multiply-add = 2, attention pairs counted causally) / tokens; gflops =
 // flops_per_token x tokens_per_s / 1e9. --param-dtype bfloat16 runs the step of the trainer's
 // mixed precision (BF16ParamsPolicy: bf16 weights; f32 gradients, activations and
-// accumulation), the weights rounded from the same f32 initialization.
+// accumulation), the weights rounded from the same f32 initialization. --dtype bfloat16 runs
+// it with bf16 activations (Policy's Compute: every activation rounded to bf16, f32
+// accumulation), as the trainer's dtype "bfloat16" does.
 // --lora R trains LoRA adapters of rank R (lora_alpha 2R) on q, k, v, o, gate, up and down with
 // the rest frozen; --quantize-base quantizes the base's decoder Linears first (QLoRA).
 // --optimizer-step adds an AdamW update to every step (its state then counts in the peak).
@@ -89,6 +91,7 @@ inline int cmd_bench_train(Args& args) {
   const std::string remat_name = args.str("--remat", "everything_saveable");
   const MeshDims mesh = mesh_flag(args);
   const std::string param_dtype = args.str("--param-dtype", "float32");
+  const std::string compute_dtype = args.str("--dtype", "float32");
   const std::int64_t lora_r = args.integer("--lora", 0);
   const std::string quantize_base = args.str("--quantize-base", "");
   const bool optimizer_step = args.has("--optimizer-step");
@@ -99,6 +102,9 @@ inline int cmd_bench_train(Args& args) {
   const bool bf16 = param_dtype == "bfloat16" || param_dtype == "bf16";
   EDL_CLI_USAGE_CHECK(bf16 || param_dtype == "float32" || param_dtype == "fp32" || param_dtype == "f32", errc::invalid_argument,
                       "--param-dtype", "expected float32 or bfloat16, found \"", param_dtype, "\"");
+  const bool bf16_compute = compute_dtype == "bfloat16" || compute_dtype == "bf16";
+  EDL_CLI_USAGE_CHECK(bf16_compute || compute_dtype == "float32" || compute_dtype == "fp32" || compute_dtype == "f32",
+                      errc::invalid_argument, "--dtype", "expected float32 or bfloat16, found \"", compute_dtype, "\"");
   EDL_CLI_USAGE_CHECK(!remat_name.empty(), errc::invalid_argument, "--remat", "expected a policy, found an empty value");
   const remat::DropMask drop = remat_drop_mask(remat_name);
   EDL_CLI_USAGE_CHECK(batch > 0, errc::invalid_argument, "--batch", "must be > 0, found ", batch);
@@ -199,25 +205,28 @@ inline int cmd_bench_train(Args& args) {
     auto sm = models::shard_model(model, launch_mesh(mesh, "--mesh"));
     return time_sharded_steps(sm);
   };
-  double sec = 0;
-  if (straight_into_shards) {
-    f32_model.visit_params("", [&](std::string_view, auto& p) { trainable += p.numel(); });
-    const auto draw = [&]<class Pol>() {
+  // The step of policy Pol: parameters drawn or read straight into the shards, or the f32
+  // model converted (round to nearest even) with only the copy left resident.
+  const auto run = [&]<class Pol>() -> double {
+    if (straight_into_shards) {
+      f32_model.visit_params("", [&](std::string_view, auto& p) { trainable += p.numel(); });
       auto sm = from_folder ? models::from_pretrained_sharded<Pol>(config, launch_mesh(mesh, "--mesh"))
                             : models::ShardedLlama<Pol>(f32_model.config(), Key::from_seed(0), launch_mesh(mesh, "--mesh"));
       build_peak = peak_resident_bytes();
       return time_sharded_steps(sm);
-    };
-    sec = bf16 ? draw.template operator()<BF16ParamsPolicy>() : draw.template operator()<DefaultPolicy>();
-  } else if (bf16) {
-    auto model = models::to_dtype<BF16ParamsPolicy>(f32_model);
-    f32_model = models::LlamaForCausalLM<>();  // only the bf16 copy stays resident
-    prepare(model);
-    sec = time_steps(model);
-  } else {
-    prepare(f32_model);
-    sec = time_steps(f32_model);
-  }
+    }
+    if constexpr (std::is_same_v<Pol, DefaultPolicy>) {
+      prepare(f32_model);
+      return time_steps(f32_model);
+    } else {
+      auto model = models::to_dtype<Pol>(f32_model);
+      f32_model = models::LlamaForCausalLM<>();
+      prepare(model);
+      return time_steps(model);
+    }
+  };
+  const double sec = bf16 ? (bf16_compute ? run.template operator()<BF16Policy>() : run.template operator()<BF16ParamsPolicy>())
+                          : (bf16_compute ? run.template operator()<BF16ComputePolicy>() : run.template operator()<DefaultPolicy>());
   exec::set_num_threads(0);
   const double tps = static_cast<double>(T) / sec;
   const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
@@ -228,6 +237,7 @@ inline int cmd_bench_train(Args& args) {
   j["threads"] = threads;
   j["remat"] = remat_name;
   j["param_dtype"] = bf16 ? "bfloat16" : "float32";
+  j["dtype"] = bf16_compute ? "bfloat16" : "float32";
   j["mesh"] = mesh_json(mesh);
   j["tokens_per_s"] = round2(tps);
   j["ms_per_step"] = round2(sec * 1e3);
@@ -272,6 +282,9 @@ inline Command bench_train_command() {
                     .defaults("everything_saveable"),
                 declare_mesh_flag("the mesh the step runs on (simulated devices)"),
                 text_flag("--param-dtype", "float32|bfloat16", "parameter storage (bfloat16: the trainer's mixed precision)")
+                    .one_of({"float32", "bfloat16", "f32", "fp32", "bf16"})
+                    .defaults("float32"),
+                text_flag("--dtype", "float32|bfloat16", "the activations' dtype (bfloat16: rounded to bf16, f32 accumulation)")
                     .one_of({"float32", "bfloat16", "f32", "fp32", "bf16"})
                     .defaults("float32"),
                 integer_flag("--lora", "R", "train LoRA adapters of rank R on every projection, the rest frozen")

@@ -89,10 +89,17 @@ inline int cmd_train(Args& args) {
     if (ta.tokenizer.is_object() && fs::exists(fs::path(resume) / "tokenizer.json"))
       ta.tokenizer = (fs::path(resume) / "tokenizer.json").string();
   }
-  // param_dtype picks the trainer's parameter storage: f32, or bf16 / f16 with f32 master weights.
+  // param_dtype picks the trainer's parameter storage: f32, or bf16 / f16 with f32 master
+  // weights; dtype the activations': f32, or bf16 (with f32 or bf16 parameters).
   ta.validate();
-  if (ta.param_storage() == DType::bf16) return run_training<train::BF16Trainer>(ta, resume);
-  if (ta.param_storage() == DType::f16) return run_training<train::F16Trainer>(ta, resume);
+  const DType param = ta.param_storage(), compute = ta.compute_storage();
+  if (compute == DType::bf16 && param == DType::f32) return run_training<train::BF16ComputeTrainer>(ta, resume);
+  if (compute == DType::bf16 && param == DType::bf16) return run_training<train::BF16Bf16Trainer>(ta, resume);
+  EDL_CHECK(compute == DType::f32, errc::unsupported, ta.where("dtype"), "edl train computes in float32, or in "
+            "bfloat16 with param_dtype float32 or bfloat16; found dtype \"", ta.dtype, "\" with param_dtype \"",
+            ta.param_dtype, "\" (the library's BasicTrainer<Policy<Param, Compute>> takes any pair)");
+  if (param == DType::bf16) return run_training<train::BF16Trainer>(ta, resume);
+  if (param == DType::f16) return run_training<train::F16Trainer>(ta, resume);
   return run_training<train::Trainer>(ta, resume);
 }
 

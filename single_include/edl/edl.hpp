@@ -1157,7 +1157,8 @@ constexpr bool drops(DropMask d) noexcept {
 
 /// Precision and representation policy.
 ///  Param:   dtype parameters are stored in (f32, bf16, f16)
-///  Compute: dtype activations are computed and stored in between kernels
+///  Compute: dtype of the activations between kernels (f32 storage holding Compute's values:
+///           each kernel's result is rounded to it, nn::round_activations)
 ///  Accum:   dtype of every reduction (dot products, norms, softmax sums); f32 in edl
 ///  Quant:   weight quantization scheme
 ///  Remat:   which activations forward keeps for backward (remat:: above)
@@ -1188,6 +1189,11 @@ using BF16ParamsPolicy = Policy<bf16, float>;
 /// f16 parameters (the seeds' `half()`), f32 compute and accumulation. f16 keeps 3 more
 /// mantissa bits than bf16 but overflows past 65504: for weights that are known to fit.
 using F16ParamsPolicy = Policy<f16, float>;
+/// f32 parameters, bf16 activations (the seeds' dtype=bfloat16), f32 accumulation: the values
+/// a bf16 run computes, with every kernel in f32 (docs/modules.md, "Compute dtype").
+using BF16ComputePolicy = Policy<float, bf16>;
+/// bf16 parameters and bf16 activations, f32 accumulation.
+using BF16Policy = Policy<bf16, bf16>;
 
 template <PolicyLike Pol, class P>
 using with_param = Policy<P, typename Pol::compute_t, typename Pol::accum_t, typename Pol::quant_t,
@@ -5773,7 +5779,7 @@ inline void gated_mul_backward(GatedActivation act, const float* gate, const flo
 // edl/kernels/elementwise.hpp
 // Flat elementwise kernels and deterministic reductions over n contiguous elements.
 //
-// Lane-wise kernels (add, add_inplace, axpy, scale, mul, fill, convert) take f32, bf16 or
+// Lane-wise kernels (add, add_inplace, axpy, scale, mul, fill, convert, round_to) take f32, bf16 or
 // f16 storage where marked, compute in f32 and round once (RNE, bit-identical to
 // edl::from_f32). Outputs may alias inputs of the same type.
 //
@@ -5785,6 +5791,7 @@ inline void gated_mul_backward(GatedActivation act, const float* gate, const flo
 // The fused cross-entropy lives in softmax.hpp (cross_entropy_rows).
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 // #include <edl/core/dtype.hpp> (inlined above)
@@ -5953,6 +5960,26 @@ inline void convert(const S* src, D* dst, std::ptrdiff_t n) {
   detail::check_ptr(src, n, "convert", "src");
   detail::check_ptr(dst, n, "convert", "dst");
   detail::map(n, [](const detail::fbatch& v) { return v; }, dst, src);
+}
+
+/// x[i] = to_f32(from_f32<T>(x[i])) in place: f32 values rounded to T's precision (round to
+/// nearest even, bit-identical to convert() there and back), kept in f32 storage. A model
+/// whose activations are bf16 or f16 (Policy's Compute) rounds with it where a kernel's f32
+/// result becomes an activation. T = float leaves x as it is.
+template <FloatStorage T>
+inline void round_to(float* x, std::ptrdiff_t n) {
+  detail::check_flat(n, "round_to");
+  detail::check_ptr(x, n, "round_to", "x");
+  if constexpr (!std::is_same_v<T, float>) {
+    detail::map(
+        n,
+        [](const detail::fbatch& v) {
+          alignas(64) T narrow[detail::kLanes];
+          detail::store(narrow, v);
+          return detail::load(narrow);
+        },
+        x, static_cast<const float*>(x));
+  }
 }
 
 }  // namespace edl::kernels
@@ -8510,7 +8537,8 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 //   void forward(const float* x, ..., float* y, Saved&);
 //   void backward(const float* dy, Saved&, float* dx);  // ACCUMULATES parameter gradients
 //   void init(Key key, float std = 0.02f);    // counter-based, see init_params
-// Activations between modules are f32, row-major [tokens, features] with tokens = batch*seq.
+// Activations between modules are f32 storage, row-major [tokens, features] with tokens =
+// batch*seq, holding values of the policy's compute dtype (round_activations below).
 //
 // Lifetime rule for Saved: a module's Saved owns the activations the module computes, and
 // keeps a non-owning pointer to its input `x`; the caller (the parent module's Saved, or the
@@ -8533,6 +8561,7 @@ inline void combine_attention_records(const float* records, std::int64_t ranks, 
 // #include <edl/core/exec.hpp> (inlined above)
 // #include <edl/core/policy.hpp> (inlined above)
 // #include <edl/core/rng.hpp> (inlined above)
+// #include <edl/kernels/elementwise.hpp> (inlined above)
 // // // // #include <edl/nn/param.hpp> (inlined above) (inlined above) (inlined above)
 // edl/nn/param.hpp
 // A trainable parameter: its value in the policy's storage dtype, its f32 gradient and the
@@ -8629,12 +8658,28 @@ namespace edl::nn {
 
 /// Every nn module checks its policy with this.
 template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typename Pol::compute_t, float>;
+inline constexpr bool policy_supported = PolicyLike<Pol>;
 
-#define EDL_NN_CHECK_POLICY(Pol)                                                                      \
-  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
-  static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
-                "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
+#define EDL_NN_CHECK_POLICY(Pol) \
+  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy")
+
+/// The compute dtype (Policy's Compute, the seeds' `dtype`): activations are values of
+/// Compute. Kernels compute and accumulate in f32 as always; where a kernel's result becomes an
+/// activation, it is rounded to Compute (round to nearest even) and kept in f32 storage, so a
+/// bf16 model holds the values a bf16 run would and every f32 kernel serves it. The points are
+/// listed in docs/modules.md ("Compute dtype"); f32 (the default) rounds nothing.
+template <class Pol>
+inline void round_activations(float* x, std::size_t n) {
+  if constexpr (!std::is_same_v<typename Pol::compute_t, float>)
+    kernels::round_to<typename Pol::compute_t>(x, static_cast<std::ptrdiff_t>(n));
+}
+template <class Pol>
+inline void round_activations(std::vector<float>& x) {
+  round_activations<Pol>(x.data(), x.size());
+}
+/// Whether Pol's activations are f32 (nothing to round).
+template <class Pol>
+inline constexpr bool f32_activations = std::is_same_v<typename Pol::compute_t, float>;
 
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
@@ -9211,11 +9256,13 @@ class RMSNorm {
   void apply(const float* x, std::int64_t rows, float* y) const {
     kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
                               static_cast<float>(eps_), offset_);
+    round_activations<Pol>(y, static_cast<std::size_t>(rows * hidden_));
   }
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     s.x = x;
     s.inv_rms.resize(static_cast<std::size_t>(rows));
     kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_), offset_);
+    round_activations<Pol>(y, static_cast<std::size_t>(rows * hidden_));
   }
   /// Writes dx (may equal dy), accumulates dweight.
   void backward(const float* dy, const Saved& s, float* dx) {
@@ -9717,6 +9764,7 @@ class Attention {
     if (v) {
       s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
       v_proj.forward(x, T, s.v.data(), s.v_s);
+      round_activations<Pol>(s.v);
     }
   }
   /// out [T, heads*D] = rope(norm(x W^T)) for q or k; with qk_norm the projection is kept in
@@ -9729,11 +9777,14 @@ class Attention {
     if (qk_norm_) {
       proj_out.resize(out.size());
       proj.forward(x, T, proj_out.data(), proj_s);
+      round_activations<Pol>(proj_out);
       norm.forward(proj_out.data(), T * heads, out.data(), norm_s);  // one row per (token, head)
     } else {
       proj.forward(x, T, out.data(), proj_s);
+      round_activations<Pol>(out);
     }
     rope.apply(out.data(), T, heads, s.cos.data(), s.sin.data());
+    round_activations<Pol>(out);
   }
 
   /// ctx and lse from q, k, v.
@@ -9741,6 +9792,7 @@ class Attention {
     s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
     s.lse.resize(static_cast<std::size_t>(s.batch * nh_ * s.seq));
     core_forward(s);
+    round_activations<Pol>(s.ctx);
   }
 
   // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the
@@ -9979,14 +10031,17 @@ class MLP {
     if (g) {
       s.g.resize(n);
       gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
+      round_activations<Pol>(s.g);
     }
     if (u) {
       s.u.resize(n);
       up_proj.forward(x, tokens, s.u.data(), s.up_s);
+      round_activations<Pol>(s.u);
     }
     if (a) {
       s.a.resize(n);
       kernels::gated_mul(act_, s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+      round_activations<Pol>(s.a);
     }
   }
 
@@ -10638,25 +10693,34 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
+    // The attention's and the MLP's outputs end in a row-parallel projection: rounded to the
+    // compute dtype here, where a mesh has summed them over tp, as are the residual sums.
     if (sandwich_) {
       s.ao.resize(n);
       s.mo.resize(n);
       self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
+      round_activations<Pol>(s.ao);
       attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
     } else {
       self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+      round_activations<Pol>(s.h);
     }
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(s.h);
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     if (sparse_) {
       block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+      round_activations<Pol>(y, n);
     } else if (sandwich_) {
       mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
+      round_activations<Pol>(s.mo);
       mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
     } else {
       mlp.forward(s.n2.data(), T, y, s.mlp_s);
+      round_activations<Pol>(y, n);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(y, n);
     release(s, drop);
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
@@ -10691,6 +10755,7 @@ class DecoderLayer {
     }
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(dx, n);  // the residual stream's gradient, as its values
     release(s, dropped);
   }
 
@@ -10726,8 +10791,10 @@ class DecoderLayer {
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
       } else {
         self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+        round_activations<Pol>(s.h);
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
+      round_activations<Pol>(s.h);
     }
     if (drops<"norm2">(d)) {
       s.n2.resize(n);
@@ -11079,6 +11146,10 @@ struct LossOptions {
   /// > 0: the logits are soft-capped, x <- logit_softcap tanh(x / logit_softcap) (Gemma 2's
   /// final_logit_softcapping; models set it, see LlamaForCausalLM::loss_options).
   float logit_softcap = 0.0f;
+  /// The model's compute dtype (f32, bf16, f16): the logits are rounded to it where the head's
+  /// product ends, as a model's apply_lm_head rounds them (models set it, see loss_options);
+  /// the soft cap, the softmax and the loss run in f32 on the rounded values.
+  DType logit_dtype = DType::f32;
 };
 
 struct LossMetrics {
@@ -11091,6 +11162,12 @@ struct LossMetrics {
   double aux_loss = 0.0;       // load balancing (transformers' load_balancing_loss_func)
   double router_z_loss = 0.0;  // mean logsumexp(router logits)^2
 };
+
+/// Rounds logits [n] in place to a compute dtype (LossOptions::logit_dtype).
+inline void round_logits(DType d, float* x, std::ptrdiff_t n) {
+  if (d == DType::bf16) kernels::round_to<bf16>(x, n);
+  else if (d == DType::f16) kernels::round_to<f16>(x, n);
+}
 
 /// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],
 /// ignore_index at s = seq - 1.
@@ -11150,6 +11227,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
     const std::int64_t* tg = targets.data() + r0;
     if (std::all_of(tg, tg + c, [&](std::int64_t l) { return l == opt.ignore_index; })) continue;
     nn::gemm_ops::mm_nt(hidden + r0 * H, weight, logits.data(), c, V, H);
+    round_logits(opt.logit_dtype, logits.data(), static_cast<std::ptrdiff_t>(c * V));
     exec::parallel_for(0, c, std::max<std::int64_t>(1, 16384 / V), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       namespace kd = kernels::detail;
       for (std::ptrdiff_t r = lo; r < hi; ++r) {
@@ -23455,6 +23533,7 @@ class LlamaModel {
       embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
+    nn::round_activations<Pol>(s.hs[0]);
     for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l], drop);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
@@ -23612,13 +23691,16 @@ class LlamaForCausalLM {
     const std::int64_t V = config().vocab_size;
     if (!tied_ && lm_head.is_quantized()) lm_head.apply(hidden, rows, out);
     else nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, V, config().hidden_size);
+    nn::round_activations<Pol>(out, static_cast<std::size_t>(rows * V));
     if (const float cap = static_cast<float>(config().final_softcap()); cap > 0) kernels::softcap_rows(out, rows, V, cap);
   }
 
-  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping): every
+  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping, the
+  /// logits' rounding to the compute dtype as apply_lm_head rounds them): every
   /// caller of nn::causal_lm_loss on this model's hidden states passes its options through here.
   nn::LossOptions loss_options(nn::LossOptions opt) const {
     opt.logit_softcap = static_cast<float>(config().final_softcap());
+    opt.logit_dtype = dtype_v<typename Pol::compute_t>;
     return opt;
   }
 
@@ -25686,6 +25768,7 @@ class LlamaForSequenceClassification {
                   s.pooled_hidden.data() + b * H);
     s.logits.resize(static_cast<std::size_t>(B * L));
     score.apply(s.pooled_hidden.data(), B, s.logits.data());
+    nn::round_activations<Pol>(s.logits);  // the head's output, as a causal LM's logits
   }
 
   /// Pooled logits [batch, num_labels].
@@ -26736,6 +26819,7 @@ class ShardedLlama {
     L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
     std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
     if (c.tp > 1) psum(*c.dev, a, "tp");
+    nn::round_activations<Pol>(a);  // after the tp sum, as nn::DecoderLayer rounds the whole output
     const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
     if (sandwich) {
       s.ao = std::move(a);
@@ -26744,16 +26828,19 @@ class ShardedLlama {
     }
     s.h.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    nn::round_activations<Pol>(s.h);
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
     if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
     else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    nn::round_activations<Pol>(y, n);
     if (sandwich) {
       s.mo.assign(y, y + n);
       L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(y, n);
   }
 
   void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
@@ -26783,6 +26870,7 @@ class ShardedLlama {
     if (c.tp > 1) psum(*c.dev, dn1, "tp");
     L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(dx, n);
   }
 
   /// Frees the activations remat mask d names, as nn::DecoderLayer does (norm1 takes its
@@ -26822,9 +26910,11 @@ class ShardedLlama {
         L.self_attn.o_proj.forward(s.attn_s.ctx.data(), c.Bl * c.S, yfull.data(), s.attn_s.o_s);
         a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
         if (c.tp > 1) psum(*c.dev, a, "tp");
+        nn::round_activations<Pol>(a);
       }
       s.h.resize(n);
       for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+      nn::round_activations<Pol>(s.h);
     }
     if (drops<"norm2">(d)) {
       s.n2.resize(n);
@@ -26962,6 +27052,7 @@ class ShardedLlama {
       model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
     const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
     if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(xs[0]);
     // A layer's activations are kept for its backward, unless the step has none or remat drops
     // them all: then only its input (xs) is, and the backward runs the layer again first. A
     // finer mask frees what it names once the layer has run.
@@ -27780,6 +27871,7 @@ class ShardedLlamaForSequenceClassification {
       ScoreLinear dev_score = score;  // the device's copy: its gradient is the device's share
       dev_score.weight.grad = {};
       dev_score.apply(pooled.data(), R, x.data());
+      nn::round_activations<Pol>(x);  // the head's output, as a causal LM's logits
       if (logits_out) {
         if (r.tp_leader)  // the ranks of a tp group hold the same rows
           for (std::int64_t i = 0; i < R; ++i)
@@ -28093,6 +28185,7 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 // #include <edl/core/error.hpp> (inlined above)
@@ -28130,6 +28223,7 @@ ShardedSaveStats save_pretrained_sharded(const std::filesystem::path& dir, const
 #include <memory>
 #include <span>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 // #include <edl/core/allocator.hpp> (inlined above)
@@ -29281,6 +29375,9 @@ inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, s
 /// One device's forward over its cache: its (local) model, cache, and scratch.
 template <class Pol, KVCache Cache>
 class CachedForward {
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,
+                "edl::generate: decoding runs with f32 activations; a model trained with a bf16 or f16 compute "
+                "dtype (Policy<Param, Compute>) decodes as models::to_dtype<Policy<Param>>(model), the same weights");
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using T = typename Pol::param_t;
@@ -29918,6 +30015,9 @@ inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t ba
 
 template <class Pol, KVCache Cache>
 class Decoder {
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,
+                "edl::generate: decoding runs with f32 activations; a model trained with a bf16 or f16 compute "
+                "dtype (Policy<Param, Compute>) decodes as models::to_dtype<Policy<Param>>(model), the same weights");
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using T = typename Pol::param_t;
@@ -35896,11 +35996,7 @@ struct TrainingArguments {
                 "use packing on such a mesh");
     }
     remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
-    EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
-              "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
-              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" or \"float16\" for mixed "
-              "precision); "
-              "found \"", dtype, "\"");
+    (void)compute_storage();
     (void)param_storage();
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
@@ -35955,12 +36051,18 @@ struct TrainingArguments {
   }
   /// The parameters' storage param_dtype names: f32, or bf16 / f16 for mixed precision
   /// (BF16Trainer, F16Trainer: f32 master weights in the optimizer). Throws for other names.
-  DType param_storage() const {
-    const std::string& p = param_dtype;
+  DType param_storage() const { return float_dtype_named(param_dtype, "param_dtype"); }
+  /// The compute dtype `dtype` names (the activations' type, Policy's Compute): f32, or bf16 /
+  /// f16 activations with f32 accumulation (docs/modules.md, "Compute dtype"). Throws for
+  /// other names.
+  DType compute_storage() const { return float_dtype_named(dtype, "dtype"); }
+  /// float32 / bfloat16 / float16 (and their short names) as a DType; `field` names the
+  /// argument in the error.
+  DType float_dtype_named(const std::string& p, const char* field) const {
     if (p == "float32" || p == "fp32" || p == "f32") return DType::f32;
     if (p == "bfloat16" || p == "bf16") return DType::bf16;
     if (p == "float16" || p == "fp16" || p == "f16" || p == "half") return DType::f16;
-    ::edl::detail::raise(errc::unsupported, where("param_dtype"),
+    ::edl::detail::raise(errc::unsupported, where(field),
                          "expected float32, bfloat16 (bf16) or float16 (fp16), found \"" + p + "\"");
   }
   std::int64_t mesh_devices() const {
@@ -36202,7 +36304,8 @@ struct BasicTrainerCallback {
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
 /// parameters, and param_dtype must name it: float (Trainer), or bf16 / f16 (BF16Trainer,
 /// F16Trainer: mixed precision, the optimizer keeps f32 master weights and rounds them to the
-/// storage after every update; activations, gradients and every accumulation stay f32).
+/// storage after every update; gradients and every accumulation stay f32). Pol's compute_t
+/// is the activations' type, and dtype must name it: f32, or bf16 / f16 (BF16ComputeTrainer).
 template <PolicyLike Pol>
 class BasicTrainer {
  public:
@@ -37012,6 +37115,10 @@ class BasicTrainer {
     EDL_CHECK(args_.param_storage() == mine, errc::invalid_argument, args_.where("param_dtype"), "\"", args_.param_dtype,
               "\" names ", dtype_name(args_.param_storage()), " parameters, but this trainer stores ", dtype_name(mine),
               " (Trainer: float32, BF16Trainer: bfloat16, F16Trainer: float16)");
+    constexpr DType computes = dtype_of<typename Pol::compute_t>::value;
+    EDL_CHECK(args_.compute_storage() == computes, errc::invalid_argument, args_.where("dtype"), "\"", args_.dtype,
+              "\" names ", dtype_name(args_.compute_storage()), " activations, but this trainer computes in ",
+              dtype_name(computes), " (BasicTrainer<Policy<Param, Compute>>: Compute is the dtype)");
   }
 
   void finish_setup() {
@@ -37124,6 +37231,10 @@ using BF16Trainer = BasicTrainer<BF16ParamsPolicy>;
 /// Mixed precision with IEEE f16 parameters (param_dtype "float16"): as BF16Trainer, with f16's
 /// 10-bit mantissa and its range (|w| < 65504; no loss scaling is needed, gradients stay f32).
 using F16Trainer = BasicTrainer<F16ParamsPolicy>;
+/// bf16 activations (dtype "bfloat16"; f32 accumulation) on f32 parameters (param_dtype "float32").
+using BF16ComputeTrainer = BasicTrainer<BF16ComputePolicy>;
+/// bf16 activations on bf16 parameters (dtype and param_dtype "bfloat16"; f32 master weights).
+using BF16Bf16Trainer = BasicTrainer<BF16Policy>;
 
 }  // namespace edl::train
 // end of edl/train/trainer.hpp

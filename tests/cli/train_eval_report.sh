@@ -62,6 +62,15 @@ if "$EDL" train --config "$W/args.json" --set "save_directory=$W/x" param_dtype=
   fail "param_dtype float8 was accepted"
 fi
 grep -q "param_dtype" "$W/err.txt" || fail "unclear param_dtype error: $(cat "$W/err.txt")"
+# dtype picks the activations' type: bfloat16 trains with bf16 activations (other losses than
+# f32's, f32 parameters saved); float16 activations are the library's, not the tool's.
+"$EDL" train --config "$W/args.json" --set "save_directory=$W/act" dtype=bfloat16 >/dev/null
+[ "$(losses "$W/act/metrics.jsonl")" != "$(losses "$W/a/metrics.jsonl")" ] || fail "dtype bfloat16 trained as float32"
+grep -q '"torch_dtype": "float32"' "$W/act/checkpoint-6/config.json" || fail "dtype bfloat16 changed the parameters' dtype"
+if "$EDL" train --config "$W/args.json" --set "save_directory=$W/x" dtype=float16 2>"$W/err.txt"; then
+  fail "dtype float16 was accepted by edl train"
+fi
+grep -q "field dtype" "$W/err.txt" || fail "unclear dtype error: $(cat "$W/err.txt")"
 
 for f in report.md report.html loss.svg learning_rate.svg weights.jsonl; do
   [ -s "$W/a/$f" ] || fail "$f missing"

@@ -739,3 +739,42 @@ TEST(KernelsArguments, BadArgumentsThrow) {
 }
 
 }  // namespace
+
+// round_to<T> rounds in place as a trip through T's storage does (edl::from_f32, round to
+// nearest even), for every length (the vector body and the tail), NaN and Inf included.
+template <class T>
+void expect_round_to_is_a_trip_through(std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<float> x(1000);
+  for (auto& v : x) {
+    std::uint32_t bits = g();
+    std::memcpy(&v, &bits, sizeof v);
+  }
+  const float specials[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                            1.00390625f /* a bf16 tie */, 1.001953125f};
+  std::copy(std::begin(specials), std::end(specials), x.begin());
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(17), x.size()}) {
+    std::vector<float> got(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+    k::round_to<T>(got.data(), static_cast<std::ptrdiff_t>(n));
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = edl::to_f32(edl::from_f32<T>(x[i]));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+        continue;
+      }
+      std::uint32_t a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << "n " << n << ", x[" << i << "] = " << x[i];
+    }
+  }
+  std::vector<float> same(x);
+  k::round_to<float>(same.data(), static_cast<std::ptrdiff_t>(same.size()));
+  EXPECT_EQ(0, std::memcmp(same.data(), x.data(), x.size() * sizeof(float)));
+}
+
+TEST(KernelsElementwise, RoundToIsATripThroughTheStorageType) {
+  expect_round_to_is_a_trip_through<bf16>(1);
+  expect_round_to_is_a_trip_through<f16>(2);
+}

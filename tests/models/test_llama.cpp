@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <cstdlib>
 #include <filesystem>
@@ -459,3 +461,154 @@ TEST_P(LlamaOracle, MatchesPyTorch) {
   EXPECT_EQ(checked, grads.size());
 }
 INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaOracle, ::testing::Values("tiny_hf", "tiny_mha"));
+
+// ---------------------------------------------------------------- compute dtype (bf16 / f16 activations)
+
+namespace {
+
+template <class C>
+bool representable(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return to_f32(from_f32<C>(x)) == x; });
+}
+
+/// The tiny_hf fixture's model under policy Pol, its tokens and layout.
+template <class Pol>
+struct TinyHf {
+  std::filesystem::path dir;
+  LlamaForCausalLM<Pol> m;
+  std::vector<std::int64_t> ids;
+  nn::TokenLayout lay;
+  static TinyHf load() {
+    const char* env = std::getenv("EDL_TEST_DATA");
+    TinyHf t;
+    t.dir = std::filesystem::path(env ? env : "tests/data") / "tiny_hf";
+    t.m = LlamaForCausalLM<Pol>(LlamaConfig::from_file((t.dir / "config.json").string()));
+    nn::load_params(t.m, io::SafeTensorsFile::open((t.dir / "model.safetensors").string()));
+    const auto tok = io::load_npy<std::int64_t>((t.dir / "oracle" / "tokens.npy").string());
+    t.ids.assign(tok.begin(), tok.end());
+    t.lay = nn::TokenLayout{static_cast<std::int64_t>(tok.shape(0)), static_cast<std::int64_t>(tok.shape(1))};
+    return t;
+  }
+  std::vector<float> logits() const {
+    std::vector<float> out(static_cast<std::size_t>(lay.tokens() * m.config().vocab_size));
+    m.logits(ids.data(), lay, out.data());
+    return out;
+  }
+};
+
+double max_abs_diff(const std::vector<float>& a, const float* b) {
+  double w = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, double(std::fabs(a[i] - b[i])));
+  return w;
+}
+
+/// The reference's logits and loss against the model's (Compute = C), and the f32 model's
+/// distance from that reference: the compute dtype must bring the model to the reference, far
+/// closer than f32 activations are.
+template <class C>
+void expect_compute_dtype_matches_reference(const char* name) {
+  auto r = TinyHf<Policy<float, C>>::load();
+  auto f = TinyHf<DefaultPolicy>::load();
+  const auto want = io::load_npy<float>((r.dir / "oracle" / (std::string(name) + "_compute_logits.npy")).string());
+  const std::vector<float> got = r.logits(), f32 = f.logits();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(representable<C>(got)) << "logits are values of the compute dtype";
+  const double err = max_abs_diff(got, want.data()), f32_err = max_abs_diff(f32, want.data());
+  // An f32 sum that lands within an f32 ulp of a rounding midpoint may round the other way than
+  // the float64 reference's: rare, one ulp of C where it happens.
+  EXPECT_LT(err, 0.1 * f32_err) << name << ": max |logits - reference| " << err << ", f32 activations: " << f32_err;
+  nlohmann::json lj;
+  std::ifstream((r.dir / "oracle" / (std::string(name) + "_compute_loss.json")).string()) >> lj;
+  const double want_loss = lj["loss"].get<double>();
+  const double loss = r.m.loss(r.ids.data(), r.lay).loss, f32_loss = f.m.loss(f.ids.data(), f.lay).loss;
+  EXPECT_LT(std::fabs(loss - want_loss), 0.1 * std::fabs(f32_loss - want_loss) + 1e-6)
+      << name << ": loss " << loss << ", reference " << want_loss << ", f32 activations " << f32_loss;
+}
+
+}  // namespace
+
+TEST(LlamaComputeDtype, Bf16ActivationsMatchTheirReference) { expect_compute_dtype_matches_reference<bf16>("bfloat16"); }
+TEST(LlamaComputeDtype, F16ActivationsMatchTheirReference) { expect_compute_dtype_matches_reference<f16>("float16"); }
+
+// Every activation forward keeps (so every input of backward) holds a bf16 value, and the
+// f32 model's do not (the check can fail).
+TEST(LlamaComputeDtype, EveryKeptActivationIsAComputeDtypeValue) {
+  auto b = TinyHf<BF16ComputePolicy>::load();
+  auto f = TinyHf<DefaultPolicy>::load();
+  typename LlamaForCausalLM<BF16ComputePolicy>::Saved s;
+  typename LlamaForCausalLM<>::Saved sf;
+  b.m.forward(b.ids.data(), b.lay, s);
+  f.m.forward(f.ids.data(), f.lay, sf);
+  auto kept = [](const auto& s) {
+    std::vector<std::pair<std::string, const std::vector<float>*>> v{{"hidden", &s.hidden}};
+    for (std::size_t l = 0; l < s.model_s.hs.size(); ++l) v.push_back({"hs" + std::to_string(l), &s.model_s.hs[l]});
+    for (const auto& L : s.model_s.layer_s) {
+      for (auto* p : {&L.n1, &L.h, &L.n2, &L.attn_s.q, &L.attn_s.k, &L.attn_s.v, &L.attn_s.ctx, &L.mlp_s.g,
+                      &L.mlp_s.u, &L.mlp_s.a})
+        v.push_back({"layer", p});
+    }
+    return v;
+  };
+  const auto kb = kept(s), kf = kept(sf);
+  ASSERT_EQ(kb.size(), kf.size());
+  std::size_t f32_values = 0;
+  for (std::size_t i = 0; i < kb.size(); ++i) {
+    ASSERT_FALSE(kb[i].second->empty()) << kb[i].first;
+    EXPECT_TRUE(representable<bf16>(*kb[i].second)) << kb[i].first << " #" << i;
+    f32_values += !representable<bf16>(*kf[i].second);
+  }
+  EXPECT_GT(f32_values, kf.size() / 2) << "the f32 model's activations are mostly not bf16 values";
+}
+
+// Remat recomputes what it dropped with forward's kernels and roundings: the gradients equal
+// those of a forward that kept everything, bit for bit.
+TEST(LlamaComputeDtype, RematGivesBitIdenticalGradients) {
+  auto t = TinyHf<BF16ComputePolicy>::load();
+  auto grads_with = [&](remat::DropMask drop) {
+    nn::zero_grad(t.m);
+    const double loss = t.m.forward_backward(t.ids.data(), t.lay, nullptr, {}, drop).loss;
+    std::vector<float> g{static_cast<float>(loss)};
+    t.m.visit_params("", [&](std::string_view, auto& p) { g.insert(g.end(), p.grad.begin(), p.grad.end()); });
+    return g;
+  };
+  const auto all = grads_with(0);
+  for (const char* policy : {"nothing_saveable", "dots_saveable", "save_only_these_names(norm1, ctx)"}) {
+    const auto g = grads_with(remat::parse(policy, "test"));
+    ASSERT_EQ(g.size(), all.size());
+    EXPECT_EQ(0, std::memcmp(g.data(), all.data(), g.size() * sizeof(float))) << policy;
+  }
+}
+
+// The gradients of the bf16-activation model follow the f32 model's oracle gradients to bf16's
+// precision (the backward is the f32 one through the rounded values), and differ from the f32
+// model's.
+TEST(LlamaComputeDtype, GradientsFollowTheF32GradientsToBf16Precision) {
+  auto b = TinyHf<BF16ComputePolicy>::load();
+  auto f = TinyHf<DefaultPolicy>::load();
+  b.m.forward_backward(b.ids.data(), b.lay);
+  f.m.forward_backward(f.ids.data(), f.lay);
+  std::vector<float> gb, gf;
+  b.m.visit_params("", [&](std::string_view, auto& p) { gb.insert(gb.end(), p.grad.begin(), p.grad.end()); });
+  f.m.visit_params("", [&](std::string_view, auto& p) { gf.insert(gf.end(), p.grad.begin(), p.grad.end()); });
+  ASSERT_EQ(gb.size(), gf.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < gb.size(); ++i) {
+    diff += (double(gb[i]) - gf[i]) * (double(gb[i]) - gf[i]);
+    norm += double(gf[i]) * gf[i];
+  }
+  const double rel = std::sqrt(diff / norm);
+  EXPECT_LT(rel, 0.05) << "relative distance of the gradients";
+  EXPECT_GT(rel, 1e-4) << "bf16 activations change the gradients";
+}
+
+// Decoding runs with f32 activations: a model trained with bf16 activations converts to the
+// f32-activation policy with the same weights, bit for bit.
+TEST(LlamaComputeDtype, ToDtypeKeepsTheWeightsAcrossComputeDtypes) {
+  auto b = TinyHf<BF16ComputePolicy>::load();
+  auto f = TinyHf<DefaultPolicy>::load();
+  const auto back = models::to_dtype<DefaultPolicy>(b.m);
+  const std::vector<float> want = f.logits();
+  std::vector<float> got(want.size());
+  back.logits(f.ids.data(), f.lay, got.data());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+}

@@ -171,7 +171,11 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   e = error_of([&] { make(R"({"param_dtype": "float64"})").validate(); });
   EXPECT_EQ(e.code(), errc::unsupported);
   EXPECT_EQ(e.where(), "a.json field param_dtype");
-  e = error_of([&] { make(R"({"dtype": "bfloat16"})").validate(); });
+  EXPECT_EQ(make(R"({"dtype": "bfloat16"})").compute_storage(), DType::bf16);  // bf16 activations
+  EXPECT_EQ(make(R"({"dtype": "half"})").compute_storage(), DType::f16);
+  EXPECT_EQ(make(R"({})").compute_storage(), DType::f32);
+  e = error_of([&] { make(R"({"dtype": "int8"})").validate(); });
+  EXPECT_EQ(e.code(), errc::unsupported);
   EXPECT_EQ(e.where(), "a.json field dtype");
   e = error_of([&] { TrainingArguments::from_json(ojson::object(), "a.json").validate(); });
   EXPECT_EQ(e.where(), "a.json field train_data");

@@ -240,7 +240,8 @@ constexpr bool drops(DropMask d) noexcept {
 
 /// Precision and representation policy.
 ///  Param:   dtype parameters are stored in (f32, bf16, f16)
-///  Compute: dtype activations are computed and stored in between kernels
+///  Compute: dtype of the activations between kernels (f32 storage holding Compute's values:
+///           each kernel's result is rounded to it, nn::round_activations)
 ///  Accum:   dtype of every reduction (dot products, norms, softmax sums); f32 in edl
 ///  Quant:   weight quantization scheme
 ///  Remat:   which activations forward keeps for backward (remat:: above)
@@ -271,6 +272,11 @@ using BF16ParamsPolicy = Policy<bf16, float>;
 /// f16 parameters (the seeds' `half()`), f32 compute and accumulation. f16 keeps 3 more
 /// mantissa bits than bf16 but overflows past 65504: for weights that are known to fit.
 using F16ParamsPolicy = Policy<f16, float>;
+/// f32 parameters, bf16 activations (the seeds' dtype=bfloat16), f32 accumulation: the values
+/// a bf16 run computes, with every kernel in f32 (docs/modules.md, "Compute dtype").
+using BF16ComputePolicy = Policy<float, bf16>;
+/// bf16 parameters and bf16 activations, f32 accumulation.
+using BF16Policy = Policy<bf16, bf16>;
 
 template <PolicyLike Pol, class P>
 using with_param = Policy<P, typename Pol::compute_t, typename Pol::accum_t, typename Pol::quant_t,

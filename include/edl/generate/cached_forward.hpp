@@ -31,6 +31,7 @@
 #include <memory>
 #include <span>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include <edl/core/allocator.hpp>
@@ -199,6 +200,9 @@ inline void check_rows(const std::vector<CachedRow>& rows, std::int64_t batch, s
 /// One device's forward over its cache: its (local) model, cache, and scratch.
 template <class Pol, KVCache Cache>
 class CachedForward {
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,
+                "edl::generate: decoding runs with f32 activations; a model trained with a bf16 or f16 compute "
+                "dtype (Policy<Param, Compute>) decodes as models::to_dtype<Policy<Param>>(model), the same weights");
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using T = typename Pol::param_t;

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include <edl/core/error.hpp>
@@ -44,6 +45,9 @@ inline KVCacheShape kv_cache_shape(const models::LlamaConfig& c, std::int64_t ba
 
 template <class Pol, KVCache Cache>
 class Decoder {
+  static_assert(std::is_same_v<typename Pol::compute_t, float>,
+                "edl::generate: decoding runs with f32 activations; a model trained with a bf16 or f16 compute "
+                "dtype (Policy<Param, Compute>) decodes as models::to_dtype<Policy<Param>>(model), the same weights");
  public:
   using Model = models::LlamaForCausalLM<Pol>;
   using T = typename Pol::param_t;

@@ -1,7 +1,7 @@
 // edl/kernels/elementwise.hpp
 // Flat elementwise kernels and deterministic reductions over n contiguous elements.
 //
-// Lane-wise kernels (add, add_inplace, axpy, scale, mul, fill, convert) take f32, bf16 or
+// Lane-wise kernels (add, add_inplace, axpy, scale, mul, fill, convert, round_to) take f32, bf16 or
 // f16 storage where marked, compute in f32 and round once (RNE, bit-identical to
 // edl::from_f32). Outputs may alias inputs of the same type.
 //
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include <edl/core/dtype.hpp>
@@ -182,6 +183,26 @@ inline void convert(const S* src, D* dst, std::ptrdiff_t n) {
   detail::check_ptr(src, n, "convert", "src");
   detail::check_ptr(dst, n, "convert", "dst");
   detail::map(n, [](const detail::fbatch& v) { return v; }, dst, src);
+}
+
+/// x[i] = to_f32(from_f32<T>(x[i])) in place: f32 values rounded to T's precision (round to
+/// nearest even, bit-identical to convert() there and back), kept in f32 storage. A model
+/// whose activations are bf16 or f16 (Policy's Compute) rounds with it where a kernel's f32
+/// result becomes an activation. T = float leaves x as it is.
+template <FloatStorage T>
+inline void round_to(float* x, std::ptrdiff_t n) {
+  detail::check_flat(n, "round_to");
+  detail::check_ptr(x, n, "round_to", "x");
+  if constexpr (!std::is_same_v<T, float>) {
+    detail::map(
+        n,
+        [](const detail::fbatch& v) {
+          alignas(64) T narrow[detail::kLanes];
+          detail::store(narrow, v);
+          return detail::load(narrow);
+        },
+        x, static_cast<const float*>(x));
+  }
 }
 
 }  // namespace edl::kernels

@@ -311,6 +311,7 @@ class Attention {
     if (v) {
       s.v.resize(static_cast<std::size_t>(T * nkv_ * D_));
       v_proj.forward(x, T, s.v.data(), s.v_s);
+      round_activations<Pol>(s.v);
     }
   }
   /// out [T, heads*D] = rope(norm(x W^T)) for q or k; with qk_norm the projection is kept in
@@ -323,11 +324,14 @@ class Attention {
     if (qk_norm_) {
       proj_out.resize(out.size());
       proj.forward(x, T, proj_out.data(), proj_s);
+      round_activations<Pol>(proj_out);
       norm.forward(proj_out.data(), T * heads, out.data(), norm_s);  // one row per (token, head)
     } else {
       proj.forward(x, T, out.data(), proj_s);
+      round_activations<Pol>(out);
     }
     rope.apply(out.data(), T, heads, s.cos.data(), s.sin.data());
+    round_activations<Pol>(out);
   }
 
   /// ctx and lse from q, k, v.
@@ -335,6 +339,7 @@ class Attention {
     s.ctx.resize(static_cast<std::size_t>(s.batch * s.seq * nh_ * D_));
     s.lse.resize(static_cast<std::size_t>(s.batch * nh_ * s.seq));
     core_forward(s);
+    round_activations<Pol>(s.ctx);
   }
 
   // Blocked over query rows: for rows [i0, i1) of head h the keys are [first_key(i0), i1); the

@@ -151,25 +151,34 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
+    // The attention's and the MLP's outputs end in a row-parallel projection: rounded to the
+    // compute dtype here, where a mesh has summed them over tp, as are the residual sums.
     if (sandwich_) {
       s.ao.resize(n);
       s.mo.resize(n);
       self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
+      round_activations<Pol>(s.ao);
       attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
     } else {
       self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
+      round_activations<Pol>(s.h);
     }
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(s.h);
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
     if (sparse_) {
       block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
+      round_activations<Pol>(y, n);
     } else if (sandwich_) {
       mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
+      round_activations<Pol>(s.mo);
       mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
     } else {
       mlp.forward(s.n2.data(), T, y, s.mlp_s);
+      round_activations<Pol>(y, n);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(y, n);
     release(s, drop);
   }
   void apply(const float* x, const TokenLayout& layout, float* y) const {
@@ -204,6 +213,7 @@ class DecoderLayer {
     }
     input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    round_activations<Pol>(dx, n);  // the residual stream's gradient, as its values
     release(s, dropped);
   }
 
@@ -239,8 +249,10 @@ class DecoderLayer {
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
       } else {
         self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+        round_activations<Pol>(s.h);
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
+      round_activations<Pol>(s.h);
     }
     if (drops<"norm2">(d)) {
       s.n2.resize(n);

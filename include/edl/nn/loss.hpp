@@ -50,6 +50,10 @@ struct LossOptions {
   /// > 0: the logits are soft-capped, x <- logit_softcap tanh(x / logit_softcap) (Gemma 2's
   /// final_logit_softcapping; models set it, see LlamaForCausalLM::loss_options).
   float logit_softcap = 0.0f;
+  /// The model's compute dtype (f32, bf16, f16): the logits are rounded to it where the head's
+  /// product ends, as a model's apply_lm_head rounds them (models set it, see loss_options);
+  /// the soft cap, the softmax and the loss run in f32 on the rounded values.
+  DType logit_dtype = DType::f32;
 };
 
 struct LossMetrics {
@@ -62,6 +66,12 @@ struct LossMetrics {
   double aux_loss = 0.0;       // load balancing (transformers' load_balancing_loss_func)
   double router_z_loss = 0.0;  // mean logsumexp(router logits)^2
 };
+
+/// Rounds logits [n] in place to a compute dtype (LossOptions::logit_dtype).
+inline void round_logits(DType d, float* x, std::ptrdiff_t n) {
+  if (d == DType::bf16) kernels::round_to<bf16>(x, n);
+  else if (d == DType::f16) kernels::round_to<f16>(x, n);
+}
 
 /// Per-row targets [batch * seq] from labels [batch, seq]: targets[b, s] = labels[b, s + 1],
 /// ignore_index at s = seq - 1.
@@ -121,6 +131,7 @@ LossMetrics causal_lm_loss(const float* hidden, std::int64_t batch, std::int64_t
     const std::int64_t* tg = targets.data() + r0;
     if (std::all_of(tg, tg + c, [&](std::int64_t l) { return l == opt.ignore_index; })) continue;
     nn::gemm_ops::mm_nt(hidden + r0 * H, weight, logits.data(), c, V, H);
+    round_logits(opt.logit_dtype, logits.data(), static_cast<std::ptrdiff_t>(c * V));
     exec::parallel_for(0, c, std::max<std::int64_t>(1, 16384 / V), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       namespace kd = kernels::detail;
       for (std::ptrdiff_t r = lo; r < hi; ++r) {

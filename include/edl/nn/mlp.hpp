@@ -103,14 +103,17 @@ class MLP {
     if (g) {
       s.g.resize(n);
       gate_proj.forward(x, tokens, s.g.data(), s.gate_s);
+      round_activations<Pol>(s.g);
     }
     if (u) {
       s.u.resize(n);
       up_proj.forward(x, tokens, s.u.data(), s.up_s);
+      round_activations<Pol>(s.u);
     }
     if (a) {
       s.a.resize(n);
       kernels::gated_mul(act_, s.g.data(), s.u.data(), s.a.data(), static_cast<std::ptrdiff_t>(n));
+      round_activations<Pol>(s.a);
     }
   }
 

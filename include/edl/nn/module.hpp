@@ -10,7 +10,8 @@
 //   void forward(const float* x, ..., float* y, Saved&);
 //   void backward(const float* dy, Saved&, float* dx);  // ACCUMULATES parameter gradients
 //   void init(Key key, float std = 0.02f);    // counter-based, see init_params
-// Activations between modules are f32, row-major [tokens, features] with tokens = batch*seq.
+// Activations between modules are f32 storage, row-major [tokens, features] with tokens =
+// batch*seq, holding values of the policy's compute dtype (round_activations below).
 //
 // Lifetime rule for Saved: a module's Saved owns the activations the module computes, and
 // keeps a non-owning pointer to its input `x`; the caller (the parent module's Saved, or the
@@ -34,18 +35,35 @@
 #include <edl/core/exec.hpp>
 #include <edl/core/policy.hpp>
 #include <edl/core/rng.hpp>
+#include <edl/kernels/elementwise.hpp>
 #include <edl/nn/param.hpp>
 
 namespace edl::nn {
 
 /// Every nn module checks its policy with this.
 template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol> && std::is_same_v<typename Pol::compute_t, float>;
+inline constexpr bool policy_supported = PolicyLike<Pol>;
 
-#define EDL_NN_CHECK_POLICY(Pol)                                                                      \
-  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy"); \
-  static_assert(std::is_same_v<typename Pol::compute_t, float>,                                       \
-                "edl::nn: activations are f32 for now (Policy<..., Compute = float>)")
+#define EDL_NN_CHECK_POLICY(Pol) \
+  static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy")
+
+/// The compute dtype (Policy's Compute, the seeds' `dtype`): activations are values of
+/// Compute. Kernels compute and accumulate in f32 as always; where a kernel's result becomes an
+/// activation, it is rounded to Compute (round to nearest even) and kept in f32 storage, so a
+/// bf16 model holds the values a bf16 run would and every f32 kernel serves it. The points are
+/// listed in docs/modules.md ("Compute dtype"); f32 (the default) rounds nothing.
+template <class Pol>
+inline void round_activations(float* x, std::size_t n) {
+  if constexpr (!std::is_same_v<typename Pol::compute_t, float>)
+    kernels::round_to<typename Pol::compute_t>(x, static_cast<std::ptrdiff_t>(n));
+}
+template <class Pol>
+inline void round_activations(std::vector<float>& x) {
+  round_activations<Pol>(x.data(), x.size());
+}
+/// Whether Pol's activations are f32 (nothing to round).
+template <class Pol>
+inline constexpr bool f32_activations = std::is_same_v<typename Pol::compute_t, float>;
 
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)

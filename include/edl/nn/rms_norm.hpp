@@ -56,11 +56,13 @@ class RMSNorm {
   void apply(const float* x, std::int64_t rows, float* y) const {
     kernels::rms_norm_forward(x, weight.data(), y, static_cast<float*>(nullptr), rows, hidden_,
                               static_cast<float>(eps_), offset_);
+    round_activations<Pol>(y, static_cast<std::size_t>(rows * hidden_));
   }
   void forward(const float* x, std::int64_t rows, float* y, Saved& s) const {
     s.x = x;
     s.inv_rms.resize(static_cast<std::size_t>(rows));
     kernels::rms_norm_forward(x, weight.data(), y, s.inv_rms.data(), rows, hidden_, static_cast<float>(eps_), offset_);
+    round_activations<Pol>(y, static_cast<std::size_t>(rows * hidden_));
   }
   /// Writes dx (may equal dy), accumulates dweight.
   void backward(const float* dy, const Saved& s, float* dx) {

@@ -159,7 +159,8 @@ struct BasicTrainerCallback {
 /// The trainer of a LlamaForCausalLM<Pol>. Pol's param_t is the storage of the model's
 /// parameters, and param_dtype must name it: float (Trainer), or bf16 / f16 (BF16Trainer,
 /// F16Trainer: mixed precision, the optimizer keeps f32 master weights and rounds them to the
-/// storage after every update; activations, gradients and every accumulation stay f32).
+/// storage after every update; gradients and every accumulation stay f32). Pol's compute_t
+/// is the activations' type, and dtype must name it: f32, or bf16 / f16 (BF16ComputeTrainer).
 template <PolicyLike Pol>
 class BasicTrainer {
  public:
@@ -969,6 +970,10 @@ class BasicTrainer {
     EDL_CHECK(args_.param_storage() == mine, errc::invalid_argument, args_.where("param_dtype"), "\"", args_.param_dtype,
               "\" names ", dtype_name(args_.param_storage()), " parameters, but this trainer stores ", dtype_name(mine),
               " (Trainer: float32, BF16Trainer: bfloat16, F16Trainer: float16)");
+    constexpr DType computes = dtype_of<typename Pol::compute_t>::value;
+    EDL_CHECK(args_.compute_storage() == computes, errc::invalid_argument, args_.where("dtype"), "\"", args_.dtype,
+              "\" names ", dtype_name(args_.compute_storage()), " activations, but this trainer computes in ",
+              dtype_name(computes), " (BasicTrainer<Policy<Param, Compute>>: Compute is the dtype)");
   }
 
   void finish_setup() {
@@ -1081,5 +1086,9 @@ using BF16Trainer = BasicTrainer<BF16ParamsPolicy>;
 /// Mixed precision with IEEE f16 parameters (param_dtype "float16"): as BF16Trainer, with f16's
 /// 10-bit mantissa and its range (|w| < 65504; no loss scaling is needed, gradients stay f32).
 using F16Trainer = BasicTrainer<F16ParamsPolicy>;
+/// bf16 activations (dtype "bfloat16"; f32 accumulation) on f32 parameters (param_dtype "float32").
+using BF16ComputeTrainer = BasicTrainer<BF16ComputePolicy>;
+/// bf16 activations on bf16 parameters (dtype and param_dtype "bfloat16"; f32 master weights).
+using BF16Bf16Trainer = BasicTrainer<BF16Policy>;
 
 }  // namespace edl::train

@@ -459,11 +459,7 @@ struct TrainingArguments {
                 "use packing on such a mesh");
     }
     remat::parse(gradient_checkpointing, where("gradient_checkpointing"), errc::config);
-    EDL_CHECK(dtype == "float32" || dtype == "fp32" || dtype == "f32", errc::unsupported, where("dtype"),
-              "activations and every accumulation are float32 (bf16 arithmetic runs at half the f32 rate on "
-              "CPUs without AMX, so bf16 is a storage type: set param_dtype \"bfloat16\" or \"float16\" for mixed "
-              "precision); "
-              "found \"", dtype, "\"");
+    (void)compute_storage();
     (void)param_storage();
     EDL_CHECK(!train_data.empty(), errc::config, where("train_data"), "missing: give a file or a list of files");
     EDL_CHECK(trainer == "causal_lm" || trainer == "sft" || trainer == "dpo" || trainer == "orpo", errc::config,
@@ -518,12 +514,18 @@ struct TrainingArguments {
   }
   /// The parameters' storage param_dtype names: f32, or bf16 / f16 for mixed precision
   /// (BF16Trainer, F16Trainer: f32 master weights in the optimizer). Throws for other names.
-  DType param_storage() const {
-    const std::string& p = param_dtype;
+  DType param_storage() const { return float_dtype_named(param_dtype, "param_dtype"); }
+  /// The compute dtype `dtype` names (the activations' type, Policy's Compute): f32, or bf16 /
+  /// f16 activations with f32 accumulation (docs/modules.md, "Compute dtype"). Throws for
+  /// other names.
+  DType compute_storage() const { return float_dtype_named(dtype, "dtype"); }
+  /// float32 / bfloat16 / float16 (and their short names) as a DType; `field` names the
+  /// argument in the error.
+  DType float_dtype_named(const std::string& p, const char* field) const {
     if (p == "float32" || p == "fp32" || p == "f32") return DType::f32;
     if (p == "bfloat16" || p == "bf16") return DType::bf16;
     if (p == "float16" || p == "fp16" || p == "f16" || p == "half") return DType::f16;
-    ::edl::detail::raise(errc::unsupported, where("param_dtype"),
+    ::edl::detail::raise(errc::unsupported, where(field),
                          "expected float32, bfloat16 (bf16) or float16 (fp16), found \"" + p + "\"");
   }
   std::int64_t mesh_devices() const {

@@ -204,6 +204,7 @@ class LlamaModel {
       embed_tokens.forward(ids, T, s.hs[0].data(), s.embed_s);
     }
     if (const float e = embed_scale(); e != 1.0f) kernels::scale(s.hs[0].data(), e, static_cast<std::ptrdiff_t>(T * H));
+    nn::round_activations<Pol>(s.hs[0]);
     for (std::size_t l = 0; l < L; ++l) layers[l].forward(s.hs[l].data(), layout, s.hs[l + 1].data(), s.layer_s[l], drop);
     norm.forward(s.hs[L].data(), T, hidden, s.norm_s);
   }
@@ -361,13 +362,16 @@ class LlamaForCausalLM {
     const std::int64_t V = config().vocab_size;
     if (!tied_ && lm_head.is_quantized()) lm_head.apply(hidden, rows, out);
     else nn::gemm_ops::mm_nt(hidden, head_weight(), out, rows, V, config().hidden_size);
+    nn::round_activations<Pol>(out, static_cast<std::size_t>(rows * V));
     if (const float cap = static_cast<float>(config().final_softcap()); cap > 0) kernels::softcap_rows(out, rows, V, cap);
   }
 
-  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping): every
+  /// opt with what the model's loss needs besides (Gemma 2's final logit soft-capping, the
+  /// logits' rounding to the compute dtype as apply_lm_head rounds them): every
   /// caller of nn::causal_lm_loss on this model's hidden states passes its options through here.
   nn::LossOptions loss_options(nn::LossOptions opt) const {
     opt.logit_softcap = static_cast<float>(config().final_softcap());
+    opt.logit_dtype = dtype_v<typename Pol::compute_t>;
     return opt;
   }
 

@@ -232,6 +232,7 @@ class LlamaForSequenceClassification {
                   s.pooled_hidden.data() + b * H);
     s.logits.resize(static_cast<std::size_t>(B * L));
     score.apply(s.pooled_hidden.data(), B, s.logits.data());
+    nn::round_activations<Pol>(s.logits);  // the head's output, as a causal LM's logits
   }
 
   /// Pooled logits [batch, num_labels].

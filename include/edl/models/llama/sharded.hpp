@@ -831,6 +831,7 @@ class ShardedLlama {
     L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
     std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
     if (c.tp > 1) psum(*c.dev, a, "tp");
+    nn::round_activations<Pol>(a);  // after the tp sum, as nn::DecoderLayer rounds the whole output
     const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
     if (sandwich) {
       s.ao = std::move(a);
@@ -839,16 +840,19 @@ class ShardedLlama {
     }
     s.h.resize(n);
     for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+    nn::round_activations<Pol>(s.h);
     s.n2.resize(n);
     L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
     if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
     else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
     if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    nn::round_activations<Pol>(y, n);
     if (sandwich) {
       s.mo.assign(y, y + n);
       L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
     }
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(y, n);
   }
 
   void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
@@ -878,6 +882,7 @@ class ShardedLlama {
     if (c.tp > 1) psum(*c.dev, dn1, "tp");
     L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(dx, n);
   }
 
   /// Frees the activations remat mask d names, as nn::DecoderLayer does (norm1 takes its
@@ -917,9 +922,11 @@ class ShardedLlama {
         L.self_attn.o_proj.forward(s.attn_s.ctx.data(), c.Bl * c.S, yfull.data(), s.attn_s.o_s);
         a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
         if (c.tp > 1) psum(*c.dev, a, "tp");
+        nn::round_activations<Pol>(a);
       }
       s.h.resize(n);
       for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
+      nn::round_activations<Pol>(s.h);
     }
     if (drops<"norm2">(d)) {
       s.n2.resize(n);
@@ -1057,6 +1064,7 @@ class ShardedLlama {
       model.embed_tokens.forward(ids.data(), Tl, xs[0].data(), embed_s);
     const float escale = model.embed_scale();  // Gemma: sqrt(hidden)
     if (escale != 1.0f) kernels::scale(xs[0].data(), escale, static_cast<std::ptrdiff_t>(n));
+    nn::round_activations<Pol>(xs[0]);
     // A layer's activations are kept for its backward, unless the step has none or remat drops
     // them all: then only its input (xs) is, and the backward runs the layer again first. A
     // finer mask frees what it names once the layer has run.

@@ -149,6 +149,7 @@ class ShardedLlamaForSequenceClassification {
       ScoreLinear dev_score = score;  // the device's copy: its gradient is the device's share
       dev_score.weight.grad = {};
       dev_score.apply(pooled.data(), R, x.data());
+      nn::round_activations<Pol>(x);  // the head's output, as a causal LM's logits
       if (logits_out) {
         if (r.tp_leader)  // the ranks of a tp group hold the same rows
           for (std::int64_t i = 0; i < R; ++i)
