@@ -10594,6 +10594,36 @@ struct DecoderLayerConfig {
   kernels::GatedActivation activation = kernels::GatedActivation::silu;
 };
 
+/// What a decoder layer runs between its modules on one device: nothing. A device of a mesh
+/// passes its own (models::ShardedLlama's), which gathers the attention's input over sp, takes
+/// its rows back from the attention's output and sums the row-parallel outputs over tp. The
+/// layer's code is the same on both; only these calls differ.
+struct LocalLayer {
+  /// This device's rows of the layer (the attention runs over the layout's, which a mesh
+  /// widens to the whole sequence).
+  std::int64_t tokens(const TokenLayout& layout) const noexcept { return layout.tokens(); }
+  /// The attention's input: n1 itself (a mesh gathers it over sp into `gathered`).
+  const float* attention_input(const std::vector<float>& n1, std::vector<float>& /*gathered*/) const noexcept {
+    return n1.data();
+  }
+  /// out [tokens, hidden] = the attention's output, which run(dst) writes for the attention's
+  /// rows (a mesh: into its own buffer, then this device's rows summed over tp).
+  template <class Run>
+  void attention_output(float* out, std::size_t /*n*/, Run&& run) const {
+    run(out);
+  }
+  /// dn1 [tokens, hidden] = d(attention input) from d(attention output), through
+  /// run(d output, d input) over the attention's rows.
+  template <class Run>
+  void attention_backward(const float* dout, float* dn1, std::size_t /*n*/, Run&& run) const {
+    run(dout, dn1);
+  }
+  /// The MLP's output, and its input gradient: summed over tp on a mesh.
+  void sum_row_parallel(float* /*y*/, std::size_t /*n*/) const noexcept {}
+  /// The experts' dispatch of a mixture-of-experts layer (an ep mesh's; none here).
+  std::nullptr_t experts() const noexcept { return nullptr; }
+};
+
 template <class Pol>
 class DecoderLayer {
   EDL_NN_CHECK_POLICY(Pol);
@@ -10605,6 +10635,7 @@ class DecoderLayer {
     typename MLP<Pol>::Saved mlp_s;
     typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    std::vector<float> g;          // on an sp mesh: n1 gathered over the sequence, the attention's input
     std::vector<float> ao, mo;     // sandwich norms: the attention's and the MLP's outputs [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
@@ -10680,11 +10711,12 @@ class DecoderLayer {
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
   /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's), or what a
-  /// policy spelled at run time keeps (`drop`: remat::parse's bits).
-  template <remat::RematPolicy R = typename Pol::remat_t>
+  /// policy spelled at run time keeps (`drop`: remat::parse's bits). `between` runs what a mesh
+  /// needs between the modules (LocalLayer: nothing).
+  template <remat::RematPolicy R = typename Pol::remat_t, class Between = LocalLayer>
   void forward(const float* x, const TokenLayout& layout, float* y, Saved& s,
-               remat::DropMask drop = remat::dropped_by<R>()) const {
-    const std::int64_t T = layout.tokens();
+               remat::DropMask drop = remat::dropped_by<R>(), const Between& between = {}) const {
+    const std::int64_t T = between.tokens(layout);
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
     s.x = x;
     s.tokens = T;
@@ -10693,32 +10725,22 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
+    const float* attn_in = between.attention_input(s.n1, s.g);
     // The attention's and the MLP's outputs end in a row-parallel projection: rounded to the
-    // compute dtype here, where a mesh has summed them over tp, as are the residual sums.
-    if (sandwich_) {
-      s.ao.resize(n);
-      s.mo.resize(n);
-      self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
-      round_activations<Pol>(s.ao);
-      attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
-    } else {
-      self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
-      round_activations<Pol>(s.h);
-    }
+    // compute dtype once a mesh has summed them over tp, as are the residual sums.
+    float* attn_out = sandwich_ ? (s.ao.resize(n), s.ao.data()) : s.h.data();
+    between.attention_output(attn_out, n, [&](float* dst) { self_attn.forward(attn_in, layout, dst, s.attn_s); });
+    round_activations<Pol>(attn_out, n);
+    if (sandwich_) attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(s.h);
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    if (sparse_) {
-      block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
-      round_activations<Pol>(y, n);
-    } else if (sandwich_) {
-      mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
-      round_activations<Pol>(s.mo);
-      mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
-    } else {
-      mlp.forward(s.n2.data(), T, y, s.mlp_s);
-      round_activations<Pol>(y, n);
-    }
+    float* mlp_out = !sparse_ && sandwich_ ? (s.mo.resize(n), s.mo.data()) : y;
+    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, mlp_out, s.moe_s, between.experts());
+    else mlp.forward(s.n2.data(), T, mlp_out, s.mlp_s);
+    between.sum_row_parallel(mlp_out, n);
+    round_activations<Pol>(mlp_out, n);
+    if (mlp_out != y) mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(y, n);
     release(s, drop);
@@ -10730,14 +10752,15 @@ class DecoderLayer {
 
   /// Accumulates every parameter gradient; writes dx [T, hidden] (dx must not alias dy).
   /// Recomputes what forward did not keep first (the caller still holds x), and frees it
-  /// after, so `s` is left as forward left it.
-  void backward(const float* dy, Saved& s, float* dx) {
+  /// after, so `s` is left as forward left it. `between` must be forward's.
+  template <class Between = LocalLayer>
+  void backward(const float* dy, Saved& s, float* dx, const Between& between = {}) {
     const std::uint32_t dropped = s.dropped;
-    rematerialize(s);
+    rematerialize(s, between);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n), b;
     if (sparse_) {
-      block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+      block_sparse_moe.backward(dy, s.moe_s, a.data(), between.experts());  // d n2
     } else if (sandwich_) {
       b.resize(n);
       mlp_output_norm.backward(dy, s.mlp_out_norm_s, b.data());  // d mo
@@ -10745,24 +10768,32 @@ class DecoderLayer {
     } else {
       mlp.backward(dy, s.mlp_s, a.data());
     }
+    between.sum_row_parallel(a.data(), n);
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    const float* dattn = dh.data();
     if (sandwich_) {
+      b.resize(n);
       attn_output_norm.backward(dh.data(), s.attn_out_norm_s, b.data());  // d ao
-      self_attn.backward(b.data(), s.attn_s, a.data());                    // d n1
-    } else {
-      self_attn.backward(dh.data(), s.attn_s, a.data());  // d n1
+      dattn = b.data();
     }
-    input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
+    between.attention_backward(dattn, a.data(), n, [&](const float* dout, float* din) {
+      self_attn.backward(dout, s.attn_s, din);  // d n1
+    });
+    input_layernorm.backward(a.data(), s.norm1_s, dx);  // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(dx, n);  // the residual stream's gradient, as its values
     release(s, dropped);
   }
 
- private:
-  static void release(Saved& s, std::uint32_t d) {
+  /// Frees what drop names (the layer's checkpoint names, remat::checkpoint_names), as forward
+  /// does under a remat policy; backward recomputes it.
+  static void release(Saved& s, remat::DropMask d) {
     using remat::drops;
-    if (drops<"norm1">(d)) std::vector<float>().swap(s.n1);
+    if (drops<"norm1">(d)) {
+      std::vector<float>().swap(s.n1);
+      std::vector<float>().swap(s.g);
+    }
     Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
     if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
     if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
@@ -10770,9 +10801,13 @@ class DecoderLayer {
     s.dropped = d;
   }
 
-  /// Recomputes, in forward order, every activation forward dropped; each step reads only
-  /// values that were kept or are already recomputed, so all equal forward's bit for bit.
-  void rematerialize(Saved& s) const {
+ private:
+  /// Recomputes, in forward order and with forward's calls between the modules, every
+  /// activation forward dropped; each step reads only values that were kept or are already
+  /// recomputed, so all equal forward's bit for bit (on a mesh every device runs the same
+  /// steps, so the collectives pair up).
+  template <class Between>
+  void rematerialize(Saved& s, const Between& between) const {
     using remat::drops;
     const std::uint32_t d = s.dropped;
     if (d == 0) return;
@@ -10784,13 +10819,16 @@ class DecoderLayer {
       s.n1.resize(n);
       input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
     }
-    self_attn.rematerialize(s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    const float* attn_in = drops<"norm1">(d) ? between.attention_input(s.n1, s.g) : s.g.empty() ? s.n1.data() : s.g.data();
+    self_attn.rematerialize(attn_in, s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
     if (drops<"attn_out">(d)) {
       s.h.resize(n);
       if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
       } else {
-        self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+        between.attention_output(s.h.data(), n, [&](float* dst) {
+          self_attn.o_proj.forward(s.attn_s.ctx.data(), s.attn_s.batch * s.attn_s.seq, dst, s.attn_s.o_s);
+        });
         round_activations<Pol>(s.h);
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
@@ -26560,14 +26598,7 @@ class ShardedLlama {
 
   using Plan = ShardedParamPlan;
 
-  struct LayerSaved {
-    typename nn::RMSNorm<Pol>::Saved n1_s, n2_s, ao_s, mo_s;
-    typename nn::Attention<Pol>::Saved attn_s;
-    typename nn::MLP<Pol>::Saved mlp_s;
-    typename nn::MoE<Pol>::Saved moe_s;  // a mixture-of-experts layer's routing and experts
-    std::vector<float> n1, g, h, n2;
-    std::vector<float> ao, mo;  // sandwich norms (Gemma): the attention's and the MLP's summed outputs
-  };
+  using LayerSaved = typename nn::DecoderLayer<Pol>::Saved;
 
   struct SnapshotTag {};
   ShardedLlama(const ShardedLlama& o, SnapshotTag)
@@ -26760,170 +26791,85 @@ class ShardedLlama {
     mod.visit_params(prefix, [&](std::string_view path, auto& p) { reduce_grad(dev, std::string(path), p); });
   }
 
-  // ------------------------------------------------------------------ sequence parallel helpers
-  /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
-  std::vector<float> gather_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
-    all_gather(*c.dev, local, buf, "sp");
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return full;
-  }
-  /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H]; pad: the inverse with zeros elsewhere.
-  std::vector<float> slice_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl) * H);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl) * H,
-                  full.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return l;
-  }
-  std::vector<float> pad_seq(const Ctx& c, const std::vector<float>& local) const {
-    const std::size_t H = static_cast<std::size_t>(c.H);
-    std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S) * H, 0.0f);
-    for (std::int64_t b = 0; b < c.Bl; ++b)
-      std::memcpy(f.data() + static_cast<std::size_t>(b * c.S + c.sp_rank * c.Sl) * H,
-                  local.data() + static_cast<std::size_t>(b * c.Sl) * H, static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    return f;
-  }
-  /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
-  std::vector<float> scatter_seq(const Ctx& c, const std::vector<float>& full) const {
-    const std::size_t H = static_cast<std::size_t>(c.H), blk = static_cast<std::size_t>(c.Bl * c.Sl) * H;
-    std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
-    for (std::int64_t r = 0; r < c.sp; ++r)
-      for (std::int64_t b = 0; b < c.Bl; ++b)
-        std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl) * H,
-                    full.data() + static_cast<std::size_t>(b * c.S + r * c.Sl) * H,
-                    static_cast<std::size_t>(c.Sl) * H * sizeof(float));
-    reduce_scatter(*c.dev, packed, out, "sp");
-    return out;
-  }
-
   // ------------------------------------------------------------------ one decoder layer
-  void layer_forward(nn::DecoderLayer<Pol>& L, const float* x, float* y, LayerSaved& s, const Ctx& c) {
-    const std::int64_t Tl = c.tokens();
-    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
-    s.n1.resize(n);
-    L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
-    const float* g = s.n1.data();
-    if (c.sp > 1) {
-      s.g = gather_seq(c, s.n1);
-      g = s.g.data();
-    }
-    std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.forward(g, c.full, yfull.data(), s.attn_s);
-    std::vector<float> a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    nn::round_activations<Pol>(a);  // after the tp sum, as nn::DecoderLayer rounds the whole output
-    const bool sandwich = L.has_sandwich_norms();  // Gemma: norms on the summed outputs, as one device
-    if (sandwich) {
-      s.ao = std::move(a);
-      a.resize(n);
-      L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
-    }
-    s.h.resize(n);
-    for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
-    nn::round_activations<Pol>(s.h);
-    s.n2.resize(n);
-    L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
-    if (L.is_sparse()) L.block_sparse_moe.forward(s.n2.data(), Tl, y, s.moe_s, c.experts);  // tp = 1
-    else L.mlp.forward(s.n2.data(), Tl, y, s.mlp_s);
-    if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
-    nn::round_activations<Pol>(y, n);
-    if (sandwich) {
-      s.mo.assign(y, y + n);
-      L.mlp_output_norm.forward(s.mo.data(), Tl, y, s.mo_s);
-    }
-    kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
-    nn::round_activations<Pol>(y, n);
-  }
+  /// What a decoder layer runs between its modules on a device of the mesh (nn::LocalLayer's
+  /// calls; nn::DecoderLayer's forward, backward and remat are the one device's code): the
+  /// attention runs over the whole sequence of the device's batch rows, so its input is
+  /// gathered over sp and its output's rows taken back; the row-parallel outputs (o_proj,
+  /// down_proj) and the gradients of the column-parallel inputs are summed over tp; a mixture of
+  /// experts dispatches over ep.
+  struct MeshLayer {
+    const Ctx& c;
 
-  void layer_backward(nn::DecoderLayer<Pol>& L, const float* dy, LayerSaved& s, float* dx, const Ctx& c) {
-    const std::size_t n = s.h.size();
-    const bool sandwich = L.has_sandwich_norms();
-    std::vector<float> a(n), dh(dy, dy + n), dout;  // dout: a sandwich norm's input gradient
-    if (sandwich) {
-      dout.resize(n);
-      L.mlp_output_norm.backward(dy, s.mo_s, dout.data());
+    std::int64_t tokens(const nn::TokenLayout&) const noexcept { return c.tokens(); }
+    const float* attention_input(const std::vector<float>& n1, std::vector<float>& gathered) const {
+      if (c.sp == 1) return n1.data();
+      gathered = gather_seq(n1.data());
+      return gathered.data();
     }
-    if (L.is_sparse()) L.block_sparse_moe.backward(dy, s.moe_s, a.data(), c.experts);
-    else L.mlp.backward(sandwich ? dout.data() : dy, s.mlp_s, a.data());
-    if (c.tp > 1) psum(*c.dev, a, "tp");
-    L.post_attention_layernorm.backward(a.data(), s.n2_s, a.data());
-    kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
-    if (sandwich) L.attn_output_norm.backward(dh.data(), s.ao_s, dout.data());
-    const std::vector<float>& dattn = sandwich ? dout : dh;
-    std::vector<float> padded;
-    const float* dyfull = dattn.data();
-    if (c.sp > 1) {
-      padded = pad_seq(c, dattn);
-      dyfull = padded.data();
+    template <class Run>
+    void attention_output(float* out, std::size_t n, Run&& run) const {
+      std::vector<float> full(static_cast<std::size_t>(c.Bl * c.S * c.H));
+      run(full.data());
+      std::vector<float> mine = c.sp > 1 ? slice_seq(full.data()) : std::move(full);
+      if (c.tp > 1) psum(*c.dev, mine, "tp");
+      std::memcpy(out, mine.data(), n * sizeof(float));
     }
-    std::vector<float> dg(static_cast<std::size_t>(c.Bl * c.S * c.H));
-    L.self_attn.backward(dyfull, s.attn_s, dg.data());
-    std::vector<float> dn1 = c.sp > 1 ? scatter_seq(c, dg) : std::move(dg);
-    if (c.tp > 1) psum(*c.dev, dn1, "tp");
-    L.input_layernorm.backward(dn1.data(), s.n1_s, dx);
-    kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
-    nn::round_activations<Pol>(dx, n);
-  }
+    template <class Run>
+    void attention_backward(const float* dout, float* dn1, std::size_t n, Run&& run) const {
+      std::vector<float> padded;
+      if (c.sp > 1) padded = pad_seq(dout);
+      std::vector<float> dfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
+      run(c.sp > 1 ? padded.data() : dout, dfull.data());
+      std::vector<float> mine = c.sp > 1 ? scatter_seq(dfull.data()) : std::move(dfull);
+      if (c.tp > 1) psum(*c.dev, mine, "tp");
+      std::memcpy(dn1, mine.data(), n * sizeof(float));
+    }
+    void sum_row_parallel(float* y, std::size_t n) const {
+      if (c.tp > 1) psum(*c.dev, std::span<float>(y, n), "tp");
+    }
+    nn::ExpertDispatch<Pol>* experts() const noexcept { return c.experts; }
 
-  /// Frees the activations remat mask d names, as nn::DecoderLayer does (norm1 takes its
-  /// gather over sp with it; attn_out is the residual sum h).
-  static void release_dropped(LayerSaved& s, remat::DropMask d) {
-    using remat::drops;
-    if (drops<"norm1">(d)) {
-      std::vector<float>().swap(s.n1);
-      std::vector<float>().swap(s.g);
+   private:
+    std::size_t row_bytes() const noexcept { return static_cast<std::size_t>(c.Sl * c.H) * sizeof(float); }
+    std::size_t at(std::int64_t b, std::int64_t pos) const noexcept { return static_cast<std::size_t>((b * c.S + pos) * c.H); }
+    /// local [Bl, Sl, H] -> full [Bl, S, H] (all_gather over sp).
+    std::vector<float> gather_seq(const float* local) const {
+      const std::size_t blk = static_cast<std::size_t>(c.Bl * c.Sl * c.H);
+      std::vector<float> buf(blk * static_cast<std::size_t>(c.sp)), full(buf.size());
+      all_gather(*c.dev, std::span<const float>(local, blk), buf, "sp");
+      for (std::int64_t r = 0; r < c.sp; ++r)
+        for (std::int64_t b = 0; b < c.Bl; ++b)
+          std::memcpy(full.data() + at(b, r * c.Sl), buf.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl * c.H),
+                      row_bytes());
+      return full;
     }
-    nn::Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
-    if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
-    if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
-    nn::MLP<Pol>::release(s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
-  }
-
-  /// Recomputes, in layer_forward's order and with its collectives, what release_dropped freed
-  /// (x: the layer's input, kept); every device runs the same mask, so the collectives pair up,
-  /// and each value equals forward's bit for bit.
-  void rematerialize(nn::DecoderLayer<Pol>& L, const float* x, LayerSaved& s, remat::DropMask d, const Ctx& c) {
-    using remat::drops;
-    const std::int64_t Tl = c.tokens();
-    const std::size_t n = static_cast<std::size_t>(Tl * c.H);
-    if (drops<"norm1">(d)) {
-      s.n1.resize(n);
-      L.input_layernorm.forward(x, Tl, s.n1.data(), s.n1_s);
-      if (c.sp > 1) s.g = gather_seq(c, s.n1);
+    /// full [Bl, S, H] -> this rank's slice [Bl, Sl, H].
+    std::vector<float> slice_seq(const float* full) const {
+      std::vector<float> l(static_cast<std::size_t>(c.Bl * c.Sl * c.H));
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(l.data() + static_cast<std::size_t>(b * c.Sl * c.H), full + at(b, c.sp_rank * c.Sl), row_bytes());
+      return l;
     }
-    L.self_attn.rematerialize(c.sp > 1 ? s.g.data() : s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d),
-                              drops<"v">(d), drops<"ctx">(d));
-    if (drops<"attn_out">(d)) {
-      std::vector<float> a(n);
-      if (L.has_sandwich_norms()) {  // the summed attention output ao is kept: h = x + norm(ao)
-        L.attn_output_norm.forward(s.ao.data(), Tl, a.data(), s.ao_s);
-      } else {
-        std::vector<float> yfull(static_cast<std::size_t>(c.Bl * c.S * c.H));
-        L.self_attn.o_proj.forward(s.attn_s.ctx.data(), c.Bl * c.S, yfull.data(), s.attn_s.o_s);
-        a = c.sp > 1 ? slice_seq(c, yfull) : std::move(yfull);
-        if (c.tp > 1) psum(*c.dev, a, "tp");
-        nn::round_activations<Pol>(a);
-      }
-      s.h.resize(n);
-      for (std::size_t i = 0; i < n; ++i) s.h[i] = x[i] + a[i];
-      nn::round_activations<Pol>(s.h);
+    /// The inverse of slice_seq, zeros elsewhere.
+    std::vector<float> pad_seq(const float* local) const {
+      std::vector<float> f(static_cast<std::size_t>(c.Bl * c.S * c.H), 0.0f);
+      for (std::int64_t b = 0; b < c.Bl; ++b)
+        std::memcpy(f.data() + at(b, c.sp_rank * c.Sl), local + static_cast<std::size_t>(b * c.Sl * c.H), row_bytes());
+      return f;
     }
-    if (drops<"norm2">(d)) {
-      s.n2.resize(n);
-      L.post_attention_layernorm.forward(s.h.data(), Tl, s.n2.data(), s.n2_s);
+    /// full [Bl, S, H] partial sums -> this rank's slice of the sum over sp (reduce_scatter).
+    std::vector<float> scatter_seq(const float* full) const {
+      const std::size_t blk = static_cast<std::size_t>(c.Bl * c.Sl * c.H);
+      std::vector<float> packed(blk * static_cast<std::size_t>(c.sp)), out(blk);
+      for (std::int64_t r = 0; r < c.sp; ++r)
+        for (std::int64_t b = 0; b < c.Bl; ++b)
+          std::memcpy(packed.data() + static_cast<std::size_t>((r * c.Bl + b) * c.Sl * c.H), full + at(b, r * c.Sl),
+                      row_bytes());
+      reduce_scatter(*c.dev, packed, out, "sp");
+      return out;
     }
-    s.n2_s.x = s.h.data();
-    if (L.is_sparse()) nn::MoE<Pol>::point_at(s.moe_s, s.n2.data());  // the experts keep their own inputs
-    else L.mlp.rematerialize(s.n2.data(), Tl, s.mlp_s, drops<"gate">(d), drops<"up">(d), drops<"act">(d));
-  }
+  };
 
   // ------------------------------------------------------------------ the step
   nn::LossMetrics run_step(const std::int64_t* tokens, const std::int64_t* labels, const nn::TokenLayout& lay,
@@ -27022,6 +26968,7 @@ class ShardedLlama {
     // The whole batch's length for rope scalings that depend on it, as one device sees it.
     c.full.context = nn::RotaryEmbedding::context_of(nn::TokenLayout{B, S, pos});
     const std::size_t n = static_cast<std::size_t>(Tl * H);
+    const MeshLayer between{c};  // what the layers run between their modules here
 
     // Local token t (row b * Sl + s) is the batch's token local.row(t) = (b0 + b) * S + s0 + s.
     const nn::DropoutIndex local = c.local_tokens();
@@ -27063,7 +27010,7 @@ class ShardedLlama {
     for (std::size_t l = 0; l < L; ++l) {
       const std::string pre = "model.layers." + std::to_string(l);
       gather_module(dev, model.layers[l], pre);
-      layer_forward(model.layers[l], xs[l].data(), xs[l + 1].data(), saved[l], c);
+      model.layers[l].forward(xs[l].data(), c.full, xs[l + 1].data(), saved[l], keep ? drop_ : 0, between);
       if (model.layers[l].is_sparse() && mode != Mode::logits) {
         const auto& m = saved[l].moe_s;
         auto& r = routes[l];
@@ -27074,7 +27021,6 @@ class ShardedLlama {
         r.weight = m.weight;
       }
       if (!keep) saved[l] = LayerSaved{};
-      else if (drop_) release_dropped(saved[l], drop_);
       release_module(dev, model.layers[l]);
     }
     std::vector<float> hidden(n);
@@ -27113,13 +27059,11 @@ class ShardedLlama {
           open_module_grads(dev, model.layers[l]);
           if (rerun) {  // the same kernels and collectives again: bitwise the activations forward had
             std::vector<float> again(n);
-            layer_forward(model.layers[l], xs[l].data(), again.data(), saved[l], c);
-          } else if (drop_) {
-            rematerialize(model.layers[l], xs[l].data(), saved[l], drop_, c);
+            model.layers[l].forward(xs[l].data(), c.full, again.data(), saved[l], 0, between);
           }
           if (model.layers[l].is_sparse())  // the router losses' gradient, added to the router's
             saved[l].moe_s.dlogits_extra = std::move(routes[l].dlogits_extra);
-          layer_backward(model.layers[l], a.data(), saved[l], b.data(), c);
+          model.layers[l].backward(a.data(), saved[l], b.data(), between);  // recomputes what remat dropped
           saved[l] = LayerSaved{};
           reduce_module(dev, model.layers[l], pre);
           release_module(dev, model.layers[l]);

@@ -52,6 +52,36 @@ struct DecoderLayerConfig {
   kernels::GatedActivation activation = kernels::GatedActivation::silu;
 };
 
+/// What a decoder layer runs between its modules on one device: nothing. A device of a mesh
+/// passes its own (models::ShardedLlama's), which gathers the attention's input over sp, takes
+/// its rows back from the attention's output and sums the row-parallel outputs over tp. The
+/// layer's code is the same on both; only these calls differ.
+struct LocalLayer {
+  /// This device's rows of the layer (the attention runs over the layout's, which a mesh
+  /// widens to the whole sequence).
+  std::int64_t tokens(const TokenLayout& layout) const noexcept { return layout.tokens(); }
+  /// The attention's input: n1 itself (a mesh gathers it over sp into `gathered`).
+  const float* attention_input(const std::vector<float>& n1, std::vector<float>& /*gathered*/) const noexcept {
+    return n1.data();
+  }
+  /// out [tokens, hidden] = the attention's output, which run(dst) writes for the attention's
+  /// rows (a mesh: into its own buffer, then this device's rows summed over tp).
+  template <class Run>
+  void attention_output(float* out, std::size_t /*n*/, Run&& run) const {
+    run(out);
+  }
+  /// dn1 [tokens, hidden] = d(attention input) from d(attention output), through
+  /// run(d output, d input) over the attention's rows.
+  template <class Run>
+  void attention_backward(const float* dout, float* dn1, std::size_t /*n*/, Run&& run) const {
+    run(dout, dn1);
+  }
+  /// The MLP's output, and its input gradient: summed over tp on a mesh.
+  void sum_row_parallel(float* /*y*/, std::size_t /*n*/) const noexcept {}
+  /// The experts' dispatch of a mixture-of-experts layer (an ep mesh's; none here).
+  std::nullptr_t experts() const noexcept { return nullptr; }
+};
+
 template <class Pol>
 class DecoderLayer {
   EDL_NN_CHECK_POLICY(Pol);
@@ -63,6 +93,7 @@ class DecoderLayer {
     typename MLP<Pol>::Saved mlp_s;
     typename MoE<Pol>::Saved moe_s;
     std::vector<float> n1, h, n2;  // [T, hidden]
+    std::vector<float> g;          // on an sp mesh: n1 gathered over the sequence, the attention's input
     std::vector<float> ao, mo;     // sandwich norms: the attention's and the MLP's outputs [T, hidden]
     const float* x = nullptr;      // the layer's input, owned by the caller
     std::int64_t tokens = 0;
@@ -138,11 +169,12 @@ class DecoderLayer {
   void init(Key key, float std = 0.02f) { init_params(*this, key, std); }
 
   /// y [T, hidden]; keeps what the remat policy R saves (default: the policy's), or what a
-  /// policy spelled at run time keeps (`drop`: remat::parse's bits).
-  template <remat::RematPolicy R = typename Pol::remat_t>
+  /// policy spelled at run time keeps (`drop`: remat::parse's bits). `between` runs what a mesh
+  /// needs between the modules (LocalLayer: nothing).
+  template <remat::RematPolicy R = typename Pol::remat_t, class Between = LocalLayer>
   void forward(const float* x, const TokenLayout& layout, float* y, Saved& s,
-               remat::DropMask drop = remat::dropped_by<R>()) const {
-    const std::int64_t T = layout.tokens();
+               remat::DropMask drop = remat::dropped_by<R>(), const Between& between = {}) const {
+    const std::int64_t T = between.tokens(layout);
     const std::size_t n = static_cast<std::size_t>(T * hidden_);
     s.x = x;
     s.tokens = T;
@@ -151,32 +183,22 @@ class DecoderLayer {
     s.h.resize(n);
     s.n2.resize(n);
     input_layernorm.forward(x, T, s.n1.data(), s.norm1_s);
+    const float* attn_in = between.attention_input(s.n1, s.g);
     // The attention's and the MLP's outputs end in a row-parallel projection: rounded to the
-    // compute dtype here, where a mesh has summed them over tp, as are the residual sums.
-    if (sandwich_) {
-      s.ao.resize(n);
-      s.mo.resize(n);
-      self_attn.forward(s.n1.data(), layout, s.ao.data(), s.attn_s);
-      round_activations<Pol>(s.ao);
-      attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
-    } else {
-      self_attn.forward(s.n1.data(), layout, s.h.data(), s.attn_s);
-      round_activations<Pol>(s.h);
-    }
+    // compute dtype once a mesh has summed them over tp, as are the residual sums.
+    float* attn_out = sandwich_ ? (s.ao.resize(n), s.ao.data()) : s.h.data();
+    between.attention_output(attn_out, n, [&](float* dst) { self_attn.forward(attn_in, layout, dst, s.attn_s); });
+    round_activations<Pol>(attn_out, n);
+    if (sandwich_) attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
     kernels::add_inplace(s.h.data(), x, static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(s.h);
     post_attention_layernorm.forward(s.h.data(), T, s.n2.data(), s.norm2_s);
-    if (sparse_) {
-      block_sparse_moe.forward(s.n2.data(), T, y, s.moe_s);
-      round_activations<Pol>(y, n);
-    } else if (sandwich_) {
-      mlp.forward(s.n2.data(), T, s.mo.data(), s.mlp_s);
-      round_activations<Pol>(s.mo);
-      mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
-    } else {
-      mlp.forward(s.n2.data(), T, y, s.mlp_s);
-      round_activations<Pol>(y, n);
-    }
+    float* mlp_out = !sparse_ && sandwich_ ? (s.mo.resize(n), s.mo.data()) : y;
+    if (sparse_) block_sparse_moe.forward(s.n2.data(), T, mlp_out, s.moe_s, between.experts());
+    else mlp.forward(s.n2.data(), T, mlp_out, s.mlp_s);
+    between.sum_row_parallel(mlp_out, n);
+    round_activations<Pol>(mlp_out, n);
+    if (mlp_out != y) mlp_output_norm.forward(s.mo.data(), T, y, s.mlp_out_norm_s);
     kernels::add_inplace(y, s.h.data(), static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(y, n);
     release(s, drop);
@@ -188,14 +210,15 @@ class DecoderLayer {
 
   /// Accumulates every parameter gradient; writes dx [T, hidden] (dx must not alias dy).
   /// Recomputes what forward did not keep first (the caller still holds x), and frees it
-  /// after, so `s` is left as forward left it.
-  void backward(const float* dy, Saved& s, float* dx) {
+  /// after, so `s` is left as forward left it. `between` must be forward's.
+  template <class Between = LocalLayer>
+  void backward(const float* dy, Saved& s, float* dx, const Between& between = {}) {
     const std::uint32_t dropped = s.dropped;
-    rematerialize(s);
+    rematerialize(s, between);
     const std::size_t n = s.h.size();
     std::vector<float> a(n), dh(dy, dy + n), b;
     if (sparse_) {
-      block_sparse_moe.backward(dy, s.moe_s, a.data());  // d n2
+      block_sparse_moe.backward(dy, s.moe_s, a.data(), between.experts());  // d n2
     } else if (sandwich_) {
       b.resize(n);
       mlp_output_norm.backward(dy, s.mlp_out_norm_s, b.data());  // d mo
@@ -203,24 +226,32 @@ class DecoderLayer {
     } else {
       mlp.backward(dy, s.mlp_s, a.data());
     }
+    between.sum_row_parallel(a.data(), n);
     post_attention_layernorm.backward(a.data(), s.norm2_s, a.data());  // d h (via the norm)
     kernels::add_inplace(dh.data(), a.data(), static_cast<std::ptrdiff_t>(n));
+    const float* dattn = dh.data();
     if (sandwich_) {
+      b.resize(n);
       attn_output_norm.backward(dh.data(), s.attn_out_norm_s, b.data());  // d ao
-      self_attn.backward(b.data(), s.attn_s, a.data());                    // d n1
-    } else {
-      self_attn.backward(dh.data(), s.attn_s, a.data());  // d n1
+      dattn = b.data();
     }
-    input_layernorm.backward(a.data(), s.norm1_s, dx);        // d x (via the norm)
+    between.attention_backward(dattn, a.data(), n, [&](const float* dout, float* din) {
+      self_attn.backward(dout, s.attn_s, din);  // d n1
+    });
+    input_layernorm.backward(a.data(), s.norm1_s, dx);  // d x (via the norm)
     kernels::add_inplace(dx, dh.data(), static_cast<std::ptrdiff_t>(n));
     round_activations<Pol>(dx, n);  // the residual stream's gradient, as its values
     release(s, dropped);
   }
 
- private:
-  static void release(Saved& s, std::uint32_t d) {
+  /// Frees what drop names (the layer's checkpoint names, remat::checkpoint_names), as forward
+  /// does under a remat policy; backward recomputes it.
+  static void release(Saved& s, remat::DropMask d) {
     using remat::drops;
-    if (drops<"norm1">(d)) std::vector<float>().swap(s.n1);
+    if (drops<"norm1">(d)) {
+      std::vector<float>().swap(s.n1);
+      std::vector<float>().swap(s.g);
+    }
     Attention<Pol>::release(s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
     if (drops<"attn_out">(d)) std::vector<float>().swap(s.h);
     if (drops<"norm2">(d)) std::vector<float>().swap(s.n2);
@@ -228,9 +259,13 @@ class DecoderLayer {
     s.dropped = d;
   }
 
-  /// Recomputes, in forward order, every activation forward dropped; each step reads only
-  /// values that were kept or are already recomputed, so all equal forward's bit for bit.
-  void rematerialize(Saved& s) const {
+ private:
+  /// Recomputes, in forward order and with forward's calls between the modules, every
+  /// activation forward dropped; each step reads only values that were kept or are already
+  /// recomputed, so all equal forward's bit for bit (on a mesh every device runs the same
+  /// steps, so the collectives pair up).
+  template <class Between>
+  void rematerialize(Saved& s, const Between& between) const {
     using remat::drops;
     const std::uint32_t d = s.dropped;
     if (d == 0) return;
@@ -242,13 +277,16 @@ class DecoderLayer {
       s.n1.resize(n);
       input_layernorm.forward(s.x, T, s.n1.data(), s.norm1_s);
     }
-    self_attn.rematerialize(s.n1.data(), s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
+    const float* attn_in = drops<"norm1">(d) ? between.attention_input(s.n1, s.g) : s.g.empty() ? s.n1.data() : s.g.data();
+    self_attn.rematerialize(attn_in, s.attn_s, drops<"q">(d), drops<"k">(d), drops<"v">(d), drops<"ctx">(d));
     if (drops<"attn_out">(d)) {
       s.h.resize(n);
       if (sandwich_) {  // the attention's output ao is kept: h = x + norm(ao)
         attn_output_norm.forward(s.ao.data(), T, s.h.data(), s.attn_out_norm_s);
       } else {
-        self_attn.o_proj.forward(s.attn_s.ctx.data(), T, s.h.data(), s.attn_s.o_s);
+        between.attention_output(s.h.data(), n, [&](float* dst) {
+          self_attn.o_proj.forward(s.attn_s.ctx.data(), s.attn_s.batch * s.attn_s.seq, dst, s.attn_s.o_s);
+        });
         round_activations<Pol>(s.h);
       }
       kernels::add_inplace(s.h.data(), s.x, static_cast<std::ptrdiff_t>(n));
