@@ -78,6 +78,14 @@ TrainingArguments base_args(const std::string& dir) {
   return a;
 }
 
+/// The precision comparisons' run: 100 steps, each logged, a checkpoint at 50 and 100.
+TrainingArguments hundred_step_args(const std::string& dir) {
+  auto a = base_args(dir);
+  a.max_training_steps = 100;
+  a.save_steps = 50;
+  return a;
+}
+
 models::LlamaForCausalLM<> make_model(std::uint64_t seed = 0, std::int64_t vocab = 64) {
   models::LlamaForCausalLM<> m(tiny_config(vocab));
   m.init(Key::from_seed(seed));
@@ -896,20 +904,12 @@ template <class Pol>
 void mixed_precision_follows_f32_over_100_steps(const std::string& param_dtype, double tolerance) {
   using T = typename Pol::param_t;
   auto data = random_data(24, 16, 64, 21, true);
-  auto make_args = [&](const std::string& dir) {
-    auto a = base_args(dir);
-    a.max_training_steps = 100;
-    a.log_steps = 1;
-    a.learning_rate = 3e-3;
-    a.save_steps = 50;
-    return a;
-  };
   TempDir f("f32_100_" + param_dtype), h(param_dtype + "_100");
   // Both start from the same representable weights, so the difference is the training's.
   const auto start = models::to_dtype<DefaultPolicy>(models::to_dtype<Pol>(make_model()));
-  Trainer tf(make_args(f.str()), start, std::nullopt, data);
+  Trainer tf(hundred_step_args(f.str()), start, std::nullopt, data);
   tf.train();
-  auto args_h = make_args(h.str());
+  auto args_h = hundred_step_args(h.str());
   args_h.param_dtype = param_dtype;
   train::BasicTrainer<Pol> th(args_h, models::to_dtype<Pol>(start), std::nullopt, data);
   const auto rh = th.train();
@@ -1068,19 +1068,11 @@ TEST(Trainer, ParamDtypeMustNameTheTrainersStorage) {
 // resume is bit-identical and a mesh follows one device.
 TEST(Trainer, Bf16ActivationsFollowF32Over100Steps) {
   auto data = random_data(24, 16, 64, 21, true);
-  auto make_args = [&](const std::string& dir) {
-    auto a = base_args(dir);
-    a.max_training_steps = 100;
-    a.log_steps = 1;
-    a.learning_rate = 3e-3;
-    a.save_steps = 50;
-    return a;
-  };
   TempDir f("f32_100_act"), h("bf16_act_100");
   const auto start = make_model();
-  Trainer tf(make_args(f.str()), start, std::nullopt, data);
+  Trainer tf(hundred_step_args(f.str()), start, std::nullopt, data);
   tf.train();
-  auto args_h = make_args(h.str());
+  auto args_h = hundred_step_args(h.str());
   args_h.dtype = "bfloat16";
   BF16ComputeTrainer th(args_h, models::to_dtype<BF16ComputePolicy>(start), std::nullopt, data);
   th.train();
