@@ -9,6 +9,9 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <edl/kernels/quant_dot.hpp>
 
 using namespace edl;
@@ -78,6 +81,28 @@ TEST(QuantDot, Int8DotsEqualTheirDefinition) {
       EXPECT_NEAR(got, s, 1e-6 * mag + 1e-6) << K << (four ? " q4_0" : " q8_0");
     }
   }
+}
+
+// A q4_0 row that ends where a page nobody may read begins: the dot reads whole vectors where
+// they stay inside the row and no byte past its end (a byte beyond would fault here), and
+// still equals its definition for every block count, odd and even.
+TEST(QuantDot, Q4_0RowAtTheEndOfReadableMemory) {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<char*>(map) + page, page, PROT_NONE), 0);
+  for (std::int64_t nb = 1; nb <= 24; ++nb) {
+    const std::int64_t K = nb * 32;
+    const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 11), x = normal_values(static_cast<std::size_t>(K), 12);
+    auto* row = reinterpret_cast<quant::BlockQ4_0*>(static_cast<char*>(map) + page - nb * sizeof(quant::BlockQ4_0));
+    quant::quantize_row_q4_0(w.data(), row, K);
+    std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(nb));
+    quant::quantize_activations_ref(x.data(), xq.data(), K);
+    std::vector<kernels::ActivationBlock> xa(static_cast<std::size_t>(nb));
+    kernels::quantize_activations(x.data(), xa.data(), K);
+    EXPECT_EQ(kernels::dot_q4_0(row, xa.data(), nb), kernels::reference::dot_int8(row, xq.data(), nb)) << nb << " blocks";
+  }
+  munmap(map, 2 * page);
 }
 
 TEST(QuantDot, Nf4DotEqualsItsDefinition) {
