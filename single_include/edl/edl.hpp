@@ -8684,10 +8684,6 @@ const float* as_f32(const Param<T, Spec>& p, std::vector<float>& scratch) {
 
 namespace edl::nn {
 
-/// Every nn module checks its policy with this.
-template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol>;
-
 #define EDL_NN_CHECK_POLICY(Pol) \
   static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy")
 
@@ -8705,9 +8701,6 @@ template <class Pol>
 inline void round_activations(std::vector<float>& x) {
   round_activations<Pol>(x.data(), x.size());
 }
-/// Whether Pol's activations are f32 (nothing to round).
-template <class Pol>
-inline constexpr bool f32_activations = std::is_same_v<typename Pol::compute_t, float>;
 
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)
@@ -10814,6 +10807,7 @@ class DecoderLayer {
     release(s, dropped);
   }
 
+ private:
   /// Frees what drop names (the layer's checkpoint names, remat::checkpoint_names), as forward
   /// does under a remat policy; backward recomputes it.
   static void release(Saved& s, remat::DropMask d) {
@@ -10829,7 +10823,6 @@ class DecoderLayer {
     s.dropped = d;
   }
 
- private:
   /// Recomputes, in forward order and with forward's calls between the modules, every
   /// activation forward dropped; each step reads only values that were kept or are already
   /// recomputed, so all equal forward's bit for bit (on a mesh every device runs the same
@@ -25714,6 +25707,12 @@ inline double classification_normalizer(ProblemType pt, const std::int64_t* ilab
   return static_cast<double>(valid);
 }
 
+/// The examples a head's metrics count: single-label, the labels != -100 (the normalizer);
+/// regression and multi-label, the batch.
+inline std::int64_t classification_examples(ProblemType pt, double normalizer, std::int64_t batch) noexcept {
+  return pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : batch;
+}
+
 /// A head's loss summed over some pooled rows (classification_loss_rows).
 struct ClassificationSums {
   double loss = 0.0;      // the sum of the rows' terms (divide by the normalizer for the mean)
@@ -25900,7 +25899,7 @@ class LlamaForSequenceClassification {
     ClassificationMetrics m;
     m.problem_type = pt;
     const double normalizer = classification_normalizer(pt, ilabels, flabels, B, L);
-    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    m.examples = classification_examples(pt, normalizer, B);
     if (m.examples == 0) return m;
     const ClassificationSums sums =
         classification_loss_rows(pt, s.logits.data(), B, L, ilabels, flabels, normalizer, dlogits);
@@ -26589,7 +26588,6 @@ class ShardedLlama {
     std::int64_t hidden_size, batch_first, batch_rows, seq_first, seq_rows, seq;
     bool tp_leader;  // tp rank 0 (the ranks of a tp group hold the same rows)
     const std::vector<std::string>& data_axes;  // the axes that split the tokens (size > 1)
-    std::int64_t rows() const noexcept { return batch_rows * seq_rows; }
     /// Sums over the devices that hold other tokens (every device must call it, in step).
     template <class V>
     void sum_over_data(std::span<V> v) const {
@@ -27896,7 +27894,7 @@ class ShardedLlamaForSequenceClassification {
     }
     ClassificationMetrics m;
     m.problem_type = pt;
-    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    m.examples = classification_examples(pt, normalizer, B);
     if (m.examples == 0) return m;
     m.loss = sums[0] / normalizer;
     if (pt != ProblemType::regression) m.accuracy = sums[1] / normalizer;

@@ -244,6 +244,7 @@ class DecoderLayer {
     release(s, dropped);
   }
 
+ private:
   /// Frees what drop names (the layer's checkpoint names, remat::checkpoint_names), as forward
   /// does under a remat policy; backward recomputes it.
   static void release(Saved& s, remat::DropMask d) {
@@ -259,7 +260,6 @@ class DecoderLayer {
     s.dropped = d;
   }
 
- private:
   /// Recomputes, in forward order and with forward's calls between the modules, every
   /// activation forward dropped; each step reads only values that were kept or are already
   /// recomputed, so all equal forward's bit for bit (on a mesh every device runs the same

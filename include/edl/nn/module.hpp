@@ -40,10 +40,6 @@
 
 namespace edl::nn {
 
-/// Every nn module checks its policy with this.
-template <class Pol>
-inline constexpr bool policy_supported = PolicyLike<Pol>;
-
 #define EDL_NN_CHECK_POLICY(Pol) \
   static_assert(::edl::PolicyLike<Pol>, "edl::nn: the module's template argument must be an edl::Policy")
 
@@ -61,9 +57,6 @@ template <class Pol>
 inline void round_activations(std::vector<float>& x) {
   round_activations<Pol>(x.data(), x.size());
 }
-/// Whether Pol's activations are f32 (nothing to round).
-template <class Pol>
-inline constexpr bool f32_activations = std::is_same_v<typename Pol::compute_t, float>;
 
 /// How the tokens of a batch are laid out: tokens = batch * seq, row t = b * seq + s.
 ///  position_ids:   [batch * seq] or null (then position = s, as HF without position_ids)

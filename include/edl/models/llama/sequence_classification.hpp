@@ -112,6 +112,12 @@ inline double classification_normalizer(ProblemType pt, const std::int64_t* ilab
   return static_cast<double>(valid);
 }
 
+/// The examples a head's metrics count: single-label, the labels != -100 (the normalizer);
+/// regression and multi-label, the batch.
+inline std::int64_t classification_examples(ProblemType pt, double normalizer, std::int64_t batch) noexcept {
+  return pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : batch;
+}
+
 /// A head's loss summed over some pooled rows (classification_loss_rows).
 struct ClassificationSums {
   double loss = 0.0;      // the sum of the rows' terms (divide by the normalizer for the mean)
@@ -298,7 +304,7 @@ class LlamaForSequenceClassification {
     ClassificationMetrics m;
     m.problem_type = pt;
     const double normalizer = classification_normalizer(pt, ilabels, flabels, B, L);
-    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    m.examples = classification_examples(pt, normalizer, B);
     if (m.examples == 0) return m;
     const ClassificationSums sums =
         classification_loss_rows(pt, s.logits.data(), B, L, ilabels, flabels, normalizer, dlogits);

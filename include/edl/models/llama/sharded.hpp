@@ -535,7 +535,6 @@ class ShardedLlama {
     std::int64_t hidden_size, batch_first, batch_rows, seq_first, seq_rows, seq;
     bool tp_leader;  // tp rank 0 (the ranks of a tp group hold the same rows)
     const std::vector<std::string>& data_axes;  // the axes that split the tokens (size > 1)
-    std::int64_t rows() const noexcept { return batch_rows * seq_rows; }
     /// Sums over the devices that hold other tokens (every device must call it, in step).
     template <class V>
     void sum_over_data(std::span<V> v) const {

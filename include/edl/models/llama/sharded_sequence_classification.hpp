@@ -202,7 +202,7 @@ class ShardedLlamaForSequenceClassification {
     }
     ClassificationMetrics m;
     m.problem_type = pt;
-    m.examples = pt == ProblemType::single_label_classification ? static_cast<std::int64_t>(normalizer) : B;
+    m.examples = classification_examples(pt, normalizer, B);
     if (m.examples == 0) return m;
     m.loss = sums[0] / normalizer;
     if (pt != ProblemType::regression) m.accuracy = sums[1] / normalizer;
