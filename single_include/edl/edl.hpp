@@ -7226,10 +7226,12 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
   // 256 bits, the upper half shifted to the high nibbles: values 0-15 then 16-31, as the
   // activations lie. An odd last block leaves lanes 8-15 zero, which adds +0.0 to the odd chain.
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const quant::BlockQ4_0* const w_end = w + nb;
+#if defined(__AVX512VBMI__)
+  const quant::BlockQ4_0* const w_end = w + nb;  // a pair's 64-byte load must stay before it
+#endif
   const auto pair = [&](const quant::BlockQ4_0* wb, const ActivationBlock* xb, bool second, __m512 acc) {
     __m512i q;
-    __m512 dw;  // the weights' scales: block b's in lanes 0-7, b + 1's in 8-15
+    __m512 d;  // d_w * d_x, the definition's f32 product: block b's in lanes 0-7, b + 1's in 8-15 (an absent block's 0)
 #if defined(__AVX512VBMI__)
     // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
     // decode streams faster than masked loads), one byte permute for the codes, one word
@@ -7239,13 +7241,14 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
                                         : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
     q = _mm512_permutexvar_epi8(detail::q4_0_pair_code_bytes(), raw);
     const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-    dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
+    d = _mm512_mul_ps(dw, detail::two_halves(xb[0].d, second ? xb[1].d : 0.f));
 #else
     const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
     const __m256i q1 =
         second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
     q = detail::two_halves(q0, q1);
-    dw = detail::two_halves(detail::f16_to_f32(wb[0].d), second ? detail::f16_to_f32(wb[1].d) : 0.f);
+    d = detail::two_halves(detail::f16_to_f32(wb[0].d) * xb[0].d, second ? detail::f16_to_f32(wb[1].d) * xb[1].d : 0.f);
 #endif
     q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), low4);
     const auto both = [&](const auto member) {  // 32 bytes of block b's activation, then b + 1's
@@ -7254,8 +7257,6 @@ inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::
       return detail::two_halves(lo, hi);
     };
     const __m512i s = _mm512_dpbusd_epi32(both(&ActivationBlock::neg8_lane_sums), q, both(&ActivationBlock::qs));
-    // d = d_w * d_x lane by lane, as the definition's f32 product (an absent block's is 0).
-    const __m512 d = _mm512_mul_ps(dw, detail::two_halves(xb[0].d, second ? xb[1].d : 0.f));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
   };
   __m512 acc = _mm512_setzero_ps();
