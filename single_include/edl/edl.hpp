@@ -7151,46 +7151,90 @@ inline __m512i q4_0_pair_code_bytes() noexcept {
 }  // namespace detail
 #endif
 
+#if defined(EDL_QUANT_AVX2)
+namespace detail {
+/// One block of 32 activations to q8_0 values in order (returned) with
+/// quant::quantize_activations_ref's rounding; d receives the scale amax / 127 before its f16 rounding.
+inline __m256i quantize_block(const float* x, float& d) noexcept {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  d = amax / 127.f;
+  const __m256 idv = _mm256_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  return _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+/// The eight lane sums of 32 int8 values (lane l: values 4l..4l+3), exact.
+inline __m256i lane_sums_i8(__m256i q) noexcept {
+  const __m256i ones = _mm256_set1_epi8(1);
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+#else
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ones, q);
+#endif
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q), _mm256_set1_epi16(1));
+#endif
+}
+/// The f16 nearest to f (ties to even), as f16(f) rounds.
+inline f16 to_f16(float f) noexcept {
+#if defined(__F16C__)
+  return f16::from_bits(static_cast<std::uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#else
+  return f16(f);
+#endif
+}
+}  // namespace detail
+#endif
+
 /// Quantizes K values (K a multiple of 32) to q8_0 blocks with the activations' rounding
 /// (quant::quantize_activations_ref, bit for bit).
 inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int64_t K) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
-    __m256 v[4];
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(x + 8 * i);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    const float amax = _mm_cvtss_f32(h);
-    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
-    out[b].d = f16(d);
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i)
-      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
-    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+    float d;
+    const __m256i q = detail::quantize_block(x, d);
+    out[b].d = detail::to_f16(d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
   }
 #else
   quant::quantize_activations_ref(x, out, K);
 #endif
 }
 
-/// Quantizes K values (K a multiple of 32) into ActivationBlocks.
+/// Quantizes K values (K a multiple of 32) into ActivationBlocks: each the ActivationBlock
+/// prepare_activation makes of the q8_0 block quantize_activations gives.
 inline void quantize_activations(const float* x, ActivationBlock* out, std::int64_t K) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float d;
+    const __m256i q = detail::quantize_block(x, d);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
+    const __m256i s = detail::lane_sums_i8(q);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
+    out[b].d = detail::f16_to_f32(detail::to_f16(d));
+  }
+#else
   for (std::int64_t b = 0; b < K / 32; ++b) {
     quant::BlockQ8_0 q;
     quantize_activations(x + 32 * b, &q, 32);
     prepare_activation(q, out[b]);
   }
+#endif
 }
 
 /// q8_0 weights (nb blocks) . q8_0 activations.
@@ -7368,6 +7412,8 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <vector>
 
 // #include <edl/core/allocator.hpp> (inlined above)
@@ -7381,6 +7427,8 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 // each output the same sum as the decode dot product (kernels/quant_dot.hpp) bit for bit.
 //
 //   kernels::quant_gemm_nt(xa, M, W, bias, y);   // xa: M rows of K / 32 ActivationBlocks
+//   kernels::Int8Rows rows(x, M, K);              // x quantized and packed once, then
+//   kernels::quant_gemm_nt<float>(rows, parts);    // several products of it (q, k, v) at once
 //
 // With AVX-512 VNNI a tile of 4 weight rows by 4 activation rows runs two blocks per 512-bit
 // vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
@@ -7400,6 +7448,8 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 // #include <edl/core/allocator.hpp> (inlined above)
@@ -7573,32 +7623,86 @@ inline void int8_tile_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa
 
 }  // namespace detail
 
-/// y [M, N] = the dots of W's rows (q8_0 or q4_0, N = W.rows) with M activation rows (xa:
-/// K / 32 blocks a row), plus bias[j] when given.
-template <class TB>
-void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
-  const std::int64_t N = W.rows, nb = W.blocks_per_row();
-  // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
-  [[maybe_unused]] constexpr std::int64_t kRowChunk = 16, kActBlock = 64;
+/// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks) and,
+/// with 512-bit VNNI, packed as the tiles read them, so that several products of the same rows
+/// (q, k and v; gate and up) share one preparation.
+class Int8Rows {
+ public:
+  /// Quantizes x [M, K] (K a multiple of 32), rows in parallel.
+  Int8Rows(const float* x, std::int64_t M, std::int64_t K)
+      : M_(M), nb_(K / 32), own_(new ActivationBlock[static_cast<std::size_t>(M * (K / 32))]), blocks_(own_.get()) {
+    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, own_.get() + m * nb_, K);
+    });
+    pack();
+  }
+  /// M rows already quantized (nb blocks a row), borrowed: they must outlive this.
+  Int8Rows(const ActivationBlock* xa, std::int64_t M, std::int64_t nb) : M_(M), nb_(nb), blocks_(xa) { pack(); }
+
+  std::int64_t rows() const noexcept { return M_; }
+  std::int64_t blocks_per_row() const noexcept { return nb_; }
+  const ActivationBlock* blocks() const noexcept { return blocks_; }
 #if defined(EDL_QUANT_ZMM)
-  // The activations are packed once for every task, each task packs its chunk's weights once
-  // for all the activations: preparing a pair costs about as much as the 16 products of a tile.
-  const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
-  aligned_vector<detail::PackedActivationPair> xp(static_cast<std::size_t>(M4 * pairs));
-  exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(xa + m * nb, nb, xp.data() + m * pairs);
-  });
+  /// Rows [0, M / 4 * 4) as pairs of blocks, (nb + 1) / 2 a row (the tiles' rows).
+  const detail::PackedActivationPair* pairs() const noexcept { return pairs_.data(); }
 #endif
-  exec::parallel_for(0, (N + kRowChunk - 1) / kRowChunk, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+
+ private:
+  void pack() {
 #if defined(EDL_QUANT_ZMM)
+    // Preparing a pair costs about as much as the 16 products of a tile: once for every task.
+    const std::int64_t pairs = (nb_ + 1) / 2, M4 = M_ / 4 * 4;
+    pairs_.resize(static_cast<std::size_t>(M4 * pairs));
+    exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(blocks_ + m * nb_, nb_, pairs_.data() + m * pairs);
+    });
+#endif
+  }
+
+  std::int64_t M_ = 0, nb_ = 0;
+  std::unique_ptr<ActivationBlock[]> own_;  // uninitialized: every block is written
+  const ActivationBlock* blocks_ = nullptr;
+#if defined(EDL_QUANT_ZMM)
+  aligned_vector<detail::PackedActivationPair> pairs_;
+#endif
+};
+
+/// One product of a group: y [M, W.rows] = the rows . W's rows (+ bias).
+template <class TB>
+struct QuantGemmPart {
+  quant::MatrixView W;
+  const TB* bias = nullptr;
+  float* y = nullptr;
+};
+
+/// Every part's y = the dots of its W's rows (q8_0 or q4_0, each W.cols = 32 x.blocks_per_row())
+/// with x's rows, plus bias[j] when given; one parallel region over the chunks of all parts.
+template <class TB>
+void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) {
+  const std::int64_t M = x.rows(), nb = x.blocks_per_row();
+  const ActivationBlock* xa = x.blocks();
+  // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
+  constexpr std::int64_t kRowChunk = 16;
+  [[maybe_unused]] constexpr std::int64_t kActBlock = 64;
+  std::int64_t chunks = 0;
+  for (const QuantGemmPart<TB>& p : parts) chunks += (p.W.rows + kRowChunk - 1) / kRowChunk;
+  exec::parallel_for(0, chunks, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+#if defined(EDL_QUANT_ZMM)
+    const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
     thread_local aligned_vector<detail::PackedWeightPair> wp;  // no product runs inside a chunk
     wp.resize(static_cast<std::size_t>(kRowChunk / 4 * pairs));
 #elif defined(EDL_QUANT_AVX2)
     thread_local aligned_vector<detail::PackedWeightBlocks> wp;  // no product runs inside a chunk
     wp.resize(static_cast<std::size_t>(kRowChunk / 4 * nb));
 #endif
+    std::size_t part = 0;
+    std::int64_t first = 0;  // the first chunk of `part`
     for (std::int64_t c = c0; c < c1; ++c) {
-      const std::int64_t r_lo = c * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
+      while (c - first >= (parts[part].W.rows + kRowChunk - 1) / kRowChunk) first += (parts[part++].W.rows + kRowChunk - 1) / kRowChunk;
+      const quant::MatrixView& W = parts[part].W;
+      float* y = parts[part].y;
+      const TB* bias = parts[part].bias;
+      const std::int64_t N = W.rows, r_lo = (c - first) * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
       std::int64_t r_tiles = r_lo;  // rows [r_lo, r_tiles) run in tiles
 #if defined(EDL_QUANT_ZMM)
       for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_pairs(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * pairs);
@@ -7606,7 +7710,7 @@ void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::Matri
         const std::int64_t m_hi = std::min(M4, m_lo + kActBlock);
         for (std::int64_t r = r_lo; r < r_tiles; r += 4)
           for (std::int64_t m = m_lo; m < m_hi; m += 4)
-            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, xp.data(), m, pairs, r, y, N);
+            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, x.pairs(), m, pairs, r, y, N);
       }
       for (std::int64_t m = M4; m < M; ++m)
         for (std::int64_t r = r_lo; r < r_tiles; ++r) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
@@ -7630,6 +7734,14 @@ void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::Matri
           for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);
     }
   });
+}
+
+/// y [M, N] = the dots of W's rows (q8_0 or q4_0, N = W.rows) with M activation rows (xa:
+/// K / 32 blocks a row), plus bias[j] when given.
+template <class TB>
+void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
+  const QuantGemmPart<TB> part{W, bias, y};
+  quant_gemm_nt<TB>(Int8Rows(xa, M, W.blocks_per_row()), std::span<const QuantGemmPart<TB>>(&part, 1));
 }
 
 }  // namespace edl::kernels
@@ -7684,39 +7796,48 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
   ::edl::detail::gemm::gemm_blocked(false, false, M, W.cols, W.rows, 1.f, dy, W.rows, &W, W.cols, accumulate ? 1.f : 0.f, dx, W.cols);
 }
 
+/// y [M, N] = the products of one set of rows x [M, K] with several quantized matrices (each
+/// part's W [N_i, K], bias, y [M, N_i]): the rows are prepared once for the int8 formats.
+template <class TB>
+void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<const QuantGemmPart<TB>> parts) {
+  bool int8 = true;
+  for (const QuantGemmPart<TB>& p : parts) int8 = int8 && detail::uses_int8_activations(p.W.format);
+  if (M > 16 && int8) {
+    // x's rows quantized once, in the call's own buffer, not its thread's: while it waits for
+    // the tasks its thread may run another product's (a simulated mesh runs devices as tasks).
+    return quant_gemm_nt<TB>(Int8Rows(x, M, K), parts);
+  }
+  for (const QuantGemmPart<TB>& p : parts) {
+    const std::int64_t N = p.W.rows, nb = K / 32;
+    const quant::MatrixView& W = p.W;
+    if (M > 16) {  // nf4
+      matmul_nt_dequantized(x, M, W, p.y);
+      if (p.bias)
+        exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::int64_t m = lo; m < hi; ++m)
+            for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
+        });
+      continue;
+    }
+    std::optional<Int8Rows> xr;
+    if (detail::uses_int8_activations(W.format)) xr.emplace(x, M, K);
+    const ActivationBlock* xq = xr ? xr->blocks() : nullptr;
+    const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+    exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t j = lo; j < hi; ++j)
+        for (std::int64_t m = 0; m < M; ++m) {
+          const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+          p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
+        }
+    });
+  }
+}
+
 /// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
-  const std::int64_t N = W.rows, K = W.cols, nb = K / 32;
-  // int8 formats: x's rows quantized once, in the caller's own buffer, not its thread's: while
-  // it waits for the tasks its thread may run another product's (a simulated mesh runs devices
-  // as tasks).
-  std::vector<ActivationBlock> xq_buf;
-  if (detail::uses_int8_activations(W.format)) {
-    xq_buf.resize(static_cast<std::size_t>(M * nb));
-    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
-    });
-  }
-  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
-  if (M > 16 && xq) return quant_gemm_nt(xq, M, W, bias, y);
-  if (M > 16) {
-    matmul_nt_dequantized(x, M, W, y);
-    if (bias)
-      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        for (std::int64_t m = lo; m < hi; ++m)
-          for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
-      });
-    return;
-  }
-  const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
-  exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j)
-      for (std::int64_t m = 0; m < M; ++m) {
-        const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
-        y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
-      }
-  });
+  const QuantGemmPart<TB> part{W, bias, y};
+  linear_quant<TB>(x, M, W.cols, std::span<const QuantGemmPart<TB>>(&part, 1));
 }
 
 }  // namespace edl::kernels
@@ -28825,6 +28946,7 @@ class RopeTable {
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -29186,7 +29308,22 @@ void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::in
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
-  for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
+  bool quantized = true;
+  for (const MatvecPart<T>& p : parts) quantized = quantized && p.quantized();
+  if (!quantized) {
+    for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
+    return;
+  }
+  // Quantized weights: x's rows are prepared once for all the parts, and one parallel region
+  // runs their products (each output the sum linear_part computes, bit for bit).
+  std::array<QuantGemmPart<T>, P> q;
+  for (std::size_t i = 0; i < P; ++i) q[i] = {parts[i].q, parts[i].bias, parts[i].y};
+  linear_quant<T>(x, M, K, std::span<const QuantGemmPart<T>>(q));
+  for (const MatvecPart<T>& p : parts)
+    if (p.lora)
+      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
+      });
 }
 
 }  // namespace edl::kernels

@@ -3,6 +3,7 @@
 // of the dequantized values within the activations' rounding.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,19 +28,29 @@ std::vector<float> normal_values(std::size_t n, unsigned seed) {
 }  // namespace
 
 TEST(QuantDot, ActivationsQuantizeAsTheReference) {
-  for (const std::int64_t K : {32, 96, 2048}) {
+  for (const std::int64_t K : {32, 160, 2048}) {
     std::vector<float> x = normal_values(static_cast<std::size_t>(K), 5);
-    if (K == 96) {
+    if (K == 160) {
       for (int i = 32; i < 64; ++i) x[static_cast<std::size_t>(i)] = 0.f;  // a zero block
       x[64] = 127.f;                                                         // ties: d = 1
       for (int i = 65; i < 96; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i - 80) + 0.5f;
+      for (int i = 96; i < 128; ++i) x[static_cast<std::size_t>(i)] *= 1e-4f;  // d a subnormal f16
+      for (int i = 128; i < 160; ++i) x[static_cast<std::size_t>(i)] *= 1e7f;  // d past f16's range
     }
-    std::vector<quant::BlockQ8_0> a(static_cast<std::size_t>(K / 32)), b(a.size());
+    const std::size_t nb = static_cast<std::size_t>(K / 32);
+    std::vector<quant::BlockQ8_0> a(nb), b(nb);
     kernels::quantize_activations(x.data(), a.data(), K);
     quant::quantize_activations_ref(x.data(), b.data(), K);
+    // In one go into the blocks the dot products read: the reference's blocks, prepared.
+    std::vector<kernels::ActivationBlock> xa(nb), want(nb);
+    kernels::quantize_activations(x.data(), xa.data(), K);
+    for (std::size_t i = 0; i < nb; ++i) kernels::prepare_activation(b[i], want[i]);
     for (std::size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].d, b[i].d) << "block " << i;
       for (int j = 0; j < 32; ++j) EXPECT_EQ(a[i].qs[j], b[i].qs[j]) << "block " << i << " value " << j;
+      EXPECT_EQ(std::memcmp(xa[i].qs, want[i].qs, 32), 0) << "block " << i;
+      EXPECT_EQ(std::memcmp(xa[i].neg8_lane_sums, want[i].neg8_lane_sums, 32), 0) << "block " << i;
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(xa[i].d), std::bit_cast<std::uint32_t>(want[i].d)) << "block " << i;
     }
   }
 }

@@ -4,6 +4,7 @@
 // f32); the input gradient likewise; and the same bits on 1 and 2 threads.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -12,6 +13,7 @@
 
 #include <edl/core/exec.hpp>
 #include <edl/kernels/gemm.hpp>
+#include <edl/kernels/matvec.hpp>
 #include <edl/kernels/quant_matvec.hpp>
 
 using namespace edl;
@@ -83,6 +85,46 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
     kernels::matmul_dequantized(dy.data(), M, v, dx.data());
     matmul(dy.data(), wd.data(), want.data(), M, K, N);
     EXPECT_EQ(dx, want) << quant::format_name(f);
+  }
+}
+
+TEST(QuantMatvec, AGroupOfProductsEqualsEachProductAlone) {
+  // q, k and v (or gate and up) of one x share its quantized rows and one parallel region:
+  // each output is still the product alone, bit for bit, for decode's and prefill's row counts,
+  // parts of different widths (a chunk of rows crosses no part), a bias on one part only, and
+  // an nf4 part among int8 ones.
+  const std::int64_t K = 96;
+  const std::vector<std::int64_t> widths = {37, 16, 50};
+  for (const quant::Format last : {quant::Format::q4_0, quant::Format::nf4}) {
+    if (K % quant::block_elems(last) != 0) continue;
+    std::vector<quant::Matrix> W;
+    for (std::size_t i = 0; i < widths.size(); ++i) {
+      const quant::Format f = i == 0 ? quant::Format::q8_0 : i == 1 ? quant::Format::q4_0 : last;
+      const std::vector<float> w = normal_values(static_cast<std::size_t>(widths[i] * K), 21 + static_cast<unsigned>(i));
+      W.push_back(quant::Matrix::quantize(f, w.data(), widths[i], K, "W"));
+    }
+    const std::vector<float> bias = normal_values(static_cast<std::size_t>(widths[1]), 24);
+    for (const std::int64_t M : {2, 17, 70}) {
+      const std::vector<float> x = normal_values(static_cast<std::size_t>(M * K), 25 + static_cast<unsigned>(M));
+      std::vector<std::vector<float>> alone(3), grouped(3);
+      std::array<kernels::MatvecPart<float>, 3> parts;
+      for (std::size_t i = 0; i < 3; ++i) {
+        const float* b = i == 1 ? bias.data() : nullptr;
+        alone[i].assign(static_cast<std::size_t>(M * widths[i]), 0.f);
+        grouped[i].assign(alone[i].size(), -1.f);
+        kernels::linear_quant(x.data(), M, W[i].view(), b, alone[i].data());
+        parts[i] = kernels::MatvecPart<float>{nullptr, b, grouped[i].data(), widths[i], W[i].view()};
+      }
+      for (const int threads : {1, 2}) {
+        const int threads_before = exec::num_threads();
+        exec::set_num_threads(threads);
+        kernels::linear_group<float, 3>(x.data(), M, parts, K);
+        exec::set_num_threads(threads_before);
+        for (std::size_t i = 0; i < 3; ++i)
+          EXPECT_EQ(grouped[i], alone[i]) << "part " << i << " M " << M << " threads " << threads << " last part "
+                                          << quant::format_name(last);
+      }
+    }
   }
 }
 

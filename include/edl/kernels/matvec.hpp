@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <xsimd/xsimd.hpp>
@@ -379,7 +380,22 @@ void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::in
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
-  for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
+  bool quantized = true;
+  for (const MatvecPart<T>& p : parts) quantized = quantized && p.quantized();
+  if (!quantized) {
+    for (const MatvecPart<T>& p : parts) linear_part(x, M, p, K);
+    return;
+  }
+  // Quantized weights: x's rows are prepared once for all the parts, and one parallel region
+  // runs their products (each output the sum linear_part computes, bit for bit).
+  std::array<QuantGemmPart<T>, P> q;
+  for (std::size_t i = 0; i < P; ++i) q[i] = {parts[i].q, parts[i].bias, parts[i].y};
+  linear_quant<T>(x, M, K, std::span<const QuantGemmPart<T>>(q));
+  for (const MatvecPart<T>& p : parts)
+    if (p.lora)
+      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
+      });
 }
 
 }  // namespace edl::kernels

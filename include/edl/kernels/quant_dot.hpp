@@ -213,46 +213,90 @@ inline __m512i q4_0_pair_code_bytes() noexcept {
 }  // namespace detail
 #endif
 
+#if defined(EDL_QUANT_AVX2)
+namespace detail {
+/// One block of 32 activations to q8_0 values in order (returned) with
+/// quant::quantize_activations_ref's rounding; d receives the scale amax / 127 before its f16 rounding.
+inline __m256i quantize_block(const float* x, float& d) noexcept {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  d = amax / 127.f;
+  const __m256 idv = _mm256_set1_ps(amax != 0.f ? 127.f / amax : 0.f);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i)
+    q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  return _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+/// The eight lane sums of 32 int8 values (lane l: values 4l..4l+3), exact.
+inline __m256i lane_sums_i8(__m256i q) noexcept {
+  const __m256i ones = _mm256_set1_epi8(1);
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+#else
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ones, q);
+#endif
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q), _mm256_set1_epi16(1));
+#endif
+}
+/// The f16 nearest to f (ties to even), as f16(f) rounds.
+inline f16 to_f16(float f) noexcept {
+#if defined(__F16C__)
+  return f16::from_bits(static_cast<std::uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+#else
+  return f16(f);
+#endif
+}
+}  // namespace detail
+#endif
+
 /// Quantizes K values (K a multiple of 32) to q8_0 blocks with the activations' rounding
 /// (quant::quantize_activations_ref, bit for bit).
 inline void quantize_activations(const float* x, quant::BlockQ8_0* out, std::int64_t K) noexcept {
 #if defined(EDL_QUANT_AVX2)
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
-    __m256 v[4];
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(x + 8 * i);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    const float amax = _mm_cvtss_f32(h);
-    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
-    out[b].d = f16(d);
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i)
-      q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    // Pack 4 x 8 int32 -> 32 int8 in order (packs interleave 128-bit lanes; permute fixes it).
-    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), ordered);
+    float d;
+    const __m256i q = detail::quantize_block(x, d);
+    out[b].d = detail::to_f16(d);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
   }
 #else
   quant::quantize_activations_ref(x, out, K);
 #endif
 }
 
-/// Quantizes K values (K a multiple of 32) into ActivationBlocks.
+/// Quantizes K values (K a multiple of 32) into ActivationBlocks: each the ActivationBlock
+/// prepare_activation makes of the q8_0 block quantize_activations gives.
 inline void quantize_activations(const float* x, ActivationBlock* out, std::int64_t K) noexcept {
+#if defined(EDL_QUANT_AVX2)
+  for (std::int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float d;
+    const __m256i q = detail::quantize_block(x, d);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
+    const __m256i s = detail::lane_sums_i8(q);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
+    out[b].d = detail::f16_to_f32(detail::to_f16(d));
+  }
+#else
   for (std::int64_t b = 0; b < K / 32; ++b) {
     quant::BlockQ8_0 q;
     quantize_activations(x + 32 * b, &q, 32);
     prepare_activation(q, out[b]);
   }
+#endif
 }
 
 /// q8_0 weights (nb blocks) . q8_0 activations.

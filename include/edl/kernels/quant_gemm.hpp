@@ -3,6 +3,8 @@
 // each output the same sum as the decode dot product (kernels/quant_dot.hpp) bit for bit.
 //
 //   kernels::quant_gemm_nt(xa, M, W, bias, y);   // xa: M rows of K / 32 ActivationBlocks
+//   kernels::Int8Rows rows(x, M, K);              // x quantized and packed once, then
+//   kernels::quant_gemm_nt<float>(rows, parts);    // several products of it (q, k, v) at once
 //
 // With AVX-512 VNNI a tile of 4 weight rows by 4 activation rows runs two blocks per 512-bit
 // vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
@@ -23,6 +25,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include <edl/core/allocator.hpp>
@@ -196,32 +200,86 @@ inline void int8_tile_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa
 
 }  // namespace detail
 
-/// y [M, N] = the dots of W's rows (q8_0 or q4_0, N = W.rows) with M activation rows (xa:
-/// K / 32 blocks a row), plus bias[j] when given.
-template <class TB>
-void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
-  const std::int64_t N = W.rows, nb = W.blocks_per_row();
-  // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
-  [[maybe_unused]] constexpr std::int64_t kRowChunk = 16, kActBlock = 64;
+/// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks) and,
+/// with 512-bit VNNI, packed as the tiles read them, so that several products of the same rows
+/// (q, k and v; gate and up) share one preparation.
+class Int8Rows {
+ public:
+  /// Quantizes x [M, K] (K a multiple of 32), rows in parallel.
+  Int8Rows(const float* x, std::int64_t M, std::int64_t K)
+      : M_(M), nb_(K / 32), own_(new ActivationBlock[static_cast<std::size_t>(M * (K / 32))]), blocks_(own_.get()) {
+    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, own_.get() + m * nb_, K);
+    });
+    pack();
+  }
+  /// M rows already quantized (nb blocks a row), borrowed: they must outlive this.
+  Int8Rows(const ActivationBlock* xa, std::int64_t M, std::int64_t nb) : M_(M), nb_(nb), blocks_(xa) { pack(); }
+
+  std::int64_t rows() const noexcept { return M_; }
+  std::int64_t blocks_per_row() const noexcept { return nb_; }
+  const ActivationBlock* blocks() const noexcept { return blocks_; }
 #if defined(EDL_QUANT_ZMM)
-  // The activations are packed once for every task, each task packs its chunk's weights once
-  // for all the activations: preparing a pair costs about as much as the 16 products of a tile.
-  const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
-  aligned_vector<detail::PackedActivationPair> xp(static_cast<std::size_t>(M4 * pairs));
-  exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(xa + m * nb, nb, xp.data() + m * pairs);
-  });
+  /// Rows [0, M / 4 * 4) as pairs of blocks, (nb + 1) / 2 a row (the tiles' rows).
+  const detail::PackedActivationPair* pairs() const noexcept { return pairs_.data(); }
 #endif
-  exec::parallel_for(0, (N + kRowChunk - 1) / kRowChunk, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+
+ private:
+  void pack() {
 #if defined(EDL_QUANT_ZMM)
+    // Preparing a pair costs about as much as the 16 products of a tile: once for every task.
+    const std::int64_t pairs = (nb_ + 1) / 2, M4 = M_ / 4 * 4;
+    pairs_.resize(static_cast<std::size_t>(M4 * pairs));
+    exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(blocks_ + m * nb_, nb_, pairs_.data() + m * pairs);
+    });
+#endif
+  }
+
+  std::int64_t M_ = 0, nb_ = 0;
+  std::unique_ptr<ActivationBlock[]> own_;  // uninitialized: every block is written
+  const ActivationBlock* blocks_ = nullptr;
+#if defined(EDL_QUANT_ZMM)
+  aligned_vector<detail::PackedActivationPair> pairs_;
+#endif
+};
+
+/// One product of a group: y [M, W.rows] = the rows . W's rows (+ bias).
+template <class TB>
+struct QuantGemmPart {
+  quant::MatrixView W;
+  const TB* bias = nullptr;
+  float* y = nullptr;
+};
+
+/// Every part's y = the dots of its W's rows (q8_0 or q4_0, each W.cols = 32 x.blocks_per_row())
+/// with x's rows, plus bias[j] when given; one parallel region over the chunks of all parts.
+template <class TB>
+void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) {
+  const std::int64_t M = x.rows(), nb = x.blocks_per_row();
+  const ActivationBlock* xa = x.blocks();
+  // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
+  constexpr std::int64_t kRowChunk = 16;
+  [[maybe_unused]] constexpr std::int64_t kActBlock = 64;
+  std::int64_t chunks = 0;
+  for (const QuantGemmPart<TB>& p : parts) chunks += (p.W.rows + kRowChunk - 1) / kRowChunk;
+  exec::parallel_for(0, chunks, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
+#if defined(EDL_QUANT_ZMM)
+    const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
     thread_local aligned_vector<detail::PackedWeightPair> wp;  // no product runs inside a chunk
     wp.resize(static_cast<std::size_t>(kRowChunk / 4 * pairs));
 #elif defined(EDL_QUANT_AVX2)
     thread_local aligned_vector<detail::PackedWeightBlocks> wp;  // no product runs inside a chunk
     wp.resize(static_cast<std::size_t>(kRowChunk / 4 * nb));
 #endif
+    std::size_t part = 0;
+    std::int64_t first = 0;  // the first chunk of `part`
     for (std::int64_t c = c0; c < c1; ++c) {
-      const std::int64_t r_lo = c * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
+      while (c - first >= (parts[part].W.rows + kRowChunk - 1) / kRowChunk) first += (parts[part++].W.rows + kRowChunk - 1) / kRowChunk;
+      const quant::MatrixView& W = parts[part].W;
+      float* y = parts[part].y;
+      const TB* bias = parts[part].bias;
+      const std::int64_t N = W.rows, r_lo = (c - first) * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
       std::int64_t r_tiles = r_lo;  // rows [r_lo, r_tiles) run in tiles
 #if defined(EDL_QUANT_ZMM)
       for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_pairs(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * pairs);
@@ -229,7 +287,7 @@ void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::Matri
         const std::int64_t m_hi = std::min(M4, m_lo + kActBlock);
         for (std::int64_t r = r_lo; r < r_tiles; r += 4)
           for (std::int64_t m = m_lo; m < m_hi; m += 4)
-            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, xp.data(), m, pairs, r, y, N);
+            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, x.pairs(), m, pairs, r, y, N);
       }
       for (std::int64_t m = M4; m < M; ++m)
         for (std::int64_t r = r_lo; r < r_tiles; ++r) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
@@ -253,6 +311,14 @@ void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::Matri
           for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);
     }
   });
+}
+
+/// y [M, N] = the dots of W's rows (q8_0 or q4_0, N = W.rows) with M activation rows (xa:
+/// K / 32 blocks a row), plus bias[j] when given.
+template <class TB>
+void quant_gemm_nt(const ActivationBlock* xa, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
+  const QuantGemmPart<TB> part{W, bias, y};
+  quant_gemm_nt<TB>(Int8Rows(xa, M, W.blocks_per_row()), std::span<const QuantGemmPart<TB>>(&part, 1));
 }
 
 }  // namespace edl::kernels

@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include <edl/core/allocator.hpp>
@@ -73,39 +75,48 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
   ::edl::detail::gemm::gemm_blocked(false, false, M, W.cols, W.rows, 1.f, dy, W.rows, &W, W.cols, accumulate ? 1.f : 0.f, dx, W.cols);
 }
 
+/// y [M, N] = the products of one set of rows x [M, K] with several quantized matrices (each
+/// part's W [N_i, K], bias, y [M, N_i]): the rows are prepared once for the int8 formats.
+template <class TB>
+void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<const QuantGemmPart<TB>> parts) {
+  bool int8 = true;
+  for (const QuantGemmPart<TB>& p : parts) int8 = int8 && detail::uses_int8_activations(p.W.format);
+  if (M > 16 && int8) {
+    // x's rows quantized once, in the call's own buffer, not its thread's: while it waits for
+    // the tasks its thread may run another product's (a simulated mesh runs devices as tasks).
+    return quant_gemm_nt<TB>(Int8Rows(x, M, K), parts);
+  }
+  for (const QuantGemmPart<TB>& p : parts) {
+    const std::int64_t N = p.W.rows, nb = K / 32;
+    const quant::MatrixView& W = p.W;
+    if (M > 16) {  // nf4
+      matmul_nt_dequantized(x, M, W, p.y);
+      if (p.bias)
+        exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+          for (std::int64_t m = lo; m < hi; ++m)
+            for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
+        });
+      continue;
+    }
+    std::optional<Int8Rows> xr;
+    if (detail::uses_int8_activations(W.format)) xr.emplace(x, M, K);
+    const ActivationBlock* xq = xr ? xr->blocks() : nullptr;
+    const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
+    exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t j = lo; j < hi; ++j)
+        for (std::int64_t m = 0; m < M; ++m) {
+          const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+          p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
+        }
+    });
+  }
+}
+
 /// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, const quant::MatrixView& W, const TB* bias, float* y) {
-  const std::int64_t N = W.rows, K = W.cols, nb = K / 32;
-  // int8 formats: x's rows quantized once, in the caller's own buffer, not its thread's: while
-  // it waits for the tasks its thread may run another product's (a simulated mesh runs devices
-  // as tasks).
-  std::vector<ActivationBlock> xq_buf;
-  if (detail::uses_int8_activations(W.format)) {
-    xq_buf.resize(static_cast<std::size_t>(M * nb));
-    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, xq_buf.data() + m * nb, K);
-    });
-  }
-  const ActivationBlock* xq = xq_buf.empty() ? nullptr : xq_buf.data();
-  if (M > 16 && xq) return quant_gemm_nt(xq, M, W, bias, y);
-  if (M > 16) {
-    matmul_nt_dequantized(x, M, W, y);
-    if (bias)
-      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        for (std::int64_t m = lo; m < hi; ++m)
-          for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
-      });
-    return;
-  }
-  const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
-  exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j)
-      for (std::int64_t m = 0; m < M; ++m) {
-        const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
-        y[m * N + j] = bias ? s + to_f32(bias[j]) : s;
-      }
-  });
+  const QuantGemmPart<TB> part{W, bias, y};
+  linear_quant<TB>(x, M, W.cols, std::span<const QuantGemmPart<TB>>(&part, 1));
 }
 
 }  // namespace edl::kernels
