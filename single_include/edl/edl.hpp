@@ -7177,19 +7177,6 @@ inline __m256i quantize_block(const float* x, float& d) noexcept {
   const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
   return _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-/// The eight lane sums of 32 int8 values (lane l: values 4l..4l+3), exact.
-inline __m256i lane_sums_i8(__m256i q) noexcept {
-  const __m256i ones = _mm256_set1_epi8(1);
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-#else
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ones, q);
-#endif
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q), _mm256_set1_epi16(1));
-#endif
-}
 /// The f16 nearest to f (ties to even), as f16(f) rounds.
 inline f16 to_f16(float f) noexcept {
 #if defined(__F16C__)
@@ -7224,7 +7211,7 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
     float d;
     const __m256i q = detail::quantize_block(x, d);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
-    const __m256i s = detail::lane_sums_i8(q);
+    const __m256i s = detail::dot_i8_lanes(_mm256_set1_epi8(1), q);  // the lane sums, exact
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
     out[b].d = detail::f16_to_f32(detail::to_f16(d));
   }
@@ -7412,7 +7399,6 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -7623,6 +7609,13 @@ inline void int8_tile_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa
 
 }  // namespace detail
 
+/// x [M, K]'s rows (K a multiple of 32) quantized into out (K / 32 ActivationBlocks a row), in parallel.
+inline void quantize_activation_rows(const float* x, std::int64_t M, std::int64_t K, ActivationBlock* out) {
+  exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, out + m * (K / 32), K);
+  });
+}
+
 /// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks) and,
 /// with 512-bit VNNI, packed as the tiles read them, so that several products of the same rows
 /// (q, k and v; gate and up) share one preparation.
@@ -7631,9 +7624,7 @@ class Int8Rows {
   /// Quantizes x [M, K] (K a multiple of 32), rows in parallel.
   Int8Rows(const float* x, std::int64_t M, std::int64_t K)
       : M_(M), nb_(K / 32), own_(new ActivationBlock[static_cast<std::size_t>(M * (K / 32))]), blocks_(own_.get()) {
-    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, own_.get() + m * nb_, K);
-    });
+    quantize_activation_rows(x, M, K, own_.get());
     pack();
   }
   /// M rows already quantized (nb blocks a row), borrowed: they must outlive this.
@@ -7684,8 +7675,9 @@ void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) 
   // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
   constexpr std::int64_t kRowChunk = 16;
   [[maybe_unused]] constexpr std::int64_t kActBlock = 64;
+  const auto chunks_of = [](const QuantGemmPart<TB>& p) { return (p.W.rows + kRowChunk - 1) / kRowChunk; };
   std::int64_t chunks = 0;
-  for (const QuantGemmPart<TB>& p : parts) chunks += (p.W.rows + kRowChunk - 1) / kRowChunk;
+  for (const QuantGemmPart<TB>& p : parts) chunks += chunks_of(p);
   exec::parallel_for(0, chunks, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
 #if defined(EDL_QUANT_ZMM)
     const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
@@ -7698,7 +7690,7 @@ void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) 
     std::size_t part = 0;
     std::int64_t first = 0;  // the first chunk of `part`
     for (std::int64_t c = c0; c < c1; ++c) {
-      while (c - first >= (parts[part].W.rows + kRowChunk - 1) / kRowChunk) first += (parts[part++].W.rows + kRowChunk - 1) / kRowChunk;
+      while (c - first >= chunks_of(parts[part])) first += chunks_of(parts[part++]);
       const quant::MatrixView& W = parts[part].W;
       float* y = parts[part].y;
       const TB* bias = parts[part].bias;
@@ -7800,33 +7792,44 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 /// part's W [N_i, K], bias, y [M, N_i]): the rows are prepared once for the int8 formats.
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<const QuantGemmPart<TB>> parts) {
-  bool int8 = true;
-  for (const QuantGemmPart<TB>& p : parts) int8 = int8 && detail::uses_int8_activations(p.W.format);
-  if (M > 16 && int8) {
-    // x's rows quantized once, in the call's own buffer, not its thread's: while it waits for
-    // the tasks its thread may run another product's (a simulated mesh runs devices as tasks).
-    return quant_gemm_nt<TB>(Int8Rows(x, M, K), parts);
-  }
-  for (const QuantGemmPart<TB>& p : parts) {
-    const std::int64_t N = p.W.rows, nb = K / 32;
-    const quant::MatrixView& W = p.W;
-    if (M > 16) {  // nf4
-      matmul_nt_dequantized(x, M, W, p.y);
+  const std::int64_t nb = K / 32;
+  if (M > 16) {
+    // int8 formats: int8 tiles, x's rows quantized and packed once for all those parts, in the
+    // call's own buffer, not its thread's: while it waits for the tasks its thread may run
+    // another product's (a simulated mesh runs devices as tasks). nf4: the dequantized GEMM.
+    std::vector<QuantGemmPart<TB>> int8;
+    for (const QuantGemmPart<TB>& p : parts) {
+      if (detail::uses_int8_activations(p.W.format)) {
+        int8.push_back(p);
+        continue;
+      }
+      const std::int64_t N = p.W.rows;
+      matmul_nt_dequantized(x, M, p.W, p.y);
       if (p.bias)
         exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
           for (std::int64_t m = lo; m < hi; ++m)
             for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
         });
-      continue;
     }
-    std::optional<Int8Rows> xr;
-    if (detail::uses_int8_activations(W.format)) xr.emplace(x, M, K);
-    const ActivationBlock* xq = xr ? xr->blocks() : nullptr;
+    if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
+    return;
+  }
+  // Fewer rows than a tile's worth: row dots, which read the quantized rows unpacked (quantized
+  // once for all the int8 parts).
+  std::vector<ActivationBlock> xq_buf;
+  for (const QuantGemmPart<TB>& p : parts)
+    if (xq_buf.empty() && detail::uses_int8_activations(p.W.format)) {
+      xq_buf.resize(static_cast<std::size_t>(M * nb));
+      quantize_activation_rows(x, M, K, xq_buf.data());
+    }
+  for (const QuantGemmPart<TB>& p : parts) {
+    const std::int64_t N = p.W.rows;
+    const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
     const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
     exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t j = lo; j < hi; ++j)
         for (std::int64_t m = 0; m < M; ++m) {
-          const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+          const float s = detail::quant_row_dot(p.W, j, x + m * K, xq ? xq + m * nb : nullptr);
           p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
         }
     });
@@ -29293,18 +29296,25 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
   }
 }
 
-/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
-/// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+/// y += the part's low-rank (LoRA) product of x's M rows, when it has one.
 template <class T>
-void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
-  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
-  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+void lora_add(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
   if (p.lora)
     exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
     });
 }
 
+template <class T>
+void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
+  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
+  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  lora_add(x, M, p, K);
+}
+
+/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
+/// all of them when M is 1 (decode; matvec_group) or their weights are all quantized
+/// (linear_quant's groups), else linear_part for each.
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
@@ -29319,11 +29329,7 @@ void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>
   std::array<QuantGemmPart<T>, P> q;
   for (std::size_t i = 0; i < P; ++i) q[i] = {parts[i].q, parts[i].bias, parts[i].y};
   linear_quant<T>(x, M, K, std::span<const QuantGemmPart<T>>(q));
-  for (const MatvecPart<T>& p : parts)
-    if (p.lora)
-      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
-      });
+  for (const MatvecPart<T>& p : parts) lora_add(x, M, p, K);
 }
 
 }  // namespace edl::kernels

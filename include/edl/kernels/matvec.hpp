@@ -365,18 +365,25 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
   }
 }
 
-/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
-/// all of them when M is 1 (decode; matvec_group), else linear_nt for each.
+/// y += the part's low-rank (LoRA) product of x's M rows, when it has one.
 template <class T>
-void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
-  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
-  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+void lora_add(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
   if (p.lora)
     exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
     });
 }
 
+template <class T>
+void linear_part(const float* x, std::int64_t M, const MatvecPart<T>& p, std::int64_t K) {
+  if (p.quantized()) linear_quant(x, M, p.q, p.bias, p.y);
+  else linear_nt(x, M, p.W, p.bias, p.y, p.N, K);
+  lora_add(x, M, p, K);
+}
+
+/// Several products of one x, y_i = x W_i^T (+ b_i), for M rows: one parallel region for
+/// all of them when M is 1 (decode; matvec_group) or their weights are all quantized
+/// (linear_quant's groups), else linear_part for each.
 template <class T, std::size_t P>
 void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>, P>& parts, std::int64_t K) {
   if (M == 1) return matvec_group<T, P>(x, parts, K);
@@ -391,11 +398,7 @@ void linear_group(const float* x, std::int64_t M, const std::array<MatvecPart<T>
   std::array<QuantGemmPart<T>, P> q;
   for (std::size_t i = 0; i < P; ++i) q[i] = {parts[i].q, parts[i].bias, parts[i].y};
   linear_quant<T>(x, M, K, std::span<const QuantGemmPart<T>>(q));
-  for (const MatvecPart<T>& p : parts)
-    if (p.lora)
-      exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-        detail::low_rank_add(x + lo * K, hi - lo, K, p.lora, p.y + lo * p.N, p.N, 0, p.N);
-      });
+  for (const MatvecPart<T>& p : parts) lora_add(x, M, p, K);
 }
 
 }  // namespace edl::kernels

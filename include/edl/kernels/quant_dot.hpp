@@ -239,19 +239,6 @@ inline __m256i quantize_block(const float* x, float& d) noexcept {
   const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
   return _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-/// The eight lane sums of 32 int8 values (lane l: values 4l..4l+3), exact.
-inline __m256i lane_sums_i8(__m256i q) noexcept {
-  const __m256i ones = _mm256_set1_epi8(1);
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-#else
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ones, q);
-#endif
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q), _mm256_set1_epi16(1));
-#endif
-}
 /// The f16 nearest to f (ties to even), as f16(f) rounds.
 inline f16 to_f16(float f) noexcept {
 #if defined(__F16C__)
@@ -286,7 +273,7 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
     float d;
     const __m256i q = detail::quantize_block(x, d);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
-    const __m256i s = detail::lane_sums_i8(q);
+    const __m256i s = detail::dot_i8_lanes(_mm256_set1_epi8(1), q);  // the lane sums, exact
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
     out[b].d = detail::f16_to_f32(detail::to_f16(d));
   }

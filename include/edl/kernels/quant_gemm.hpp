@@ -200,6 +200,13 @@ inline void int8_tile_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa
 
 }  // namespace detail
 
+/// x [M, K]'s rows (K a multiple of 32) quantized into out (K / 32 ActivationBlocks a row), in parallel.
+inline void quantize_activation_rows(const float* x, std::int64_t M, std::int64_t K, ActivationBlock* out) {
+  exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, out + m * (K / 32), K);
+  });
+}
+
 /// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks) and,
 /// with 512-bit VNNI, packed as the tiles read them, so that several products of the same rows
 /// (q, k and v; gate and up) share one preparation.
@@ -208,9 +215,7 @@ class Int8Rows {
   /// Quantizes x [M, K] (K a multiple of 32), rows in parallel.
   Int8Rows(const float* x, std::int64_t M, std::int64_t K)
       : M_(M), nb_(K / 32), own_(new ActivationBlock[static_cast<std::size_t>(M * (K / 32))]), blocks_(own_.get()) {
-    exec::parallel_for(0, M, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) quantize_activations(x + m * K, own_.get() + m * nb_, K);
-    });
+    quantize_activation_rows(x, M, K, own_.get());
     pack();
   }
   /// M rows already quantized (nb blocks a row), borrowed: they must outlive this.
@@ -261,8 +266,9 @@ void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) 
   // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
   constexpr std::int64_t kRowChunk = 16;
   [[maybe_unused]] constexpr std::int64_t kActBlock = 64;
+  const auto chunks_of = [](const QuantGemmPart<TB>& p) { return (p.W.rows + kRowChunk - 1) / kRowChunk; };
   std::int64_t chunks = 0;
-  for (const QuantGemmPart<TB>& p : parts) chunks += (p.W.rows + kRowChunk - 1) / kRowChunk;
+  for (const QuantGemmPart<TB>& p : parts) chunks += chunks_of(p);
   exec::parallel_for(0, chunks, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
 #if defined(EDL_QUANT_ZMM)
     const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
@@ -275,7 +281,7 @@ void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) 
     std::size_t part = 0;
     std::int64_t first = 0;  // the first chunk of `part`
     for (std::int64_t c = c0; c < c1; ++c) {
-      while (c - first >= (parts[part].W.rows + kRowChunk - 1) / kRowChunk) first += (parts[part++].W.rows + kRowChunk - 1) / kRowChunk;
+      while (c - first >= chunks_of(parts[part])) first += chunks_of(parts[part++]);
       const quant::MatrixView& W = parts[part].W;
       float* y = parts[part].y;
       const TB* bias = parts[part].bias;

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -79,33 +78,44 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 /// part's W [N_i, K], bias, y [M, N_i]): the rows are prepared once for the int8 formats.
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<const QuantGemmPart<TB>> parts) {
-  bool int8 = true;
-  for (const QuantGemmPart<TB>& p : parts) int8 = int8 && detail::uses_int8_activations(p.W.format);
-  if (M > 16 && int8) {
-    // x's rows quantized once, in the call's own buffer, not its thread's: while it waits for
-    // the tasks its thread may run another product's (a simulated mesh runs devices as tasks).
-    return quant_gemm_nt<TB>(Int8Rows(x, M, K), parts);
-  }
-  for (const QuantGemmPart<TB>& p : parts) {
-    const std::int64_t N = p.W.rows, nb = K / 32;
-    const quant::MatrixView& W = p.W;
-    if (M > 16) {  // nf4
-      matmul_nt_dequantized(x, M, W, p.y);
+  const std::int64_t nb = K / 32;
+  if (M > 16) {
+    // int8 formats: int8 tiles, x's rows quantized and packed once for all those parts, in the
+    // call's own buffer, not its thread's: while it waits for the tasks its thread may run
+    // another product's (a simulated mesh runs devices as tasks). nf4: the dequantized GEMM.
+    std::vector<QuantGemmPart<TB>> int8;
+    for (const QuantGemmPart<TB>& p : parts) {
+      if (detail::uses_int8_activations(p.W.format)) {
+        int8.push_back(p);
+        continue;
+      }
+      const std::int64_t N = p.W.rows;
+      matmul_nt_dequantized(x, M, p.W, p.y);
       if (p.bias)
         exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
           for (std::int64_t m = lo; m < hi; ++m)
             for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
         });
-      continue;
     }
-    std::optional<Int8Rows> xr;
-    if (detail::uses_int8_activations(W.format)) xr.emplace(x, M, K);
-    const ActivationBlock* xq = xr ? xr->blocks() : nullptr;
+    if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
+    return;
+  }
+  // Fewer rows than a tile's worth: row dots, which read the quantized rows unpacked (quantized
+  // once for all the int8 parts).
+  std::vector<ActivationBlock> xq_buf;
+  for (const QuantGemmPart<TB>& p : parts)
+    if (xq_buf.empty() && detail::uses_int8_activations(p.W.format)) {
+      xq_buf.resize(static_cast<std::size_t>(M * nb));
+      quantize_activation_rows(x, M, K, xq_buf.data());
+    }
+  for (const QuantGemmPart<TB>& p : parts) {
+    const std::int64_t N = p.W.rows;
+    const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
     const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
     exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t j = lo; j < hi; ++j)
         for (std::int64_t m = 0; m < M; ++m) {
-          const float s = detail::quant_row_dot(W, j, x + m * K, xq ? xq + m * nb : nullptr);
+          const float s = detail::quant_row_dot(p.W, j, x + m * K, xq ? xq + m * nb : nullptr);
           p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
         }
     });
