@@ -6916,6 +6916,15 @@ void matmul_nt(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
        accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
 }
 
+/// C[m, j] += bias[j] for C [M, N]: the bias a Linear layer adds after its GEMM.
+template <class TB>
+void add_bias_rows(float* C, std::int64_t M, std::int64_t N, const TB* bias) {
+  exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m)
+      for (std::int64_t j = 0; j < N; ++j) C[m * N + j] += to_f32(bias[j]);
+  });
+}
+
 /// C = A^T * B (accumulate: C += ...). A stored [K,M], B [K,N], C [M,N]: dW = dy^T x.
 template <class TA, class TB>
 void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -6931,6 +6940,7 @@ using edl::gemm_serial;
 using edl::matmul;
 using edl::matmul_nt;
 using edl::matmul_tn;
+using edl::add_bias_rows;
 using edl::Trans;
 }  // namespace kernels
 
@@ -7803,13 +7813,8 @@ void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<cons
         int8.push_back(p);
         continue;
       }
-      const std::int64_t N = p.W.rows;
       matmul_nt_dequantized(x, M, p.W, p.y);
-      if (p.bias)
-        exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::int64_t m = lo; m < hi; ++m)
-            for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
-        });
+      if (p.bias) add_bias_rows(p.y, M, p.W.rows, p.bias);
     }
     if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
     return;
@@ -7817,11 +7822,11 @@ void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<cons
   // Fewer rows than a tile's worth: row dots, which read the quantized rows unpacked (quantized
   // once for all the int8 parts).
   std::vector<ActivationBlock> xq_buf;
-  for (const QuantGemmPart<TB>& p : parts)
-    if (xq_buf.empty() && detail::uses_int8_activations(p.W.format)) {
-      xq_buf.resize(static_cast<std::size_t>(M * nb));
-      quantize_activation_rows(x, M, K, xq_buf.data());
-    }
+  if (std::any_of(parts.begin(), parts.end(),
+                  [](const QuantGemmPart<TB>& p) { return detail::uses_int8_activations(p.W.format); })) {
+    xq_buf.resize(static_cast<std::size_t>(M * nb));
+    quantize_activation_rows(x, M, K, xq_buf.data());
+  }
   for (const QuantGemmPart<TB>& p : parts) {
     const std::int64_t N = p.W.rows;
     const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
@@ -29288,12 +29293,7 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
     return;
   }
   matmul_nt(x, W, y, M, N, K);
-  if (bias) {
-    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m)
-        for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
-    });
-  }
+  if (bias) add_bias_rows(y, M, N, bias);
 }
 
 /// y += the part's low-rank (LoRA) product of x's M rows, when it has one.

@@ -382,6 +382,15 @@ void matmul_nt(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t 
        accumulate ? 1.f : 0.f, C, std::max<std::int64_t>(1, N));
 }
 
+/// C[m, j] += bias[j] for C [M, N]: the bias a Linear layer adds after its GEMM.
+template <class TB>
+void add_bias_rows(float* C, std::int64_t M, std::int64_t N, const TB* bias) {
+  exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+    for (std::int64_t m = lo; m < hi; ++m)
+      for (std::int64_t j = 0; j < N; ++j) C[m * N + j] += to_f32(bias[j]);
+  });
+}
+
 /// C = A^T * B (accumulate: C += ...). A stored [K,M], B [K,N], C [M,N]: dW = dy^T x.
 template <class TA, class TB>
 void matmul_tn(const TA* A, const TB* B, float* C, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -397,6 +406,7 @@ using edl::gemm_serial;
 using edl::matmul;
 using edl::matmul_nt;
 using edl::matmul_tn;
+using edl::add_bias_rows;
 using edl::Trans;
 }  // namespace kernels
 

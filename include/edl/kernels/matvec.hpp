@@ -357,12 +357,7 @@ void linear_nt(const float* x, std::int64_t M, const T* W, const T* bias, float*
     return;
   }
   matmul_nt(x, W, y, M, N, K);
-  if (bias) {
-    exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m)
-        for (std::int64_t j = 0; j < N; ++j) y[m * N + j] += to_f32(bias[j]);
-    });
-  }
+  if (bias) add_bias_rows(y, M, N, bias);
 }
 
 /// y += the part's low-rank (LoRA) product of x's M rows, when it has one.

@@ -89,13 +89,8 @@ void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<cons
         int8.push_back(p);
         continue;
       }
-      const std::int64_t N = p.W.rows;
       matmul_nt_dequantized(x, M, p.W, p.y);
-      if (p.bias)
-        exec::parallel_for(0, M, 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-          for (std::int64_t m = lo; m < hi; ++m)
-            for (std::int64_t j = 0; j < N; ++j) p.y[m * N + j] += to_f32(p.bias[j]);
-        });
+      if (p.bias) add_bias_rows(p.y, M, p.W.rows, p.bias);
     }
     if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
     return;
@@ -103,11 +98,11 @@ void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<cons
   // Fewer rows than a tile's worth: row dots, which read the quantized rows unpacked (quantized
   // once for all the int8 parts).
   std::vector<ActivationBlock> xq_buf;
-  for (const QuantGemmPart<TB>& p : parts)
-    if (xq_buf.empty() && detail::uses_int8_activations(p.W.format)) {
-      xq_buf.resize(static_cast<std::size_t>(M * nb));
-      quantize_activation_rows(x, M, K, xq_buf.data());
-    }
+  if (std::any_of(parts.begin(), parts.end(),
+                  [](const QuantGemmPart<TB>& p) { return detail::uses_int8_activations(p.W.format); })) {
+    xq_buf.resize(static_cast<std::size_t>(M * nb));
+    quantize_activation_rows(x, M, K, xq_buf.data());
+  }
   for (const QuantGemmPart<TB>& p : parts) {
     const std::int64_t N = p.W.rows;
     const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
