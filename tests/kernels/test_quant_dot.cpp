@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <edl/core/allocator.hpp>
 #include <edl/kernels/quant_dot.hpp>
 
 using namespace edl;
@@ -76,6 +77,12 @@ TEST(QuantDot, Int8DotsEqualTheirDefinition) {
     }
     EXPECT_EQ(kernels::dot_q8_0(w8.data(), xa.data(), nb), kernels::reference::dot_int8(w8.data(), xq.data(), nb)) << K;
     EXPECT_EQ(kernels::dot_q4_0(w4.data(), xa.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
+#if defined(EDL_QUANT_ZMM)
+    // The activations paired once for all rows (what decode's matrix-vector product does).
+    aligned_vector<kernels::ActivationPair> pairs(static_cast<std::size_t>((nb + 1) / 2));
+    kernels::pair_activations(xa.data(), nb, pairs.data());
+    EXPECT_EQ(kernels::dot_q4_0(w4.data(), pairs.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
+#endif
     // Against the dequantized values in double: the integer sums are exact, so only the f32
     // accumulation of the block terms differs.
     std::vector<float> wd(static_cast<std::size_t>(K)), xd(static_cast<std::size_t>(K));
@@ -112,6 +119,11 @@ TEST(QuantDot, Q4_0RowAtTheEndOfReadableMemory) {
     std::vector<kernels::ActivationBlock> xa(static_cast<std::size_t>(nb));
     kernels::quantize_activations(x.data(), xa.data(), K);
     EXPECT_EQ(kernels::dot_q4_0(row, xa.data(), nb), kernels::reference::dot_int8(row, xq.data(), nb)) << nb << " blocks";
+#if defined(EDL_QUANT_ZMM)
+    aligned_vector<kernels::ActivationPair> pairs(static_cast<std::size_t>((nb + 1) / 2));
+    kernels::pair_activations(xa.data(), nb, pairs.data());
+    EXPECT_EQ(kernels::dot_q4_0(row, pairs.data(), nb), kernels::reference::dot_int8(row, xq.data(), nb)) << nb << " blocks, paired";
+#endif
   }
   munmap(map, 2 * page);
 }

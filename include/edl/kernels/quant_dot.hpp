@@ -21,6 +21,7 @@
 // multiplies f32 activations.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -311,51 +312,81 @@ inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::
 #endif
 }
 
+#if defined(EDL_QUANT_ZMM)
+/// An activation row's blocks b and b + 1 as the 512-bit q4_0 dot takes them: block b in lanes
+/// 0-7, b + 1 in 8-15 (zero when absent). Made once for all the rows of a matrix-vector
+/// product, it saves each row's pair the three lane inserts that put them side by side.
+struct alignas(64) ActivationPair {
+  __m512i qs, neg8_lane_sums;
+  __m512 d;
+};
+
+/// The nb blocks of x as (nb + 1) / 2 pairs.
+inline void pair_activations(const ActivationBlock* x, std::int64_t nb, ActivationPair* out) noexcept {
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    const bool second = b + 1 < nb;
+    const auto both = [&](const auto member) {
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].*member));
+      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].*member)) : _mm256_setzero_si256();
+      return detail::two_halves(lo, hi);
+    };
+    out[b / 2] = {both(&ActivationBlock::qs), both(&ActivationBlock::neg8_lane_sums),
+                  detail::two_halves(x[b].d, second ? x[b + 1].d : 0.f)};
+  }
+}
+
+namespace detail {
+/// One pair (blocks b, b + 1 of the row ending at w_end) of the 512-bit q4_0 dot: acc + the
+/// pair's lane sums times d_w * d_x. A block's 16 bytes go to both halves of its 256 bits, the
+/// upper half shifted to the high nibbles: values 0-15 then 16-31, as the activations lie.
+inline __m512 q4_0_pair(const quant::BlockQ4_0* wb, const quant::BlockQ4_0* w_end, bool second, const ActivationPair& x,
+                        __m512 acc) noexcept {
+  __m512i q;
+  __m512 dw;  // block b's f16 scale in lanes 0-7, b + 1's in 8-15 (an absent block's 0)
+#if defined(__AVX512VBMI__)
+  // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
+  // decode streams faster than masked loads), one byte permute for the codes, one word
+  // permute for the scales.
+  (void)w_end;
+  const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb) : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
+  q = _mm512_permutexvar_epi8(q4_0_pair_code_bytes(), raw);
+  const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
+  dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
+#else
+  (void)w_end;
+  const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
+  const __m256i q1 =
+      second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
+  q = two_halves(q0, q1);
+  dw = two_halves(f16_to_f32(wb[0].d), second ? f16_to_f32(wb[1].d) : 0.f);
+#endif
+  const __m512 d = _mm512_mul_ps(dw, x.d);  // d_w * d_x, the definition's f32 product
+  q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
+  const __m512i s = _mm512_dpbusd_epi32(x.neg8_lane_sums, q, x.qs);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+}
+}  // namespace detail
+
+/// q4_0 weights (nb blocks) . activations already paired (pair_activations): dot_q4_0's bits.
+inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationPair* x, std::int64_t nb) noexcept {
+  __m512 acc = _mm512_setzero_ps();
+  for (std::int64_t b = 0; b < nb; b += 2) acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, x[b / 2], acc);
+  return detail::sum_lanes16(acc);
+}
+#endif
+
 /// q4_0 weights (nb blocks) . q8_0 activations.
 inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
 #if defined(EDL_QUANT_ZMM)
   // Blocks b (lanes 0-7) and b + 1 (lanes 8-15) per vector: one accumulator holds the
-  // definition's even and odd chains side by side. A block's 16 bytes go to both halves of its
-  // 256 bits, the upper half shifted to the high nibbles: values 0-15 then 16-31, as the
-  // activations lie. An odd last block leaves lanes 8-15 zero, which adds +0.0 to the odd chain.
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-#if defined(__AVX512VBMI__)
-  const quant::BlockQ4_0* const w_end = w + nb;  // a pair's 64-byte load must stay before it
-#endif
-  const auto pair = [&](const quant::BlockQ4_0* wb, const ActivationBlock* xb, bool second, __m512 acc) {
-    __m512i q;
-    __m512 d;  // d_w * d_x, the definition's f32 product: block b's in lanes 0-7, b + 1's in 8-15 (an absent block's 0)
-#if defined(__AVX512VBMI__)
-    // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
-    // decode streams faster than masked loads), one byte permute for the codes, one word
-    // permute for the scales: fewer instructions a pair than two broadcasts and two scalar
-    // conversions, the same values.
-    const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb)
-                                        : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
-    q = _mm512_permutexvar_epi8(detail::q4_0_pair_code_bytes(), raw);
-    const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
-    d = _mm512_mul_ps(dw, detail::two_halves(xb[0].d, second ? xb[1].d : 0.f));
-#else
-    const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
-    const __m256i q1 =
-        second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
-    q = detail::two_halves(q0, q1);
-    d = detail::two_halves(detail::f16_to_f32(wb[0].d) * xb[0].d, second ? detail::f16_to_f32(wb[1].d) * xb[1].d : 0.f);
-#endif
-    q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), low4);
-    const auto both = [&](const auto member) {  // 32 bytes of block b's activation, then b + 1's
-      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[0].*member));
-      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(xb[1].*member)) : _mm256_setzero_si256();
-      return detail::two_halves(lo, hi);
-    };
-    const __m512i s = _mm512_dpbusd_epi32(both(&ActivationBlock::neg8_lane_sums), q, both(&ActivationBlock::qs));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
-  };
+  // definition's even and odd chains side by side. An odd last block leaves lanes 8-15 zero,
+  // which adds +0.0 to the odd chain.
   __m512 acc = _mm512_setzero_ps();
-  std::int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) acc = pair(w + b, x + b, true, acc);
-  if (b < nb) acc = pair(w + b, x + b, false, acc);
+  for (std::int64_t b = 0; b < nb; b += 2) {
+    ActivationPair xp;
+    pair_activations(x + b, std::min<std::int64_t>(2, nb - b), &xp);
+    acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, xp, acc);
+  }
   return detail::sum_lanes16(acc);
 #elif defined(EDL_QUANT_AVX2)
   const auto step = [&](std::int64_t b, __m256 acc) {

@@ -31,9 +31,32 @@ namespace edl::kernels {
 
 namespace detail {
 
+/// How far ahead of the row it multiplies a matrix-vector product asks for the weights.
+inline constexpr std::int64_t kRowPrefetchBytes = 4096;
+
+/// Asks for the 64-byte lines of [p, p + bytes) into L2. On x86 an asm statement: GCC 12 drops
+/// __builtin_prefetch from a function that does nothing else once it inlines it (the function
+/// looks free of effects, so its calls go).
+inline void prefetch_lines(const std::uint8_t* p, std::int64_t bytes) noexcept {
+  for (std::int64_t c = 0; c < bytes; c += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht1 %0" : : "m"(p[c]));
+#else
+    __builtin_prefetch(p + c, 0, 2);
+#endif
+  }
+}
+
+/// Starts the bytes kRowPrefetchBytes past row r on their way to L2, a row's worth: decode is a
+/// stream of rows, and one core's hardware prefetcher alone left the dots waiting on memory
+/// (or on a large L3) about half the time.
+inline void prefetch_rows_ahead(const quant::MatrixView& W, std::int64_t r) noexcept {
+  prefetch_lines(W.row(r) + kRowPrefetchBytes, W.row_bytes());
+}
+
 /// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
 inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  __builtin_prefetch(W.row(r) + 4 * W.row_bytes(), 0, 2);  // the row four ahead starts on its way
+  prefetch_rows_ahead(W, r);
   if (W.format == quant::Format::nf4)
     return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
   return int8_row_dot(W, r, xq);
@@ -58,6 +81,20 @@ void quant_matvec_rows(const quant::MatrixView& W, const float* x, const Activat
                        std::int64_t lo, std::int64_t hi) {
   // One row at a time: memory reads a single stream of rows faster than several rows side by
   // side (which would share each activation block's loads, the better choice only in cache).
+#if defined(EDL_QUANT_ZMM)
+  if (W.format == quant::Format::q4_0) {  // x's blocks paired once for all the rows
+    const std::int64_t nb = W.blocks_per_row();
+    static thread_local aligned_vector<ActivationPair> pairs;
+    if (static_cast<std::int64_t>(pairs.size()) < (nb + 1) / 2) pairs.resize(static_cast<std::size_t>((nb + 1) / 2));
+    pair_activations(xq, nb, pairs.data());
+    for (std::int64_t j = lo; j < hi; ++j) {
+      detail::prefetch_rows_ahead(W, j);
+      const float s = dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(j)), pairs.data(), nb);
+      y[j] = bias ? s + to_f32(bias[j]) : s;
+    }
+    return;
+  }
+#endif
   for (std::int64_t j = lo; j < hi; ++j) {
     const float s = detail::quant_row_dot(W, j, x, xq);
     y[j] = bias ? s + to_f32(bias[j]) : s;
