@@ -7295,7 +7295,6 @@ inline __m512 q4_0_pair(const quant::BlockQ4_0* wb, const quant::BlockQ4_0* w_en
   // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
   // decode streams faster than masked loads), one byte permute for the codes, one word
   // permute for the scales.
-  (void)w_end;
   const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb) : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
   q = _mm512_permutexvar_epi8(q4_0_pair_code_bytes(), raw);
   const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
@@ -7809,9 +7808,9 @@ inline void prefetch_rows_ahead(const quant::MatrixView& W, std::int64_t r) noex
   prefetch_lines(W.row(r) + kRowPrefetchBytes, W.row_bytes());
 }
 
-/// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32).
+/// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32). The
+/// caller asks for the rows ahead (prefetch_rows_ahead), once a row however many x it multiplies.
 inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  prefetch_rows_ahead(W, r);
   if (W.format == quant::Format::nf4)
     return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
   return int8_row_dot(W, r, xq);
@@ -7820,10 +7819,11 @@ inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const flo
 /// Whether the format multiplies q8_0 activations (else f32).
 constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
 
-/// A thread's buffer for the q8_0 blocks of activation rows.
-inline ActivationBlock* activation_blocks(std::int64_t blocks) {
-  static thread_local std::vector<ActivationBlock> buf;
-  if (static_cast<std::int64_t>(buf.size()) < blocks) buf.resize(static_cast<std::size_t>(blocks));
+/// A thread's buffer of n T (activation blocks, their pairs), kept from call to call.
+template <class T>
+T* thread_buffer(std::int64_t n) {
+  static thread_local aligned_vector<T> buf;
+  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
   return buf.data();
 }
 
@@ -7837,21 +7837,21 @@ void quant_matvec_rows(const quant::MatrixView& W, const float* x, const Activat
   // One row at a time: memory reads a single stream of rows faster than several rows side by
   // side (which would share each activation block's loads, the better choice only in cache).
 #if defined(EDL_QUANT_ZMM)
-  if (W.format == quant::Format::q4_0) {  // x's blocks paired once for all the rows
-    const std::int64_t nb = W.blocks_per_row();
-    static thread_local aligned_vector<ActivationPair> pairs;
-    if (static_cast<std::int64_t>(pairs.size()) < (nb + 1) / 2) pairs.resize(static_cast<std::size_t>((nb + 1) / 2));
-    pair_activations(xq, nb, pairs.data());
-    for (std::int64_t j = lo; j < hi; ++j) {
-      detail::prefetch_rows_ahead(W, j);
-      const float s = dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(j)), pairs.data(), nb);
-      y[j] = bias ? s + to_f32(bias[j]) : s;
-    }
-    return;
+  const std::int64_t nb = W.blocks_per_row();
+  ActivationPair* pairs = nullptr;  // q4_0: x's blocks paired once for all the rows
+  if (W.format == quant::Format::q4_0) {
+    pairs = detail::thread_buffer<ActivationPair>((nb + 1) / 2);
+    pair_activations(xq, nb, pairs);
   }
 #endif
   for (std::int64_t j = lo; j < hi; ++j) {
+    detail::prefetch_rows_ahead(W, j);
+#if defined(EDL_QUANT_ZMM)
+    const float s = pairs ? dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(j)), pairs, nb)
+                          : detail::quant_row_dot(W, j, x, xq);
+#else
     const float s = detail::quant_row_dot(W, j, x, xq);
+#endif
     y[j] = bias ? s + to_f32(bias[j]) : s;
   }
 }
@@ -7900,11 +7900,13 @@ void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<cons
     const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
     const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
     exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t j = lo; j < hi; ++j)
+      for (std::int64_t j = lo; j < hi; ++j) {
+        detail::prefetch_rows_ahead(p.W, j);
         for (std::int64_t m = 0; m < M; ++m) {
           const float s = detail::quant_row_dot(p.W, j, x + m * K, xq ? xq + m * nb : nullptr);
           p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
         }
+      }
     });
   }
 }
@@ -29294,7 +29296,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
-      ActivationBlock* buf = detail::activation_blocks(K / 32);
+      ActivationBlock* buf = detail::thread_buffer<ActivationBlock>(K / 32);
       quantize_activations(x, buf, K);
       xq = buf;
     }

@@ -290,7 +290,7 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
       continue;
     }
     if (!xq && detail::uses_int8_activations(p.q.format)) {
-      ActivationBlock* buf = detail::activation_blocks(K / 32);
+      ActivationBlock* buf = detail::thread_buffer<ActivationBlock>(K / 32);
       quantize_activations(x, buf, K);
       xq = buf;
     }

@@ -347,7 +347,6 @@ inline __m512 q4_0_pair(const quant::BlockQ4_0* wb, const quant::BlockQ4_0* w_en
   // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
   // decode streams faster than masked loads), one byte permute for the codes, one word
   // permute for the scales.
-  (void)w_end;
   const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb) : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
   q = _mm512_permutexvar_epi8(q4_0_pair_code_bytes(), raw);
   const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
