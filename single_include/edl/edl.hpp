@@ -1501,9 +1501,9 @@ constexpr Format format_of() noexcept {
 // end of edl/quant/formats.hpp
 // #include <edl/quant/matrix.hpp>
 // edl/quant/matrix.hpp
-// A quantized weight matrix [rows, cols] (a Linear's weight, HF layout [out, in]): each row is
-// cols / block_elems(format) blocks, rows one after another, the bytes on cache lines as the
-// f32 weights are (decode streams them once per token).
+// A quantized weight matrix [rows, cols] (a Linear's weight, HF layout [out, in]). q8_0 and
+// q4_0 lie in groups of 16 rows (quant/row_groups.hpp: the int8 kernels' layout), nf4 in rows
+// of blocks; files hold GGUF's rows of blocks either way (file_bytes, copy_row).
 //
 //   quant::Matrix m = quant::Matrix::quantize(Format::q8_0, w, rows, cols, "q_proj.weight");
 //   m.dequantize(out);                 // [rows, cols] f32
@@ -1743,20 +1743,113 @@ inline void dequantize_row_nf4(const BlockNF4* in, const float* absmax, float* y
 
 }  // namespace edl::quant
 // end of edl/quant/quantize.hpp
+// // #include <edl/quant/row_groups.hpp> (inlined above)
+// edl/quant/row_groups.hpp
+// How a q8_0 or q4_0 matrix lies in memory: in groups of 16 rows, their blocks interleaved so
+// that one 64-byte vector holds four consecutive values of each of the 16 rows. The int8
+// kernels then keep one row per 32-bit lane (kernels/quant_dot.hpp) and sum a block of each
+// row without moving values across lanes. Files keep GGUF's layout (rows of blocks);
+// to_groups / block_of convert. The bytes are the same count as the rows': a group of nb
+// blocks a row is
+//
+//   codes:  nb x kGroupCodeBytes  block b: byte 64 k + 4 n + i holds value 4 k + i of row n
+//                                 q8_0: k = 0..7, int8 as in the block
+//                                 q4_0: k = 0..3, the block's byte 4 k + i: value 4 k + i in
+//                                       the low nibble, value 4 k + i + 16 in the high one
+//   scales: nb x 16 f16           block b: row n's scale at 16 b + n
+//
+// A last group that has fewer than 16 rows is padded with zero rows (zero codes and scales),
+// which the kernels compute and nobody reads.
+
+#include <cstdint>
+#include <cstring>
+
+// #include <edl/core/dtype.hpp> (inlined above)
+// #include <edl/quant/formats.hpp> (inlined above)
+
+namespace edl::quant {
+
+/// Rows in a group.
+inline constexpr std::int64_t kGroupRows = 16;
+
+/// Whether the format lies in row groups (q8_0, q4_0); nf4 keeps rows of blocks.
+constexpr bool in_row_groups(Format f) noexcept { return f == Format::q8_0 || f == Format::q4_0; }
+
+/// Code bytes of one block of a group's 16 rows.
+constexpr std::int64_t group_code_bytes(Format f) noexcept { return f == Format::q8_0 ? 512 : 256; }
+
+/// Bytes of a group of 16 rows of nb blocks.
+constexpr std::int64_t group_bytes(Format f, std::int64_t nb) noexcept { return nb * (group_code_bytes(f) + 32); }
+
+/// Puts row n (0..15) of a group, nb blocks of GGUF's layout, into the group at g.
+inline void put_group_row(Format f, const std::uint8_t* row, std::int64_t nb, int n, std::uint8_t* g) noexcept {
+  const std::int64_t cb = group_code_bytes(f);
+  std::uint8_t* scales = g + nb * cb;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::uint8_t* codes = g + b * cb;
+    if (f == Format::q8_0) {
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+      std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
+      for (int e = 0; e < 32; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = static_cast<std::uint8_t>(blk->qs[e]);
+    } else {
+      const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+      std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
+      for (int e = 0; e < 16; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = blk->qs[e];
+    }
+  }
+}
+
+/// Block b of row n (0..15) of the group at g, in GGUF's layout (BlockQ8_0 or BlockQ4_0 at out).
+inline void block_of(Format f, const std::uint8_t* g, std::int64_t nb, int n, std::int64_t b, void* out) noexcept {
+  const std::int64_t cb = group_code_bytes(f);
+  const std::uint8_t* codes = g + b * cb;
+  const std::uint8_t* scales = g + nb * cb;
+  if (f == Format::q8_0) {
+    auto* blk = static_cast<BlockQ8_0*>(out);
+    std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
+    for (int e = 0; e < 32; ++e) blk->qs[e] = static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+  } else {
+    auto* blk = static_cast<BlockQ4_0*>(out);
+    std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
+    for (int e = 0; e < 16; ++e) blk->qs[e] = codes[64 * (e / 4) + 4 * n + e % 4];
+  }
+}
+
+}  // namespace edl::quant
+// end of edl/quant/row_groups.hpp
 
 namespace edl::quant {
 
 /// What a kernel needs of a quantized matrix.
 struct MatrixView {
   Format format = Format::none;
-  const std::uint8_t* data = nullptr;  // rows * row_bytes
+  const std::uint8_t* data = nullptr;  // q8_0, q4_0: groups() groups of 16 rows; nf4: rows of blocks
   const float* absmax = nullptr;       // nf4: rows * cols / 64 block scales
   std::int64_t rows = 0, cols = 0;
 
   std::int64_t blocks_per_row() const noexcept { return cols / block_elems(format); }
+  /// Bytes of a row in a file (GGUF's rows of blocks).
   std::int64_t row_bytes() const noexcept { return blocks_per_row() * block_bytes(format); }
+  /// q8_0, q4_0: groups of kGroupRows rows, the last padded with zero rows.
+  std::int64_t groups() const noexcept { return (rows + kGroupRows - 1) / kGroupRows; }
+  const std::uint8_t* group(std::int64_t g) const noexcept { return data + g * group_bytes(format, blocks_per_row()); }
+  /// nf4: row r's blocks and scales.
   const std::uint8_t* row(std::int64_t r) const noexcept { return data + r * row_bytes(); }
   const float* row_absmax(std::int64_t r) const noexcept { return absmax + r * blocks_per_row(); }
+
+  /// Blocks [b0, b1) of row r in GGUF's layout at out (nf4: its codes).
+  void copy_blocks(std::int64_t r, std::int64_t b0, std::int64_t b1, void* out) const noexcept {
+    auto* o = static_cast<std::uint8_t*>(out);
+    if (!in_row_groups(format)) {
+      std::memcpy(o, row(r) + b0 * block_bytes(format), static_cast<std::size_t>((b1 - b0) * block_bytes(format)));
+      return;
+    }
+    const std::uint8_t* g = group(r / kGroupRows);
+    for (std::int64_t b = b0; b < b1; ++b, o += block_bytes(format))
+      block_of(format, g, blocks_per_row(), static_cast<int>(r % kGroupRows), b, o);
+  }
+  /// Row r in GGUF's layout at out (row_bytes() bytes).
+  void copy_row(std::int64_t r, void* out) const noexcept { copy_blocks(r, 0, blocks_per_row(), out); }
 };
 
 class Matrix {
@@ -1787,17 +1880,20 @@ class Matrix {
       m.dq_ = DoubleQuant::quantize(absmax);
       for (std::size_t i = 0; i < absmax.size(); ++i) m.absmax_[i] = m.dq_.value(i);
     }
-    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 65536 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t r = lo; r < hi; ++r) {
-        std::uint8_t* dst = m.bytes_.data() + r * rb;
-        const float* src = w + r * cols;
-        switch (f) {
-          case Format::q8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols); break;
-          case Format::q4_0: quantize_row_q4_0(src, reinterpret_cast<BlockQ4_0*>(dst), cols); break;
-          case Format::nf4: quantize_row_nf4(src, m.absmax_.data() + r * nb, reinterpret_cast<BlockNF4*>(dst), cols); break;
-          case Format::none: break;
+    if (in_row_groups(f)) {
+      exec::parallel_for(0, m.view().groups(), 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        std::vector<std::uint8_t> row(static_cast<std::size_t>(rb));
+        for (std::int64_t r = lo * kGroupRows; r < std::min(rows, hi * kGroupRows); ++r) {
+          if (f == Format::q8_0) quantize_row_q8_0(w + r * cols, reinterpret_cast<BlockQ8_0*>(row.data()), cols);
+          else quantize_row_q4_0(w + r * cols, reinterpret_cast<BlockQ4_0*>(row.data()), cols);
+          m.put_row(r, row.data());
         }
-      }
+      });
+      return m;
+    }
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 65536 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r)
+        quantize_row_nf4(w + r * cols, m.absmax_.data() + r * nb, reinterpret_cast<BlockNF4*>(m.bytes_.data() + r * rb), cols);
     });
     return m;
   }
@@ -1811,6 +1907,13 @@ class Matrix {
     EDL_CHECK(static_cast<std::int64_t>(bytes.size()) == rows * m.view().row_bytes(), errc::shape_mismatch, what,
               "expected ", rows * m.view().row_bytes(), " bytes of ", format_name(f), " blocks for [", rows, ", ", cols,
               "], found ", bytes.size());
+    if (in_row_groups(f)) {
+      const std::int64_t rb = m.view().row_bytes();
+      exec::parallel_for(0, m.view().groups(), 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t r = lo * kGroupRows; r < std::min(rows, hi * kGroupRows); ++r) m.put_row(r, bytes.data() + r * rb);
+      });
+      return m;
+    }
     std::memcpy(m.bytes_.data(), bytes.data(), bytes.size());
     if (f == Format::nf4) {
       const std::size_t nblk = static_cast<std::size_t>(rows * (cols / 64));
@@ -1829,7 +1932,15 @@ class Matrix {
   bool empty() const noexcept { return format_ == Format::none; }
   std::int64_t rows() const noexcept { return rows_; }
   std::int64_t cols() const noexcept { return cols_; }
+  /// The bytes as the kernels read them (q8_0, q4_0: in row groups).
   std::span<const std::uint8_t> bytes() const noexcept { return {bytes_.data(), bytes_.size()}; }
+  /// The rows in GGUF's layout, as files hold them: rows * view().row_bytes() bytes.
+  std::vector<std::uint8_t> file_bytes() const {
+    const MatrixView v = view();
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(rows_ * v.row_bytes()));
+    for (std::int64_t r = 0; r < rows_; ++r) v.copy_row(r, out.data() + r * v.row_bytes());
+    return out;
+  }
   const DoubleQuant& double_quant() const noexcept { return dq_; }
   /// Bytes the kernels read: blocks, plus nf4's f32 scales.
   std::int64_t storage_bytes() const noexcept {
@@ -1842,6 +1953,14 @@ class Matrix {
   Matrix slice_rows(std::int64_t r0, std::int64_t r1) const {
     Matrix m(format_, r1 - r0, cols_);
     const std::int64_t rb = view().row_bytes(), nb = view().blocks_per_row();
+    if (in_row_groups(format_)) {
+      std::vector<std::uint8_t> row(static_cast<std::size_t>(rb));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        view().copy_row(r, row.data());
+        m.put_row(r - r0, row.data());
+      }
+      return m;
+    }
     std::memcpy(m.bytes_.data(), bytes_.data() + r0 * rb, static_cast<std::size_t>((r1 - r0) * rb));
     if (format_ == Format::nf4)  // a shard computes with the scales; files are written from the whole matrix
       std::memcpy(m.absmax_.data(), absmax_.data() + r0 * nb, static_cast<std::size_t>((r1 - r0) * nb) * sizeof(float));
@@ -1858,6 +1977,14 @@ class Matrix {
     Matrix m(format_, rows_, c1 - c0);
     const MatrixView v = view();
     const std::int64_t nb = v.blocks_per_row(), mb = (c1 - c0) / be;
+    if (in_row_groups(format_)) {
+      std::vector<std::uint8_t> row(static_cast<std::size_t>(mb * bb));
+      for (std::int64_t r = 0; r < rows_; ++r) {
+        v.copy_blocks(r, c0 / be, c1 / be, row.data());
+        m.put_row(r, row.data());
+      }
+      return m;
+    }
     for (std::int64_t r = 0; r < rows_; ++r) {
       std::memcpy(m.bytes_.data() + r * mb * bb, v.row(r) + c0 / be * bb, static_cast<std::size_t>(mb * bb));
       if (format_ == Format::nf4)
@@ -1875,11 +2002,24 @@ class Matrix {
   }
 
   static void dequantize_row(const MatrixView& v, std::int64_t r, float* out) {
+    dequantize_blocks(v, r, 0, v.blocks_per_row(), out);
+  }
+  /// Blocks [b0, b1) of row r dequantized into out ((b1 - b0) * block_elems values).
+  static void dequantize_blocks(const MatrixView& v, std::int64_t r, std::int64_t b0, std::int64_t b1, float* out) {
+    const std::int64_t n = (b1 - b0) * block_elems(v.format);
     switch (v.format) {
-      case Format::q8_0: dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(v.row(r)), out, v.cols); break;
-      case Format::q4_0: dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(v.row(r)), out, v.cols); break;
+      case Format::q8_0:
+      case Format::q4_0: {
+        for (std::int64_t b = b0; b < b1; ++b, out += 32) {
+          alignas(8) std::uint8_t blk[sizeof(BlockQ8_0)];
+          v.copy_blocks(r, b, b + 1, blk);
+          if (v.format == Format::q8_0) dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(blk), out, 32);
+          else dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(blk), out, 32);
+        }
+        break;
+      }
       case Format::nf4:
-        dequantize_row_nf4(reinterpret_cast<const BlockNF4*>(v.row(r)), v.row_absmax(r), out, v.cols);
+        dequantize_row_nf4(reinterpret_cast<const BlockNF4*>(v.row(r)) + b0, v.row_absmax(r) + b0, out, n);
         break;
       case Format::none: break;
     }
@@ -1887,8 +2027,16 @@ class Matrix {
 
  private:
   Matrix(Format f, std::int64_t rows, std::int64_t cols) : format_(f), rows_(rows), cols_(cols) {
-    bytes_.resize(static_cast<std::size_t>(rows * (cols / block_elems(f)) * block_bytes(f)));
+    const std::int64_t nb = cols / block_elems(f);
+    if (in_row_groups(f)) bytes_.assign(static_cast<std::size_t>(view().groups() * group_bytes(f, nb)), 0);  // padding rows: zero
+    else bytes_.resize(static_cast<std::size_t>(rows * nb * block_bytes(f)));
     if (f == Format::nf4) absmax_.resize(static_cast<std::size_t>(rows * (cols / 64)));
+  }
+
+  /// Row r (GGUF's layout) into its group.
+  void put_row(std::int64_t r, const std::uint8_t* row) noexcept {
+    const std::int64_t nb = view().blocks_per_row();
+    put_group_row(format_, row, nb, static_cast<int>(r % kGroupRows), bytes_.data() + r / kGroupRows * group_bytes(format_, nb));
   }
 
   Format format_ = Format::none;
@@ -1901,6 +2049,7 @@ class Matrix {
 }  // namespace edl::quant
 // end of edl/quant/matrix.hpp
 // #include <edl/quant/quantize.hpp> (inlined above)
+// #include <edl/quant/row_groups.hpp> (inlined above)
 // end of edl/quant/all.hpp
 // #include <edl/mesh/all.hpp>
 // edl/mesh/all.hpp: umbrella of the mesh layer (topology, devices, collectives, backends).
@@ -6532,11 +6681,7 @@ inline void pack_b(bool trans, const quant::MatrixView* Wp, std::int64_t /*ldb*/
   // Dequantizes the blocks of row r covering columns [c0, c1) into row[c0 ..].
   const auto dequant = [&](std::int64_t r, std::int64_t c0, std::int64_t c1) {
     const std::int64_t b0 = c0 / be, b1 = (c1 + be - 1) / be;
-    quant::MatrixView part = W;
-    part.cols = (b1 - b0) * be;
-    part.data = W.row(r) + b0 * quant::block_bytes(W.format);
-    part.absmax = W.format == quant::Format::nf4 ? W.row_absmax(r) + b0 : nullptr;
-    quant::Matrix::dequantize_row(part, 0, row.data() + b0 * be);
+    quant::Matrix::dequantize_blocks(W, r, b0, b1, row.data() + b0 * be);
   };
   for (std::int64_t q = q0; q < q1; ++q) {
     const std::int64_t jj = q * NR;
@@ -6946,28 +7091,47 @@ using edl::Trans;
 
 }  // namespace edl
 // end of edl/kernels/gemm.hpp
-// #include <edl/kernels/quant_dot.hpp>
-// edl/kernels/quant_dot.hpp
-// Dot products of quantized weight rows with an activation row, the inner loop of decode on
-// quantized models (kernels/quant_matvec.hpp runs them over matrices).
+// #include <edl/kernels/quant_amx.hpp>
+// edl/kernels/quant_amx.hpp
+// Tiles of int8 products on AMX (Intel's tile unit), for prefill where the build targets it:
+// 8 activation rows by a group of 16 weight rows (quant/row_groups.hpp), one block a tile
+// multiply. `tdpbssd` (q8_0) or `tdpbsud` (q4_0's unsigned codes) gives each output's exact
+// int32 block sum; the scaling then runs as in kernels::dot_group: s (+ -8 sum x for q4_0)
+// to f32, times d_w * d_x, added into the even or the odd blocks' chain. So every output is
+// the definition's dot product (kernels/quant_dot.hpp), the bits of the VNNI path.
 //
-//   kernels::quantize_activations(x, xa, K);             // x -> ActivationBlocks (q8_0 values)
-//   float s = kernels::dot_q8_0(w_row, xa, K / 32);      // q8_0 weights . q8_0 activations
-//   float s = kernels::dot_q4_0(w_row, xa, K / 32);      // q4_0 weights . q8_0 activations
+// Linux hands a process the tile state only on request (arch_prctl); where it refuses,
+// amx_available() is false and the products run on the VNNI tiles, with the same bits.
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+// // #include <edl/kernels/quant_dot.hpp> (inlined above)
+// edl/kernels/quant_dot.hpp
+// Dot products of quantized weights with activations, the inner loop of every product with
+// quantized weights (kernels/quant_matvec.hpp and quant_gemm.hpp run them over matrices).
+//
+//   kernels::quantize_activations(x, xa, K);        // x -> ActivationBlocks (q8_0 values)
+//   kernels::dot_group<MR>(W, g, xa, nb, out);       // 16 rows of q8_0 / q4_0 W . MR activation rows
 //   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
 //
-// The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
-// sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
-// targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates
-// s_i * (d_w * d_x) in f32 with one rounding, even blocks and
-// odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
-// eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
-// path is that definition written out (the naive twin the tests hold the SIMD paths to), so
-// every path gives the same bits. The activations are a q8_0 row prepared once per product
-// (ActivationBlock: the scale as f32, and -8 times each lane's sum, which lets q4_0 multiply
-// its unsigned nibbles directly: sum (q - 8) x = sum q x - 8 sum x). nf4 dequantizes in registers (a 16-entry table lookup) and
-// multiplies f32 activations.
+// The int8 formats multiply integers, as llama.cpp does. Their definition, for a weight row w
+// and an activation row x of nb blocks:
+//
+//   s_b = the exact int32 sum of block b's 32 products (q4_0's values are code - 8)
+//   acc_(b mod 2) = fma(float(s_b), d_w,b * d_x,b, acc_(b mod 2))   (d_w * d_x one f32 product)
+//   dot = acc_0 + acc_1
+//
+// reference::dot_int8 writes it out. The weights lie in groups of 16 rows whose blocks are
+// interleaved (quant/row_groups.hpp), so a vector holds one row per 32-bit lane: vpdpbusd
+// (AVX-512 VNNI, AVX-VNNI) or vpmaddubsw + vpmaddwd (AVX2) sums four products into each
+// row's lane, eight steps make a block's sum, and no value crosses lanes. Every path gives
+// the definition's bits. The activations are a q8_0 row prepared once per product
+// (ActivationBlock: the scale as f32 and the sum of the values). The sum lets unsigned codes
+// be multiplied directly: sum (q - 8) x = sum q x - 8 sum x for q4_0, and for q8_0 in
+// vpdpbusd (w + 128) x - 128 sum x. nf4 dequantizes in registers (a 16-entry table lookup)
+// and multiplies f32 activations.
 
 #include <algorithm>
 #include <cmath>
@@ -6977,16 +7141,18 @@ using edl::Trans;
 
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/quant/formats.hpp> (inlined above)
+// // #include <edl/quant/matrix.hpp> (inlined above) (inlined above)
 // #include <edl/quant/quantize.hpp> (inlined above)
+// // #include <edl/quant/row_groups.hpp> (inlined above) (inlined above)
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define EDL_QUANT_AVX2 1
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define EDL_QUANT_VNNI 1
 #endif
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: two blocks per vector
+#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: a group's 16 rows in one vector
 #endif
 #endif
 
@@ -7004,33 +7170,25 @@ inline constexpr const char* quant_dot_path =
 
 namespace reference {
 
-/// Lane i (0..7) sum of a block: products of values 4i..4i+3.
-template <class W>
-inline std::int32_t lane_sum(W&& w, const std::int8_t* x, int lane) noexcept {
-  std::int32_t s = 0;
-  for (int j = 4 * lane; j < 4 * lane + 4; ++j) s += w(j) * static_cast<std::int32_t>(x[j]);
-  return s;
-}
 inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
-/// The definition of dot_q8_0 / dot_q4_0, written out.
+/// The definition of the int8 formats' dot product (q8_0 or q4_0 blocks . q8_0 activations),
+/// written out.
 template <class Block>
 inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
-  float acc2[2][8] = {};
+  float acc[2] = {0.f, 0.f};
   for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d.to_float();
-    for (int l = 0; l < 8; ++l) {
-      std::int32_t s;
-      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0))
-        s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
-      else
-        s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    std::int32_t s = 0;
+    for (int j = 0; j < 32; ++j) {
+      std::int32_t v;
+      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0)) v = w[b].qs[j];
+      else v = quant::q4_0_value(w[b], j);
+      s += v * static_cast<std::int32_t>(x[b].qs[j]);
     }
+    const float d = w[b].d.to_float() * x[b].d.to_float();
+    acc[b & 1] = std::fma(static_cast<float>(s), d, acc[b & 1]);
   }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return sum_lanes8(acc);
+  return acc[0] + acc[1];
 }
 
 /// The definition of dot_nf4 for a vector of L lanes (8 with AVX2, 16 with AVX-512): the
@@ -7060,73 +7218,31 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 }  // namespace reference
 
 /// One block of 32 activations quantized to q8_0, as the dot products read it.
-struct alignas(32) ActivationBlock {
+struct alignas(64) ActivationBlock {
   std::int8_t qs[32];
-  std::int32_t neg8_lane_sums[8];  // -8 * (qs[4l] + .. + qs[4l + 3])
-  float d;                         // the block's f16 scale, widened
+  std::int32_t sum;         // qs[0] + .. + qs[31]
+  std::int32_t neg8_sum;    // -8 sum: starts a q4_0 block's sum (its codes are q + 8)
+  std::int32_t neg128_sum;  // -128 sum: starts a q8_0 block's sum in vpdpbusd (w + 128)
+  float d;                  // the block's f16 scale, widened
 };
 
 /// The ActivationBlock of a q8_0 block.
 inline void prepare_activation(const quant::BlockQ8_0& in, ActivationBlock& out) noexcept {
   std::memcpy(out.qs, in.qs, 32);
-  for (int l = 0; l < 8; ++l)
-    out.neg8_lane_sums[l] = -8 * (in.qs[4 * l] + in.qs[4 * l + 1] + in.qs[4 * l + 2] + in.qs[4 * l + 3]);
+  out.sum = 0;
+  for (int j = 0; j < 32; ++j) out.sum += in.qs[j];
+  out.neg8_sum = -8 * out.sum;
+  out.neg128_sum = -128 * out.sum;
   out.d = in.d.to_float();
 }
 
 #if defined(EDL_QUANT_AVX2)
 namespace detail {
-/// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
-inline __m256i dot_i8_lanes(__m256i w, __m256i x) noexcept {
-  const __m256i aw = _mm256_sign_epi8(w, w);
-  const __m256i sx = _mm256_sign_epi8(x, w);
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
-#endif
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-}
 /// ((0+4)+(2+6))+((1+5)+(3+7)), reference::sum_lanes8's tree.
 inline float sum_lanes8(__m256 v) noexcept {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-/// The two-chain sum of the dots: step(b, acc) adds block b's term to acc; even blocks go to
-/// one accumulator, odd to the other (named, so they stay in registers), then lane-wise added
-/// and summed in sum_lanes8's tree.
-template <class Step>
-inline float two_chains(std::int64_t nb, Step&& step) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  std::int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    a0 = step(b, a0);
-    a1 = step(b + 1, a1);
-  }
-  if (b < nb) a0 = step(b, a0);
-  return sum_lanes8(_mm256_add_ps(a0, a1));
-}
-/// A q4_0 block's 32 codes q (0..15, unsigned) in value order: low nibbles then high nibbles.
-inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-/// c + the eight lane sums of unsigned q (0..15) times signed x.
-inline __m256i dot_u4_lanes(__m256i c, __m256i q, __m256i x) noexcept {
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(c, q, x);
-#else
-  return _mm256_dpbusd_avx_epi32(c, q, x);
-#endif
-#else
-  return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
-#endif
 }
 inline float f16_to_f32(f16 h) noexcept {
 #if defined(__F16C__)
@@ -7141,23 +7257,6 @@ inline float f16_to_f32(f16 h) noexcept {
 inline float sum_lanes16(__m512 v) noexcept {
   return sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
-#endif
-#if defined(EDL_QUANT_ZMM)
-/// A 512-bit vector from two 256-bit halves (block b low, b + 1 high), or of two scales
-/// broadcast over eight lanes each.
-inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
-#if defined(__AVX512VBMI__)
-/// The byte permute that takes two adjacent q4_0 blocks (bytes 0-35: scale, 16 code bytes,
-/// scale, 16 code bytes) to each block's code bytes twice: block b's in bytes 0-31, b + 1's in
-/// 32-63 (the upper copy of each then shifts to the high nibbles).
-inline __m512i q4_0_pair_code_bytes() noexcept {
-  return _mm512_set_epi8(35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,  //
-                         35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,  //
-                         17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,          //
-                         17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2);
-}
-#endif
 #endif
 }  // namespace detail
 #endif
@@ -7222,8 +7321,14 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
     float d;
     const __m256i q = detail::quantize_block(x, d);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
-    const __m256i s = detail::dot_i8_lanes(_mm256_set1_epi8(1), q);  // the lane sums, exact
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
+    // The values' sum, exact: pairs to int16, then to eight int32, then across.
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    out[b].sum = _mm_cvtsi128_si32(t);
+    out[b].neg8_sum = -8 * out[b].sum;
+    out[b].neg128_sum = -128 * out[b].sum;
     out[b].d = detail::f16_to_f32(detail::to_f16(d));
   }
 #else
@@ -7235,128 +7340,150 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
 #endif
 }
 
-/// q8_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
-#if defined(EDL_QUANT_AVX2)
-  const auto step = [&](std::int64_t b, __m256 acc) {
-    const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
-                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-  };
-  return detail::two_chains(nb, step);
-#else
-  float acc2[2][8] = {};
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d;
-    for (int l = 0; l < 8; ++l) {
-      const std::int32_t s = reference::lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
-    }
-  }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return reference::sum_lanes8(acc);
-#endif
-}
-
-#if defined(EDL_QUANT_ZMM)
-/// An activation row's blocks b and b + 1 as the 512-bit q4_0 dot takes them: block b in lanes
-/// 0-7, b + 1 in 8-15 (zero when absent). Made once for all the rows of a matrix-vector
-/// product, it saves each row's pair the three lane inserts that put them side by side.
-struct alignas(64) ActivationPair {
-  __m512i qs, neg8_lane_sums;
-  __m512 d;
-};
-
-/// The nb blocks of x as (nb + 1) / 2 pairs.
-inline void pair_activations(const ActivationBlock* x, std::int64_t nb, ActivationPair* out) noexcept {
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    const auto both = [&](const auto member) {
-      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].*member));
-      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].*member)) : _mm256_setzero_si256();
-      return detail::two_halves(lo, hi);
-    };
-    out[b / 2] = {both(&ActivationBlock::qs), both(&ActivationBlock::neg8_lane_sums),
-                  detail::two_halves(x[b].d, second ? x[b + 1].d : 0.f)};
-  }
-}
-
 namespace detail {
-/// One pair (blocks b, b + 1 of the row ending at w_end) of the 512-bit q4_0 dot: acc + the
-/// pair's lane sums times d_w * d_x. A block's 16 bytes go to both halves of its 256 bits, the
-/// upper half shifted to the high nibbles: values 0-15 then 16-31, as the activations lie.
-inline __m512 q4_0_pair(const quant::BlockQ4_0* wb, const quant::BlockQ4_0* w_end, bool second, const ActivationPair& x,
-                        __m512 acc) noexcept {
-  __m512i q;
-  __m512 dw;  // block b's f16 scale in lanes 0-7, b + 1's in 8-15 (an absent block's 0)
-#if defined(__AVX512VBMI__)
-  // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
-  // decode streams faster than masked loads), one byte permute for the codes, one word
-  // permute for the scales.
-  const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb) : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
-  q = _mm512_permutexvar_epi8(q4_0_pair_code_bytes(), raw);
-  const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-  dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
+
+/// Asks for the 64-byte lines of [p, p + bytes) into L2. On x86 an asm statement: GCC 12 drops
+/// __builtin_prefetch from a function that does nothing else once it inlines it (the function
+/// looks free of effects, so its calls go).
+inline void prefetch_lines(const std::uint8_t* p, std::int64_t bytes) noexcept {
+  for (std::int64_t c = 0; c < bytes; c += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht1 %0" : : "m"(p[c]));
 #else
-  (void)w_end;
-  const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
-  const __m256i q1 =
-      second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
-  q = two_halves(q0, q1);
-  dw = two_halves(f16_to_f32(wb[0].d), second ? f16_to_f32(wb[1].d) : 0.f);
+    __builtin_prefetch(p + c, 0, 2);
 #endif
-  const __m512 d = _mm512_mul_ps(dw, x.d);  // d_w * d_x, the definition's f32 product
-  q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
-  const __m512i s = _mm512_dpbusd_epi32(x.neg8_lane_sums, q, x.qs);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  }
 }
+
+/// How far ahead of the block it multiplies a product asks for the weights: decode is a stream
+/// of groups, and one core's hardware prefetcher alone left the dots waiting on memory (or on
+/// a large L3) about half the time.
+inline constexpr std::int64_t kWeightPrefetchBytes = 4096;
+
+/// Value e (0..31) of row n of block b's codes in a group (q4_0: code - 8), as the definition
+/// multiplies it.
+inline std::int32_t group_value(quant::Format f, const std::uint8_t* codes, int n, int e) noexcept {
+  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+  const int i = e % 16;
+  const std::uint8_t c = codes[64 * (i / 4) + 4 * n + i % 4];
+  return (e < 16 ? c & 15 : c >> 4) - 8;
+}
+
 }  // namespace detail
 
-/// q4_0 weights (nb blocks) . activations already paired (pair_activations): dot_q4_0's bits.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationPair* x, std::int64_t nb) noexcept {
-  __m512 acc = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, x[b / 2], acc);
-  return detail::sum_lanes16(acc);
-}
-#endif
-
-/// q4_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
+/// out[m * 16 + n] = row n of group g of W (q8_0 or q4_0) . activation row m, for MR rows of
+/// ActivationBlocks at x + m * ldx: the definition's bits (reference::dot_int8). A padding row
+/// of the last group gives 0.
+template <int MR>
+inline void dot_group(const quant::MatrixView& W, std::int64_t g, const ActivationBlock* x, std::int64_t ldx,
+                      float* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row(), cb = quant::group_code_bytes(W.format);
+  const std::uint8_t* codes = W.group(g);
+  const std::uint16_t* scales = reinterpret_cast<const std::uint16_t*>(codes + nb * cb);
+  const bool four = W.format == quant::Format::q4_0;
 #if defined(EDL_QUANT_ZMM)
-  // Blocks b (lanes 0-7) and b + 1 (lanes 8-15) per vector: one accumulator holds the
-  // definition's even and odd chains side by side. An odd last block leaves lanes 8-15 zero,
-  // which adds +0.0 to the odd chain.
-  __m512 acc = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    ActivationPair xp;
-    pair_activations(x + b, std::min<std::int64_t>(2, nb - b), &xp);
-    acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, xp, acc);
-  }
-  return detail::sum_lanes16(acc);
-#elif defined(EDL_QUANT_AVX2)
-  const auto step = [&](std::int64_t b, __m256 acc) {
-    const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
-                                           detail::unpack_q4_0(w[b].qs),
-                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  // Row n in lane n: q4_0's codes as they are (unsigned 0..15), q8_0's flipped to w + 128, both
+  // against the signed activations; the sum of x times 8 or 128 starts each block's sum.
+  // Two named accumulator sets, the even and the odd blocks' chains, so that they stay in
+  // registers.
+  __m512 even[MR], odd[MR];
+  for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm512_setzero_ps();
+  const auto block = [&](std::int64_t b, __m512 (&acc)[MR]) {
+    const std::uint8_t* c = codes + b * cb;
+    detail::prefetch_lines(c + detail::kWeightPrefetchBytes, cb);
+    __m512i w[8];
+    if (four) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * k);
+        w[k] = _mm512_and_si512(raw, low4);
+        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(_mm512_loadu_si512(c + 64 * k), flip);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const ActivationBlock& xb = x[m * ldx + b];
+      const auto* xd = reinterpret_cast<const std::int32_t*>(xb.qs);  // broadcast from memory, not through a register
+      __m512i s = _mm512_set1_epi32(four ? xb.neg8_sum : xb.neg128_sum);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xd[k]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), acc[m]);
+    }
   };
-  return detail::two_chains(nb, step);
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, even);
+    block(b + 1, odd);
+  }
+  if (b < nb) block(b, even);
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_add_ps(even[m], odd[m]));
+#elif defined(EDL_QUANT_AVX2)
+  // Eight rows a vector, the group's two halves one after the other; a row's 32 products go
+  // to its lane four at a time: unsigned codes (q4_0; q8_0's |w|, with w's sign on x) times x.
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  const auto add4 = [&](__m256i s, __m256i u, __m256i v) {
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(s, u, v);
 #else
-  float acc2[2][8] = {};
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d;
-    for (int l = 0; l < 8; ++l) {
-      const std::int32_t s =
-          reference::lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    return _mm256_dpbusd_avx_epi32(s, u, v);
+#endif
+#else
+    return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+#endif
+  };
+  for (int h = 0; h < 2; ++h) {
+    for (int m = 0; m < MR; ++m) {
+      const ActivationBlock* xm = x + m * ldx;
+      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* c = codes + b * cb + 32 * h;
+        if (m == 0 && h == 0) detail::prefetch_lines(c + detail::kWeightPrefetchBytes, cb);
+        std::int32_t xd[8];
+        std::memcpy(xd, xm[b].qs, 32);
+        __m256i s;
+        if (four) {
+          s = _mm256_set1_epi32(xm[b].neg8_sum);
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k));
+            s = add4(s, _mm256_and_si256(raw, low4), _mm256_set1_epi32(xd[k]));
+            s = add4(s, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), _mm256_set1_epi32(xd[k + 4]));
+          }
+        } else {
+          s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k));
+            s = add4(s, _mm256_sign_epi8(w, w), _mm256_sign_epi8(_mm256_set1_epi32(xd[k]), w));
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
+        acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xm[b].d)), acc[b & 1]);
+      }
+      _mm256_storeu_ps(out + 16 * m + 8 * h, _mm256_add_ps(acc[0], acc[1]));
     }
   }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return reference::sum_lanes8(acc);
+#else
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < 16; ++n) {
+      float acc[2] = {0.f, 0.f};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const ActivationBlock& xb = x[m * ldx + b];
+        std::int32_t s = 0;
+        for (int e = 0; e < 32; ++e) s += detail::group_value(W.format, codes + b * cb, n, e) * xb.qs[e];
+        const float d = f16::from_bits(scales[16 * b + n]).to_float() * xb.d;
+        acc[b & 1] = std::fma(static_cast<float>(s), d, acc[b & 1]);
+      }
+      out[16 * m + n] = acc[0] + acc[1];
+    }
+  (void)four;
 #endif
 }
 
@@ -7422,6 +7549,123 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 
 }  // namespace edl::kernels
 // end of edl/kernels/quant_dot.hpp
+// #include <edl/quant/matrix.hpp> (inlined above)
+// #include <edl/quant/row_groups.hpp> (inlined above)
+
+#if defined(EDL_QUANT_ZMM) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define EDL_QUANT_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace edl::kernels {
+
+/// Whether prefill's int8 products run on AMX tiles in this process.
+inline bool amx_available() noexcept {
+#if defined(EDL_QUANT_AMX)
+  constexpr long kReqTilePermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+  static const bool ok = syscall(SYS_arch_prctl, kReqTilePermission, kTileData) == 0;
+  return ok;
+#else
+  return false;
+#endif
+}
+
+#if defined(EDL_QUANT_AMX)
+namespace detail {
+
+/// Activation rows of an AMX tile.
+inline constexpr int kAmxRows = 8;
+
+/// Sets this thread's tiles once: 0-3 four blocks' int32 sums (8 x 16), 4-5 activations (8 rows
+/// x 32 bytes), 6-7 weights (8 rows of 4 bytes x 16 rows).
+inline void configure_tiles() noexcept {
+  thread_local bool configured = false;
+  if (configured) return;
+  struct alignas(64) {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t colsb[16] = {64, 64, 64, 64, 32, 32, 64, 64};
+    std::uint8_t rows[16] = {kAmxRows, kAmxRows, kAmxRows, kAmxRows, kAmxRows, kAmxRows, 8, 8};
+  } config;
+  _tile_loadconfig(&config);
+  configured = true;
+}
+
+/// Group g's weights as the tiles multiply them (nb x 512 bytes at out): q4_0's codes split
+/// into unsigned bytes (B row k: values 4k..4k+3 of each row); q8_0's are already so.
+inline const std::uint8_t* amx_weights(const quant::MatrixView& W, std::int64_t g, std::uint8_t* out) noexcept {
+  const std::uint8_t* codes = W.group(g);
+  if (W.format == quant::Format::q8_0) return codes;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (std::int64_t b = 0; b < W.blocks_per_row(); ++b)
+    for (int k = 0; k < 4; ++k) {
+      const __m512i raw = _mm512_loadu_si512(codes + b * 256 + 64 * k);
+      _mm512_store_si512(out + b * 512 + 64 * k, _mm512_and_si512(raw, low4));
+      _mm512_store_si512(out + b * 512 + 64 * (k + 4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4));
+    }
+  return out;
+}
+
+/// out[m * 16 + n] = row n of group g . activation row m for kAmxRows rows at x (ldx blocks
+/// apart); w: the group's weights from amx_weights. configure_tiles() first.
+inline void amx_group_tile(const quant::MatrixView& W, std::int64_t g, const std::uint8_t* w, const ActivationBlock* x,
+                           std::int64_t ldx, float* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row();
+  const bool four = W.format == quant::Format::q4_0;
+  const std::uint16_t* scales = reinterpret_cast<const std::uint16_t*>(W.group(g) + nb * quant::group_code_bytes(W.format));
+  const std::int64_t stride = ldx * static_cast<std::int64_t>(sizeof(ActivationBlock));
+  alignas(64) std::int32_t sums[4][kAmxRows * 16];
+  __m512 even[kAmxRows], odd[kAmxRows];
+  for (int m = 0; m < kAmxRows; ++m) even[m] = odd[m] = _mm512_setzero_ps();
+  const auto scale = [&](std::int64_t b, const std::int32_t* s, __m512 (&acc)[kAmxRows]) {
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
+#pragma GCC unroll 8
+    for (int m = 0; m < kAmxRows; ++m) {
+      const ActivationBlock& xb = x[m * ldx + b];
+      __m512i v = _mm512_load_si512(s + 16 * m);
+      if (four) v = _mm512_add_epi32(v, _mm512_set1_epi32(xb.neg8_sum));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), acc[m]);
+    }
+  };
+  // Block b's sums go to tile b mod 4: the tile unit multiplies two blocks ahead while the
+  // vector unit scales the sums it has finished. (The tile intrinsics take tile numbers as
+  // literals.)
+#define EDL_AMX_ISSUE(C, A, B, blk)                       \
+  if ((blk) < nb) {                                       \
+    _tile_zero(C);                                        \
+    _tile_loadd(A, x[blk].qs, stride);                    \
+    _tile_loadd(B, w + (blk) * 512, 64);                  \
+    if (four) _tile_dpbsud(C, A, B);                      \
+    else _tile_dpbssd(C, A, B);                           \
+  }
+#define EDL_AMX_FINISH(C, blk, acc)                       \
+  if ((blk) < nb) {                                       \
+    _tile_stored(C, sums[C], 64);                         \
+    scale(blk, sums[C], acc);                             \
+  }
+  EDL_AMX_ISSUE(0, 4, 6, 0)
+  EDL_AMX_ISSUE(1, 5, 7, 1)
+  for (std::int64_t b = 0; b < nb; b += 4) {
+    EDL_AMX_ISSUE(2, 4, 6, b + 2)
+    EDL_AMX_ISSUE(3, 5, 7, b + 3)
+    EDL_AMX_FINISH(0, b, even)
+    EDL_AMX_FINISH(1, b + 1, odd)
+    EDL_AMX_ISSUE(0, 4, 6, b + 4)
+    EDL_AMX_ISSUE(1, 5, 7, b + 5)
+    EDL_AMX_FINISH(2, b + 2, even)
+    EDL_AMX_FINISH(3, b + 3, odd)
+  }
+#undef EDL_AMX_ISSUE
+#undef EDL_AMX_FINISH
+  for (int m = 0; m < kAmxRows; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_add_ps(even[m], odd[m]));
+}
+
+}  // namespace detail
+#endif
+
+}  // namespace edl::kernels
+// end of edl/kernels/quant_amx.hpp
+// #include <edl/kernels/quant_dot.hpp> (inlined above)
 // #include <edl/kernels/quant_matvec.hpp>
 // edl/kernels/quant_matvec.hpp
 // Products with quantized weights (quant::MatrixView [N, K], a Linear's [out, in]):
@@ -7429,13 +7673,13 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 //   kernels::quant_matvec_rows(W, x, xq, bias, y, lo, hi);   // rows [lo, hi) of y = W x (+ b)
 //   kernels::linear_quant(x, M, W, bias, y);                  // y [M, N] = x [M, K] W^T (+ b)
 //
-// Decode (up to 16 rows of x) reads each weight row once and multiplies it by every row from
-// L1: int8 formats against the rows quantized to q8_0 (kernels/quant_dot.hpp), nf4 against
-// f32. More rows (prefill): int8 formats go to kernels/quant_gemm.hpp, whose outputs are the
-// same dot products bit for bit, so a row's result does not depend on how many rows came
-// with it; nf4 goes to the f32 GEMM, whose packing dequantizes the weight panels (dequantized
-// values are exact in f32: the dequantized model's product bit for bit). Each output is one
-// fixed sum whatever the threads.
+// int8 formats multiply x's rows quantized to q8_0 by groups of 16 weight rows
+// (kernels/quant_dot.hpp's dot_group; many rows in kernels/quant_gemm.hpp's tiles): every
+// output is the definition's dot product, so a row's result does not depend on how many rows
+// came with it. nf4: up to 16 rows of x multiply each weight row from L1 (against f32); more
+// go to the f32 GEMM, whose packing dequantizes the weight panels (dequantized values are
+// exact in f32: the dequantized model's product bit for bit). Each output is one fixed sum
+// whatever the threads.
 
 #include <algorithm>
 #include <cstdint>
@@ -7449,28 +7693,20 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 // #include <edl/kernels/quant_dot.hpp> (inlined above)
 // #include <edl/kernels/quant_gemm.hpp>
 // edl/kernels/quant_gemm.hpp
-// Prefill with int8 weights: y [M, N] = x [M, K] W^T for q8_0 / q4_0 W and many rows of x,
-// each output the same sum as the decode dot product (kernels/quant_dot.hpp) bit for bit.
+// Products with int8 weights for many rows: y [M, N] = x [M, K] W^T for q8_0 / q4_0 W, each
+// output the definition's dot product (kernels/quant_dot.hpp) bit for bit, so a row's result
+// does not depend on how many rows came with it.
 //
 //   kernels::quant_gemm_nt(xa, M, W, bias, y);   // xa: M rows of K / 32 ActivationBlocks
-//   kernels::Int8Rows rows(x, M, K);              // x quantized and packed once, then
+//   kernels::Int8Rows rows(x, M, K);              // x quantized once, then
 //   kernels::quant_gemm_nt<float>(rows, parts);    // several products of it (q, k, v) at once
 //
-// With AVX-512 VNNI a tile of 4 weight rows by 4 activation rows runs two blocks per 512-bit
-// vector: the even block in lanes 0-7 and the odd one in lanes 8-15, which is exactly the
-// two accumulators of the dot's definition. The activations go unsigned (x + 128, a flip of
-// the sign bit) so vpdpbusd takes the weights as they are, and -128 * (each lane's weight sum),
-// made once per weight block, starts the sum: the same integers as the dot's. Both sides are
-// packed into those vectors once per call (the activations for all tasks, each chunk of 16
-// weight rows by its task), not once per tile. Tiles are parallel over chunks of weight rows
-// and walk the activations in blocks that stay in L2; the edges run the dot products themselves.
-//
-// With AVX2 (and AVX-VNNI) a tile is 4 weight rows by 2 activation rows: eight accumulators
-// of eight lanes in sixteen registers. Both formats are packed as signed int8 values (q4_0's codes minus 8) and multiplied as the q8_0 dot does
-// (|w| times x with w's sign); each lane's integer is exact, so it is the dot's integer. The
-// dot's two chains run one after the other (the even blocks, then the odd ones): the order of
-// a chain's terms is what the definition fixes, not when the chains run. Without AVX2 every
-// output is a dot product.
+// A tile is a group of 16 weight rows (one per lane) by up to kTileRows activation rows: the
+// group's codes are unpacked once a block and multiply each of the tile's activation rows.
+// Where the build targets AMX and the system grants it, 8 activation rows at a time run on
+// AMX tiles instead (kernels/quant_amx.hpp), with the same bits.
+// Tasks take a few groups each and walk the activations in blocks that stay in L2, so that
+// a group's weights stay in L1 over a block of activation rows.
 
 #include <algorithm>
 #include <cstdint>
@@ -7481,171 +7717,53 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 // #include <edl/core/allocator.hpp> (inlined above)
 // #include <edl/core/dtype.hpp> (inlined above)
 // #include <edl/core/exec.hpp> (inlined above)
+// #include <edl/kernels/quant_amx.hpp> (inlined above)
 // #include <edl/kernels/quant_dot.hpp> (inlined above)
 // // #include <edl/quant/formats.hpp> (inlined above) (inlined above)
 // // #include <edl/quant/matrix.hpp> (inlined above) (inlined above)
-
 
 namespace edl::kernels {
 
 namespace detail {
 
-/// The dot of weight row r (q8_0 or q4_0) with one activation row.
-inline float int8_row_dot(const quant::MatrixView& W, std::int64_t r, const ActivationBlock* xa) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  if (W.format == quant::Format::q8_0) return dot_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(W.row(r)), xa, nb);
-  return dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(r)), xa, nb);
-}
-
+/// Activation rows a tile multiplies (the 512-bit kernel keeps their accumulators in registers).
+inline constexpr int kTileRows =
 #if defined(EDL_QUANT_ZMM)
-/// Weights prepared once per call for the tiles: for 4 rows and a pair of blocks (b, b + 1),
-/// each row's two blocks as signed int8 (b + 1 zero when absent), -128 * each lane's weight
-/// sum, and the two scales spread over the lanes.
-struct alignas(64) PackedWeightPair {
-  __m512i w[4], negc[4];
-  __m512 d[4];
-};
-/// An activation row's pair of blocks, made unsigned (x + 128), and its two scales.
-struct alignas(64) PackedActivationPair {
-  __m512i xu;
-  __m512 d;
-};
-
-/// Rows r0..r0+3 of W for pairs [0, pairs) into out[pairs].
-inline void pack_weight_pairs(const quant::MatrixView& W, std::int64_t r0, PackedWeightPair* out) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int i = 0; i < 4; ++i)
-    for (std::int64_t b = 0; b < nb; b += 2) {
-      const bool second = b + 1 < nb;
-      PackedWeightPair& o = out[b / 2];
-      float d0, d1 = 0.f;
-      __m256i lo, hi = _mm256_setzero_si256();
-      if (W.format == quant::Format::q8_0) {
-        const auto* w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r0 + i)) + b;
-        d0 = f16_to_f32(w[0].d);
-        lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[0].qs));
-        if (second) {
-          d1 = f16_to_f32(w[1].d);
-          hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[1].qs));
-        }
-      } else {
-        const auto* w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r0 + i)) + b;
-        d0 = f16_to_f32(w[0].d);
-        lo = _mm256_sub_epi8(unpack_q4_0(w[0].qs), eight);
-        if (second) {
-          d1 = f16_to_f32(w[1].d);
-          hi = _mm256_sub_epi8(unpack_q4_0(w[1].qs), eight);
-        }
-      }
-      o.w[i] = two_halves(lo, hi);
-      o.negc[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, o.w[i]));
-      o.d[i] = two_halves(d0, d1);
-    }
-}
-
-/// An activation row's blocks (nb) into pairs (nb + 1) / 2.
-inline void pack_activation_pairs(const ActivationBlock* x, std::int64_t nb, PackedActivationPair* out) noexcept {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].qs)) : _mm256_setzero_si256();
-    out[b / 2].xu = _mm512_xor_si512(two_halves(lo, hi), flip);
-    out[b / 2].d = two_halves(x[b].d, second ? x[b + 1].d : 0.f);
-  }
-}
-
-/// y[m * ldy + r0 + i] for the 4 packed weight rows and activation rows m0..m0+3 (pairs each).
-/// Lanes 8-15 of an absent odd block are zero weights with a zero scale: they add +0.0.
-inline void int8_tile_4x4(const PackedWeightPair* w, const PackedActivationPair* xa, std::int64_t m0, std::int64_t pairs,
-                          std::int64_t r0, float* y, std::int64_t ldy) noexcept {
-  __m512 acc[4][4];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  for (std::int64_t p = 0; p < pairs; ++p) {
-    const PackedWeightPair& wp = w[p];
-    // Unrolled, so that the 16 accumulators stay in registers.
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const PackedActivationPair& x = xa[(m0 + j) * pairs + p];
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512i s = _mm512_dpbusd_epi32(wp.negc[i], x.xu, wp.w[i]);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wp.d[i], x.d), acc[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) y[(m0 + j) * ldy + r0 + i] = sum_lanes16(acc[i][j]);
-}
-#elif defined(EDL_QUANT_AVX2)
-/// Block b of 4 weight rows, prepared once per call: the 32 values as signed int8 and the scales.
-struct alignas(32) PackedWeightBlocks {
-  __m256i w[4];
-  float d[4];
-};
-
-/// Rows r0..r0+3 of W, every block, into out[nb].
-inline void pack_weight_blocks(const quant::MatrixView& W, std::int64_t r0, PackedWeightBlocks* out) noexcept {
-  const std::int64_t nb = W.blocks_per_row();
-  const __m256i eight = _mm256_set1_epi8(8);
-  for (int i = 0; i < 4; ++i)
-    for (std::int64_t b = 0; b < nb; ++b) {
-      if (W.format == quant::Format::q8_0) {
-        const auto& w = reinterpret_cast<const quant::BlockQ8_0*>(W.row(r0 + i))[b];
-        out[b].w[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
-        out[b].d[i] = f16_to_f32(w.d);
-      } else {
-        const auto& w = reinterpret_cast<const quant::BlockQ4_0*>(W.row(r0 + i))[b];
-        out[b].w[i] = _mm256_sub_epi8(unpack_q4_0(w.qs), eight);
-        out[b].d[i] = f16_to_f32(w.d);
-      }
-    }
-}
-
-/// One of the dot's two chains (blocks b0, b0 + 2, ..) for 4 packed weight rows by the NR
-/// activation rows m0..: out[i][j] holds its eight lanes.
-template <int NR>
-inline void int8_chain_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa, std::int64_t nb, std::int64_t m0,
-                           std::int64_t b0, __m256 (&out)[4][NR]) noexcept {
-  __m256 acc[4][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)
-#pragma GCC unroll 2
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (std::int64_t b = b0; b < nb; b += 2) {
-    const PackedWeightBlocks& wb = w[b];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const __m256 dw = _mm256_broadcast_ss(&wb.d[i]);
-#pragma GCC unroll 2
-      for (int j = 0; j < NR; ++j) {
-        const ActivationBlock& x = xa[(m0 + j) * nb + b];
-        const __m256i s = dot_i8_lanes(wb.w[i], _mm256_load_si256(reinterpret_cast<const __m256i*>(x.qs)));
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_broadcast_ss(&x.d)), acc[i][j]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)
-#pragma GCC unroll 2
-    for (int j = 0; j < NR; ++j) out[i][j] = acc[i][j];
-}
-
-/// y[m * ldy + r0 + i] for the 4 packed weight rows and the NR activation rows m0.. (nb blocks
-/// each): the even chain, then the odd one, added lane by lane and summed in sum_lanes8's tree.
-template <int NR>
-inline void int8_tile_4xn(const PackedWeightBlocks* w, const ActivationBlock* xa, std::int64_t nb, std::int64_t m0,
-                          std::int64_t r0, float* y, std::int64_t ldy) noexcept {
-  __m256 even[4][NR], odd[4][NR];
-  int8_chain_4xn<NR>(w, xa, nb, m0, 0, even);
-  int8_chain_4xn<NR>(w, xa, nb, m0, 1, odd);
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < NR; ++j) y[(m0 + j) * ldy + r0 + i] = sum_lanes8(_mm256_add_ps(even[i][j], odd[i][j]));
-}
+    4;
+#else
+    1;
 #endif
+
+/// y[(m0 + m) * ldy + r] (+ bias[r]) = out[m * 16 + r - 16 g] for the rows r of group g that
+/// exist and mr activation rows.
+template <class TB>
+inline void store_group_rows(const float* out, const quant::MatrixView& W, std::int64_t g, std::int64_t m0, int mr,
+                             const TB* bias, float* y, std::int64_t ldy) noexcept {
+  const std::int64_t r0 = g * quant::kGroupRows, n = std::min(quant::kGroupRows, W.rows - r0);
+  for (int m = 0; m < mr; ++m)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float s = out[m * quant::kGroupRows + i];
+      y[(m0 + m) * ldy + r0 + i] = bias ? s + to_f32(bias[r0 + i]) : s;
+    }
+}
+
+/// y[m * ldy + r] (+ bias[r]) for the rows r of group g that exist, activation rows [m0, m0 + mr)
+/// (mr <= kTileRows).
+template <class TB>
+inline void group_tile(const quant::MatrixView& W, std::int64_t g, const ActivationBlock* x, std::int64_t nb,
+                       std::int64_t m0, int mr, const TB* bias, float* y, std::int64_t ldy) noexcept {
+  alignas(64) float out[kTileRows * quant::kGroupRows];
+  const ActivationBlock* xm = x + m0 * nb;
+  switch (mr) {
+#if defined(EDL_QUANT_ZMM)
+    case 4: dot_group<4>(W, g, xm, nb, out); break;
+    case 3: dot_group<3>(W, g, xm, nb, out); break;
+    case 2: dot_group<2>(W, g, xm, nb, out); break;
+#endif
+    default: dot_group<1>(W, g, xm, nb, out); break;
+  }
+  store_group_rows(out, W, g, m0, mr, bias, y, ldy);
+}
 
 }  // namespace detail
 
@@ -7656,46 +7774,26 @@ inline void quantize_activation_rows(const float* x, std::int64_t M, std::int64_
   });
 }
 
-/// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks) and,
-/// with 512-bit VNNI, packed as the tiles read them, so that several products of the same rows
-/// (q, k and v; gate and up) share one preparation.
+/// Activation rows prepared for int8 products: quantized to q8_0 once (ActivationBlocks), so
+/// that several products of the same rows (q, k and v; gate and up) share one preparation.
 class Int8Rows {
  public:
   /// Quantizes x [M, K] (K a multiple of 32), rows in parallel.
   Int8Rows(const float* x, std::int64_t M, std::int64_t K)
       : M_(M), nb_(K / 32), own_(new ActivationBlock[static_cast<std::size_t>(M * (K / 32))]), blocks_(own_.get()) {
     quantize_activation_rows(x, M, K, own_.get());
-    pack();
   }
   /// M rows already quantized (nb blocks a row), borrowed: they must outlive this.
-  Int8Rows(const ActivationBlock* xa, std::int64_t M, std::int64_t nb) : M_(M), nb_(nb), blocks_(xa) { pack(); }
+  Int8Rows(const ActivationBlock* xa, std::int64_t M, std::int64_t nb) : M_(M), nb_(nb), blocks_(xa) {}
 
   std::int64_t rows() const noexcept { return M_; }
   std::int64_t blocks_per_row() const noexcept { return nb_; }
   const ActivationBlock* blocks() const noexcept { return blocks_; }
-#if defined(EDL_QUANT_ZMM)
-  /// Rows [0, M / 4 * 4) as pairs of blocks, (nb + 1) / 2 a row (the tiles' rows).
-  const detail::PackedActivationPair* pairs() const noexcept { return pairs_.data(); }
-#endif
 
  private:
-  void pack() {
-#if defined(EDL_QUANT_ZMM)
-    // Preparing a pair costs about as much as the 16 products of a tile: once for every task.
-    const std::int64_t pairs = (nb_ + 1) / 2, M4 = M_ / 4 * 4;
-    pairs_.resize(static_cast<std::size_t>(M4 * pairs));
-    exec::parallel_for(0, M4, 16, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t m = lo; m < hi; ++m) detail::pack_activation_pairs(blocks_ + m * nb_, nb_, pairs_.data() + m * pairs);
-    });
-#endif
-  }
-
   std::int64_t M_ = 0, nb_ = 0;
   std::unique_ptr<ActivationBlock[]> own_;  // uninitialized: every block is written
   const ActivationBlock* blocks_ = nullptr;
-#if defined(EDL_QUANT_ZMM)
-  aligned_vector<detail::PackedActivationPair> pairs_;
-#endif
 };
 
 /// One product of a group: y [M, W.rows] = the rows . W's rows (+ bias).
@@ -7707,63 +7805,53 @@ struct QuantGemmPart {
 };
 
 /// Every part's y = the dots of its W's rows (q8_0 or q4_0, each W.cols = 32 x.blocks_per_row())
-/// with x's rows, plus bias[j] when given; one parallel region over the chunks of all parts.
+/// with x's rows, plus bias[j] when given; one parallel region over the groups of all parts.
 template <class TB>
 void quant_gemm_nt(const Int8Rows& x, std::span<const QuantGemmPart<TB>> parts) {
   const std::int64_t M = x.rows(), nb = x.blocks_per_row();
   const ActivationBlock* xa = x.blocks();
-  // A task's chunk of weight rows; its tiles walk the activations kActBlock rows at a time.
-  constexpr std::int64_t kRowChunk = 16;
-  [[maybe_unused]] constexpr std::int64_t kActBlock = 64;
-  const auto chunks_of = [](const QuantGemmPart<TB>& p) { return (p.W.rows + kRowChunk - 1) / kRowChunk; };
+  // A task's groups (64 weight rows); its tiles walk the activations kActBlock rows at a time.
+  constexpr std::int64_t kTaskGroups = 4, kActBlock = 64;
+  const auto chunks_of = [](const QuantGemmPart<TB>& p) { return (p.W.groups() + kTaskGroups - 1) / kTaskGroups; };
   std::int64_t chunks = 0;
   for (const QuantGemmPart<TB>& p : parts) chunks += chunks_of(p);
   exec::parallel_for(0, chunks, 1, [&](std::ptrdiff_t c0, std::ptrdiff_t c1) {
-#if defined(EDL_QUANT_ZMM)
-    const std::int64_t pairs = (nb + 1) / 2, M4 = M / 4 * 4;
-    thread_local aligned_vector<detail::PackedWeightPair> wp;  // no product runs inside a chunk
-    wp.resize(static_cast<std::size_t>(kRowChunk / 4 * pairs));
-#elif defined(EDL_QUANT_AVX2)
-    thread_local aligned_vector<detail::PackedWeightBlocks> wp;  // no product runs inside a chunk
-    wp.resize(static_cast<std::size_t>(kRowChunk / 4 * nb));
-#endif
     std::size_t part = 0;
     std::int64_t first = 0;  // the first chunk of `part`
+#if defined(EDL_QUANT_AMX)
+    const bool amx = M >= detail::kAmxRows && amx_available();
+    thread_local aligned_vector<std::uint8_t> unpacked;  // the task's groups as the tiles take them
+    if (amx) {
+      detail::configure_tiles();
+      unpacked.resize(static_cast<std::size_t>(kTaskGroups * nb * 512));
+    }
+#endif
     for (std::int64_t c = c0; c < c1; ++c) {
       while (c - first >= chunks_of(parts[part])) first += chunks_of(parts[part++]);
-      const quant::MatrixView& W = parts[part].W;
-      float* y = parts[part].y;
-      const TB* bias = parts[part].bias;
-      const std::int64_t N = W.rows, r_lo = (c - first) * kRowChunk, r_hi = std::min(N, r_lo + kRowChunk);
-      std::int64_t r_tiles = r_lo;  // rows [r_lo, r_tiles) run in tiles
-#if defined(EDL_QUANT_ZMM)
-      for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_pairs(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * pairs);
-      for (std::int64_t m_lo = 0; m_lo < M4; m_lo += kActBlock) {
-        const std::int64_t m_hi = std::min(M4, m_lo + kActBlock);
-        for (std::int64_t r = r_lo; r < r_tiles; r += 4)
-          for (std::int64_t m = m_lo; m < m_hi; m += 4)
-            detail::int8_tile_4x4(wp.data() + (r - r_lo) / 4 * pairs, x.pairs(), m, pairs, r, y, N);
-      }
-      for (std::int64_t m = M4; m < M; ++m)
-        for (std::int64_t r = r_lo; r < r_tiles; ++r) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
-#elif defined(EDL_QUANT_AVX2)
-      for (; r_tiles + 4 <= r_hi; r_tiles += 4) detail::pack_weight_blocks(W, r_tiles, wp.data() + (r_tiles - r_lo) / 4 * nb);
-      const std::int64_t M2 = M / 2 * 2;
-      for (std::int64_t m_lo = 0; m_lo < M2; m_lo += kActBlock) {
-        const std::int64_t m_hi = std::min(M2, m_lo + kActBlock);
-        for (std::int64_t r = r_lo; r < r_tiles; r += 4)
-          for (std::int64_t m = m_lo; m < m_hi; m += 2)
-            detail::int8_tile_4xn<2>(wp.data() + (r - r_lo) / 4 * nb, xa, nb, m, r, y, N);
-      }
-      if (M2 < M)
-        for (std::int64_t r = r_lo; r < r_tiles; r += 4)
-          detail::int8_tile_4xn<1>(wp.data() + (r - r_lo) / 4 * nb, xa, nb, M2, r, y, N);
+      const QuantGemmPart<TB>& p = parts[part];
+      const std::int64_t g0 = (c - first) * kTaskGroups, g1 = std::min(p.W.groups(), g0 + kTaskGroups);
+#if defined(EDL_QUANT_AMX)
+      const std::uint8_t* amx_w[kTaskGroups] = {};
+      if (amx)
+        for (std::int64_t g = g0; g < g1; ++g) amx_w[g - g0] = detail::amx_weights(p.W, g, unpacked.data() + (g - g0) * nb * 512);
 #endif
-      for (std::int64_t r = r_tiles; r < r_hi; ++r)
-        for (std::int64_t m = 0; m < M; ++m) y[m * N + r] = detail::int8_row_dot(W, r, xa + m * nb);
-      if (bias)
-        for (std::int64_t m = 0; m < M; ++m)
-          for (std::int64_t r = r_lo; r < r_hi; ++r) y[m * N + r] += to_f32(bias[r]);
+      for (std::int64_t m_lo = 0; m_lo < M; m_lo += kActBlock) {
+        const std::int64_t m_hi = std::min(M, m_lo + kActBlock);
+        for (std::int64_t g = g0; g < g1; ++g) {
+          std::int64_t m = m_lo;
+#if defined(EDL_QUANT_AMX)
+          if (amx)
+            for (; m + detail::kAmxRows <= m_hi; m += detail::kAmxRows) {
+              alignas(64) float out[detail::kAmxRows * quant::kGroupRows];
+              detail::amx_group_tile(p.W, g, amx_w[g - g0], xa + m * nb, nb, out);
+              detail::store_group_rows(out, p.W, g, m, detail::kAmxRows, p.bias, p.y, p.W.rows);
+            }
+#endif
+          for (; m < m_hi; m += detail::kTileRows)
+            detail::group_tile(p.W, g, xa, nb, m, static_cast<int>(std::min<std::int64_t>(detail::kTileRows, m_hi - m)),
+                               p.bias, p.y, p.W.rows);
+        }
+      }
     }
   });
 }
@@ -7785,21 +7873,8 @@ namespace edl::kernels {
 
 namespace detail {
 
-/// How far ahead of the row it multiplies a matrix-vector product asks for the weights.
+/// How far ahead of the row it multiplies a matrix-vector product asks for nf4's weights.
 inline constexpr std::int64_t kRowPrefetchBytes = 4096;
-
-/// Asks for the 64-byte lines of [p, p + bytes) into L2. On x86 an asm statement: GCC 12 drops
-/// __builtin_prefetch from a function that does nothing else once it inlines it (the function
-/// looks free of effects, so its calls go).
-inline void prefetch_lines(const std::uint8_t* p, std::int64_t bytes) noexcept {
-  for (std::int64_t c = 0; c < bytes; c += 64) {
-#if defined(__x86_64__) || defined(__i386__)
-    asm volatile("prefetcht1 %0" : : "m"(p[c]));
-#else
-    __builtin_prefetch(p + c, 0, 2);
-#endif
-  }
-}
 
 /// Starts the bytes kRowPrefetchBytes past row r on their way to L2, a row's worth: decode is a
 /// stream of rows, and one core's hardware prefetcher alone left the dots waiting on memory
@@ -7808,18 +7883,16 @@ inline void prefetch_rows_ahead(const quant::MatrixView& W, std::int64_t r) noex
   prefetch_lines(W.row(r) + kRowPrefetchBytes, W.row_bytes());
 }
 
-/// The dot product of weight row r with one activation row (xq: its q8_0 blocks, x: f32). The
-/// caller asks for the rows ahead (prefetch_rows_ahead), once a row however many x it multiplies.
-inline float quant_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x, const ActivationBlock* xq) noexcept {
-  if (W.format == quant::Format::nf4)
-    return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
-  return int8_row_dot(W, r, xq);
+/// The dot product of nf4 weight row r with one f32 activation row. The caller asks for the
+/// rows ahead (prefetch_rows_ahead), once a row however many x it multiplies.
+inline float nf4_row_dot(const quant::MatrixView& W, std::int64_t r, const float* x) noexcept {
+  return dot_nf4(reinterpret_cast<const quant::BlockNF4*>(W.row(r)), W.row_absmax(r), x, W.blocks_per_row());
 }
 
 /// Whether the format multiplies q8_0 activations (else f32).
 constexpr bool uses_int8_activations(quant::Format f) noexcept { return f == quant::Format::q8_0 || f == quant::Format::q4_0; }
 
-/// A thread's buffer of n T (activation blocks, their pairs), kept from call to call.
+/// A thread's buffer of n T (activation blocks), kept from call to call.
 template <class T>
 T* thread_buffer(std::int64_t n) {
   static thread_local aligned_vector<T> buf;
@@ -7831,27 +7904,25 @@ T* thread_buffer(std::int64_t n) {
 
 /// y[j] = W[j, :] . x (+ bias[j]) for rows j in [lo, hi). xq holds x quantized
 /// (quantize_activations into ActivationBlocks) when W's format multiplies int8 activations, else it is unused.
+/// int8 formats compute whole groups of 16 rows: ranges that start and end on a group's edge
+/// compute no row twice.
 template <class TB>
 void quant_matvec_rows(const quant::MatrixView& W, const float* x, const ActivationBlock* xq, const TB* bias, float* y,
                        std::int64_t lo, std::int64_t hi) {
-  // One row at a time: memory reads a single stream of rows faster than several rows side by
-  // side (which would share each activation block's loads, the better choice only in cache).
-#if defined(EDL_QUANT_ZMM)
-  const std::int64_t nb = W.blocks_per_row();
-  ActivationPair* pairs = nullptr;  // q4_0: x's blocks paired once for all the rows
-  if (W.format == quant::Format::q4_0) {
-    pairs = detail::thread_buffer<ActivationPair>((nb + 1) / 2);
-    pair_activations(xq, nb, pairs);
+  if (lo >= hi) return;
+  if (quant::in_row_groups(W.format)) {
+    alignas(64) float out[quant::kGroupRows];
+    for (std::int64_t g = lo / quant::kGroupRows; g * quant::kGroupRows < hi; ++g) {
+      dot_group<1>(W, g, xq, W.blocks_per_row(), out);
+      const std::int64_t r0 = g * quant::kGroupRows;
+      for (std::int64_t j = std::max(lo, r0); j < std::min(hi, r0 + quant::kGroupRows); ++j)
+        y[j] = bias ? out[j - r0] + to_f32(bias[j]) : out[j - r0];
+    }
+    return;
   }
-#endif
   for (std::int64_t j = lo; j < hi; ++j) {
     detail::prefetch_rows_ahead(W, j);
-#if defined(EDL_QUANT_ZMM)
-    const float s = pairs ? dot_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(W.row(j)), pairs, nb)
-                          : detail::quant_row_dot(W, j, x, xq);
-#else
-    const float s = detail::quant_row_dot(W, j, x, xq);
-#endif
+    const float s = detail::nf4_row_dot(W, j, x);
     y[j] = bias ? s + to_f32(bias[j]) : s;
   }
 }
@@ -7870,45 +7941,34 @@ inline void matmul_dequantized(const float* dy, std::int64_t M, const quant::Mat
 /// part's W [N_i, K], bias, y [M, N_i]): the rows are prepared once for the int8 formats.
 template <class TB>
 void linear_quant(const float* x, std::int64_t M, std::int64_t K, std::span<const QuantGemmPart<TB>> parts) {
-  const std::int64_t nb = K / 32;
-  if (M > 16) {
-    // int8 formats: int8 tiles, x's rows quantized and packed once for all those parts, in the
-    // call's own buffer, not its thread's: while it waits for the tasks its thread may run
-    // another product's (a simulated mesh runs devices as tasks). nf4: the dequantized GEMM.
-    std::vector<QuantGemmPart<TB>> int8;
-    for (const QuantGemmPart<TB>& p : parts) {
-      if (detail::uses_int8_activations(p.W.format)) {
-        int8.push_back(p);
-        continue;
-      }
+  // int8 formats: groups of weight rows by tiles of activation rows, x's rows quantized once
+  // for all those parts, in the call's own buffer, not its thread's: while it waits for the
+  // tasks its thread may run another product's (a simulated mesh runs devices as tasks).
+  std::vector<QuantGemmPart<TB>> int8;
+  for (const QuantGemmPart<TB>& p : parts) {
+    if (detail::uses_int8_activations(p.W.format)) {
+      int8.push_back(p);
+      continue;
+    }
+    if (M > 16) {  // nf4: the dequantized GEMM
       matmul_nt_dequantized(x, M, p.W, p.y);
       if (p.bias) add_bias_rows(p.y, M, p.W.rows, p.bias);
+      continue;
     }
-    if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
-    return;
-  }
-  // Fewer rows than a tile's worth: row dots, which read the quantized rows unpacked (quantized
-  // once for all the int8 parts).
-  std::vector<ActivationBlock> xq_buf;
-  if (std::any_of(parts.begin(), parts.end(),
-                  [](const QuantGemmPart<TB>& p) { return detail::uses_int8_activations(p.W.format); })) {
-    xq_buf.resize(static_cast<std::size_t>(M * nb));
-    quantize_activation_rows(x, M, K, xq_buf.data());
-  }
-  for (const QuantGemmPart<TB>& p : parts) {
+    // Fewer rows than a tile's worth: row dots, which read the nf4 rows unpacked.
     const std::int64_t N = p.W.rows;
-    const ActivationBlock* xq = detail::uses_int8_activations(p.W.format) ? xq_buf.data() : nullptr;
     const std::int64_t grain = std::max<std::int64_t>(8, 16384 / std::max<std::int64_t>(1, K));
     exec::parallel_for(0, N, grain, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
       for (std::int64_t j = lo; j < hi; ++j) {
         detail::prefetch_rows_ahead(p.W, j);
         for (std::int64_t m = 0; m < M; ++m) {
-          const float s = detail::quant_row_dot(p.W, j, x + m * K, xq ? xq + m * nb : nullptr);
+          const float s = detail::nf4_row_dot(p.W, j, x + m * K);
           p.y[m * N + j] = p.bias ? s + to_f32(p.bias[j]) : s;
         }
       }
     });
   }
+  if (!int8.empty()) quant_gemm_nt<TB>(Int8Rows(x, M, K), std::span<const QuantGemmPart<TB>>(int8));
 }
 
 /// y [M, N] = x [M, K] W^T (+ bias), W quantized [N, K].
@@ -24608,8 +24668,7 @@ inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, S
           const std::int64_t g = r0 + i, r = D > 0 ? hf_rope_row(g, D) : g;  // file row g holds HF row r
           std::byte* dst = buf.data() + i * rb;
           if (copy_blocks) {
-            std::memcpy(dst, src.q[static_cast<std::size_t>(r / per_matrix)]->view().row(r % per_matrix),
-                        static_cast<std::size_t>(rb));
+            src.q[static_cast<std::size_t>(r / per_matrix)]->view().copy_row(r % per_matrix, dst);
           } else {
             src.row_f32(r, x.data());
             encode_row(t, x.data(), src.cols, dst);
@@ -25738,6 +25797,13 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
       if (!lin.is_quantized()) return;
       const quant::Matrix& q = lin.qweight;
       const std::string name = path + ".weight";
+      if (quant::in_row_groups(q.format())) {  // files hold GGUF's rows of blocks
+        const std::vector<std::uint8_t> rows = q.file_bytes();
+        auto& buf = storage.emplace_back(reinterpret_cast<const std::byte*>(rows.data()),
+                                         reinterpret_cast<const std::byte*>(rows.data()) + rows.size());
+        list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::span<const std::byte>(buf)));
+        return;
+      }
       list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::as_bytes(q.bytes())));
       if (q.format() != quant::Format::nf4) return;
       const quant::DoubleQuant& dq = q.double_quant();
@@ -29289,7 +29355,12 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
                        std::int64_t tasks) {
   const ActivationBlock* xq = nullptr;
   for (const MatvecPart<T>& p : parts) {
-    const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    if (p.quantized() && quant::in_row_groups(p.q.format)) {  // whole groups of rows to a task
+      const auto edge = [&](std::int64_t j) { return j == p.N ? j : j / quant::kGroupRows * quant::kGroupRows; };
+      lo = edge(lo);
+      hi = edge(hi);
+    }
     if (!p.quantized()) {
       detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
       if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);
@@ -30127,7 +30198,7 @@ class CachedForward {
   Part head_part(float* y, std::int64_t c0, std::int64_t nc) const {
     if (!m_->tied() && m_->lm_head.is_quantized()) {
       quant::MatrixView v = m_->lm_head.qweight.view();
-      v.data = v.row(c0);
+      v.data = quant::in_row_groups(v.format) ? v.group(c0 / quant::kGroupRows) : v.row(c0);  // c0: a group's edge
       if (v.absmax) v.absmax = v.row_absmax(c0);
       v.rows = nc;
       return Part{nullptr, nullptr, y, nc, v};
@@ -31395,8 +31466,14 @@ class ShardedDecoder {
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
-      shard.c0 = k * V_ / gs;
-      shard.c1 = (k + 1) * V_ / gs;
+      // A quantized lm_head in row groups is cut between groups (each logit is its own dot,
+      // so the cut moves no result).
+      const auto it_head = quantized.find("lm_head.weight");
+      const std::int64_t align =
+          it_head != quantized.end() && quant::in_row_groups(it_head->second->format()) ? quant::kGroupRows : 1;
+      const auto edge = [&](std::int64_t j) { return j == gs ? V_ : j * V_ / gs / align * align; };
+      shard.c0 = edge(k);
+      shard.c1 = edge(k + 1);
       s->model = std::make_unique<Model>(local_cfg_);
       s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
         const std::string name = path + ".weight";

@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <edl/core/allocator.hpp>
+#include <edl/kernels/quant_amx.hpp>
 #include <edl/kernels/quant_dot.hpp>
+#include <edl/quant/matrix.hpp>
 
 using namespace edl;
 
@@ -50,82 +52,122 @@ TEST(QuantDot, ActivationsQuantizeAsTheReference) {
       EXPECT_EQ(a[i].d, b[i].d) << "block " << i;
       for (int j = 0; j < 32; ++j) EXPECT_EQ(a[i].qs[j], b[i].qs[j]) << "block " << i << " value " << j;
       EXPECT_EQ(std::memcmp(xa[i].qs, want[i].qs, 32), 0) << "block " << i;
-      EXPECT_EQ(std::memcmp(xa[i].neg8_lane_sums, want[i].neg8_lane_sums, 32), 0) << "block " << i;
+      EXPECT_EQ(xa[i].sum, want[i].sum) << "block " << i;
+      EXPECT_EQ(xa[i].neg8_sum, -8 * want[i].sum) << "block " << i;
+      EXPECT_EQ(xa[i].neg128_sum, -128 * want[i].sum) << "block " << i;
       EXPECT_EQ(std::bit_cast<std::uint32_t>(xa[i].d), std::bit_cast<std::uint32_t>(want[i].d)) << "block " << i;
     }
   }
 }
 
-TEST(QuantDot, Int8DotsEqualTheirDefinition) {
-  std::printf("quantized dot path: %s\n", kernels::quant_dot_path);
-  for (const std::int64_t K : {32, 64, 160, 4096}) {  // one, two, an odd and many blocks
-    const std::int64_t nb = K / 32;
-    const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 6), x = normal_values(static_cast<std::size_t>(K), 7);
-    std::vector<quant::BlockQ8_0> w8(static_cast<std::size_t>(nb)), xq(static_cast<std::size_t>(nb));
-    std::vector<quant::BlockQ4_0> w4(static_cast<std::size_t>(nb));
-    quant::quantize_row_q8_0(w.data(), w8.data(), K);
-    quant::quantize_row_q4_0(w.data(), w4.data(), K);
-    quant::quantize_activations_ref(x.data(), xq.data(), K);
-    if (K == 160) w8[1].qs[3] = -128;  // the one int8 value quantization never makes
-    std::vector<kernels::ActivationBlock> xa(static_cast<std::size_t>(nb)), xb(xa.size());
-    for (std::int64_t b = 0; b < nb; ++b) kernels::prepare_activation(xq[static_cast<std::size_t>(b)], xa[static_cast<std::size_t>(b)]);
-    kernels::quantize_activations(x.data(), xb.data(), K);  // the same blocks, prepared in one go
-    for (std::int64_t b = 0; b < nb; ++b) {
-      EXPECT_EQ(std::memcmp(xa[static_cast<std::size_t>(b)].qs, xb[static_cast<std::size_t>(b)].qs, 32), 0);
-      EXPECT_EQ(std::memcmp(xa[static_cast<std::size_t>(b)].neg8_lane_sums, xb[static_cast<std::size_t>(b)].neg8_lane_sums, 32), 0);
-      EXPECT_EQ(xa[static_cast<std::size_t>(b)].d, xb[static_cast<std::size_t>(b)].d);
+namespace {
+/// Rows of a format's file layout quantized from w [rows, K], and the matrix over them.
+struct Int8Matrix {
+  std::vector<std::uint8_t> file;
+  quant::Matrix matrix;
+};
+Int8Matrix int8_rows(quant::Format f, const std::vector<float>& w, std::int64_t rows, std::int64_t K, bool with_minus_128) {
+  const std::int64_t rb = K / 32 * quant::block_bytes(f);
+  Int8Matrix r;
+  r.file.resize(static_cast<std::size_t>(rows * rb));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    std::uint8_t* row = r.file.data() + i * rb;
+    if (f == quant::Format::q8_0) quant::quantize_row_q8_0(w.data() + i * K, reinterpret_cast<quant::BlockQ8_0*>(row), K);
+    else quant::quantize_row_q4_0(w.data() + i * K, reinterpret_cast<quant::BlockQ4_0*>(row), K);
+  }
+  // The one int8 value quantization never makes (a file may hold it).
+  if (with_minus_128 && f == quant::Format::q8_0) reinterpret_cast<quant::BlockQ8_0*>(r.file.data())[0].qs[3] = -128;
+  r.matrix = quant::Matrix::from_bytes(f, rows, K, r.file, nullptr, "W");
+  return r;
+}
+float definition(quant::Format f, const std::uint8_t* row, const quant::BlockQ8_0* x, std::int64_t nb) {
+  if (f == quant::Format::q8_0) return kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row), x, nb);
+  return kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row), x, nb);
+}
+template <int MR>
+void expect_group_equals_definition(const Int8Matrix& w, std::int64_t g, const std::vector<kernels::ActivationBlock>& xa,
+                                    const std::vector<quant::BlockQ8_0>& xq, std::int64_t nb) {
+  const quant::MatrixView v = w.matrix.view();
+  alignas(64) float out[MR * 16];
+  kernels::dot_group<MR>(v, g, xa.data(), nb, out);
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < 16; ++n) {
+      const std::int64_t r = g * 16 + n;
+      const float want = r < v.rows ? definition(v.format, w.file.data() + r * v.row_bytes(), xq.data() + m * nb, nb) : 0.f;
+      EXPECT_EQ(out[m * 16 + n], want) << quant::format_name(v.format) << " K " << nb * 32 << " MR " << MR << " row " << r
+                                       << " activation row " << m;
     }
-    EXPECT_EQ(kernels::dot_q8_0(w8.data(), xa.data(), nb), kernels::reference::dot_int8(w8.data(), xq.data(), nb)) << K;
-    EXPECT_EQ(kernels::dot_q4_0(w4.data(), xa.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
-#if defined(EDL_QUANT_ZMM)
-    // The activations paired once for all rows (what decode's matrix-vector product does).
-    aligned_vector<kernels::ActivationPair> pairs(static_cast<std::size_t>((nb + 1) / 2));
-    kernels::pair_activations(xa.data(), nb, pairs.data());
-    EXPECT_EQ(kernels::dot_q4_0(w4.data(), pairs.data(), nb), kernels::reference::dot_int8(w4.data(), xq.data(), nb)) << K;
-#endif
-    // Against the dequantized values in double: the integer sums are exact, so only the f32
-    // accumulation of the block terms differs.
-    std::vector<float> wd(static_cast<std::size_t>(K)), xd(static_cast<std::size_t>(K));
-    quant::dequantize_row_q8_0(xq.data(), xd.data(), K);
-    for (const bool four : {false, true}) {
-      if (four) quant::dequantize_row_q4_0(w4.data(), wd.data(), K);
-      else quant::dequantize_row_q8_0(w8.data(), wd.data(), K);
+}
+}  // namespace
+
+TEST(QuantDot, GroupDotsEqualTheirDefinition) {
+  // 16 rows of a group by 1 to 4 activation rows: one, two, an odd and many blocks, a full
+  // group and a padded one (its padding rows give 0).
+  std::printf("quantized dot path: %s%s\n", kernels::quant_dot_path, kernels::amx_available() ? ", AMX tiles for prefill" : "");
+  for (const std::int64_t K : {32, 64, 160, 4096})
+    for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0}) {
+      const std::int64_t nb = K / 32, rows = 23;
+      const Int8Matrix w = int8_rows(f, normal_values(static_cast<std::size_t>(rows * K), 6), rows, K, K == 160);
+      const std::vector<float> x = normal_values(static_cast<std::size_t>(4 * K), 7);
+      std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(4 * nb));
+      std::vector<kernels::ActivationBlock> xa(xq.size());
+      for (int m = 0; m < 4; ++m) {
+        quant::quantize_activations_ref(x.data() + m * K, xq.data() + m * nb, K);
+        kernels::quantize_activations(x.data() + m * K, xa.data() + m * nb, K);
+      }
+      for (std::int64_t g = 0; g < 2; ++g) {
+        expect_group_equals_definition<1>(w, g, xa, xq, nb);
+        expect_group_equals_definition<2>(w, g, xa, xq, nb);
+        expect_group_equals_definition<3>(w, g, xa, xq, nb);
+        expect_group_equals_definition<4>(w, g, xa, xq, nb);
+      }
+      // Against the dequantized values in double: the integer sums are exact, so only the f32
+      // accumulation of the block terms differs.
+      std::vector<float> wd(static_cast<std::size_t>(K)), xd(static_cast<std::size_t>(K));
+      quant::dequantize_row_q8_0(xq.data(), xd.data(), K);
+      if (f == quant::Format::q8_0) quant::dequantize_row_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(w.file.data()), wd.data(), K);
+      else quant::dequantize_row_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(w.file.data()), wd.data(), K);
       double s = 0, mag = 0;
       for (std::int64_t k = 0; k < K; ++k) {
         s += static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)];
         mag += std::fabs(static_cast<double>(wd[static_cast<std::size_t>(k)]) * xd[static_cast<std::size_t>(k)]);
       }
-      const float got = four ? kernels::dot_q4_0(w4.data(), xa.data(), nb) : kernels::dot_q8_0(w8.data(), xa.data(), nb);
-      EXPECT_NEAR(got, s, 1e-6 * mag + 1e-6) << K << (four ? " q4_0" : " q8_0");
+      alignas(64) float out[16];
+      kernels::dot_group<1>(w.matrix.view(), 0, xa.data(), nb, out);
+      EXPECT_NEAR(out[0], s, 1e-6 * mag + 1e-6) << K << " " << quant::format_name(f);
     }
-  }
 }
 
-// A q4_0 row that ends where a page nobody may read begins: the dot reads whole vectors where
-// they stay inside the row and no byte past its end (a byte beyond would fault here), and
-// still equals its definition for every block count, odd and even.
-TEST(QuantDot, Q4_0RowAtTheEndOfReadableMemory) {
+// A group that ends where a page nobody may read begins: the dots read no byte past the
+// group's scales (a byte beyond would fault here) and still equal their definition for every
+// block count, odd and even.
+TEST(QuantDot, GroupAtTheEndOfReadableMemory) {
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const std::size_t span = 8 * page;
+  void* map = mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(map, MAP_FAILED);
-  ASSERT_EQ(mprotect(static_cast<char*>(map) + page, page, PROT_NONE), 0);
-  for (std::int64_t nb = 1; nb <= 24; ++nb) {
-    const std::int64_t K = nb * 32;
-    const std::vector<float> w = normal_values(static_cast<std::size_t>(K), 11), x = normal_values(static_cast<std::size_t>(K), 12);
-    auto* row = reinterpret_cast<quant::BlockQ4_0*>(static_cast<char*>(map) + page - nb * sizeof(quant::BlockQ4_0));
-    quant::quantize_row_q4_0(w.data(), row, K);
-    std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(nb));
-    quant::quantize_activations_ref(x.data(), xq.data(), K);
-    std::vector<kernels::ActivationBlock> xa(static_cast<std::size_t>(nb));
-    kernels::quantize_activations(x.data(), xa.data(), K);
-    EXPECT_EQ(kernels::dot_q4_0(row, xa.data(), nb), kernels::reference::dot_int8(row, xq.data(), nb)) << nb << " blocks";
-#if defined(EDL_QUANT_ZMM)
-    aligned_vector<kernels::ActivationPair> pairs(static_cast<std::size_t>((nb + 1) / 2));
-    kernels::pair_activations(xa.data(), nb, pairs.data());
-    EXPECT_EQ(kernels::dot_q4_0(row, pairs.data(), nb), kernels::reference::dot_int8(row, xq.data(), nb)) << nb << " blocks, paired";
-#endif
-  }
-  munmap(map, 2 * page);
+  ASSERT_EQ(mprotect(static_cast<char*>(map) + span, page, PROT_NONE), 0);
+  for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0})
+    for (std::int64_t nb = 1; nb <= 12; ++nb) {
+      const std::int64_t K = nb * 32;
+      const Int8Matrix w = int8_rows(f, normal_values(static_cast<std::size_t>(16 * K), 11), 16, K, false);
+      const std::size_t bytes = w.matrix.bytes().size();
+      ASSERT_LE(bytes, span);
+      std::uint8_t* at = static_cast<std::uint8_t*>(map) + span - bytes;
+      std::memcpy(at, w.matrix.bytes().data(), bytes);
+      quant::MatrixView v = w.matrix.view();
+      v.data = at;
+      const std::vector<float> x = normal_values(static_cast<std::size_t>(K), 12);
+      std::vector<quant::BlockQ8_0> xq(static_cast<std::size_t>(nb));
+      std::vector<kernels::ActivationBlock> xa(xq.size());
+      quant::quantize_activations_ref(x.data(), xq.data(), K);
+      kernels::quantize_activations(x.data(), xa.data(), K);
+      alignas(64) float out[16];
+      kernels::dot_group<1>(v, 0, xa.data(), nb, out);
+      for (int n = 0; n < 16; ++n)
+        EXPECT_EQ(out[n], definition(f, w.file.data() + n * v.row_bytes(), xq.data(), nb)) << nb << " blocks, row " << n;
+    }
+  munmap(map, span + page);
 }
 
 TEST(QuantDot, Nf4DotEqualsItsDefinition) {

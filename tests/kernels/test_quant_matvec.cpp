@@ -1,12 +1,15 @@
-// tests/kernels/test_quant_matvec.cpp: products with quantized matrices. Decode's rows equal
-// the dot products of each weight row with the quantized activation row; prefill's GEMM
-// equals the f32 GEMM of the dequantized matrix bit for bit (dequantized values are exact in
-// f32); the input gradient likewise; and the same bits on 1 and 2 threads.
+// tests/kernels/test_quant_matvec.cpp: products with quantized matrices. int8 formats: every
+// output equals the definition's dot product of its weight row with the quantized activation
+// row, for any number of rows; nf4: decode's rows equal its dots, prefill's GEMM the f32 GEMM
+// of the dequantized matrix bit for bit (dequantized values are exact in f32); the input
+// gradient likewise; and the same bits on 1 and 2 threads. Also quant::Matrix's row groups.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <utility>
 #include <vector>
@@ -25,6 +28,14 @@ std::vector<float> normal_values(std::size_t n, unsigned seed) {
   std::vector<float> v(n);
   for (float& x : v) x = d(g);
   return v;
+}
+/// The definition's dot of int8 row j of v (taken out of its group in GGUF's layout) with xq.
+float int8_row_definition(const quant::MatrixView& v, std::int64_t j, const quant::BlockQ8_0* xq) {
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(v.row_bytes()));
+  v.copy_row(j, row.data());
+  if (v.format == quant::Format::q8_0)
+    return kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row.data()), xq, v.blocks_per_row());
+  return kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row.data()), xq, v.blocks_per_row());
 }
 }  // namespace
 
@@ -60,14 +71,10 @@ TEST(QuantMatvec, LinearEqualsRowDotsAndTheDequantizedGemm) {
           const float* xr = x.data() + m * K;
           quant::quantize_activations_ref(xr, xq.data(), K);
           for (std::int64_t j = 0; j < N; ++j) {
-            float s = 0.f;
-            const std::uint8_t* row = v.row(j);
-            if (f == quant::Format::q8_0)
-              s = kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row), xq.data(), K / 32);
-            else if (f == quant::Format::q4_0)
-              s = kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row), xq.data(), K / 32);
-            else
-              s = kernels::reference::dot_nf4<kernels::kNF4Lanes>(reinterpret_cast<const quant::BlockNF4*>(row), v.row_absmax(j), xr, K / 64);
+            const float s = f == quant::Format::nf4
+                                ? kernels::reference::dot_nf4<kernels::kNF4Lanes>(
+                                      reinterpret_cast<const quant::BlockNF4*>(v.row(j)), v.row_absmax(j), xr, K / 64)
+                                : int8_row_definition(v, j, xq.data());
             want[static_cast<std::size_t>(m * N + j)] = s + bias[static_cast<std::size_t>(j)];
           }
         }
@@ -129,8 +136,9 @@ TEST(QuantMatvec, AGroupOfProductsEqualsEachProductAlone) {
 }
 
 TEST(QuantMatvec, RowRangesEqualTheRowDots) {
-  // quant_matvec_rows (decode's grouped products) over ranges that start and end anywhere:
-  // rows in groups of four and alone give each row's dot, plus its bias.
+  // quant_matvec_rows (decode's products) over ranges that start and end anywhere, in a group
+  // of 16 rows or across two (the second padded): each row's dot, plus its bias, and no row
+  // outside the range written.
   const std::int64_t N = 23, K = 96;
   const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 31), x = normal_values(static_cast<std::size_t>(K), 32);
   const std::vector<float> bias = normal_values(static_cast<std::size_t>(N), 33);
@@ -140,15 +148,11 @@ TEST(QuantMatvec, RowRangesEqualTheRowDots) {
   for (std::size_t b = 0; b < xq.size(); ++b) kernels::prepare_activation(xq[b], xa[b]);
   for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0}) {
     const quant::Matrix W = quant::Matrix::quantize(f, w.data(), N, K, "W");
-    for (const auto [lo, hi] : {std::pair<std::int64_t, std::int64_t>{0, N}, {3, 20}, {5, 6}, {8, 12}}) {
+    for (const auto [lo, hi] : {std::pair<std::int64_t, std::int64_t>{0, N}, {3, 20}, {5, 6}, {8, 12}, {16, 23}, {0, 16}}) {
       std::vector<float> y(static_cast<std::size_t>(N), -1.f);
       kernels::quant_matvec_rows(W.view(), x.data(), xa.data(), bias.data(), y.data(), lo, hi);
       for (std::int64_t j = 0; j < N; ++j) {
-        const std::uint8_t* row = W.view().row(j);
-        const float want = (f == quant::Format::q8_0
-                                ? kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ8_0*>(row), xq.data(), K / 32)
-                                : kernels::reference::dot_int8(reinterpret_cast<const quant::BlockQ4_0*>(row), xq.data(), K / 32)) +
-                           bias[static_cast<std::size_t>(j)];
+        const float want = int8_row_definition(W.view(), j, xq.data()) + bias[static_cast<std::size_t>(j)];
         EXPECT_EQ(y[static_cast<std::size_t>(j)], j >= lo && j < hi ? want : -1.f) << quant::format_name(f) << " row " << j;
       }
     }
@@ -164,4 +168,47 @@ TEST(QuantMatrix, RejectsRowsThatDoNotSplitIntoBlocks) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.up_proj.weight"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
   }
+}
+
+TEST(QuantMatrix, RowGroupsHoldTheFileRows) {
+  // q8_0 and q4_0 lie in groups of 16 rows: the file's rows come back out of them exactly
+  // (whole, block by block, and through a file round trip), slices equal the matrices quantized
+  // from the sliced weights, and dequantizing reads the right values.
+  for (const quant::Format f : {quant::Format::q8_0, quant::Format::q4_0})
+    for (const std::int64_t N : {1, 16, 23, 40}) {
+      const std::int64_t K = 96, rb = K / 32 * quant::block_bytes(f);
+      const std::vector<float> w = normal_values(static_cast<std::size_t>(N * K), 41 + static_cast<unsigned>(N));
+      std::vector<std::uint8_t> file(static_cast<std::size_t>(N * rb));
+      for (std::int64_t r = 0; r < N; ++r) {
+        if (f == quant::Format::q8_0)
+          quant::quantize_row_q8_0(w.data() + r * K, reinterpret_cast<quant::BlockQ8_0*>(file.data() + r * rb), K);
+        else
+          quant::quantize_row_q4_0(w.data() + r * K, reinterpret_cast<quant::BlockQ4_0*>(file.data() + r * rb), K);
+      }
+      const quant::Matrix W = quant::Matrix::quantize(f, w.data(), N, K, "W");
+      EXPECT_EQ(W.file_bytes(), file) << quant::format_name(f) << " rows " << N;
+      EXPECT_EQ(static_cast<std::int64_t>(W.bytes().size()), W.view().groups() * quant::group_bytes(f, K / 32));
+      const quant::Matrix back = quant::Matrix::from_bytes(f, N, K, file, nullptr, "W");
+      EXPECT_TRUE(std::equal(back.bytes().begin(), back.bytes().end(), W.bytes().begin(), W.bytes().end()));
+      std::vector<std::uint8_t> blk(static_cast<std::size_t>(quant::block_bytes(f)));
+      W.view().copy_blocks(N - 1, 2, 3, blk.data());
+      EXPECT_EQ(std::memcmp(blk.data(), file.data() + (N - 1) * rb + 2 * quant::block_bytes(f), blk.size()), 0);
+      std::vector<float> deq(static_cast<std::size_t>(N * K)), want(deq.size());
+      W.dequantize(deq.data());
+      for (std::int64_t r = 0; r < N; ++r) {
+        if (f == quant::Format::q8_0)
+          quant::dequantize_row_q8_0(reinterpret_cast<const quant::BlockQ8_0*>(file.data() + r * rb), want.data() + r * K, K);
+        else
+          quant::dequantize_row_q4_0(reinterpret_cast<const quant::BlockQ4_0*>(file.data() + r * rb), want.data() + r * K, K);
+      }
+      EXPECT_EQ(deq, want);
+      if (N < 3) continue;
+      const quant::Matrix rows = W.slice_rows(1, N - 1), cols = W.slice_cols(32, 96, "W");
+      std::vector<float> wr(w.begin() + K, w.begin() + (N - 1) * K), wc;
+      for (std::int64_t r = 0; r < N; ++r) wc.insert(wc.end(), w.begin() + r * K + 32, w.begin() + r * K + 96);
+      const quant::Matrix rows_want = quant::Matrix::quantize(f, wr.data(), N - 2, K, "W");
+      const quant::Matrix cols_want = quant::Matrix::quantize(f, wc.data(), N, 64, "W");
+      EXPECT_TRUE(std::equal(rows.bytes().begin(), rows.bytes().end(), rows_want.bytes().begin(), rows_want.bytes().end()));
+      EXPECT_TRUE(std::equal(cols.bytes().begin(), cols.bytes().end(), cols_want.bytes().begin(), cols_want.bytes().end()));
+    }
 }

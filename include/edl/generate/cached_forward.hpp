@@ -768,7 +768,7 @@ class CachedForward {
   Part head_part(float* y, std::int64_t c0, std::int64_t nc) const {
     if (!m_->tied() && m_->lm_head.is_quantized()) {
       quant::MatrixView v = m_->lm_head.qweight.view();
-      v.data = v.row(c0);
+      v.data = quant::in_row_groups(v.format) ? v.group(c0 / quant::kGroupRows) : v.row(c0);  // c0: a group's edge
       if (v.absmax) v.absmax = v.row_absmax(c0);
       v.rows = nc;
       return Part{nullptr, nullptr, y, nc, v};

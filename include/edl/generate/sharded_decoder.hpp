@@ -331,8 +331,14 @@ class ShardedDecoder {
       s->b0 = shard.b0;
       s->nb = shard.nb;
       const std::int64_t gs = s->tp * shard.sp, k = s->tp_rank * shard.sp + shard.sp_rank;
-      shard.c0 = k * V_ / gs;
-      shard.c1 = (k + 1) * V_ / gs;
+      // A quantized lm_head in row groups is cut between groups (each logit is its own dot,
+      // so the cut moves no result).
+      const auto it_head = quantized.find("lm_head.weight");
+      const std::int64_t align =
+          it_head != quantized.end() && quant::in_row_groups(it_head->second->format()) ? quant::kGroupRows : 1;
+      const auto edge = [&](std::int64_t j) { return j == gs ? V_ : j * V_ / gs / align * align; };
+      shard.c0 = edge(k);
+      shard.c1 = edge(k + 1);
       s->model = std::make_unique<Model>(local_cfg_);
       s->model->visit_linears("", [&](const std::string& path, auto& lin) {  // before visit_params, which then skips them
         const std::string name = path + ".weight";

@@ -4,6 +4,7 @@
 #include <edl/kernels/elementwise.hpp>
 #include <edl/kernels/peak.hpp>
 #include <edl/kernels/gemm.hpp>
+#include <edl/kernels/quant_amx.hpp>
 #include <edl/kernels/quant_dot.hpp>
 #include <edl/kernels/quant_matvec.hpp>
 #include <edl/kernels/rms_norm.hpp>

@@ -283,7 +283,12 @@ void matvec_group_task(const float* x, const std::array<MatvecPart<T>, P>& parts
                        std::int64_t tasks) {
   const ActivationBlock* xq = nullptr;
   for (const MatvecPart<T>& p : parts) {
-    const std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    std::int64_t lo = p.N * t / tasks, hi = p.N * (t + 1) / tasks;
+    if (p.quantized() && quant::in_row_groups(p.q.format)) {  // whole groups of rows to a task
+      const auto edge = [&](std::int64_t j) { return j == p.N ? j : j / quant::kGroupRows * quant::kGroupRows; };
+      lo = edge(lo);
+      hi = edge(hi);
+    }
     if (!p.quantized()) {
       detail::matvec_rows(x, p.W, p.bias, p.y, K, lo, hi);
       if (p.lora) detail::low_rank_add(x, 1, K, p.lora, p.y, p.N, lo, hi);

@@ -1,24 +1,27 @@
 // edl/kernels/quant_dot.hpp
-// Dot products of quantized weight rows with an activation row, the inner loop of decode on
-// quantized models (kernels/quant_matvec.hpp runs them over matrices).
+// Dot products of quantized weights with activations, the inner loop of every product with
+// quantized weights (kernels/quant_matvec.hpp and quant_gemm.hpp run them over matrices).
 //
-//   kernels::quantize_activations(x, xa, K);             // x -> ActivationBlocks (q8_0 values)
-//   float s = kernels::dot_q8_0(w_row, xa, K / 32);      // q8_0 weights . q8_0 activations
-//   float s = kernels::dot_q4_0(w_row, xa, K / 32);      // q4_0 weights . q8_0 activations
+//   kernels::quantize_activations(x, xa, K);        // x -> ActivationBlocks (q8_0 values)
+//   kernels::dot_group<MR>(W, g, xa, nb, out);       // 16 rows of q8_0 / q4_0 W . MR activation rows
 //   float s = kernels::dot_nf4(codes, absmax, x, K / 64); // nf4 weights . f32 activations
 //
-// The int8 formats multiply integers, as llama.cpp does: each block of 32 gives eight lane
-// sums (lane i sums the products of values 4i..4i+3) on whichever instruction the build
-// targets (AVX-512 VNNI / AVX-VNNI vpdpbusd, AVX2 vpmaddubsw, scalar), the same integers on
-// each; with 512-bit VNNI, q4_0 takes two blocks per vector. Each lane then accumulates
-// s_i * (d_w * d_x) in f32 with one rounding, even blocks and
-// odd blocks in two accumulators (two chains hide the FMA latency) added lane by lane, and the
-// eight lanes are summed in the fixed tree ((0+4)+(2+6))+((1+5)+(3+7)). The scalar
-// path is that definition written out (the naive twin the tests hold the SIMD paths to), so
-// every path gives the same bits. The activations are a q8_0 row prepared once per product
-// (ActivationBlock: the scale as f32, and -8 times each lane's sum, which lets q4_0 multiply
-// its unsigned nibbles directly: sum (q - 8) x = sum q x - 8 sum x). nf4 dequantizes in registers (a 16-entry table lookup) and
-// multiplies f32 activations.
+// The int8 formats multiply integers, as llama.cpp does. Their definition, for a weight row w
+// and an activation row x of nb blocks:
+//
+//   s_b = the exact int32 sum of block b's 32 products (q4_0's values are code - 8)
+//   acc_(b mod 2) = fma(float(s_b), d_w,b * d_x,b, acc_(b mod 2))   (d_w * d_x one f32 product)
+//   dot = acc_0 + acc_1
+//
+// reference::dot_int8 writes it out. The weights lie in groups of 16 rows whose blocks are
+// interleaved (quant/row_groups.hpp), so a vector holds one row per 32-bit lane: vpdpbusd
+// (AVX-512 VNNI, AVX-VNNI) or vpmaddubsw + vpmaddwd (AVX2) sums four products into each
+// row's lane, eight steps make a block's sum, and no value crosses lanes. Every path gives
+// the definition's bits. The activations are a q8_0 row prepared once per product
+// (ActivationBlock: the scale as f32 and the sum of the values). The sum lets unsigned codes
+// be multiplied directly: sum (q - 8) x = sum q x - 8 sum x for q4_0, and for q8_0 in
+// vpdpbusd (w + 128) x - 128 sum x. nf4 dequantizes in registers (a 16-entry table lookup)
+// and multiplies f32 activations.
 #pragma once
 
 #include <algorithm>
@@ -29,16 +32,18 @@
 
 #include <edl/core/dtype.hpp>
 #include <edl/quant/formats.hpp>
+#include <edl/quant/matrix.hpp>
 #include <edl/quant/quantize.hpp>
+#include <edl/quant/row_groups.hpp>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define EDL_QUANT_AVX2 1
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define EDL_QUANT_VNNI 1
 #endif
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: two blocks per vector
+#define EDL_QUANT_ZMM 1  // 512-bit vpdpbusd: a group's 16 rows in one vector
 #endif
 #endif
 
@@ -56,33 +61,25 @@ inline constexpr const char* quant_dot_path =
 
 namespace reference {
 
-/// Lane i (0..7) sum of a block: products of values 4i..4i+3.
-template <class W>
-inline std::int32_t lane_sum(W&& w, const std::int8_t* x, int lane) noexcept {
-  std::int32_t s = 0;
-  for (int j = 4 * lane; j < 4 * lane + 4; ++j) s += w(j) * static_cast<std::int32_t>(x[j]);
-  return s;
-}
 inline float sum_lanes8(const float* a) noexcept { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
-/// The definition of dot_q8_0 / dot_q4_0, written out.
+/// The definition of the int8 formats' dot product (q8_0 or q4_0 blocks . q8_0 activations),
+/// written out.
 template <class Block>
 inline float dot_int8(const Block* w, const quant::BlockQ8_0* x, std::int64_t nb) noexcept {
-  float acc2[2][8] = {};
+  float acc[2] = {0.f, 0.f};
   for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d.to_float();
-    for (int l = 0; l < 8; ++l) {
-      std::int32_t s;
-      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0))
-        s = lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
-      else
-        s = lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    std::int32_t s = 0;
+    for (int j = 0; j < 32; ++j) {
+      std::int32_t v;
+      if constexpr (sizeof(Block) == sizeof(quant::BlockQ8_0)) v = w[b].qs[j];
+      else v = quant::q4_0_value(w[b], j);
+      s += v * static_cast<std::int32_t>(x[b].qs[j]);
     }
+    const float d = w[b].d.to_float() * x[b].d.to_float();
+    acc[b & 1] = std::fma(static_cast<float>(s), d, acc[b & 1]);
   }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return sum_lanes8(acc);
+  return acc[0] + acc[1];
 }
 
 /// The definition of dot_nf4 for a vector of L lanes (8 with AVX2, 16 with AVX-512): the
@@ -112,73 +109,31 @@ inline float dot_nf4(const quant::BlockNF4* w, const float* absmax, const float*
 }  // namespace reference
 
 /// One block of 32 activations quantized to q8_0, as the dot products read it.
-struct alignas(32) ActivationBlock {
+struct alignas(64) ActivationBlock {
   std::int8_t qs[32];
-  std::int32_t neg8_lane_sums[8];  // -8 * (qs[4l] + .. + qs[4l + 3])
-  float d;                         // the block's f16 scale, widened
+  std::int32_t sum;         // qs[0] + .. + qs[31]
+  std::int32_t neg8_sum;    // -8 sum: starts a q4_0 block's sum (its codes are q + 8)
+  std::int32_t neg128_sum;  // -128 sum: starts a q8_0 block's sum in vpdpbusd (w + 128)
+  float d;                  // the block's f16 scale, widened
 };
 
 /// The ActivationBlock of a q8_0 block.
 inline void prepare_activation(const quant::BlockQ8_0& in, ActivationBlock& out) noexcept {
   std::memcpy(out.qs, in.qs, 32);
-  for (int l = 0; l < 8; ++l)
-    out.neg8_lane_sums[l] = -8 * (in.qs[4 * l] + in.qs[4 * l + 1] + in.qs[4 * l + 2] + in.qs[4 * l + 3]);
+  out.sum = 0;
+  for (int j = 0; j < 32; ++j) out.sum += in.qs[j];
+  out.neg8_sum = -8 * out.sum;
+  out.neg128_sum = -128 * out.sum;
   out.d = in.d.to_float();
 }
 
 #if defined(EDL_QUANT_AVX2)
 namespace detail {
-/// Eight lane sums of 32 int8 products (lane i: values 4i..4i+3), |w| <= 128, |x| <= 127.
-inline __m256i dot_i8_lanes(__m256i w, __m256i x) noexcept {
-  const __m256i aw = _mm256_sign_epi8(w, w);
-  const __m256i sx = _mm256_sign_epi8(x, w);
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), aw, sx);
-#endif
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-}
 /// ((0+4)+(2+6))+((1+5)+(3+7)), reference::sum_lanes8's tree.
 inline float sum_lanes8(__m256 v) noexcept {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-/// The two-chain sum of the dots: step(b, acc) adds block b's term to acc; even blocks go to
-/// one accumulator, odd to the other (named, so they stay in registers), then lane-wise added
-/// and summed in sum_lanes8's tree.
-template <class Step>
-inline float two_chains(std::int64_t nb, Step&& step) noexcept {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  std::int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    a0 = step(b, a0);
-    a1 = step(b + 1, a1);
-  }
-  if (b < nb) a0 = step(b, a0);
-  return sum_lanes8(_mm256_add_ps(a0, a1));
-}
-/// A q4_0 block's 32 codes q (0..15, unsigned) in value order: low nibbles then high nibbles.
-inline __m256i unpack_q4_0(const std::uint8_t* qs) noexcept {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-  return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-/// c + the eight lane sums of unsigned q (0..15) times signed x.
-inline __m256i dot_u4_lanes(__m256i c, __m256i q, __m256i x) noexcept {
-#if defined(EDL_QUANT_VNNI)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(c, q, x);
-#else
-  return _mm256_dpbusd_avx_epi32(c, q, x);
-#endif
-#else
-  return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
-#endif
 }
 inline float f16_to_f32(f16 h) noexcept {
 #if defined(__F16C__)
@@ -193,23 +148,6 @@ inline float f16_to_f32(f16 h) noexcept {
 inline float sum_lanes16(__m512 v) noexcept {
   return sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
-#endif
-#if defined(EDL_QUANT_ZMM)
-/// A 512-bit vector from two 256-bit halves (block b low, b + 1 high), or of two scales
-/// broadcast over eight lanes each.
-inline __m512i two_halves(__m256i lo, __m256i hi) noexcept { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
-inline __m512 two_halves(float lo, float hi) noexcept { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
-#if defined(__AVX512VBMI__)
-/// The byte permute that takes two adjacent q4_0 blocks (bytes 0-35: scale, 16 code bytes,
-/// scale, 16 code bytes) to each block's code bytes twice: block b's in bytes 0-31, b + 1's in
-/// 32-63 (the upper copy of each then shifts to the high nibbles).
-inline __m512i q4_0_pair_code_bytes() noexcept {
-  return _mm512_set_epi8(35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,  //
-                         35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,  //
-                         17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,          //
-                         17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2);
-}
-#endif
 #endif
 }  // namespace detail
 #endif
@@ -274,8 +212,14 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
     float d;
     const __m256i q = detail::quantize_block(x, d);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].qs), q);
-    const __m256i s = detail::dot_i8_lanes(_mm256_set1_epi8(1), q);  // the lane sums, exact
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].neg8_lane_sums), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3)));
+    // The values' sum, exact: pairs to int16, then to eight int32, then across.
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    out[b].sum = _mm_cvtsi128_si32(t);
+    out[b].neg8_sum = -8 * out[b].sum;
+    out[b].neg128_sum = -128 * out[b].sum;
     out[b].d = detail::f16_to_f32(detail::to_f16(d));
   }
 #else
@@ -287,128 +231,150 @@ inline void quantize_activations(const float* x, ActivationBlock* out, std::int6
 #endif
 }
 
-/// q8_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q8_0(const quant::BlockQ8_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
-#if defined(EDL_QUANT_AVX2)
-  const auto step = [&](std::int64_t b, __m256 acc) {
-    const __m256i s = detail::dot_i8_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs)),
-                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
-  };
-  return detail::two_chains(nb, step);
-#else
-  float acc2[2][8] = {};
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d;
-    for (int l = 0; l < 8; ++l) {
-      const std::int32_t s = reference::lane_sum([&](int j) { return static_cast<std::int32_t>(w[b].qs[j]); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
-    }
-  }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return reference::sum_lanes8(acc);
-#endif
-}
-
-#if defined(EDL_QUANT_ZMM)
-/// An activation row's blocks b and b + 1 as the 512-bit q4_0 dot takes them: block b in lanes
-/// 0-7, b + 1 in 8-15 (zero when absent). Made once for all the rows of a matrix-vector
-/// product, it saves each row's pair the three lane inserts that put them side by side.
-struct alignas(64) ActivationPair {
-  __m512i qs, neg8_lane_sums;
-  __m512 d;
-};
-
-/// The nb blocks of x as (nb + 1) / 2 pairs.
-inline void pair_activations(const ActivationBlock* x, std::int64_t nb, ActivationPair* out) noexcept {
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    const auto both = [&](const auto member) {
-      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].*member));
-      const __m256i hi = second ? _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b + 1].*member)) : _mm256_setzero_si256();
-      return detail::two_halves(lo, hi);
-    };
-    out[b / 2] = {both(&ActivationBlock::qs), both(&ActivationBlock::neg8_lane_sums),
-                  detail::two_halves(x[b].d, second ? x[b + 1].d : 0.f)};
-  }
-}
-
 namespace detail {
-/// One pair (blocks b, b + 1 of the row ending at w_end) of the 512-bit q4_0 dot: acc + the
-/// pair's lane sums times d_w * d_x. A block's 16 bytes go to both halves of its 256 bits, the
-/// upper half shifted to the high nibbles: values 0-15 then 16-31, as the activations lie.
-inline __m512 q4_0_pair(const quant::BlockQ4_0* wb, const quant::BlockQ4_0* w_end, bool second, const ActivationPair& x,
-                        __m512 acc) noexcept {
-  __m512i q;
-  __m512 dw;  // block b's f16 scale in lanes 0-7, b + 1's in 8-15 (an absent block's 0)
-#if defined(__AVX512VBMI__)
-  // Both blocks' 36 bytes in one load (a plain one while 64 bytes stay inside the row, which
-  // decode streams faster than masked loads), one byte permute for the codes, one word
-  // permute for the scales.
-  const __m512i raw = wb + 4 <= w_end ? _mm512_loadu_si512(wb) : _mm512_maskz_loadu_epi8(second ? 0xFFFFFFFFFull : 0x3FFFFull, wb);
-  q = _mm512_permutexvar_epi8(q4_0_pair_code_bytes(), raw);
-  const __m256i scale_words = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-  dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_castsi256_si512(scale_words), raw)));
+
+/// Asks for the 64-byte lines of [p, p + bytes) into L2. On x86 an asm statement: GCC 12 drops
+/// __builtin_prefetch from a function that does nothing else once it inlines it (the function
+/// looks free of effects, so its calls go).
+inline void prefetch_lines(const std::uint8_t* p, std::int64_t bytes) noexcept {
+  for (std::int64_t c = 0; c < bytes; c += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht1 %0" : : "m"(p[c]));
 #else
-  (void)w_end;
-  const __m256i q0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[0].qs)));
-  const __m256i q1 =
-      second ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb[1].qs))) : _mm256_setzero_si256();
-  q = two_halves(q0, q1);
-  dw = two_halves(f16_to_f32(wb[0].d), second ? f16_to_f32(wb[1].d) : 0.f);
+    __builtin_prefetch(p + c, 0, 2);
 #endif
-  const __m512 d = _mm512_mul_ps(dw, x.d);  // d_w * d_x, the definition's f32 product
-  q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), _mm512_set1_epi8(0x0F));
-  const __m512i s = _mm512_dpbusd_epi32(x.neg8_lane_sums, q, x.qs);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+  }
 }
+
+/// How far ahead of the block it multiplies a product asks for the weights: decode is a stream
+/// of groups, and one core's hardware prefetcher alone left the dots waiting on memory (or on
+/// a large L3) about half the time.
+inline constexpr std::int64_t kWeightPrefetchBytes = 4096;
+
+/// Value e (0..31) of row n of block b's codes in a group (q4_0: code - 8), as the definition
+/// multiplies it.
+inline std::int32_t group_value(quant::Format f, const std::uint8_t* codes, int n, int e) noexcept {
+  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+  const int i = e % 16;
+  const std::uint8_t c = codes[64 * (i / 4) + 4 * n + i % 4];
+  return (e < 16 ? c & 15 : c >> 4) - 8;
+}
+
 }  // namespace detail
 
-/// q4_0 weights (nb blocks) . activations already paired (pair_activations): dot_q4_0's bits.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationPair* x, std::int64_t nb) noexcept {
-  __m512 acc = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, x[b / 2], acc);
-  return detail::sum_lanes16(acc);
-}
-#endif
-
-/// q4_0 weights (nb blocks) . q8_0 activations.
-inline float dot_q4_0(const quant::BlockQ4_0* w, const ActivationBlock* x, std::int64_t nb) noexcept {
+/// out[m * 16 + n] = row n of group g of W (q8_0 or q4_0) . activation row m, for MR rows of
+/// ActivationBlocks at x + m * ldx: the definition's bits (reference::dot_int8). A padding row
+/// of the last group gives 0.
+template <int MR>
+inline void dot_group(const quant::MatrixView& W, std::int64_t g, const ActivationBlock* x, std::int64_t ldx,
+                      float* out) noexcept {
+  const std::int64_t nb = W.blocks_per_row(), cb = quant::group_code_bytes(W.format);
+  const std::uint8_t* codes = W.group(g);
+  const std::uint16_t* scales = reinterpret_cast<const std::uint16_t*>(codes + nb * cb);
+  const bool four = W.format == quant::Format::q4_0;
 #if defined(EDL_QUANT_ZMM)
-  // Blocks b (lanes 0-7) and b + 1 (lanes 8-15) per vector: one accumulator holds the
-  // definition's even and odd chains side by side. An odd last block leaves lanes 8-15 zero,
-  // which adds +0.0 to the odd chain.
-  __m512 acc = _mm512_setzero_ps();
-  for (std::int64_t b = 0; b < nb; b += 2) {
-    ActivationPair xp;
-    pair_activations(x + b, std::min<std::int64_t>(2, nb - b), &xp);
-    acc = detail::q4_0_pair(w + b, w + nb, b + 1 < nb, xp, acc);
-  }
-  return detail::sum_lanes16(acc);
-#elif defined(EDL_QUANT_AVX2)
-  const auto step = [&](std::int64_t b, __m256 acc) {
-    const __m256i s = detail::dot_u4_lanes(_mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].neg8_lane_sums)),
-                                           detail::unpack_q4_0(w[b].qs),
-                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
-    const float d = detail::f16_to_f32(w[b].d) * x[b].d;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+  // Row n in lane n: q4_0's codes as they are (unsigned 0..15), q8_0's flipped to w + 128, both
+  // against the signed activations; the sum of x times 8 or 128 starts each block's sum.
+  // Two named accumulator sets, the even and the odd blocks' chains, so that they stay in
+  // registers.
+  __m512 even[MR], odd[MR];
+  for (int m = 0; m < MR; ++m) even[m] = odd[m] = _mm512_setzero_ps();
+  const auto block = [&](std::int64_t b, __m512 (&acc)[MR]) {
+    const std::uint8_t* c = codes + b * cb;
+    detail::prefetch_lines(c + detail::kWeightPrefetchBytes, cb);
+    __m512i w[8];
+    if (four) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m512i raw = _mm512_loadu_si512(c + 64 * k);
+        w[k] = _mm512_and_si512(raw, low4);
+        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(_mm512_loadu_si512(c + 64 * k), flip);
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 16 * b)));
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const ActivationBlock& xb = x[m * ldx + b];
+      const auto* xd = reinterpret_cast<const std::int32_t*>(xb.qs);  // broadcast from memory, not through a register
+      __m512i s = _mm512_set1_epi32(four ? xb.neg8_sum : xb.neg128_sum);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) s = _mm512_dpbusd_epi32(s, w[k], _mm512_set1_epi32(xd[k]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xb.d)), acc[m]);
+    }
   };
-  return detail::two_chains(nb, step);
+  std::int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, even);
+    block(b + 1, odd);
+  }
+  if (b < nb) block(b, even);
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_add_ps(even[m], odd[m]));
+#elif defined(EDL_QUANT_AVX2)
+  // Eight rows a vector, the group's two halves one after the other; a row's 32 products go
+  // to its lane four at a time: unsigned codes (q4_0; q8_0's |w|, with w's sign on x) times x.
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  const auto add4 = [&](__m256i s, __m256i u, __m256i v) {
+#if defined(EDL_QUANT_VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(s, u, v);
 #else
-  float acc2[2][8] = {};
-  for (std::int64_t b = 0; b < nb; ++b) {
-    const float d = w[b].d.to_float() * x[b].d;
-    for (int l = 0; l < 8; ++l) {
-      const std::int32_t s =
-          reference::lane_sum([&](int j) { return static_cast<std::int32_t>(quant::q4_0_value(w[b], j)); }, x[b].qs, l);
-      acc2[b & 1][l] = std::fma(static_cast<float>(s), d, acc2[b & 1][l]);
+    return _mm256_dpbusd_avx_epi32(s, u, v);
+#endif
+#else
+    return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+#endif
+  };
+  for (int h = 0; h < 2; ++h) {
+    for (int m = 0; m < MR; ++m) {
+      const ActivationBlock* xm = x + m * ldx;
+      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const std::uint8_t* c = codes + b * cb + 32 * h;
+        if (m == 0 && h == 0) detail::prefetch_lines(c + detail::kWeightPrefetchBytes, cb);
+        std::int32_t xd[8];
+        std::memcpy(xd, xm[b].qs, 32);
+        __m256i s;
+        if (four) {
+          s = _mm256_set1_epi32(xm[b].neg8_sum);
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k));
+            s = add4(s, _mm256_and_si256(raw, low4), _mm256_set1_epi32(xd[k]));
+            s = add4(s, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), _mm256_set1_epi32(xd[k + 4]));
+          }
+        } else {
+          s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * k));
+            s = add4(s, _mm256_sign_epi8(w, w), _mm256_sign_epi8(_mm256_set1_epi32(xd[k]), w));
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * b + 8 * h)));
+        acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(xm[b].d)), acc[b & 1]);
+      }
+      _mm256_storeu_ps(out + 16 * m + 8 * h, _mm256_add_ps(acc[0], acc[1]));
     }
   }
-  float acc[8];
-  for (int l = 0; l < 8; ++l) acc[l] = acc2[0][l] + acc2[1][l];
-  return reference::sum_lanes8(acc);
+#else
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < 16; ++n) {
+      float acc[2] = {0.f, 0.f};
+      for (std::int64_t b = 0; b < nb; ++b) {
+        const ActivationBlock& xb = x[m * ldx + b];
+        std::int32_t s = 0;
+        for (int e = 0; e < 32; ++e) s += detail::group_value(W.format, codes + b * cb, n, e) * xb.qs[e];
+        const float d = f16::from_bits(scales[16 * b + n]).to_float() * xb.d;
+        acc[b & 1] = std::fma(static_cast<float>(s), d, acc[b & 1]);
+      }
+      out[16 * m + n] = acc[0] + acc[1];
+    }
+  (void)four;
 #endif
 }
 

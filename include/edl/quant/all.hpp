@@ -3,3 +3,4 @@
 #include <edl/quant/formats.hpp>
 #include <edl/quant/matrix.hpp>
 #include <edl/quant/quantize.hpp>
+#include <edl/quant/row_groups.hpp>

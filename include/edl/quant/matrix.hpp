@@ -1,7 +1,7 @@
 // edl/quant/matrix.hpp
-// A quantized weight matrix [rows, cols] (a Linear's weight, HF layout [out, in]): each row is
-// cols / block_elems(format) blocks, rows one after another, the bytes on cache lines as the
-// f32 weights are (decode streams them once per token).
+// A quantized weight matrix [rows, cols] (a Linear's weight, HF layout [out, in]). q8_0 and
+// q4_0 lie in groups of 16 rows (quant/row_groups.hpp: the int8 kernels' layout), nf4 in rows
+// of blocks; files hold GGUF's rows of blocks either way (file_bytes, copy_row).
 //
 //   quant::Matrix m = quant::Matrix::quantize(Format::q8_0, w, rows, cols, "q_proj.weight");
 //   m.dequantize(out);                 // [rows, cols] f32
@@ -24,20 +24,40 @@
 #include <edl/core/exec.hpp>
 #include <edl/quant/formats.hpp>
 #include <edl/quant/quantize.hpp>
+#include <edl/quant/row_groups.hpp>
 
 namespace edl::quant {
 
 /// What a kernel needs of a quantized matrix.
 struct MatrixView {
   Format format = Format::none;
-  const std::uint8_t* data = nullptr;  // rows * row_bytes
+  const std::uint8_t* data = nullptr;  // q8_0, q4_0: groups() groups of 16 rows; nf4: rows of blocks
   const float* absmax = nullptr;       // nf4: rows * cols / 64 block scales
   std::int64_t rows = 0, cols = 0;
 
   std::int64_t blocks_per_row() const noexcept { return cols / block_elems(format); }
+  /// Bytes of a row in a file (GGUF's rows of blocks).
   std::int64_t row_bytes() const noexcept { return blocks_per_row() * block_bytes(format); }
+  /// q8_0, q4_0: groups of kGroupRows rows, the last padded with zero rows.
+  std::int64_t groups() const noexcept { return (rows + kGroupRows - 1) / kGroupRows; }
+  const std::uint8_t* group(std::int64_t g) const noexcept { return data + g * group_bytes(format, blocks_per_row()); }
+  /// nf4: row r's blocks and scales.
   const std::uint8_t* row(std::int64_t r) const noexcept { return data + r * row_bytes(); }
   const float* row_absmax(std::int64_t r) const noexcept { return absmax + r * blocks_per_row(); }
+
+  /// Blocks [b0, b1) of row r in GGUF's layout at out (nf4: its codes).
+  void copy_blocks(std::int64_t r, std::int64_t b0, std::int64_t b1, void* out) const noexcept {
+    auto* o = static_cast<std::uint8_t*>(out);
+    if (!in_row_groups(format)) {
+      std::memcpy(o, row(r) + b0 * block_bytes(format), static_cast<std::size_t>((b1 - b0) * block_bytes(format)));
+      return;
+    }
+    const std::uint8_t* g = group(r / kGroupRows);
+    for (std::int64_t b = b0; b < b1; ++b, o += block_bytes(format))
+      block_of(format, g, blocks_per_row(), static_cast<int>(r % kGroupRows), b, o);
+  }
+  /// Row r in GGUF's layout at out (row_bytes() bytes).
+  void copy_row(std::int64_t r, void* out) const noexcept { copy_blocks(r, 0, blocks_per_row(), out); }
 };
 
 class Matrix {
@@ -68,17 +88,20 @@ class Matrix {
       m.dq_ = DoubleQuant::quantize(absmax);
       for (std::size_t i = 0; i < absmax.size(); ++i) m.absmax_[i] = m.dq_.value(i);
     }
-    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 65536 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
-      for (std::int64_t r = lo; r < hi; ++r) {
-        std::uint8_t* dst = m.bytes_.data() + r * rb;
-        const float* src = w + r * cols;
-        switch (f) {
-          case Format::q8_0: quantize_row_q8_0(src, reinterpret_cast<BlockQ8_0*>(dst), cols); break;
-          case Format::q4_0: quantize_row_q4_0(src, reinterpret_cast<BlockQ4_0*>(dst), cols); break;
-          case Format::nf4: quantize_row_nf4(src, m.absmax_.data() + r * nb, reinterpret_cast<BlockNF4*>(dst), cols); break;
-          case Format::none: break;
+    if (in_row_groups(f)) {
+      exec::parallel_for(0, m.view().groups(), 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        std::vector<std::uint8_t> row(static_cast<std::size_t>(rb));
+        for (std::int64_t r = lo * kGroupRows; r < std::min(rows, hi * kGroupRows); ++r) {
+          if (f == Format::q8_0) quantize_row_q8_0(w + r * cols, reinterpret_cast<BlockQ8_0*>(row.data()), cols);
+          else quantize_row_q4_0(w + r * cols, reinterpret_cast<BlockQ4_0*>(row.data()), cols);
+          m.put_row(r, row.data());
         }
-      }
+      });
+      return m;
+    }
+    exec::parallel_for(0, rows, std::max<std::int64_t>(1, 65536 / cols), [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r)
+        quantize_row_nf4(w + r * cols, m.absmax_.data() + r * nb, reinterpret_cast<BlockNF4*>(m.bytes_.data() + r * rb), cols);
     });
     return m;
   }
@@ -92,6 +115,13 @@ class Matrix {
     EDL_CHECK(static_cast<std::int64_t>(bytes.size()) == rows * m.view().row_bytes(), errc::shape_mismatch, what,
               "expected ", rows * m.view().row_bytes(), " bytes of ", format_name(f), " blocks for [", rows, ", ", cols,
               "], found ", bytes.size());
+    if (in_row_groups(f)) {
+      const std::int64_t rb = m.view().row_bytes();
+      exec::parallel_for(0, m.view().groups(), 1, [&](std::ptrdiff_t lo, std::ptrdiff_t hi) {
+        for (std::int64_t r = lo * kGroupRows; r < std::min(rows, hi * kGroupRows); ++r) m.put_row(r, bytes.data() + r * rb);
+      });
+      return m;
+    }
     std::memcpy(m.bytes_.data(), bytes.data(), bytes.size());
     if (f == Format::nf4) {
       const std::size_t nblk = static_cast<std::size_t>(rows * (cols / 64));
@@ -110,7 +140,15 @@ class Matrix {
   bool empty() const noexcept { return format_ == Format::none; }
   std::int64_t rows() const noexcept { return rows_; }
   std::int64_t cols() const noexcept { return cols_; }
+  /// The bytes as the kernels read them (q8_0, q4_0: in row groups).
   std::span<const std::uint8_t> bytes() const noexcept { return {bytes_.data(), bytes_.size()}; }
+  /// The rows in GGUF's layout, as files hold them: rows * view().row_bytes() bytes.
+  std::vector<std::uint8_t> file_bytes() const {
+    const MatrixView v = view();
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(rows_ * v.row_bytes()));
+    for (std::int64_t r = 0; r < rows_; ++r) v.copy_row(r, out.data() + r * v.row_bytes());
+    return out;
+  }
   const DoubleQuant& double_quant() const noexcept { return dq_; }
   /// Bytes the kernels read: blocks, plus nf4's f32 scales.
   std::int64_t storage_bytes() const noexcept {
@@ -123,6 +161,14 @@ class Matrix {
   Matrix slice_rows(std::int64_t r0, std::int64_t r1) const {
     Matrix m(format_, r1 - r0, cols_);
     const std::int64_t rb = view().row_bytes(), nb = view().blocks_per_row();
+    if (in_row_groups(format_)) {
+      std::vector<std::uint8_t> row(static_cast<std::size_t>(rb));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        view().copy_row(r, row.data());
+        m.put_row(r - r0, row.data());
+      }
+      return m;
+    }
     std::memcpy(m.bytes_.data(), bytes_.data() + r0 * rb, static_cast<std::size_t>((r1 - r0) * rb));
     if (format_ == Format::nf4)  // a shard computes with the scales; files are written from the whole matrix
       std::memcpy(m.absmax_.data(), absmax_.data() + r0 * nb, static_cast<std::size_t>((r1 - r0) * nb) * sizeof(float));
@@ -139,6 +185,14 @@ class Matrix {
     Matrix m(format_, rows_, c1 - c0);
     const MatrixView v = view();
     const std::int64_t nb = v.blocks_per_row(), mb = (c1 - c0) / be;
+    if (in_row_groups(format_)) {
+      std::vector<std::uint8_t> row(static_cast<std::size_t>(mb * bb));
+      for (std::int64_t r = 0; r < rows_; ++r) {
+        v.copy_blocks(r, c0 / be, c1 / be, row.data());
+        m.put_row(r, row.data());
+      }
+      return m;
+    }
     for (std::int64_t r = 0; r < rows_; ++r) {
       std::memcpy(m.bytes_.data() + r * mb * bb, v.row(r) + c0 / be * bb, static_cast<std::size_t>(mb * bb));
       if (format_ == Format::nf4)
@@ -156,11 +210,24 @@ class Matrix {
   }
 
   static void dequantize_row(const MatrixView& v, std::int64_t r, float* out) {
+    dequantize_blocks(v, r, 0, v.blocks_per_row(), out);
+  }
+  /// Blocks [b0, b1) of row r dequantized into out ((b1 - b0) * block_elems values).
+  static void dequantize_blocks(const MatrixView& v, std::int64_t r, std::int64_t b0, std::int64_t b1, float* out) {
+    const std::int64_t n = (b1 - b0) * block_elems(v.format);
     switch (v.format) {
-      case Format::q8_0: dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(v.row(r)), out, v.cols); break;
-      case Format::q4_0: dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(v.row(r)), out, v.cols); break;
+      case Format::q8_0:
+      case Format::q4_0: {
+        for (std::int64_t b = b0; b < b1; ++b, out += 32) {
+          alignas(8) std::uint8_t blk[sizeof(BlockQ8_0)];
+          v.copy_blocks(r, b, b + 1, blk);
+          if (v.format == Format::q8_0) dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(blk), out, 32);
+          else dequantize_row_q4_0(reinterpret_cast<const BlockQ4_0*>(blk), out, 32);
+        }
+        break;
+      }
       case Format::nf4:
-        dequantize_row_nf4(reinterpret_cast<const BlockNF4*>(v.row(r)), v.row_absmax(r), out, v.cols);
+        dequantize_row_nf4(reinterpret_cast<const BlockNF4*>(v.row(r)) + b0, v.row_absmax(r) + b0, out, n);
         break;
       case Format::none: break;
     }
@@ -168,8 +235,16 @@ class Matrix {
 
  private:
   Matrix(Format f, std::int64_t rows, std::int64_t cols) : format_(f), rows_(rows), cols_(cols) {
-    bytes_.resize(static_cast<std::size_t>(rows * (cols / block_elems(f)) * block_bytes(f)));
+    const std::int64_t nb = cols / block_elems(f);
+    if (in_row_groups(f)) bytes_.assign(static_cast<std::size_t>(view().groups() * group_bytes(f, nb)), 0);  // padding rows: zero
+    else bytes_.resize(static_cast<std::size_t>(rows * nb * block_bytes(f)));
     if (f == Format::nf4) absmax_.resize(static_cast<std::size_t>(rows * (cols / 64)));
+  }
+
+  /// Row r (GGUF's layout) into its group.
+  void put_row(std::int64_t r, const std::uint8_t* row) noexcept {
+    const std::int64_t nb = view().blocks_per_row();
+    put_group_row(format_, row, nb, static_cast<int>(r % kGroupRows), bytes_.data() + r / kGroupRows * group_bytes(format_, nb));
   }
 
   Format format_ = Format::none;

@@ -152,11 +152,7 @@ inline void pack_b(bool trans, const quant::MatrixView* Wp, std::int64_t /*ldb*/
   // Dequantizes the blocks of row r covering columns [c0, c1) into row[c0 ..].
   const auto dequant = [&](std::int64_t r, std::int64_t c0, std::int64_t c1) {
     const std::int64_t b0 = c0 / be, b1 = (c1 + be - 1) / be;
-    quant::MatrixView part = W;
-    part.cols = (b1 - b0) * be;
-    part.data = W.row(r) + b0 * quant::block_bytes(W.format);
-    part.absmax = W.format == quant::Format::nf4 ? W.row_absmax(r) + b0 : nullptr;
-    quant::Matrix::dequantize_row(part, 0, row.data() + b0 * be);
+    quant::Matrix::dequantize_blocks(W, r, b0, b1, row.data() + b0 * be);
   };
   for (std::int64_t q = q0; q < q1; ++q) {
     const std::int64_t jj = q * NR;

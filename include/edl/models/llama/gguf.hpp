@@ -297,8 +297,7 @@ inline void add_source(io::GgufWriter& w, const std::string& name, GgmlType t, S
           const std::int64_t g = r0 + i, r = D > 0 ? hf_rope_row(g, D) : g;  // file row g holds HF row r
           std::byte* dst = buf.data() + i * rb;
           if (copy_blocks) {
-            std::memcpy(dst, src.q[static_cast<std::size_t>(r / per_matrix)]->view().row(r % per_matrix),
-                        static_cast<std::size_t>(rb));
+            src.q[static_cast<std::size_t>(r / per_matrix)]->view().copy_row(r % per_matrix, dst);
           } else {
             src.row_f32(r, x.data());
             encode_row(t, x.data(), src.cols, dst);

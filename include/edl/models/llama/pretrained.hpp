@@ -474,6 +474,13 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
       if (!lin.is_quantized()) return;
       const quant::Matrix& q = lin.qweight;
       const std::string name = path + ".weight";
+      if (quant::in_row_groups(q.format())) {  // files hold GGUF's rows of blocks
+        const std::vector<std::uint8_t> rows = q.file_bytes();
+        auto& buf = storage.emplace_back(reinterpret_cast<const std::byte*>(rows.data()),
+                                         reinterpret_cast<const std::byte*>(rows.data()) + rows.size());
+        list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::span<const std::byte>(buf)));
+        return;
+      }
       list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::as_bytes(q.bytes())));
       if (q.format() != quant::Format::nf4) return;
       const quant::DoubleQuant& dq = q.double_quant();
