@@ -1781,6 +1781,9 @@ constexpr std::int64_t group_code_bytes(Format f) noexcept { return f == Format:
 /// Bytes of a group of 16 rows of nb blocks.
 constexpr std::int64_t group_bytes(Format f, std::int64_t nb) noexcept { return nb * (group_code_bytes(f) + 32); }
 
+/// Offset in a block's group codes of byte i of row n (q8_0: value i; q4_0: the block's byte i).
+constexpr std::int64_t group_code_offset(int n, int i) noexcept { return 64 * (i / 4) + 4 * n + i % 4; }
+
 /// Puts row n (0..15) of a group, nb blocks of GGUF's layout, into the group at g.
 inline void put_group_row(Format f, const std::uint8_t* row, std::int64_t nb, int n, std::uint8_t* g) noexcept {
   const std::int64_t cb = group_code_bytes(f);
@@ -1790,11 +1793,11 @@ inline void put_group_row(Format f, const std::uint8_t* row, std::int64_t nb, in
     if (f == Format::q8_0) {
       const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
       std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
-      for (int e = 0; e < 32; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = static_cast<std::uint8_t>(blk->qs[e]);
+      for (int e = 0; e < 32; ++e) codes[group_code_offset(n, e)] = static_cast<std::uint8_t>(blk->qs[e]);
     } else {
       const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
       std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
-      for (int e = 0; e < 16; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = blk->qs[e];
+      for (int e = 0; e < 16; ++e) codes[group_code_offset(n, e)] = blk->qs[e];
     }
   }
 }
@@ -1807,11 +1810,11 @@ inline void block_of(Format f, const std::uint8_t* g, std::int64_t nb, int n, st
   if (f == Format::q8_0) {
     auto* blk = static_cast<BlockQ8_0*>(out);
     std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
-    for (int e = 0; e < 32; ++e) blk->qs[e] = static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+    for (int e = 0; e < 32; ++e) blk->qs[e] = static_cast<std::int8_t>(codes[group_code_offset(n, e)]);
   } else {
     auto* blk = static_cast<BlockQ4_0*>(out);
     std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
-    for (int e = 0; e < 16; ++e) blk->qs[e] = codes[64 * (e / 4) + 4 * n + e % 4];
+    for (int e = 0; e < 16; ++e) blk->qs[e] = codes[group_code_offset(n, e)];
   }
 }
 
@@ -7363,9 +7366,9 @@ inline constexpr std::int64_t kWeightPrefetchBytes = 4096;
 /// Value e (0..31) of row n of block b's codes in a group (q4_0: code - 8), as the definition
 /// multiplies it.
 inline std::int32_t group_value(quant::Format f, const std::uint8_t* codes, int n, int e) noexcept {
-  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[quant::group_code_offset(n, e)]);
   const int i = e % 16;
-  const std::uint8_t c = codes[64 * (i / 4) + 4 * n + i % 4];
+  const std::uint8_t c = codes[quant::group_code_offset(n, i)];
   return (e < 16 ? c & 15 : c >> 4) - 8;
 }
 
@@ -25798,9 +25801,9 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
       const quant::Matrix& q = lin.qweight;
       const std::string name = path + ".weight";
       if (quant::in_row_groups(q.format())) {  // files hold GGUF's rows of blocks
-        const std::vector<std::uint8_t> rows = q.file_bytes();
-        auto& buf = storage.emplace_back(reinterpret_cast<const std::byte*>(rows.data()),
-                                         reinterpret_cast<const std::byte*>(rows.data()) + rows.size());
+        const quant::MatrixView v = q.view();
+        auto& buf = storage.emplace_back(static_cast<std::size_t>(q.rows() * v.row_bytes()));
+        for (std::int64_t r = 0; r < q.rows(); ++r) v.copy_row(r, buf.data() + r * v.row_bytes());
         list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::span<const std::byte>(buf)));
         return;
       }

@@ -254,9 +254,9 @@ inline constexpr std::int64_t kWeightPrefetchBytes = 4096;
 /// Value e (0..31) of row n of block b's codes in a group (q4_0: code - 8), as the definition
 /// multiplies it.
 inline std::int32_t group_value(quant::Format f, const std::uint8_t* codes, int n, int e) noexcept {
-  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+  if (f == quant::Format::q8_0) return static_cast<std::int8_t>(codes[quant::group_code_offset(n, e)]);
   const int i = e % 16;
-  const std::uint8_t c = codes[64 * (i / 4) + 4 * n + i % 4];
+  const std::uint8_t c = codes[quant::group_code_offset(n, i)];
   return (e < 16 ? c & 15 : c >> 4) - 8;
 }
 

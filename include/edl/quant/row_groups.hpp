@@ -36,6 +36,9 @@ constexpr std::int64_t group_code_bytes(Format f) noexcept { return f == Format:
 /// Bytes of a group of 16 rows of nb blocks.
 constexpr std::int64_t group_bytes(Format f, std::int64_t nb) noexcept { return nb * (group_code_bytes(f) + 32); }
 
+/// Offset in a block's group codes of byte i of row n (q8_0: value i; q4_0: the block's byte i).
+constexpr std::int64_t group_code_offset(int n, int i) noexcept { return 64 * (i / 4) + 4 * n + i % 4; }
+
 /// Puts row n (0..15) of a group, nb blocks of GGUF's layout, into the group at g.
 inline void put_group_row(Format f, const std::uint8_t* row, std::int64_t nb, int n, std::uint8_t* g) noexcept {
   const std::int64_t cb = group_code_bytes(f);
@@ -45,11 +48,11 @@ inline void put_group_row(Format f, const std::uint8_t* row, std::int64_t nb, in
     if (f == Format::q8_0) {
       const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
       std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
-      for (int e = 0; e < 32; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = static_cast<std::uint8_t>(blk->qs[e]);
+      for (int e = 0; e < 32; ++e) codes[group_code_offset(n, e)] = static_cast<std::uint8_t>(blk->qs[e]);
     } else {
       const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
       std::memcpy(scales + 2 * (16 * b + n), &blk->d, 2);
-      for (int e = 0; e < 16; ++e) codes[64 * (e / 4) + 4 * n + e % 4] = blk->qs[e];
+      for (int e = 0; e < 16; ++e) codes[group_code_offset(n, e)] = blk->qs[e];
     }
   }
 }
@@ -62,11 +65,11 @@ inline void block_of(Format f, const std::uint8_t* g, std::int64_t nb, int n, st
   if (f == Format::q8_0) {
     auto* blk = static_cast<BlockQ8_0*>(out);
     std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
-    for (int e = 0; e < 32; ++e) blk->qs[e] = static_cast<std::int8_t>(codes[64 * (e / 4) + 4 * n + e % 4]);
+    for (int e = 0; e < 32; ++e) blk->qs[e] = static_cast<std::int8_t>(codes[group_code_offset(n, e)]);
   } else {
     auto* blk = static_cast<BlockQ4_0*>(out);
     std::memcpy(&blk->d, scales + 2 * (16 * b + n), 2);
-    for (int e = 0; e < 16; ++e) blk->qs[e] = codes[64 * (e / 4) + 4 * n + e % 4];
+    for (int e = 0; e < 16; ++e) blk->qs[e] = codes[group_code_offset(n, e)];
   }
 }
 

@@ -475,9 +475,9 @@ io::TensorList named_tensors(M& model, DType dtype, std::vector<std::vector<std:
       const quant::Matrix& q = lin.qweight;
       const std::string name = path + ".weight";
       if (quant::in_row_groups(q.format())) {  // files hold GGUF's rows of blocks
-        const std::vector<std::uint8_t> rows = q.file_bytes();
-        auto& buf = storage.emplace_back(reinterpret_cast<const std::byte*>(rows.data()),
-                                         reinterpret_cast<const std::byte*>(rows.data()) + rows.size());
+        const quant::MatrixView v = q.view();
+        auto& buf = storage.emplace_back(static_cast<std::size_t>(q.rows() * v.row_bytes()));
+        for (std::int64_t r = 0; r < q.rows(); ++r) v.copy_row(r, buf.data() + r * v.row_bytes());
         list.emplace_back(name, io::TensorRef(DType::u8, {q.rows(), q.view().row_bytes()}, std::span<const std::byte>(buf)));
         return;
       }
