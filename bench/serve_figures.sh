@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # HTTP serving figures (docs/benchmarks.md, "Serving over HTTP"): `edl bench serve` (the engine
-# in process) and `edl serve` driven by bench/serve_http.mjs (openai client, streaming) at 1, 4
-# and 16 concurrent clients, same prompts' length, same new tokens, same threads, one after
-# the other on this machine. Prints one JSON line per measurement.
+# in process) and `edl serve` driven by bench/serve_http.mjs (openai client, streaming) and by
+# edl_serve_load (the same requests from a C++ client that sleeps on its sockets: next to no CPU
+# beside the server's, as a client on another machine) at 1, 4 and 16 concurrent clients, same
+# prompts' length, same new tokens, same threads, one after the other on this machine. Prints
+# one JSON line per measurement ("http" holds the client's line; edl_serve_load's says
+# "client": "cpp").
 #   bench/serve_figures.sh MODEL TOKENIZER_DIR [EDL] [HUB_DIR]
 #     MODEL: an HF folder, or a preset (small) with TOKENIZER_DIR giving its vocabulary
 set -euo pipefail
@@ -11,6 +14,7 @@ TOK=$2
 EDL=${3:-build/examples/edl}
 HUB=${4:-build/hub_tokenizers}
 HERE=$(cd "$(dirname "$0")" && pwd)
+LOAD=${LOAD:-$(dirname "$EDL")/edl_serve_load}
 P=${P:-64}
 G=${G:-64}
 ROUNDS=${ROUNDS:-3}
@@ -32,4 +36,7 @@ URL=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).r
 NAME=$(basename "$MODEL")
 for n in 1 4 16; do
   nice -n "$CLIENT_NICE" node "$HERE/serve_http.mjs" "$HUB/node_modules" "$URL" "$NAME" "$VOCAB" "$n" "$P" "$G" "$ROUNDS" | sed "s/^/{\"client_nice\": $CLIENT_NICE, \"http\": /; s/\$/}/"
+  if [[ -x $LOAD ]]; then
+    nice -n "$CLIENT_NICE" "$LOAD" "$URL" "$NAME" "$VOCAB" "$n" "$P" "$G" "$ROUNDS" | sed "s/^/{\"client_nice\": $CLIENT_NICE, \"http\": /; s/\$/}/"
+  fi
 done

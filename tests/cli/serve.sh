@@ -5,12 +5,14 @@
 # strings, errors, a soak), then curl: health, the API key, a slow half-sent request, the
 # listening line, and SIGTERM during a streamed answer (exit 0, the answer ends); then a server
 # on a mesh (dp x tp x sp), one with --dtype bf16 and one with --kv-cache int8 whose concurrent
-# greedy answers are `edl generate`'s tokens.
-#   usage: serve.sh EDL WORKDIR NODE_MODULES
+# greedy answers are `edl generate`'s tokens; the mesh server also takes the load generator
+# edl_serve_load's concurrent streams (every token counted).
+#   usage: serve.sh EDL WORKDIR NODE_MODULES [EDL_SERVE_LOAD]
 set -euo pipefail
 EDL=$1
 W=$2
 NM=$3
+LOAD=${4:-}
 PY=/usr/bin/python3
 command -v "$PY" >/dev/null || PY=python3
 rm -rf "$W"
@@ -104,6 +106,30 @@ fi
 kill -0 $PID 2>/dev/null || fail "edl serve died during the client checks"
 [ "$rc" = 0 ] || fail "the openai client checks failed (exit $rc)"
 
+# A burst of connections while the server is busy (here: stopped) waits in the kernel's accept
+# queue instead of being dropped: 64 connects all complete their handshake. cpp-httplib's own
+# backlog (5) dropped the others' handshakes, and a burst of 16 clients waited for retransmits.
+kill -STOP $PID
+burst=$($PY - "${URL##*:}" <<'PY'
+import select, socket, sys, time
+port, socks = int(sys.argv[1]), []
+for _ in range(64):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", port))
+    socks.append(s)
+done, deadline = set(), time.time() + 2
+while len(done) < len(socks) and time.time() < deadline:
+    _, w, _ = select.select([], [s for s in socks if s not in done], [], 0.1)
+    done.update(s for s in w if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+print(len(done))
+for s in socks: s.close()
+PY
+)
+kill -CONT $PID
+[ "$burst" = 64 ] || fail "only $burst of 64 connections made at once got through the server's listen queue"
+curl -s "$URL/health" | grep -q ok || fail "/health after the burst of connections"
+
 # SIGTERM while an answer streams: the stream ends (its last event is [DONE]) and edl serve
 # exits 0 within the grace period.
 curl -sN -H 'Authorization: Bearer sekret' -H 'Content-Type: application/json' "$URL/v1/completions" \
@@ -159,6 +185,22 @@ URL=
 start_server --mesh dp=2,tp=2,sp=2
 trap 'kill $PID 2>/dev/null || true' EXIT
 concurrent_answers_equal "$W/expect.json" "the mesh server's answers"
+if [ -n "$LOAD" ]; then
+  # 3 concurrent streams of 6 new tokens, two rounds: the usage of every stream adds up, and
+  # each stream's text arrived in chunks that were timed.
+  vocab=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$C/config.json")
+  "$LOAD" "$URL" served "$vocab" 3 5 6 2 sekret >"$W/load.json" 2>"$W/load.err" || fail "edl_serve_load: $(cat "$W/load.err")"
+  $PY - "$W/load.json" <<'PY' || fail "edl_serve_load's figures: $(cat "$W/load.json")"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["client"] == "cpp" and j["clients"] == 3 and j["rounds"] == 2, j
+assert j["completion_tokens"] == 3 * 6 * 2, j
+assert j["tokens_per_s"] > 0 and j["requests_per_s"] > 0, j
+assert 0 < j["ttft_p50_s"] <= j["ttft_p99_s"] and 0 < j["itl_p50_s"] <= j["itl_p99_s"], j
+PY
+  "$LOAD" "$URL" served "$vocab" 1 5 6 1 wrong-key >/dev/null 2>"$W/load_401.err" && fail "edl_serve_load with a wrong key succeeded"
+  grep -q "status 401" "$W/load_401.err" || fail "edl_serve_load with a wrong key: $(cat "$W/load_401.err")"
+fi
 kill -TERM $PID
 wait $PID || fail "the mesh server exited with $? after SIGTERM"
 trap - EXIT

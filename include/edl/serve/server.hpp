@@ -18,7 +18,9 @@
 // otherwise), and its request is cancelled.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +31,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/socket.h>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +57,7 @@ struct ServerOptions {
   int read_timeout_s = 30;                // a request not fully read by then is dropped
   int write_timeout_s = 30;
   int http_threads = 0;                   // 0: enough for every slot and queued request
+  int listen_backlog = 1024;              // connections the kernel holds until they are accepted
 };
 
 namespace server_detail {
@@ -109,6 +114,13 @@ class Server {
     http_.set_write_timeout(o_.write_timeout_s, 0);
     http_.set_keep_alive_timeout(5);
     http_.set_tcp_nodelay(true);
+    // The listening socket is the last one cpp-httplib creates before it binds; bind() widens
+    // its backlog (cpp-httplib's build listens with 5: a burst of clients lost their handshakes
+    // and waited a second or more for retransmits, or failed).
+    http_.set_socket_options([this](socket_t sock) {
+      httplib::default_socket_options(sock);
+      listen_socket_ = sock;
+    });
     routes();
   }
 
@@ -118,6 +130,10 @@ class Server {
     port_ = o_.port == 0 ? http_.bind_to_any_port(o_.host) : (http_.bind_to_port(o_.host, o_.port) ? o_.port : -1);
     EDL_CHECK(port_ > 0, errc::io, "serve.Server", "cannot listen on ", o_.host, ":", o_.port,
               " (in use, or not an address of this machine)");
+    // listen() again on a listening socket sets its backlog (the kernel caps it at somaxconn).
+    EDL_CHECK(::listen(listen_socket_, std::max(1, o_.listen_backlog)) == 0, errc::io, "serve.Server",
+              "cannot set the listen backlog of ", o_.host, ":", port_, " to ", o_.listen_backlog, ": ",
+              std::strerror(errno));
     return port_;
   }
   /// Serves until stop() (from another thread). bind() first.
@@ -477,6 +493,7 @@ class Server {
   std::optional<chat::ChatTemplate> template_;
   httplib::Server http_;
   int port_ = -1;
+  socket_t listen_socket_ = -1;
   std::atomic<int> handlers_{0};
 };
 
