@@ -23,12 +23,13 @@ THREADS=${THREADS:-$(nproc)}
 # shares the server's cores, 19 lets the engine's threads run first, as a client on another
 # machine would; the client then reads what the server already sent.
 CLIENT_NICE=${CLIENT_NICE:-0}
+# SERVE_ARGS: more flags of edl serve (say --burst-window 0).
 bash "$HERE/../scripts/fetch_hub_tokenizers.sh" "$HUB"
 VOCAB=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$MODEL/config.json" 2>/dev/null || echo 32000)
 "$EDL" bench serve --model "$MODEL" --requests 1,4,16 --prompt-len "$P" --gen-len "$G" --threads "$THREADS" --rounds "$ROUNDS" |
   sed 's/^/{"in_process": /; s/$/}/'
 out=$(mktemp)
-"$EDL" serve --model "$MODEL" --tokenizer "$TOK" --port 0 --max-batch 16 --threads "$THREADS" >"$out" 2>/dev/null &
+"$EDL" serve --model "$MODEL" --tokenizer "$TOK" --port 0 --max-batch 16 --threads "$THREADS" ${SERVE_ARGS:-} >"$out" 2>/dev/null &
 PID=$!
 trap 'kill $PID 2>/dev/null; rm -f "$out"' EXIT
 for _ in $(seq 1 600); do grep -q listening "$out" && break; sleep 0.1; done

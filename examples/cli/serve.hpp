@@ -102,6 +102,7 @@ inline int cmd_serve(Args& args) {
   svc.engine.max_model_length = args.integer("--max-model-len", 0);
   const std::int64_t cache_bytes = args.integer("--cache-bytes", 0);
   const double grace = args.number("--shutdown-grace", 10);
+  const double burst_ms = args.number("--burst-window", 2);
   const std::int64_t threads = args.integer("--threads", 0);
   const std::string dtype = args.str("--dtype", "f32");
   svc.engine.kv_cache = gen_detail::kv_cache_flag(args);
@@ -115,6 +116,9 @@ inline int cmd_serve(Args& args) {
   EDL_CLI_USAGE_CHECK(svc.max_queue >= 0, errc::invalid_argument, "--max-queue", "must be >= 0, found ", svc.max_queue);
   EDL_CLI_USAGE_CHECK(cache_bytes >= 0, errc::invalid_argument, "--cache-bytes", "must be >= 0, found ", cache_bytes);
   EDL_CLI_USAGE_CHECK(grace >= 0, errc::invalid_argument, "--shutdown-grace", "must be >= 0, found ", grace);
+  EDL_CLI_USAGE_CHECK(burst_ms >= 0 && burst_ms <= 1000, errc::invalid_argument, "--burst-window", "expected 0..1000 ms, found ",
+                      burst_ms);
+  svc.burst_window = std::chrono::microseconds(static_cast<std::int64_t>(burst_ms * 1000));
 
   // A preset name (tiny, small, gqa1b: random weights, for benchmarks) with --tokenizer, or
   // an HF folder.
@@ -170,6 +174,7 @@ inline Command serve_command() {
             integer_flag("--max-body-bytes", "N", "larger request bodies get 413").defaults("4 MiB"),
             integer_flag("--timeout", "S", "seconds to read a request or write a response").defaults("30"),
             number_flag("--shutdown-grace", "S", "seconds in-flight requests get after SIGTERM/SIGINT").defaults("10"),
+            number_flag("--burst-window", "MS", "an idle engine waits until no request came for MS (at most 4 x MS) before its first step").defaults("2"),
             gen_detail::declare_dtype_flag(),
             gen_detail::declare_kv_cache_flag(),
             declare_mesh_flag("the mesh the engine runs on (tp: heads, sp: cache positions, dp/fsdp/ep: request slots)")}}),

@@ -43,6 +43,11 @@ namespace edl::serve {
 struct ServiceOptions {
   generate::EngineOptions engine;
   std::int64_t max_queue = 64;  // choices waiting for a slot, beyond the max_batch running
+  // An idle engine that gets a request waits until none has come for this long (at most four
+  // times it) before its first step, so that a burst of clients starts in one step: requests
+  // over HTTP arrive spread over a millisecond or so, and the first step would otherwise
+  // prefill the first alone. 0: start at once.
+  std::chrono::microseconds burst_window{2000};
 };
 
 /// submit() when the queue is full (HTTP 429) or the service is shutting down (HTTP 503).
@@ -179,6 +184,11 @@ class Service {
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
+      if (engine_.idle() && !incoming_.empty() && o_.burst_window.count() > 0) {
+        const Clock::time_point until = Clock::now() + 4 * o_.burst_window;
+        for (std::size_t n = incoming_.size(); !draining_ && Clock::now() < until; n = incoming_.size())
+          if (!cv_.wait_for(lock, o_.burst_window, [&] { return incoming_.size() != n || draining_; })) break;
+      }
       std::deque<std::shared_ptr<Ticket>> fresh;
       fresh.swap(incoming_);
       const bool draining = draining_, hard = draining_ && Clock::now() >= deadline_;
